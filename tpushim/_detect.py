@@ -1,0 +1,139 @@
+"""Is a TPU configured, and where did that come from?  No network here, ever.
+
+Detection only reads arguments, the RunConfig, environment variables and device files. Turning a
+*bare TPU name* into an address needs the GCE metadata server and the Cloud TPU API; that happens
+in :func:`cluster_resolver`, only when the user named one, and is bounded in time.
+"""
+
+import dataclasses
+import glob
+import importlib.util
+import os
+import threading
+from typing import Any, Optional
+
+from tpushim._errors import NoTPUError
+
+# TPU VM (and today's Colab TPU runtime) device files. A module constant so tests can point it at
+# a folder of fake device files.
+DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.so")
+
+#: environment variables TPUClusterResolver itself reads, in the order it reads them.
+RESOLVER_ENV_VARS = ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG")
+
+RESOLVE_TIMEOUT_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUSpec:
+    """A configured TPU.
+
+    Attributes:
+      target: what TPUClusterResolver is given as ``tpu=``: a name, ``grpc://...``, ``local``,
+        None (the resolver reads the variable named in ``source`` itself), or a resolver object.
+      source: where it came from, e.g. ``TPU_NAME`` or ``TPU VM (/dev/accel0)``.
+      config_cluster: True when the user's ``tpu_config.RunConfig`` already carries the cluster.
+    """
+
+    target: Any
+    source: str
+    config_cluster: bool = False
+
+    def describe(self):
+        if self.config_cluster:
+            return "from config"
+        if isinstance(self.target, str):
+            return self.target
+        if self.target is None:
+            return f"${self.source}"
+        return type(self.target).__name__
+
+    @property
+    def needs_lookup(self):
+        """True when resolving the target asks the metadata server / Cloud TPU API."""
+        return isinstance(self.target, str) and self.target != "local" and "://" not in self.target
+
+
+def _libtpu_present(environ):
+    path = environ.get("TPU_LIBRARY_PATH")
+    if path:
+        return os.path.exists(path)
+    if any(os.path.exists(p) for p in LIBTPU_FILES):
+        return True
+    return any(importlib.util.find_spec(m) is not None for m in ("libtpu",))
+
+
+def tpu_vm_device(environ=None):
+    """The first TPU device file when this is a TPU VM with libtpu installed, else None."""
+    environ = os.environ if environ is None else environ
+    for pattern in DEVICE_GLOBS:
+        found = sorted(glob.glob(pattern))
+        if found and _libtpu_present(environ):
+            return found[0]
+    return None
+
+
+def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
+    """Returns the TPU the call should use, or None. Makes no network call."""
+    environ = os.environ if environ is None else environ
+    if settings.tpu is not None:
+        source = settings.sources.get("tpu", "argument")
+        return TPUSpec(settings.tpu, "tpu= argument" if source == "argument" else source)
+    # A tpu_config.RunConfig (it has .tpu_config) that already names a cluster or master.
+    if config is not None and hasattr(config, "tpu_config"):
+        cluster = getattr(config, "cluster", None)
+        if cluster is not None:
+            return TPUSpec(cluster, "config.cluster", config_cluster=True)
+        master = getattr(config, "master", "") or ""
+        if master and not master.startswith("grpc://localhost") and master != "local":
+            return TPUSpec(master, "config.master", config_cluster=True)
+    for var in RESOLVER_ENV_VARS:
+        value = environ.get(var, "").strip()
+        if value:
+            return TPUSpec(value if var == "TPU_NAME" else None, var)
+    colab = environ.get("COLAB_TPU_ADDR", "").strip()
+    if colab:
+        # TF 2.15 no longer reads COLAB_TPU_ADDR (old Colab TPU nodes): build the address.
+        return TPUSpec(colab if colab.startswith("grpc://") else "grpc://" + colab, "COLAB_TPU_ADDR")
+    device = tpu_vm_device(environ)
+    if device:
+        return TPUSpec("local", f"TPU VM ({device})")
+    return None
+
+
+def cluster_resolver(spec: TPUSpec, timeout_s: float = RESOLVE_TIMEOUT_S):
+    """Builds the TPUClusterResolver for ``spec``; a bare name's lookup is bounded by ``timeout_s``."""
+    if not isinstance(spec.target, (str, type(None))):
+        return spec.target  # the user's own resolver (or config.cluster)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    def build():
+        return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=spec.target)
+
+    if not spec.needs_lookup and spec.source not in ("TPU_CONFIG",):
+        return build()  # 'local' and grpc:// addresses make no network call
+    result = {}
+
+    def run():
+        try:
+            result["resolver"] = build()
+        except Exception as e:  # pylint: disable=broad-except
+            result["error"] = e
+
+    worker = threading.Thread(target=run, name="tpushim-resolve-tpu", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise NoTPUError(
+            f"Could not resolve TPU {spec.describe()!r} (from {spec.source}) within {timeout_s:.0f} s: "
+            f"a TPU name is looked up through the GCE metadata server and the Cloud TPU API, which "
+            f"did not answer. Give its address instead (tpu='grpc://IP:8470' or TPUSHIM_TPU), use "
+            f"tpu='local' on a TPU VM, or TPUSHIM_MODE=off to run without a TPU.")
+    if "error" in result:
+        e = result["error"]
+        raise NoTPUError(
+            f"Could not resolve TPU {spec.describe()!r} (from {spec.source}): {type(e).__name__}: {e}. "
+            f"Check the name, zone and project, give its address (grpc://IP:8470), or set "
+            f"TPUSHIM_MODE=off to run without a TPU.") from e
+    return result["resolver"]

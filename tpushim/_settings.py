@@ -1,0 +1,152 @@
+"""tpushim's settings: one value object, strict parsing, one precedence rule.
+
+Precedence, highest first:
+
+1. ``TPUSHIM_MODE=off`` in the environment -- the kill switch, flipped without editing code;
+2. explicit arguments (``patch(...)``, ``patched(...)``; the innermost scope wins);
+3. ``TPUSHIM_*`` environment variables;
+4. defaults.
+
+Parsing is strict: a value tpushim cannot use raises :class:`ConfigurationError` naming the variable
+(or argument), the value and the valid choices -- before anything is patched.
+"""
+
+import dataclasses
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+from tpushim._errors import ConfigurationError
+
+MODES = ("auto", "cpu", "tpu", "off")
+
+#: setting name -> environment variable; also the order settings are listed in.
+ENV_VARS = {
+    "mode": "TPUSHIM_MODE",
+    "tpu": "TPUSHIM_TPU",
+    "batch_size": "TPUSHIM_BATCH_SIZE",
+    "iterations_per_loop": "TPUSHIM_ITERATIONS_PER_LOOP",
+}
+
+DEFAULTS = {"mode": "auto", "tpu": None, "batch_size": None, "iterations_per_loop": None}
+
+KILL_SWITCH = "TPUSHIM_MODE=off"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The settings one ``model_to_estimator`` call is converted with.
+
+    Attributes:
+      mode: ``auto``, ``cpu``, ``tpu`` or ``off``.
+      tpu: a TPU name, ``grpc://host:port``, ``local``, a ``TPUClusterResolver``, or None.
+      batch_size: global batch size for train, eval and predict, or None (taken from the input).
+      iterations_per_loop: steps per TPU loop, or None (tpushim's default).
+      sources: setting name -> where its value came from (``argument``, a variable name,
+        ``default`` or the kill switch).
+    """
+
+    mode: str = "auto"
+    tpu: Any = None
+    batch_size: Optional[int] = None
+    iterations_per_loop: Optional[int] = None
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+
+def _choices_error(where, value, choices):
+    return ConfigurationError(
+        f"{where}={value!r} is not a valid tpushim mode; choose one of {', '.join(choices)} "
+        f"(auto: TPU when one is configured, else the stock estimator; cpu: the TPU code path "
+        f"on CPU/GPU; tpu: require a TPU; off: never convert).")
+
+
+def parse_mode(value, where="mode"):
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{where} must be a string, one of {', '.join(MODES)}; got {value!r}.")
+    mode = value.strip().lower()
+    if mode not in MODES:
+        raise _choices_error(where, value, MODES)
+    return mode
+
+
+def parse_positive_int(value, where):
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{where} must be a positive integer; got {value!r}.")
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.isdigit():
+            raise ConfigurationError(
+                f"{where}={value!r} is not a positive integer; set it to e.g. 128, or unset it.")
+        value = int(text)
+    if not isinstance(value, int) or value <= 0:
+        raise ConfigurationError(f"{where} must be a positive integer; got {value!r}.")
+    return value
+
+
+def parse_tpu(value, where="tpu"):
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ConfigurationError(
+                f"{where} is empty; give a TPU name, 'grpc://host:port' or 'local', or unset it.")
+        if "://" in text and not text.startswith("grpc://"):
+            raise ConfigurationError(
+                f"{where}={value!r}: a TPU address must start with grpc:// (e.g. grpc://10.0.0.2:8470); "
+                f"or give a TPU name or 'local'.")
+        return text
+    # A TPUClusterResolver (or anything shaped like one) is taken as it is.
+    if hasattr(value, "master") and hasattr(value, "cluster_spec"):
+        return value
+    raise ConfigurationError(
+        f"{where} must be a TPU name, 'grpc://host:port', 'local' or a TPUClusterResolver; got {value!r}.")
+
+
+_PARSERS = {
+    "mode": parse_mode,
+    "tpu": parse_tpu,
+    "batch_size": parse_positive_int,
+    "iterations_per_loop": parse_positive_int,
+}
+
+
+def parse_arguments(**kwargs):
+    """Validates explicit arguments; returns a dict of the ones given (not None)."""
+    out = {}
+    for name, value in kwargs.items():
+        if name not in _PARSERS:
+            raise TypeError(f"unknown tpushim setting {name!r}; known: {', '.join(ENV_VARS)}")
+        if value is not None:
+            out[name] = _PARSERS[name](value, name)
+    return out
+
+
+def parse_environment(environ=None):
+    """Reads and validates the ``TPUSHIM_*`` variables; returns a dict of those set (non-empty)."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for name, var in ENV_VARS.items():
+        raw = environ.get(var)
+        if raw is not None and raw.strip():
+            out[name] = _PARSERS[name](raw, var)
+    return out
+
+
+def kill_switch_on(environ=None):
+    environ = os.environ if environ is None else environ
+    return environ.get("TPUSHIM_MODE", "").strip().lower() == "off"
+
+
+def resolve(layers: Sequence[Mapping[str, Any]] = (), environ=None) -> Settings:
+    """Combines explicit argument layers (outermost first) with the environment and defaults."""
+    env = parse_environment(environ)
+    values, sources = {}, {}
+    for name in ENV_VARS:
+        explicit = [layer[name] for layer in layers if layer.get(name) is not None]
+        if explicit:
+            values[name], sources[name] = explicit[-1], "argument"
+        elif name in env:
+            values[name], sources[name] = env[name], ENV_VARS[name]
+        else:
+            values[name], sources[name] = DEFAULTS[name], "default"
+    if env.get("mode") == "off":
+        values["mode"], sources["mode"] = "off", KILL_SWITCH
+    return Settings(sources=sources, **values)
