@@ -19,3 +19,15 @@ from tpushim._patch import is_patched, patch, patched, status, unpatch
 from tpushim.version import __version__
 
 __all__ = ["patch", "unpatch", "is_patched", "status", "patched", "__version__"]
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext tpushim``: patches (honouring ``TPUSHIM_*``) and adds the ``%tpushim`` magic."""
+    from tpushim._ipython import load_ipython_extension as load  # pylint: disable=import-outside-toplevel
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext tpushim``: unpatches."""
+    from tpushim._ipython import unload_ipython_extension as unload  # pylint: disable=import-outside-toplevel
+    unload(ipython)

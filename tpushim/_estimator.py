@@ -1,0 +1,252 @@
+"""The one internal entry point: the arguments of a ``model_to_estimator`` call -> a TPUEstimator.
+
+Validates everything first (nothing is written to ``model_dir`` before the last check passes),
+then carries the user's RunConfig into a ``tpu_config.RunConfig``, builds the model_fn, writes the
+warm-start checkpoint of the Keras weights exactly as stock does, and returns a
+:class:`TPUShimEstimator`.
+"""
+
+import logging
+
+import tensorflow as tf
+
+from tpushim import _input_fn, _model_fn, _tfprivate
+from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
+
+ModeKeys = tf.estimator.ModeKeys
+tpu_config = _tfprivate.tpu_config
+
+#: TPUEstimator's default of 2 steps per loop leaves a TPU mostly idle waiting for the host; 100
+#: amortises the host round trip. Bounded by save_checkpoints_steps: a TPU loop can only checkpoint
+#: at its end.
+DEFAULT_ITERATIONS_PER_LOOP = 100
+
+# RunConfig settings carried one-to-one into tpu_config.RunConfig.
+_CARRIED = ("model_dir", "tf_random_seed", "save_summary_steps", "save_checkpoints_steps",
+            "save_checkpoints_secs", "session_config", "keep_checkpoint_max",
+            "keep_checkpoint_every_n_hours", "log_step_count_steps", "device_fn", "protocol",
+            "experimental_max_worker_delay_secs", "session_creation_timeout_secs",
+            "checkpoint_save_graph_def")
+# Settings that mean nothing under TPUEstimator: carried where RunConfig allows, with a warning.
+_IGNORED_ON_TPU = ("train_distribute", "eval_distribute", "experimental_distribute")
+
+
+def _validate_model(keras_model, custom_objects):
+    """Structure checks that need no writing; raise before anything touches model_dir."""
+    if keras_model is None:
+        return
+    if not (keras_model._is_graph_network or isinstance(keras_model, tf.keras.Sequential)):  # pylint: disable=protected-access
+        raise ConversionError(
+            f"tpushim converts Sequential and functional Keras models; {type(keras_model).__name__} "
+            f"is a subclassed Model, whose weights and structure cannot be cloned for a TPU. Build it "
+            f"with tf.keras.Sequential or the functional API (tf.keras.Model(inputs, outputs)), or "
+            f"run this call unconverted with TPUSHIM_MODE=off.")
+    _tfprivate.assert_valid_model(keras_model, custom_objects)
+
+
+def _check_compiled(keras_model):
+    if not getattr(keras_model, "optimizer", None):
+        raise ValueError("The given keras model has not been compiled yet. Please compile the model "
+                         "with `model.compile()` before calling `model_to_estimator()`.")
+
+
+def _legacy_optimizer(keras_model):
+    """As stock: a new-style Keras optimizer is converted to its legacy twin (estimators need it)."""
+    if isinstance(keras_model.optimizer, tf.keras.optimizers.experimental.Optimizer):
+        logger.warning("tpushim: converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
+                       "model_to_estimator does.", type(keras_model.optimizer).__name__)
+        keras_model.optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(
+            keras_model.optimizer)
+    if isinstance(keras_model.optimizer, (list, tuple)):
+        raise ConversionError("tpushim cannot convert a model compiled with several optimizers; "
+                              "compile it with one Keras or tf.compat.v1.train optimizer.")
+    _model_fn.optimizer_kind(keras_model.optimizer)
+
+
+def _check_metrics(keras_model, custom_objects):
+    """Every compiled metric must rebuild from its config: metric_fn recreates it on the host."""
+    compiled = getattr(keras_model, "compiled_metrics", None)
+    metrics = []
+    if compiled is not None and getattr(compiled, "_user_metrics", None) is not None:
+        metrics = [m for m in tf.nest.flatten(compiled._user_metrics) if isinstance(m, tf.keras.metrics.Metric)]  # pylint: disable=protected-access
+        metrics += [m for m in tf.nest.flatten(compiled._user_weighted_metrics or []) if isinstance(m, tf.keras.metrics.Metric)]  # pylint: disable=protected-access
+    for metric in metrics:
+        try:
+            with tf.keras.utils.custom_object_scope(custom_objects or {}):
+                metric.__class__.from_config(metric.get_config())
+        except Exception as e:  # pylint: disable=broad-except
+            raise ConversionError(
+                f"tpushim cannot rebuild metric {metric.name!r} ({type(metric).__name__}) from its "
+                f"config ({type(e).__name__}: {e}); a TPU computes metrics in a metric_fn that "
+                f"recreates each metric. Implement get_config() on it, pass its class in "
+                f"custom_objects, or compile the model without it.") from e
+
+
+def to_tpu_run_config(config, settings, cluster):
+    """The user's RunConfig as a tpu_config.RunConfig; nothing they set is dropped silently."""
+    if isinstance(config, tpu_config.RunConfig):
+        if cluster is not None and config.cluster is None:
+            # RunConfig.replace() cannot set a cluster: rebuild with every carried setting.
+            config = tpu_config.RunConfig(tpu_config=config.tpu_config, cluster=cluster,
+                                          **{k: getattr(config, k) for k in _CARRIED})
+        if settings.iterations_per_loop:
+            config = config.replace(tpu_config=config.tpu_config._replace(
+                iterations_per_loop=settings.iterations_per_loop))
+        return config
+    kwargs = {k: getattr(config, k) for k in _CARRIED}
+    for key in _IGNORED_ON_TPU:
+        if getattr(config, key, None) is not None:
+            logger.warning("tpushim: RunConfig.%s is ignored by TPUEstimator (a TPU replicates the "
+                           "model itself); remove it or run with TPUSHIM_MODE=off.", key)
+    iterations = settings.iterations_per_loop or DEFAULT_ITERATIONS_PER_LOOP
+    if not settings.iterations_per_loop and config.save_checkpoints_steps:
+        iterations = min(iterations, config.save_checkpoints_steps)
+    tpu = tpu_config.TPUConfig(
+        iterations_per_loop=iterations,
+        per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2)
+    return tpu_config.RunConfig(tpu_config=tpu, cluster=cluster, **kwargs)
+
+
+class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
+    """A TPUEstimator that accepts legacy input_fns and infers the batch size from them.
+
+    Behaves as ``tf.compat.v1.estimator.tpu.TPUEstimator``; in addition ``input_fn`` may take no
+    ``params``, batches need not be static (they are re-batched), ``evaluate()`` and ``predict()``
+    see every example exactly once (padding is weighted out and dropped), and the global batch size
+    is taken from the input when tpushim was not given one.
+    """
+
+    def __init__(self, *args, tpushim_batch_size=None, tpushim_describe=None, **kwargs):
+        self._tpushim_batch = {}
+        self._tpushim_fixed_batch = tpushim_batch_size
+        size = tpushim_batch_size or 1  # placeholder until the input says
+        super().__init__(*args, train_batch_size=size, eval_batch_size=size,
+                         predict_batch_size=size, **kwargs)
+        self._tpushim_use_tpu = kwargs.get("use_tpu", True)
+        self._tpushim_describe = tpushim_describe
+
+    def _assert_members_are_not_overridden(self):
+        # Estimator forbids subclasses to override train/evaluate/predict and exempts TPUEstimator
+        # by class name. tpushim extends exactly those entry points (input adaptation, batch
+        # inference, padding removal) and calls TPUEstimator's own for the work.
+        pass
+
+    # -- batch size ---------------------------------------------------------------------------
+    def _tpushim_set_batch(self, input_fn, mode):
+        size = self._tpushim_fixed_batch
+        if size is None:
+            size = _input_fn.infer_batch_size(input_fn, mode, self.config)
+            logger.info("tpushim: global %s batch size %d, taken from the input_fn", mode, size)
+        self._tpushim_batch[mode] = size
+        self._ctx = _tfprivate.get_tpu_context(
+            self._config, self._tpushim_batch.get(ModeKeys.TRAIN, size),
+            self._tpushim_batch.get(ModeKeys.EVAL, size), self._tpushim_batch.get(ModeKeys.PREDICT, size),
+            self._tpushim_use_tpu, self._ctx._eval_on_tpu)  # pylint: disable=protected-access
+        shards = self._config.tpu_config.num_shards
+        if self._tpushim_use_tpu and shards and size % shards:
+            raise ConversionError(_indivisible(size, shards))
+
+    def _call_input_fn(self, input_fn, mode, input_context=None):
+        return super()._call_input_fn(_input_fn.adapt(input_fn), mode, input_context)
+
+    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        self._tpushim_set_batch(input_fn, ModeKeys.TRAIN)
+        return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
+                             saving_listeners=saving_listeners)
+
+    def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
+        self._tpushim_set_batch(input_fn, ModeKeys.EVAL)
+        return super().evaluate(input_fn, steps=steps, hooks=hooks,
+                                checkpoint_path=checkpoint_path, name=name)
+
+    def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
+                yield_single_examples=True):
+        self._tpushim_set_batch(input_fn, ModeKeys.PREDICT)
+        if predict_keys is not None:
+            predict_keys = list(predict_keys) + [_input_fn.PADDING_KEY]
+        for out in super().predict(input_fn, predict_keys=predict_keys, hooks=hooks,
+                                   checkpoint_path=checkpoint_path,
+                                   yield_single_examples=yield_single_examples):
+            weight = out.pop(_input_fn.PADDING_KEY, None)
+            if weight is None:
+                yield out
+            elif yield_single_examples:
+                if weight > 0:
+                    yield out
+            else:
+                keep = weight > 0
+                yield {k: v[keep] for k, v in out.items()}
+
+
+def _indivisible(size, shards):
+    lower = (size // shards) * shards
+    upper = lower + shards
+    choices = " or ".join(str(c) for c in (lower, upper) if c > 0)
+    return (f"global batch size {size} does not divide among {shards} TPU shards; use a multiple "
+            f"of {shards} ({choices}) via tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE, or "
+            f"batch the input by such a size.")
+
+
+def build(call, settings, spec):
+    """Builds the TPUShimEstimator for one ``model_to_estimator`` call.
+
+    Args:
+      call: the call's arguments by name (``keras_lib.model_to_estimator``'s signature).
+      settings: the resolved :class:`tpushim._settings.Settings`.
+      spec: the :class:`tpushim._detect.TPUSpec` to run on, or None for ``use_tpu=False``.
+    """
+    from tpushim import _detect  # pylint: disable=import-outside-toplevel
+    keras_model, keras_model_path = call["keras_model"], call["keras_model_path"]
+    custom_objects = call["custom_objects"]
+    if not (keras_model or keras_model_path):
+        raise ValueError("Either `keras_model` or `keras_model_path` needs to be provided.")
+    if keras_model and keras_model_path:
+        raise ValueError("Please specity either `keras_model` or `keras_model_path`, but not both.")
+    _validate_model(keras_model, custom_objects)
+    cluster = _detect.cluster_resolver(spec) if spec is not None else None
+    if keras_model is None:
+        if keras_model_path.startswith("gs://") or "storage.googleapis.com" in keras_model_path:
+            raise ConversionError("tpushim loads keras_model_path from local or mounted paths; copy "
+                                  f"{keras_model_path} locally first (gsutil cp) and pass that path.")
+        logger.info("tpushim: loading model from %s", keras_model_path)
+        keras_model = tf.keras.models.load_model(keras_model_path, custom_objects=custom_objects)
+        _validate_model(keras_model, custom_objects)
+    checkpoint_format = call["checkpoint_format"]
+    if checkpoint_format in (None, "checkpoint"):
+        save_object_ckpt = True
+    elif checkpoint_format == "saver":
+        save_object_ckpt = False
+    else:
+        raise ValueError('Checkpoint format must be one of "checkpoint" or "saver". Got {}'.format(
+            checkpoint_format))
+    _check_compiled(keras_model)
+    _legacy_optimizer(keras_model)
+    _check_metrics(keras_model, custom_objects)
+    config = _tfprivate.maybe_overwrite_model_dir_and_session_config(call["config"], call["model_dir"])
+    tpu_run_config = to_tpu_run_config(config, settings, cluster)
+    num_shards = tpu_run_config.tpu_config.num_shards
+    if spec is not None and settings.batch_size and num_shards and settings.batch_size % num_shards:
+        raise ConversionError(_indivisible(settings.batch_size, num_shards))
+
+    model_fn = _model_fn.make_model_fn(keras_model, custom_objects, save_object_ckpt,
+                                       call["metric_names_map"], call["export_outputs"])
+    if not _tfprivate.any_weight_initialized(keras_model):
+        tf.compat.v1.keras.backend.set_session(tf.compat.v1.Session(config=config.session_config))
+    warm_start_path = None
+    if config.is_chief:
+        warm_start_path = _tfprivate.save_first_checkpoint(keras_model, custom_objects, config,
+                                                           save_object_ckpt)
+    use_tpu = spec is not None
+    describe = (f"TPUEstimator(use_tpu={use_tpu}"
+                + (f", tpu={spec.describe()}" if use_tpu else "")
+                + f", global batch {settings.batch_size or 'from input'}"
+                + f", iterations_per_loop {tpu_run_config.tpu_config.iterations_per_loop})"
+                + (f" [TPU from {spec.source}]" if use_tpu else
+                   f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"))
+    estimator = TPUShimEstimator(
+        model_fn=model_fn, config=tpu_run_config, use_tpu=use_tpu, warm_start_from=warm_start_path,
+        export_to_tpu=False, tpushim_batch_size=settings.batch_size, tpushim_describe=describe)
+    logger.info("model_to_estimator -> %s", describe)
+    return estimator

@@ -1,0 +1,160 @@
+"""Adapts a legacy input_fn to what TPUEstimator (and a TPU) demands, without the user's help.
+
+TPUEstimator calls ``input_fn(params=...)`` and a TPU needs batches of one static size. A legacy
+input_fn takes no ``params`` and ends its last batch short. :func:`adapt` wraps it: it is called
+with the arguments it accepts; its ``tf.data.Dataset`` is re-batched to ``params['batch_size']``
+(per shard on a TPU, global on CPU) with static shapes; in EVAL and PREDICT the last batch is padded
+and a padding weight (1 real, 0 padding) rides along, so every example is evaluated or predicted
+exactly once: the model_fn gives padding zero weight in every metric and in the loss, and the
+estimator drops padded rows from predictions.
+"""
+
+import logging
+
+import tensorflow as tf
+
+from tpushim import _tfprivate
+from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
+
+ModeKeys = tf.estimator.ModeKeys
+
+PADDING_KEY = "__tpushim_padding_weight__"
+FEATURES_KEY = "__tpushim_features__"
+
+_REPLACEMENT = ("return a tf.data.Dataset instead, e.g. "
+                "`return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)`")
+
+
+def split_padding(features):
+    """(features, padding weight or None) from what the adapted input_fn produced."""
+    if isinstance(features, dict) and PADDING_KEY in features:
+        return features[FEATURES_KEY], features[PADDING_KEY]
+    return features, None
+
+
+def call_user_input_fn(input_fn, mode, params, config, input_context=None):
+    """Calls a user's input_fn with the arguments it accepts, as Estimator does."""
+    args = _tfprivate.fn_args(input_fn)
+    kwargs = {}
+    if "params" in args:
+        kwargs["params"] = params
+    if "mode" in args:
+        kwargs["mode"] = mode
+    if "config" in args:
+        kwargs["config"] = config
+    if "input_context" in args:
+        kwargs["input_context"] = input_context
+    return input_fn(**kwargs)
+
+
+def as_dataset(result, input_fn):
+    """The user's input as a Dataset; tensors (queues, one-shot iterators) get a clear error."""
+    if isinstance(result, tf.data.Dataset):
+        return result
+    raise ConversionError(
+        f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned "
+        f"{type(result).__name__}, not a tf.data.Dataset. A TPU reads its input from a Dataset "
+        f"(tf.compat.v1.estimator.inputs.numpy_input_fn and pandas_input_fn return queue tensors): "
+        f"{_REPLACEMENT}.")
+
+
+def _batch_dim(dataset):
+    dims = {spec.shape[0] if spec.shape.rank else None for spec in tf.nest.flatten(dataset.element_spec)}
+    return dims.pop() if len(dims) == 1 else None
+
+
+def infer_batch_size(input_fn, mode, config):
+    """The global batch size the user's input produces: its static batch dimension, or the size of
+    its first batch, read in a scratch graph (the real pipeline is never touched)."""
+    with tf.Graph().as_default():
+        result = call_user_input_fn(input_fn, mode, {}, config)
+        dataset = as_dataset(result, input_fn)
+        static = _batch_dim(dataset)
+        if static:
+            return static
+        first = tf.compat.v1.data.make_one_shot_iterator(dataset.take(1)).get_next()
+        with tf.compat.v1.Session() as sess:
+            value = sess.run(tf.nest.flatten(first)[0])
+        return int(value.shape[0])
+
+
+def _pad_batch(batch_size):
+    def pad(*element):
+        element = element[0] if len(element) == 1 else element
+        flat = tf.nest.flatten(element)
+        real = tf.shape(flat[0])[0]
+        missing = batch_size - real
+
+        def pad_one(x):
+            paddings = [[0, missing]] + [[0, 0]] * (x.shape.rank - 1)
+            padded = tf.pad(x, paddings, constant_values=tf.zeros([], x.dtype))
+            padded.set_shape([batch_size] + x.shape.as_list()[1:])
+            return padded
+
+        weight = tf.pad(tf.ones([real], tf.float32), [[0, missing]])
+        weight.set_shape([batch_size])
+        padded = tf.nest.map_structure(pad_one, element)
+        if isinstance(padded, tuple) and len(padded) == 2:
+            features, labels = padded
+            return {FEATURES_KEY: features, PADDING_KEY: weight}, labels
+        return {FEATURES_KEY: padded, PADDING_KEY: weight}
+    return pad
+
+
+def rebatch(dataset, batch_size, mode):
+    """Batches of exactly ``batch_size`` with static shapes; padded (and weighted) in EVAL/PREDICT."""
+    unbatched = dataset.unbatch()
+    if mode == ModeKeys.TRAIN:
+        return unbatched.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return unbatched.batch(batch_size).map(_pad_batch(batch_size)).prefetch(tf.data.AUTOTUNE)
+
+
+def adapt(input_fn):
+    """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches)."""
+
+    def tpushim_input_fn(params, mode=None, config=None, input_context=None):
+        result = call_user_input_fn(input_fn, mode, params, config, input_context)
+        dataset = as_dataset(result, input_fn)
+        batch_size = params["batch_size"]
+        context = params.get("context")
+        if context is not None and mode == ModeKeys.TRAIN and getattr(context, "num_hosts", 1) > 1:
+            # Multi-host pod: each host reads its own shard of the input.
+            dataset = dataset.shard(context.num_hosts, context.current_host)
+        if mode == ModeKeys.TRAIN and _batch_dim(dataset) == batch_size:
+            return dataset  # already static and the right size: leave the pipeline untouched
+        return rebatch(dataset, batch_size, mode)
+
+    tpushim_input_fn.__wrapped__ = input_fn
+    return tpushim_input_fn
+
+
+def eval_loss(model, padding_weight):
+    """The eval loss of the real (unpadded) rows, as the stock estimator computes it per batch."""
+    if padding_weight is None:
+        return model.total_loss
+    from keras.src.utils import losses_utils  # pylint: disable=import-outside-toplevel
+    total = 0.0
+    for endpoint in _tfprivate.training_endpoints(model):
+        if endpoint.should_skip_target():
+            continue
+        y_pred = endpoint.output
+        per_sample = endpoint.loss_fn.call(endpoint.training_target.target, y_pred)
+        weight = tf.cast(padding_weight, per_sample.dtype)
+        if endpoint.sample_weight is not None:
+            weight = weight * tf.cast(endpoint.sample_weight, per_sample.dtype)
+        weighted = losses_utils.compute_weighted_loss(
+            per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE)
+        reduction = getattr(endpoint.loss_fn, "reduction", losses_utils.ReductionV2.AUTO)
+        if reduction == losses_utils.ReductionV2.SUM:
+            output_loss = tf.reduce_sum(weighted)
+        else:  # AUTO / SUM_OVER_BATCH_SIZE: divide by the real rows' element count
+            per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
+            real = tf.reduce_sum(tf.cast(padding_weight, per_sample.dtype)) * per_row
+            output_loss = tf.math.divide_no_nan(tf.reduce_sum(weighted), real)
+        total += endpoint.loss_weight * output_loss
+    regularization = model.get_losses_for(None) + model.get_losses_for(model.inputs)
+    if regularization:
+        total += tf.add_n(regularization)
+    return total

@@ -1,0 +1,191 @@
+"""The model_fn factory: a compiled Keras model -> a TPUEstimator model_fn.
+
+The model_fn mirrors keras_lib's (clone and build per mode, warm-startable variable names) and
+differs where a TPU needs it to:
+
+* TRAIN: gradients are averaged across shards -- for a Keras optimizer through the clone's
+  ``gradient_aggregator`` (set on the clone, before its train function is made: it is not part of
+  ``get_config``), for a ``tf.compat.v1.train`` optimizer through ``CrossShardOptimizer``. Nothing
+  TPU-only is emitted when ``params['use_tpu']`` is false (CrossReplicaSum has no CPU kernel).
+* EVAL: ``eval_metrics=(metric_fn, tensors)``; ``metric_fn`` rebuilds every compiled metric from
+  its config and returns ``(value, update_op)`` pairs, which is what TPUEstimator needs on a TPU.
+* Checkpoints through ``scaffold_fn``: TPUEstimator ignores ``scaffold`` on a TPU.
+"""
+
+import tensorflow as tf
+
+from tpushim import _input_fn, _tfprivate
+from tpushim._errors import ConversionError
+
+ModeKeys = tf.estimator.ModeKeys
+
+
+def optimizer_kind(optimizer):
+    """``"keras"`` (aggregated by gradient_aggregator) or ``"tf1"`` (CrossShardOptimizer).
+
+    Raises:
+      ConversionError: the optimizer cannot have its gradients averaged across TPU shards.
+    """
+    if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+        return "keras"
+    if isinstance(optimizer, _tfprivate.keras_v1_tf_optimizer_class()):
+        return "tf1"
+    raise ConversionError(
+        f"tpushim cannot average the gradients of optimizer {type(optimizer).__module__}."
+        f"{type(optimizer).__name__} across TPU shards. Compile the model with a Keras optimizer "
+        f"(e.g. tf.keras.optimizers.legacy.SGD / Adam) or a tf.compat.v1.train optimizer.")
+
+
+def _cross_shard_mean(grads_and_vars):
+    """gradient_aggregator for a TPU: the mean of every gradient over all shards."""
+    num_shards = _tfprivate.num_shards_in_replica_context() or 1
+    out = []
+    for grad, var in grads_and_vars:
+        if grad is not None:
+            grad = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(grad)) * (1.0 / num_shards)
+        out.append((grad, var))
+    return out
+
+
+def _no_aggregation(grads_and_vars):
+    return list(grads_and_vars)
+
+
+def _set_aggregation(model, use_tpu):
+    if optimizer_kind(model.optimizer) == "keras":
+        model.optimizer.gradient_aggregator = _cross_shard_mean if use_tpu else _no_aggregation
+    elif use_tpu:
+        model.optimizer.optimizer = tf.compat.v1.tpu.CrossShardOptimizer(model.optimizer.optimizer)
+
+
+def _clone_metric(metric):
+    clone = metric.__class__.from_config(metric.get_config())
+    clone._name = metric.name  # pylint: disable=protected-access  # the unique name Keras gave it
+    return clone
+
+
+def _metric_plan(model, metric_names_map):
+    """[(reported name, output index, weighted, Metric)] for every compiled metric of the clone."""
+    plan = []
+    for index, (unweighted, weighted) in enumerate(_tfprivate.per_output_metrics(model)):
+        for is_weighted, metrics in ((False, unweighted), (True, weighted)):
+            for metric in metrics.values():
+                plan.append((metric.name, index, is_weighted, metric))
+    names = [name for name, _, _, _ in plan]
+    if metric_names_map:
+        unknown = set(names) - set(metric_names_map)
+        extra = set(metric_names_map) - set(names)
+        if unknown:
+            raise ValueError(
+                "Invalid `metric_names_map`. The following keras model metric names:\"{}\" do not "
+                "exist in the `metric_names_map` dictionary".format(sorted(unknown)))
+        if extra:
+            raise ValueError(
+                "Invalid `metric_names_map`. There are unexpected keys in the `metric_names_map` "
+                "dictionary. Expected keys: {}, Received: {}".format(names, sorted(extra)))
+        plan = [(metric_names_map[name], i, w, m) for name, i, w, m in plan]
+    return plan
+
+
+def _eval_metrics(model, metric_names_map, padding_weight):
+    """(metric_fn, tensors) computing every compiled metric, per output, as stock names them."""
+    plan = _metric_plan(model, metric_names_map)
+    if not plan:
+        return None
+    tensors = {}
+    for index, endpoint in enumerate(_tfprivate.training_endpoints(model)):
+        if endpoint.should_skip_target():
+            continue
+        tensors[f"y_true_{index}"] = endpoint.training_target.target
+        tensors[f"y_pred_{index}"] = endpoint.output
+        if endpoint.sample_weight is not None and any(w and i == index for _, i, w, _ in plan):
+            batch = tf.compat.v1.shape(endpoint.output)[0]
+            tensors[f"sample_weight_{index}"] = tf.broadcast_to(endpoint.sample_weight, [batch])
+    if padding_weight is not None:
+        tensors["padding_weight"] = padding_weight
+
+    def metric_fn(**tensors):
+        pad = tensors.get("padding_weight")
+        metric_ops, new_vars = {}, []
+        for name, index, weighted, metric in plan:
+            metric = _clone_metric(metric)
+            weights = tensors.get(f"sample_weight_{index}") if weighted else None
+            if pad is not None:
+                pad_w = tf.cast(pad, tensors[f"y_pred_{index}"].dtype)
+                weights = pad_w if weights is None else weights * pad_w
+            update_op = metric.update_state(tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"],
+                                            sample_weight=weights)
+            metric_ops[name] = (metric.result(), update_op)
+            new_vars.extend(metric.variables)
+        for collection in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
+                           tf.compat.v1.GraphKeys.METRIC_VARIABLES):
+            for var in new_vars:
+                tf.compat.v1.add_to_collection(collection, var)
+        return metric_ops
+
+    return metric_fn, tensors
+
+
+def _export_outputs(model, predictions, export_outputs):
+    final = {_tfprivate.DEFAULT_SERVING_KEY: _tfprivate.export_lib.PredictOutput(predictions)}
+    if export_outputs is not None:
+        different = set(export_outputs) - set(model.output_names)
+        if different:
+            raise _tfprivate.FormattedKeyError(
+                "export_outputs keys must be output names of the Keras model."
+                f"\n\tExpected keys: {set(model.output_names)}\n\texport_outputs keys: "
+                f"{set(export_outputs)}\n\tUnknown keys: {different}")
+        for key, export_output_cls in export_outputs.items():
+            final[key] = export_output_cls(predictions[key])
+    return final
+
+
+def _scaffold_fn(model):
+    """Object-based (tf.train.Checkpoint) saving, as stock does for the v2 spelling."""
+    def scaffold_fn():
+        from tensorflow.python.checkpoint import checkpoint as trackable_util  # pylint: disable=import-outside-toplevel
+        model._track_trackable(tf.compat.v1.train.get_global_step(), "estimator_global_step")  # pylint: disable=protected-access
+        var_list = tf.compat.v2.__internal__.tracking.ObjectGraphView(model).frozen_saveable_objects()
+        saver = tf.compat.v1.train.Saver(var_list=var_list, sharded=True)
+        saver._object_restore_saver = trackable_util.frozen_saver(model)  # pylint: disable=protected-access
+        return tf.compat.v1.train.Scaffold(saver=saver)
+    return scaffold_fn
+
+
+def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metric_names_map=None,
+                  export_outputs=None):
+    """Returns a TPUEstimator model_fn for a compiled (Sequential or functional) Keras model."""
+    try:
+        optimizer_config = keras_model.optimizer.get_config()
+    except (NotImplementedError, AttributeError):
+        optimizer_config = None
+
+    def model_fn(features, labels, mode, params):
+        use_tpu = bool(params.get("use_tpu", False))
+        features, padding_weight = _input_fn.split_padding(features)
+        model = _tfprivate.clone_and_build_model(
+            mode=mode, keras_model=keras_model, custom_objects=custom_objects, features=features,
+            labels=labels, optimizer_config=optimizer_config)
+        predictions = dict(zip(model.output_names, model.outputs))
+        loss = train_op = eval_metrics = None
+        if mode == ModeKeys.TRAIN:
+            _set_aggregation(model, use_tpu)
+            model._make_train_function()  # pylint: disable=protected-access
+            loss = model.total_loss
+            train_op = model.train_function.updates_op
+        elif mode == ModeKeys.EVAL:
+            loss = _input_fn.eval_loss(model, padding_weight)
+            eval_metrics = _eval_metrics(model, metric_names_map, padding_weight)
+        spec_predictions = predictions
+        if mode == ModeKeys.PREDICT and padding_weight is not None:
+            spec_predictions = dict(predictions, **{_input_fn.PADDING_KEY: padding_weight})
+        return _tfprivate.tpu_estimator.TPUEstimatorSpec(
+            mode=mode,
+            predictions=spec_predictions,
+            loss=loss,
+            train_op=train_op,
+            eval_metrics=eval_metrics,
+            export_outputs=_export_outputs(model, predictions, export_outputs),
+            scaffold_fn=_scaffold_fn(model) if save_object_ckpt else None)
+
+    return model_fn
