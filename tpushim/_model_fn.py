@@ -64,13 +64,27 @@ def _clone_metric(metric):
     return clone
 
 
+def stable_metric_name(name, output_names):
+    """Undoes Keras 2's growing prefix: on a multi-output model, a Metric object passed to
+    compile() gains its output's name once more every time the model is cloned, so the stock
+    estimator reports ``reg_reg_reg_rmse`` after three clones and one ``reg_`` more on each
+    evaluate(). tpushim reports the name Keras's own ``model.evaluate`` uses: ``reg_rmse``."""
+    if len(output_names) > 1:
+        for out in output_names:
+            prefix = out + "_"
+            while name.startswith(prefix + prefix):
+                name = name[len(prefix):]
+    return name
+
+
 def _metric_plan(model, metric_names_map):
     """[(reported name, output index, weighted, Metric)] for every compiled metric of the clone."""
     plan = []
     for index, (unweighted, weighted) in enumerate(_tfprivate.per_output_metrics(model)):
         for is_weighted, metrics in ((False, unweighted), (True, weighted)):
             for metric in metrics.values():
-                plan.append((metric.name, index, is_weighted, metric))
+                name = stable_metric_name(metric.name, model.output_names)
+                plan.append((name, index, is_weighted, metric))
     names = [name for name, _, _, _ in plan]
     if metric_names_map:
         unknown = set(names) - set(metric_names_map)

@@ -1,0 +1,137 @@
+"""Small models, data and the stock-vs-tpushim comparison harness shared by the conversion tests."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import tpushim
+
+tf.get_logger().setLevel("ERROR")
+
+N = 52  # examples: not divisible by the batch size (8), so eval/predict pad the last batch
+BATCH = 8
+TOL = 1e-5
+
+
+def data(n=N, dim=4, classes=3, seed=0):
+    rng = np.random.RandomState(seed)
+    return rng.rand(n, dim).astype("float32"), rng.randint(0, classes, size=(n, 1)).astype("int64")
+
+
+def sequential(optimizer=None, metrics=("accuracy",), extra_layers=()):
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [tf.keras.layers.Dense(8, activation="relu", input_shape=(4,), name="hidden"), *extra_layers,
+         tf.keras.layers.Dense(3, activation="softmax", name="probs")])
+    model.compile(optimizer=optimizer or tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+                  loss="sparse_categorical_crossentropy", metrics=list(metrics))
+    return model
+
+
+def two_in_two_out():
+    """Functional model: inputs 'a' and 'b', outputs 'cls' and 'reg', per-output metrics and loss weights."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    a = tf.keras.Input((4,), name="a")
+    b = tf.keras.Input((2,), name="b")
+    h = tf.keras.layers.Dense(6, activation="tanh", name="h")(tf.keras.layers.Concatenate()([a, b]))
+    cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
+    reg = tf.keras.layers.Dense(1, name="reg")(h)
+    model = tf.keras.Model({"a": a, "b": b}, {"cls": cls, "reg": reg})
+    model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01),
+                  loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+                  loss_weights={"cls": 1.0, "reg": 0.5},
+                  metrics={"cls": ["accuracy"], "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]})
+    return model
+
+
+def two_in_two_out_data(n=N):
+    rng = np.random.RandomState(3)
+    features = {"a": rng.rand(n, 4).astype("float32"), "b": rng.rand(n, 2).astype("float32")}
+    labels = {"cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
+              "reg": rng.rand(n, 1).astype("float32")}
+    return features, labels
+
+
+def dataset_input_fn(features, labels=None, batch=BATCH, drop_remainder=False, repeat=False):
+    def input_fn():
+        ds = tf.data.Dataset.from_tensor_slices(features if labels is None else (features, labels))
+        if repeat:
+            ds = ds.repeat()
+        return ds.batch(batch, drop_remainder=drop_remainder)
+    return input_fn
+
+
+def checkpoint_values(model_dir):
+    reader = tf.train.load_checkpoint(model_dir)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(model_dir)
+            if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
+def run(mode, build_model, train_fn, eval_fn, predict_fn, model_dir, steps=6, spelling="v2",
+        convert_kwargs=None):
+    """Converts with tpushim in ``mode`` ('off' = stock), trains, evaluates and predicts."""
+    convert = {"v2": tf.keras.estimator.model_to_estimator,
+               "v1": tf.compat.v1.keras.estimator.model_to_estimator}[spelling]
+    tpushim.patch(mode=mode)
+    try:
+        kwargs = dict(convert_kwargs or {})
+        if "keras_model_path" not in kwargs:
+            kwargs["keras_model"] = build_model()
+        kwargs.setdefault("config", tf.estimator.RunConfig(tf_random_seed=7))
+        estimator = convert(model_dir=str(model_dir), **kwargs)
+    finally:
+        tpushim.unpatch()
+    if steps:
+        estimator.train(train_fn, steps=steps)
+    metrics = estimator.evaluate(eval_fn) if eval_fn else None
+    predictions = list(estimator.predict(predict_fn)) if predict_fn else None
+    return estimator, metrics, predictions, checkpoint_values(model_dir)
+
+
+def stock_metric_names(metrics, output_names):
+    """Stock's metric names with Keras 2's growing output prefix undone (see stable_metric_name)."""
+    from tpushim._model_fn import stable_metric_name  # pylint: disable=import-outside-toplevel
+    return {stable_metric_name(k, output_names): v for k, v in metrics.items()}
+
+
+def assert_same(stock, shim, tol=TOL, output_names=(), skip=()):
+    """Weights, every evaluate() key (but ``skip``) and every prediction within ``tol``."""
+    _, stock_metrics, stock_preds, stock_weights = stock
+    _, shim_metrics, shim_preds, shim_weights = shim
+    if stock_metrics is not None:
+        stock_metrics = stock_metric_names(stock_metrics, output_names)
+        stock_metrics = {k: v for k, v in stock_metrics.items() if k not in skip}
+        shim_metrics = {k: v for k, v in shim_metrics.items() if k not in skip}
+    assert set(stock_weights) == set(shim_weights)
+    for name, value in stock_weights.items():
+        np.testing.assert_allclose(shim_weights[name], value, atol=tol, rtol=0, err_msg=name)
+    if stock_metrics is not None:
+        assert set(stock_metrics) == set(shim_metrics)
+        for key, value in stock_metrics.items():
+            np.testing.assert_allclose(shim_metrics[key], value, atol=tol, rtol=0, err_msg=key)
+    if stock_preds is not None:
+        assert len(shim_preds) == len(stock_preds)
+        for got, want in zip(shim_preds, stock_preds):
+            assert set(got) == set(want)
+            for key in want:
+                np.testing.assert_allclose(got[key], want[key], atol=tol, rtol=0, err_msg=key)
+
+
+def compare(tmp_path, build_model, train_fn, eval_fn=None, predict_fn=None, output_names=(),
+            skip=(), **kwargs):
+    stock = run("off", build_model, train_fn, eval_fn, predict_fn, tmp_path / "stock", **kwargs)
+    shim = run("cpu", build_model, train_fn, eval_fn, predict_fn, tmp_path / "shim", **kwargs)
+    from tpushim._estimator import TPUShimEstimator  # pylint: disable=import-outside-toplevel
+    assert not isinstance(stock[0], TPUShimEstimator)
+    assert isinstance(shim[0], tf.compat.v1.estimator.tpu.TPUEstimator)
+    assert_same(stock, shim, output_names=output_names, skip=skip)
+    return stock, shim
+
+
+def env_without_tpu():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUSHIM_", "TPU_", "COLAB_TPU"))}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
