@@ -102,8 +102,14 @@ def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
     return None
 
 
-def cluster_resolver(spec: TPUSpec, timeout_s: float = RESOLVE_TIMEOUT_S):
-    """Builds the TPUClusterResolver for ``spec``; a bare name's lookup is bounded by ``timeout_s``."""
+def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
+    """Builds the TPUClusterResolver for ``spec``; a bare name's lookup is bounded in time.
+
+    Args:
+      spec: the TPU found by :func:`find_tpu`.
+      timeout_s: bound on a bare name's lookup; ``RESOLVE_TIMEOUT_S`` (10 s) when None.
+    """
+    timeout_s = RESOLVE_TIMEOUT_S if timeout_s is None else timeout_s
     if not isinstance(spec.target, (str, type(None))):
         return spec.target  # the user's own resolver (or config.cluster)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -1,0 +1,201 @@
+"""Modes, precedence, strict parsing, TPU detection from each source, and the conversion log line."""
+
+import socket
+import time
+
+import pytest
+import tensorflow as tf
+from tensorflow_estimator.python.estimator import keras_lib
+from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+import tfcases
+import tpushim
+from tpushim import _detect, _settings
+from tpushim._estimator import TPUShimEstimator
+
+
+def convert(tmp_path, **kwargs):
+    return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                 model_dir=str(tmp_path), **kwargs)
+
+
+def free_port():
+    """A loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
+    tpushim.patch()
+    est = convert(tmp_path)
+    assert type(est) is tf.estimator.Estimator
+    assert "-> stock EstimatorV2 (no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU)" in tpushim_log.text
+
+
+def test_cpu_mode_log_line(tmp_path, tpushim_log):
+    tpushim.patch(mode="cpu", batch_size=16, iterations_per_loop=20)
+    est = convert(tmp_path)
+    assert isinstance(est, TPUShimEstimator) and not est._ctx._use_tpu  # pylint: disable=protected-access
+    assert ("model_to_estimator -> TPUEstimator(use_tpu=False, global batch 16, iterations_per_loop 20)"
+            " [mode cpu from argument: the TPU code path on CPU]") in tpushim_log.text
+
+
+def test_off_mode_and_kill_switch_beats_argument(tmp_path, monkeypatch):
+    tpushim.patch(mode="off")
+    assert type(convert(tmp_path / "a")) is tf.estimator.Estimator
+    monkeypatch.setenv("TPUSHIM_MODE", "off")
+    tpushim.patch(mode="cpu")
+    assert tpushim.status()["mode"] == "off"
+    assert tpushim.status()["mode_source"] == "TPUSHIM_MODE=off"
+    assert type(convert(tmp_path / "b")) is tf.estimator.Estimator
+    # Flipped after patch(), without editing code: still wins at call time.
+    monkeypatch.delenv("TPUSHIM_MODE")
+    assert isinstance(convert(tmp_path / "c"), TPUShimEstimator)
+    monkeypatch.setenv("TPUSHIM_MODE", "OFF")
+    assert type(convert(tmp_path / "d")) is tf.estimator.Estimator
+
+
+def test_argument_beats_environment_beats_default(monkeypatch):
+    monkeypatch.setenv("TPUSHIM_MODE", "cpu")
+    monkeypatch.setenv("TPUSHIM_BATCH_SIZE", "64")
+    settings = _settings.resolve([{"batch_size": 32}])
+    assert (settings.mode, settings.sources["mode"]) == ("cpu", "TPUSHIM_MODE")
+    assert (settings.batch_size, settings.sources["batch_size"]) == (32, "argument")
+    assert (settings.iterations_per_loop, settings.sources["iterations_per_loop"]) == (None, "default")
+    monkeypatch.setenv("TPUSHIM_MODE", "tpu")
+    assert _settings.resolve([{"mode": "auto"}]).mode == "auto"
+
+
+@pytest.mark.parametrize("var,value,expected", [
+    ("TPUSHIM_MODE", "gpu", "TPUSHIM_MODE='gpu' is not a valid tpushim mode; choose one of auto, cpu, tpu, off"),
+    ("TPUSHIM_BATCH_SIZE", "12x", "TPUSHIM_BATCH_SIZE='12x' is not a positive integer"),
+    ("TPUSHIM_BATCH_SIZE", "0", "TPUSHIM_BATCH_SIZE must be a positive integer; got 0"),
+    ("TPUSHIM_ITERATIONS_PER_LOOP", "-3", "TPUSHIM_ITERATIONS_PER_LOOP='-3' is not a positive integer"),
+    ("TPUSHIM_TPU", "http://10.0.0.1:8470", "must start with grpc://"),
+])
+def test_garbage_environment_raises_before_patching(monkeypatch, var, value, expected):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(tpushim.ConfigurationError, match="") as info:
+        tpushim.patch()
+    assert expected in str(info.value)
+    assert not tpushim.is_patched()
+    assert not isinstance(keras_lib.model_to_estimator, tpushim._patch._Wrapper)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"mode": "fast"}, "mode='fast' is not a valid tpushim mode"),
+    ({"mode": 3}, "mode must be a string"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"batch_size": True}, "batch_size must be a positive integer"),
+    ({"iterations_per_loop": 2.5}, "iterations_per_loop must be a positive integer"),
+    ({"tpu": 42}, "tpu must be a TPU name"),
+])
+def test_garbage_arguments_raise(kwargs, expected):
+    with pytest.raises(tpushim.ConfigurationError) as info:
+        tpushim.patch(**kwargs)
+    assert expected in str(info.value)
+    assert not tpushim.is_patched()
+
+
+# --- detection -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("var,value,target", [
+    ("TPUSHIM_TPU", "grpc://127.0.0.1:8470", "grpc://127.0.0.1:8470"),
+    ("TPU_NAME", "my-tpu", "my-tpu"),
+    ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "grpc://127.0.0.1:8470", None),
+    ("TPU_CONFIG", '{"project": "p", "zone": "z", "tpu_node_name": "t"}', None),
+    ("COLAB_TPU_ADDR", "127.0.0.1:8470", "grpc://127.0.0.1:8470"),
+])
+def test_detection_from_environment(monkeypatch, var, value, target):
+    monkeypatch.setenv(var, value)
+    spec = _detect.find_tpu(_settings.resolve())
+    assert spec is not None
+    assert (spec.target, spec.source) == (target, var)
+
+
+def test_detection_order_argument_first(monkeypatch):
+    monkeypatch.setenv("TPU_NAME", "from-env")
+    spec = _detect.find_tpu(_settings.resolve([{"tpu": "grpc://127.0.0.1:1"}]))
+    assert (spec.target, spec.source) == ("grpc://127.0.0.1:1", "tpu= argument")
+
+
+def test_detection_from_tpu_vm_device_files(monkeypatch, tmp_path):
+    (tmp_path / "accel0").write_text("")
+    libtpu = tmp_path / "libtpu.so"
+    monkeypatch.setattr(_detect, "DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(_detect, "LIBTPU_FILES", ())
+    assert _detect.find_tpu(_settings.resolve()) is None  # device files but no libtpu: not a TPU VM
+    libtpu.write_text("")
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(libtpu))
+    spec = _detect.find_tpu(_settings.resolve())
+    assert (spec.target, spec.source) == ("local", f"TPU VM ({tmp_path / 'accel0'})")
+
+
+def test_detection_from_run_config_cluster():
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://127.0.0.1:1")
+    config = tpu_config.RunConfig(cluster=resolver)
+    spec = _detect.find_tpu(_settings.resolve(), config)
+    assert spec.target is resolver and spec.source == "config.cluster"
+    assert _detect.find_tpu(_settings.resolve(), tf.estimator.RunConfig()) is None
+
+
+def test_nothing_configured_finds_nothing():
+    assert _detect.find_tpu(_settings.resolve()) is None
+
+
+def test_loopback_tpu_name_gives_tpu_estimator_without_contacting_anything(monkeypatch, tmp_path, tpushim_log):
+    monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{free_port()}")
+    tpushim.patch()
+    start = time.monotonic()
+    est = convert(tmp_path, config=tf.estimator.RunConfig(save_checkpoints_steps=50))
+    assert time.monotonic() - start < 30
+    assert isinstance(est, tf.compat.v1.estimator.tpu.TPUEstimator)
+    assert est._ctx._use_tpu  # pylint: disable=protected-access
+    assert est.config.master.startswith("grpc://127.0.0.1:")
+    assert est.config.tpu_config.iterations_per_loop == 50  # bounded by the checkpoint interval
+    assert est.config.tpu_config.per_host_input_for_training == tpu_config.InputPipelineConfig.PER_HOST_V2
+    assert "[TPU from TPU_NAME]" in tpushim_log.text
+
+
+def test_tpu_mode_without_tpu_fails_fast_with_how_to(tmp_path):
+    tpushim.patch(mode="tpu")
+    start = time.monotonic()
+    with pytest.raises(tpushim.NoTPUError) as info:
+        convert(tmp_path)
+    assert time.monotonic() - start < 5
+    assert "TPUSHIM_TPU" in str(info.value) and "TPUSHIM_MODE=cpu" in str(info.value)
+    assert not (tmp_path / "keras").exists()  # nothing written
+
+
+@pytest.fixture
+def silent_metadata_server(monkeypatch):
+    """A loopback 'metadata server' that accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:%d" % server.getsockname()[1])
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:%d" % server.getsockname()[1])
+    yield
+    server.close()
+
+
+def test_bare_name_lookup_is_bounded(silent_metadata_server):
+    start = time.monotonic()
+    with pytest.raises(tpushim.NoTPUError, match="within 1 s"):
+        _detect.cluster_resolver(_detect.TPUSpec("my-tpu", "TPU_NAME"), timeout_s=1)
+    assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("mode", ["auto", "tpu"])
+def test_unreachable_bare_name_is_a_clear_error_not_a_hang(silent_metadata_server, monkeypatch,
+                                                           tmp_path, mode):
+    monkeypatch.setenv("TPU_NAME", "my-tpu")
+    monkeypatch.setattr(_detect, "RESOLVE_TIMEOUT_S", 1.5)
+    tpushim.patch(mode=mode)
+    start = time.monotonic()
+    with pytest.raises(tpushim.NoTPUError) as info:
+        convert(tmp_path)
+    assert time.monotonic() - start < 5
+    assert "'my-tpu' (from TPU_NAME)" in str(info.value) and "grpc://" in str(info.value)
+    assert not (tmp_path / "keras").exists()  # nothing written

@@ -1,0 +1,215 @@
+"""Patching core: every spelling converts; lazy, idempotent, thread-safe and reversible."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import tensorflow as tf
+from tensorflow_estimator.python.estimator import keras_lib
+
+import tfcases
+import tpushim
+from tpushim import _patch
+from tpushim._estimator import TPUShimEstimator
+
+ORIGINAL = keras_lib.model_to_estimator  # captured before any test patched anything
+EstimatorV1 = tf.compat.v1.estimator.Estimator
+EstimatorV2 = tf.estimator.Estimator
+
+
+def _spellings():
+    import keras  # pylint: disable=import-outside-toplevel
+    from tensorflow.compat.v1.keras.estimator import model_to_estimator as v1_imported
+    from tensorflow.keras.estimator import model_to_estimator as v2_imported
+    return {
+        "tf.keras.estimator": (tf.keras.estimator.model_to_estimator, "v2"),
+        "tf.compat.v1.keras.estimator": (tf.compat.v1.keras.estimator.model_to_estimator, "v1"),
+        "tf.compat.v2.keras.estimator": (tf.compat.v2.keras.estimator.model_to_estimator, "v2"),
+        "keras.estimator": (keras.estimator.model_to_estimator, "v2"),
+        "from tensorflow.keras.estimator import": (v2_imported, "v2"),
+        "from tensorflow.compat.v1.keras.estimator import": (v1_imported, "v1"),
+    }
+
+
+BOUND_BEFORE_PATCH = _spellings()  # names bound before patch() ever ran
+
+
+def _one_layer():
+    current = keras_lib.model_to_estimator
+    if isinstance(current, _patch._Wrapper):  # pylint: disable=protected-access
+        assert current.__wrapped__ is ORIGINAL
+        assert not isinstance(current.__wrapped__, _patch._Wrapper)  # pylint: disable=protected-access
+        return True
+    assert current is ORIGINAL
+    return False
+
+
+@pytest.mark.parametrize("name", sorted(BOUND_BEFORE_PATCH))
+def test_every_spelling_converts_then_reverts(name, tmp_path):
+    for fn, version in (BOUND_BEFORE_PATCH[name], _spellings()[name]):
+        tpushim.patch(mode="cpu")
+        converted = fn(keras_model=tfcases.sequential(), model_dir=str(tmp_path / "a"))
+        assert isinstance(converted, TPUShimEstimator)
+        tpushim.unpatch()
+        stock = fn(keras_model=tfcases.sequential(), model_dir=str(tmp_path / "b"))
+        assert type(stock) is (EstimatorV2 if version == "v2" else EstimatorV1)
+
+
+def test_positional_arguments_and_v1_v2_checkpoint_formats(tmp_path):
+    tpushim.patch(mode="cpu")
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+    v2 = tf.keras.estimator.model_to_estimator(tfcases.sequential(), None, None, str(tmp_path / "v2"))
+    v1 = tf.compat.v1.keras.estimator.model_to_estimator(tfcases.sequential(), None, None,
+                                                         str(tmp_path / "v1"))
+    for est in (v1, v2):
+        assert isinstance(est, TPUShimEstimator)
+        est.train(fn, steps=1)
+    v1_names = {n for n, _ in tf.train.list_variables(v1.model_dir)}
+    v2_names = {n for n, _ in tf.train.list_variables(v2.model_dir)}
+    assert "hidden/kernel" in v1_names and "_CHECKPOINTABLE_OBJECT_GRAPH" not in v1_names  # Saver
+    assert "_CHECKPOINTABLE_OBJECT_GRAPH" in v2_names  # object-based
+    assert any(n.endswith("kernel/.ATTRIBUTES/VARIABLE_VALUE") for n in v2_names)
+
+
+def _run_python(code, **env):
+    environ = tfcases.env_without_tpu()
+    environ.update(env)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=environ, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_patch_before_tensorflow_is_lazy_then_applies():
+    out = _run_python("""
+        import sys, tpushim
+        tpushim.patch(mode="cpu")
+        print("tf imported after patch:", "tensorflow" in sys.modules)
+        print("status applied:", tpushim.status()["applied"])
+        import tensorflow as tf
+        from tensorflow_estimator.python.estimator import keras_lib
+        from tpushim import _patch
+        assert tpushim.is_patched()
+        m = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+        m.compile("sgd", "mse")
+        est = tf.keras.estimator.model_to_estimator(keras_model=m)
+        print("converted:", type(est).__name__)
+        # patch -> import -> unpatch -> patch: one layer each time, the original restored exactly
+        original = keras_lib.model_to_estimator.__wrapped__
+        tpushim.unpatch()
+        assert keras_lib.model_to_estimator is original
+        tpushim.patch(); tpushim.patch(mode="cpu")
+        assert keras_lib.model_to_estimator.__wrapped__ is original
+        print("ok")
+    """)
+    assert "tf imported after patch: False" in out
+    assert "pending import" in out
+    assert "converted: TPUShimEstimator" in out
+    assert out.rstrip().endswith("ok")
+
+
+@pytest.mark.parametrize("sequence", [
+    "patch unpatch patch",
+    "patch patch unpatch",
+    "unpatch unpatch patch",
+    "unpatch patch patch patch unpatch unpatch",
+    "patch unpatch unpatch patch patch",
+])
+def test_lifecycle_never_wraps_twice(sequence):
+    for step in sequence.split():
+        getattr(tpushim, step)()
+        assert _one_layer() == (step == "patch")
+        assert tpushim.is_patched() == (step == "patch")
+
+
+def test_unpatch_before_patch_is_harmless():
+    tpushim.unpatch()
+    assert keras_lib.model_to_estimator is ORIGINAL
+
+
+def test_unpatch_leaves_someone_elses_wrapper_alone():
+    tpushim.patch()
+    ours = keras_lib.model_to_estimator
+    theirs = lambda *a, **k: ours(*a, **k)  # another library wrapped on top of us
+    keras_lib.model_to_estimator = theirs
+    try:
+        tpushim.unpatch()
+        assert keras_lib.model_to_estimator is theirs
+    finally:
+        keras_lib.model_to_estimator = ORIGINAL
+
+
+def test_sixteen_threads_patch_at_once():
+    barrier = threading.Barrier(16)
+    errors = []
+
+    def worker(i):
+        try:
+            barrier.wait()
+            tpushim.patch(mode=("cpu", "auto")[i % 2])
+        except Exception as e:  # pylint: disable=broad-except
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert _one_layer()
+
+
+def test_second_patch_updates_settings_and_logs(tpushim_log):
+    tpushim.patch(mode="cpu")
+    tpushim.patch(mode="auto", batch_size=16)
+    assert tpushim.status()["mode"] == "auto"
+    assert tpushim.status()["batch_size"] == 16
+    assert "settings updated from mode='cpu' to mode='auto', batch_size=16" in tpushim_log.text
+
+
+def test_status_reports_versions_and_tpu(monkeypatch):
+    monkeypatch.setenv("TPU_NAME", "grpc://127.0.0.1:1")
+    tpushim.patch(mode="cpu")
+    status = tpushim.status()
+    assert status["patched"] is True
+    assert (status["mode"], status["mode_source"]) == ("cpu", "argument")
+    assert (status["tpu"], status["tpu_source"]) == ("grpc://127.0.0.1:1", "TPU_NAME")
+    assert status["versions"]["tensorflow"] == tf.__version__
+    assert status["versions"]["keras"].startswith("2.")
+    assert status["versions"]["tensorflow_estimator"]
+    assert status["applied"] == {
+        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True}
+
+
+@pytest.mark.parametrize("tf_version,keras_version,has_estimator,ok", [
+    ("2.15.1", "2.15.0", True, True),
+    ("2.9.0", "2.9.0", True, True),
+    ("2.16.1", "3.1.0", False, False),
+    ("2.16.1", None, True, False),
+    ("2.17.0rc0", None, True, False),
+    ("2.8.4", "2.8.0", True, False),
+    ("2.15.0", "3.0.0", True, False),
+    ("2.15.0", "2.15.0", False, False),
+    (None, None, True, True),  # TensorFlow not imported yet: decided at import
+])
+def test_version_guard_decision(tf_version, keras_version, has_estimator, ok):
+    problem = _patch.version_problem(tf_version, keras_version, has_estimator)
+    assert (problem is None) == ok
+    if not ok:
+        assert 'pip install "tensorflow<2.16"' in problem
+        assert "2.9 <= TensorFlow < 2.16" in problem
+        assert "Nothing was patched" in problem
+
+
+def test_version_guard_refuses_once_and_patches_nothing(monkeypatch):
+    monkeypatch.setattr(tf, "__version__", "2.16.1")
+    with pytest.warns(RuntimeWarning, match=r"TensorFlow 2.16.1.*tensorflow<2.16") as record:
+        tpushim.patch()
+        tpushim.patch()
+    assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
+    assert not tpushim.is_patched()
+    assert keras_lib.model_to_estimator is ORIGINAL
+    assert "TensorFlow 2.16.1" in tpushim.status()["unsupported"]
