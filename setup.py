@@ -4,8 +4,60 @@ import os
 import re
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+from setuptools.command.develop import develop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# TPUSHIM_AUTOPATCH=1: site executes .pth lines that start with "import" at every interpreter
+# start. This one reads the variable with string methods only (its value is never evaluated) and
+# imports tpushim only when the variable is on; tpushim/_autopatch.py does the rest and never raises.
+AUTOPATCH_PTH = "tpushim-autopatch.pth"
+AUTOPATCH_LINE = (
+    'import os; os.environ.get("TPUSHIM_AUTOPATCH", "").strip().lower() not in '
+    '("", "0", "false", "no", "off") and __import__("tpushim._autopatch", fromlist=["run"]).run()\n')
+
+
+def write_autopatch_pth(directory):
+    path = os.path.join(directory, AUTOPATCH_PTH)
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(AUTOPATCH_LINE)
+    return path
+
+
+class BuildPyWithPth(build_py):
+    """build_py that also puts tpushim-autopatch.pth at the top of the build (site-packages)."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            # An editable wheel (pip install -e, setuptools >= 64) installs its unpacked root, not
+            # build_lib; while building one, setuptools points install_lib at that root.
+            write_autopatch_pth(self.get_finalized_command("install").install_lib)
+        else:
+            write_autopatch_pth(self.build_lib)
+
+    def get_outputs(self, *args, **kwargs):
+        outputs = super().get_outputs(*args, **kwargs)
+        if getattr(self, "editable_mode", False):
+            return outputs
+        return outputs + [os.path.join(self.build_lib, AUTOPATCH_PTH)]
+
+
+class DevelopWithPth(develop):
+    """Legacy ``setup.py develop`` (older pip and setuptools < 80): the .pth into site-packages."""
+
+    def run(self):
+        super().run()
+        install_dir = getattr(self, "install_dir", None)  # setuptools >= 80 delegates to pip
+        if install_dir and getattr(self, "egg_link", None):
+            pth = os.path.join(install_dir, AUTOPATCH_PTH)
+            if getattr(self, "uninstall", False):
+                if os.path.exists(pth):
+                    os.remove(pth)
+            else:
+                write_autopatch_pth(install_dir)
 
 
 def read_version():
@@ -36,6 +88,7 @@ setup(
         "test": ["pytest>=7", "ipython>=7", "nbclient>=0.5", "nbformat>=5", "ipykernel>=6"],
         "notebooks": ["nbclient>=0.5", "nbformat>=5", "ipykernel>=6", "matplotlib>=3"],
     },
+    cmdclass={"build_py": BuildPyWithPth, "develop": DevelopWithPth},
     license="Apache-2.0",
     classifiers=[
         "Programming Language :: Python :: 3",

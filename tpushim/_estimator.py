@@ -53,16 +53,30 @@ def _check_compiled(keras_model):
 
 
 def _legacy_optimizer(keras_model):
-    """As stock: a new-style Keras optimizer is converted to its legacy twin (estimators need it)."""
-    if isinstance(keras_model.optimizer, tf.keras.optimizers.experimental.Optimizer):
-        logger.warning("tpushim: converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
-                       "model_to_estimator does.", type(keras_model.optimizer).__name__)
-        keras_model.optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(
-            keras_model.optimizer)
-    if isinstance(keras_model.optimizer, (list, tuple)):
+    """The optimizer the model_fn will clone; validated, but not yet set on the user's model.
+
+    As stock: a new-style Keras optimizer is converted to its legacy twin (estimators need one).
+    """
+    optimizer = keras_model.optimizer
+    if isinstance(optimizer, tf.keras.optimizers.experimental.Optimizer):
+        try:
+            legacy = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
+        except Exception as e:  # pylint: disable=broad-except
+            legacy, why = None, f"{type(e).__name__}: {e}"
+        else:
+            why = f"conversion gave {legacy!r}"
+        if not isinstance(legacy, tf.keras.optimizers.legacy.Optimizer):
+            raise ConversionError(
+                f"optimizer {type(optimizer).__name__} has no tf.keras.optimizers.legacy equivalent "
+                f"({why}); estimators, and so TPUEstimator, need one to average gradients across "
+                f"TPU shards. Compile with a built-in Keras optimizer (e.g. "
+                f"tf.keras.optimizers.legacy.Adam) or a tf.compat.v1.train optimizer.")
+        optimizer = legacy
+    if isinstance(optimizer, (list, tuple)):
         raise ConversionError("tpushim cannot convert a model compiled with several optimizers; "
                               "compile it with one Keras or tf.compat.v1.train optimizer.")
-    _model_fn.optimizer_kind(keras_model.optimizer)
+    _model_fn.optimizer_kind(optimizer)
+    return optimizer
 
 
 def _check_metrics(keras_model, custom_objects):
@@ -222,13 +236,17 @@ def build(call, settings, spec):
         raise ValueError('Checkpoint format must be one of "checkpoint" or "saver". Got {}'.format(
             checkpoint_format))
     _check_compiled(keras_model)
-    _legacy_optimizer(keras_model)
+    optimizer = _legacy_optimizer(keras_model)
     _check_metrics(keras_model, custom_objects)
     config = _tfprivate.maybe_overwrite_model_dir_and_session_config(call["config"], call["model_dir"])
     tpu_run_config = to_tpu_run_config(config, settings, cluster)
     num_shards = tpu_run_config.tpu_config.num_shards
     if spec is not None and settings.batch_size and num_shards and settings.batch_size % num_shards:
         raise ConversionError(_indivisible(settings.batch_size, num_shards))
+    if optimizer is not keras_model.optimizer:
+        logger.warning("tpushim: converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
+                       "model_to_estimator does.", type(keras_model.optimizer).__name__)
+        keras_model.optimizer = optimizer
 
     model_fn = _model_fn.make_model_fn(keras_model, custom_objects, save_object_ckpt,
                                        call["metric_names_map"], call["export_outputs"])

@@ -1,0 +1,196 @@
+"""The TPUEstimator tpushim builds: warm start, checkpoints both ways, export, RunConfig, bad input."""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+import tfcases
+import tpushim
+from tpushim._estimator import TPUShimEstimator
+
+
+def convert(mode, model_dir, model=None, spelling="v2", **kwargs):
+    fn = {"v2": tf.keras.estimator.model_to_estimator,
+          "v1": tf.compat.v1.keras.estimator.model_to_estimator}[spelling]
+    tpushim.patch(mode=mode)
+    try:
+        if "keras_model_path" not in kwargs and "keras_model" not in kwargs:
+            kwargs["keras_model"] = model if model is not None else tfcases.sequential()
+        return fn(model_dir=str(model_dir), **kwargs)
+    finally:
+        tpushim.unpatch()
+
+
+def test_warm_start_from_trained_keras_model(tmp_path):
+    x, y = tfcases.data()
+
+    def fitted():  # two identical trained models: stock cannot convert one fitted model twice
+        model = tfcases.sequential()
+        model.fit(x, y, epochs=3, batch_size=8, verbose=0, shuffle=False)
+        return model
+
+    model = fitted()
+    keras_loss, keras_acc = model.evaluate(x, y, batch_size=tfcases.N, verbose=0)
+    fn = tfcases.dataset_input_fn(x, y, batch=tfcases.N)
+    shim = convert("cpu", tmp_path / "shim", model).evaluate(fn)
+    stock = convert("off", tmp_path / "stock", fitted()).evaluate(fn)
+    assert shim["global_step"] == 0
+    for key in ("loss", "accuracy"):
+        assert shim[key] == pytest.approx(stock[key], abs=1e-6)
+    assert shim["loss"] == pytest.approx(keras_loss, abs=1e-5)
+    assert shim["accuracy"] == pytest.approx(keras_acc, abs=1e-6)
+
+
+@pytest.mark.parametrize("spelling", ["v1", "v2"])
+@pytest.mark.parametrize("first,second", [("cpu", "off"), ("off", "cpu")])
+def test_checkpoints_interchange(tmp_path, spelling, first, second):
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+    a = convert(first, tmp_path, spelling=spelling)
+    a.train(fn, steps=3)
+    a_metrics = a.evaluate(fn)
+    b = convert(second, tmp_path, spelling=spelling)
+    assert isinstance(a, TPUShimEstimator) != isinstance(b, TPUShimEstimator)
+    b_metrics = b.evaluate(fn)  # evaluates the other's checkpoint
+    assert b_metrics["global_step"] == 3
+    for key in ("loss", "accuracy"):
+        assert b_metrics[key] == pytest.approx(a_metrics[key], abs=1e-6)
+    b.train(fn, steps=2)  # and continues it
+    assert b.evaluate(fn)["global_step"] == 5
+
+
+def _serve(export_dir, x):
+    loaded = tf.saved_model.load(export_dir)
+    out = loaded.signatures["serving_default"](hidden_input=tf.constant(x))
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def test_export_saved_model_serves_like_stock(tmp_path):
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+
+    def receiver():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="hidden_input")
+        return tf.estimator.export.ServingInputReceiver({"hidden_input": x}, {"hidden_input": x})
+
+    served = {}
+    for mode in ("off", "cpu"):
+        est = convert(mode, tmp_path / mode, config=tf.estimator.RunConfig(tf_random_seed=1))
+        est.train(fn, steps=4)
+        export_dir = est.export_saved_model(str(tmp_path / f"export_{mode}"), receiver)
+        served[mode] = _serve(export_dir, x[:5])
+    assert set(served["cpu"]) == set(served["off"]) == {"probs"}
+    np.testing.assert_allclose(served["cpu"]["probs"], served["off"]["probs"], atol=1e-5)
+
+
+def test_model_dir_none_is_a_temporary_directory():
+    tpushim.patch(mode="cpu")
+    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential())
+    assert isinstance(est, TPUShimEstimator) and os.path.isdir(est.model_dir)
+    assert os.path.exists(os.path.join(est.model_dir, "keras"))
+
+
+def test_run_config_is_carried_and_distribute_warned(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="tpushim")
+    session = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
+    config = tf.estimator.RunConfig(
+        tf_random_seed=3, save_checkpoints_steps=30, keep_checkpoint_max=2, save_summary_steps=7,
+        log_step_count_steps=11, session_config=session,
+        train_distribute=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    est = convert("cpu", tmp_path, config=config)
+    c = est.config
+    assert isinstance(c, tpu_config.RunConfig)
+    assert (c.model_dir, c.tf_random_seed, c.save_checkpoints_steps, c.keep_checkpoint_max,
+            c.save_summary_steps) == (str(tmp_path), 3, 30, 2, 7)
+    assert c.session_config.intra_op_parallelism_threads == 1
+    assert c.tpu_config.iterations_per_loop == 30  # bounded by the checkpoint interval
+    assert "RunConfig.train_distribute is ignored by TPUEstimator" in caplog.text
+
+
+def test_user_tpu_run_config_is_respected(tmp_path):
+    config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(iterations_per_loop=7),
+                                  tf_random_seed=5)
+    est = convert("cpu", tmp_path, config=config)
+    assert est.config.tpu_config.iterations_per_loop == 7
+    assert est.config.tf_random_seed == 5
+
+
+def test_indivisible_global_batch_is_a_clear_error(tmp_path):
+    config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
+    tpushim.patch(tpu="grpc://127.0.0.1:1", batch_size=100)
+    with pytest.raises(tpushim.ConversionError) as info:
+        tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                              model_dir=str(tmp_path), config=config)
+    assert "global batch size 100 does not divide among 8 TPU shards" in str(info.value)
+    assert "(96 or 104)" in str(info.value)
+    assert not os.listdir(tmp_path)
+
+
+# --- bad input: a clear error, nothing written ------------------------------------------------
+
+class Subclassed(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+
+class NoConfigMetric(tf.keras.metrics.Mean):
+    def __init__(self, threshold):
+        super().__init__(name="above")
+        self.threshold = threshold
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(tf.cast(y_pred > self.threshold, tf.float32), sample_weight)
+
+
+def _uncompiled():
+    tf.keras.backend.clear_session()
+    return tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+
+
+def _subclassed():
+    model = Subclassed()
+    model.compile("sgd", "mse")
+    return model
+
+
+def _with_metric():
+    return tfcases.sequential(metrics=[NoConfigMetric(0.5)])
+
+
+class HandRolledSGD(tf.keras.optimizers.Optimizer):
+    """A new-style optimizer with no legacy twin: estimators (and so TPUs) cannot use it."""
+
+    def build(self, var_list):
+        super().build(var_list)
+
+    def update_step(self, gradient, variable):
+        variable.assign_sub(0.1 * gradient)
+
+
+def _with_custom_optimizer():
+    return tfcases.sequential(optimizer=HandRolledSGD(name="hand_rolled"))
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (lambda: {"keras_model": _uncompiled()}, ValueError, "Please compile the model with `model.compile()`"),
+    (lambda: {"keras_model": _subclassed()}, tpushim.ConversionError, "converts Sequential and functional Keras models; Subclassed is a subclassed Model"),
+    (lambda: {}, ValueError, "Either `keras_model` or `keras_model_path` needs to be provided"),
+    (lambda: {"keras_model": tfcases.sequential(), "keras_model_path": "m.h5"}, ValueError, "but not both"),
+    (lambda: {"keras_model": _with_metric()}, tpushim.ConversionError, "cannot rebuild metric 'above' (NoConfigMetric)"),
+    (lambda: {"keras_model": _with_custom_optimizer()}, tpushim.ConversionError, "optimizer HandRolledSGD"),
+], ids=["uncompiled", "subclassed", "neither", "both", "metric", "optimizer"])
+def test_bad_input_clear_error_nothing_written(tmp_path, kwargs, error, message):
+    model_dir = tmp_path / "model_dir"
+    tpushim.patch(mode="cpu")
+    with pytest.raises(error) as info:
+        tf.keras.estimator.model_to_estimator(model_dir=str(model_dir), **kwargs())
+    assert message in str(info.value)
+    assert not model_dir.exists() or not os.listdir(model_dir)

@@ -1,0 +1,109 @@
+"""Rung 2: the TPU computations, built for 8 replicas by TPU replication on CPU (never run)."""
+
+import pytest
+import tensorflow as tf
+
+import tfcases
+from tpushim import _model_fn
+
+ModeKeys = tf.estimator.ModeKeys
+REPLICAS = 8
+PER_REPLICA = 4
+
+
+def _tpu_ops(graph, op_type):
+    return [op for op in graph.get_operations() if op.type == op_type]
+
+
+def _replicated(model, mode, features_fn, labels_fn, out_fn):
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        model_fn = _model_fn.make_model_fn(model)
+        captured = {}
+
+        def computation():
+            spec = model_fn(features_fn(), labels_fn(), mode,
+                            params={"use_tpu": True, "batch_size": PER_REPLICA})
+            captured["spec"] = spec
+            return out_fn(spec)
+
+        outputs = tf.compat.v1.tpu.replicate(computation, inputs=[[]] * REPLICAS)
+    return graph, captured["spec"], outputs
+
+
+def _features():
+    return tf.zeros([PER_REPLICA, 4])
+
+
+def _labels():
+    return tf.zeros([PER_REPLICA, 1], tf.int64)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+    lambda: tf.keras.optimizers.legacy.Adam(0.01),
+    lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+], ids=["keras-sgd", "keras-adam", "tf1-sgd"])
+def test_train_step_one_cross_replica_sum_per_trainable_variable(optimizer):
+    model = tfcases.sequential(optimizer(), extra_layers=(tf.keras.layers.BatchNormalization(name="bn"),))
+
+    def out(spec):
+        with tf.control_dependencies([spec.train_op]):
+            return tf.identity(spec.loss)
+
+    graph, spec, outputs = _replicated(model, ModeKeys.TRAIN, _features, _labels, out)
+    trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    sums = _tpu_ops(graph, "CrossReplicaSum")
+    assert len(trainable) == 6  # hidden, bn (gamma, beta), probs
+    assert len(sums) == len(trainable)
+    for op in sums:  # every aggregated gradient has a static shape
+        assert op.inputs[0].shape.is_fully_defined(), op.name
+    assert spec.loss.shape.is_fully_defined()
+    assert len(outputs) == REPLICAS
+
+
+def test_cpu_path_emits_nothing_tpu_only():
+    model = tfcases.sequential()
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.train.get_or_create_global_step()
+        _model_fn.make_model_fn(model)(_features(), _labels(), ModeKeys.TRAIN,
+                                       params={"use_tpu": False, "batch_size": PER_REPLICA})
+    assert not _tpu_ops(graph, "CrossReplicaSum")
+    assert not [op for op in graph.get_operations() if op.type.startswith("TPU")]
+
+
+def test_eval_metric_fn_tensors_and_values_as_tpu_requires():
+    model = tfcases.two_in_two_out()
+    features = lambda: {"a": tf.zeros([PER_REPLICA, 4]), "b": tf.zeros([PER_REPLICA, 2])}
+    labels = lambda: {"cls": tf.zeros([PER_REPLICA, 1], tf.int64), "reg": tf.zeros([PER_REPLICA, 1])}
+    graph, spec, _ = _replicated(model, ModeKeys.EVAL, features, labels, lambda s: tf.identity(s.loss))
+    metric_fn, tensors = spec.eval_metrics
+    for name, tensor in tensors.items():  # outfed from the TPU: static, with the batch dimension first
+        assert tensor.shape.is_fully_defined(), name
+        assert tensor.shape[0] == PER_REPLICA, name
+    with graph.as_default():  # metric_fn runs on the host, outside the replicated computation
+        host = {k: tf.zeros([PER_REPLICA * REPLICAS] + v.shape.as_list()[1:], v.dtype)
+                for k, v in tensors.items()}
+        metrics = metric_fn(**host)
+        local = graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+        metric_vars = graph.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+    assert set(metrics) == {"cls_accuracy", "reg_mae", "reg_root_mean_squared_error"}
+    for name, pair in metrics.items():
+        assert isinstance(pair, tuple) and len(pair) == 2, name  # (value, update_op)
+        value, update_op = pair
+        assert isinstance(value, tf.Tensor) and value.shape.rank == 0
+        assert isinstance(update_op, (tf.Tensor, tf.Operation))
+    assert len(metric_vars) == 6  # total/count for each of the three metrics
+    assert {v.ref() for v in metric_vars} <= {v.ref() for v in local}
+
+
+def test_predict_outputs_static_batch():
+    model = tfcases.two_in_two_out()
+    features = lambda: {"a": tf.zeros([PER_REPLICA, 4]), "b": tf.zeros([PER_REPLICA, 2])}
+    _, spec, outputs = _replicated(model, ModeKeys.PREDICT, features, lambda: None,
+                                   lambda s: [s.predictions[k] for k in sorted(s.predictions)])
+    assert set(spec.predictions) == {"cls", "reg"}
+    for name, tensor in spec.predictions.items():
+        assert tensor.shape.is_fully_defined() and tensor.shape[0] == PER_REPLICA, name
+    assert len(outputs) == REPLICAS
