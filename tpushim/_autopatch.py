@@ -1,22 +1,30 @@
 """``TPUSHIM_AUTOPATCH=1 python legacy.py``: patch at interpreter start, no code change.
 
-``tpushim-autopatch.pth`` (installed into site-packages by setup.py, for ``pip install .`` and
-``pip install -e .`` alike) holds one line that ``site`` executes at every start::
+``tpushim-autopatch.pth`` (put into site-packages by setup.py, for ``pip install .`` and
+``pip install -e .`` alike) holds one line that ``site`` executes at every interpreter start. It
+reads the variable with string methods only -- its content is never evaluated -- and only when the
+variable is on does it load this file and call :func:`start`. An interpreter without the variable
+pays one dictionary lookup and imports nothing.
 
-    import os; os.environ.get("TPUSHIM_AUTOPATCH", "").strip().lower() not in ("", "0", ...) and \
-        __import__("tpushim._autopatch", fromlist=["run"]).run()
-
-It reads the variable with string methods only -- its content is never evaluated -- and imports this
-module only when the variable asks for it, so an interpreter without it pays nothing. :func:`run`
-must never break the interpreter: whatever goes wrong becomes a warning.
+Why this file is loaded by path and the patch waits: ``site`` runs .pth lines while it is still
+building ``sys.path``. A user-site or venv install of tpushim is processed before the system
+site-packages that may hold wrapt (tpushim's dependency), so importing ``tpushim`` from the .pth
+line would fail there. This module therefore imports only the standard library, and
+:func:`start` defers ``tpushim.patch()`` to the end of ``site`` (its ``import sitecustomize``), or
+to the first import of TensorFlow, whichever comes first. Nothing here ever raises: whatever goes
+wrong becomes a ``RuntimeWarning`` and the interpreter starts unpatched.
 """
 
 import os
+import sys
 import warnings
 
 VARIABLE = "TPUSHIM_AUTOPATCH"
 ON = ("1", "true", "yes", "on")
-OFF = ("", "0", "false", "no", "off")
+OFF = ("", "0", "false", "no", "off")  # the .pth line skips exactly these without loading us
+
+#: Imports that mean "sys.path is complete now": site's last steps, or TensorFlow itself.
+TRIGGERS = frozenset({"sitecustomize", "usercustomize", "tensorflow", "tensorflow_estimator", "keras"})
 
 
 def wanted(environ=None):
@@ -30,28 +38,72 @@ def wanted(environ=None):
     return None
 
 
-def run(environ=None):
-    """Patches when ``TPUSHIM_AUTOPATCH`` says so; returns whether it patched. Never raises."""
-    environ = os.environ if environ is None else environ
+def _kill_switch(environ):
+    # tpushim._settings.kill_switch_on, restated: tpushim itself may not be importable yet.
+    return environ.get("TPUSHIM_MODE", "").strip().lower() == "off"
+
+
+def patch_now():
+    """``tpushim.patch()`` with the ``TPUSHIM_*`` settings, conversion lines on stderr.
+
+    Returns whether tpushim is patched. Never raises.
+    """
     try:
-        choice = wanted(environ)
-        if choice is None:
-            _warn(f"{VARIABLE}={environ.get(VARIABLE)!r} is not understood: set it to 1, true, yes "
-                  f"or on to patch at start (0, false, no, off or unset: do not). Not patched.")
-            return False
-        if not choice:
-            return False
-        from tpushim import _runner, _settings  # pylint: disable=import-outside-toplevel
-        if _settings.kill_switch_on(environ):
-            return False  # TPUSHIM_MODE=off: leave the interpreter exactly as without tpushim
         import tpushim  # pylint: disable=import-outside-toplevel
-        tpushim.patch()  # honours TPUSHIM_MODE, TPUSHIM_TPU, ...; imports no TensorFlow
+        from tpushim import _runner  # pylint: disable=import-outside-toplevel
+        tpushim.patch()  # imports no TensorFlow
         _runner.show_conversions()
         return tpushim.is_patched()
     except Exception as e:  # pylint: disable=broad-except
         _warn(f"{VARIABLE} is set, but patching failed, so this interpreter runs unpatched: "
               f"{type(e).__name__}: {e}")
         return False
+
+
+class _PatchWhenPathIsComplete:
+    """A one-shot ``sys.meta_path`` entry: at the first trigger import it patches and leaves.
+
+    It finds nothing itself (``find_spec`` returns None), so every import proceeds as without it.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):
+        del path, target
+        if fullname in TRIGGERS:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                return None  # already left (a nested import got here first)
+            patch_now()
+        return None
+
+
+def start(environ=None):
+    """Entry point of ``tpushim-autopatch.pth``. Returns what it did; never raises.
+
+    Returns:
+      ``"deferred"`` (patches at the end of start-up), ``"patched"`` (tpushim was already
+      imported, so it patched at once), or ``"off"`` (the variable is off or not understood, or
+      ``TPUSHIM_MODE=off``).
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        choice = wanted(environ)
+        if choice is None:
+            _warn(f"{VARIABLE}={environ.get(VARIABLE)!r} is not understood: set it to 1, true, yes "
+                  f"or on to patch at start (0, false, no, off or unset: do not). Not patched.")
+            return "off"
+        if not choice or _kill_switch(environ):
+            return "off"  # TPUSHIM_MODE=off: the interpreter stays exactly as without tpushim
+        if "tpushim" in sys.modules:  # a .pth processed late (site.addsitedir): no need to wait
+            patch_now()
+            return "patched"
+        if not any(isinstance(f, _PatchWhenPathIsComplete) for f in sys.meta_path):
+            sys.meta_path.insert(0, _PatchWhenPathIsComplete())
+        return "deferred"
+    except Exception as e:  # pylint: disable=broad-except
+        _warn(f"{VARIABLE} is set, but autopatching failed, so this interpreter runs unpatched: "
+              f"{type(e).__name__}: {e}")
+        return "off"
 
 
 def _warn(message):

@@ -1,0 +1,159 @@
+"""Scoped use: ``with tpushim.patched(...)`` and ``@tpushim.patched(...)``."""
+
+import asyncio
+import inspect
+import threading
+
+import pytest
+import tensorflow as tf
+from tensorflow_estimator.python.estimator import keras_lib
+
+import tfcases
+import tpushim
+from tpushim import _patch
+from tpushim._estimator import TPUShimEstimator
+
+ORIGINAL = keras_lib.model_to_estimator
+
+
+def convert(tmp_path, name):
+    return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                 model_dir=str(tmp_path / name))
+
+
+def is_shim(est):
+    return isinstance(est, TPUShimEstimator)
+
+
+def test_inside_vs_outside_the_block(tmp_path):
+    assert not is_shim(convert(tmp_path, "before"))
+    with tpushim.patched(mode="cpu") as scope:
+        assert isinstance(scope, tpushim.patched)
+        assert is_shim(convert(tmp_path, "inside"))
+        assert not tpushim.is_patched()  # a scope is not the process-wide patch
+    assert not is_shim(convert(tmp_path, "after"))
+    assert keras_lib.model_to_estimator is ORIGINAL  # nothing left behind
+
+
+def test_scope_over_process_wide_patch_restores_it(tmp_path):
+    tpushim.patch(mode="off")
+    with tpushim.patched(mode="cpu"):
+        assert is_shim(convert(tmp_path, "inside"))
+    assert not is_shim(convert(tmp_path, "after"))
+    assert tpushim.is_patched()
+    assert isinstance(keras_lib.model_to_estimator, _patch._Wrapper)  # pylint: disable=protected-access
+
+
+def test_nested_innermost_wins_and_outer_settings_restored_exactly(tmp_path):
+    with tpushim.patched(mode="cpu", batch_size=16):
+        outer = _patch.current_settings()
+        with tpushim.patched(mode="off"):
+            inner = _patch.current_settings()
+            assert not is_shim(convert(tmp_path, "inner"))
+            assert inner.batch_size == 16  # what the inner scope does not say, the outer does
+        assert _patch.current_settings() == outer
+        assert is_shim(convert(tmp_path, "outer"))
+    assert _patch.current_settings() is None
+
+
+def test_exception_inside_leaves_no_residue():
+    with pytest.raises(RuntimeError):
+        with tpushim.patched(mode="cpu"):
+            raise RuntimeError("boom")
+    assert _patch.current_settings() is None
+    assert _patch._open_scopes == 0  # pylint: disable=protected-access
+    assert keras_lib.model_to_estimator is ORIGINAL
+
+
+def test_bad_arguments_raise_at_construction():
+    with pytest.raises(tpushim.ConfigurationError, match="not a valid tpushim mode"):
+        tpushim.patched(mode="sometimes")
+    assert keras_lib.model_to_estimator is ORIGINAL
+
+
+def test_kill_switch_wins_inside_a_scope(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPUSHIM_MODE", "off")
+    with tpushim.patched(mode="cpu"):
+        assert not is_shim(convert(tmp_path, "k"))
+
+
+@tpushim.patched(mode="cpu")
+def build_estimator(model_dir):
+    """Builds an estimator the legacy way."""
+    return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=model_dir)
+
+
+class Trainer:
+    @tpushim.patched(mode="cpu")
+    def build(self, model_dir, *, seed=0):
+        """Method docstring."""
+        del seed
+        return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                     model_dir=model_dir)
+
+
+def test_decorator_on_function_and_method_keeps_metadata(tmp_path):
+    assert is_shim(build_estimator(str(tmp_path / "f")))
+    assert is_shim(Trainer().build(str(tmp_path / "m")))
+    assert not is_shim(convert(tmp_path, "outside"))
+    assert build_estimator.__name__ == "build_estimator"
+    assert build_estimator.__doc__ == "Builds an estimator the legacy way."
+    assert str(inspect.signature(build_estimator)) == "(model_dir)"
+    assert Trainer.build.__name__ == "build" and Trainer.build.__doc__ == "Method docstring."
+    assert str(inspect.signature(Trainer().build)) == "(model_dir, *, seed=0)"
+
+
+def test_two_threads_at_once_each_get_their_own(tmp_path):
+    inside_ready, outside_done = threading.Event(), threading.Event()
+    results = {}
+
+    def inside():
+        with tpushim.patched(mode="cpu"):
+            inside_ready.set()
+            outside_done.wait(60)  # the other thread converts while this scope is open
+            results["inside"] = convert(tmp_path, "t_in")
+
+    def outside():
+        inside_ready.wait(60)
+        results["outside"] = convert(tmp_path, "t_out")
+        outside_done.set()
+
+    threads = [threading.Thread(target=inside), threading.Thread(target=outside)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert is_shim(results["inside"])
+    assert not is_shim(results["outside"])
+
+
+def test_asyncio_tasks_are_isolated():
+    async def main():
+        seen = {}
+        gate = asyncio.Event()
+
+        async def scoped():
+            with tpushim.patched(mode="cpu"):
+                gate.set()
+                await asyncio.sleep(0.05)
+                seen["scoped"] = _patch.current_settings().mode
+
+        async def plain():
+            await gate.wait()
+            seen["plain"] = _patch.current_settings()
+
+        await asyncio.gather(scoped(), plain())
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == {"scoped": "cpu", "plain": None}
+
+
+def test_async_function_decorator_scopes_the_await():
+    @tpushim.patched(mode="cpu")
+    async def job():
+        await asyncio.sleep(0)
+        return _patch.current_settings().mode
+
+    assert asyncio.run(job()) == "cpu"
+    assert inspect.iscoroutinefunction(job)
