@@ -10,12 +10,14 @@ from setuptools.command.develop import develop
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # TPUSHIM_AUTOPATCH=1: site executes .pth lines that start with "import" at every interpreter
-# start. This one reads the variable with string methods only (its value is never evaluated) and
-# imports tpushim only when the variable is on; tpushim/_autopatch.py does the rest and never raises.
+# start. This one reads the variable with string methods only (its value is never evaluated) and,
+# only when it is on, runs tpushim/_autopatch.py by path -- not as tpushim._autopatch, whose package
+# imports wrapt, which may sit in a site dir that site has not added yet. start() never raises.
 AUTOPATCH_PTH = "tpushim-autopatch.pth"
 AUTOPATCH_LINE = (
     'import os; os.environ.get("TPUSHIM_AUTOPATCH", "").strip().lower() not in '
-    '("", "0", "false", "no", "off") and __import__("tpushim._autopatch", fromlist=["run"]).run()\n')
+    '("", "0", "false", "no", "off") and __import__("runpy").run_path(os.path.join(os.path.dirname('
+    '__import__("importlib.util").util.find_spec("tpushim").origin), "_autopatch.py"))["start"]()\n')
 
 
 def write_autopatch_pth(directory):

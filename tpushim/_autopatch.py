@@ -3,8 +3,8 @@
 ``tpushim-autopatch.pth`` (put into site-packages by setup.py, for ``pip install .`` and
 ``pip install -e .`` alike) holds one line that ``site`` executes at every interpreter start. It
 reads the variable with string methods only -- its content is never evaluated -- and only when the
-variable is on does it load this file and call :func:`start`. An interpreter without the variable
-pays one dictionary lookup and imports nothing.
+variable is on does it run this file (``runpy.run_path``) and call :func:`start`. An interpreter
+without the variable pays one dictionary lookup and imports nothing.
 
 Why this file is loaded by path and the patch waits: ``site`` runs .pth lines while it is still
 building ``sys.path``. A user-site or venv install of tpushim is processed before the system
@@ -54,6 +54,8 @@ def patch_now():
         tpushim.patch()  # imports no TensorFlow
         _runner.show_conversions()
         return tpushim.is_patched()
+    except Warning:
+        raise
     except Exception as e:  # pylint: disable=broad-except
         _warn(f"{VARIABLE} is set, but patching failed, so this interpreter runs unpatched: "
               f"{type(e).__name__}: {e}")
@@ -65,6 +67,10 @@ class _PatchWhenPathIsComplete:
 
     It finds nothing itself (``find_spec`` returns None), so every import proceeds as without it.
     """
+
+    # site runs a venv's .pth files twice when it includes the system site-packages (CPython
+    # < 3.12), and each run loads this file anew: this mark, not the class, tells ours apart.
+    tpushim_autopatch = True
 
     def find_spec(self, fullname, path=None, target=None):
         del path, target
@@ -97,9 +103,11 @@ def start(environ=None):
         if "tpushim" in sys.modules:  # a .pth processed late (site.addsitedir): no need to wait
             patch_now()
             return "patched"
-        if not any(isinstance(f, _PatchWhenPathIsComplete) for f in sys.meta_path):
+        if not any(getattr(f, "tpushim_autopatch", False) for f in sys.meta_path):
             sys.meta_path.insert(0, _PatchWhenPathIsComplete())
         return "deferred"
+    except Warning:
+        raise  # -W error: the user asked for warnings to raise
     except Exception as e:  # pylint: disable=broad-except
         _warn(f"{VARIABLE} is set, but autopatching failed, so this interpreter runs unpatched: "
               f"{type(e).__name__}: {e}")

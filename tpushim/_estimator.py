@@ -150,9 +150,15 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
     # -- batch size ---------------------------------------------------------------------------
     def _tpushim_set_batch(self, input_fn, mode):
         size = self._tpushim_fixed_batch
-        if size is None:
-            size = _input_fn.infer_batch_size(input_fn, mode, self.config)
-            logger.info("tpushim: global %s batch size %d, taken from the input_fn", mode, size)
+        if size is None or mode == ModeKeys.TRAIN:
+            inferred, finite = _input_fn.inspect_input(input_fn, mode, self.config)
+            if size is None:
+                size = inferred
+                logger.info("tpushim: global %s batch size %d, taken from the input_fn", mode, size)
+            if mode == ModeKeys.TRAIN and finite:
+                logger.info("tpushim: the training input is finite; a TPU needs full batches, so a "
+                            "last partial batch of size < %d is dropped. Repeat the dataset "
+                            "(dataset.repeat()) to train on every example.", size)
         self._tpushim_batch[mode] = size
         self._ctx = _tfprivate.get_tpu_context(
             self._config, self._tpushim_batch.get(ModeKeys.TRAIN, size),

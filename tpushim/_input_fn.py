@@ -23,8 +23,8 @@ ModeKeys = tf.estimator.ModeKeys
 PADDING_KEY = "__tpushim_padding_weight__"
 FEATURES_KEY = "__tpushim_features__"
 
-_REPLACEMENT = ("return a tf.data.Dataset instead, e.g. "
-                "`return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)`")
+_REPLACEMENT = ("return a tf.data.Dataset instead, e.g. replace numpy_input_fn(x, y, batch_size=B, ...) "
+                "with `lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(B)`")
 
 
 def split_padding(features):
@@ -49,13 +49,10 @@ def call_user_input_fn(input_fn, mode, params, config, input_context=None):
     return input_fn(**kwargs)
 
 
-def as_dataset(result, input_fn):
-    """The user's input as a Dataset; tensors (queues, one-shot iterators) get a clear error."""
-    if isinstance(result, tf.data.Dataset):
-        return result
-    raise ConversionError(
-        f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned "
-        f"{type(result).__name__}, not a tf.data.Dataset. A TPU reads its input from a Dataset "
+def tensors_error(input_fn, result):
+    return ConversionError(
+        f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned {type(result).__name__} "
+        f"(tensors), not a tf.data.Dataset. A TPU reads its input from a Dataset "
         f"(tf.compat.v1.estimator.inputs.numpy_input_fn and pandas_input_fn return queue tensors): "
         f"{_REPLACEMENT}.")
 
@@ -65,19 +62,33 @@ def _batch_dim(dataset):
     return dims.pop() if len(dims) == 1 else None
 
 
-def infer_batch_size(input_fn, mode, config):
-    """The global batch size the user's input produces: its static batch dimension, or the size of
-    its first batch, read in a scratch graph (the real pipeline is never touched)."""
-    with tf.Graph().as_default():
-        result = call_user_input_fn(input_fn, mode, {}, config)
-        dataset = as_dataset(result, input_fn)
-        static = _batch_dim(dataset)
+def _first_batch_size(result):
+    """Runs the user's input once in the current (scratch) graph and returns its first batch size."""
+    if isinstance(result, tf.data.Dataset):
+        static = _batch_dim(result)
         if static:
             return static
-        first = tf.compat.v1.data.make_one_shot_iterator(dataset.take(1)).get_next()
-        with tf.compat.v1.Session() as sess:
-            value = sess.run(tf.nest.flatten(first)[0])
-        return int(value.shape[0])
+        result = tf.compat.v1.data.make_one_shot_iterator(result.take(1)).get_next()
+    first = tf.nest.flatten(result)[0]
+    if first.shape.rank and first.shape[0]:
+        return int(first.shape[0])
+    # A MonitoredSession also starts the queue runners of numpy_input_fn / pandas_input_fn.
+    with tf.compat.v1.train.MonitoredSession() as sess:
+        return int(sess.run(first).shape[0])
+
+
+def inspect_input(input_fn, mode, config):
+    """(global batch size, is_finite_dataset) of the user's input, read in a scratch graph.
+
+    The batch size is the static batch dimension or the size of the first batch; the real
+    pipeline is never touched.
+    """
+    with tf.Graph().as_default():
+        result = call_user_input_fn(input_fn, mode, {}, config)
+        finite = False
+        if isinstance(result, tf.data.Dataset):
+            finite = int(tf.compat.v1.Session().run(result.cardinality())) != tf.data.INFINITE_CARDINALITY
+        return _first_batch_size(result), finite
 
 
 def _pad_batch(batch_size):
@@ -96,19 +107,26 @@ def _pad_batch(batch_size):
         weight = tf.pad(tf.ones([real], tf.float32), [[0, missing]])
         weight.set_shape([batch_size])
         padded = tf.nest.map_structure(pad_one, element)
-        if isinstance(padded, tuple) and len(padded) == 2:
+        if isinstance(padded, tuple) and len(padded) == 2:  # (features, labels), as Estimator reads it
             features, labels = padded
             return {FEATURES_KEY: features, PADDING_KEY: weight}, labels
         return {FEATURES_KEY: padded, PADDING_KEY: weight}
     return pad
 
 
+def _rebatch(dataset, batch_size, drop_remainder):
+    if hasattr(dataset, "rebatch"):  # TF >= 2.12: splits/merges batches without per-example work
+        return dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+    return dataset.unbatch().batch(batch_size, drop_remainder=drop_remainder)
+
+
 def rebatch(dataset, batch_size, mode):
     """Batches of exactly ``batch_size`` with static shapes; padded (and weighted) in EVAL/PREDICT."""
-    unbatched = dataset.unbatch()
     if mode == ModeKeys.TRAIN:
-        return unbatched.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    return unbatched.batch(batch_size).map(_pad_batch(batch_size)).prefetch(tf.data.AUTOTUNE)
+        dataset = _rebatch(dataset, batch_size, drop_remainder=True)
+    else:
+        dataset = _rebatch(dataset, batch_size, drop_remainder=False).map(_pad_batch(batch_size))
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def adapt(input_fn):
@@ -116,15 +134,21 @@ def adapt(input_fn):
 
     def tpushim_input_fn(params, mode=None, config=None, input_context=None):
         result = call_user_input_fn(input_fn, mode, params, config, input_context)
-        dataset = as_dataset(result, input_fn)
+        context = params.get("context")  # present only when the input feeds a TPU
+        if not isinstance(result, tf.data.Dataset):
+            if context is not None:
+                raise tensors_error(input_fn, result)
+            # On CPU TPUEstimator takes tensors as Estimator does; cpu mode says what a TPU would do.
+            logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
+            return result
         batch_size = params["batch_size"]
-        context = params.get("context")
-        if context is not None and mode == ModeKeys.TRAIN and getattr(context, "num_hosts", 1) > 1:
+        num_hosts = getattr(context, "num_hosts", 1) if context is not None else 1
+        if num_hosts > 1 and mode != ModeKeys.PREDICT:
             # Multi-host pod: each host reads its own shard of the input.
-            dataset = dataset.shard(context.num_hosts, context.current_host)
-        if mode == ModeKeys.TRAIN and _batch_dim(dataset) == batch_size:
-            return dataset  # already static and the right size: leave the pipeline untouched
-        return rebatch(dataset, batch_size, mode)
+            result = result.shard(num_hosts, context.current_host)
+        if _batch_dim(result) == batch_size:
+            return result  # already static and the right size: the pipeline is left untouched
+        return rebatch(result, batch_size, mode)
 
     tpushim_input_fn.__wrapped__ = input_fn
     return tpushim_input_fn

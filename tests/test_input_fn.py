@@ -1,0 +1,196 @@
+"""Legacy input_fns feed the TPU path unchanged: static shapes, inferred batch, every example once."""
+
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+import tfcases
+import tpushim
+from tpushim import _input_fn
+
+ModeKeys = tf.estimator.ModeKeys
+N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8: the last eval/predict batch is short
+
+
+def compare_eval_predict(tmp_path, build, train_fn, eval_fn, predict_fn, steps=3, **kwargs):
+    return tfcases.compare(tmp_path, build, train_fn, eval_fn, predict_fn, steps=steps, **kwargs)
+
+
+def _xy():
+    return tfcases.data()
+
+
+# --- every input style: evaluate() and predict() equal stock over all N examples ----------------
+
+def test_no_argument_input_fn_and_features_only_predict(tmp_path):
+    x, y = _xy()
+    _, shim = compare_eval_predict(tmp_path, tfcases.sequential, tfcases.dataset_input_fn(x, y),
+                                   tfcases.dataset_input_fn(x, y), tfcases.dataset_input_fn(x))
+    assert len(shim[2]) == N
+
+
+def test_input_fn_taking_params_mode_config(tmp_path):
+    x, y = _xy()
+    seen = []
+
+    def input_fn(params, mode, config):
+        seen.append((mode, isinstance(config, tf.estimator.RunConfig), isinstance(params, dict)))
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+
+    compare_eval_predict(tmp_path, tfcases.sequential, input_fn, input_fn, None)
+    assert (ModeKeys.TRAIN, True, True) in seen and (ModeKeys.EVAL, True, True) in seen
+
+
+def test_drop_remainder_dataset(tmp_path):
+    x, y = _xy()
+    fn = tfcases.dataset_input_fn(x, y, drop_remainder=True)
+    compare_eval_predict(tmp_path, tfcases.sequential, fn, fn, tfcases.dataset_input_fn(x, drop_remainder=True))
+
+
+def test_dict_features_and_tuple_features(tmp_path):
+    features, labels = tfcases.two_in_two_out_data()
+    fn = tfcases.dataset_input_fn(features, labels)
+    compare_eval_predict(tmp_path / "dict", tfcases.two_in_two_out, fn, fn,
+                         tfcases.dataset_input_fn(features), output_names=("cls", "reg"))
+
+    def functional_list_inputs():
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(0)
+        a, b = tf.keras.Input((4,), name="a"), tf.keras.Input((2,), name="b")
+        out = tf.keras.layers.Dense(3, activation="softmax", name="out")(
+            tf.keras.layers.Concatenate()([a, b]))
+        model = tf.keras.Model([a, b], out)
+        model.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy", ["accuracy"])
+        return model
+
+    tuple_fn = tfcases.dataset_input_fn((features["a"], features["b"]), labels["cls"])
+    # (A features-only tuple cannot be predicted from: Estimator reads any 2-tuple as (features, labels).)
+    compare_eval_predict(tmp_path / "tuple", functional_list_inputs, tuple_fn, tuple_fn, None)
+
+
+def test_one_shot_iterator_tensors_on_cpu(tmp_path):
+    x, y = _xy()
+
+    def tensors_fn():
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+        return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+
+    compare_eval_predict(tmp_path, tfcases.sequential, tensors_fn, tensors_fn, None)
+
+
+def test_numpy_input_fn_on_cpu(tmp_path):
+    x, y = _xy()
+    train = tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=B, shuffle=False, num_epochs=None)
+    evaluate = tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=B, shuffle=False, num_epochs=1)
+    compare_eval_predict(tmp_path, tfcases.sequential, train, evaluate, None)
+
+
+def test_tensors_for_a_tpu_is_a_clear_error_naming_the_replacement():
+    x, y = _xy()
+    fn = tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=B, shuffle=False)
+    context = types.SimpleNamespace(num_hosts=1, current_host=0)
+    with tf.Graph().as_default():
+        with pytest.raises(tpushim.ConversionError) as info:
+            _input_fn.adapt(fn)(params={"batch_size": B, "context": context}, mode=ModeKeys.TRAIN)
+    assert "numpy_input_fn" in str(info.value)
+    assert "tf.data.Dataset.from_tensor_slices((x, y)).batch(B)" in str(info.value)
+
+
+# --- static shapes, batch size, sharding ------------------------------------------------------
+
+SEEN = []
+
+
+class Probe(tf.keras.layers.Layer):
+    """Records the static batch dimension the model is built with, in every mode."""
+
+    def call(self, inputs):
+        SEEN.append(inputs.shape[0])
+        return inputs
+
+
+def probe_model():
+    return tfcases.sequential(extra_layers=(Probe(name="probe"),))
+
+
+def _run_probe(tmp_path, batch_size=None, input_batch=B):
+    x, y = _xy()
+    SEEN.clear()
+    tpushim.patch(mode="cpu", batch_size=batch_size)
+    est = tf.keras.estimator.model_to_estimator(keras_model=probe_model(), model_dir=str(tmp_path),
+                                                custom_objects={"Probe": Probe})
+    tpushim.unpatch()
+    SEEN.clear()  # drop the warm-start clone
+    fn = tfcases.dataset_input_fn(x, y, batch=input_batch)
+    est.train(fn, steps=2)
+    train = list(SEEN)
+    SEEN.clear()
+    metrics = est.evaluate(fn)
+    evaluate = list(SEEN)
+    SEEN.clear()
+    predictions = list(est.predict(tfcases.dataset_input_fn(x, batch=input_batch)))
+    return train, evaluate, list(SEEN), metrics, predictions
+
+
+def test_probe_sees_static_batches_inferred_from_input(tmp_path):
+    train, evaluate, predict, _, predictions = _run_probe(tmp_path)
+    assert train == evaluate == predict == [B]  # static, inferred with nothing configured
+    assert len(predictions) == N
+
+
+def test_explicit_batch_size_beats_inferred(tmp_path):
+    train, evaluate, predict, metrics, predictions = _run_probe(tmp_path, batch_size=5, input_batch=B)
+    assert train == evaluate == predict == [5]
+    assert len(predictions) == N
+
+
+def test_inferred_batch_indivisible_among_shards_is_a_clear_error(tmp_path):
+    x, y = _xy()
+    config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
+    tpushim.patch(tpu="grpc://127.0.0.1:1")
+    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                model_dir=str(tmp_path), config=config)
+    with pytest.raises(tpushim.ConversionError) as info:
+        est.train(tfcases.dataset_input_fn(x, y, batch=12), steps=1)
+    assert "global batch size 12 does not divide among 8 TPU shards" in str(info.value)
+    assert "(8 or 16)" in str(info.value)
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+
+
+def test_per_host_sharding_with_constructed_context():
+    x = np.arange(32, dtype="float32").reshape(32, 1)
+    fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(4)
+    for host in (0, 1):
+        context = types.SimpleNamespace(num_hosts=2, current_host=host)
+        ds = _input_fn.adapt(fn)(params={"batch_size": 4, "context": context}, mode=ModeKeys.TRAIN)
+        batches = [b[:, 0].tolist() for b in ds.as_numpy_iterator()]
+        assert batches == [list(range(i * 4, i * 4 + 4)) for i in range(host, 8, 2)]
+        assert ds.element_spec.shape.as_list() == [4, 1]
+
+
+def test_rebatch_keeps_order_pads_and_weights():
+    x = np.arange(10, dtype="float32").reshape(10, 1)
+    ds = _input_fn.adapt(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))(
+        params={"batch_size": 4}, mode=ModeKeys.EVAL)
+    batches = list(ds.as_numpy_iterator())
+    assert [b[_input_fn.FEATURES_KEY][:, 0].tolist() for b in batches] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 0]]
+    assert [b[_input_fn.PADDING_KEY].tolist() for b in batches] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
+    train = _input_fn.adapt(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))(
+        params={"batch_size": 4}, mode=ModeKeys.TRAIN)
+    assert train.element_spec.shape.as_list() == [4, 1]
+    assert [b[:, 0].tolist() for b in train.as_numpy_iterator()] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_finite_training_input_is_logged(tmp_path, tpushim_log):
+    x, y = _xy()
+    tpushim.patch(mode="cpu")
+    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+    est.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert "training input is finite" in tpushim_log.text
+    tpushim_log.clear()
+    est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=1)
+    assert "training input is finite" not in tpushim_log.text
