@@ -194,3 +194,13 @@ def test_finite_training_input_is_logged(tmp_path, tpushim_log):
     tpushim_log.clear()
     est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=1)
     assert "training input is finite" not in tpushim_log.text
+
+
+def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
+    x, y = _xy()
+    tpushim.patch(tpu="grpc://127.0.0.1:1")
+    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+    est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL)  # pylint: disable=protected-access
+    assert est._tpushim_eval_steps(tfcases.dataset_input_fn(x, y)) == 7  # pylint: disable=protected-access  # ceil(52 / 8)
+    assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None) == N
+    assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None) is None

@@ -176,8 +176,19 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
                              saving_listeners=saving_listeners)
 
+    def _tpushim_eval_steps(self, input_fn):
+        """On a TPU evaluate() needs ``steps``: enough padded batches to see every example once."""
+        count = _input_fn.count_examples(input_fn, ModeKeys.EVAL, self.config)
+        if count is None:
+            raise ConversionError("evaluate() on a TPU needs `steps` when the input repeats forever; "
+                                  "pass steps=..., or give evaluate() a finite dataset.")
+        return max(1, -(-count // self._tpushim_batch[ModeKeys.EVAL]))
+
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         self._tpushim_set_batch(input_fn, ModeKeys.EVAL)
+        if steps is None and self._tpushim_use_tpu:
+            steps = self._tpushim_eval_steps(input_fn)
+            logger.info("tpushim: evaluating %d batches: every example once", steps)
         return super().evaluate(input_fn, steps=steps, hooks=hooks,
                                 checkpoint_path=checkpoint_path, name=name)
 

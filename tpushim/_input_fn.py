@@ -87,8 +87,22 @@ def inspect_input(input_fn, mode, config):
         result = call_user_input_fn(input_fn, mode, {}, config)
         finite = False
         if isinstance(result, tf.data.Dataset):
-            finite = int(tf.compat.v1.Session().run(result.cardinality())) != tf.data.INFINITE_CARDINALITY
+            with tf.compat.v1.Session() as sess:
+                finite = int(sess.run(result.cardinality())) != tf.data.INFINITE_CARDINALITY
         return _first_batch_size(result), finite
+
+
+def count_examples(input_fn, mode, config):
+    """How many examples the user's (finite) input holds, counted in a scratch graph."""
+    with tf.Graph().as_default():
+        result = call_user_input_fn(input_fn, mode, {}, config)
+        if not isinstance(result, tf.data.Dataset):
+            raise tensors_error(input_fn, result)
+        with tf.compat.v1.Session() as sess:
+            if sess.run(result.cardinality()) == tf.data.INFINITE_CARDINALITY:
+                return None
+            count = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
+            return int(sess.run(count.reduce(tf.constant(0, tf.int64), lambda total, n: total + n)))
 
 
 def _pad_batch(batch_size):

@@ -1,7 +1,140 @@
 """The bundled demo: ``python -m tpushim demo``.
 
 :mod:`tpushim.demo.legacy_mlp` is a legacy Keras -> Estimator script as its owner wrote it, with no
-tpushim in it. ``python -m tpushim demo`` runs it twice in one process, once with the stock
-estimator and once converted by tpushim, and prints both results side by side; ``python -m tpushim
--m tpushim.demo.legacy_mlp`` runs it once, patched, as any legacy script would be.
+tpushim in it. :func:`run` runs it twice in one process -- once with the stock estimator, once
+converted by tpushim (cpu mode when no TPU is configured, auto when one is) -- and prints the
+conversion lines and both ``evaluate()`` results side by side. ``python -m tpushim -m
+tpushim.demo.legacy_mlp`` runs the script once, patched, as any legacy script would be run.
 """
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+
+#: cpu mode runs the very computation the stock estimator runs: anything above this is a bug.
+CPU_TOLERANCE = 1e-5
+
+
+class _Lines(logging.Handler):
+    """Collects tpushim's ``model_to_estimator -> ...`` lines."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("model_to_estimator ->"):
+            self.lines.append(message)
+
+
+@contextlib.contextmanager
+def _conversion_lines():
+    logger = logging.getLogger("tpushim")
+    handler, level = _Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _quiet_tensorflow():
+    """TensorFlow's start-up and deprecation chatter would bury the demo's dozen lines."""
+    if "tensorflow" not in sys.modules:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf.get_logger().setLevel("ERROR")
+    try:
+        from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:
+        pass
+
+
+def _train_once(scope):
+    from tpushim.demo import legacy_mlp  # pylint: disable=import-outside-toplevel
+    model_dir = tempfile.mkdtemp(prefix="tpushim_demo_")
+    start = time.perf_counter()
+    try:
+        with _conversion_lines() as lines, scope, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras 2's graph-mode deprecation warnings
+            results, predictions = legacy_mlp.train_and_evaluate(model_dir)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    return {"line": lines[-1] if lines else "(no conversion line: model_to_estimator was not patched)",
+            "results": {k: float(v) for k, v in results.items()},
+            "predictions": predictions, "seconds": time.perf_counter() - start}
+
+
+def _number(value):
+    return f"{value:.0f}" if float(value).is_integer() and abs(value) >= 1 else f"{value:.6f}"
+
+
+def report(stock, shim, mode):
+    """The side-by-side table, as lines."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    out = ["1. stock    " + stock["line"], "2. tpushim  " + shim["line"], "",
+           f"{'evaluate()':<14}{'stock':>12}{'tpushim':>12}{'|difference|':>15}"]
+    worst = 0.0
+    for key in sorted(set(stock["results"]) | set(shim["results"])):
+        a, b = stock["results"].get(key), shim["results"].get(key)
+        if a is None or b is None:
+            out.append(f"  {key:<12}{_number(a) if a is not None else '-':>12}"
+                       f"{_number(b) if b is not None else '-':>12}{'(only one has it)':>15}")
+            continue
+        diff = abs(a - b)
+        worst = max(worst, diff)
+        out.append(f"  {key:<12}{_number(a):>12}{_number(b):>12}{diff:>15.2g}")
+    pred_diff = float(np.max(np.abs(stock["predictions"] - shim["predictions"])))
+    worst = max(worst, pred_diff)
+    out.append(f"{'predict()':<14}{len(stock['predictions']):>12}{len(shim['predictions']):>12}"
+               f"{pred_diff:>15.2g}   (examples; largest |difference| of a probability)")
+    out.append(f"{'seconds':<14}{stock['seconds']:>12.1f}{shim['seconds']:>12.1f}")
+    out.append("")
+    if mode == "cpu":
+        verdict = "equal" if worst <= CPU_TOLERANCE else "DIFFERENT"
+        out.append(f"cpu mode runs the TPU code path on CPU: results {verdict} within {CPU_TOLERANCE:g} "
+                   f"(largest difference {worst:.2g}).")
+    else:
+        out.append(f"mode {mode}: a TPU computes in bfloat16 passes, so small differences are expected.")
+    out.append("Same script, no code change. Yours: python -m tpushim your_script.py  "
+               "(or TPUSHIM_AUTOPATCH=1 python your_script.py)")
+    return out
+
+
+def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
+    """``python -m tpushim demo``: the legacy script, stock and converted; prints both results.
+
+    Args:
+      mode: tpushim's mode for the converted run; default ``auto`` when a TPU is configured,
+        else ``cpu``.
+      tpu, batch_size, iterations_per_loop: as :func:`tpushim.patch`.
+
+    Returns:
+      0, or 1 when cpu mode's results differ from stock's by more than :data:`CPU_TOLERANCE`.
+    """
+    import tpushim  # pylint: disable=import-outside-toplevel
+    settings = {k: v for k, v in dict(tpu=tpu, batch_size=batch_size,
+                                      iterations_per_loop=iterations_per_loop).items() if v is not None}
+    if mode is None:
+        with tpushim.patched(**settings):
+            mode = "auto" if tpushim.status()["tpu"] else "cpu"
+    _quiet_tensorflow()
+    from tpushim.demo import legacy_mlp  # pylint: disable=import-outside-toplevel
+    print(f"tpushim demo: {legacy_mlp.__file__}\n"
+          f"  a legacy Keras -> Estimator script (no tpushim in it): 2-layer MLP, legacy SGD with "
+          f"momentum, synthetic data, {legacy_mlp.TRAIN_STEPS} steps -- run twice in this process.\n",
+          flush=True)
+    stock = _train_once(tpushim.patched(mode="off"))
+    shim = _train_once(tpushim.patched(mode=mode, **settings))
+    lines = report(stock, shim, mode)
+    print("\n".join(lines))
+    return 1 if mode == "cpu" and "DIFFERENT" in lines[-2] else 0

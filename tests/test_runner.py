@@ -1,0 +1,189 @@
+"""``python -m tpushim``: scripts and modules run exactly as ``python`` runs them, in real subprocesses."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tfcases
+from tpushim import _runner
+
+PROBE = """\
+import json, sys
+import __main__
+import tpushim
+status = tpushim.status()
+print(json.dumps({
+    "argv": sys.argv, "name": __name__, "path0": sys.path[0], "file": __file__,
+    "main_is_us": __main__.__dict__ is globals(), "patched": tpushim.is_patched(),
+    "mode": [status["mode"], status["mode_source"]], "tf": "tensorflow" in sys.modules}))
+"""
+
+
+def run(args, cwd, env=None, timeout=120):
+    environ = tfcases.env_without_tpu()
+    environ.update(env or {})
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=environ, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def probe(proc):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_script_sees_what_python_shows_it(tmp_path):
+    write(tmp_path / "sub" / "prog.py", PROBE)
+    script_args = ["sub/prog.py", "a", "--mode", "x", "-m", "y", "--", "--help"]
+    direct = probe(run(script_args, tmp_path))
+    shimmed = probe(run(["-m", "tpushim", "--mode", "cpu", *script_args], tmp_path))
+    for key in ("argv", "name", "path0", "file", "main_is_us"):
+        assert shimmed[key] == direct[key], key
+    assert shimmed["argv"] == script_args  # options after the script are the script's
+    assert shimmed["name"] == "__main__" and shimmed["main_is_us"]
+    assert shimmed["path0"] == str((tmp_path / "sub").resolve())
+    assert shimmed["patched"] and not direct["patched"]
+    assert shimmed["mode"] == ["cpu", "argument"]
+    assert not shimmed["tf"]  # the runner imports no TensorFlow
+
+
+@pytest.mark.parametrize("body, code", [
+    ("import sys; sys.exit(3)", 3),
+    ("raise SystemExit('bye: a message')", 1),
+    ("def inner():\n    raise ValueError('boom')\ninner()", 1),
+    ("x = (\n", 1),  # a SyntaxError in the script
+])
+def test_exit_status_and_traceback_as_python_gives_them(tmp_path, body, code):
+    write(tmp_path / "fails.py", body + "\n")
+    direct = run(["fails.py"], tmp_path)
+    shimmed = run(["-m", "tpushim", "fails.py"], tmp_path)
+    assert direct.returncode == code
+    assert shimmed.returncode == code
+    assert shimmed.stderr == direct.stderr  # the same traceback: no runner or runpy frames
+    assert "tpushim" not in shimmed.stderr
+
+
+def test_module_runs_as_python_dash_m_runs_it(tmp_path):
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "mod.py", """\
+        import json, sys
+        print(json.dumps({"argv": sys.argv, "name": __name__, "path0": sys.path[0],
+                          "spec": __spec__.name, "tf": "tensorflow" in sys.modules}))
+        raise SystemExit(4)
+        """)
+    direct = run(["-m", "pkg.mod", "q", "-x"], tmp_path)
+    shimmed = run(["-m", "tpushim", "--batch-size", "64", "-m", "pkg.mod", "q", "-x"], tmp_path)
+    assert direct.returncode == shimmed.returncode == 4
+    assert json.loads(shimmed.stdout) == json.loads(direct.stdout)
+    assert json.loads(shimmed.stdout)["argv"] == [str(tmp_path / "pkg" / "mod.py"), "q", "-x"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["missing.py", "--flag"], "can't open file 'missing.py'"),
+    (["-m", "no_such_module_tpushim"], "No module named 'no_such_module_tpushim'"),
+    ([], "give a script, -m MODULE, or a command"),
+    (["--mode", "sideways", "x.py"], "invalid choice: 'sideways'"),
+])
+def test_usage_errors_exit_2_without_traceback(tmp_path, args, message):
+    proc = run(["-m", "tpushim", *args], tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_environment_stops_before_the_script_runs(tmp_path):
+    write(tmp_path / "prog.py", "print('RAN')\n")
+    proc = run(["-m", "tpushim", "prog.py"], tmp_path, env={"TPUSHIM_BATCH_SIZE": "abc"})
+    assert proc.returncode == 2
+    assert "TPUSHIM_BATCH_SIZE='abc'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "RAN" not in proc.stdout
+
+
+def test_help_explains_modes_variables_and_commands(tmp_path):
+    proc = run(["-m", "tpushim", "--help"], tmp_path)
+    assert proc.returncode == 0
+    for text in ("SCRIPT [ARGS...]", "-m MODULE", "info", "demo", "--mode", "--tpu", "--batch-size",
+                 "--iterations-per-loop", "auto", "cpu", "off", "TPUSHIM_MODE", "TPUSHIM_TPU",
+                 "TPUSHIM_BATCH_SIZE", "TPUSHIM_ITERATIONS_PER_LOOP", "TPUSHIM_AUTOPATCH",
+                 "kill switch", "belongs to it"):
+        assert text in proc.stdout, text
+
+
+def test_info_reports_without_importing_tensorflow(tmp_path):
+    code = ("import sys\nfrom tpushim._runner import main\nrc = main(sys.argv[1:])\n"
+            "assert 'tensorflow' not in sys.modules, 'info imported TensorFlow'\nsys.exit(rc)")
+    plain = run(["-c", code, "info"], tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    import tpushim  # pylint: disable=import-outside-toplevel
+    versions = tpushim.status()["versions"]
+    assert f"tpushim {versions['tpushim']}: TensorFlow {versions['tensorflow']}" in plain.stdout
+    assert "patched:     no" in plain.stdout
+    assert "mode:        auto (from default)" in plain.stdout
+    assert "TPU:" in plain.stdout and "autopatch:" in plain.stdout
+    preview = run(["-c", code, "--mode", "cpu", "--batch-size", "64", "info", "--json"], tmp_path)
+    assert preview.returncode == 0, preview.stderr
+    status = json.loads(preview.stdout)
+    assert (status["mode"], status["mode_source"], status["batch_size"]) == ("cpu", "argument", 64)
+    assert not status["patched"]  # info previews options, it patches nothing
+    bad = run(["-m", "tpushim", "info"], tmp_path, env={"TPUSHIM_MODE": "fast"})
+    assert bad.returncode == 2 and "TPUSHIM_MODE='fast'" in bad.stderr
+
+
+def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
+    proc = run(["-m", "tpushim", "demo"], tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "1. stock    model_to_estimator -> stock EstimatorV2 (tpushim mode off" in out
+    assert "2. tpushim  model_to_estimator -> TPUEstimator(" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    for metric in ("accuracy", "loss", "global_step"):
+        stock, shim, diff = rows[metric][:3]
+        assert abs(float(stock) - float(shim)) <= 1e-5 and float(diff) <= 1e-5, (metric, rows[metric])
+    assert rows["global_step"][0] == "300"
+    assert "results equal within 1e-05" in out
+    assert "WARNING" not in proc.stderr  # TensorFlow's noise is kept down
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["s.py", "--mode", "x"], ([], None, ["s.py", "--mode", "x"])),
+    (["--mode", "cpu", "-q", "s.py", "-m", "y"], (["--mode", "cpu", "-q"], None, ["s.py", "-m", "y"])),
+    (["--tpu", "local", "-m", "pkg.mod", "--tpu", "z"], (["--tpu", "local"], "pkg.mod", ["--tpu", "z"])),
+    (["-mpkg.mod", "a"], ([], "pkg.mod", ["a"])),
+    (["--batch-size=8", "--", "-odd.py"], (["--batch-size=8"], None, ["-odd.py"])),
+    (["--mode", "cpu", "info", "--json"], (["--mode", "cpu"], None, ["info", "--json"])),
+    (["--help"], (["--help"], None, [])),
+])
+def test_split_argv_gives_everything_after_the_target_to_it(argv, expected):
+    assert _runner.split_argv(argv) == expected
+
+
+def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, monkeypatch, capsys):
+    script = write(tmp_path / "logs.py", "import logging\n"
+                   "logging.getLogger('tpushim').info('model_to_estimator -> X')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    logger = logging.getLogger("tpushim")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # an application without logging
+    try:
+        assert _runner.main(["-q", str(script)]) == 0
+        assert "model_to_estimator -> X" not in capsys.readouterr().err
+        assert _runner.main([str(script)]) == 0
+        assert "tpushim: model_to_estimator -> X" in capsys.readouterr().err
+        # Once the application configures logging, the line goes there, and only there.
+        monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
+        assert _runner.main([str(script)]) == 0
+        assert "model_to_estimator -> X" not in capsys.readouterr().err
+    finally:
+        _runner.hide_conversions()
+    assert not any(isinstance(h, _runner.ConsoleHandler) for h in logger.handlers)

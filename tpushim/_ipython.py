@@ -1,0 +1,128 @@
+"""``%load_ext tpushim`` and the ``%tpushim`` line magic (IPython, Jupyter, Colab).
+
+Loading patches (honouring ``TPUSHIM_*``; a ``tpushim.patch(...)`` made before is kept as it is),
+shows tpushim's conversion lines in cell output, and registers ``%tpushim``. Names bound to a
+``model_to_estimator`` function before the extension loaded are reported with whether they will
+convert: every public spelling calls ``keras_lib.model_to_estimator`` at call time, which is what
+tpushim wraps, so they do -- except a name bound to that private function itself before patching.
+"""
+
+import sys
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+import tpushim
+from tpushim import _patch, _runner
+
+MAGIC_NAME = "tpushim"
+_KERAS_LIB = "tensorflow_estimator.python.estimator.keras_lib"
+_NAMES = ("model_to_estimator", "model_to_estimator_v2")
+
+
+@magic_arguments()
+@argument("action", nargs="?", choices=("status", "patch", "unpatch"), default="status",
+          help="status (default): show what tpushim does now; patch: patch with the options "
+               "given; unpatch: restore the stock model_to_estimator.")
+@argument("--mode", help="auto, cpu (the TPU code path on CPU/GPU), tpu (require a TPU) or off.")
+@argument("--tpu", help="a TPU name, grpc://host:port, or 'local' on a TPU VM / Colab TPU runtime.")
+@argument("--batch-size", help="global batch size for train, eval and predict.")
+@argument("--iterations-per-loop", help="training steps per TPU loop.")
+@argument("--off", action="store_true", help="the same as `%%tpushim unpatch`.")
+def tpushim_magic(line):
+    """Shows tpushim's status, or patches with new options, or unpatches.
+
+    ``%tpushim --mode cpu`` is ``tpushim.patch(mode="cpu")``: options not given take their
+    ``TPUSHIM_*`` value or default, exactly as in ``tpushim.patch(...)``. ``TPUSHIM_MODE=off`` in
+    the environment still wins over every option.
+    """
+    args = parse_argstring(tpushim_magic, line)
+    options = {k: v for k, v in dict(mode=args.mode, tpu=args.tpu, batch_size=args.batch_size,
+                                     iterations_per_loop=args.iterations_per_loop).items()
+               if v is not None}
+    if args.off or args.action == "unpatch":
+        if options:
+            raise UsageError("%tpushim unpatch takes no options")
+        tpushim.unpatch()
+    elif options or args.action == "patch":
+        try:
+            tpushim.patch(**options)
+        except tpushim.ConfigurationError as e:
+            raise UsageError(str(e)) from None
+    try:
+        print(_runner.format_status(tpushim.status()))
+    except tpushim.ConfigurationError as e:
+        raise UsageError(str(e)) from None
+
+
+def _is_model_to_estimator(value):
+    if isinstance(value, _patch._Wrapper):  # pylint: disable=protected-access
+        return True
+    module = getattr(value, "__module__", None) or ""
+    return (callable(value) and getattr(value, "__name__", None) in _NAMES
+            and module.split(".")[0] in ("keras", "tensorflow", "tensorflow_estimator", "tf_keras"))
+
+
+def bound_names(user_ns):
+    """``{name: function}`` of the user's names bound to a model_to_estimator function."""
+    found = {}
+    for name, value in list(user_ns.items()):
+        if name.startswith("_"):  # IPython's output history (_, __, _1, ...) repeats user values
+            continue
+        try:
+            if _is_model_to_estimator(value):
+                found[name] = value
+        except Exception:  # pylint: disable=broad-except
+            continue  # an object whose attribute access raises is not model_to_estimator
+    return found
+
+
+def will_convert(value):
+    """(True or False, why) for a function the user bound before patching."""
+    keras_lib = sys.modules.get(_KERAS_LIB)
+    current = getattr(keras_lib, "model_to_estimator", None) if keras_lib else None
+    if not tpushim.is_patched():
+        return False, "tpushim is not patched in this kernel"
+    if isinstance(value, _patch._Wrapper):  # pylint: disable=protected-access
+        return True, "it is tpushim's wrapper itself"
+    if getattr(value, "__module__", "") == _KERAS_LIB and (
+            current is None or value is getattr(current, "__wrapped__", None)):
+        return False, (f"it is the private {_KERAS_LIB}.model_to_estimator, bound before the patch; "
+                       f"bind it again now, or use tf.keras.estimator.model_to_estimator")
+    return True, ("it calls keras_lib.model_to_estimator at call time, and tpushim wraps that "
+                  "function: every spelling converts, whenever it was bound")
+
+
+def _describe(value):
+    wrapped = getattr(value, "__wrapped__", value)
+    return f"{getattr(wrapped, '__module__', '?')}.{getattr(wrapped, '__qualname__', '?')}"
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext tpushim``: patches (honouring ``TPUSHIM_*``) and adds the ``%tpushim`` magic."""
+    ipython.register_magic_function(tpushim_magic, magic_kind="line", magic_name=MAGIC_NAME)
+    _runner.show_conversions()
+    try:
+        if not tpushim.is_patched():  # keep a tpushim.patch(...) the notebook already made
+            tpushim.patch()
+        status = tpushim.status()
+    except tpushim.ConfigurationError as e:
+        print(f"tpushim: not patched: {e}\nFix the variable, then run %tpushim patch.")
+        return
+    print(f"tpushim {status['versions']['tpushim']} "
+          + ("patched" if status["patched"] else "NOT patched")
+          + f": model_to_estimator returns {_runner.outcome(status)}. "
+          + f"%{MAGIC_NAME} shows the status and takes options.")
+    if status.get("unsupported"):
+        print(f"tpushim: {status['unsupported']}")
+    for name, value in bound_names(ipython.user_ns).items():
+        converts, why = will_convert(value)
+        print(f"tpushim: `{name}` was bound to {_describe(value)} before %load_ext tpushim; it "
+              + ("will still convert: " if converts else "will NOT convert: ") + why + ".")
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext tpushim``: unpatches, and removes the ``%tpushim`` magic."""
+    tpushim.unpatch()
+    _runner.hide_conversions()
+    ipython.magics_manager.magics["line"].pop(MAGIC_NAME, None)
