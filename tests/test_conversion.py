@@ -194,3 +194,29 @@ def test_bad_input_clear_error_nothing_written(tmp_path, kwargs, error, message)
         tf.keras.estimator.model_to_estimator(model_dir=str(model_dir), **kwargs())
     assert message in str(info.value)
     assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+@pytest.mark.parametrize("spelling", ["v1", "v2"])
+def test_model_dir_of_a_different_model_is_a_clear_error_nothing_overwritten(tmp_path, spelling):
+    x, y = tfcases.data()
+    first = convert("cpu", tmp_path, spelling=spelling)
+    first.train(tfcases.dataset_input_fn(x, y), steps=2)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+
+    def wider():
+        tf.keras.backend.clear_session()
+        model = tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(4,), name="hidden"),
+                                     tf.keras.layers.Dense(3, activation="softmax", name="probs")])
+        model.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy")
+        return model
+
+    with pytest.raises(tpushim.ConversionError) as info:
+        convert("cpu", tmp_path, wider(), spelling=spelling)
+    assert "already holds a checkpoint of a different model" in str(info.value)
+    assert "[4, 8] there but [4, 16] in this model" in str(info.value)
+    after = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before
+    # The same model continues from it.
+    again = convert("cpu", tmp_path, spelling=spelling)
+    again.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-3")

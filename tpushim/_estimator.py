@@ -7,6 +7,8 @@ warm-start checkpoint of the Keras weights exactly as stock does, and returns a
 """
 
 import logging
+import os
+import tempfile
 
 import tensorflow as tf
 
@@ -121,6 +123,39 @@ def to_tpu_run_config(config, settings, cluster):
         iterations_per_loop=iterations,
         per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2)
     return tpu_config.RunConfig(tpu_config=tpu, cluster=cluster, **kwargs)
+
+
+def _expected_variables(keras_model, save_object_ckpt):
+    """{checkpoint key: shape} of the model's own weights, in the format the estimator will save."""
+    if not save_object_ckpt:
+        return {w.name.split(":")[0]: w.shape.as_list() for w in keras_model.weights}
+    with tempfile.TemporaryDirectory(prefix="tpushim-keys-") as scratch:
+        # The estimator's object-based checkpoints use the model's own object graph keys.
+        keras_model.save_weights(os.path.join(scratch, "w"), save_format="tf")
+        return {k: s for k, s in tf.train.list_variables(os.path.join(scratch, "w"))
+                if "/.ATTRIBUTES/" in k and "optimizer" not in k.split("/")[0]}
+
+
+def check_model_dir(keras_model, model_dir, save_object_ckpt):
+    """A model_dir already holding a different model's checkpoint is an error, not an overwrite."""
+    for folder in (model_dir, os.path.join(model_dir, "keras")):
+        latest = tf.train.latest_checkpoint(folder)
+        if not latest:
+            continue
+        found = dict(tf.train.list_variables(latest))
+        expected = _expected_variables(keras_model, save_object_ckpt)
+        missing = sorted(k for k in expected if k not in found)
+        different = sorted(k for k in expected if k in found and list(found[k]) != list(expected[k]))
+        if missing or different:
+            details = [f"'{k}' has shape {list(found[k])} there but {expected[k]} in this model"
+                       for k in different[:3]]
+            if missing:
+                details.append(f"{len(missing)} of this model's variables are not in it "
+                               f"(e.g. '{missing[0]}')")
+            raise ConversionError(
+                f"model_dir {model_dir} already holds a checkpoint of a different model ({latest}): "
+                f"{'; '.join(details)}. tpushim wrote nothing. Use a new model_dir for this model, "
+                f"or delete that one to start over.")
 
 
 class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
@@ -256,6 +291,7 @@ def build(call, settings, spec):
     optimizer = _legacy_optimizer(keras_model)
     _check_metrics(keras_model, custom_objects)
     config = _tfprivate.maybe_overwrite_model_dir_and_session_config(call["config"], call["model_dir"])
+    check_model_dir(keras_model, config.model_dir, save_object_ckpt)
     tpu_run_config = to_tpu_run_config(config, settings, cluster)
     num_shards = tpu_run_config.tpu_config.num_shards
     if spec is not None and settings.batch_size and num_shards and settings.batch_size % num_shards:
