@@ -150,11 +150,12 @@ def test_explicit_batch_size_beats_inferred(tmp_path):
 def test_inferred_batch_indivisible_among_shards_is_a_clear_error(tmp_path):
     x, y = _xy()
     config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
-    tpushim.patch(tpu="grpc://127.0.0.1:1")
-    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                model_dir=str(tmp_path), config=config)
-    with pytest.raises(tpushim.ConversionError) as info:
-        est.train(tfcases.dataset_input_fn(x, y, batch=12), steps=1)
+    with tfcases.LoopbackListener() as tpu:
+        tpushim.patch(tpu=tpu.address)
+        est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                    model_dir=str(tmp_path), config=config)
+        with pytest.raises(tpushim.ConversionError) as info:
+            est.train(tfcases.dataset_input_fn(x, y, batch=12), steps=1)
     assert "global batch size 12 does not divide among 8 TPU shards" in str(info.value)
     assert "(8 or 16)" in str(info.value)
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
@@ -198,9 +199,11 @@ def test_finite_training_input_is_logged(tmp_path, tpushim_log):
 
 def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
     x, y = _xy()
-    tpushim.patch(tpu="grpc://127.0.0.1:1")
-    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
-    est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL)  # pylint: disable=protected-access
+    with tfcases.LoopbackListener() as tpu:
+        tpushim.patch(tpu=tpu.address)
+        est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                    model_dir=str(tmp_path))
+        est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL)  # pylint: disable=protected-access
     assert est._tpushim_eval_steps(tfcases.dataset_input_fn(x, y)) == 7  # pylint: disable=protected-access  # ceil(52 / 8)
     assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None) == N
     assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None) is None

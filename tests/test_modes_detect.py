@@ -199,3 +199,22 @@ def test_unreachable_bare_name_is_a_clear_error_not_a_hang(silent_metadata_serve
     assert time.monotonic() - start < 5
     assert "'my-tpu' (from TPU_NAME)" in str(info.value) and "grpc://" in str(info.value)
     assert not (tmp_path / "keras").exists()  # nothing written
+
+
+@pytest.mark.parametrize("mode", ["auto", "tpu", "cpu"])
+def test_unreachable_tpu_address_is_a_clear_error_within_seconds_in_every_mode(monkeypatch, tmp_path, mode):
+    monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{free_port()}")  # nothing listens there
+    tpushim.patch(mode=mode)
+    est = convert(tmp_path)
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+    start = time.monotonic()
+    if mode == "cpu":  # cpu mode never uses the TPU: it trains on CPU
+        est.train(fn, steps=1)
+        return
+    for call in (lambda: est.train(fn, steps=1), lambda: est.evaluate(fn)):
+        with pytest.raises(tpushim.NoTPUError) as info:
+            call()
+        assert "is not reachable" in str(info.value) and "(from TPU_NAME)" in str(info.value)
+    assert time.monotonic() - start < 10
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None

@@ -135,3 +135,18 @@ def env_without_tpu():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUSHIM_", "TPU_", "COLAB_TPU"))}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
+
+
+class LoopbackListener:
+    """A loopback port that accepts TCP connections and says nothing: a fake, reachable TPU address."""
+
+    def __enter__(self):
+        import socket  # pylint: disable=import-outside-toplevel
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.address = "grpc://127.0.0.1:%d" % self.sock.getsockname()[1]
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()

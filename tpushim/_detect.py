@@ -9,6 +9,7 @@ import dataclasses
 import glob
 import importlib.util
 import os
+import socket
 import threading
 from typing import Any, Optional
 
@@ -100,6 +101,28 @@ def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
     if device:
         return TPUSpec("local", f"TPU VM ({device})")
     return None
+
+
+REACH_TIMEOUT_S = 5.0
+
+
+def check_reachable(master, source, timeout_s=None):
+    """A ``grpc://host:port`` TPU that does not accept a connection is a clear error, not a hang.
+
+    TensorFlow itself would wait for the session (``session_creation_timeout_secs``, 2 hours).
+    Only the address the user configured is contacted, once, with a bounded TCP connect.
+    """
+    if not master or not master.startswith("grpc://"):
+        return
+    host, _, port = master[len("grpc://"):].rpartition(":")
+    timeout_s = REACH_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        raise NoTPUError(
+            f"TPU {master} (from {source}) is not reachable: {e}. Check the address and that the TPU "
+            f"is running (gcloud compute tpus list), run the TPU code path on CPU with "
+            f"TPUSHIM_MODE=cpu, or turn tpushim off with TPUSHIM_MODE=off.") from e
 
 
 def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):

@@ -167,7 +167,8 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
     is taken from the input when tpushim was not given one.
     """
 
-    def __init__(self, *args, tpushim_batch_size=None, tpushim_describe=None, **kwargs):
+    def __init__(self, *args, tpushim_batch_size=None, tpushim_describe=None, tpushim_tpu_source=None,
+                 **kwargs):
         self._tpushim_batch = {}
         self._tpushim_fixed_batch = tpushim_batch_size
         size = tpushim_batch_size or 1  # placeholder until the input says
@@ -175,6 +176,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
                          predict_batch_size=size, **kwargs)
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
         self._tpushim_describe = tpushim_describe
+        self._tpushim_tpu_source = tpushim_tpu_source
 
     def _assert_members_are_not_overridden(self):
         # Estimator forbids subclasses to override train/evaluate/predict and exempts TPUEstimator
@@ -184,6 +186,9 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
 
     # -- batch size ---------------------------------------------------------------------------
     def _tpushim_set_batch(self, input_fn, mode):
+        if self._tpushim_use_tpu:
+            from tpushim import _detect  # pylint: disable=import-outside-toplevel
+            _detect.check_reachable(self._config.master, self._tpushim_tpu_source)
         size = self._tpushim_fixed_batch
         if size is None or mode == ModeKeys.TRAIN:
             inferred, finite = _input_fn.inspect_input(input_fn, mode, self.config)
@@ -318,6 +323,7 @@ def build(call, settings, spec):
                    f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"))
     estimator = TPUShimEstimator(
         model_fn=model_fn, config=tpu_run_config, use_tpu=use_tpu, warm_start_from=warm_start_path,
-        export_to_tpu=False, tpushim_batch_size=settings.batch_size, tpushim_describe=describe)
+        export_to_tpu=False, tpushim_batch_size=settings.batch_size, tpushim_describe=describe,
+        tpushim_tpu_source=spec.source if use_tpu else None)
     logger.info("model_to_estimator -> %s", describe)
     return estimator
