@@ -31,3 +31,13 @@ def unload_ipython_extension(ipython):
     """``%unload_ext tpushim``: unpatches."""
     from tpushim._ipython import unload_ipython_extension as unload  # pylint: disable=import-outside-toplevel
     unload(ipython)
+
+
+def check(keras_model, input_fn=None, **kwargs):
+    """TPU preflight on CPU: what would break or crawl on a TPU. See :func:`tpushim._preflight.check`.
+
+    Returns a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``.
+    Imports TensorFlow (it needs the model); ``import tpushim`` alone does not.
+    """
+    from tpushim._preflight import check as run_check  # pylint: disable=import-outside-toplevel
+    return run_check(keras_model, input_fn, **kwargs)

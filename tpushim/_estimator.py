@@ -20,6 +20,19 @@ logger = logging.getLogger("tpushim")
 ModeKeys = tf.estimator.ModeKeys
 tpu_config = _tfprivate.tpu_config
 
+#: Callables told about each conversion and train/evaluate/predict call (the preflight's recorder).
+#: ``observer(event, **info)`` may return a replacement ``steps``.
+OBSERVERS = []
+
+
+def _notify(event, steps=None, **info):
+    for observer in list(OBSERVERS):
+        replaced = observer(event, steps=steps, **info)
+        if replaced is not None:
+            steps = replaced
+    return steps
+
+
 #: TPUEstimator's default of 2 steps per loop leaves a TPU mostly idle waiting for the host; 100
 #: amortises the host round trip. Bounded by save_checkpoints_steps: a TPU loop can only checkpoint
 #: at its end.
@@ -212,6 +225,9 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         return super()._call_input_fn(_input_fn.adapt(input_fn), mode, input_context)
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        steps = _notify("train", estimator=self, input_fn=input_fn, steps=steps)
+        if steps is not None and max_steps is not None and OBSERVERS:
+            max_steps = None  # the preflight caps the run by steps
         self._tpushim_set_batch(input_fn, ModeKeys.TRAIN)
         return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
                              saving_listeners=saving_listeners)
@@ -225,6 +241,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         return max(1, -(-count // self._tpushim_batch[ModeKeys.EVAL]))
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
+        steps = _notify("evaluate", estimator=self, input_fn=input_fn, steps=steps)
         self._tpushim_set_batch(input_fn, ModeKeys.EVAL)
         if steps is None and self._tpushim_use_tpu:
             steps = self._tpushim_eval_steps(input_fn)
@@ -234,6 +251,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
 
     def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
                 yield_single_examples=True):
+        _notify("predict", estimator=self, input_fn=input_fn)
         self._tpushim_set_batch(input_fn, ModeKeys.PREDICT)
         if predict_keys is not None:
             predict_keys = list(predict_keys) + [_input_fn.PADDING_KEY]
@@ -326,4 +344,6 @@ def build(call, settings, spec):
         export_to_tpu=False, tpushim_batch_size=settings.batch_size, tpushim_describe=describe,
         tpushim_tpu_source=spec.source if use_tpu else None)
     logger.info("model_to_estimator -> %s", describe)
+    _notify("convert", estimator=estimator, keras_model=keras_model, custom_objects=custom_objects,
+            settings=settings)
     return estimator

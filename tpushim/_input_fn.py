@@ -160,8 +160,8 @@ def adapt(input_fn):
         if num_hosts > 1 and mode != ModeKeys.PREDICT:
             # Multi-host pod: each host reads its own shard of the input.
             result = result.shard(num_hosts, context.current_host)
-        if _batch_dim(result) == batch_size:
-            return result  # already static and the right size: the pipeline is left untouched
+        if _batch_dim(result) == batch_size:  # already static and the right size
+            return result.prefetch(tf.data.AUTOTUNE)  # a no-op on top of the user's own prefetch
         return rebatch(result, batch_size, mode)
 
     tpushim_input_fn.__wrapped__ = input_fn

@@ -1,0 +1,161 @@
+"""TPU preflight: one model or input that triggers each finding, and one that does not."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcases
+import tpushim
+
+X, Y = tfcases.data(n=128)
+
+
+def clean_input(batch=64, **kwargs):
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices((X, Y)).repeat().batch(batch).prefetch(tf.data.AUTOTUNE)
+    return input_fn
+
+
+def run(model=None, input_fn=None, **kwargs):
+    return tpushim.check(model if model is not None else tfcases.sequential(),
+                         input_fn if input_fn is not None else clean_input(), **kwargs)
+
+
+def test_clean_model_and_input_report_nothing():
+    report = run()
+    assert report.ok and report.exit_code == 0
+    assert report.findings == []
+    assert "XLA compile of the training step" in report.checked
+    assert "OK - nothing blocks a TPU" in str(report)
+    assert report.to_dict()["ok"] is True and '"findings": []' in report.to_json()
+    assert "<table>" in report._repr_html_()  # pylint: disable=protected-access
+
+
+def test_op_without_xla_kernel_names_the_layer():
+    model = tfcases.sequential(extra_layers=(tf.keras.layers.Lambda(
+        lambda x: x + 0.0 * tf.strings.to_number(tf.strings.as_string(x)), name="strs"),))
+    report = run(model)
+    assert not report.ok and report.exit_code == 1
+    finding = next(f for f in report.findings if f.code == "xla-unsupported-op")
+    assert finding.where == "layer 'strs' (op AsString)"
+    assert "XLA" in finding.message and "input pipeline" in finding.fix
+    assert "FAIL" in str(report) and "xla-unsupported-op at layer 'strs'" in str(report)
+
+
+def _sequence_model():
+    tf.keras.backend.clear_session()
+    model = tf.keras.Sequential([tf.keras.layers.Embedding(20, 4, input_shape=(None,), name="embed"),
+                                 tf.keras.layers.GlobalAveragePooling1D(),
+                                 tf.keras.layers.Dense(3, activation="softmax", name="probs")])
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy")
+    return model
+
+
+def _sequences(padded_shapes):
+    lengths = np.random.RandomState(0).randint(1, 10, size=64)
+    rows = [np.arange(n) % 20 for n in lengths]
+
+    def input_fn():
+        ds = tf.data.Dataset.from_generator(lambda: iter((r, 1) for r in rows), output_signature=(
+            tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)))
+        return ds.padded_batch(64, padded_shapes=padded_shapes).prefetch(1)
+    return input_fn
+
+
+def test_dynamic_shapes_reaching_the_model():
+    report = run(_sequence_model(), _sequences(([None], [])))
+    finding = next(f for f in report.findings if f.code == "dynamic-shape")
+    assert finding.severity == "error" and finding.where == "feature features"
+    fixed = run(_sequence_model(), _sequences(([12], [])))
+    assert "dynamic-shape" not in fixed.codes()
+    assert "python-generator" in fixed.codes()  # from_generator: a Python generator feeds it
+
+
+def test_float64_and_string_inputs():
+    def input_fn(dtype, with_text):
+        def fn():
+            features = {"hidden_input": X.astype(dtype)}
+            if with_text:
+                features["text"] = np.array(["a"] * len(X))
+            return tf.data.Dataset.from_tensor_slices((features, Y)).batch(64).prefetch(1)
+        return fn
+
+    report = run(input_fn=input_fn("float64", True))
+    assert ("float64-input", "warning", "feature 'hidden_input'") in [
+        (f.code, f.severity, f.where) for f in report.findings]
+    assert ("string-input", "error", "feature 'text'") in [
+        (f.code, f.severity, f.where) for f in report.findings]
+    assert run(input_fn=input_fn("float32", False)).findings == []
+
+
+@pytest.mark.parametrize("batch,code,severity", [(12, "batch-indivisible", "error"),
+                                                 (16, "batch-small", "warning"), (64, None, None)])
+def test_batch_against_cores(batch, code, severity):
+    report = run(input_fn=clean_input(batch))
+    if code is None:
+        assert report.findings == []
+        return
+    finding = next(f for f in report.findings if f.code == code)
+    assert finding.severity == severity
+    if code == "batch-indivisible":
+        assert "global batch size 12 does not divide among 8 TPU shards" in finding.message
+        assert "(8 or 16)" in finding.message
+    else:
+        assert "at least 64, ideally 1024" in finding.fix
+
+
+def test_explicit_batch_size_is_checked_instead_of_the_input():
+    assert "batch-indivisible" in run(batch_size=100).codes()
+
+
+def test_pipeline_that_starves_a_tpu():
+    no_prefetch = lambda: tf.data.Dataset.from_tensor_slices((X, Y)).batch(64)
+    report = run(input_fn=no_prefetch)
+    assert [(f.code, f.severity) for f in report.findings] == [("no-prefetch", "info")]
+    assert report.ok
+
+    def python_per_example():
+        ds = tf.data.Dataset.from_tensor_slices((X, Y)).map(
+            lambda x, y: (tf.py_function(lambda v: v * 2, [x], tf.float32), y))
+        return ds.map(lambda x, y: (tf.ensure_shape(x, [4]), y)).batch(64).prefetch(1)
+
+    assert "per-example-python" in run(input_fn=python_per_example).codes()
+
+
+def test_host_only_ops_inside_the_model():
+    summary = tf.keras.layers.Lambda(
+        lambda x: tf.identity(x) if tf.compat.v1.summary.histogram("acts", x) is not None else x,
+        name="summarise")
+    report = run(tfcases.sequential(extra_layers=(summary,)))
+    finding = next(f for f in report.findings if f.code == "host-only-op")
+    assert finding.where == "layer 'summarise' (op HistogramSummary)"
+    assert "host-only-op" not in run().codes()
+
+
+def test_unconvertible_metric_and_optimizer():
+    from test_conversion import HandRolledSGD, NoConfigMetric  # pylint: disable=import-outside-toplevel
+    report = run(tfcases.sequential(metrics=[NoConfigMetric(0.5)]))
+    assert "unconvertible-metric" in report.codes() and not report.ok
+    report = run(tfcases.sequential(optimizer=HandRolledSGD(name="hand")))
+    assert "unconvertible-optimizer" in report.codes()
+
+
+def test_iterations_per_loop_small_for_the_steps():
+    report = run(iterations_per_loop=2, steps=1000)
+    finding = next(f for f in report.findings if f.code == "iterations-per-loop-small")
+    assert "every 2 steps (1000 steps in all)" in finding.message
+    assert "iterations-per-loop-small" not in run(steps=1000).codes()
+
+
+def test_input_that_is_not_a_dataset():
+    fn = tf.compat.v1.estimator.inputs.numpy_input_fn(X, Y, batch_size=64, shuffle=False)
+    report = run(input_fn=fn)
+    assert "input-not-dataset" in report.codes() and not report.ok
+
+
+def test_check_leaves_the_users_model_untouched():
+    model = tfcases.sequential(extra_layers=(tf.keras.layers.BatchNormalization(name="bn"),))
+    before = [w.copy() for w in model.get_weights()]
+    run(model)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,409 @@
+"""TPU preflight: what would break or crawl on a TPU, found on CPU before TPU time is spent.
+
+``tpushim.check(keras_model, input_fn)`` returns a :class:`Report`; ``python -m tpushim check
+script.py`` runs a script in cpu mode for a few steps, records every conversion and input_fn it
+makes, and reports on each. Every finding says where it came from (layer, input feature, setting)
+and the fix. Severity ``error`` means it would fail on a TPU (exit code 1), ``warning`` that it would
+run slowly.
+"""
+
+import contextlib
+import dataclasses
+import json
+import re
+from typing import List, Optional
+
+import tensorflow as tf
+
+from tpushim import _estimator, _input_fn, _model_fn, _tfprivate
+from tpushim._errors import TPUShimError
+
+ModeKeys = tf.estimator.ModeKeys
+
+DEFAULT_CORES = 8  # a v2-8 / v3-8 / v4-8: the smallest Cloud TPU
+MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
+GOOD_PER_CORE_BATCH = 128  # fills a 128x128 matrix unit
+MIN_ITERATIONS_PER_LOOP = 20
+HOST_ONLY_OPS = {"PyFunc": "a Python function (tf.py_function / tf.numpy_function)",
+                 "EagerPyFunc": "a Python function (tf.py_function / tf.numpy_function)",
+                 "Print": "tf.print / tf.compat.v1.Print", "PrintV2": "tf.print",
+                 "ScalarSummary": "a summary", "HistogramSummary": "a summary",
+                 "ImageSummary": "a summary", "AudioSummary": "a summary",
+                 "TensorSummary": "a summary", "TensorSummaryV2": "a summary",
+                 "WriteSummary": "a summary", "WriteScalarSummary": "a summary",
+                 "WriteHistogramSummary": "a summary", "WriteImageSummary": "a summary"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One finding. ``severity``: ``error`` (fails on a TPU), ``warning`` (runs slowly on a TPU) or
+    ``info`` (tpushim already takes care of it on the TPU path)."""
+
+    code: str
+    severity: str
+    where: str
+    message: str
+    fix: str
+
+
+@dataclasses.dataclass
+class Report:
+    """The result of a preflight check: findings, what was checked, and the verdict."""
+
+    findings: List[Finding] = dataclasses.field(default_factory=list)
+    checked: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self):
+        """True when nothing would fail on a TPU (warnings allowed)."""
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def exit_code(self):
+        return 0 if self.ok else 1
+
+    def codes(self):
+        return [f.code for f in self.findings]
+
+    def add(self, code, severity, where, message, fix):
+        finding = Finding(code, severity, where, message, fix)
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def extend(self, other):
+        for finding in other.findings:
+            if finding not in self.findings:
+                self.findings.append(finding)
+        self.checked.extend(c for c in other.checked if c not in self.checked)
+
+    def to_dict(self):
+        return {"ok": self.ok, "checked": self.checked,
+                "findings": [dataclasses.asdict(f) for f in self.findings]}
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2)
+
+    def __str__(self):
+        errors = sum(f.severity == "error" for f in self.findings)
+        warnings = sum(f.severity == "warning" for f in self.findings)
+        head = ("tpushim check: " + ("OK - nothing blocks a TPU" if self.ok else "FAIL - would not run on a TPU")
+                + f" ({errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)})")
+        lines = [head, "checked: " + ", ".join(self.checked)]
+        order = {"error": 0, "warning": 1, "info": 2}
+        for f in sorted(self.findings, key=lambda f: order[f.severity]):
+            lines.append(f"  [{f.severity.upper()}] {f.code} at {f.where}: {f.message}")
+            lines.append(f"      fix: {f.fix}")
+        return "\n".join(lines)
+
+    def _repr_html_(self):
+        import html  # pylint: disable=import-outside-toplevel
+        rows = "".join(
+            f"<tr><td>{f.severity}</td><td>{html.escape(f.code)}</td><td>{html.escape(f.where)}</td>"
+            f"<td>{html.escape(f.message)}</td><td>{html.escape(f.fix)}</td></tr>" for f in self.findings)
+        verdict = "OK - nothing blocks a TPU" if self.ok else "FAIL - would not run on a TPU"
+        return (f"<p><b>tpushim check: {verdict}</b> (checked: {html.escape(', '.join(self.checked))})</p>"
+                f"<table><tr><th>severity</th><th>finding</th><th>where</th><th>what</th><th>fix</th></tr>"
+                f"{rows}</table>")
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+def _check_conversion(report, keras_model, custom_objects):
+    """What the conversion itself would refuse: subclassed model, optimizer, metrics."""
+    report.checked.append("conversion")
+    for check in (lambda: _estimator._validate_model(keras_model, custom_objects),  # pylint: disable=protected-access
+                  lambda: _estimator._check_compiled(keras_model),  # pylint: disable=protected-access
+                  lambda: _estimator._legacy_optimizer(keras_model),  # pylint: disable=protected-access
+                  lambda: _estimator._check_metrics(keras_model, custom_objects)):  # pylint: disable=protected-access
+        try:
+            check()
+        except (TPUShimError, ValueError) as e:
+            code = ("optimizer" if "optimizer" in str(e) else "metric" if "metric" in str(e)
+                    else "model")
+            report.add(f"unconvertible-{code}", "error", f"model {keras_model.name!r}", str(e),
+                       "see the message")
+            return False
+    return True
+
+
+_XLA_UNSUPPORTED = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_\w+ devices compatible "
+                              r"with node \{\{node ([^}]+)\}\}")
+
+
+def _layer_of(node_name, keras_model):
+    names = {layer.name for layer in keras_model.layers}
+    parts = node_name.split("/")
+    for part in parts:
+        if part in names:
+            return part
+    return parts[1] if len(parts) > 2 else node_name
+
+
+def _check_xla(report, keras_model, custom_objects, features, labels):
+    """Rung 3: the training step (forward, loss, gradients) compiled with XLA on CPU.
+
+    Runs on a clone, so the user's model (weights, BatchNormalization statistics) is untouched.
+    """
+    report.checked.append("XLA compile of the training step")
+    with tf.keras.utils.custom_object_scope(custom_objects or {}):
+        clone = tf.keras.models.clone_model(keras_model)
+    clone.set_weights(keras_model.get_weights())
+    loss_weights = getattr(getattr(keras_model, "compiled_loss", None), "_user_loss_weights", None)
+    clone.compile(loss=keras_model.loss, loss_weights=loss_weights)
+    inputs, targets, _ = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)
+    inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
+    targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
+
+    @tf.function(jit_compile=True)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            predictions = clone(x, training=True)
+            loss = clone.compiled_loss(y, predictions, regularization_losses=clone.losses)
+        return loss, tape.gradient(loss, clone.trainable_variables)
+
+    try:
+        train_step.experimental_get_compiler_ir(inputs, targets)(stage="hlo")
+    except Exception as e:  # pylint: disable=broad-except
+        text = str(e)
+        unsupported = _XLA_UNSUPPORTED.findall(text)
+        if not unsupported:
+            report.add("xla-compile", "error", f"model {keras_model.name!r}",
+                       f"the training step does not compile with XLA: {text.splitlines()[0][:300]}",
+                       "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
+                       "reproduces this)")
+        for op, node in dict((op, node) for op, node in unsupported).items():
+            report.add("xla-unsupported-op", "error", f"layer {_layer_of(node, keras_model)!r} (op {op})",
+                       f"op {op} has no XLA kernel: the training step does not compile for a TPU",
+                       f"replace {op} in that layer with XLA-supported ops, or move it into the "
+                       f"input pipeline (tf.data), which runs on the host")
+
+
+def _check_model_graph(report, keras_model, custom_objects, features, labels):
+    """Host-only ops (summaries, prints, Python functions) inside the TPU train computation."""
+    report.checked.append("host-only ops in the model")
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        feats = tf.nest.map_structure(tf.constant, features)
+        labs = tf.nest.map_structure(tf.constant, labels) if labels is not None else None
+        _model_fn.make_model_fn(keras_model, custom_objects)(
+            feats, labs, ModeKeys.TRAIN, params={"use_tpu": False, "batch_size": None})
+    for op in graph.get_operations():
+        what = HOST_ONLY_OPS.get(op.type)
+        if what:
+            report.add("host-only-op", "warning" if "summary" in what else "error",
+                       f"layer {_layer_of(op.name, keras_model)!r} (op {op.type})",
+                       f"{what} inside the model runs on the host: on a TPU it cannot be compiled "
+                       f"or forces a round trip every step",
+                       "remove it from the model (log with TensorBoard hooks outside the model, "
+                       "do Python work in the input pipeline)")
+
+
+# --- input ---------------------------------------------------------------------------------------
+
+def _feature_paths(structure):
+    paths = []
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for key in sorted(value):
+                walk(f"{prefix}[{key!r}]" if prefix else repr(key), value[key])
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(f"{prefix}[{i}]", item)
+        else:
+            paths.append((prefix or "features", value))
+
+    walk("", structure)
+    return paths
+
+
+def _dataset_ops(dataset, session):
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(session.run(dataset._as_serialized_graph()))  # pylint: disable=protected-access
+    top = {node.op for node in graph_def.node}
+    inner = {node.op for function in graph_def.library.function for node in function.node_def}
+    return top, inner
+
+
+def _check_input(report, input_fn, batch_size, num_cores):
+    """Static shapes, dtypes, pipeline speed and batch size of the user's input.
+
+    Returns one batch (numpy, as features and labels) for the model checks, or None.
+    """
+    report.checked.append("input pipeline")
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        result = _input_fn.call_user_input_fn(input_fn, ModeKeys.TRAIN, {}, None)
+        name = getattr(input_fn, "__name__", "input_fn")
+        if not isinstance(result, tf.data.Dataset):
+            error = _input_fn.tensors_error(input_fn, result)
+            report.add("input-not-dataset", "error", f"input_fn {name!r}", str(error),
+                       "return a tf.data.Dataset")
+            return None
+        spec = result.element_spec
+        features_spec, labels_spec = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, None)
+        for role, structure in (("feature", features_spec), ("label", labels_spec)):
+            if structure is None:
+                continue
+            for path, tensor_spec in _feature_paths(structure):
+                where = f"{role} {path}"
+                shape = tensor_spec.shape
+                if shape.rank is None or any(d is None for d in shape.as_list()[1:]):
+                    report.add("dynamic-shape", "error", where,
+                               f"shape {shape} is not static beyond the batch dimension; a TPU "
+                               f"compiles for fixed shapes", "pad or crop to a fixed size in the "
+                               "input pipeline (e.g. padded_batch with padded_shapes, or tf.image.resize)")
+                if tensor_spec.dtype == tf.float64:
+                    report.add("float64-input", "warning", where, "float64 tensors are headed for the "
+                               "TPU, which has no float64 arithmetic (emulated or rejected)",
+                               "cast to float32 in the input pipeline: dataset.map(lambda x, y: "
+                               "(tf.cast(x, tf.float32), y))")
+                if tensor_spec.dtype == tf.string:
+                    report.add("string-input", "error", where, "string tensors cannot be sent to a TPU",
+                               "turn strings into numbers in the input pipeline (e.g. "
+                               "tf.keras.layers.StringLookup or tf.strings.to_hash_bucket_fast in "
+                               "dataset.map)")
+        top, inner = _dataset_ops(result, sess)
+        if "PrefetchDataset" not in top:
+            report.add("no-prefetch", "info", f"input_fn {name!r}", "the input pipeline does not "
+                       "prefetch, so the accelerator would wait while the host prepares each batch; "
+                       "tpushim adds .prefetch(tf.data.AUTOTUNE) on its TPU path, so a TPU run is "
+                       "not slowed", "end the pipeline with .prefetch(tf.data.AUTOTUNE) to get the "
+                       "same on the stock path")
+        if "GeneratorDataset" in inner or "GeneratorDataset" in top:
+            report.add("python-generator", "warning", f"input_fn {name!r}", "Dataset.from_generator "
+                       "runs Python for every element, holding the GIL: it starves a TPU",
+                       "build the dataset from tensors or files (from_tensor_slices, TFRecordDataset)")
+        if {"PyFunc", "EagerPyFunc"} & inner:
+            report.add("per-example-python", "warning", f"input_fn {name!r}", "tf.py_function / "
+                       "tf.numpy_function in the pipeline runs Python per element",
+                       "express the transformation in TensorFlow ops inside dataset.map")
+        batch = None
+        first = tf.compat.v1.data.make_one_shot_iterator(result.take(1)).get_next()
+        batch = sess.run(first)
+    features, labels = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
+    inferred = int(tf.nest.flatten(features)[0].shape[0])
+    _check_batch(report, batch_size or inferred, num_cores,
+                 "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {inferred})")
+    return features, labels
+
+
+def _check_batch(report, global_batch, num_cores, where):
+    report.checked.append(f"batch size for {num_cores} cores")
+    if global_batch % num_cores:
+        report.add("batch-indivisible", "error", where,
+                   _estimator._indivisible(global_batch, num_cores),  # pylint: disable=protected-access
+                   f"use a global batch that is a multiple of {num_cores}")
+        return
+    per_core = global_batch // num_cores
+    if per_core < MIN_PER_CORE_BATCH:
+        report.add("batch-small", "warning", where,
+                   f"global batch {global_batch} is {per_core} per core on {num_cores} cores, too small "
+                   f"to keep a TPU core's matrix units busy",
+                   f"use a global batch of at least {num_cores * MIN_PER_CORE_BATCH}, ideally "
+                   f"{num_cores * GOOD_PER_CORE_BATCH} ({GOOD_PER_CORE_BATCH} per core)")
+
+
+def _check_loop(report, iterations_per_loop, steps):
+    report.checked.append("iterations_per_loop")
+    iterations = iterations_per_loop or _estimator.DEFAULT_ITERATIONS_PER_LOOP
+    if iterations < MIN_ITERATIONS_PER_LOOP and (steps is None or steps > iterations):
+        report.add("iterations-per-loop-small", "warning", f"setting iterations_per_loop={iterations}",
+                   f"the TPU returns to the host every {iterations} steps"
+                   + (f" ({steps} steps in all)" if steps else "") + ", idling while it does",
+                   f"raise iterations_per_loop to {min(steps or 100, 100)} or more "
+                   f"(tpushim.patch(iterations_per_loop=...) or TPUSHIM_ITERATIONS_PER_LOOP)")
+
+
+def check(keras_model, input_fn=None, *, batch_size=None, num_cores=DEFAULT_CORES, steps=None,
+          iterations_per_loop=None, custom_objects=None) -> Report:
+    """Reports, on CPU, what would break or crawl when this model and input run on a TPU.
+
+    Args:
+      keras_model: the compiled Keras model you pass to ``model_to_estimator``.
+      input_fn: your training input_fn (optional: without it only the model is checked).
+      batch_size: the global batch size, when you set one (else it is read from the input).
+      num_cores: TPU cores to check the batch against (8 for a v2-8/v3-8/v4-8).
+      steps: training steps planned, to judge ``iterations_per_loop``.
+      iterations_per_loop: the value you will use (tpushim's default when None).
+      custom_objects: as for ``model_to_estimator``.
+
+    Returns:
+      A :class:`Report`; ``report.ok`` is False when something would fail on a TPU.
+    """
+    report = Report()
+    convertible = _check_conversion(report, keras_model, custom_objects)
+    batch = _check_input(report, input_fn, batch_size, num_cores) if input_fn is not None else None
+    if batch is None and batch_size:
+        _check_batch(report, batch_size, num_cores, "setting batch_size")
+    _check_loop(report, iterations_per_loop, steps)
+    if convertible and batch is not None and "dynamic-shape" not in report.codes():
+        features, labels = batch
+        _check_model_graph(report, keras_model, custom_objects, features, labels)
+        _check_xla(report, keras_model, custom_objects, features, labels)
+    return report
+
+
+# --- python -m tpushim check script.py -------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Recorded:
+    estimator: object
+    keras_model: object
+    custom_objects: Optional[dict]
+    settings: object
+    inputs: list = dataclasses.field(default_factory=list)  # (mode, input_fn, steps)
+
+
+class Recorder:
+    """Records conversions and input_fns while a script runs in cpu mode; caps its steps."""
+
+    MAX_TRAIN_STEPS = 3
+    MAX_EVAL_STEPS = 2
+
+    def __init__(self):
+        self.conversions: List[_Recorded] = []
+
+    def __call__(self, event, **info):
+        if event == "convert":
+            self.conversions.append(_Recorded(info["estimator"], info["keras_model"],
+                                              info["custom_objects"], info["settings"]))
+            return None
+        owner = next((c for c in self.conversions if c.estimator is info.get("estimator")), None)
+        if owner is not None:
+            owner.inputs.append((event, info["input_fn"], info.get("steps")))
+            if event == "train":
+                return min(info.get("steps") or self.MAX_TRAIN_STEPS, self.MAX_TRAIN_STEPS)
+            if event == "evaluate":
+                return min(info.get("steps") or self.MAX_EVAL_STEPS, self.MAX_EVAL_STEPS)
+        return None
+
+    def report(self, num_cores=DEFAULT_CORES):
+        report = Report()
+        if not self.conversions:
+            report.add("no-conversion", "error", "script", "the script made no model_to_estimator "
+                       "call, so there was nothing to check", "run the script that builds the estimator")
+        for recorded in self.conversions:
+            trains = [(fn, steps) for event, fn, steps in recorded.inputs if event == "train"]
+            train_fn, steps = trains[0] if trains else (None, None)
+            report.extend(check(recorded.keras_model, train_fn, batch_size=recorded.settings.batch_size,
+                                num_cores=num_cores, steps=steps,
+                                iterations_per_loop=recorded.settings.iterations_per_loop,
+                                custom_objects=recorded.custom_objects))
+            for event, fn, _ in recorded.inputs:
+                if event != "train" and fn is not train_fn:
+                    sub = Report()
+                    _check_input(sub, fn, recorded.settings.batch_size, num_cores)
+                    report.extend(sub)
+        return report
+
+
+@contextlib.contextmanager
+def recording():
+    """While active, tpushim's estimators report to (and are capped by) a :class:`Recorder`."""
+    recorder = Recorder()
+    _estimator.OBSERVERS.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _estimator.OBSERVERS.remove(recorder)
