@@ -80,7 +80,7 @@ def test_garbage_environment_raises_before_patching(monkeypatch, var, value, exp
         tpushim.patch()
     assert expected in str(info.value)
     assert not tpushim.is_patched()
-    assert not isinstance(keras_lib.model_to_estimator, tpushim._patch._Wrapper)  # pylint: disable=protected-access
+    assert not isinstance(keras_lib.model_to_estimator, tpushim._patch._wrapper_class())  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("kwargs,expected", [

@@ -38,9 +38,9 @@ BOUND_BEFORE_PATCH = _spellings()  # names bound before patch() ever ran
 
 def _one_layer():
     current = keras_lib.model_to_estimator
-    if isinstance(current, _patch._Wrapper):  # pylint: disable=protected-access
+    if _patch.is_ours(current):
         assert current.__wrapped__ is ORIGINAL
-        assert not isinstance(current.__wrapped__, _patch._Wrapper)  # pylint: disable=protected-access
+        assert not isinstance(current.__wrapped__, _patch._wrapper_class())  # pylint: disable=protected-access
         return True
     assert current is ORIGINAL
     return False
@@ -88,6 +88,7 @@ def test_patch_before_tensorflow_is_lazy_then_applies():
         import sys, tpushim
         tpushim.patch(mode="cpu")
         print("tf imported after patch:", "tensorflow" in sys.modules)
+        print("wrapt imported after patch:", "wrapt" in sys.modules)
         print("status applied:", tpushim.status()["applied"])
         import tensorflow as tf
         from tensorflow_estimator.python.estimator import keras_lib
@@ -106,6 +107,7 @@ def test_patch_before_tensorflow_is_lazy_then_applies():
         print("ok")
     """)
     assert "tf imported after patch: False" in out
+    assert "wrapt imported after patch: False" in out  # nothing slow at start-up
     assert "pending import" in out
     assert "converted: TPUShimEstimator" in out
     assert out.rstrip().endswith("ok")
@@ -213,3 +215,21 @@ def test_version_guard_refuses_once_and_patches_nothing(monkeypatch):
     assert not tpushim.is_patched()
     assert keras_lib.model_to_estimator is ORIGINAL
     assert "TensorFlow 2.16.1" in tpushim.status()["unsupported"]
+
+
+def test_post_import_hook_fires_once_on_real_import_and_at_once_after(tmp_path, monkeypatch):
+    from tpushim import _hooks  # pylint: disable=import-outside-toplevel
+    (tmp_path / "tpushim_hook_probe.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    _hooks.when_imported("tpushim_hook_probe", lambda m: seen.append(m.VALUE + 1))
+    assert seen == []
+    import tpushim_hook_probe  # pylint: disable=import-outside-toplevel,import-error
+    assert seen == [42]
+    assert type(tpushim_hook_probe.__loader__).__name__ == "SourceFileLoader"  # the real loader
+    _hooks.when_imported("tpushim_hook_probe", lambda m: seen.append("now"))
+    assert seen == [42, "now"]
+    import importlib  # pylint: disable=import-outside-toplevel
+    importlib.reload(tpushim_hook_probe)
+    assert seen == [42, "now"]  # once
+    sys.modules.pop("tpushim_hook_probe")

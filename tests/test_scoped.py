@@ -41,7 +41,7 @@ def test_scope_over_process_wide_patch_restores_it(tmp_path):
         assert is_shim(convert(tmp_path, "inside"))
     assert not is_shim(convert(tmp_path, "after"))
     assert tpushim.is_patched()
-    assert isinstance(keras_lib.model_to_estimator, _patch._Wrapper)  # pylint: disable=protected-access
+    assert isinstance(keras_lib.model_to_estimator, _patch._wrapper_class())  # pylint: disable=protected-access
 
 
 def test_nested_innermost_wins_and_outer_settings_restored_exactly(tmp_path):

@@ -7,25 +7,22 @@ call time, with ``use_v2_estimator`` telling v1 from v2. Wrapping that one attri
 catches all of them; wrapping ``tf.keras.estimator`` would miss five of seven.
 
 ``keras_lib`` is imported lazily by TensorFlow (on the first ``model_to_estimator`` call), so the
-wrapper is applied by a wrapt post-import hook: immediately when the module is already imported,
-otherwise the moment it is. ``import tpushim`` and ``patch()`` import no TensorFlow.
+wrapper is applied by a post-import hook: immediately when the module is already imported,
+otherwise the moment it is. ``import tpushim`` and ``patch()`` import no TensorFlow -- nor wrapt,
+inspect or logging before there is something to wrap: start-up stays within a few milliseconds.
 """
 
 import contextvars
-import dataclasses
-import importlib.util
-import inspect
-import logging
-import re
 import sys
 import threading
 import warnings
 
-import wrapt
+from tpushim import _hooks, _settings
 
-from tpushim import _settings
 
-logger = logging.getLogger("tpushim")
+def _logger():
+    import logging  # pylint: disable=import-outside-toplevel  # lazily: 3 ms of start-up
+    return logging.getLogger("tpushim")
 
 # Supported range of TensorFlow, [low, high): estimators and Keras 2's model_to_estimator were
 # removed in TF 2.16 (Keras 3).
@@ -33,10 +30,13 @@ SUPPORTED_TF = ((2, 9), (2, 16))
 FIX = 'pip install "tensorflow<2.16"  (or "tensorflow-cpu<2.16"; tpushim supports TensorFlow 2.9-2.15)'
 
 
-@dataclasses.dataclass(frozen=True)
 class Target:
-    module: str
-    attr: str
+    """One attribute tpushim wraps: ``module.attr``."""
+
+    __slots__ = ("module", "attr")
+
+    def __init__(self, module, attr):
+        self.module, self.attr = module, attr
 
 
 #: Everything tpushim patches. patch() and unpatch() read only this table, so they cannot drift.
@@ -46,18 +46,33 @@ _lock = threading.RLock()
 _process_layer = None  # the explicit arguments of the active patch(), or None
 _open_scopes = 0  # scopes entered and not yet left, across all threads
 _scope_layers = contextvars.ContextVar("tpushim_scope_layers", default=())
-_hooks_registered = False
+_hooks_registered = False  # a post-import hook for the targets is waiting
+_tf_hook_registered = False  # ... and one for tensorflow (the version guard)
 _unsupported = None  # the version guard's message once it refused
 _warned = False
 
 
-class _Wrapper(wrapt.FunctionWrapper):
-    """tpushim's wrapper type: ``isinstance`` tells our layer from anyone else's."""
+_wrapper_type = None
+
+
+def _wrapper_class():
+    """tpushim's wrapper type (a wrapt.FunctionWrapper): ``isinstance`` tells our layer from others'."""
+    global _wrapper_type
+    if _wrapper_type is None:
+        import wrapt  # pylint: disable=import-outside-toplevel
+        _wrapper_type = type("TPUShimWrapper", (wrapt.FunctionWrapper,), {"__module__": __name__})
+    return _wrapper_type
+
+
+def is_ours(obj):
+    """True when ``obj`` is tpushim's wrapper (without importing wrapt when nothing was wrapped)."""
+    return _wrapper_type is not None and isinstance(obj, _wrapper_type)
 
 
 # --- version guard -------------------------------------------------------------------------------
 
 def _version_tuple(version):
+    import re  # pylint: disable=import-outside-toplevel
     parts = re.findall(r"\d+", str(version or ""))[:2]
     return tuple(int(p) for p in parts) if len(parts) == 2 else None
 
@@ -90,8 +105,11 @@ def _installed_versions():
     if tf is not None:
         keras_mod = sys.modules.get("keras")
         keras_version = getattr(keras_mod, "__version__", None) if keras_mod else None
-    has_estimator = ("tensorflow_estimator" in sys.modules
-                     or importlib.util.find_spec("tensorflow_estimator") is not None)
+    if "tensorflow_estimator" in sys.modules:
+        has_estimator = True
+    else:
+        from importlib.machinery import PathFinder  # pylint: disable=import-outside-toplevel
+        has_estimator = PathFinder.find_spec("tensorflow_estimator") is not None
     return tf_version, keras_version, has_estimator
 
 
@@ -100,7 +118,7 @@ def _check_versions():
     _unsupported = version_problem(*_installed_versions())
     if _unsupported and not _warned:
         _warned = True
-        logger.warning(_unsupported)
+        _logger().warning(_unsupported)
         warnings.warn(_unsupported, RuntimeWarning, stacklevel=4)
     return _unsupported
 
@@ -113,21 +131,23 @@ def _wanted():
 
 def _apply(module, target):
     current = getattr(module, target.attr)
-    if isinstance(current, _Wrapper):
+    if is_ours(current):
         return  # exactly one layer, however often we are asked
-    setattr(module, target.attr, _Wrapper(current, _convert_call))
+    setattr(module, target.attr, _wrapper_class()(current, _convert_call))
 
 
 def _remove(module, target):
     current = getattr(module, target.attr, None)
     # Restore only what is still our wrapper: someone may have wrapped on top of us since.
-    if isinstance(current, _Wrapper):
+    if is_ours(current):
         setattr(module, target.attr, current.__wrapped__)
 
 
 def _on_import(module):
     """Post-import hook: runs when a target module is imported (or at once if it already is)."""
+    global _hooks_registered
     with _lock:
+        _hooks_registered = False  # a hook fires once; _sync registers again when needed
         if "tensorflow" in sys.modules:
             _check_versions()
         if _wanted():
@@ -138,19 +158,23 @@ def _on_import(module):
 
 def _on_tensorflow_import(module):
     del module
+    global _tf_hook_registered
     with _lock:
+        _tf_hook_registered = False
         if _check_versions():
             _sync()
 
 
 def _sync():
     """Makes the patched state of every imported target match what is wanted."""
-    global _hooks_registered
-    if _wanted() and not _hooks_registered:
+    global _hooks_registered, _tf_hook_registered
+    if _wanted() and "tensorflow" not in sys.modules and not _tf_hook_registered:
+        _tf_hook_registered = True
+        _hooks.when_imported("tensorflow", _on_tensorflow_import)
+    if _wanted() and not _hooks_registered and any(t.module not in sys.modules for t in TARGETS):
         _hooks_registered = True
-        wrapt.register_post_import_hook(_on_tensorflow_import, "tensorflow")
-        for module_name in sorted({t.module for t in TARGETS}):
-            wrapt.register_post_import_hook(_on_import, module_name)
+        for module_name in sorted({t.module for t in TARGETS if t.module not in sys.modules}):
+            _hooks.when_imported(module_name, _on_import)
     for target in TARGETS:
         module = sys.modules.get(target.module)
         if module is not None:
@@ -190,7 +214,7 @@ def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
         if _check_versions():
             return
         if _process_layer is not None and _process_layer != layer:
-            logger.info("tpushim.patch: settings updated from %s to %s", _describe(_process_layer),
+            _logger().info("tpushim.patch: settings updated from %s to %s", _describe(_process_layer),
                         _describe(layer))
         _process_layer = layer
         _sync()
@@ -260,6 +284,8 @@ class patched:  # pylint: disable=invalid-name
         return False
 
     def __call__(self, func):
+        import inspect  # pylint: disable=import-outside-toplevel
+        import wrapt  # pylint: disable=import-outside-toplevel
         if inspect.iscoroutinefunction(func):
             @wrapt.decorator
             async def async_wrapper(wrapped, instance, args, kwargs):
@@ -286,14 +312,14 @@ def _convert_call(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     stock = "EstimatorV2" if _bind(wrapped, args, kwargs)["use_v2_estimator"] else "Estimator"
     if settings.mode == "off":
-        logger.info("model_to_estimator -> stock %s (tpushim mode off, from %s)", stock,
+        _logger().info("model_to_estimator -> stock %s (tpushim mode off, from %s)", stock,
                     settings.sources.get("mode"))
         return wrapped(*args, **kwargs)
     from tpushim import _detect  # pylint: disable=import-outside-toplevel
     call = _bind(wrapped, args, kwargs)
     spec = _detect.find_tpu(settings, call.get("config"))
     if spec is None and settings.mode == "auto":
-        logger.info("model_to_estimator -> stock %s (no TPU configured; TPUSHIM_MODE=cpu runs the "
+        _logger().info("model_to_estimator -> stock %s (no TPU configured; TPUSHIM_MODE=cpu runs the "
                     "TPU path on CPU)", stock)
         return wrapped(*args, **kwargs)
     if spec is None and settings.mode == "tpu":
@@ -308,6 +334,7 @@ def _convert_call(wrapped, instance, args, kwargs):
 
 
 def _bind(wrapped, args, kwargs):
+    import inspect  # pylint: disable=import-outside-toplevel
     bound = inspect.signature(wrapped).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
@@ -330,7 +357,7 @@ def status():
             module = sys.modules.get(target.module)
             applied[f"{target.module}.{target.attr}"] = (
                 "pending import" if module is None
-                else isinstance(getattr(module, target.attr, None), _Wrapper))
+                else is_ours(getattr(module, target.attr, None)))
         spec = _detect.find_tpu(settings)
         return {
             "patched": is_patched(),

@@ -11,9 +11,7 @@ Parsing is strict: a value tpushim cannot use raises :class:`ConfigurationError`
 (or argument), the value and the valid choices -- before anything is patched.
 """
 
-import dataclasses
 import os
-from typing import Any, Mapping, Optional, Sequence
 
 from tpushim._errors import ConfigurationError
 
@@ -32,9 +30,10 @@ DEFAULTS = {"mode": "auto", "tpu": None, "batch_size": None, "iterations_per_loo
 KILL_SWITCH = "TPUSHIM_MODE=off"
 
 
-@dataclasses.dataclass(frozen=True)
 class Settings:
-    """The settings one ``model_to_estimator`` call is converted with.
+    """The settings one ``model_to_estimator`` call is converted with (immutable).
+
+    A plain class rather than a dataclass: ``dataclasses`` costs milliseconds of start-up.
 
     Attributes:
       mode: ``auto``, ``cpu``, ``tpu`` or ``off``.
@@ -42,14 +41,31 @@ class Settings:
       batch_size: global batch size for train, eval and predict, or None (taken from the input).
       iterations_per_loop: steps per TPU loop, or None (tpushim's default).
       sources: setting name -> where its value came from (``argument``, a variable name,
-        ``default`` or the kill switch).
+        ``default`` or the kill switch). Not part of equality.
     """
 
-    mode: str = "auto"
-    tpu: Any = None
-    batch_size: Optional[int] = None
-    iterations_per_loop: Optional[int] = None
-    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    __slots__ = ("mode", "tpu", "batch_size", "iterations_per_loop", "sources")
+
+    def __init__(self, mode="auto", tpu=None, batch_size=None, iterations_per_loop=None, sources=None):
+        for name, value in (("mode", mode), ("tpu", tpu), ("batch_size", batch_size),
+                            ("iterations_per_loop", iterations_per_loop), ("sources", dict(sources or {}))):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Settings are immutable")
+
+    def _key(self):
+        return (self.mode, self.tpu, self.batch_size, self.iterations_per_loop)
+
+    def __eq__(self, other):
+        return isinstance(other, Settings) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return ("Settings(mode={!r}, tpu={!r}, batch_size={!r}, iterations_per_loop={!r})"
+                .format(*self._key()))
 
 
 def _choices_error(where, value, choices):
@@ -135,7 +151,7 @@ def kill_switch_on(environ=None):
     return environ.get("TPUSHIM_MODE", "").strip().lower() == "off"
 
 
-def resolve(layers: Sequence[Mapping[str, Any]] = (), environ=None) -> Settings:
+def resolve(layers=(), environ=None):
     """Combines explicit argument layers (outermost first) with the environment and defaults."""
     env = parse_environment(environ)
     values, sources = {}, {}
