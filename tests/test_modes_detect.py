@@ -76,7 +76,7 @@ def test_argument_beats_environment_beats_default(monkeypatch):
 ])
 def test_garbage_environment_raises_before_patching(monkeypatch, var, value, expected):
     monkeypatch.setenv(var, value)
-    with pytest.raises(tpushim.ConfigurationError, match="") as info:
+    with pytest.raises(tpushim.ConfigurationError) as info:
         tpushim.patch()
     assert expected in str(info.value)
     assert not tpushim.is_patched()

@@ -127,7 +127,7 @@ def to_tpu_run_config(config, settings, cluster):
     kwargs = {k: getattr(config, k) for k in _CARRIED}
     for key in _IGNORED_ON_TPU:
         if getattr(config, key, None) is not None:
-            logger.warning("tpushim: RunConfig.%s is ignored by TPUEstimator (a TPU replicates the "
+            logger.warning("RunConfig.%s is ignored by TPUEstimator (a TPU replicates the "
                            "model itself); remove it or run with TPUSHIM_MODE=off.", key)
     iterations = settings.iterations_per_loop or DEFAULT_ITERATIONS_PER_LOOP
     if not settings.iterations_per_loop and config.save_checkpoints_steps:
@@ -207,9 +207,9 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
             inferred, finite = _input_fn.inspect_input(input_fn, mode, self.config)
             if size is None:
                 size = inferred
-                logger.info("tpushim: global %s batch size %d, taken from the input_fn", mode, size)
+                logger.info("global %s batch size %d, taken from the input_fn", mode, size)
             if mode == ModeKeys.TRAIN and finite:
-                logger.info("tpushim: the training input is finite; a TPU needs full batches, so a "
+                logger.info("the training input is finite; a TPU needs full batches, so a "
                             "last partial batch of size < %d is dropped. Repeat the dataset "
                             "(dataset.repeat()) to train on every example.", size)
         self._tpushim_batch[mode] = size
@@ -245,7 +245,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         self._tpushim_set_batch(input_fn, ModeKeys.EVAL)
         if steps is None and self._tpushim_use_tpu:
             steps = self._tpushim_eval_steps(input_fn)
-            logger.info("tpushim: evaluating %d batches: every example once", steps)
+            logger.info("evaluating %d batches: every example once", steps)
         return super().evaluate(input_fn, steps=steps, hooks=hooks,
                                 checkpoint_path=checkpoint_path, name=name)
 
@@ -299,7 +299,7 @@ def build(call, settings, spec):
         if keras_model_path.startswith("gs://") or "storage.googleapis.com" in keras_model_path:
             raise ConversionError("tpushim loads keras_model_path from local or mounted paths; copy "
                                   f"{keras_model_path} locally first (gsutil cp) and pass that path.")
-        logger.info("tpushim: loading model from %s", keras_model_path)
+        logger.info("loading model from %s", keras_model_path)
         keras_model = tf.keras.models.load_model(keras_model_path, custom_objects=custom_objects)
         _validate_model(keras_model, custom_objects)
     checkpoint_format = call["checkpoint_format"]
@@ -320,7 +320,7 @@ def build(call, settings, spec):
     if spec is not None and settings.batch_size and num_shards and settings.batch_size % num_shards:
         raise ConversionError(_indivisible(settings.batch_size, num_shards))
     if optimizer is not keras_model.optimizer:
-        logger.warning("tpushim: converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
+        logger.warning("converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
                        "model_to_estimator does.", type(keras_model.optimizer).__name__)
         keras_model.optimizer = optimizer
 

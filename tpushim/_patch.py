@@ -117,8 +117,7 @@ def _check_versions():
     global _unsupported, _warned
     _unsupported = version_problem(*_installed_versions())
     if _unsupported and not _warned:
-        _warned = True
-        _logger().warning(_unsupported)
+        _warned = True  # one warning, on one channel (logging users see it through captureWarnings)
         warnings.warn(_unsupported, RuntimeWarning, stacklevel=4)
     return _unsupported
 
