@@ -11,8 +11,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # TPUSHIM_AUTOPATCH=1: site executes .pth lines that start with "import" at every interpreter
 # start. This one reads the variable with string methods only (its value is never evaluated) and,
-# only when it is on, runs tpushim/_autopatch.py by path -- not as tpushim._autopatch, whose package
-# imports wrapt, which may sit in a site dir that site has not added yet. start() never raises.
+# only when it is on, runs tpushim/_autopatch.py by path -- not as tpushim._autopatch: the package's
+# dependencies may sit in a site dir that site has not added yet. start() never raises.
 AUTOPATCH_PTH = "tpushim-autopatch.pth"
 AUTOPATCH_LINE = (
     'import os; os.environ.get("TPUSHIM_AUTOPATCH", "").strip().lower() not in '
@@ -87,7 +87,9 @@ setup(
         # make it one command. < 2.16: TensorFlow 2.16 removed estimators.
         "tensorflow": ["tensorflow>=2.9,<2.16"],
         "cpu": ["tensorflow-cpu>=2.9,<2.16"],
-        "test": ["pytest>=7", "ipython>=7", "nbclient>=0.5", "nbformat>=5", "ipykernel>=6"],
+        # matplotlib: tests/test_notebooks.py executes the notebooks, which plot.
+        "test": ["pytest>=7", "ipython>=7", "nbclient>=0.5", "nbformat>=5", "ipykernel>=6",
+                 "matplotlib>=3"],
         "notebooks": ["nbclient>=0.5", "nbformat>=5", "ipykernel>=6", "matplotlib>=3"],
     },
     cmdclass={"build_py": BuildPyWithPth, "develop": DevelopWithPth},

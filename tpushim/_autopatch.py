@@ -8,8 +8,8 @@ without the variable pays one dictionary lookup and imports nothing.
 
 Why this file is loaded by path and the patch waits: ``site`` runs .pth lines while it is still
 building ``sys.path``. A user-site or venv install of tpushim is processed before the system
-site-packages that may hold wrapt (tpushim's dependency), so importing ``tpushim`` from the .pth
-line would fail there. This module therefore imports only the standard library, and
+site-packages that may hold tpushim's dependencies, so importing the ``tpushim`` package from the
+.pth line could fail there. This module therefore imports only the standard library, and
 :func:`start` defers ``tpushim.patch()`` to the end of ``site`` (its ``import sitecustomize``), or
 to the first import of TensorFlow, whichever comes first. Nothing here ever raises: whatever goes
 wrong becomes a ``RuntimeWarning`` and the interpreter starts unpatched.

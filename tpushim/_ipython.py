@@ -20,7 +20,7 @@ _KERAS_LIB = "tensorflow_estimator.python.estimator.keras_lib"
 _NAMES = ("model_to_estimator", "model_to_estimator_v2")
 
 
-@magic_arguments()
+@magic_arguments(name=MAGIC_NAME)
 @argument("action", nargs="?", choices=("status", "patch", "unpatch"), default="status",
           help="status (default): show what tpushim does now; patch: patch with the options "
                "given; unpatch: restore the stock model_to_estimator.")
@@ -37,9 +37,7 @@ def tpushim_magic(line):
     the environment still wins over every option.
     """
     args = parse_argstring(tpushim_magic, line)
-    options = {k: v for k, v in dict(mode=args.mode, tpu=args.tpu, batch_size=args.batch_size,
-                                     iterations_per_loop=args.iterations_per_loop).items()
-               if v is not None}
+    options = _runner.settings_from(args)
     if args.off or args.action == "unpatch":
         if options:
             raise UsageError("%tpushim unpatch takes no options")
@@ -56,7 +54,7 @@ def tpushim_magic(line):
 
 
 def _is_model_to_estimator(value):
-    if isinstance(value, _patch._Wrapper):  # pylint: disable=protected-access
+    if _patch.is_ours(value):
         return True
     module = getattr(value, "__module__", None) or ""
     return (callable(value) and getattr(value, "__name__", None) in _NAMES
@@ -83,7 +81,7 @@ def will_convert(value):
     current = getattr(keras_lib, "model_to_estimator", None) if keras_lib else None
     if not tpushim.is_patched():
         return False, "tpushim is not patched in this kernel"
-    if isinstance(value, _patch._Wrapper):  # pylint: disable=protected-access
+    if _patch.is_ours(value):
         return True, "it is tpushim's wrapper itself"
     if getattr(value, "__module__", "") == _KERAS_LIB and (
             current is None or value is getattr(current, "__wrapped__", None)):

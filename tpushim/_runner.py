@@ -21,17 +21,17 @@ import textwrap
 import types
 from typing import Callable, List, Optional, Sequence
 
+from tpushim import _settings
+
 PROG = "python -m tpushim"
 PTH_NAME = "tpushim-autopatch.pth"
 
 #: The runner's options: (flags, argparse keyword arguments). The argv splitter reads this table
 #: too, so it knows which options take a value.
 OPTIONS = (
-    (("--mode",), dict(metavar="MODE", type=lambda s: s.strip().lower(),
-                       choices=("auto", "cpu", "tpu", "off"),
-                       help="auto (default): a TPUEstimator when a TPU is configured, else the stock "
-                            "estimator; cpu: the TPU code path on CPU/GPU (use_tpu=False); tpu: "
-                            "require a TPU; off: never convert. Default: $TPUSHIM_MODE, else auto.")),
+    (("--mode",), dict(metavar="MODE", type=lambda s: s.strip().lower(), choices=_settings.MODES,
+                       help="auto, cpu, tpu or off (see modes below). Default: $TPUSHIM_MODE, "
+                            "else auto.")),
     (("--tpu",), dict(metavar="TPU",
                       help="a TPU name, grpc://host:port, or 'local' on a TPU VM. Default: "
                            "$TPUSHIM_TPU, else found from the RunConfig, TPU_NAME & co., "
@@ -45,7 +45,6 @@ OPTIONS = (
     (("-q", "--quiet"), dict(action="store_true",
                              help="do not print tpushim's conversion lines on stderr.")),
 )
-_SETTING_OPTIONS = ("mode", "tpu", "batch_size", "iterations_per_loop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +60,7 @@ def _run_info(options, argv):
     parser.add_argument("--json", action="store_true", help="print tpushim.status() as JSON")
     args = parser.parse_args(argv)
     import tpushim  # pylint: disable=import-outside-toplevel
-    settings = _settings_from(options)
+    settings = settings_from(options)
     try:
         # A scope, not patch(): info reports this interpreter as it is, previewing the options.
         with tpushim.patched(**settings):
@@ -79,8 +78,14 @@ def _run_info(options, argv):
 def _run_demo(options, argv):
     parser = argparse.ArgumentParser(prog=f"{PROG} demo", description=COMMANDS["demo"].help)
     parser.parse_args(argv)
+    import tpushim  # pylint: disable=import-outside-toplevel
     from tpushim import demo  # pylint: disable=import-outside-toplevel
-    return demo.run(**_settings_from(options))
+    try:
+        return demo.run(**settings_from(options))
+    except tpushim.ConfigurationError as e:
+        return _fail(f"demo: error: {e}")
+    except tpushim.TPUShimError as e:  # e.g. --mode tpu without a TPU: the message says what to do
+        return _fail(f"demo: {type(e).__name__}: {e}", code=1)
 
 
 #: Subcommands, by name. ``check`` is reserved for the preflight command.
@@ -172,8 +177,9 @@ def split_argv(argv):
     return argv, None, []
 
 
-def _settings_from(options):
-    return {name: getattr(options, name) for name in _SETTING_OPTIONS
+def settings_from(options):
+    """The tpushim settings given in an argparse namespace (``--mode`` & co.), as patch() kwargs."""
+    return {name: getattr(options, name) for name in _settings.ENV_VARS
             if getattr(options, name, None) is not None}
 
 
@@ -273,8 +279,9 @@ def format_status(status, previewing=False):
     if status["tpu"]:
         lines.append(f"TPU:         {status['tpu']} (from {status['tpu_source']})")
     else:
-        lines.append("TPU:         none found (looked at TPUSHIM_TPU, TPU_NAME, "
-                     "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_CONFIG, COLAB_TPU_ADDR, /dev/accel*)")
+        from tpushim import _detect  # pylint: disable=import-outside-toplevel
+        lines.append(f"TPU:         none found (looked at TPUSHIM_TPU, "
+                     f"{', '.join(_detect.RESOLVER_ENV_VARS)}, COLAB_TPU_ADDR, TPU VM device files)")
     lines.append(f"batch size:  {status['batch_size'] or 'taken from the input_fn'}")
     lines.append(f"iterations per loop: {status['iterations_per_loop'] or 'default (100)'}")
     returns = outcome(status) if not problem else "the stock estimator (nothing is patched)"
@@ -399,7 +406,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _fail(problem)
     import tpushim  # pylint: disable=import-outside-toplevel
     try:
-        tpushim.patch(**_settings_from(options))
+        tpushim.patch(**settings_from(options))
     except tpushim.ConfigurationError as e:
         return _fail(f"error: {e}")
     if not options.quiet:

@@ -1,0 +1,124 @@
+"""``%load_ext tpushim`` and ``%tpushim`` in a real IPython shell."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+import tfcases
+import tpushim
+from tpushim import _ipython, _runner
+
+SESSION = """\
+import tensorflow as tf
+tf.get_logger().setLevel("ERROR")
+m2e = tf.keras.estimator.model_to_estimator
+from tensorflow.keras.estimator import model_to_estimator
+from tensorflow_estimator.python.estimator.keras_lib import model_to_estimator as private_m2e
+%load_ext tpushim
+print("== status")
+%tpushim
+print("== cpu")
+%tpushim --mode cpu
+def compiled():  # a model converts once (stock or not): each conversion gets its own
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+    return model
+print("CONVERTED", isinstance(m2e(keras_model=compiled()), tf.compat.v1.estimator.tpu.TPUEstimator))
+print("== off")
+%tpushim --off
+print("STOCK", isinstance(m2e(keras_model=compiled()), tf.compat.v1.estimator.tpu.TPUEstimator))
+%unload_ext tpushim
+print("MAGIC LEFT", "tpushim" in get_ipython().magics_manager.magics["line"])
+"""
+
+
+def test_extension_in_a_real_ipython_session(tmp_path):
+    script = tmp_path / "session.ipy"
+    script.write_text(SESSION)
+    environ = tfcases.env_without_tpu()
+    environ["IPYTHONDIR"] = str(tmp_path / "ipython")
+    proc = subprocess.run(
+        [sys.executable, "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", str(script)],
+        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    loaded, status, cpu, off = (out.split("== status")[0], out.split("== status")[1].split("== cpu")[0],
+                                out.split("== cpu")[1].split("== off")[0], out.split("== off")[1])
+    assert f"tpushim {tpushim.__version__} patched: model_to_estimator returns" in loaded
+    for name in ("m2e", "model_to_estimator"):
+        assert (f"`{name}` was bound to keras.src.estimator.model_to_estimator_v2 before "
+                f"%load_ext tpushim; it will still convert") in loaded, name
+    assert ("`private_m2e` was bound to tensorflow_estimator.python.estimator.keras_lib."
+            "model_to_estimator before %load_ext tpushim; it will NOT convert") in loaded
+    assert "patched:     yes" in status and "mode:        auto (from default)" in status
+    assert "mode:        cpu (from argument)" in cpu and "CONVERTED True" in cpu
+    assert "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False" in proc.stderr
+    assert "patched:     no" in off and "STOCK False" in off
+    assert "MAGIC LEFT False" in off
+
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    """An in-process IPython shell; what it takes over (sys.modules['__main__'], hooks) comes back."""
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    monkeypatch.setattr(sys, "displayhook", sys.displayhook)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    config = Config()
+    config.HistoryManager.enabled = False
+    ipython = InteractiveShell.instance(config=config)
+    yield ipython
+    if "tpushim" in ipython.extension_manager.loaded:
+        ipython.run_line_magic("unload_ext", "tpushim")
+    _runner.hide_conversions()
+    InteractiveShell.clear_instance()
+
+
+def test_magic_options_and_errors(shell, capsys):
+    shell.run_line_magic("load_ext", "tpushim")
+    assert "patched" in capsys.readouterr().out
+    shell.run_line_magic("tpushim", "--mode cpu --batch-size 64 --iterations-per-loop 10")
+    status = tpushim.status()
+    assert (status["mode"], status["batch_size"], status["iterations_per_loop"]) == ("cpu", 64, 10)
+    assert "batch size:  64" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="not a valid tpushim mode"):
+        shell.run_line_magic("tpushim", "--mode sideways")
+    with pytest.raises(UsageError, match="positive integer"):
+        shell.run_line_magic("tpushim", "--batch-size 0")
+    assert tpushim.status()["mode"] == "cpu"  # a rejected option changes nothing
+    shell.run_line_magic("tpushim", "unpatch")
+    assert not tpushim.is_patched()
+    shell.run_line_magic("tpushim", "patch --tpu grpc://127.0.0.1:8470")
+    assert tpushim.is_patched() and tpushim.status()["tpu"] == "grpc://127.0.0.1:8470"
+    assert "TPU:         grpc://127.0.0.1:8470 (from tpu= argument)" in capsys.readouterr().out
+
+
+def test_load_keeps_an_earlier_patch_and_honours_the_environment(shell, capsys, monkeypatch):
+    tpushim.patch(mode="cpu")
+    shell.run_line_magic("load_ext", "tpushim")
+    assert "TPUEstimator(use_tpu=False)" in capsys.readouterr().out
+    assert tpushim.status()["mode_source"] == "argument"
+    shell.run_line_magic("unload_ext", "tpushim")
+    assert not tpushim.is_patched()
+
+    monkeypatch.setenv("TPUSHIM_MODE", "off")
+    shell.run_line_magic("load_ext", "tpushim")
+    assert "the stock estimator (mode off, from TPUSHIM_MODE=off)" in capsys.readouterr().out
+    shell.run_line_magic("unload_ext", "tpushim")
+
+    monkeypatch.setenv("TPUSHIM_MODE", "fast")
+    shell.run_line_magic("load_ext", "tpushim")
+    assert "not patched: TPUSHIM_MODE='fast'" in capsys.readouterr().out
+    assert "tpushim" in shell.magics_manager.magics["line"]  # so the user can fix it from here
+
+
+def test_only_model_to_estimator_functions_are_reported():
+    def model_to_estimator():  # the user's own function of that name
+        return None
+    namespace = {"model_to_estimator": model_to_estimator, "_": print, "x": 3, "tpushim": tpushim}
+    assert _ipython.bound_names(namespace) == {}

@@ -1,0 +1,64 @@
+"""The notebooks run top to bottom on CPU (as CI runs them), and are committed without outputs."""
+
+import pathlib
+import re
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def execute(name, tmp_path, monkeypatch):
+    for var in ("TPUSHIM_MODE", "TPUSHIM_TPU", "TPUSHIM_BATCH_SIZE", "TPUSHIM_AUTOPATCH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # model dirs and exports land in tmp_path
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    NotebookClient(notebook, timeout=240, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    streams = {"stdout": "", "stderr": ""}
+    images = 0
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            assert output.output_type != "error", f"{output.ename}: {output.evalue}"
+            if output.output_type == "stream":
+                streams[output.name] += output.text
+            images += "image/png" in output.get("data", {})
+    return streams["stdout"], streams["stderr"], images
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_committed_without_outputs(path):
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, path.name
+
+
+def test_colab_quickstart_on_cpu(tmp_path, monkeypatch):
+    out, err, _ = execute("colab_quickstart.ipynb", tmp_path, monkeypatch)
+    assert "estimators included, nothing to install" in out  # the pinned install is skipped
+    assert "TPU: none found" in out and "tpushim mode: cpu" in out
+    assert "model_to_estimator -> TPUEstimator(use_tpu=False" in err
+    assert "estimator: TPUShimEstimator" in out
+    accuracy = float(re.search(r"'accuracy': ([0-9.]+)", out).group(1))
+    assert accuracy > 0.9
+    assert f"exported to {tmp_path}" in out and "served predictions:" in out
+
+
+def test_migrate_legacy_cnn_on_cpu(tmp_path, monkeypatch):
+    out, err, images = execute("migrate_legacy_cnn.ipynb", tmp_path, monkeypatch)
+    assert "`model_to_estimator` was bound to keras.src.estimator.model_to_estimator_v2" in out
+    assert "it will still convert" in out
+    assert "tpushim run will use mode: cpu" in out
+    assert "preflight ok: True" in out
+    assert "model_to_estimator -> stock EstimatorV2 (tpushim mode off" in err
+    assert "model_to_estimator -> TPUEstimator(use_tpu=False" in err
+    assert re.search(r"stock: +EstimatorV2", out) and re.search(r"tpushim: +TPUShimEstimator", out)
+    difference = float(re.search(r"training-loss difference along the curve: (\S+)", out).group(1))
+    assert difference <= 1e-4  # cpu mode trains as stock does
+    assert images == 1  # the loss-curve plot
+    assert "patched:     yes" in out  # the closing %tpushim
