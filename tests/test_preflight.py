@@ -65,7 +65,7 @@ def _sequences(padded_shapes):
 def test_dynamic_shapes_reaching_the_model():
     report = run(_sequence_model(), _sequences(([None], [])))
     finding = next(f for f in report.findings if f.code == "dynamic-shape")
-    assert finding.severity == "error" and finding.where == "feature features"
+    assert finding.severity == "error" and finding.where == "features (a single tensor)"
     fixed = run(_sequence_model(), _sequences(([12], [])))
     assert "dynamic-shape" not in fixed.codes()
     assert "python-generator" in fixed.codes()  # from_generator: a Python generator feeds it
@@ -98,8 +98,8 @@ def test_batch_against_cores(batch, code, severity):
     finding = next(f for f in report.findings if f.code == code)
     assert finding.severity == severity
     if code == "batch-indivisible":
-        assert "global batch size 12 does not divide among 8 TPU shards" in finding.message
-        assert "(8 or 16)" in finding.message
+        assert "global batch size 12 does not divide among 8 TPU cores" in finding.message
+        assert "(8 or 16)" in finding.fix
     else:
         assert "at least 64, ideally 1024" in finding.fix
 
@@ -159,3 +159,40 @@ def test_check_leaves_the_users_model_untouched():
     run(model)
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+# --- python -m tpushim check ------------------------------------------------------------------
+
+import json  # noqa: E402  pylint: disable=wrong-import-position
+import os  # noqa: E402  pylint: disable=wrong-import-position
+import subprocess  # noqa: E402  pylint: disable=wrong-import-position
+import sys  # noqa: E402  pylint: disable=wrong-import-position
+
+LEGACY = os.path.join(os.path.dirname(__file__), "scripts", "legacy_text_classifier.py")
+
+
+def _check_cli(*args, **env):
+    environ = tfcases.env_without_tpu()
+    environ.update(env)
+    return subprocess.run([sys.executable, "-m", "tpushim", "check", *args], capture_output=True,
+                          text=True, env=environ, timeout=300)
+
+
+def test_cli_bundled_demo_checks_clean():
+    import tpushim.demo.legacy_mlp as demo  # pylint: disable=import-outside-toplevel
+    proc = _check_cli(demo.__file__)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tpushim check: OK - nothing blocks a TPU (0 errors, 0 warnings)" in proc.stdout
+
+
+def test_cli_legacy_script_fails_with_json_report():
+    proc = _check_cli("--json", LEGACY, "500", TPUSHIM_ITERATIONS_PER_LOOP="2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)  # the script's own prints went to stderr
+    assert report["ok"] is False
+    found = {(f["code"], f["where"]) for f in report["findings"]}
+    assert ("xla-unsupported-op", "layer 'debug_strings' (op AsString)") in found
+    assert ("batch-indivisible", "input_fn 'train_input_fn' (batch of 100)") in found
+    assert ("float64-input", "features (a single tensor)") in found
+    assert ("iterations-per-loop-small", "setting iterations_per_loop=2") in found
+    assert "'accuracy'" in proc.stderr  # the script ran (capped) and printed its evaluation

@@ -201,7 +201,7 @@ def _check_model_graph(report, keras_model, custom_objects, features, labels):
 
 # --- input ---------------------------------------------------------------------------------------
 
-def _feature_paths(structure):
+def _feature_paths(structure, root):
     paths = []
 
     def walk(prefix, value):
@@ -212,7 +212,7 @@ def _feature_paths(structure):
             for i, item in enumerate(value):
                 walk(f"{prefix}[{i}]", item)
         else:
-            paths.append((prefix or "features", value))
+            paths.append((prefix, value))
 
     walk("", structure)
     return paths
@@ -245,8 +245,8 @@ def _check_input(report, input_fn, batch_size, num_cores):
         for role, structure in (("feature", features_spec), ("label", labels_spec)):
             if structure is None:
                 continue
-            for path, tensor_spec in _feature_paths(structure):
-                where = f"{role} {path}"
+            for path, tensor_spec in _feature_paths(structure, role):
+                where = f"{role} {path}" if path else f"{role}s (a single tensor)"
                 shape = tensor_spec.shape
                 if shape.rank is None or any(d is None for d in shape.as_list()[1:]):
                     report.add("dynamic-shape", "error", where,
@@ -291,9 +291,12 @@ def _check_input(report, input_fn, batch_size, num_cores):
 def _check_batch(report, global_batch, num_cores, where):
     report.checked.append(f"batch size for {num_cores} cores")
     if global_batch % num_cores:
+        lower = (global_batch // num_cores) * num_cores
+        choices = " or ".join(str(c) for c in (lower, lower + num_cores) if c > 0)
         report.add("batch-indivisible", "error", where,
-                   _estimator._indivisible(global_batch, num_cores),  # pylint: disable=protected-access
-                   f"use a global batch that is a multiple of {num_cores}")
+                   f"global batch size {global_batch} does not divide among {num_cores} TPU cores",
+                   f"use a multiple of {num_cores} ({choices}): batch the input by it, or set "
+                   f"tpushim.patch(batch_size=...) / TPUSHIM_BATCH_SIZE")
         return
     per_core = global_batch // num_cores
     if per_core < MIN_PER_CORE_BATCH:

@@ -88,12 +88,64 @@ def _run_demo(options, argv):
         return _fail(f"demo: {type(e).__name__}: {e}", code=1)
 
 
-#: Subcommands, by name. ``check`` is reserved for the preflight command.
+def _run_check(options, argv):
+    """``check [--json] [--cores N] SCRIPT [ARGS...] | -m MODULE [ARGS...]``: the TPU preflight."""
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} check", description=COMMANDS["check"].help,
+        usage=f"{PROG} [options] check [--json] [--cores N] (SCRIPT | -m MODULE) [ARGS...]")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout "
+                        "(the script's own output then goes to stderr)")
+    parser.add_argument("--cores", type=int, default=8, metavar="N",
+                        help="TPU cores to check the batch size against (default 8: a v2/v3/v4-8)")
+    own, module, target = [], None, list(argv)
+    while target and target[0] in ("--json", "--cores", "-h", "--help") or (
+            target and target[0].startswith("--cores=")):
+        own.append(target.pop(0))
+        if own[-1] == "--cores" and target:
+            own.append(target.pop(0))
+    if target[:1] == ["-m"]:
+        module, target = (target[1] if len(target) > 1 else None), target[2:]
+    args = parser.parse_args(own)
+    if module is None and not target:
+        return _fail("check: give the script (or -m MODULE) to check")
+    problem = _module_problem(module) if module is not None else _script_problem(target[0])
+    if problem:
+        return _fail(f"check: {problem}")
+    import contextlib  # pylint: disable=import-outside-toplevel
+    import tpushim  # pylint: disable=import-outside-toplevel
+    try:
+        tpushim.patch(**dict(settings_from(options), mode="cpu"))  # checks run the TPU path on CPU
+    except tpushim.ConfigurationError as e:
+        return _fail(f"check: error: {e}")
+    if not options.quiet:
+        show_conversions()
+    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    out = sys.stderr if args.json else sys.stdout
+    with _preflight.recording() as recorder, contextlib.redirect_stdout(out):
+        try:
+            code = run_module(module, target) if module is not None else run_script(target[0], target[1:])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    report = recorder.report(num_cores=args.cores)
+    if code:
+        report.add("script-exit", "warning", "script",
+                   f"the script exited with status {code} while checked in cpu mode (its training "
+                   f"was capped at {recorder.MAX_TRAIN_STEPS} steps, evaluation at "
+                   f"{recorder.MAX_EVAL_STEPS})", "see its output above; run it with --mode cpu "
+                   "to see it uncapped")
+    print(report.to_json() if args.json else report)
+    return report.exit_code
+
+
+#: Subcommands, by name.
 COMMANDS = {
     "info": Command(_run_info, "print what tpushim would do here: versions, patched or not, mode, "
                                "the TPU found and where from (imports no TensorFlow)."),
     "demo": Command(_run_demo, "run a bundled legacy Keras -> Estimator script twice, stock and "
                                "converted by tpushim, and print both results side by side."),
+    "check": Command(_run_check, "TPU preflight: run SCRIPT in cpu mode for a few steps and report "
+                                 "what would break or crawl on a TPU (exit 1 if something would "
+                                 "fail; --json for machines)."),
 }
 
 _DESCRIPTION = """\
@@ -127,6 +179,7 @@ environment variables:
 examples:
   python -m tpushim demo
   python -m tpushim info
+  python -m tpushim check train.py --epochs 3
   python -m tpushim train.py --epochs 3
   python -m tpushim --mode cpu -m mypackage.train --epochs 3
   TPUSHIM_TPU=local python -m tpushim train.py"""
