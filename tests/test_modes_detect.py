@@ -70,7 +70,7 @@ def test_argument_beats_environment_beats_default(monkeypatch):
 @pytest.mark.parametrize("var,value,expected", [
     ("TPUSHIM_MODE", "gpu", "TPUSHIM_MODE='gpu' is not a valid tpushim mode; choose one of auto, cpu, tpu, off"),
     ("TPUSHIM_BATCH_SIZE", "12x", "TPUSHIM_BATCH_SIZE='12x' is not a positive integer"),
-    ("TPUSHIM_BATCH_SIZE", "0", "TPUSHIM_BATCH_SIZE must be a positive integer; got 0"),
+    ("TPUSHIM_BATCH_SIZE", "0", "TPUSHIM_BATCH_SIZE must be a positive integer (e.g. 128); got 0"),
     ("TPUSHIM_ITERATIONS_PER_LOOP", "-3", "TPUSHIM_ITERATIONS_PER_LOOP='-3' is not a positive integer"),
     ("TPUSHIM_TPU", "http://10.0.0.1:8470", "must start with grpc://"),
 ])

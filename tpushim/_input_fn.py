@@ -57,6 +57,19 @@ def tensors_error(input_fn, result):
         f"{_REPLACEMENT}.")
 
 
+def check_result(input_fn, result):
+    """A Dataset, or (features[, labels]) tensors as Estimator takes them; anything else is an error."""
+    if isinstance(result, tf.data.Dataset):
+        return result
+    flat = tf.nest.flatten(result) if result is not None else []
+    if not flat or not all(tf.is_tensor(x) for x in flat):
+        raise ConversionError(
+            f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned {result!r:.100}; it must "
+            f"return a tf.data.Dataset of (features, labels) or of features, or (features, labels) "
+            f"tensors. {_REPLACEMENT[0].upper()}{_REPLACEMENT[1:]}.")
+    return result
+
+
 def _batch_dim(dataset):
     dims = {spec.shape[0] if spec.shape.rank else None for spec in tf.nest.flatten(dataset.element_spec)}
     return dims.pop() if len(dims) == 1 else None
@@ -84,7 +97,7 @@ def inspect_input(input_fn, mode, config):
     pipeline is never touched.
     """
     with tf.Graph().as_default():
-        result = call_user_input_fn(input_fn, mode, {}, config)
+        result = check_result(input_fn, call_user_input_fn(input_fn, mode, {}, config))
         finite = False
         if isinstance(result, tf.data.Dataset):
             with tf.compat.v1.Session() as sess:
@@ -147,7 +160,7 @@ def adapt(input_fn):
     """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches)."""
 
     def tpushim_input_fn(params, mode=None, config=None, input_context=None):
-        result = call_user_input_fn(input_fn, mode, params, config, input_context)
+        result = check_result(input_fn, call_user_input_fn(input_fn, mode, params, config, input_context))
         context = params.get("context")  # present only when the input feeds a TPU
         if not isinstance(result, tf.data.Dataset):
             if context is not None:

@@ -86,7 +86,7 @@ def parse_mode(value, where="mode"):
 
 def parse_positive_int(value, where):
     if isinstance(value, bool):
-        raise ConfigurationError(f"{where} must be a positive integer; got {value!r}.")
+        raise ConfigurationError(f"{where} must be a positive integer (e.g. 128); got {value!r}.")
     if isinstance(value, str):
         text = value.strip()
         if not text.isdigit():
@@ -94,7 +94,7 @@ def parse_positive_int(value, where):
                 f"{where}={value!r} is not a positive integer; set it to e.g. 128, or unset it.")
         value = int(text)
     if not isinstance(value, int) or value <= 0:
-        raise ConfigurationError(f"{where} must be a positive integer; got {value!r}.")
+        raise ConfigurationError(f"{where} must be a positive integer (e.g. 128); got {value!r}.")
     return value
 
 

@@ -1,0 +1,96 @@
+"""Every bad input, in one table: a clear error that names what was wrong and how to fix it,
+raised before anything is patched or written."""
+
+import os
+
+import pytest
+import tensorflow as tf
+from tensorflow_estimator.python.estimator import keras_lib
+from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+import tfcases
+import tpushim
+from tpushim import _patch
+from test_conversion import HandRolledSGD, NoConfigMetric, _subclassed, _uncompiled  # pylint: disable=unused-import
+
+ORIGINAL = keras_lib.model_to_estimator
+
+
+def _convert(model_dir, mode="cpu", **kwargs):
+    tpushim.patch(mode=mode)
+    return tf.keras.estimator.model_to_estimator(model_dir=str(model_dir), **kwargs)
+
+
+def _train(model_dir, input_fn):
+    est = _convert(model_dir, keras_model=tfcases.sequential())
+    est.train(input_fn, steps=1)
+
+
+def _env(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    tpushim.patch()
+
+
+def _tf_216(monkeypatch):
+    monkeypatch.setattr(tf, "__version__", "2.16.1")
+    with pytest.warns(RuntimeWarning) as record:
+        tpushim.patch()
+    raise RuntimeError(str(record[0].message))  # the guard warns (it does not raise): surface it
+
+
+# name: (action, error type, what was wrong, how to fix it) -- both must be in the message.
+CASES = {
+    "uncompiled model": (lambda d, mp: _convert(d, keras_model=_uncompiled()), ValueError,
+                         "has not been compiled yet", "Please compile the model with `model.compile()`"),
+    "subclassed model": (lambda d, mp: _convert(d, keras_model=_subclassed()), tpushim.ConversionError,
+                         "is a subclassed Model", "Build it with tf.keras.Sequential or the functional API"),
+    "neither model nor path": (lambda d, mp: _convert(d), ValueError, "Either `keras_model` or `keras_model_path`", "needs to be provided"),
+    "unaggregatable optimizer": (lambda d, mp: _convert(d, keras_model=tfcases.sequential(
+        optimizer=HandRolledSGD(name="h"))), tpushim.ConversionError, "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent", "Compile with a built-in Keras optimizer"),
+    "metric without config": (lambda d, mp: _convert(d, keras_model=tfcases.sequential(
+        metrics=[NoConfigMetric(0.5)])), tpushim.ConversionError, "cannot rebuild metric 'above'", "Implement get_config() on it"),
+    "TPUSHIM_MODE garbage": (lambda d, mp: _env(mp, "TPUSHIM_MODE", "turbo"), tpushim.ConfigurationError,
+                             "TPUSHIM_MODE='turbo' is not a valid tpushim mode", "choose one of auto, cpu, tpu, off"),
+    "TPUSHIM_BATCH_SIZE garbage": (lambda d, mp: _env(mp, "TPUSHIM_BATCH_SIZE", "lots"), tpushim.ConfigurationError,
+                                   "TPUSHIM_BATCH_SIZE='lots' is not a positive integer", "set it to e.g. 128, or unset it"),
+    "TPUSHIM_ITERATIONS_PER_LOOP garbage": (lambda d, mp: _env(mp, "TPUSHIM_ITERATIONS_PER_LOOP", "0"),
+                                            tpushim.ConfigurationError, "TPUSHIM_ITERATIONS_PER_LOOP must be a positive integer", "(e.g. 128); got 0"),
+    "TPUSHIM_TPU garbage": (lambda d, mp: _env(mp, "TPUSHIM_TPU", "https://tpu"), tpushim.ConfigurationError,
+                            "TPUSHIM_TPU='https://tpu'", "must start with grpc:// (e.g. grpc://10.0.0.2:8470); or give a TPU name or 'local'"),
+    "indivisible batch": (lambda d, mp: (tpushim.patch(tpu="grpc://127.0.0.1:1", batch_size=30),
+                                         tf.keras.estimator.model_to_estimator(
+                                             keras_model=tfcases.sequential(), model_dir=str(d),
+                                             config=tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8)))),
+                          tpushim.ConversionError, "global batch size 30 does not divide among 8 TPU shards", "use a multiple of 8 (24 or 32)"),
+    "input_fn returns None": (lambda d, mp: _train(d, lambda: None), tpushim.ConversionError,
+                              "input_fn '<lambda>' returned None", "Return a tf.data.Dataset instead"),
+    "input_fn returns a list of numbers": (lambda d, mp: _train(d, lambda: [1, 2, 3]), tpushim.ConversionError,
+                                           "returned [1, 2, 3]", "it must return a tf.data.Dataset of (features, labels)"),
+    "mode tpu without a TPU": (lambda d, mp: _convert(d, mode="tpu", keras_model=tfcases.sequential()),
+                               tpushim.NoTPUError, "needs a TPU, and none is configured", "Name one with tpushim.patch(tpu=...) or TPUSHIM_TPU"),
+    "TensorFlow >= 2.16": (lambda d, mp: _tf_216(mp), RuntimeError,
+                           'tpushim does not support TensorFlow 2.16.1 (TensorFlow 2.16 removed estimators', 'Fix: pip install "tensorflow<2.16"'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input(case, tmp_path, monkeypatch):
+    action, error, wrong, fix = CASES[case]
+    model_dir = tmp_path / "model_dir"
+    with pytest.raises(error) as info:
+        action(model_dir, monkeypatch)
+    assert wrong in str(info.value)
+    assert fix in str(info.value)
+    # nothing half-done: no checkpoint written, and the patch is either fully on or not at all
+    assert tf.train.latest_checkpoint(str(model_dir)) is None
+    assert not (model_dir / "keras").exists() or case.startswith("input_fn")
+    if isinstance(info.value, tpushim.ConfigurationError) or case == "TensorFlow >= 2.16":
+        assert keras_lib.model_to_estimator is ORIGINAL and not tpushim.is_patched()
+
+
+def test_public_names_bound_before_patching_still_convert(tmp_path):
+    from tensorflow.keras.estimator import model_to_estimator  # bound before patch()
+    tpushim.patch(mode="cpu")
+    est = model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+    assert isinstance(est, tf.compat.v1.estimator.tpu.TPUEstimator)
+    assert _patch.is_ours(keras_lib.model_to_estimator)
