@@ -18,7 +18,7 @@ from tpushim._errors import ConfigurationError, ConversionError, NoTPUError, TPU
 from tpushim._patch import is_patched, patch, patched, status, unpatch
 from tpushim.version import __version__
 
-__all__ = ["patch", "unpatch", "is_patched", "status", "patched", "__version__"]
+__all__ = ["patch", "unpatch", "is_patched", "status", "patched", "check", "__version__"]
 
 
 def load_ipython_extension(ipython):
