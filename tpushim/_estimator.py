@@ -188,6 +188,8 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         super().__init__(*args, train_batch_size=size, eval_batch_size=size,
                          predict_batch_size=size, **kwargs)
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
+        if not self._tpushim_use_tpu:
+            _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
         self._tpushim_describe = tpushim_describe
         self._tpushim_tpu_source = tpushim_tpu_source
 

@@ -7,9 +7,9 @@ imported only when there is something to wrap, by which time TensorFlow is loadi
 """
 
 import sys
-import threading
+import _thread  # threading's primitives without importing threading (and functools, collections)
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _hooks = {}  # module name -> [callback(module)]
 _finder = None
 
@@ -39,7 +39,7 @@ class _Finder:
     """A meta path finder that only ever answers for hooked module names."""
 
     def __init__(self):
-        self._searching = threading.local()
+        self._searching = _thread._local()  # what threading.local is
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _hooks or getattr(self._searching, fullname, False):

@@ -179,7 +179,10 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
         features, padding_weight = _input_fn.split_padding(features)
         model = _tfprivate.clone_and_build_model(
             mode=mode, keras_model=keras_model, custom_objects=custom_objects, features=features,
-            labels=labels, optimizer_config=optimizer_config)
+            labels=labels, optimizer_config=optimizer_config,
+            # A TRAIN step never reads the metrics; compiled in, their update ops would sit in the
+            # TPU computation as dead (stateful) ops.
+            compile_metrics=mode != ModeKeys.TRAIN)
         predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = eval_metrics = None
         if mode == ModeKeys.TRAIN:

@@ -14,7 +14,7 @@ inspect or logging before there is something to wrap: start-up stays within a fe
 
 import contextvars
 import sys
-import threading
+import _thread  # threading's RLock without importing threading (and functools, collections)
 import warnings
 
 from tpushim import _hooks, _settings
@@ -42,7 +42,7 @@ class Target:
 #: Everything tpushim patches. patch() and unpatch() read only this table, so they cannot drift.
 TARGETS = (Target("tensorflow_estimator.python.estimator.keras_lib", "model_to_estimator"),)
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _process_layer = None  # the explicit arguments of the active patch(), or None
 _open_scopes = 0  # scopes entered and not yet left, across all threads
 _scope_layers = contextvars.ContextVar("tpushim_scope_layers", default=())
@@ -72,8 +72,10 @@ def is_ours(obj):
 # --- version guard -------------------------------------------------------------------------------
 
 def _version_tuple(version):
+    if not version:  # patch() before TensorFlow: nothing to parse, and no re to import
+        return None
     import re  # pylint: disable=import-outside-toplevel
-    parts = re.findall(r"\d+", str(version or ""))[:2]
+    parts = re.findall(r"\d+", str(version))[:2]
     return tuple(int(p) for p in parts) if len(parts) == 2 else None
 
 

@@ -5,6 +5,8 @@ on the installed version): when a TensorFlow release moves one, this file is the
 """
 
 # pylint: disable=unused-import,protected-access
+import threading
+
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
 from tensorflow_estimator.python.estimator import keras_lib
@@ -12,7 +14,6 @@ from tensorflow_estimator.python.estimator.export import export_lib
 from tensorflow_estimator.python.estimator.tpu import tpu_config, tpu_context, tpu_estimator
 
 # keras_lib helpers, reused so that tpushim clones, feeds and warm-starts exactly as stock does.
-clone_and_build_model = keras_lib._clone_and_build_model
 convert_estimator_io_to_keras = keras_lib._convert_estimator_io_to_keras
 save_first_checkpoint = keras_lib._save_first_checkpoint
 assert_valid_model = keras_lib._assert_valid_model
@@ -20,6 +21,45 @@ any_weight_initialized = keras_lib._any_weight_initialized
 FormattedKeyError = keras_lib.FormattedKeyError
 DEFAULT_SERVING_KEY = keras_lib._DEFAULT_SERVING_KEY
 maybe_overwrite_model_dir_and_session_config = estimator_lib.maybe_overwrite_model_dir_and_session_config
+
+
+_clone_lock = threading.Lock()
+
+
+def clone_and_build_model(mode, keras_model, custom_objects, features=None, labels=None,
+                          optimizer_config=None, compile_metrics=True):
+    """keras_lib's clone and compile; ``compile_metrics=False`` compiles the clone without metrics.
+
+    Keras's cloning reads the compile arguments through ``keras_model._get_compile_args()`` and
+    pins that method on the model to what it read (keras/src/models/cloning.py); with
+    ``compile_metrics=False`` the full arguments are pinned back afterwards, which is the state
+    stock cloning leaves. The lock keeps a concurrent clone of the same model (another thread's
+    evaluate) from seeing the stripped ones.
+    """
+    with _clone_lock:
+        if compile_metrics:
+            return keras_lib._clone_and_build_model(mode, keras_model, custom_objects, features,
+                                                    labels, optimizer_config)
+        compile_args = keras_model._get_compile_args()
+        keras_model._get_compile_args = lambda: dict(compile_args, metrics=None,
+                                                     weighted_metrics=None)
+        try:
+            return keras_lib._clone_and_build_model(mode, keras_model, custom_objects, features,
+                                                    labels, optimizer_config)
+        finally:
+            keras_model._get_compile_args = lambda: compile_args
+
+
+def log_every_step_count_steps_on_cpu(estimator, config):
+    """TPUEstimator(use_tpu=False) logs examples/sec every log_step_count_steps steps, as Estimator.
+
+    TPUEstimator divides log_step_count_steps by iterations_per_loop, as one session.run is
+    iterations_per_loop steps on a TPU. On CPU one run is one step, so with iterations_per_loop
+    100 its ExamplesPerSecondHook fired at every step: one more session.run (the global step) and
+    two summaries written to the event file per step. This touches only that hook's period.
+    """
+    if config is not None and estimator._log_every_n_steps is not None:
+        estimator._log_every_n_steps = config.log_step_count_steps
 
 
 def get_tpu_context(config, train_batch_size, eval_batch_size, predict_batch_size, use_tpu,
