@@ -420,10 +420,13 @@ def bench_wrapper(table, quick, report):
     own_us = (median(alone["wrapped"]) - median(alone["stand-in"])) * 1e6
     case_name = f"{case.name}, {reps} interleaved pairs"
     table.add("model_to_estimator", case_name, "stock (unpatched)", f"{stock:.1f} ms/call")
+    # The goal is judged on the paired differences (each wrapped call against the stock call made
+    # next to it), which cancel machine drift; the ratio of the two medians is shown for reference.
     table.add("model_to_estimator", case_name, "tpushim auto, no TPU", f"{auto:.1f} ms/call",
-              f"{auto / stock:.3f}x", "<= 1.01x", auto / stock <= 1.01)
+              f"{auto / stock:.3f}x")
     table.add("model_to_estimator", case_name, "  median of paired differences",
-              f"{median(diffs) * 1e3:+.2f} ms", f"{median(diffs) * 1e3 / stock * 100:+.2f}%")
+              f"{median(diffs) * 1e3:+.2f} ms", f"{median(diffs) * 1e3 / stock * 100:+.2f}%",
+              "<= +1%", median(diffs) * 1e3 / stock <= 0.01)
     table.add("model_to_estimator", f"wrapper alone, {n} calls x5", "tpushim layer, auto, no TPU",
               f"{own_us:.1f} us/call", f"{own_us / 1e3 / stock * 100:+.3f}%", "<= 1%",
               own_us / 1e3 / stock <= 0.01)

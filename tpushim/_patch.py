@@ -311,17 +311,17 @@ def _convert_call(wrapped, instance, args, kwargs):
     settings = current_settings()
     if settings is None:  # patched for another thread's scope only
         return wrapped(*args, **kwargs)
-    stock = "EstimatorV2" if _bind(wrapped, args, kwargs)["use_v2_estimator"] else "Estimator"
+    call = _bind(wrapped, args, kwargs)
+    stock = "EstimatorV2" if call["use_v2_estimator"] else "Estimator"
     if settings.mode == "off":
         _logger().info("model_to_estimator -> stock %s (tpushim mode off, from %s)", stock,
-                    settings.sources.get("mode"))
+                       settings.sources.get("mode"))
         return wrapped(*args, **kwargs)
     from tpushim import _detect  # pylint: disable=import-outside-toplevel
-    call = _bind(wrapped, args, kwargs)
     spec = _detect.find_tpu(settings, call.get("config"))
     if spec is None and settings.mode == "auto":
-        _logger().info("model_to_estimator -> stock %s (no TPU configured; TPUSHIM_MODE=cpu runs the "
-                    "TPU path on CPU)", stock)
+        _logger().info("model_to_estimator -> stock %s (no TPU configured; TPUSHIM_MODE=cpu runs "
+                       "the TPU path on CPU)", stock)
         return wrapped(*args, **kwargs)
     if spec is None and settings.mode == "tpu":
         from tpushim._errors import NoTPUError  # pylint: disable=import-outside-toplevel
