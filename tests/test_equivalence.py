@@ -41,11 +41,14 @@ def test_tf_compat_v1_train_optimizer(tmp_path, spelling):
         spelling=spelling)
 
 
-def test_two_inputs_two_outputs_dicts(tmp_path):
+@pytest.mark.parametrize("spelling", ["v1", "v2"])
+@pytest.mark.parametrize("optimizer", sorted(tfcases.OPTIMIZERS))
+def test_two_inputs_two_outputs_dicts(tmp_path, optimizer, spelling):
     features, labels = tfcases.two_in_two_out_data()
     fn = tfcases.dataset_input_fn(features, labels)
-    _, shim = tfcases.compare(tmp_path, tfcases.two_in_two_out, fn, fn,
-                              tfcases.dataset_input_fn(features), output_names=("cls", "reg"))
+    _, shim = tfcases.compare(tmp_path, lambda: tfcases.two_in_two_out(optimizer), fn, fn,
+                              tfcases.dataset_input_fn(features), output_names=("cls", "reg"),
+                              spelling=spelling)
     assert set(shim[1]) == {"cls_accuracy", "reg_mae", "reg_root_mean_squared_error", "loss",
                             "global_step"}
     assert set(shim[2][0]) == {"cls", "reg"}
@@ -103,14 +106,16 @@ def test_sample_weights(tmp_path):
     assert shim[1]["accuracy"] != pytest.approx(shim[1]["accuracy_1"], abs=1e-3)
 
 
-def test_batchnorm_and_dropout(tmp_path):
+@pytest.mark.parametrize("optimizer,spelling", [("keras-sgd-momentum", "v2"), ("keras-adam", "v1"),
+                                               ("tf1-momentum", "v2")])
+def test_batchnorm_and_dropout(tmp_path, optimizer, spelling):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
     # Dropout needs a seed for any two runs (stock or not) to draw the same masks.
     layers = lambda: (tf.keras.layers.BatchNormalization(name="bn"),
                       tf.keras.layers.Dropout(0.3, seed=5, name="drop"))
-    tfcases.compare(tmp_path, lambda: tfcases.sequential(extra_layers=layers()), fn, fn,
-                    tfcases.dataset_input_fn(x))
+    build = lambda: tfcases.sequential(tfcases.OPTIMIZERS[optimizer](), extra_layers=layers())
+    tfcases.compare(tmp_path, build, fn, fn, tfcases.dataset_input_fn(x), spelling=spelling)
 
 
 class Scale(tf.keras.layers.Layer):
@@ -130,14 +135,16 @@ def test_custom_layer_through_custom_objects(tmp_path):
                     convert_kwargs={"custom_objects": {"Scale": Scale}})
 
 
-@pytest.mark.parametrize("fmt", ["h5", "savedmodel"])
-def test_keras_model_path(tmp_path, fmt):
+@pytest.mark.parametrize("fmt,optimizer,spelling", [("h5", "keras-sgd-momentum", "v2"),
+                                                   ("savedmodel", "keras-adam", "v1"),
+                                                   ("savedmodel", "keras-sgd-momentum", "v2")])
+def test_keras_model_path(tmp_path, fmt, optimizer, spelling):
     x, y = tfcases.data()
-    model = tfcases.sequential()
+    model = tfcases.sequential(tfcases.OPTIMIZERS[optimizer]())
     model.fit(x, y, epochs=1, verbose=0)  # trained before saving: the weights must carry over
     path = str(tmp_path / ("model.h5" if fmt == "h5" else "saved"))
     model.save(path)
     fn = tfcases.dataset_input_fn(x, y)
     stock, shim = tfcases.compare(tmp_path, None, fn, fn, convert_kwargs={"keras_model_path": path},
-                                  steps=3)
+                                  steps=3, spelling=spelling)
     assert shim[1]["loss"] == pytest.approx(stock[1]["loss"], abs=1e-5)

@@ -30,7 +30,14 @@ def sequential(optimizer=None, metrics=("accuracy",), extra_layers=()):
     return model
 
 
-def two_in_two_out():
+OPTIMIZERS = {
+    "keras-sgd-momentum": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9),
+    "keras-adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
+    "tf1-momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
+}
+
+
+def two_in_two_out(optimizer="keras-adam"):
     """Functional model: inputs 'a' and 'b', outputs 'cls' and 'reg', per-output metrics and loss weights."""
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
@@ -40,7 +47,7 @@ def two_in_two_out():
     cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
     reg = tf.keras.layers.Dense(1, name="reg")(h)
     model = tf.keras.Model({"a": a, "b": b}, {"cls": cls, "reg": reg})
-    model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01),
+    model.compile(optimizer=OPTIMIZERS[optimizer](),
                   loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
                   loss_weights={"cls": 1.0, "reg": 0.5},
                   metrics={"cls": ["accuracy"], "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]})
