@@ -207,3 +207,29 @@ def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
     assert est._tpushim_eval_steps(tfcases.dataset_input_fn(x, y)) == 7  # pylint: disable=protected-access  # ceil(52 / 8)
     assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None) == N
     assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None) is None
+
+
+@pytest.mark.parametrize("drop_remainder", [True, False])
+def test_predict_keys_with_static_and_short_batches(tmp_path, drop_remainder):
+    x, y = _xy()
+    tpushim.patch(mode="cpu")
+    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+    fn = tfcases.dataset_input_fn(x, drop_remainder=drop_remainder)
+    single = list(est.predict(fn, predict_keys=["probs"]))
+    assert len(single) == (48 if drop_remainder else N) and set(single[0]) == {"probs"}
+    batches = list(est.predict(fn, predict_keys=["probs"], yield_single_examples=False))
+    assert sum(len(b["probs"]) for b in batches) == len(single)
+    np.testing.assert_allclose(np.concatenate([b["probs"] for b in batches]),
+                               np.stack([p["probs"] for p in single]), atol=1e-6)
+
+
+def test_tensor_input_predict_and_evaluate_on_cpu(tmp_path):
+    x, y = _xy()
+
+    def tensors_fn():
+        return tf.compat.v1.data.make_one_shot_iterator(
+            tf.data.Dataset.from_tensor_slices(x).batch(B)).get_next()
+
+    tpushim.patch(mode="cpu")
+    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+    assert len(list(est.predict(tensors_fn, predict_keys=["probs"]))) == N

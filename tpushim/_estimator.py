@@ -180,8 +180,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
     is taken from the input when tpushim was not given one.
     """
 
-    def __init__(self, *args, tpushim_batch_size=None, tpushim_describe=None, tpushim_tpu_source=None,
-                 **kwargs):
+    def __init__(self, *args, tpushim_batch_size=None, tpushim_tpu_source=None, **kwargs):
         self._tpushim_batch = {}
         self._tpushim_fixed_batch = tpushim_batch_size
         size = tpushim_batch_size or 1  # placeholder until the input says
@@ -190,7 +189,6 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
         if not self._tpushim_use_tpu:
             _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
-        self._tpushim_describe = tpushim_describe
         self._tpushim_tpu_source = tpushim_tpu_source
 
     def _assert_members_are_not_overridden(self):
@@ -271,13 +269,16 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
                 yield {k: v[keep] for k, v in out.items()}
 
 
-def _indivisible(size, shards):
+def batch_choices(size, shards):
+    """The multiples of ``shards`` nearest to ``size``, e.g. '96 or 104'."""
     lower = (size // shards) * shards
-    upper = lower + shards
-    choices = " or ".join(str(c) for c in (lower, upper) if c > 0)
+    return " or ".join(str(c) for c in (lower, lower + shards) if c > 0)
+
+
+def _indivisible(size, shards):
     return (f"global batch size {size} does not divide among {shards} TPU shards; use a multiple "
-            f"of {shards} ({choices}) via tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE, or "
-            f"batch the input by such a size.")
+            f"of {shards} ({batch_choices(size, shards)}) via tpushim.patch(batch_size=...) or "
+            f"TPUSHIM_BATCH_SIZE, or batch the input by such a size.")
 
 
 def build(call, settings, spec):
@@ -343,8 +344,7 @@ def build(call, settings, spec):
                    f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"))
     estimator = TPUShimEstimator(
         model_fn=model_fn, config=tpu_run_config, use_tpu=use_tpu, warm_start_from=warm_start_path,
-        export_to_tpu=False, tpushim_batch_size=settings.batch_size, tpushim_describe=describe,
-        tpushim_tpu_source=spec.source if use_tpu else None)
+        export_to_tpu=False, tpushim_batch_size=settings.batch_size, tpushim_tpu_source=spec.source if use_tpu else None)
     logger.info("model_to_estimator -> %s", describe)
     _notify("convert", estimator=estimator, keras_model=keras_model, custom_objects=custom_objects,
             settings=settings)

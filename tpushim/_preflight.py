@@ -291,8 +291,7 @@ def _check_input(report, input_fn, batch_size, num_cores):
 def _check_batch(report, global_batch, num_cores, where):
     report.checked.append(f"batch size for {num_cores} cores")
     if global_batch % num_cores:
-        lower = (global_batch // num_cores) * num_cores
-        choices = " or ".join(str(c) for c in (lower, lower + num_cores) if c > 0)
+        choices = _estimator.batch_choices(global_batch, num_cores)
         report.add("batch-indivisible", "error", where,
                    f"global batch size {global_batch} does not divide among {num_cores} TPU cores",
                    f"use a multiple of {num_cores} ({choices}): batch the input by it, or set "
