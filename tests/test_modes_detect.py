@@ -140,6 +140,15 @@ def test_detection_from_run_config_cluster():
     assert _detect.find_tpu(_settings.resolve(), tf.estimator.RunConfig()) is None
 
 
+def test_detection_from_run_config_master(tmp_path):
+    config = tpu_config.RunConfig(master="grpc://127.0.0.1:1")
+    spec = _detect.find_tpu(_settings.resolve(), config)
+    assert (spec.target, spec.source) == ("grpc://127.0.0.1:1", "config.master")
+    tpushim.patch()
+    est = convert(tmp_path, config=config)
+    assert est._ctx._use_tpu and est.config.master == "grpc://127.0.0.1:1"  # pylint: disable=protected-access
+
+
 def test_nothing_configured_finds_nothing():
     assert _detect.find_tpu(_settings.resolve()) is None
 

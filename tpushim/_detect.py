@@ -53,7 +53,8 @@ class TPUSpec:
     @property
     def needs_lookup(self):
         """True when resolving the target asks the metadata server / Cloud TPU API."""
-        return isinstance(self.target, str) and self.target != "local" and "://" not in self.target
+        bare_name = isinstance(self.target, str) and self.target != "local" and "://" not in self.target
+        return bare_name or self.source == "TPU_CONFIG"  # TPU_CONFIG names a TPU node, too
 
 
 def _libtpu_present(environ):
@@ -87,7 +88,7 @@ def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
         if cluster is not None:
             return TPUSpec(cluster, "config.cluster", config_cluster=True)
         master = getattr(config, "master", "") or ""
-        if master and not master.startswith("grpc://localhost") and master != "local":
+        if master:
             return TPUSpec(master, "config.master", config_cluster=True)
     for var in RESOLVER_ENV_VARS:
         value = environ.get(var, "").strip()
@@ -140,7 +141,7 @@ def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
     def build():
         return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=spec.target)
 
-    if not spec.needs_lookup and spec.source not in ("TPU_CONFIG",):
+    if not spec.needs_lookup:
         return build()  # 'local' and grpc:// addresses make no network call
     result = {}
 
