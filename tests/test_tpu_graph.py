@@ -80,6 +80,9 @@ def test_eval_metric_fn_tensors_and_values_as_tpu_requires():
     features = lambda: {"a": tf.zeros([PER_REPLICA, 4]), "b": tf.zeros([PER_REPLICA, 2])}
     labels = lambda: {"cls": tf.zeros([PER_REPLICA, 1], tf.int64), "reg": tf.zeros([PER_REPLICA, 1])}
     graph, spec, _ = _replicated(model, ModeKeys.EVAL, features, labels, lambda s: tf.identity(s.loss))
+    # The loss is that of the whole global batch on every shard: one all-reduce per output.
+    assert len(_tpu_ops(graph, "CrossReplicaSum")) == 2
+    assert spec.loss.shape.rank == 0
     metric_fn, tensors = spec.eval_metrics
     for name, tensor in tensors.items():  # outfed from the TPU: static, with the batch dimension first
         assert tensor.shape.is_fully_defined(), name

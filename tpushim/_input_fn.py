@@ -181,9 +181,15 @@ def adapt(input_fn):
     return tpushim_input_fn
 
 
-def eval_loss(model, padding_weight):
-    """The eval loss of the real (unpadded) rows, as the stock estimator computes it per batch."""
-    if padding_weight is None:
+def eval_loss(model, padding_weight, cross_replica=False):
+    """The eval loss of the real (unpadded) rows of the *global* batch, as stock computes it per batch.
+
+    Stock's eval "loss" is the mean over batches of each batch's loss. On a TPU each shard sees a
+    slice of the global batch (and the last one may hold only padding), and TPUEstimator reports
+    shard 0's loss; with ``cross_replica`` each output's weighted sum and real element count are
+    summed over all shards first, so every shard's loss is that of the whole global batch.
+    """
+    if padding_weight is None and not cross_replica:
         return model.total_loss
     from keras.src.utils import losses_utils  # pylint: disable=import-outside-toplevel
     total = 0.0
@@ -192,18 +198,22 @@ def eval_loss(model, padding_weight):
             continue
         y_pred = endpoint.output
         per_sample = endpoint.loss_fn.call(endpoint.training_target.target, y_pred)
-        weight = tf.cast(padding_weight, per_sample.dtype)
+        rows = (tf.ones(tf.shape(per_sample)[:1], per_sample.dtype) if padding_weight is None
+                else tf.cast(padding_weight, per_sample.dtype))
+        weight = rows
         if endpoint.sample_weight is not None:
             weight = weight * tf.cast(endpoint.sample_weight, per_sample.dtype)
         weighted = losses_utils.compute_weighted_loss(
             per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE)
+        per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
+        sums = tf.stack([tf.reduce_sum(weighted), tf.reduce_sum(rows) * per_row])
+        if cross_replica:
+            sums = tf.compat.v1.tpu.cross_replica_sum(sums)
         reduction = getattr(endpoint.loss_fn, "reduction", losses_utils.ReductionV2.AUTO)
         if reduction == losses_utils.ReductionV2.SUM:
-            output_loss = tf.reduce_sum(weighted)
+            output_loss = sums[0]
         else:  # AUTO / SUM_OVER_BATCH_SIZE: divide by the real rows' element count
-            per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
-            real = tf.reduce_sum(tf.cast(padding_weight, per_sample.dtype)) * per_row
-            output_loss = tf.math.divide_no_nan(tf.reduce_sum(weighted), real)
+            output_loss = tf.math.divide_no_nan(sums[0], sums[1])
         total += endpoint.loss_weight * output_loss
     regularization = model.get_losses_for(None) + model.get_losses_for(model.inputs)
     if regularization:
