@@ -93,10 +93,8 @@ setup(
         "notebooks": ["nbclient>=0.5", "nbformat>=5", "ipykernel>=6", "matplotlib>=3"],
     },
     cmdclass={"build_py": BuildPyWithPth, "develop": DevelopWithPth},
-    license="Apache-2.0",
     classifiers=[
         "Programming Language :: Python :: 3",
-        "License :: OSI Approved :: Apache Software License",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )
