@@ -203,10 +203,13 @@ def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
         tpushim.patch(tpu=tpu.address)
         est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
                                                     model_dir=str(tmp_path))
-        est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL)  # pylint: disable=protected-access
-    assert est._tpushim_eval_steps(tfcases.dataset_input_fn(x, y)) == 7  # pylint: disable=protected-access  # ceil(52 / 8)
-    assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None) == N
-    assert _input_fn.count_examples(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None) is None
+        # evaluate() on a TPU runs ceil(examples / global batch) = ceil(52 / 8) = 7 padded batches.
+        assert est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL, count=True) == N  # pylint: disable=protected-access
+        assert est._tpushim_batch[ModeKeys.EVAL] == B  # pylint: disable=protected-access
+        with pytest.raises(tpushim.ConversionError, match="needs `steps` when the input repeats forever"):
+            est.evaluate(tfcases.dataset_input_fn(x, y, repeat=True))
+    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None, True) == (5, True, N)
+    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None, True) == (B, False, None)
 
 
 @pytest.mark.parametrize("drop_remainder", [True, False])

@@ -180,13 +180,11 @@ def test_tpu_mode_without_tpu_fails_fast_with_how_to(tmp_path):
 @pytest.fixture
 def silent_metadata_server(monkeypatch):
     """A loopback 'metadata server' that accepts connections and never answers."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:%d" % server.getsockname()[1])
-    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:%d" % server.getsockname()[1])
-    yield
-    server.close()
+    with tfcases.LoopbackListener() as server:
+        host = server.address[len("grpc://"):]
+        monkeypatch.setenv("GCE_METADATA_HOST", host)
+        monkeypatch.setenv("GCE_METADATA_IP", host)
+        yield
 
 
 def test_bare_name_lookup_is_bounded(silent_metadata_server):

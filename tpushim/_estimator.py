@@ -58,20 +58,21 @@ def _validate_model(keras_model, custom_objects):
             f"is a subclassed Model, whose weights and structure cannot be cloned for a TPU. Build it "
             f"with tf.keras.Sequential or the functional API (tf.keras.Model(inputs, outputs)), or "
             f"run this call unconverted with TPUSHIM_MODE=off.")
-    _tfprivate.assert_valid_model(keras_model, custom_objects)
 
 
-def _check_compiled(keras_model):
+def _check_compiled(keras_model, custom_objects=None):
+    del custom_objects
     if not getattr(keras_model, "optimizer", None):
         raise ValueError("The given keras model has not been compiled yet. Please compile the model "
                          "with `model.compile()` before calling `model_to_estimator()`.")
 
 
-def _legacy_optimizer(keras_model):
+def _legacy_optimizer(keras_model, custom_objects=None):
     """The optimizer the model_fn will clone; validated, but not yet set on the user's model.
 
     As stock: a new-style Keras optimizer is converted to its legacy twin (estimators need one).
     """
+    del custom_objects
     optimizer = keras_model.optimizer
     if isinstance(optimizer, tf.keras.optimizers.experimental.Optimizer):
         try:
@@ -111,6 +112,18 @@ def _check_metrics(keras_model, custom_objects):
                 f"config ({type(e).__name__}: {e}); a TPU computes metrics in a metric_fn that "
                 f"recreates each metric. Implement get_config() on it, pass its class in "
                 f"custom_objects, or compile the model without it.") from e
+
+
+#: What the conversion checks before anything is written, in order: (kind, check(model, custom_objects)).
+#: ``build`` runs them; the preflight reports the first that fails as ``unconvertible-<kind>``.
+VALIDATION_STEPS = (("model", _validate_model), ("model", _check_compiled),
+                    ("optimizer", _legacy_optimizer), ("metric", _check_metrics))
+
+
+def validate(keras_model, custom_objects):
+    """Runs :data:`VALIDATION_STEPS`; returns the optimizer the model_fn will clone."""
+    results = {kind: check(keras_model, custom_objects) for kind, check in VALIDATION_STEPS}
+    return results["optimizer"]
 
 
 def to_tpu_run_config(config, settings, cluster):
@@ -198,13 +211,15 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         pass
 
     # -- batch size ---------------------------------------------------------------------------
-    def _tpushim_set_batch(self, input_fn, mode):
+    def _tpushim_set_batch(self, input_fn, mode, count=False):
+        """Fixes this mode's global batch size (given, or read from the input) before TPUEstimator
+        builds anything; with ``count``, returns how many examples the input holds."""
         if self._tpushim_use_tpu:
             from tpushim import _detect  # pylint: disable=import-outside-toplevel
             _detect.check_reachable(self._config.master, self._tpushim_tpu_source)
-        size = self._tpushim_fixed_batch
-        if size is None or mode == ModeKeys.TRAIN:
-            inferred, finite = _input_fn.inspect_input(input_fn, mode, self.config)
+        size, examples = self._tpushim_fixed_batch, None
+        if size is None or mode == ModeKeys.TRAIN or count:
+            inferred, finite, examples = _input_fn.inspect_input(input_fn, mode, self.config, count)
             if size is None:
                 size = inferred
                 logger.info("global %s batch size %d, taken from the input_fn", mode, size)
@@ -220,6 +235,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         shards = self._config.tpu_config.num_shards
         if self._tpushim_use_tpu and shards and size % shards:
             raise ConversionError(_indivisible(size, shards))
+        return examples
 
     def _call_input_fn(self, input_fn, mode, input_context=None):
         return super()._call_input_fn(_input_fn.adapt(input_fn), mode, input_context)
@@ -232,19 +248,16 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
                              saving_listeners=saving_listeners)
 
-    def _tpushim_eval_steps(self, input_fn):
-        """On a TPU evaluate() needs ``steps``: enough padded batches to see every example once."""
-        count = _input_fn.count_examples(input_fn, ModeKeys.EVAL, self.config)
-        if count is None:
-            raise ConversionError("evaluate() on a TPU needs `steps` when the input repeats forever; "
-                                  "pass steps=..., or give evaluate() a finite dataset.")
-        return max(1, -(-count // self._tpushim_batch[ModeKeys.EVAL]))
-
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         steps = _notify("evaluate", estimator=self, input_fn=input_fn, steps=steps)
-        self._tpushim_set_batch(input_fn, ModeKeys.EVAL)
-        if steps is None and self._tpushim_use_tpu:
-            steps = self._tpushim_eval_steps(input_fn)
+        # On a TPU evaluate() needs `steps`: exactly enough padded batches to see every example once.
+        on_tpu_unbounded = steps is None and self._tpushim_use_tpu
+        examples = self._tpushim_set_batch(input_fn, ModeKeys.EVAL, count=on_tpu_unbounded)
+        if on_tpu_unbounded:
+            if examples is None:
+                raise ConversionError("evaluate() on a TPU needs `steps` when the input repeats "
+                                      "forever; pass steps=..., or give evaluate() a finite dataset.")
+            steps = max(1, -(-examples // self._tpushim_batch[ModeKeys.EVAL]))
             logger.info("evaluating %d batches: every example once", steps)
         return super().evaluate(input_fn, steps=steps, hooks=hooks,
                                 checkpoint_path=checkpoint_path, name=name)
@@ -304,7 +317,6 @@ def build(call, settings, spec):
                                   f"{keras_model_path} locally first (gsutil cp) and pass that path.")
         logger.info("loading model from %s", keras_model_path)
         keras_model = tf.keras.models.load_model(keras_model_path, custom_objects=custom_objects)
-        _validate_model(keras_model, custom_objects)
     checkpoint_format = call["checkpoint_format"]
     if checkpoint_format in (None, "checkpoint"):
         save_object_ckpt = True
@@ -313,9 +325,7 @@ def build(call, settings, spec):
     else:
         raise ValueError('Checkpoint format must be one of "checkpoint" or "saver". Got {}'.format(
             checkpoint_format))
-    _check_compiled(keras_model)
-    optimizer = _legacy_optimizer(keras_model)
-    _check_metrics(keras_model, custom_objects)
+    optimizer = validate(keras_model, custom_objects)
     config = _tfprivate.maybe_overwrite_model_dir_and_session_config(call["config"], call["model_dir"])
     check_model_dir(keras_model, config.model_dir, save_object_ckpt)
     tpu_run_config = to_tpu_run_config(config, settings, cluster)
@@ -344,7 +354,8 @@ def build(call, settings, spec):
                    f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"))
     estimator = TPUShimEstimator(
         model_fn=model_fn, config=tpu_run_config, use_tpu=use_tpu, warm_start_from=warm_start_path,
-        export_to_tpu=False, tpushim_batch_size=settings.batch_size, tpushim_tpu_source=spec.source if use_tpu else None)
+        export_to_tpu=False, tpushim_batch_size=settings.batch_size,
+        tpushim_tpu_source=spec.source if use_tpu else None)
     logger.info("model_to_estimator -> %s", describe)
     _notify("convert", estimator=estimator, keras_model=keras_model, custom_objects=custom_objects,
             settings=settings)

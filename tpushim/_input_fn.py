@@ -90,32 +90,25 @@ def _first_batch_size(result):
         return int(sess.run(first).shape[0])
 
 
-def inspect_input(input_fn, mode, config):
-    """(global batch size, is_finite_dataset) of the user's input, read in a scratch graph.
+def inspect_input(input_fn, mode, config, count=False):
+    """(global batch size, finite, examples) of the user's input, read in one scratch graph.
 
-    The batch size is the static batch dimension or the size of the first batch; the real
-    pipeline is never touched.
+    The batch size is the static batch dimension or the size of the first batch; ``finite`` says
+    whether a Dataset ends; ``examples`` is how many it holds when ``count`` is asked for and it
+    ends (None otherwise). The real pipeline is never touched.
     """
     with tf.Graph().as_default():
         result = check_result(input_fn, call_user_input_fn(input_fn, mode, {}, config))
-        finite = False
+        finite, examples = False, None
         if isinstance(result, tf.data.Dataset):
             with tf.compat.v1.Session() as sess:
                 finite = int(sess.run(result.cardinality())) != tf.data.INFINITE_CARDINALITY
-        return _first_batch_size(result), finite
-
-
-def count_examples(input_fn, mode, config):
-    """How many examples the user's (finite) input holds, counted in a scratch graph."""
-    with tf.Graph().as_default():
-        result = call_user_input_fn(input_fn, mode, {}, config)
-        if not isinstance(result, tf.data.Dataset):
+                if count and finite:
+                    sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
+                    examples = int(sess.run(sizes.reduce(tf.constant(0, tf.int64), lambda t, n: t + n)))
+        elif count:
             raise tensors_error(input_fn, result)
-        with tf.compat.v1.Session() as sess:
-            if sess.run(result.cardinality()) == tf.data.INFINITE_CARDINALITY:
-                return None
-            count = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
-            return int(sess.run(count.reduce(tf.constant(0, tf.int64), lambda total, n: total + n)))
+        return _first_batch_size(result), finite, examples
 
 
 def _pad_batch(batch_size):

@@ -145,25 +145,15 @@ def _remove(module, target):
 
 
 def _on_import(module):
-    """Post-import hook: runs when a target module is imported (or at once if it already is)."""
-    global _hooks_registered
+    """Post-import hook for tensorflow (the version guard) and the targets: fires once per module."""
+    global _hooks_registered, _tf_hook_registered
     with _lock:
-        _hooks_registered = False  # a hook fires once; _sync registers again when needed
-        if "tensorflow" in sys.modules:
-            _check_versions()
-        if _wanted():
-            for target in TARGETS:
-                if target.module == module.__name__:
-                    _apply(module, target)
-
-
-def _on_tensorflow_import(module):
-    del module
-    global _tf_hook_registered
-    with _lock:
-        _tf_hook_registered = False
-        if _check_versions():
-            _sync()
+        if module.__name__ == "tensorflow":
+            _tf_hook_registered = False
+        else:
+            _hooks_registered = False
+        _check_versions()
+        _sync()
 
 
 def _sync():
@@ -171,7 +161,7 @@ def _sync():
     global _hooks_registered, _tf_hook_registered
     if _wanted() and "tensorflow" not in sys.modules and not _tf_hook_registered:
         _tf_hook_registered = True
-        _hooks.when_imported("tensorflow", _on_tensorflow_import)
+        _hooks.when_imported("tensorflow", _on_import)
     if _wanted() and not _hooks_registered and any(t.module not in sys.modules for t in TARGETS):
         _hooks_registered = True
         for module_name in sorted({t.module for t in TARGETS if t.module not in sys.modules}):
@@ -190,7 +180,7 @@ def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
     Every spelling of ``model_to_estimator`` is covered, including names bound before this call.
     Safe to call any number of times from any thread: there is always exactly one wrapper layer,
     and a later call with other arguments replaces the settings. Imports no TensorFlow: when
-    TensorFlow is not imported yet, the patch takes effect as it is.
+    TensorFlow is not imported yet, the patch takes effect when it is.
 
     Args:
       mode: ``"auto"`` (default: a TPUEstimator when a TPU is configured, else the stock
@@ -215,8 +205,8 @@ def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
         if _check_versions():
             return
         if _process_layer is not None and _process_layer != layer:
-            _logger().info("tpushim.patch: settings updated from %s to %s", _describe(_process_layer),
-                        _describe(layer))
+            _logger().info("tpushim.patch: settings updated from %s to %s",
+                           _describe(_process_layer), _describe(layer))
         _process_layer = layer
         _sync()
 

@@ -111,16 +111,11 @@ class Report:
 def _check_conversion(report, keras_model, custom_objects):
     """What the conversion itself would refuse: subclassed model, optimizer, metrics."""
     report.checked.append("conversion")
-    for check in (lambda: _estimator._validate_model(keras_model, custom_objects),  # pylint: disable=protected-access
-                  lambda: _estimator._check_compiled(keras_model),  # pylint: disable=protected-access
-                  lambda: _estimator._legacy_optimizer(keras_model),  # pylint: disable=protected-access
-                  lambda: _estimator._check_metrics(keras_model, custom_objects)):  # pylint: disable=protected-access
+    for kind, check in _estimator.VALIDATION_STEPS:
         try:
-            check()
+            check(keras_model, custom_objects)
         except (TPUShimError, ValueError) as e:
-            code = ("optimizer" if "optimizer" in str(e) else "metric" if "metric" in str(e)
-                    else "model")
-            report.add(f"unconvertible-{code}", "error", f"model {keras_model.name!r}", str(e),
+            report.add(f"unconvertible-{kind}", "error", f"model {keras_model.name!r}", str(e),
                        "see the message")
             return False
     return True

@@ -16,7 +16,6 @@ from tensorflow_estimator.python.estimator.tpu import tpu_config, tpu_context, t
 # keras_lib helpers, reused so that tpushim clones, feeds and warm-starts exactly as stock does.
 convert_estimator_io_to_keras = keras_lib._convert_estimator_io_to_keras
 save_first_checkpoint = keras_lib._save_first_checkpoint
-assert_valid_model = keras_lib._assert_valid_model
 any_weight_initialized = keras_lib._any_weight_initialized
 FormattedKeyError = keras_lib.FormattedKeyError
 DEFAULT_SERVING_KEY = keras_lib._DEFAULT_SERVING_KEY
