@@ -236,3 +236,54 @@ def test_tensor_input_predict_and_evaluate_on_cpu(tmp_path):
     tpushim.patch(mode="cpu")
     est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
     assert len(list(est.predict(tensors_fn, predict_keys=["probs"]))) == N
+
+
+# --- legacy input as scripts write it (issue 11) ----------------------------------------------
+
+def test_numpy_arrays_returned_by_input_fn(tmp_path):
+    features, labels = tfcases.two_in_two_out_data(n=B)
+
+    def numpy_fn():
+        return {"a": features["a"], "b": features["b"]}, {"cls": labels["cls"], "reg": labels["reg"]}
+
+    stock = tfcases.run("off", tfcases.two_in_two_out, numpy_fn, None, None, tmp_path / "stock", steps=3)
+    shim = tfcases.run("cpu", tfcases.two_in_two_out, numpy_fn, None, None, tmp_path / "shim", steps=3)
+    tfcases.assert_same(stock, shim, output_names=("cls", "reg"))
+    assert all(e.evaluate(numpy_fn, steps=2) for e in (stock[0], shim[0]))
+    np.testing.assert_allclose(shim[0].evaluate(numpy_fn, steps=2)["loss"],
+                               stock[0].evaluate(numpy_fn, steps=2)["loss"], atol=tfcases.TOL)
+    with tf.Graph().as_default():
+        ds = _input_fn.adapt(numpy_fn)(params={"batch_size": B, "context": object()}, mode=ModeKeys.TRAIN)
+        assert isinstance(ds, tf.data.Dataset)
+
+
+def _label_model(loss, units):
+    def build():
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(0)
+        act = {"binary_crossentropy": "sigmoid", "sparse_categorical_crossentropy": "softmax"}.get(loss)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(units, activation=act, input_shape=(4,))])
+        model.compile(tf.keras.optimizers.legacy.SGD(0.1), loss, metrics=["mae"] if units == 1 else [])
+        return model
+    return build
+
+
+@pytest.mark.parametrize("loss,units", [("mse", 1), ("mae", 1), ("binary_crossentropy", 1),
+                                        ("sparse_categorical_crossentropy", 3)])
+@pytest.mark.parametrize("label_shape", ["batch", "batch1"])
+def test_label_shapes_stock_accepts(tmp_path, loss, units, label_shape):
+    x, y = _xy()
+    y = (y % 2 if units == 1 else y).astype("float32")
+    if label_shape == "batch":
+        y = y[:, 0]
+    fn = tfcases.dataset_input_fn(x, y)
+    compare_eval_predict(tmp_path, _label_model(loss, units), fn, fn, None)
+
+
+def test_unknown_cardinality_is_not_called_finite(tmp_path, tpushim_log):
+    x, y = _xy()
+    tpushim.patch(mode="cpu")
+    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+    est.train(lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().filter(lambda a, b: True).batch(B),
+              steps=1)
+    assert "training input is finite" not in tpushim_log.text

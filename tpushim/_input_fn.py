@@ -62,6 +62,14 @@ def check_result(input_fn, result):
     if isinstance(result, tf.data.Dataset):
         return result
     flat = tf.nest.flatten(result) if result is not None else []
+    if flat and not any(tf.is_tensor(x) for x in flat) and all(_is_value(x) for x in flat):
+        # numpy arrays / Python values: stock feeds them as constants, the same batch every step;
+        # a Dataset repeating that one element feeds a TPU (and cpu mode) exactly that.
+        return tf.data.Dataset.from_tensors(tf.nest.map_structure(tf.convert_to_tensor, result)).repeat()
+    if flat and all(tf.is_tensor(x) or _is_value(x) for x in flat):
+        result = tf.nest.map_structure(
+            lambda x: x if tf.is_tensor(x) else tf.convert_to_tensor(x), result)
+        flat = tf.nest.flatten(result)
     if not flat or not all(tf.is_tensor(x) for x in flat):
         raise ConversionError(
             f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned {result!r:.100}; it must "
@@ -70,8 +78,14 @@ def check_result(input_fn, result):
     return result
 
 
+def _is_value(x):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    return isinstance(x, (np.ndarray, np.generic, int, float, bool))
+
+
 def _batch_dim(dataset):
-    dims = {spec.shape[0] if spec.shape.rank else None for spec in tf.nest.flatten(dataset.element_spec)}
+    # dimension_value: under disable_v2_behavior() shapes hold (unhashable) Dimension objects.
+    dims = {tf.compat.dimension_value(spec.shape[0]) if spec.shape.rank else None for spec in tf.nest.flatten(dataset.element_spec)}
     return dims.pop() if len(dims) == 1 else None
 
 
@@ -83,8 +97,8 @@ def _first_batch_size(result):
             return static
         result = tf.compat.v1.data.make_one_shot_iterator(result.take(1)).get_next()
     first = tf.nest.flatten(result)[0]
-    if first.shape.rank and first.shape[0]:
-        return int(first.shape[0])
+    if first.shape.rank and tf.compat.dimension_value(first.shape[0]):
+        return int(tf.compat.dimension_value(first.shape[0]))
     # A MonitoredSession also starts the queue runners of numpy_input_fn / pandas_input_fn.
     with tf.compat.v1.train.MonitoredSession() as sess:
         return int(sess.run(first).shape[0])
@@ -102,8 +116,9 @@ def inspect_input(input_fn, mode, config, count=False):
         finite, examples = False, None
         if isinstance(result, tf.data.Dataset):
             with tf.compat.v1.Session() as sess:
-                finite = int(sess.run(result.cardinality())) != tf.data.INFINITE_CARDINALITY
-                if count and finite:
+                cardinality = int(sess.run(result.cardinality()))
+                finite = cardinality >= 0  # known to end; UNKNOWN (filter, generators) is not
+                if count and cardinality != tf.data.INFINITE_CARDINALITY:
                     sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
                     examples = int(sess.run(sizes.reduce(tf.constant(0, tf.int64), lambda t, n: t + n)))
         elif count:
@@ -189,8 +204,15 @@ def eval_loss(model, padding_weight, cross_replica=False):
     for endpoint in _tfprivate.training_endpoints(model):
         if endpoint.should_skip_target():
             continue
-        y_pred = endpoint.output
-        per_sample = endpoint.loss_fn.call(endpoint.training_target.target, y_pred)
+        y_pred, y_true = endpoint.output, endpoint.training_target.target
+        if (y_true.shape.rank is not None and y_pred.shape.rank is not None
+                and y_true.shape.rank == y_pred.shape.rank - 1
+                and tf.compat.dimension_value(y_pred.shape[-1]) == 1):
+            # Labels [batch] for an output [batch, 1]: Keras squeezes the output and its mean over
+            # the last axis becomes the batch mean; expanding the labels keeps one loss per row
+            # (same mean) so padding rows can be weighted out.
+            y_true = tf.expand_dims(y_true, -1)
+        per_sample = endpoint.loss_fn.call(y_true, y_pred)
         rows = (tf.ones(tf.shape(per_sample)[:1], per_sample.dtype) if padding_weight is None
                 else tf.cast(padding_weight, per_sample.dtype))
         weight = rows

@@ -101,6 +101,14 @@ def _metric_plan(model, metric_names_map):
     return plan
 
 
+def _batch_mean_labels(metric, y_true, y_pred):
+    """Labels [batch] for an output [batch, 1] in a mean metric: stock reduces each batch to one value."""
+    return (isinstance(metric, tf.keras.metrics.MeanMetricWrapper)
+            and y_true.shape.rank is not None and y_pred.shape.rank is not None
+            and y_true.shape.rank == y_pred.shape.rank - 1
+            and tf.compat.dimension_value(y_pred.shape[-1]) == 1)
+
+
 def _eval_metrics(model, metric_names_map, padding_weight):
     """(metric_fn, tensors) computing every compiled metric, per output, as stock names them."""
     plan = _metric_plan(model, metric_names_map)
@@ -124,11 +132,18 @@ def _eval_metrics(model, metric_names_map, padding_weight):
         for name, index, weighted, metric in plan:
             metric = _clone_metric(metric)
             weights = tensors.get(f"sample_weight_{index}") if weighted else None
-            if pad is not None:
-                pad_w = tf.cast(pad, tensors[f"y_pred_{index}"].dtype)
+            y_true, y_pred = tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"]
+            if pad is not None and weights is None and _batch_mean_labels(metric, y_true, y_pred):
+                # Stock squeezes the [batch, 1] output to the [batch] labels and the metric's mean
+                # over the last axis is the batch mean: one value per batch. Per-row values (labels
+                # expanded) weighted 1/real rows sum to that batch mean, padding rows to zero.
+                y_true = tf.expand_dims(y_true, -1)
+                pad_w = tf.cast(pad, y_pred.dtype)
+                weights = tf.math.divide_no_nan(pad_w, tf.reduce_sum(pad_w))
+            elif pad is not None:
+                pad_w = tf.cast(pad, y_pred.dtype)
                 weights = pad_w if weights is None else weights * pad_w
-            update_op = metric.update_state(tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"],
-                                            sample_weight=weights)
+            update_op = metric.update_state(y_true, y_pred, sample_weight=weights)
             metric_ops[name] = (metric.result(), update_op)
             new_vars.extend(metric.variables)
         for collection in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES,

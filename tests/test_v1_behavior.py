@@ -1,0 +1,54 @@
+"""A TF1-style script with disable_v2_behavior() (process-global, so in a subprocess): stock == cpu mode."""
+
+import json
+import os
+import subprocess
+import sys
+
+import tfcases
+
+SCRIPT = '''
+import json, sys
+import numpy as np
+import tensorflow.compat.v1 as tf
+tf.disable_v2_behavior()
+import tpushim
+
+mode, model_dir = sys.argv[1], sys.argv[2]
+rng = np.random.RandomState(0)
+x, y = rng.rand(52, 4).astype("float32"), rng.randint(0, 3, size=(52, 1)).astype("int64")
+
+def input_fn():
+    return tf.data.Dataset.from_tensor_slices(({"dense_input": x}, y)).batch(8)
+
+tf.keras.backend.clear_session()
+tf.set_random_seed(0)
+model = tf.keras.Sequential([tf.keras.layers.Dense(3, activation="softmax", input_shape=(4,),
+                             kernel_initializer=tf.keras.initializers.Constant(0.1))])
+model.compile(tf.train.GradientDescentOptimizer(0.1), "sparse_categorical_crossentropy", ["accuracy"])
+tpushim.patch(mode=mode)
+est = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=model_dir,
+                                            config=tf.estimator.RunConfig(tf_random_seed=7))
+est.train(input_fn, steps=5)
+metrics = est.evaluate(input_fn)
+print("RESULT " + json.dumps({k: float(v) for k, v in metrics.items() if k != "global_step"}))
+'''
+
+
+def _run(tmp_path, mode):
+    script = tmp_path / "legacy_v1.py"
+    script.write_text(SCRIPT)
+    env = tfcases.env_without_tpu()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out = subprocess.run([sys.executable, str(script), mode, str(tmp_path / mode)], env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_disable_v2_behavior_script_stock_equals_cpu(tmp_path):
+    stock, shim = _run(tmp_path, "off"), _run(tmp_path, "cpu")
+    assert set(stock) == set(shim)
+    for key, value in stock.items():
+        assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
