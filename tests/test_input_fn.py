@@ -287,3 +287,23 @@ def test_unknown_cardinality_is_not_called_finite(tmp_path, tpushim_log):
     est.train(lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().filter(lambda a, b: True).batch(B),
               steps=1)
     assert "training input is finite" not in tpushim_log.text
+
+
+def test_batch_size_from_the_declared_batch_op(tmp_path):
+    rng = np.random.RandomState(1)
+    x, y = rng.rand(102, 4).astype("float32"), rng.randint(0, 3, size=(102, 1)).astype("int64")
+    small = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(128).prefetch(1)
+    assert _input_fn.inspect_input(small, ModeKeys.EVAL, None)[0] == 128
+    mapped = lambda: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10).batch(128).map(lambda a, b: (a, b))
+    assert _input_fn.inspect_input(mapped, ModeKeys.EVAL, None)[0] == 128
+    unbatched = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(128).unbatch().batch(40)
+    assert _input_fn.inspect_input(unbatched, ModeKeys.EVAL, None)[0] == 40
+    compare_eval_predict(tmp_path / "cpu", tfcases.sequential, tfcases.dataset_input_fn(x, y, batch=16),
+                         small, None)
+    config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
+    with tfcases.LoopbackListener() as tpu:
+        tpushim.patch(tpu=tpu.address)
+        est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                    model_dir=str(tmp_path / "tpu"), config=config)
+        est._tpushim_set_batch(small, ModeKeys.EVAL)  # pylint: disable=protected-access
+        assert est._tpushim_batch[ModeKeys.EVAL] == 128  # pylint: disable=protected-access

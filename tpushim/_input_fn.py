@@ -89,10 +89,37 @@ def _batch_dim(dataset):
     return dims.pop() if len(dims) == 1 else None
 
 
+# Dataset ops that keep their input's batches as they are, between the user's batch op and the end.
+_BATCH_PRESERVING = {
+    "PrefetchDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "RepeatDataset",
+    "CacheDataset", "CacheDatasetV2", "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+    "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2", "FilterDataset", "TakeDataset",
+    "SkipDataset", "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset", "AssertCardinalityDataset", "IgnoreErrorsDataset"}
+_BATCH_OPS = {"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDataset",
+              "PaddedBatchDatasetV2"}
+
+
+def _declared_batch(dataset):
+    """The batch_size the pipeline's last batch op declares (a constant), or None if the graph does not say."""
+    try:
+        op = dataset._variant_tensor.op  # pylint: disable=protected-access
+    except (AttributeError, ValueError):
+        return None
+    for _ in range(64):
+        if op.type in _BATCH_OPS:
+            value = tf.get_static_value(op.inputs[1])
+            return int(value) if value is not None and int(value) > 0 else None
+        if op.type not in _BATCH_PRESERVING or not op.inputs:
+            return None
+        op = op.inputs[0].op
+    return None
+
+
 def _first_batch_size(result):
-    """Runs the user's input once in the current (scratch) graph and returns its first batch size."""
+    """The batch size the input declares (static shape, or its batch op), else its first batch's size."""
     if isinstance(result, tf.data.Dataset):
-        static = _batch_dim(result)
+        static = _batch_dim(result) or _declared_batch(result)
         if static:
             return static
         result = tf.compat.v1.data.make_one_shot_iterator(result.take(1)).get_next()
