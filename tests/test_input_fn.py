@@ -307,3 +307,24 @@ def test_batch_size_from_the_declared_batch_op(tmp_path):
                                                     model_dir=str(tmp_path / "tpu"), config=config)
         est._tpushim_set_batch(small, ModeKeys.EVAL)  # pylint: disable=protected-access
         assert est._tpushim_batch[ModeKeys.EVAL] == 128  # pylint: disable=protected-access
+
+
+def test_iterator_tensors_recovered_as_their_dataset(tmp_path):
+    x, y = _xy()
+
+    def method_form():
+        ds = tf.compat.v1.data.Dataset.from_tensor_slices((x, y)).batch(B)
+        f, l = ds.make_one_shot_iterator().get_next()
+        return {"hidden_input": f}, l
+
+    def function_form():
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+        return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+
+    context = types.SimpleNamespace(num_hosts=1, current_host=0)
+    with tf.Graph().as_default():
+        for fn in (method_form, function_form):
+            ds = _input_fn.adapt(fn)(params={"batch_size": B, "context": context}, mode=ModeKeys.EVAL)
+            assert isinstance(ds, tf.data.Dataset)
+    compare_eval_predict(tmp_path / "m", tfcases.sequential, method_form, method_form, None)
+    compare_eval_predict(tmp_path / "f", tfcases.sequential, function_form, function_form, None)

@@ -49,6 +49,72 @@ def call_user_input_fn(input_fn, mode, params, config, input_context=None):
     return input_fn(**kwargs)
 
 
+class _IteratorRecorder:
+    """While the user's input_fn runs, notes every one-shot / initializable iterator it makes over a
+    Dataset and the tensors each get_next() returns, so those tensors can be traced back to it."""
+
+    def __init__(self):
+        self.made = []  # (dataset, [flat get_next outputs, per call])
+
+    def __enter__(self):
+        from tensorflow.python.data.ops import dataset_ops  # pylint: disable=import-outside-toplevel
+        self._saved = []
+        module = tf.compat.v1.data
+        for name in ("make_one_shot_iterator", "make_initializable_iterator"):
+            self._wrap(module, name, getattr(module, name), method=False)
+            self._wrap(dataset_ops.DatasetV1, name, dataset_ops.DatasetV1.__dict__[name], method=True)
+        return self
+
+    def _wrap(self, owner, name, original, method):
+        made = self.made
+
+        def wrapper(dataset, *args, **kwargs):
+            iterator = original(dataset, *args, **kwargs)
+            calls = []
+            made.append((dataset, calls))
+            get_next = iterator.get_next
+
+            def recorded_get_next(*a, **k):
+                out = get_next(*a, **k)
+                calls.append(tf.nest.flatten(out))
+                return out
+            iterator.get_next = recorded_get_next
+            return iterator
+        self._saved.append((owner, name, original))
+        setattr(owner, name, wrapper)
+
+    def __exit__(self, *exc):
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+
+    def dataset_for(self, result):
+        """The recorded Dataset mapped to ``result``'s structure, if every tensor in it came from
+        one get_next() of one iterator; else None."""
+        flat = tf.nest.flatten(result)
+        for dataset, calls in self.made:
+            for outputs in calls:
+                ids = [next((i for i, t in enumerate(outputs) if t is x), None) for x in flat]
+                if flat and None not in ids:
+                    def rearrange(*element, _ids=tuple(ids)):
+                        element = tf.nest.flatten(element)
+                        return tf.nest.pack_sequence_as(result, [element[i] for i in _ids])
+                    return dataset.map(rearrange)
+        return None
+
+
+def call_and_recover(input_fn, mode, params, config, input_context=None):
+    """Calls the input_fn; iterator tensors traced to the Dataset they come from become that Dataset."""
+    with _IteratorRecorder() as recorder:
+        result = call_user_input_fn(input_fn, mode, params, config, input_context)
+    if result is not None and not isinstance(result, tf.data.Dataset):
+        flat = tf.nest.flatten(result)
+        if flat and all(tf.is_tensor(x) for x in flat):
+            dataset = recorder.dataset_for(result)
+            if dataset is not None:
+                return dataset
+    return result
+
+
 def tensors_error(input_fn, result):
     return ConversionError(
         f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned {type(result).__name__} "
@@ -139,7 +205,7 @@ def inspect_input(input_fn, mode, config, count=False):
     ends (None otherwise). The real pipeline is never touched.
     """
     with tf.Graph().as_default():
-        result = check_result(input_fn, call_user_input_fn(input_fn, mode, {}, config))
+        result = check_result(input_fn, call_and_recover(input_fn, mode, {}, config))
         finite, examples = False, None
         if isinstance(result, tf.data.Dataset):
             with tf.compat.v1.Session() as sess:
@@ -195,7 +261,7 @@ def adapt(input_fn):
     """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches)."""
 
     def tpushim_input_fn(params, mode=None, config=None, input_context=None):
-        result = check_result(input_fn, call_user_input_fn(input_fn, mode, params, config, input_context))
+        result = check_result(input_fn, call_and_recover(input_fn, mode, params, config, input_context))
         context = params.get("context")  # present only when the input feeds a TPU
         if not isinstance(result, tf.data.Dataset):
             if context is not None:
