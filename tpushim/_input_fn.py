@@ -127,12 +127,14 @@ def check_result(input_fn, result):
     """A Dataset, or (features[, labels]) tensors as Estimator takes them; anything else is an error."""
     if isinstance(result, tf.data.Dataset):
         return result
+    # (features, labels) or features: a tuple, a dict or one array; a bare list is no such structure.
     flat = tf.nest.flatten(result) if result is not None else []
-    if flat and not any(tf.is_tensor(x) for x in flat) and all(_is_value(x) for x in flat):
+    values = flat and not isinstance(result, list) and all(_is_value(x) for x in flat)
+    if values:
         # numpy arrays / Python values: stock feeds them as constants, the same batch every step;
         # a Dataset repeating that one element feeds a TPU (and cpu mode) exactly that.
         return tf.data.Dataset.from_tensors(tf.nest.map_structure(tf.convert_to_tensor, result)).repeat()
-    if flat and all(tf.is_tensor(x) or _is_value(x) for x in flat):
+    if flat and not isinstance(result, list) and all(tf.is_tensor(x) or _is_value(x) for x in flat):
         result = tf.nest.map_structure(
             lambda x: x if tf.is_tensor(x) else tf.convert_to_tensor(x), result)
         flat = tf.nest.flatten(result)
