@@ -269,3 +269,32 @@ def test_warm_start_from_keras_save_weights_is_accepted(tmp_path, spelling, fmt)
     est = convert("cpu", tmp_path, model, spelling=spelling, **kwargs)
     metrics = est.evaluate(tfcases.dataset_input_fn(x, y, batch=tfcases.N))
     assert metrics["loss"] == pytest.approx(keras_loss, abs=1e-5)
+
+
+def _error_text(mode, tmp_path, call, **kwargs):
+    est = convert(mode, tmp_path / mode, **kwargs)
+    with pytest.raises(Exception) as info:
+        call(est)
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"metric_names_map": {"accuracy": "acc", "nope": "x"}},          # unexpected keys
+    {"metric_names_map": {"not_accuracy": "x"}},                     # names missing from the map
+], ids=["metric-map-extra", "metric-map-unknown"])
+def test_metric_names_map_errors_are_stocks_text(tmp_path, kwargs):
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+    ours = _error_text("cpu", tmp_path, lambda e: e.evaluate(fn, steps=1), **kwargs)
+    stock = _error_text("off", tmp_path, lambda e: e.evaluate(fn, steps=1), **kwargs)
+    assert ours == stock
+
+
+def test_export_outputs_error_is_stocks_text(tmp_path):
+    x, _ = tfcases.data()
+    kwargs = {"export_outputs": {"nope": tf.estimator.export.PredictOutput}}
+    fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(8)  # noqa: E731
+    ours = _error_text("cpu", tmp_path, lambda e: next(e.predict(fn)), **kwargs)
+    stock = _error_text("off", tmp_path, lambda e: next(e.predict(fn)), **kwargs)
+    assert "Missed keys" in stock[1]
+    assert ours == stock
