@@ -298,3 +298,29 @@ def test_export_outputs_error_is_stocks_text(tmp_path):
     stock = _error_text("off", tmp_path, lambda e: next(e.predict(fn)), **kwargs)
     assert "Missed keys" in stock[1]
     assert ours == stock
+
+
+def test_cpu_mode_has_no_noise_of_tpushims_making(tmp_path):
+    records = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Catch()
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel("INFO")
+    tf_logger.addHandler(handler)
+    try:
+        x, y = tfcases.data()
+        fn = tfcases.dataset_input_fn(x, y)
+        est = convert("cpu", tmp_path)
+        est.train(fn, steps=1)
+        est.evaluate(fn)
+    finally:
+        tf_logger.removeHandler(handler)
+        tf_logger.setLevel(level)
+    assert records  # the capture works
+    assert not [r for r in records if "eval_on_tpu ignored" in r]
+    assert not [r for r in records if "params are not passed to Estimator" in r]

@@ -360,6 +360,9 @@ def build(call, settings, spec):
     estimator = TPUShimEstimator(
         model_fn=model_fn, config=tpu_run_config, use_tpu=use_tpu, warm_start_from=warm_start_path,
         export_to_tpu=False, tpushim_batch_size=settings.batch_size,
+        # Quiet cpu mode: without these TPUEstimator logs 'eval_on_tpu ignored because use_tpu
+        # is False.' and Estimator 'params are not passed' about tpushim's own construction.
+        eval_on_tpu=use_tpu, params={},
         tpushim_tpu_source=spec.source if use_tpu else None)
     logger.info("model_to_estimator -> %s", describe)
     _notify("convert", estimator=estimator, keras_model=keras_model, custom_objects=custom_objects,
