@@ -215,7 +215,7 @@ def test_model_dir_of_a_different_model_is_a_clear_error_nothing_overwritten(tmp
 
     with pytest.raises(tpushim.ConversionError) as info:
         convert("cpu", tmp_path, wider(), spelling=spelling)
-    assert "already holds a checkpoint of a different model" in str(info.value)
+    assert "already holds a checkpoint of different variables" in str(info.value)
     assert "[4, 8] there but [4, 16] in this model" in str(info.value)
     after = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before
@@ -223,3 +223,104 @@ def test_model_dir_of_a_different_model_is_a_clear_error_nothing_overwritten(tmp
     again = convert("cpu", tmp_path, spelling=spelling)
     again.train(tfcases.dataset_input_fn(x, y), steps=1)
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-3")
+
+
+def test_object_checkpoint_keys_equal_save_weights(tmp_path):
+    from tpushim import _tfprivate
+    model = tfcases.sequential()
+    model.save_weights(str(tmp_path / "w"), save_format="tf")
+    written = {k: s for k, s in tf.train.list_variables(str(tmp_path / "w"))
+               if "/.ATTRIBUTES/" in k and k.split("/")[0] != "optimizer"}
+    assert _tfprivate.object_checkpoint_keys(model) == written
+
+
+def test_mocked_tempdir_and_its_contents_survive(tmp_path, monkeypatch):
+    import tempfile
+    user = tmp_path / "users_folder"
+    user.mkdir()
+    (user / "sentinel.txt").write_text("keep me")
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: str(user))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(user))
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+    est = convert("cpu", tmp_path / "md")
+    est.train(fn, steps=2)
+    est.evaluate(fn)
+    list(est.predict(lambda: tf.data.Dataset.from_tensor_slices(x).batch(8)))
+    again = convert("cpu", tmp_path / "md")  # the model_dir check runs on an existing checkpoint
+    again.evaluate(fn)
+
+    def receiver():
+        p = tf.compat.v1.placeholder(tf.float32, [None, 4], name="hidden_input")
+        return tf.estimator.export.ServingInputReceiver({"hidden_input": p}, {"hidden_input": p})
+
+    est.export_saved_model(str(tmp_path / "export"), receiver)
+    assert (user / "sentinel.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("spelling,fmt", [("v1", None), ("v2", "saver"), ("v2", "checkpoint")])
+def test_warm_start_from_keras_save_weights_is_accepted(tmp_path, spelling, fmt):
+    x, y = tfcases.data()
+    model = tfcases.sequential()
+    model.fit(x, y, epochs=2, batch_size=8, verbose=0, shuffle=False)
+    keras_loss = model.evaluate(x, y, batch_size=tfcases.N, verbose=0)[0]
+    model.save_weights(str(tmp_path / "keras" / "warm_start.ckpt"))
+    kwargs = {"checkpoint_format": fmt} if fmt else {}
+    est = convert("cpu", tmp_path, model, spelling=spelling, **kwargs)
+    metrics = est.evaluate(tfcases.dataset_input_fn(x, y, batch=tfcases.N))
+    assert metrics["loss"] == pytest.approx(keras_loss, abs=1e-5)
+
+
+def _error_text(mode, tmp_path, call, **kwargs):
+    est = convert(mode, tmp_path / mode, **kwargs)
+    with pytest.raises(Exception) as info:
+        call(est)
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"metric_names_map": {"accuracy": "acc", "nope": "x"}},          # unexpected keys
+    {"metric_names_map": {"not_accuracy": "x"}},                     # names missing from the map
+], ids=["metric-map-extra", "metric-map-unknown"])
+def test_metric_names_map_errors_are_stocks_text(tmp_path, kwargs):
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+    ours = _error_text("cpu", tmp_path, lambda e: e.evaluate(fn, steps=1), **kwargs)
+    stock = _error_text("off", tmp_path, lambda e: e.evaluate(fn, steps=1), **kwargs)
+    assert ours == stock
+
+
+def test_export_outputs_error_is_stocks_text(tmp_path):
+    x, _ = tfcases.data()
+    kwargs = {"export_outputs": {"nope": tf.estimator.export.PredictOutput}}
+    fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(8)  # noqa: E731
+    ours = _error_text("cpu", tmp_path, lambda e: next(e.predict(fn)), **kwargs)
+    stock = _error_text("off", tmp_path, lambda e: next(e.predict(fn)), **kwargs)
+    assert "Missed keys" in stock[1]
+    assert ours == stock
+
+
+def test_cpu_mode_has_no_noise_of_tpushims_making(tmp_path):
+    records = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Catch()
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel("INFO")
+    tf_logger.addHandler(handler)
+    try:
+        x, y = tfcases.data()
+        fn = tfcases.dataset_input_fn(x, y)
+        est = convert("cpu", tmp_path)
+        est.train(fn, steps=1)
+        est.evaluate(fn)
+    finally:
+        tf_logger.removeHandler(handler)
+        tf_logger.setLevel(level)
+    assert records  # the capture works
+    assert not [r for r in records if "eval_on_tpu ignored" in r]
+    assert not [r for r in records if "params are not passed to Estimator" in r]

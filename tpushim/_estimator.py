@@ -8,7 +8,6 @@ warm-start checkpoint of the Keras weights exactly as stock does, and returns a
 
 import logging
 import os
-import tempfile
 
 import tensorflow as tf
 
@@ -151,36 +150,42 @@ def to_tpu_run_config(config, settings, cluster):
     return tpu_config.RunConfig(tpu_config=tpu, cluster=cluster, **kwargs)
 
 
-def _expected_variables(keras_model, save_object_ckpt):
-    """{checkpoint key: shape} of the model's own weights, in the format the estimator will save."""
-    if not save_object_ckpt:
-        return {w.name.split(":")[0]: w.shape.as_list() for w in keras_model.weights}
-    with tempfile.TemporaryDirectory(prefix="tpushim-keys-") as scratch:
-        # The estimator's object-based checkpoints use the model's own object graph keys.
-        keras_model.save_weights(os.path.join(scratch, "w"), save_format="tf")
-        return {k: s for k, s in tf.train.list_variables(os.path.join(scratch, "w"))
-                if "/.ATTRIBUTES/" in k and "optimizer" not in k.split("/")[0]}
+def _expected_variables(keras_model):
+    """The model's own weights as {checkpoint key: shape}, both ways a checkpoint may name them:
+    (name-based keys, object-based keys). Computed in memory: nothing is written."""
+    by_name = {w.name.split(":")[0]: w.shape.as_list() for w in keras_model.weights}
+    return by_name, _tfprivate.object_checkpoint_keys(keras_model)
 
 
 def check_model_dir(keras_model, model_dir, save_object_ckpt):
-    """A model_dir already holding a different model's checkpoint is an error, not an overwrite."""
+    """A model_dir already holding a checkpoint of different variables is an error, not an overwrite.
+
+    Read-only. Accepts any checkpoint stock would warm-start from or continue: name-based or
+    object-based keys, in model_dir or model_dir/keras. Refuses only when a matching key has a
+    different shape, or when none of this model's variables is in it under either naming.
+    """
+    del save_object_ckpt  # either format may be there, whichever this call will save
+    expected_formats = None
     for folder in (model_dir, os.path.join(model_dir, "keras")):
         latest = tf.train.latest_checkpoint(folder)
         if not latest:
             continue
         found = dict(tf.train.list_variables(latest))
-        expected = _expected_variables(keras_model, save_object_ckpt)
-        missing = sorted(k for k in expected if k not in found)
-        different = sorted(k for k in expected if k in found and list(found[k]) != list(expected[k]))
-        if missing or different:
-            details = [f"'{k}' has shape {list(found[k])} there but {expected[k]} in this model"
-                       for k in different[:3]]
-            if missing:
-                details.append(f"{len(missing)} of this model's variables are not in it "
-                               f"(e.g. '{missing[0]}')")
+        if expected_formats is None:
+            expected_formats = _expected_variables(keras_model)
+        details, matched = [], False
+        for expected in expected_formats:
+            present = [k for k in expected if k in found]
+            matched = matched or bool(present)
+            details += [f"'{k}' has shape {list(found[k])} there but {expected[k]} in this model"
+                        for k in present if list(found[k]) != list(expected[k])]
+        if not matched:
+            first = next(iter(expected_formats[0]), None)
+            details.append(f"none of this model's variables are in it (e.g. '{first}')")
+        if details:
             raise ConversionError(
-                f"model_dir {model_dir} already holds a checkpoint of a different model ({latest}): "
-                f"{'; '.join(details)}. tpushim wrote nothing. Use a new model_dir for this model, "
+                f"model_dir {model_dir} already holds a checkpoint of different variables ({latest}): "
+                f"{'; '.join(details[:3])}. tpushim wrote nothing. Use a new model_dir for this model, "
                 f"or delete that one to start over.")
 
 
@@ -355,6 +360,9 @@ def build(call, settings, spec):
     estimator = TPUShimEstimator(
         model_fn=model_fn, config=tpu_run_config, use_tpu=use_tpu, warm_start_from=warm_start_path,
         export_to_tpu=False, tpushim_batch_size=settings.batch_size,
+        # Quiet cpu mode: without these TPUEstimator logs 'eval_on_tpu ignored because use_tpu
+        # is False.' and Estimator 'params are not passed' about tpushim's own construction.
+        eval_on_tpu=use_tpu, params={},
         tpushim_tpu_source=spec.source if use_tpu else None)
     logger.info("model_to_estimator -> %s", describe)
     _notify("convert", estimator=estimator, keras_model=keras_model, custom_objects=custom_objects,

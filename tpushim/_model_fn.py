@@ -87,16 +87,21 @@ def _metric_plan(model, metric_names_map):
                 plan.append((name, index, is_weighted, metric))
     names = [name for name, _, _, _ in plan]
     if metric_names_map:
-        unknown = set(names) - set(metric_names_map)
-        extra = set(metric_names_map) - set(names)
+        # Stock keras_lib's checks and texts, verbatim.
+        custom_map_keys = set(metric_names_map.keys())
+        expected_keys = set(names)
+        unknown = expected_keys.difference(custom_map_keys)
         if unknown:
             raise ValueError(
-                "Invalid `metric_names_map`. The following keras model metric names:\"{}\" do not "
-                "exist in the `metric_names_map` dictionary".format(sorted(unknown)))
+                'Invalid `metric_names_map`. '
+                'The following keras model metric names:"{}" do not exist in '
+                'the `metric_names_map` dictionary'.format(list(unknown)))
+        extra = custom_map_keys.difference(expected_keys)
         if extra:
-            raise ValueError(
-                "Invalid `metric_names_map`. There are unexpected keys in the `metric_names_map` "
-                "dictionary. Expected keys: {}, Received: {}".format(names, sorted(extra)))
+            raise ValueError('Invalid `metric_names_map`. '
+                             'There are unexpected keys in the `metric_names_map` '
+                             'dictionary. Expected keys: {}, Received: {}'.format(
+                                 list(expected_keys), list(extra)))
         plan = [(metric_names_map[name], i, w, m) for name, i, w, m in plan]
     return plan
 
@@ -160,10 +165,17 @@ def _export_outputs(model, predictions, export_outputs):
     if export_outputs is not None:
         different = set(export_outputs) - set(model.output_names)
         if different:
-            raise _tfprivate.FormattedKeyError(
-                "export_outputs keys must be output names of the Keras model."
-                f"\n\tExpected keys: {set(model.output_names)}\n\texport_outputs keys: "
-                f"{set(export_outputs)}\n\tUnknown keys: {different}")
+            raise _tfprivate.FormattedKeyError(  # stock keras_lib's text, verbatim
+                'The list passed into {obj_name} does not cover requested '
+                '{order_name} keys defined in the keras model.'
+                '\n\tExpected keys: {order_keys}'
+                '\n\t{obj_name} keys: {obj_keys}'
+                '\n\tMissed keys: {different_keys}'.format(
+                    order_name=export_outputs,
+                    order_keys=set(export_outputs.keys()),
+                    obj_name=model.output_names,
+                    obj_keys=set(model.output_names),
+                    different_keys=different))
         for key, export_output_cls in export_outputs.items():
             final[key] = export_output_cls(predictions[key])
     return final

@@ -93,3 +93,14 @@ def fn_args(fn):
     """Argument names of a function, as Estimator reads them (functools.partial aware)."""
     from tensorflow.python.util import function_utils  # pylint: disable=import-outside-toplevel
     return function_utils.fn_args(fn)
+
+
+def object_checkpoint_keys(keras_model):
+    """{object-based checkpoint key: shape} of the model's own variables, computed in memory
+    (the keys ``save_weights(save_format='tf')`` writes; optimizer state left out)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.checkpoint import graph_view, util  # pylint: disable=import-outside-toplevel
+    objects, _, _, _, names = util.objects_ids_and_slot_variables_and_paths(
+        graph_view.ObjectGraphView(keras_model))
+    return {names[o] + "/.ATTRIBUTES/VARIABLE_VALUE": o.shape.as_list() for o in objects
+            if isinstance(o, tf.Variable) and names[o].split("/")[0] != "optimizer"}

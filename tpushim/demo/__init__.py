@@ -61,7 +61,10 @@ def _quiet_tensorflow():
 
 def _train_once(scope):
     from tpushim.demo import legacy_mlp  # pylint: disable=import-outside-toplevel
-    model_dir = tempfile.mkdtemp(prefix="tpushim_demo_")
+    scratch = tempfile.mkdtemp(prefix="tpushim_demo_")
+    # A folder of our own inside it: a mocked mkdtemp may return a folder we did not create.
+    model_dir = os.path.join(scratch, "tpushim_demo_model")
+    os.mkdir(model_dir)
     start = time.perf_counter()
     try:
         with _conversion_lines() as lines, scope, warnings.catch_warnings():
@@ -69,6 +72,10 @@ def _train_once(scope):
             results, predictions = legacy_mlp.train_and_evaluate(model_dir)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
+        try:
+            os.rmdir(scratch)  # only if empty: never anything we did not write
+        except OSError:
+            pass
     return {"line": lines[-1] if lines else "(no conversion line: model_to_estimator was not patched)",
             "results": {k: float(v) for k, v in results.items()},
             "predictions": predictions, "seconds": time.perf_counter() - start}

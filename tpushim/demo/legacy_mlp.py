@@ -6,6 +6,7 @@ few hundred steps, evaluated, and used to predict. Run it as it is (``python leg
 with tpushim: ``python -m tpushim -m tpushim.demo.legacy_mlp``.
 """
 
+import os
 import shutil
 import tempfile
 
@@ -68,11 +69,18 @@ def train_and_evaluate(model_dir):
 
 
 def main():
-    model_dir = tempfile.mkdtemp(prefix="legacy_mlp_")
+    scratch = tempfile.mkdtemp(prefix="legacy_mlp_")
+    # A folder of our own inside it: a mocked mkdtemp may return a folder we did not create.
+    model_dir = os.path.join(scratch, "tpushim_demo_model")
+    os.mkdir(model_dir)
     try:
         results, predictions = train_and_evaluate(model_dir)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
+        try:
+            os.rmdir(scratch)  # only if empty: never anything we did not write
+        except OSError:
+            pass
     print("evaluate():", {k: float(v) for k, v in sorted(results.items())})
     print("predict(): %d examples, first: %s" % (len(predictions), np.round(predictions[0], 4)))
 
