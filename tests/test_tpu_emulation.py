@@ -138,3 +138,54 @@ def test_negative_control_summed_gradients_fail(monkeypatch):
     init, replicas, _ = _emulated_train(build, x, y, monkeypatch)
     ref = _reference_train(build, x, y, init)
     assert _max_diff(replicas[0], ref) > 100 * TOL
+
+
+def test_eight_shards_eval_loss_is_the_global_batchs_with_padding_shards(monkeypatch):
+    """22 real rows padded to a global batch of 32: shard 5 is half padding, shards 6 and 7 only
+    padding; every shard's eval loss must be that of the 22 real rows (TPUEstimator reports shard 0's)."""
+    from tpushim import _input_fn  # pylint: disable=import-outside-toplevel
+    real = 22
+    x, y = tfcases.data(n=REPLICAS * PER)
+    x[real:], y[real:] = 0, 0
+    pad = np.array([1.0] * real + [0.0] * (REPLICAS * PER - real), np.float32)
+    model = tfcases.sequential(OPTS["keras-sgd-momentum"]())
+    graph, rv, losses = tf.Graph(), _Rendezvous(), []
+    with graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        model_fn = _model_fn.make_model_fn(model)
+        monkeypatch.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
+        replica_vars = []
+        for r in range(REPLICAS):
+            before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+            rv.calls.append([])
+            rows = slice(r * PER, (r + 1) * PER)
+            features = {_input_fn.FEATURES_KEY: tf.constant(x[rows]),
+                        _input_fn.PADDING_KEY: tf.constant(pad[rows])}
+            with tpu_function.tpu_shard_context(REPLICAS):
+                spec = model_fn(features, tf.constant(y[rows]), ModeKeys.EVAL,
+                                params={"use_tpu": True, "batch_size": PER})
+            losses.append(spec.loss)
+            replica_vars.append(_new_vars(graph, before))
+        monkeypatch.undo()
+        rv.wire()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            init = sess.run(replica_vars[0])
+            for vs in replica_vars[1:]:
+                for v, val in zip(vs, init):
+                    v.load(val, sess)
+            shard_losses = sess.run(losses)
+    ref_graph = tf.Graph()
+    with ref_graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        before = {v.ref() for v in ref_graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+        spec = _model_fn.make_model_fn(model)(tf.constant(x[:real]), tf.constant(y[:real]),
+                                              ModeKeys.EVAL, params={"use_tpu": False, "batch_size": real})
+        vs = _new_vars(ref_graph, before)
+        with tf.compat.v1.Session(graph=ref_graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for v, val in zip(vs, init):
+                v.load(val, sess)
+            ref_loss = sess.run(spec.loss)
+    assert all(abs(s - ref_loss) < TOL for s in shard_losses), (shard_losses, ref_loss)
+    assert abs(shard_losses[0] - ref_loss) < TOL and shard_losses[0] > 0
