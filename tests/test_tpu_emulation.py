@@ -50,37 +50,52 @@ def _new_vars(graph, before):
             if v.ref() not in before]
 
 
-def _emulated_train(build_model, x, y, monkeypatch, steps=1):
-    """Per replica: the final values of its variables after ``steps`` TPU-shard train steps."""
-    model = build_model()
-    graph = tf.Graph()
-    rv = _Rendezvous()
+def _replicas(model, mode, shard_inputs, monkeypatch):
+    """(graph, per-replica specs, per-replica variables): the TPU model_fn built once per replica in
+    one graph, its cross_replica_sums wired into true sums across the replicas."""
+    graph, rv = tf.Graph(), _Rendezvous()
     with graph.as_default():
         tf.compat.v1.train.get_or_create_global_step()
         model_fn = _model_fn.make_model_fn(model)
         monkeypatch.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
         monkeypatch.setattr(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)
-        replica_vars, train_ops = [], []
+        specs, replica_vars = [], []
         for r in range(REPLICAS):
             before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
             rv.calls.append([])
+            features, labels = shard_inputs(r)
             with tpu_function.tpu_shard_context(REPLICAS):
-                spec = model_fn(tf.constant(x[r * PER:(r + 1) * PER]),
-                                tf.constant(y[r * PER:(r + 1) * PER]), ModeKeys.TRAIN,
-                                params={"use_tpu": True, "batch_size": PER})
-            train_ops.append(spec.train_op)
+                specs.append(model_fn(features, labels, mode, params={"use_tpu": True, "batch_size": PER}))
             replica_vars.append(_new_vars(graph, before))
         monkeypatch.undo()
         rv.wire()
-        with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            init = sess.run(replica_vars[0])
-            for vs in replica_vars[1:]:
-                for v, val in zip(vs, init):
-                    v.load(val, sess)
-            for _ in range(steps):
-                sess.run(train_ops)
-            return init, [sess.run(vs) for vs in replica_vars], [v.name for v in replica_vars[0]]
+    return graph, specs, replica_vars
+
+
+def _init_as_replica_0(sess, replica_vars):
+    """Initialises every replica with replica 0's initial values; returns those values."""
+    sess.run(tf.compat.v1.global_variables_initializer())
+    init = sess.run(replica_vars[0])
+    for vs in replica_vars[1:]:
+        for v, val in zip(vs, init):
+            v.load(val, sess)
+    return init
+
+
+def _shard(r):
+    return slice(r * PER, (r + 1) * PER)
+
+
+def _emulated_train(build_model, x, y, monkeypatch, steps=1):
+    """Per replica: the final values of its variables after ``steps`` TPU-shard train steps."""
+    graph, specs, replica_vars = _replicas(
+        build_model(), ModeKeys.TRAIN,
+        lambda r: (tf.constant(x[_shard(r)]), tf.constant(y[_shard(r)])), monkeypatch)
+    with tf.compat.v1.Session(graph=graph) as sess:
+        init = _init_as_replica_0(sess, replica_vars)
+        for _ in range(steps):
+            sess.run([spec.train_op for spec in specs])
+        return init, [sess.run(vs) for vs in replica_vars], [v.name for v in replica_vars[0]]
 
 
 def _reference_train(build_model, x, y, init, steps=1):
@@ -149,32 +164,14 @@ def test_eight_shards_eval_loss_is_the_global_batchs_with_padding_shards(monkeyp
     x[real:], y[real:] = 0, 0
     pad = np.array([1.0] * real + [0.0] * (REPLICAS * PER - real), np.float32)
     model = tfcases.sequential(OPTS["keras-sgd-momentum"]())
-    graph, rv, losses = tf.Graph(), _Rendezvous(), []
-    with graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        model_fn = _model_fn.make_model_fn(model)
-        monkeypatch.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
-        replica_vars = []
-        for r in range(REPLICAS):
-            before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-            rv.calls.append([])
-            rows = slice(r * PER, (r + 1) * PER)
-            features = {_input_fn.FEATURES_KEY: tf.constant(x[rows]),
-                        _input_fn.PADDING_KEY: tf.constant(pad[rows])}
-            with tpu_function.tpu_shard_context(REPLICAS):
-                spec = model_fn(features, tf.constant(y[rows]), ModeKeys.EVAL,
-                                params={"use_tpu": True, "batch_size": PER})
-            losses.append(spec.loss)
-            replica_vars.append(_new_vars(graph, before))
-        monkeypatch.undo()
-        rv.wire()
-        with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            init = sess.run(replica_vars[0])
-            for vs in replica_vars[1:]:
-                for v, val in zip(vs, init):
-                    v.load(val, sess)
-            shard_losses = sess.run(losses)
+    graph, specs, replica_vars = _replicas(
+        model, ModeKeys.EVAL,
+        lambda r: ({_input_fn.FEATURES_KEY: tf.constant(x[_shard(r)]),
+                    _input_fn.PADDING_KEY: tf.constant(pad[_shard(r)])}, tf.constant(y[_shard(r)])),
+        monkeypatch)
+    with tf.compat.v1.Session(graph=graph) as sess:
+        init = _init_as_replica_0(sess, replica_vars)
+        shard_losses = sess.run([spec.loss for spec in specs])
     ref_graph = tf.Graph()
     with ref_graph.as_default():
         tf.compat.v1.train.get_or_create_global_step()
