@@ -87,9 +87,10 @@ setup(
         # make it one command. < 2.16: TensorFlow 2.16 removed estimators.
         "tensorflow": ["tensorflow>=2.9,<2.16"],
         "cpu": ["tensorflow-cpu>=2.9,<2.16"],
-        # matplotlib: tests/test_notebooks.py executes the notebooks, which plot.
+        # matplotlib: tests/test_notebooks.py executes the notebooks, which plot. pandas: the
+        # pandas_input_fn tests.
         "test": ["pytest>=7", "ipython>=7", "nbclient>=0.5", "nbformat>=5", "ipykernel>=6",
-                 "matplotlib>=3"],
+                 "matplotlib>=3", "pandas>=1.3"],
         "notebooks": ["nbclient>=0.5", "nbformat>=5", "ipykernel>=6", "matplotlib>=3"],
     },
     cmdclass={"build_py": BuildPyWithPth, "develop": DevelopWithPth},

@@ -23,6 +23,11 @@ Sections (``--only`` takes their names):
   MNIST-sized CNN (synthetic data). Graph building, session start and the final checkpoint are
   excluded: a hook times steps W+1 .. W+M inside one ``train()`` call; one discarded warm-up run
   per model first. Goals: auto >= 0.99x stock, cpu >= 0.9x stock.
+* ``input``: legacy input in cpu mode against stock, interleaved. The first step's latency (from
+  the ``train()`` call to the end of step 1, graph building and tpushim's input inspection
+  included) on TFRecords with ``shuffle(10000)`` and ``batch(B)`` without drop_remainder, goal
+  <= 1.05x; steady-state steps/s of ``make_one_shot_iterator(...).get_next()`` tensors and of
+  ``numpy_input_fn`` (both fed by tpushim as a Dataset), goal >= 0.98x.
 * ``graph``: ops of tpushim's TRAIN model_fn (``params['use_tpu']=True``) replicated over 8
   replicas with ``tf.compat.v1.tpu.replicate`` (built on CPU, never run) against a hand-written
   minimal TPU model_fn for the same model: ops in the whole graph, ops inside the replicate
@@ -579,6 +584,123 @@ def bench_train(table, quick, report):
 
 
 # ==================================================================================================
+# 3b. legacy input: time to the first step, and steps/s of inputs tpushim recovers as a Dataset
+# ==================================================================================================
+
+class _FirstStepTimer:
+    """Seconds from ``start()`` (just before ``train()``) to the end of the first training step."""
+
+    def __init__(self):
+        tf = _tf()
+        timer = self
+
+        class Hook(tf.compat.v1.train.SessionRunHook):
+            def after_run(hook, run_context, run_values):
+                del run_context, run_values
+                if timer.first is None:
+                    timer.first = time.perf_counter()
+
+        self.hook, self.first, self.started = Hook(), None, None
+
+    def start(self):
+        self.started = time.perf_counter()
+
+    def seconds(self):
+        return self.first - self.started
+
+
+def _write_tfrecords(path, case):
+    tf = _tf()
+    x, y = case.data()
+    with tf.io.TFRecordWriter(path) as writer:
+        for features, label in zip(x, y):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=features.ravel())),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=label)),
+            })).SerializeToString())
+
+
+def _tfrecord_input_fn(path, case):
+    """The issue's pipeline: TFRecords, shuffle(10000), batch(B) without drop_remainder."""
+    tf = _tf()
+    spec = {"x": tf.io.FixedLenFeature(list(case.input_shape), tf.float32),
+            "y": tf.io.FixedLenFeature([1], tf.int64)}
+
+    def input_fn():
+        ds = tf.data.TFRecordDataset(path).map(lambda r: tf.io.parse_single_example(r, spec))
+        ds = ds.map(lambda e: (e["x"], e["y"])).shuffle(10000).repeat().batch(case.batch)
+        return ds
+    return input_fn
+
+
+def _iterator_input_fn(case):
+    tf = _tf()
+    x, y = case.data()
+    return lambda: tf.compat.v1.data.make_one_shot_iterator(
+        tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(case.batch)).get_next()
+
+
+def _numpy_input_fn(case):
+    tf = _tf()
+    x, y = case.data()
+    return tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=case.batch, shuffle=False,
+                                                        num_epochs=None)
+
+
+def bench_input(table, quick, report):
+    """Legacy input in cpu mode against stock: the first step's latency (TFRecords) and steady
+    steps/s of iterator tensors and numpy_input_fn (both fed as a Dataset by tpushim)."""
+    _tf()
+    reps = 3 if quick else 7
+    case = model_cases(quick)[0]
+    root = tempfile.mkdtemp(prefix="tpushim-bench-input-")
+    report["input"] = {}
+    contenders = [("stock estimator", None), ("tpushim cpu mode", "cpu")]
+    try:
+        records = os.path.join(root, "train.tfrecord")
+        _write_tfrecords(records, case)
+
+        def first_step(mode):
+            model_dir = tempfile.mkdtemp(dir=root)
+            est, _ = _converted(mode)(case, model_dir)
+            timer = _FirstStepTimer()
+            timer.start()
+            est.train(_tfrecord_input_fn(records, case), steps=1, hooks=[timer.hook])
+            return timer.seconds()
+
+        def steady(mode, make_input):
+            model_dir = tempfile.mkdtemp(dir=root)
+            est, _ = _converted(mode)(case, model_dir)
+            timer = _StepTimer(case.warmup, case.measure)
+            est.train(make_input(case), steps=case.warmup + case.measure, hooks=[timer.hook])
+            return timer.steps_per_sec()
+
+        rows = [("first step, TFRecords + shuffle(10000) + batch(B)", first_step, "s", (1.05, "<= 1.05x"),
+                 lambda r, s: r / s)]
+        for name, make_input in (("iterator tensors", _iterator_input_fn),
+                                 ("numpy_input_fn", _numpy_input_fn)):
+            rows.append((f"steps/s, {name}", lambda mode, m=make_input: steady(mode, m), "steps/s",
+                         (0.98, ">= 0.98x"), lambda r, s: r / s))
+        first_step(None)  # warm-up, discarded
+        for label, measure, unit, (bound, goal), ratio_of in rows:
+            values = {name: [] for name, _ in contenders}
+            for i in range(reps):  # interleaved, alternating who goes first
+                for name, mode in (contenders if i % 2 == 0 else contenders[::-1]):
+                    values[name].append(measure(mode))
+            stock = values[contenders[0][0]]
+            for name, _ in contenders:
+                ratio = median([ratio_of(v, s) for v, s in zip(values[name], stock)])
+                is_shim = name != contenders[0][0]
+                ok = (ratio <= bound if unit == "s" else ratio >= bound) if is_shim else None
+                table.add("legacy input", f"{label}, {case.name}, batch {case.batch} x{reps}", name,
+                          f"{median(values[name]):.3f} {unit}", f"{ratio:.3f}x",
+                          goal if is_shim else "", ok)
+            report["input"][label] = values
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ==================================================================================================
 # 4. TPU train-step graph size
 # ==================================================================================================
 
@@ -698,7 +820,7 @@ def bench_graph(table, quick, report):
 # ==================================================================================================
 
 SECTIONS = {"startup": bench_startup, "wrapper": bench_wrapper, "train": bench_train,
-            "graph": bench_graph}
+            "input": bench_input, "graph": bench_graph}
 
 
 def main(argv=None):

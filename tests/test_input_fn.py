@@ -90,12 +90,17 @@ def test_numpy_input_fn_on_cpu(tmp_path):
 
 def test_tensors_for_a_tpu_is_a_clear_error_naming_the_replacement():
     x, y = _xy()
-    fn = tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=B, shuffle=False)
+    queue_fn = tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=B, shuffle=False)
+
+    def fn():  # computed from numpy_input_fn's tensors: no longer the arrays' rows
+        features, labels = queue_fn()
+        return features * 2.0, labels
+
     context = types.SimpleNamespace(num_hosts=1, current_host=0)
     with tf.Graph().as_default():
         with pytest.raises(tpushim.ConversionError) as info:
             _input_fn.adapt(fn)(params={"batch_size": B, "context": context}, mode=ModeKeys.TRAIN)
-    assert "numpy_input_fn" in str(info.value)
+    assert "cannot trace back" in str(info.value) and "'fn'" in str(info.value)
     assert "tf.data.Dataset.from_tensor_slices((x, y)).batch(B)" in str(info.value)
 
 
@@ -186,12 +191,15 @@ def test_rebatch_keeps_order_pads_and_weights():
     assert [b[:, 0].tolist() for b in train.as_numpy_iterator()] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_finite_training_input_is_logged(tmp_path, tpushim_log):
+def test_finite_training_input_rebatched_is_logged(tmp_path, tpushim_log):
+    """Re-batched (an explicit batch size other than the input's), a finite input's last rows
+    cannot form a full batch: logged. Batched by the same size, its short batch is padded instead
+    (tests/test_legacy_input.py) and nothing is logged."""
     x, y = _xy()
-    tpushim.patch(mode="cpu")
+    tpushim.patch(mode="cpu", batch_size=5)
     est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
     est.train(tfcases.dataset_input_fn(x, y), steps=1)
-    assert "training input is finite" in tpushim_log.text
+    assert "the training input is finite and batched by 8, not 5" in tpushim_log.text
     tpushim_log.clear()
     est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=1)
     assert "training input is finite" not in tpushim_log.text
@@ -208,8 +216,8 @@ def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
         assert est._tpushim_batch[ModeKeys.EVAL] == B  # pylint: disable=protected-access
         with pytest.raises(tpushim.ConversionError, match="needs `steps` when the input repeats forever"):
             est.evaluate(tfcases.dataset_input_fn(x, y, repeat=True))
-    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None, True) == (5, True, N)
-    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None, True) == (B, False, None)
+    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None, True) == (5, 5, True, N)
+    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None, True) == (B, B, False, None)
 
 
 @pytest.mark.parametrize("drop_remainder", [True, False])

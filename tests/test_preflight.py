@@ -147,10 +147,44 @@ def test_iterations_per_loop_small_for_the_steps():
     assert "iterations-per-loop-small" not in run(steps=1000).codes()
 
 
-def test_input_that_is_not_a_dataset():
-    fn = tf.compat.v1.estimator.inputs.numpy_input_fn(X, Y, batch_size=64, shuffle=False)
-    report = run(input_fn=fn)
+def test_input_that_is_not_a_dataset_does_not_end_the_check():
+    queue_fn = tf.compat.v1.estimator.inputs.numpy_input_fn(X.astype("float64"), Y, batch_size=12,
+                                                            shuffle=False)
+
+    def computed():  # tensors computed from the queue's: not traceable to a Dataset
+        features, labels = queue_fn()
+        return features * 2.0, labels
+
+    report = run(input_fn=computed)
     assert "input-not-dataset" in report.codes() and not report.ok
+    # The checks after it still run on what the input gives: dtype, batch, model.
+    assert {"float64-input", "batch-indivisible"} <= set(report.codes()), report.codes()
+    assert "XLA compile of the training step" in report.checked
+
+
+def test_numpy_input_fn_is_checked_as_the_dataset_tpushim_feeds():
+    fn = tf.compat.v1.estimator.inputs.numpy_input_fn(X, Y, batch_size=64, shuffle=False,
+                                                      num_epochs=None)
+    report = run(input_fn=fn)
+    assert report.ok and "input-not-dataset" not in report.codes(), report.codes()
+
+
+def test_eval_set_smaller_than_its_batch_is_judged_by_the_declared_batch():
+    report = run(input_fn=lambda: tf.data.Dataset.from_tensor_slices((X[:102], Y[:102])).batch(128))
+    assert "batch-indivisible" not in report.codes(), report.codes()
+
+
+def test_a_failing_check_is_a_finding_naming_where():
+    import types  # pylint: disable=import-outside-toplevel
+    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    recorder = _preflight.Recorder()
+    recorder.conversions.append(_preflight._Recorded(  # pylint: disable=protected-access
+        estimator=None, keras_model=object(), custom_objects=None,
+        settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None)))
+    report = recorder.report()
+    failed = [f for f in report.findings if f.code == "preflight-failed"]
+    assert failed and failed[0].severity == "error" and ".py:" in failed[0].where
+    assert "AttributeError" in failed[0].message and not report.ok
 
 
 def test_check_leaves_the_users_model_untouched():

@@ -77,20 +77,25 @@ def checkpoint_values(model_dir):
             if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
-def run(mode, build_model, train_fn, eval_fn, predict_fn, model_dir, steps=6, spelling="v2",
-        convert_kwargs=None):
-    """Converts with tpushim in ``mode`` ('off' = stock), trains, evaluates and predicts."""
-    convert = {"v2": tf.keras.estimator.model_to_estimator,
-               "v1": tf.compat.v1.keras.estimator.model_to_estimator}[spelling]
+def convert(mode, build_model, model_dir, spelling="v2", convert_kwargs=None):
+    """The estimator ``model_to_estimator`` returns with tpushim in ``mode`` ('off' = stock)."""
+    to_estimator = {"v2": tf.keras.estimator.model_to_estimator,
+                    "v1": tf.compat.v1.keras.estimator.model_to_estimator}[spelling]
     tpushim.patch(mode=mode)
     try:
         kwargs = dict(convert_kwargs or {})
         if "keras_model_path" not in kwargs:
             kwargs["keras_model"] = build_model()
         kwargs.setdefault("config", tf.estimator.RunConfig(tf_random_seed=7))
-        estimator = convert(model_dir=str(model_dir), **kwargs)
+        return to_estimator(model_dir=str(model_dir), **kwargs)
     finally:
         tpushim.unpatch()
+
+
+def run(mode, build_model, train_fn, eval_fn, predict_fn, model_dir, steps=6, spelling="v2",
+        convert_kwargs=None):
+    """Converts with tpushim in ``mode`` ('off' = stock), trains, evaluates and predicts."""
+    estimator = convert(mode, build_model, model_dir, spelling, convert_kwargs)
     if steps:
         estimator.train(train_fn, steps=steps)
     metrics = estimator.evaluate(eval_fn) if eval_fn else None

@@ -8,6 +8,7 @@ warm-start checkpoint of the Keras weights exactly as stock does, and returns a
 
 import logging
 import os
+import weakref
 
 import tensorflow as tf
 
@@ -200,6 +201,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
 
     def __init__(self, *args, tpushim_batch_size=None, tpushim_tpu_source=None, **kwargs):
         self._tpushim_batch = {}
+        self._tpushim_inspected = weakref.WeakKeyDictionary()  # input_fn -> {(mode, count): facts}
         self._tpushim_fixed_batch = tpushim_batch_size
         size = tpushim_batch_size or 1  # placeholder until the input says
         super().__init__(*args, train_batch_size=size, eval_batch_size=size,
@@ -224,14 +226,16 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
             _detect.check_reachable(self._config.master, self._tpushim_tpu_source)
         size, examples = self._tpushim_fixed_batch, None
         if size is None or mode == ModeKeys.TRAIN or count:
-            inferred, finite, examples = _input_fn.inspect_input(input_fn, mode, self.config, count)
+            facts = self._tpushim_inspect(input_fn, mode, count)
+            examples = facts.examples
             if size is None:
-                size = inferred
+                size = facts.batch_size
                 logger.info("global %s batch size %d, taken from the input_fn", mode, size)
-            if mode == ModeKeys.TRAIN and finite:
-                logger.info("the training input is finite; a TPU needs full batches, so a "
-                            "last partial batch of size < %d is dropped. Repeat the dataset "
-                            "(dataset.repeat()) to train on every example.", size)
+            if mode == ModeKeys.TRAIN and facts.finite and facts.declared != size:
+                logger.info("the training input is finite and batched by %s, not %d; a TPU "
+                            "needs full batches, so a last batch of fewer than %d rows is dropped. "
+                            "Repeat the dataset (dataset.repeat()) to train on every example.",
+                            facts.declared or "a size its graph does not declare", size, size)
         self._tpushim_batch[mode] = size
         self._ctx = _tfprivate.get_tpu_context(
             self._config, self._tpushim_batch.get(ModeKeys.TRAIN, size),
@@ -241,6 +245,17 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         if self._tpushim_use_tpu and shards and size % shards:
             raise ConversionError(_indivisible(size, shards))
         return examples
+
+    def _tpushim_inspect(self, input_fn, mode, count):
+        """The input's facts, read once per (input_fn, mode) for this estimator."""
+        key = (mode, count)
+        try:
+            cached = self._tpushim_inspected.setdefault(input_fn, {})
+        except TypeError:  # not weak-referenceable (e.g. a bound method of a __slots__ class)
+            cached = {}
+        if key not in cached:
+            cached[key] = _input_fn.inspect_input(input_fn, mode, self.config, count)
+        return cached[key]
 
     def _call_input_fn(self, input_fn, mode, input_context=None):
         return super()._call_input_fn(_input_fn.adapt(input_fn), mode, input_context)

@@ -9,6 +9,7 @@ exactly once: the model_fn gives padding zero weight in every metric and in the 
 estimator drops padded rows from predictions.
 """
 
+import collections
 import logging
 
 import tensorflow as tf
@@ -23,8 +24,8 @@ ModeKeys = tf.estimator.ModeKeys
 PADDING_KEY = "__tpushim_padding_weight__"
 FEATURES_KEY = "__tpushim_features__"
 
-_REPLACEMENT = ("return a tf.data.Dataset instead, e.g. replace numpy_input_fn(x, y, batch_size=B, ...) "
-                "with `lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(B)`")
+_REPLACEMENT = ("return a tf.data.Dataset instead, e.g. "
+                "`lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(B)`")
 
 
 def split_padding(features):
@@ -49,23 +50,34 @@ def call_user_input_fn(input_fn, mode, params, config, input_context=None):
     return input_fn(**kwargs)
 
 
-class _IteratorRecorder:
-    """While the user's input_fn runs, notes every one-shot / initializable iterator it makes over a
-    Dataset and the tensors each get_next() returns, so those tensors can be traced back to it."""
+class _SourceRecorder:
+    """While the user's input_fn runs, notes where its tensors can come from, so that tensors it
+    returns can be traced back to data a ``tf.data.Dataset`` can feed:
+
+    * every one-shot / initializable iterator it makes over a Dataset, and what each ``get_next()``
+      returns (``make_one_shot_iterator(ds).get_next()``);
+    * every queue ``numpy_input_fn`` / ``pandas_input_fn`` fill from arrays or a DataFrame
+      (``feeding_functions._enqueue_data``), with how they fill it.
+
+    Names are swapped in TensorFlow's modules only while the input_fn runs.
+    """
 
     def __init__(self):
         self.made = []  # (dataset, [flat get_next outputs, per call])
+        self.queues = []  # _QueueSource
 
     def __enter__(self):
-        from tensorflow.python.data.ops import dataset_ops  # pylint: disable=import-outside-toplevel
         self._saved = []
         module = tf.compat.v1.data
         for name in ("make_one_shot_iterator", "make_initializable_iterator"):
-            self._wrap(module, name, getattr(module, name), method=False)
-            self._wrap(dataset_ops.DatasetV1, name, dataset_ops.DatasetV1.__dict__[name], method=True)
+            self._wrap_iterator(module, name, getattr(module, name))
+            self._wrap_iterator(_tfprivate.DatasetV1, name, _tfprivate.DatasetV1.__dict__[name])
+        feeding = _tfprivate.feeding_functions()
+        self._saved.append((feeding, "_enqueue_data", feeding._enqueue_data))  # pylint: disable=protected-access
+        feeding._enqueue_data = self._recording_enqueue(feeding._enqueue_data)  # pylint: disable=protected-access
         return self
 
-    def _wrap(self, owner, name, original, method):
+    def _wrap_iterator(self, owner, name, original):
         made = self.made
 
         def wrapper(dataset, *args, **kwargs):
@@ -83,28 +95,123 @@ class _IteratorRecorder:
         self._saved.append((owner, name, original))
         setattr(owner, name, wrapper)
 
+    def _recording_enqueue(self, original):
+        import inspect  # pylint: disable=import-outside-toplevel
+        signature = inspect.signature(original)
+
+        def enqueue_data(*args, **kwargs):
+            graph = tf.compat.v1.get_default_graph()
+            before = {key: list(graph.get_collection(key)) for key in _QUEUE_SIDE_EFFECTS}
+            queue = original(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            added = {key: [x for x in graph.get_collection(key) if not any(x is y for y in before[key])]
+                     for key in _QUEUE_SIDE_EFFECTS}
+            self.queues.append(_QueueSource(queue, dict(bound.arguments), added))
+            return queue
+        return enqueue_data
+
     def __exit__(self, *exc):
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
 
     def dataset_for(self, result):
-        """The recorded Dataset mapped to ``result``'s structure, if every tensor in it came from
-        one get_next() of one iterator; else None."""
+        """The recorded source mapped to ``result``'s structure, if every tensor in it came from
+        one get_next() of one iterator or one dequeue of one recorded queue; else None."""
         flat = tf.nest.flatten(result)
+        if not flat:
+            return None
         for dataset, calls in self.made:
             for outputs in calls:
                 ids = [next((i for i, t in enumerate(outputs) if t is x), None) for x in flat]
-                if flat and None not in ids:
-                    def rearrange(*element, _ids=tuple(ids)):
-                        element = tf.nest.flatten(element)
-                        return tf.nest.pack_sequence_as(result, [element[i] for i in _ids])
-                    return dataset.map(rearrange)
+                if None not in ids:
+                    return dataset.map(_rearrange(result, ids))
+        for source in self.queues:
+            dataset = source.dataset_for(result, flat)
+            if dataset is not None:
+                return dataset
         return None
 
 
+# What feeding_functions._enqueue_data adds to the graph besides the queue: a queue runner (threads
+# filling it) and a summary of how full it is. Dropped when the queue is replaced by a Dataset.
+_QUEUE_SIDE_EFFECTS = (tf.compat.v1.GraphKeys.QUEUE_RUNNERS, tf.compat.v1.GraphKeys.SUMMARIES)
+
+_DEQUEUE_OPS = {"QueueDequeueManyV2": True, "QueueDequeueUpToV2": False}  # -> full batches only
+
+
+def _rearrange(result, ids):
+    def rearrange(*element):
+        element = tf.nest.flatten(element)
+        return tf.nest.pack_sequence_as(result, [element[i] for i in ids])
+    return rearrange
+
+
+class _QueueSource:
+    """A queue numpy_input_fn / pandas_input_fn fill, and the Dataset that feeds the same rows.
+
+    The queue holds, per row, its number (or the DataFrame's index) and then one column per array.
+    ``shuffle=False`` with one thread: the same rows in the same order and batches as stock
+    (``repeat(num_epochs).batch(B)``, batches running on across epochs as the queue's do; a last
+    short batch only when ``num_epochs`` is set). ``shuffle=True``: stock's order depends on
+    queue-filling threads and is not reproducible; the Dataset shuffles with a buffer of the queue's
+    capacity, reshuffled every epoch, every row once per epoch, seeded by the graph's seed
+    (``RunConfig(tf_random_seed=...)``), so two runs see the same order.
+    """
+
+    def __init__(self, queue, arguments, side_effects):
+        self.queue, self.arguments, self.side_effects = queue, arguments, side_effects
+
+    def columns(self):
+        import collections  # pylint: disable=import-outside-toplevel
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        data = self.arguments["data"]
+        if isinstance(data, np.ndarray):
+            return [np.arange(len(data), dtype=np.int64), data]
+        if isinstance(data, collections.OrderedDict):
+            values = list(data.values())
+            return [np.arange(len(values[0]), dtype=np.int64)] + values
+        if type(data).__name__ == "DataFrame" and hasattr(data, "columns"):
+            return [data.index.values] + [data[c].values for c in data.columns]
+        return None  # a generator: no fixed rows to slice
+
+    def dataset_for(self, result, flat):
+        ops = {x.op for x in flat}
+        if len(ops) != 1:
+            return None
+        op = ops.pop()
+        if op.type not in _DEQUEUE_OPS or op.inputs[0] is not self.queue.queue_ref:
+            return None
+        columns, batch_size = self.columns(), tf.get_static_value(op.inputs[1])
+        if columns is None or batch_size is None or self.arguments.get("pad_value") is not None:
+            return None
+        args = self.arguments
+        dataset = tf.data.Dataset.from_tensor_slices(tuple(columns))
+        if args["shuffle"]:
+            dataset = dataset.shuffle(min(int(args["capacity"]), len(columns[0])),
+                                      seed=args["seed"], reshuffle_each_iteration=True)
+        epochs = args["num_epochs"]
+        # Each of num_threads feeding threads counts its own epochs (stock warns about it).
+        dataset = dataset.repeat(None if epochs is None else epochs * args["num_threads"])
+        dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
+        dataset = dataset.map(_rearrange(result, [x.value_index for x in flat]))
+        self._undo_side_effects()
+        logger.info("numpy/pandas queue input (%d rows, batch %d%s) fed as a tf.data.Dataset",
+                    len(columns[0]), batch_size, ", shuffled" if args["shuffle"] else "")
+        return dataset
+
+    def _undo_side_effects(self):
+        # The queue is never read now: its runner must not start threads filling it (on a TPU host
+        # they would copy the arrays for nothing), nor its summary report it empty.
+        graph = self.queue.queue_ref.graph
+        for key, added in self.side_effects.items():
+            collection = graph.get_collection_ref(key)
+            collection[:] = [x for x in collection if not any(x is a for a in added)]
+
+
 def call_and_recover(input_fn, mode, params, config, input_context=None):
-    """Calls the input_fn; iterator tensors traced to the Dataset they come from become that Dataset."""
-    with _IteratorRecorder() as recorder:
+    """Calls the input_fn; iterator or queue tensors traced to their source become a Dataset."""
+    with _SourceRecorder() as recorder:
         result = call_user_input_fn(input_fn, mode, params, config, input_context)
     if result is not None and not isinstance(result, tf.data.Dataset):
         flat = tf.nest.flatten(result)
@@ -118,9 +225,9 @@ def call_and_recover(input_fn, mode, params, config, input_context=None):
 def tensors_error(input_fn, result):
     return ConversionError(
         f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned {type(result).__name__} "
-        f"(tensors), not a tf.data.Dataset. A TPU reads its input from a Dataset "
-        f"(tf.compat.v1.estimator.inputs.numpy_input_fn and pandas_input_fn return queue tensors): "
-        f"{_REPLACEMENT}.")
+        f"(tensors) that tpushim cannot trace back to a tf.data.Dataset, an iterator's get_next() "
+        f"or numpy_input_fn / pandas_input_fn arrays (e.g. they were computed from those). A TPU "
+        f"reads its input from a Dataset: {_REPLACEMENT}, and do any computation in dataset.map.")
 
 
 def check_result(input_fn, result):
@@ -170,11 +277,8 @@ _BATCH_OPS = {"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset", "PaddedB
 
 def _declared_batch(dataset):
     """The batch_size the pipeline's last batch op declares (a constant), or None if the graph does not say."""
-    try:
-        op = dataset._variant_tensor.op  # pylint: disable=protected-access
-    except (AttributeError, ValueError):
-        return None
-    for _ in range(64):
+    op = _tfprivate.dataset_variant_op(dataset)
+    for _ in range(64 if op is not None else 0):
         if op.type in _BATCH_OPS:
             value = tf.get_static_value(op.inputs[1])
             return int(value) if value is not None and int(value) > 0 else None
@@ -184,41 +288,56 @@ def _declared_batch(dataset):
     return None
 
 
-def _first_batch_size(result):
-    """The batch size the input declares (static shape, or its batch op), else its first batch's size."""
+def declared_batch_size(dataset):
+    """The batch size a Dataset's graph declares (static batch dimension or batch op), else None."""
+    return _batch_dim(dataset) or _declared_batch(dataset)
+
+
+def _first_batch_size(result, sess):
+    """The size of the input's first batch, read in ``sess`` (tables initialised first)."""
     if isinstance(result, tf.data.Dataset):
-        static = _batch_dim(result) or _declared_batch(result)
-        if static:
-            return static
-        result = tf.compat.v1.data.make_one_shot_iterator(result.take(1)).get_next()
+        # An initializable iterator: a one-shot iterator refuses datasets that capture a lookup table.
+        iterator = tf.compat.v1.data.make_initializable_iterator(result.take(1))
+        sess.run(tf.compat.v1.tables_initializer())
+        sess.run(iterator.initializer)
+        return int(tf.nest.flatten(sess.run(iterator.get_next()))[0].shape[0])
     first = tf.nest.flatten(result)[0]
     if first.shape.rank and tf.compat.dimension_value(first.shape[0]):
         return int(tf.compat.dimension_value(first.shape[0]))
-    # A MonitoredSession also starts the queue runners of numpy_input_fn / pandas_input_fn.
-    with tf.compat.v1.train.MonitoredSession() as sess:
-        return int(sess.run(first).shape[0])
+    # A MonitoredSession initialises tables and starts the queue runners of tensors tpushim could
+    # not trace back to their source.
+    with tf.compat.v1.train.MonitoredSession() as monitored:
+        return int(monitored.run(first).shape[0])
+
+
+InputFacts = collections.namedtuple("InputFacts", "batch_size declared finite examples")
+InputFacts.__doc__ = """What tpushim reads of an input before TPUEstimator builds anything.
+
+batch_size: the global batch size the input gives (declared, else its first batch's size).
+declared: the batch size the Dataset's graph declares (static dimension or batch op), else None.
+finite: the Dataset is known to end (UNKNOWN cardinality -- filter, generators -- is not finite).
+examples: how many examples it holds, when asked for and finite; else None.
+"""
 
 
 def inspect_input(input_fn, mode, config, count=False):
-    """(global batch size, finite, examples) of the user's input, read in one scratch graph.
-
-    The batch size is the static batch dimension or the size of the first batch; ``finite`` says
-    whether a Dataset ends; ``examples`` is how many it holds when ``count`` is asked for and it
-    ends (None otherwise). The real pipeline is never touched.
-    """
-    with tf.Graph().as_default():
+    """:class:`InputFacts` of the user's input, read in one scratch graph; the real pipeline is
+    never touched. No data is read when the graph declares the batch size (unless ``count``)."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         result = check_result(input_fn, call_and_recover(input_fn, mode, {}, config))
-        finite, examples = False, None
+        finite, examples, declared = False, None, None
         if isinstance(result, tf.data.Dataset):
-            with tf.compat.v1.Session() as sess:
-                cardinality = int(sess.run(result.cardinality()))
-                finite = cardinality >= 0  # known to end; UNKNOWN (filter, generators) is not
-                if count and cardinality != tf.data.INFINITE_CARDINALITY:
-                    sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
-                    examples = int(sess.run(sizes.reduce(tf.constant(0, tf.int64), lambda t, n: t + n)))
+            declared = declared_batch_size(result)
+            cardinality = int(sess.run(result.cardinality()))
+            finite = cardinality >= 0  # known to end; UNKNOWN (filter, generators) is not
+            if count and cardinality != tf.data.INFINITE_CARDINALITY:
+                sess.run(tf.compat.v1.tables_initializer())
+                sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
+                examples = int(sess.run(sizes.reduce(tf.constant(0, tf.int64), lambda t, n: t + n)))
         elif count:
             raise tensors_error(input_fn, result)
-        return _first_batch_size(result), finite, examples
+        size = declared or _first_batch_size(result, sess)
+        return InputFacts(size, declared, finite, examples)
 
 
 def _pad_batch(batch_size):
@@ -259,6 +378,26 @@ def rebatch(dataset, batch_size, mode):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def fit_batches(dataset, batch_size, mode):
+    """The user's Dataset in batches of exactly ``batch_size`` (static shapes), how the TPU gets it.
+
+    * already static and that size: as it is;
+    * batched by that size with a short batch here and there (``batch(B)`` without
+      ``drop_remainder``, at each epoch's end with ``batch(B).repeat()``): each short batch padded
+      to ``batch_size`` with a padding weight, in every mode. Stock's batches stay as they are: the
+      model_fn weights padding out of the training loss (so the mean is over the real rows, as
+      stock's), of the eval loss and metrics, and the estimator drops it from predictions;
+    * batched by another size (``batch_size`` set explicitly): re-batched; a training batch that
+      would be short is filled from the next epoch's rows, as a TPU always gets full batches.
+    """
+    static = _batch_dim(dataset)
+    if static == batch_size:
+        return dataset.prefetch(tf.data.AUTOTUNE)  # a no-op on top of the user's own prefetch
+    if static is None and _declared_batch(dataset) == batch_size:
+        return dataset.map(_pad_batch(batch_size)).prefetch(tf.data.AUTOTUNE)
+    return rebatch(dataset, batch_size, mode)
+
+
 def adapt(input_fn):
     """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches)."""
 
@@ -276,12 +415,57 @@ def adapt(input_fn):
         if num_hosts > 1 and mode != ModeKeys.PREDICT:
             # Multi-host pod: each host reads its own shard of the input.
             result = result.shard(num_hosts, context.current_host)
-        if _batch_dim(result) == batch_size:  # already static and the right size
-            return result.prefetch(tf.data.AUTOTUNE)  # a no-op on top of the user's own prefetch
-        return rebatch(result, batch_size, mode)
+        return fit_batches(result, batch_size, mode)
 
     tpushim_input_fn.__wrapped__ = input_fn
     return tpushim_input_fn
+
+
+def _row_labels(label, output):
+    """Labels [batch] for an output [batch, 1] as [batch, 1]: Keras would reduce the loss over the
+    batch inside the loss function (stock's loss is then the batch mean), leaving no per-row loss
+    to weight padding out of; per row, the mean is the same."""
+    if (tf.is_tensor(label) and label.shape.rank is not None and output.shape.rank is not None
+            and label.shape.rank == output.shape.rank - 1
+            and tf.compat.dimension_value(output.shape[-1]) == 1):
+        return tf.expand_dims(label, -1)
+    return label
+
+
+def labels_for_padded_training(keras_model, labels):
+    """The labels of a padded TRAIN batch, with one loss per row for every output (see _row_labels)."""
+    outputs = dict(zip(keras_model.output_names, keras_model.outputs))
+    if isinstance(labels, dict):
+        return {k: _row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}
+    if isinstance(labels, (list, tuple)) and len(labels) == len(keras_model.outputs):
+        return type(labels)(_row_labels(l, o) for l, o in zip(labels, keras_model.outputs))
+    if len(keras_model.outputs) == 1:
+        return _row_labels(labels, keras_model.outputs[0])
+    return labels
+
+
+def weight_out_padding_in_training(model, padding_weight, cross_replica=False):
+    """Recompiles a TRAIN clone's loss so padding rows count for nothing and the mean is the real rows'.
+
+    Keras divides a weighted loss by the batch's element count, padding included; weighting each
+    real row by (global batch / real rows in the global batch) makes that the mean over the real
+    rows -- stock's loss on its short batch. On a TPU the counts are summed across shards, so after
+    the cross-shard mean of the gradients every real row of the global batch weighs the same.
+    A full batch gets weights of exactly 1.
+    """
+    pad = tf.cast(padding_weight, tf.keras.backend.floatx())
+    counts = tf.stack([tf.reduce_sum(pad), tf.cast(tf.size(pad), pad.dtype)])
+    if cross_replica:
+        counts = tf.compat.v1.tpu.cross_replica_sum(counts)
+    mean_weight = pad * tf.stop_gradient(tf.math.divide_no_nan(counts[1], counts[0]))
+    weights = []
+    for endpoint in _tfprivate.training_endpoints(model):
+        # A loss reduced by SUM adds its rows up: padding rows just weigh 0.
+        is_sum = getattr(endpoint.loss_fn, "reduction", None) == tf.keras.losses.Reduction.SUM
+        weight = pad if is_sum else mean_weight
+        own = endpoint.sample_weight
+        weights.append(weight if own is None else tf.cast(own, weight.dtype) * weight)
+    _tfprivate.recompile_loss_with_sample_weights(model, weights)
 
 
 def eval_loss(model, padding_weight, cross_replica=False):

@@ -106,16 +106,14 @@ def _metric_plan(model, metric_names_map):
     return plan
 
 
-def _batch_mean_labels(metric, y_true, y_pred):
-    """Labels [batch] for an output [batch, 1] in a mean metric: stock reduces each batch to one value."""
-    return (isinstance(metric, tf.keras.metrics.MeanMetricWrapper)
-            and y_true.shape.rank is not None and y_pred.shape.rank is not None
-            and y_true.shape.rank == y_pred.shape.rank - 1
-            and tf.compat.dimension_value(y_pred.shape[-1]) == 1)
-
-
 def _eval_metrics(model, metric_names_map, padding_weight):
-    """(metric_fn, tensors) computing every compiled metric, per output, as stock names them."""
+    """(metric_fn, tensors) computing every compiled metric, per output, as stock names them.
+
+    On a TPU, TPUEstimator runs ``metric_fn`` on the host, over the tensors of all shards
+    concatenated: there it can drop the padding rows, so every metric sees exactly the rows of
+    stock's batch -- including metrics that reduce a batch to one value (a custom function, or
+    [batch] labels for a [batch, 1] output, which Keras averages per batch).
+    """
     plan = _metric_plan(model, metric_names_map)
     if not plan:
         return None
@@ -132,23 +130,16 @@ def _eval_metrics(model, metric_names_map, padding_weight):
         tensors["padding_weight"] = padding_weight
 
     def metric_fn(**tensors):
-        pad = tensors.get("padding_weight")
+        pad = tensors.pop("padding_weight", None)
+        if pad is not None:
+            real = tf.greater(pad, 0)
+            tensors = {k: tf.boolean_mask(v, real) for k, v in tensors.items()}
         metric_ops, new_vars = {}, []
         for name, index, weighted, metric in plan:
             metric = _clone_metric(metric)
             weights = tensors.get(f"sample_weight_{index}") if weighted else None
-            y_true, y_pred = tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"]
-            if pad is not None and weights is None and _batch_mean_labels(metric, y_true, y_pred):
-                # Stock squeezes the [batch, 1] output to the [batch] labels and the metric's mean
-                # over the last axis is the batch mean: one value per batch. Per-row values (labels
-                # expanded) weighted 1/real rows sum to that batch mean, padding rows to zero.
-                y_true = tf.expand_dims(y_true, -1)
-                pad_w = tf.cast(pad, y_pred.dtype)
-                weights = tf.math.divide_no_nan(pad_w, tf.reduce_sum(pad_w))
-            elif pad is not None:
-                pad_w = tf.cast(pad, y_pred.dtype)
-                weights = pad_w if weights is None else weights * pad_w
-            update_op = metric.update_state(y_true, y_pred, sample_weight=weights)
+            update_op = metric.update_state(tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"],
+                                            sample_weight=weights)
             metric_ops[name] = (metric.result(), update_op)
             new_vars.extend(metric.variables)
         for collection in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
@@ -204,6 +195,8 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
     def model_fn(features, labels, mode, params):
         use_tpu = bool(params.get("use_tpu", False))
         features, padding_weight = _input_fn.split_padding(features)
+        if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
+            labels = _input_fn.labels_for_padded_training(keras_model, labels)
         model = _tfprivate.clone_and_build_model(
             mode=mode, keras_model=keras_model, custom_objects=custom_objects, features=features,
             labels=labels, optimizer_config=optimizer_config,
@@ -213,6 +206,8 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
         predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = eval_metrics = None
         if mode == ModeKeys.TRAIN:
+            if padding_weight is not None:  # a short batch padded to full size
+                _input_fn.weight_out_padding_in_training(model, padding_weight, cross_replica=use_tpu)
             _set_aggregation(model, use_tpu)
             model._make_train_function()  # pylint: disable=protected-access
             loss = model.total_loss

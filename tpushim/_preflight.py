@@ -221,21 +221,32 @@ def _dataset_ops(dataset, session):
     return top, inner
 
 
-def _check_input(report, input_fn, batch_size, num_cores):
-    """Static shapes, dtypes, pipeline speed and batch size of the user's input.
+def _element_spec(result):
+    if isinstance(result, tf.data.Dataset):
+        return result.element_spec
+    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), result)
 
-    Returns one batch (numpy, as features and labels) for the model checks, or None.
+
+def _check_input(report, input_fn, batch_size, num_cores):
+    """Static shapes, dtypes, pipeline speed and batch size of the user's input, as the TPU path
+    adapts it (iterator and numpy_input_fn tensors traced back to their Dataset).
+
+    An input finding never ends the check: whatever can still be read is. Returns one batch
+    (numpy, as features and labels) for the model checks, or None when none could be read.
     """
     report.checked.append("input pipeline")
+    name = getattr(input_fn, "__name__", "input_fn")
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        result = _input_fn.call_user_input_fn(input_fn, ModeKeys.TRAIN, {}, None)
-        name = getattr(input_fn, "__name__", "input_fn")
-        if not isinstance(result, tf.data.Dataset):
-            error = _input_fn.tensors_error(input_fn, result)
-            report.add("input-not-dataset", "error", f"input_fn {name!r}", str(error),
-                       "return a tf.data.Dataset")
+        try:
+            result = _input_fn.check_result(
+                input_fn, _input_fn.call_and_recover(input_fn, ModeKeys.TRAIN, {}, None))
+        except TPUShimError as e:
+            report.add("input-unusable", "error", f"input_fn {name!r}", str(e), "see the message")
             return None
-        spec = result.element_spec
+        if not isinstance(result, tf.data.Dataset):
+            report.add("input-not-dataset", "error", f"input_fn {name!r}",
+                       str(_input_fn.tensors_error(input_fn, result)), "return a tf.data.Dataset")
+        spec = _element_spec(result)
         features_spec, labels_spec = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, None)
         for role, structure in (("feature", features_spec), ("label", labels_spec)):
             if structure is None:
@@ -258,29 +269,46 @@ def _check_input(report, input_fn, batch_size, num_cores):
                                "turn strings into numbers in the input pipeline (e.g. "
                                "tf.keras.layers.StringLookup or tf.strings.to_hash_bucket_fast in "
                                "dataset.map)")
-        top, inner = _dataset_ops(result, sess)
-        if "PrefetchDataset" not in top:
-            report.add("no-prefetch", "info", f"input_fn {name!r}", "the input pipeline does not "
-                       "prefetch, so the accelerator would wait while the host prepares each batch; "
-                       "tpushim adds .prefetch(tf.data.AUTOTUNE) on its TPU path, so a TPU run is "
-                       "not slowed", "end the pipeline with .prefetch(tf.data.AUTOTUNE) to get the "
-                       "same on the stock path")
-        if "GeneratorDataset" in inner or "GeneratorDataset" in top:
-            report.add("python-generator", "warning", f"input_fn {name!r}", "Dataset.from_generator "
-                       "runs Python for every element, holding the GIL: it starves a TPU",
-                       "build the dataset from tensors or files (from_tensor_slices, TFRecordDataset)")
-        if {"PyFunc", "EagerPyFunc"} & inner:
-            report.add("per-example-python", "warning", f"input_fn {name!r}", "tf.py_function / "
-                       "tf.numpy_function in the pipeline runs Python per element",
-                       "express the transformation in TensorFlow ops inside dataset.map")
-        batch = None
-        first = tf.compat.v1.data.make_one_shot_iterator(result.take(1)).get_next()
-        batch = sess.run(first)
+        declared = None
+        if isinstance(result, tf.data.Dataset):
+            _check_dataset_ops(report, result, sess, name)
+            declared = _input_fn.declared_batch_size(result)
+        batch = _read_one_batch(result, sess)
     features, labels = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
-    inferred = int(tf.nest.flatten(features)[0].shape[0])
-    _check_batch(report, batch_size or inferred, num_cores,
-                 "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {inferred})")
+    size = declared or int(tf.nest.flatten(features)[0].shape[0])
+    _check_batch(report, batch_size or size, num_cores,
+                 "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {size})")
     return features, labels
+
+
+def _read_one_batch(result, sess):
+    if isinstance(result, tf.data.Dataset):
+        # Initializable: a one-shot iterator refuses a Dataset that captures a lookup table.
+        iterator = tf.compat.v1.data.make_initializable_iterator(result.take(1))
+        sess.run(tf.compat.v1.tables_initializer())
+        sess.run(iterator.initializer)
+        return sess.run(iterator.get_next())
+    # Tensors tpushim could not trace: a MonitoredSession starts their queue runners and tables.
+    with tf.compat.v1.train.MonitoredSession() as monitored:
+        return monitored.run(result)
+
+
+def _check_dataset_ops(report, dataset, sess, name):
+    top, inner = _dataset_ops(dataset, sess)
+    if "PrefetchDataset" not in top:
+        report.add("no-prefetch", "info", f"input_fn {name!r}", "the input pipeline does not "
+                   "prefetch, so the accelerator would wait while the host prepares each batch; "
+                   "tpushim adds .prefetch(tf.data.AUTOTUNE) on its TPU path, so a TPU run is "
+                   "not slowed", "end the pipeline with .prefetch(tf.data.AUTOTUNE) to get the "
+                   "same on the stock path")
+    if "GeneratorDataset" in inner or "GeneratorDataset" in top:
+        report.add("python-generator", "warning", f"input_fn {name!r}", "Dataset.from_generator "
+                   "runs Python for every element, holding the GIL: it starves a TPU",
+                   "build the dataset from tensors or files (from_tensor_slices, TFRecordDataset)")
+    if {"PyFunc", "EagerPyFunc"} & inner:
+        report.add("per-example-python", "warning", f"input_fn {name!r}", "tf.py_function / "
+                   "tf.numpy_function in the pipeline runs Python per element",
+                   "express the transformation in TensorFlow ops inside dataset.map")
 
 
 def _check_batch(report, global_batch, num_cores, where):
@@ -383,16 +411,48 @@ class Recorder:
         for recorded in self.conversions:
             trains = [(fn, steps) for event, fn, steps in recorded.inputs if event == "train"]
             train_fn, steps = trains[0] if trains else (None, None)
-            report.extend(check(recorded.keras_model, train_fn, batch_size=recorded.settings.batch_size,
-                                num_cores=num_cores, steps=steps,
-                                iterations_per_loop=recorded.settings.iterations_per_loop,
-                                custom_objects=recorded.custom_objects))
+            with _preflight_failure(report):
+                report.extend(check(recorded.keras_model, train_fn, batch_size=recorded.settings.batch_size,
+                                    num_cores=num_cores, steps=steps,
+                                    iterations_per_loop=recorded.settings.iterations_per_loop,
+                                    custom_objects=recorded.custom_objects))
             for event, fn, _ in recorded.inputs:
                 if event != "train" and fn is not train_fn:
-                    sub = Report()
-                    _check_input(sub, fn, recorded.settings.batch_size, num_cores)
-                    report.extend(sub)
+                    with _preflight_failure(report):
+                        sub = Report()
+                        _check_input(sub, fn, recorded.settings.batch_size, num_cores)
+                        report.extend(sub)
         return report
+
+
+def summary(exc):
+    """One informative line of an exception's text (TensorFlow's start with 'Graph execution error:'
+    and end with the op that failed; the line before that says what went wrong)."""
+    noise = ("File ", "[[", "Detected at node", "Graph execution error", "defined at", "Traceback")
+    lines = [l.strip() for l in str(exc).splitlines()]
+    lines = [l for l in lines if l and not l.startswith(noise)]
+    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+
+
+def last_frame(exc):
+    """'file:line in function' of the innermost frame an exception went through."""
+    import traceback  # pylint: disable=import-outside-toplevel
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "unknown location"
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
+
+
+@contextlib.contextmanager
+def _preflight_failure(report):
+    """A check that itself fails becomes an error finding naming where; the other checks go on."""
+    try:
+        yield
+    except Exception as e:  # pylint: disable=broad-except
+        report.add("preflight-failed", "error", last_frame(e),
+                   f"the preflight could not finish a check: {summary(e)}",
+                   "the findings above still hold; please report this with the script to tpushim")
 
 
 @contextlib.contextmanager

@@ -121,13 +121,25 @@ def _run_check(options, argv):
         show_conversions()
     from tpushim import _preflight  # pylint: disable=import-outside-toplevel
     out = sys.stderr if args.json else sys.stdout
+    uncaught = []
     with _preflight.recording() as recorder, contextlib.redirect_stdout(out):
         try:
-            code = run_module(module, target) if module is not None else run_script(target[0], target[1:])
+            code = (run_module(module, target, uncaught) if module is not None
+                    else run_script(target[0], target[1:], uncaught))
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    report = recorder.report(num_cores=args.cores)
-    if code:
+    try:
+        report = recorder.report(num_cores=args.cores)
+    except Exception as e:  # pylint: disable=broad-except  # --json must still print a report
+        report = _preflight.Report()
+        report.add("preflight-failed", "error", _preflight.last_frame(e),
+                   f"the preflight failed: {_preflight.summary(e)}", "please report this to tpushim")
+    for exc in uncaught:
+        report.add("script-raised", "error", _preflight.last_frame(exc),
+                   f"the script raised {_preflight.summary(exc)} while checked in cpu mode (the "
+                   f"TPU code path on CPU): it would fail on a TPU too",
+                   "see the traceback above; run the script with --mode cpu to reproduce it uncapped")
+    if code and not uncaught:
         report.add("script-exit", "warning", "script",
                    f"the script exited with status {code} while checked in cpu mode (its training "
                    f"was capped at {recorder.MAX_TRAIN_STEPS} steps, evaluation at "
@@ -385,13 +397,15 @@ def _print_uncaught(exc):
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
-def _run_target(run):
+def _run_target(run, uncaught=None):
     try:
         run()
     except (SystemExit, KeyboardInterrupt):
         raise  # Python itself turns these into the exit status (and SIGINT), as without tpushim
     except BaseException as exc:  # pylint: disable=broad-except
         _print_uncaught(exc)
+        if uncaught is not None:
+            uncaught.append(exc)
         return 1
     return 0
 
@@ -418,8 +432,9 @@ def _exec_as_main(file):
             sys.modules["__main__"] = saved
 
 
-def run_script(path, args):
-    """Runs ``path`` as ``__main__`` with ``sys.argv == [path, *args]``; returns the exit code."""
+def run_script(path, args, uncaught=None):
+    """Runs ``path`` as ``__main__`` with ``sys.argv == [path, *args]``; returns the exit code.
+    An uncaught exception is printed as python prints it, and appended to ``uncaught``."""
     sys.argv = [path, *args]
     is_source = os.path.isfile(path) and not path.endswith((".pyc", ".pyo"))
     if not sys.flags.safe_path:
@@ -431,14 +446,14 @@ def run_script(path, args):
     if is_source:
         # python 3.9+ makes __main__.__file__ absolute (the cwd joined, not normalised).
         file = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
-        return _run_target(lambda: _exec_as_main(file))
-    return _run_target(lambda: runpy.run_path(path, run_name="__main__"))
+        return _run_target(lambda: _exec_as_main(file), uncaught)
+    return _run_target(lambda: runpy.run_path(path, run_name="__main__"), uncaught)
 
 
-def run_module(name, args):
+def run_module(name, args, uncaught=None):
     """Runs module ``name`` as ``python -m name`` would (``sys.path[0]`` stays the cwd)."""
     sys.argv = [name, *args]
-    return _run_target(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))
+    return _run_target(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), uncaught)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -7,6 +7,7 @@ on the installed version): when a TensorFlow release moves one, this file is the
 # pylint: disable=unused-import,protected-access
 import threading
 
+from tensorflow.python.data.ops.dataset_ops import DatasetV1  # make_one_shot_iterator as a method
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
 from tensorflow_estimator.python.estimator import keras_lib
@@ -84,6 +85,12 @@ def training_endpoints(model):
     return model._training_endpoints
 
 
+def recompile_loss_with_sample_weights(model, sample_weights):
+    """Rebuilds a compiled v1-graph clone's ``total_loss`` (and weighted metrics) with these
+    per-output sample weight tensors -- what keras_lib does with an input's sample weights."""
+    model._compile_weights_loss_and_weighted_metrics(sample_weights)
+
+
 def per_output_metrics(model):
     """Per output: (unweighted {name: Metric}, weighted {name: Metric}) of a compiled clone."""
     return list(zip(model._per_output_metrics, model._per_output_weighted_metrics))
@@ -104,3 +111,18 @@ def object_checkpoint_keys(keras_model):
         graph_view.ObjectGraphView(keras_model))
     return {names[o] + "/.ATTRIBUTES/VARIABLE_VALUE": o.shape.as_list() for o in objects
             if isinstance(o, tf.Variable) and names[o].split("/")[0] != "optimizer"}
+
+
+def feeding_functions():
+    """The module whose ``_enqueue_data`` fills numpy_input_fn's / pandas_input_fn's queues (looked
+    up by attribute at call time, so a wrapper set on it is seen by both)."""
+    from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module  # pylint: disable=import-outside-toplevel
+    return module
+
+
+def dataset_variant_op(dataset):
+    """The graph op that makes ``dataset`` (its last transformation), or None where there is none."""
+    try:
+        return dataset._variant_tensor.op
+    except (AttributeError, ValueError):
+        return None

@@ -1,0 +1,286 @@
+"""Legacy input as public scripts write it (issue 11): numpy_input_fn / pandas_input_fn, short batches
+of ``batch(B).repeat()``, lookup tables. Each compared with the stock estimator within 1e-5."""
+
+import collections
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+
+import tfcases
+import tpushim
+from tpushim import _input_fn
+
+ModeKeys = tf.estimator.ModeKeys
+N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8
+numpy_input_fn = tf.compat.v1.estimator.inputs.numpy_input_fn
+TPU_CONTEXT = types.SimpleNamespace(num_hosts=1, current_host=0)  # what adapt() sees on a TPU
+
+
+def _dict_model():
+    """Functional model reading a dict feature 'x', as numpy_input_fn(dict) feeds it."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(inp)
+    out = tf.keras.layers.Dense(3, activation="softmax", name="probs")(h)
+    model = tf.keras.Model({"x": inp}, out)
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+                  "sparse_categorical_crossentropy", ["accuracy"])
+    return model
+
+
+def _float64_xy():
+    x, y = tfcases.data()
+    return x.astype("float64"), y  # float64, as numpy and pandas hand features over
+
+
+# --- numpy_input_fn / pandas_input_fn ---------------------------------------------------------
+
+@pytest.mark.parametrize("v1_spelling", [True, False])
+def test_numpy_input_fn_unshuffled_equals_stock(tmp_path, v1_spelling):
+    x, y = _float64_xy()
+    make = numpy_input_fn if v1_spelling else tf.compat.v1.estimator.inputs.numpy_input_fn
+    train = make({"x": x}, y, batch_size=B, shuffle=False, num_epochs=None)
+    evaluate = make({"x": x}, y, batch_size=B, shuffle=False, num_epochs=1)
+    predict = make({"x": x}, batch_size=B, shuffle=False, num_epochs=1)
+
+    def wrapped_train():  # scripts often call it inside their own input_fn
+        return train()
+
+    _, shim = tfcases.compare(tmp_path, _dict_model, wrapped_train, evaluate, predict, steps=9)
+    assert len(shim[2]) == N
+
+
+def test_numpy_input_fn_array_features_and_epochs(tmp_path):
+    x, y = tfcases.data()
+    # 2 epochs of 52 in batches of 8: 13 batches, the last one short (4 rows), as stock's queue.
+    train = numpy_input_fn(x, y[:, 0], batch_size=B, shuffle=False, num_epochs=2)
+    evaluate = numpy_input_fn(x, y[:, 0], batch_size=B, shuffle=False, num_epochs=1)
+    stock, shim = (_train_to_the_end(mode, tfcases.sequential, train, evaluate, tmp_path / mode)
+                   for mode in ("off", "cpu"))
+    assert shim[1]["global_step"] == stock[1]["global_step"] == 13
+    tfcases.assert_same(stock, shim)
+
+
+def _train_to_the_end(mode, build, train_fn, eval_fn, model_dir):
+    """tfcases.run's result, training until the (finite) input ends."""
+    est = tfcases.convert(mode, build, model_dir)
+    est.train(train_fn)
+    return est, est.evaluate(eval_fn), None, tfcases.checkpoint_values(model_dir)
+
+
+def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
+    x, y = _float64_xy()
+    fn = numpy_input_fn({"x": x}, y, batch_size=B, shuffle=False, num_epochs=1)
+    with tf.Graph().as_default() as graph:
+        ds = _input_fn.adapt(fn)(params={"batch_size": B, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL)
+        assert isinstance(ds, tf.data.Dataset)
+        features, labels = ds.element_spec
+        assert features[_input_fn.FEATURES_KEY]["x"].shape.as_list() == [B, 4]
+        assert labels.shape.as_list() == [B, 1]
+        # The queue is never read: no runner may start threads filling it, no summary report it.
+        assert graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS) == []
+        assert graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES) == []
+        rows = [b for b in tf.compat.v1.data.make_one_shot_iterator(ds).get_next()]
+        with tf.compat.v1.Session() as sess:
+            seen = []
+            try:
+                while True:
+                    f, l = sess.run(rows)
+                    seen.append(f[_input_fn.FEATURES_KEY]["x"][f[_input_fn.PADDING_KEY] > 0])
+            except tf.errors.OutOfRangeError:
+                pass
+    np.testing.assert_array_equal(np.concatenate(seen), x)  # every row once, in order
+
+
+def _rows_seen(fn, mode=ModeKeys.TRAIN, batches=None):
+    """Labels of the rows the recovered Dataset yields (padding dropped), in order."""
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(7)  # as RunConfig(tf_random_seed=7) sets it
+        ds = _input_fn.call_and_recover(fn, mode, {}, None)
+        assert isinstance(ds, tf.data.Dataset)
+        if batches:
+            ds = ds.take(batches)
+        nxt = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        out = []
+        with tf.compat.v1.Session() as sess:
+            try:
+                while True:
+                    out.extend(sess.run(nxt)[1].ravel().tolist())
+            except tf.errors.OutOfRangeError:
+                pass
+    return out
+
+
+def test_numpy_input_fn_shuffled_every_row_once_per_epoch_and_reproducible(tmp_path):
+    x = np.arange(N, dtype="float32")[:, None].repeat(4, axis=1)
+    y = np.arange(N)
+    fn = numpy_input_fn({"x": x}, y, batch_size=B, shuffle=True, num_epochs=2)
+    rows = _rows_seen(fn)
+    assert len(rows) == 2 * N
+    assert sorted(rows[:N]) == sorted(rows[N:]) == list(range(N))  # each epoch: every row once
+    assert rows[:N] != list(range(N)) and rows[:N] != rows[N:]  # shuffled, reshuffled per epoch
+    assert _rows_seen(fn) == rows  # the graph seed fixes the order: run to run the same
+
+
+def test_numpy_input_fn_shuffled_evaluation_counts_every_example(tmp_path):
+    """Stock's shuffled order is the queue threads'; accuracy over one epoch does not depend on it."""
+    x, y = tfcases.data()
+    train = numpy_input_fn({"x": x}, y, batch_size=B, shuffle=False, num_epochs=None)
+    shuffled = numpy_input_fn({"x": x}, y, batch_size=B, shuffle=True, num_epochs=1)
+    stock = tfcases.run("off", _dict_model, train, shuffled, None, tmp_path / "stock", steps=5)
+    shim = tfcases.run("cpu", _dict_model, train, shuffled, None, tmp_path / "shim", steps=5)
+    np.testing.assert_allclose(shim[1]["accuracy"], stock[1]["accuracy"], atol=tfcases.TOL)
+    assert shim[1]["global_step"] == 5
+
+
+def test_pandas_input_fn_equals_stock(tmp_path):
+    x, y = tfcases.data()
+    frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "d": x[:, 3]},
+                         index=np.arange(100, 100 + N))
+    target = pd.Series(y[:, 0], index=frame.index)
+
+    def build():
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(0)
+        inputs = {k: tf.keras.Input((), name=k) for k in "abcd"}
+        stacked = tf.keras.layers.Lambda(lambda d: tf.stack([d[k] for k in "abcd"], axis=1))(inputs)
+        out = tf.keras.layers.Dense(3, activation="softmax", name="probs")(stacked)
+        model = tf.keras.Model(inputs, out)
+        model.compile(tf.keras.optimizers.legacy.Adam(0.05), "sparse_categorical_crossentropy",
+                      ["accuracy"])
+        return model
+
+    pandas_input_fn = tf.compat.v1.estimator.inputs.pandas_input_fn
+    train = pandas_input_fn(frame, target, batch_size=B, shuffle=False, num_epochs=None)
+    evaluate = pandas_input_fn(frame, target, batch_size=B, shuffle=False, num_epochs=1)
+    predict = pandas_input_fn(frame, batch_size=B, shuffle=False, num_epochs=1)
+    tfcases.compare(tmp_path, build, train, evaluate, predict, steps=8)
+
+
+# --- batch(B).repeat(): stock's short batch at each epoch's end --------------------------------
+
+def _repeat_after_batch(x, y, batch):
+    return lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
+
+
+def test_batch_then_repeat_trains_and_evaluates_on_stocks_batches(tmp_path):
+    """52 rows in batch(16).repeat(): stock's batches are 16,16,16,4,16,... ; tpushim pads the 4
+    instead of filling it from the next epoch, so training and evaluate(steps=N) match stock."""
+    x, y = tfcases.data()
+    fn = _repeat_after_batch(x, y, 16)
+    stock = tfcases.run("off", tfcases.sequential, fn, None, None, tmp_path / "stock", steps=9)
+    shim = tfcases.run("cpu", tfcases.sequential, fn, None, None, tmp_path / "shim", steps=9)
+    stock = stock[:1] + (stock[0].evaluate(fn, steps=6), None, stock[3])
+    shim = shim[:1] + (shim[0].evaluate(fn, steps=6), None, shim[3])
+    tfcases.assert_same(stock, shim)
+
+
+def test_batch_then_repeat_evaluate_steps_reads_what_stock_reads():
+    """The official tutorial's numbers: 150 rows, batch(32).repeat(): 10 batches are 300 examples."""
+    x = np.arange(150, dtype="float32")[:, None]
+    fn = _repeat_after_batch(x, np.zeros(150, "int64"), 32)
+    with tf.Graph().as_default():
+        ds = _input_fn.adapt(fn)(params={"batch_size": 32, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL)
+        assert ds.element_spec[0][_input_fn.FEATURES_KEY].shape.as_list() == [32, 1]
+        nxt = tf.compat.v1.data.make_one_shot_iterator(ds.take(10)).get_next()
+        with tf.compat.v1.Session() as sess:
+            weights = [sess.run(nxt)[0][_input_fn.PADDING_KEY] for _ in range(10)]
+    assert [int(w.sum()) for w in weights] == [32, 32, 32, 32, 22] * 2
+    assert sum(int(w.sum()) for w in weights) == 300
+
+
+def test_batch_then_repeat_with_sample_weights_and_two_outputs(tmp_path):
+    features, labels = tfcases.two_in_two_out_data()
+    fn = lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(20).repeat()
+    stock = tfcases.run("off", tfcases.two_in_two_out, fn, None, None, tmp_path / "stock", steps=5)
+    shim = tfcases.run("cpu", tfcases.two_in_two_out, fn, None, None, tmp_path / "shim", steps=5)
+    tfcases.assert_same(stock, shim)
+
+
+def test_finite_training_input_trains_on_every_row_as_stock(tmp_path, tpushim_log):
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y, batch=16)  # 16,16,16,4 then the input ends
+    stock, shim = (_train_to_the_end(mode, tfcases.sequential, fn, fn, tmp_path / mode)
+                   for mode in ("off", "cpu"))
+    assert "dropped" not in tpushim_log.text
+    assert stock[1]["global_step"] == shim[1]["global_step"] == 4
+    tfcases.assert_same(stock, shim)
+
+
+# --- lookup tables ------------------------------------------------------------------------------
+
+VOCAB = ["the", "cat", "sat", "on", "mat", "dog", "ran"]
+SENTENCES = ["the cat sat", "the dog ran", "cat on mat", "dog sat on the mat", "the cat ran",
+             "mat", "on the dog", "ran sat cat"] * 4 + ["the the", "dog"]  # 34 lines
+
+
+def _text_model():
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    tokens = tf.keras.Input((5,), dtype="int64", name="tokens")
+    h = tf.keras.layers.Embedding(len(VOCAB) + 2, 4, name="embed")(tokens)
+    h = tf.keras.layers.GlobalAveragePooling1D()(h)
+    out = tf.keras.layers.Dense(1, activation="sigmoid", name="score")(h)
+    model = tf.keras.Model({"tokens": tokens}, out)
+    model.compile(tf.keras.optimizers.legacy.Adam(0.05), "binary_crossentropy", ["accuracy"])
+    return model
+
+
+def _text_input_fn(repeat):
+    def input_fn():
+        table = tf.lookup.StaticVocabularyTable(
+            tf.lookup.KeyValueTensorInitializer(VOCAB, tf.range(1, len(VOCAB) + 1, dtype=tf.int64)),
+            num_oov_buckets=1)
+
+        def encode(line, label):
+            words = tf.strings.split([line]).to_tensor(shape=[1, 5], default_value="")[0]
+            ids = tf.where(words == "", tf.zeros([5], tf.int64), table.lookup(words))
+            return {"tokens": ids}, label
+
+        labels = np.array([("cat" in s) * 1.0 for s in SENTENCES], "float32")
+        ds = tf.data.Dataset.from_tensor_slices((SENTENCES, labels)).map(encode).batch(8)
+        return ds.repeat() if repeat else ds
+    return input_fn
+
+
+def test_vocabulary_lookup_table_in_dataset_map(tmp_path):
+    tfcases.compare(tmp_path, _text_model, _text_input_fn(True), _text_input_fn(False), None, steps=6)
+
+
+def test_vocabulary_lookup_table_without_a_declared_batch_is_read_once(tmp_path):
+    """A batch size the graph does not hold as a constant: read from one batch, tables initialised."""
+    fn = _text_input_fn(False)
+    hidden = lambda: fn().unbatch().batch(tf.compat.v1.placeholder_with_default(tf.constant(8, tf.int64), []))
+    assert _input_fn.inspect_input(hidden, ModeKeys.EVAL, None).batch_size == 8
+    assert _input_fn.inspect_input(hidden, ModeKeys.EVAL, None, count=True).examples == len(SENTENCES)
+
+
+# --- inspection: once per input_fn and mode, no data read when the graph declares the batch -----
+
+def test_input_inspected_once_per_mode_without_reading_data(tmp_path):
+    x, y = tfcases.data()
+    calls, elements = [], []
+
+    def count(a, b):
+        elements.append(1)
+        return a, b
+
+    def input_fn():
+        calls.append(1)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000)
+        ds = ds.map(lambda a, b: tf.numpy_function(count, [a, b], [tf.float32, tf.int64]))
+        return ds.map(lambda a, b: (tf.ensure_shape(a, [4]), tf.ensure_shape(b, [1]))).repeat().batch(B)
+
+    with tf.Graph().as_default():
+        assert _input_fn.inspect_input(input_fn, ModeKeys.TRAIN, None).batch_size == B
+    assert elements == []  # the batch op said it: no element read, no shuffle buffer filled
+    est = tfcases.convert("cpu", tfcases.sequential, tmp_path)
+    calls.clear()
+    est.train(input_fn, steps=1)
+    est.train(input_fn, steps=1)
+    assert len(calls) == 3  # one inspection, then one call per train() as stock makes
+

@@ -1,0 +1,79 @@
+"""Legacy scripts as public samples write them (tests/scripts/), run as their owners would: stock
+(``python script.py``) and unchanged under ``python -m tpushim --mode cpu``. Every metric equal
+within 1e-5; ``python -m tpushim check`` sees through their input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tfcases
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+LEGACY = ["census_numpy_tf1.py",  # numpy_input_fn, dict float64 features, disable_v2_behavior
+          "taxi_csv_train_and_evaluate.py",  # CSV + decode_csv, one-shot iterator, batch().repeat(),
+          # train_and_evaluate with an exporter, [batch] labels for a [batch, 1] output
+          "tfrecord_feature_columns.py",  # TFRecords, input_layer in Dataset.map, custom metric fn
+          "text_vocab_file_lookup.py"]  # vocabulary file lookup table, initializable iterator
+
+
+def _run(args, workdir):
+    proc = subprocess.run([sys.executable, *args, str(workdir)], capture_output=True, text=True,
+                          env=tfcases.env_without_tpu(), timeout=600, cwd=str(workdir.parent))
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):]), proc.stderr
+
+
+@pytest.mark.parametrize("script", LEGACY)
+def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
+    path = os.path.join(SCRIPTS, script)
+    stock, _ = _run([path], tmp_path / "stock")
+    shim, log = _run(["-m", "tpushim", "--mode", "cpu", path], tmp_path / "shim")
+    assert "model_to_estimator -> TPUEstimator(use_tpu=False" in log  # converted, not stock
+    assert "Running it as it is on CPU" not in log  # every input fed as a Dataset, as on a TPU
+    assert set(shim) == set(stock)
+    for key, value in stock.items():
+        assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
+
+
+@pytest.mark.parametrize("script", ["census_numpy_tf1.py", "text_vocab_file_lookup.py"])
+def test_preflight_sees_through_legacy_input(script, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tpushim", "check", "--json",
+                           os.path.join(SCRIPTS, script), str(tmp_path / "work")],
+                          capture_output=True, text=True, env=tfcases.env_without_tpu(), timeout=600,
+                          cwd=str(tmp_path))
+    report = json.loads(proc.stdout)
+    codes = {f["code"] for f in report["findings"]}
+    assert proc.returncode == 0 and report["ok"], (report, proc.stderr[-3000:])
+    assert not codes & {"input-not-dataset", "input-unusable", "preflight-failed", "script-raised",
+                        "script-exit"}, report
+    assert "XLA compile of the training step" in report["checked"]
+    if script == "census_numpy_tf1.py":
+        assert "float64-input" in codes  # numpy_input_fn's float64 features, read as a Dataset
+        assert any(f["code"] == "batch-small" and "(batch of 32)" in f["where"]
+                   for f in report["findings"])
+
+
+def test_preflight_script_raising_in_cpu_mode_is_an_error(tmp_path):
+    script = tmp_path / "crashes.py"
+    script.write_text(
+        "import tensorflow as tf\n"
+        "model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])\n"
+        "model.compile(tf.keras.optimizers.legacy.SGD(0.1), 'mse')\n"
+        "est = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=%r)\n"
+        "est.train(lambda: tf.data.Dataset.from_tensor_slices(([[1.0, 2.0]] * 8, [[1.0]] * 8))"
+        ".batch(8).repeat(), steps=1)\n"
+        "est.evaluate(lambda: tf.data.Dataset.from_tensor_slices(([[1.0, 2.0, 3.0]], [[1.0]])).batch(1))\n"
+        % str(tmp_path / "model"))
+    proc = subprocess.run([sys.executable, "-m", "tpushim", "check", "--json", str(script)],
+                          capture_output=True, text=True, env=tfcases.env_without_tpu(), timeout=600,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)  # --json prints a report whatever happened
+    raised = [f for f in report["findings"] if f["code"] == "script-raised"]
+    assert raised and raised[0]["severity"] == "error", report
+    assert "InvalidArgumentError: Matrix size-incompatible" in raised[0]["message"], raised
+    assert ".py:" in raised[0]["where"]  # the last frame it went through
