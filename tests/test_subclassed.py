@@ -408,3 +408,29 @@ def test_eight_shards_equal_one_global_batch(case, monkeypatch):
     assert _max_diff(init, ref) > 1e-3  # training moved the weights
     for values in replicas:
         assert _max_diff(values, ref) < tfcases.TOL, names
+
+
+# --- what a TPU cannot run: the preflight names it, cpu mode still converts ----------------------
+
+class ValueShapedModel(tf.keras.Model):
+    """A shape computed from the batch's values: graph mode and CPU run it, a TPU cannot compile it."""
+
+    def __init__(self):
+        super().__init__()
+        self.out = tf.keras.layers.Dense(3, activation="softmax")
+
+    def call(self, inputs):
+        n = tf.cast(tf.reduce_max(inputs) * 10, tf.int32)
+        return self.out(inputs) + 0.0 * tf.reduce_sum(tf.ones([n]))
+
+
+def test_value_dependent_shape_named_by_preflight_and_converted_in_cpu_mode(tmp_path):
+    x, y = tfcases.data()
+    build = lambda: _subclassed(ValueShapedModel, lambda: tf.keras.optimizers.legacy.SGD(0.1))
+    report = tpushim.check(build(), tfcases.dataset_input_fn(x, y))
+    finding = next(f for f in report.findings if f.code == "value-dependent-shape")
+    assert finding.severity == "error" and "op Fill" in finding.where and not report.ok
+    assert "value-dependent-shape" not in tpushim.check(_subclassed(NoConfigModel),
+                                                        tfcases.dataset_input_fn(x, y)).codes()
+    _compare(tmp_path, build, tfcases.dataset_input_fn(x, y, repeat=True),
+             tfcases.dataset_input_fn(x, y), steps=2)

@@ -121,6 +121,8 @@ def _check_conversion(report, keras_model, custom_objects):
     return True
 
 
+# What XLA says when a shape is computed from a tensor's value (tf.ones([n]), tf.range(n), ...).
+_XLA_NOT_CONSTANT = re.compile(r"Input \d+ to node `([^`]+)` with op (\w+) must be a compile-time constant")
 _XLA_UNSUPPORTED = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_\w+ devices compatible "
                               r"with node \{\{node ([^}]+)\}\}")
 
@@ -156,12 +158,28 @@ def _check_xla(report, keras_model, custom_objects, features, labels):
             loss = clone.compiled_loss(y, predictions, regularization_losses=clone.losses)
         return loss, tape.gradient(loss, clone.trainable_variables)
 
+    # From shapes and dtypes only: a TPU compiles the step before any batch exists (values come by
+    # infeed), whereas XLA on CPU given values folds a shape computed from them into a constant.
+    specs = tf.nest.map_structure(lambda a: tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)),
+                                  (inputs, targets))
     try:
-        train_step.experimental_get_compiler_ir(inputs, targets)(stage="hlo")
+        train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
     except Exception as e:  # pylint: disable=broad-except
         text = str(e)
         unsupported = _XLA_UNSUPPORTED.findall(text)
-        if not unsupported:
+        not_constant = _XLA_NOT_CONSTANT.search(text)
+        if not_constant:
+            node, op = not_constant.groups()
+            layer = _layer_of(node, keras_model)
+            where = (f"layer {layer!r} (op {op})" if layer != node else  # in a subclassed call()
+                     f"model {keras_model.name!r} (op {op}, node {node})")
+            report.add("value-dependent-shape", "error", where,
+                       f"a shape in the training step depends on a tensor's value (e.g. tf.ones([n]) or "
+                       f"tf.range(n) with n computed from the batch, or a loop growing a tensor): a "
+                       f"TPU compiles the step before any value exists",
+                       "derive shapes from static shapes (x.shape) or constants, or compute such "
+                       "values in the input pipeline and pad them to a fixed size")
+        elif not unsupported:
             report.add("xla-compile", "error", f"model {keras_model.name!r}",
                        f"the training step does not compile with XLA: {text.splitlines()[0][:300]}",
                        "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
