@@ -171,6 +171,15 @@ def test_export_subclassed_model_retains_model_state(tmp_path):
         trained = tfcases.checkpoint_values(str(tmp_path / mode))
         for name in ("simple_model/dense/kernel", "simple_model/dense_1/bias"):
             np.testing.assert_allclose(exported[mode][name], trained[name], atol=0, rtol=0)
+        # A second conversion into the same model_dir continues from its checkpoint.
+        tpushim.patch(mode=mode)
+        try:
+            again = tf.compat.v1.keras.estimator.model_to_estimator(
+                keras_model=_subclassed(), model_dir=str(tmp_path / mode), checkpoint_format="saver")
+        finally:
+            tpushim.unpatch()
+        again.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=2)
+        assert again.get_variable_value("global_step") == 6
     assert set(exported["off"]) == set(exported["cpu"])
     for name, value in exported["off"].items():
         np.testing.assert_allclose(exported["cpu"][name], value, atol=tfcases.TOL, rtol=0, err_msg=name)

@@ -336,7 +336,8 @@ def build(call, settings, spec):
     if checkpoint_format in (None, "checkpoint"):
         if _tfprivate.is_subclassed(keras_model):
             raise ValueError("Object-based checkpoints are currently not supported with "
-                             "subclassed models.")  # stock's text
+                             "subclassed models."  # stock's text, then how to get past it
+                             " Pass checkpoint_format='saver' to model_to_estimator.")
         save_object_ckpt = True
     elif checkpoint_format == "saver":
         save_object_ckpt = False
