@@ -359,6 +359,60 @@ def test_tpu_train_step_one_cross_replica_sum_per_trainable_variable(case):
     assert len(sums) == len(trainable)
 
 
+class _GraphBuilt(Exception):
+    """Raised where TPUEstimator would open its session: the whole TPU graph is built by then."""
+
+
+@pytest.mark.parametrize("case", ["subclass-tf1-rmsprop", "widedeep-sgd-adam"])
+def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch):
+    """TPUEstimator.train on a faked 8-core TPU system (environment only: the system metadata and
+    the session it would open) builds replication, infeed and one CrossReplicaSum per variable."""
+    import collections  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.client import session as session_lib  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
+    from tensorflow_estimator.python.estimator import estimator as estimator_lib  # pylint: disable=import-outside-toplevel
+    from tensorflow_estimator.python.estimator.tpu import tpu_context  # pylint: disable=import-outside-toplevel
+
+    task = "/job:worker/replica:0/task:0/device:"
+    devices = [session_lib._DeviceAttributes(f"{task}TPU:{i}", "TPU", 0, 0) for i in range(REPLICAS)]  # pylint: disable=protected-access
+    devices.append(session_lib._DeviceAttributes(f"{task}CPU:0", "CPU", 0, 0))  # pylint: disable=protected-access
+    metadata = tpu_system_metadata.TPUSystemMetadata(
+        num_cores=REPLICAS, num_hosts=1, num_of_cores_per_host=REPLICAS, topology=None, devices=devices)
+    monkeypatch.setattr(tpu_context._InternalTPUContext, "_get_tpu_system_metadata",  # pylint: disable=protected-access
+                        lambda self: metadata)
+    built = {}
+
+    def stop_before_session(*args, **kwargs):
+        built["graph"] = tf.compat.v1.get_default_graph()
+        raise _GraphBuilt()
+
+    monkeypatch.setattr(estimator_lib.training, "MonitoredTrainingSession", stop_before_session)
+    x, y = tfcases.data(n=64)
+    if case.startswith("widedeep"):
+        model, x, y = _numeric_wide_deep(("sgd", "adam")), {"x": x}, x.sum(axis=1, keepdims=True)
+    else:
+        model = _subclassed()
+    with tfcases.LoopbackListener() as tpu:
+        tpushim.patch(tpu=tpu.address, mode="tpu")
+        try:
+            est = tf.compat.v1.keras.estimator.model_to_estimator(
+                keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver")
+        finally:
+            tpushim.unpatch()
+        assert est._ctx._use_tpu  # pylint: disable=protected-access
+        with pytest.raises(_GraphBuilt):
+            est.train(tfcases.dataset_input_fn(x, y, batch=32, repeat=True), steps=2)
+    graph = built["graph"]
+    ops = collections.Counter(op.type for op in graph.get_operations())
+    ops.update(n.op for f in graph.as_graph_def().library.function for n in f.node_def)  # loop bodies
+    (replicate,) = [op for op in graph.get_operations() if op.type == "TPUReplicateMetadata"]
+    assert replicate.get_attr("num_replicas") == REPLICAS
+    assert ops["InfeedEnqueueTuple"] == REPLICAS and ops["InfeedDequeueTuple"] == 1
+    trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    assert len(trainable) == (6 if case.startswith("widedeep") else 4)
+    assert ops["CrossReplicaSum"] == len(trainable)
+
+
 # --- rung 2b: eight shards emulated with numbers --------------------------------------------------
 
 def _shards(structure, r):
