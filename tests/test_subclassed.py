@@ -497,3 +497,12 @@ def test_value_dependent_shape_named_by_preflight_and_converted_in_cpu_mode(tmp_
                                                         tfcases.dataset_input_fn(x, y)).codes()
     _compare(tmp_path, build, tfcases.dataset_input_fn(x, y, repeat=True),
              tfcases.dataset_input_fn(x, y), steps=2)
+
+
+def test_preflight_checks_widedeep_with_dict_features():
+    """An unbuilt subclassed model (nothing to copy to the XLA clone) with dict features compiles."""
+    x = tfcases.data(n=64)[0]
+    report = tpushim.check(_numeric_wide_deep(("sgd", "adam")),
+                           tfcases.dataset_input_fn({"x": x}, x.sum(axis=1, keepdims=True), batch=64))
+    assert "XLA compile of the training step" in report.checked
+    assert report.ok, str(report)

@@ -144,15 +144,21 @@ def _check_xla(report, keras_model, custom_objects, features, labels):
     report.checked.append("XLA compile of the training step")
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
         clone = tf.keras.models.clone_model(keras_model)
-    clone.set_weights(keras_model.get_weights())
+    try:
+        clone.set_weights(keras_model.get_weights())
+    except ValueError:
+        pass  # an unbuilt subclassed model (e.g. a WideDeepModel) has none yet; the compile needs none
     loss_weights = getattr(getattr(keras_model, "compiled_loss", None), "_user_loss_weights", None)
     clone.compile(loss=keras_model.loss, loss_weights=loss_weights)
     inputs, targets, _ = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
     targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
 
+    structure = (inputs, targets)
+
     @tf.function(jit_compile=True)
-    def train_step(x, y):
+    def train_step(*flat):  # flat: experimental_get_compiler_ir takes no nested TensorSpecs
+        x, y = tf.nest.pack_sequence_as(structure, flat)
         with tf.GradientTape() as tape:
             predictions = clone(x, training=True)
             loss = clone.compiled_loss(y, predictions, regularization_losses=clone.losses)
@@ -160,8 +166,7 @@ def _check_xla(report, keras_model, custom_objects, features, labels):
 
     # From shapes and dtypes only: a TPU compiles the step before any batch exists (values come by
     # infeed), whereas XLA on CPU given values folds a shape computed from them into a constant.
-    specs = tf.nest.map_structure(lambda a: tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)),
-                                  (inputs, targets))
+    specs = [tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)) for a in tf.nest.flatten(structure)]
     try:
         train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
     except Exception as e:  # pylint: disable=broad-except
