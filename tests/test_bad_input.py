@@ -42,8 +42,9 @@ def _tf_216(monkeypatch):
 CASES = {
     "uncompiled model": (lambda d, mp: _convert(d, keras_model=_uncompiled()), ValueError,
                          "has not been compiled yet", "Please compile the model with `model.compile()`"),
-    "subclassed model": (lambda d, mp: _convert(d, keras_model=_subclassed()), tpushim.ConversionError,
-                         "is a subclassed Model", "Build it with tf.keras.Sequential or the functional API"),
+    "subclassed model, object checkpoints": (lambda d, mp: _convert(d, keras_model=_subclassed()), ValueError,
+                                             "Object-based checkpoints are currently not supported with subclassed models",
+                                             "Pass checkpoint_format='saver'"),
     "neither model nor path": (lambda d, mp: _convert(d), ValueError, "Either `keras_model` or `keras_model_path`", "needs to be provided"),
     "unaggregatable optimizer": (lambda d, mp: _convert(d, keras_model=tfcases.sequential(
         optimizer=HandRolledSGD(name="h"))), tpushim.ConversionError, "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent", "Compile with a built-in Keras optimizer"),

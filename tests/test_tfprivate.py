@@ -17,6 +17,7 @@ from tensorflow_estimator.python.estimator import keras_lib
     ("_convert_estimator_io_to_keras", ["keras_model", "features", "labels"]),
     ("_save_first_checkpoint", ["keras_model", "custom_objects", "config", "save_object_ckpt"]),
     ("_any_weight_initialized", ["keras_model"]),
+    ("_assert_valid_model", ["model", "custom_objects"]),
     ("model_to_estimator", ["keras_model", "keras_model_path", "custom_objects", "model_dir", "config",
                             "checkpoint_format", "use_v2_estimator", "metric_names_map", "export_outputs"]),
 ])

@@ -49,15 +49,14 @@ _IGNORED_ON_TPU = ("train_distribute", "eval_distribute", "experimental_distribu
 
 
 def _validate_model(keras_model, custom_objects):
-    """Structure checks that need no writing; raise before anything touches model_dir."""
+    """Structure checks that need no writing; raise before anything touches model_dir.
+
+    Exactly stock's: a subclassed model must rebuild from ``get_config``/``from_config`` (Keras
+    2.13+ derives a config from basic ``__init__`` arguments), as the model_fn clones it so.
+    """
     if keras_model is None:
         return
-    if not (keras_model._is_graph_network or isinstance(keras_model, tf.keras.Sequential)):  # pylint: disable=protected-access
-        raise ConversionError(
-            f"tpushim converts Sequential and functional Keras models; {type(keras_model).__name__} "
-            f"is a subclassed Model, whose weights and structure cannot be cloned for a TPU. Build it "
-            f"with tf.keras.Sequential or the functional API (tf.keras.Model(inputs, outputs)), or "
-            f"run this call unconverted with TPUSHIM_MODE=off.")
+    _tfprivate.assert_valid_model(keras_model, custom_objects)
 
 
 def _check_compiled(keras_model, custom_objects=None):
@@ -67,13 +66,7 @@ def _check_compiled(keras_model, custom_objects=None):
                          "with `model.compile()` before calling `model_to_estimator()`.")
 
 
-def _legacy_optimizer(keras_model, custom_objects=None):
-    """The optimizer the model_fn will clone; validated, but not yet set on the user's model.
-
-    As stock: a new-style Keras optimizer is converted to its legacy twin (estimators need one).
-    """
-    del custom_objects
-    optimizer = keras_model.optimizer
+def _one_legacy_optimizer(optimizer):
     if isinstance(optimizer, tf.keras.optimizers.experimental.Optimizer):
         try:
             legacy = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
@@ -88,11 +81,24 @@ def _legacy_optimizer(keras_model, custom_objects=None):
                 f"TPU shards. Compile with a built-in Keras optimizer (e.g. "
                 f"tf.keras.optimizers.legacy.Adam) or a tf.compat.v1.train optimizer.")
         optimizer = legacy
-    if isinstance(optimizer, (list, tuple)):
-        raise ConversionError("tpushim cannot convert a model compiled with several optimizers; "
-                              "compile it with one Keras or tf.compat.v1.train optimizer.")
     _model_fn.optimizer_kind(optimizer)
     return optimizer
+
+
+def _legacy_optimizer(keras_model, custom_objects=None):
+    """The optimizer the model_fn will clone; validated, but not yet set on the user's model.
+
+    As stock: a new-style Keras optimizer is converted to its legacy twin (estimators need one).
+    A list (WideDeepModel: one optimizer per sub-model) is checked and converted item by item.
+    """
+    del custom_objects
+    optimizer = keras_model.optimizer
+    if isinstance(optimizer, (list, tuple)):
+        converted = [_one_legacy_optimizer(o) for o in optimizer]
+        if all(c is o for c, o in zip(converted, optimizer)):
+            return optimizer
+        return type(optimizer)(converted)
+    return _one_legacy_optimizer(optimizer)
 
 
 def _check_metrics(keras_model, custom_objects):
@@ -166,6 +172,10 @@ def check_model_dir(keras_model, model_dir, save_object_ckpt):
     different shape, or when none of this model's variables is in it under either naming.
     """
     del save_object_ckpt  # either format may be there, whichever this call will save
+    if _tfprivate.is_subclassed(keras_model):
+        # Its variables are named when the model_fn builds it (an unbuilt model has none yet) and
+        # stock writes no Keras checkpoint for it: nothing to compare before training.
+        return
     expected_formats = None
     for folder in (model_dir, os.path.join(model_dir, "keras")):
         latest = tf.train.latest_checkpoint(folder)
@@ -339,6 +349,10 @@ def build(call, settings, spec):
         keras_model = tf.keras.models.load_model(keras_model_path, custom_objects=custom_objects)
     checkpoint_format = call["checkpoint_format"]
     if checkpoint_format in (None, "checkpoint"):
+        if _tfprivate.is_subclassed(keras_model):
+            raise ValueError("Object-based checkpoints are currently not supported with "
+                             "subclassed models."  # stock's text, then how to get past it
+                             " Pass checkpoint_format='saver' to model_to_estimator.")
         save_object_ckpt = True
     elif checkpoint_format == "saver":
         save_object_ckpt = False
@@ -362,9 +376,15 @@ def build(call, settings, spec):
     if not _tfprivate.any_weight_initialized(keras_model):
         tf.compat.v1.keras.backend.set_session(tf.compat.v1.Session(config=config.session_config))
     warm_start_path = None
-    if config.is_chief:
+    if keras_model._is_graph_network and config.is_chief:  # pylint: disable=protected-access
         warm_start_path = _tfprivate.save_first_checkpoint(keras_model, custom_objects, config,
                                                            save_object_ckpt)
+    elif keras_model.built:
+        # As stock: a subclassed (or unbuilt Sequential) model's clone starts freshly initialised.
+        logger.warning("%s is a subclassed Keras model that already has weights; as the stock "
+                       "model_to_estimator, the estimator starts from a freshly initialised copy "
+                       "(its weights are not carried over). The model you passed is unchanged.",
+                       type(keras_model).__name__)
     use_tpu = spec is not None
     describe = (f"TPUEstimator(use_tpu={use_tpu}"
                 + (f", tpu={spec.describe()}" if use_tpu else "")

@@ -5,7 +5,8 @@ differs where a TPU needs it to:
 
 * TRAIN: gradients are averaged across shards -- for a Keras optimizer through the clone's
   ``gradient_aggregator`` (set on the clone, before its train function is made: it is not part of
-  ``get_config``), for a ``tf.compat.v1.train`` optimizer through ``CrossShardOptimizer``. Nothing
+  ``get_config``), for a ``tf.compat.v1.train`` optimizer through ``CrossShardOptimizer``; each of
+  a WideDeepModel's two optimizers on its own sub-model's gradients. Nothing
   TPU-only is emitted when ``params['use_tpu']`` is false (CrossReplicaSum has no CPU kernel).
 * EVAL: ``eval_metrics=(metric_fn, tensors)``; ``metric_fn`` rebuilds every compiled metric from
   its config and returns ``(value, update_op)`` pairs, which is what TPUEstimator needs on a TPU.
@@ -52,10 +53,14 @@ def _no_aggregation(grads_and_vars):
 
 
 def _set_aggregation(model, use_tpu):
-    if optimizer_kind(model.optimizer) == "keras":
-        model.optimizer.gradient_aggregator = _cross_shard_mean if use_tpu else _no_aggregation
-    elif use_tpu:
-        model.optimizer.optimizer = tf.compat.v1.tpu.CrossShardOptimizer(model.optimizer.optimizer)
+    """Every optimizer of the clone averages its gradients across shards: a WideDeepModel compiled
+    with two (linear, dnn) applies each to its own sub-model's variables."""
+    optimizers = model.optimizer if isinstance(model.optimizer, (list, tuple)) else [model.optimizer]
+    for optimizer in optimizers:
+        if optimizer_kind(optimizer) == "keras":
+            optimizer.gradient_aggregator = _cross_shard_mean if use_tpu else _no_aggregation
+        elif use_tpu:
+            optimizer.optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer.optimizer)
 
 
 def _clone_metric(metric):
@@ -186,9 +191,13 @@ def _scaffold_fn(model):
 
 def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metric_names_map=None,
                   export_outputs=None):
-    """Returns a TPUEstimator model_fn for a compiled (Sequential or functional) Keras model."""
+    """Returns a TPUEstimator model_fn for a compiled Keras model (Sequential, functional or
+    subclassed, including the premade LinearModel / WideDeepModel)."""
     try:
-        optimizer_config = keras_model.optimizer.get_config()
+        if isinstance(keras_model.optimizer, (list, tuple)):
+            optimizer_config = [opt.get_config() for opt in keras_model.optimizer]
+        else:
+            optimizer_config = keras_model.optimizer.get_config()
     except (NotImplementedError, AttributeError):
         optimizer_config = None
 
@@ -215,6 +224,8 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
         elif mode == ModeKeys.EVAL:
             loss = _input_fn.eval_loss(model, padding_weight, cross_replica=use_tpu)
             eval_metrics = _eval_metrics(model, metric_names_map, padding_weight)
+        # A subclassed model Keras could not clone was reset in place: give the user theirs back.
+        _tfprivate.restore_subclassed_model_state(keras_model)
         spec_predictions = predictions
         if mode == ModeKeys.PREDICT and padding_weight is not None:
             spec_predictions = dict(predictions, **{_input_fn.PADDING_KEY: padding_weight})

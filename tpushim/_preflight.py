@@ -121,6 +121,8 @@ def _check_conversion(report, keras_model, custom_objects):
     return True
 
 
+# What XLA says when a shape is computed from a tensor's value (tf.ones([n]), tf.range(n), ...).
+_XLA_NOT_CONSTANT = re.compile(r"Input \d+ to node `([^`]+)` with op (\w+) must be a compile-time constant")
 _XLA_UNSUPPORTED = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_\w+ devices compatible "
                               r"with node \{\{node ([^}]+)\}\}")
 
@@ -142,26 +144,47 @@ def _check_xla(report, keras_model, custom_objects, features, labels):
     report.checked.append("XLA compile of the training step")
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
         clone = tf.keras.models.clone_model(keras_model)
-    clone.set_weights(keras_model.get_weights())
+    try:
+        clone.set_weights(keras_model.get_weights())
+    except ValueError:
+        pass  # an unbuilt subclassed model (e.g. a WideDeepModel) has none yet; the compile needs none
     loss_weights = getattr(getattr(keras_model, "compiled_loss", None), "_user_loss_weights", None)
     clone.compile(loss=keras_model.loss, loss_weights=loss_weights)
     inputs, targets, _ = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
     targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
 
+    structure = (inputs, targets)
+
     @tf.function(jit_compile=True)
-    def train_step(x, y):
+    def train_step(*flat):  # flat: experimental_get_compiler_ir takes no nested TensorSpecs
+        x, y = tf.nest.pack_sequence_as(structure, flat)
         with tf.GradientTape() as tape:
             predictions = clone(x, training=True)
             loss = clone.compiled_loss(y, predictions, regularization_losses=clone.losses)
         return loss, tape.gradient(loss, clone.trainable_variables)
 
+    # From shapes and dtypes only: a TPU compiles the step before any batch exists (values come by
+    # infeed), whereas XLA on CPU given values folds a shape computed from them into a constant.
+    specs = [tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)) for a in tf.nest.flatten(structure)]
     try:
-        train_step.experimental_get_compiler_ir(inputs, targets)(stage="hlo")
+        train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
     except Exception as e:  # pylint: disable=broad-except
         text = str(e)
         unsupported = _XLA_UNSUPPORTED.findall(text)
-        if not unsupported:
+        not_constant = _XLA_NOT_CONSTANT.search(text)
+        if not_constant:
+            node, op = not_constant.groups()
+            layer = _layer_of(node, keras_model)
+            where = (f"layer {layer!r} (op {op})" if layer != node else  # in a subclassed call()
+                     f"model {keras_model.name!r} (op {op}, node {node})")
+            report.add("value-dependent-shape", "error", where,
+                       f"a shape in the training step depends on a tensor's value (e.g. tf.ones([n]) or "
+                       f"tf.range(n) with n computed from the batch, or a loop growing a tensor): a "
+                       f"TPU compiles the step before any value exists",
+                       "derive shapes from static shapes (x.shape) or constants, or compute such "
+                       "values in the input pipeline and pad them to a fixed size")
+        elif not unsupported:
             report.add("xla-compile", "error", f"model {keras_model.name!r}",
                        f"the training step does not compile with XLA: {text.splitlines()[0][:300]}",
                        "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "

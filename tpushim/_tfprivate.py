@@ -17,6 +17,8 @@ from tensorflow_estimator.python.estimator.tpu import tpu_config, tpu_context, t
 # keras_lib helpers, reused so that tpushim clones, feeds and warm-starts exactly as stock does.
 convert_estimator_io_to_keras = keras_lib._convert_estimator_io_to_keras
 save_first_checkpoint = keras_lib._save_first_checkpoint
+# Stock's check that a subclassed model rebuilds from its config (its errors and texts, verbatim).
+assert_valid_model = keras_lib._assert_valid_model
 any_weight_initialized = keras_lib._any_weight_initialized
 FormattedKeyError = keras_lib.FormattedKeyError
 DEFAULT_SERVING_KEY = keras_lib._DEFAULT_SERVING_KEY
@@ -48,6 +50,21 @@ def clone_and_build_model(mode, keras_model, custom_objects, features=None, labe
                                                     labels, optimizer_config)
         finally:
             keras_model._get_compile_args = lambda: compile_args
+
+
+def is_subclassed(keras_model):
+    """Neither functional nor Sequential: stock clones it from its config, or resets it in place."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return not (keras_model._is_graph_network or isinstance(keras_model, tf.keras.Sequential))
+
+
+def restore_subclassed_model_state(keras_model):
+    """Undoes the in-place reset Keras applies to a subclassed model it cannot clone from its
+    config, as stock's model_fn does after building (the user's model keeps its layers/optimizer)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    if (not keras_model._is_graph_network
+            and getattr(keras_model, "_original_attributes_cache", None) is not None):
+        tf.compat.v2.keras.__internal__.models.in_place_subclassed_model_state_restoration(keras_model)
 
 
 def log_every_step_count_steps_on_cpu(estimator, config):
