@@ -52,3 +52,38 @@ def test_disable_v2_behavior_script_stock_equals_cpu(tmp_path):
     assert set(stock) == set(shim)
     for key, value in stock.items():
         assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
+
+
+PREFLIGHT = '''
+import json
+import numpy as np
+import tensorflow.compat.v1 as tf
+tf.disable_v2_behavior()
+import tpushim
+
+x, y = np.zeros((64, 4), "float32"), np.zeros((64, 3), "float32")
+fn = lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
+out = {}
+for name, extra in (("clean", []), ("strings", [tf.keras.layers.Lambda(
+        lambda v: v + 0.0 * tf.strings.to_number(tf.strings.as_string(v)), name="strs")])):
+    model = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,), name="d")] + extra)
+    model.compile("adam", "mse")
+    report = tpushim.check(model, fn)
+    out[name] = [(f.code, f.where) for f in report.findings if f.severity != "info"]
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_preflight_xla_check_under_disable_v2_behavior(tmp_path):
+    """No eager context to ask XLA for its IR: the step is compiled in a graph instead -- no false
+    'xla-compile' error on a clean model, the unsupported op named on a bad one."""
+    script = tmp_path / "preflight_v1.py"
+    script.write_text(PREFLIGHT)
+    env = tfcases.env_without_tpu()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads([l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    assert result["clean"] == [], result
+    assert result["strings"] == [["xla-unsupported-op", "layer 'strs' (op AsString)"]], result

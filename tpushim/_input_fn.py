@@ -434,6 +434,12 @@ def _row_labels(label, output):
 
 def labels_for_padded_training(keras_model, labels):
     """The labels of a padded TRAIN batch, with one loss per row for every output (see _row_labels)."""
+    if not keras_model.outputs:
+        # A subclassed model's outputs are known only once cloned: any [batch] label becomes
+        # [batch, 1], which every built-in loss reads as the same rows (Keras squeezes it back
+        # for a [batch] output).
+        return tf.nest.map_structure(
+            lambda l: tf.expand_dims(l, -1) if tf.is_tensor(l) and l.shape.rank == 1 else l, labels)
     outputs = dict(zip(keras_model.output_names, keras_model.outputs))
     if isinstance(labels, dict):
         return {k: _row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}

@@ -142,6 +142,12 @@ def _check_xla(report, keras_model, custom_objects, features, labels):
     Runs on a clone, so the user's model (weights, BatchNormalization statistics) is untouched.
     """
     report.checked.append("XLA compile of the training step")
+    if not tf.executing_eagerly():  # the script called disable_v2_behavior()
+        try:
+            _xla_compile_in_graph(keras_model, custom_objects, features, labels)
+        except Exception as e:  # pylint: disable=broad-except
+            _report_xla_error(report, keras_model, e)
+        return
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
         clone = tf.keras.models.clone_model(keras_model)
     try:
@@ -170,30 +176,63 @@ def _check_xla(report, keras_model, custom_objects, features, labels):
     try:
         train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
     except Exception as e:  # pylint: disable=broad-except
-        text = str(e)
-        unsupported = _XLA_UNSUPPORTED.findall(text)
-        not_constant = _XLA_NOT_CONSTANT.search(text)
-        if not_constant:
-            node, op = not_constant.groups()
-            layer = _layer_of(node, keras_model)
-            where = (f"layer {layer!r} (op {op})" if layer != node else  # in a subclassed call()
-                     f"model {keras_model.name!r} (op {op}, node {node})")
-            report.add("value-dependent-shape", "error", where,
-                       f"a shape in the training step depends on a tensor's value (e.g. tf.ones([n]) or "
-                       f"tf.range(n) with n computed from the batch, or a loop growing a tensor): a "
-                       f"TPU compiles the step before any value exists",
-                       "derive shapes from static shapes (x.shape) or constants, or compute such "
-                       "values in the input pipeline and pad them to a fixed size")
-        elif not unsupported:
-            report.add("xla-compile", "error", f"model {keras_model.name!r}",
-                       f"the training step does not compile with XLA: {text.splitlines()[0][:300]}",
-                       "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
-                       "reproduces this)")
-        for op, node in dict((op, node) for op, node in unsupported).items():
-            report.add("xla-unsupported-op", "error", f"layer {_layer_of(node, keras_model)!r} (op {op})",
-                       f"op {op} has no XLA kernel: the training step does not compile for a TPU",
-                       f"replace {op} in that layer with XLA-supported ops, or move it into the "
-                       f"input pipeline (tf.data), which runs on the host")
+        _report_xla_error(report, keras_model, e)
+
+
+def _report_xla_error(report, keras_model, e):
+    """The finding(s) for an XLA compilation error: unsupported ops and value-dependent shapes
+    named by layer, anything else as xla-compile."""
+    text = str(e)
+    unsupported = _XLA_UNSUPPORTED.findall(text)
+    not_constant = _XLA_NOT_CONSTANT.search(text)
+    if not_constant:
+        node, op = not_constant.groups()
+        layer = _layer_of(node, keras_model)
+        where = (f"layer {layer!r} (op {op})" if layer != node else  # in a subclassed call()
+                 f"model {keras_model.name!r} (op {op}, node {node})")
+        report.add("value-dependent-shape", "error", where,
+                   f"a shape in the training step depends on a tensor's value (e.g. tf.ones([n]) or "
+                   f"tf.range(n) with n computed from the batch, or a loop growing a tensor): a "
+                   f"TPU compiles the step before any value exists",
+                   "derive shapes from static shapes (x.shape) or constants, or compute such "
+                   "values in the input pipeline and pad them to a fixed size")
+    elif not unsupported:
+        report.add("xla-compile", "error", f"model {keras_model.name!r}",
+                   f"the training step does not compile with XLA: {summary(e)}",
+                   "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
+                   "reproduces this)")
+    for op, node in dict((op, node) for op, node in unsupported).items():
+        report.add("xla-unsupported-op", "error", f"layer {_layer_of(node, keras_model)!r} (op {op})",
+                   f"op {op} has no XLA kernel: the training step does not compile for a TPU",
+                   f"replace {op} in that layer with XLA-supported ops, or move it into the "
+                   f"input pipeline (tf.data), which runs on the host")
+
+
+def _xla_compile_in_graph(keras_model, custom_objects, features, labels):
+    """The training step compiled by XLA in a graph, for scripts that ``disable_v2_behavior()``
+    (no eager context to ask for the compiler's IR): built in a scratch graph as a
+    ``jit_compile`` function on the batch's values and run once, which compiles it."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        with tf.keras.utils.custom_object_scope(custom_objects or {}):
+            clone = tf.keras.models.clone_model(keras_model)
+        clone.compile(loss=keras_model.loss)  # Keras's v1 training: loss_functions, per output
+        structure = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)[:2]
+        flat = [tf.convert_to_tensor(a) for a in tf.nest.flatten(structure)]
+
+        @tf.function(jit_compile=True)
+        def train_step(*flat):
+            x, y = tf.nest.pack_sequence_as(structure, flat)
+            with tf.GradientTape() as tape:
+                predictions = clone(x, training=True)
+                if isinstance(predictions, dict):
+                    predictions = [predictions[n] for n in clone.output_names]
+                pairs = zip(tf.nest.flatten(y), tf.nest.flatten(predictions), clone.loss_functions)
+                loss = tf.add_n([fn(t, p) for t, p, fn in pairs] + list(clone.losses))
+            return loss, tape.gradient(loss, clone.trainable_variables)
+
+        outputs = train_step(*flat)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(outputs)
 
 
 def _check_model_graph(report, keras_model, custom_objects, features, labels):
@@ -451,8 +490,9 @@ class Recorder:
 def summary(exc):
     """One informative line of an exception's text (TensorFlow's start with 'Graph execution error:'
     and end with the op that failed; the line before that says what went wrong)."""
-    noise = ("File ", "[[", "Detected at node", "Graph execution error", "defined at", "Traceback")
-    lines = [l.strip() for l in str(exc).splitlines()]
+    noise = ("File ", "[[", "Detected at node", "Graph execution error", "defined at", "Traceback",
+             "Node: ")
+    lines = [l.strip() for l in str(exc).split("Original stack trace for")[0].splitlines()]
     lines = [l for l in lines if l and not l.startswith(noise)]
     return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
 
