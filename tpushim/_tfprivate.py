@@ -84,6 +84,14 @@ def training_endpoints(model):
     return model._training_endpoints
 
 
+def settle_sample_weights(model):
+    """What Keras's ``_make_test_function`` (called by stock's EVAL model_fn) does first: when
+    sample weights cover only some outputs, the clone's weights and weight modes disagree and Keras
+    recompiles its loss and weighted metrics WITHOUT any sample weights (stock then evaluates, as it
+    trains, unweighted). Returns whether it recompiled."""
+    return model._recompile_weights_loss_and_weighted_metrics()
+
+
 def per_output_metrics(model):
     """Per output: (unweighted {name: Metric}, weighted {name: Metric}) of a compiled clone."""
     return list(zip(model._per_output_metrics, model._per_output_weighted_metrics))
