@@ -71,6 +71,18 @@ def _placeholders(template):
         lambda a: tf.compat.v1.placeholder(tf.as_dtype(a.dtype), [PER] + list(a.shape[1:])), template)
 
 
+class _Assigner:
+    """Sets many variables in one session.run (Variable.load makes an op and a run per variable)."""
+
+    def __init__(self, graph, variables):
+        with graph.as_default():
+            self.values = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in variables]
+            self.op = tf.group([v.assign(p) for v, p in zip(variables, self.values)])
+
+    def __call__(self, sess, values):
+        sess.run(self.op, dict(zip(self.values, values)))
+
+
 def _tpu_model(build_model):
     """The model as tpushim's conversion hands it to the model_fn (new-style optimizer -> legacy)."""
     model = build_model()
@@ -85,6 +97,7 @@ class Emulation:
     def __init__(self, model, mode, template):
         self.graph, rv = tf.Graph(), _Rendezvous()
         self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = [], [], [], [], [], []
+        self._assign = None
         with self.graph.as_default(), pytest.MonkeyPatch.context() as mp:
             model_fn = _model_fn.make_model_fn(model)
             build_clone = _model_fn._tfprivate.clone_and_build_model  # pylint: disable=protected-access
@@ -125,7 +138,10 @@ class Emulation:
                 self.steps.append(step)
                 self.vars.append([v for v in _global_vars(self.graph) if v.ref() not in before])
             rv.wire()
-            self.sess = tf.compat.v1.Session(graph=self.graph)
+            config = tf.compat.v1.ConfigProto()
+            # Grappler's rewrites of an 8-replica graph cost more than these tiny steps save.
+            config.graph_options.rewrite_options.disable_meta_optimizer = True
+            self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
             self.sess.run([tf.compat.v1.global_variables_initializer(),
                            tf.compat.v1.local_variables_initializer()])
 
@@ -139,11 +155,11 @@ class Emulation:
 
     def load_weights(self, values):
         """Every replica's model weights (Keras order) set to ``values``."""
-        with self.graph.as_default():
-            for clone in self.clones:
-                assert [w.shape.as_list() for w in clone.weights] == [list(np.shape(v)) for v in values]
-                for w, value in zip(clone.weights, values):
-                    w.load(value, self.sess)
+        for clone in self.clones:
+            assert [w.shape.as_list() for w in clone.weights] == [list(np.shape(v)) for v in values]
+        if self._assign is None:
+            self._assign = _Assigner(self.graph, [w for clone in self.clones for w in clone.weights])
+        self._assign(self.sess, list(values) * len(self.clones))
 
     def weight_names(self):
         """Checkpoint names of the model weights (replica 0 is built first: no uniquifying suffix)."""
@@ -278,7 +294,7 @@ def _emulated_vs_stock_training(stock_training, optimizer, compared_at=COMPARED_
             assert emu.sess.run(emu.steps) == [step] * REPLICAS  # each replica's own step
             assert _max_diff(init, [ref[n] for n in emu.weight_names()]) > 1e-2  # training moved them
             want = [ref[n] for n in names]
-            diffs.append(max(_max_diff(emu.sess.run(vs), want) for vs in emu.vars))
+            diffs.append(max(_max_diff(values, want) for values in emu.sess.run(emu.vars)))
         return diffs
     finally:
         emu.close()
@@ -326,12 +342,12 @@ def _stock_one_step_per_slice(model_dir, x, y):
         xs = tf.compat.v1.placeholder(tf.float32, [PER, 4])
         ys = tf.compat.v1.placeholder(tf.int64, [PER, 1])
         spec = model_fn(tf.identity(xs), tf.identity(ys), ModeKeys.TRAIN)
+        assign = _Assigner(tf.compat.v1.get_default_graph(), clones[0].weights)
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             out = []
             for r in range(REPLICAS):
-                for w, value in zip(clones[0].weights, init):
-                    w.load(value, sess)
+                assign(sess, init)
                 sess.run(spec.train_op, {xs: x[_shard(r)], ys: y[_shard(r)]})
                 out.append(sess.run(clones[0].weights))
             names = [w.name.split(":")[0] for w in clones[0].weights]
@@ -348,7 +364,7 @@ def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path):
     try:
         emu.load_weights(init)
         emu.sess.run([spec.train_op for spec in emu.specs], emu.feed((x, y)))
-        replicas = [emu.sess.run(clone.weights) for clone in emu.clones]
+        replicas = emu.sess.run([clone.weights for clone in emu.clones])
         names = emu.weight_names()
     finally:
         emu.close()
