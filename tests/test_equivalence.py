@@ -148,3 +148,14 @@ def test_keras_model_path(tmp_path, fmt, optimizer, spelling):
     stock, shim = tfcases.compare(tmp_path, None, fn, fn, convert_kwargs={"keras_model_path": path},
                                   steps=3, spelling=spelling)
     assert shim[1]["loss"] == pytest.approx(stock[1]["loss"], abs=1e-5)
+
+
+def test_sample_weights_for_some_outputs_only(tmp_path):
+    """Sample weights for one output of two: Keras 2 then recompiles the clone's loss WITHOUT any
+    sample weights when it makes the train/test function, so stock trains and evaluates unweighted;
+    cpu mode must report that same eval loss (it once weighted the one given output)."""
+    features, labels = tfcases.two_in_two_out_data()
+    weights = {"cls": np.linspace(0.1, 2.0, tfcases.N).astype("float32")}
+    fn = tfcases.dataset_input_fn({"features": features, "sample_weights": weights}, labels)
+    tfcases.compare(tmp_path, lambda: tfcases.two_in_two_out("keras-sgd-momentum"), fn, fn,
+                    output_names=("cls", "reg"), spelling="v1")

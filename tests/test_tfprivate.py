@@ -55,6 +55,7 @@ def test_compiled_clone_exposes_what_the_model_fn_reads():
         assert len(endpoints) == 1 and not endpoints[0].should_skip_target()
         assert endpoints[0].training_target.target.shape.as_list() == [4, 2]
         assert [list(m) for pair in _tfprivate.per_output_metrics(clone) for m in pair] == [["mae"], []]
+        assert _tfprivate.settle_sample_weights(clone) is False  # no sample weights: nothing to redo
         without = _tfprivate.clone_and_build_model(
             tf.estimator.ModeKeys.TRAIN, model, None, tf.zeros([4, 3]), tf.zeros([4, 2]),
             model.optimizer.get_config(), compile_metrics=False)

@@ -1,23 +1,35 @@
-"""Rung 2b: the TPU model_fn run as 8 shards on CPU, with different data and a real cross-replica sum.
+"""Rung 2b: the TPU model_fn run as 8 shards on CPU, with different data and a real cross-replica sum,
+compared with the STOCK estimator on the whole global batch.
 
-All 8 replicas are built in ONE graph (each call of the model_fn clones the Keras model, so each has
-its own variables, set to the same initial values). ``cross_replica_sum`` is replaced, for the build
-only, by an AddN whose inputs are rewired, once every replica exists, to the 8 replicas' tensors of
-the same call: a true sum across shards. ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8.
+All 8 replicas are built in ONE graph (each call of the model_fn clones the Keras model, so each
+has its own variables). ``cross_replica_sum`` is replaced, for the build only, by an AddN whose
+inputs are rewired, once every replica exists, to the 8 replicas' tensors of the same call: a true
+sum across shards. ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. Each replica gets its
+own global step (keras_lib binds the optimizer's ``iterations`` to it), as each TPU core advances
+its own copy of the replicated step once per step. Every replica starts from the stock
+estimator's initial (or trained) weights. Eval emulates TPUEstimator's host call: each shard's
+``eval_metrics`` tensors concatenated along axis 0 in shard order, ``metric_fn`` run once on that,
+its update ops once per batch, the loss the mean of shard 0's per-batch losses
+(tpu_estimator.py: ``_OutfeedHostCall.create_tpu_hostcall``, ``_eval_on_tpu_system``).
 """
+
+import copy
+import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
+from tensorflow_estimator.python.estimator import keras_lib
 
 import tfcases
-from tpushim import _model_fn
+from tpushim import _estimator, _input_fn, _model_fn
 
 ModeKeys = tf.estimator.ModeKeys
 REPLICAS = 8
 PER = 4
+GLOBAL = REPLICAS * PER
 TOL = 1e-5
 
 
@@ -25,7 +37,7 @@ class _Rendezvous:
     """cross_replica_sum across replicas built one after another in one graph."""
 
     def __init__(self):
-        self.calls = []  # per replica: [AddN op of each cross_replica_sum call, in order]
+        self.calls = []  # per replica: [(AddN op, its replica's input) per cross_replica_sum call]
 
     def cross_replica_sum(self, x, group_assignment=None, name=None):
         del group_assignment, name
@@ -36,7 +48,7 @@ class _Rendezvous:
 
     def wire(self):
         counts = {len(c) for c in self.calls}
-        assert len(counts) == 1 and counts.pop() > 0, "replicas made different cross_replica_sum calls"
+        assert len(counts) == 1, "replicas made different cross_replica_sum calls"
         for i in range(len(self.calls[0])):
             ops = [calls[i][0] for calls in self.calls]
             xs = [calls[i][1] for calls in self.calls]
@@ -45,77 +57,139 @@ class _Rendezvous:
                     op._update_input(k, x)  # pylint: disable=protected-access
 
 
-def _new_vars(graph, before):
-    return [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-            if v.ref() not in before]
-
-
-def _replicas(model, mode, shard_inputs, monkeypatch):
-    """(graph, per-replica specs, per-replica variables): the TPU model_fn built once per replica in
-    one graph, its cross_replica_sums wired into true sums across the replicas."""
-    graph, rv = tf.Graph(), _Rendezvous()
-    with graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        model_fn = _model_fn.make_model_fn(model)
-        monkeypatch.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
-        monkeypatch.setattr(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)
-        specs, replica_vars = [], []
-        for r in range(REPLICAS):
-            before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-            rv.calls.append([])
-            features, labels = shard_inputs(r)
-            with tpu_function.tpu_shard_context(REPLICAS):
-                specs.append(model_fn(features, labels, mode, params={"use_tpu": True, "batch_size": PER}))
-            replica_vars.append(_new_vars(graph, before))
-        monkeypatch.undo()
-        rv.wire()
-    return graph, specs, replica_vars
-
-
-def _init_as_replica_0(sess, replica_vars):
-    """Initialises every replica with replica 0's initial values; returns those values."""
-    sess.run(tf.compat.v1.global_variables_initializer())
-    init = sess.run(replica_vars[0])
-    for vs in replica_vars[1:]:
-        for v, val in zip(vs, init):
-            v.load(val, sess)
-    return init
-
-
 def _shard(r):
     return slice(r * PER, (r + 1) * PER)
 
 
-def _emulated_train(build_model, x, y, monkeypatch, steps=1):
-    """Per replica: the final values of its variables after ``steps`` TPU-shard train steps."""
-    graph, specs, replica_vars = _replicas(
-        build_model(), ModeKeys.TRAIN,
-        lambda r: (tf.constant(x[_shard(r)]), tf.constant(y[_shard(r)])), monkeypatch)
-    with tf.compat.v1.Session(graph=graph) as sess:
-        init = _init_as_replica_0(sess, replica_vars)
-        for _ in range(steps):
-            sess.run([spec.train_op for spec in specs])
-        return init, [sess.run(vs) for vs in replica_vars], [v.name for v in replica_vars[0]]
+def _global_vars(graph):
+    return graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
 
 
-def _reference_train(build_model, x, y, init, steps=1):
-    """The same model_fn, no TPU, one step on the whole global batch, from the same initial values."""
+def _placeholders(template):
+    """Placeholders for one shard's slice of a global batch shaped like ``template`` (numpy)."""
+    return tf.nest.map_structure(
+        lambda a: tf.compat.v1.placeholder(tf.as_dtype(a.dtype), [PER] + list(a.shape[1:])), template)
+
+
+class _Assigner:
+    """Sets many variables in one session.run (Variable.load makes an op and a run per variable)."""
+
+    def __init__(self, graph, variables):
+        with graph.as_default():
+            self.values = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in variables]
+            self.op = tf.group([v.assign(p) for v, p in zip(variables, self.values)])
+
+    def __call__(self, sess, values):
+        sess.run(self.op, dict(zip(self.values, values)))
+
+
+def _tpu_model(build_model):
+    """The model as tpushim's conversion hands it to the model_fn (new-style optimizer -> legacy)."""
     model = build_model()
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-        spec = _model_fn.make_model_fn(model)(tf.constant(x), tf.constant(y), ModeKeys.TRAIN,
-                                              params={"use_tpu": False, "batch_size": len(x)})
-        vs = _new_vars(graph, before)
-        with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            assert [v.shape.as_list() for v in vs] == [list(i.shape) for i in init]
-            for v, val in zip(vs, init):
-                v.load(val, sess)
-            for _ in range(steps):
-                sess.run(spec.train_op)
-            return sess.run(vs)
+    optimizer = _estimator.validate(model, None)
+    model.optimizer = optimizer
+    return model
+
+
+class Emulation:
+    """tpushim's TPU model_fn as 8 replicas in one graph for ``mode``, fed per shard by ``feed``."""
+
+    def __init__(self, model, mode, template):
+        self.graph, rv = tf.Graph(), _Rendezvous()
+        self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = [], [], [], [], [], []
+        self._assign = None
+        with self.graph.as_default(), pytest.MonkeyPatch.context() as mp:
+            model_fn = _model_fn.make_model_fn(model)
+            build_clone = _model_fn._tfprivate.clone_and_build_model  # pylint: disable=protected-access
+
+            def recording_clone(*args, **kwargs):
+                clone = build_clone(*args, **kwargs)
+                inner = getattr(clone.optimizer, "optimizer", None)
+                if isinstance(inner, tf.compat.v1.train.Optimizer):
+                    # Keras cloning hands every clone the model's one tf1 optimizer, whose
+                    # non-slot variables (Adam's beta powers) are per graph: 8 replicas in one
+                    # graph would share (and 8 times advance) them. Each TPU core has its own.
+                    inner = copy.copy(inner)
+                    inner._slots, inner._non_slot_dict = {}, {}  # pylint: disable=protected-access
+                    clone.optimizer.optimizer = inner
+                self.clones.append(clone)
+                return clone
+            mp.setattr(_model_fn._tfprivate, "clone_and_build_model", recording_clone)  # pylint: disable=protected-access
+            mp.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
+            mp.setattr(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)  # CrossShardOptimizer's
+            for r in range(REPLICAS):
+                step = tf.compat.v1.get_variable(
+                    f"replica_{r}_global_step", shape=[], dtype=tf.int64, trainable=False,
+                    initializer=tf.compat.v1.zeros_initializer())
+                mp.setattr(tf.compat.v1.train, "get_or_create_global_step", lambda graph=None, s=step: s)
+                mp.setattr(tf.compat.v1.train, "get_global_step", lambda graph=None, s=step: s)
+                before = {v.ref() for v in _global_vars(self.graph)}
+                rv.calls.append([])
+                inputs = _placeholders(template)
+                # The model_fn sees tensors, as a TPU's infeed gives it, not placeholders: Keras
+                # treats placeholder labels as feedable and then weights outputs differently.
+                tensors = tf.nest.map_structure(tf.identity, inputs)
+                features, labels = tensors if isinstance(tensors, tuple) else (tensors, None)
+                self.features.append(features)
+                with tpu_function.tpu_shard_context(REPLICAS):
+                    self.specs.append(model_fn(features, labels, mode,
+                                               params={"use_tpu": True, "batch_size": PER}))
+                self.inputs.append(inputs)
+                self.steps.append(step)
+                self.vars.append([v for v in _global_vars(self.graph) if v.ref() not in before])
+            rv.wire()
+            config = tf.compat.v1.ConfigProto()
+            # Grappler's rewrites of an 8-replica graph cost more than these tiny steps save.
+            config.graph_options.rewrite_options.disable_meta_optimizer = True
+            self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
+            self.sess.run([tf.compat.v1.global_variables_initializer(),
+                           tf.compat.v1.local_variables_initializer()])
+
+    def feed(self, batch):
+        """Replica r gets rows [r*PER, (r+1)*PER) of the global ``batch``."""
+        feed = {}
+        for r, inputs in enumerate(self.inputs):
+            for p, a in zip(tf.nest.flatten(inputs), tf.nest.flatten(batch)):
+                feed[p] = a[_shard(r)]
+        return feed
+
+    def load_weights(self, values):
+        """Every replica's model weights (Keras order) set to ``values``."""
+        for clone in self.clones:
+            assert [w.shape.as_list() for w in clone.weights] == [list(np.shape(v)) for v in values]
+        if self._assign is None:
+            self._assign = _Assigner(self.graph, [w for clone in self.clones for w in clone.weights])
+        self._assign(self.sess, list(values) * len(self.clones))
+
+    def weight_names(self):
+        """Checkpoint names of the model weights (replica 0 is built first: no uniquifying suffix)."""
+        return [w.name.split(":")[0] for w in self.clones[0].weights]
+
+    def var_names(self):
+        return [v.name.split(":")[0] for v in self.vars[0]]
+
+    def close(self):
+        self.sess.close()
+
+
+# -- the stock side --------------------------------------------------------------------------------
+
+def _stock_estimator(model, model_dir, **config):
+    """Stock model_to_estimator (v1 spelling: name-based checkpoints, graph variable names)."""
+    estimator = tf.compat.v1.keras.estimator.model_to_estimator(
+        keras_model=model, model_dir=str(model_dir),
+        config=tf.estimator.RunConfig(tf_random_seed=7, **config))
+    assert not isinstance(estimator, tf.compat.v1.estimator.tpu.TPUEstimator)
+    return estimator
+
+
+def _dataset_fn(*structure, batch):
+    return lambda: tf.data.Dataset.from_tensor_slices(structure if len(structure) > 1 else structure[0]
+                                                      ).batch(batch)
+
+
+def _rows(structure, rows):
+    return tf.nest.map_structure(lambda a: a[rows], structure)
 
 
 def _max_diff(a, b):
@@ -123,66 +197,318 @@ def _max_diff(a, b):
                for p, q in zip(a, b))
 
 
-OPTS = {
-    "keras-sgd-momentum": lambda: tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9),
-    "keras-adam": lambda: tf.keras.optimizers.legacy.Adam(0.05),
-    "tf1-momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.5, 0.9),
+# -- the model and data ----------------------------------------------------------------------------
+
+OPTIMIZERS = {
+    "keras-sgd-momentum": lambda: tf.keras.optimizers.legacy.SGD(0.3, momentum=0.9),
+    "keras-adam-legacy": lambda: tf.keras.optimizers.legacy.Adam(0.05),
+    "keras-adam-new": lambda: tf.keras.optimizers.Adam(0.05),  # converted to legacy, as stock does
+    "keras-rmsprop": lambda: tf.keras.optimizers.legacy.RMSprop(0.02, momentum=0.5),
+    "tf1-adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),  # the CrossShardOptimizer path
 }
 
 
-# Adam over one step only: Keras legacy Adam's bias correction reads the optimizer's `iterations`,
-# which keras_lib binds to the global step; in this one-graph emulation all 8 replicas share it and
-# each train op advances it (8 per emulated step), so a
-# second step is not what a TPU (one iterations counter per replica) computes.
-@pytest.mark.parametrize("opt,steps", [("keras-sgd-momentum", 2), ("tf1-momentum", 2), ("keras-adam", 1)])
-def test_eight_shards_equal_one_global_batch(opt, steps, monkeypatch):
-    x, y = tfcases.data(n=REPLICAS * PER)
-    build = lambda: tfcases.sequential(OPTS[opt]())
-    init, replicas, names = _emulated_train(build, x, y, monkeypatch, steps=steps)
-    ref = _reference_train(build, x, y, init, steps=steps)
-    assert _max_diff(init, ref) > 1e-3  # training moved the weights
-    for values in replicas:
-        assert _max_diff(values, ref) < TOL, names
+def two_in_two_out(optimizer):
+    """Inputs 'a', 'b'; outputs 'cls' (sparse CE) and 'reg' (mse), loss weights, per-output metrics."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    a = tf.keras.Input((4,), name="a")
+    b = tf.keras.Input((2,), name="b")
+    h = tf.keras.layers.Dense(6, activation="tanh", name="h")(tf.keras.layers.Concatenate()([a, b]))
+    cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
+    reg = tf.keras.layers.Dense(1, name="reg")(h)
+    model = tf.keras.Model({"a": a, "b": b}, {"cls": cls, "reg": reg})
+    model.compile(optimizer=OPTIMIZERS[optimizer](),
+                  loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+                  loss_weights={"cls": 1.0, "reg": 0.5},
+                  metrics={"cls": ["accuracy", tf.keras.metrics.SparseCategoricalCrossentropy()],
+                           "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]})
+    return model
 
 
-def test_negative_control_summed_gradients_fail(monkeypatch):
+def two_in_two_out_data(n, seed=3, reg_labels_1d=False):
+    """(features with per-output sample weights, as stock reads them, labels)."""
+    rng = np.random.RandomState(seed)
+    inputs = {"a": rng.rand(n, 4).astype("float32"), "b": rng.rand(n, 2).astype("float32")}
+    weights = {"cls": rng.uniform(0.2, 2.0, n).astype("float32"),
+               "reg": rng.uniform(0.2, 2.0, n).astype("float32")}
+    if reg_labels_1d:  # stock cannot weight them: Keras reduces that output's loss to one value first
+        del weights["reg"]
+    reg = rng.rand(n).astype("float32")
+    labels = {"cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
+              "reg": reg if reg_labels_1d else reg[:, None]}
+    return {"features": inputs, "sample_weights": weights}, labels
+
+
+# -- 1. training -----------------------------------------------------------------------------------
+
+STEPS = 3
+COMPARED_AT = (1, STEPS)  # one step, and several
+
+
+def _train_data():
+    return two_in_two_out_data(GLOBAL * STEPS)
+
+
+@pytest.fixture(scope="module")
+def stock_training(tmp_path_factory):
+    """optimizer -> (initial weights, [stock checkpoint at each COMPARED_AT step]), trained once:
+    one train() of STEPS global batches, a checkpoint saved at every step."""
+    cache = {}
+
+    def run(optimizer):
+        if optimizer not in cache:
+            features, labels = _train_data()
+            model = two_in_two_out(optimizer)
+            init = model.get_weights()
+            stock = _stock_estimator(model, tmp_path_factory.mktemp("stock_" + optimizer),
+                                     save_checkpoints_steps=1)
+            stock.train(_dataset_fn(features, labels, batch=GLOBAL), steps=STEPS)
+            cache[optimizer] = init, [
+                tfcases.checkpoint_values(os.path.join(stock.model_dir, f"model.ckpt-{step}"))
+                for step in COMPARED_AT]
+        return cache[optimizer]
+    return run
+
+
+def _emulated_vs_stock_training(stock_training, optimizer, compared_at=COMPARED_AT):
+    """The 8-shard emulation on the slices of the global batches stock trained on, in the same
+    order; at each ``compared_at`` step, the largest difference of any replica's variable (weights
+    and optimizer slots, matched to stock's by name) from stock's checkpoint."""
+    init, checkpoints = stock_training(optimizer)
+    features, labels = _train_data()
+    emu = Emulation(_tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN,
+                    _rows((features, labels), slice(0, GLOBAL)))
+    try:
+        emu.load_weights(init)
+        names = emu.var_names()
+        diffs = []
+        for step in range(1, max(compared_at) + 1):
+            emu.sess.run([spec.train_op for spec in emu.specs],
+                         emu.feed(_rows((features, labels), slice((step - 1) * GLOBAL, step * GLOBAL))))
+            if step not in compared_at:
+                continue
+            ref = dict(checkpoints[COMPARED_AT.index(step)])
+            assert ref.pop("global_step") == step
+            assert sorted(ref) == sorted(names)  # every stock variable, and only those, is compared
+            assert emu.sess.run(emu.steps) == [step] * REPLICAS  # each replica's own step
+            assert _max_diff(init, [ref[n] for n in emu.weight_names()]) > 1e-2  # training moved them
+            want = [ref[n] for n in names]
+            diffs.append(max(_max_diff(values, want) for values in emu.sess.run(emu.vars)))
+        return diffs
+    finally:
+        emu.close()
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_eight_shards_train_like_stock_on_the_global_batch(stock_training, optimizer):
+    """2-in/2-out, loss weights, per-output sample weights: after 1 step and after 3."""
+    diffs = _emulated_vs_stock_training(stock_training, optimizer)
+    assert max(diffs) < TOL, diffs
+
+
+def test_negative_control_summed_gradients_fail(stock_training, monkeypatch):
     """Gradients summed over shards instead of averaged must be caught by the comparison."""
-    x, y = tfcases.data(n=REPLICAS * PER)
-    build = lambda: tfcases.sequential(OPTS["keras-sgd-momentum"]())
-    monkeypatch.setattr(_model_fn._tfprivate, "num_shards_in_replica_context", lambda: 1)
-    init, replicas, _ = _emulated_train(build, x, y, monkeypatch)
-    ref = _reference_train(build, x, y, init)
-    assert _max_diff(replicas[0], ref) > 100 * TOL
+    monkeypatch.setattr(_model_fn._tfprivate, "num_shards_in_replica_context", lambda: 1)  # pylint: disable=protected-access
+    diffs = _emulated_vs_stock_training(stock_training, "keras-sgd-momentum", compared_at=(1,))
+    assert diffs[0] > 100 * TOL, diffs
 
 
-def test_eight_shards_eval_loss_is_the_global_batchs_with_padding_shards(monkeypatch):
-    """22 real rows padded to a global batch of 32: shard 5 is half padding, shards 6 and 7 only
-    padding; every shard's eval loss must be that of the 22 real rows (TPUEstimator reports shard 0's)."""
-    from tpushim import _input_fn  # pylint: disable=import-outside-toplevel
-    real = 22
-    x, y = tfcases.data(n=REPLICAS * PER)
-    x[real:], y[real:] = 0, 0
-    pad = np.array([1.0] * real + [0.0] * (REPLICAS * PER - real), np.float32)
-    model = tfcases.sequential(OPTS["keras-sgd-momentum"]())
-    graph, specs, replica_vars = _replicas(
-        model, ModeKeys.EVAL,
-        lambda r: ({_input_fn.FEATURES_KEY: tf.constant(x[_shard(r)]),
-                    _input_fn.PADDING_KEY: tf.constant(pad[_shard(r)])}, tf.constant(y[_shard(r)])),
-        monkeypatch)
-    with tf.compat.v1.Session(graph=graph) as sess:
-        init = _init_as_replica_0(sess, replica_vars)
-        shard_losses = sess.run([spec.loss for spec in specs])
-    ref_graph = tf.Graph()
-    with ref_graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        before = {v.ref() for v in ref_graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-        spec = _model_fn.make_model_fn(model)(tf.constant(x[:real]), tf.constant(y[:real]),
-                                              ModeKeys.EVAL, params={"use_tpu": False, "batch_size": real})
-        vs = _new_vars(ref_graph, before)
-        with tf.compat.v1.Session(graph=ref_graph) as sess:
+# -- BatchNormalization: per-shard statistics ------------------------------------------------------
+
+def _bn_model():
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([
+        tf.keras.layers.Dense(6, input_shape=(4,), name="hidden"),
+        tf.keras.layers.BatchNormalization(momentum=0.5, name="bn"),
+        tf.keras.layers.Dense(3, activation="softmax", name="probs")])
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.5),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _stock_one_step_per_slice(model_dir, x, y):
+    """The stock estimator's own model_fn (keras_lib's), one SGD step from the model's initial
+    weights on each shard's slice alone: (weight names, the model weights after it, per slice)."""
+    model = _bn_model()
+    init = model.get_weights()
+    model_fn = _stock_estimator(model, model_dir)._model_fn  # pylint: disable=protected-access
+    clones = []
+    build_clone = keras_lib._clone_and_build_model  # pylint: disable=protected-access
+    with tf.Graph().as_default(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(keras_lib, "_clone_and_build_model",
+                   lambda *a, **k: clones.append(build_clone(*a, **k)) or clones[-1])
+        xs = tf.compat.v1.placeholder(tf.float32, [PER, 4])
+        ys = tf.compat.v1.placeholder(tf.int64, [PER, 1])
+        spec = model_fn(tf.identity(xs), tf.identity(ys), ModeKeys.TRAIN)
+        assign = _Assigner(tf.compat.v1.get_default_graph(), clones[0].weights)
+        with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for v, val in zip(vs, init):
-                v.load(val, sess)
-            ref_loss = sess.run(spec.loss)
-    assert all(abs(s - ref_loss) < TOL for s in shard_losses), (shard_losses, ref_loss)
-    assert abs(shard_losses[0] - ref_loss) < TOL and shard_losses[0] > 0
+            out = []
+            for r in range(REPLICAS):
+                assign(sess, init)
+                sess.run(spec.train_op, {xs: x[_shard(r)], ys: y[_shard(r)]})
+                out.append(sess.run(clones[0].weights))
+            names = [w.name.split(":")[0] for w in clones[0].weights]
+    return init, names, out
+
+
+def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path):
+    """Documented TPU behaviour (README, Deliberate differences): BatchNormalization normalises each
+    shard over its own slice and each replica updates its moving statistics from it; the trainable
+    weights still move by the gradient averaged over shards."""
+    x, y = tfcases.data(n=GLOBAL)
+    init, stock_names, per_slice = _stock_one_step_per_slice(tmp_path, x, y)
+    emu = Emulation(_tpu_model(_bn_model), ModeKeys.TRAIN, (x, y))
+    try:
+        emu.load_weights(init)
+        emu.sess.run([spec.train_op for spec in emu.specs], emu.feed((x, y)))
+        replicas = emu.sess.run([clone.weights for clone in emu.clones])
+        names = emu.weight_names()
+    finally:
+        emu.close()
+    assert names == stock_names
+    moving = [i for i, n in enumerate(names) if "moving_" in n]
+    trainable = [i for i, n in enumerate(names) if "moving_" not in n]
+    assert len(moving) == 2 and len(trainable) == 6
+    for r in range(REPLICAS):
+        # Replica r's moving mean and variance: those of a single model stepped on slice r alone.
+        assert _max_diff([replicas[r][i] for i in moving], [per_slice[r][i] for i in moving]) < TOL
+        # Trainable weights: one SGD step with the shards' gradients averaged = the mean of the
+        # weights each slice alone would give (SGD is linear in the gradient).
+        mean = [np.mean([per_slice[s][i] for s in range(REPLICAS)], axis=0) for i in trainable]
+        assert _max_diff([replicas[r][i] for i in trainable], mean) < TOL
+    # The replicas' moving statistics differ from one another: they are per shard.
+    assert _max_diff([replicas[0][i] for i in moving], [replicas[1][i] for i in moving]) > 1e-3
+
+
+# -- 3. evaluation, 4. prediction ------------------------------------------------------------------
+
+EVAL_ROWS = 45  # global batches of 32: the second has 13 real rows, shards 4-7 only padding
+EVAL_MODEL = "keras-adam-legacy"
+
+
+@pytest.fixture(scope="module")
+def trained_stock(tmp_path_factory):
+    """The stock estimator after 2 steps (what eval and predict are compared with)."""
+    features, labels = two_in_two_out_data(GLOBAL * 2, seed=5)
+    stock = _stock_estimator(two_in_two_out(EVAL_MODEL), tmp_path_factory.mktemp("stock_eval"))
+    stock.train(_dataset_fn(features, labels, batch=GLOBAL), steps=2)
+    return stock
+
+
+def _padded_global_batches(structure, mode):
+    """tpushim's own padding (as TPUShimEstimator's input_fn does it) of ``structure`` in global
+    batches of GLOBAL, as numpy."""
+    dataset = tf.data.Dataset.from_tensor_slices(structure).batch(10)  # the user's batch size
+    return list(_input_fn.rebatch(dataset, GLOBAL, mode).as_numpy_iterator())
+
+
+def _emulation_from(stock, mode, template):
+    emu = Emulation(_tpu_model(lambda: two_in_two_out(EVAL_MODEL)), mode, template)
+    ckpt = tfcases.checkpoint_values(stock.model_dir)
+    emu.load_weights([ckpt[n] for n in emu.weight_names()])
+    return emu
+
+
+def _emulated_eval(emu, batches, shards=tuple(range(REPLICAS)), loss=None):
+    """TPUEstimator's eval on a TPU: metric_fn on the shards' tensors concatenated in shard order,
+    updated once per global batch; the loss the mean over batches of shard 0's ``loss``."""
+    metric_fn, tensors = emu.specs[0].eval_metrics
+    with emu.graph.as_default():
+        concat = {k: tf.concat([emu.specs[r].eval_metrics[1][k] for r in shards], axis=0)
+                  for k in tensors}
+        metric_ops = metric_fn(**concat)
+        emu.sess.run(tf.compat.v1.local_variables_initializer())
+    losses = []
+    for batch in batches:
+        value, _ = emu.sess.run([emu.specs[0].loss if loss is None else loss,
+                                 [u for _, u in metric_ops.values()]], emu.feed(batch))
+        losses.append(value)
+    values = emu.sess.run({k: v for k, (v, _) in metric_ops.items()})
+    values["loss"] = float(np.mean(losses))
+    return values
+
+
+def _stock_eval(stock, reg_labels_1d):
+    """(stock evaluate() without global_step, tpushim's padded global batches of the same data)."""
+    features, labels = two_in_two_out_data(EVAL_ROWS, seed=7, reg_labels_1d=reg_labels_1d)
+    # Stock's eval loss is the mean of its batches' losses: on a TPU the batches are global ones.
+    want = tfcases.stock_metric_names(stock.evaluate(_dataset_fn(features, labels, batch=GLOBAL)),
+                                      ("cls", "reg"))
+    assert want.pop("global_step") == 2
+    batches = _padded_global_batches((features, labels), ModeKeys.EVAL)
+    assert len(batches) == 2
+    assert batches[1][0][_input_fn.PADDING_KEY].reshape(REPLICAS, PER).sum(axis=1).tolist() == [
+        4, 4, 4, 1, 0, 0, 0, 0]
+    return want, batches
+
+
+@pytest.fixture(scope="module")
+def eval_runs(trained_stock):
+    """reg_labels_1d -> (stock's evaluate(), the emulation's, and two wrong emulations: the loss
+    of shard 0 alone, not all-reduced, as TPUEstimator reports it; metrics of shard 0's tensors)."""
+    cache = {}
+
+    def run(reg_labels_1d):
+        if reg_labels_1d not in cache:
+            want, batches = _stock_eval(trained_stock, reg_labels_1d)
+            emu = _emulation_from(trained_stock, ModeKeys.EVAL, batches[0])
+            try:
+                got = _emulated_eval(emu, batches)
+                with emu.graph.as_default():
+                    _, padding = _input_fn.split_padding(emu.features[0])
+                    shard_0_loss = _input_fn.eval_loss(emu.clones[0], padding, cross_replica=False)
+                loss_of_shard_0 = _emulated_eval(emu, batches, loss=shard_0_loss)
+                metrics_of_shard_0 = _emulated_eval(emu, batches, shards=(0,))
+            finally:
+                emu.close()
+            cache[reg_labels_1d] = want, got, loss_of_shard_0, metrics_of_shard_0
+        return cache[reg_labels_1d]
+    return run
+
+
+@pytest.mark.parametrize("reg_labels_1d", [False, True], ids=["labels-2d", "reg-labels-1d"])
+def test_eight_shards_evaluate_like_stock_with_padding_shards(eval_runs, reg_labels_1d):
+    """45 examples in global batches of 32: in the last batch shard 3 is 3/4 padding and shards
+    4-7 only padding. Loss and every metric equal stock evaluate()'s within 1e-5; per-output sample
+    weights (only 'cls' weighted with [batch] labels for the [batch, 1] mse output: stock cannot
+    weight that output, and then weights none -- see test_equivalence)."""
+    want, got, _, _ = eval_runs(reg_labels_1d)
+    assert set(got) == set(want) == {"loss", "cls_accuracy", "cls_sparse_categorical_crossentropy",
+                                     "reg_mae", "reg_root_mean_squared_error"}
+    for key, value in want.items():
+        assert abs(got[key] - value) < TOL, (key, got[key], value)
+
+
+def test_negative_controls_eval_loss_of_shard_0_or_metrics_of_shard_0_fail(eval_runs):
+    """The eval comparison must catch a loss of shard 0 alone (not all-reduced) and metrics
+    computed on shard 0's tensors alone."""
+    want, _, loss_of_shard_0, metrics_of_shard_0 = eval_runs(False)
+    assert abs(loss_of_shard_0["loss"] - want["loss"]) > 100 * TOL
+    metrics = [key for key in want if key != "loss"]
+    assert max(abs(metrics_of_shard_0[key] - want[key]) for key in metrics) > 100 * TOL
+
+
+def test_eight_shards_predict_every_example_once_in_order(trained_stock):
+    """45 examples: each shard's predictions concatenated in shard order, padding dropped (as
+    TPUShimEstimator.predict does) equal stock predict() in order within 1e-5."""
+    inputs = two_in_two_out_data(EVAL_ROWS, seed=9)[0]["features"]
+    want = list(trained_stock.predict(_dataset_fn(inputs, batch=10)))
+    batches = _padded_global_batches(inputs, ModeKeys.PREDICT)
+    emu = _emulation_from(trained_stock, ModeKeys.PREDICT, batches[0])
+    try:
+        got = []
+        for batch in batches:
+            shards = emu.sess.run([spec.predictions for spec in emu.specs], emu.feed(batch))
+            merged = {k: np.concatenate([s[k] for s in shards]) for k in shards[0]}
+            keep = merged.pop(_input_fn.PADDING_KEY) > 0
+            got.extend({k: v[i] for k, v in merged.items()} for i in np.flatnonzero(keep))
+    finally:
+        emu.close()
+    assert len(got) == len(want) == EVAL_ROWS
+    for g, w in zip(got, want):
+        assert set(g) == set(w) == {"cls", "reg"}
+        for key in w:
+            np.testing.assert_allclose(g[key], w[key], atol=TOL, rtol=0)

@@ -222,6 +222,7 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
             loss = model.total_loss
             train_op = model.train_function.updates_op
         elif mode == ModeKeys.EVAL:
+            _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
             loss = _input_fn.eval_loss(model, padding_weight, cross_replica=use_tpu)
             eval_metrics = _eval_metrics(model, metric_names_map, padding_weight)
         # A subclassed model Keras could not clone was reset in place: give the user theirs back.

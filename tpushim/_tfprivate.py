@@ -108,6 +108,14 @@ def recompile_loss_with_sample_weights(model, sample_weights):
     model._compile_weights_loss_and_weighted_metrics(sample_weights)
 
 
+def settle_sample_weights(model):
+    """What Keras's ``_make_test_function`` (called by stock's EVAL model_fn) does first: when
+    sample weights cover only some outputs, the clone's weights and weight modes disagree and Keras
+    recompiles its loss and weighted metrics WITHOUT any sample weights (stock then evaluates, as it
+    trains, unweighted). Returns whether it recompiled."""
+    return model._recompile_weights_loss_and_weighted_metrics()
+
+
 def per_output_metrics(model):
     """Per output: (unweighted {name: Metric}, weighted {name: Metric}) of a compiled clone."""
     return list(zip(model._per_output_metrics, model._per_output_weighted_metrics))
