@@ -255,15 +255,23 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         steps = _notify("evaluate", estimator=self, input_fn=input_fn, steps=steps)
-        # On a TPU evaluate() needs `steps`: exactly enough padded batches to see every example once.
-        on_tpu_unbounded = steps is None and self._tpushim_use_tpu
-        examples = self._tpushim_set_batch(input_fn, ModeKeys.EVAL, count=on_tpu_unbounded)
-        if on_tpu_unbounded:
-            if examples is None:
+        # A TPU runs exactly `steps` evaluation steps and cannot stop at the end of the input:
+        # for a finite input, as many padded batches as it holds (stock stops there too, or at
+        # `steps` if fewer; EvalSpec's default is 100), else steps past the end would be padding
+        # only and count in the mean eval loss.
+        examples = self._tpushim_set_batch(input_fn, ModeKeys.EVAL, count=self._tpushim_use_tpu)
+        if self._tpushim_use_tpu:
+            if examples is None and steps is None:
                 raise ConversionError("evaluate() on a TPU needs `steps` when the input repeats "
                                       "forever; pass steps=..., or give evaluate() a finite dataset.")
-            steps = max(1, -(-examples // self._tpushim_batch[ModeKeys.EVAL]))
-            logger.info("evaluating %d batches: every example once", steps)
+            if examples is not None:
+                held = max(1, -(-examples // self._tpushim_batch[ModeKeys.EVAL]))
+                if steps is not None and steps > held:
+                    logger.info("evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "
+                                "at its end, so %d steps are run, as many as stock runs", steps, held, held)
+                steps = held if steps is None else min(steps, held)
+                logger.info("evaluating %d batches%s", steps,
+                            ": every example once" if steps == held else "")
         return super().evaluate(input_fn, steps=steps, hooks=hooks,
                                 checkpoint_path=checkpoint_path, name=name)
 

@@ -259,6 +259,23 @@ def rebatch(dataset, batch_size, mode):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def tpu_eval_batches(dataset, batch_size, num_hosts=1, host=0):
+    """One TPU host's evaluation input: per-core batches of the global sequence, then padding.
+
+    A TPU evaluation step takes one batch per core from every host, for exactly ``steps`` steps,
+    and cannot stop at the end of the input. The input is cut into padded per-core batches in
+    order, host ``h`` of ``H`` takes batches ``h, h+H, ...`` (so each step's global batch is the
+    next run of examples, as stock batches them), and zero-weight batches follow forever: a host
+    whose share ran out, or a last step with fewer real batches than cores, is fed padding.
+    """
+    padded = _rebatch(dataset, batch_size, drop_remainder=False).map(_pad_batch(batch_size))
+    filler = padded.take(1).map(lambda *e: tf.nest.map_structure(
+        tf.zeros_like, e[0] if len(e) == 1 else e)).repeat()
+    if num_hosts > 1:
+        padded = padded.shard(num_hosts, host)
+    return padded.concatenate(filler).prefetch(tf.data.AUTOTUNE)
+
+
 def adapt(input_fn):
     """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches)."""
 
@@ -273,6 +290,8 @@ def adapt(input_fn):
             return result
         batch_size = params["batch_size"]
         num_hosts = getattr(context, "num_hosts", 1) if context is not None else 1
+        if context is not None and mode == ModeKeys.EVAL:
+            return tpu_eval_batches(result, batch_size, num_hosts, context.current_host)
         if num_hosts > 1 and mode != ModeKeys.PREDICT:
             # Multi-host pod: each host reads its own shard of the input.
             result = result.shard(num_hosts, context.current_host)

@@ -104,3 +104,60 @@ def object_checkpoint_keys(keras_model):
         graph_view.ObjectGraphView(keras_model))
     return {names[o] + "/.ATTRIBUTES/VARIABLE_VALUE": o.shape.as_list() for o in objects
             if isinstance(o, tf.Variable) and names[o].split("/")[0] != "optimizer"}
+
+
+# --- a faked TPU system (tpushim/_faketpu.py): the two places where TPUEstimator reaches a TPU ------
+
+def tpu_device_attributes(name, device_type):
+    """A device as a TPU system lists it (``session.list_devices()`` entries)."""
+    from tensorflow.python.client import session as session_lib  # pylint: disable=import-outside-toplevel
+    return session_lib._DeviceAttributes(name, device_type, 0, 0)
+
+
+def replace_tpu_system_query(answer):
+    """Makes ``answer(master, cluster_def, query_topology)`` the TPU system query TPUEstimator's
+    context sends (``tpu_context`` calls it once per master and caches the result in
+    ``_lazy_tpu_system_metadata_dict``); returns a function that restores the real one.
+
+    ``answer`` returns None to let the real query run.
+    """
+    from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
+    real = tpu_system_metadata._query_tpu_system_metadata
+
+    def query(master, cluster_def=None, query_topology=False):
+        metadata = answer(master, cluster_def, query_topology)
+        return real(master, cluster_def=cluster_def, query_topology=query_topology) if metadata is None else metadata
+
+    tpu_system_metadata._query_tpu_system_metadata = query
+    return lambda: setattr(tpu_system_metadata, "_query_tpu_system_metadata", real)
+
+
+def replace_session_start(intercept):
+    """Calls ``intercept(master, scaffold, hooks)`` where a MonitoredSession (train, evaluate and
+    predict all use one) is about to create its tf.Session, after every hook's ``begin()``; it
+    returns True to let the real session start. Returns a function that restores the original.
+
+    The point is ``_MonitoredSession._CoordinatedSessionCreator.create_session``: the one place all
+    three modes pass with the session's master, scaffold and hooks in reach.
+    """
+    from tensorflow.python.training import monitored_session  # pylint: disable=import-outside-toplevel
+    creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
+    real = creator_class.create_session
+
+    def create_session(self):
+        inner = self._session_creator
+        if intercept(getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks)):
+            return real(self)
+        raise AssertionError("intercept must raise or return True")  # never reached
+
+    creator_class.create_session = create_session
+    return lambda: setattr(creator_class, "create_session", real)
+
+
+def eval_steps_of(hooks):
+    """The evaluate step count TPUEstimator gave its session (``_StopAfterNEvalsHook``), or None."""
+    from tensorflow.python.training import evaluation  # pylint: disable=import-outside-toplevel
+    for hook in hooks:
+        if isinstance(hook, evaluation._StopAfterNEvalsHook):
+            return hook._num_evals
+    return None
