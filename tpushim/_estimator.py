@@ -125,8 +125,38 @@ def validate(keras_model, custom_objects):
     return results["optimizer"]
 
 
+def _tf_config_cluster():
+    import json  # pylint: disable=import-outside-toplevel
+    try:
+        return json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster")
+    except (ValueError, AttributeError):
+        return None  # RunConfig itself reports a malformed TF_CONFIG
+
+
+def _tpu_as_remote_master(config):
+    """This process drives the TPU as a session client; it is not a task of the TPU's cluster.
+
+    A tpu_config.RunConfig copies its TPU resolver's cluster into ``cluster_spec``, and
+    ``tf.estimator.train_and_evaluate`` reads any ``cluster_spec`` as "this process is a task of
+    a training cluster": it runs as a worker, starts a gRPC server on that address (the TPU's own)
+    and never evaluates. With no cluster in TF_CONFIG, the spec is emptied on a copy, so
+    train_and_evaluate trains and evaluates locally against the TPU master, as train() and
+    evaluate() do; the session still finds the TPU worker through ``session_config.cluster_def``,
+    which RunConfig filled from the resolver.
+    """
+    if config.cluster is None or not config.cluster_spec or _tf_config_cluster():
+        return config
+    config = config.replace()  # a deep copy: the user's RunConfig is left as it is
+    _tfprivate.set_cluster_spec(config, tf.train.ClusterSpec({}))
+    return config
+
+
 def to_tpu_run_config(config, settings, cluster):
     """The user's RunConfig as a tpu_config.RunConfig; nothing they set is dropped silently."""
+    return _tpu_as_remote_master(_to_tpu_run_config(config, settings, cluster))
+
+
+def _to_tpu_run_config(config, settings, cluster):
     if isinstance(config, tpu_config.RunConfig):
         if cluster is not None and config.cluster is None:
             # RunConfig.replace() cannot set a cluster: rebuild with every carried setting.
@@ -216,15 +246,17 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         pass
 
     # -- batch size ---------------------------------------------------------------------------
-    def _tpushim_set_batch(self, input_fn, mode, count=False):
+    def _tpushim_set_batch(self, input_fn, mode, count=False, count_unknown=True):
         """Fixes this mode's global batch size (given, or read from the input) before TPUEstimator
-        builds anything; with ``count``, returns how many examples the input holds."""
+        builds anything; with ``count``, returns how many examples the input holds (see
+        :func:`_input_fn.inspect_input`)."""
         if self._tpushim_use_tpu:
             from tpushim import _detect  # pylint: disable=import-outside-toplevel
             _detect.check_reachable(self._config.master, self._tpushim_tpu_source)
         size, examples = self._tpushim_fixed_batch, None
         if size is None or mode == ModeKeys.TRAIN or count:
-            inferred, finite, examples = _input_fn.inspect_input(input_fn, mode, self.config, count)
+            inferred, finite, examples = _input_fn.inspect_input(input_fn, mode, self.config, count,
+                                                                count_unknown)
             if size is None:
                 size = inferred
                 logger.info("global %s batch size %d, taken from the input_fn", mode, size)
@@ -259,7 +291,9 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         # for a finite input, as many padded batches as it holds (stock stops there too, or at
         # `steps` if fewer; EvalSpec's default is 100), else steps past the end would be padding
         # only and count in the mean eval loss.
-        examples = self._tpushim_set_batch(input_fn, ModeKeys.EVAL, count=self._tpushim_use_tpu)
+        # With `steps` given, an input of unknown cardinality is not counted: it may never end.
+        examples = self._tpushim_set_batch(input_fn, ModeKeys.EVAL, count=self._tpushim_use_tpu,
+                                           count_unknown=steps is None)
         if self._tpushim_use_tpu:
             if examples is None and steps is None:
                 raise ConversionError("evaluate() on a TPU needs `steps` when the input repeats "

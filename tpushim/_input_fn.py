@@ -199,12 +199,13 @@ def _first_batch_size(result):
         return int(sess.run(first).shape[0])
 
 
-def inspect_input(input_fn, mode, config, count=False):
+def inspect_input(input_fn, mode, config, count=False, count_unknown=True):
     """(global batch size, finite, examples) of the user's input, read in one scratch graph.
 
     The batch size is the static batch dimension or the size of the first batch; ``finite`` says
     whether a Dataset ends; ``examples`` is how many it holds when ``count`` is asked for and it
-    ends (None otherwise). The real pipeline is never touched.
+    ends (None otherwise); with ``count_unknown=False`` only when its cardinality says it ends (an
+    unknown one may repeat forever). The real pipeline is never touched.
     """
     with tf.Graph().as_default():
         result = check_result(input_fn, call_and_recover(input_fn, mode, {}, config))
@@ -213,7 +214,7 @@ def inspect_input(input_fn, mode, config, count=False):
             with tf.compat.v1.Session() as sess:
                 cardinality = int(sess.run(result.cardinality()))
                 finite = cardinality >= 0  # known to end; UNKNOWN (filter, generators) is not
-                if count and cardinality != tf.data.INFINITE_CARDINALITY:
+                if count and (finite or count_unknown and cardinality != tf.data.INFINITE_CARDINALITY):
                     sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
                     examples = int(sess.run(sizes.reduce(tf.constant(0, tf.int64), lambda t, n: t + n)))
         elif count:

@@ -61,6 +61,11 @@ def log_every_step_count_steps_on_cpu(estimator, config):
         estimator._log_every_n_steps = config.log_step_count_steps
 
 
+def set_cluster_spec(run_config, cluster_spec):
+    """Sets a RunConfig's ``cluster_spec`` (read-only in its API; the constructor derives it)."""
+    run_config._cluster_spec = cluster_spec
+
+
 def get_tpu_context(config, train_batch_size, eval_batch_size, predict_batch_size, use_tpu,
                     eval_on_tpu):
     """TPUEstimator's internal context, rebuilt when batch sizes are known only at train time."""
