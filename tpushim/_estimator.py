@@ -238,6 +238,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         if not self._tpushim_use_tpu:
             _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
         self._tpushim_tpu_source = tpushim_tpu_source
+        self._tpushim_model_fn = kwargs.get("model_fn")  # tpushim's own, before TPUEstimator wraps it
 
     def _assert_members_are_not_overridden(self):
         # Estimator forbids subclasses to override train/evaluate/predict and exempts TPUEstimator
@@ -327,6 +328,21 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
             else:
                 keep = weight > 0
                 yield {k: v[keep] for k, v in out.items()}
+
+
+def tpu_twin(estimator, cluster, model_dir):
+    """The TPU estimator a conversion would have returned with ``cluster`` configured, for an
+    estimator tpushim built (in either mode): same model_fn, settings and batch size, ``model_dir``
+    instead of the user's. The preflight builds its TPU graphs with it."""
+    config = estimator.config
+    carried = {k: getattr(config, k) for k in _CARRIED if k != "model_dir"}
+    run_config = _tpu_as_remote_master(tpu_config.RunConfig(
+        tpu_config=config.tpu_config, cluster=cluster, model_dir=model_dir, **carried))
+    return TPUShimEstimator(
+        model_fn=estimator._tpushim_model_fn, config=run_config, use_tpu=True,  # pylint: disable=protected-access
+        export_to_tpu=False, eval_on_tpu=True, params={},
+        tpushim_batch_size=estimator._tpushim_fixed_batch,  # pylint: disable=protected-access
+        tpushim_tpu_source="the preflight's faked TPU")
 
 
 def batch_choices(size, shards):
