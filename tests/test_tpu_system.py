@@ -186,12 +186,24 @@ def _specs(x, y):
             tf.estimator.EvalSpec(dataset_style(x, y)))
 
 
-def test_train_and_evaluate_runs_the_tpu_path(tmp_path):
+@pytest.mark.parametrize("own_config", [False, True], ids=["tpushim-config", "users-tpu-config"])
+def test_train_and_evaluate_runs_the_tpu_path(tmp_path, own_config):
     """train_and_evaluate trains locally against the TPU master (no in-process gRPC server on the
-    TPU's address, which the distributed-worker path starts and which then fails)."""
+    TPU's address, which the distributed-worker path starts and which then fails), whether tpushim
+    built the TPU RunConfig or the user passed a tpu_config.RunConfig(cluster=resolver)."""
     x, y = _ids_data()
     with _faketpu.faked_tpu_system() as tpu:
-        est = _convert(tpu, tmp_path)
+        if own_config:
+            from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=import-outside-toplevel
+            config = tpu_config.RunConfig(cluster=tf.distribute.cluster_resolver.TPUClusterResolver(
+                tpu=tpu.master), tpu_config=tpu_config.TPUConfig(iterations_per_loop=ITERATIONS))
+            tpushim.patch()
+            est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                        model_dir=str(tmp_path), config=config)
+            tpushim.unpatch()
+            assert config.cluster_spec  # the user's RunConfig is left as it is
+        else:
+            est = _convert(tpu, tmp_path)
         build = tpu.build(lambda: tf.estimator.train_and_evaluate(est, *_specs(x, y)))
     _assert_replicated(build, tpu)
     assert _types(build, "CrossReplicaSum") == 4

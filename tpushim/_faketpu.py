@@ -176,7 +176,7 @@ def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
 
         def intercept(session_master, scaffold, hooks):
             if session_master != master:
-                return True
+                return  # another session (e.g. a scratch one reading the input): let it start
             if scaffold is not None:
                 scaffold.finalize()  # as the session creator would, so the graph is complete
             fake.builds.append(Build(tf.compat.v1.get_default_graph(), hooks))

@@ -140,7 +140,8 @@ def replace_tpu_system_query(answer):
 def replace_session_start(intercept):
     """Calls ``intercept(master, scaffold, hooks)`` where a MonitoredSession (train, evaluate and
     predict all use one) is about to create its tf.Session, after every hook's ``begin()``; it
-    returns True to let the real session start. Returns a function that restores the original.
+    raises to stop the session, or returns to let it start. Returns a function that restores the
+    original.
 
     The point is ``_MonitoredSession._CoordinatedSessionCreator.create_session``: the one place all
     three modes pass with the session's master, scaffold and hooks in reach.
@@ -151,9 +152,8 @@ def replace_session_start(intercept):
 
     def create_session(self):
         inner = self._session_creator
-        if intercept(getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks)):
-            return real(self)
-        raise AssertionError("intercept must raise or return True")  # never reached
+        intercept(getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks))
+        return real(self)
 
     creator_class.create_session = create_session
     return lambda: setattr(creator_class, "create_session", real)
