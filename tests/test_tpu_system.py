@@ -138,8 +138,12 @@ def test_evaluate_steps_beyond_the_input_are_capped(tmp_path):
         est = _convert(tpu, tmp_path)
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y), steps=100)).eval_steps == 2
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y), steps=1)).eval_steps == 1
-        # A repeating input holds no end: the given steps are run.
+        # A repeating input holds no end: the given steps are run; without steps, a clear error
+        # (iterator tensors included: their Dataset keeps its cardinality, nothing counts forever).
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y, repeat=True), steps=3)).eval_steps == 3
+        assert tpu.build(lambda: est.evaluate(iterator_style(x, y, repeat=True), steps=3)).eval_steps == 3
+        with pytest.raises(tpushim.ConversionError, match="needs `steps` when the input repeats forever"):
+            est.evaluate(iterator_style(x, y, repeat=True))
 
 
 @pytest.mark.parametrize("style", ["drop_remainder", "numpy", "iterator"])

@@ -98,7 +98,9 @@ class _IteratorRecorder:
                     def rearrange(*element, _ids=tuple(ids)):
                         element = tf.nest.flatten(element)
                         return tf.nest.pack_sequence_as(result, [element[i] for i in _ids])
-                    return dataset.map(rearrange)
+                    # Dataset.map (v2), not the v1 method: v1's map forgets the cardinality, and
+                    # evaluate() on a TPU must know whether the input ends.
+                    return tf.data.Dataset.map(dataset, rearrange)
         return None
 
 
