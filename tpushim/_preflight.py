@@ -374,7 +374,9 @@ def _check_tpu_graphs(report, recorded, num_cores):
     Builds in a scratch model_dir made here and removed afterwards; the user's is not touched.
     """
     hosts, per_host = faked_system_shape(num_cores)
-    report.checked.append(f"TPU graphs for {num_cores} cores ({hosts} host{'s' * (hosts != 1)})")
+    checked = f"TPU graphs for {num_cores} cores ({hosts} host{'s' * (hosts != 1)})"
+    if checked not in report.checked:  # once for all conversions
+        report.checked.append(checked)
     calls = {}
     for event, fn, steps in recorded.inputs:
         calls.setdefault(event, (fn, steps))
