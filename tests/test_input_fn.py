@@ -166,15 +166,18 @@ def test_inferred_batch_indivisible_among_shards_is_a_clear_error(tmp_path):
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
 
 
-def test_per_host_sharding_with_constructed_context():
+def test_per_host_pieces_of_each_global_batch():
+    """Global batches of 8 (stock's) over 2 hosts fed 4 rows a step: host h gets rows 8k+4h..8k+4h+3,
+    so each step's two pieces are one of stock's batches; repeat().batch() needs no padding."""
     x = np.arange(32, dtype="float32").reshape(32, 1)
-    fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(4)
+    fn = lambda: tf.data.Dataset.from_tensor_slices(x).repeat().batch(8)
     for host in (0, 1):
         context = types.SimpleNamespace(num_hosts=2, current_host=host)
-        ds = _input_fn.adapt(fn)(params={"batch_size": 4, "context": context}, mode=ModeKeys.TRAIN)
-        batches = [b[:, 0].tolist() for b in ds.as_numpy_iterator()]
-        assert batches == [list(range(i * 4, i * 4 + 4)) for i in range(host, 8, 2)]
+        ds = _input_fn.adapt(fn, global_batch=8)(params={"batch_size": 4, "context": context},
+                                                 mode=ModeKeys.TRAIN)
         assert ds.element_spec.shape.as_list() == [4, 1]
+        batches = [b[:, 0].tolist() for b in ds.take(4).as_numpy_iterator()]
+        assert batches == [list(range(8 * k + 4 * host, 8 * k + 4 * host + 4)) for k in range(4)]
 
 
 def test_rebatch_keeps_order_pads_and_weights():
@@ -212,12 +215,12 @@ def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
         est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
                                                     model_dir=str(tmp_path))
         # evaluate() on a TPU runs ceil(examples / global batch) = ceil(52 / 8) = 7 padded batches.
-        assert est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL, count=True) == N  # pylint: disable=protected-access
+        assert est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL, count=True).examples == N  # pylint: disable=protected-access
         assert est._tpushim_batch[ModeKeys.EVAL] == B  # pylint: disable=protected-access
         with pytest.raises(tpushim.ConversionError, match="needs `steps` when the input repeats forever"):
             est.evaluate(tfcases.dataset_input_fn(x, y, repeat=True))
-    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None, True) == (5, 5, True, N)
-    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None, True) == (B, B, False, None)
+    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None, True) == (5, 5, True, 11, N)
+    assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None, True) == (B, B, False, None, None)
 
 
 @pytest.mark.parametrize("drop_remainder", [True, False])

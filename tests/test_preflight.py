@@ -217,6 +217,7 @@ def test_cli_bundled_demo_checks_clean():
     proc = _check_cli(demo.__file__)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tpushim check: OK - nothing blocks a TPU (0 errors, 0 warnings)" in proc.stdout
+    assert "TPU graphs for 8 cores (1 host)" in proc.stdout  # its TPU graphs built, no error
 
 
 def test_cli_legacy_script_fails_with_json_report():
@@ -230,3 +231,53 @@ def test_cli_legacy_script_fails_with_json_report():
     assert ("float64-input", "features (a single tensor)") in found
     assert ("iterations-per-loop-small", "setting iterations_per_loop=2") in found
     assert "'accuracy'" in proc.stderr  # the script ran (capped) and printed its evaluation
+
+
+# --- TPU graphs built for a faked TPU system --------------------------------------------------
+
+def _record_calls(model_dir, config=None):
+    x, y = tfcases.data(n=64)
+    fn = tfcases.dataset_input_fn(x, y, batch=32)
+    tpushim.patch(mode="cpu")
+    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    with _preflight.recording() as recorder:
+        est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                    model_dir=str(model_dir), config=config)
+        est.train(fn, steps=1)
+        est.evaluate(fn)
+        list(est.predict(tfcases.dataset_input_fn(x, batch=32)))
+    return recorder
+
+
+def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
+    recorder = _record_calls(tmp_path / "model")
+    before = sorted(os.listdir(tmp_path / "model"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    one_host = recorder.report(num_cores=8)
+    assert "TPU graphs for 8 cores (1 host)" in one_host.checked
+    assert "tpu-graph" not in one_host.codes()
+    pod = recorder.report(num_cores=16)
+    assert "TPU graphs for 16 cores (2 hosts)" in pod.checked
+    found = [f for f in pod.findings if f.code == "tpu-graph"]
+    assert [(f.severity, f.where) for f in found] == [("error", "predict() of model 'sequential'")]
+    assert "TPUEstimator.predict is only supported" in found[0].message  # TPUEstimator's own text
+    assert "one TPU host" in found[0].fix
+    assert not pod.ok
+    # Built in a scratch folder of its own, removed afterwards; the script's model_dir untouched.
+    assert not [p for p in os.listdir(scratch) if p.startswith("tpushim-check-")]
+    assert sorted(os.listdir(tmp_path / "model")) == before
+
+
+def test_tpu_graph_error_from_the_users_tpu_config(tmp_path):
+    from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=import-outside-toplevel
+    config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
+    report = _record_calls(tmp_path, config).report(num_cores=16)
+    found = [f for f in report.findings if f.code == "tpu-graph"]
+    assert [f.where for f in found] == [f"{event}() of model 'sequential'"
+                                        for event in ("train", "evaluate", "predict")]
+    for finding in found:
+        assert "TPUConfig.num_shards is not set correctly" in finding.message
+        assert "(grpc://" not in finding.message  # the faked TPU's address is not shown
+        assert "remove num_shards" in finding.fix

@@ -61,3 +61,24 @@ def test_compiled_clone_exposes_what_the_model_fn_reads():
             model.optimizer.get_config(), compile_metrics=False)
         assert [list(m) for pair in _tfprivate.per_output_metrics(without) for m in pair] == [[], []]
     assert model._get_compile_args()["metrics"] == ["mae"]  # pylint: disable=protected-access  # restored
+
+
+def test_faked_tpu_system_names():
+    """What tpushim/_faketpu.py replaces and reads (through _tfprivate)."""
+    from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.training import evaluation, monitored_session  # pylint: disable=import-outside-toplevel
+    assert list(inspect.signature(tpu_system_metadata._query_tpu_system_metadata).parameters) == [  # pylint: disable=protected-access
+        "master_address", "cluster_def", "query_topology"]
+    creator = monitored_session._MonitoredSession._CoordinatedSessionCreator(  # pylint: disable=protected-access
+        monitored_session.ChiefSessionCreator(master="grpc://127.0.0.1:1"), ["hook"], 1)
+    assert creator._hooks == ["hook"]  # pylint: disable=protected-access
+    assert creator._session_creator._master == "grpc://127.0.0.1:1"  # pylint: disable=protected-access
+    assert isinstance(creator._session_creator._scaffold, tf.compat.v1.train.Scaffold)  # pylint: disable=protected-access
+    assert _tfprivate.eval_steps_of([evaluation._StopAfterNEvalsHook(num_evals=7)]) == 7  # pylint: disable=protected-access
+    device = _tfprivate.tpu_device_attributes("/job:worker/replica:0/task:1/device:TPU:3", "TPU")
+    assert (device.name, device.device_type) == ("/job:worker/replica:0/task:1/device:TPU:3", "TPU")
+    config = _tfprivate.tpu_config.RunConfig(
+        cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://127.0.0.1:1"))
+    assert config.cluster_spec.as_dict() == {"worker": ["127.0.0.1:1"]}
+    _tfprivate.set_cluster_spec(config, tf.train.ClusterSpec({}))
+    assert not config.cluster_spec and config.master == "grpc://127.0.0.1:1"

@@ -402,7 +402,7 @@ def _padded_global_batches(structure, mode):
     """tpushim's own padding (as TPUShimEstimator's input_fn does it) of ``structure`` in global
     batches of GLOBAL, as numpy."""
     dataset = tf.data.Dataset.from_tensor_slices(structure).batch(10)  # the user's batch size
-    return list(_input_fn.rebatch(dataset, GLOBAL, mode).as_numpy_iterator())
+    return list(_input_fn.fit_batches(dataset, GLOBAL, mode).as_numpy_iterator())
 
 
 def _emulation_from(stock, mode, template):
@@ -512,3 +512,51 @@ def test_eight_shards_predict_every_example_once_in_order(trained_stock):
         assert set(g) == set(w) == {"cls", "reg"}
         for key in w:
             np.testing.assert_allclose(g[key], w[key], atol=TOL, rtol=0)
+
+
+# -- short training batches: padded over the shards, trained like stock's short batch --------------
+
+SHORT_ROWS = 45  # batch(32).repeat(): stock trains on 32, then 13 (shards 4-7 only padding), 32, ...
+
+
+def _short_batch_training(tmp_path, monkeypatch=None):
+    """Largest difference of any replica's variables from stock's after each of 3 steps of
+    ``batch(GLOBAL).repeat()`` over SHORT_ROWS rows: steps 2 is stock's short batch."""
+    optimizer = "keras-adam-legacy"
+    features, labels = two_in_two_out_data(SHORT_ROWS, seed=11)
+    model = two_in_two_out(optimizer)
+    init = model.get_weights()
+    stock = _stock_estimator(model, tmp_path / "stock", save_checkpoints_steps=1)
+    repeated = lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(GLOBAL).repeat()
+    stock.train(repeated, steps=3)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        nxt = tf.compat.v1.data.make_one_shot_iterator(
+            _input_fn.fit_batches(repeated(), GLOBAL, ModeKeys.TRAIN)).get_next()
+        batches = [sess.run(nxt) for _ in range(3)]
+    assert [int(b[0][_input_fn.PADDING_KEY].sum()) for b in batches] == [32, 13, 32]
+    emu = Emulation(_tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN, batches[0])
+    try:
+        emu.load_weights(init)
+        names, diffs = emu.var_names(), []
+        for step, batch in enumerate(batches, 1):
+            emu.sess.run([spec.train_op for spec in emu.specs], emu.feed(batch))
+            ref = tfcases.checkpoint_values(os.path.join(stock.model_dir, f"model.ckpt-{step}"))
+            want = [ref[n] for n in names]
+            diffs.append(max(_max_diff(values, want) for values in emu.sess.run(emu.vars)))
+        return diffs
+    finally:
+        emu.close()
+
+
+def test_eight_shards_train_a_padded_short_batch_like_stock(tmp_path):
+    diffs = _short_batch_training(tmp_path)
+    assert max(diffs) < TOL, diffs
+
+
+def test_negative_control_padding_counted_per_shard_fails(tmp_path, monkeypatch):
+    """Real rows counted per shard (no cross-shard sum) weigh a short batch's rows unevenly."""
+    real = _input_fn.weight_out_padding_in_training
+    monkeypatch.setattr(_input_fn, "weight_out_padding_in_training",
+                        lambda model, pad, cross_replica=False: real(model, pad, False))
+    diffs = _short_batch_training(tmp_path)
+    assert diffs[0] < TOL and diffs[1] > 100 * TOL, diffs

@@ -132,8 +132,38 @@ def validate(keras_model, custom_objects):
     return results["optimizer"]
 
 
+def _tf_config_cluster():
+    import json  # pylint: disable=import-outside-toplevel
+    try:
+        return json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster")
+    except (ValueError, AttributeError):
+        return None  # RunConfig itself reports a malformed TF_CONFIG
+
+
+def _tpu_as_remote_master(config):
+    """This process drives the TPU as a session client; it is not a task of the TPU's cluster.
+
+    A tpu_config.RunConfig copies its TPU resolver's cluster into ``cluster_spec``, and
+    ``tf.estimator.train_and_evaluate`` reads any ``cluster_spec`` as "this process is a task of
+    a training cluster": it runs as a worker, starts a gRPC server on that address (the TPU's own)
+    and never evaluates. With no cluster in TF_CONFIG, the spec is emptied on a copy, so
+    train_and_evaluate trains and evaluates locally against the TPU master, as train() and
+    evaluate() do; the session still finds the TPU worker through ``session_config.cluster_def``,
+    which RunConfig filled from the resolver.
+    """
+    if config.cluster is None or not config.cluster_spec or _tf_config_cluster():
+        return config
+    config = config.replace()  # a deep copy: the user's RunConfig is left as it is
+    _tfprivate.set_cluster_spec(config, tf.train.ClusterSpec({}))
+    return config
+
+
 def to_tpu_run_config(config, settings, cluster):
     """The user's RunConfig as a tpu_config.RunConfig; nothing they set is dropped silently."""
+    return _tpu_as_remote_master(_to_tpu_run_config(config, settings, cluster))
+
+
+def _to_tpu_run_config(config, settings, cluster):
     if isinstance(config, tpu_config.RunConfig):
         if cluster is not None and config.cluster is None:
             # RunConfig.replace() cannot set a cluster: rebuild with every carried setting.
@@ -220,6 +250,7 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         if not self._tpushim_use_tpu:
             _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
         self._tpushim_tpu_source = tpushim_tpu_source
+        self._tpushim_model_fn = kwargs.get("model_fn")  # tpushim's own, before TPUEstimator wraps it
 
     def _assert_members_are_not_overridden(self):
         # Estimator forbids subclasses to override train/evaluate/predict and exempts TPUEstimator
@@ -228,16 +259,16 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         pass
 
     # -- batch size ---------------------------------------------------------------------------
-    def _tpushim_set_batch(self, input_fn, mode, count=False):
+    def _tpushim_set_batch(self, input_fn, mode, count=False, count_unknown=True):
         """Fixes this mode's global batch size (given, or read from the input) before TPUEstimator
-        builds anything; with ``count``, returns how many examples the input holds."""
+        builds anything; returns the input's :class:`_input_fn.InputFacts` when it was inspected
+        (with ``count``: counted, see :func:`_input_fn.inspect_input`), else None."""
         if self._tpushim_use_tpu:
             from tpushim import _detect  # pylint: disable=import-outside-toplevel
             _detect.check_reachable(self._config.master, self._tpushim_tpu_source)
-        size, examples = self._tpushim_fixed_batch, None
+        size, facts = self._tpushim_fixed_batch, None
         if size is None or mode == ModeKeys.TRAIN or count:
-            facts = self._tpushim_inspect(input_fn, mode, count)
-            examples = facts.examples
+            facts = self._tpushim_inspect(input_fn, mode, count, count_unknown)
             if size is None:
                 size = facts.batch_size
                 logger.info("global %s batch size %d, taken from the input_fn", mode, size)
@@ -254,21 +285,22 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         shards = self._config.tpu_config.num_shards
         if self._tpushim_use_tpu and shards and size % shards:
             raise ConversionError(_indivisible(size, shards))
-        return examples
+        return facts
 
-    def _tpushim_inspect(self, input_fn, mode, count):
+    def _tpushim_inspect(self, input_fn, mode, count, count_unknown=True):
         """The input's facts, read once per (input_fn, mode) for this estimator."""
-        key = (mode, count)
+        key = (mode, count, count_unknown)
         try:
             cached = self._tpushim_inspected.setdefault(input_fn, {})
         except TypeError:  # not weak-referenceable (e.g. a bound method of a __slots__ class)
             cached = {}
         if key not in cached:
-            cached[key] = _input_fn.inspect_input(input_fn, mode, self.config, count)
+            cached[key] = _input_fn.inspect_input(input_fn, mode, self.config, count, count_unknown)
         return cached[key]
 
     def _call_input_fn(self, input_fn, mode, input_context=None):
-        return super()._call_input_fn(_input_fn.adapt(input_fn), mode, input_context)
+        adapted = _input_fn.adapt(input_fn, global_batch=self._tpushim_batch.get(mode))
+        return super()._call_input_fn(adapted, mode, input_context)
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         steps = _notify("train", estimator=self, input_fn=input_fn, steps=steps)
@@ -280,15 +312,28 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         steps = _notify("evaluate", estimator=self, input_fn=input_fn, steps=steps)
-        # On a TPU evaluate() needs `steps`: exactly enough padded batches to see every example once.
-        on_tpu_unbounded = steps is None and self._tpushim_use_tpu
-        examples = self._tpushim_set_batch(input_fn, ModeKeys.EVAL, count=on_tpu_unbounded)
-        if on_tpu_unbounded:
-            if examples is None:
+        # A TPU runs exactly `steps` evaluation steps and cannot stop at the end of the input:
+        # for a finite input, as many padded batches as it holds (stock stops there too, or at
+        # `steps` if fewer; EvalSpec's default is 100), else steps past the end would be padding
+        # only and count in the mean eval loss.
+        # With `steps` given, an input of unknown cardinality is not counted: it may never end.
+        facts = self._tpushim_set_batch(input_fn, ModeKeys.EVAL, count=self._tpushim_use_tpu,
+                                        count_unknown=steps is None)
+        if self._tpushim_use_tpu:
+            if facts.examples is None and steps is None:
                 raise ConversionError("evaluate() on a TPU needs `steps` when the input repeats "
                                       "forever; pass steps=..., or give evaluate() a finite dataset.")
-            steps = max(1, -(-examples // self._tpushim_batch[ModeKeys.EVAL]))
-            logger.info("evaluating %d batches: every example once", steps)
+            if facts.examples is not None:
+                size = self._tpushim_batch[ModeKeys.EVAL]
+                # Batched by the eval batch size, each of the input's batches is one step (a
+                # short one padded); re-batched, the examples fill ceil(examples / size) steps.
+                held = max(1, facts.batches if facts.declared == size else -(-facts.examples // size))
+                if steps is not None and steps > held:
+                    logger.info("evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "
+                                "at its end, so %d steps are run, as many as stock runs", steps, held, held)
+                steps = held if steps is None else min(steps, held)
+                logger.info("evaluating %d batches%s", steps,
+                            ": every example once" if steps == held else "")
         return super().evaluate(input_fn, steps=steps, hooks=hooks,
                                 checkpoint_path=checkpoint_path, name=name)
 
@@ -310,6 +355,21 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
             else:
                 keep = weight > 0
                 yield {k: v[keep] for k, v in out.items()}
+
+
+def tpu_twin(estimator, cluster, model_dir):
+    """The TPU estimator a conversion would have returned with ``cluster`` configured, for an
+    estimator tpushim built (in either mode): same model_fn, settings and batch size, ``model_dir``
+    instead of the user's. The preflight builds its TPU graphs with it."""
+    config = estimator.config
+    carried = {k: getattr(config, k) for k in _CARRIED if k != "model_dir"}
+    run_config = _tpu_as_remote_master(tpu_config.RunConfig(
+        tpu_config=config.tpu_config, cluster=cluster, model_dir=model_dir, **carried))
+    return TPUShimEstimator(
+        model_fn=estimator._tpushim_model_fn, config=run_config, use_tpu=True,  # pylint: disable=protected-access
+        export_to_tpu=False, eval_on_tpu=True, params={},
+        tpushim_batch_size=estimator._tpushim_fixed_batch,  # pylint: disable=protected-access
+        tpushim_tpu_source="the preflight's faked TPU")
 
 
 def batch_choices(size, shards):

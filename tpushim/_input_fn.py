@@ -125,7 +125,9 @@ class _SourceRecorder:
             for outputs in calls:
                 ids = [next((i for i, t in enumerate(outputs) if t is x), None) for x in flat]
                 if None not in ids:
-                    return dataset.map(_rearrange(result, ids))
+                    # Dataset.map (v2), not the v1 method: v1's map forgets the cardinality, and
+                    # evaluate() on a TPU must know whether the input ends.
+                    return tf.data.Dataset.map(dataset, _rearrange(result, ids))
         for source in self.queues:
             dataset = source.dataset_for(result, flat)
             if dataset is not None:
@@ -288,6 +290,34 @@ def _declared_batch(dataset):
     return None
 
 
+# Ops a Dataset's elements pass through one for one, beneath a batch op: an infinite repeat below
+# them means the batch op never sees the end of its input, so never makes a short batch.
+_ONE_FOR_ONE = {"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "PrefetchDataset",
+                "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "CacheDataset",
+                "CacheDatasetV2", "OptionsDataset", "ModelDataset", "FilterDataset",
+                "IgnoreErrorsDataset", "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset"}
+
+
+def _batches_always_full(dataset):
+    """True when the graph shows the last batch op never makes a short batch: it drops remainders,
+    or an infinite ``repeat()`` feeds it (``repeat().batch(B)``, the usual training pipeline)."""
+    op = _tfprivate.dataset_variant_op(dataset)
+    while op is not None and op.type in _BATCH_PRESERVING and op.inputs:
+        op = op.inputs[0].op
+    if op is None or op.type not in _BATCH_OPS:
+        return False
+    drop = tf.get_static_value(op.inputs[-1]) if op.type == "BatchDatasetV2" else None
+    if drop is True or (drop is not None and bool(drop)):
+        return True
+    op = op.inputs[0].op
+    while op.type in _ONE_FOR_ONE and op.inputs:
+        op = op.inputs[0].op
+    if op.type in ("RepeatDataset", "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"):
+        count = tf.get_static_value(op.inputs[-1] if op.type == "RepeatDataset" else op.inputs[-2])
+        return count is not None and int(count) == -1
+    return False
+
+
 def declared_batch_size(dataset):
     """The batch size a Dataset's graph declares (static batch dimension or batch op), else None."""
     return _batch_dim(dataset) or _declared_batch(dataset)
@@ -310,34 +340,39 @@ def _first_batch_size(result, sess):
         return int(monitored.run(first).shape[0])
 
 
-InputFacts = collections.namedtuple("InputFacts", "batch_size declared finite examples")
+InputFacts = collections.namedtuple("InputFacts", "batch_size declared finite batches examples")
 InputFacts.__doc__ = """What tpushim reads of an input before TPUEstimator builds anything.
 
 batch_size: the global batch size the input gives (declared, else its first batch's size).
 declared: the batch size the Dataset's graph declares (static dimension or batch op), else None.
 finite: the Dataset is known to end (UNKNOWN cardinality -- filter, generators -- is not finite).
-examples: how many examples it holds, when asked for and finite; else None.
+batches, examples: how many batches and examples it holds, when counted (see inspect_input);
+else None.
 """
 
 
-def inspect_input(input_fn, mode, config, count=False):
+def inspect_input(input_fn, mode, config, count=False, count_unknown=True):
     """:class:`InputFacts` of the user's input, read in one scratch graph; the real pipeline is
-    never touched. No data is read when the graph declares the batch size (unless ``count``)."""
+    never touched. No data is read when the graph declares the batch size (unless ``count``).
+    With ``count``, a finite input's batches and examples are counted; one of unknown cardinality
+    too unless ``count_unknown`` is False (it may repeat forever)."""
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         result = check_result(input_fn, call_and_recover(input_fn, mode, {}, config))
-        finite, examples, declared = False, None, None
+        finite, batches, examples, declared = False, None, None, None
         if isinstance(result, tf.data.Dataset):
             declared = declared_batch_size(result)
             cardinality = int(sess.run(result.cardinality()))
             finite = cardinality >= 0  # known to end; UNKNOWN (filter, generators) is not
-            if count and cardinality != tf.data.INFINITE_CARDINALITY:
+            if count and (finite or count_unknown and cardinality != tf.data.INFINITE_CARDINALITY):
                 sess.run(tf.compat.v1.tables_initializer())
                 sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
-                examples = int(sess.run(sizes.reduce(tf.constant(0, tf.int64), lambda t, n: t + n)))
+                batches, examples = (int(n) for n in sess.run(sizes.reduce(
+                    (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
+                    lambda total, n: (total[0] + 1, total[1] + n))))
         elif count:
             raise tensors_error(input_fn, result)
         size = declared or _first_batch_size(result, sess)
-        return InputFacts(size, declared, finite, examples)
+        return InputFacts(size, declared, finite, batches, examples)
 
 
 def _pad_batch(batch_size):
@@ -369,17 +404,8 @@ def _rebatch(dataset, batch_size, drop_remainder):
     return dataset.unbatch().batch(batch_size, drop_remainder=drop_remainder)
 
 
-def rebatch(dataset, batch_size, mode):
-    """Batches of exactly ``batch_size`` with static shapes; padded (and weighted) in EVAL/PREDICT."""
-    if mode == ModeKeys.TRAIN:
-        dataset = _rebatch(dataset, batch_size, drop_remainder=True)
-    else:
-        dataset = _rebatch(dataset, batch_size, drop_remainder=False).map(_pad_batch(batch_size))
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-
 def fit_batches(dataset, batch_size, mode):
-    """The user's Dataset in batches of exactly ``batch_size`` (static shapes), how the TPU gets it.
+    """The user's Dataset in batches of exactly ``batch_size`` (static shapes), as stock batches it.
 
     * already static and that size: as it is;
     * batched by that size with a short batch here and there (``batch(B)`` without
@@ -392,14 +418,54 @@ def fit_batches(dataset, batch_size, mode):
     """
     static = _batch_dim(dataset)
     if static == batch_size:
-        return dataset.prefetch(tf.data.AUTOTUNE)  # a no-op on top of the user's own prefetch
+        return dataset
     if static is None and _declared_batch(dataset) == batch_size:
-        return dataset.map(_pad_batch(batch_size)).prefetch(tf.data.AUTOTUNE)
-    return rebatch(dataset, batch_size, mode)
+        if _batches_always_full(dataset):  # nothing to pad: only the static shape is missing
+            return _rebatch(dataset, batch_size, drop_remainder=True)
+        return dataset.map(_pad_batch(batch_size))
+    if mode == ModeKeys.TRAIN:
+        return _rebatch(dataset, batch_size, drop_remainder=True)
+    return _rebatch(dataset, batch_size, drop_remainder=False).map(_pad_batch(batch_size))
 
 
-def adapt(input_fn):
-    """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches)."""
+def _padding_filler(dataset):
+    """Zero-weight batches like ``dataset``'s, forever: what a TPU evaluation, which runs exactly
+    ``steps`` steps and cannot stop at the end of the input, reads once a host's share ran out."""
+    return dataset.take(1).map(lambda *e: tf.nest.map_structure(
+        tf.zeros_like, e[0] if len(e) == 1 else e)).repeat()
+
+
+def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0):
+    """One TPU host's input: the global batches stock would see (:func:`fit_batches`) cut, in order,
+    into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or host (V1); host
+    ``h`` of ``H`` takes pieces ``h, h+H, ...``, so each step's global batch is the next of stock's
+    batches. In EVAL every batch carries a padding weight and zero-weight batches follow forever,
+    so no host runs dry before the last of the steps tpushim computes.
+    """
+    dataset = fit_batches(dataset, global_batch, mode)
+    if mode == ModeKeys.EVAL and not _has_padding(dataset):
+        dataset = dataset.map(_pad_batch(global_batch))  # all real: weights of one
+    if batch_size != global_batch:
+        dataset = _rebatch(dataset, batch_size, drop_remainder=True)  # divides: nothing dropped
+    if num_hosts > 1 and mode != ModeKeys.PREDICT:
+        dataset = dataset.shard(num_hosts, host)
+    if mode == ModeKeys.EVAL:
+        dataset = dataset.concatenate(_padding_filler(dataset))
+    return dataset
+
+
+def _has_padding(dataset):
+    features = dataset.element_spec
+    features = features[0] if isinstance(features, tuple) and len(features) == 2 else features
+    return isinstance(features, dict) and PADDING_KEY in features
+
+
+def adapt(input_fn, global_batch=None):
+    """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches).
+
+    ``global_batch``: the global batch size of this mode; ``params['batch_size']`` (per core on a
+    TPU, global on CPU) when not given.
+    """
 
     def tpushim_input_fn(params, mode=None, config=None, input_context=None):
         result = check_result(input_fn, call_and_recover(input_fn, mode, params, config, input_context))
@@ -411,11 +477,11 @@ def adapt(input_fn):
             logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
             return result
         batch_size = params["batch_size"]
-        num_hosts = getattr(context, "num_hosts", 1) if context is not None else 1
-        if num_hosts > 1 and mode != ModeKeys.PREDICT:
-            # Multi-host pod: each host reads its own shard of the input.
-            result = result.shard(num_hosts, context.current_host)
-        return fit_batches(result, batch_size, mode)
+        if context is None:
+            return fit_batches(result, batch_size, mode).prefetch(tf.data.AUTOTUNE)
+        return tpu_batches(result, global_batch or batch_size, batch_size, mode,
+                           getattr(context, "num_hosts", 1),
+                           getattr(context, "current_host", 0)).prefetch(tf.data.AUTOTUNE)
 
     tpushim_input_fn.__wrapped__ = input_fn
     return tpushim_input_fn

@@ -10,12 +10,15 @@ run slowly.
 import contextlib
 import dataclasses
 import json
+import os
 import re
+import shutil
+import tempfile
 from typing import List, Optional
 
 import tensorflow as tf
 
-from tpushim import _estimator, _input_fn, _model_fn, _tfprivate
+from tpushim import _estimator, _faketpu, _input_fn, _model_fn, _tfprivate
 from tpushim._errors import TPUShimError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -431,6 +434,76 @@ def check(keras_model, input_fn=None, *, batch_size=None, num_cores=DEFAULT_CORE
     return report
 
 
+# --- the TPU graphs, built for a faked TPU system ------------------------------------------------
+
+CORES_PER_HOST = 8  # a Cloud TPU v2/v3 host: 4 chips x 2 cores
+
+#: Fixes for what TPUEstimator raises while building, by a fragment of its message.
+_GRAPH_FIXES = (
+    ("TPUEstimator.predict is only supported",
+     "predict on one TPU host (up to 8 cores, e.g. a v3-8), or run predict() without the TPU "
+     "(TPUSHIM_MODE=cpu for that run)"),
+    ("num_shards",
+     "remove num_shards from your TPUConfig (TPUEstimator reads the TPU's core count) or set it "
+     "to the TPU's cores"),
+)
+
+
+def faked_system_shape(num_cores):
+    """(hosts, cores per host) of a TPU with ``num_cores`` cores: 8 per host beyond one host."""
+    if num_cores > CORES_PER_HOST and num_cores % CORES_PER_HOST == 0:
+        return num_cores // CORES_PER_HOST, CORES_PER_HOST
+    return 1, num_cores
+
+
+def _check_tpu_graphs(report, recorded, num_cores):
+    """Rung 2: TPUEstimator's whole TPU graph for the script's first train, evaluate and predict
+    call, built for a faked TPU system of ``num_cores`` cores without running anything. What
+    TPUEstimator raises while building is what a TPU run would raise before its first step.
+
+    Builds in a scratch model_dir made here and removed afterwards; the user's is not touched.
+    """
+    hosts, per_host = faked_system_shape(num_cores)
+    checked = f"TPU graphs for {num_cores} cores ({hosts} host{'s' * (hosts != 1)})"
+    if checked not in report.checked:  # once for all conversions
+        report.checked.append(checked)
+    calls = {}
+    for event, fn, steps in recorded.inputs:
+        calls.setdefault(event, (fn, steps))
+    name = getattr(recorded.keras_model, "name", "model")
+    scratch = tempfile.mkdtemp(prefix="tpushim-check-")
+    try:
+        with _faketpu.faked_tpu_system(hosts=hosts, cores_per_host=per_host) as tpu:
+            cluster = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master)
+            for event in ("train", "evaluate", "predict"):
+                if event not in calls:
+                    continue
+                fn, steps = calls[event]
+                estimator = _estimator.tpu_twin(recorded.estimator, cluster, os.path.join(scratch, event))
+                run = {"train": lambda: estimator.train(fn, steps=1),
+                       "evaluate": lambda: estimator.evaluate(fn, steps=steps),
+                       "predict": lambda: estimator.predict(fn)}[event]
+                try:
+                    tpu.build(run)
+                except TPUShimError as e:
+                    if "batch-indivisible" not in report.codes():  # else already reported
+                        report.add("tpu-graph", "error", f"{event}() of model {name!r}", str(e),
+                                   "see the message")
+                except Exception as e:  # pylint: disable=broad-except
+                    # TPUEstimator names its master: here the faked one, meaningless to the user.
+                    first = str(e).strip().splitlines()[0].replace(tpu.master, "the TPU")
+                    text = f"{type(e).__name__}: {first[:600]}"
+                    fix = next((f for fragment, f in _GRAPH_FIXES if fragment in str(e)),
+                               "change the model or input so that TPUEstimator can build it; "
+                               "the message is TPUEstimator's own")
+                    report.add("tpu-graph", "error", f"{event}() of model {name!r}",
+                               f"TPUEstimator cannot build the TPU {event} graph for {num_cores} "
+                               f"cores: {text}", fix)
+    finally:
+        tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 # --- python -m tpushim check script.py -------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -465,7 +538,9 @@ class Recorder:
                 return min(info.get("steps") or self.MAX_EVAL_STEPS, self.MAX_EVAL_STEPS)
         return None
 
-    def report(self, num_cores=DEFAULT_CORES):
+    def report(self, num_cores=DEFAULT_CORES, tpu_graphs=True):
+        """The findings for every recorded conversion; ``tpu_graphs`` also builds TPUEstimator's
+        TPU graphs for its calls on a faked system of ``num_cores`` cores."""
         report = Report()
         if not self.conversions:
             report.add("no-conversion", "error", "script", "the script made no model_to_estimator "
@@ -484,6 +559,9 @@ class Recorder:
                         sub = Report()
                         _check_input(sub, fn, recorded.settings.batch_size, num_cores)
                         report.extend(sub)
+            if tpu_graphs and getattr(recorded.estimator, "_tpushim_model_fn", None) is not None:
+                with _preflight_failure(report):
+                    _check_tpu_graphs(report, recorded, num_cores)
         return report
 
 

@@ -79,6 +79,11 @@ def log_every_step_count_steps_on_cpu(estimator, config):
         estimator._log_every_n_steps = config.log_step_count_steps
 
 
+def set_cluster_spec(run_config, cluster_spec):
+    """Sets a RunConfig's ``cluster_spec`` (read-only in its API; the constructor derives it)."""
+    run_config._cluster_spec = cluster_spec
+
+
 def get_tpu_context(config, train_batch_size, eval_batch_size, predict_batch_size, use_tpu,
                     eval_on_tpu):
     """TPUEstimator's internal context, rebuilt when batch sizes are known only at train time."""
@@ -151,3 +156,60 @@ def dataset_variant_op(dataset):
         return dataset._variant_tensor.op
     except (AttributeError, ValueError):
         return None
+
+
+# --- a faked TPU system (tpushim/_faketpu.py): the two places where TPUEstimator reaches a TPU ------
+
+def tpu_device_attributes(name, device_type):
+    """A device as a TPU system lists it (``session.list_devices()`` entries)."""
+    from tensorflow.python.client import session as session_lib  # pylint: disable=import-outside-toplevel
+    return session_lib._DeviceAttributes(name, device_type, 0, 0)
+
+
+def replace_tpu_system_query(answer):
+    """Makes ``answer(master, cluster_def, query_topology)`` the TPU system query TPUEstimator's
+    context sends (``tpu_context`` calls it once per master and caches the result in
+    ``_lazy_tpu_system_metadata_dict``); returns a function that restores the real one.
+
+    ``answer`` returns None to let the real query run.
+    """
+    from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
+    real = tpu_system_metadata._query_tpu_system_metadata
+
+    def query(master, cluster_def=None, query_topology=False):
+        metadata = answer(master, cluster_def, query_topology)
+        return real(master, cluster_def=cluster_def, query_topology=query_topology) if metadata is None else metadata
+
+    tpu_system_metadata._query_tpu_system_metadata = query
+    return lambda: setattr(tpu_system_metadata, "_query_tpu_system_metadata", real)
+
+
+def replace_session_start(intercept):
+    """Calls ``intercept(master, scaffold, hooks)`` where a MonitoredSession (train, evaluate and
+    predict all use one) is about to create its tf.Session, after every hook's ``begin()``; it
+    raises to stop the session, or returns to let it start. Returns a function that restores the
+    original.
+
+    The point is ``_MonitoredSession._CoordinatedSessionCreator.create_session``: the one place all
+    three modes pass with the session's master, scaffold and hooks in reach.
+    """
+    from tensorflow.python.training import monitored_session  # pylint: disable=import-outside-toplevel
+    creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
+    real = creator_class.create_session
+
+    def create_session(self):
+        inner = self._session_creator
+        intercept(getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks))
+        return real(self)
+
+    creator_class.create_session = create_session
+    return lambda: setattr(creator_class, "create_session", real)
+
+
+def eval_steps_of(hooks):
+    """The evaluate step count TPUEstimator gave its session (``_StopAfterNEvalsHook``), or None."""
+    from tensorflow.python.training import evaluation  # pylint: disable=import-outside-toplevel
+    for hook in hooks:
+        if isinstance(hook, evaluation._StopAfterNEvalsHook):
+            return hook._num_evals
+    return None
