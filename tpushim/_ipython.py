@@ -102,7 +102,8 @@ def load_ipython_extension(ipython):
     _runner.show_conversions()
     try:
         if not tpushim.is_patched():  # keep a tpushim.patch(...) the notebook already made
-            tpushim.patch()
+            with _patch.guard_warning_silenced():  # its message is printed below, once
+                tpushim.patch()
         status = tpushim.status()
     except tpushim.ConfigurationError as e:
         print(f"tpushim: not patched: {e}\nFix the variable, then run %tpushim patch.")
