@@ -27,7 +27,9 @@ def _spellings():
         "tf.keras.estimator": (tf.keras.estimator.model_to_estimator, "v2"),
         "tf.compat.v1.keras.estimator": (tf.compat.v1.keras.estimator.model_to_estimator, "v1"),
         "tf.compat.v2.keras.estimator": (tf.compat.v2.keras.estimator.model_to_estimator, "v2"),
-        "keras.estimator": (keras.estimator.model_to_estimator, "v2"),
+        # Bare keras.estimator is the v1 function up to Keras 2.12 (stock differs by version).
+        "keras.estimator": (keras.estimator.model_to_estimator,
+                            "v2" if tfcases.KERAS_VERSION >= (2, 13) else "v1"),
         "from tensorflow.keras.estimator import": (v2_imported, "v2"),
         "from tensorflow.compat.v1.keras.estimator import": (v1_imported, "v1"),
     }

@@ -149,12 +149,6 @@ def update_op(value):
     return value
 
 
-def dataset_v1_class():
-    """The class whose methods ``make_one_shot_iterator`` & co. are (``tf.compat.v1.data.Dataset``)."""
-    from tensorflow.python.data.ops import dataset_ops  # pylint: disable=import-outside-toplevel
-    return dataset_ops.DatasetV1
-
-
 def dataset_variant_op(dataset):
     """The graph op that makes ``dataset`` (its last transformation).
 
