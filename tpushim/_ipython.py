@@ -44,7 +44,8 @@ def tpushim_magic(line):
         tpushim.unpatch()
     elif options or args.action == "patch":
         try:
-            tpushim.patch(**options)
+            with _patch.guard_warning_silenced():  # the status below shows its message, once
+                tpushim.patch(**options)
         except tpushim.ConfigurationError as e:
             raise UsageError(str(e)) from None
     try:
