@@ -1,7 +1,8 @@
-"""tpushim packaging. The version is read from tpushim/version.py without importing the package."""
+"""tpushim packaging. The version and the supported TensorFlow range come from tpushim/version.py,
+run by path: the package itself is not imported."""
 
 import os
-import re
+import runpy
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
@@ -62,9 +63,7 @@ class DevelopWithPth(develop):
                 write_autopatch_pth(install_dir)
 
 
-def read_version():
-    with open(os.path.join(HERE, "tpushim", "version.py"), encoding="utf-8") as f:
-        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+VERSION = runpy.run_path(os.path.join(HERE, "tpushim", "version.py"))
 
 
 def read_readme():
@@ -74,7 +73,7 @@ def read_readme():
 
 setup(
     name="tpushim",
-    version=read_version(),
+    version=VERSION["__version__"],
     description="Legacy Keras -> Estimator scripts train on a Cloud TPU with one added line.",
     long_description=read_readme(),
     long_description_content_type="text/markdown",
@@ -84,9 +83,9 @@ setup(
     install_requires=["wrapt>=1.11"],
     extras_require={
         # TensorFlow is the user's own (a TPU VM's, Colab's, tensorflow or tensorflow-cpu); these
-        # make it one command. < 2.16: TensorFlow 2.16 removed estimators.
-        "tensorflow": ["tensorflow>=2.9,<2.16"],
-        "cpu": ["tensorflow-cpu>=2.9,<2.16"],
+        # make it one command, in the range version.py declares (TF 2.16 removed estimators).
+        "tensorflow": ["tensorflow" + VERSION["tf_specifier"]()],
+        "cpu": ["tensorflow-cpu" + VERSION["tf_specifier"]()],
         # matplotlib: tests/test_notebooks.py executes the notebooks, which plot. pandas: the
         # pandas_input_fn tests.
         "test": ["pytest>=7", "ipython>=7", "nbclient>=0.5", "nbformat>=5", "ipykernel>=6",

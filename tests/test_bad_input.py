@@ -70,7 +70,7 @@ CASES = {
     "mode tpu without a TPU": (lambda d, mp: _convert(d, mode="tpu", keras_model=tfcases.sequential()),
                                tpushim.NoTPUError, "needs a TPU, and none is configured", "Name one with tpushim.patch(tpu=...) or TPUSHIM_TPU"),
     "TensorFlow >= 2.16": (lambda d, mp: _tf_216(mp), RuntimeError,
-                           'tpushim does not support TensorFlow 2.16.1 (TensorFlow 2.16 removed estimators', 'Fix: pip install "tensorflow<2.16"'),
+                           'tpushim does not support TensorFlow 2.16.1 with Keras 2', 'Fix: pip install "tensorflow>=2.12,<2.16"'),
 }
 
 

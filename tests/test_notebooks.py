@@ -7,12 +7,16 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import tfcases
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def execute(name, tmp_path, monkeypatch):
+def execute(name, tmp_path, monkeypatch, env=None):
     for var in ("TPUSHIM_MODE", "TPUSHIM_TPU", "TPUSHIM_BATCH_SIZE", "TPUSHIM_AUTOPATCH"):
         monkeypatch.delenv(var, raising=False)
+    for var, value in (env or {}).items():
+        monkeypatch.setenv(var, value)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # model dirs and exports land in tmp_path
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -38,10 +42,20 @@ def test_committed_without_outputs(path):
             assert cell.outputs == [] and cell.execution_count is None, path.name
 
 
-def test_colab_quickstart_on_cpu(tmp_path, monkeypatch):
-    out, err, _ = execute("colab_quickstart.ipynb", tmp_path, monkeypatch)
+@pytest.mark.parametrize("tpu", [None, "local"], ids=["no-tpu", "tpu-vm-without-tpu-support"])
+def test_colab_quickstart_on_cpu(tmp_path, monkeypatch, tpu):
+    # With TPUSHIM_TPU=local: a TPU VM runtime as a TensorFlow without TPU support sees it (a TPU
+    # configured, no TPU device), as on a Colab TPU runtime after pip installed TensorFlow 2.15.
+    out, err, _ = execute("colab_quickstart.ipynb", tmp_path, monkeypatch,
+                          env={"TPUSHIM_TPU": tpu} if tpu else None)
     assert "estimators included, nothing to install" in out  # the pinned install is skipped
-    assert "TPU: none found" in out and "tpushim mode: cpu" in out
+    if tpu:
+        assert "TPU: local (from TPUSHIM_TPU)" in out
+        assert re.search(r"Can TensorFlow \S+ use a TPU here\? NO: this TensorFlow build has no TPU "
+                         r"support for this runtime .*continuing in cpu mode", out)
+    else:
+        assert "TPU: none found" in out and "tpushim mode: cpu" in out
+        assert re.search(r"Can TensorFlow \S+ use a TPU here\? no TPU on this runtime", out)
     assert "model_to_estimator -> TPUEstimator(use_tpu=False" in err
     assert "estimator: TPUShimEstimator" in out
     accuracy = float(re.search(r"'accuracy': ([0-9.]+)", out).group(1))
@@ -51,7 +65,8 @@ def test_colab_quickstart_on_cpu(tmp_path, monkeypatch):
 
 def test_migrate_legacy_cnn_on_cpu(tmp_path, monkeypatch):
     out, err, images = execute("migrate_legacy_cnn.ipynb", tmp_path, monkeypatch)
-    assert "`model_to_estimator` was bound to keras.src.estimator.model_to_estimator_v2" in out
+    keras_package = "keras.src" if tfcases.KERAS_VERSION >= (2, 13) else "keras"  # 2.12: no keras.src
+    assert f"`model_to_estimator` was bound to {keras_package}.estimator.model_to_estimator_v2" in out
     assert "it will still convert" in out
     assert "tpushim run will use mode: cpu" in out
     assert "preflight ok: True" in out

@@ -27,7 +27,9 @@ def _spellings():
         "tf.keras.estimator": (tf.keras.estimator.model_to_estimator, "v2"),
         "tf.compat.v1.keras.estimator": (tf.compat.v1.keras.estimator.model_to_estimator, "v1"),
         "tf.compat.v2.keras.estimator": (tf.compat.v2.keras.estimator.model_to_estimator, "v2"),
-        "keras.estimator": (keras.estimator.model_to_estimator, "v2"),
+        # Bare keras.estimator is the v1 function up to Keras 2.12 (stock differs by version).
+        "keras.estimator": (keras.estimator.model_to_estimator,
+                            "v2" if tfcases.KERAS_VERSION >= (2, 13) else "v1"),
         "from tensorflow.keras.estimator import": (v2_imported, "v2"),
         "from tensorflow.compat.v1.keras.estimator import": (v1_imported, "v1"),
     }
@@ -188,27 +190,50 @@ def test_status_reports_versions_and_tpu(monkeypatch):
 
 @pytest.mark.parametrize("tf_version,keras_version,has_estimator,ok", [
     ("2.15.1", "2.15.0", True, True),
-    ("2.9.0", "2.9.0", True, True),
+    ("2.12.0", "2.12.0", True, True),
+    ("2.13.1", "2.13.1", True, True),
+    ("2.14.1", "2.14.0", True, True),
+    ("2.15.0-dev20231010", "2.15.0", True, True),
     ("2.16.1", "3.1.0", False, False),
-    ("2.16.1", None, True, False),
+    ("2.16.1", None, True, False),  # tensorflow_estimator 2.15 installed beside 2.16 does not help
     ("2.17.0rc0", None, True, False),
-    ("2.8.4", "2.8.0", True, False),
+    ("2.11.1", "2.11.0", True, False),  # below the range CI tests
+    ("2.9.0", "2.9.0", True, False),
     ("2.15.0", "3.0.0", True, False),
     ("2.15.0", "2.15.0", False, False),
+    (None, None, False, False),  # no TensorFlow at all
     (None, None, True, True),  # TensorFlow not imported yet: decided at import
 ])
 def test_version_guard_decision(tf_version, keras_version, has_estimator, ok):
     problem = _patch.version_problem(tf_version, keras_version, has_estimator)
     assert (problem is None) == ok
     if not ok:
-        assert 'pip install "tensorflow<2.16"' in problem
-        assert "2.9 <= TensorFlow < 2.16" in problem
+        assert 'pip install "tensorflow>=2.12,<2.16"' in problem
+        assert "Supported: TensorFlow 2.12-2.15" in problem
         assert "Nothing was patched" in problem
+        if tf_version:
+            assert f"TensorFlow {tf_version} with Keras {keras_version or '(none)'}" in problem
+
+
+def test_version_guard_names_tf_keras_under_legacy_keras():
+    problem = _patch.version_problem("2.16.1", "3.3.3", True, tf_keras_version="2.16.0")
+    assert problem.startswith("tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and "
+                              "tf_keras 2.16.0 (TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed "
+                              "tf.estimator")
+
+
+def test_supported_range_is_declared_once():
+    from tpushim import version  # pylint: disable=import-outside-toplevel
+    assert version.TESTED_TF == ("2.12", "2.13", "2.14", "2.15")
+    assert _patch.SUPPORTED_TF == version.tf_range() == ((2, 12), (2, 16))
+    assert version.tf_specifier() == ">=2.12,<2.16"
+    # The installed TensorFlow is one CI tests.
+    assert ".".join(tf.__version__.split(".")[:2]) in version.TESTED_TF
 
 
 def test_version_guard_refuses_once_and_patches_nothing(monkeypatch):
     monkeypatch.setattr(tf, "__version__", "2.16.1")
-    with pytest.warns(RuntimeWarning, match=r"TensorFlow 2.16.1.*tensorflow<2.16") as record:
+    with pytest.warns(RuntimeWarning, match=r"TensorFlow 2.16.1 with Keras 2.*tensorflow>=2.12,<2.16") as record:
         tpushim.patch()
         tpushim.patch()
     assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1

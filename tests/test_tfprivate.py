@@ -5,9 +5,11 @@ When a TensorFlow release moves one, this test names it; tpushim/_tfprivate.py i
 
 import inspect
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfcases
 from tpushim import _tfprivate
 from tensorflow_estimator.python.estimator import keras_lib
 
@@ -82,3 +84,96 @@ def test_faked_tpu_system_names():
     assert config.cluster_spec.as_dict() == {"worker": ["127.0.0.1:1"]}
     _tfprivate.set_cluster_spec(config, tf.train.ClusterSpec({}))
     assert not config.cluster_spec and config.master == "grpc://127.0.0.1:1"
+
+
+def test_version_fallbacks_find_each_releases_module():
+    # Keras keeps its code in keras.src from 2.13; 2.12 has the same modules one level up.
+    prefix = "keras.src." if tfcases.KERAS_VERSION >= (2, 13) else "keras."
+    assert _tfprivate.losses_utils().__name__ == prefix + "utils.losses_utils"
+    assert _tfprivate.keras_v1_tf_optimizer_class().__module__ == prefix + "optimizers.optimizer_v1"
+    reduction = _tfprivate.losses_utils().ReductionV2
+    assert (reduction.NONE, reduction.SUM, reduction.AUTO) == ("none", "sum", "auto")
+    assert callable(_tfprivate.losses_utils().compute_weighted_loss)
+
+
+def test_model_and_metric_internals():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])
+    subclassed = type("Sub", (tf.keras.Model,), {"call": lambda self, x: x})()
+    assert _tfprivate.is_graph_network(model) and not _tfprivate.is_graph_network(subclassed)
+    assert _tfprivate.compiled_user_metrics(model) == (None, None)  # not compiled
+    mae = tf.keras.metrics.MeanAbsoluteError(name="m")
+    model.compile("sgd", "mse", metrics=[mae, "mse"], weighted_metrics=["mae"], loss_weights=[0.5])
+    assert _tfprivate.compiled_user_metrics(model) == ([mae, "mse"], ["mae"])
+    assert _tfprivate.user_loss_weights(model) == [0.5]
+    clone = tf.keras.metrics.MeanAbsoluteError()
+    _tfprivate.set_metric_name(clone, "renamed")
+    assert clone.name == "renamed"
+
+
+def test_graph_mode_metric_update_is_an_operation():
+    # Keras 2.13's update_state returns an unread variable in graph mode, 2.14+ an Operation:
+    # TPUEstimator's (value, update_op) takes the Operation, which must run the whole update.
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        metric = tf.keras.metrics.Mean()
+        raw = metric.update_state(tf.constant([1.0, 2.0, 6.0]))
+        op = _tfprivate.update_op(raw)
+        assert isinstance(op, tf.Operation)
+        session.run(tf.compat.v1.variables_initializer(metric.variables))
+        session.run(op)
+        assert session.run(metric.result()) == 3.0
+        assert session.run(metric.variables) == [9.0, 3.0]  # total and count both updated
+
+
+def test_train_function_and_object_checkpoint_internals():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        clone = _tfprivate.clone_and_build_model(
+            tf.estimator.ModeKeys.TRAIN, model, None, tf.zeros([4, 3]), tf.zeros([4, 2]),
+            model.optimizer.get_config())
+        _tfprivate.make_train_function(clone)
+        assert isinstance(clone.train_function.updates_op, tf.Operation)
+        _tfprivate.track_global_step(clone)
+        names = {name for name, _ in tf.train.TrackableView(clone).children(clone).items()}
+        assert "estimator_global_step" in names and step is not None
+        saver = tf.compat.v1.train.Saver(var_list=clone.weights)
+        _tfprivate.set_object_restore_saver(saver, clone)
+        assert saver._object_restore_saver is not None  # pylint: disable=protected-access
+
+
+def test_dataset_internals():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        dataset = tf.data.Dataset.range(10).batch(4)
+        assert _tfprivate.dataset_variant_op(dataset).type in ("BatchDatasetV2", "BatchDataset")
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.ParseFromString(session.run(_tfprivate.serialized_dataset_graph(dataset)))
+        assert {"RangeDataset", "BatchDatasetV2"} <= {node.op for node in graph_def.node}
+    # The input recorder wraps these as methods of the v1 Dataset class.
+    for name in ("make_one_shot_iterator", "make_initializable_iterator"):
+        assert callable(tf.compat.v1.data.Dataset.__dict__[name])
+
+
+def test_estimator_methods_tpushim_overrides():
+    estimator_cls = _tfprivate.tpu_estimator.TPUEstimator
+    assert list(inspect.signature(estimator_cls._call_input_fn).parameters) == [  # pylint: disable=protected-access
+        "self", "input_fn", "mode", "input_context"]
+    assert callable(estimator_cls._assert_members_are_not_overridden)  # pylint: disable=protected-access
+
+
+def test_numpy_and_pandas_input_queue_filler():
+    """tpushim's recorder wraps feeding_functions._enqueue_data and reads its arguments by name."""
+    from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions  # pylint: disable=import-outside-toplevel
+    original = feeding_functions._enqueue_data  # pylint: disable=protected-access
+    assert list(inspect.signature(original).parameters) == [
+        "data", "capacity", "shuffle", "min_after_dequeue", "num_threads", "seed", "name",
+        "enqueue_size", "num_epochs", "pad_value"]
+    seen = []
+    restore = _tfprivate.replace_enqueue_data(lambda real: lambda *a, **k: seen.append(real) or real(*a, **k))
+    try:
+        with tf.Graph().as_default():
+            tf.compat.v1.estimator.inputs.numpy_input_fn(
+                {"x": np.zeros((4, 1))}, batch_size=2, shuffle=False)()
+    finally:
+        restore()
+    assert seen == [original] and feeding_functions._enqueue_data is original  # pylint: disable=protected-access

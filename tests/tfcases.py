@@ -9,6 +9,10 @@ import tpushim
 
 tf.get_logger().setLevel("ERROR")
 
+# Where stock itself differs between the TensorFlow releases tpushim supports, tests branch on these.
+TF_VERSION = tuple(int(p) for p in tf.__version__.split(".")[:2])
+KERAS_VERSION = tuple(int(p) for p in __import__("keras").__version__.split(".")[:2])
+
 N = 52  # examples: not divisible by the batch size (8), so eval/predict pad the last batch
 BATCH = 8
 TOL = 1e-5

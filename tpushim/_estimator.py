@@ -103,11 +103,8 @@ def _legacy_optimizer(keras_model, custom_objects=None):
 
 def _check_metrics(keras_model, custom_objects):
     """Every compiled metric must rebuild from its config: metric_fn recreates it on the host."""
-    compiled = getattr(keras_model, "compiled_metrics", None)
-    metrics = []
-    if compiled is not None and getattr(compiled, "_user_metrics", None) is not None:
-        metrics = [m for m in tf.nest.flatten(compiled._user_metrics) if isinstance(m, tf.keras.metrics.Metric)]  # pylint: disable=protected-access
-        metrics += [m for m in tf.nest.flatten(compiled._user_weighted_metrics or []) if isinstance(m, tf.keras.metrics.Metric)]  # pylint: disable=protected-access
+    metrics = [m for m in tf.nest.flatten(_tfprivate.compiled_user_metrics(keras_model))
+               if isinstance(m, tf.keras.metrics.Metric)]
     for metric in metrics:
         try:
             with tf.keras.utils.custom_object_scope(custom_objects or {}):

@@ -71,10 +71,9 @@ class _SourceRecorder:
         module = tf.compat.v1.data
         for name in ("make_one_shot_iterator", "make_initializable_iterator"):
             self._wrap_iterator(module, name, getattr(module, name))
-            self._wrap_iterator(_tfprivate.DatasetV1, name, _tfprivate.DatasetV1.__dict__[name])
-        feeding = _tfprivate.feeding_functions()
-        self._saved.append((feeding, "_enqueue_data", feeding._enqueue_data))  # pylint: disable=protected-access
-        feeding._enqueue_data = self._recording_enqueue(feeding._enqueue_data)  # pylint: disable=protected-access
+            self._wrap_iterator(tf.compat.v1.data.Dataset, name,  # their method forms
+                                tf.compat.v1.data.Dataset.__dict__[name])
+        self._restore_enqueue = _tfprivate.replace_enqueue_data(self._recording_enqueue)
         return self
 
     def _wrap_iterator(self, owner, name, original):
@@ -112,6 +111,7 @@ class _SourceRecorder:
         return enqueue_data
 
     def __exit__(self, *exc):
+        self._restore_enqueue()
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
 
@@ -550,7 +550,7 @@ def eval_loss(model, padding_weight, cross_replica=False):
     """
     if padding_weight is None and not cross_replica:
         return model.total_loss
-    from keras.src.utils import losses_utils  # pylint: disable=import-outside-toplevel
+    losses_utils = _tfprivate.losses_utils()
     total = 0.0
     for endpoint in _tfprivate.training_endpoints(model):
         if endpoint.should_skip_target():

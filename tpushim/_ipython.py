@@ -44,7 +44,8 @@ def tpushim_magic(line):
         tpushim.unpatch()
     elif options or args.action == "patch":
         try:
-            tpushim.patch(**options)
+            with _patch.guard_warning_silenced():  # the status below shows its message, once
+                tpushim.patch(**options)
         except tpushim.ConfigurationError as e:
             raise UsageError(str(e)) from None
     try:
@@ -102,7 +103,8 @@ def load_ipython_extension(ipython):
     _runner.show_conversions()
     try:
         if not tpushim.is_patched():  # keep a tpushim.patch(...) the notebook already made
-            tpushim.patch()
+            with _patch.guard_warning_silenced():  # its message is printed below, once
+                tpushim.patch()
         status = tpushim.status()
     except tpushim.ConfigurationError as e:
         print(f"tpushim: not patched: {e}\nFix the variable, then run %tpushim patch.")

@@ -65,7 +65,7 @@ def _set_aggregation(model, use_tpu):
 
 def _clone_metric(metric):
     clone = metric.__class__.from_config(metric.get_config())
-    clone._name = metric.name  # pylint: disable=protected-access  # the unique name Keras gave it
+    _tfprivate.set_metric_name(clone, metric.name)
     return clone
 
 
@@ -143,8 +143,8 @@ def _eval_metrics(model, metric_names_map, padding_weight):
         for name, index, weighted, metric in plan:
             metric = _clone_metric(metric)
             weights = tensors.get(f"sample_weight_{index}") if weighted else None
-            update_op = metric.update_state(tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"],
-                                            sample_weight=weights)
+            update_op = _tfprivate.update_op(metric.update_state(
+                tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"], sample_weight=weights))
             metric_ops[name] = (metric.result(), update_op)
             new_vars.extend(metric.variables)
         for collection in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
@@ -180,11 +180,10 @@ def _export_outputs(model, predictions, export_outputs):
 def _scaffold_fn(model):
     """Object-based (tf.train.Checkpoint) saving, as stock does for the v2 spelling."""
     def scaffold_fn():
-        from tensorflow.python.checkpoint import checkpoint as trackable_util  # pylint: disable=import-outside-toplevel
-        model._track_trackable(tf.compat.v1.train.get_global_step(), "estimator_global_step")  # pylint: disable=protected-access
+        _tfprivate.track_global_step(model)
         var_list = tf.compat.v2.__internal__.tracking.ObjectGraphView(model).frozen_saveable_objects()
         saver = tf.compat.v1.train.Saver(var_list=var_list, sharded=True)
-        saver._object_restore_saver = trackable_util.frozen_saver(model)  # pylint: disable=protected-access
+        _tfprivate.set_object_restore_saver(saver, model)
         return tf.compat.v1.train.Scaffold(saver=saver)
     return scaffold_fn
 
@@ -218,7 +217,7 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
             if padding_weight is not None:  # a short batch padded to full size
                 _input_fn.weight_out_padding_in_training(model, padding_weight, cross_replica=use_tpu)
             _set_aggregation(model, use_tpu)
-            model._make_train_function()  # pylint: disable=protected-access
+            _tfprivate.make_train_function(model)
             loss = model.total_loss
             train_op = model.train_function.updates_op
         elif mode == ModeKeys.EVAL:

@@ -13,21 +13,22 @@ inspect or logging before there is something to wrap: start-up stays within a fe
 """
 
 import contextvars
+import os
 import sys
 import _thread  # threading's RLock without importing threading (and functools, collections)
 import warnings
 
-from tpushim import _hooks, _settings
+from tpushim import _hooks, _settings, version
 
 
 def _logger():
     import logging  # pylint: disable=import-outside-toplevel  # lazily: 3 ms of start-up
     return logging.getLogger("tpushim")
 
-# Supported range of TensorFlow, [low, high): estimators and Keras 2's model_to_estimator were
-# removed in TF 2.16 (Keras 3).
-SUPPORTED_TF = ((2, 9), (2, 16))
-FIX = 'pip install "tensorflow<2.16"  (or "tensorflow-cpu<2.16"; tpushim supports TensorFlow 2.9-2.15)'
+# The supported TensorFlow range is data (tpushim/version.py), checked before anything is patched.
+SUPPORTED_TF = version.tf_range()
+FIX = (f'pip install "tensorflow{version.tf_specifier()}"  (or "tensorflow-cpu{version.tf_specifier()}"; '
+       f'tpushim supports TensorFlow {version.tf_span()})')
 
 
 class Target:
@@ -71,53 +72,127 @@ def is_ours(obj):
 
 # --- version guard -------------------------------------------------------------------------------
 
-def _version_tuple(version):
-    if not version:  # patch() before TensorFlow: nothing to parse, and no re to import
+def _version_tuple(text):
+    if not text:  # patch() before TensorFlow: nothing to parse, and no re to import
         return None
     import re  # pylint: disable=import-outside-toplevel
-    parts = re.findall(r"\d+", str(version))[:2]
+    parts = re.findall(r"\d+", str(text))[:2]
     return tuple(int(p) for p in parts) if len(parts) == 2 else None
 
 
-def version_problem(tf_version, keras_version, has_estimator):
-    """Why tpushim cannot patch these versions, or None when it can. Pure: tested on strings."""
-    tf_v = _version_tuple(tf_version)
+def version_problem(tf_version, keras_version, has_estimator, tf_keras_version=None):
+    """Why tpushim cannot patch these versions, or None when it can. Pure: tested on strings.
+
+    Args:
+      tf_version: TensorFlow's version string; None when not known yet (not imported) or not
+        installed.
+      keras_version: the ``keras`` package's version string, or None.
+      has_estimator: whether ``tensorflow_estimator`` is importable.
+      tf_keras_version: tf_keras's version when ``TF_USE_LEGACY_KERAS`` makes it ``tf.keras``.
+    """
+    tf_v, keras_v = _version_tuple(tf_version), _version_tuple(keras_version)
     low, high = SUPPORTED_TF
-    supported = f"{low[0]}.{low[1]} <= TensorFlow < {high[0]}.{high[1]}"
-    if tf_v is not None and not low <= tf_v < high:
-        why = ("TensorFlow 2.16 removed estimators and Keras 2's model_to_estimator"
-               if tf_v >= high else "TensorFlow before 2.9 lacks APIs tpushim uses")
-        return (f"tpushim does not support TensorFlow {tf_version} ({why}); supported: {supported}. "
-                f"Nothing was patched. Fix: {FIX}")
-    keras_v = _version_tuple(keras_version)
-    if keras_v is not None and keras_v >= (3, 0):
-        return (f"tpushim does not support Keras {keras_version} (Keras 3 has no model_to_estimator); "
-                f"supported: Keras 2 with {supported}. Nothing was patched. Fix: {FIX}")
-    if not has_estimator:
-        return (f"tpushim needs tensorflow_estimator, which is not installed (TensorFlow {tf_version or '?'}); "
-                f"supported: {supported}. Nothing was patched. Fix: {FIX}")
+    if tf_v is not None and tf_v >= high:
+        why = (f"TensorFlow {high[0]}.{high[1]} removed tf.estimator and Keras 2's model_to_estimator "
+               f"(tf_keras does not bring them back)")
+    elif tf_v is not None and tf_v < low:
+        why = f"tpushim is tested on TensorFlow {version.tf_span()} only"
+    elif keras_v is not None and keras_v >= (3, 0):
+        why = "Keras 3 has no model_to_estimator"
+    elif not has_estimator:
+        why = "tensorflow_estimator is not installed" if tf_version else "TensorFlow is not installed"
+    else:
+        return None
+    found = (f"TensorFlow {tf_version} with Keras {keras_version or '(none)'}" if tf_version
+             else "this environment")
+    if tf_keras_version:
+        found += f" and tf_keras {tf_keras_version} (TF_USE_LEGACY_KERAS)"
+    return (f"tpushim does not support {found}: {why}. Supported: TensorFlow {version.tf_span()} "
+            f"with its Keras 2 and tensorflow_estimator. Nothing was patched. Fix: {FIX}")
+
+
+def _dist_version(module_name, dist_names):
+    """Version of the installed distribution that provides ``module_name``, read from its metadata
+    (nothing is imported), or None. The dist-info beside the module wins: a second TensorFlow
+    distribution elsewhere on the path is not the one ``import`` would load."""
+    from importlib import metadata  # pylint: disable=import-outside-toplevel  # slow: failure path only
+    from importlib.machinery import PathFinder  # pylint: disable=import-outside-toplevel
+    spec = PathFinder.find_spec(module_name)
+    if spec is None:
+        return None
+    location = (list(spec.submodule_search_locations or ()) or [spec.origin or ""])[0]
+    for name in dist_names:
+        for dist in metadata.distributions(name=name, path=[os.path.dirname(location)]):
+            return dist.version
+    for name in dist_names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
     return None
 
 
-def _installed_versions():
-    """Versions of the modules already imported; TensorFlow is never imported for this."""
-    tf = sys.modules.get("tensorflow")
-    tf_version = getattr(tf, "__version__", None) if tf else None
-    keras_version = None
-    if tf is not None:
-        keras_mod = sys.modules.get("keras")
-        keras_version = getattr(keras_mod, "__version__", None) if keras_mod else None
+TF_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tensorflow-intel", "tensorflow-macos",
+            "tf-nightly", "tf-nightly-cpu")
+
+
+def installed_versions(read_metadata=False):
+    """``(tensorflow, keras, has_estimator, tf_keras)`` as :func:`version_problem` takes them.
+
+    Modules already imported give their ``__version__``. With ``read_metadata`` the rest are read
+    from installed metadata, still without importing TensorFlow (slower: for the failure path and
+    the command line, not for every ``patch()``).
+    """
+    def imported(name):
+        return getattr(sys.modules.get(name), "__version__", None) if name in sys.modules else None
+
+    tf_version, keras_version = imported("tensorflow"), imported("keras")
+    if read_metadata:
+        tf_version = tf_version or _dist_version("tensorflow", TF_DISTS)
+        keras_version = keras_version or _dist_version("keras", ("keras", "keras-nightly"))
+    elif tf_version is None:
+        keras_version = None  # a keras imported without TensorFlow is not necessarily tf.keras
     if "tensorflow_estimator" in sys.modules:
         has_estimator = True
     else:
         from importlib.machinery import PathFinder  # pylint: disable=import-outside-toplevel
         has_estimator = PathFinder.find_spec("tensorflow_estimator") is not None
-    return tf_version, keras_version, has_estimator
+    tf_keras_version = None
+    if os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes"):
+        tf_keras_version = imported("tf_keras") or (
+            _dist_version("tf_keras", ("tf-keras", "tf-keras-nightly")) if read_metadata else None)
+    return tf_version, keras_version, has_estimator, tf_keras_version
+
+
+def unsupported():
+    """The guard's message for this installation, or None: what ``patch()`` would refuse with.
+
+    Reads installed metadata (imports no TensorFlow); warns nothing. The command line stops on it.
+    """
+    return version_problem(*installed_versions(read_metadata=True))
+
+
+class guard_warning_silenced:  # pylint: disable=invalid-name
+    """``with`` block in which the guard does not warn: for callers (``info``, ``%load_ext
+    tpushim``) that show its message themselves, so that it appears once."""
+
+    def __enter__(self):
+        self._context = warnings.catch_warnings()
+        self._context.__enter__()
+        warnings.filterwarnings("ignore", message="tpushim does not support", category=RuntimeWarning)
+        return self
+
+    def __exit__(self, *exc_info):
+        return self._context.__exit__(*exc_info)
 
 
 def _check_versions():
     global _unsupported, _warned
-    _unsupported = version_problem(*_installed_versions())
+    _unsupported = version_problem(*installed_versions())
+    if _unsupported:
+        # Read what was not imported from the installed metadata, so that the message names every
+        # installed version (patch() before TensorFlow's import; keras not imported yet).
+        _unsupported = unsupported() or _unsupported
     if _unsupported and not _warned:
         _warned = True  # one warning, on one channel (logging users see it through captureWarnings)
         warnings.warn(_unsupported, RuntimeWarning, stacklevel=4)
@@ -365,18 +440,9 @@ def status():
 
 
 def _versions(tpushim_version):
-    from importlib import metadata  # pylint: disable=import-outside-toplevel
     out = {"tpushim": tpushim_version}
-    for key, dists in (("tensorflow", ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")),
-                       ("keras", ("keras",)),
+    for key, dists in (("tensorflow", TF_DISTS), ("keras", ("keras",)),
                        ("tensorflow_estimator", ("tensorflow-estimator",))):
         module = sys.modules.get(key)
-        out[key] = getattr(module, "__version__", None) if module else None
-        for dist in dists:
-            if out[key]:
-                break
-            try:
-                out[key] = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                pass
+        out[key] = (getattr(module, "__version__", None) if module else None) or _dist_version(key, dists)
     return out

@@ -157,7 +157,7 @@ def _check_xla(report, keras_model, custom_objects, features, labels):
         clone.set_weights(keras_model.get_weights())
     except ValueError:
         pass  # an unbuilt subclassed model (e.g. a WideDeepModel) has none yet; the compile needs none
-    loss_weights = getattr(getattr(keras_model, "compiled_loss", None), "_user_loss_weights", None)
+    loss_weights = _tfprivate.user_loss_weights(keras_model)
     clone.compile(loss=keras_model.loss, loss_weights=loss_weights)
     inputs, targets, _ = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
@@ -280,7 +280,7 @@ def _feature_paths(structure, root):
 
 def _dataset_ops(dataset, session):
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString(session.run(dataset._as_serialized_graph()))  # pylint: disable=protected-access
+    graph_def.ParseFromString(session.run(_tfprivate.serialized_dataset_graph(dataset)))
     top = {node.op for node in graph_def.node}
     inner = {node.op for function in graph_def.library.function for node in function.node_def}
     return top, inner

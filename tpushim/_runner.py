@@ -61,9 +61,11 @@ def _run_info(options, argv):
     args = parser.parse_args(argv)
     import tpushim  # pylint: disable=import-outside-toplevel
     settings = settings_from(options)
+    from tpushim import _patch  # pylint: disable=import-outside-toplevel
     try:
         # A scope, not patch(): info reports this interpreter as it is, previewing the options.
-        with tpushim.patched(**settings):
+        # The guard's message is one of info's lines: not a warning as well.
+        with _patch.guard_warning_silenced(), tpushim.patched(**settings):
             status = tpushim.status()
     except tpushim.ConfigurationError as e:
         print(f"{PROG} info: error: {e}", file=sys.stderr)
@@ -78,6 +80,8 @@ def _run_info(options, argv):
 def _run_demo(options, argv):
     parser = argparse.ArgumentParser(prog=f"{PROG} demo", description=COMMANDS["demo"].help)
     parser.parse_args(argv)
+    if _unsupported_stop("demo: "):
+        return 2
     import tpushim  # pylint: disable=import-outside-toplevel
     from tpushim import demo  # pylint: disable=import-outside-toplevel
     try:
@@ -111,6 +115,8 @@ def _run_check(options, argv):
     problem = _module_problem(module) if module is not None else _script_problem(target[0])
     if problem:
         return _fail(f"check: {problem}")
+    if _unsupported_stop("check: "):
+        return 2
     import contextlib  # pylint: disable=import-outside-toplevel
     import tpushim  # pylint: disable=import-outside-toplevel
     try:
@@ -323,10 +329,7 @@ def format_status(status, previewing=False):
     """:func:`tpushim.status` as the lines ``python -m tpushim info`` and ``%tpushim`` print."""
     from tpushim import _patch  # pylint: disable=import-outside-toplevel
     v = status["versions"]
-    problem = status.get("unsupported") or _patch.version_problem(
-        v.get("tensorflow"), v.get("keras"), v.get("tensorflow_estimator") is not None)
-    if v.get("tensorflow") is None:
-        problem = problem or ("TensorFlow is not installed. Fix: " + _patch.FIX)
+    problem = status.get("unsupported") or _patch.unsupported()
     lines = [f"tpushim {v['tpushim']}: TensorFlow {v.get('tensorflow') or 'not installed'}, "
              f"Keras {v.get('keras') or '-'}, tensorflow-estimator {v.get('tensorflow_estimator') or '-'}"
              f" ({'NOT SUPPORTED' if problem else 'supported'})"]
@@ -365,6 +368,17 @@ def format_status(status, previewing=False):
 def _fail(message, code=2):
     print(f"{PROG}: {message}", file=sys.stderr)
     return code
+
+
+def _unsupported_stop(command=""):
+    """The version guard, before a command imports TensorFlow: on an installation tpushim does not
+    support (TensorFlow 2.16+, Keras 3, no tensorflow_estimator) prints its message and returns True,
+    so the command exits 2 without a traceback from deep inside TensorFlow."""
+    from tpushim import _patch  # pylint: disable=import-outside-toplevel
+    problem = _patch.unsupported()
+    if problem:
+        _fail(command + problem)
+    return bool(problem)
 
 
 def _script_problem(path):
@@ -472,6 +486,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problem = _module_problem(module) if module is not None else _script_problem(target[0])
     if problem:
         return _fail(problem)
+    if _unsupported_stop():
+        return 2
     import tpushim  # pylint: disable=import-outside-toplevel
     try:
         tpushim.patch(**settings_from(options))

@@ -1,13 +1,13 @@
 """Every private TensorFlow / Keras name tpushim uses, in one place.
 
-These are internals of TensorFlow 2.15's estimator and Keras 2 (checked by tests/test_tfprivate.py
-on the installed version): when a TensorFlow release moves one, this file is the only one to edit.
+These are internals of tensorflow_estimator and Keras 2 in TensorFlow 2.12-2.15 (the range in
+tpushim/version.py), pinned by tests/test_tfprivate.py on each of them: when a release moves one,
+this file is the only one to edit. Where the releases differ, the fallback says which has what.
 """
 
 # pylint: disable=unused-import,protected-access
 import threading
 
-from tensorflow.python.data.ops.dataset_ops import DatasetV1  # make_one_shot_iterator as a method
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
 from tensorflow_estimator.python.estimator import keras_lib
@@ -98,8 +98,82 @@ def num_shards_in_replica_context():
 
 def keras_v1_tf_optimizer_class():
     """Keras's wrapper for a tf.compat.v1.train optimizer (``model.compile(optimizer=tf1_opt)``)."""
-    from keras.src.optimizers import optimizer_v1  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    try:
+        from keras.src.optimizers import optimizer_v1  # Keras >= 2.13 keeps its code in keras.src
+    except ImportError:
+        from keras.optimizers import optimizer_v1  # Keras 2.12
     return optimizer_v1.TFOptimizer
+
+
+def losses_utils():
+    """Keras's ``losses_utils`` module (``compute_weighted_loss``, ``ReductionV2``)."""
+    # pylint: disable=import-outside-toplevel
+    try:
+        from keras.src.utils import losses_utils as module  # Keras >= 2.13
+    except ImportError:
+        from keras.utils import losses_utils as module  # Keras 2.12
+    return module
+
+
+def is_graph_network(keras_model):
+    """True for a functional model (Sequential included once built); False for a subclassed one."""
+    return keras_model._is_graph_network
+
+
+def compiled_user_metrics(keras_model):
+    """The metrics passed to ``compile()``: (``metrics``, ``weighted_metrics``) as given, or
+    ``(None, None)`` before the model is compiled."""
+    compiled = getattr(keras_model, "compiled_metrics", None)
+    if compiled is None:
+        return None, None
+    return (getattr(compiled, "_user_metrics", None),
+            getattr(compiled, "_user_weighted_metrics", None))
+
+
+def user_loss_weights(keras_model):
+    """The ``loss_weights`` passed to ``compile()``, or None."""
+    return getattr(getattr(keras_model, "compiled_loss", None), "_user_loss_weights", None)
+
+
+def set_metric_name(metric, name):
+    """Gives a rebuilt metric the unique name Keras gave the original (``from_config`` does not)."""
+    metric._name = name
+
+
+def make_train_function(model):
+    """Builds a v1-graph clone's train function (``model.train_function.updates_op``)."""
+    model._make_train_function()
+
+
+def track_global_step(model):
+    """Adds the global step to the model's object graph, under the name keras_lib's checkpoints use."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    model._track_trackable(tf.compat.v1.train.get_global_step(), "estimator_global_step")
+
+
+def set_object_restore_saver(saver, model):
+    """Lets a name-based Saver restore object-based checkpoints of ``model``, as keras_lib does."""
+    from tensorflow.python.checkpoint import checkpoint  # pylint: disable=import-outside-toplevel
+    saver._object_restore_saver = checkpoint.frozen_saver(model)
+
+
+def update_op(value):
+    """A metric's ``update_state`` result as TPUEstimator's ``(value, update_op)`` wants it.
+
+    Keras 2.14+ returns an Operation in graph mode; Keras 2.13 returns the variable its last
+    ``assign_add`` produced (an unread ResourceVariable), which is neither Tensor nor Operation:
+    its ``op`` is that assignment, which runs after the metric's other updates.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    if isinstance(value, tf.Variable):
+        return value.op
+    return value
+
+
+def serialized_dataset_graph(dataset):
+    """A string tensor: the GraphDef of the ops that build ``dataset``."""
+    return dataset._as_serialized_graph()
 
 
 def training_endpoints(model):
@@ -143,11 +217,14 @@ def object_checkpoint_keys(keras_model):
             if isinstance(o, tf.Variable) and names[o].split("/")[0] != "optimizer"}
 
 
-def feeding_functions():
-    """The module whose ``_enqueue_data`` fills numpy_input_fn's / pandas_input_fn's queues (looked
-    up by attribute at call time, so a wrapper set on it is seen by both)."""
+def replace_enqueue_data(make_wrapper):
+    """Sets ``make_wrapper(original)`` as ``feeding_functions._enqueue_data``, which fills
+    numpy_input_fn's / pandas_input_fn's queues (both look it up by attribute at call time);
+    returns a function that restores the original."""
     from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module  # pylint: disable=import-outside-toplevel
-    return module
+    original = module._enqueue_data
+    module._enqueue_data = make_wrapper(original)
+    return lambda: setattr(module, "_enqueue_data", original)
 
 
 def dataset_variant_op(dataset):

@@ -1,0 +1,139 @@
+"""The supported range (tpushim/version.py) and the clean stop outside it.
+
+An unsupported installation is faked, not mocked: a subprocess runs with ``-S`` (no site-packages)
+and PYTHONPATH holding tpushim and a folder of stand-in packages -- a ``tensorflow`` whose
+``__version__`` is 2.16.1 with its dist-info, a Keras 3, and so on -- exactly what the guard reads.
+Nothing in tpushim runs against these stand-ins except the guard: if it let them through, the
+command would crash on them, and the test would fail.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import tfcases
+from tpushim import version
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fake_package(site, module, dist, dist_version, body=None):
+    """An importable ``module`` and the dist-info of ``dist`` ``dist_version`` that installs it."""
+    package = site / module
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        body if body is not None else f"__version__ = {dist_version!r}\n")
+    info = site / f"{dist.replace('-', '_')}-{dist_version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {dist_version}\n")
+    (info / "top_level.txt").write_text(module + "\n")
+
+
+def fake_site(tmp_path, tf="2.16.1", keras="3.3.3", estimator=None, tf_keras=None):
+    site = tmp_path / "site"
+    if tf:
+        # The import raises: only the guard may look at this TensorFlow, and only at its metadata.
+        fake_package(site, "tensorflow", "tensorflow", tf,
+                     f"__version__ = {tf!r}\nraise ImportError('the fake TensorFlow was imported')\n")
+    if keras:
+        fake_package(site, "keras", "keras", keras)
+    if estimator:
+        fake_package(site, "tensorflow_estimator", "tensorflow-estimator", estimator)
+    if tf_keras:
+        fake_package(site, "tf_keras", "tf-keras", tf_keras)
+    site.mkdir(exist_ok=True)
+    return site
+
+
+def run_isolated(args, site, cwd, env=None):
+    """``python -S ARGS`` seeing only the stand-ins and tpushim (no site-packages at all)."""
+    environ = tfcases.env_without_tpu()
+    environ.pop("TF_USE_LEGACY_KERAS", None)
+    environ.update(env or {}, PYTHONPATH=os.pathsep.join([str(site), ROOT]))
+    return subprocess.run([sys.executable, "-S", *args], cwd=cwd, env=environ, capture_output=True,
+                          text=True, timeout=60)
+
+
+WANT = "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3: TensorFlow 2.16 removed"
+
+
+@pytest.mark.parametrize("args", [
+    ["demo"],
+    ["check", "prog.py"],
+    ["check", "--json", "-m", "prog"],
+    ["prog.py", "--epochs", "3"],
+    ["--mode", "cpu", "-m", "prog"],
+], ids=["demo", "check", "check-module", "runner", "runner-module"])
+def test_commands_stop_at_the_guard_with_exit_2(tmp_path, args):
+    site = fake_site(tmp_path, estimator="2.15.0")  # tensorflow-estimator 2.15 beside TF 2.16
+    (tmp_path / "prog.py").write_text("print('RAN')\n")
+    proc = run_isolated(["-m", "tpushim", *args], site, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "RAN" not in proc.stdout
+    assert proc.stderr.count("tpushim does not support") == 1, proc.stderr
+    assert WANT in proc.stderr
+    assert 'Fix: pip install "tensorflow>=2.12,<2.16"' in proc.stderr
+
+
+def test_legacy_keras_on_2_16_gets_the_same_stop(tmp_path):
+    site = fake_site(tmp_path, tf_keras="2.16.0")
+    proc = run_isolated(["-m", "tpushim", "demo"], site, tmp_path, env={"TF_USE_LEGACY_KERAS": "1"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert ("tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and tf_keras 2.16.0 "
+            "(TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed tf.estimator") in proc.stderr
+
+
+def test_info_shows_the_message_once(tmp_path):
+    site = fake_site(tmp_path)
+    proc = run_isolated(["-m", "tpushim", "info"], site, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout + proc.stderr).count("tpushim does not support") == 1, proc.stdout + proc.stderr
+    assert "TensorFlow 2.16.1, Keras 3.3.3" in proc.stdout and "NOT SUPPORTED" in proc.stdout
+    assert WANT in proc.stdout
+
+
+def test_patch_before_tensorflow_names_the_installed_versions(tmp_path):
+    # TensorFlow 2.15 without tensorflow_estimator, patch() before anything imported TensorFlow:
+    # the warning names the installed TensorFlow and Keras, read from their metadata.
+    site = fake_site(tmp_path, tf="2.15.1", keras="2.15.0")
+    code = ("import sys, warnings\nwarnings.simplefilter('always')\nimport tpushim\n"
+            "tpushim.patch(); tpushim.patch()\nassert 'tensorflow' not in sys.modules\n"
+            "print('patched' if tpushim.is_patched() else 'not patched')")
+    proc = run_isolated(["-c", code], site, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "not patched"
+    assert proc.stderr.count("RuntimeWarning: tpushim does not support") == 1, proc.stderr
+    assert ("tpushim does not support TensorFlow 2.15.1 with Keras 2.15.0: tensorflow_estimator "
+            "is not installed") in proc.stderr
+
+
+def test_no_tensorflow_at_all(tmp_path):
+    site = fake_site(tmp_path, tf=None, keras=None)
+    proc = run_isolated(["-m", "tpushim", "demo"], site, tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "tpushim does not support this environment: TensorFlow is not installed" in proc.stderr
+
+
+def test_setup_extras_and_readme_read_the_declared_range():
+    spec = version.tf_specifier()
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        setup_py = f.read()
+    assert not re.search(r"tensorflow[-a-z]*[<>=]=?\s*2\.", setup_py), "setup.py must read version.py"
+    extras = subprocess.run([sys.executable, "-c", (
+        "import runpy, setuptools, sys\n"
+        "setuptools.setup = lambda **kw: print(kw['extras_require']['tensorflow'][0], "
+        "kw['extras_require']['cpu'][0])\n"
+        "sys.argv = ['setup.py']\nrunpy.run_path('setup.py')")], cwd=ROOT, capture_output=True,
+        text=True, timeout=60)
+    assert extras.stdout.split() == [f"tensorflow{spec}", f"tensorflow-cpu{spec}"], extras.stderr
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    assert f"{version.TESTED_TF[0]} – {version.TESTED_TF[-1]} (`tensorflow{spec}`" in readme
+    for tf_version in version.TESTED_TF:
+        assert re.search(rf"^\| {re.escape(tf_version)}\.\d+ \|", readme, re.M), tf_version
+    for tf_version in version.TESTED_TF:
+        assert os.path.isfile(os.path.join(ROOT, ".ci", f"constraints-{tf_version}.txt")), tf_version
