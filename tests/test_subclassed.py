@@ -12,10 +12,11 @@ rung 2b runs a subclassed model and a two-optimizer WideDeepModel as 8 emulated 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.tpu import tpu_function
+from tensorflow.python.tpu.ops import tpu_ops
 
 import tfcases
 import tpushim
-from test_tpu_emulation import _init_as_replica_0, _max_diff, _new_vars, _replicas
 from tpushim import _model_fn
 from tpushim._estimator import TPUShimEstimator
 
@@ -416,6 +417,76 @@ def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch)
 
 
 # --- rung 2b: eight shards emulated with numbers --------------------------------------------------
+
+# -- rung 2b harness: replicas built one after another in one graph, cross_replica_sum rewired ----
+
+class _Rendezvous:
+    """cross_replica_sum across replicas built one after another in one graph."""
+
+    def __init__(self):
+        self.calls = []  # per replica: [AddN op of each cross_replica_sum call, in order]
+
+    def cross_replica_sum(self, x, group_assignment=None, name=None):
+        del group_assignment, name
+        x = tf.convert_to_tensor(x)
+        total = tf.math.add_n([x] * REPLICAS)
+        self.calls[-1].append((total.op, x))
+        return total
+
+    def wire(self):
+        counts = {len(c) for c in self.calls}
+        assert len(counts) == 1 and counts.pop() > 0, "replicas made different cross_replica_sum calls"
+        for i in range(len(self.calls[0])):
+            ops = [calls[i][0] for calls in self.calls]
+            xs = [calls[i][1] for calls in self.calls]
+            for op in ops:
+                for k, x in enumerate(xs):
+                    op._update_input(k, x)  # pylint: disable=protected-access
+
+
+def _new_vars(graph, before):
+    return [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            if v.ref() not in before]
+
+
+def _replicas(model, mode, shard_inputs, monkeypatch):
+    """(graph, per-replica specs, per-replica variables): the TPU model_fn built once per replica in
+    one graph, its cross_replica_sums wired into true sums across the replicas."""
+    graph, rv = tf.Graph(), _Rendezvous()
+    with graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        model_fn = _model_fn.make_model_fn(model)
+        monkeypatch.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
+        monkeypatch.setattr(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)
+        specs, replica_vars = [], []
+        for r in range(REPLICAS):
+            before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+            rv.calls.append([])
+            features, labels = shard_inputs(r)
+            with tpu_function.tpu_shard_context(REPLICAS):
+                specs.append(model_fn(features, labels, mode, params={"use_tpu": True, "batch_size": PER}))
+            replica_vars.append(_new_vars(graph, before))
+        monkeypatch.undo()
+        rv.wire()
+    return graph, specs, replica_vars
+
+
+def _init_as_replica_0(sess, replica_vars):
+    """Initialises every replica with replica 0's initial values; returns those values."""
+    sess.run(tf.compat.v1.global_variables_initializer())
+    init = sess.run(replica_vars[0])
+    for vs in replica_vars[1:]:
+        for v, val in zip(vs, init):
+            v.load(val, sess)
+    return init
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64))))
+               for p, q in zip(a, b))
+
+
+
 
 def _shards(structure, r):
     return tf.nest.map_structure(lambda a: tf.constant(a[r * PER:(r + 1) * PER]), structure)
