@@ -80,6 +80,7 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
         assert isinstance(ds, tf.data.Dataset)
         features, labels = ds.element_spec
         assert features[_input_fn.FEATURES_KEY]["x"].shape.as_list() == [B, 4]
+        assert features[_input_fn.FEATURES_KEY]["x"].dtype == tf.float32  # no TPU infeed takes float64
         assert labels.shape.as_list() == [B, 1]
         # The queue is never read: no runner may start threads filling it, no summary report it.
         assert graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS) == []
@@ -91,7 +92,7 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
                 f, _ = sess.run(rows)
                 seen.append(f[_input_fn.FEATURES_KEY]["x"][f[_input_fn.PADDING_KEY] > 0])
     assert [len(s) for s in seen[-3:]] == [N % B, 0, 0]
-    np.testing.assert_array_equal(np.concatenate(seen), x)  # every row once, in order
+    np.testing.assert_array_equal(np.concatenate(seen), x.astype("float32"))  # every row once, in order
 
 
 def _rows_seen(fn, mode=ModeKeys.TRAIN, batches=None):

@@ -81,7 +81,7 @@ def test_float64_and_string_inputs():
         return fn
 
     report = run(input_fn=input_fn("float64", True))
-    assert ("float64-input", "warning", "feature 'hidden_input'") in [
+    assert ("float64-input", "info", "feature 'hidden_input'") in [
         (f.code, f.severity, f.where) for f in report.findings]
     assert ("string-input", "error", "feature 'text'") in [
         (f.code, f.severity, f.where) for f in report.findings]

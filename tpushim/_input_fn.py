@@ -460,6 +460,22 @@ def _has_padding(dataset):
     return isinstance(features, dict) and PADDING_KEY in features
 
 
+def _without_float64(dataset):
+    """float64 features and labels (numpy's default, pandas') as float32: a TPU's infeed takes no
+    float64, and the Keras model computes in float32 anyway (its layers cast their inputs)."""
+    flat = tf.nest.flatten(dataset.element_spec)
+    if not any(spec.dtype == tf.float64 for spec in flat):
+        return dataset
+    logger.info("float64 input cast to float32: a TPU cannot be fed float64, and the model "
+                "computes in float32")
+
+    def cast(*element):
+        element = element[0] if len(element) == 1 else element
+        return tf.nest.map_structure(
+            lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, element)
+    return dataset.map(cast)
+
+
 def adapt(input_fn, global_batch=None):
     """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches).
 
@@ -476,6 +492,7 @@ def adapt(input_fn, global_batch=None):
             # On CPU TPUEstimator takes tensors as Estimator does; cpu mode says what a TPU would do.
             logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
             return result
+        result = _without_float64(result)
         batch_size = params["batch_size"]
         if context is None:
             return fit_batches(result, batch_size, mode).prefetch(tf.data.AUTOTUNE)
@@ -525,6 +542,9 @@ def weight_out_padding_in_training(model, padding_weight, cross_replica=False):
     the cross-shard mean of the gradients every real row of the global batch weighs the same.
     A full batch gets weights of exactly 1.
     """
+    # Stock first drops sample weights that cover only some outputs (Keras recompiles the loss
+    # unweighted when weights and weight modes disagree); so does tpushim, before adding its own.
+    _tfprivate.settle_sample_weights(model)
     pad = tf.cast(padding_weight, tf.keras.backend.floatx())
     counts = tf.stack([tf.reduce_sum(pad), tf.cast(tf.size(pad), pad.dtype)])
     if cross_replica:

@@ -325,10 +325,11 @@ def _check_input(report, input_fn, batch_size, num_cores):
                                f"compiles for fixed shapes", "pad or crop to a fixed size in the "
                                "input pipeline (e.g. padded_batch with padded_shapes, or tf.image.resize)")
                 if tensor_spec.dtype == tf.float64:
-                    report.add("float64-input", "warning", where, "float64 tensors are headed for the "
-                               "TPU, which has no float64 arithmetic (emulated or rejected)",
-                               "cast to float32 in the input pipeline: dataset.map(lambda x, y: "
-                               "(tf.cast(x, tf.float32), y))")
+                    report.add("float64-input", "info", where, "float64 tensors cannot be fed to a "
+                               "TPU; tpushim casts them to float32 on its TPU path (and in cpu "
+                               "mode), which the model computes in anyway",
+                               "nothing to do; to save the host the cast, produce float32 in the "
+                               "input pipeline: dataset.map(lambda x, y: (tf.cast(x, tf.float32), y))")
                 if tensor_spec.dtype == tf.string:
                     report.add("string-input", "error", where, "string tensors cannot be sent to a TPU",
                                "turn strings into numbers in the input pipeline (e.g. "
@@ -471,7 +472,10 @@ def _check_tpu_graphs(report, recorded, num_cores):
     for event, fn, steps in recorded.inputs:
         calls.setdefault(event, (fn, steps))
     name = getattr(recorded.keras_model, "name", "model")
-    scratch = tempfile.mkdtemp(prefix="tpushim-check-")
+    parent = tempfile.mkdtemp(prefix="tpushim-check-")
+    # A folder of our own inside it: a mocked mkdtemp may return a folder we did not create.
+    scratch = os.path.join(parent, "tpushim_check_tpu_graphs")
+    os.mkdir(scratch)
     try:
         with _faketpu.faked_tpu_system(hosts=hosts, cores_per_host=per_host) as tpu:
             cluster = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master)
@@ -490,6 +494,9 @@ def _check_tpu_graphs(report, recorded, num_cores):
                         report.add("tpu-graph", "error", f"{event}() of model {name!r}", str(e),
                                    "see the message")
                 except Exception as e:  # pylint: disable=broad-except
+                    if "must be divisible by number of replicas" in str(e) and \
+                            "batch-indivisible" in report.codes():
+                        continue  # already reported, with the sizes that would work
                     # TPUEstimator names its master: here the faked one, meaningless to the user.
                     first = str(e).strip().splitlines()[0].replace(tpu.master, "the TPU")
                     text = f"{type(e).__name__}: {first[:600]}"
@@ -502,6 +509,10 @@ def _check_tpu_graphs(report, recorded, num_cores):
     finally:
         tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
         shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            os.rmdir(parent)  # only if empty: never anything the check did not write
+        except OSError:
+            pass
 
 
 # --- python -m tpushim check script.py -------------------------------------------------------------
