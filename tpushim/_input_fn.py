@@ -1,12 +1,19 @@
 """Adapts a legacy input_fn to what TPUEstimator (and a TPU) demands, without the user's help.
 
 TPUEstimator calls ``input_fn(params=...)`` and a TPU needs batches of one static size. A legacy
-input_fn takes no ``params`` and ends its last batch short. :func:`adapt` wraps it: it is called
-with the arguments it accepts; its ``tf.data.Dataset`` is re-batched to ``params['batch_size']``
-(per shard on a TPU, global on CPU) with static shapes; in EVAL and PREDICT the last batch is padded
-and a padding weight (1 real, 0 padding) rides along, so every example is evaluated or predicted
-exactly once: the model_fn gives padding zero weight in every metric and in the loss, and the
-estimator drops padded rows from predictions.
+input_fn takes no ``params``, returns iterator or queue tensors, ends epochs on a short batch.
+:func:`adapt` wraps it:
+
+1. *source*: it is called with the arguments it accepts; tensors it returns from an iterator's
+   ``get_next()`` or from numpy_input_fn / pandas_input_fn queues are traced back to a Dataset
+   (:class:`_SourceRecorder`); numpy values become a repeated Dataset;
+2. *batches*: stock's global batches, made static -- short ones padded with a padding weight
+   (:func:`fit_batches`) -- and on a TPU cut into per-core pieces per host (:func:`tpu_batches`);
+3. *padding arithmetic*: the model_fn weights padding out of the training loss (to stock's mean),
+   of the eval loss and of every metric; the estimator drops it from predictions.
+
+One module over ~300 lines because these three steps share one contract (the padding keys and
+what a padded batch means); the layout issue splits them into source, batching and padding modules.
 """
 
 import collections
