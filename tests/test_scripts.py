@@ -39,8 +39,8 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
         assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
 
 
-@pytest.mark.parametrize("script", ["census_numpy_tf1.py", "text_vocab_file_lookup.py"])
-def test_preflight_sees_through_legacy_input(script, tmp_path):
+@pytest.mark.parametrize("script", LEGACY)
+def test_preflight_sees_through_legacy_input_and_builds_their_tpu_graphs(script, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tpushim", "check", "--json",
                            os.path.join(SCRIPTS, script), str(tmp_path / "work")],
                           capture_output=True, text=True, env=tfcases.env_without_tpu(), timeout=600,
@@ -51,6 +51,7 @@ def test_preflight_sees_through_legacy_input(script, tmp_path):
     assert not codes & {"input-not-dataset", "input-unusable", "preflight-failed", "script-raised",
                         "script-exit"}, report
     assert "XLA compile of the training step" in report["checked"]
+    assert "TPU graphs for 8 cores (1 host)" in report["checked"]  # built on a faked TPU system
     if script == "census_numpy_tf1.py":
         assert "float64-input" in codes  # numpy_input_fn's float64 features, read as a Dataset
         assert any(f["code"] == "batch-small" and "(batch of 32)" in f["where"]
