@@ -6,13 +6,12 @@ import os
 import pytest
 
 import tpushim
-from tpushim import _patch
+from tpushim import _detect, _patch, _settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-TPUSHIM_VARS = ("TPUSHIM_MODE", "TPUSHIM_TPU", "TPUSHIM_BATCH_SIZE", "TPUSHIM_ITERATIONS_PER_LOOP",
-                "TPUSHIM_AUTOPATCH", "TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG",
-                "COLAB_TPU_ADDR", "TPU_LIBRARY_PATH")
+#: every variable that configures tpushim or a TPU: unset in each test (tests/helpers import this)
+TPUSHIM_VARS = tuple(dict.fromkeys((*_settings.ENV_VARS.values(), "TPUSHIM_AUTOPATCH", *_detect.TPU_ENV_VARS)))
 
 
 @pytest.fixture(autouse=True)

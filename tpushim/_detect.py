@@ -23,6 +23,10 @@ LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.s
 #: environment variables TPUClusterResolver itself reads, in the order it reads them.
 RESOLVER_ENV_VARS = ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG")
 
+#: every environment variable detection reads to find a TPU (tests clear these to start from a
+#: machine with no TPU; the benchmark clears them so both sides run the same way).
+TPU_ENV_VARS = ("TPUSHIM_TPU",) + RESOLVER_ENV_VARS + ("COLAB_TPU_ADDR", "TPU_LIBRARY_PATH")
+
 RESOLVE_TIMEOUT_S = 10.0
 
 

@@ -12,7 +12,7 @@ import weakref
 
 import tensorflow as tf
 
-from tpushim import _input_fn, _model_fn, _tfprivate
+from tpushim import _input_fn, _model_fn, _settings, _tfprivate
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -33,10 +33,7 @@ def _notify(event, steps=None, **info):
     return steps
 
 
-#: TPUEstimator's default of 2 steps per loop leaves a TPU mostly idle waiting for the host; 100
-#: amortises the host round trip. Bounded by save_checkpoints_steps: a TPU loop can only checkpoint
-#: at its end.
-DEFAULT_ITERATIONS_PER_LOOP = 100
+DEFAULT_ITERATIONS_PER_LOOP = _settings.DEFAULT_ITERATIONS_PER_LOOP
 
 # RunConfig settings carried one-to-one into tpu_config.RunConfig.
 _CARRIED = ("model_dir", "tf_random_seed", "save_summary_steps", "save_checkpoints_steps",

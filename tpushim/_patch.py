@@ -41,7 +41,8 @@ class Target:
 
 
 #: Everything tpushim patches. patch() and unpatch() read only this table, so they cannot drift.
-TARGETS = (Target("tensorflow_estimator.python.estimator.keras_lib", "model_to_estimator"),)
+KERAS_LIB = "tensorflow_estimator.python.estimator.keras_lib"
+TARGETS = (Target(KERAS_LIB, "model_to_estimator"),)
 
 _lock = _thread.RLock()
 _process_layer = None  # the explicit arguments of the active patch(), or None

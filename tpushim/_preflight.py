@@ -18,12 +18,12 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from tpushim import _estimator, _faketpu, _input_fn, _model_fn, _tfprivate
+from tpushim import _estimator, _faketpu, _input_fn, _model_fn, _settings, _tfprivate
 from tpushim._errors import TPUShimError
 
 ModeKeys = tf.estimator.ModeKeys
 
-DEFAULT_CORES = 8  # a v2-8 / v3-8 / v4-8: the smallest Cloud TPU
+DEFAULT_CORES = _settings.DEFAULT_CORES
 MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
 GOOD_PER_CORE_BATCH = 128  # fills a 128x128 matrix unit
 MIN_ITERATIONS_PER_LOOP = 20

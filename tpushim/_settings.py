@@ -29,6 +29,15 @@ DEFAULTS = {"mode": "auto", "tpu": None, "batch_size": None, "iterations_per_loo
 
 KILL_SWITCH = "TPUSHIM_MODE=off"
 
+#: Steps per TPU loop when none is given. TPUEstimator's default of 2 leaves a TPU mostly idle
+#: waiting for the host; 100 amortises the host round trip. Bounded by save_checkpoints_steps: a
+#: TPU loop can only checkpoint at its end.
+DEFAULT_ITERATIONS_PER_LOOP = 100
+
+#: TPU cores a batch size is checked against when no TPU says: a v2-8 / v3-8 / v4-8, the smallest
+#: Cloud TPU.
+DEFAULT_CORES = 8
+
 
 class Settings:
     """The settings one ``model_to_estimator`` call is converted with (immutable).
