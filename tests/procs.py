@@ -1,0 +1,40 @@
+"""The one way tests start a Python subprocess: a clean environment (no TPU configured), real
+TensorFlow, output captured as text. Process-global behaviour (start-up, ``disable_v2_behavior``,
+import order, the command line) is tested this way."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import TPUSHIM_VARS
+
+
+def env_without_tpu(**overrides):
+    """``os.environ`` with every tpushim and TPU variable removed, TensorFlow's C++ logs quiet, and
+    ``overrides`` applied."""
+    env = {k: v for k, v in os.environ.items() if k not in TPUSHIM_VARS}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.update(overrides)
+    return env
+
+
+def python(args=(), *, code=None, env=None, cwd=None, timeout=240, interpreter_flags=()):
+    """Runs ``python [interpreter_flags] ARGS`` (or ``python -c CODE`` with ``code``, dedented).
+
+    Args:
+      args: the arguments after the interpreter (a script, ``-m MODULE``, ...).
+      code: source for ``-c``, placed before ``args`` (which then become its ``sys.argv[1:]``).
+      env: variables set on top of :func:`env_without_tpu`.
+      cwd: the working directory.
+      timeout: seconds before the test fails with ``TimeoutExpired``.
+      interpreter_flags: e.g. ``("-S",)``, before everything else.
+    Returns:
+      the ``subprocess.CompletedProcess`` with ``stdout`` and ``stderr`` as text.
+    """
+    command = [sys.executable, *interpreter_flags]
+    if code is not None:
+        command += ["-c", textwrap.dedent(code)]
+    command += [str(a) for a in args]
+    return subprocess.run(command, env=env_without_tpu(**(env or {})), cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
