@@ -100,7 +100,8 @@ def test_autopatched_legacy_script_converts(tmp_path):
         estimator = model_to_estimator(keras_model=model, model_dir=sys.argv[1])
         print("RESULT", tf_at_start, isinstance(estimator, tf.compat.v1.estimator.tpu.TPUEstimator))
         """))
-    proc = procs.python([script, tmp_path / "model"], env={"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_MODE": "cpu"})
+    proc = procs.python([script, tmp_path / "model"],
+                        env={"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_MODE": "cpu"})
     assert proc.returncode == 0, proc.stderr
     assert "RESULT False True" in proc.stdout
     assert "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False" in proc.stderr
@@ -130,7 +131,8 @@ def test_waits_for_sys_path_when_wrapt_comes_from_a_later_site_dir(tmp_path):
         import tpushim
         print("PATCHED", tpushim.is_patched(), tpushim.__file__.startswith({str(src)!r}))
         """
-    proc = procs.python(code=code, env={"TPUSHIM_AUTOPATCH": "1"}, cwd=tmp_path, interpreter_flags=("-S",))
+    proc = procs.python(code=code, env={"TPUSHIM_AUTOPATCH": "1"}, cwd=tmp_path,
+                        interpreter_flags=("-S",))
     assert proc.returncode == 0, proc.stderr
     assert "PATCHED True True" in proc.stdout
     assert "Warning" not in proc.stderr and "Error processing" not in proc.stderr

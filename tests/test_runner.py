@@ -114,7 +114,8 @@ def test_help_explains_modes_variables_and_commands(tmp_path):
         assert text in proc.stdout, text
     help_text = " ".join(proc.stdout.split())  # as one line: argparse wraps it
     for flag, kwargs in _settings.OPTIONS:  # the options %tpushim takes too, with the same help
-        assert f"{flag} {kwargs['metavar']}" in help_text and " ".join(kwargs["help"].split()) in help_text
+        assert f"{flag} {kwargs['metavar']}" in help_text
+        assert " ".join(kwargs["help"].split()) in help_text
 
 
 def test_info_reports_without_importing_tensorflow(tmp_path):
@@ -128,7 +129,8 @@ def test_info_reports_without_importing_tensorflow(tmp_path):
     assert "patched:     no" in plain.stdout
     assert "mode:        auto (from default)" in plain.stdout
     assert "TPU:" in plain.stdout and "autopatch:" in plain.stdout
-    preview = procs.python(["--mode", "cpu", "--batch-size", "64", "info", "--json"], code=code, cwd=tmp_path)
+    preview = procs.python(["--mode", "cpu", "--batch-size", "64", "info", "--json"], code=code,
+                           cwd=tmp_path)
     assert preview.returncode == 0, preview.stderr
     status = json.loads(preview.stdout)
     assert (status["mode"], status["mode_source"], status["batch_size"]) == ("cpu", "argument", 64)

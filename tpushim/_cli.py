@@ -53,26 +53,27 @@ def split_argv(argv, value_flags):
     return argv, None, []
 
 
-def _usage_error(message, code=2):
+def _stop(message, code=2):
+    """Prints ``message`` as the command's error; returns ``code``, the exit status."""
     print(f"{PROG}: {message}", file=sys.stderr)
     return code
 
 
-def _patch_for(options, module, target, command="", **overrides):
+def _patch_before_running(options, module, target, command="", **overrides):
     """Checks the target and the installation, patches, shows conversion lines. Returns an exit
     code when it stopped (the problem printed), else None."""
     problem = (_launcher.module_problem(module) if module is not None
                else _launcher.script_problem(target[0]))
     if problem:
-        return _usage_error(command + problem)
+        return _stop(command + problem)
     # The version guard before TensorFlow is imported: a clean stop, not a traceback from inside it.
     problem = unsupported()
     if problem:
-        return _usage_error(command + problem)
+        return _stop(command + problem)
     try:
         patch(**dict(options.settings, **overrides))
     except ConfigurationError as e:  # a bad TPUSHIM_* variable
-        return _usage_error(f"{command}error: {e}")
+        return _stop(f"{command}error: {e}")
     if not options.quiet:
         _console.show_conversions()
     return None
@@ -94,7 +95,7 @@ def _info(options, argv):
         with guard_warning_silenced(), patched(**options.settings):
             state = status()
     except ConfigurationError as e:
-        return _usage_error(f"info: error: {e}")
+        return _stop(f"info: error: {e}")
     if args.json:
         print(json.dumps(state, indent=2, sort_keys=True, default=str))
     else:
@@ -107,14 +108,14 @@ def _demo(options, argv):
     parser.parse_args(argv)
     problem = unsupported()
     if problem:
-        return _usage_error(f"demo: {problem}")
+        return _stop(f"demo: {problem}")
     from tpushim import demo  # pylint: disable=import-outside-toplevel  # imports TensorFlow
     try:
         return demo.run(**options.settings)
     except ConfigurationError as e:
-        return _usage_error(f"demo: error: {e}")
+        return _stop(f"demo: error: {e}")
     except TPUShimError as e:  # e.g. --mode tpu without a TPU: the message says what to do
-        return _usage_error(f"demo: {type(e).__name__}: {e}", code=1)
+        return _stop(f"demo: {type(e).__name__}: {e}", code=1)
 
 
 def _check(options, argv):
@@ -130,8 +131,9 @@ def _check(options, argv):
     own, module, target = split_argv(argv, CHECK_VALUE_FLAGS)
     args = parser.parse_args(own + (["-m", module] if module is not None else []))
     if module is None and not target:
-        return _usage_error("check: give the script (or -m MODULE) to check")
-    stopped = _patch_for(options, module, target, "check: ", mode="cpu")  # the TPU path on CPU
+        return _stop("check: give the script (or -m MODULE) to check")
+    # cpu mode: the TPU code path, run on CPU.
+    stopped = _patch_before_running(options, module, target, "check: ", mode="cpu")
     if stopped is not None:
         return stopped
     from tpushim import _preflight  # pylint: disable=import-outside-toplevel  # imports TensorFlow
@@ -257,11 +259,11 @@ def main(argv=None):
         parser.error(str(e))
     if module is None and not target:
         parser.print_usage(sys.stderr)
-        return _usage_error(f"give a script, -m MODULE, or a command ({', '.join(COMMANDS)}); "
+        return _stop(f"give a script, -m MODULE, or a command ({', '.join(COMMANDS)}); "
                             f"see {PROG} --help")
     if module is None and target[0] in COMMANDS:
         return COMMANDS[target[0]].run(options, target[1:])
-    stopped = _patch_for(options, module, target)
+    stopped = _patch_before_running(options, module, target)
     if stopped is not None:
         return stopped
     code, _ = _launch(module, target)

@@ -4,11 +4,14 @@ Same ``sys.argv``, ``sys.path[0]``, ``__main__`` and ``__file__``, and an uncaug
 printed as Python prints it, without our frames. ``SystemExit`` and ``KeyboardInterrupt`` pass
 through, so Python itself turns them into the exit status.
 
-In this process rather than by exec'ing a fresh interpreter (as OpenTelemetry's
-``opentelemetry-instrument`` does): ``python -m tpushim check`` must run the script inside the
-preflight's recorder, options must stay options (``status()`` says ``from argument``, while a
-variable handed to a child says ``from TPUSHIM_MODE`` and would reach its own children too), and
-the interpreter's flags and a tpushim that is not installed as a package need no re-creating.
+In this process rather than by exec'ing a fresh interpreter with the autopatch variable set (as
+OpenTelemetry's ``opentelemetry-instrument`` does), though an exec'd interpreter would give the
+same argv, ``__main__`` and traceback for free: ``python -m tpushim check`` must run the script
+inside the preflight's recorder, in this process, anyway; options handed over as ``TPUSHIM_*``
+variables stop being options (``status()`` says ``from TPUSHIM_MODE``, not ``from argument``;
+``TPUSHIM_MODE=off`` must be kept from being overwritten; every Python process the script starts
+is patched too); the interpreter's flags (``-S``, ``-X``, ``-W``) would have to be re-created, and
+the autopatch .pth would have to be installed. Exec also starts a second interpreter.
 """
 
 import builtins
