@@ -5,15 +5,14 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-import tfcases
+import procs
 import tpushim
-from tpushim import _autopatch, _runner
+from tpushim import _autopatch, _console
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -28,15 +27,8 @@ print(json.dumps(seen))
 """
 
 
-def child(code, env=None, args=(), cwd=None, timeout=120):
-    environ = tfcases.env_without_tpu()
-    environ.update(env or {})
-    return subprocess.run([sys.executable, *args, "-c", textwrap.dedent(code)], env=environ,
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
 def startup(env):
-    proc = child(STARTUP, env)
+    proc = procs.python(code=STARTUP, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr
 
@@ -50,8 +42,8 @@ def pth_line_from_setup():
 
 
 def test_pth_is_installed_and_never_evaluates_the_variable():
-    files = _runner.autopatch_files()
-    assert files, (f"{_runner.PTH_NAME} is not in site-packages: reinstall with pip install -e . "
+    files = _console.autopatch_files()
+    assert files, (f"{_console.PTH_NAME} is not in site-packages: reinstall with pip install -e . "
                    "(setup.py's build_py / develop write it)")
     text = pathlib.Path(files[0]).read_text()
     assert text == pth_line_from_setup()  # the installed line is the one setup.py writes
@@ -108,10 +100,8 @@ def test_autopatched_legacy_script_converts(tmp_path):
         estimator = model_to_estimator(keras_model=model, model_dir=sys.argv[1])
         print("RESULT", tf_at_start, isinstance(estimator, tf.compat.v1.estimator.tpu.TPUEstimator))
         """))
-    environ = tfcases.env_without_tpu()
-    environ.update(TPUSHIM_AUTOPATCH="1", TPUSHIM_MODE="cpu")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "model")], env=environ,
-                          capture_output=True, text=True, timeout=240)
+    proc = procs.python([script, tmp_path / "model"],
+                        env={"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_MODE": "cpu"})
     assert proc.returncode == 0, proc.stderr
     assert "RESULT False True" in proc.stdout
     assert "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False" in proc.stderr
@@ -123,7 +113,7 @@ def test_waits_for_sys_path_when_wrapt_comes_from_a_later_site_dir(tmp_path):
     early.mkdir()
     shutil.copytree(pathlib.Path(tpushim.__file__).parent, src / "tpushim",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (early / _runner.PTH_NAME).write_text(pth_line_from_setup())
+    (early / _console.PTH_NAME).write_text(pth_line_from_setup())
     import wrapt  # pylint: disable=import-outside-toplevel
     later = os.path.dirname(os.path.dirname(os.path.abspath(wrapt.__file__)))
     code = f"""\
@@ -141,7 +131,8 @@ def test_waits_for_sys_path_when_wrapt_comes_from_a_later_site_dir(tmp_path):
         import tpushim
         print("PATCHED", tpushim.is_patched(), tpushim.__file__.startswith({str(src)!r}))
         """
-    proc = child(code, {"TPUSHIM_AUTOPATCH": "1"}, args=("-S",), cwd=tmp_path)
+    proc = procs.python(code=code, env={"TPUSHIM_AUTOPATCH": "1"}, cwd=tmp_path,
+                        interpreter_flags=("-S",))
     assert proc.returncode == 0, proc.stderr
     assert "PATCHED True True" in proc.stdout
     assert "Warning" not in proc.stderr and "Error processing" not in proc.stderr
@@ -159,7 +150,7 @@ def test_deferred_patch_triggers_once_and_leaves(monkeypatch):
     assert finders[0].find_spec("sitecustomize") is None
     assert tpushim.is_patched()
     assert not any(getattr(f, "tpushim_autopatch", False) for f in sys.meta_path)
-    _runner.hide_conversions()
+    _console.hide_conversions()
 
 
 @pytest.mark.parametrize("value, expected", [

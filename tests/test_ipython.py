@@ -1,17 +1,16 @@
 """``%load_ext tpushim`` and ``%tpushim`` in a real IPython shell."""
 
-import subprocess
 import sys
-import textwrap
 
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+import procs
 import tfcases
 import tpushim
-from tpushim import _ipython, _runner
+from tpushim import _console, _ipython, _settings
 
 SESSION = """\
 import tensorflow as tf
@@ -40,11 +39,8 @@ print("MAGIC LEFT", "tpushim" in get_ipython().magics_manager.magics["line"])
 def test_extension_in_a_real_ipython_session(tmp_path):
     script = tmp_path / "session.ipy"
     script.write_text(SESSION)
-    environ = tfcases.env_without_tpu()
-    environ["IPYTHONDIR"] = str(tmp_path / "ipython")
-    proc = subprocess.run(
-        [sys.executable, "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", str(script)],
-        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=240)
+    proc = procs.python(["-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", script],
+                        env={"IPYTHONDIR": str(tmp_path / "ipython")}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     loaded, status, cpu, off = (out.split("== status")[0], out.split("== status")[1].split("== cpu")[0],
@@ -76,7 +72,7 @@ def shell(tmp_path, monkeypatch):
     yield ipython
     if "tpushim" in ipython.extension_manager.loaded:
         ipython.run_line_magic("unload_ext", "tpushim")
-    _runner.hide_conversions()
+    _console.hide_conversions()
     InteractiveShell.clear_instance()
 
 
@@ -139,3 +135,10 @@ def test_unsupported_tensorflow_said_once_per_command(shell, monkeypatch, capsys
     for out in (loaded, patched):
         assert out.count("tpushim does not support TensorFlow 2.16.1 with Keras") == 1, out
     assert "NOT SUPPORTED" in patched and not tpushim.is_patched()
+
+
+def test_magic_takes_the_command_line_options_with_the_same_help():
+    help_text = " ".join(_ipython.tpushim_magic.__doc__.split())  # what %tpushim? shows
+    for flag, kwargs in _settings.OPTIONS:
+        assert f"{flag} {kwargs['metavar']}" in help_text
+        assert " ".join(kwargs["help"].split()) in help_text

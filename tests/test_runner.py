@@ -2,15 +2,13 @@
 
 import json
 import logging
-import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-import tfcases
-from tpushim import _runner
+import procs
+from tpushim import _cli, _console, _settings
 
 PROBE = """\
 import json, sys
@@ -22,13 +20,6 @@ print(json.dumps({
     "main_is_us": __main__.__dict__ is globals(), "patched": tpushim.is_patched(),
     "mode": [status["mode"], status["mode_source"]], "tf": "tensorflow" in sys.modules}))
 """
-
-
-def run(args, cwd, env=None, timeout=120):
-    environ = tfcases.env_without_tpu()
-    environ.update(env or {})
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def write(path, text):
@@ -45,8 +36,8 @@ def probe(proc):
 def test_script_sees_what_python_shows_it(tmp_path):
     write(tmp_path / "sub" / "prog.py", PROBE)
     script_args = ["sub/prog.py", "a", "--mode", "x", "-m", "y", "--", "--help"]
-    direct = probe(run(script_args, tmp_path))
-    shimmed = probe(run(["-m", "tpushim", "--mode", "cpu", *script_args], tmp_path))
+    direct = probe(procs.python(script_args, cwd=tmp_path))
+    shimmed = probe(procs.python(["-m", "tpushim", "--mode", "cpu", *script_args], cwd=tmp_path))
     for key in ("argv", "name", "path0", "file", "main_is_us"):
         assert shimmed[key] == direct[key], key
     assert shimmed["argv"] == script_args  # options after the script are the script's
@@ -65,8 +56,8 @@ def test_script_sees_what_python_shows_it(tmp_path):
 ])
 def test_exit_status_and_traceback_as_python_gives_them(tmp_path, body, code):
     write(tmp_path / "fails.py", body + "\n")
-    direct = run(["fails.py"], tmp_path)
-    shimmed = run(["-m", "tpushim", "fails.py"], tmp_path)
+    direct = procs.python(["fails.py"], cwd=tmp_path)
+    shimmed = procs.python(["-m", "tpushim", "fails.py"], cwd=tmp_path)
     assert direct.returncode == code
     assert shimmed.returncode == code
     assert shimmed.stderr == direct.stderr  # the same traceback: no runner or runpy frames
@@ -81,8 +72,8 @@ def test_module_runs_as_python_dash_m_runs_it(tmp_path):
                           "spec": __spec__.name, "tf": "tensorflow" in sys.modules}))
         raise SystemExit(4)
         """)
-    direct = run(["-m", "pkg.mod", "q", "-x"], tmp_path)
-    shimmed = run(["-m", "tpushim", "--batch-size", "64", "-m", "pkg.mod", "q", "-x"], tmp_path)
+    direct = procs.python(["-m", "pkg.mod", "q", "-x"], cwd=tmp_path)
+    shimmed = procs.python(["-m", "tpushim", "--batch-size", "64", "-m", "pkg.mod", "q", "-x"], cwd=tmp_path)
     assert direct.returncode == shimmed.returncode == 4
     assert json.loads(shimmed.stdout) == json.loads(direct.stdout)
     assert json.loads(shimmed.stdout)["argv"] == [str(tmp_path / "pkg" / "mod.py"), "q", "-x"]
@@ -92,10 +83,14 @@ def test_module_runs_as_python_dash_m_runs_it(tmp_path):
     (["missing.py", "--flag"], "can't open file 'missing.py'"),
     (["-m", "no_such_module_tpushim"], "No module named 'no_such_module_tpushim'"),
     ([], "give a script, -m MODULE, or a command"),
-    (["--mode", "sideways", "x.py"], "invalid choice: 'sideways'"),
+    (["--mode", "sideways", "x.py"], "mode='sideways' is not a valid tpushim mode"),
+    (["--batch-size", "0", "info"], "batch_size must be a positive integer"),
+    (["-m"], "argument -m: expected one argument"),
+    (["check"], "give the script (or -m MODULE) to check"),
+    (["check", "--cores", "4", "missing.py"], "check: can't open file 'missing.py'"),
 ])
 def test_usage_errors_exit_2_without_traceback(tmp_path, args, message):
-    proc = run(["-m", "tpushim", *args], tmp_path)
+    proc = procs.python(["-m", "tpushim", *args], cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -103,26 +98,30 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, args, message):
 
 def test_bad_environment_stops_before_the_script_runs(tmp_path):
     write(tmp_path / "prog.py", "print('RAN')\n")
-    proc = run(["-m", "tpushim", "prog.py"], tmp_path, env={"TPUSHIM_BATCH_SIZE": "abc"})
+    proc = procs.python(["-m", "tpushim", "prog.py"], cwd=tmp_path, env={"TPUSHIM_BATCH_SIZE": "abc"})
     assert proc.returncode == 2
     assert "TPUSHIM_BATCH_SIZE='abc'" in proc.stderr and "Traceback" not in proc.stderr
     assert "RAN" not in proc.stdout
 
 
 def test_help_explains_modes_variables_and_commands(tmp_path):
-    proc = run(["-m", "tpushim", "--help"], tmp_path)
+    proc = procs.python(["-m", "tpushim", "--help"], cwd=tmp_path)
     assert proc.returncode == 0
     for text in ("SCRIPT [ARGS...]", "-m MODULE", "info", "demo", "--mode", "--tpu", "--batch-size",
                  "--iterations-per-loop", "auto", "cpu", "off", "TPUSHIM_MODE", "TPUSHIM_TPU",
                  "TPUSHIM_BATCH_SIZE", "TPUSHIM_ITERATIONS_PER_LOOP", "TPUSHIM_AUTOPATCH",
                  "kill switch", "belongs to it"):
         assert text in proc.stdout, text
+    help_text = " ".join(proc.stdout.split())  # as one line: argparse wraps it
+    for flag, kwargs in _settings.OPTIONS:  # the options %tpushim takes too, with the same help
+        assert f"{flag} {kwargs['metavar']}" in help_text
+        assert " ".join(kwargs["help"].split()) in help_text
 
 
 def test_info_reports_without_importing_tensorflow(tmp_path):
-    code = ("import sys\nfrom tpushim._runner import main\nrc = main(sys.argv[1:])\n"
+    code = ("import sys\nfrom tpushim._cli import main\nrc = main(sys.argv[1:])\n"
             "assert 'tensorflow' not in sys.modules, 'info imported TensorFlow'\nsys.exit(rc)")
-    plain = run(["-c", code, "info"], tmp_path)
+    plain = procs.python(["info"], code=code, cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr
     import tpushim  # pylint: disable=import-outside-toplevel
     versions = tpushim.status()["versions"]
@@ -130,17 +129,18 @@ def test_info_reports_without_importing_tensorflow(tmp_path):
     assert "patched:     no" in plain.stdout
     assert "mode:        auto (from default)" in plain.stdout
     assert "TPU:" in plain.stdout and "autopatch:" in plain.stdout
-    preview = run(["-c", code, "--mode", "cpu", "--batch-size", "64", "info", "--json"], tmp_path)
+    preview = procs.python(["--mode", "cpu", "--batch-size", "64", "info", "--json"], code=code,
+                           cwd=tmp_path)
     assert preview.returncode == 0, preview.stderr
     status = json.loads(preview.stdout)
     assert (status["mode"], status["mode_source"], status["batch_size"]) == ("cpu", "argument", 64)
     assert not status["patched"]  # info previews options, it patches nothing
-    bad = run(["-m", "tpushim", "info"], tmp_path, env={"TPUSHIM_MODE": "fast"})
+    bad = procs.python(["-m", "tpushim", "info"], cwd=tmp_path, env={"TPUSHIM_MODE": "fast"})
     assert bad.returncode == 2 and "TPUSHIM_MODE='fast'" in bad.stderr
 
 
 def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
-    proc = run(["-m", "tpushim", "demo"], tmp_path, timeout=300)
+    proc = procs.python(["-m", "tpushim", "demo"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "1. stock    model_to_estimator -> stock EstimatorV2 (tpushim mode off" in out
@@ -154,17 +154,24 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     assert "WARNING" not in proc.stderr  # TensorFlow's noise is kept down
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["s.py", "--mode", "x"], ([], None, ["s.py", "--mode", "x"])),
-    (["--mode", "cpu", "-q", "s.py", "-m", "y"], (["--mode", "cpu", "-q"], None, ["s.py", "-m", "y"])),
-    (["--tpu", "local", "-m", "pkg.mod", "--tpu", "z"], (["--tpu", "local"], "pkg.mod", ["--tpu", "z"])),
-    (["-mpkg.mod", "a"], ([], "pkg.mod", ["a"])),
-    (["--batch-size=8", "--", "-odd.py"], (["--batch-size=8"], None, ["-odd.py"])),
-    (["--mode", "cpu", "info", "--json"], (["--mode", "cpu"], None, ["info", "--json"])),
-    (["--help"], (["--help"], None, [])),
+RUNNER, CHECK = _cli.RUNNER_VALUE_FLAGS, _cli.CHECK_VALUE_FLAGS
+
+
+@pytest.mark.parametrize("argv, value_flags, expected", [
+    (["s.py", "--mode", "x"], RUNNER, ([], None, ["s.py", "--mode", "x"])),
+    (["--mode", "cpu", "-q", "s.py", "-m", "y"], RUNNER, (["--mode", "cpu", "-q"], None, ["s.py", "-m", "y"])),
+    (["--tpu", "local", "-m", "pkg.mod", "--tpu", "z"], RUNNER, (["--tpu", "local"], "pkg.mod", ["--tpu", "z"])),
+    (["-mpkg.mod", "a"], RUNNER, ([], "pkg.mod", ["a"])),
+    (["--batch-size=8", "--", "-odd.py"], RUNNER, (["--batch-size=8"], None, ["-odd.py"])),
+    (["--mode", "cpu", "info", "--json"], RUNNER, (["--mode", "cpu"], None, ["info", "--json"])),
+    (["--help"], RUNNER, (["--help"], None, [])),
+    # check's own arguments are split by the same rule
+    (["--cores", "4", "--json", "s.py", "--cores", "2"], CHECK,
+     (["--cores", "4", "--json"], None, ["s.py", "--cores", "2"])),
+    (["--json", "-m", "pkg.train", "--json"], CHECK, (["--json"], "pkg.train", ["--json"])),
 ])
-def test_split_argv_gives_everything_after_the_target_to_it(argv, expected):
-    assert _runner.split_argv(argv) == expected
+def test_split_argv_gives_everything_after_the_target_to_it(argv, value_flags, expected):
+    assert _cli.split_argv(argv, value_flags) == expected
 
 
 def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, monkeypatch, capsys):
@@ -176,14 +183,14 @@ def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, mon
     monkeypatch.setattr(logger, "level", logging.NOTSET)
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # an application without logging
     try:
-        assert _runner.main(["-q", str(script)]) == 0
+        assert _cli.main(["-q", str(script)]) == 0
         assert "model_to_estimator -> X" not in capsys.readouterr().err
-        assert _runner.main([str(script)]) == 0
+        assert _cli.main([str(script)]) == 0
         assert "tpushim: model_to_estimator -> X" in capsys.readouterr().err
         # Once the application configures logging, the line goes there, and only there.
         monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
-        assert _runner.main([str(script)]) == 0
+        assert _cli.main([str(script)]) == 0
         assert "model_to_estimator -> X" not in capsys.readouterr().err
     finally:
-        _runner.hide_conversions()
-    assert not any(isinstance(h, _runner.ConsoleHandler) for h in logger.handlers)
+        _console.hide_conversions()
+    assert not any(isinstance(h, _console.ConsoleHandler) for h in logger.handlers)

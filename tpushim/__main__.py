@@ -1,11 +1,11 @@
-"""``python -m tpushim [options] SCRIPT [ARGS...] | -m MODULE [ARGS...] | info | demo``.
+"""``python -m tpushim [options] SCRIPT [ARGS...] | -m MODULE [ARGS...] | info | demo | check``.
 
-See ``python -m tpushim --help``; the runner lives in :mod:`tpushim._runner`.
+See ``python -m tpushim --help``; the command line lives in :mod:`tpushim._cli`.
 """
 
 import sys
 
-from tpushim._runner import main
+from tpushim._cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,7 +39,9 @@ def wanted(environ=None):
 
 
 def _kill_switch(environ):
-    # tpushim._settings.kill_switch_on, restated: tpushim itself may not be importable yet.
+    # The kill switch, read here by hand rather than through tpushim._settings: this file runs
+    # from the .pth before sys.path is complete, so nothing of the package may be imported yet.
+    # The rule is the one _settings.resolve applies (TPUSHIM_MODE, stripped, lower case, "off").
     return environ.get("TPUSHIM_MODE", "").strip().lower() == "off"
 
 
@@ -49,11 +51,12 @@ def patch_now():
     Returns whether tpushim is patched. Never raises.
     """
     try:
-        import tpushim  # pylint: disable=import-outside-toplevel
-        from tpushim import _runner  # pylint: disable=import-outside-toplevel
-        tpushim.patch()  # imports no TensorFlow
-        _runner.show_conversions()
-        return tpushim.is_patched()
+        # pylint: disable=import-outside-toplevel  # importable only once sys.path is complete
+        from tpushim._console import show_conversions
+        from tpushim._patch import is_patched, patch
+        patch()  # imports no TensorFlow
+        show_conversions()
+        return is_patched()
     except Warning:
         raise
     except Exception as e:  # pylint: disable=broad-except

@@ -12,22 +12,28 @@ import sys
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-import tpushim
-from tpushim import _patch, _runner
+from tpushim import _console, _settings
+from tpushim._errors import ConfigurationError
+from tpushim._patch import (KERAS_LIB, guard_warning_silenced, is_ours, is_patched, patch, status,
+                            unpatch)
 
 MAGIC_NAME = "tpushim"
-_KERAS_LIB = "tensorflow_estimator.python.estimator.keras_lib"
 _NAMES = ("model_to_estimator", "model_to_estimator_v2")
+
+
+def _setting_options(magic):
+    """``--mode`` & co.: the options (and help) ``python -m tpushim`` takes, from one table."""
+    # magic_arguments lists the argument applied last first: reversed keeps the table's order.
+    for flag, kwargs in reversed(_settings.OPTIONS):
+        magic = argument(flag, **kwargs)(magic)
+    return magic
 
 
 @magic_arguments(name=MAGIC_NAME)
 @argument("action", nargs="?", choices=("status", "patch", "unpatch"), default="status",
           help="status (default): show what tpushim does now; patch: patch with the options "
                "given; unpatch: restore the stock model_to_estimator.")
-@argument("--mode", help="auto, cpu (the TPU code path on CPU/GPU), tpu (require a TPU) or off.")
-@argument("--tpu", help="a TPU name, grpc://host:port, or 'local' on a TPU VM / Colab TPU runtime.")
-@argument("--batch-size", help="global batch size for train, eval and predict.")
-@argument("--iterations-per-loop", help="training steps per TPU loop.")
+@_setting_options
 @argument("--off", action="store_true", help="the same as `%%tpushim unpatch`.")
 def tpushim_magic(line):
     """Shows tpushim's status, or patches with new options, or unpatches.
@@ -37,25 +43,26 @@ def tpushim_magic(line):
     the environment still wins over every option.
     """
     args = parse_argstring(tpushim_magic, line)
-    options = _runner.settings_from(args)
+    options = {name: getattr(args, name) for name in _settings.ENV_VARS
+               if getattr(args, name) is not None}
     if args.off or args.action == "unpatch":
         if options:
             raise UsageError("%tpushim unpatch takes no options")
-        tpushim.unpatch()
+        unpatch()
     elif options or args.action == "patch":
         try:
-            with _patch.guard_warning_silenced():  # the status below shows its message, once
-                tpushim.patch(**options)
-        except tpushim.ConfigurationError as e:
+            with guard_warning_silenced():  # the status below shows its message, once
+                patch(**options)
+        except ConfigurationError as e:
             raise UsageError(str(e)) from None
     try:
-        print(_runner.format_status(tpushim.status()))
-    except tpushim.ConfigurationError as e:
+        print(_console.format_status(status()))
+    except ConfigurationError as e:
         raise UsageError(str(e)) from None
 
 
 def _is_model_to_estimator(value):
-    if _patch.is_ours(value):
+    if is_ours(value):
         return True
     module = getattr(value, "__module__", None) or ""
     return (callable(value) and getattr(value, "__name__", None) in _NAMES
@@ -78,15 +85,15 @@ def bound_names(user_ns):
 
 def will_convert(value):
     """(True or False, why) for a function the user bound before patching."""
-    keras_lib = sys.modules.get(_KERAS_LIB)
+    keras_lib = sys.modules.get(KERAS_LIB)
     current = getattr(keras_lib, "model_to_estimator", None) if keras_lib else None
-    if not tpushim.is_patched():
+    if not is_patched():
         return False, "tpushim is not patched in this kernel"
-    if _patch.is_ours(value):
+    if is_ours(value):
         return True, "it is tpushim's wrapper itself"
-    if getattr(value, "__module__", "") == _KERAS_LIB and (
+    if getattr(value, "__module__", "") == KERAS_LIB and (
             current is None or value is getattr(current, "__wrapped__", None)):
-        return False, (f"it is the private {_KERAS_LIB}.model_to_estimator, bound before the patch; "
+        return False, (f"it is the private {KERAS_LIB}.model_to_estimator, bound before the patch; "
                        f"bind it again now, or use tf.keras.estimator.model_to_estimator")
     return True, ("it calls keras_lib.model_to_estimator at call time, and tpushim wraps that "
                   "function: every spelling converts, whenever it was bound")
@@ -100,21 +107,21 @@ def _describe(value):
 def load_ipython_extension(ipython):
     """``%load_ext tpushim``: patches (honouring ``TPUSHIM_*``) and adds the ``%tpushim`` magic."""
     ipython.register_magic_function(tpushim_magic, magic_kind="line", magic_name=MAGIC_NAME)
-    _runner.show_conversions()
+    _console.show_conversions()
     try:
-        if not tpushim.is_patched():  # keep a tpushim.patch(...) the notebook already made
-            with _patch.guard_warning_silenced():  # its message is printed below, once
-                tpushim.patch()
-        status = tpushim.status()
-    except tpushim.ConfigurationError as e:
+        if not is_patched():  # keep a tpushim.patch(...) the notebook already made
+            with guard_warning_silenced():  # its message is printed below, once
+                patch()
+        state = status()
+    except ConfigurationError as e:
         print(f"tpushim: not patched: {e}\nFix the variable, then run %tpushim patch.")
         return
-    print(f"tpushim {status['versions']['tpushim']} "
-          + ("patched" if status["patched"] else "NOT patched")
-          + f": model_to_estimator returns {_runner.outcome(status)}. "
+    print(f"tpushim {state['versions']['tpushim']} "
+          + ("patched" if state["patched"] else "NOT patched")
+          + f": model_to_estimator returns {_console.outcome(state)}. "
           + f"%{MAGIC_NAME} shows the status and takes options.")
-    if status.get("unsupported"):
-        print(f"tpushim: {status['unsupported']}")
+    if state.get("unsupported"):
+        print(f"tpushim: {state['unsupported']}")
     for name, value in bound_names(ipython.user_ns).items():
         converts, why = will_convert(value)
         print(f"tpushim: `{name}` was bound to {_describe(value)} before %load_ext tpushim; it "
@@ -123,6 +130,6 @@ def load_ipython_extension(ipython):
 
 def unload_ipython_extension(ipython):
     """``%unload_ext tpushim``: unpatches, and removes the ``%tpushim`` magic."""
-    tpushim.unpatch()
-    _runner.hide_conversions()
+    unpatch()
+    _console.hide_conversions()
     ipython.magics_manager.magics["line"].pop(MAGIC_NAME, None)

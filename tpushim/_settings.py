@@ -175,3 +175,23 @@ def resolve(layers=(), environ=None):
     if env.get("mode") == "off":
         values["mode"], sources["mode"] = "off", KILL_SWITCH
     return Settings(sources=sources, **values)
+
+
+def _option(name, metavar, what, default):
+    return ("--" + name.replace("_", "-"),
+            {"dest": name, "metavar": metavar,
+             "help": f"{what} Default: ${ENV_VARS[name]}, else {default}."})
+
+
+#: The settings as command-line options, ``(flag, argparse keywords)``: ``python -m tpushim`` and
+#: ``%tpushim`` both add exactly these, so their options and help cannot drift apart. No
+#: ``choices`` or ``type``: the values are checked by the parsers above, one rule for every way in.
+OPTIONS = (
+    _option("mode", "MODE", "auto, cpu (the TPU code path on CPU/GPU), tpu (require a TPU) or off.",
+            DEFAULTS["mode"]),
+    _option("tpu", "TPU", "a TPU name, grpc://host:port, or 'local' on a TPU VM or Colab TPU runtime.",
+            "found from the RunConfig, TPU_NAME & co., COLAB_TPU_ADDR or the TPU VM's device files"),
+    _option("batch_size", "N", "global batch size for train, eval and predict.",
+            "taken from the input_fn"),
+    _option("iterations_per_loop", "N", "training steps per TPU loop.", DEFAULT_ITERATIONS_PER_LOOP),
+)

@@ -16,6 +16,8 @@ import tempfile
 import time
 import warnings
 
+from tpushim._patch import patched, status
+
 #: cpu mode runs the very computation the stock estimator runs: anything above this is a bug.
 CPU_TOLERANCE = 1e-5
 
@@ -134,20 +136,19 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
       0, or 1 when cpu mode's results differ from stock's by more than :data:`CPU_TOLERANCE`
       (a ``batch_size`` changes training, so then they are not compared).
     """
-    import tpushim  # pylint: disable=import-outside-toplevel
     settings = {k: v for k, v in dict(tpu=tpu, batch_size=batch_size,
                                       iterations_per_loop=iterations_per_loop).items() if v is not None}
     if mode is None:
-        with tpushim.patched(**settings):
-            mode = "auto" if tpushim.status()["tpu"] else "cpu"
+        with patched(**settings):
+            mode = "auto" if status()["tpu"] else "cpu"
     _quiet_tensorflow()
     from tpushim.demo import legacy_mlp  # pylint: disable=import-outside-toplevel
     print(f"tpushim demo: {legacy_mlp.__file__}\n"
           f"  a legacy Keras -> Estimator script (no tpushim in it): 2-layer MLP, legacy SGD with "
           f"momentum, synthetic data, {legacy_mlp.TRAIN_STEPS} steps -- run twice in this process.\n",
           flush=True)
-    stock = _train_once(tpushim.patched(mode="off"))
-    shim = _train_once(tpushim.patched(mode=mode, **settings))
+    stock = _train_once(patched(mode="off"))
+    shim = _train_once(patched(mode=mode, **settings))
     lines, worst = report(stock, shim)
     verdict, as_expected = _verdict(shim, mode, worst, batch_size)
     print("\n".join(lines + ["", verdict, "Same script, no code change. Yours: python -m tpushim "

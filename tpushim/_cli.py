@@ -1,0 +1,270 @@
+"""``python -m tpushim``: the command line -- options, commands, and which target to launch.
+
+The command line is split once, at the first word that is not one of our options (the script, a
+command such as ``info``, or what follows ``-m``): everything after it belongs to the script, so
+``python -m tpushim train.py --mode x`` passes ``--mode x`` to ``train.py``. argparse then parses
+only our own options; ``check`` splits its arguments with the same function. The settings options
+come from :data:`tpushim._settings.OPTIONS` (``%tpushim`` adds the same ones), and their values are
+checked by the settings' own parsers. A new command is one more entry in :data:`COMMANDS`.
+"""
+
+import argparse
+import collections
+import contextlib
+import json
+import sys
+import textwrap
+
+from tpushim import _console, _launcher, _settings
+from tpushim._errors import ConfigurationError, TPUShimError
+from tpushim._patch import guard_warning_silenced, patch, patched, status, unsupported
+
+PROG = "python -m tpushim"
+
+#: The runner's options that take a value (the split must skip the value too).
+RUNNER_VALUE_FLAGS = tuple(flag for flag, _ in _settings.OPTIONS)
+CHECK_VALUE_FLAGS = ("--cores",)
+
+#: A subcommand: ``run(options, argv) -> exit code``; ``help`` is one line for ``--help``.
+Command = collections.namedtuple("Command", "run help")
+
+
+def split_argv(argv, value_flags):
+    """Splits argv into (our options, module or None, the target's argv).
+
+    The target's argv starts with the script or command name; for ``-m`` it is the module's
+    arguments. ``value_flags``: our options that take a value as the next word.
+    """
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], None, argv[i + 1:]
+        if arg == "-m":
+            if i + 1 == len(argv):
+                return argv[:i + 1], None, []  # argparse reports the missing MODULE
+            return argv[:i], argv[i + 1], argv[i + 2:]
+        if arg.startswith("-m") and not arg.startswith("--"):
+            return argv[:i], arg[2:], argv[i + 1:]  # -mMODULE, as python accepts it
+        if arg.startswith("-") and arg != "-":
+            i += 2 if arg in value_flags else 1
+            continue
+        return argv[:i], None, argv[i:]
+    return argv, None, []
+
+
+def _stop(message, code=2):
+    """Prints ``message`` as the command's error; returns ``code``, the exit status."""
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
+def _patch_before_running(options, module, target, command="", **overrides):
+    """Checks the target and the installation, patches, shows conversion lines. Returns an exit
+    code when it stopped (the problem printed), else None."""
+    problem = (_launcher.module_problem(module) if module is not None
+               else _launcher.script_problem(target[0]))
+    if problem:
+        return _stop(command + problem)
+    # The version guard before TensorFlow is imported: a clean stop, not a traceback from inside it.
+    problem = unsupported()
+    if problem:
+        return _stop(command + problem)
+    try:
+        patch(**dict(options.settings, **overrides))
+    except ConfigurationError as e:  # a bad TPUSHIM_* variable
+        return _stop(f"{command}error: {e}")
+    if not options.quiet:
+        _console.show_conversions()
+    return None
+
+
+def _launch(module, target):
+    if module is not None:
+        return _launcher.run_module(module, target)
+    return _launcher.run_script(target[0], target[1:])
+
+
+def _info(options, argv):
+    parser = argparse.ArgumentParser(prog=f"{PROG} info", description=COMMANDS["info"].help)
+    parser.add_argument("--json", action="store_true", help="print tpushim.status() as JSON")
+    args = parser.parse_args(argv)
+    try:
+        # A scope, not patch(): info reports this interpreter as it is, previewing the options.
+        # The guard's message is one of info's lines: not a warning as well.
+        with guard_warning_silenced(), patched(**options.settings):
+            state = status()
+    except ConfigurationError as e:
+        return _stop(f"info: error: {e}")
+    if args.json:
+        print(json.dumps(state, indent=2, sort_keys=True, default=str))
+    else:
+        print(_console.format_status(state, previewing=bool(options.settings)))
+    return 0
+
+
+def _demo(options, argv):
+    parser = argparse.ArgumentParser(prog=f"{PROG} demo", description=COMMANDS["demo"].help)
+    parser.parse_args(argv)
+    problem = unsupported()
+    if problem:
+        return _stop(f"demo: {problem}")
+    from tpushim import demo  # pylint: disable=import-outside-toplevel  # imports TensorFlow
+    try:
+        return demo.run(**options.settings)
+    except ConfigurationError as e:
+        return _stop(f"demo: error: {e}")
+    except TPUShimError as e:  # e.g. --mode tpu without a TPU: the message says what to do
+        return _stop(f"demo: {type(e).__name__}: {e}", code=1)
+
+
+def _check(options, argv):
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} check", description=COMMANDS["check"].help,
+        usage=f"{PROG} [options] check [--json] [--cores N] (SCRIPT | -m MODULE) [ARGS...]")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout "
+                        "(the script's own output then goes to stderr)")
+    parser.add_argument("--cores", type=int, default=_settings.DEFAULT_CORES, metavar="N",
+                        help=f"TPU cores to check the batch size against (default "
+                             f"{_settings.DEFAULT_CORES}: a v2/v3/v4-8)")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="check a module, as python -m runs it")
+    own, module, target = split_argv(argv, CHECK_VALUE_FLAGS)
+    args = parser.parse_args(own + (["-m", module] if module is not None else []))
+    if module is None and not target:
+        return _stop("check: give the script (or -m MODULE) to check")
+    # cpu mode: the TPU code path, run on CPU.
+    stopped = _patch_before_running(options, module, target, "check: ", mode="cpu")
+    if stopped is not None:
+        return stopped
+    from tpushim import _preflight  # pylint: disable=import-outside-toplevel  # imports TensorFlow
+    uncaught = None
+    with _preflight.recording() as recorder, contextlib.redirect_stdout(
+            sys.stderr if args.json else sys.stdout):
+        try:
+            code, uncaught = _launch(module, target)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    report = _check_report(_preflight, recorder, args.cores, code, uncaught)
+    print(report.to_json() if args.json else report)
+    return report.exit_code
+
+
+def _check_report(preflight, recorder, cores, code, uncaught):
+    """The recorder's report, plus what the script's exit said."""
+    try:
+        report = recorder.report(num_cores=cores)
+    except Exception as e:  # pylint: disable=broad-except  # --json must still print a report
+        report = preflight.Report()
+        report.add("preflight-failed", "error", preflight.last_frame(e),
+                   f"the preflight failed: {preflight.summary(e)}", "please report this to tpushim")
+    if uncaught is not None:
+        report.add("script-raised", "error", preflight.last_frame(uncaught),
+                   f"the script raised {preflight.summary(uncaught)} while checked in cpu mode (the "
+                   f"TPU code path on CPU): it would fail on a TPU too",
+                   "see the traceback above; run the script with --mode cpu to reproduce it uncapped")
+    elif code:
+        report.add("script-exit", "warning", "script",
+                   f"the script exited with status {code} while checked in cpu mode (its training "
+                   f"was capped at {recorder.MAX_TRAIN_STEPS} steps, evaluation at "
+                   f"{recorder.MAX_EVAL_STEPS})", "see its output above; run it with --mode cpu "
+                   "to see it uncapped")
+    return report
+
+
+#: Subcommands, by name.
+COMMANDS = {
+    "info": Command(_info, "print what tpushim would do here: versions, patched or not, mode, "
+                           "the TPU found and where from (imports no TensorFlow)."),
+    "demo": Command(_demo, "run a bundled legacy Keras -> Estimator script twice, stock and "
+                           "converted by tpushim, and print both results side by side."),
+    "check": Command(_check, "TPU preflight: run SCRIPT in cpu mode for a few steps and report "
+                             "what would break or crawl on a TPU (exit 1 if something would "
+                             "fail; --json for machines)."),
+}
+
+_DESCRIPTION = """\
+Patches tf.keras.estimator.model_to_estimator (every spelling of it), then runs SCRIPT as
+`python SCRIPT ARGS...` would: same sys.argv, sys.path[0] is the script's folder, __name__ is
+'__main__', and its exit code and exceptions come through unchanged. `-m MODULE` runs a module as
+`python -m MODULE` would. Everything after SCRIPT or MODULE belongs to it.
+
+The converted model_to_estimator returns a TPUEstimator when a TPU is configured, and the stock
+estimator otherwise; each conversion prints one line on stderr saying what it returned and why."""
+
+_EPILOG = """\
+commands:
+{commands}
+  (a script named like a command: give its path, e.g. ./info)
+
+modes (--mode, TPUSHIM_MODE):
+  auto   a TPUEstimator when a TPU is configured, else the stock estimator (default)
+  cpu    TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU, to try a conversion
+  tpu    require a TPU; model_to_estimator raises tpushim.NoTPUError when none is configured
+  off    never convert
+
+environment variables:
+  TPUSHIM_MODE                 the mode; TPUSHIM_MODE=off is a kill switch that beats every option
+  TPUSHIM_TPU                  the TPU (as --tpu)
+  TPUSHIM_BATCH_SIZE           global batch size (as --batch-size)
+  TPUSHIM_ITERATIONS_PER_LOOP  steps per TPU loop (as --iterations-per-loop)
+  TPUSHIM_AUTOPATCH=1          patch every Python process at start, without this runner
+  precedence: TPUSHIM_MODE=off, then options, then TPUSHIM_* variables, then defaults.
+
+examples:
+  python -m tpushim demo
+  python -m tpushim info
+  python -m tpushim check train.py --epochs 3
+  python -m tpushim train.py --epochs 3
+  python -m tpushim --mode cpu -m mypackage.train --epochs 3
+  TPUSHIM_TPU=local python -m tpushim train.py"""
+
+
+def _parser():
+    """The runner's argparse parser (our options only: :func:`split_argv` cut the rest off)."""
+    commands = "\n".join(textwrap.fill(command.help, 96, initial_indent=f"  {name:<7}",
+                                        subsequent_indent=" " * 9)
+                          for name, command in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=(f"{PROG} [options] SCRIPT [ARGS...]\n"
+               f"       {PROG} [options] -m MODULE [ARGS...]\n"
+               f"       {PROG} [options] {{{','.join(COMMANDS)}}} [ARGS...]"),
+        description=_DESCRIPTION, epilog=_EPILOG.format(commands=commands),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, kwargs in _settings.OPTIONS:
+        parser.add_argument(flag, **kwargs)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not print tpushim's conversion lines on stderr.")
+    parser.add_argument("-m", dest="module", metavar="MODULE",
+                        help="run library module MODULE as a script (as python -m does); ends the options")
+    from tpushim.version import __version__  # pylint: disable=import-outside-toplevel
+    parser.add_argument("--version", action="version", version=f"tpushim {__version__}")
+    return parser
+
+
+def main(argv=None):
+    """``python -m tpushim``; returns the exit status (the script's, when one runs).
+
+    Args:
+      argv: the arguments after ``python -m tpushim``; default ``sys.argv[1:]``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    own, module, target = split_argv(argv, RUNNER_VALUE_FLAGS)
+    options = parser.parse_args(own + (["-m", module] if module is not None else []))
+    try:  # before anything runs, by the same rules patch() applies
+        options.settings = _settings.parse_arguments(
+            **{name: getattr(options, name) for name in _settings.ENV_VARS})
+    except ConfigurationError as e:
+        parser.error(str(e))
+    if module is None and not target:
+        parser.print_usage(sys.stderr)
+        return _stop(f"give a script, -m MODULE, or a command ({', '.join(COMMANDS)}); "
+                            f"see {PROG} --help")
+    if module is None and target[0] in COMMANDS:
+        return COMMANDS[target[0]].run(options, target[1:])
+    stopped = _patch_before_running(options, module, target)
+    if stopped is not None:
+        return stopped
+    code, _ = _launch(module, target)
+    return code

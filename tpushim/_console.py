@@ -1,0 +1,128 @@
+"""What tpushim prints for people: the one line per conversion on stderr, and its status as lines.
+
+Shared by every way in (``python -m tpushim``, ``%load_ext tpushim``, ``TPUSHIM_AUTOPATCH``), so
+they all print the same words. Imports no TensorFlow.
+"""
+
+import logging
+import os
+import site
+import sys
+
+from tpushim import _settings
+from tpushim._patch import unsupported
+
+#: The file setup.py puts into site-packages for ``TPUSHIM_AUTOPATCH`` (setup.py spells the name
+#: out too: it cannot import the package it installs).
+PTH_NAME = "tpushim-autopatch.pth"
+
+
+class ConsoleHandler(logging.Handler):
+    """Writes tpushim's log lines to stderr while the application has configured no logging.
+
+    Once the application configures the root logger (``logging.basicConfig`` & co.), tpushim's
+    lines reach it by propagation in its format, and this handler steps aside so no line is
+    printed twice.
+    """
+
+    def filter(self, record):
+        return not logging.getLogger().handlers and super().filter(record)
+
+    def format(self, record):
+        message = super().format(record)
+        return message if message.startswith("tpushim") else f"tpushim: {message}"
+
+    def emit(self, record):
+        try:
+            # sys.stderr at emit time: notebooks and test runners replace it after start-up.
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # pylint: disable=broad-except
+            self.handleError(record)
+
+
+def show_conversions():
+    """Makes tpushim's one line per conversion visible on stderr; idempotent. Returns the handler."""
+    logger = logging.getLogger("tpushim")
+    for handler in logger.handlers:
+        if isinstance(handler, ConsoleHandler):
+            return handler
+    handler = ConsoleHandler(logging.INFO)
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:  # an explicit level set by the application wins
+        logger.setLevel(logging.INFO)
+    return handler
+
+
+def hide_conversions():
+    """Removes what :func:`show_conversions` added."""
+    logger = logging.getLogger("tpushim")
+    for handler in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+        logger.removeHandler(handler)
+
+
+def autopatch_files():
+    """Paths of the installed :data:`PTH_NAME` files on this interpreter's site dirs."""
+    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [os.path.join(d, PTH_NAME) for d in dict.fromkeys(dirs)
+            if os.path.isfile(os.path.join(d, PTH_NAME))]
+
+
+def outcome(status):
+    """What a ``model_to_estimator`` call returns under ``status`` (a :func:`tpushim.status` dict)."""
+    mode, tpu = status["mode"], status["tpu"]
+    if mode == "off":
+        return f"the stock estimator (mode off, from {status['mode_source']})"
+    if mode == "cpu":
+        return "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"
+    if tpu:
+        return f"TPUEstimator on TPU {tpu} (from {status['tpu_source']})"
+    if mode == "tpu":
+        return "an error, tpushim.NoTPUError: mode tpu needs a TPU and none is configured"
+    return "the stock estimator (no TPU configured; --mode cpu runs the TPU code path on CPU)"
+
+
+def format_status(status, previewing=False):
+    """:func:`tpushim.status` as the lines ``python -m tpushim info`` and ``%tpushim`` print.
+
+    Args:
+      status: a :func:`tpushim.status` dict.
+      previewing: whether ``status`` is of options given for a preview, not of this process.
+    """
+    v = status["versions"]
+    problem = status.get("unsupported") or unsupported()
+    lines = [f"tpushim {v['tpushim']}: TensorFlow {v.get('tensorflow') or 'not installed'}, "
+             f"Keras {v.get('keras') or '-'}, tensorflow-estimator {v.get('tensorflow_estimator') or '-'}"
+             f" ({'NOT SUPPORTED' if problem else 'supported'})"]
+    if problem:
+        lines.append(f"  {problem}")
+    applied = [str(a) for a in status["applied"].values()]
+    if status["patched"]:
+        lines.append("patched:     yes" + (" (applies when TensorFlow is imported)"
+                                           if "pending import" in applied else ""))
+    else:
+        lines.append("patched:     no, not this process" + (
+            " (the options given are previewed below)" if previewing else
+            " (python -m tpushim SCRIPT patches the script it runs)"))
+    lines.append(f"mode:        {status['mode']} (from {status['mode_source']})")
+    if status["tpu"]:
+        lines.append(f"TPU:         {status['tpu']} (from {status['tpu_source']})")
+    else:
+        # Here, not at the top: autopatch imports this module at every start, _detect is slower.
+        from tpushim import _detect  # pylint: disable=import-outside-toplevel
+        lines.append(f"TPU:         none found (looked at TPUSHIM_TPU, "
+                     f"{', '.join(_detect.RESOLVER_ENV_VARS)}, COLAB_TPU_ADDR, TPU VM device files)")
+    lines.append(f"batch size:  {status['batch_size'] or 'taken from the input_fn'}")
+    default_iterations = f"default ({_settings.DEFAULT_ITERATIONS_PER_LOOP})"
+    lines.append(f"iterations per loop: {status['iterations_per_loop'] or default_iterations}")
+    returns = outcome(status) if not problem else "the stock estimator (nothing is patched)"
+    lines.append(("model_to_estimator returns: " if status["patched"] or previewing
+                  else "model_to_estimator, once patched, returns: ") + returns)
+    autopatch = os.environ.get("TPUSHIM_AUTOPATCH")
+    files = autopatch_files()
+    lines.append("autopatch:   TPUSHIM_AUTOPATCH=" + (repr(autopatch) if autopatch is not None else "unset")
+                 + "; " + (f"{PTH_NAME} installed in {os.path.dirname(files[0])}" if files
+                           else f"{PTH_NAME} not found on this interpreter (reinstall tpushim)"))
+    return "\n".join(lines)
