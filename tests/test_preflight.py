@@ -132,8 +132,28 @@ def test_host_only_ops_inside_the_model():
     assert "host-only-op" not in run().codes()
 
 
+class NoConfigMetric(tf.keras.metrics.Mean):
+    """A metric whose __init__ takes an argument its config does not hold: it cannot be rebuilt."""
+
+    def __init__(self, threshold):
+        super().__init__(name="above")
+        self.threshold = threshold
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(tf.cast(y_pred > self.threshold, tf.float32), sample_weight)
+
+
+class HandRolledSGD(tf.keras.optimizers.Optimizer):
+    """A new-style optimizer with no legacy twin: estimators (and so TPUs) cannot use it."""
+
+    def build(self, var_list):  # pylint: disable=useless-parent-delegation
+        super().build(var_list)
+
+    def update_step(self, gradient, variable):
+        variable.assign_sub(0.1 * gradient)
+
+
 def test_unconvertible_metric_and_optimizer():
-    from test_conversion import HandRolledSGD, NoConfigMetric  # pylint: disable=import-outside-toplevel
     report = run(tfcases.sequential(metrics=[NoConfigMetric(0.5)]))
     assert "unconvertible-metric" in report.codes() and not report.ok
     report = run(tfcases.sequential(optimizer=HandRolledSGD(name="hand")))
@@ -178,9 +198,9 @@ def test_a_failing_check_is_a_finding_naming_where():
     import types  # pylint: disable=import-outside-toplevel
     from tpushim import _preflight  # pylint: disable=import-outside-toplevel
     recorder = _preflight.Recorder()
-    recorder.conversions.append(_preflight._Recorded(  # pylint: disable=protected-access
-        estimator=None, keras_model=object(), custom_objects=None,
-        settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None)))
+    # Told (through the estimator's hook) of a conversion of something that is no Keras model.
+    recorder.converted(None, keras_model=object(), custom_objects=None,
+                       settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None))
     report = recorder.report()
     failed = [f for f in report.findings if f.code == "preflight-failed"]
     assert failed and failed[0].severity == "error" and ".py:" in failed[0].where
@@ -199,17 +219,16 @@ def test_check_leaves_the_users_model_untouched():
 
 import json  # noqa: E402  pylint: disable=wrong-import-position
 import os  # noqa: E402  pylint: disable=wrong-import-position
-import subprocess  # noqa: E402  pylint: disable=wrong-import-position
-import sys  # noqa: E402  pylint: disable=wrong-import-position
 
-LEGACY = os.path.join(os.path.dirname(__file__), "scripts", "legacy_text_classifier.py")
+import procs  # noqa: E402  pylint: disable=wrong-import-position
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
+LEGACY = os.path.join(ROOT, "tests", "scripts", "legacy_text_classifier.py")
 
 
 def _check_cli(*args, **env):
-    environ = tfcases.env_without_tpu()
-    environ.update(env)
-    return subprocess.run([sys.executable, "-m", "tpushim", "check", *args], capture_output=True,
-                          text=True, env=environ, timeout=300)
+    return procs.python(["-m", "tpushim", "check", *args], env=dict(env, PYTHONPATH=ROOT),
+                        timeout=300)
 
 
 def test_cli_bundled_demo_checks_clean():
@@ -247,6 +266,34 @@ def _record_calls(model_dir, config=None):
         est.evaluate(fn)
         list(est.predict(tfcases.dataset_input_fn(x, batch=32)))
     return recorder
+
+
+def _global_step(model_dir):  # of the latest checkpoint, as its name says (model.ckpt-STEP)
+    return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
+
+
+def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path):
+    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    x, y = tfcases.data(n=64)
+    endless = tfcases.dataset_input_fn(x, y, batch=32, repeat=True)
+    tpushim.patch(mode="cpu")
+    stock = tf.estimator.LinearClassifier([tf.feature_column.numeric_column("hidden_input", (4,))],
+                                          n_classes=3, model_dir=str(tmp_path / "stock"))
+    stock_input = lambda: tf.data.Dataset.from_tensor_slices(({"hidden_input": x}, y)).repeat().batch(32)
+    with _preflight.recording() as recorder:
+        est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
+                                                    model_dir=str(tmp_path / "model"))
+        est.train(endless, max_steps=1000)  # max_steps gives way to the cap
+        assert _global_step(tmp_path / "model") == recorder.MAX_TRAIN_STEPS
+        est.train(endless, steps=1)  # fewer than the cap: as asked
+        assert _global_step(tmp_path / "model") == recorder.MAX_TRAIN_STEPS + 1
+        assert est.evaluate(endless)["global_step"] == recorder.MAX_TRAIN_STEPS + 1  # ends
+        stock.train(stock_input, max_steps=5)  # an estimator tpushim did not convert runs as asked
+        assert _global_step(tmp_path / "stock") == 5
+    est.train(endless, max_steps=10)  # after the context: stock's max_steps again
+    assert _global_step(tmp_path / "model") == 10
+    report = recorder.report(tpu_graphs=False)
+    assert "input pipeline" in report.checked and "no-conversion" not in report.codes()
 
 
 def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):

@@ -4,14 +4,14 @@ within 1e-5; ``python -m tpushim check`` sees through their input."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+import procs
 import tfcases
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 LEGACY = ["census_numpy_tf1.py",  # numpy_input_fn, dict float64 features, disable_v2_behavior
           "taxi_csv_train_and_evaluate.py",  # CSV + decode_csv, one-shot iterator, batch().repeat(),
           # train_and_evaluate with an exporter, [batch] labels for a [batch, 1] output
@@ -20,8 +20,7 @@ LEGACY = ["census_numpy_tf1.py",  # numpy_input_fn, dict float64 features, disab
 
 
 def _run(args, workdir):
-    proc = subprocess.run([sys.executable, *args, str(workdir)], capture_output=True, text=True,
-                          env=tfcases.env_without_tpu(), timeout=600, cwd=str(workdir.parent))
+    proc = procs.python([*args, workdir], env={"PYTHONPATH": ROOT}, cwd=workdir.parent, timeout=600)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):]), proc.stderr
@@ -41,10 +40,8 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
 
 @pytest.mark.parametrize("script", LEGACY)
 def test_preflight_sees_through_legacy_input_and_builds_their_tpu_graphs(script, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tpushim", "check", "--json",
-                           os.path.join(SCRIPTS, script), str(tmp_path / "work")],
-                          capture_output=True, text=True, env=tfcases.env_without_tpu(), timeout=600,
-                          cwd=str(tmp_path))
+    proc = procs.python(["-m", "tpushim", "check", "--json", os.path.join(SCRIPTS, script),
+                         tmp_path / "work"], env={"PYTHONPATH": ROOT}, cwd=tmp_path, timeout=600)
     report = json.loads(proc.stdout)
     codes = {f["code"] for f in report["findings"]}
     assert proc.returncode == 0 and report["ok"], (report, proc.stderr[-3000:])
@@ -69,9 +66,8 @@ def test_preflight_script_raising_in_cpu_mode_is_an_error(tmp_path):
         ".batch(8).repeat(), steps=1)\n"
         "est.evaluate(lambda: tf.data.Dataset.from_tensor_slices(([[1.0, 2.0, 3.0]], [[1.0]])).batch(1))\n"
         % str(tmp_path / "model"))
-    proc = subprocess.run([sys.executable, "-m", "tpushim", "check", "--json", str(script)],
-                          capture_output=True, text=True, env=tfcases.env_without_tpu(), timeout=600,
-                          cwd=str(tmp_path))
+    proc = procs.python(["-m", "tpushim", "check", "--json", script], env={"PYTHONPATH": ROOT},
+                        cwd=tmp_path, timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)  # --json prints a report whatever happened
     raised = [f for f in report["findings"] if f["code"] == "script-raised"]

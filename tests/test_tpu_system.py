@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tfcases
 import tpushim
-from tpushim import _faketpu
+from tpushim._preflight import faketpu
 
 N = 100  # not a multiple of the global batch: the last eval batch is partial
 GLOBAL = 64
@@ -71,7 +71,7 @@ def _assert_replicated(build, tpu):
 @pytest.mark.parametrize("hosts", [1, 2])
 def test_train_graph(tmp_path, hosts):
     x, y = _ids_data()
-    with _faketpu.faked_tpu_system(hosts=hosts) as tpu:
+    with faketpu.faked_tpu_system(hosts=hosts) as tpu:
         est = _convert(tpu, tmp_path)
         assert est.config.tpu_config.iterations_per_loop == ITERATIONS
         build = tpu.build(lambda: est.train(dataset_style(x, y, repeat=True), steps=2 * ITERATIONS))
@@ -119,7 +119,7 @@ def _assert_eval_input(build, tpu, n, steps):
 def test_evaluate_graph(tmp_path, hosts, style, n):
     x, y = _ids_data(n)
     input_fn = dataset_style(x, y) if style == "dataset" else iterator_style(x, y)
-    with _faketpu.faked_tpu_system(hosts=hosts) as tpu:
+    with faketpu.faked_tpu_system(hosts=hosts) as tpu:
         est = _convert(tpu, tmp_path)
         build = tpu.build(lambda: est.evaluate(input_fn))
     _assert_replicated(build, tpu)
@@ -134,7 +134,7 @@ def test_evaluate_steps_beyond_the_input_are_capped(tmp_path):
     """EvalSpec's default steps=100 on a 2-batch set: stock stops at the end of the input; a TPU
     cannot, so tpushim runs the batches the input holds (padding-only steps would skew the loss)."""
     x, y = _ids_data()
-    with _faketpu.faked_tpu_system() as tpu:
+    with faketpu.faked_tpu_system() as tpu:
         est = _convert(tpu, tmp_path)
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y), steps=100)).eval_steps == 2
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y), steps=1)).eval_steps == 1
@@ -151,7 +151,7 @@ def test_train_and_evaluate_input_styles(tmp_path, style):
     x, y = _ids_data()
     train_fn = {"drop_remainder": dataset_style(x, y, repeat=True, drop_remainder=True),
                 "numpy": numpy_style(x, y), "iterator": iterator_style(x, y, repeat=True)}[style]
-    with _faketpu.faked_tpu_system() as tpu:
+    with faketpu.faked_tpu_system() as tpu:
         est = _convert(tpu, tmp_path)
         train = tpu.build(lambda: est.train(train_fn, steps=ITERATIONS))
         evaluate = tpu.build(lambda: est.evaluate(train_fn, steps=2))
@@ -167,7 +167,7 @@ def test_train_and_evaluate_input_styles(tmp_path, style):
 def test_predict_graph(tmp_path, hosts):
     x, _ = _ids_data()
     predict_fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL)
-    with _faketpu.faked_tpu_system(hosts=hosts) as tpu:
+    with faketpu.faked_tpu_system(hosts=hosts) as tpu:
         est = _convert(tpu, tmp_path)
         if hosts == 2:
             # TPUEstimator predicts on one TPU host only (PER_HOST_V2); its own error, raised
@@ -196,7 +196,7 @@ def test_train_and_evaluate_runs_the_tpu_path(tmp_path, own_config):
     TPU's address, which the distributed-worker path starts and which then fails), whether tpushim
     built the TPU RunConfig or the user passed a tpu_config.RunConfig(cluster=resolver)."""
     x, y = _ids_data()
-    with _faketpu.faked_tpu_system() as tpu:
+    with faketpu.faked_tpu_system() as tpu:
         if own_config:
             from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=import-outside-toplevel
             config = tpu_config.RunConfig(cluster=tf.distribute.cluster_resolver.TPUClusterResolver(
@@ -234,5 +234,5 @@ def test_train_and_evaluate_unreachable_tpu_is_a_no_tpu_error(tmp_path):
 
 def test_faked_tpu_is_loopback_only():
     with pytest.raises(ValueError, match="loopback only"):
-        with _faketpu.faked_tpu_system("grpc://10.0.0.2:8470"):
+        with faketpu.faked_tpu_system("grpc://10.0.0.2:8470"):
             pass

@@ -2,10 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
 
+import procs
 import tfcases
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 
 SCRIPT = '''
 import json, sys
@@ -38,10 +39,7 @@ print("RESULT " + json.dumps({k: float(v) for k, v in metrics.items() if k != "g
 def _run(tmp_path, mode):
     script = tmp_path / "legacy_v1.py"
     script.write_text(SCRIPT)
-    env = tfcases.env_without_tpu()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    out = subprocess.run([sys.executable, str(script), mode, str(tmp_path / mode)], env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = procs.python([script, mode, tmp_path / mode], env={"PYTHONPATH": ROOT}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
@@ -79,10 +77,7 @@ def test_preflight_xla_check_under_disable_v2_behavior(tmp_path):
     'xla-compile' error on a clean model, the unsupported op named on a bad one."""
     script = tmp_path / "preflight_v1.py"
     script.write_text(PREFLIGHT)
-    env = tfcases.env_without_tpu()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=300, check=False)
+    out = procs.python([script], env={"PYTHONPATH": ROOT}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads([l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
     assert result["clean"] == [], result

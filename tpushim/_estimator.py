@@ -6,6 +6,7 @@ warm-start checkpoint of the Keras weights exactly as stock does, and returns a
 :class:`TPUShimEstimator`.
 """
 
+import contextlib
 import logging
 import os
 import weakref
@@ -20,17 +21,26 @@ logger = logging.getLogger("tpushim")
 ModeKeys = tf.estimator.ModeKeys
 tpu_config = _tfprivate.tpu_config
 
-#: Callables told about each conversion and train/evaluate/predict call (the preflight's recorder).
-#: ``observer(event, **info)`` may return a replacement ``steps``.
-OBSERVERS = []
+#: The one recorder, or None (always, except while the preflight runs a script): see
+#: :func:`recording_to`. A plain slot, not a ContextVar: a script may train from a thread it starts.
+_recorder = None
 
 
-def _notify(event, steps=None, **info):
-    for observer in list(OBSERVERS):
-        replaced = observer(event, steps=steps, **info)
-        if replaced is not None:
-            steps = replaced
-    return steps
+@contextlib.contextmanager
+def recording_to(recorder):
+    """While active, ``recorder`` is told about what tpushim's estimators do, and may cap it.
+
+    ``recorder.converted(estimator, keras_model, custom_objects, settings)`` after each conversion;
+    ``recorder.calling(event, estimator, input_fn, steps, max_steps)`` at the start of each
+    ``train``/``evaluate``/``predict`` (``event``), returning the ``(steps, max_steps)`` to run.
+    With none active, nothing is called. A nested recorder replaces the outer one until it exits.
+    """
+    global _recorder  # pylint: disable=global-statement
+    outer, _recorder = _recorder, recorder
+    try:
+        yield recorder
+    finally:
+        _recorder = outer
 
 
 DEFAULT_ITERATIONS_PER_LOOP = _settings.DEFAULT_ITERATIONS_PER_LOOP
@@ -297,15 +307,15 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
         return super()._call_input_fn(adapted, mode, input_context)
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
-        steps = _notify("train", estimator=self, input_fn=input_fn, steps=steps)
-        if steps is not None and max_steps is not None and OBSERVERS:
-            max_steps = None  # the preflight caps the run by steps
+        if _recorder is not None:
+            steps, max_steps = _recorder.calling("train", self, input_fn, steps, max_steps)
         self._tpushim_set_batch(input_fn, ModeKeys.TRAIN)
         return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
                              saving_listeners=saving_listeners)
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
-        steps = _notify("evaluate", estimator=self, input_fn=input_fn, steps=steps)
+        if _recorder is not None:
+            steps, _ = _recorder.calling("evaluate", self, input_fn, steps, None)
         # A TPU runs exactly `steps` evaluation steps and cannot stop at the end of the input:
         # for a finite input, as many padded batches as it holds (stock stops there too, or at
         # `steps` if fewer; EvalSpec's default is 100), else steps past the end would be padding
@@ -333,7 +343,8 @@ class TPUShimEstimator(_tfprivate.tpu_estimator.TPUEstimator):
 
     def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
                 yield_single_examples=True):
-        _notify("predict", estimator=self, input_fn=input_fn)
+        if _recorder is not None:
+            _recorder.calling("predict", self, input_fn, None, None)
         self._tpushim_set_batch(input_fn, ModeKeys.PREDICT)
         if predict_keys is not None:
             predict_keys = list(predict_keys) + [_input_fn.PADDING_KEY]
@@ -454,6 +465,6 @@ def build(call, settings, spec):
         eval_on_tpu=use_tpu, params={},
         tpushim_tpu_source=spec.source if use_tpu else None)
     logger.info("model_to_estimator -> %s", describe)
-    _notify("convert", estimator=estimator, keras_model=keras_model, custom_objects=custom_objects,
-            settings=settings)
+    if _recorder is not None:
+        _recorder.converted(estimator, keras_model, custom_objects, settings)
     return estimator

@@ -5,7 +5,7 @@ the TPU system query TPUEstimator sends to its master (how many hosts and cores,
 and the session to that master, stopped just before it would be created (after every hook's
 ``begin()``, with the graph finalized). What TPUEstimator raises while building is raised to the
 caller, as it would be on a TPU. Used by the tests (rung 2 of the proof ladder) and by the
-preflight (``python -m tpushim check``).
+preflight's graph check (:mod:`tpushim._preflight.graph_checks`, run by ``python -m tpushim check``).
 """
 
 import contextlib

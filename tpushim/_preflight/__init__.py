@@ -1,0 +1,22 @@
+"""TPU preflight: what would break or crawl on a TPU, found on CPU before TPU time is spent.
+
+``tpushim.check(keras_model, input_fn)`` returns a :class:`Report`; ``python -m tpushim check
+script.py`` runs a script in cpu mode for a few steps under :func:`recording`, which records every
+conversion and input_fn it makes, and reports on each. Every finding says where it came from
+(layer, input feature, setting) and the fix. Severity ``error`` means it would fail on a TPU (exit
+code 1), ``warning`` that it would run slowly.
+
+Modules: ``report`` (findings and how they are shown), ``model_checks`` and ``input_checks`` (what
+``check`` runs), ``checks`` (``check`` itself), ``faketpu`` and ``graph_checks`` (TPUEstimator's
+TPU graphs built for a faked TPU system), ``recorder`` (the script's conversions and calls). The
+core knows none of them: the recorder enters the estimator's one hook,
+``tpushim._estimator.recording_to``.
+"""
+
+from tpushim._settings import DEFAULT_CORES
+from tpushim._preflight.checks import check
+from tpushim._preflight.recorder import Recorder, recording
+from tpushim._preflight.report import Finding, Report, last_frame, summary
+
+__all__ = ["check", "recording", "Recorder", "Report", "Finding", "last_frame", "summary",
+           "DEFAULT_CORES"]

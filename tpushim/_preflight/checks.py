@@ -1,0 +1,37 @@
+"""``check(keras_model, input_fn)``: the model and input checks run together, in the order in which
+each needs the last (the model checks run on a batch the input gave)."""
+
+from tpushim import _settings
+from tpushim._preflight import input_checks, model_checks
+from tpushim._preflight.report import Report
+
+
+def check(keras_model, input_fn=None, *, batch_size=None, num_cores=_settings.DEFAULT_CORES, steps=None,
+          iterations_per_loop=None, custom_objects=None) -> Report:
+    """Reports, on CPU, what would break or crawl when this model and input run on a TPU.
+
+    Args:
+      keras_model: the compiled Keras model you pass to ``model_to_estimator``.
+      input_fn: your training input_fn (optional: without it only the model is checked).
+      batch_size: the global batch size, when you set one (else it is read from the input).
+      num_cores: TPU cores to check the batch against (8 for a v2-8/v3-8/v4-8).
+      steps: training steps planned, to judge ``iterations_per_loop``.
+      iterations_per_loop: the value you will use (tpushim's default when None).
+      custom_objects: as for ``model_to_estimator``.
+
+    Returns:
+      A :class:`Report`; ``report.ok`` is False when something would fail on a TPU.
+    """
+    report = Report()
+    convertible = model_checks.check_conversion(report, keras_model, custom_objects)
+    batch = None
+    if input_fn is not None:
+        batch = input_checks.check_input(report, input_fn, batch_size, num_cores)
+    if batch is None and batch_size:
+        input_checks.check_batch(report, batch_size, num_cores, "setting batch_size")
+    input_checks.check_loop(report, iterations_per_loop, steps)
+    if convertible and batch is not None and "dynamic-shape" not in report.codes():
+        features, labels = batch
+        model_checks.check_host_only_ops(report, keras_model, custom_objects, features, labels)
+        model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+    return report

@@ -1,0 +1,167 @@
+"""Checks of the model: would the conversion refuse it, does its training step compile with XLA
+(rung 3 of the proof ladder), and does its TPU computation hold host-only ops. Each adds findings
+to a :class:`~tpushim._preflight.report.Report`, naming the layer where it can."""
+
+import re
+
+import tensorflow as tf
+
+from tpushim import _estimator, _model_fn, _tfprivate
+from tpushim._errors import TPUShimError
+from tpushim._preflight.report import summary
+
+HOST_ONLY_OPS = {"PyFunc": "a Python function (tf.py_function / tf.numpy_function)",
+                 "EagerPyFunc": "a Python function (tf.py_function / tf.numpy_function)",
+                 "Print": "tf.print / tf.compat.v1.Print", "PrintV2": "tf.print",
+                 "ScalarSummary": "a summary", "HistogramSummary": "a summary",
+                 "ImageSummary": "a summary", "AudioSummary": "a summary",
+                 "TensorSummary": "a summary", "TensorSummaryV2": "a summary",
+                 "WriteSummary": "a summary", "WriteScalarSummary": "a summary",
+                 "WriteHistogramSummary": "a summary", "WriteImageSummary": "a summary"}
+
+# What XLA says when a shape is computed from a tensor's value (tf.ones([n]), tf.range(n), ...).
+_XLA_NOT_CONSTANT = re.compile(r"Input \d+ to node `([^`]+)` with op (\w+) must be a compile-time constant")
+_XLA_UNSUPPORTED = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_\w+ devices compatible "
+                              r"with node \{\{node ([^}]+)\}\}")
+
+
+def check_conversion(report, keras_model, custom_objects):
+    """What the conversion itself would refuse (subclassed model, optimizer, metrics), as the
+    conversion checks it; returns whether it would convert."""
+    report.note_checked("conversion")
+    for kind, check in _estimator.VALIDATION_STEPS:
+        try:
+            check(keras_model, custom_objects)
+        except (TPUShimError, ValueError) as e:
+            report.add(f"unconvertible-{kind}", "error", f"model {keras_model.name!r}", str(e),
+                       "see the message")
+            return False
+    return True
+
+
+def _layer_of(node_name, keras_model):
+    names = {layer.name for layer in keras_model.layers}
+    parts = node_name.split("/")
+    for part in parts:
+        if part in names:
+            return part
+    return parts[1] if len(parts) > 2 else node_name
+
+
+def check_xla(report, keras_model, custom_objects, features, labels):
+    """Rung 3: the training step (forward, loss, gradients) compiled with XLA on CPU.
+
+    Runs on a clone, so the user's model (weights, BatchNormalization statistics) is untouched.
+    """
+    report.note_checked("XLA compile of the training step")
+    if not tf.executing_eagerly():  # the script called disable_v2_behavior()
+        try:
+            _xla_compile_in_graph(keras_model, custom_objects, features, labels)
+        except Exception as e:  # pylint: disable=broad-except
+            _report_xla_error(report, keras_model, e)
+        return
+    with tf.keras.utils.custom_object_scope(custom_objects or {}):
+        clone = tf.keras.models.clone_model(keras_model)
+    try:
+        clone.set_weights(keras_model.get_weights())
+    except ValueError:
+        pass  # an unbuilt subclassed model (e.g. a WideDeepModel) has none yet; the compile needs none
+    clone.compile(loss=keras_model.loss, loss_weights=_tfprivate.user_loss_weights(keras_model))
+    inputs, targets, _ = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)
+    inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
+    targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
+    structure = (inputs, targets)
+
+    @tf.function(jit_compile=True)
+    def train_step(*flat):  # flat: experimental_get_compiler_ir takes no nested TensorSpecs
+        x, y = tf.nest.pack_sequence_as(structure, flat)
+        with tf.GradientTape() as tape:
+            predictions = clone(x, training=True)
+            loss = clone.compiled_loss(y, predictions, regularization_losses=clone.losses)
+        return loss, tape.gradient(loss, clone.trainable_variables)
+
+    # From shapes and dtypes only: a TPU compiles the step before any batch exists (values come by
+    # infeed), whereas XLA on CPU given values folds a shape computed from them into a constant.
+    specs = [tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)) for a in tf.nest.flatten(structure)]
+    try:
+        train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
+    except Exception as e:  # pylint: disable=broad-except
+        _report_xla_error(report, keras_model, e)
+
+
+def _report_xla_error(report, keras_model, e):
+    """The finding(s) for an XLA compilation error: unsupported ops and value-dependent shapes
+    named by layer, anything else as xla-compile."""
+    text = str(e)
+    unsupported = _XLA_UNSUPPORTED.findall(text)
+    not_constant = _XLA_NOT_CONSTANT.search(text)
+    if not_constant:
+        node, op = not_constant.groups()
+        layer = _layer_of(node, keras_model)
+        where = (f"layer {layer!r} (op {op})" if layer != node else  # in a subclassed call()
+                 f"model {keras_model.name!r} (op {op}, node {node})")
+        report.add("value-dependent-shape", "error", where,
+                   f"a shape in the training step depends on a tensor's value (e.g. tf.ones([n]) or "
+                   f"tf.range(n) with n computed from the batch, or a loop growing a tensor): a "
+                   f"TPU compiles the step before any value exists",
+                   "derive shapes from static shapes (x.shape) or constants, or compute such "
+                   "values in the input pipeline and pad them to a fixed size")
+    elif not unsupported:
+        report.add("xla-compile", "error", f"model {keras_model.name!r}",
+                   f"the training step does not compile with XLA: {summary(e)}",
+                   "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
+                   "reproduces this)")
+    for op, node in dict(unsupported).items():
+        report.add("xla-unsupported-op", "error", f"layer {_layer_of(node, keras_model)!r} (op {op})",
+                   f"op {op} has no XLA kernel: the training step does not compile for a TPU",
+                   f"replace {op} in that layer with XLA-supported ops, or move it into the "
+                   f"input pipeline (tf.data), which runs on the host")
+
+
+def _xla_compile_in_graph(keras_model, custom_objects, features, labels):
+    """The training step compiled by XLA in a graph, for scripts that ``disable_v2_behavior()``
+    (no eager context to ask for the compiler's IR): built in a scratch graph as a
+    ``jit_compile`` function on the batch's values and run once, which compiles it."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        with tf.keras.utils.custom_object_scope(custom_objects or {}):
+            clone = tf.keras.models.clone_model(keras_model)
+        clone.compile(loss=keras_model.loss)  # Keras's v1 training: loss_functions, per output
+        structure = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)[:2]
+        flat = [tf.convert_to_tensor(a) for a in tf.nest.flatten(structure)]
+
+        @tf.function(jit_compile=True)
+        def train_step(*flat):
+            x, y = tf.nest.pack_sequence_as(structure, flat)
+            with tf.GradientTape() as tape:
+                predictions = clone(x, training=True)
+                if isinstance(predictions, dict):
+                    predictions = [predictions[n] for n in clone.output_names]
+                pairs = zip(tf.nest.flatten(y), tf.nest.flatten(predictions), clone.loss_functions)
+                loss = tf.add_n([fn(t, p) for t, p, fn in pairs] + list(clone.losses))
+            return loss, tape.gradient(loss, clone.trainable_variables)
+
+        outputs = train_step(*flat)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(outputs)
+
+
+def check_host_only_ops(report, keras_model, custom_objects, features, labels):
+    """Host-only ops (summaries, prints, Python functions) inside the TPU train computation, as
+    tpushim's model_fn builds it."""
+    report.note_checked("host-only ops in the model")
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        feats = tf.nest.map_structure(tf.constant, features)
+        labs = tf.nest.map_structure(tf.constant, labels) if labels is not None else None
+        _model_fn.make_model_fn(keras_model, custom_objects)(
+            feats, labs, tf.estimator.ModeKeys.TRAIN, params={"use_tpu": False, "batch_size": None})
+    for op in graph.get_operations():
+        what = HOST_ONLY_OPS.get(op.type)
+        if what:
+            report.add("host-only-op", "warning" if "summary" in what else "error",
+                       f"layer {_layer_of(op.name, keras_model)!r} (op {op.type})",
+                       f"{what} inside the model runs on the host: on a TPU it cannot be compiled "
+                       f"or forces a round trip every step",
+                       "remove it from the model (log with TensorBoard hooks outside the model, "
+                       "do Python work in the input pipeline)")

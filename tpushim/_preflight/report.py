@@ -1,0 +1,126 @@
+"""What a preflight finds and how it is shown: :class:`Finding`, :class:`Report` (text, HTML, JSON),
+and the one-line descriptions of an exception that findings quote. Imports no TensorFlow."""
+
+import contextlib
+import dataclasses
+import json
+import traceback
+from typing import List
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One finding. ``severity``: ``error`` (fails on a TPU), ``warning`` (runs slowly on a TPU) or
+    ``info`` (tpushim already takes care of it on the TPU path)."""
+
+    code: str
+    severity: str
+    where: str
+    message: str
+    fix: str
+
+
+@dataclasses.dataclass
+class Report:
+    """The result of a preflight check: findings, what was checked, and the verdict."""
+
+    findings: List[Finding] = dataclasses.field(default_factory=list)
+    checked: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self):
+        """True when nothing would fail on a TPU (warnings allowed)."""
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def exit_code(self):
+        """The command line's exit status: 0 when :attr:`ok`, else 1."""
+        return 0 if self.ok else 1
+
+    def codes(self):
+        """The findings' codes, in the order found."""
+        return [f.code for f in self.findings]
+
+    def add(self, code, severity, where, message, fix):
+        """Adds a finding, unless the same one is already there."""
+        finding = Finding(code, severity, where, message, fix)
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def note_checked(self, what):
+        """Records that ``what`` was checked (once, however often it is)."""
+        if what not in self.checked:
+            self.checked.append(what)
+
+    def extend(self, other):
+        """Adds another report's findings and checks that are not already here."""
+        for finding in other.findings:
+            if finding not in self.findings:
+                self.findings.append(finding)
+        for what in other.checked:
+            self.note_checked(what)
+
+    def to_dict(self):
+        """The report as plain data: ``ok``, ``checked`` and ``findings``."""
+        return {"ok": self.ok, "checked": self.checked,
+                "findings": [dataclasses.asdict(f) for f in self.findings]}
+
+    def to_json(self):
+        """:meth:`to_dict` as indented JSON (what ``python -m tpushim check --json`` prints)."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    def _verdict(self):
+        return "OK - nothing blocks a TPU" if self.ok else "FAIL - would not run on a TPU"
+
+    def __str__(self):
+        errors = sum(f.severity == "error" for f in self.findings)
+        warnings = sum(f.severity == "warning" for f in self.findings)
+        lines = [f"tpushim check: {self._verdict()} ({errors} error{'s' * (errors != 1)}, "
+                 f"{warnings} warning{'s' * (warnings != 1)})",
+                 "checked: " + ", ".join(self.checked)]
+        for f in sorted(self.findings, key=lambda f: _SEVERITY_ORDER[f.severity]):
+            lines.append(f"  [{f.severity.upper()}] {f.code} at {f.where}: {f.message}")
+            lines.append(f"      fix: {f.fix}")
+        return "\n".join(lines)
+
+    def _repr_html_(self):
+        import html  # pylint: disable=import-outside-toplevel
+        rows = "".join(
+            f"<tr><td>{f.severity}</td><td>{html.escape(f.code)}</td><td>{html.escape(f.where)}</td>"
+            f"<td>{html.escape(f.message)}</td><td>{html.escape(f.fix)}</td></tr>" for f in self.findings)
+        return (f"<p><b>tpushim check: {self._verdict()}</b> "
+                f"(checked: {html.escape(', '.join(self.checked))})</p>"
+                f"<table><tr><th>severity</th><th>finding</th><th>where</th><th>what</th><th>fix</th></tr>"
+                f"{rows}</table>")
+
+
+def summary(exc):
+    """One informative line of an exception's text (TensorFlow's start with 'Graph execution error:'
+    and end with the op that failed; the line before that says what went wrong)."""
+    noise = ("File ", "[[", "Detected at node", "Graph execution error", "defined at", "Traceback",
+             "Node: ")
+    lines = [l.strip() for l in str(exc).split("Original stack trace for")[0].splitlines()]
+    lines = [l for l in lines if l and not l.startswith(noise)]
+    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+
+
+def last_frame(exc):
+    """'file:line in function' of the innermost frame an exception went through."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "unknown location"
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
+
+
+@contextlib.contextmanager
+def failure_as_finding(report):
+    """A check that itself fails becomes an error finding naming where; the other checks go on."""
+    try:
+        yield
+    except Exception as e:  # pylint: disable=broad-except
+        report.add("preflight-failed", "error", last_frame(e),
+                   f"the preflight could not finish a check: {summary(e)}",
+                   "the findings above still hold; please report this with the script to tpushim")
