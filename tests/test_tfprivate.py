@@ -66,7 +66,7 @@ def test_compiled_clone_exposes_what_the_model_fn_reads():
 
 
 def test_faked_tpu_system_names():
-    """What tpushim/_faketpu.py replaces and reads (through _tfprivate)."""
+    """What tpushim/_preflight/faketpu.py replaces and reads (through _tfprivate)."""
     from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
     from tensorflow.python.training import evaluation, monitored_session  # pylint: disable=import-outside-toplevel
     assert list(inspect.signature(tpu_system_metadata._query_tpu_system_metadata).parameters) == [  # pylint: disable=protected-access
