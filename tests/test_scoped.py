@@ -187,3 +187,13 @@ def test_async_function_decorator_scopes_the_await():
 
     assert asyncio.run(job()) == "cpu"
     assert inspect.iscoroutinefunction(job)
+
+
+def test_reset_restores_everything_and_fails_on_a_scope_left_open(tmp_path):
+    from tpushim import _patch  # pylint: disable=import-outside-toplevel  # the reset conftest uses
+    tpushim.patched(mode="cpu").__enter__()  # never left
+    with pytest.raises(RuntimeError, match=r"1 tpushim.patched\(\) scope\(s\) left open"):
+        _patch.reset()
+    assert keras_lib.model_to_estimator is ORIGINAL
+    assert settings_here() == (None, None)
+    assert not is_shim(convert(tmp_path, "after"))

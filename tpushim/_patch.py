@@ -19,7 +19,7 @@ import sys
 import _thread  # threading's RLock without importing threading (and functools, collections)
 import warnings
 
-from tpushim import _decision, _hooks, _settings, _versions
+from tpushim import _hooks, _settings, _versions
 # The console and %tpushim read these here today; their home is tpushim._versions.
 from tpushim._versions import guard_warning_silenced, unsupported  # pylint: disable=unused-import
 
@@ -281,10 +281,8 @@ def _convert_call(wrapped, instance, args, kwargs):
     if settings is None:  # patched for another thread's scope only
         return wrapped(*args, **kwargs)
     arguments = _arguments_by_name(wrapped, args, kwargs)
-    tpu = None
-    if settings.mode != "off":
-        from tpushim import _detect  # pylint: disable=import-outside-toplevel
-        tpu = _detect.find_tpu(settings, arguments.get("config"))
+    from tpushim import _decision, _detect  # pylint: disable=import-outside-toplevel  # not at start-up
+    tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
     decision = _decision.decide(settings, tpu)
     if decision.action == _decision.STOCK:
         _logger().info("model_to_estimator -> stock %s (%s)",

@@ -1,6 +1,6 @@
 """``tpushim.status()``: what tpushim would do now, as one dict (the console and %tpushim print it)."""
 
-from tpushim import _decision, _patch, _settings, _versions
+from tpushim import _patch, _settings, _versions
 
 
 def status():
@@ -13,7 +13,7 @@ def status():
     or ``no-tpu`` --, ``why``, and ``returns``, one line for people), ``unsupported`` (the version
     guard's message) and ``versions`` (tensorflow, keras, tensorflow_estimator, tpushim).
     """
-    from tpushim import _detect  # pylint: disable=import-outside-toplevel
+    from tpushim import _decision, _detect  # pylint: disable=import-outside-toplevel  # not at start-up
     with _patch.STATE.lock:  # one consistent picture while another thread patches
         settings = _patch.current_settings() or _settings.resolve()
         tpu = _detect.find_tpu(settings)
