@@ -177,3 +177,13 @@ def test_status_reports_versions_and_tpu(monkeypatch):
         "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True}
     assert status["decision"]["action"] == "cpu"  # mode cpu wins over the TPU found
     assert status["decision"]["returns"] == "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"
+
+
+def test_public_api_names_and_check_signature():
+    import inspect  # pylint: disable=import-outside-toplevel
+    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    assert {"TPUShimError", "ConfigurationError", "ConversionError", "NoTPUError"} <= set(tpushim.__all__)
+    assert all(hasattr(tpushim, name) for name in tpushim.__all__)
+    # tpushim.check shows the preflight's own keywords and defaults, so they cannot drift apart.
+    assert (list(inspect.signature(tpushim.check).parameters.values())
+            == list(inspect.signature(_preflight.check).parameters.values()))

@@ -56,7 +56,7 @@ class _Loader:
         if spec is not None and spec.loader is self:
             spec.loader = self._loader
         self._loader.exec_module(module)
-        fire(self._name, module)
+        _fire(self._name, module)
 
     def __getattr__(self, attr):
         return getattr(self._loader, attr)
@@ -89,7 +89,7 @@ class _Finder:
         return spec
 
 
-def fire(name, module):
+def _fire(name, module):
     """Runs, once, the hooks waiting for ``name``; a hook that raises is reported by a warning."""
     with REGISTRY.lock:
         callbacks = REGISTRY.pending.pop(name, ())
