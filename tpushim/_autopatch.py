@@ -39,7 +39,7 @@ def wanted(environ=None):
 
 
 def _kill_switch(environ):
-    # _settings.resolve's kill switch (TPUSHIM_MODE=off), restated: tpushim may not be importable yet.
+    # tpushim._settings.kill_switch_on, restated: tpushim itself may not be importable yet.
     return environ.get("TPUSHIM_MODE", "").strip().lower() == "off"
 
 
