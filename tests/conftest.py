@@ -1,11 +1,11 @@
-"""Shared fixtures. After every test: the unpatched state, the environment and Keras are restored."""
+"""Shared fixtures. After every test: tpushim's state (``_patch.reset()``), the environment and Keras
+are restored."""
 
 import logging
 import os
 
 import pytest
 
-import tpushim
 from tpushim import _detect, _patch, _settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -21,13 +21,12 @@ def restore_state(monkeypatch):
     monkeypatch.setattr("tpushim._detect.DEVICE_GLOBS", ())
     environ = dict(os.environ)
     yield
-    tpushim.unpatch()
-    with _patch._lock:  # pylint: disable=protected-access
-        assert _patch._open_scopes == 0, "a test left a tpushim.patched() scope open"  # pylint: disable=protected-access
-        _patch._unsupported = None  # pylint: disable=protected-access
-        _patch._warned = False  # pylint: disable=protected-access
-    os.environ.clear()
-    os.environ.update(environ)
+    try:
+        # Unpatched, no pending hooks, the guard forgotten; raises (failing the test) if a scope is open.
+        _patch.reset()
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     import sys  # pylint: disable=import-outside-toplevel
     if "tensorflow" in sys.modules:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-import tfcases
+import procs
 
 TRAIN_SCRIPT = textwrap.dedent("""
     import sys, time
@@ -49,10 +49,10 @@ def test_sigkill_mid_training_resumes_from_last_checkpoint(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     model_dir = str(tmp_path / "model")
-    env = tfcases.env_without_tpu()
     log = open(tmp_path / "first.log", "wb")  # a file, not a pipe: a full pipe would stall the child
-    proc = subprocess.Popen([sys.executable, str(script), model_dir, "100000"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    # Popen, not procs.python: the test kills it mid-run. Its environment is procs' all the same.
+    proc = subprocess.Popen([sys.executable, str(script), model_dir, "100000"],
+                            env=procs.env_without_tpu(), stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
     try:
         while _checkpoint_step(model_dir) < 10:
@@ -65,8 +65,7 @@ def test_sigkill_mid_training_resumes_from_last_checkpoint(tmp_path):
         log.close()
     assert proc.returncode == -signal.SIGKILL
     killed_at = _checkpoint_step(model_dir)
-    rerun = subprocess.run([sys.executable, str(script), model_dir, str(killed_at + 10)], env=env,
-                           capture_output=True, text=True, timeout=240)
+    rerun = procs.python([script, model_dir, killed_at + 10])
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     restored = re.findall(r"Restoring parameters from (\S+)", rerun.stderr)
     assert restored and restored[0].endswith(f"model.ckpt-{killed_at}")  # resumed, not restarted
@@ -99,7 +98,6 @@ NETWORK_PROBE = textwrap.dedent("""
 def test_nothing_reaches_the_network_unless_a_tpu_was_named(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(NETWORK_PROBE)
-    proc = subprocess.run([sys.executable, str(script)], env=tfcases.env_without_tpu(),
-                          capture_output=True, text=True, timeout=240)
+    proc = procs.python([script])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "EVENTS []" in proc.stdout

@@ -2,6 +2,7 @@
 
 import asyncio
 import inspect
+import sys
 import threading
 
 import pytest
@@ -10,7 +11,6 @@ from tensorflow_estimator.python.estimator import keras_lib
 
 import tfcases
 import tpushim
-from tpushim import _patch
 from tpushim._estimator import TPUShimEstimator
 
 ORIGINAL = keras_lib.model_to_estimator
@@ -23,6 +23,13 @@ def convert(tmp_path, name):
 
 def is_shim(est):
     return isinstance(est, TPUShimEstimator)
+
+
+def settings_here():
+    """``(mode, batch_size)`` a call made now in this thread/task would use, from ``status()``;
+    ``(None, None)`` where no scope applies (every scope in these tests names a mode)."""
+    status = tpushim.status()
+    return (status["mode"], status["batch_size"]) if status["mode_source"] == "argument" else (None, None)
 
 
 def test_inside_vs_outside_the_block(tmp_path):
@@ -41,34 +48,57 @@ def test_scope_over_process_wide_patch_restores_it(tmp_path):
         assert is_shim(convert(tmp_path, "inside"))
     assert not is_shim(convert(tmp_path, "after"))
     assert tpushim.is_patched()
-    assert isinstance(keras_lib.model_to_estimator, _patch._wrapper_class())  # pylint: disable=protected-access
+    assert tpushim.status()["applied"] == {
+        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True}
 
 
 def test_nested_innermost_wins_and_outer_settings_restored_exactly(tmp_path):
     with tpushim.patched(mode="cpu", batch_size=16):
-        outer = _patch.current_settings()
         with tpushim.patched(mode="off"):
-            inner = _patch.current_settings()
+            assert settings_here() == ("off", 16)  # what the inner scope does not say, the outer does
             assert not is_shim(convert(tmp_path, "inner"))
-            assert inner.batch_size == 16  # what the inner scope does not say, the outer does
-        assert _patch.current_settings() == outer
+        assert settings_here() == ("cpu", 16)
         assert is_shim(convert(tmp_path, "outer"))
-    assert _patch.current_settings() is None
+    assert settings_here() == (None, None)
 
 
-def test_exception_inside_leaves_no_residue():
+def test_exception_inside_leaves_no_residue(tmp_path):
     with pytest.raises(RuntimeError):
         with tpushim.patched(mode="cpu"):
             raise RuntimeError("boom")
-    assert _patch.current_settings() is None
-    assert _patch._open_scopes == 0  # pylint: disable=protected-access
+    assert settings_here() == (None, None)
     assert keras_lib.model_to_estimator is ORIGINAL
+    assert not is_shim(convert(tmp_path, "after"))
 
 
 def test_bad_arguments_raise_at_construction():
     with pytest.raises(tpushim.ConfigurationError, match="not a valid tpushim mode"):
         tpushim.patched(mode="sometimes")
     assert keras_lib.model_to_estimator is ORIGINAL
+
+
+def test_environment_is_read_on_entry_not_when_decorating(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPUSHIM_BATCH_SIZE", "lots")
+    # A module that decorates with @tpushim.patched imports fine under a bad variable ...
+    (tmp_path / "tpushim_scoped_probe.py").write_text(
+        "import tpushim\n\n@tpushim.patched(mode='cpu')\ndef build():\n    return 'built'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tpushim_scoped_probe", raising=False)
+    import tpushim_scoped_probe  # pylint: disable=import-outside-toplevel,import-error
+    scope = tpushim.patched(mode="cpu")
+    # ... and the variable is refused when a scope is entered, before it opens.
+    with pytest.raises(tpushim.ConfigurationError, match="TPUSHIM_BATCH_SIZE='lots'"):
+        tpushim_scoped_probe.build()
+    with pytest.raises(tpushim.ConfigurationError, match="TPUSHIM_BATCH_SIZE='lots'"):
+        with scope:
+            pass
+    assert keras_lib.model_to_estimator is ORIGINAL
+    # The value at entry counts, not the one at decoration.
+    monkeypatch.setenv("TPUSHIM_BATCH_SIZE", "32")
+    assert tpushim_scoped_probe.build() == "built"
+    with scope:
+        assert settings_here() == ("cpu", 32)
+    monkeypatch.delitem(sys.modules, "tpushim_scoped_probe")
 
 
 def test_kill_switch_wins_inside_a_scope(tmp_path, monkeypatch):
@@ -136,11 +166,11 @@ def test_asyncio_tasks_are_isolated():
             with tpushim.patched(mode="cpu"):
                 gate.set()
                 await asyncio.sleep(0.05)
-                seen["scoped"] = _patch.current_settings().mode
+                seen["scoped"] = settings_here()[0]
 
         async def plain():
             await gate.wait()
-            seen["plain"] = _patch.current_settings()
+            seen["plain"] = settings_here()[0]
 
         await asyncio.gather(scoped(), plain())
         return seen
@@ -153,7 +183,17 @@ def test_async_function_decorator_scopes_the_await():
     @tpushim.patched(mode="cpu")
     async def job():
         await asyncio.sleep(0)
-        return _patch.current_settings().mode
+        return settings_here()[0]
 
     assert asyncio.run(job()) == "cpu"
     assert inspect.iscoroutinefunction(job)
+
+
+def test_reset_restores_everything_and_fails_on_a_scope_left_open(tmp_path):
+    from tpushim import _patch  # pylint: disable=import-outside-toplevel  # the reset conftest uses
+    tpushim.patched(mode="cpu").__enter__()  # never left
+    with pytest.raises(RuntimeError, match=r"1 tpushim.patched\(\) scope\(s\) left open"):
+        _patch.reset()
+    assert keras_lib.model_to_estimator is ORIGINAL
+    assert settings_here() == (None, None)
+    assert not is_shim(convert(tmp_path, "after"))

@@ -9,13 +9,11 @@ command would crash on them, and the test would fail.
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-import tfcases
-from tpushim import version
+import procs
+from tpushim import _versions, version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,11 +48,8 @@ def fake_site(tmp_path, tf="2.16.1", keras="3.3.3", estimator=None, tf_keras=Non
 
 def run_isolated(args, site, cwd, env=None):
     """``python -S ARGS`` seeing only the stand-ins and tpushim (no site-packages at all)."""
-    environ = tfcases.env_without_tpu()
-    environ.pop("TF_USE_LEGACY_KERAS", None)
-    environ.update(env or {}, PYTHONPATH=os.pathsep.join([str(site), ROOT]))
-    return subprocess.run([sys.executable, "-S", *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=60)
+    return procs.python(args, cwd=cwd, timeout=60, interpreter_flags=("-S",), env={
+        "TF_USE_LEGACY_KERAS": "", **(env or {}), "PYTHONPATH": os.pathsep.join([str(site), ROOT])})
 
 
 WANT = "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3: TensorFlow 2.16 removed"
@@ -123,12 +118,11 @@ def test_setup_extras_and_readme_read_the_declared_range():
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         setup_py = f.read()
     assert not re.search(r"tensorflow[-a-z]*[<>=]=?\s*2\.", setup_py), "setup.py must read version.py"
-    extras = subprocess.run([sys.executable, "-c", (
+    extras = procs.python(cwd=ROOT, timeout=60, code=(
         "import runpy, setuptools, sys\n"
         "setuptools.setup = lambda **kw: print(kw['extras_require']['tensorflow'][0], "
         "kw['extras_require']['cpu'][0])\n"
-        "sys.argv = ['setup.py']\nrunpy.run_path('setup.py')")], cwd=ROOT, capture_output=True,
-        text=True, timeout=60)
+        "sys.argv = ['setup.py']\nrunpy.run_path('setup.py')"))
     assert extras.stdout.split() == [f"tensorflow{spec}", f"tensorflow-cpu{spec}"], extras.stderr
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
@@ -137,3 +131,80 @@ def test_setup_extras_and_readme_read_the_declared_range():
         assert re.search(rf"^\| {re.escape(tf_version)}\.\d+ \|", readme, re.M), tf_version
     for tf_version in version.TESTED_TF:
         assert os.path.isfile(os.path.join(ROOT, ".ci", f"constraints-{tf_version}.txt")), tf_version
+
+
+@pytest.mark.parametrize("tf_version,keras_version,has_estimator,ok", [
+    ("2.15.1", "2.15.0", True, True),
+    ("2.12.0", "2.12.0", True, True),
+    ("2.13.1", "2.13.1", True, True),
+    ("2.14.1", "2.14.0", True, True),
+    ("2.15.0-dev20231010", "2.15.0", True, True),
+    ("2.16.1", "3.1.0", False, False),
+    ("2.16.1", None, True, False),  # tensorflow_estimator 2.15 installed beside 2.16 does not help
+    ("2.17.0rc0", None, True, False),
+    ("2.11.1", "2.11.0", True, False),  # below the range CI tests
+    ("2.9.0", "2.9.0", True, False),
+    ("2.15.0", "3.0.0", True, False),
+    ("2.15.0", "2.15.0", False, False),
+    (None, None, False, False),  # no TensorFlow at all
+    (None, None, True, True),  # TensorFlow not imported yet: decided at import
+])
+def test_version_guard_decision(tf_version, keras_version, has_estimator, ok):
+    problem = _versions.version_problem(tf_version, keras_version, has_estimator)
+    assert (problem is None) == ok
+    if not ok:
+        assert 'pip install "tensorflow>=2.12,<2.16"' in problem
+        assert "Supported: TensorFlow 2.12-2.15" in problem
+        assert "Nothing was patched" in problem
+        if tf_version:
+            assert f"TensorFlow {tf_version} with Keras {keras_version or '(none)'}" in problem
+
+
+def test_version_guard_names_tf_keras_under_legacy_keras():
+    problem = _versions.version_problem("2.16.1", "3.3.3", True, tf_keras_version="2.16.0")
+    assert problem.startswith("tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and "
+                              "tf_keras 2.16.0 (TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed "
+                              "tf.estimator")
+
+
+def test_supported_range_is_declared_once():
+    assert version.TESTED_TF == ("2.12", "2.13", "2.14", "2.15")
+    assert _versions.SUPPORTED_TF == version.tf_range() == ((2, 12), (2, 16))
+    assert version.tf_specifier() == ">=2.12,<2.16"
+    # The installed TensorFlow is one CI tests.
+    tf_version = _versions.installed()["tensorflow"]
+    assert ".".join(tf_version.split(".")[:2]) in version.TESTED_TF
+
+
+def test_patch_on_tensorflow_2_16_warns_once_and_patches_nothing(monkeypatch):
+    # In process, on the real TensorFlow with its version string faked: patch() must neither raise
+    # nor wrap, and say once what is wrong and how to fix it.
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow_estimator.python.estimator import keras_lib  # pylint: disable=import-outside-toplevel
+    import tpushim  # pylint: disable=import-outside-toplevel
+    original = keras_lib.model_to_estimator
+    monkeypatch.setattr(tf, "__version__", "2.16.1")
+    with pytest.warns(RuntimeWarning) as record:
+        tpushim.patch()
+        tpushim.patch()
+        with tpushim.patched(mode="cpu"):
+            assert keras_lib.model_to_estimator is original
+    messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("tpushim does not support TensorFlow 2.16.1 with Keras 2.")
+    assert "Nothing was patched" in messages[0]
+    assert 'Fix: pip install "tensorflow>=2.12,<2.16"' in messages[0]
+    assert not tpushim.is_patched()
+    assert keras_lib.model_to_estimator is original
+    assert tpushim.status()["unsupported"] == messages[0]
+
+
+def test_the_stand_ins_crash_a_command_the_guard_lets_through(tmp_path):
+    # The control for the tests above: on supported stand-in versions the guard lets the command
+    # through, and it dies on the stand-in TensorFlow -- so exit 2 and no traceback there come
+    # from the guard, not from the stand-ins.
+    site = fake_site(tmp_path, tf="2.15.1", keras="2.15.0", estimator="2.15.0")
+    proc = run_isolated(["-m", "tpushim", "demo"], site, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ImportError: the fake TensorFlow was imported" in proc.stderr
+    assert "tpushim does not support" not in proc.stderr

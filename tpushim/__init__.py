@@ -15,10 +15,13 @@ Importing this package imports no TensorFlow.
 """
 
 from tpushim._errors import ConfigurationError, ConversionError, NoTPUError, TPUShimError
-from tpushim._patch import is_patched, patch, patched, status, unpatch
+from tpushim._patch import is_patched, patch, patched, unpatch
+from tpushim._settings import DEFAULT_CORES as _DEFAULT_CORES
+from tpushim._status import status
 from tpushim.version import __version__
 
-__all__ = ["patch", "unpatch", "is_patched", "status", "patched", "check", "__version__"]
+__all__ = ["patch", "unpatch", "is_patched", "status", "patched", "check", "__version__",
+           "TPUShimError", "ConfigurationError", "ConversionError", "NoTPUError"]
 
 
 def load_ipython_extension(ipython):
@@ -33,11 +36,25 @@ def unload_ipython_extension(ipython):
     unload(ipython)
 
 
-def check(keras_model, input_fn=None, **kwargs):
-    """TPU preflight on CPU: what would break or crawl on a TPU. See :func:`tpushim._preflight.check`.
+def check(keras_model, input_fn=None, *, batch_size=None, num_cores=_DEFAULT_CORES, steps=None,
+          iterations_per_loop=None, custom_objects=None):
+    """TPU preflight on CPU: what would break or crawl on a TPU, before you pay for one.
 
-    Returns a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``.
     Imports TensorFlow (it needs the model); ``import tpushim`` alone does not.
+
+    Args:
+      keras_model: the compiled Keras model the script passes to ``model_to_estimator``.
+      input_fn: the script's training input_fn (optional): its shapes, dtypes and batch size
+        are checked too.
+      batch_size: the global batch size, when you set one (else it is read from the input).
+      num_cores: TPU cores the batch is split over (8: a v2-8, v3-8 or v4-8).
+      steps: training steps the script runs, checked against ``iterations_per_loop``.
+      iterations_per_loop: steps per TPU loop (tpushim's default when None).
+      custom_objects: as ``model_to_estimator`` takes them, for cloning the model.
+
+    Returns:
+      a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``.
     """
     from tpushim._preflight import check as run_check  # pylint: disable=import-outside-toplevel
-    return run_check(keras_model, input_fn, **kwargs)
+    return run_check(keras_model, input_fn, batch_size=batch_size, num_cores=num_cores, steps=steps,
+                     iterations_per_loop=iterations_per_loop, custom_objects=custom_objects)

@@ -2,16 +2,40 @@
 
 ``wrapt.register_post_import_hook`` does this job, but importing wrapt imports ``inspect`` (about
 5 ms), which would be tpushim's whole start-up budget for ``import tpushim; tpushim.patch()`` before
-TensorFlow. This finder costs a string comparison per import until its module appears; wrapt is
+TensorFlow. The finder below costs a dictionary lookup per import until its module appears; wrapt is
 imported only when there is something to wrap, by which time TensorFlow is loading anyway.
+
+Two rules taken from wrapt's ``importer.py`` and ddtrace's import hooks:
+
+* the module's real loader is put back before the module executes, so code that runs during the
+  import (``__loader__.get_data``, ``importlib.resources``, tracebacks) sees the real loader, not ours;
+* a hook that raises is reported with a warning and the import carries on: a bug in tpushim must
+  not break the user's ``import tensorflow``.
 """
 
 import sys
+import warnings
 import _thread  # threading's primitives without importing threading (and functools, collections)
 
-_lock = _thread.RLock()
-_hooks = {}  # module name -> [callback(module)]
-_finder = None
+
+class _Registry:
+    """The hooks waiting for their module, and the finder that watches for it (one per process)."""
+
+    def __init__(self):
+        self.lock = _thread.RLock()
+        self.pending = {}  # module name -> [callback(module)], in registration order
+        self.finder = None  # installed on sys.meta_path with the first pending hook
+
+    def reset(self):
+        """Forgets every pending hook and takes the finder off ``sys.meta_path`` (for tests)."""
+        with self.lock:
+            self.pending.clear()
+            if self.finder is not None and self.finder in sys.meta_path:
+                sys.meta_path.remove(self.finder)
+            self.finder = None
+
+
+REGISTRY = _Registry()
 
 
 class _Loader:
@@ -25,11 +49,14 @@ class _Loader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        # Before executing, as wrapt does: the module's own code may read its loader.
+        if getattr(module, "__loader__", None) in (None, self):
+            module.__loader__ = self._loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
         self._loader.exec_module(module)
-        module.__loader__ = self._loader  # tracebacks and inspect see the real loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._loader
-        fire(self._name, module)
+        _fire(self._name, module)
 
     def __getattr__(self, attr):
         return getattr(self._loader, attr)
@@ -42,7 +69,7 @@ class _Finder:
         self._searching = _thread._local()  # what threading.local is
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _hooks or getattr(self._searching, fullname, False):
+        if fullname not in REGISTRY.pending or getattr(self._searching, fullname, False):
             return None
         setattr(self._searching, fullname, True)
         try:  # ask the finders after us, as the import system would have
@@ -62,22 +89,36 @@ class _Finder:
         return spec
 
 
-def fire(name, module):
-    with _lock:
-        callbacks = list(_hooks.pop(name, ()))
+def _fire(name, module):
+    """Runs, once, the hooks waiting for ``name``; a hook that raises is reported by a warning."""
+    with REGISTRY.lock:
+        callbacks = REGISTRY.pending.pop(name, ())
+    # Called outside the lock, as wrapt does: a hook imports modules, and another thread that holds
+    # one of their import locks may be waiting for ours (registering a hook) -- a deadlock.
     for callback in callbacks:
-        callback(module)
+        try:
+            callback(module)
+        except Exception as e:  # pylint: disable=broad-except  # the user's import must go on
+            warnings.warn(f"tpushim: a post-import hook for {name} failed ({type(e).__name__}: {e}); "
+                          f"{name} was imported without tpushim's patch. Please report this.",
+                          RuntimeWarning, stacklevel=2)
 
 
 def when_imported(name, callback):
-    """Calls ``callback(module)`` once ``name`` is imported: now, if it already is."""
-    global _finder
-    with _lock:
+    """Calls ``callback(module)`` once ``name`` is imported: now, if it already is.
+
+    Registering the same callback again for a module that is not imported yet does nothing: it
+    still runs once. When the module is already imported, an exception from ``callback``
+    propagates to the caller (there is no import to protect).
+    """
+    with REGISTRY.lock:
         module = sys.modules.get(name)
         if module is None:
-            _hooks.setdefault(name, []).append(callback)
-            if _finder is None:
-                _finder = _Finder()
-                sys.meta_path.insert(0, _finder)
+            callbacks = REGISTRY.pending.setdefault(name, [])
+            if callback not in callbacks:
+                callbacks.append(callback)
+            if REGISTRY.finder is None:
+                REGISTRY.finder = _Finder()
+                sys.meta_path.insert(0, REGISTRY.finder)
             return
     callback(module)

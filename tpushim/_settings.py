@@ -155,11 +155,6 @@ def parse_environment(environ=None):
     return out
 
 
-def kill_switch_on(environ=None):
-    environ = os.environ if environ is None else environ
-    return environ.get("TPUSHIM_MODE", "").strip().lower() == "off"
-
-
 def resolve(layers=(), environ=None):
     """Combines explicit argument layers (outermost first) with the environment and defaults."""
     env = parse_environment(environ)

@@ -1,6 +1,6 @@
 """The one place tpushim's version, and the TensorFlow releases it supports, are written.
 
-Plain literals and no imports: setup.py (its extras), the version guard in tpushim/_patch.py,
+Plain literals and no imports: setup.py (its extras), the version guard in tpushim/_versions.py,
 ``python -m tpushim info``, .ci/run and a README test read them from here without importing
 TensorFlow -- setup.py without importing tpushim either.
 """

@@ -1,0 +1,142 @@
+"""ddtrace's ordering matrix: import, patch and unpatch (and a scope) in every order, each in a fresh
+interpreter that imports TensorFlow once.
+
+After every step the child probes every public spelling of ``model_to_estimator`` -- attribute
+paths looked up now and names bound when TensorFlow was imported (before ``patch()`` in the orders
+that import first) -- by calling it with ``keras_model=None`` under ``mode="tpu"`` and no TPU: a
+call that goes through tpushim raises ``NoTPUError`` at once, one that does not gets stock's
+``ValueError``. Cheap (no graph is built), and it is the real call path. It also reports whether
+``keras_lib.model_to_estimator`` is the very function keras_lib defined (or one wrapper around it)
+and whether any public name was replaced. Real conversions per spelling are tests/test_patch.py's.
+"""
+
+import json
+
+import pytest
+
+import procs
+
+CHILD = r'''
+import json, sys, types
+import tpushim
+from tpushim import _detect, _patch
+_detect.DEVICE_GLOBS = ()  # no TPU VM device files on any machine this runs on: mode tpu has no TPU
+KERAS_LIB = _patch.KERAS_LIB
+state = {"names": None, "original": None, "scope": None}
+
+
+def do_import():
+    import tensorflow as tf, keras
+    from tensorflow.keras.estimator import model_to_estimator as bound_v2
+    from tensorflow.compat.v1.keras.estimator import model_to_estimator as bound_v1
+    state["spellings"] = {
+        "tf.keras.estimator": lambda: tf.keras.estimator.model_to_estimator,
+        "tf.compat.v1.keras.estimator": lambda: tf.compat.v1.keras.estimator.model_to_estimator,
+        "tf.compat.v2.keras.estimator": lambda: tf.compat.v2.keras.estimator.model_to_estimator,
+        "keras.estimator": lambda: keras.estimator.model_to_estimator,
+        "bound: from tensorflow.keras.estimator import": lambda: bound_v2,
+        "bound: from tensorflow.compat.v1.keras.estimator import": lambda: bound_v1,
+    }
+    state["names"] = {k: get() for k, get in state["spellings"].items()}
+
+
+def probe():
+    if state["names"] is None:
+        return {"tensorflow imported": "tensorflow" in sys.modules}
+    through = {}
+    for name, get in state["spellings"].items():
+        try:
+            get()(keras_model=None)
+            through[name] = "returned"
+        except tpushim.NoTPUError:
+            through[name] = "tpushim"
+        except ValueError as e:
+            through[name] = "stock" if "Either `keras_model`" in str(e) else repr(e)
+    current = sys.modules[KERAS_LIB].model_to_estimator  # imported by the first call above
+    wrapped = _patch.is_ours(current)
+    inner = current.__wrapped__ if wrapped else current
+    if state["original"] is None:  # keras_lib's own function, the first time we see it
+        assert type(inner) is types.FunctionType and inner.__module__ == KERAS_LIB, inner
+        state["original"] = inner
+    return {"through": through, "keras_lib": "wrapper" if wrapped else "original",
+            "one layer around the very original": inner is state["original"],
+            "public names unchanged": all(get() is state["names"][k] for k, get in state["spellings"].items())}
+
+
+def enter():
+    state["scope"] = tpushim.patched(mode="tpu")
+    state["scope"].__enter__()
+
+
+STEPS = {"import": do_import, "patch": lambda: tpushim.patch(mode="tpu"), "unpatch": tpushim.unpatch,
+         "enter": enter, "exit": lambda: state["scope"].__exit__(None, None, None),
+         "reset": lambda: (_patch.reset(), state.update(original=None))}
+for step in sys.argv[1:]:
+    STEPS[step]()
+    print(json.dumps({"step": step, **probe()}))
+'''
+
+#: Orders with the import in the middle or at the end: one interpreter each.
+ORDERS = [
+    "patch patch import patch unpatch unpatch import",
+    "patch unpatch import",
+    "unpatch import patch unpatch",
+    "unpatch patch import unpatch patch",
+    "enter import exit patch enter exit unpatch",
+]
+
+#: Orders after the import: independent sequences in one interpreter, each ended by a reset that
+#: restores the original (asserted) and forgets everything.
+AFTER_IMPORT = [
+    "patch unpatch",
+    "unpatch patch unpatch",
+    "patch patch unpatch unpatch",
+    "unpatch unpatch",
+    "patch unpatch patch unpatch",
+    "enter patch exit unpatch",
+    "patch enter unpatch exit",
+]
+
+
+def run(steps):
+    proc = procs.python(steps, code=CHILD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def check(records):
+    """Every record against what its step sequence wants: through tpushim exactly while patched or
+    in a scope; the original restored exactly otherwise; public names never replaced."""
+    patched = scoped = imported = False
+    for record in records:
+        step = record["step"]
+        patched = {"patch": True, "unpatch": False, "reset": False}.get(step, patched)
+        scoped = {"enter": True, "exit": False, "reset": False}.get(step, scoped)
+        imported = imported or step == "import"
+        wanted = patched or scoped
+        where = f"after {step} (patched={patched}, scope={scoped})"
+        if not imported:
+            assert record == {"step": step, "tensorflow imported": False}, where
+            continue
+        expected = "tpushim" if wanted else "stock"
+        assert set(record["through"].values()) == {expected}, (where, record["through"])
+        assert len(record["through"]) == 6, record
+        assert record["keras_lib"] == ("wrapper" if wanted else "original"), where
+        assert record["one layer around the very original"], where
+        assert record["public names unchanged"], where
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_order(order):
+    records = run(order.split())
+    assert [r["step"] for r in records] == order.split()
+    check(records)
+
+
+def test_orders_after_the_import_in_one_interpreter():
+    steps = ["import"]
+    for order in AFTER_IMPORT:
+        steps += order.split() + ["reset"]
+    records = run(steps)
+    assert len(records) == len(steps)
+    check(records)

@@ -1,0 +1,78 @@
+"""What one ``model_to_estimator`` call returns, and why: the mode decision's one home.
+
+Pure: it takes the resolved settings and the TPU the environment names (or None) and returns a
+:class:`Decision`. The wrapper in :mod:`tpushim._patch` acts on it; :func:`tpushim.status` carries
+it, so the console says what the wrapper would do from the same decision rather than restating it.
+"""
+
+#: ``Decision.action`` values.
+STOCK = "stock"  # the stock estimator, as without tpushim
+TPU = "tpu"  # TPUEstimator on the TPU found
+CPU = "cpu"  # TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU
+NO_TPU = "no-tpu"  # tpushim.NoTPUError: mode tpu and no TPU configured
+
+class Decision:
+    """The outcome of :func:`decide` (immutable).
+
+    Attributes:
+      action: one of ``STOCK``, ``TPU``, ``CPU``, ``NO_TPU``.
+      why: the reason, in the words of the log line a conversion writes.
+      tpu: the TPU to run on (a :class:`tpushim._detect.TPUSpec`) when ``action == TPU``, else None.
+      returns: what ``model_to_estimator`` returns and why, as one line for people (the console).
+    """
+
+    __slots__ = ("action", "why", "tpu", "returns")
+
+    def __init__(self, action, why, returns, tpu=None):
+        for name, value in (("action", action), ("why", why), ("returns", returns), ("tpu", tpu)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a Decision is immutable")
+
+    def __repr__(self):
+        return f"Decision({self.action!r}, why={self.why!r})"
+
+    def as_dict(self):
+        """``{"action", "why", "returns"}``: JSON-friendly, for :func:`tpushim.status`."""
+        return {"action": self.action, "why": self.why, "returns": self.returns}
+
+
+def no_tpu_message(mode_source):
+    """The text of the ``NoTPUError`` a mode-``tpu`` call without a TPU raises: what to do."""
+    return ("tpushim mode 'tpu' (from {}) needs a TPU, and none is configured. Name one with "
+            "tpushim.patch(tpu=...) or TPUSHIM_TPU (a TPU name, 'grpc://IP:8470' or 'local' on a "
+            "TPU VM), set TPU_NAME, pass a tpu_config.RunConfig with a cluster, or use "
+            "TPUSHIM_MODE=cpu to run the TPU code path on CPU.".format(mode_source))
+
+
+def decide(settings, tpu):
+    """What a ``model_to_estimator`` call made under ``settings`` returns.
+
+    Precedence: mode ``off`` (the kill switch included) -> stock; mode ``cpu`` -> the TPU code path
+    on CPU, whether or not a TPU is found; a TPU found -> TPUEstimator on it; mode ``tpu`` without
+    one -> ``NoTPUError``; otherwise (``auto``, no TPU) -> stock.
+
+    Args:
+      settings: the resolved :class:`tpushim._settings.Settings`.
+      tpu: what :func:`tpushim._detect.find_tpu` found (anything with ``describe()`` and
+        ``source``), or None.
+
+    Returns:
+      a :class:`Decision`.
+    """
+    mode, mode_source = settings.mode, settings.sources.get("mode")
+    if mode == "off":
+        return Decision(STOCK, f"tpushim mode off, from {mode_source}",
+                        f"the stock estimator (mode off, from {mode_source})")
+    if mode == "cpu":
+        return Decision(CPU, f"mode cpu from {mode_source}: the TPU code path on CPU",
+                        "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU")
+    if tpu is not None:
+        where = f"{tpu.describe()} (from {tpu.source})"
+        return Decision(TPU, f"TPU {where}", f"TPUEstimator on TPU {where}", tpu=tpu)
+    if mode == "tpu":
+        return Decision(NO_TPU, no_tpu_message(mode_source),
+                        "an error, tpushim.NoTPUError: mode tpu needs a TPU and none is configured")
+    return Decision(STOCK, "no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU",
+                    "the stock estimator (no TPU configured; --mode cpu runs the TPU code path on CPU)")

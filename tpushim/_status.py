@@ -1,0 +1,32 @@
+"""``tpushim.status()``: what tpushim would do now, as one dict (the console and %tpushim print it)."""
+
+from tpushim import _patch, _settings, _versions
+
+
+def status():
+    """What tpushim would do now, as a dict.
+
+    Keys: ``patched``, ``mode`` and ``mode_source``, ``tpu`` and ``tpu_source`` (the TPU a call
+    would use now and where it came from), ``batch_size``, ``iterations_per_loop``, ``applied``
+    (whether the wrapper is on ``keras_lib`` yet, or pending TensorFlow's import), ``decision``
+    (what a ``model_to_estimator`` call made now returns: ``action`` -- ``stock``, ``tpu``, ``cpu``
+    or ``no-tpu`` --, ``why``, and ``returns``, one line for people), ``unsupported`` (the version
+    guard's message) and ``versions`` (tensorflow, keras, tensorflow_estimator, tpushim).
+    """
+    from tpushim import _decision, _detect  # pylint: disable=import-outside-toplevel  # not at start-up
+    with _patch.STATE.lock:  # one consistent picture while another thread patches
+        settings = _patch.current_settings() or _settings.resolve()
+        tpu = _detect.find_tpu(settings)
+        return {
+            "patched": _patch.is_patched(),
+            "mode": settings.mode,
+            "mode_source": settings.sources.get("mode"),
+            "tpu": tpu.describe() if tpu else None,
+            "tpu_source": tpu.source if tpu else None,
+            "batch_size": settings.batch_size,
+            "iterations_per_loop": settings.iterations_per_loop,
+            "applied": _patch.applied(),
+            "decision": _decision.decide(settings, tpu).as_dict(),
+            "unsupported": _patch.refusal(),
+            "versions": _versions.installed(),
+        }
