@@ -17,7 +17,9 @@ import textwrap
 
 from tpushim import _console, _launcher, _settings
 from tpushim._errors import ConfigurationError, TPUShimError
-from tpushim._patch import guard_warning_silenced, patch, patched, status, unsupported
+from tpushim._patch import patch, patched
+from tpushim._status import status
+from tpushim._versions import guard_warning_silenced, unsupported
 
 PROG = "python -m tpushim"
 

@@ -10,7 +10,7 @@ import site
 import sys
 
 from tpushim import _settings
-from tpushim._patch import unsupported
+from tpushim._versions import unsupported
 
 #: The file setup.py puts into site-packages for ``TPUSHIM_AUTOPATCH`` (setup.py spells the name
 #: out too: it cannot import the package it installs).
@@ -71,17 +71,9 @@ def autopatch_files():
 
 
 def outcome(status):
-    """What a ``model_to_estimator`` call returns under ``status`` (a :func:`tpushim.status` dict)."""
-    mode, tpu = status["mode"], status["tpu"]
-    if mode == "off":
-        return f"the stock estimator (mode off, from {status['mode_source']})"
-    if mode == "cpu":
-        return "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"
-    if tpu:
-        return f"TPUEstimator on TPU {tpu} (from {status['tpu_source']})"
-    if mode == "tpu":
-        return "an error, tpushim.NoTPUError: mode tpu needs a TPU and none is configured"
-    return "the stock estimator (no TPU configured; --mode cpu runs the TPU code path on CPU)"
+    """What a ``model_to_estimator`` call returns under ``status`` (a :func:`tpushim.status` dict):
+    the core's one decision (:mod:`tpushim._decision`), in words."""
+    return status["decision"]["returns"]
 
 
 def format_status(status, previewing=False):

@@ -14,8 +14,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from tpushim import _console, _settings
 from tpushim._errors import ConfigurationError
-from tpushim._patch import (KERAS_LIB, guard_warning_silenced, is_ours, is_patched, patch, status,
-                            unpatch)
+from tpushim._patch import KERAS_LIB, is_ours, is_patched, patch, unpatch
+from tpushim._status import status
+from tpushim._versions import guard_warning_silenced
 
 MAGIC_NAME = "tpushim"
 _NAMES = ("model_to_estimator", "model_to_estimator_v2")

@@ -299,17 +299,3 @@ def _arguments_by_name(wrapped, args, kwargs):
     bound = inspect.signature(wrapped).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
-
-
-# Names that moved out of this module, for tooling written before they did. Looked up lazily (PEP
-# 562), so _status is not imported at start-up and there is no import cycle. To go once the tooling
-# imports them from their homes.
-_MOVED = {"status": "tpushim._status", "unsupported": "tpushim._versions",
-          "guard_warning_silenced": "tpushim._versions"}
-
-
-def __getattr__(name):
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib  # pylint: disable=import-outside-toplevel
-    return getattr(importlib.import_module(_MOVED[name]), name)

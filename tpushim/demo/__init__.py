@@ -16,7 +16,8 @@ import tempfile
 import time
 import warnings
 
-from tpushim._patch import patched, status
+from tpushim._patch import patched
+from tpushim._status import status
 
 #: cpu mode runs the very computation the stock estimator runs: anything above this is a bug.
 CPU_TOLERANCE = 1e-5
