@@ -1,8 +1,10 @@
-"""Is a TPU configured, and where did that come from?  No network here, ever.
+"""Is a TPU configured, and where did that come from?
 
-Detection only reads arguments, the RunConfig, environment variables and device files. Turning a
-*bare TPU name* into an address needs the GCE metadata server and the Cloud TPU API; that happens
-in :func:`cluster_resolver`, only when the user named one, and is bounded in time.
+Detection (:func:`find_tpu`) makes no network call: it reads only arguments, the RunConfig,
+environment variables and device files. Two functions here do use the network, only for the TPU
+the user configured and bounded in time: :func:`cluster_resolver` turns a *bare TPU name* into an
+address through the GCE metadata server and the Cloud TPU API, and :func:`check_reachable` makes
+one TCP connection to a ``grpc://`` address.
 """
 
 import dataclasses

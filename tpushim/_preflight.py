@@ -18,7 +18,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from tpushim import _estimator, _faketpu, _input_fn, _model_fn, _settings, _tfprivate
+from tpushim import (_batching, _estimator, _faketpu, _input_fn, _model_fn, _settings, _source,
+                     _tfprivate, _validation)
 from tpushim._errors import TPUShimError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -114,7 +115,7 @@ class Report:
 def _check_conversion(report, keras_model, custom_objects):
     """What the conversion itself would refuse: subclassed model, optimizer, metrics."""
     report.checked.append("conversion")
-    for kind, check in _estimator.VALIDATION_STEPS:
+    for kind, check in _validation.VALIDATION_STEPS:
         try:
             check(keras_model, custom_objects)
         except (TPUShimError, ValueError) as e:
@@ -304,7 +305,7 @@ def _check_input(report, input_fn, batch_size, num_cores):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         try:
             result = _input_fn.check_result(
-                input_fn, _input_fn.call_and_recover(input_fn, ModeKeys.TRAIN, {}, None))
+                input_fn, _source.call_and_recover(input_fn, ModeKeys.TRAIN, {}, None))
         except TPUShimError as e:
             report.add("input-unusable", "error", f"input_fn {name!r}", str(e), "see the message")
             return None
@@ -338,7 +339,7 @@ def _check_input(report, input_fn, batch_size, num_cores):
         declared = None
         if isinstance(result, tf.data.Dataset):
             _check_dataset_ops(report, result, sess, name)
-            declared = _input_fn.declared_batch_size(result)
+            declared = _batching.declared_batch_size(result)
         batch = _read_one_batch(result, sess)
     features, labels = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
     size = declared or int(tf.nest.flatten(features)[0].shape[0])
@@ -397,7 +398,7 @@ def _check_batch(report, global_batch, num_cores, where):
 
 def _check_loop(report, iterations_per_loop, steps):
     report.checked.append("iterations_per_loop")
-    iterations = iterations_per_loop or _estimator.DEFAULT_ITERATIONS_PER_LOOP
+    iterations = iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP
     if iterations < MIN_ITERATIONS_PER_LOOP and (steps is None or steps > iterations):
         report.add("iterations-per-loop-small", "warning", f"setting iterations_per_loop={iterations}",
                    f"the TPU returns to the host every {iterations} steps"
