@@ -77,7 +77,7 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
             return
         with self._tpushim_reach_lock:
             if not self._tpushim_reached:
-                _detect.check_reachable(self._config.master, self._tpushim_tpu_source)
+                _detect.check_reachable(self.config.master, self._tpushim_tpu_source)
                 self._tpushim_reached = True
 
     def _input_facts(self, input_fn, mode, count=False, count_unknown=True):
@@ -106,7 +106,7 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
     def _fix_global_batch(self, mode, size):
         """Fixes ``mode``'s global batch size for this thread's call, once it divides among the
         TPU's shards."""
-        shards = self._config.tpu_config.num_shards
+        shards = self.config.tpu_config.num_shards
         if self._tpushim_use_tpu and shards and size % shards:
             raise ConversionError(indivisible_batch_message(size, shards))
         self._fix_call_batch_size(mode, size)
@@ -278,7 +278,7 @@ def build(arguments, settings, tpu):
     if not _tfprivate.any_weight_initialized(keras_model):
         tf.compat.v1.keras.backend.set_session(tf.compat.v1.Session(config=config.session_config))
     warm_start_path = None
-    if keras_model._is_graph_network and config.is_chief:  # pylint: disable=protected-access
+    if _tfprivate.is_graph_network(keras_model) and config.is_chief:
         warm_start_path = _tfprivate.save_first_checkpoint(keras_model, custom_objects, config,
                                                            save_object_ckpt)
     elif keras_model.built:
