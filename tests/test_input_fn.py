@@ -356,8 +356,9 @@ def test_threads_sharing_an_estimator_each_build_with_their_own_batch_size(tmp_p
     def model_fn(features, labels, mode, params):
         del labels
         model_fn_batch[threading.current_thread().name] = params["batch_size"]
-        features, _ = _padding.split_padding(features)
-        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, predictions={"x": features * 2.0})
+        features, weight = _padding.split_padding(features)
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+            mode, predictions=_padding.with_padding_weight({"x": features * 2.0}, weight))
 
     def batched(size, wait=False):
         def input_fn(params):

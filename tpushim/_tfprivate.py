@@ -93,7 +93,10 @@ class TPUEstimatorWithCallBatchSizes(tpu_estimator.TPUEstimator):
     model_fn wrappers, all in the thread that made the call. Here every thread has its own
     context, made by :meth:`_fix_call_batch_size`: threads sharing an estimator cannot change
     each other's batch size between fixing it and building the graph. A thread that fixed none
-    sees the context made at construction.
+    sees the context made at construction. The two other attributes TPUEstimator changes during
+    a call are per thread too: ``_is_input_fn_invoked`` (set by its input_fn wrapper, cleared by
+    its model_fn wrapper: shared, another thread's call would clear it and turn this one's
+    model_fn into an export) and ``_rendezvous`` (a call's error collector, per mode).
     """
 
     def __init__(self, *args, **kwargs):
@@ -107,6 +110,24 @@ class TPUEstimatorWithCallBatchSizes(tpu_estimator.TPUEstimator):
     @_ctx.setter
     def _ctx(self, ctx):  # TPUEstimator.__init__ sets it, once
         self._tpushim_constructed_ctx = ctx
+
+    @property
+    def _is_input_fn_invoked(self):
+        return getattr(self._tpushim_thread, "input_fn_invoked", None)
+
+    @_is_input_fn_invoked.setter
+    def _is_input_fn_invoked(self, invoked):
+        self._tpushim_thread.input_fn_invoked = invoked
+
+    @property
+    def _rendezvous(self):
+        if not hasattr(self._tpushim_thread, "rendezvous"):
+            self._tpushim_thread.rendezvous = {}
+        return self._tpushim_thread.rendezvous
+
+    @_rendezvous.setter
+    def _rendezvous(self, rendezvous):  # TPUEstimator.__init__ sets an empty dict
+        self._tpushim_thread.rendezvous = rendezvous
 
     def _fix_call_batch_size(self, mode, size):
         """``mode``'s global batch size for this thread's calls, from now on."""
