@@ -152,11 +152,13 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
                 yield_single_examples=True):
         _notify("predict", estimator=self, input_fn=input_fn)
         self._reach_tpu_once()
-        facts = self._input_facts(input_fn, ModeKeys.PREDICT) if self._tpushim_fixed_batch is None else None
+        facts = None
+        if self._tpushim_fixed_batch is None:
+            facts = self._input_facts(input_fn, ModeKeys.PREDICT)
         self._fix_global_batch(ModeKeys.PREDICT, self._global_batch(facts, ModeKeys.PREDICT))
-        outputs = super().predict(input_fn, predict_keys=_padding.predict_keys_with_padding(predict_keys),
-                                  hooks=hooks, checkpoint_path=checkpoint_path,
-                                  yield_single_examples=yield_single_examples)
+        outputs = super().predict(
+            input_fn, predict_keys=_padding.predict_keys_with_padding(predict_keys), hooks=hooks,
+            checkpoint_path=checkpoint_path, yield_single_examples=yield_single_examples)
         yield from _padding.drop_padding(outputs, yield_single_examples)
 
 
@@ -175,7 +177,8 @@ def tpu_eval_steps(facts, global_batch, steps):
         return steps
     # Batched by the eval batch size, each of the input's batches is one step (a short one
     # padded); re-batched, the examples fill ceil(examples / global_batch) steps.
-    held = max(1, facts.batches if facts.declared == global_batch else -(-facts.examples // global_batch))
+    held = facts.batches if facts.declared == global_batch else -(-facts.examples // global_batch)
+    held = max(1, held)
     if steps is not None and steps > held:
         logger.info("evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "
                     "at its end, so %d steps are run, as many as stock runs", steps, held, held)
