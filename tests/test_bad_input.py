@@ -56,7 +56,7 @@ CASES = {
                                          tf.keras.estimator.model_to_estimator(
                                              keras_model=tfcases.sequential(), model_dir=str(d),
                                              config=tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8)))),
-                          tpushim.ConversionError, "global batch size 30 does not divide among 8 TPU shards", "use a multiple of 8 (24 or 32)"),
+                          tpushim.ConversionError, "global batch size 30 does not divide among 8 TPU cores", "use a multiple of 8 (24 or 32)"),
     "input_fn returns None": (lambda d, mp: _train(d, lambda: None), tpushim.ConversionError,
                               "input_fn '<lambda>' returned None", "Return a tf.data.Dataset instead"),
     "input_fn returns a list of numbers": (lambda d, mp: _train(d, lambda: [1, 2, 3]), tpushim.ConversionError,

@@ -108,10 +108,15 @@ def test_run_config_is_carried_and_distribute_warned(tmp_path, caplog):
             c.save_summary_steps) == (str(tmp_path), 3, 30, 2, 7)
     assert c.session_config.intra_op_parallelism_threads == 1
     assert c.tpu_config.iterations_per_loop == 30  # bounded by the checkpoint interval
-    # On CPU one session.run is one step: examples/sec is logged every log_step_count_steps steps,
-    # not every step as TPUEstimator would (it divides by iterations_per_loop).
-    assert est._log_every_n_steps == 11  # pylint: disable=protected-access
     assert "RunConfig.train_distribute is ignored by TPUEstimator" in caplog.text
+    # On CPU one session.run is one step: examples/sec is written every log_step_count_steps (11)
+    # steps, not every step as TPUEstimator would (it divides by iterations_per_loop, 30).
+    x, y = tfcases.data()
+    est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=34)
+    written = [value.tag for path in tf.io.gfile.glob(str(tmp_path / "events.out.tfevents.*"))
+               for event in tf.compat.v1.train.summary_iterator(path)
+               for value in event.summary.value if value.tag == "examples/sec"]
+    assert 1 <= len(written) <= 3
 
 
 def test_user_tpu_run_config_is_respected(tmp_path):
@@ -128,7 +133,7 @@ def test_indivisible_global_batch_is_a_clear_error(tmp_path):
     with pytest.raises(tpushim.ConversionError) as info:
         tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
                                               model_dir=str(tmp_path), config=config)
-    assert "global batch size 100 does not divide among 8 TPU shards" in str(info.value)
+    assert "global batch size 100 does not divide among 8 TPU cores" in str(info.value)
     assert "(96 or 104)" in str(info.value)
     assert not os.listdir(tmp_path)
 

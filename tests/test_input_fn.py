@@ -1,5 +1,6 @@
 """Legacy input_fns feed the TPU path unchanged: static shapes, inferred batch, every example once."""
 
+import threading
 import types
 
 import numpy as np
@@ -9,7 +10,9 @@ from tensorflow_estimator.python.estimator.tpu import tpu_config
 
 import tfcases
 import tpushim
-from tpushim import _input_fn
+from tpushim import _input_fn, _padding
+from tpushim._preflight import faketpu as _faketpu
+from tpushim._estimator import TPUShimEstimator
 
 ModeKeys = tf.estimator.ModeKeys
 N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8: the last eval/predict batch is short
@@ -161,7 +164,7 @@ def test_inferred_batch_indivisible_among_shards_is_a_clear_error(tmp_path):
                                                     model_dir=str(tmp_path), config=config)
         with pytest.raises(tpushim.ConversionError) as info:
             est.train(tfcases.dataset_input_fn(x, y, batch=12), steps=1)
-    assert "global batch size 12 does not divide among 8 TPU shards" in str(info.value)
+    assert "global batch size 12 does not divide among 8 TPU cores" in str(info.value)
     assert "(8 or 16)" in str(info.value)
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
 
@@ -185,9 +188,9 @@ def test_rebatch_keeps_order_pads_and_weights():
     ds = _input_fn.adapt(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))(
         params={"batch_size": 4}, mode=ModeKeys.EVAL)
     batches = list(ds.as_numpy_iterator())
-    assert [b[_input_fn.FEATURES_KEY][:, 0].tolist() for b in batches] == [
+    assert [b[_padding.FEATURES_KEY][:, 0].tolist() for b in batches] == [
         [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 0]]
-    assert [b[_input_fn.PADDING_KEY].tolist() for b in batches] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
+    assert [b[_padding.PADDING_KEY].tolist() for b in batches] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
     train = _input_fn.adapt(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))(
         params={"batch_size": 4}, mode=ModeKeys.TRAIN)
     assert train.element_spec.shape.as_list() == [4, 1]
@@ -210,13 +213,15 @@ def test_finite_training_input_rebatched_is_logged(tmp_path, tpushim_log):
 
 def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
     x, y = _xy()
-    with tfcases.LoopbackListener() as tpu:
-        tpushim.patch(tpu=tpu.address)
+    with _faketpu.faked_tpu_system() as tpu:
+        tpushim.patch(tpu=tpu.master)
         est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
                                                     model_dir=str(tmp_path))
-        # evaluate() on a TPU runs ceil(examples / global batch) = ceil(52 / 8) = 7 padded batches.
-        assert est._tpushim_set_batch(tfcases.dataset_input_fn(x, y), ModeKeys.EVAL, count=True).examples == N  # pylint: disable=protected-access
-        assert est._tpushim_batch[ModeKeys.EVAL] == B  # pylint: disable=protected-access
+        # evaluate() on a TPU runs ceil(examples / global batch) = ceil(52 / 8) = 7 padded batches,
+        # the global batch of 8 taken from the input: one row per core.
+        build = tpu.build(lambda: est.evaluate(tfcases.dataset_input_fn(x, y)))
+        assert build.eval_steps == 7
+        assert build.infeed_shapes()[0][0] == [B // tpu.num_cores, 4]
         with pytest.raises(tpushim.ConversionError, match="needs `steps` when the input repeats forever"):
             est.evaluate(tfcases.dataset_input_fn(x, y, repeat=True))
     assert _input_fn.inspect_input(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None, True) == (5, 5, True, 11, N)
@@ -311,13 +316,14 @@ def test_batch_size_from_the_declared_batch_op(tmp_path):
     assert _input_fn.inspect_input(unbatched, ModeKeys.EVAL, None)[0] == 40
     compare_eval_predict(tmp_path / "cpu", tfcases.sequential, tfcases.dataset_input_fn(x, y, batch=16),
                          small, None)
-    config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
-    with tfcases.LoopbackListener() as tpu:
-        tpushim.patch(tpu=tpu.address)
+    with _faketpu.faked_tpu_system() as tpu:
+        tpushim.patch(tpu=tpu.master)
         est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                    model_dir=str(tmp_path / "tpu"), config=config)
-        est._tpushim_set_batch(small, ModeKeys.EVAL)  # pylint: disable=protected-access
-        assert est._tpushim_batch[ModeKeys.EVAL] == 128  # pylint: disable=protected-access
+                                                    model_dir=str(tmp_path / "tpu"))
+        build = tpu.build(lambda: est.evaluate(small))
+    # The declared 128 (16 per core), not the 102 rows of its one (short) batch.
+    assert build.infeed_shapes()[0][0] == [128 // tpu.num_cores, 4]
+    assert build.eval_steps == 1
 
 
 def test_iterator_tensors_recovered_as_their_dataset(tmp_path):
@@ -339,3 +345,42 @@ def test_iterator_tensors_recovered_as_their_dataset(tmp_path):
             assert isinstance(ds, tf.data.Dataset)
     compare_eval_predict(tmp_path / "m", tfcases.sequential, method_form, method_form, None)
     compare_eval_predict(tmp_path / "f", tfcases.sequential, function_form, function_form, None)
+
+
+def test_threads_sharing_an_estimator_each_build_with_their_own_batch_size(tmp_path):
+    """Thread B fixes its batch size (5), then waits inside its input_fn while thread A predicts
+    with its own (8) on the same estimator; B's graph is then built with 5, A's with 8."""
+    x = np.arange(12, dtype="float32").reshape(12, 1)
+    model_fn_batch = {}
+    b_waits, a_done = threading.Event(), threading.Event()
+
+    def model_fn(features, labels, mode, params):
+        del labels
+        model_fn_batch[threading.current_thread().name] = params["batch_size"]
+        features, weight = _padding.split_padding(features)
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+            mode, predictions=_padding.with_padding_weight({"x": features * 2.0}, weight))
+
+    def batched(size, wait=False):
+        def input_fn(params):
+            if wait and "batch_size" in params:  # TPUEstimator's call, after tpushim fixed the size
+                b_waits.set()
+                assert a_done.wait(timeout=120)
+            return tf.data.Dataset.from_tensor_slices(x).batch(size)
+        return input_fn
+
+    est = TPUShimEstimator(model_fn=model_fn, use_tpu=False, params={},
+                           config=tpu_config.RunConfig(model_dir=str(tmp_path)))
+    results = {}
+    thread_b = threading.Thread(name="B", target=lambda: results.update(
+        B=list(est.predict(batched(5, wait=True)))))
+    thread_b.start()
+    assert b_waits.wait(timeout=120)
+    try:
+        results["A"] = list(est.predict(batched(8)))
+    finally:
+        a_done.set()
+        thread_b.join(timeout=120)
+    assert model_fn_batch == {"B": 5, threading.current_thread().name: 8}
+    for name in ("A", "B"):
+        assert [float(p["x"][0]) for p in results[name]] == [2.0 * i for i in range(12)]

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import tfcases
 import tpushim
-from tpushim import _input_fn
+from tpushim import _input_fn, _padding, _source
 
 ModeKeys = tf.estimator.ModeKeys
 N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8
@@ -79,8 +79,8 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
         ds = _input_fn.adapt(fn)(params={"batch_size": B, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL)
         assert isinstance(ds, tf.data.Dataset)
         features, labels = ds.element_spec
-        assert features[_input_fn.FEATURES_KEY]["x"].shape.as_list() == [B, 4]
-        assert features[_input_fn.FEATURES_KEY]["x"].dtype == tf.float32  # no TPU infeed takes float64
+        assert features[_padding.FEATURES_KEY]["x"].shape.as_list() == [B, 4]
+        assert features[_padding.FEATURES_KEY]["x"].dtype == tf.float32  # no TPU infeed takes float64
         assert labels.shape.as_list() == [B, 1]
         # The queue is never read: no runner may start threads filling it, no summary report it.
         assert graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS) == []
@@ -90,7 +90,7 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
             seen = []
             for _ in range(-(-N // B) + 2):  # then zero-weight filler: a TPU cannot stop early
                 f, _ = sess.run(rows)
-                seen.append(f[_input_fn.FEATURES_KEY]["x"][f[_input_fn.PADDING_KEY] > 0])
+                seen.append(f[_padding.FEATURES_KEY]["x"][f[_padding.PADDING_KEY] > 0])
     assert [len(s) for s in seen[-3:]] == [N % B, 0, 0]
     np.testing.assert_array_equal(np.concatenate(seen), x.astype("float32"))  # every row once, in order
 
@@ -99,7 +99,7 @@ def _rows_seen(fn, mode=ModeKeys.TRAIN, batches=None):
     """Labels of the rows the recovered Dataset yields (padding dropped), in order."""
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(7)  # as RunConfig(tf_random_seed=7) sets it
-        ds = _input_fn.call_and_recover(fn, mode, {}, None)
+        ds = _source.call_and_recover(fn, mode, {}, None)
         assert isinstance(ds, tf.data.Dataset)
         if batches:
             ds = ds.take(batches)
@@ -184,10 +184,10 @@ def test_batch_then_repeat_evaluate_steps_reads_what_stock_reads():
     fn = _repeat_after_batch(x, np.zeros(150, "int64"), 32)
     with tf.Graph().as_default():
         ds = _input_fn.adapt(fn)(params={"batch_size": 32, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL)
-        assert ds.element_spec[0][_input_fn.FEATURES_KEY].shape.as_list() == [32, 1]
+        assert ds.element_spec[0][_padding.FEATURES_KEY].shape.as_list() == [32, 1]
         nxt = tf.compat.v1.data.make_one_shot_iterator(ds.take(10)).get_next()
         with tf.compat.v1.Session() as sess:
-            weights = [sess.run(nxt)[0][_input_fn.PADDING_KEY] for _ in range(10)]
+            weights = [sess.run(nxt)[0][_padding.PADDING_KEY] for _ in range(10)]
     assert [int(w.sum()) for w in weights] == [32, 32, 32, 32, 22] * 2
     assert sum(int(w.sum()) for w in weights) == 300
 

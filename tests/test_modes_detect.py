@@ -11,6 +11,7 @@ from tensorflow_estimator.python.estimator.tpu import tpu_config
 import tfcases
 import tpushim
 from tpushim import _detect, _settings
+from tpushim._preflight import faketpu as _faketpu
 from tpushim._estimator import TPUShimEstimator
 
 
@@ -36,7 +37,7 @@ def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
 def test_cpu_mode_log_line(tmp_path, tpushim_log):
     tpushim.patch(mode="cpu", batch_size=16, iterations_per_loop=20)
     est = convert(tmp_path)
-    assert isinstance(est, TPUShimEstimator) and not est._ctx._use_tpu  # pylint: disable=protected-access
+    assert isinstance(est, TPUShimEstimator)
     assert ("model_to_estimator -> TPUEstimator(use_tpu=False, global batch 16, iterations_per_loop 20)"
             " [mode cpu from argument: the TPU code path on CPU]") in tpushim_log.text
 
@@ -140,28 +141,45 @@ def test_detection_from_run_config_cluster():
     assert _detect.find_tpu(_settings.resolve(), tf.estimator.RunConfig()) is None
 
 
-def test_detection_from_run_config_master(tmp_path):
+def test_detection_from_run_config_master(tmp_path, tpushim_log):
     config = tpu_config.RunConfig(master="grpc://127.0.0.1:1")
     spec = _detect.find_tpu(_settings.resolve(), config)
     assert (spec.target, spec.source) == ("grpc://127.0.0.1:1", "config.master")
     tpushim.patch()
     est = convert(tmp_path, config=config)
-    assert est._ctx._use_tpu and est.config.master == "grpc://127.0.0.1:1"  # pylint: disable=protected-access
+    assert est.config.master == "grpc://127.0.0.1:1"
+    assert "-> TPUEstimator(use_tpu=True, tpu=from config," in tpushim_log.text
 
 
 def test_nothing_configured_finds_nothing():
     assert _detect.find_tpu(_settings.resolve()) is None
 
 
+class RecordingListener(tfcases.LoopbackListener):
+    """A loopback port that records connections: each waits, never accepted, in its backlog."""
+
+    def new_connections(self):
+        """How many connections were made to it since the last call."""
+        self.sock.setblocking(False)
+        count = 0
+        while True:
+            try:
+                connection, _ = self.sock.accept()
+            except BlockingIOError:
+                return count
+            connection.close()
+            count += 1
+
+
 def test_loopback_tpu_name_gives_tpu_estimator_without_contacting_anything(monkeypatch, tmp_path, tpushim_log):
-    monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{free_port()}")
-    tpushim.patch()
-    start = time.monotonic()
-    est = convert(tmp_path, config=tf.estimator.RunConfig(save_checkpoints_steps=50))
-    assert time.monotonic() - start < 30
+    with RecordingListener() as tpu:
+        monkeypatch.setenv("TPU_NAME", tpu.address)
+        tpushim.patch()
+        est = convert(tmp_path, config=tf.estimator.RunConfig(save_checkpoints_steps=50))
+        assert tpu.new_connections() == 0  # the TPU is first contacted by train/evaluate/predict
     assert isinstance(est, tf.compat.v1.estimator.tpu.TPUEstimator)
-    assert est._ctx._use_tpu  # pylint: disable=protected-access
-    assert est.config.master.startswith("grpc://127.0.0.1:")
+    assert f"-> TPUEstimator(use_tpu=True, tpu={tpu.address}," in tpushim_log.text
+    assert est.config.master == tpu.address
     assert est.config.tpu_config.iterations_per_loop == 50  # bounded by the checkpoint interval
     assert est.config.tpu_config.per_host_input_for_training == tpu_config.InputPipelineConfig.PER_HOST_V2
     assert "[TPU from TPU_NAME]" in tpushim_log.text
@@ -180,11 +198,11 @@ def test_tpu_mode_without_tpu_fails_fast_with_how_to(tmp_path):
 @pytest.fixture
 def silent_metadata_server(monkeypatch):
     """A loopback 'metadata server' that accepts connections and never answers."""
-    with tfcases.LoopbackListener() as server:
+    with RecordingListener() as server:
         host = server.address[len("grpc://"):]
         monkeypatch.setenv("GCE_METADATA_HOST", host)
         monkeypatch.setenv("GCE_METADATA_IP", host)
-        yield
+        yield server
 
 
 def test_bare_name_lookup_is_bounded(silent_metadata_server):
@@ -225,3 +243,45 @@ def test_unreachable_tpu_address_is_a_clear_error_within_seconds_in_every_mode(m
         assert "is not reachable" in str(info.value) and "(from TPU_NAME)" in str(info.value)
     assert time.monotonic() - start < 10
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
+
+
+def _uncompiled():
+    tf.keras.backend.clear_session()
+    return tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+
+
+@pytest.mark.parametrize("bad,error,message", [
+    (lambda p: {"keras_model": _uncompiled()}, ValueError, "Please compile the model"),
+    (lambda p: {"keras_model": tfcases.sequential(), "config": tpu_config.RunConfig(
+        model_dir=str(p), tpu_config=tpu_config.TPUConfig(num_shards=8))},
+     tpushim.ConversionError, "global batch size 100 does not divide among 8 TPU cores"),
+], ids=["uncompiled", "indivisible-batch"])
+def test_checks_that_need_no_network_run_before_the_tpu_is_resolved(
+        silent_metadata_server, monkeypatch, tmp_path, bad, error, message):
+    """A TPU name is looked up through the metadata server (here a loopback one that records
+    connections): a conversion that cannot succeed fails without asking it."""
+    monkeypatch.setenv("TPU_NAME", "my-tpu")
+    monkeypatch.setattr(_detect, "RESOLVE_TIMEOUT_S", 1.5)
+    tpushim.patch(batch_size=100)
+    with pytest.raises(error, match=message):
+        tf.keras.estimator.model_to_estimator(model_dir=str(tmp_path), **bad(tmp_path))
+    assert silent_metadata_server.new_connections() == 0
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
+    # The listener does see a lookup: a convertible model gets as far as resolving the name.
+    with pytest.raises(tpushim.NoTPUError, match="Could not resolve TPU 'my-tpu'"):
+        tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+    assert silent_metadata_server.new_connections() >= 1
+
+
+def test_tpu_is_probed_once_per_estimator(tmp_path):
+    """tpushim checks a grpc:// TPU accepts connections before the first call, not before every one."""
+    x, y = tfcases.data()
+    with RecordingListener() as listener, _faketpu.faked_tpu_system(listener.address) as tpu:
+        tpushim.patch(tpu=tpu.master)
+        est = convert(tmp_path)
+        assert listener.new_connections() == 0
+        tpu.build(lambda: est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=1))
+        assert listener.new_connections() == 1
+        tpu.build(lambda: est.evaluate(tfcases.dataset_input_fn(x, y)))
+        tpu.build(lambda: est.predict(tfcases.dataset_input_fn(x)))
+        assert listener.new_connections() == 0

@@ -33,16 +33,28 @@ def test_other_private_names():
     assert _tfprivate.keras_v1_tf_optimizer_class().__name__ == "TFOptimizer"
     assert _tfprivate.num_shards_in_replica_context() is None  # outside a replicated computation
     assert _tfprivate.fn_args(lambda params, mode: None) == ("params", "mode")
-    ctx = _tfprivate.get_tpu_context(_tfprivate.tpu_config.RunConfig(), 8, 16, 24, False, True)
-    for mode, size in ((tf.estimator.ModeKeys.TRAIN, 8), (tf.estimator.ModeKeys.EVAL, 16),
-                       (tf.estimator.ModeKeys.PREDICT, 24)):
-        with ctx.with_mode(mode) as moded:
-            assert moded.batch_size_for_input_fn == size
-    estimator = _tfprivate.tpu_estimator.TPUEstimator(
-        model_fn=lambda features, labels, mode, params: None, config=_tfprivate.tpu_config.RunConfig(),
-        use_tpu=False, train_batch_size=8)
-    assert hasattr(estimator, "_log_every_n_steps") and hasattr(estimator, "_ctx")
-    assert hasattr(estimator._ctx, "_eval_on_tpu")  # pylint: disable=protected-access
+
+
+def test_batch_sizes_fixed_per_call_reach_the_input_fn(tmp_path):
+    """TPUEstimator reads the batch size a call fixed (its ``_ctx``) when it calls the input_fn."""
+    seen = []
+
+    def input_fn(params):
+        seen.append(params["batch_size"])
+        return tf.data.Dataset.from_tensor_slices(np.zeros((8, 1), "float32")).batch(4)
+
+    def model_fn(features, labels, mode, params):
+        del labels, params
+        return _tfprivate.tpu_estimator.TPUEstimatorSpec(mode, predictions={"x": features})
+
+    estimator = _tfprivate.TPUEstimatorWithCallBatchSizes(
+        model_fn=model_fn, config=_tfprivate.tpu_config.RunConfig(model_dir=str(tmp_path)),
+        use_tpu=False, predict_batch_size=8)
+    assert estimator._call_batch_size(tf.estimator.ModeKeys.PREDICT) is None  # pylint: disable=protected-access
+    list(estimator.predict(input_fn))
+    estimator._fix_call_batch_size(tf.estimator.ModeKeys.PREDICT, 4)  # pylint: disable=protected-access
+    list(estimator.predict(input_fn))
+    assert seen == [8, 4]
 
 
 def test_compiled_clone_exposes_what_the_model_fn_reads():

@@ -24,7 +24,7 @@ from tensorflow.python.tpu.ops import tpu_ops
 from tensorflow_estimator.python.estimator import keras_lib
 
 import tfcases
-from tpushim import _estimator, _input_fn, _model_fn
+from tpushim import _batching, _model_fn, _padding, _validation
 
 ModeKeys = tf.estimator.ModeKeys
 REPLICAS = 8
@@ -86,7 +86,7 @@ class _Assigner:
 def _tpu_model(build_model):
     """The model as tpushim's conversion hands it to the model_fn (new-style optimizer -> legacy)."""
     model = build_model()
-    optimizer = _estimator.validate(model, None)
+    optimizer = _validation.validate(model, None)
     model.optimizer = optimizer
     return model
 
@@ -402,7 +402,7 @@ def _padded_global_batches(structure, mode):
     """tpushim's own padding (as TPUShimEstimator's input_fn does it) of ``structure`` in global
     batches of GLOBAL, as numpy."""
     dataset = tf.data.Dataset.from_tensor_slices(structure).batch(10)  # the user's batch size
-    return list(_input_fn.fit_batches(dataset, GLOBAL, mode).as_numpy_iterator())
+    return list(_batching.fit_batches(dataset, GLOBAL, mode).as_numpy_iterator())
 
 
 def _emulation_from(stock, mode, template):
@@ -440,7 +440,7 @@ def _stock_eval(stock, reg_labels_1d):
     assert want.pop("global_step") == 2
     batches = _padded_global_batches((features, labels), ModeKeys.EVAL)
     assert len(batches) == 2
-    assert batches[1][0][_input_fn.PADDING_KEY].reshape(REPLICAS, PER).sum(axis=1).tolist() == [
+    assert batches[1][0][_padding.PADDING_KEY].reshape(REPLICAS, PER).sum(axis=1).tolist() == [
         4, 4, 4, 1, 0, 0, 0, 0]
     return want, batches
 
@@ -458,8 +458,8 @@ def eval_runs(trained_stock):
             try:
                 got = _emulated_eval(emu, batches)
                 with emu.graph.as_default():
-                    _, padding = _input_fn.split_padding(emu.features[0])
-                    shard_0_loss = _input_fn.eval_loss(emu.clones[0], padding, cross_replica=False)
+                    _, padding = _padding.split_padding(emu.features[0])
+                    shard_0_loss = _padding.eval_loss(emu.clones[0], padding, cross_replica=False)
                 loss_of_shard_0 = _emulated_eval(emu, batches, loss=shard_0_loss)
                 metrics_of_shard_0 = _emulated_eval(emu, batches, shards=(0,))
             finally:
@@ -503,7 +503,7 @@ def test_eight_shards_predict_every_example_once_in_order(trained_stock):
         for batch in batches:
             shards = emu.sess.run([spec.predictions for spec in emu.specs], emu.feed(batch))
             merged = {k: np.concatenate([s[k] for s in shards]) for k in shards[0]}
-            keep = merged.pop(_input_fn.PADDING_KEY) > 0
+            keep = merged.pop(_padding.PADDING_KEY) > 0
             got.extend({k: v[i] for k, v in merged.items()} for i in np.flatnonzero(keep))
     finally:
         emu.close()
@@ -531,9 +531,9 @@ def _short_batch_training(tmp_path, monkeypatch=None):
     stock.train(repeated, steps=3)
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         nxt = tf.compat.v1.data.make_one_shot_iterator(
-            _input_fn.fit_batches(repeated(), GLOBAL, ModeKeys.TRAIN)).get_next()
+            _batching.fit_batches(repeated(), GLOBAL, ModeKeys.TRAIN)).get_next()
         batches = [sess.run(nxt) for _ in range(3)]
-    assert [int(b[0][_input_fn.PADDING_KEY].sum()) for b in batches] == [32, 13, 32]
+    assert [int(b[0][_padding.PADDING_KEY].sum()) for b in batches] == [32, 13, 32]
     emu = Emulation(_tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN, batches[0])
     try:
         emu.load_weights(init)
@@ -555,8 +555,8 @@ def test_eight_shards_train_a_padded_short_batch_like_stock(tmp_path):
 
 def test_negative_control_padding_counted_per_shard_fails(tmp_path, monkeypatch):
     """Real rows counted per shard (no cross-shard sum) weigh a short batch's rows unevenly."""
-    real = _input_fn.weight_out_padding_in_training
-    monkeypatch.setattr(_input_fn, "weight_out_padding_in_training",
+    real = _padding.weight_out_padding_in_training
+    monkeypatch.setattr(_padding, "weight_out_padding_in_training",
                         lambda model, pad, cross_replica=False: real(model, pad, False))
     diffs = _short_batch_training(tmp_path)
     assert diffs[0] < TOL and diffs[1] > 100 * TOL, diffs

@@ -1,8 +1,10 @@
-"""Is a TPU configured, and where did that come from?  No network here, ever.
+"""Is a TPU configured, and where did that come from?
 
-Detection only reads arguments, the RunConfig, environment variables and device files. Turning a
-*bare TPU name* into an address needs the GCE metadata server and the Cloud TPU API; that happens
-in :func:`cluster_resolver`, only when the user named one, and is bounded in time.
+Detection (:func:`find_tpu`) makes no network call: it reads only arguments, the RunConfig,
+environment variables and device files. Two functions here do use the network, only for the TPU
+the user configured and bounded in time: :func:`cluster_resolver` turns a *bare TPU name* into an
+address through the GCE metadata server and the Cloud TPU API, and :func:`check_reachable` makes
+one TCP connection to a ``grpc://`` address.
 """
 
 import dataclasses
@@ -111,18 +113,18 @@ def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
 REACH_TIMEOUT_S = 5.0
 
 
-def check_reachable(master, source, timeout_s=None):
+def check_reachable(master, source):
     """A ``grpc://host:port`` TPU that does not accept a connection is a clear error, not a hang.
 
     TensorFlow itself would wait for the session (``session_creation_timeout_secs``, 2 hours).
-    Only the address the user configured is contacted, once, with a bounded TCP connect.
+    Only the address the user configured is contacted, with one TCP connect bounded by
+    ``REACH_TIMEOUT_S``; an estimator probes it until it has answered once.
     """
     if not master or not master.startswith("grpc://"):
         return
     host, _, port = master[len("grpc://"):].rpartition(":")
-    timeout_s = REACH_TIMEOUT_S if timeout_s is None else timeout_s
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except (OSError, ValueError) as e:
         raise NoTPUError(
             f"TPU {master} (from {source}) is not reachable: {e}. Check the address and that the TPU "

@@ -15,7 +15,7 @@ differs where a TPU needs it to:
 
 import tensorflow as tf
 
-from tpushim import _input_fn, _tfprivate
+from tpushim import _padding, _tfprivate
 from tpushim._errors import ConversionError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -135,10 +135,8 @@ def _eval_metrics(model, metric_names_map, padding_weight):
         tensors["padding_weight"] = padding_weight
 
     def metric_fn(**tensors):
-        pad = tensors.pop("padding_weight", None)
-        if pad is not None:
-            real = tf.greater(pad, 0)
-            tensors = {k: tf.boolean_mask(v, real) for k, v in tensors.items()}
+        weight = tensors.pop("padding_weight", None)
+        tensors = _padding.real_rows(tensors, weight)
         metric_ops, new_vars = {}, []
         for name, index, weighted, metric in plan:
             metric = _clone_metric(metric)
@@ -202,9 +200,9 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
 
     def model_fn(features, labels, mode, params):
         use_tpu = bool(params.get("use_tpu", False))
-        features, padding_weight = _input_fn.split_padding(features)
+        features, padding_weight = _padding.split_padding(features)
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
-            labels = _input_fn.labels_for_padded_training(keras_model, labels)
+            labels = _padding.labels_for_padded_training(keras_model, labels)
         model = _tfprivate.clone_and_build_model(
             mode=mode, keras_model=keras_model, custom_objects=custom_objects, features=features,
             labels=labels, optimizer_config=optimizer_config,
@@ -215,23 +213,21 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
         loss = train_op = eval_metrics = None
         if mode == ModeKeys.TRAIN:
             if padding_weight is not None:  # a short batch padded to full size
-                _input_fn.weight_out_padding_in_training(model, padding_weight, cross_replica=use_tpu)
+                _padding.weight_out_padding_in_training(model, padding_weight, cross_replica=use_tpu)
             _set_aggregation(model, use_tpu)
             _tfprivate.make_train_function(model)
             loss = model.total_loss
             train_op = model.train_function.updates_op
         elif mode == ModeKeys.EVAL:
             _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
-            loss = _input_fn.eval_loss(model, padding_weight, cross_replica=use_tpu)
+            loss = _padding.eval_loss(model, padding_weight, cross_replica=use_tpu)
             eval_metrics = _eval_metrics(model, metric_names_map, padding_weight)
         # A subclassed model Keras could not clone was reset in place: give the user theirs back.
         _tfprivate.restore_subclassed_model_state(keras_model)
-        spec_predictions = predictions
-        if mode == ModeKeys.PREDICT and padding_weight is not None:
-            spec_predictions = dict(predictions, **{_input_fn.PADDING_KEY: padding_weight})
         return _tfprivate.tpu_estimator.TPUEstimatorSpec(
             mode=mode,
-            predictions=spec_predictions,
+            predictions=(_padding.with_padding_weight(predictions, padding_weight)
+                         if mode == ModeKeys.PREDICT else predictions),
             loss=loss,
             train_op=train_op,
             eval_metrics=eval_metrics,

@@ -3,6 +3,7 @@
 These are internals of tensorflow_estimator and Keras 2 in TensorFlow 2.12-2.15 (the range in
 tpushim/version.py), pinned by tests/test_tfprivate.py on each of them: when a release moves one,
 this file is the only one to edit. Where the releases differ, the fallback says which has what.
+Over ~300 lines because that is its one concern: each function is a thin, tested name.
 """
 
 # pylint: disable=unused-import,protected-access
@@ -84,11 +85,64 @@ def set_cluster_spec(run_config, cluster_spec):
     run_config._cluster_spec = cluster_spec
 
 
-def get_tpu_context(config, train_batch_size, eval_batch_size, predict_batch_size, use_tpu,
-                    eval_on_tpu):
-    """TPUEstimator's internal context, rebuilt when batch sizes are known only at train time."""
-    return tpu_context._get_tpu_context(config, train_batch_size, eval_batch_size,
-                                        predict_batch_size, use_tpu, eval_on_tpu, None)
+class TPUEstimatorWithCallBatchSizes(tpu_estimator.TPUEstimator):
+    """A TPUEstimator whose global batch sizes are fixed per call, in the calling thread.
+
+    TPUEstimator takes its batch sizes at construction, into its TPU context ``_ctx``, and reads
+    that context while it builds a graph -- in train/evaluate/predict and in its input_fn and
+    model_fn wrappers, all in the thread that made the call. Here every thread has its own
+    context, made by :meth:`_fix_call_batch_size`: threads sharing an estimator cannot change
+    each other's batch size between fixing it and building the graph. A thread that fixed none
+    sees the context made at construction. The two other attributes TPUEstimator changes during
+    a call are per thread too: ``_is_input_fn_invoked`` (set by its input_fn wrapper, cleared by
+    its model_fn wrapper: shared, another thread's call would clear it and turn this one's
+    model_fn into an export) and ``_rendezvous`` (a call's error collector, per mode).
+    """
+
+    def __init__(self, *args, **kwargs):
+        self._tpushim_thread = threading.local()
+        super().__init__(*args, **kwargs)
+
+    @property
+    def _ctx(self):
+        return getattr(self._tpushim_thread, "ctx", None) or self._tpushim_constructed_ctx
+
+    @_ctx.setter
+    def _ctx(self, ctx):  # TPUEstimator.__init__ sets it, once
+        self._tpushim_constructed_ctx = ctx
+
+    @property
+    def _is_input_fn_invoked(self):
+        return getattr(self._tpushim_thread, "input_fn_invoked", None)
+
+    @_is_input_fn_invoked.setter
+    def _is_input_fn_invoked(self, invoked):
+        self._tpushim_thread.input_fn_invoked = invoked
+
+    @property
+    def _rendezvous(self):
+        if not hasattr(self._tpushim_thread, "rendezvous"):
+            self._tpushim_thread.rendezvous = {}
+        return self._tpushim_thread.rendezvous
+
+    @_rendezvous.setter
+    def _rendezvous(self, rendezvous):  # TPUEstimator.__init__ sets an empty dict
+        self._tpushim_thread.rendezvous = rendezvous
+
+    def _fix_call_batch_size(self, mode, size):
+        """``mode``'s global batch size for this thread's calls, from now on."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        modes = tf.estimator.ModeKeys
+        sizes = dict(getattr(self._tpushim_thread, "sizes", {}), **{mode: size})
+        constructed = self._tpushim_constructed_ctx
+        self._tpushim_thread.ctx = tpu_context._get_tpu_context(
+            self._config, sizes.get(modes.TRAIN, size), sizes.get(modes.EVAL, size),
+            sizes.get(modes.PREDICT, size), constructed._use_tpu, constructed._eval_on_tpu, None)
+        self._tpushim_thread.sizes = sizes
+
+    def _call_batch_size(self, mode):
+        """The global batch size this thread fixed for ``mode``, or None."""
+        return getattr(self._tpushim_thread, "sizes", {}).get(mode)
 
 
 def num_shards_in_replica_context():
@@ -235,7 +289,7 @@ def dataset_variant_op(dataset):
         return None
 
 
-# --- a faked TPU system (tpushim/_faketpu.py): the two places where TPUEstimator reaches a TPU ------
+# --- a faked TPU system (tpushim/_preflight/faketpu.py): the two places where TPUEstimator reaches a TPU ------
 
 def tpu_device_attributes(name, device_type):
     """A device as a TPU system lists it (``session.list_devices()`` entries)."""

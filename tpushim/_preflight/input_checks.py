@@ -4,7 +4,7 @@ tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to
 
 import tensorflow as tf
 
-from tpushim import _estimator, _input_fn, _settings, _tfprivate
+from tpushim import _batching, _estimator, _input_fn, _settings, _source, _tfprivate
 from tpushim._errors import TPUShimError
 
 MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
@@ -46,7 +46,7 @@ def check_input(report, input_fn, batch_size, num_cores):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         try:
             result = _input_fn.check_result(
-                input_fn, _input_fn.call_and_recover(input_fn, tf.estimator.ModeKeys.TRAIN, {}, None))
+                input_fn, _source.call_and_recover(input_fn, tf.estimator.ModeKeys.TRAIN, {}, None))
         except TPUShimError as e:
             report.add("input-unusable", "error", f"input_fn {name!r}", str(e), "see the message")
             return None
@@ -57,7 +57,7 @@ def check_input(report, input_fn, batch_size, num_cores):
         declared = None
         if isinstance(result, tf.data.Dataset):
             _check_dataset_ops(report, result, sess, name)
-            declared = _input_fn.declared_batch_size(result)
+            declared = _batching.declared_batch_size(result)
         batch = _read_one_batch(result, sess)
     features, labels = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
     size = declared or int(tf.nest.flatten(features)[0].shape[0])
@@ -134,12 +134,8 @@ def check_batch(report, global_batch, num_cores, where):
     """The global batch against the TPU's cores: indivisible (error) or too small (warning)."""
     report.note_checked(f"batch size for {num_cores} cores")
     if global_batch % num_cores:
-        # The conversion says the same in _estimator._indivisible (as "shards"); one home pending.
-        choices = _estimator.batch_choices(global_batch, num_cores)
-        report.add("batch-indivisible", "error", where,
-                   f"global batch size {global_batch} does not divide among {num_cores} TPU cores",
-                   f"use a multiple of {num_cores} ({choices}): batch the input by it, or set "
-                   f"tpushim.patch(batch_size=...) / TPUSHIM_BATCH_SIZE")
+        problem, fix = _estimator.indivisible_batch(global_batch, num_cores)
+        report.add("batch-indivisible", "error", where, problem, fix)
         return
     per_core = global_batch // num_cores
     if per_core < MIN_PER_CORE_BATCH:

@@ -6,7 +6,7 @@ import re
 
 import tensorflow as tf
 
-from tpushim import _estimator, _model_fn, _tfprivate
+from tpushim import _model_fn, _tfprivate, _validation
 from tpushim._errors import TPUShimError
 from tpushim._preflight.report import summary
 
@@ -29,7 +29,7 @@ def check_conversion(report, keras_model, custom_objects):
     """What the conversion itself would refuse (subclassed model, optimizer, metrics), as the
     conversion checks it; returns whether it would convert."""
     report.note_checked("conversion")
-    for kind, check in _estimator.VALIDATION_STEPS:
+    for kind, check in _validation.VALIDATION_STEPS:
         try:
             check(keras_model, custom_objects)
         except (TPUShimError, ValueError) as e:

@@ -1,0 +1,144 @@
+"""Batching: a Dataset in the static, full batches a TPU needs, in stock's order.
+
+:func:`fit_batches` gives stock's global batches with a static size (short ones padded, see
+:mod:`tpushim._padding`); :func:`tpu_batches` cuts them into what TPUEstimator feeds each core or
+host. The batch size a pipeline declares is read from its graph (:func:`declared_batch_size`).
+"""
+
+import logging
+
+import tensorflow as tf
+
+from tpushim import _padding, _tfprivate
+
+logger = logging.getLogger("tpushim")
+
+ModeKeys = tf.estimator.ModeKeys
+
+
+def _batch_dim(dataset):
+    # dimension_value: under disable_v2_behavior() shapes hold (unhashable) Dimension objects.
+    dims = {tf.compat.dimension_value(component.shape[0]) if component.shape.rank else None
+            for component in tf.nest.flatten(dataset.element_spec)}
+    return dims.pop() if len(dims) == 1 else None
+
+
+# Dataset ops that keep their input's batches as they are, between the user's batch op and the end.
+_BATCH_PRESERVING = {
+    "PrefetchDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "RepeatDataset",
+    "CacheDataset", "CacheDatasetV2", "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+    "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2", "FilterDataset", "TakeDataset",
+    "SkipDataset", "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset", "AssertCardinalityDataset", "IgnoreErrorsDataset"}
+_BATCH_OPS = {"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDataset",
+              "PaddedBatchDatasetV2"}
+
+
+def _declared_batch(dataset):
+    """The batch_size the pipeline's last batch op declares (a constant), or None if the graph does not say."""
+    op = _tfprivate.dataset_variant_op(dataset)
+    for _ in range(64 if op is not None else 0):
+        if op.type in _BATCH_OPS:
+            value = tf.get_static_value(op.inputs[1])
+            return int(value) if value is not None and int(value) > 0 else None
+        if op.type not in _BATCH_PRESERVING or not op.inputs:
+            return None
+        op = op.inputs[0].op
+    return None
+
+
+# Ops a Dataset's elements pass through one for one, beneath a batch op: an infinite repeat below
+# them means the batch op never sees the end of its input, so never makes a short batch.
+_ONE_FOR_ONE = {"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "PrefetchDataset",
+                "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "CacheDataset",
+                "CacheDatasetV2", "OptionsDataset", "ModelDataset", "FilterDataset",
+                "IgnoreErrorsDataset", "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset"}
+
+
+def _batches_always_full(dataset):
+    """True when the graph shows the last batch op never makes a short batch: it drops remainders,
+    or an infinite ``repeat()`` feeds it (``repeat().batch(B)``, the usual training pipeline)."""
+    op = _tfprivate.dataset_variant_op(dataset)
+    while op is not None and op.type in _BATCH_PRESERVING and op.inputs:
+        op = op.inputs[0].op
+    if op is None or op.type not in _BATCH_OPS:
+        return False
+    drop = tf.get_static_value(op.inputs[-1]) if op.type == "BatchDatasetV2" else None
+    if drop is True or (drop is not None and bool(drop)):
+        return True
+    op = op.inputs[0].op
+    while op.type in _ONE_FOR_ONE and op.inputs:
+        op = op.inputs[0].op
+    if op.type in ("RepeatDataset", "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"):
+        count = tf.get_static_value(op.inputs[-1] if op.type == "RepeatDataset" else op.inputs[-2])
+        return count is not None and int(count) == -1
+    return False
+
+
+def declared_batch_size(dataset):
+    """The batch size a Dataset's graph declares (static batch dimension or batch op), else None."""
+    return _batch_dim(dataset) or _declared_batch(dataset)
+
+
+def _rebatch(dataset, batch_size, drop_remainder):
+    if hasattr(dataset, "rebatch"):  # TF >= 2.12: splits/merges batches without per-example work
+        return dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+    return dataset.unbatch().batch(batch_size, drop_remainder=drop_remainder)
+
+
+def fit_batches(dataset, batch_size, mode):
+    """The user's Dataset in batches of exactly ``batch_size`` (static shapes), as stock batches it.
+
+    * already static and that size: as it is;
+    * batched by that size with a short batch here and there (``batch(B)`` without
+      ``drop_remainder``, at each epoch's end with ``batch(B).repeat()``): each short batch padded
+      to ``batch_size`` with a padding weight, in every mode. Stock's batches stay as they are: the
+      model_fn weights padding out of the training loss (so the mean is over the real rows, as
+      stock's), of the eval loss and metrics, and the estimator drops it from predictions;
+    * batched by another size (``batch_size`` set explicitly): re-batched; a training batch that
+      would be short is filled from the next epoch's rows, as a TPU always gets full batches.
+    """
+    static = _batch_dim(dataset)
+    if static == batch_size:
+        return dataset
+    if static is None and _declared_batch(dataset) == batch_size:
+        if _batches_always_full(dataset):  # nothing to pad: only the static shape is missing
+            return _rebatch(dataset, batch_size, drop_remainder=True)
+        return dataset.map(_padding.pad_batch(batch_size))
+    if mode == ModeKeys.TRAIN:
+        return _rebatch(dataset, batch_size, drop_remainder=True)
+    return _rebatch(dataset, batch_size, drop_remainder=False).map(_padding.pad_batch(batch_size))
+
+
+def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0):
+    """One TPU host's input: the global batches stock would see (:func:`fit_batches`) cut, in order,
+    into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or host (V1); host
+    ``h`` of ``H`` takes pieces ``h, h+H, ...``, so each step's global batch is the next of stock's
+    batches. In EVAL every batch carries a padding weight and zero-weight batches follow forever,
+    so no host runs dry before the last of the steps tpushim computes.
+    """
+    dataset = fit_batches(dataset, global_batch, mode)
+    if mode == ModeKeys.EVAL and not _padding.has_padding(dataset):
+        dataset = dataset.map(_padding.pad_batch(global_batch))  # all real: weights of one
+    if batch_size != global_batch:
+        dataset = _rebatch(dataset, batch_size, drop_remainder=True)  # divides: nothing dropped
+    if num_hosts > 1 and mode != ModeKeys.PREDICT:
+        dataset = dataset.shard(num_hosts, host)
+    if mode == ModeKeys.EVAL:
+        dataset = dataset.concatenate(_padding.zero_weight_batches(dataset))
+    return dataset
+
+
+def without_float64(dataset):
+    """float64 features and labels (numpy's default, pandas') as float32: a TPU's infeed takes no
+    float64, and the Keras model computes in float32 anyway (its layers cast their inputs)."""
+    if not any(component.dtype == tf.float64 for component in tf.nest.flatten(dataset.element_spec)):
+        return dataset
+    logger.info("float64 input cast to float32: a TPU cannot be fed float64, and the model "
+                "computes in float32")
+
+    def cast(*element):
+        element = element[0] if len(element) == 1 else element
+        return tf.nest.map_structure(
+            lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, element)
+    return dataset.map(cast)

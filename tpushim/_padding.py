@@ -1,0 +1,207 @@
+"""Padding, in one place: a TPU needs full batches, stock's last batch is often short.
+
+The contract: a padded batch's features are ``{FEATURES_KEY: features, PADDING_KEY: weight}``,
+weight 1 for a real row and 0 for a padding row. Every step of that contract lives here:
+
+* pack: :func:`pad_batch` pads a short batch and adds the weight; :func:`zero_weight_batches`
+  are what a TPU evaluation reads once a host's input ran out;
+* unpack: :func:`split_padding` in the model_fn;
+* weight: padding counts for nothing in the training loss (:func:`labels_for_padded_training`,
+  :func:`weight_out_padding_in_training`), the eval loss (:func:`eval_loss`) and the metrics
+  (:func:`real_rows`);
+* drop: predictions carry the weight out of the model_fn (:func:`with_padding_weight`) and the
+  estimator drops padding rows from what it yields (:func:`drop_padding`).
+"""
+
+import tensorflow as tf
+
+from tpushim import _tfprivate
+
+PADDING_KEY = "__tpushim_padding_weight__"
+FEATURES_KEY = "__tpushim_features__"
+
+
+# --- pack ------------------------------------------------------------------------------------
+
+def pad_batch(batch_size):
+    """A ``Dataset.map`` function: each batch padded to ``batch_size`` rows, with its padding weight."""
+    def pad(*element):
+        element = element[0] if len(element) == 1 else element
+        flat = tf.nest.flatten(element)
+        real = tf.shape(flat[0])[0]
+        missing = batch_size - real
+
+        def pad_one(x):
+            paddings = [[0, missing]] + [[0, 0]] * (x.shape.rank - 1)
+            padded = tf.pad(x, paddings, constant_values=tf.zeros([], x.dtype))
+            padded.set_shape([batch_size] + x.shape.as_list()[1:])
+            return padded
+
+        weight = tf.pad(tf.ones([real], tf.float32), [[0, missing]])
+        weight.set_shape([batch_size])
+        padded = tf.nest.map_structure(pad_one, element)
+        if isinstance(padded, tuple) and len(padded) == 2:  # (features, labels), as Estimator reads it
+            features, labels = padded
+            return {FEATURES_KEY: features, PADDING_KEY: weight}, labels
+        return {FEATURES_KEY: padded, PADDING_KEY: weight}
+    return pad
+
+
+def has_padding(dataset):
+    """True when the Dataset's elements carry a padding weight (made by :func:`pad_batch`)."""
+    features = dataset.element_spec
+    features = features[0] if isinstance(features, tuple) and len(features) == 2 else features
+    return isinstance(features, dict) and PADDING_KEY in features
+
+
+def zero_weight_batches(dataset):
+    """Zero-weight batches like ``dataset``'s, forever: what a TPU evaluation, which runs exactly
+    ``steps`` steps and cannot stop at the end of the input, reads once a host's share ran out."""
+    return dataset.take(1).map(lambda *e: tf.nest.map_structure(
+        tf.zeros_like, e[0] if len(e) == 1 else e)).repeat()
+
+
+# --- unpack ----------------------------------------------------------------------------------
+
+def split_padding(features):
+    """(features, padding weight or None) from what the adapted input_fn produced."""
+    if isinstance(features, dict) and PADDING_KEY in features:
+        return features[FEATURES_KEY], features[PADDING_KEY]
+    return features, None
+
+
+# --- weight ----------------------------------------------------------------------------------
+
+def _row_labels(label, output):
+    """Labels [batch] for an output [batch, 1] as [batch, 1]: Keras would reduce the loss over the
+    batch inside the loss function (stock's loss is then the batch mean), leaving no per-row loss
+    to weight padding out of; per row, the mean is the same."""
+    if (tf.is_tensor(label) and label.shape.rank is not None and output.shape.rank is not None
+            and label.shape.rank == output.shape.rank - 1
+            and tf.compat.dimension_value(output.shape[-1]) == 1):
+        return tf.expand_dims(label, -1)
+    return label
+
+
+def labels_for_padded_training(keras_model, labels):
+    """The labels of a padded TRAIN batch, with one loss per row for every output (see _row_labels)."""
+    if not keras_model.outputs:
+        # A subclassed model's outputs are known only once cloned: any [batch] label becomes
+        # [batch, 1], which every built-in loss reads as the same rows (Keras squeezes it back
+        # for a [batch] output).
+        return tf.nest.map_structure(
+            lambda l: tf.expand_dims(l, -1) if tf.is_tensor(l) and l.shape.rank == 1 else l, labels)
+    outputs = dict(zip(keras_model.output_names, keras_model.outputs))
+    if isinstance(labels, dict):
+        return {k: _row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}
+    if isinstance(labels, (list, tuple)) and len(labels) == len(keras_model.outputs):
+        return type(labels)(_row_labels(l, o) for l, o in zip(labels, keras_model.outputs))
+    if len(keras_model.outputs) == 1:
+        return _row_labels(labels, keras_model.outputs[0])
+    return labels
+
+
+def weight_out_padding_in_training(model, padding_weight, cross_replica=False):
+    """Recompiles a TRAIN clone's loss so padding rows count for nothing and the mean is the real rows'.
+
+    Keras divides a weighted loss by the batch's element count, padding included; weighting each
+    real row by (global batch / real rows in the global batch) makes that the mean over the real
+    rows -- stock's loss on its short batch. On a TPU the counts are summed across shards, so after
+    the cross-shard mean of the gradients every real row of the global batch weighs the same.
+    A full batch gets weights of exactly 1.
+    """
+    # Stock first drops sample weights that cover only some outputs (Keras recompiles the loss
+    # unweighted when weights and weight modes disagree); so does tpushim, before adding its own.
+    _tfprivate.settle_sample_weights(model)
+    pad = tf.cast(padding_weight, tf.keras.backend.floatx())
+    counts = tf.stack([tf.reduce_sum(pad), tf.cast(tf.size(pad), pad.dtype)])
+    if cross_replica:
+        counts = tf.compat.v1.tpu.cross_replica_sum(counts)
+    mean_weight = pad * tf.stop_gradient(tf.math.divide_no_nan(counts[1], counts[0]))
+    weights = []
+    for endpoint in _tfprivate.training_endpoints(model):
+        # A loss reduced by SUM adds its rows up: padding rows just weigh 0.
+        is_sum = getattr(endpoint.loss_fn, "reduction", None) == tf.keras.losses.Reduction.SUM
+        weight = pad if is_sum else mean_weight
+        own = endpoint.sample_weight
+        weights.append(weight if own is None else tf.cast(own, weight.dtype) * weight)
+    _tfprivate.recompile_loss_with_sample_weights(model, weights)
+
+
+def eval_loss(model, padding_weight, cross_replica=False):
+    """The eval loss of the real (unpadded) rows of the *global* batch, as stock computes it per batch.
+
+    Stock's eval "loss" is the mean over batches of each batch's loss. On a TPU each shard sees a
+    slice of the global batch (and the last one may hold only padding), and TPUEstimator reports
+    shard 0's loss; with ``cross_replica`` each output's weighted sum and real element count are
+    summed over all shards first, so every shard's loss is that of the whole global batch.
+    """
+    if padding_weight is None and not cross_replica:
+        return model.total_loss
+    losses_utils = _tfprivate.losses_utils()
+    total = 0.0
+    for endpoint in _tfprivate.training_endpoints(model):
+        if endpoint.should_skip_target():
+            continue
+        y_pred = endpoint.output
+        y_true = _row_labels(endpoint.training_target.target, y_pred)
+        per_sample = endpoint.loss_fn.call(y_true, y_pred)
+        rows = (tf.ones(tf.shape(per_sample)[:1], per_sample.dtype) if padding_weight is None
+                else tf.cast(padding_weight, per_sample.dtype))
+        weight = rows
+        if endpoint.sample_weight is not None:
+            weight = weight * tf.cast(endpoint.sample_weight, per_sample.dtype)
+        weighted = losses_utils.compute_weighted_loss(
+            per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE)
+        per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
+        sums = tf.stack([tf.reduce_sum(weighted), tf.reduce_sum(rows) * per_row])
+        if cross_replica:
+            sums = tf.compat.v1.tpu.cross_replica_sum(sums)
+        reduction = getattr(endpoint.loss_fn, "reduction", losses_utils.ReductionV2.AUTO)
+        if reduction == losses_utils.ReductionV2.SUM:
+            output_loss = sums[0]
+        else:  # AUTO / SUM_OVER_BATCH_SIZE: divide by the real rows' element count
+            output_loss = tf.math.divide_no_nan(sums[0], sums[1])
+        total += endpoint.loss_weight * output_loss
+    regularization = model.get_losses_for(None) + model.get_losses_for(model.inputs)
+    if regularization:
+        total += tf.add_n(regularization)
+    return total
+
+
+def real_rows(tensors, padding_weight):
+    """``tensors`` (a dict of [batch, ...] tensors) without their padding rows: what every metric
+    reads, so each sees exactly the rows of stock's batch -- including metrics that reduce a batch
+    to one value (a custom function, or [batch] labels for a [batch, 1] output)."""
+    if padding_weight is None:
+        return tensors
+    real = tf.greater(padding_weight, 0)
+    return {k: tf.boolean_mask(v, real) for k, v in tensors.items()}
+
+
+# --- drop ------------------------------------------------------------------------------------
+
+def with_padding_weight(predictions, padding_weight):
+    """A PREDICT model_fn's predictions, carrying the padding weight out to the estimator."""
+    if padding_weight is None:
+        return predictions
+    return dict(predictions, **{PADDING_KEY: padding_weight})
+
+
+def predict_keys_with_padding(predict_keys):
+    """The user's ``predict_keys`` plus the padding weight, which :func:`drop_padding` reads."""
+    return None if predict_keys is None else list(predict_keys) + [PADDING_KEY]
+
+
+def drop_padding(outputs, yield_single_examples):
+    """TPUEstimator.predict's outputs without padding rows and without the padding weight."""
+    for out in outputs:
+        weight = out.pop(PADDING_KEY, None)
+        if weight is None:
+            yield out
+        elif yield_single_examples:
+            if weight > 0:
+                yield out
+        else:
+            keep = weight > 0
+            yield {k: v[keep] for k, v in out.items()}

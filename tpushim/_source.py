@@ -1,0 +1,204 @@
+"""Source recovery: a legacy input_fn's tensors traced back to data a ``tf.data.Dataset`` can feed.
+
+A TPU reads its input from a Dataset. Legacy input_fns return the tensors of an iterator's
+``get_next()`` (``make_one_shot_iterator(ds).get_next()``) or of the queues ``numpy_input_fn`` /
+``pandas_input_fn`` fill. :func:`call_and_recover` calls the input_fn while :class:`_SourceRecorder`
+notes where such tensors come from, and returns the Dataset that feeds the same rows.
+"""
+
+import collections
+import logging
+
+import tensorflow as tf
+
+from tpushim import _tfprivate
+
+logger = logging.getLogger("tpushim")
+
+
+def call_user_input_fn(input_fn, mode, params, config, input_context=None):
+    """Calls a user's input_fn with the arguments it accepts, as Estimator does."""
+    args = _tfprivate.fn_args(input_fn)
+    kwargs = {}
+    if "params" in args:
+        kwargs["params"] = params
+    if "mode" in args:
+        kwargs["mode"] = mode
+    if "config" in args:
+        kwargs["config"] = config
+    if "input_context" in args:
+        kwargs["input_context"] = input_context
+    return input_fn(**kwargs)
+
+
+class _SourceRecorder:
+    """While the user's input_fn runs, notes where its tensors can come from, so that tensors it
+    returns can be traced back to data a ``tf.data.Dataset`` can feed:
+
+    * every one-shot / initializable iterator it makes over a Dataset, and what each ``get_next()``
+      returns (``make_one_shot_iterator(ds).get_next()``);
+    * every queue ``numpy_input_fn`` / ``pandas_input_fn`` fill from arrays or a DataFrame
+      (``feeding_functions._enqueue_data``), with how they fill it.
+
+    Names are swapped in TensorFlow's modules only while the input_fn runs.
+    """
+
+    def __init__(self):
+        self.made = []  # (dataset, [flat get_next outputs, per call])
+        self.queues = []  # _QueueSource
+
+    def __enter__(self):
+        self._saved = []
+        module = tf.compat.v1.data
+        for name in ("make_one_shot_iterator", "make_initializable_iterator"):
+            self._wrap_iterator(module, name, getattr(module, name))
+            self._wrap_iterator(tf.compat.v1.data.Dataset, name,  # their method forms
+                                tf.compat.v1.data.Dataset.__dict__[name])
+        self._restore_enqueue = _tfprivate.replace_enqueue_data(self._recording_enqueue)
+        return self
+
+    def _wrap_iterator(self, owner, name, original):
+        made = self.made
+
+        def wrapper(dataset, *args, **kwargs):
+            iterator = original(dataset, *args, **kwargs)
+            calls = []
+            made.append((dataset, calls))
+            get_next = iterator.get_next
+
+            def recorded_get_next(*a, **k):
+                out = get_next(*a, **k)
+                calls.append(tf.nest.flatten(out))
+                return out
+            iterator.get_next = recorded_get_next
+            return iterator
+        self._saved.append((owner, name, original))
+        setattr(owner, name, wrapper)
+
+    def _recording_enqueue(self, original):
+        import inspect  # pylint: disable=import-outside-toplevel
+        signature = inspect.signature(original)
+
+        def enqueue_data(*args, **kwargs):
+            graph = tf.compat.v1.get_default_graph()
+            before = {key: list(graph.get_collection(key)) for key in _QUEUE_SIDE_EFFECTS}
+            queue = original(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            added = {key: [x for x in graph.get_collection(key) if not any(x is y for y in before[key])]
+                     for key in _QUEUE_SIDE_EFFECTS}
+            self.queues.append(_QueueSource(queue, dict(bound.arguments), added))
+            return queue
+        return enqueue_data
+
+    def __exit__(self, *exc):
+        self._restore_enqueue()
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+
+    def dataset_for(self, result):
+        """The recorded source mapped to ``result``'s structure, if every tensor in it came from
+        one get_next() of one iterator or one dequeue of one recorded queue; else None."""
+        flat = tf.nest.flatten(result)
+        if not flat:
+            return None
+        for dataset, calls in self.made:
+            for outputs in calls:
+                ids = [next((i for i, t in enumerate(outputs) if t is x), None) for x in flat]
+                if None not in ids:
+                    # Dataset.map (v2), not the v1 method: v1's map forgets the cardinality, and
+                    # evaluate() on a TPU must know whether the input ends.
+                    return tf.data.Dataset.map(dataset, _rearrange(result, ids))
+        for source in self.queues:
+            dataset = source.dataset_for(result, flat)
+            if dataset is not None:
+                return dataset
+        return None
+
+
+# What feeding_functions._enqueue_data adds to the graph besides the queue: a queue runner (threads
+# filling it) and a summary of how full it is. Dropped when the queue is replaced by a Dataset.
+_QUEUE_SIDE_EFFECTS = (tf.compat.v1.GraphKeys.QUEUE_RUNNERS, tf.compat.v1.GraphKeys.SUMMARIES)
+
+_DEQUEUE_OPS = {"QueueDequeueManyV2": True, "QueueDequeueUpToV2": False}  # -> full batches only
+
+
+def _rearrange(result, ids):
+    def rearrange(*element):
+        element = tf.nest.flatten(element)
+        return tf.nest.pack_sequence_as(result, [element[i] for i in ids])
+    return rearrange
+
+
+class _QueueSource:
+    """A queue numpy_input_fn / pandas_input_fn fill, and the Dataset that feeds the same rows.
+
+    The queue holds, per row, its number (or the DataFrame's index) and then one column per array.
+    ``shuffle=False`` with one thread: the same rows in the same order and batches as stock
+    (``repeat(num_epochs).batch(B)``, batches running on across epochs as the queue's do; a last
+    short batch only when ``num_epochs`` is set). ``shuffle=True``: stock's order depends on
+    queue-filling threads and is not reproducible; the Dataset shuffles with a buffer of the queue's
+    capacity, reshuffled every epoch, every row once per epoch, seeded by the graph's seed
+    (``RunConfig(tf_random_seed=...)``), so two runs see the same order.
+    """
+
+    def __init__(self, queue, arguments, side_effects):
+        self.queue, self.arguments, self.side_effects = queue, arguments, side_effects
+
+    def columns(self):
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        data = self.arguments["data"]
+        if isinstance(data, np.ndarray):
+            return [np.arange(len(data), dtype=np.int64), data]
+        if isinstance(data, collections.OrderedDict):
+            values = list(data.values())
+            return [np.arange(len(values[0]), dtype=np.int64)] + values
+        if type(data).__name__ == "DataFrame" and hasattr(data, "columns"):
+            return [data.index.values] + [data[c].values for c in data.columns]
+        return None  # a generator: no fixed rows to slice
+
+    def dataset_for(self, result, flat):
+        ops = {x.op for x in flat}
+        if len(ops) != 1:
+            return None
+        op = ops.pop()
+        if op.type not in _DEQUEUE_OPS or op.inputs[0] is not self.queue.queue_ref:
+            return None
+        columns, batch_size = self.columns(), tf.get_static_value(op.inputs[1])
+        if columns is None or batch_size is None or self.arguments.get("pad_value") is not None:
+            return None
+        args = self.arguments
+        dataset = tf.data.Dataset.from_tensor_slices(tuple(columns))
+        if args["shuffle"]:
+            dataset = dataset.shuffle(min(int(args["capacity"]), len(columns[0])),
+                                      seed=args["seed"], reshuffle_each_iteration=True)
+        epochs = args["num_epochs"]
+        # Each of num_threads feeding threads counts its own epochs (stock warns about it).
+        dataset = dataset.repeat(None if epochs is None else epochs * args["num_threads"])
+        dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
+        dataset = dataset.map(_rearrange(result, [x.value_index for x in flat]))
+        self._undo_side_effects()
+        logger.info("numpy/pandas queue input (%d rows, batch %d%s) fed as a tf.data.Dataset",
+                    len(columns[0]), batch_size, ", shuffled" if args["shuffle"] else "")
+        return dataset
+
+    def _undo_side_effects(self):
+        # The queue is never read now: its runner must not start threads filling it (on a TPU host
+        # they would copy the arrays for nothing), nor its summary report it empty.
+        graph = self.queue.queue_ref.graph
+        for key, added in self.side_effects.items():
+            collection = graph.get_collection_ref(key)
+            collection[:] = [x for x in collection if not any(x is a for a in added)]
+
+
+def call_and_recover(input_fn, mode, params, config, input_context=None):
+    """Calls the input_fn; iterator or queue tensors traced to their source become a Dataset."""
+    with _SourceRecorder() as recorder:
+        result = call_user_input_fn(input_fn, mode, params, config, input_context)
+    if result is not None and not isinstance(result, tf.data.Dataset):
+        flat = tf.nest.flatten(result)
+        if flat and all(tf.is_tensor(x) for x in flat):
+            dataset = recorder.dataset_for(result)
+            if dataset is not None:
+                return dataset
+    return result

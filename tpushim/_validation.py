@@ -1,0 +1,150 @@
+"""What a conversion checks before anything is written; none of it needs a network.
+
+:data:`VALIDATION_STEPS` check the model (stock's structure check, compiled, an optimizer whose
+gradients can be averaged across shards, metrics that rebuild from their config); the checkpoint
+format and an existing model_dir are checked against the model too. The preflight runs the same
+steps and reports the first that fails.
+"""
+
+import os
+
+import tensorflow as tf
+
+from tpushim import _model_fn, _tfprivate
+from tpushim._errors import ConversionError
+
+
+def _validate_model(keras_model, custom_objects):
+    """Structure checks that need no writing; raise before anything touches model_dir.
+
+    Exactly stock's: a subclassed model must rebuild from ``get_config``/``from_config`` (Keras
+    2.13+ derives a config from basic ``__init__`` arguments), as the model_fn clones it so.
+    """
+    _tfprivate.assert_valid_model(keras_model, custom_objects)
+
+
+def _check_compiled(keras_model, custom_objects=None):
+    del custom_objects
+    if not getattr(keras_model, "optimizer", None):
+        raise ValueError("The given keras model has not been compiled yet. Please compile the model "
+                         "with `model.compile()` before calling `model_to_estimator()`.")
+
+
+def _one_legacy_optimizer(optimizer):
+    if isinstance(optimizer, tf.keras.optimizers.experimental.Optimizer):
+        try:
+            legacy = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
+        except Exception as e:  # pylint: disable=broad-except
+            legacy, why = None, f"{type(e).__name__}: {e}"
+        else:
+            why = f"conversion gave {legacy!r}"
+        if not isinstance(legacy, tf.keras.optimizers.legacy.Optimizer):
+            raise ConversionError(
+                f"optimizer {type(optimizer).__name__} has no tf.keras.optimizers.legacy equivalent "
+                f"({why}); estimators, and so TPUEstimator, need one to average gradients across "
+                f"TPU shards. Compile with a built-in Keras optimizer (e.g. "
+                f"tf.keras.optimizers.legacy.Adam) or a tf.compat.v1.train optimizer.")
+        optimizer = legacy
+    _model_fn.optimizer_kind(optimizer)
+    return optimizer
+
+
+def _legacy_optimizer(keras_model, custom_objects=None):
+    """The optimizer the model_fn will clone; validated, but not yet set on the user's model.
+
+    As stock: a new-style Keras optimizer is converted to its legacy twin (estimators need one).
+    A list (WideDeepModel: one optimizer per sub-model) is checked and converted item by item.
+    """
+    del custom_objects
+    optimizer = keras_model.optimizer
+    if isinstance(optimizer, (list, tuple)):
+        converted = [_one_legacy_optimizer(o) for o in optimizer]
+        if all(c is o for c, o in zip(converted, optimizer)):
+            return optimizer
+        return type(optimizer)(converted)
+    return _one_legacy_optimizer(optimizer)
+
+
+def _check_metrics(keras_model, custom_objects):
+    """Every compiled metric must rebuild from its config: metric_fn recreates it on the host."""
+    metrics = [m for m in tf.nest.flatten(_tfprivate.compiled_user_metrics(keras_model))
+               if isinstance(m, tf.keras.metrics.Metric)]
+    for metric in metrics:
+        try:
+            with tf.keras.utils.custom_object_scope(custom_objects or {}):
+                metric.__class__.from_config(metric.get_config())
+        except Exception as e:  # pylint: disable=broad-except
+            raise ConversionError(
+                f"tpushim cannot rebuild metric {metric.name!r} ({type(metric).__name__}) from its "
+                f"config ({type(e).__name__}: {e}); a TPU computes metrics in a metric_fn that "
+                f"recreates each metric. Implement get_config() on it, pass its class in "
+                f"custom_objects, or compile the model without it.") from e
+
+
+#: What the conversion checks before anything is written, in order: (kind, check(model, custom_objects)).
+#: ``_estimator.build`` runs them; the preflight reports the first that fails as ``unconvertible-<kind>``.
+VALIDATION_STEPS = (("model", _validate_model), ("model", _check_compiled),
+                    ("optimizer", _legacy_optimizer), ("metric", _check_metrics))
+
+
+def validate(keras_model, custom_objects):
+    """Runs :data:`VALIDATION_STEPS`; returns the optimizer the model_fn will clone."""
+    results = {kind: check(keras_model, custom_objects) for kind, check in VALIDATION_STEPS}
+    return results["optimizer"]
+
+
+def saves_object_checkpoints(keras_model, checkpoint_format):
+    """True for object-based (tf.train.Checkpoint) checkpoints, False for Saver ones; as stock."""
+    if checkpoint_format in (None, "checkpoint"):
+        if _tfprivate.is_subclassed(keras_model):
+            raise ValueError("Object-based checkpoints are currently not supported with "
+                             "subclassed models."  # stock's text, then how to get past it
+                             " Pass checkpoint_format='saver' to model_to_estimator.")
+        return True
+    if checkpoint_format == "saver":
+        return False
+    raise ValueError('Checkpoint format must be one of "checkpoint" or "saver". Got {}'.format(
+        checkpoint_format))
+
+
+def _expected_variables(keras_model):
+    """The model's own weights as {checkpoint key: shape}, both ways a checkpoint may name them:
+    (name-based keys, object-based keys). Computed in memory: nothing is written."""
+    by_name = {w.name.split(":")[0]: w.shape.as_list() for w in keras_model.weights}
+    return by_name, _tfprivate.object_checkpoint_keys(keras_model)
+
+
+def check_model_dir(keras_model, model_dir):
+    """A model_dir already holding a checkpoint of different variables is an error, not an overwrite.
+
+    Read-only. Accepts any checkpoint stock would warm-start from or continue: name-based or
+    object-based keys (either may be there, whichever format this call will save), in model_dir
+    or model_dir/keras. Refuses only when a matching key has a different shape, or when none of
+    this model's variables is in it under either naming.
+    """
+    if _tfprivate.is_subclassed(keras_model):
+        # Its variables are named when the model_fn builds it (an unbuilt model has none yet) and
+        # stock writes no Keras checkpoint for it: nothing to compare before training.
+        return
+    expected_formats = None
+    for folder in (model_dir, os.path.join(model_dir, "keras")):
+        latest = tf.train.latest_checkpoint(folder)
+        if not latest:
+            continue
+        found = dict(tf.train.list_variables(latest))
+        if expected_formats is None:
+            expected_formats = _expected_variables(keras_model)
+        details, matched = [], False
+        for expected in expected_formats:
+            present = [k for k in expected if k in found]
+            matched = matched or bool(present)
+            details += [f"'{k}' has shape {list(found[k])} there but {expected[k]} in this model"
+                        for k in present if list(found[k]) != list(expected[k])]
+        if not matched:
+            first = next(iter(expected_formats[0]), None)
+            details.append(f"none of this model's variables are in it (e.g. '{first}')")
+        if details:
+            raise ConversionError(
+                f"model_dir {model_dir} already holds a checkpoint of different variables ({latest}): "
+                f"{'; '.join(details[:3])}. tpushim wrote nothing. Use a new model_dir for this model, "
+                f"or delete that one to start over.")
