@@ -113,7 +113,7 @@ def run(table, opts, report):
             for name, mode in contenders:
                 ratio = paired.ratio(name)
                 table.add(SECTION, f"{label}, {case.name}, batch {case.batch} x{reps}", name,
-                          f"{median(values[name]):.3f} {unit}", f"{ratio:.3f}x",
+                          f"{median(values[name]):{'.3f' if unit == 's' else '.0f'}} {unit}", f"{ratio:.3f}x",
                           goal if mode else "", meets(ratio) if mode else None,
                           spread=paired.spread(name), noise=(min(noise), max(noise)))
             report["input"][label] = values

@@ -102,7 +102,7 @@ def _startup_rows(table, case, variants, reps, goals):
         table.add("start-up", case, v.label, f"{ms:.1f} ms wall; in-process {own:.2f} ms",
                   f"{added:+.1f} ms", "<= +5 ms" if goal else "",
                   (added <= 5.0 and own <= 5.0) if goal else None,
-                  spread=paired.spread(v.label, added_ms, "{:+.1f}") + " ms", noise=noise)
+                  spread=(paired.spread(v.label, added_ms, "{:+.1f}") + " ms").strip(), noise=noise)
     return {"wall_s": wall, "in_process_s": inner}
 
 

@@ -43,7 +43,7 @@ class Paired:
     against the baseline's measurement in the same round, so drift in machine load cancels."""
 
     def __init__(self, values, baseline):
-        self.values, self.base = values, values[baseline]
+        self.values, self.baseline, self.base = values, baseline, values[baseline]
 
     def ratios(self, name, of=lambda v, b: v / b):
         return [of(v, b) for v, b in zip(self.values[name], self.base)]
@@ -54,7 +54,7 @@ class Paired:
     def spread(self, name, of=lambda v, b: v / b, fmt="{:.3f}"):
         """The range of the per-round ratios, as text: the noise a median ratio sits in."""
         r = self.ratios(name, of)
-        return f"{fmt.format(min(r))}..{fmt.format(max(r))}" if len(r) > 1 else ""
+        return f"{fmt.format(min(r))}..{fmt.format(max(r))}" if len(r) > 1 and name != self.baseline else ""
 
 
 class Table:
