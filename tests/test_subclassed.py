@@ -12,17 +12,16 @@ rung 2b runs a subclassed model and a two-optimizer WideDeepModel as 8 emulated 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.tpu import tpu_function
-from tensorflow.python.tpu.ops import tpu_ops
 
+import replicas
 import tfcases
 import tpushim
+from replicas import PER, REPLICAS
 from tpushim import _model_fn
 from tpushim._estimator import TPUShimEstimator
 
 ModeKeys = tf.estimator.ModeKeys
 numpy_io = tf.compat.v1.estimator.inputs
-REPLICAS, PER = 8, 4
 
 
 class SimpleModel(tf.keras.Model):
@@ -316,20 +315,10 @@ def test_premade_linear_model_with_dense_features_warm_starts(tmp_path):
 # --- rung 2: the TPU train step, replicated over 8 TPU replicas, built on CPU -------------------
 
 def _tpu_train_step(model, features, labels):
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        model_fn = _model_fn.make_model_fn(model)
-
-        def computation():
-            spec = model_fn(features(), labels(), ModeKeys.TRAIN,
-                            params={"use_tpu": True, "batch_size": PER})
-            with tf.control_dependencies([spec.train_op]):
-                return tf.identity(spec.loss)
-
-        tf.compat.v1.tpu.replicate(computation, inputs=[[]] * REPLICAS)
+    graph, _, _ = replicas.replicated_model_fn(model, ModeKeys.TRAIN, features, labels,
+                                               replicas.train_step_outputs)
     trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-    sums = [op for op in graph.get_operations() if op.type == "CrossReplicaSum"]
+    sums = replicas.ops_of_type(graph, "CrossReplicaSum")
     for op in sums:
         assert op.inputs[0].shape.is_fully_defined(), op.name
     return trainable, sums
@@ -418,89 +407,17 @@ def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch)
 
 # --- rung 2b: eight shards emulated with numbers --------------------------------------------------
 
-# -- rung 2b harness: replicas built one after another in one graph, cross_replica_sum rewired ----
-
-class _Rendezvous:
-    """cross_replica_sum across replicas built one after another in one graph."""
-
-    def __init__(self):
-        self.calls = []  # per replica: [AddN op of each cross_replica_sum call, in order]
-
-    def cross_replica_sum(self, x, group_assignment=None, name=None):
-        del group_assignment, name
-        x = tf.convert_to_tensor(x)
-        total = tf.math.add_n([x] * REPLICAS)
-        self.calls[-1].append((total.op, x))
-        return total
-
-    def wire(self):
-        counts = {len(c) for c in self.calls}
-        assert len(counts) == 1 and counts.pop() > 0, "replicas made different cross_replica_sum calls"
-        for i in range(len(self.calls[0])):
-            ops = [calls[i][0] for calls in self.calls]
-            xs = [calls[i][1] for calls in self.calls]
-            for op in ops:
-                for k, x in enumerate(xs):
-                    op._update_input(k, x)  # pylint: disable=protected-access
-
-
-def _new_vars(graph, before):
-    return [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-            if v.ref() not in before]
-
-
-def _replicas(model, mode, shard_inputs, monkeypatch):
-    """(graph, per-replica specs, per-replica variables): the TPU model_fn built once per replica in
-    one graph, its cross_replica_sums wired into true sums across the replicas."""
-    graph, rv = tf.Graph(), _Rendezvous()
-    with graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        model_fn = _model_fn.make_model_fn(model)
-        monkeypatch.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
-        monkeypatch.setattr(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)
-        specs, replica_vars = [], []
-        for r in range(REPLICAS):
-            before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-            rv.calls.append([])
-            features, labels = shard_inputs(r)
-            with tpu_function.tpu_shard_context(REPLICAS):
-                specs.append(model_fn(features, labels, mode, params={"use_tpu": True, "batch_size": PER}))
-            replica_vars.append(_new_vars(graph, before))
-        monkeypatch.undo()
-        rv.wire()
-    return graph, specs, replica_vars
-
-
-def _init_as_replica_0(sess, replica_vars):
-    """Initialises every replica with replica 0's initial values; returns those values."""
-    sess.run(tf.compat.v1.global_variables_initializer())
-    init = sess.run(replica_vars[0])
-    for vs in replica_vars[1:]:
-        for v, val in zip(vs, init):
-            v.load(val, sess)
-    return init
-
-
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64))))
-               for p, q in zip(a, b))
-
-
-
-
-def _shards(structure, r):
-    return tf.nest.map_structure(lambda a: tf.constant(a[r * PER:(r + 1) * PER]), structure)
-
-
-def _emulated_train(build, x, y, monkeypatch, steps):
-    """test_tpu_emulation's, for feature dicts: every replica's variables after ``steps``."""
-    graph, specs, replica_vars = _replicas(build(), ModeKeys.TRAIN,
-                                           lambda r: (_shards(x, r), _shards(y, r)), monkeypatch)
-    with tf.compat.v1.Session(graph=graph) as sess:
-        init = _init_as_replica_0(sess, replica_vars)
+def _emulated_train(build, x, y, steps):
+    """replicas.Emulation of ``build()`` from replica 0's initial values: (those values, every
+    replica's variables after ``steps`` steps on its shard of (x, y), variable names)."""
+    emu = replicas.Emulation(build(), ModeKeys.TRAIN, (x, y))
+    try:
+        init = emu.start_as_replica_0()
         for _ in range(steps):
-            sess.run([spec.train_op for spec in specs])
-        return init, [sess.run(vs) for vs in replica_vars], [v.name for v in replica_vars[0]]
+            emu.train((x, y))
+        return init, emu.sess.run(emu.vars), emu.var_names()
+    finally:
+        emu.close()
 
 
 def _reference_train(build, x, y, init, steps):
@@ -509,15 +426,14 @@ def _reference_train(build, x, y, init, steps):
     model = build()
     with graph.as_default():
         tf.compat.v1.train.get_or_create_global_step()
-        before = {v.ref() for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+        before = {v.ref() for v in replicas.global_vars(graph)}
         spec = _model_fn.make_model_fn(model)(
             tf.nest.map_structure(tf.constant, x), tf.constant(y), ModeKeys.TRAIN,
             params={"use_tpu": False, "batch_size": REPLICAS * PER})
-        vs = _new_vars(graph, before)
+        vs = [v for v in replicas.global_vars(graph) if v.ref() not in before]
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for v, val in zip(vs, init):
-                v.load(val, sess)
+            replicas.Assigner(graph, vs)(sess, init)
             for _ in range(steps):
                 sess.run(spec.train_op)
             return sess.run(vs)
@@ -525,9 +441,9 @@ def _reference_train(build, x, y, init, steps):
 
 @pytest.mark.parametrize("case", ["subclass-sgd-momentum", "subclass-tf1-momentum",
                                   "widedeep-sgd-adagrad"])
-def test_eight_shards_equal_one_global_batch(case, monkeypatch):
-    """No Adam here: it reads the global step, which the emulated replicas share, and which both of
-    WideDeep's optimizers advance in no fixed order (see test_tpu_emulation)."""
+def test_eight_shards_equal_one_global_batch(case):
+    """No Adam here: it reads the global step, which both of WideDeep's optimizers advance in no
+    fixed order (see test_train_premade_widedeep_model_with_feature_layers)."""
     steps = 2
     x, y = tfcases.data(n=REPLICAS * PER)
     build = {  # NoConfigModel: no Dropout, whose random masks differ between replicas
@@ -539,11 +455,11 @@ def test_eight_shards_equal_one_global_batch(case, monkeypatch):
     }[case]
     if case.startswith("widedeep"):
         x, y = {"x": x}, x.sum(axis=1, keepdims=True)
-    init, replicas, names = _emulated_train(build, x, y, monkeypatch, steps)
+    init, emulated, names = _emulated_train(build, x, y, steps)
     ref = _reference_train(build, x, y, init, steps)
-    assert _max_diff(init, ref) > 1e-3  # training moved the weights
-    for values in replicas:
-        assert _max_diff(values, ref) < tfcases.TOL, names
+    assert replicas.max_diff(init, ref) > 1e-3  # training moved the weights
+    for values in emulated:
+        assert replicas.max_diff(values, ref) < tfcases.TOL, names
 
 
 # --- what a TPU cannot run: the preflight names it, cpu mode still converts ----------------------

@@ -1,175 +1,27 @@
 """Rung 2b: the TPU model_fn run as 8 shards on CPU, with different data and a real cross-replica sum,
 compared with the STOCK estimator on the whole global batch.
 
-All 8 replicas are built in ONE graph (each call of the model_fn clones the Keras model, so each
-has its own variables). ``cross_replica_sum`` is replaced, for the build only, by an AddN whose
-inputs are rewired, once every replica exists, to the 8 replicas' tensors of the same call: a true
-sum across shards. ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. Each replica gets its
-own global step (keras_lib binds the optimizer's ``iterations`` to it), as each TPU core advances
-its own copy of the replicated step once per step. Every replica starts from the stock
-estimator's initial (or trained) weights. Eval emulates TPUEstimator's host call: each shard's
-``eval_metrics`` tensors concatenated along axis 0 in shard order, ``metric_fn`` run once on that,
-its update ops once per batch, the loss the mean of shard 0's per-batch losses
-(tpu_estimator.py: ``_OutfeedHostCall.create_tpu_hostcall``, ``_eval_on_tpu_system``).
+The 8 replicas are :class:`replicas.Emulation` (one graph, cross-replica sums rewired into true
+sums, a global step per replica). Every replica starts from the stock estimator's initial (or
+trained) weights. Eval emulates TPUEstimator's host call: each shard's ``eval_metrics`` tensors
+concatenated along axis 0 in shard order, ``metric_fn`` run once on that, its update ops once per
+batch, the loss the mean of shard 0's per-batch losses (tpu_estimator.py:
+``_OutfeedHostCall.create_tpu_hostcall``, ``_eval_on_tpu_system``).
 """
 
-import copy
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.tpu import tpu_function
-from tensorflow.python.tpu.ops import tpu_ops
 from tensorflow_estimator.python.estimator import keras_lib
 
 import tfcases
-from tpushim import _batching, _model_fn, _padding, _validation
+from replicas import GLOBAL, PER, REPLICAS, Assigner, Emulation, max_diff, shard, tpu_model
+from tpushim import _batching, _model_fn, _padding
 
 ModeKeys = tf.estimator.ModeKeys
-REPLICAS = 8
-PER = 4
-GLOBAL = REPLICAS * PER
 TOL = 1e-5
-
-
-class _Rendezvous:
-    """cross_replica_sum across replicas built one after another in one graph."""
-
-    def __init__(self):
-        self.calls = []  # per replica: [(AddN op, its replica's input) per cross_replica_sum call]
-
-    def cross_replica_sum(self, x, group_assignment=None, name=None):
-        del group_assignment, name
-        x = tf.convert_to_tensor(x)
-        total = tf.math.add_n([x] * REPLICAS)
-        self.calls[-1].append((total.op, x))
-        return total
-
-    def wire(self):
-        counts = {len(c) for c in self.calls}
-        assert len(counts) == 1, "replicas made different cross_replica_sum calls"
-        for i in range(len(self.calls[0])):
-            ops = [calls[i][0] for calls in self.calls]
-            xs = [calls[i][1] for calls in self.calls]
-            for op in ops:
-                for k, x in enumerate(xs):
-                    op._update_input(k, x)  # pylint: disable=protected-access
-
-
-def _shard(r):
-    return slice(r * PER, (r + 1) * PER)
-
-
-def _global_vars(graph):
-    return graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-
-
-def _placeholders(template):
-    """Placeholders for one shard's slice of a global batch shaped like ``template`` (numpy)."""
-    return tf.nest.map_structure(
-        lambda a: tf.compat.v1.placeholder(tf.as_dtype(a.dtype), [PER] + list(a.shape[1:])), template)
-
-
-class _Assigner:
-    """Sets many variables in one session.run (Variable.load makes an op and a run per variable)."""
-
-    def __init__(self, graph, variables):
-        with graph.as_default():
-            self.values = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in variables]
-            self.op = tf.group([v.assign(p) for v, p in zip(variables, self.values)])
-
-    def __call__(self, sess, values):
-        sess.run(self.op, dict(zip(self.values, values)))
-
-
-def _tpu_model(build_model):
-    """The model as tpushim's conversion hands it to the model_fn (new-style optimizer -> legacy)."""
-    model = build_model()
-    optimizer = _validation.validate(model, None)
-    model.optimizer = optimizer
-    return model
-
-
-class Emulation:
-    """tpushim's TPU model_fn as 8 replicas in one graph for ``mode``, fed per shard by ``feed``."""
-
-    def __init__(self, model, mode, template):
-        self.graph, rv = tf.Graph(), _Rendezvous()
-        self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = [], [], [], [], [], []
-        self._assign = None
-        with self.graph.as_default(), pytest.MonkeyPatch.context() as mp:
-            model_fn = _model_fn.make_model_fn(model)
-            build_clone = _model_fn._tfprivate.clone_and_build_model  # pylint: disable=protected-access
-
-            def recording_clone(*args, **kwargs):
-                clone = build_clone(*args, **kwargs)
-                inner = getattr(clone.optimizer, "optimizer", None)
-                if isinstance(inner, tf.compat.v1.train.Optimizer):
-                    # Keras cloning hands every clone the model's one tf1 optimizer, whose
-                    # non-slot variables (Adam's beta powers) are per graph: 8 replicas in one
-                    # graph would share (and 8 times advance) them. Each TPU core has its own.
-                    inner = copy.copy(inner)
-                    inner._slots, inner._non_slot_dict = {}, {}  # pylint: disable=protected-access
-                    clone.optimizer.optimizer = inner
-                self.clones.append(clone)
-                return clone
-            mp.setattr(_model_fn._tfprivate, "clone_and_build_model", recording_clone)  # pylint: disable=protected-access
-            mp.setattr(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
-            mp.setattr(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)  # CrossShardOptimizer's
-            for r in range(REPLICAS):
-                step = tf.compat.v1.get_variable(
-                    f"replica_{r}_global_step", shape=[], dtype=tf.int64, trainable=False,
-                    initializer=tf.compat.v1.zeros_initializer())
-                mp.setattr(tf.compat.v1.train, "get_or_create_global_step", lambda graph=None, s=step: s)
-                mp.setattr(tf.compat.v1.train, "get_global_step", lambda graph=None, s=step: s)
-                before = {v.ref() for v in _global_vars(self.graph)}
-                rv.calls.append([])
-                inputs = _placeholders(template)
-                # The model_fn sees tensors, as a TPU's infeed gives it, not placeholders: Keras
-                # treats placeholder labels as feedable and then weights outputs differently.
-                tensors = tf.nest.map_structure(tf.identity, inputs)
-                features, labels = tensors if isinstance(tensors, tuple) else (tensors, None)
-                self.features.append(features)
-                with tpu_function.tpu_shard_context(REPLICAS):
-                    self.specs.append(model_fn(features, labels, mode,
-                                               params={"use_tpu": True, "batch_size": PER}))
-                self.inputs.append(inputs)
-                self.steps.append(step)
-                self.vars.append([v for v in _global_vars(self.graph) if v.ref() not in before])
-            rv.wire()
-            config = tf.compat.v1.ConfigProto()
-            # Grappler's rewrites of an 8-replica graph cost more than these tiny steps save.
-            config.graph_options.rewrite_options.disable_meta_optimizer = True
-            self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
-            self.sess.run([tf.compat.v1.global_variables_initializer(),
-                           tf.compat.v1.local_variables_initializer()])
-
-    def feed(self, batch):
-        """Replica r gets rows [r*PER, (r+1)*PER) of the global ``batch``."""
-        feed = {}
-        for r, inputs in enumerate(self.inputs):
-            for p, a in zip(tf.nest.flatten(inputs), tf.nest.flatten(batch)):
-                feed[p] = a[_shard(r)]
-        return feed
-
-    def load_weights(self, values):
-        """Every replica's model weights (Keras order) set to ``values``."""
-        for clone in self.clones:
-            assert [w.shape.as_list() for w in clone.weights] == [list(np.shape(v)) for v in values]
-        if self._assign is None:
-            self._assign = _Assigner(self.graph, [w for clone in self.clones for w in clone.weights])
-        self._assign(self.sess, list(values) * len(self.clones))
-
-    def weight_names(self):
-        """Checkpoint names of the model weights (replica 0 is built first: no uniquifying suffix)."""
-        return [w.name.split(":")[0] for w in self.clones[0].weights]
-
-    def var_names(self):
-        return [v.name.split(":")[0] for v in self.vars[0]]
-
-    def close(self):
-        self.sess.close()
 
 
 # -- the stock side --------------------------------------------------------------------------------
@@ -192,11 +44,6 @@ def _rows(structure, rows):
     return tf.nest.map_structure(lambda a: a[rows], structure)
 
 
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64))))
-               for p, q in zip(a, b))
-
-
 # -- the model and data ----------------------------------------------------------------------------
 
 OPTIMIZERS = {
@@ -209,35 +56,13 @@ OPTIMIZERS = {
 
 
 def two_in_two_out(optimizer):
-    """Inputs 'a', 'b'; outputs 'cls' (sparse CE) and 'reg' (mse), loss weights, per-output metrics."""
-    tf.keras.backend.clear_session()
-    tf.keras.utils.set_random_seed(0)
-    a = tf.keras.Input((4,), name="a")
-    b = tf.keras.Input((2,), name="b")
-    h = tf.keras.layers.Dense(6, activation="tanh", name="h")(tf.keras.layers.Concatenate()([a, b]))
-    cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
-    reg = tf.keras.layers.Dense(1, name="reg")(h)
-    model = tf.keras.Model({"a": a, "b": b}, {"cls": cls, "reg": reg})
-    model.compile(optimizer=OPTIMIZERS[optimizer](),
-                  loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
-                  loss_weights={"cls": 1.0, "reg": 0.5},
-                  metrics={"cls": ["accuracy", tf.keras.metrics.SparseCategoricalCrossentropy()],
-                           "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]})
-    return model
+    """tfcases' 2-in/2-out model with one more metric object on 'cls', compiled with ``optimizer``."""
+    return tfcases.two_in_two_out(OPTIMIZERS[optimizer], cls_crossentropy_metric=True)
 
 
 def two_in_two_out_data(n, seed=3, reg_labels_1d=False):
     """(features with per-output sample weights, as stock reads them, labels)."""
-    rng = np.random.RandomState(seed)
-    inputs = {"a": rng.rand(n, 4).astype("float32"), "b": rng.rand(n, 2).astype("float32")}
-    weights = {"cls": rng.uniform(0.2, 2.0, n).astype("float32"),
-               "reg": rng.uniform(0.2, 2.0, n).astype("float32")}
-    if reg_labels_1d:  # stock cannot weight them: Keras reduces that output's loss to one value first
-        del weights["reg"]
-    reg = rng.rand(n).astype("float32")
-    labels = {"cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
-              "reg": reg if reg_labels_1d else reg[:, None]}
-    return {"features": inputs, "sample_weights": weights}, labels
+    return tfcases.two_in_two_out_data(n, seed, sample_weights=True, reg_labels_1d=reg_labels_1d)
 
 
 # -- 1. training -----------------------------------------------------------------------------------
@@ -277,24 +102,23 @@ def _emulated_vs_stock_training(stock_training, optimizer, compared_at=COMPARED_
     and optimizer slots, matched to stock's by name) from stock's checkpoint."""
     init, checkpoints = stock_training(optimizer)
     features, labels = _train_data()
-    emu = Emulation(_tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN,
+    emu = Emulation(tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN,
                     _rows((features, labels), slice(0, GLOBAL)))
     try:
         emu.load_weights(init)
         names = emu.var_names()
         diffs = []
         for step in range(1, max(compared_at) + 1):
-            emu.sess.run([spec.train_op for spec in emu.specs],
-                         emu.feed(_rows((features, labels), slice((step - 1) * GLOBAL, step * GLOBAL))))
+            emu.train(_rows((features, labels), slice((step - 1) * GLOBAL, step * GLOBAL)))
             if step not in compared_at:
                 continue
             ref = dict(checkpoints[COMPARED_AT.index(step)])
             assert ref.pop("global_step") == step
             assert sorted(ref) == sorted(names)  # every stock variable, and only those, is compared
             assert emu.sess.run(emu.steps) == [step] * REPLICAS  # each replica's own step
-            assert _max_diff(init, [ref[n] for n in emu.weight_names()]) > 1e-2  # training moved them
+            assert max_diff(init, [ref[n] for n in emu.weight_names()]) > 1e-2  # training moved them
             want = [ref[n] for n in names]
-            diffs.append(max(_max_diff(values, want) for values in emu.sess.run(emu.vars)))
+            diffs.append(max(max_diff(values, want) for values in emu.sess.run(emu.vars)))
         return diffs
     finally:
         emu.close()
@@ -342,13 +166,13 @@ def _stock_one_step_per_slice(model_dir, x, y):
         xs = tf.compat.v1.placeholder(tf.float32, [PER, 4])
         ys = tf.compat.v1.placeholder(tf.int64, [PER, 1])
         spec = model_fn(tf.identity(xs), tf.identity(ys), ModeKeys.TRAIN)
-        assign = _Assigner(tf.compat.v1.get_default_graph(), clones[0].weights)
+        assign = Assigner(tf.compat.v1.get_default_graph(), clones[0].weights)
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             out = []
             for r in range(REPLICAS):
                 assign(sess, init)
-                sess.run(spec.train_op, {xs: x[_shard(r)], ys: y[_shard(r)]})
+                sess.run(spec.train_op, {xs: x[shard(r)], ys: y[shard(r)]})
                 out.append(sess.run(clones[0].weights))
             names = [w.name.split(":")[0] for w in clones[0].weights]
     return init, names, out
@@ -360,10 +184,10 @@ def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path):
     weights still move by the gradient averaged over shards."""
     x, y = tfcases.data(n=GLOBAL)
     init, stock_names, per_slice = _stock_one_step_per_slice(tmp_path, x, y)
-    emu = Emulation(_tpu_model(_bn_model), ModeKeys.TRAIN, (x, y))
+    emu = Emulation(tpu_model(_bn_model), ModeKeys.TRAIN, (x, y))
     try:
         emu.load_weights(init)
-        emu.sess.run([spec.train_op for spec in emu.specs], emu.feed((x, y)))
+        emu.train((x, y))
         replicas = emu.sess.run([clone.weights for clone in emu.clones])
         names = emu.weight_names()
     finally:
@@ -374,13 +198,13 @@ def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path):
     assert len(moving) == 2 and len(trainable) == 6
     for r in range(REPLICAS):
         # Replica r's moving mean and variance: those of a single model stepped on slice r alone.
-        assert _max_diff([replicas[r][i] for i in moving], [per_slice[r][i] for i in moving]) < TOL
+        assert max_diff([replicas[r][i] for i in moving], [per_slice[r][i] for i in moving]) < TOL
         # Trainable weights: one SGD step with the shards' gradients averaged = the mean of the
         # weights each slice alone would give (SGD is linear in the gradient).
         mean = [np.mean([per_slice[s][i] for s in range(REPLICAS)], axis=0) for i in trainable]
-        assert _max_diff([replicas[r][i] for i in trainable], mean) < TOL
+        assert max_diff([replicas[r][i] for i in trainable], mean) < TOL
     # The replicas' moving statistics differ from one another: they are per shard.
-    assert _max_diff([replicas[0][i] for i in moving], [replicas[1][i] for i in moving]) > 1e-3
+    assert max_diff([replicas[0][i] for i in moving], [replicas[1][i] for i in moving]) > 1e-3
 
 
 # -- 3. evaluation, 4. prediction ------------------------------------------------------------------
@@ -406,7 +230,7 @@ def _padded_global_batches(structure, mode):
 
 
 def _emulation_from(stock, mode, template):
-    emu = Emulation(_tpu_model(lambda: two_in_two_out(EVAL_MODEL)), mode, template)
+    emu = Emulation(tpu_model(lambda: two_in_two_out(EVAL_MODEL)), mode, template)
     ckpt = tfcases.checkpoint_values(stock.model_dir)
     emu.load_weights([ckpt[n] for n in emu.weight_names()])
     return emu
@@ -534,15 +358,15 @@ def _short_batch_training(tmp_path, monkeypatch=None):
             _batching.fit_batches(repeated(), GLOBAL, ModeKeys.TRAIN)).get_next()
         batches = [sess.run(nxt) for _ in range(3)]
     assert [int(b[0][_padding.PADDING_KEY].sum()) for b in batches] == [32, 13, 32]
-    emu = Emulation(_tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN, batches[0])
+    emu = Emulation(tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN, batches[0])
     try:
         emu.load_weights(init)
         names, diffs = emu.var_names(), []
         for step, batch in enumerate(batches, 1):
-            emu.sess.run([spec.train_op for spec in emu.specs], emu.feed(batch))
+            emu.train(batch)
             ref = tfcases.checkpoint_values(os.path.join(stock.model_dir, f"model.ckpt-{step}"))
             want = [ref[n] for n in names]
-            diffs.append(max(_max_diff(values, want) for values in emu.sess.run(emu.vars)))
+            diffs.append(max(max_diff(values, want) for values in emu.sess.run(emu.vars)))
         return diffs
     finally:
         emu.close()

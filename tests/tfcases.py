@@ -41,8 +41,13 @@ OPTIMIZERS = {
 }
 
 
-def two_in_two_out(optimizer="keras-adam"):
-    """Functional model: inputs 'a' and 'b', outputs 'cls' and 'reg', per-output metrics and loss weights."""
+def two_in_two_out(optimizer="keras-adam", cls_crossentropy_metric=False):
+    """Functional model: inputs 'a' and 'b', outputs 'cls' and 'reg', per-output metrics and loss weights.
+
+    Args:
+      optimizer: a key of :data:`OPTIMIZERS`, or a function returning an optimizer.
+      cls_crossentropy_metric: also a ``SparseCategoricalCrossentropy`` metric object on 'cls'.
+    """
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     a = tf.keras.Input((4,), name="a")
@@ -51,19 +56,42 @@ def two_in_two_out(optimizer="keras-adam"):
     cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
     reg = tf.keras.layers.Dense(1, name="reg")(h)
     model = tf.keras.Model({"a": a, "b": b}, {"cls": cls, "reg": reg})
-    model.compile(optimizer=OPTIMIZERS[optimizer](),
+    cls_metrics = ["accuracy"]
+    if cls_crossentropy_metric:
+        cls_metrics.append(tf.keras.metrics.SparseCategoricalCrossentropy())
+    make_optimizer = OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
+    model.compile(optimizer=make_optimizer(),
                   loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
                   loss_weights={"cls": 1.0, "reg": 0.5},
-                  metrics={"cls": ["accuracy"], "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]})
+                  metrics={"cls": cls_metrics, "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]})
     return model
 
 
-def two_in_two_out_data(n=N):
-    rng = np.random.RandomState(3)
+def two_in_two_out_data(n=N, seed=3, sample_weights=False, reg_labels_1d=False):
+    """(features, labels) for :func:`two_in_two_out`.
+
+    Args:
+      n: examples.
+      seed: the numpy seed.
+      sample_weights: features become ``{"features": inputs, "sample_weights": per-output
+        weights}``, as stock's model_fn reads them.
+      reg_labels_1d: 'reg' labels of shape [n] for the [n, 1] output; with ``sample_weights``
+        'reg' is then not weighted (stock cannot weight it: Keras reduces that output's loss to
+        one value first).
+    """
+    rng = np.random.RandomState(seed)
     features = {"a": rng.rand(n, 4).astype("float32"), "b": rng.rand(n, 2).astype("float32")}
     labels = {"cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
               "reg": rng.rand(n, 1).astype("float32")}
-    return features, labels
+    if reg_labels_1d:
+        labels["reg"] = labels["reg"][:, 0]
+    if not sample_weights:
+        return features, labels
+    weights = {"cls": rng.uniform(0.2, 2.0, n).astype("float32"),
+               "reg": rng.uniform(0.2, 2.0, n).astype("float32")}
+    if reg_labels_1d:
+        del weights["reg"]
+    return {"features": features, "sample_weights": weights}, labels
 
 
 def dataset_input_fn(features, labels=None, batch=BATCH, drop_remainder=False, repeat=False):

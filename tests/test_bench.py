@@ -1,0 +1,105 @@
+"""The benchmark runner (benchmarks/bench.py): its table, and its exit status (a missed goal -> 1).
+
+The graph section is the one run for real: its counts are exact (no timing noise) and it builds
+with the tests' replica harness, so a smoke run of it checks the runner end to end in seconds.
+"""
+
+import os
+import re
+import sys
+
+import pytest
+
+import procs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "benchmarks", "bench.py")
+HEAD = ("benchmark", "case", "contender", "median", "ratio", "spread", "goal", "ok")
+
+
+def _table(stdout):
+    """(column names, [row as {column: cell}]) parsed from the aligned text table bench prints."""
+    lines = stdout.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("benchmark "))
+    head, rule = lines[i], lines[i + 1]
+    spans = [m.span() for m in re.finditer(r"-+", rule)]
+    names = tuple(head[a:b].strip() for a, b in spans)
+    for a, _ in spans[1:]:
+        assert head[a - 2:a] == "  ", "columns are separated by two spaces"
+    rows = []
+    for line in lines[i + 2:]:
+        if line.startswith("goals missed"):  # printed right after the table
+            break
+        if line.strip():  # a blank line separates sections
+            cells = [line[a:b if k < len(spans) - 1 else None].strip() for k, (a, b) in enumerate(spans)]
+            rows.append(dict(zip(names, cells)))
+    return names, rows
+
+
+def _bench(*args, timeout=120):
+    return procs.python([BENCH, *args], cwd=REPO, timeout=timeout)
+
+
+def test_quick_graph_section_prints_the_table_and_exits_1_exactly_when_a_goal_is_missed():
+    proc = _bench("--quick", "--only", "graph")
+    names, rows = _table(proc.stdout)
+    assert names == HEAD
+    assert proc.stdout.startswith("tpushim benchmarks (quick): ")
+    assert {r["benchmark"] for r in rows} == {"TPU train-step ops"}
+    assert len(rows) == 4  # quick: one model, four contenders (two of them tpushim's, with a goal)
+    verdicts = [r["ok"] for r in rows if r["goal"]]
+    assert len(verdicts) == 2 and all(v in ("yes", "NO") for v in verdicts), rows
+    for row in rows:
+        assert re.fullmatch(r"\d+ graph / \d+ cluster / \d+ live", row["median"]), row
+    missed = sum(v == "NO" for v in verdicts)
+    assert f"goals missed: {missed}" in proc.stdout
+    assert proc.returncode == (1 if missed else 0), proc.stdout + proc.stderr
+
+
+def test_unknown_section_is_a_usage_error():
+    proc = _bench("--only", "nonsense", timeout=60)
+    assert proc.returncode == 2 and "unknown sections ['nonsense']" in proc.stderr
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """benchmarks/bench.py imported here, sys.path restored afterwards."""
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])
+    import bench as module  # pylint: disable=import-outside-toplevel
+    return module
+
+
+def _section(values, bound):
+    """A section judging contender 'shim' against 'stock', with 'stock again' as the noise."""
+    def run(table, opts, report):
+        del opts, report
+        import benchlib  # pylint: disable=import-outside-toplevel
+        paired = benchlib.Paired(values, "stock")
+        noise = paired.ratios("stock again")
+        for name in values:
+            ratio = paired.ratio(name)
+            is_goal = name == "shim"
+            table.add("toy", "case", name, f"{ratio:.3f}", f"{ratio:.3f}x", ">= goal" if is_goal else "",
+                      ratio >= bound if is_goal else None, spread=paired.spread(name),
+                      noise=(min(noise), max(noise)))
+    return run
+
+
+@pytest.mark.parametrize("shim,bound,status,verdict", [
+    ([0.95, 0.94, 0.96], 0.90, 0, "yes"),
+    # Missed, by a median that stock against itself also reaches (0.9..1.1): still missed.
+    ([0.95, 0.94, 0.96], 0.99, 1, "NO (within stock-vs-stock spread)"),
+    ([0.85, 0.84, 0.86], 0.90, 1, "NO"),
+])
+def test_exit_status_is_1_when_a_goal_is_missed_noise_or_not(bench, monkeypatch, capsys, shim, bound,
+                                                             status, verdict):
+    values = {"stock": [1.0, 1.0, 1.0], "stock again": [0.9, 1.0, 1.1], "shim": shim}
+    monkeypatch.setitem(bench.SECTIONS, "toy", _section(values, bound))
+    assert bench.main(["--only", "toy"]) == status
+    out = capsys.readouterr().out
+    _, rows = _table(out)
+    row = next(r for r in rows if r["contender"] == "shim")
+    assert row["ratio"] == f"{sorted(shim)[1]:.3f}x"  # the median of the per-round ratios
+    assert row["spread"] == f"{min(shim):.3f}..{max(shim):.3f}" and row["ok"] == verdict
+    assert next(r for r in rows if r["contender"] == "stock again")["spread"] == "0.900..1.100"
+    assert f"goals missed: {status}" in out
