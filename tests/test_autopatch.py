@@ -88,6 +88,7 @@ def test_kill_switch_turns_autopatch_off():
     assert stderr == ""
 
 
+@pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_autopatched_legacy_script_converts(tmp_path):
     script = tmp_path / "legacy.py"
     script.write_text(textwrap.dedent("""\

@@ -11,7 +11,6 @@ from tensorflow_estimator.python.estimator.tpu import tpu_config
 import tfcases
 import tpushim
 from tpushim import _patch
-from test_conversion import HandRolledSGD, NoConfigMetric, _subclassed, _uncompiled  # pylint: disable=unused-import
 
 ORIGINAL = keras_lib.model_to_estimator
 
@@ -34,16 +33,16 @@ def _env(monkeypatch, var, value):
 # name: (action, error type, what was wrong, how to fix it) -- both must be in the message.
 # (TensorFlow 2.16, which warns rather than raises, is tests/test_versions.py's.)
 CASES = {
-    "uncompiled model": (lambda d, mp: _convert(d, keras_model=_uncompiled()), ValueError,
+    "uncompiled model": (lambda d, mp: _convert(d, keras_model=tfcases.uncompiled()), ValueError,
                          "has not been compiled yet", "Please compile the model with `model.compile()`"),
-    "subclassed model, object checkpoints": (lambda d, mp: _convert(d, keras_model=_subclassed()), ValueError,
+    "subclassed model, object checkpoints": (lambda d, mp: _convert(d, keras_model=tfcases.subclassed()), ValueError,
                                              "Object-based checkpoints are currently not supported with subclassed models",
                                              "Pass checkpoint_format='saver'"),
     "neither model nor path": (lambda d, mp: _convert(d), ValueError, "Either `keras_model` or `keras_model_path`", "needs to be provided"),
     "unaggregatable optimizer": (lambda d, mp: _convert(d, keras_model=tfcases.sequential(
-        optimizer=HandRolledSGD(name="h"))), tpushim.ConversionError, "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent", "Compile with a built-in Keras optimizer"),
+        optimizer=tfcases.HandRolledSGD(name="h"))), tpushim.ConversionError, "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent", "Compile with a built-in Keras optimizer"),
     "metric without config": (lambda d, mp: _convert(d, keras_model=tfcases.sequential(
-        metrics=[NoConfigMetric(0.5)])), tpushim.ConversionError, "cannot rebuild metric 'above'", "Implement get_config() on it"),
+        metrics=[tfcases.NoConfigMetric(0.5)])), tpushim.ConversionError, "cannot rebuild metric 'above'", "Implement get_config() on it"),
     "TPUSHIM_MODE garbage": (lambda d, mp: _env(mp, "TPUSHIM_MODE", "turbo"), tpushim.ConfigurationError,
                              "TPUSHIM_MODE='turbo' is not a valid tpushim mode", "choose one of auto, cpu, tpu, off"),
     "TPUSHIM_BATCH_SIZE garbage": (lambda d, mp: _env(mp, "TPUSHIM_BATCH_SIZE", "lots"), tpushim.ConfigurationError,

@@ -40,6 +40,7 @@ def _bench(*args, timeout=120):
     return procs.python([BENCH, *args], cwd=REPO, timeout=timeout)
 
 
+@pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_quick_graph_section_prints_the_table_and_exits_1_exactly_when_a_goal_is_missed():
     proc = _bench("--quick", "--only", "graph")
     names, rows = _table(proc.stdout)

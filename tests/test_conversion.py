@@ -12,6 +12,8 @@ import tfcases
 import tpushim
 from tpushim._estimator import TPUShimEstimator
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 
 def convert(mode, model_dir, model=None, spelling="v2", **kwargs):
     fn = {"v2": tf.keras.estimator.model_to_estimator,
@@ -140,60 +142,13 @@ def test_indivisible_global_batch_is_a_clear_error(tmp_path):
 
 # --- bad input: a clear error, nothing written ------------------------------------------------
 
-class Subclassed(tf.keras.Model):
-    def __init__(self):
-        super().__init__()
-        self.dense = tf.keras.layers.Dense(3)
-
-    def call(self, inputs):
-        return self.dense(inputs)
-
-
-class NoConfigMetric(tf.keras.metrics.Mean):
-    def __init__(self, threshold):
-        super().__init__(name="above")
-        self.threshold = threshold
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        return super().update_state(tf.cast(y_pred > self.threshold, tf.float32), sample_weight)
-
-
-def _uncompiled():
-    tf.keras.backend.clear_session()
-    return tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
-
-
-def _subclassed():
-    model = Subclassed()
-    model.compile("sgd", "mse")
-    return model
-
-
-def _with_metric():
-    return tfcases.sequential(metrics=[NoConfigMetric(0.5)])
-
-
-class HandRolledSGD(tf.keras.optimizers.Optimizer):
-    """A new-style optimizer with no legacy twin: estimators (and so TPUs) cannot use it."""
-
-    def build(self, var_list):
-        super().build(var_list)
-
-    def update_step(self, gradient, variable):
-        variable.assign_sub(0.1 * gradient)
-
-
-def _with_custom_optimizer():
-    return tfcases.sequential(optimizer=HandRolledSGD(name="hand_rolled"))
-
-
 @pytest.mark.parametrize("kwargs,error,message", [
-    (lambda: {"keras_model": _uncompiled()}, ValueError, "Please compile the model with `model.compile()`"),
-    (lambda: {"keras_model": _subclassed()}, ValueError, "Object-based checkpoints are currently not supported with subclassed models"),
+    (lambda: {"keras_model": tfcases.uncompiled()}, ValueError, "Please compile the model with `model.compile()`"),
+    (lambda: {"keras_model": tfcases.subclassed()}, ValueError, "Object-based checkpoints are currently not supported with subclassed models"),
     (lambda: {}, ValueError, "Either `keras_model` or `keras_model_path` needs to be provided"),
     (lambda: {"keras_model": tfcases.sequential(), "keras_model_path": "m.h5"}, ValueError, "but not both"),
-    (lambda: {"keras_model": _with_metric()}, tpushim.ConversionError, "cannot rebuild metric 'above' (NoConfigMetric)"),
-    (lambda: {"keras_model": _with_custom_optimizer()}, tpushim.ConversionError, "optimizer HandRolledSGD"),
+    (lambda: {"keras_model": tfcases.with_unrebuildable_metric()}, tpushim.ConversionError, "cannot rebuild metric 'above' (NoConfigMetric)"),
+    (lambda: {"keras_model": tfcases.with_legacyless_optimizer()}, tpushim.ConversionError, "optimizer HandRolledSGD"),
 ], ids=["uncompiled", "subclassed", "neither", "both", "metric", "optimizer"])
 def test_bad_input_clear_error_nothing_written(tmp_path, kwargs, error, message):
     model_dir = tmp_path / "model_dir"

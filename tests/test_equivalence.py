@@ -10,6 +10,8 @@ import tensorflow as tf
 
 import tfcases
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 
 @pytest.mark.parametrize("spelling", ["v2", "v1"])
 def test_sequential_sgd_momentum(tmp_path, spelling):

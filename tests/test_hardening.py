@@ -8,7 +8,11 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 import procs
+
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
 TRAIN_SCRIPT = textwrap.dedent("""
     import sys, time

@@ -14,6 +14,8 @@ from tpushim import _input_fn, _padding
 from tpushim._preflight import faketpu as _faketpu
 from tpushim._estimator import TPUShimEstimator
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 ModeKeys = tf.estimator.ModeKeys
 N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8: the last eval/predict batch is short
 

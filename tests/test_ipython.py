@@ -36,6 +36,7 @@ print("MAGIC LEFT", "tpushim" in get_ipython().magics_manager.magics["line"])
 """
 
 
+@pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_extension_in_a_real_ipython_session(tmp_path):
     script = tmp_path / "session.ipy"
     script.write_text(SESSION)

@@ -13,6 +13,8 @@ import tfcases
 import tpushim
 from tpushim import _input_fn, _padding, _source
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 ModeKeys = tf.estimator.ModeKeys
 N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8
 numpy_input_fn = tf.compat.v1.estimator.inputs.numpy_input_fn

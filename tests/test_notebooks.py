@@ -9,6 +9,8 @@ from nbclient import NotebookClient
 
 import tfcases
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 
 

@@ -16,6 +16,8 @@ import pytest
 
 import procs
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 CHILD = r'''
 import json, sys, types
 import tpushim

@@ -73,6 +73,7 @@ def test_positional_arguments_and_v1_v2_checkpoint_formats(tmp_path):
     assert any(n.endswith("kernel/.ATTRIBUTES/VARIABLE_VALUE") for n in v2_names)
 
 
+@pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_patch_before_tensorflow_is_lazy_then_applies():
     proc = procs.python(code="""
         import sys, tpushim

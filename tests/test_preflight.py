@@ -7,6 +7,8 @@ import tensorflow as tf
 import tfcases
 import tpushim
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 X, Y = tfcases.data(n=128)
 
 
@@ -132,31 +134,10 @@ def test_host_only_ops_inside_the_model():
     assert "host-only-op" not in run().codes()
 
 
-class NoConfigMetric(tf.keras.metrics.Mean):
-    """A metric whose __init__ takes an argument its config does not hold: it cannot be rebuilt."""
-
-    def __init__(self, threshold):
-        super().__init__(name="above")
-        self.threshold = threshold
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        return super().update_state(tf.cast(y_pred > self.threshold, tf.float32), sample_weight)
-
-
-class HandRolledSGD(tf.keras.optimizers.Optimizer):
-    """A new-style optimizer with no legacy twin: estimators (and so TPUs) cannot use it."""
-
-    def build(self, var_list):  # pylint: disable=useless-parent-delegation
-        super().build(var_list)
-
-    def update_step(self, gradient, variable):
-        variable.assign_sub(0.1 * gradient)
-
-
 def test_unconvertible_metric_and_optimizer():
-    report = run(tfcases.sequential(metrics=[NoConfigMetric(0.5)]))
+    report = run(tfcases.sequential(metrics=[tfcases.NoConfigMetric(0.5)]))
     assert "unconvertible-metric" in report.codes() and not report.ok
-    report = run(tfcases.sequential(optimizer=HandRolledSGD(name="hand")))
+    report = run(tfcases.sequential(optimizer=tfcases.HandRolledSGD(name="hand")))
     assert "unconvertible-optimizer" in report.codes()
 
 

@@ -139,6 +139,7 @@ def test_info_reports_without_importing_tensorflow(tmp_path):
     assert bad.returncode == 2 and "TPUSHIM_MODE='fast'" in bad.stderr
 
 
+@pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     proc = procs.python(["-m", "tpushim", "demo"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

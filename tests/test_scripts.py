@@ -10,6 +10,8 @@ import pytest
 import procs
 import tfcases
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 LEGACY = ["census_numpy_tf1.py",  # numpy_input_fn, dict float64 features, disable_v2_behavior

@@ -20,6 +20,8 @@ from replicas import PER, REPLICAS
 from tpushim import _model_fn
 from tpushim._estimator import TPUShimEstimator
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 ModeKeys = tf.estimator.ModeKeys
 numpy_io = tf.compat.v1.estimator.inputs
 

@@ -20,6 +20,8 @@ import tfcases
 from replicas import GLOBAL, PER, REPLICAS, Assigner, Emulation, max_diff, shard, tpu_model
 from tpushim import _batching, _model_fn, _padding
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 ModeKeys = tf.estimator.ModeKeys
 TOL = 1e-5
 

@@ -4,32 +4,11 @@ import pytest
 import tensorflow as tf
 
 import tfcases
+import replicas
+from replicas import PER as PER_REPLICA, REPLICAS
 from tpushim import _model_fn
 
 ModeKeys = tf.estimator.ModeKeys
-REPLICAS = 8
-PER_REPLICA = 4
-
-
-def _tpu_ops(graph, op_type):
-    return [op for op in graph.get_operations() if op.type == op_type]
-
-
-def _replicated(model, mode, features_fn, labels_fn, out_fn):
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        model_fn = _model_fn.make_model_fn(model)
-        captured = {}
-
-        def computation():
-            spec = model_fn(features_fn(), labels_fn(), mode,
-                            params={"use_tpu": True, "batch_size": PER_REPLICA})
-            captured["spec"] = spec
-            return out_fn(spec)
-
-        outputs = tf.compat.v1.tpu.replicate(computation, inputs=[[]] * REPLICAS)
-    return graph, captured["spec"], outputs
 
 
 def _features():
@@ -52,9 +31,9 @@ def test_train_step_one_cross_replica_sum_per_trainable_variable(optimizer):
         with tf.control_dependencies([spec.train_op]):
             return tf.identity(spec.loss)
 
-    graph, spec, outputs = _replicated(model, ModeKeys.TRAIN, _features, _labels, out)
+    graph, spec, outputs = replicas.replicated_model_fn(model, ModeKeys.TRAIN, _features, _labels, out)
     trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-    sums = _tpu_ops(graph, "CrossReplicaSum")
+    sums = replicas.ops_of_type(graph, "CrossReplicaSum")
     assert len(trainable) == 6  # hidden, bn (gamma, beta), probs
     assert len(sums) == len(trainable)
     for op in sums:  # every aggregated gradient has a static shape
@@ -71,7 +50,7 @@ def test_cpu_path_emits_nothing_tpu_only():
         tf.compat.v1.train.get_or_create_global_step()
         _model_fn.make_model_fn(model)(_features(), _labels(), ModeKeys.TRAIN,
                                        params={"use_tpu": False, "batch_size": PER_REPLICA})
-    assert not _tpu_ops(graph, "CrossReplicaSum")
+    assert not replicas.ops_of_type(graph, "CrossReplicaSum")
     assert not [op for op in graph.get_operations() if op.type.startswith("TPU")]
 
 
@@ -79,9 +58,9 @@ def test_eval_metric_fn_tensors_and_values_as_tpu_requires():
     model = tfcases.two_in_two_out()
     features = lambda: {"a": tf.zeros([PER_REPLICA, 4]), "b": tf.zeros([PER_REPLICA, 2])}
     labels = lambda: {"cls": tf.zeros([PER_REPLICA, 1], tf.int64), "reg": tf.zeros([PER_REPLICA, 1])}
-    graph, spec, _ = _replicated(model, ModeKeys.EVAL, features, labels, lambda s: tf.identity(s.loss))
+    graph, spec, _ = replicas.replicated_model_fn(model, ModeKeys.EVAL, features, labels, lambda s: tf.identity(s.loss))
     # The loss is that of the whole global batch on every shard: one all-reduce per output.
-    assert len(_tpu_ops(graph, "CrossReplicaSum")) == 2
+    assert len(replicas.ops_of_type(graph, "CrossReplicaSum")) == 2
     assert spec.loss.shape.rank == 0
     metric_fn, tensors = spec.eval_metrics
     for name, tensor in tensors.items():  # outfed from the TPU: static, with the batch dimension first
@@ -106,7 +85,7 @@ def test_eval_metric_fn_tensors_and_values_as_tpu_requires():
 def test_predict_outputs_static_batch():
     model = tfcases.two_in_two_out()
     features = lambda: {"a": tf.zeros([PER_REPLICA, 4]), "b": tf.zeros([PER_REPLICA, 2])}
-    _, spec, outputs = _replicated(model, ModeKeys.PREDICT, features, lambda: None,
+    _, spec, outputs = replicas.replicated_model_fn(model, ModeKeys.PREDICT, features, lambda: None,
                                    lambda s: [s.predictions[k] for k in sorted(s.predictions)])
     assert set(spec.predictions) == {"cls", "reg"}
     for name, tensor in spec.predictions.items():

@@ -17,6 +17,8 @@ import tfcases
 import tpushim
 from tpushim._preflight import faketpu
 
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
 N = 100  # not a multiple of the global batch: the last eval batch is partial
 GLOBAL = 64
 ITERATIONS = 4

@@ -3,8 +3,12 @@
 import json
 import os
 
+import pytest
+
 import procs
 import tfcases
+
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 

@@ -175,6 +175,59 @@ def compare(tmp_path, build_model, train_fn, eval_fn=None, predict_fn=None, outp
     return stock, shim
 
 
+# --- models the conversion (and the preflight) refuse -------------------------------------------
+
+class Subclassed(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = tf.keras.layers.Dense(3)
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+
+class NoConfigMetric(tf.keras.metrics.Mean):
+    """A metric whose __init__ takes an argument its config does not hold: it cannot be rebuilt."""
+
+    def __init__(self, threshold):
+        super().__init__(name="above")
+        self.threshold = threshold
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(tf.cast(y_pred > self.threshold, tf.float32), sample_weight)
+
+
+def uncompiled():
+    """A model never compiled."""
+    tf.keras.backend.clear_session()
+    return tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+
+
+def subclassed():
+    """A compiled subclassed model (stock refuses object-based checkpoints for it)."""
+    model = Subclassed()
+    model.compile("sgd", "mse")
+    return model
+
+
+def with_unrebuildable_metric():
+    return sequential(metrics=[NoConfigMetric(0.5)])
+
+
+class HandRolledSGD(tf.keras.optimizers.Optimizer):
+    """A new-style optimizer with no legacy twin: estimators (and so TPUs) cannot use it."""
+
+    def build(self, var_list):  # pylint: disable=useless-parent-delegation
+        super().build(var_list)
+
+    def update_step(self, gradient, variable):
+        variable.assign_sub(0.1 * gradient)
+
+
+def with_legacyless_optimizer():
+    return sequential(optimizer=HandRolledSGD(name="hand_rolled"))
+
+
 def env_without_tpu():
     """Kept for the tests that still call it; :mod:`procs` is the one home."""
     import procs  # pylint: disable=import-outside-toplevel

@@ -5,6 +5,9 @@ no network is asked, before those checks pass), resolves the TPU, carries the us
 into a ``tpu_config.RunConfig`` (:mod:`tpushim._run_config`), builds the model_fn, writes the
 warm-start checkpoint of the Keras weights exactly as stock does, and returns a
 :class:`TPUShimEstimator`.
+
+A little over ~300 lines because it is one concern: ``build`` and the estimator it returns, whose
+train/evaluate/predict each fix the batch before handing over to TPUEstimator.
 """
 
 import contextlib
