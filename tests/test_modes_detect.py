@@ -81,7 +81,7 @@ def test_garbage_environment_raises_before_patching(monkeypatch, var, value, exp
         tpushim.patch()
     assert expected in str(info.value)
     assert not tpushim.is_patched()
-    assert not isinstance(keras_lib.model_to_estimator, tpushim._patch._wrapper_class())  # pylint: disable=protected-access
+    assert not tpushim._patch.is_ours(keras_lib.model_to_estimator)  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("kwargs,expected", [

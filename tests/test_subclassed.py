@@ -393,7 +393,7 @@ def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch)
                 keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver")
         finally:
             tpushim.unpatch()
-        assert est._ctx._use_tpu  # pylint: disable=protected-access
+        assert est.config.master == tpu.address  # a TPUEstimator for that TPU, not cpu mode
         with pytest.raises(_GraphBuilt):
             est.train(tfcases.dataset_input_fn(x, y, batch=32, repeat=True), steps=2, hooks=[MyHook()])
     graph = built["graph"]
