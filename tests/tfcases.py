@@ -1,6 +1,5 @@
 """Small models, data and the stock-vs-tpushim comparison harness shared by the conversion tests."""
 
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -226,12 +225,6 @@ class HandRolledSGD(tf.keras.optimizers.Optimizer):
 
 def with_legacyless_optimizer():
     return sequential(optimizer=HandRolledSGD(name="hand_rolled"))
-
-
-def env_without_tpu():
-    """Kept for the tests that still call it; :mod:`procs` is the one home."""
-    import procs  # pylint: disable=import-outside-toplevel
-    return procs.env_without_tpu()
 
 
 class LoopbackListener:
