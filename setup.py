@@ -18,7 +18,8 @@ AUTOPATCH_PTH = "tpushim-autopatch.pth"
 AUTOPATCH_LINE = (
     'import os; os.environ.get("TPUSHIM_AUTOPATCH", "").strip().lower() not in '
     '("", "0", "false", "no", "off") and __import__("runpy").run_path(os.path.join(os.path.dirname('
-    '__import__("importlib.util").util.find_spec("tpushim").origin), "_autopatch.py"))["start"]()\n')
+    '__import__("importlib.util").util.find_spec("tpushim").origin), "_autopatch.py"))["start"]()\n'
+)
 
 
 def write_autopatch_pth(directory):
@@ -88,8 +89,15 @@ setup(
         "cpu": ["tensorflow-cpu" + VERSION["tf_specifier"]()],
         # matplotlib: tests/test_notebooks.py executes the notebooks, which plot. pandas: the
         # pandas_input_fn tests.
-        "test": ["pytest>=7", "ipython>=7", "nbclient>=0.5", "nbformat>=5", "ipykernel>=6",
-                 "matplotlib>=3", "pandas>=1.3"],
+        "test": [
+            "pytest>=7",
+            "ipython>=7",
+            "nbclient>=0.5",
+            "nbformat>=5",
+            "ipykernel>=6",
+            "matplotlib>=3",
+            "pandas>=1.3",
+        ],
         "notebooks": ["nbclient>=0.5", "nbformat>=5", "ipykernel>=6", "matplotlib>=3"],
     },
     cmdclass={"build_py": BuildPyWithPth, "develop": DevelopWithPth},

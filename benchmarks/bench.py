@@ -29,31 +29,49 @@ import platform
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree's tpushim
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # this tree's tpushim
 
-import benchlib  # pylint: disable=wrong-import-position
-import bench_graph  # pylint: disable=wrong-import-position
-import bench_input  # pylint: disable=wrong-import-position
-import bench_startup  # pylint: disable=wrong-import-position
-import bench_training  # pylint: disable=wrong-import-position
-import bench_wrapper  # pylint: disable=wrong-import-position
+import bench_graph
+import bench_input
+import bench_startup
+import bench_training
+import bench_wrapper
+import benchlib
 
 #: name -> run(table, opts, report); start-up first: it must not compete with TensorFlow.
-SECTIONS = {"startup": bench_startup.run, "wrapper": bench_wrapper.run, "train": bench_training.run,
-            "input": bench_input.run, "graph": bench_graph.run}
+SECTIONS = {
+    "startup": bench_startup.run,
+    "wrapper": bench_wrapper.run,
+    "train": bench_training.run,
+    "input": bench_input.run,
+    "graph": bench_graph.run,
+}
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: few rounds and short training runs")
-    parser.add_argument("--only", default=",".join(SECTIONS),
-                        help=f"comma-separated sections: {', '.join(SECTIONS)}")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="interleaved rounds per comparison (default: per section)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: few rounds and short training runs"
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections: {', '.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds per comparison (default: per section)",
+    )
     parser.add_argument("--json", help="also write raw measurements to this file")
-    parser.add_argument("--compare-tree", metavar="DIR",
-                        help="start-up: also time a prototype tpushim package in DIR (interleaved)")
+    parser.add_argument(
+        "--compare-tree",
+        metavar="DIR",
+        help="start-up: also time a prototype tpushim package in DIR (interleaved)",
+    )
     args = parser.parse_args(argv)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(args.sections) - set(SECTIONS)
@@ -76,16 +94,22 @@ def main(argv=None):
     for name in sorted(args.sections, key=list(SECTIONS).index):
         SECTIONS[name](table, args, report)
     elapsed = time.perf_counter() - start
-    tf_version = sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "not imported"
-    print(f"tpushim benchmarks ({'quick' if args.quick else 'full'}): python {platform.python_version()}, "
-          f"tensorflow {tf_version}, {os.cpu_count()} CPUs, load average {load:.2f} at start, "
-          f"{elapsed:.0f} s" + (f"; removed from env: {', '.join(dropped)}" if dropped else ""))
+    tf_version = (
+        sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "not imported"
+    )
+    print(
+        f"tpushim benchmarks ({'quick' if args.quick else 'full'}): python {platform.python_version()}, "
+        f"tensorflow {tf_version}, {os.cpu_count()} CPUs, load average {load:.2f} at start, "
+        f"{elapsed:.0f} s" + (f"; removed from env: {', '.join(dropped)}" if dropped else "")
+    )
     print()
     print(table.render())
     missed = table.missed()
     print()
-    print(f"goals missed: {len(missed)}" + "".join(f"\n  {r[0]} | {r[1]} | {r[2]}: {r[4]}, goal {r[6]}"
-                                                  for r in missed))
+    print(
+        f"goals missed: {len(missed)}"
+        + "".join(f"\n  {r[0]} | {r[1]} | {r[2]}: {r[4]}, goal {r[6]}" for r in missed)
+    )
     for note in table.notes:
         print()
         print(note)

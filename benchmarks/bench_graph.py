@@ -50,17 +50,28 @@ def _shim_step(optimizer_name):
         def factory():
             tf = benchlib.tf()
             replicas = benchlib.import_tests_helper("replicas")
-            from tpushim import _model_fn  # pylint: disable=import-outside-toplevel
-            optimizer = (tf.compat.v1.train.GradientDescentOptimizer(case.lr)
-                         if optimizer_name == "tf1" else tf.keras.optimizers.legacy.SGD(case.lr))
+            from tpushim import _model_fn
+
+            optimizer = (
+                tf.compat.v1.train.GradientDescentOptimizer(case.lr)
+                if optimizer_name == "tf1"
+                else tf.keras.optimizers.legacy.SGD(case.lr)
+            )
             model_fn = _model_fn.make_model_fn(case.keras_model(optimizer))
 
             def step(features, labels):
-                spec = model_fn(features, labels, tf.estimator.ModeKeys.TRAIN,
-                                params={"use_tpu": True, "batch_size": replicas.PER})
+                spec = model_fn(
+                    features,
+                    labels,
+                    tf.estimator.ModeKeys.TRAIN,
+                    params={"use_tpu": True, "batch_size": replicas.PER},
+                )
                 return spec.loss, spec.train_op
+
             return step
+
         return factory
+
     return factory_for
 
 
@@ -75,19 +86,29 @@ def _hand_step(loss_kind):
                 if loss_kind == "keras":
                     loss = tf.keras.losses.SparseCategoricalCrossentropy()(labels, probs)
                 else:
-                    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, probs))
+                    loss = tf.reduce_mean(
+                        tf.keras.losses.sparse_categorical_crossentropy(labels, probs)
+                    )
                 optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
-                    tf.compat.v1.train.GradientDescentOptimizer(case.lr))
+                    tf.compat.v1.train.GradientDescentOptimizer(case.lr)
+                )
                 return loss, optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
+
             return step
+
         return factory
+
     return factory_for
 
 
 #: (name, factory_for(case), is_reference). Ratios are to the first reference.
 GRAPH_CONTENDERS = [
     ("hand-written: Keras loss object + CrossShardOptimizer(GD)", _hand_step("keras"), True),
-    ("hand-written: reduce_mean(crossentropy) + CrossShardOptimizer(GD)", _hand_step("mean"), False),
+    (
+        "hand-written: reduce_mean(crossentropy) + CrossShardOptimizer(GD)",
+        _hand_step("mean"),
+        False,
+    ),
     ("tpushim, compiled with tf1 GradientDescentOptimizer", _shim_step("tf1"), False),
     ("tpushim, compiled with Keras legacy SGD", _shim_step("keras"), False),
 ]
@@ -103,7 +124,7 @@ def run(table, opts, report):
         for name, factory_for, _ in GRAPH_CONTENDERS:
             try:
                 counts[name] = count_replicated_train_step(case, factory_for(case))
-            except Exception as e:  # pylint: disable=broad-except
+            except Exception as e:
                 counts[name] = None
                 table.notes.append(f"graph: {name} on {case.name} failed: {type(e).__name__}: {e}")
         ref_name = next(n for n, _, ref in GRAPH_CONTENDERS if ref)
@@ -112,8 +133,15 @@ def run(table, opts, report):
             got = counts.get(name)
             if got is None:  # a tpushim step that cannot be built misses its goal
                 if name.startswith("tpushim"):
-                    table.add(SECTION, f"{case.name}, {replicas.REPLICAS} replicas", name,
-                              "failed to build (see notes)", "", GOAL, False)
+                    table.add(
+                        SECTION,
+                        f"{case.name}, {replicas.REPLICAS} replicas",
+                        name,
+                        "failed to build (see notes)",
+                        "",
+                        GOAL,
+                        False,
+                    )
                 continue
             total, cluster, live = got
             value = f"{total} graph / {cluster} cluster / {live} live"
@@ -121,6 +149,13 @@ def run(table, opts, report):
             if ref and not is_ref:
                 ratio = f"{total / ref[0]:.3f} / {cluster / ref[1]:.3f} / {live / ref[2]:.3f}"
                 ok = within_goal(cluster, ref[1]) if name.startswith("tpushim") else None
-            table.add(SECTION, f"{case.name}, {replicas.REPLICAS} replicas", name, value, ratio,
-                      GOAL if name.startswith("tpushim") else "", ok)
+            table.add(
+                SECTION,
+                f"{case.name}, {replicas.REPLICAS} replicas",
+                name,
+                value,
+                ratio,
+                GOAL if name.startswith("tpushim") else "",
+                ok,
+            )
         report["graph"][case.name] = counts

@@ -43,22 +43,33 @@ def _write_tfrecords(path, case):
     x, y = case.data()
     with tf.io.TFRecordWriter(path) as writer:
         for features, label in zip(x, y):
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(float_list=tf.train.FloatList(value=features.ravel())),
-                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=label)),
-            })).SerializeToString())
+            writer.write(
+                tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "x": tf.train.Feature(
+                                float_list=tf.train.FloatList(value=features.ravel())
+                            ),
+                            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=label)),
+                        }
+                    )
+                ).SerializeToString()
+            )
 
 
 def _tfrecord_input_fn(path, case):
     """The issue's pipeline: TFRecords, shuffle(10000), batch(B) without drop_remainder."""
     tf = benchlib.tf()
-    spec = {"x": tf.io.FixedLenFeature(list(case.input_shape), tf.float32),
-            "y": tf.io.FixedLenFeature([1], tf.int64)}
+    spec = {
+        "x": tf.io.FixedLenFeature(list(case.input_shape), tf.float32),
+        "y": tf.io.FixedLenFeature([1], tf.int64),
+    }
 
     def input_fn():
         ds = tf.data.TFRecordDataset(path).map(lambda r: tf.io.parse_single_example(r, spec))
         ds = ds.map(lambda e: (e["x"], e["y"])).shuffle(10000).repeat().batch(case.batch)
         return ds
+
     return input_fn
 
 
@@ -66,14 +77,16 @@ def _iterator_input_fn(case):
     tf = benchlib.tf()
     x, y = case.data()
     return lambda: tf.compat.v1.data.make_one_shot_iterator(
-        tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(case.batch)).get_next()
+        tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(case.batch)
+    ).get_next()
 
 
 def _numpy_input_fn(case):
     tf = benchlib.tf()
     x, y = case.data()
-    return tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=case.batch, shuffle=False,
-                                                        num_epochs=None)
+    return tf.compat.v1.estimator.inputs.numpy_input_fn(
+        x, y, batch_size=case.batch, shuffle=False, num_epochs=None
+    )
 
 
 def run(table, opts, report):
@@ -99,12 +112,28 @@ def run(table, opts, report):
             est.train(make_input(case), steps=case.warmup + case.measure, hooks=[timer.hook])
             return timer.steps_per_sec()
 
-        rows = [("first step, TFRecords + shuffle(10000) + batch(B)", first_step, "s",
-                 lambda r: r <= 1.05, "<= 1.05x")]
-        for name, make_input in (("iterator tensors", _iterator_input_fn),
-                                 ("numpy_input_fn", _numpy_input_fn)):
-            rows.append((f"steps/s, {name}", lambda mode, m=make_input: steady(mode, m), "steps/s",
-                         lambda r: r >= 0.98, ">= 0.98x"))
+        rows = [
+            (
+                "first step, TFRecords + shuffle(10000) + batch(B)",
+                first_step,
+                "s",
+                lambda r: r <= 1.05,
+                "<= 1.05x",
+            )
+        ]
+        for name, make_input in (
+            ("iterator tensors", _iterator_input_fn),
+            ("numpy_input_fn", _numpy_input_fn),
+        ):
+            rows.append(
+                (
+                    f"steps/s, {name}",
+                    lambda mode, m=make_input: steady(mode, m),
+                    "steps/s",
+                    lambda r: r >= 0.98,
+                    ">= 0.98x",
+                )
+            )
         first_step(None)  # warm-up, discarded
         for label, measure, unit, meets, goal in rows:
             values = benchlib.interleaved(contenders, reps, measure)
@@ -112,8 +141,15 @@ def run(table, opts, report):
             noise = paired.ratios(STOCK_AGAIN)
             for name, mode in contenders:
                 ratio = paired.ratio(name)
-                table.add(SECTION, f"{label}, {case.name}, batch {case.batch} x{reps}", name,
-                          f"{median(values[name]):{'.3f' if unit == 's' else '.0f'}} {unit}", f"{ratio:.3f}x",
-                          goal if mode else "", meets(ratio) if mode else None,
-                          spread=paired.spread(name), noise=(min(noise), max(noise)))
+                table.add(
+                    SECTION,
+                    f"{label}, {case.name}, batch {case.batch} x{reps}",
+                    name,
+                    f"{median(values[name]):{'.3f' if unit == 's' else '.0f'}} {unit}",
+                    f"{ratio:.3f}x",
+                    goal if mode else "",
+                    meets(ratio) if mode else None,
+                    spread=paired.spread(name),
+                    noise=(min(noise), max(noise)),
+                )
             report["input"][label] = values

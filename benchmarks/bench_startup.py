@@ -22,9 +22,11 @@ import benchlib
 
 SHIM_CODE = "import tpushim; tpushim.patch()"
 IMPORT_CODE = "import tpushim"
-CHECK_CODE = ("import json, sys, tpushim; tpushim.patch(); "
-              "print(json.dumps(sorted(m for m in ('tensorflow', 'tensorflow_estimator', 'keras', "
-              "'numpy', 'wrapt', 'inspect', 'logging', 'dataclasses') if m in sys.modules)))")
+CHECK_CODE = (
+    "import json, sys, tpushim; tpushim.patch(); "
+    "print(json.dumps(sorted(m for m in ('tensorflow', 'tensorflow_estimator', 'keras', "
+    "'numpy', 'wrapt', 'inspect', 'logging', 'dataclasses') if m in sys.modules)))"
+)
 
 
 def _self_timed(code):
@@ -56,8 +58,9 @@ def _run(argv, env):
     # cwd: a neutral folder, as ``-c`` puts the working directory first on sys.path (run from the
     # repository root, it would shadow the tree under test).
     start = time.perf_counter()
-    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True,
-                         cwd=tempfile.gettempdir()).stdout
+    out = subprocess.run(
+        argv, env=env, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()
+    ).stdout
     return time.perf_counter() - start, out
 
 
@@ -99,10 +102,17 @@ def _startup_rows(table, case, variants, reps, goals):
             continue
         added = paired.ratio(v.label, added_ms)
         goal = v.label in goals
-        table.add("start-up", case, v.label, f"{ms:.1f} ms wall; in-process {own:.2f} ms",
-                  f"{added:+.1f} ms", "<= +5 ms" if goal else "",
-                  (added <= 5.0 and own <= 5.0) if goal else None,
-                  spread=(paired.spread(v.label, added_ms, "{:+.1f}") + " ms").strip(), noise=noise)
+        table.add(
+            "start-up",
+            case,
+            v.label,
+            f"{ms:.1f} ms wall; in-process {own:.2f} ms",
+            f"{added:+.1f} ms",
+            "<= +5 ms" if goal else "",
+            (added <= 5.0 and own <= 5.0) if goal else None,
+            spread=(paired.spread(v.label, added_ms, "{:+.1f}") + " ms").strip(),
+            noise=noise,
+        )
     return {"wall_s": wall, "in_process_s": inner}
 
 
@@ -114,21 +124,34 @@ def parse_importtime(stderr):
         if m:
             rows.append((m.group(4), len(m.group(3)) // 2, int(m.group(1)), int(m.group(2))))
     site = max((i for i, r in enumerate(rows) if r[0] == "site" and r[1] == 0), default=-1)
-    return rows[site + 1:]
+    return rows[site + 1 :]
 
 
 def importtime_breakdown(runs, env):
     """Median self/cumulative microseconds per module over ``runs`` runs of -X importtime."""
     per_module, order = {}, None
     for _ in range(runs):
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-c", SHIM_CODE], env=env,
-                              capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", SHIM_CODE],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=tempfile.gettempdir(),
+        )
         rows = parse_importtime(proc.stderr)
         order = order or rows
         for name, _, self_us, cum_us in rows:
             per_module.setdefault(name, []).append((self_us, cum_us))
-    return [(name, depth, benchlib.median([s for s, _ in per_module[name]]),
-             benchlib.median([c for _, c in per_module[name]])) for name, depth, _, _ in order]
+    return [
+        (
+            name,
+            depth,
+            benchlib.median([s for s, _ in per_module[name]]),
+            benchlib.median([c for _, c in per_module[name]]),
+        )
+        for name, depth, _, _ in order
+    ]
 
 
 def run(table, opts, report):
@@ -141,48 +164,78 @@ def run(table, opts, report):
         env = _cached_env(pycache, _repo_of_tpushim())
         modules = json.loads(_run([sys.executable, "-c", CHECK_CODE], env)[1].splitlines()[-1])
         tf_imported = "tensorflow" in modules
-        variants = [StartupVariant("python -c pass", "pass", env),
-                    # The baseline against itself: the noise the other rows' differences sit in.
-                    StartupVariant("python -c pass (again)", "pass", env),
-                    StartupVariant(IMPORT_CODE, IMPORT_CODE, env),
-                    StartupVariant(SHIM_CODE, SHIM_CODE, env)]
+        variants = [
+            StartupVariant("python -c pass", "pass", env),
+            # The baseline against itself: the noise the other rows' differences sit in.
+            StartupVariant("python -c pass (again)", "pass", env),
+            StartupVariant(IMPORT_CODE, IMPORT_CODE, env),
+            StartupVariant(SHIM_CODE, SHIM_CODE, env),
+        ]
         goals = {SHIM_CODE}
         if compare_tree:  # a prototype tree, interleaved with the rest
             label = f"{SHIM_CODE}  [PYTHONPATH={compare_tree}]"
             variants.append(StartupVariant(label, SHIM_CODE, _cached_env(pycache, compare_tree)))
             goals.add(label)
         report["startup"]["cached"] = _startup_rows(
-            table, f"bytecode cached, {reps} runs", variants, reps, goals)
-        table.add("start-up", "modules after patch()", SHIM_CODE,
-                  ", ".join(modules) or "none of those checked", "", "no tensorflow", not tf_imported)
+            table, f"bytecode cached, {reps} runs", variants, reps, goals
+        )
+        table.add(
+            "start-up",
+            "modules after patch()",
+            SHIM_CODE,
+            ", ".join(modules) or "none of those checked",
+            "",
+            "no tensorflow",
+            not tf_imported,
+        )
         report["startup"]["modules"] = modules
         # Under -S no .pth file preloads stdlib modules (this machine's site imports certifi and
         # with it pathlib, typing, re, ...): the cost on a lean interpreter.
         ns_env = _cached_env(pycache, _repo_of_tpushim(), no_site=True)
-        variants = [StartupVariant("python -S -c pass", "pass", ns_env, ["-S"]),
-                    StartupVariant(f"python -S: {SHIM_CODE}", SHIM_CODE, ns_env, ["-S"])]
+        variants = [
+            StartupVariant("python -S -c pass", "pass", ns_env, ["-S"]),
+            StartupVariant(f"python -S: {SHIM_CODE}", SHIM_CODE, ns_env, ["-S"]),
+        ]
         if compare_tree:
-            variants.append(StartupVariant(
-                f"python -S: {SHIM_CODE}  [PYTHONPATH={compare_tree}]", SHIM_CODE,
-                _cached_env(pycache, compare_tree, no_site=True), ["-S"]))
+            variants.append(
+                StartupVariant(
+                    f"python -S: {SHIM_CODE}  [PYTHONPATH={compare_tree}]",
+                    SHIM_CODE,
+                    _cached_env(pycache, compare_tree, no_site=True),
+                    ["-S"],
+                )
+            )
         report["startup"]["no_site"] = _startup_rows(
-            table, f"python -S (no site), {reps} runs", variants, reps, {v.label for v in variants[1:]})
+            table,
+            f"python -S (no site), {reps} runs",
+            variants,
+            reps,
+            {v.label for v in variants[1:]},
+        )
         # As this checkout starts when PYTHONDONTWRITEBYTECODE is set (this machine): an editable
         # install without bytecode compiles tpushim's sources at every start.
         raw_env = benchlib.clean_env({"PYTHONPATH": _repo_of_tpushim()})
         if raw_env.get("PYTHONDONTWRITEBYTECODE"):
-            variants = [StartupVariant("python -c pass", "pass", raw_env),
-                        StartupVariant(SHIM_CODE, SHIM_CODE, raw_env)]
+            variants = [
+                StartupVariant("python -c pass", "pass", raw_env),
+                StartupVariant(SHIM_CODE, SHIM_CODE, raw_env),
+            ]
             report["startup"]["no_bytecode"] = _startup_rows(
-                table, f"PYTHONDONTWRITEBYTECODE=1, no bytecode, {reps // 2} runs", variants,
-                reps // 2, set())
+                table,
+                f"PYTHONDONTWRITEBYTECODE=1, no bytecode, {reps // 2} runs",
+                variants,
+                reps // 2,
+                set(),
+            )
         breakdown = importtime_breakdown(3 if opts.quick else 7, env)
     finally:
         shutil.rmtree(pycache, ignore_errors=True)
     report["startup_importtime"] = breakdown
-    lines = ['python -X importtime -c "import tpushim; tpushim.patch()" (bytecode cached; median '
-             'of runs; microseconds; only the imports after site; depth <= 2 or self >= 300 us):',
-             f"  {'self':>7} {'cumul':>7}  module"]
+    lines = [
+        'python -X importtime -c "import tpushim; tpushim.patch()" (bytecode cached; median '
+        "of runs; microseconds; only the imports after site; depth <= 2 or self >= 300 us):",
+        f"  {'self':>7} {'cumul':>7}  module",
+    ]
     for name, depth, self_us, cum_us in breakdown:
         if depth <= 2 or self_us >= 300:
             lines.append(f"  {self_us:7.0f} {cum_us:7.0f}  {'  ' * depth}{name}")

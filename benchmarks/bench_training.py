@@ -40,6 +40,7 @@ def hand_model_fn(case):
             optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
         train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
         return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
     return model_fn
 
 
@@ -47,12 +48,16 @@ def _hand_written(iterations_per_loop=None):
     def make(case, model_dir):
         tpu = benchlib.tf().compat.v1.estimator.tpu
         tpu_config = tpu.TPUConfig(iterations_per_loop=iterations_per_loop or 2)  # 2: the default
-        est = tpu.TPUEstimator(model_fn=hand_model_fn(case), use_tpu=False,
-                               train_batch_size=case.batch, eval_batch_size=case.batch,
-                               predict_batch_size=case.batch,
-                               config=tpu.RunConfig(tf_random_seed=SEED, model_dir=model_dir,
-                                                    tpu_config=tpu_config))
+        est = tpu.TPUEstimator(
+            model_fn=hand_model_fn(case),
+            use_tpu=False,
+            train_batch_size=case.batch,
+            eval_batch_size=case.batch,
+            predict_batch_size=case.batch,
+            config=tpu.RunConfig(tf_random_seed=SEED, model_dir=model_dir, tpu_config=tpu_config),
+        )
         return est, case.params_input_fn()
+
     return make
 
 
@@ -73,8 +78,11 @@ CONTENDERS = [
 
 
 def cases(quick):
-    return [benchlib.mlp(quick), benchlib.cnn(quick),
-            benchlib.mlp(quick, metrics=(), only=(STOCK, STOCK_AGAIN, "tpushim cpu mode"))]
+    return [
+        benchlib.mlp(quick),
+        benchlib.cnn(quick),
+        benchlib.mlp(quick, metrics=(), only=(STOCK, STOCK_AGAIN, "tpushim cpu mode")),
+    ]
 
 
 def measure_training(contender, case, scratch):
@@ -96,6 +104,7 @@ def run(table, opts, report):
             def measure(contender):
                 rate, kinds[contender.name] = measure_training(contender, case, scratch)
                 return rate
+
             measure(contenders[0])  # warm-up, discarded: first-run costs
             rates = benchlib.interleaved([(c.name, c) for c in contenders], reps, measure)
             paired = benchlib.Paired(rates, STOCK)
@@ -108,8 +117,15 @@ def run(table, opts, report):
                 ratio = paired.ratio(contender.name)
                 if contender.expect:
                     goal, ok = contender.expect[1], ratio >= contender.expect[0]
-                table.add(SECTION, label, f"{contender.name} [{kinds[contender.name]}]",
-                          f"{rate:.0f} steps/s = {rate * case.batch:.0f} ex/s", f"{ratio:.3f}x",
-                          goal, ok, spread=paired.spread(contender.name),
-                          noise=(min(noise), max(noise)))
+                table.add(
+                    SECTION,
+                    label,
+                    f"{contender.name} [{kinds[contender.name]}]",
+                    f"{rate:.0f} steps/s = {rate * case.batch:.0f} ex/s",
+                    f"{ratio:.3f}x",
+                    goal,
+                    ok,
+                    spread=paired.spread(contender.name),
+                    noise=(min(noise), max(noise)),
+                )
             report["train"][label] = rates

@@ -23,8 +23,9 @@ def _call(tf, tpushim, case, scratch, mode):
         model = case.keras_model()
         config = tf.estimator.RunConfig(tf_random_seed=SEED)
         start = time.perf_counter()
-        est = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=scratch.new(),
-                                                    config=config)
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=model, model_dir=scratch.new(), config=config
+        )
         elapsed = time.perf_counter() - start
     finally:
         tpushim.unpatch()
@@ -38,6 +39,7 @@ def _wrapper_alone(tpushim, keras_lib, model, n):
 
     def stand_in(*args, **kwargs):
         del args, kwargs
+
     stand_in.__wrapped__ = original  # same inspect.signature as the real one
     keras_lib.model_to_estimator = stand_in
     alone = {"stand-in": [], "wrapped": []}
@@ -61,12 +63,17 @@ def _wrapper_alone(tpushim, keras_lib, model, n):
 def run(table, opts, report):
     """The ``wrapper`` section."""
     tf = benchlib.tf()
-    import tpushim  # pylint: disable=import-outside-toplevel
-    from tensorflow_estimator.python.estimator import keras_lib  # pylint: disable=import-outside-toplevel
+    from tensorflow_estimator.python.estimator import keras_lib
+
+    import tpushim
+
     case = benchlib.mlp(opts.quick)
     reps = benchlib.rounds(opts, full=40, quick=6)
-    contenders = [("stock (unpatched)", None), ("stock again (unpatched)", None),
-                  ("tpushim auto, no TPU", "auto")]
+    contenders = [
+        ("stock (unpatched)", None),
+        ("stock again (unpatched)", None),
+        ("tpushim auto, no TPU", "auto"),
+    ]
     with benchlib.ScratchDir("tpushim-bench-wrapper-") as scratch:
         measure = lambda mode: _call(tf, tpushim, case, scratch, mode)
         measure(None), measure("auto")  # first calls import keras_lib and tpushim._detect
@@ -85,11 +92,25 @@ def run(table, opts, report):
             continue
         added = paired.ratio(name, added_pct)
         goal = mode is not None
-        table.add(SECTION, label, name, value, f"{added:+.2f}%", "<= +1%" if goal else "",
-                  added <= 1.0 if goal else None, spread=paired.spread(name, added_pct, "{:+.1f}%"),
-                  noise=(min(noise[0]), max(noise[0])))
+        table.add(
+            SECTION,
+            label,
+            name,
+            value,
+            f"{added:+.2f}%",
+            "<= +1%" if goal else "",
+            added <= 1.0 if goal else None,
+            spread=paired.spread(name, added_pct, "{:+.1f}%"),
+            noise=(min(noise[0]), max(noise[0])),
+        )
     own_us = (median(alone["wrapped"]) - median(alone["stand-in"])) * 1e6
-    table.add(SECTION, f"wrapper alone, {n} calls x5", "tpushim layer, auto, no TPU",
-              f"{own_us:.1f} us/call", f"{own_us / 1e3 / stock * 100:+.3f}%", "<= 1%",
-              own_us / 1e3 / stock <= 0.01)
+    table.add(
+        SECTION,
+        f"wrapper alone, {n} calls x5",
+        "tpushim layer, auto, no TPU",
+        f"{own_us:.1f} us/call",
+        f"{own_us / 1e3 / stock * 100:+.3f}%",
+        "<= 1%",
+        own_us / 1e3 / stock <= 0.01,
+    )
     report["wrapper"] = {"calls_s": times, "alone_s": alone}

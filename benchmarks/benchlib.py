@@ -24,9 +24,11 @@ def rounds(opts, full, quick):
 
 def tpu_env_vars():
     """Every variable that configures tpushim or names a TPU (tpushim's own lists)."""
-    from tpushim import _detect, _settings  # pylint: disable=import-outside-toplevel
-    return tuple(dict.fromkeys((*_settings.ENV_VARS.values(), "TPUSHIM_AUTOPATCH",
-                                *_detect.TPU_ENV_VARS)))
+    from tpushim import _detect, _settings
+
+    return tuple(
+        dict.fromkeys((*_settings.ENV_VARS.values(), "TPUSHIM_AUTOPATCH", *_detect.TPU_ENV_VARS))
+    )
 
 
 def clean_env(extra=None):
@@ -54,7 +56,11 @@ class Paired:
     def spread(self, name, of=lambda v, b: v / b, fmt="{:.3f}"):
         """The range of the per-round ratios, as text: the noise a median ratio sits in."""
         r = self.ratios(name, of)
-        return f"{fmt.format(min(r))}..{fmt.format(max(r))}" if len(r) > 1 and name != self.baseline else ""
+        return (
+            f"{fmt.format(min(r))}..{fmt.format(max(r))}"
+            if len(r) > 1 and name != self.baseline
+            else ""
+        )
 
 
 class Table:
@@ -79,7 +85,9 @@ class Table:
         return [r for r in self.rows if r[-1].startswith("NO")]
 
     def render(self):
-        widths = [max(len(str(r[i])) for r in self.rows + [self.HEAD]) for i in range(len(self.HEAD))]
+        widths = [
+            max(len(str(r[i])) for r in self.rows + [self.HEAD]) for i in range(len(self.HEAD))
+        ]
         line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
         out = [line(self.HEAD), line(["-" * w for w in widths])]
         last = None
@@ -109,11 +117,14 @@ def interleaved(contenders, reps, measure):
 
 # -- TensorFlow side: models, data, estimators ------------------------------------------------------
 
+
 def tf():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow  # pylint: disable=import-outside-toplevel
+    import tensorflow
+
     tensorflow.get_logger().setLevel("ERROR")
-    import warnings  # pylint: disable=import-outside-toplevel
+    import warnings
+
     warnings.filterwarnings("ignore", module="keras")
     return tensorflow
 
@@ -125,8 +136,20 @@ class ModelCase:
     (None: all).
     """
 
-    def __init__(self, name, build_layers, input_shape, classes, n, batch, lr, warmup, measure,
-                 metrics=("accuracy",), only=None):
+    def __init__(
+        self,
+        name,
+        build_layers,
+        input_shape,
+        classes,
+        n,
+        batch,
+        lr,
+        warmup,
+        measure,
+        metrics=("accuracy",),
+        only=None,
+    ):
         self.name, self.build_layers, self.input_shape = name, build_layers, input_shape
         self.classes, self.n, self.batch, self.lr = classes, n, batch, lr
         self.warmup, self.measure, self.metrics, self.only = warmup, measure, metrics, only
@@ -134,7 +157,8 @@ class ModelCase:
 
     def data(self):
         if self._data is None:
-            import numpy as np  # pylint: disable=import-outside-toplevel
+            import numpy as np
+
             rng = np.random.RandomState(0)
             x = rng.rand(self.n, *self.input_shape).astype("float32")
             y = rng.randint(0, self.classes, size=(self.n, 1)).astype("int64")
@@ -146,8 +170,11 @@ class ModelCase:
         t.keras.backend.clear_session()
         t.keras.utils.set_random_seed(0)
         model = t.keras.Sequential([t.keras.Input(self.input_shape)] + self.build_layers())
-        model.compile(optimizer=optimizer or t.keras.optimizers.legacy.SGD(self.lr),
-                      loss="sparse_categorical_crossentropy", metrics=list(self.metrics))
+        model.compile(
+            optimizer=optimizer or t.keras.optimizers.legacy.SGD(self.lr),
+            loss="sparse_categorical_crossentropy",
+            metrics=list(self.metrics),
+        )
         return model
 
     def apply_layers(self, features):
@@ -170,51 +197,87 @@ class ModelCase:
         x, y = self.data()
 
         def input_fn(params):
-            return t.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-                params["batch_size"], drop_remainder=True)
+            return (
+                t.data.Dataset.from_tensor_slices((x, y))
+                .repeat()
+                .batch(params["batch_size"], drop_remainder=True)
+            )
+
         return input_fn
 
 
 def _mlp_layers():
     L = tf().keras.layers
-    return [L.Dense(16, activation="relu", name="hidden"), L.Dense(3, activation="softmax", name="probs")]
+    return [
+        L.Dense(16, activation="relu", name="hidden"),
+        L.Dense(3, activation="softmax", name="probs"),
+    ]
 
 
 def _cnn_layers():
     L = tf().keras.layers
-    return [L.Conv2D(16, 3, activation="relu", name="conv1"), L.MaxPooling2D(name="pool1"),
-            L.Conv2D(32, 3, activation="relu", name="conv2"), L.MaxPooling2D(name="pool2"),
-            L.Flatten(name="flat"), L.Dense(64, activation="relu", name="dense"),
-            L.Dense(10, activation="softmax", name="probs")]
+    return [
+        L.Conv2D(16, 3, activation="relu", name="conv1"),
+        L.MaxPooling2D(name="pool1"),
+        L.Conv2D(32, 3, activation="relu", name="conv2"),
+        L.MaxPooling2D(name="pool2"),
+        L.Flatten(name="flat"),
+        L.Dense(64, activation="relu", name="dense"),
+        L.Dense(10, activation="softmax", name="probs"),
+    ]
 
 
 def mlp(quick, **kwargs):
-    return ModelCase("tiny MLP 4-16-3", _mlp_layers, (4,), 3, 4096, 32, 0.05,
-                     warmup=50 if quick else 100, measure=400 if quick else 2500, **kwargs)
+    return ModelCase(
+        "tiny MLP 4-16-3",
+        _mlp_layers,
+        (4,),
+        3,
+        4096,
+        32,
+        0.05,
+        warmup=50 if quick else 100,
+        measure=400 if quick else 2500,
+        **kwargs,
+    )
 
 
 def cnn(quick):
-    return ModelCase("CNN 28x28x1 (MNIST-sized)", _cnn_layers, (28, 28, 1), 10, 2048, 32, 0.01,
-                     warmup=10 if quick else 20, measure=40 if quick else 300)
+    return ModelCase(
+        "CNN 28x28x1 (MNIST-sized)",
+        _cnn_layers,
+        (28, 28, 1),
+        10,
+        2048,
+        32,
+        0.01,
+        warmup=10 if quick else 20,
+        measure=40 if quick else 300,
+    )
 
 
 def converted(mode):
     """``make(case, model_dir) -> (estimator, legacy input_fn)``: model_to_estimator with tpushim
     in ``mode`` (None: unpatched, the stock estimator)."""
+
     def make(case, model_dir):
         t = tf()
-        import tpushim  # pylint: disable=import-outside-toplevel
+        import tpushim
+
         if mode is None:
             tpushim.unpatch()
         else:
             tpushim.patch(mode=mode)
         try:
             est = t.keras.estimator.model_to_estimator(
-                keras_model=case.keras_model(), model_dir=model_dir,
-                config=t.estimator.RunConfig(tf_random_seed=SEED))
+                keras_model=case.keras_model(),
+                model_dir=model_dir,
+                config=t.estimator.RunConfig(tf_random_seed=SEED),
+            )
         finally:
             tpushim.unpatch()
         return est, case.legacy_input_fn()
+
     return make
 
 
@@ -225,7 +288,7 @@ class StepTimer:
         timer = self
 
         class Hook(tf().compat.v1.train.SessionRunHook):
-            def after_run(hook, run_context, run_values):  # pylint: disable=no-self-argument
+            def after_run(hook, run_context, run_values):
                 del run_context, run_values
                 timer.steps += 1
                 if timer.steps in (warmup, warmup + measure):

@@ -11,7 +11,9 @@ from tpushim import _detect, _patch, _settings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 #: every variable that configures tpushim or a TPU: unset in each test (tests/helpers import this)
-TPUSHIM_VARS = tuple(dict.fromkeys((*_settings.ENV_VARS.values(), "TPUSHIM_AUTOPATCH", *_detect.TPU_ENV_VARS)))
+TPUSHIM_VARS = tuple(
+    dict.fromkeys((*_settings.ENV_VARS.values(), "TPUSHIM_AUTOPATCH", *_detect.TPU_ENV_VARS))
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,9 +29,11 @@ def restore_state(monkeypatch):
     finally:
         os.environ.clear()
         os.environ.update(environ)
-    import sys  # pylint: disable=import-outside-toplevel
+    import sys
+
     if "tensorflow" in sys.modules:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        import tensorflow as tf
+
         tf.keras.backend.clear_session()
 
 

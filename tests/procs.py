@@ -36,5 +36,12 @@ def python(args=(), *, code=None, env=None, cwd=None, timeout=240, interpreter_f
     if code is not None:
         command += ["-c", textwrap.dedent(code)]
     command += [str(a) for a in args]
-    return subprocess.run(command, env=env_without_tpu(**(env or {})), cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        command,
+        check=False,
+        env=env_without_tpu(**(env or {})),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

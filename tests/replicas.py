@@ -34,6 +34,7 @@ GLOBAL = REPLICAS * PER
 
 # -- rung 2: replicated by TPU replication, built, never run ----------------------------------------
 
+
 def replicate(computation, replicas=REPLICAS):
     """``computation()`` replicated over ``replicas`` TPU replicas in a new graph with a global step.
 
@@ -63,7 +64,9 @@ def replicated_model_fn(model, mode, features_fn, labels_fn, out_fn, per=PER):
     captured = {}
 
     def computation():
-        spec = model_fn(features_fn(), labels_fn(), mode, params={"use_tpu": True, "batch_size": per})
+        spec = model_fn(
+            features_fn(), labels_fn(), mode, params={"use_tpu": True, "batch_size": per}
+        )
         captured["spec"] = spec
         return out_fn(spec)
 
@@ -101,6 +104,7 @@ def live_ops(outputs):
 
 # -- rung 2b: emulated with numbers -----------------------------------------------------------------
 
+
 class _Rendezvous:
     """cross_replica_sum across replicas built one after another in one graph."""
 
@@ -122,7 +126,7 @@ class _Rendezvous:
             xs = [calls[i][1] for calls in self.calls]
             for op in ops:
                 for k, x in enumerate(xs):
-                    op._update_input(k, x)  # pylint: disable=protected-access
+                    op._update_input(k, x)
 
 
 def shard(r):
@@ -137,7 +141,9 @@ def global_vars(graph):
 def _placeholders(template):
     """Placeholders for one shard's slice of a global batch shaped like ``template`` (numpy)."""
     return tf.nest.map_structure(
-        lambda a: tf.compat.v1.placeholder(tf.as_dtype(a.dtype), [PER] + list(a.shape[1:])), template)
+        lambda a: tf.compat.v1.placeholder(tf.as_dtype(a.dtype), [PER] + list(a.shape[1:])),
+        template,
+    )
 
 
 class Assigner:
@@ -161,8 +167,10 @@ def tpu_model(build_model):
 
 def max_diff(a, b):
     """The largest absolute difference between two lists of arrays."""
-    return max(float(np.max(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64))))
-               for p, q in zip(a, b))
+    return max(
+        float(np.max(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64))))
+        for p, q in zip(a, b)
+    )
 
 
 class Emulation:
@@ -177,12 +185,21 @@ class Emulation:
 
     def __init__(self, model, mode, template):
         self.graph, rv = tf.Graph(), _Rendezvous()
-        self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = [], [], [], [], [], []
+        self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
         self._assign = {}
         with self.graph.as_default(), contextlib.ExitStack() as patches:
-            patch = lambda target, name, value: patches.enter_context(mock.patch.object(target, name, value))
+            patch = lambda target, name, value: patches.enter_context(
+                mock.patch.object(target, name, value)
+            )
             model_fn = _model_fn.make_model_fn(model)
-            build_clone = _model_fn._tfprivate.clone_and_build_model  # pylint: disable=protected-access
+            build_clone = _model_fn._tfprivate.clone_and_build_model
 
             def recording_clone(*args, **kwargs):
                 clone = build_clone(*args, **kwargs)
@@ -192,17 +209,22 @@ class Emulation:
                     # non-slot variables (Adam's beta powers) are per graph: 8 replicas in one
                     # graph would share (and 8 times advance) them. Each TPU core has its own.
                     inner = copy.copy(inner)
-                    inner._slots, inner._non_slot_dict = {}, {}  # pylint: disable=protected-access
+                    inner._slots, inner._non_slot_dict = {}, {}
                     clone.optimizer.optimizer = inner
                 self.clones.append(clone)
                 return clone
-            patch(_model_fn._tfprivate, "clone_and_build_model", recording_clone)  # pylint: disable=protected-access
+
+            patch(_model_fn._tfprivate, "clone_and_build_model", recording_clone)
             patch(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
             patch(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)  # CrossShardOptimizer's
             for r in range(REPLICAS):
                 step = tf.compat.v1.get_variable(
-                    f"replica_{r}_global_step", shape=[], dtype=tf.int64, trainable=False,
-                    initializer=tf.compat.v1.zeros_initializer())
+                    f"replica_{r}_global_step",
+                    shape=[],
+                    dtype=tf.int64,
+                    trainable=False,
+                    initializer=tf.compat.v1.zeros_initializer(),
+                )
                 patch(tf.compat.v1.train, "get_or_create_global_step", lambda graph=None, s=step: s)
                 patch(tf.compat.v1.train, "get_global_step", lambda graph=None, s=step: s)
                 before = {v.ref() for v in global_vars(self.graph)}
@@ -214,8 +236,11 @@ class Emulation:
                 features, labels = tensors if isinstance(tensors, tuple) else (tensors, None)
                 self.features.append(features)
                 with tpu_function.tpu_shard_context(REPLICAS):
-                    self.specs.append(model_fn(features, labels, mode,
-                                               params={"use_tpu": True, "batch_size": PER}))
+                    self.specs.append(
+                        model_fn(
+                            features, labels, mode, params={"use_tpu": True, "batch_size": PER}
+                        )
+                    )
                 self.inputs.append(inputs)
                 self.steps.append(step)
                 self.vars.append([v for v in global_vars(self.graph) if v.ref() not in before])
@@ -224,8 +249,12 @@ class Emulation:
             # Grappler's rewrites of an 8-replica graph cost more than these tiny steps save.
             config.graph_options.rewrite_options.disable_meta_optimizer = True
             self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
-            self.sess.run([tf.compat.v1.global_variables_initializer(),
-                           tf.compat.v1.local_variables_initializer()])
+            self.sess.run(
+                [
+                    tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer(),
+                ]
+            )
 
     def feed(self, batch):
         """Replica r gets rows [r*PER, (r+1)*PER) of the global ``batch``."""
@@ -247,11 +276,15 @@ class Emulation:
     def load_weights(self, values):
         """Every replica's model weights (Keras order) set to ``values``."""
         assert len({id(c) for c in self.clones}) == len(self.clones), (
-            "a subclassed model is reset in place by each replica's clone: use start_as_replica_0")
+            "a subclassed model is reset in place by each replica's clone: use start_as_replica_0"
+        )
         for clone in self.clones:
             assert [w.shape.as_list() for w in clone.weights] == [list(np.shape(v)) for v in values]
-        self._set("weights", [w for clone in self.clones for w in clone.weights],
-                  list(values) * len(self.clones))
+        self._set(
+            "weights",
+            [w for clone in self.clones for w in clone.weights],
+            list(values) * len(self.clones),
+        )
 
     def start_as_replica_0(self):
         """Every replica's variables set to replica 0's initial values; returns those values."""

@@ -8,9 +8,9 @@ import shutil
 import sys
 import textwrap
 
+import procs
 import pytest
 
-import procs
 import tpushim
 from tpushim import _autopatch, _console
 
@@ -36,15 +36,20 @@ def startup(env):
 def pth_line_from_setup():
     tree = ast.parse((ROOT / "setup.py").read_text())
     for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "AUTOPATCH_LINE":
+        if (
+            isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", None) == "AUTOPATCH_LINE"
+        ):
             return ast.literal_eval(node.value)
     raise AssertionError("setup.py defines no AUTOPATCH_LINE")
 
 
 def test_pth_is_installed_and_never_evaluates_the_variable():
     files = _console.autopatch_files()
-    assert files, (f"{_console.PTH_NAME} is not in site-packages: reinstall with pip install -e . "
-                   "(setup.py's build_py / develop write it)")
+    assert files, (
+        f"{_console.PTH_NAME} is not in site-packages: reinstall with pip install -e . "
+        "(setup.py's build_py / develop write it)"
+    )
     text = pathlib.Path(files[0]).read_text()
     assert text == pth_line_from_setup()  # the installed line is the one setup.py writes
     assert text.startswith("import ") and text.count("\n") == 1  # site executes it as one line
@@ -91,7 +96,8 @@ def test_kill_switch_turns_autopatch_off():
 @pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_autopatched_legacy_script_converts(tmp_path):
     script = tmp_path / "legacy.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         import sys
         tf_at_start = "tensorflow" in sys.modules
         import tensorflow as tf
@@ -100,9 +106,11 @@ def test_autopatched_legacy_script_converts(tmp_path):
         model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
         estimator = model_to_estimator(keras_model=model, model_dir=sys.argv[1])
         print("RESULT", tf_at_start, isinstance(estimator, tf.compat.v1.estimator.tpu.TPUEstimator))
-        """))
-    proc = procs.python([script, tmp_path / "model"],
-                        env={"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_MODE": "cpu"})
+        """)
+    )
+    proc = procs.python(
+        [script, tmp_path / "model"], env={"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_MODE": "cpu"}
+    )
     assert proc.returncode == 0, proc.stderr
     assert "RESULT False True" in proc.stdout
     assert "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False" in proc.stderr
@@ -112,10 +120,14 @@ def test_waits_for_sys_path_when_wrapt_comes_from_a_later_site_dir(tmp_path):
     # A user-site or venv install: tpushim's .pth runs before the site dir holding wrapt is added.
     early, src = tmp_path / "early-site", tmp_path / "src"
     early.mkdir()
-    shutil.copytree(pathlib.Path(tpushim.__file__).parent, src / "tpushim",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        pathlib.Path(tpushim.__file__).parent,
+        src / "tpushim",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     (early / _console.PTH_NAME).write_text(pth_line_from_setup())
-    import wrapt  # pylint: disable=import-outside-toplevel
+    import wrapt
+
     later = os.path.dirname(os.path.dirname(os.path.abspath(wrapt.__file__)))
     code = f"""\
         import importlib.util, site, sys
@@ -132,8 +144,9 @@ def test_waits_for_sys_path_when_wrapt_comes_from_a_later_site_dir(tmp_path):
         import tpushim
         print("PATCHED", tpushim.is_patched(), tpushim.__file__.startswith({str(src)!r}))
         """
-    proc = procs.python(code=code, env={"TPUSHIM_AUTOPATCH": "1"}, cwd=tmp_path,
-                        interpreter_flags=("-S",))
+    proc = procs.python(
+        code=code, env={"TPUSHIM_AUTOPATCH": "1"}, cwd=tmp_path, interpreter_flags=("-S",)
+    )
     assert proc.returncode == 0, proc.stderr
     assert "PATCHED True True" in proc.stdout
     assert "Warning" not in proc.stderr and "Error processing" not in proc.stderr
@@ -154,8 +167,21 @@ def test_deferred_patch_triggers_once_and_leaves(monkeypatch):
     _console.hide_conversions()
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("1", True), ("TRUE", True), ("yes", True), ("on", True), ("", False), ("0", False),
-    ("false", False), ("no", False), ("off", False), ("2", None), ("enable", None)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("1", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("on", True),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("off", False),
+        ("2", None),
+        ("enable", None),
+    ],
+)
 def test_values(value, expected):
     assert _autopatch.wanted({"TPUSHIM_AUTOPATCH": value}) is expected

@@ -1,14 +1,12 @@
 """Every bad input, in one table: a clear error that names what was wrong and how to fix it,
 raised before anything is patched or written."""
 
-import os
-
 import pytest
 import tensorflow as tf
+import tfcases
 from tensorflow_estimator.python.estimator import keras_lib
 from tensorflow_estimator.python.estimator.tpu import tpu_config
 
-import tfcases
 import tpushim
 from tpushim import _patch
 
@@ -33,35 +31,95 @@ def _env(monkeypatch, var, value):
 # name: (action, error type, what was wrong, how to fix it) -- both must be in the message.
 # (TensorFlow 2.16, which warns rather than raises, is tests/test_versions.py's.)
 CASES = {
-    "uncompiled model": (lambda d, mp: _convert(d, keras_model=tfcases.uncompiled()), ValueError,
-                         "has not been compiled yet", "Please compile the model with `model.compile()`"),
-    "subclassed model, object checkpoints": (lambda d, mp: _convert(d, keras_model=tfcases.subclassed()), ValueError,
-                                             "Object-based checkpoints are currently not supported with subclassed models",
-                                             "Pass checkpoint_format='saver'"),
-    "neither model nor path": (lambda d, mp: _convert(d), ValueError, "Either `keras_model` or `keras_model_path`", "needs to be provided"),
-    "unaggregatable optimizer": (lambda d, mp: _convert(d, keras_model=tfcases.sequential(
-        optimizer=tfcases.HandRolledSGD(name="h"))), tpushim.ConversionError, "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent", "Compile with a built-in Keras optimizer"),
-    "metric without config": (lambda d, mp: _convert(d, keras_model=tfcases.sequential(
-        metrics=[tfcases.NoConfigMetric(0.5)])), tpushim.ConversionError, "cannot rebuild metric 'above'", "Implement get_config() on it"),
-    "TPUSHIM_MODE garbage": (lambda d, mp: _env(mp, "TPUSHIM_MODE", "turbo"), tpushim.ConfigurationError,
-                             "TPUSHIM_MODE='turbo' is not a valid tpushim mode", "choose one of auto, cpu, tpu, off"),
-    "TPUSHIM_BATCH_SIZE garbage": (lambda d, mp: _env(mp, "TPUSHIM_BATCH_SIZE", "lots"), tpushim.ConfigurationError,
-                                   "TPUSHIM_BATCH_SIZE='lots' is not a positive integer", "set it to e.g. 128, or unset it"),
-    "TPUSHIM_ITERATIONS_PER_LOOP garbage": (lambda d, mp: _env(mp, "TPUSHIM_ITERATIONS_PER_LOOP", "0"),
-                                            tpushim.ConfigurationError, "TPUSHIM_ITERATIONS_PER_LOOP must be a positive integer", "(e.g. 128); got 0"),
-    "TPUSHIM_TPU garbage": (lambda d, mp: _env(mp, "TPUSHIM_TPU", "https://tpu"), tpushim.ConfigurationError,
-                            "TPUSHIM_TPU='https://tpu'", "must start with grpc:// (e.g. grpc://10.0.0.2:8470); or give a TPU name or 'local'"),
-    "indivisible batch": (lambda d, mp: (tpushim.patch(tpu="grpc://127.0.0.1:1", batch_size=30),
-                                         tf.keras.estimator.model_to_estimator(
-                                             keras_model=tfcases.sequential(), model_dir=str(d),
-                                             config=tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8)))),
-                          tpushim.ConversionError, "global batch size 30 does not divide among 8 TPU cores", "use a multiple of 8 (24 or 32)"),
-    "input_fn returns None": (lambda d, mp: _train(d, lambda: None), tpushim.ConversionError,
-                              "input_fn '<lambda>' returned None", "Return a tf.data.Dataset instead"),
-    "input_fn returns a list of numbers": (lambda d, mp: _train(d, lambda: [1, 2, 3]), tpushim.ConversionError,
-                                           "returned [1, 2, 3]", "it must return a tf.data.Dataset of (features, labels)"),
-    "mode tpu without a TPU": (lambda d, mp: _convert(d, mode="tpu", keras_model=tfcases.sequential()),
-                               tpushim.NoTPUError, "needs a TPU, and none is configured", "Name one with tpushim.patch(tpu=...) or TPUSHIM_TPU"),
+    "uncompiled model": (
+        lambda d, mp: _convert(d, keras_model=tfcases.uncompiled()),
+        ValueError,
+        "has not been compiled yet",
+        "Please compile the model with `model.compile()`",
+    ),
+    "subclassed model, object checkpoints": (
+        lambda d, mp: _convert(d, keras_model=tfcases.subclassed()),
+        ValueError,
+        "Object-based checkpoints are currently not supported with subclassed models",
+        "Pass checkpoint_format='saver'",
+    ),
+    "neither model nor path": (
+        lambda d, mp: _convert(d),
+        ValueError,
+        "Either `keras_model` or `keras_model_path`",
+        "needs to be provided",
+    ),
+    "unaggregatable optimizer": (
+        lambda d, mp: _convert(
+            d, keras_model=tfcases.sequential(optimizer=tfcases.HandRolledSGD(name="h"))
+        ),
+        tpushim.ConversionError,
+        "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent",
+        "Compile with a built-in Keras optimizer",
+    ),
+    "metric without config": (
+        lambda d, mp: _convert(
+            d, keras_model=tfcases.sequential(metrics=[tfcases.NoConfigMetric(0.5)])
+        ),
+        tpushim.ConversionError,
+        "cannot rebuild metric 'above'",
+        "Implement get_config() on it",
+    ),
+    "TPUSHIM_MODE garbage": (
+        lambda d, mp: _env(mp, "TPUSHIM_MODE", "turbo"),
+        tpushim.ConfigurationError,
+        "TPUSHIM_MODE='turbo' is not a valid tpushim mode",
+        "choose one of auto, cpu, tpu, off",
+    ),
+    "TPUSHIM_BATCH_SIZE garbage": (
+        lambda d, mp: _env(mp, "TPUSHIM_BATCH_SIZE", "lots"),
+        tpushim.ConfigurationError,
+        "TPUSHIM_BATCH_SIZE='lots' is not a positive integer",
+        "set it to e.g. 128, or unset it",
+    ),
+    "TPUSHIM_ITERATIONS_PER_LOOP garbage": (
+        lambda d, mp: _env(mp, "TPUSHIM_ITERATIONS_PER_LOOP", "0"),
+        tpushim.ConfigurationError,
+        "TPUSHIM_ITERATIONS_PER_LOOP must be a positive integer",
+        "(e.g. 128); got 0",
+    ),
+    "TPUSHIM_TPU garbage": (
+        lambda d, mp: _env(mp, "TPUSHIM_TPU", "https://tpu"),
+        tpushim.ConfigurationError,
+        "TPUSHIM_TPU='https://tpu'",
+        "must start with grpc:// (e.g. grpc://10.0.0.2:8470); or give a TPU name or 'local'",
+    ),
+    "indivisible batch": (
+        lambda d, mp: (
+            tpushim.patch(tpu="grpc://127.0.0.1:1", batch_size=30),
+            tf.keras.estimator.model_to_estimator(
+                keras_model=tfcases.sequential(),
+                model_dir=str(d),
+                config=tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8)),
+            ),
+        ),
+        tpushim.ConversionError,
+        "global batch size 30 does not divide among 8 TPU cores",
+        "use a multiple of 8 (24 or 32)",
+    ),
+    "input_fn returns None": (
+        lambda d, mp: _train(d, lambda: None),
+        tpushim.ConversionError,
+        "input_fn '<lambda>' returned None",
+        "Return a tf.data.Dataset instead",
+    ),
+    "input_fn returns a list of numbers": (
+        lambda d, mp: _train(d, lambda: [1, 2, 3]),
+        tpushim.ConversionError,
+        "returned [1, 2, 3]",
+        "it must return a tf.data.Dataset of (features, labels)",
+    ),
+    "mode tpu without a TPU": (
+        lambda d, mp: _convert(d, mode="tpu", keras_model=tfcases.sequential()),
+        tpushim.NoTPUError,
+        "needs a TPU, and none is configured",
+        "Name one with tpushim.patch(tpu=...) or TPUSHIM_TPU",
+    ),
 }
 
 
@@ -82,6 +140,7 @@ def test_bad_input(case, tmp_path, monkeypatch):
 
 def test_public_names_bound_before_patching_still_convert(tmp_path):
     from tensorflow.keras.estimator import model_to_estimator  # bound before patch()
+
     tpushim.patch(mode="cpu")
     est = model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
     assert isinstance(est, tf.compat.v1.estimator.tpu.TPUEstimator)

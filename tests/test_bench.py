@@ -8,9 +8,8 @@ import os
 import re
 import sys
 
-import pytest
-
 import procs
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks", "bench.py")
@@ -25,13 +24,16 @@ def _table(stdout):
     spans = [m.span() for m in re.finditer(r"-+", rule)]
     names = tuple(head[a:b].strip() for a, b in spans)
     for a, _ in spans[1:]:
-        assert head[a - 2:a] == "  ", "columns are separated by two spaces"
+        assert head[a - 2 : a] == "  ", "columns are separated by two spaces"
     rows = []
-    for line in lines[i + 2:]:
+    for line in lines[i + 2 :]:
         if line.startswith("goals missed"):  # printed right after the table
             break
         if line.strip():  # a blank line separates sections
-            cells = [line[a:b if k < len(spans) - 1 else None].strip() for k, (a, b) in enumerate(spans)]
+            cells = [
+                line[a : b if k < len(spans) - 1 else None].strip()
+                for k, (a, b) in enumerate(spans)
+            ]
             rows.append(dict(zip(names, cells)))
     return names, rows
 
@@ -66,34 +68,50 @@ def test_unknown_section_is_a_usage_error():
 def bench(monkeypatch):
     """benchmarks/bench.py imported here, sys.path restored afterwards."""
     monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])
-    import bench as module  # pylint: disable=import-outside-toplevel
+    import bench as module
+
     return module
 
 
 def _section(values, bound):
     """A section judging contender 'shim' against 'stock', with 'stock again' as the noise."""
+
     def run(table, opts, report):
         del opts, report
-        import benchlib  # pylint: disable=import-outside-toplevel
+        import benchlib
+
         paired = benchlib.Paired(values, "stock")
         noise = paired.ratios("stock again")
         for name in values:
             ratio = paired.ratio(name)
             is_goal = name == "shim"
-            table.add("toy", "case", name, f"{ratio:.3f}", f"{ratio:.3f}x", ">= goal" if is_goal else "",
-                      ratio >= bound if is_goal else None, spread=paired.spread(name),
-                      noise=(min(noise), max(noise)))
+            table.add(
+                "toy",
+                "case",
+                name,
+                f"{ratio:.3f}",
+                f"{ratio:.3f}x",
+                ">= goal" if is_goal else "",
+                ratio >= bound if is_goal else None,
+                spread=paired.spread(name),
+                noise=(min(noise), max(noise)),
+            )
+
     return run
 
 
-@pytest.mark.parametrize("shim,bound,status,verdict", [
-    ([0.95, 0.94, 0.96], 0.90, 0, "yes"),
-    # Missed, by a median that stock against itself also reaches (0.9..1.1): still missed.
-    ([0.95, 0.94, 0.96], 0.99, 1, "NO (within stock-vs-stock spread)"),
-    ([0.85, 0.84, 0.86], 0.90, 1, "NO"),
-])
-def test_exit_status_is_1_when_a_goal_is_missed_noise_or_not(bench, monkeypatch, capsys, shim, bound,
-                                                             status, verdict):
+@pytest.mark.parametrize(
+    "shim,bound,status,verdict",
+    [
+        ([0.95, 0.94, 0.96], 0.90, 0, "yes"),
+        # Missed, by a median that stock against itself also reaches (0.9..1.1): still missed.
+        ([0.95, 0.94, 0.96], 0.99, 1, "NO (within stock-vs-stock spread)"),
+        ([0.85, 0.84, 0.86], 0.90, 1, "NO"),
+    ],
+)
+def test_exit_status_is_1_when_a_goal_is_missed_noise_or_not(
+    bench, monkeypatch, capsys, shim, bound, status, verdict
+):
     values = {"stock": [1.0, 1.0, 1.0], "stock again": [0.9, 1.0, 1.1], "shim": shim}
     monkeypatch.setitem(bench.SECTIONS, "toy", _section(values, bound))
     assert bench.main(["--only", "toy"]) == status

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+import tfcases
 from tensorflow_estimator.python.estimator.tpu import tpu_config
 
-import tfcases
 import tpushim
 from tpushim._estimator import TPUShimEstimator
 
@@ -16,8 +16,10 @@ pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the 
 
 
 def convert(mode, model_dir, model=None, spelling="v2", **kwargs):
-    fn = {"v2": tf.keras.estimator.model_to_estimator,
-          "v1": tf.compat.v1.keras.estimator.model_to_estimator}[spelling]
+    fn = {
+        "v2": tf.keras.estimator.model_to_estimator,
+        "v1": tf.compat.v1.keras.estimator.model_to_estimator,
+    }[spelling]
     tpushim.patch(mode=mode)
     try:
         if "keras_model_path" not in kwargs and "keras_model" not in kwargs:
@@ -100,14 +102,24 @@ def test_run_config_is_carried_and_distribute_warned(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="tpushim")
     session = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
     config = tf.estimator.RunConfig(
-        tf_random_seed=3, save_checkpoints_steps=30, keep_checkpoint_max=2, save_summary_steps=7,
-        log_step_count_steps=11, session_config=session,
-        train_distribute=tf.distribute.OneDeviceStrategy("/cpu:0"))
+        tf_random_seed=3,
+        save_checkpoints_steps=30,
+        keep_checkpoint_max=2,
+        save_summary_steps=7,
+        log_step_count_steps=11,
+        session_config=session,
+        train_distribute=tf.distribute.OneDeviceStrategy("/cpu:0"),
+    )
     est = convert("cpu", tmp_path, config=config)
     c = est.config
     assert isinstance(c, tpu_config.RunConfig)
-    assert (c.model_dir, c.tf_random_seed, c.save_checkpoints_steps, c.keep_checkpoint_max,
-            c.save_summary_steps) == (str(tmp_path), 3, 30, 2, 7)
+    assert (
+        c.model_dir,
+        c.tf_random_seed,
+        c.save_checkpoints_steps,
+        c.keep_checkpoint_max,
+        c.save_summary_steps,
+    ) == (str(tmp_path), 3, 30, 2, 7)
     assert c.session_config.intra_op_parallelism_threads == 1
     assert c.tpu_config.iterations_per_loop == 30  # bounded by the checkpoint interval
     assert "RunConfig.train_distribute is ignored by TPUEstimator" in caplog.text
@@ -115,15 +127,20 @@ def test_run_config_is_carried_and_distribute_warned(tmp_path, caplog):
     # steps, not every step as TPUEstimator would (it divides by iterations_per_loop, 30).
     x, y = tfcases.data()
     est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=34)
-    written = [value.tag for path in tf.io.gfile.glob(str(tmp_path / "events.out.tfevents.*"))
-               for event in tf.compat.v1.train.summary_iterator(path)
-               for value in event.summary.value if value.tag == "examples/sec"]
+    written = [
+        value.tag
+        for path in tf.io.gfile.glob(str(tmp_path / "events.out.tfevents.*"))
+        for event in tf.compat.v1.train.summary_iterator(path)
+        for value in event.summary.value
+        if value.tag == "examples/sec"
+    ]
     assert 1 <= len(written) <= 3
 
 
 def test_user_tpu_run_config_is_respected(tmp_path):
-    config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(iterations_per_loop=7),
-                                  tf_random_seed=5)
+    config = tpu_config.RunConfig(
+        tpu_config=tpu_config.TPUConfig(iterations_per_loop=7), tf_random_seed=5
+    )
     est = convert("cpu", tmp_path, config=config)
     assert est.config.tpu_config.iterations_per_loop == 7
     assert est.config.tf_random_seed == 5
@@ -133,8 +150,9 @@ def test_indivisible_global_batch_is_a_clear_error(tmp_path):
     config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
     tpushim.patch(tpu="grpc://127.0.0.1:1", batch_size=100)
     with pytest.raises(tpushim.ConversionError) as info:
-        tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                              model_dir=str(tmp_path), config=config)
+        tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
+        )
     assert "global batch size 100 does not divide among 8 TPU cores" in str(info.value)
     assert "(96 or 104)" in str(info.value)
     assert not os.listdir(tmp_path)
@@ -142,14 +160,39 @@ def test_indivisible_global_batch_is_a_clear_error(tmp_path):
 
 # --- bad input: a clear error, nothing written ------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    (lambda: {"keras_model": tfcases.uncompiled()}, ValueError, "Please compile the model with `model.compile()`"),
-    (lambda: {"keras_model": tfcases.subclassed()}, ValueError, "Object-based checkpoints are currently not supported with subclassed models"),
-    (lambda: {}, ValueError, "Either `keras_model` or `keras_model_path` needs to be provided"),
-    (lambda: {"keras_model": tfcases.sequential(), "keras_model_path": "m.h5"}, ValueError, "but not both"),
-    (lambda: {"keras_model": tfcases.with_unrebuildable_metric()}, tpushim.ConversionError, "cannot rebuild metric 'above' (NoConfigMetric)"),
-    (lambda: {"keras_model": tfcases.with_legacyless_optimizer()}, tpushim.ConversionError, "optimizer HandRolledSGD"),
-], ids=["uncompiled", "subclassed", "neither", "both", "metric", "optimizer"])
+
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (
+            lambda: {"keras_model": tfcases.uncompiled()},
+            ValueError,
+            "Please compile the model with `model.compile()`",
+        ),
+        (
+            lambda: {"keras_model": tfcases.subclassed()},
+            ValueError,
+            "Object-based checkpoints are currently not supported with subclassed models",
+        ),
+        (lambda: {}, ValueError, "Either `keras_model` or `keras_model_path` needs to be provided"),
+        (
+            lambda: {"keras_model": tfcases.sequential(), "keras_model_path": "m.h5"},
+            ValueError,
+            "but not both",
+        ),
+        (
+            lambda: {"keras_model": tfcases.with_unrebuildable_metric()},
+            tpushim.ConversionError,
+            "cannot rebuild metric 'above' (NoConfigMetric)",
+        ),
+        (
+            lambda: {"keras_model": tfcases.with_legacyless_optimizer()},
+            tpushim.ConversionError,
+            "optimizer HandRolledSGD",
+        ),
+    ],
+    ids=["uncompiled", "subclassed", "neither", "both", "metric", "optimizer"],
+)
 def test_bad_input_clear_error_nothing_written(tmp_path, kwargs, error, message):
     model_dir = tmp_path / "model_dir"
     tpushim.patch(mode="cpu")
@@ -168,8 +211,12 @@ def test_model_dir_of_a_different_model_is_a_clear_error_nothing_overwritten(tmp
 
     def wider():
         tf.keras.backend.clear_session()
-        model = tf.keras.Sequential([tf.keras.layers.Dense(16, input_shape=(4,), name="hidden"),
-                                     tf.keras.layers.Dense(3, activation="softmax", name="probs")])
+        model = tf.keras.Sequential(
+            [
+                tf.keras.layers.Dense(16, input_shape=(4,), name="hidden"),
+                tf.keras.layers.Dense(3, activation="softmax", name="probs"),
+            ]
+        )
         model.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy")
         return model
 
@@ -187,15 +234,20 @@ def test_model_dir_of_a_different_model_is_a_clear_error_nothing_overwritten(tmp
 
 def test_object_checkpoint_keys_equal_save_weights(tmp_path):
     from tpushim import _tfprivate
+
     model = tfcases.sequential()
     model.save_weights(str(tmp_path / "w"), save_format="tf")
-    written = {k: s for k, s in tf.train.list_variables(str(tmp_path / "w"))
-               if "/.ATTRIBUTES/" in k and k.split("/")[0] != "optimizer"}
+    written = {
+        k: s
+        for k, s in tf.train.list_variables(str(tmp_path / "w"))
+        if "/.ATTRIBUTES/" in k and k.split("/")[0] != "optimizer"
+    }
     assert _tfprivate.object_checkpoint_keys(model) == written
 
 
 def test_mocked_tempdir_and_its_contents_survive(tmp_path, monkeypatch):
     import tempfile
+
     user = tmp_path / "users_folder"
     user.mkdir()
     (user / "sentinel.txt").write_text("keep me")
@@ -238,10 +290,14 @@ def _error_text(mode, tmp_path, call, **kwargs):
     return type(info.value), str(info.value)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"metric_names_map": {"accuracy": "acc", "nope": "x"}},          # unexpected keys
-    {"metric_names_map": {"not_accuracy": "x"}},                     # names missing from the map
-], ids=["metric-map-extra", "metric-map-unknown"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"metric_names_map": {"accuracy": "acc", "nope": "x"}},  # unexpected keys
+        {"metric_names_map": {"not_accuracy": "x"}},  # names missing from the map
+    ],
+    ids=["metric-map-extra", "metric-map-unknown"],
+)
 def test_metric_names_map_errors_are_stocks_text(tmp_path, kwargs):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
@@ -253,7 +309,7 @@ def test_metric_names_map_errors_are_stocks_text(tmp_path, kwargs):
 def test_export_outputs_error_is_stocks_text(tmp_path):
     x, _ = tfcases.data()
     kwargs = {"export_outputs": {"nope": tf.estimator.export.PredictOutput}}
-    fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(8)  # noqa: E731
+    fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(8)
     ours = _error_text("cpu", tmp_path, lambda e: next(e.predict(fn)), **kwargs)
     stock = _error_text("off", tmp_path, lambda e: next(e.predict(fn)), **kwargs)
     assert "Missed keys" in stock[1]

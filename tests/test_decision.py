@@ -14,16 +14,29 @@ from tpushim._detect import TPUSpec
 TPU = TPUSpec("grpc://127.0.0.1:1", "TPU_NAME")
 
 
-@pytest.mark.parametrize("mode,tpu,action,returns", [
-    ("off", TPU, "stock", "the stock estimator (mode off, from argument)"),
-    ("off", None, "stock", "the stock estimator (mode off, from argument)"),
-    ("cpu", TPU, "cpu", "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"),
-    ("cpu", None, "cpu", "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"),
-    ("auto", TPU, "tpu", "TPUEstimator on TPU grpc://127.0.0.1:1 (from TPU_NAME)"),
-    ("tpu", TPU, "tpu", "TPUEstimator on TPU grpc://127.0.0.1:1 (from TPU_NAME)"),
-    ("auto", None, "stock", "the stock estimator (no TPU configured; --mode cpu runs the TPU code path on CPU)"),
-    ("tpu", None, "no-tpu", "an error, tpushim.NoTPUError: mode tpu needs a TPU and none is configured"),
-])
+@pytest.mark.parametrize(
+    "mode,tpu,action,returns",
+    [
+        ("off", TPU, "stock", "the stock estimator (mode off, from argument)"),
+        ("off", None, "stock", "the stock estimator (mode off, from argument)"),
+        ("cpu", TPU, "cpu", "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"),
+        ("cpu", None, "cpu", "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"),
+        ("auto", TPU, "tpu", "TPUEstimator on TPU grpc://127.0.0.1:1 (from TPU_NAME)"),
+        ("tpu", TPU, "tpu", "TPUEstimator on TPU grpc://127.0.0.1:1 (from TPU_NAME)"),
+        (
+            "auto",
+            None,
+            "stock",
+            "the stock estimator (no TPU configured; --mode cpu runs the TPU code path on CPU)",
+        ),
+        (
+            "tpu",
+            None,
+            "no-tpu",
+            "an error, tpushim.NoTPUError: mode tpu needs a TPU and none is configured",
+        ),
+    ],
+)
 def test_decision_table(mode, tpu, action, returns):
     decision = _decision.decide(_settings.Settings(mode=mode, sources={"mode": "argument"}), tpu)
     assert (decision.action, decision.returns) == (action, returns)
@@ -34,7 +47,9 @@ def test_the_why_names_where_the_mode_came_from():
     settings = _settings.resolve(environ={"TPUSHIM_MODE": "off"})
     assert _decision.decide(settings, TPU).why == "tpushim mode off, from TPUSHIM_MODE=off"
     no_tpu = _decision.decide(_settings.resolve([{"mode": "tpu"}], environ={}), None)
-    assert no_tpu.why.startswith("tpushim mode 'tpu' (from argument) needs a TPU, and none is configured.")
+    assert no_tpu.why.startswith(
+        "tpushim mode 'tpu' (from argument) needs a TPU, and none is configured."
+    )
     assert "TPUSHIM_MODE=cpu" in no_tpu.why  # what to do instead
 
 
@@ -44,13 +59,16 @@ def test_a_decision_is_immutable():
         decision.action = "tpu"
 
 
-@pytest.mark.parametrize("env,patch_kwargs,action", [
-    ({}, {}, "stock"),
-    ({"TPU_NAME": "grpc://127.0.0.1:1"}, {}, "tpu"),
-    ({"TPU_NAME": "grpc://127.0.0.1:1"}, {"mode": "cpu"}, "cpu"),
-    ({"TPU_NAME": "grpc://127.0.0.1:1", "TPUSHIM_MODE": "off"}, {"mode": "cpu"}, "stock"),
-    ({}, {"mode": "tpu"}, "no-tpu"),
-])
+@pytest.mark.parametrize(
+    "env,patch_kwargs,action",
+    [
+        ({}, {}, "stock"),
+        ({"TPU_NAME": "grpc://127.0.0.1:1"}, {}, "tpu"),
+        ({"TPU_NAME": "grpc://127.0.0.1:1"}, {"mode": "cpu"}, "cpu"),
+        ({"TPU_NAME": "grpc://127.0.0.1:1", "TPUSHIM_MODE": "off"}, {"mode": "cpu"}, "stock"),
+        ({}, {"mode": "tpu"}, "no-tpu"),
+    ],
+)
 def test_status_carries_the_decision_a_call_would_act_on(monkeypatch, env, patch_kwargs, action):
     for var, value in env.items():
         monkeypatch.setenv(var, value)
@@ -58,5 +76,10 @@ def test_status_carries_the_decision_a_call_would_act_on(monkeypatch, env, patch
     status = tpushim.status()
     assert status["decision"]["action"] == action
     assert status["decision"]["returns"].startswith(
-        {"stock": "the stock estimator", "tpu": "TPUEstimator on TPU grpc://127.0.0.1:1 (from TPU_NAME)",
-         "cpu": "TPUEstimator(use_tpu=False)", "no-tpu": "an error, tpushim.NoTPUError"}[action])
+        {
+            "stock": "the stock estimator",
+            "tpu": "TPUEstimator on TPU grpc://127.0.0.1:1 (from TPU_NAME)",
+            "cpu": "TPUEstimator(use_tpu=False)",
+            "no-tpu": "an error, tpushim.NoTPUError",
+        }[action]
+    )

@@ -7,7 +7,6 @@ N=52 examples in batches of 8, so evaluation and prediction also prove the paddi
 import numpy as np
 import pytest
 import tensorflow as tf
-
 import tfcases
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
@@ -17,8 +16,9 @@ pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the 
 def test_sequential_sgd_momentum(tmp_path, spelling):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
-    stock, shim = tfcases.compare(tmp_path, tfcases.sequential, fn, fn, tfcases.dataset_input_fn(x),
-                                  spelling=spelling)
+    stock, shim = tfcases.compare(
+        tmp_path, tfcases.sequential, fn, fn, tfcases.dataset_input_fn(x), spelling=spelling
+    )
     assert set(stock[1]) == {"accuracy", "loss", "global_step"}
     assert stock[1]["global_step"] == shim[1]["global_step"] == 6
     assert len(shim[2]) == tfcases.N
@@ -27,10 +27,17 @@ def test_sequential_sgd_momentum(tmp_path, spelling):
 def test_sequential_adam_v1_and_new_style_optimizer(tmp_path):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
-    tfcases.compare(tmp_path / "legacy", lambda: tfcases.sequential(tf.keras.optimizers.legacy.Adam(0.01)),
-                    fn, fn, spelling="v1")
+    tfcases.compare(
+        tmp_path / "legacy",
+        lambda: tfcases.sequential(tf.keras.optimizers.legacy.Adam(0.01)),
+        fn,
+        fn,
+        spelling="v1",
+    )
     # A new-style Keras optimizer is converted to its legacy twin, as stock does.
-    tfcases.compare(tmp_path / "new", lambda: tfcases.sequential(tf.keras.optimizers.Adam(0.01)), fn, fn)
+    tfcases.compare(
+        tmp_path / "new", lambda: tfcases.sequential(tf.keras.optimizers.Adam(0.01)), fn, fn
+    )
 
 
 @pytest.mark.parametrize("spelling", ["v1", "v2"])
@@ -39,8 +46,11 @@ def test_tf_compat_v1_train_optimizer(tmp_path, spelling):
     fn = tfcases.dataset_input_fn(x, y)
     tfcases.compare(
         tmp_path,
-        lambda: tfcases.sequential(tf.compat.v1.train.MomentumOptimizer(0.05, 0.9)), fn, fn,
-        spelling=spelling)
+        lambda: tfcases.sequential(tf.compat.v1.train.MomentumOptimizer(0.05, 0.9)),
+        fn,
+        fn,
+        spelling=spelling,
+    )
 
 
 @pytest.mark.parametrize("spelling", ["v1", "v2"])
@@ -48,11 +58,22 @@ def test_tf_compat_v1_train_optimizer(tmp_path, spelling):
 def test_two_inputs_two_outputs_dicts(tmp_path, optimizer, spelling):
     features, labels = tfcases.two_in_two_out_data()
     fn = tfcases.dataset_input_fn(features, labels)
-    _, shim = tfcases.compare(tmp_path, lambda: tfcases.two_in_two_out(optimizer), fn, fn,
-                              tfcases.dataset_input_fn(features), output_names=("cls", "reg"),
-                              spelling=spelling)
-    assert set(shim[1]) == {"cls_accuracy", "reg_mae", "reg_root_mean_squared_error", "loss",
-                            "global_step"}
+    _, shim = tfcases.compare(
+        tmp_path,
+        lambda: tfcases.two_in_two_out(optimizer),
+        fn,
+        fn,
+        tfcases.dataset_input_fn(features),
+        output_names=("cls", "reg"),
+        spelling=spelling,
+    )
+    assert set(shim[1]) == {
+        "cls_accuracy",
+        "reg_mae",
+        "reg_root_mean_squared_error",
+        "loss",
+        "global_step",
+    }
     assert set(shim[2][0]) == {"cls", "reg"}
 
 
@@ -73,9 +94,18 @@ def test_metric_names_map(tmp_path):
     features, labels = tfcases.two_in_two_out_data()
     fn = tfcases.dataset_input_fn(features, labels)
     names = {"cls_accuracy": "acc", "reg_mae": "mae", "reg_root_mean_squared_error": "rmse"}
-    _, shim = tfcases.compare(tmp_path / "a", tfcases.two_in_two_out, fn, fn, output_names=("cls", "reg"))
-    mapped = tfcases.run("cpu", tfcases.two_in_two_out, fn, fn, None, tmp_path / "b",
-                         convert_kwargs={"metric_names_map": names})[1]
+    _, shim = tfcases.compare(
+        tmp_path / "a", tfcases.two_in_two_out, fn, fn, output_names=("cls", "reg")
+    )
+    mapped = tfcases.run(
+        "cpu",
+        tfcases.two_in_two_out,
+        fn,
+        fn,
+        None,
+        tmp_path / "b",
+        convert_kwargs={"metric_names_map": names},
+    )[1]
     assert set(mapped) == {"acc", "mae", "rmse", "loss", "global_step"}
     for old, new in names.items():
         assert mapped[new] == pytest.approx(shim[1][old], abs=1e-6)
@@ -88,8 +118,12 @@ def test_sample_weights(tmp_path):
 
     def build():
         model = tfcases.sequential()
-        model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"], weighted_metrics=["accuracy"])
+        model.compile(
+            optimizer=tf.keras.optimizers.legacy.SGD(0.1),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            weighted_metrics=["accuracy"],
+        )
         return model
 
     # Stock model_to_estimator does not weight weighted_metrics (its docstring says so: it reports
@@ -98,8 +132,10 @@ def test_sample_weights(tmp_path):
     _, shim = tfcases.compare(tmp_path, build, fn, fn, skip=("accuracy_1",), spelling="v1")
     model = build()
     estimator = shim[0]
-    trained = {n: tf.train.load_variable(estimator.model_dir, n)
-               for n in ("hidden/kernel", "hidden/bias", "probs/kernel", "probs/bias")}
+    trained = {
+        n: tf.train.load_variable(estimator.model_dir, n)
+        for n in ("hidden/kernel", "hidden/bias", "probs/kernel", "probs/bias")
+    }
     model.get_layer("hidden").set_weights([trained["hidden/kernel"], trained["hidden/bias"]])
     model.get_layer("probs").set_weights([trained["probs/kernel"], trained["probs/bias"]])
     keras = model.evaluate(x, y, sample_weight=w, batch_size=8, verbose=0, return_dict=True)
@@ -108,14 +144,18 @@ def test_sample_weights(tmp_path):
     assert shim[1]["accuracy"] != pytest.approx(shim[1]["accuracy_1"], abs=1e-3)
 
 
-@pytest.mark.parametrize("optimizer,spelling", [("keras-sgd-momentum", "v2"), ("keras-adam", "v1"),
-                                               ("tf1-momentum", "v2")])
+@pytest.mark.parametrize(
+    "optimizer,spelling",
+    [("keras-sgd-momentum", "v2"), ("keras-adam", "v1"), ("tf1-momentum", "v2")],
+)
 def test_batchnorm_and_dropout(tmp_path, optimizer, spelling):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
     # Dropout needs a seed for any two runs (stock or not) to draw the same masks.
-    layers = lambda: (tf.keras.layers.BatchNormalization(name="bn"),
-                      tf.keras.layers.Dropout(0.3, seed=5, name="drop"))
+    layers = lambda: (
+        tf.keras.layers.BatchNormalization(name="bn"),
+        tf.keras.layers.Dropout(0.3, seed=5, name="drop"),
+    )
     build = lambda: tfcases.sequential(tfcases.OPTIMIZERS[optimizer](), extra_layers=layers())
     tfcases.compare(tmp_path, build, fn, fn, tfcases.dataset_input_fn(x), spelling=spelling)
 
@@ -133,13 +173,23 @@ class Scale(tf.keras.layers.Layer):
 def test_custom_layer_through_custom_objects(tmp_path):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
-    tfcases.compare(tmp_path, lambda: tfcases.sequential(extra_layers=(Scale(name="scale"),)), fn, fn,
-                    convert_kwargs={"custom_objects": {"Scale": Scale}})
+    tfcases.compare(
+        tmp_path,
+        lambda: tfcases.sequential(extra_layers=(Scale(name="scale"),)),
+        fn,
+        fn,
+        convert_kwargs={"custom_objects": {"Scale": Scale}},
+    )
 
 
-@pytest.mark.parametrize("fmt,optimizer,spelling", [("h5", "keras-sgd-momentum", "v2"),
-                                                   ("savedmodel", "keras-adam", "v1"),
-                                                   ("savedmodel", "keras-sgd-momentum", "v2")])
+@pytest.mark.parametrize(
+    "fmt,optimizer,spelling",
+    [
+        ("h5", "keras-sgd-momentum", "v2"),
+        ("savedmodel", "keras-adam", "v1"),
+        ("savedmodel", "keras-sgd-momentum", "v2"),
+    ],
+)
 def test_keras_model_path(tmp_path, fmt, optimizer, spelling):
     x, y = tfcases.data()
     model = tfcases.sequential(tfcases.OPTIMIZERS[optimizer]())
@@ -147,8 +197,15 @@ def test_keras_model_path(tmp_path, fmt, optimizer, spelling):
     path = str(tmp_path / ("model.h5" if fmt == "h5" else "saved"))
     model.save(path)
     fn = tfcases.dataset_input_fn(x, y)
-    stock, shim = tfcases.compare(tmp_path, None, fn, fn, convert_kwargs={"keras_model_path": path},
-                                  steps=3, spelling=spelling)
+    stock, shim = tfcases.compare(
+        tmp_path,
+        None,
+        fn,
+        fn,
+        convert_kwargs={"keras_model_path": path},
+        steps=3,
+        spelling=spelling,
+    )
     assert shim[1]["loss"] == pytest.approx(stock[1]["loss"], abs=1e-5)
 
 
@@ -159,5 +216,11 @@ def test_sample_weights_for_some_outputs_only(tmp_path):
     features, labels = tfcases.two_in_two_out_data()
     weights = {"cls": np.linspace(0.1, 2.0, tfcases.N).astype("float32")}
     fn = tfcases.dataset_input_fn({"features": features, "sample_weights": weights}, labels)
-    tfcases.compare(tmp_path, lambda: tfcases.two_in_two_out("keras-sgd-momentum"), fn, fn,
-                    output_names=("cls", "reg"), spelling="v1")
+    tfcases.compare(
+        tmp_path,
+        lambda: tfcases.two_in_two_out("keras-sgd-momentum"),
+        fn,
+        fn,
+        output_names=("cls", "reg"),
+        spelling="v1",
+    )

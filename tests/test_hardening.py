@@ -8,9 +8,8 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 import procs
+import pytest
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -44,7 +43,8 @@ TRAIN_SCRIPT = textwrap.dedent("""
 
 
 def _checkpoint_step(model_dir):
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+
     latest = tf.train.latest_checkpoint(model_dir)
     return int(latest.rsplit("-", 1)[1]) if latest else 0
 
@@ -53,10 +53,15 @@ def test_sigkill_mid_training_resumes_from_last_checkpoint(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     model_dir = str(tmp_path / "model")
-    log = open(tmp_path / "first.log", "wb")  # a file, not a pipe: a full pipe would stall the child
+    # A file, not a pipe: a full pipe would stall the child. Closed once the child is killed.
+    log = open(tmp_path / "first.log", "wb")  # noqa: SIM115
     # Popen, not procs.python: the test kills it mid-run. Its environment is procs' all the same.
-    proc = subprocess.Popen([sys.executable, str(script), model_dir, "100000"],
-                            env=procs.env_without_tpu(), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), model_dir, "100000"],
+        env=procs.env_without_tpu(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 180
     try:
         while _checkpoint_step(model_dir) < 10:

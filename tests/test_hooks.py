@@ -62,7 +62,9 @@ def test_same_callback_registered_twice_fires_once(probe):
 
 
 def test_the_module_sees_its_real_loader_while_it_executes(probe):
-    name = probe("LOADER = type(__loader__).__name__\nSPEC_LOADER = type(__spec__.loader).__name__\n")
+    name = probe(
+        "LOADER = type(__loader__).__name__\nSPEC_LOADER = type(__spec__.loader).__name__\n"
+    )
     _hooks.when_imported(name, lambda m: None)
     module = importlib.import_module(name)
     assert (module.LOADER, module.SPEC_LOADER) == ("SourceFileLoader", "SourceFileLoader")
@@ -78,7 +80,9 @@ def test_a_failing_hook_warns_and_the_import_goes_on(probe):
 
     _hooks.when_imported(name, broken)
     _hooks.when_imported(name, seen.append)
-    with pytest.warns(RuntimeWarning, match=rf"post-import hook for {name} failed \(KeyError: 'bug'\)"):
+    with pytest.warns(
+        RuntimeWarning, match=rf"post-import hook for {name} failed \(KeyError: 'bug'\)"
+    ):
         module = importlib.import_module(name)
     assert module.VALUE == 41 and sys.modules[name] is module
     assert seen == [module]  # the hooks after the failing one still ran
@@ -106,7 +110,9 @@ def test_hooks_run_outside_the_registry_lock(probe):
     finished = []
 
     def hook(module):
-        thread = threading.Thread(target=lambda: (_hooks.when_imported(later, print), finished.append(1)))
+        thread = threading.Thread(
+            target=lambda: (_hooks.when_imported(later, print), finished.append(1))
+        )
         thread.start()
         thread.join(10)
 

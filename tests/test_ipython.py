@@ -2,13 +2,13 @@
 
 import sys
 
+import procs
 import pytest
+import tfcases
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-import procs
-import tfcases
 import tpushim
 from tpushim import _console, _ipython, _settings
 
@@ -40,19 +40,32 @@ print("MAGIC LEFT", "tpushim" in get_ipython().magics_manager.magics["line"])
 def test_extension_in_a_real_ipython_session(tmp_path):
     script = tmp_path / "session.ipy"
     script.write_text(SESSION)
-    proc = procs.python(["-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", script],
-                        env={"IPYTHONDIR": str(tmp_path / "ipython")}, cwd=tmp_path)
+    proc = procs.python(
+        ["-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", script],
+        env={"IPYTHONDIR": str(tmp_path / "ipython")},
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    loaded, status, cpu, off = (out.split("== status")[0], out.split("== status")[1].split("== cpu")[0],
-                                out.split("== cpu")[1].split("== off")[0], out.split("== off")[1])
+    loaded, status, cpu, off = (
+        out.split("== status")[0],
+        out.split("== status")[1].split("== cpu")[0],
+        out.split("== cpu")[1].split("== off")[0],
+        out.split("== off")[1],
+    )
     assert f"tpushim {tpushim.__version__} patched: model_to_estimator returns" in loaded
-    keras_package = "keras.src" if tfcases.KERAS_VERSION >= (2, 13) else "keras"  # 2.12: no keras.src
+    keras_package = (
+        "keras.src" if tfcases.KERAS_VERSION >= (2, 13) else "keras"
+    )  # 2.12: no keras.src
     for name in ("m2e", "model_to_estimator"):
-        assert (f"`{name}` was bound to {keras_package}.estimator.model_to_estimator_v2 before "
-                f"%load_ext tpushim; it will still convert") in loaded, name
-    assert ("`private_m2e` was bound to tensorflow_estimator.python.estimator.keras_lib."
-            "model_to_estimator before %load_ext tpushim; it will NOT convert") in loaded
+        assert (
+            f"`{name}` was bound to {keras_package}.estimator.model_to_estimator_v2 before "
+            f"%load_ext tpushim; it will still convert"
+        ) in loaded, name
+    assert (
+        "`private_m2e` was bound to tensorflow_estimator.python.estimator.keras_lib."
+        "model_to_estimator before %load_ext tpushim; it will NOT convert"
+    ) in loaded
     assert "patched:     yes" in status and "mode:        auto (from default)" in status
     assert "mode:        cpu (from argument)" in cpu and "CONVERTED True" in cpu
     assert "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False" in proc.stderr
@@ -118,13 +131,16 @@ def test_load_keeps_an_earlier_patch_and_honours_the_environment(shell, capsys, 
 def test_only_model_to_estimator_functions_are_reported():
     def model_to_estimator():  # the user's own function of that name
         return None
+
     namespace = {"model_to_estimator": model_to_estimator, "_": print, "x": 3, "tpushim": tpushim}
     assert _ipython.bound_names(namespace) == {}
 
 
 def test_unsupported_tensorflow_said_once_per_command(shell, monkeypatch, capsys):
-    import warnings  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import warnings
+
+    import tensorflow as tf
+
     monkeypatch.setattr(tf, "__version__", "2.16.1")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -132,7 +148,9 @@ def test_unsupported_tensorflow_said_once_per_command(shell, monkeypatch, capsys
         loaded = capsys.readouterr().out
         shell.run_line_magic("tpushim", "patch")
         patched = capsys.readouterr().out
-    assert not [w for w in caught if "tpushim does not support" in str(w.message)]  # printed instead
+    assert not [
+        w for w in caught if "tpushim does not support" in str(w.message)
+    ]  # printed instead
     for out in (loaded, patched):
         assert out.count("tpushim does not support TensorFlow 2.16.1 with Keras") == 1, out
     assert "NOT SUPPORTED" in patched and not tpushim.is_patched()

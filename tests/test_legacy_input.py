@@ -1,16 +1,14 @@
 """Legacy input as public scripts write it (issue 11): numpy_input_fn / pandas_input_fn, short batches
 of ``batch(B).repeat()``, lookup tables. Each compared with the stock estimator within 1e-5."""
 
-import collections
 import types
 
 import numpy as np
 import pandas as pd
 import pytest
 import tensorflow as tf
-
 import tfcases
-import tpushim
+
 from tpushim import _input_fn, _padding, _source
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
@@ -29,8 +27,11 @@ def _dict_model():
     h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(inp)
     out = tf.keras.layers.Dense(3, activation="softmax", name="probs")(h)
     model = tf.keras.Model({"x": inp}, out)
-    model.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
-                  "sparse_categorical_crossentropy", ["accuracy"])
+    model.compile(
+        tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+        "sparse_categorical_crossentropy",
+        ["accuracy"],
+    )
     return model
 
 
@@ -40,6 +41,7 @@ def _float64_xy():
 
 
 # --- numpy_input_fn / pandas_input_fn ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("v1_spelling", [True, False])
 def test_numpy_input_fn_unshuffled_equals_stock(tmp_path, v1_spelling):
@@ -61,8 +63,10 @@ def test_numpy_input_fn_array_features_and_epochs(tmp_path):
     # 2 epochs of 52 in batches of 8: 13 batches, the last one short (4 rows), as stock's queue.
     train = numpy_input_fn(x, y[:, 0], batch_size=B, shuffle=False, num_epochs=2)
     evaluate = numpy_input_fn(x, y[:, 0], batch_size=B, shuffle=False, num_epochs=1)
-    stock, shim = (_train_to_the_end(mode, tfcases.sequential, train, evaluate, tmp_path / mode)
-                   for mode in ("off", "cpu"))
+    stock, shim = (
+        _train_to_the_end(mode, tfcases.sequential, train, evaluate, tmp_path / mode)
+        for mode in ("off", "cpu")
+    )
     assert shim[1]["global_step"] == stock[1]["global_step"] == 13
     tfcases.assert_same(stock, shim)
 
@@ -78,11 +82,15 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
     x, y = _float64_xy()
     fn = numpy_input_fn({"x": x}, y, batch_size=B, shuffle=False, num_epochs=1)
     with tf.Graph().as_default() as graph:
-        ds = _input_fn.adapt(fn)(params={"batch_size": B, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL)
+        ds = _input_fn.adapt(fn)(
+            params={"batch_size": B, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL
+        )
         assert isinstance(ds, tf.data.Dataset)
         features, labels = ds.element_spec
         assert features[_padding.FEATURES_KEY]["x"].shape.as_list() == [B, 4]
-        assert features[_padding.FEATURES_KEY]["x"].dtype == tf.float32  # no TPU infeed takes float64
+        assert (
+            features[_padding.FEATURES_KEY]["x"].dtype == tf.float32
+        )  # no TPU infeed takes float64
         assert labels.shape.as_list() == [B, 1]
         # The queue is never read: no runner may start threads filling it, no summary report it.
         assert graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS) == []
@@ -94,7 +102,9 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
                 f, _ = sess.run(rows)
                 seen.append(f[_padding.FEATURES_KEY]["x"][f[_padding.PADDING_KEY] > 0])
     assert [len(s) for s in seen[-3:]] == [N % B, 0, 0]
-    np.testing.assert_array_equal(np.concatenate(seen), x.astype("float32"))  # every row once, in order
+    np.testing.assert_array_equal(
+        np.concatenate(seen), x.astype("float32")
+    )  # every row once, in order
 
 
 def _rows_seen(fn, mode=ModeKeys.TRAIN, batches=None):
@@ -140,8 +150,9 @@ def test_numpy_input_fn_shuffled_evaluation_counts_every_example(tmp_path):
 
 def test_pandas_input_fn_equals_stock(tmp_path):
     x, y = tfcases.data()
-    frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "d": x[:, 3]},
-                         index=np.arange(100, 100 + N))
+    frame = pd.DataFrame(
+        {"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "d": x[:, 3]}, index=np.arange(100, 100 + N)
+    )
     target = pd.Series(y[:, 0], index=frame.index)
 
     def build():
@@ -151,8 +162,9 @@ def test_pandas_input_fn_equals_stock(tmp_path):
         stacked = tf.keras.layers.Lambda(lambda d: tf.stack([d[k] for k in "abcd"], axis=1))(inputs)
         out = tf.keras.layers.Dense(3, activation="softmax", name="probs")(stacked)
         model = tf.keras.Model(inputs, out)
-        model.compile(tf.keras.optimizers.legacy.Adam(0.05), "sparse_categorical_crossentropy",
-                      ["accuracy"])
+        model.compile(
+            tf.keras.optimizers.legacy.Adam(0.05), "sparse_categorical_crossentropy", ["accuracy"]
+        )
         return model
 
     pandas_input_fn = tf.compat.v1.estimator.inputs.pandas_input_fn
@@ -163,6 +175,7 @@ def test_pandas_input_fn_equals_stock(tmp_path):
 
 
 # --- batch(B).repeat(): stock's short batch at each epoch's end --------------------------------
+
 
 def _repeat_after_batch(x, y, batch):
     return lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
@@ -185,7 +198,9 @@ def test_batch_then_repeat_evaluate_steps_reads_what_stock_reads():
     x = np.arange(150, dtype="float32")[:, None]
     fn = _repeat_after_batch(x, np.zeros(150, "int64"), 32)
     with tf.Graph().as_default():
-        ds = _input_fn.adapt(fn)(params={"batch_size": 32, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL)
+        ds = _input_fn.adapt(fn)(
+            params={"batch_size": 32, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL
+        )
         assert ds.element_spec[0][_padding.FEATURES_KEY].shape.as_list() == [32, 1]
         nxt = tf.compat.v1.data.make_one_shot_iterator(ds.take(10)).get_next()
         with tf.compat.v1.Session() as sess:
@@ -205,8 +220,10 @@ def test_batch_then_repeat_with_sample_weights_and_two_outputs(tmp_path):
 def test_finite_training_input_trains_on_every_row_as_stock(tmp_path, tpushim_log):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y, batch=16)  # 16,16,16,4 then the input ends
-    stock, shim = (_train_to_the_end(mode, tfcases.sequential, fn, fn, tmp_path / mode)
-                   for mode in ("off", "cpu"))
+    stock, shim = (
+        _train_to_the_end(mode, tfcases.sequential, fn, fn, tmp_path / mode)
+        for mode in ("off", "cpu")
+    )
     assert "dropped" not in tpushim_log.text
     assert stock[1]["global_step"] == shim[1]["global_step"] == 4
     tfcases.assert_same(stock, shim)
@@ -215,8 +232,16 @@ def test_finite_training_input_trains_on_every_row_as_stock(tmp_path, tpushim_lo
 # --- lookup tables ------------------------------------------------------------------------------
 
 VOCAB = ["the", "cat", "sat", "on", "mat", "dog", "ran"]
-SENTENCES = ["the cat sat", "the dog ran", "cat on mat", "dog sat on the mat", "the cat ran",
-             "mat", "on the dog", "ran sat cat"] * 4 + ["the the", "dog"]  # 34 lines
+SENTENCES = [
+    "the cat sat",
+    "the dog ran",
+    "cat on mat",
+    "dog sat on the mat",
+    "the cat ran",
+    "mat",
+    "on the dog",
+    "ran sat cat",
+] * 4 + ["the the", "dog"]  # 34 lines
 
 
 def _text_model():
@@ -235,7 +260,8 @@ def _text_input_fn(repeat):
     def input_fn():
         table = tf.lookup.StaticVocabularyTable(
             tf.lookup.KeyValueTensorInitializer(VOCAB, tf.range(1, len(VOCAB) + 1, dtype=tf.int64)),
-            num_oov_buckets=1)
+            num_oov_buckets=1,
+        )
 
         def encode(line, label):
             words = tf.strings.split([line]).to_tensor(shape=[1, 5], default_value="")[0]
@@ -245,22 +271,30 @@ def _text_input_fn(repeat):
         labels = np.array([("cat" in s) * 1.0 for s in SENTENCES], "float32")
         ds = tf.data.Dataset.from_tensor_slices((SENTENCES, labels)).map(encode).batch(8)
         return ds.repeat() if repeat else ds
+
     return input_fn
 
 
 def test_vocabulary_lookup_table_in_dataset_map(tmp_path):
-    tfcases.compare(tmp_path, _text_model, _text_input_fn(True), _text_input_fn(False), None, steps=6)
+    tfcases.compare(
+        tmp_path, _text_model, _text_input_fn(True), _text_input_fn(False), None, steps=6
+    )
 
 
 def test_vocabulary_lookup_table_without_a_declared_batch_is_read_once(tmp_path):
     """A batch size the graph does not hold as a constant: read from one batch, tables initialised."""
     fn = _text_input_fn(False)
-    hidden = lambda: fn().unbatch().batch(tf.compat.v1.placeholder_with_default(tf.constant(8, tf.int64), []))
+    hidden = lambda: (
+        fn().unbatch().batch(tf.compat.v1.placeholder_with_default(tf.constant(8, tf.int64), []))
+    )
     assert _input_fn.inspect_input(hidden, ModeKeys.EVAL, None).batch_size == 8
-    assert _input_fn.inspect_input(hidden, ModeKeys.EVAL, None, count=True).examples == len(SENTENCES)
+    assert _input_fn.inspect_input(hidden, ModeKeys.EVAL, None, count=True).examples == len(
+        SENTENCES
+    )
 
 
 # --- inspection: once per input_fn and mode, no data read when the graph declares the batch -----
+
 
 def test_input_inspected_once_per_mode_without_reading_data(tmp_path):
     x, y = tfcases.data()
@@ -274,7 +308,11 @@ def test_input_inspected_once_per_mode_without_reading_data(tmp_path):
         calls.append(1)
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000)
         ds = ds.map(lambda a, b: tf.numpy_function(count, [a, b], [tf.float32, tf.int64]))
-        return ds.map(lambda a, b: (tf.ensure_shape(a, [4]), tf.ensure_shape(b, [1]))).repeat().batch(B)
+        return (
+            ds.map(lambda a, b: (tf.ensure_shape(a, [4]), tf.ensure_shape(b, [1])))
+            .repeat()
+            .batch(B)
+        )
 
     with tf.Graph().as_default():
         assert _input_fn.inspect_input(input_fn, ModeKeys.TRAIN, None).batch_size == B
@@ -284,4 +322,3 @@ def test_input_inspected_once_per_mode_without_reading_data(tmp_path):
     est.train(input_fn, steps=1)
     est.train(input_fn, steps=1)
     assert len(calls) == 3  # one inspection, then one call per train() as stock makes
-

@@ -5,19 +5,20 @@ import time
 
 import pytest
 import tensorflow as tf
+import tfcases
 from tensorflow_estimator.python.estimator import keras_lib
 from tensorflow_estimator.python.estimator.tpu import tpu_config
 
-import tfcases
 import tpushim
 from tpushim import _detect, _settings
-from tpushim._preflight import faketpu as _faketpu
 from tpushim._estimator import TPUShimEstimator
+from tpushim._preflight import faketpu as _faketpu
 
 
 def convert(tmp_path, **kwargs):
-    return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                 model_dir=str(tmp_path), **kwargs)
+    return tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path), **kwargs
+    )
 
 
 def free_port():
@@ -31,15 +32,20 @@ def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
     tpushim.patch()
     est = convert(tmp_path)
     assert type(est) is tf.estimator.Estimator
-    assert "-> stock EstimatorV2 (no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU)" in tpushim_log.text
+    assert (
+        "-> stock EstimatorV2 (no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU)"
+        in tpushim_log.text
+    )
 
 
 def test_cpu_mode_log_line(tmp_path, tpushim_log):
     tpushim.patch(mode="cpu", batch_size=16, iterations_per_loop=20)
     est = convert(tmp_path)
     assert isinstance(est, TPUShimEstimator)
-    assert ("model_to_estimator -> TPUEstimator(use_tpu=False, global batch 16, iterations_per_loop 20)"
-            " [mode cpu from argument: the TPU code path on CPU]") in tpushim_log.text
+    assert (
+        "model_to_estimator -> TPUEstimator(use_tpu=False, global batch 16, iterations_per_loop 20)"
+        " [mode cpu from argument: the TPU code path on CPU]"
+    ) in tpushim_log.text
 
 
 def test_off_mode_and_kill_switch_beats_argument(tmp_path, monkeypatch):
@@ -63,35 +69,56 @@ def test_argument_beats_environment_beats_default(monkeypatch):
     settings = _settings.resolve([{"batch_size": 32}])
     assert (settings.mode, settings.sources["mode"]) == ("cpu", "TPUSHIM_MODE")
     assert (settings.batch_size, settings.sources["batch_size"]) == (32, "argument")
-    assert (settings.iterations_per_loop, settings.sources["iterations_per_loop"]) == (None, "default")
+    assert (settings.iterations_per_loop, settings.sources["iterations_per_loop"]) == (
+        None,
+        "default",
+    )
     monkeypatch.setenv("TPUSHIM_MODE", "tpu")
     assert _settings.resolve([{"mode": "auto"}]).mode == "auto"
 
 
-@pytest.mark.parametrize("var,value,expected", [
-    ("TPUSHIM_MODE", "gpu", "TPUSHIM_MODE='gpu' is not a valid tpushim mode; choose one of auto, cpu, tpu, off"),
-    ("TPUSHIM_BATCH_SIZE", "12x", "TPUSHIM_BATCH_SIZE='12x' is not a positive integer"),
-    ("TPUSHIM_BATCH_SIZE", "0", "TPUSHIM_BATCH_SIZE must be a positive integer (e.g. 128); got 0"),
-    ("TPUSHIM_ITERATIONS_PER_LOOP", "-3", "TPUSHIM_ITERATIONS_PER_LOOP='-3' is not a positive integer"),
-    ("TPUSHIM_TPU", "http://10.0.0.1:8470", "must start with grpc://"),
-])
+@pytest.mark.parametrize(
+    "var,value,expected",
+    [
+        (
+            "TPUSHIM_MODE",
+            "gpu",
+            "TPUSHIM_MODE='gpu' is not a valid tpushim mode; choose one of auto, cpu, tpu, off",
+        ),
+        ("TPUSHIM_BATCH_SIZE", "12x", "TPUSHIM_BATCH_SIZE='12x' is not a positive integer"),
+        (
+            "TPUSHIM_BATCH_SIZE",
+            "0",
+            "TPUSHIM_BATCH_SIZE must be a positive integer (e.g. 128); got 0",
+        ),
+        (
+            "TPUSHIM_ITERATIONS_PER_LOOP",
+            "-3",
+            "TPUSHIM_ITERATIONS_PER_LOOP='-3' is not a positive integer",
+        ),
+        ("TPUSHIM_TPU", "http://10.0.0.1:8470", "must start with grpc://"),
+    ],
+)
 def test_garbage_environment_raises_before_patching(monkeypatch, var, value, expected):
     monkeypatch.setenv(var, value)
     with pytest.raises(tpushim.ConfigurationError) as info:
         tpushim.patch()
     assert expected in str(info.value)
     assert not tpushim.is_patched()
-    assert not tpushim._patch.is_ours(keras_lib.model_to_estimator)  # pylint: disable=protected-access
+    assert not tpushim._patch.is_ours(keras_lib.model_to_estimator)
 
 
-@pytest.mark.parametrize("kwargs,expected", [
-    ({"mode": "fast"}, "mode='fast' is not a valid tpushim mode"),
-    ({"mode": 3}, "mode must be a string"),
-    ({"batch_size": 0}, "batch_size must be a positive integer"),
-    ({"batch_size": True}, "batch_size must be a positive integer"),
-    ({"iterations_per_loop": 2.5}, "iterations_per_loop must be a positive integer"),
-    ({"tpu": 42}, "tpu must be a TPU name"),
-])
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        ({"mode": "fast"}, "mode='fast' is not a valid tpushim mode"),
+        ({"mode": 3}, "mode must be a string"),
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"batch_size": True}, "batch_size must be a positive integer"),
+        ({"iterations_per_loop": 2.5}, "iterations_per_loop must be a positive integer"),
+        ({"tpu": 42}, "tpu must be a TPU name"),
+    ],
+)
 def test_garbage_arguments_raise(kwargs, expected):
     with pytest.raises(tpushim.ConfigurationError) as info:
         tpushim.patch(**kwargs)
@@ -101,13 +128,17 @@ def test_garbage_arguments_raise(kwargs, expected):
 
 # --- detection -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("var,value,target", [
-    ("TPUSHIM_TPU", "grpc://127.0.0.1:8470", "grpc://127.0.0.1:8470"),
-    ("TPU_NAME", "my-tpu", "my-tpu"),
-    ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "grpc://127.0.0.1:8470", None),
-    ("TPU_CONFIG", '{"project": "p", "zone": "z", "tpu_node_name": "t"}', None),
-    ("COLAB_TPU_ADDR", "127.0.0.1:8470", "grpc://127.0.0.1:8470"),
-])
+
+@pytest.mark.parametrize(
+    "var,value,target",
+    [
+        ("TPUSHIM_TPU", "grpc://127.0.0.1:8470", "grpc://127.0.0.1:8470"),
+        ("TPU_NAME", "my-tpu", "my-tpu"),
+        ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "grpc://127.0.0.1:8470", None),
+        ("TPU_CONFIG", '{"project": "p", "zone": "z", "tpu_node_name": "t"}', None),
+        ("COLAB_TPU_ADDR", "127.0.0.1:8470", "grpc://127.0.0.1:8470"),
+    ],
+)
 def test_detection_from_environment(monkeypatch, var, value, target):
     monkeypatch.setenv(var, value)
     spec = _detect.find_tpu(_settings.resolve())
@@ -171,7 +202,9 @@ class RecordingListener(tfcases.LoopbackListener):
             count += 1
 
 
-def test_loopback_tpu_name_gives_tpu_estimator_without_contacting_anything(monkeypatch, tmp_path, tpushim_log):
+def test_loopback_tpu_name_gives_tpu_estimator_without_contacting_anything(
+    monkeypatch, tmp_path, tpushim_log
+):
     with RecordingListener() as tpu:
         monkeypatch.setenv("TPU_NAME", tpu.address)
         tpushim.patch()
@@ -181,7 +214,10 @@ def test_loopback_tpu_name_gives_tpu_estimator_without_contacting_anything(monke
     assert f"-> TPUEstimator(use_tpu=True, tpu={tpu.address}," in tpushim_log.text
     assert est.config.master == tpu.address
     assert est.config.tpu_config.iterations_per_loop == 50  # bounded by the checkpoint interval
-    assert est.config.tpu_config.per_host_input_for_training == tpu_config.InputPipelineConfig.PER_HOST_V2
+    assert (
+        est.config.tpu_config.per_host_input_for_training
+        == tpu_config.InputPipelineConfig.PER_HOST_V2
+    )
     assert "[TPU from TPU_NAME]" in tpushim_log.text
 
 
@@ -199,7 +235,7 @@ def test_tpu_mode_without_tpu_fails_fast_with_how_to(tmp_path):
 def silent_metadata_server(monkeypatch):
     """A loopback 'metadata server' that accepts connections and never answers."""
     with RecordingListener() as server:
-        host = server.address[len("grpc://"):]
+        host = server.address[len("grpc://") :]
         monkeypatch.setenv("GCE_METADATA_HOST", host)
         monkeypatch.setenv("GCE_METADATA_IP", host)
         yield server
@@ -213,8 +249,9 @@ def test_bare_name_lookup_is_bounded(silent_metadata_server):
 
 
 @pytest.mark.parametrize("mode", ["auto", "tpu"])
-def test_unreachable_bare_name_is_a_clear_error_not_a_hang(silent_metadata_server, monkeypatch,
-                                                           tmp_path, mode):
+def test_unreachable_bare_name_is_a_clear_error_not_a_hang(
+    silent_metadata_server, monkeypatch, tmp_path, mode
+):
     monkeypatch.setenv("TPU_NAME", "my-tpu")
     monkeypatch.setattr(_detect, "RESOLVE_TIMEOUT_S", 1.5)
     tpushim.patch(mode=mode)
@@ -227,7 +264,9 @@ def test_unreachable_bare_name_is_a_clear_error_not_a_hang(silent_metadata_serve
 
 
 @pytest.mark.parametrize("mode", ["auto", "tpu", "cpu"])
-def test_unreachable_tpu_address_is_a_clear_error_within_seconds_in_every_mode(monkeypatch, tmp_path, mode):
+def test_unreachable_tpu_address_is_a_clear_error_within_seconds_in_every_mode(
+    monkeypatch, tmp_path, mode
+):
     monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{free_port()}")  # nothing listens there
     tpushim.patch(mode=mode)
     est = convert(tmp_path)
@@ -250,14 +289,26 @@ def _uncompiled():
     return tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
 
 
-@pytest.mark.parametrize("bad,error,message", [
-    (lambda p: {"keras_model": _uncompiled()}, ValueError, "Please compile the model"),
-    (lambda p: {"keras_model": tfcases.sequential(), "config": tpu_config.RunConfig(
-        model_dir=str(p), tpu_config=tpu_config.TPUConfig(num_shards=8))},
-     tpushim.ConversionError, "global batch size 100 does not divide among 8 TPU cores"),
-], ids=["uncompiled", "indivisible-batch"])
+@pytest.mark.parametrize(
+    "bad,error,message",
+    [
+        (lambda p: {"keras_model": _uncompiled()}, ValueError, "Please compile the model"),
+        (
+            lambda p: {
+                "keras_model": tfcases.sequential(),
+                "config": tpu_config.RunConfig(
+                    model_dir=str(p), tpu_config=tpu_config.TPUConfig(num_shards=8)
+                ),
+            },
+            tpushim.ConversionError,
+            "global batch size 100 does not divide among 8 TPU cores",
+        ),
+    ],
+    ids=["uncompiled", "indivisible-batch"],
+)
 def test_checks_that_need_no_network_run_before_the_tpu_is_resolved(
-        silent_metadata_server, monkeypatch, tmp_path, bad, error, message):
+    silent_metadata_server, monkeypatch, tmp_path, bad, error, message
+):
     """A TPU name is looked up through the metadata server (here a loopback one that records
     connections): a conversion that cannot succeed fails without asking it."""
     monkeypatch.setenv("TPU_NAME", "my-tpu")
@@ -269,7 +320,9 @@ def test_checks_that_need_no_network_run_before_the_tpu_is_resolved(
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
     # The listener does see a lookup: a convertible model gets as far as resolving the name.
     with pytest.raises(tpushim.NoTPUError, match="Could not resolve TPU 'my-tpu'"):
-        tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+        tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path)
+        )
     assert silent_metadata_server.new_connections() >= 1
 
 

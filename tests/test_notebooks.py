@@ -5,9 +5,8 @@ import re
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
 import tfcases
+from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -22,8 +21,12 @@ def execute(name, tmp_path, monkeypatch, env=None):
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # model dirs and exports land in tmp_path
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(notebook, timeout=240, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook,
+        timeout=240,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
     streams = {"stdout": "", "stderr": ""}
     images = 0
     for cell in notebook.cells:
@@ -48,13 +51,17 @@ def test_committed_without_outputs(path):
 def test_colab_quickstart_on_cpu(tmp_path, monkeypatch, tpu):
     # With TPUSHIM_TPU=local: a TPU VM runtime as a TensorFlow without TPU support sees it (a TPU
     # configured, no TPU device), as on a Colab TPU runtime after pip installed TensorFlow 2.15.
-    out, err, _ = execute("colab_quickstart.ipynb", tmp_path, monkeypatch,
-                          env={"TPUSHIM_TPU": tpu} if tpu else None)
+    out, err, _ = execute(
+        "colab_quickstart.ipynb", tmp_path, monkeypatch, env={"TPUSHIM_TPU": tpu} if tpu else None
+    )
     assert "estimators included, nothing to install" in out  # the pinned install is skipped
     if tpu:
         assert "TPU: local (from TPUSHIM_TPU)" in out
-        assert re.search(r"Can TensorFlow \S+ use a TPU here\? NO: this TensorFlow build has no TPU "
-                         r"support for this runtime .*continuing in cpu mode", out)
+        assert re.search(
+            r"Can TensorFlow \S+ use a TPU here\? NO: this TensorFlow build has no TPU "
+            r"support for this runtime .*continuing in cpu mode",
+            out,
+        )
     else:
         assert "TPU: none found" in out and "tpushim mode: cpu" in out
         assert re.search(r"Can TensorFlow \S+ use a TPU here\? no TPU on this runtime", out)
@@ -67,8 +74,12 @@ def test_colab_quickstart_on_cpu(tmp_path, monkeypatch, tpu):
 
 def test_migrate_legacy_cnn_on_cpu(tmp_path, monkeypatch):
     out, err, images = execute("migrate_legacy_cnn.ipynb", tmp_path, monkeypatch)
-    keras_package = "keras.src" if tfcases.KERAS_VERSION >= (2, 13) else "keras"  # 2.12: no keras.src
-    assert f"`model_to_estimator` was bound to {keras_package}.estimator.model_to_estimator_v2" in out
+    keras_package = (
+        "keras.src" if tfcases.KERAS_VERSION >= (2, 13) else "keras"
+    )  # 2.12: no keras.src
+    assert (
+        f"`model_to_estimator` was bound to {keras_package}.estimator.model_to_estimator_v2" in out
+    )
     assert "it will still convert" in out
     assert "tpushim run will use mode: cpu" in out
     assert "preflight ok: True" in out

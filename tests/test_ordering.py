@@ -12,13 +12,12 @@ and whether any public name was replaced. Real conversions per spelling are test
 
 import json
 
-import pytest
-
 import procs
+import pytest
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
-CHILD = r'''
+CHILD = r"""
 import json, sys, types
 import tpushim
 from tpushim import _detect, _patch
@@ -76,7 +75,7 @@ STEPS = {"import": do_import, "patch": lambda: tpushim.patch(mode="tpu"), "unpat
 for step in sys.argv[1:]:
     STEPS[step]()
     print(json.dumps({"step": step, **probe()}))
-'''
+"""
 
 #: Orders with the import in the middle or at the end: one interpreter each.
 ORDERS = [

@@ -2,12 +2,12 @@
 
 import threading
 
+import procs
 import pytest
 import tensorflow as tf
+import tfcases
 from tensorflow_estimator.python.estimator import keras_lib
 
-import procs
-import tfcases
 import tpushim
 from tpushim import _patch
 from tpushim._estimator import TPUShimEstimator
@@ -18,16 +18,19 @@ EstimatorV2 = tf.estimator.Estimator
 
 
 def _spellings():
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
     from tensorflow.compat.v1.keras.estimator import model_to_estimator as v1_imported
     from tensorflow.keras.estimator import model_to_estimator as v2_imported
+
     return {
         "tf.keras.estimator": (tf.keras.estimator.model_to_estimator, "v2"),
         "tf.compat.v1.keras.estimator": (tf.compat.v1.keras.estimator.model_to_estimator, "v1"),
         "tf.compat.v2.keras.estimator": (tf.compat.v2.keras.estimator.model_to_estimator, "v2"),
         # Bare keras.estimator is the v1 function up to Keras 2.12 (stock differs by version).
-        "keras.estimator": (keras.estimator.model_to_estimator,
-                            "v2" if tfcases.KERAS_VERSION >= (2, 13) else "v1"),
+        "keras.estimator": (
+            keras.estimator.model_to_estimator,
+            "v2" if tfcases.KERAS_VERSION >= (2, 13) else "v1",
+        ),
         "from tensorflow.keras.estimator import": (v2_imported, "v2"),
         "from tensorflow.compat.v1.keras.estimator import": (v1_imported, "v1"),
     }
@@ -60,9 +63,12 @@ def test_positional_arguments_and_v1_v2_checkpoint_formats(tmp_path):
     tpushim.patch(mode="cpu")
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
-    v2 = tf.keras.estimator.model_to_estimator(tfcases.sequential(), None, None, str(tmp_path / "v2"))
-    v1 = tf.compat.v1.keras.estimator.model_to_estimator(tfcases.sequential(), None, None,
-                                                         str(tmp_path / "v1"))
+    v2 = tf.keras.estimator.model_to_estimator(
+        tfcases.sequential(), None, None, str(tmp_path / "v2")
+    )
+    v1 = tf.compat.v1.keras.estimator.model_to_estimator(
+        tfcases.sequential(), None, None, str(tmp_path / "v1")
+    )
     for est in (v1, v2):
         assert isinstance(est, TPUShimEstimator)
         est.train(fn, steps=1)
@@ -75,7 +81,8 @@ def test_positional_arguments_and_v1_v2_checkpoint_formats(tmp_path):
 
 @pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_patch_before_tensorflow_is_lazy_then_applies():
-    proc = procs.python(code="""
+    proc = procs.python(
+        code="""
         import sys, tpushim
         tpushim.patch(mode="cpu")
         print("tf imported after patch:", "tensorflow" in sys.modules)
@@ -95,7 +102,8 @@ def test_patch_before_tensorflow_is_lazy_then_applies():
         tpushim.patch(); tpushim.patch(mode="cpu")
         assert keras_lib.model_to_estimator.__wrapped__ is original
         print("ok")
-    """)
+    """
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "tf imported after patch: False" in out
@@ -105,13 +113,16 @@ def test_patch_before_tensorflow_is_lazy_then_applies():
     assert out.rstrip().endswith("ok")
 
 
-@pytest.mark.parametrize("sequence", [
-    "patch unpatch patch",
-    "patch patch unpatch",
-    "unpatch unpatch patch",
-    "unpatch patch patch patch unpatch unpatch",
-    "patch unpatch unpatch patch patch",
-])
+@pytest.mark.parametrize(
+    "sequence",
+    [
+        "patch unpatch patch",
+        "patch patch unpatch",
+        "unpatch unpatch patch",
+        "unpatch patch patch patch unpatch unpatch",
+        "patch unpatch unpatch patch patch",
+    ],
+)
 def test_lifecycle_never_wraps_twice(sequence):
     for step in sequence.split():
         getattr(tpushim, step)()
@@ -127,7 +138,7 @@ def test_unpatch_before_patch_is_harmless():
 def test_unpatch_leaves_someone_elses_wrapper_alone():
     tpushim.patch()
     ours = keras_lib.model_to_estimator
-    theirs = lambda *a, **k: ours(*a, **k)  # another library wrapped on top of us
+    theirs = lambda *a, **k: ours(*a, **k)  # noqa: PLW0108  (another library's wrapper on top of ours)
     keras_lib.model_to_estimator = theirs
     try:
         tpushim.unpatch()
@@ -144,7 +155,7 @@ def test_sixteen_threads_patch_at_once():
         try:
             barrier.wait()
             tpushim.patch(mode=("cpu", "auto")[i % 2])
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
@@ -175,16 +186,24 @@ def test_status_reports_versions_and_tpu(monkeypatch):
     assert status["versions"]["keras"].startswith("2.")
     assert status["versions"]["tensorflow_estimator"]
     assert status["applied"] == {
-        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True}
+        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True
+    }
     assert status["decision"]["action"] == "cpu"  # mode cpu wins over the TPU found
-    assert status["decision"]["returns"] == "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"
+    assert (
+        status["decision"]["returns"] == "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU"
+    )
 
 
 def test_public_api_names_and_check_signature():
-    import inspect  # pylint: disable=import-outside-toplevel
-    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
-    assert {"TPUShimError", "ConfigurationError", "ConversionError", "NoTPUError"} <= set(tpushim.__all__)
+    import inspect
+
+    from tpushim import _preflight
+
+    assert {"TPUShimError", "ConfigurationError", "ConversionError", "NoTPUError"} <= set(
+        tpushim.__all__
+    )
     assert all(hasattr(tpushim, name) for name in tpushim.__all__)
     # tpushim.check shows the preflight's own keywords and defaults, so they cannot drift apart.
-    assert (list(inspect.signature(tpushim.check).parameters.values())
-            == list(inspect.signature(_preflight.check).parameters.values()))
+    assert list(inspect.signature(tpushim.check).parameters.values()) == list(
+        inspect.signature(_preflight.check).parameters.values()
+    )

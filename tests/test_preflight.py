@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
 import tfcases
+
 import tpushim
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
@@ -14,13 +14,22 @@ X, Y = tfcases.data(n=128)
 
 def clean_input(batch=64, **kwargs):
     def input_fn():
-        return tf.data.Dataset.from_tensor_slices((X, Y)).repeat().batch(batch).prefetch(tf.data.AUTOTUNE)
+        return (
+            tf.data.Dataset.from_tensor_slices((X, Y))
+            .repeat()
+            .batch(batch)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
     return input_fn
 
 
 def run(model=None, input_fn=None, **kwargs):
-    return tpushim.check(model if model is not None else tfcases.sequential(),
-                         input_fn if input_fn is not None else clean_input(), **kwargs)
+    return tpushim.check(
+        model if model is not None else tfcases.sequential(),
+        input_fn if input_fn is not None else clean_input(),
+        **kwargs,
+    )
 
 
 def test_clean_model_and_input_report_nothing():
@@ -30,12 +39,17 @@ def test_clean_model_and_input_report_nothing():
     assert "XLA compile of the training step" in report.checked
     assert "OK - nothing blocks a TPU" in str(report)
     assert report.to_dict()["ok"] is True and '"findings": []' in report.to_json()
-    assert "<table>" in report._repr_html_()  # pylint: disable=protected-access
+    assert "<table>" in report._repr_html_()
 
 
 def test_op_without_xla_kernel_names_the_layer():
-    model = tfcases.sequential(extra_layers=(tf.keras.layers.Lambda(
-        lambda x: x + 0.0 * tf.strings.to_number(tf.strings.as_string(x)), name="strs"),))
+    model = tfcases.sequential(
+        extra_layers=(
+            tf.keras.layers.Lambda(
+                lambda x: x + 0.0 * tf.strings.to_number(tf.strings.as_string(x)), name="strs"
+            ),
+        )
+    )
     report = run(model)
     assert not report.ok and report.exit_code == 1
     finding = next(f for f in report.findings if f.code == "xla-unsupported-op")
@@ -46,9 +60,13 @@ def test_op_without_xla_kernel_names_the_layer():
 
 def _sequence_model():
     tf.keras.backend.clear_session()
-    model = tf.keras.Sequential([tf.keras.layers.Embedding(20, 4, input_shape=(None,), name="embed"),
-                                 tf.keras.layers.GlobalAveragePooling1D(),
-                                 tf.keras.layers.Dense(3, activation="softmax", name="probs")])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Embedding(20, 4, input_shape=(None,), name="embed"),
+            tf.keras.layers.GlobalAveragePooling1D(),
+            tf.keras.layers.Dense(3, activation="softmax", name="probs"),
+        ]
+    )
     model.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy")
     return model
 
@@ -58,9 +76,12 @@ def _sequences(padded_shapes):
     rows = [np.arange(n) % 20 for n in lengths]
 
     def input_fn():
-        ds = tf.data.Dataset.from_generator(lambda: iter((r, 1) for r in rows), output_signature=(
-            tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)))
+        ds = tf.data.Dataset.from_generator(
+            lambda: iter((r, 1) for r in rows),
+            output_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)),
+        )
         return ds.padded_batch(64, padded_shapes=padded_shapes).prefetch(1)
+
     return input_fn
 
 
@@ -80,18 +101,23 @@ def test_float64_and_string_inputs():
             if with_text:
                 features["text"] = np.array(["a"] * len(X))
             return tf.data.Dataset.from_tensor_slices((features, Y)).batch(64).prefetch(1)
+
         return fn
 
     report = run(input_fn=input_fn("float64", True))
     assert ("float64-input", "info", "feature 'hidden_input'") in [
-        (f.code, f.severity, f.where) for f in report.findings]
+        (f.code, f.severity, f.where) for f in report.findings
+    ]
     assert ("string-input", "error", "feature 'text'") in [
-        (f.code, f.severity, f.where) for f in report.findings]
+        (f.code, f.severity, f.where) for f in report.findings
+    ]
     assert run(input_fn=input_fn("float32", False)).findings == []
 
 
-@pytest.mark.parametrize("batch,code,severity", [(12, "batch-indivisible", "error"),
-                                                 (16, "batch-small", "warning"), (64, None, None)])
+@pytest.mark.parametrize(
+    "batch,code,severity",
+    [(12, "batch-indivisible", "error"), (16, "batch-small", "warning"), (64, None, None)],
+)
 def test_batch_against_cores(batch, code, severity):
     report = run(input_fn=clean_input(batch))
     if code is None:
@@ -118,7 +144,8 @@ def test_pipeline_that_starves_a_tpu():
 
     def python_per_example():
         ds = tf.data.Dataset.from_tensor_slices((X, Y)).map(
-            lambda x, y: (tf.py_function(lambda v: v * 2, [x], tf.float32), y))
+            lambda x, y: (tf.py_function(lambda v: v * 2, [x], tf.float32), y)
+        )
         return ds.map(lambda x, y: (tf.ensure_shape(x, [4]), y)).batch(64).prefetch(1)
 
     assert "per-example-python" in run(input_fn=python_per_example).codes()
@@ -127,7 +154,8 @@ def test_pipeline_that_starves_a_tpu():
 def test_host_only_ops_inside_the_model():
     summary = tf.keras.layers.Lambda(
         lambda x: tf.identity(x) if tf.compat.v1.summary.histogram("acts", x) is not None else x,
-        name="summarise")
+        name="summarise",
+    )
     report = run(tfcases.sequential(extra_layers=(summary,)))
     finding = next(f for f in report.findings if f.code == "host-only-op")
     assert finding.where == "layer 'summarise' (op HistogramSummary)"
@@ -149,8 +177,9 @@ def test_iterations_per_loop_small_for_the_steps():
 
 
 def test_input_that_is_not_a_dataset_does_not_end_the_check():
-    queue_fn = tf.compat.v1.estimator.inputs.numpy_input_fn(X.astype("float64"), Y, batch_size=12,
-                                                            shuffle=False)
+    queue_fn = tf.compat.v1.estimator.inputs.numpy_input_fn(
+        X.astype("float64"), Y, batch_size=12, shuffle=False
+    )
 
     def computed():  # tensors computed from the queue's: not traceable to a Dataset
         features, labels = queue_fn()
@@ -164,8 +193,9 @@ def test_input_that_is_not_a_dataset_does_not_end_the_check():
 
 
 def test_numpy_input_fn_is_checked_as_the_dataset_tpushim_feeds():
-    fn = tf.compat.v1.estimator.inputs.numpy_input_fn(X, Y, batch_size=64, shuffle=False,
-                                                      num_epochs=None)
+    fn = tf.compat.v1.estimator.inputs.numpy_input_fn(
+        X, Y, batch_size=64, shuffle=False, num_epochs=None
+    )
     report = run(input_fn=fn)
     assert report.ok and "input-not-dataset" not in report.codes(), report.codes()
 
@@ -176,12 +206,18 @@ def test_eval_set_smaller_than_its_batch_is_judged_by_the_declared_batch():
 
 
 def test_a_failing_check_is_a_finding_naming_where():
-    import types  # pylint: disable=import-outside-toplevel
-    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    import types
+
+    from tpushim import _preflight
+
     recorder = _preflight.Recorder()
     # Told (through the estimator's hook) of a conversion of something that is no Keras model.
-    recorder.converted(None, keras_model=object(), custom_objects=None,
-                       settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None))
+    recorder.converted(
+        None,
+        keras_model=object(),
+        custom_objects=None,
+        settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None),
+    )
     report = recorder.report()
     failed = [f for f in report.findings if f.code == "preflight-failed"]
     assert failed and failed[0].severity == "error" and ".py:" in failed[0].where
@@ -198,22 +234,24 @@ def test_check_leaves_the_users_model_untouched():
 
 # --- python -m tpushim check ------------------------------------------------------------------
 
-import json  # noqa: E402  pylint: disable=wrong-import-position
-import os  # noqa: E402  pylint: disable=wrong-import-position
+import json
+import os
 
-import procs  # noqa: E402  pylint: disable=wrong-import-position
+import procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 LEGACY = os.path.join(ROOT, "tests", "scripts", "legacy_text_classifier.py")
 
 
 def _check_cli(*args, **env):
-    return procs.python(["-m", "tpushim", "check", *args], env=dict(env, PYTHONPATH=ROOT),
-                        timeout=300)
+    return procs.python(
+        ["-m", "tpushim", "check", *args], env=dict(env, PYTHONPATH=ROOT), timeout=300
+    )
 
 
 def test_cli_bundled_demo_checks_clean():
-    import tpushim.demo.legacy_mlp as demo  # pylint: disable=import-outside-toplevel
+    import tpushim.demo.legacy_mlp as demo
+
     proc = _check_cli(demo.__file__)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tpushim check: OK - nothing blocks a TPU (0 errors, 0 warnings)" in proc.stdout
@@ -235,14 +273,17 @@ def test_cli_legacy_script_fails_with_json_report():
 
 # --- TPU graphs built for a faked TPU system --------------------------------------------------
 
+
 def _record_calls(model_dir, config=None):
     x, y = tfcases.data(n=64)
     fn = tfcases.dataset_input_fn(x, y, batch=32)
     tpushim.patch(mode="cpu")
-    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    from tpushim import _preflight
+
     with _preflight.recording() as recorder:
-        est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                    model_dir=str(model_dir), config=config)
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(model_dir), config=config
+        )
         est.train(fn, steps=1)
         est.evaluate(fn)
         list(est.predict(tfcases.dataset_input_fn(x, batch=32)))
@@ -254,16 +295,23 @@ def _global_step(model_dir):  # of the latest checkpoint, as its name says (mode
 
 
 def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path):
-    from tpushim import _preflight  # pylint: disable=import-outside-toplevel
+    from tpushim import _preflight
+
     x, y = tfcases.data(n=64)
     endless = tfcases.dataset_input_fn(x, y, batch=32, repeat=True)
     tpushim.patch(mode="cpu")
-    stock = tf.estimator.LinearClassifier([tf.feature_column.numeric_column("hidden_input", (4,))],
-                                          n_classes=3, model_dir=str(tmp_path / "stock"))
-    stock_input = lambda: tf.data.Dataset.from_tensor_slices(({"hidden_input": x}, y)).repeat().batch(32)
+    stock = tf.estimator.LinearClassifier(
+        [tf.feature_column.numeric_column("hidden_input", (4,))],
+        n_classes=3,
+        model_dir=str(tmp_path / "stock"),
+    )
+    stock_input = lambda: (
+        tf.data.Dataset.from_tensor_slices(({"hidden_input": x}, y)).repeat().batch(32)
+    )
     with _preflight.recording() as recorder:
-        est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                    model_dir=str(tmp_path / "model"))
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
+        )
         est.train(endless, max_steps=1000)  # max_steps gives way to the cap
         assert _global_step(tmp_path / "model") == recorder.MAX_TRAIN_STEPS
         est.train(endless, steps=1)  # fewer than the cap: as asked
@@ -299,12 +347,14 @@ def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
 
 
 def test_tpu_graph_error_from_the_users_tpu_config(tmp_path):
-    from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=import-outside-toplevel
+    from tensorflow_estimator.python.estimator.tpu import tpu_config
+
     config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
     report = _record_calls(tmp_path, config).report(num_cores=16)
     found = [f for f in report.findings if f.code == "tpu-graph"]
-    assert [f.where for f in found] == [f"{event}() of model 'sequential'"
-                                        for event in ("train", "evaluate", "predict")]
+    assert [f.where for f in found] == [
+        f"{event}() of model 'sequential'" for event in ("train", "evaluate", "predict")
+    ]
     for finding in found:
         assert "TPUConfig.num_shards is not set correctly" in finding.message
         assert "(grpc://" not in finding.message  # the faked TPU's address is not shown

@@ -5,9 +5,9 @@ import logging
 import sys
 import textwrap
 
+import procs
 import pytest
 
-import procs
 from tpushim import _cli, _console, _settings
 
 PROBE = """\
@@ -48,12 +48,15 @@ def test_script_sees_what_python_shows_it(tmp_path):
     assert not shimmed["tf"]  # the runner imports no TensorFlow
 
 
-@pytest.mark.parametrize("body, code", [
-    ("import sys; sys.exit(3)", 3),
-    ("raise SystemExit('bye: a message')", 1),
-    ("def inner():\n    raise ValueError('boom')\ninner()", 1),
-    ("x = (\n", 1),  # a SyntaxError in the script
-])
+@pytest.mark.parametrize(
+    "body, code",
+    [
+        ("import sys; sys.exit(3)", 3),
+        ("raise SystemExit('bye: a message')", 1),
+        ("def inner():\n    raise ValueError('boom')\ninner()", 1),
+        ("x = (\n", 1),  # a SyntaxError in the script
+    ],
+)
 def test_exit_status_and_traceback_as_python_gives_them(tmp_path, body, code):
     write(tmp_path / "fails.py", body + "\n")
     direct = procs.python(["fails.py"], cwd=tmp_path)
@@ -66,29 +69,37 @@ def test_exit_status_and_traceback_as_python_gives_them(tmp_path, body, code):
 
 def test_module_runs_as_python_dash_m_runs_it(tmp_path):
     write(tmp_path / "pkg" / "__init__.py", "")
-    write(tmp_path / "pkg" / "mod.py", """\
+    write(
+        tmp_path / "pkg" / "mod.py",
+        """\
         import json, sys
         print(json.dumps({"argv": sys.argv, "name": __name__, "path0": sys.path[0],
                           "spec": __spec__.name, "tf": "tensorflow" in sys.modules}))
         raise SystemExit(4)
-        """)
+        """,
+    )
     direct = procs.python(["-m", "pkg.mod", "q", "-x"], cwd=tmp_path)
-    shimmed = procs.python(["-m", "tpushim", "--batch-size", "64", "-m", "pkg.mod", "q", "-x"], cwd=tmp_path)
+    shimmed = procs.python(
+        ["-m", "tpushim", "--batch-size", "64", "-m", "pkg.mod", "q", "-x"], cwd=tmp_path
+    )
     assert direct.returncode == shimmed.returncode == 4
     assert json.loads(shimmed.stdout) == json.loads(direct.stdout)
     assert json.loads(shimmed.stdout)["argv"] == [str(tmp_path / "pkg" / "mod.py"), "q", "-x"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["missing.py", "--flag"], "can't open file 'missing.py'"),
-    (["-m", "no_such_module_tpushim"], "No module named 'no_such_module_tpushim'"),
-    ([], "give a script, -m MODULE, or a command"),
-    (["--mode", "sideways", "x.py"], "mode='sideways' is not a valid tpushim mode"),
-    (["--batch-size", "0", "info"], "batch_size must be a positive integer"),
-    (["-m"], "argument -m: expected one argument"),
-    (["check"], "give the script (or -m MODULE) to check"),
-    (["check", "--cores", "4", "missing.py"], "check: can't open file 'missing.py'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.py", "--flag"], "can't open file 'missing.py'"),
+        (["-m", "no_such_module_tpushim"], "No module named 'no_such_module_tpushim'"),
+        ([], "give a script, -m MODULE, or a command"),
+        (["--mode", "sideways", "x.py"], "mode='sideways' is not a valid tpushim mode"),
+        (["--batch-size", "0", "info"], "batch_size must be a positive integer"),
+        (["-m"], "argument -m: expected one argument"),
+        (["check"], "give the script (or -m MODULE) to check"),
+        (["check", "--cores", "4", "missing.py"], "check: can't open file 'missing.py'"),
+    ],
+)
 def test_usage_errors_exit_2_without_traceback(tmp_path, args, message):
     proc = procs.python(["-m", "tpushim", *args], cwd=tmp_path)
     assert proc.returncode == 2
@@ -98,7 +109,9 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, args, message):
 
 def test_bad_environment_stops_before_the_script_runs(tmp_path):
     write(tmp_path / "prog.py", "print('RAN')\n")
-    proc = procs.python(["-m", "tpushim", "prog.py"], cwd=tmp_path, env={"TPUSHIM_BATCH_SIZE": "abc"})
+    proc = procs.python(
+        ["-m", "tpushim", "prog.py"], cwd=tmp_path, env={"TPUSHIM_BATCH_SIZE": "abc"}
+    )
     assert proc.returncode == 2
     assert "TPUSHIM_BATCH_SIZE='abc'" in proc.stderr and "Traceback" not in proc.stderr
     assert "RAN" not in proc.stdout
@@ -107,10 +120,26 @@ def test_bad_environment_stops_before_the_script_runs(tmp_path):
 def test_help_explains_modes_variables_and_commands(tmp_path):
     proc = procs.python(["-m", "tpushim", "--help"], cwd=tmp_path)
     assert proc.returncode == 0
-    for text in ("SCRIPT [ARGS...]", "-m MODULE", "info", "demo", "--mode", "--tpu", "--batch-size",
-                 "--iterations-per-loop", "auto", "cpu", "off", "TPUSHIM_MODE", "TPUSHIM_TPU",
-                 "TPUSHIM_BATCH_SIZE", "TPUSHIM_ITERATIONS_PER_LOOP", "TPUSHIM_AUTOPATCH",
-                 "kill switch", "belongs to it"):
+    for text in (
+        "SCRIPT [ARGS...]",
+        "-m MODULE",
+        "info",
+        "demo",
+        "--mode",
+        "--tpu",
+        "--batch-size",
+        "--iterations-per-loop",
+        "auto",
+        "cpu",
+        "off",
+        "TPUSHIM_MODE",
+        "TPUSHIM_TPU",
+        "TPUSHIM_BATCH_SIZE",
+        "TPUSHIM_ITERATIONS_PER_LOOP",
+        "TPUSHIM_AUTOPATCH",
+        "kill switch",
+        "belongs to it",
+    ):
         assert text in proc.stdout, text
     help_text = " ".join(proc.stdout.split())  # as one line: argparse wraps it
     for flag, kwargs in _settings.OPTIONS:  # the options %tpushim takes too, with the same help
@@ -119,18 +148,22 @@ def test_help_explains_modes_variables_and_commands(tmp_path):
 
 
 def test_info_reports_without_importing_tensorflow(tmp_path):
-    code = ("import sys\nfrom tpushim._cli import main\nrc = main(sys.argv[1:])\n"
-            "assert 'tensorflow' not in sys.modules, 'info imported TensorFlow'\nsys.exit(rc)")
+    code = (
+        "import sys\nfrom tpushim._cli import main\nrc = main(sys.argv[1:])\n"
+        "assert 'tensorflow' not in sys.modules, 'info imported TensorFlow'\nsys.exit(rc)"
+    )
     plain = procs.python(["info"], code=code, cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr
-    import tpushim  # pylint: disable=import-outside-toplevel
+    import tpushim
+
     versions = tpushim.status()["versions"]
     assert f"tpushim {versions['tpushim']}: TensorFlow {versions['tensorflow']}" in plain.stdout
     assert "patched:     no" in plain.stdout
     assert "mode:        auto (from default)" in plain.stdout
     assert "TPU:" in plain.stdout and "autopatch:" in plain.stdout
-    preview = procs.python(["--mode", "cpu", "--batch-size", "64", "info", "--json"], code=code,
-                           cwd=tmp_path)
+    preview = procs.python(
+        ["--mode", "cpu", "--batch-size", "64", "info", "--json"], code=code, cwd=tmp_path
+    )
     assert preview.returncode == 0, preview.stderr
     status = json.loads(preview.stdout)
     assert (status["mode"], status["mode_source"], status["batch_size"]) == ("cpu", "argument", 64)
@@ -149,7 +182,10 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
     for metric in ("accuracy", "loss", "global_step"):
         stock, shim, diff = rows[metric][:3]
-        assert abs(float(stock) - float(shim)) <= 1e-5 and float(diff) <= 1e-5, (metric, rows[metric])
+        assert abs(float(stock) - float(shim)) <= 1e-5 and float(diff) <= 1e-5, (
+            metric,
+            rows[metric],
+        )
     assert rows["global_step"][0] == "300"
     assert "results equal within 1e-05" in out
     assert "WARNING" not in proc.stderr  # TensorFlow's noise is kept down
@@ -158,26 +194,46 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
 RUNNER, CHECK = _cli.RUNNER_VALUE_FLAGS, _cli.CHECK_VALUE_FLAGS
 
 
-@pytest.mark.parametrize("argv, value_flags, expected", [
-    (["s.py", "--mode", "x"], RUNNER, ([], None, ["s.py", "--mode", "x"])),
-    (["--mode", "cpu", "-q", "s.py", "-m", "y"], RUNNER, (["--mode", "cpu", "-q"], None, ["s.py", "-m", "y"])),
-    (["--tpu", "local", "-m", "pkg.mod", "--tpu", "z"], RUNNER, (["--tpu", "local"], "pkg.mod", ["--tpu", "z"])),
-    (["-mpkg.mod", "a"], RUNNER, ([], "pkg.mod", ["a"])),
-    (["--batch-size=8", "--", "-odd.py"], RUNNER, (["--batch-size=8"], None, ["-odd.py"])),
-    (["--mode", "cpu", "info", "--json"], RUNNER, (["--mode", "cpu"], None, ["info", "--json"])),
-    (["--help"], RUNNER, (["--help"], None, [])),
-    # check's own arguments are split by the same rule
-    (["--cores", "4", "--json", "s.py", "--cores", "2"], CHECK,
-     (["--cores", "4", "--json"], None, ["s.py", "--cores", "2"])),
-    (["--json", "-m", "pkg.train", "--json"], CHECK, (["--json"], "pkg.train", ["--json"])),
-])
+@pytest.mark.parametrize(
+    "argv, value_flags, expected",
+    [
+        (["s.py", "--mode", "x"], RUNNER, ([], None, ["s.py", "--mode", "x"])),
+        (
+            ["--mode", "cpu", "-q", "s.py", "-m", "y"],
+            RUNNER,
+            (["--mode", "cpu", "-q"], None, ["s.py", "-m", "y"]),
+        ),
+        (
+            ["--tpu", "local", "-m", "pkg.mod", "--tpu", "z"],
+            RUNNER,
+            (["--tpu", "local"], "pkg.mod", ["--tpu", "z"]),
+        ),
+        (["-mpkg.mod", "a"], RUNNER, ([], "pkg.mod", ["a"])),
+        (["--batch-size=8", "--", "-odd.py"], RUNNER, (["--batch-size=8"], None, ["-odd.py"])),
+        (
+            ["--mode", "cpu", "info", "--json"],
+            RUNNER,
+            (["--mode", "cpu"], None, ["info", "--json"]),
+        ),
+        (["--help"], RUNNER, (["--help"], None, [])),
+        # check's own arguments are split by the same rule
+        (
+            ["--cores", "4", "--json", "s.py", "--cores", "2"],
+            CHECK,
+            (["--cores", "4", "--json"], None, ["s.py", "--cores", "2"]),
+        ),
+        (["--json", "-m", "pkg.train", "--json"], CHECK, (["--json"], "pkg.train", ["--json"])),
+    ],
+)
 def test_split_argv_gives_everything_after_the_target_to_it(argv, value_flags, expected):
     assert _cli.split_argv(argv, value_flags) == expected
 
 
 def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, monkeypatch, capsys):
-    script = write(tmp_path / "logs.py", "import logging\n"
-                   "logging.getLogger('tpushim').info('model_to_estimator -> X')\n")
+    script = write(
+        tmp_path / "logs.py",
+        "import logging\nlogging.getLogger('tpushim').info('model_to_estimator -> X')\n",
+    )
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     logger = logging.getLogger("tpushim")

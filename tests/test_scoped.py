@@ -7,9 +7,9 @@ import threading
 
 import pytest
 import tensorflow as tf
+import tfcases
 from tensorflow_estimator.python.estimator import keras_lib
 
-import tfcases
 import tpushim
 from tpushim._estimator import TPUShimEstimator
 
@@ -17,8 +17,9 @@ ORIGINAL = keras_lib.model_to_estimator
 
 
 def convert(tmp_path, name):
-    return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                 model_dir=str(tmp_path / name))
+    return tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path / name)
+    )
 
 
 def is_shim(est):
@@ -29,7 +30,11 @@ def settings_here():
     """``(mode, batch_size)`` a call made now in this thread/task would use, from ``status()``;
     ``(None, None)`` where no scope applies (every scope in these tests names a mode)."""
     status = tpushim.status()
-    return (status["mode"], status["batch_size"]) if status["mode_source"] == "argument" else (None, None)
+    return (
+        (status["mode"], status["batch_size"])
+        if status["mode_source"] == "argument"
+        else (None, None)
+    )
 
 
 def test_inside_vs_outside_the_block(tmp_path):
@@ -49,13 +54,17 @@ def test_scope_over_process_wide_patch_restores_it(tmp_path):
     assert not is_shim(convert(tmp_path, "after"))
     assert tpushim.is_patched()
     assert tpushim.status()["applied"] == {
-        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True}
+        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True
+    }
 
 
 def test_nested_innermost_wins_and_outer_settings_restored_exactly(tmp_path):
     with tpushim.patched(mode="cpu", batch_size=16):
         with tpushim.patched(mode="off"):
-            assert settings_here() == ("off", 16)  # what the inner scope does not say, the outer does
+            assert settings_here() == (
+                "off",
+                16,
+            )  # what the inner scope does not say, the outer does
             assert not is_shim(convert(tmp_path, "inner"))
         assert settings_here() == ("cpu", 16)
         assert is_shim(convert(tmp_path, "outer"))
@@ -63,9 +72,8 @@ def test_nested_innermost_wins_and_outer_settings_restored_exactly(tmp_path):
 
 
 def test_exception_inside_leaves_no_residue(tmp_path):
-    with pytest.raises(RuntimeError):
-        with tpushim.patched(mode="cpu"):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), tpushim.patched(mode="cpu"):
+        raise RuntimeError("boom")
     assert settings_here() == (None, None)
     assert keras_lib.model_to_estimator is ORIGINAL
     assert not is_shim(convert(tmp_path, "after"))
@@ -81,17 +89,18 @@ def test_environment_is_read_on_entry_not_when_decorating(tmp_path, monkeypatch)
     monkeypatch.setenv("TPUSHIM_BATCH_SIZE", "lots")
     # A module that decorates with @tpushim.patched imports fine under a bad variable ...
     (tmp_path / "tpushim_scoped_probe.py").write_text(
-        "import tpushim\n\n@tpushim.patched(mode='cpu')\ndef build():\n    return 'built'\n")
+        "import tpushim\n\n@tpushim.patched(mode='cpu')\ndef build():\n    return 'built'\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "tpushim_scoped_probe", raising=False)
-    import tpushim_scoped_probe  # pylint: disable=import-outside-toplevel,import-error
+    import tpushim_scoped_probe
+
     scope = tpushim.patched(mode="cpu")
     # ... and the variable is refused when a scope is entered, before it opens.
     with pytest.raises(tpushim.ConfigurationError, match="TPUSHIM_BATCH_SIZE='lots'"):
         tpushim_scoped_probe.build()
-    with pytest.raises(tpushim.ConfigurationError, match="TPUSHIM_BATCH_SIZE='lots'"):
-        with scope:
-            pass
+    with pytest.raises(tpushim.ConfigurationError, match="TPUSHIM_BATCH_SIZE='lots'"), scope:
+        pass
     assert keras_lib.model_to_estimator is ORIGINAL
     # The value at entry counts, not the one at decoration.
     monkeypatch.setenv("TPUSHIM_BATCH_SIZE", "32")
@@ -110,7 +119,9 @@ def test_kill_switch_wins_inside_a_scope(tmp_path, monkeypatch):
 @tpushim.patched(mode="cpu")
 def build_estimator(model_dir):
     """Builds an estimator the legacy way."""
-    return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(), model_dir=model_dir)
+    return tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=model_dir
+    )
 
 
 class Trainer:
@@ -118,8 +129,9 @@ class Trainer:
     def build(self, model_dir, *, seed=0):
         """Method docstring."""
         del seed
-        return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                     model_dir=model_dir)
+        return tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=model_dir
+        )
 
 
 def test_decorator_on_function_and_method_keeps_metadata(tmp_path):
@@ -190,7 +202,8 @@ def test_async_function_decorator_scopes_the_await():
 
 
 def test_reset_restores_everything_and_fails_on_a_scope_left_open(tmp_path):
-    from tpushim import _patch  # pylint: disable=import-outside-toplevel  # the reset conftest uses
+    from tpushim import _patch  # the reset conftest uses
+
     tpushim.patched(mode="cpu").__enter__()  # never left
     with pytest.raises(RuntimeError, match=r"1 tpushim.patched\(\) scope\(s\) left open"):
         _patch.reset()

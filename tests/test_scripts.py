@@ -5,27 +5,28 @@ within 1e-5; ``python -m tpushim check`` sees through their input."""
 import json
 import os
 
-import pytest
-
 import procs
+import pytest
 import tfcases
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
-LEGACY = ["census_numpy_tf1.py",  # numpy_input_fn, dict float64 features, disable_v2_behavior
-          "taxi_csv_train_and_evaluate.py",  # CSV + decode_csv, one-shot iterator, batch().repeat(),
-          # train_and_evaluate with an exporter, [batch] labels for a [batch, 1] output
-          "tfrecord_feature_columns.py",  # TFRecords, input_layer in Dataset.map, custom metric fn
-          "text_vocab_file_lookup.py"]  # vocabulary file lookup table, initializable iterator
+LEGACY = [
+    "census_numpy_tf1.py",  # numpy_input_fn, dict float64 features, disable_v2_behavior
+    "taxi_csv_train_and_evaluate.py",  # CSV + decode_csv, one-shot iterator, batch().repeat(),
+    # train_and_evaluate with an exporter, [batch] labels for a [batch, 1] output
+    "tfrecord_feature_columns.py",  # TFRecords, input_layer in Dataset.map, custom metric fn
+    "text_vocab_file_lookup.py",
+]  # vocabulary file lookup table, initializable iterator
 
 
 def _run(args, workdir):
     proc = procs.python([*args, workdir], env={"PYTHONPATH": ROOT}, cwd=workdir.parent, timeout=600)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line_ for line_ in proc.stdout.splitlines() if line_.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):]), proc.stderr
+    return json.loads(lines[-1][len("RESULT ") :]), proc.stderr
 
 
 @pytest.mark.parametrize("script", LEGACY)
@@ -42,19 +43,29 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
 
 @pytest.mark.parametrize("script", LEGACY)
 def test_preflight_sees_through_legacy_input_and_builds_their_tpu_graphs(script, tmp_path):
-    proc = procs.python(["-m", "tpushim", "check", "--json", os.path.join(SCRIPTS, script),
-                         tmp_path / "work"], env={"PYTHONPATH": ROOT}, cwd=tmp_path, timeout=600)
+    proc = procs.python(
+        ["-m", "tpushim", "check", "--json", os.path.join(SCRIPTS, script), tmp_path / "work"],
+        env={"PYTHONPATH": ROOT},
+        cwd=tmp_path,
+        timeout=600,
+    )
     report = json.loads(proc.stdout)
     codes = {f["code"] for f in report["findings"]}
     assert proc.returncode == 0 and report["ok"], (report, proc.stderr[-3000:])
-    assert not codes & {"input-not-dataset", "input-unusable", "preflight-failed", "script-raised",
-                        "script-exit"}, report
+    assert not codes & {
+        "input-not-dataset",
+        "input-unusable",
+        "preflight-failed",
+        "script-raised",
+        "script-exit",
+    }, report
     assert "XLA compile of the training step" in report["checked"]
     assert "TPU graphs for 8 cores (1 host)" in report["checked"]  # built on a faked TPU system
     if script == "census_numpy_tf1.py":
         assert "float64-input" in codes  # numpy_input_fn's float64 features, read as a Dataset
-        assert any(f["code"] == "batch-small" and "(batch of 32)" in f["where"]
-                   for f in report["findings"])
+        assert any(
+            f["code"] == "batch-small" and "(batch of 32)" in f["where"] for f in report["findings"]
+        )
 
 
 def test_preflight_script_raising_in_cpu_mode_is_an_error(tmp_path):
@@ -67,9 +78,14 @@ def test_preflight_script_raising_in_cpu_mode_is_an_error(tmp_path):
         "est.train(lambda: tf.data.Dataset.from_tensor_slices(([[1.0, 2.0]] * 8, [[1.0]] * 8))"
         ".batch(8).repeat(), steps=1)\n"
         "est.evaluate(lambda: tf.data.Dataset.from_tensor_slices(([[1.0, 2.0, 3.0]], [[1.0]])).batch(1))\n"
-        % str(tmp_path / "model"))
-    proc = procs.python(["-m", "tpushim", "check", "--json", script], env={"PYTHONPATH": ROOT},
-                        cwd=tmp_path, timeout=600)
+        % str(tmp_path / "model")
+    )
+    proc = procs.python(
+        ["-m", "tpushim", "check", "--json", script],
+        env={"PYTHONPATH": ROOT},
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)  # --json prints a report whatever happened
     raised = [f for f in report["findings"] if f["code"] == "script-raised"]

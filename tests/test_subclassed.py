@@ -11,12 +11,12 @@ rung 2b runs a subclassed model and a two-optimizer WideDeepModel as 8 emulated 
 
 import numpy as np
 import pytest
-import tensorflow as tf
-
 import replicas
+import tensorflow as tf
 import tfcases
-import tpushim
 from replicas import PER, REPLICAS
+
+import tpushim
 from tpushim import _model_fn
 from tpushim._estimator import TPUShimEstimator
 
@@ -66,24 +66,42 @@ def _subclassed(cls=SimpleModel, optimizer=None, fit=False):
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     model = cls()
-    model.compile(optimizer=optimizer() if optimizer else tf.compat.v1.train.RMSPropOptimizer(0.01),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=optimizer() if optimizer else tf.compat.v1.train.RMSPropOptimizer(0.01),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     if fit:
         x, y = tfcases.data(seed=5)
         model.fit(x, y, epochs=1, batch_size=16, verbose=0)
     return model
 
 
-def _run(mode, build, train_fn, eval_fn, predict_fn, model_dir, steps=6, hooks=None,
-         spelling="v1", checkpoint_format="saver"):
+def _run(
+    mode,
+    build,
+    train_fn,
+    eval_fn,
+    predict_fn,
+    model_dir,
+    steps=6,
+    hooks=None,
+    spelling="v1",
+    checkpoint_format="saver",
+):
     """tfcases.run, with training hooks and stock's checkpoint format for subclassed models."""
-    convert = {"v2": tf.keras.estimator.model_to_estimator,
-               "v1": tf.compat.v1.keras.estimator.model_to_estimator}[spelling]
+    convert = {
+        "v2": tf.keras.estimator.model_to_estimator,
+        "v1": tf.compat.v1.keras.estimator.model_to_estimator,
+    }[spelling]
     tpushim.patch(mode=mode)
     try:
-        estimator = convert(keras_model=build(), model_dir=str(model_dir),
-                            config=tf.estimator.RunConfig(tf_random_seed=7),
-                            checkpoint_format=checkpoint_format)
+        estimator = convert(
+            keras_model=build(),
+            model_dir=str(model_dir),
+            config=tf.estimator.RunConfig(tf_random_seed=7),
+            checkpoint_format=checkpoint_format,
+        )
     finally:
         tpushim.unpatch()
     assert isinstance(estimator, TPUShimEstimator) == (mode == "cpu")
@@ -102,16 +120,25 @@ def _compare(tmp_path, build, train_fn, eval_fn, predict_fn=None, **kwargs):
 
 # --- rung 1: cpu mode == stock -------------------------------------------------------------------
 
+
 # keras_test.test_train_keras_estimator's subclass cases (tf.compat.v1.train RMSProp, 'saver'
 # checkpoints); its 'tf_optimizer' case is 'hooks_and_fit' again.
-@pytest.mark.parametrize("fit,hooks", [(False, None), (True, None), (False, [MyHook]), (True, [MyHook])],
-                         ids=["subclass", "subclass_w_fit", "hooks", "hooks_and_fit-tf_optimizer"])
+@pytest.mark.parametrize(
+    "fit,hooks",
+    [(False, None), (True, None), (False, [MyHook]), (True, [MyHook])],
+    ids=["subclass", "subclass_w_fit", "hooks", "hooks_and_fit-tf_optimizer"],
+)
 def test_train_keras_estimator_subclass(tmp_path, fit, hooks):
     x, y = tfcases.data()
     predict = tfcases.dataset_input_fn(x) if fit == bool(hooks) else None  # two cases suffice
-    stock, shim = _compare(
-        tmp_path, lambda: _subclassed(fit=fit), tfcases.dataset_input_fn(x, y, repeat=True),
-        tfcases.dataset_input_fn(x, y), predict, hooks=hooks)
+    _stock, shim = _compare(
+        tmp_path,
+        lambda: _subclassed(fit=fit),
+        tfcases.dataset_input_fn(x, y, repeat=True),
+        tfcases.dataset_input_fn(x, y),
+        predict,
+        hooks=hooks,
+    )
     assert set(shim[1]) == {"accuracy", "loss", "global_step"} and shim[1]["global_step"] == 6
     assert ("temp" in shim[3]) == bool(hooks)
     if predict:
@@ -121,9 +148,14 @@ def test_train_keras_estimator_subclass(tmp_path, fit, hooks):
 def test_subclass_without_get_config_keras_optimizer_v2_spelling(tmp_path):
     """Stock manages a model with no get_config (Keras derives one); a Keras optimizer; EstimatorV2."""
     x, y = tfcases.data()
-    _compare(tmp_path, lambda: _subclassed(NoConfigModel, lambda: tf.keras.optimizers.legacy.Adam(0.02)),
-             tfcases.dataset_input_fn(x, y, repeat=True), tfcases.dataset_input_fn(x, y),
-             tfcases.dataset_input_fn(x), spelling="v2")
+    _compare(
+        tmp_path,
+        lambda: _subclassed(NoConfigModel, lambda: tf.keras.optimizers.legacy.Adam(0.02)),
+        tfcases.dataset_input_fn(x, y, repeat=True),
+        tfcases.dataset_input_fn(x, y),
+        tfcases.dataset_input_fn(x),
+        spelling="v2",
+    )
 
 
 def test_subclass_errors_are_stocks(tmp_path):
@@ -134,13 +166,20 @@ def test_subclass_errors_are_stocks(tmp_path):
     for mode in ("off", "cpu"):
         tpushim.patch(mode=mode)
         try:
-            with pytest.raises(ValueError, match="Object-based checkpoints are currently not supported"):
-                tf.keras.estimator.model_to_estimator(keras_model=_subclassed(),
-                                                      model_dir=str(tmp_path / mode / "a"))
-            with pytest.raises(ValueError, match="must implement `Model.get_config` and `Model.from_config`"):
-                tf.keras.estimator.model_to_estimator(keras_model=_subclassed(NeedsArg),
-                                                      model_dir=str(tmp_path / mode / "b"),
-                                                      checkpoint_format="saver")
+            with pytest.raises(
+                ValueError, match="Object-based checkpoints are currently not supported"
+            ):
+                tf.keras.estimator.model_to_estimator(
+                    keras_model=_subclassed(), model_dir=str(tmp_path / mode / "a")
+                )
+            with pytest.raises(
+                ValueError, match=r"must implement `Model\.get_config` and `Model\.from_config`"
+            ):
+                tf.keras.estimator.model_to_estimator(
+                    keras_model=_subclassed(NeedsArg),
+                    model_dir=str(tmp_path / mode / "b"),
+                    checkpoint_format="saver",
+                )
         finally:
             tpushim.unpatch()
         assert not (tmp_path / mode / "a").exists() and not (tmp_path / mode / "b").exists()
@@ -163,8 +202,11 @@ def test_export_subclassed_model_retains_model_state(tmp_path):
         tpushim.patch(mode=mode)
         try:
             est = tf.compat.v1.keras.estimator.model_to_estimator(
-                keras_model=model, model_dir=str(tmp_path / mode), checkpoint_format="saver",
-                config=tf.estimator.RunConfig(tf_random_seed=7))
+                keras_model=model,
+                model_dir=str(tmp_path / mode),
+                checkpoint_format="saver",
+                config=tf.estimator.RunConfig(tf_random_seed=7),
+            )
         finally:
             tpushim.unpatch()
         est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=4)
@@ -179,20 +221,23 @@ def test_export_subclassed_model_retains_model_state(tmp_path):
         tpushim.patch(mode=mode)
         try:
             again = tf.compat.v1.keras.estimator.model_to_estimator(
-                keras_model=_subclassed(), model_dir=str(tmp_path / mode), checkpoint_format="saver")
+                keras_model=_subclassed(), model_dir=str(tmp_path / mode), checkpoint_format="saver"
+            )
         finally:
             tpushim.unpatch()
         again.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=2)
         assert again.get_variable_value("global_step") == 6
     assert set(exported["off"]) == set(exported["cpu"])
     for name, value in exported["off"].items():
-        np.testing.assert_allclose(exported["cpu"][name], value, atol=tfcases.TOL, rtol=0, err_msg=name)
+        np.testing.assert_allclose(
+            exported["cpu"][name], value, atol=tfcases.TOL, rtol=0, err_msg=name
+        )
 
 
 def _linear_data(n=tfcases.N):
     rng = np.random.RandomState(1337)
     x = rng.uniform(-5, 5, size=(n, 2)).astype("float32")
-    return x, (.3 * x[:, 0] + .2 * x[:, 1]).astype("float32")
+    return x, (0.3 * x[:, 0] + 0.2 * x[:, 1]).astype("float32")
 
 
 def _linear_model(fit=True):
@@ -208,8 +253,14 @@ def _linear_model(fit=True):
 
 def test_train_premade_linear_model(tmp_path):
     x, y = _linear_data()
-    stock, shim = _compare(tmp_path, _linear_model, tfcases.dataset_input_fn(x, y, repeat=True),
-                           tfcases.dataset_input_fn(x, y), tfcases.dataset_input_fn(x), steps=10)
+    _stock, shim = _compare(
+        tmp_path,
+        _linear_model,
+        tfcases.dataset_input_fn(x, y, repeat=True),
+        tfcases.dataset_input_fn(x, y),
+        tfcases.dataset_input_fn(x),
+        steps=10,
+    )
     assert shim[1]["loss"] < 3  # trained, from kernel zeros
 
 
@@ -229,16 +280,26 @@ def _vocab_data(n=tfcases.N, seed=1337):
 def _wide_deep(columns, keras_input, opts=("sgd", "adam")):
     """keras_premade_model_test's WideDeepModel: DenseFeatures + LinearModel, DenseFeatures + DNN,
     compiled with one optimizer per sub-model."""
-    linear = tf.keras.Sequential([tf.compat.v1.keras.layers.DenseFeatures(columns),
-                                  tf.keras.experimental.LinearModel(units=1, name="Linear")])
-    dnn = tf.keras.Sequential([tf.compat.v1.keras.layers.DenseFeatures(columns),
-                               tf.keras.layers.Dense(4, activation="relu", name="DNNHidden"),
-                               tf.keras.layers.Dense(1, name="DNNDense")])
+    linear = tf.keras.Sequential(
+        [
+            tf.compat.v1.keras.layers.DenseFeatures(columns),
+            tf.keras.experimental.LinearModel(units=1, name="Linear"),
+        ]
+    )
+    dnn = tf.keras.Sequential(
+        [
+            tf.compat.v1.keras.layers.DenseFeatures(columns),
+            tf.keras.layers.Dense(4, activation="relu", name="DNNHidden"),
+            tf.keras.layers.Dense(1, name="DNNDense"),
+        ]
+    )
     model = tf.keras.experimental.WideDeepModel(linear, dnn)
-    model._set_inputs(keras_input)  # pylint: disable=protected-access  # as stock's test does
-    make = {"sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
-            "adam": lambda: tf.keras.optimizers.legacy.Adam(0.1),
-            "adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.1)}
+    model._set_inputs(keras_input)  # as stock's test does
+    make = {
+        "sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
+        "adam": lambda: tf.keras.optimizers.legacy.Adam(0.1),
+        "adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.1),
+    }
     model.compile([make[o]() for o in opts], "mse", ["mse"])
     return model
 
@@ -247,14 +308,17 @@ def _vocab_wide_deep(opts=("sgd", "adam")):
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     ind = tf.feature_column.indicator_column(
-        tf.feature_column.categorical_column_with_vocabulary_list("symbol", VOCAB))
-    return _wide_deep([ind], {"symbol": tf.keras.layers.Input(name="symbol", shape=3, dtype=tf.string)},
-                      opts)
+        tf.feature_column.categorical_column_with_vocabulary_list("symbol", VOCAB)
+    )
+    return _wide_deep(
+        [ind], {"symbol": tf.keras.layers.Input(name="symbol", shape=3, dtype=tf.string)}, opts
+    )
 
 
 def _symbol_input(data, y=None, epochs=1):
-    return numpy_io.numpy_input_fn(x={"symbol": data}, y=y, batch_size=8, num_epochs=epochs,
-                                   shuffle=False)
+    return numpy_io.numpy_input_fn(
+        x={"symbol": data}, y=y, batch_size=8, num_epochs=epochs, shuffle=False
+    )
 
 
 def test_train_premade_widedeep_model_with_feature_layers(tmp_path):
@@ -264,9 +328,14 @@ def test_train_premade_widedeep_model_with_feature_layers(tmp_path):
     StopAtStepHook (which fetches the step in the same run) stops vary from run to run."""
     data, y = _vocab_data(48)
     eval_data, eval_y = _vocab_data(tfcases.N, seed=2)
-    stock, shim = _compare(tmp_path, lambda: _vocab_wide_deep(("sgd", "adagrad")),
-                           _symbol_input(data, y, epochs=2), _symbol_input(eval_data, eval_y),
-                           _symbol_input(eval_data), steps=None)
+    stock, shim = _compare(
+        tmp_path,
+        lambda: _vocab_wide_deep(("sgd", "adagrad")),
+        _symbol_input(data, y, epochs=2),
+        _symbol_input(eval_data, eval_y),
+        _symbol_input(eval_data),
+        steps=None,
+    )
     # Each optimizer trained its own sub-model only.
     assert any(k.startswith("training/Adagrad/") and "DNNDense" in k for k in shim[3])
     assert not any(k.startswith("training/Adagrad/") and "Linear" in k for k in shim[3])
@@ -281,7 +350,8 @@ def test_train_premade_widedeep_sgd_adam_as_stocks_test(tmp_path):
     tpushim.patch(mode="cpu")
     try:
         est = tf.compat.v1.keras.estimator.model_to_estimator(
-            keras_model=_vocab_wide_deep(), model_dir=str(tmp_path), checkpoint_format="saver")
+            keras_model=_vocab_wide_deep(), model_dir=str(tmp_path), checkpoint_format="saver"
+        )
     finally:
         tpushim.unpatch()
     assert isinstance(est, TPUShimEstimator)
@@ -300,7 +370,8 @@ def test_premade_linear_model_with_dense_features_warm_starts(tmp_path):
         tf.keras.backend.clear_session()
         tf.keras.utils.set_random_seed(0)
         ind = tf.feature_column.indicator_column(
-            tf.feature_column.categorical_column_with_vocabulary_list("symbol", VOCAB))
+            tf.feature_column.categorical_column_with_vocabulary_list("symbol", VOCAB)
+        )
         keras_input = tf.keras.layers.Input(name="symbol", shape=(), dtype=tf.string)
         h = tf.compat.v1.keras.layers.DenseFeatures([ind])({"symbol": keras_input})
         model = tf.keras.Model(keras_input, tf.keras.experimental.LinearModel(units=1)(h))
@@ -308,17 +379,22 @@ def test_premade_linear_model_with_dense_features_warm_starts(tmp_path):
         model.fit({"symbol": data}, y, epochs=2, verbose=0)
         return model
 
-    fn = lambda epochs: numpy_io.numpy_input_fn(x={"symbol": data}, y=y, batch_size=8,
-                                                num_epochs=epochs, shuffle=False)
+    fn = lambda epochs: numpy_io.numpy_input_fn(
+        x={"symbol": data}, y=y, batch_size=8, num_epochs=epochs, shuffle=False
+    )
     _, shim = _compare(tmp_path, build, fn(None), fn(1), steps=1)
-    assert shim[1]["loss"] < 0.05  # one step from zeros would not get there: it started from the fit
+    assert (
+        shim[1]["loss"] < 0.05
+    )  # one step from zeros would not get there: it started from the fit
 
 
 # --- rung 2: the TPU train step, replicated over 8 TPU replicas, built on CPU -------------------
 
+
 def _tpu_train_step(model, features, labels):
-    graph, _, _ = replicas.replicated_model_fn(model, ModeKeys.TRAIN, features, labels,
-                                               replicas.train_step_outputs)
+    graph, _, _ = replicas.replicated_model_fn(
+        model, ModeKeys.TRAIN, features, labels, replicas.train_step_outputs
+    )
     trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     sums = replicas.ops_of_type(graph, "CrossReplicaSum")
     for op in sums:
@@ -334,8 +410,9 @@ def _numeric_wide_deep(opts):
     return _wide_deep([col], {"x": tf.keras.layers.Input(name="x", shape=(4,))}, opts)
 
 
-@pytest.mark.parametrize("case", ["subclass-tf1-rmsprop", "subclass-keras-sgd", "linear-model",
-                                  "widedeep-sgd-adam"])
+@pytest.mark.parametrize(
+    "case", ["subclass-tf1-rmsprop", "subclass-keras-sgd", "linear-model", "widedeep-sgd-adam"]
+)
 def test_tpu_train_step_one_cross_replica_sum_per_trainable_variable(case):
     cls_labels = lambda: tf.zeros([PER, 1], tf.int64)
     reg_labels = lambda: tf.zeros([PER, 1])
@@ -343,10 +420,15 @@ def test_tpu_train_step_one_cross_replica_sum_per_trainable_variable(case):
         "subclass-tf1-rmsprop": lambda: (_subclassed(), lambda: tf.zeros([PER, 4]), cls_labels),
         "subclass-keras-sgd": lambda: (
             _subclassed(optimizer=lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)),
-            lambda: tf.zeros([PER, 4]), cls_labels),
+            lambda: tf.zeros([PER, 4]),
+            cls_labels,
+        ),
         "linear-model": lambda: (_linear_model(fit=False), lambda: tf.zeros([PER, 2]), reg_labels),
-        "widedeep-sgd-adam": lambda: (_numeric_wide_deep(("sgd", "adam")),
-                                      lambda: {"x": tf.zeros([PER, 4])}, reg_labels),
+        "widedeep-sgd-adam": lambda: (
+            _numeric_wide_deep(("sgd", "adam")),
+            lambda: {"x": tf.zeros([PER, 4])},
+            reg_labels,
+        ),
     }[case]()
     trainable, sums = _tpu_train_step(model, features, labels)
     assert len(trainable) == {"linear-model": 2}.get(case, 4 if case.startswith("subclass") else 6)
@@ -361,19 +443,28 @@ class _GraphBuilt(Exception):
 def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch):
     """TPUEstimator.train on a faked 8-core TPU system (environment only: the system metadata and
     the session it would open) builds replication, infeed and one CrossReplicaSum per variable."""
-    import collections  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.client import session as session_lib  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
-    from tensorflow_estimator.python.estimator import estimator as estimator_lib  # pylint: disable=import-outside-toplevel
-    from tensorflow_estimator.python.estimator.tpu import tpu_context  # pylint: disable=import-outside-toplevel
+    import collections
+
+    from tensorflow.python.client import session as session_lib
+    from tensorflow.python.tpu import tpu_system_metadata
+    from tensorflow_estimator.python.estimator import estimator as estimator_lib
+    from tensorflow_estimator.python.estimator.tpu import tpu_context
 
     task = "/job:worker/replica:0/task:0/device:"
-    devices = [session_lib._DeviceAttributes(f"{task}TPU:{i}", "TPU", 0, 0) for i in range(REPLICAS)]  # pylint: disable=protected-access
-    devices.append(session_lib._DeviceAttributes(f"{task}CPU:0", "CPU", 0, 0))  # pylint: disable=protected-access
+    devices = [
+        session_lib._DeviceAttributes(f"{task}TPU:{i}", "TPU", 0, 0) for i in range(REPLICAS)
+    ]
+    devices.append(session_lib._DeviceAttributes(f"{task}CPU:0", "CPU", 0, 0))
     metadata = tpu_system_metadata.TPUSystemMetadata(
-        num_cores=REPLICAS, num_hosts=1, num_of_cores_per_host=REPLICAS, topology=None, devices=devices)
-    monkeypatch.setattr(tpu_context._InternalTPUContext, "_get_tpu_system_metadata",  # pylint: disable=protected-access
-                        lambda self: metadata)
+        num_cores=REPLICAS,
+        num_hosts=1,
+        num_of_cores_per_host=REPLICAS,
+        topology=None,
+        devices=devices,
+    )
+    monkeypatch.setattr(
+        tpu_context._InternalTPUContext, "_get_tpu_system_metadata", lambda self: metadata
+    )
     built = {}
 
     def stop_before_session(*args, **kwargs):
@@ -390,15 +481,20 @@ def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch)
         tpushim.patch(tpu=tpu.address, mode="tpu")
         try:
             est = tf.compat.v1.keras.estimator.model_to_estimator(
-                keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver")
+                keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver"
+            )
         finally:
             tpushim.unpatch()
         assert est.config.master == tpu.address  # a TPUEstimator for that TPU, not cpu mode
         with pytest.raises(_GraphBuilt):
-            est.train(tfcases.dataset_input_fn(x, y, batch=32, repeat=True), steps=2, hooks=[MyHook()])
+            est.train(
+                tfcases.dataset_input_fn(x, y, batch=32, repeat=True), steps=2, hooks=[MyHook()]
+            )
     graph = built["graph"]
     ops = collections.Counter(op.type for op in graph.get_operations())
-    ops.update(n.op for f in graph.as_graph_def().library.function for n in f.node_def)  # loop bodies
+    ops.update(
+        n.op for f in graph.as_graph_def().library.function for n in f.node_def
+    )  # loop bodies
     (replicate,) = [op for op in graph.get_operations() if op.type == "TPUReplicateMetadata"]
     assert replicate.get_attr("num_replicas") == REPLICAS
     assert ops["InfeedEnqueueTuple"] == REPLICAS and ops["InfeedDequeueTuple"] == 1
@@ -408,6 +504,7 @@ def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch)
 
 
 # --- rung 2b: eight shards emulated with numbers --------------------------------------------------
+
 
 def _emulated_train(build, x, y, steps):
     """replicas.Emulation of ``build()`` from replica 0's initial values: (those values, every
@@ -430,8 +527,11 @@ def _reference_train(build, x, y, init, steps):
         tf.compat.v1.train.get_or_create_global_step()
         before = {v.ref() for v in replicas.global_vars(graph)}
         spec = _model_fn.make_model_fn(model)(
-            tf.nest.map_structure(tf.constant, x), tf.constant(y), ModeKeys.TRAIN,
-            params={"use_tpu": False, "batch_size": REPLICAS * PER})
+            tf.nest.map_structure(tf.constant, x),
+            tf.constant(y),
+            ModeKeys.TRAIN,
+            params={"use_tpu": False, "batch_size": REPLICAS * PER},
+        )
         vs = [v for v in replicas.global_vars(graph) if v.ref() not in before]
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -441,8 +541,9 @@ def _reference_train(build, x, y, init, steps):
             return sess.run(vs)
 
 
-@pytest.mark.parametrize("case", ["subclass-sgd-momentum", "subclass-tf1-momentum",
-                                  "widedeep-sgd-adagrad"])
+@pytest.mark.parametrize(
+    "case", ["subclass-sgd-momentum", "subclass-tf1-momentum", "widedeep-sgd-adagrad"]
+)
 def test_eight_shards_equal_one_global_batch(case):
     """No Adam here: it reads the global step, which both of WideDeep's optimizers advance in no
     fixed order (see test_train_premade_widedeep_model_with_feature_layers)."""
@@ -450,9 +551,11 @@ def test_eight_shards_equal_one_global_batch(case):
     x, y = tfcases.data(n=REPLICAS * PER)
     build = {  # NoConfigModel: no Dropout, whose random masks differ between replicas
         "subclass-sgd-momentum": lambda: _subclassed(
-            NoConfigModel, lambda: tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9)),
+            NoConfigModel, lambda: tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9)
+        ),
         "subclass-tf1-momentum": lambda: _subclassed(
-            NoConfigModel, lambda: tf.compat.v1.train.MomentumOptimizer(0.5, 0.9)),
+            NoConfigModel, lambda: tf.compat.v1.train.MomentumOptimizer(0.5, 0.9)
+        ),
         "widedeep-sgd-adagrad": lambda: _numeric_wide_deep(("sgd", "adagrad")),
     }[case]
     if case.startswith("widedeep"):
@@ -465,6 +568,7 @@ def test_eight_shards_equal_one_global_batch(case):
 
 
 # --- what a TPU cannot run: the preflight names it, cpu mode still converts ----------------------
+
 
 class ValueShapedModel(tf.keras.Model):
     """A shape computed from the batch's values: graph mode and CPU run it, a TPU cannot compile it."""
@@ -484,16 +588,25 @@ def test_value_dependent_shape_named_by_preflight_and_converted_in_cpu_mode(tmp_
     report = tpushim.check(build(), tfcases.dataset_input_fn(x, y))
     finding = next(f for f in report.findings if f.code == "value-dependent-shape")
     assert finding.severity == "error" and "op Fill" in finding.where and not report.ok
-    assert "value-dependent-shape" not in tpushim.check(_subclassed(NoConfigModel),
-                                                        tfcases.dataset_input_fn(x, y)).codes()
-    _compare(tmp_path, build, tfcases.dataset_input_fn(x, y, repeat=True),
-             tfcases.dataset_input_fn(x, y), steps=2)
+    assert (
+        "value-dependent-shape"
+        not in tpushim.check(_subclassed(NoConfigModel), tfcases.dataset_input_fn(x, y)).codes()
+    )
+    _compare(
+        tmp_path,
+        build,
+        tfcases.dataset_input_fn(x, y, repeat=True),
+        tfcases.dataset_input_fn(x, y),
+        steps=2,
+    )
 
 
 def test_preflight_checks_widedeep_with_dict_features():
     """An unbuilt subclassed model (nothing to copy to the XLA clone) with dict features compiles."""
     x = tfcases.data(n=64)[0]
-    report = tpushim.check(_numeric_wide_deep(("sgd", "adam")),
-                           tfcases.dataset_input_fn({"x": x}, x.sum(axis=1, keepdims=True), batch=64))
+    report = tpushim.check(
+        _numeric_wide_deep(("sgd", "adam")),
+        tfcases.dataset_input_fn({"x": x}, x.sum(axis=1, keepdims=True), batch=64),
+    )
     assert "XLA compile of the training step" in report.checked
     assert report.ok, str(report)

@@ -8,21 +8,39 @@ import inspect
 import numpy as np
 import pytest
 import tensorflow as tf
-
 import tfcases
-from tpushim import _tfprivate
 from tensorflow_estimator.python.estimator import keras_lib
 
+from tpushim import _tfprivate
 
-@pytest.mark.parametrize("name,params", [
-    ("_clone_and_build_model", ["mode", "keras_model", "custom_objects", "features", "labels", "optimizer_config"]),
-    ("_convert_estimator_io_to_keras", ["keras_model", "features", "labels"]),
-    ("_save_first_checkpoint", ["keras_model", "custom_objects", "config", "save_object_ckpt"]),
-    ("_any_weight_initialized", ["keras_model"]),
-    ("_assert_valid_model", ["model", "custom_objects"]),
-    ("model_to_estimator", ["keras_model", "keras_model_path", "custom_objects", "model_dir", "config",
-                            "checkpoint_format", "use_v2_estimator", "metric_names_map", "export_outputs"]),
-])
+
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        (
+            "_clone_and_build_model",
+            ["mode", "keras_model", "custom_objects", "features", "labels", "optimizer_config"],
+        ),
+        ("_convert_estimator_io_to_keras", ["keras_model", "features", "labels"]),
+        ("_save_first_checkpoint", ["keras_model", "custom_objects", "config", "save_object_ckpt"]),
+        ("_any_weight_initialized", ["keras_model"]),
+        ("_assert_valid_model", ["model", "custom_objects"]),
+        (
+            "model_to_estimator",
+            [
+                "keras_model",
+                "keras_model_path",
+                "custom_objects",
+                "model_dir",
+                "config",
+                "checkpoint_format",
+                "use_v2_estimator",
+                "metric_names_map",
+                "export_outputs",
+            ],
+        ),
+    ],
+)
 def test_keras_lib_functions(name, params):
     assert list(inspect.signature(getattr(keras_lib, name)).parameters) == params
 
@@ -48,11 +66,14 @@ def test_batch_sizes_fixed_per_call_reach_the_input_fn(tmp_path):
         return _tfprivate.tpu_estimator.TPUEstimatorSpec(mode, predictions={"x": features})
 
     estimator = _tfprivate.TPUEstimatorWithCallBatchSizes(
-        model_fn=model_fn, config=_tfprivate.tpu_config.RunConfig(model_dir=str(tmp_path)),
-        use_tpu=False, predict_batch_size=8)
-    assert estimator._call_batch_size(tf.estimator.ModeKeys.PREDICT) is None  # pylint: disable=protected-access
+        model_fn=model_fn,
+        config=_tfprivate.tpu_config.RunConfig(model_dir=str(tmp_path)),
+        use_tpu=False,
+        predict_batch_size=8,
+    )
+    assert estimator._call_batch_size(tf.estimator.ModeKeys.PREDICT) is None
     list(estimator.predict(input_fn))
-    estimator._fix_call_batch_size(tf.estimator.ModeKeys.PREDICT, 4)  # pylint: disable=protected-access
+    estimator._fix_call_batch_size(tf.estimator.ModeKeys.PREDICT, 4)
     list(estimator.predict(input_fn))
     assert seen == [8, 4]
 
@@ -63,36 +84,61 @@ def test_compiled_clone_exposes_what_the_model_fn_reads():
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         clone = _tfprivate.clone_and_build_model(
-            tf.estimator.ModeKeys.EVAL, model, None, tf.zeros([4, 3]), tf.zeros([4, 2]),
-            model.optimizer.get_config())
+            tf.estimator.ModeKeys.EVAL,
+            model,
+            None,
+            tf.zeros([4, 3]),
+            tf.zeros([4, 2]),
+            model.optimizer.get_config(),
+        )
         endpoints = _tfprivate.training_endpoints(clone)
         assert len(endpoints) == 1 and not endpoints[0].should_skip_target()
         assert endpoints[0].training_target.target.shape.as_list() == [4, 2]
-        assert [list(m) for pair in _tfprivate.per_output_metrics(clone) for m in pair] == [["mae"], []]
-        assert _tfprivate.settle_sample_weights(clone) is False  # no sample weights: nothing to redo
+        assert [list(m) for pair in _tfprivate.per_output_metrics(clone) for m in pair] == [
+            ["mae"],
+            [],
+        ]
+        assert (
+            _tfprivate.settle_sample_weights(clone) is False
+        )  # no sample weights: nothing to redo
         without = _tfprivate.clone_and_build_model(
-            tf.estimator.ModeKeys.TRAIN, model, None, tf.zeros([4, 3]), tf.zeros([4, 2]),
-            model.optimizer.get_config(), compile_metrics=False)
-        assert [list(m) for pair in _tfprivate.per_output_metrics(without) for m in pair] == [[], []]
-    assert model._get_compile_args()["metrics"] == ["mae"]  # pylint: disable=protected-access  # restored
+            tf.estimator.ModeKeys.TRAIN,
+            model,
+            None,
+            tf.zeros([4, 3]),
+            tf.zeros([4, 2]),
+            model.optimizer.get_config(),
+            compile_metrics=False,
+        )
+        assert [list(m) for pair in _tfprivate.per_output_metrics(without) for m in pair] == [
+            [],
+            [],
+        ]
+    assert model._get_compile_args()["metrics"] == ["mae"]  # restored
 
 
 def test_faked_tpu_system_names():
     """What tpushim/_preflight/faketpu.py replaces and reads (through _tfprivate)."""
-    from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.training import evaluation, monitored_session  # pylint: disable=import-outside-toplevel
-    assert list(inspect.signature(tpu_system_metadata._query_tpu_system_metadata).parameters) == [  # pylint: disable=protected-access
-        "master_address", "cluster_def", "query_topology"]
-    creator = monitored_session._MonitoredSession._CoordinatedSessionCreator(  # pylint: disable=protected-access
-        monitored_session.ChiefSessionCreator(master="grpc://127.0.0.1:1"), ["hook"], 1)
-    assert creator._hooks == ["hook"]  # pylint: disable=protected-access
-    assert creator._session_creator._master == "grpc://127.0.0.1:1"  # pylint: disable=protected-access
-    assert isinstance(creator._session_creator._scaffold, tf.compat.v1.train.Scaffold)  # pylint: disable=protected-access
-    assert _tfprivate.eval_steps_of([evaluation._StopAfterNEvalsHook(num_evals=7)]) == 7  # pylint: disable=protected-access
+    from tensorflow.python.tpu import tpu_system_metadata
+    from tensorflow.python.training import evaluation, monitored_session
+
+    assert list(inspect.signature(tpu_system_metadata._query_tpu_system_metadata).parameters) == [
+        "master_address",
+        "cluster_def",
+        "query_topology",
+    ]
+    creator = monitored_session._MonitoredSession._CoordinatedSessionCreator(
+        monitored_session.ChiefSessionCreator(master="grpc://127.0.0.1:1"), ["hook"], 1
+    )
+    assert creator._hooks == ["hook"]
+    assert creator._session_creator._master == "grpc://127.0.0.1:1"
+    assert isinstance(creator._session_creator._scaffold, tf.compat.v1.train.Scaffold)
+    assert _tfprivate.eval_steps_of([evaluation._StopAfterNEvalsHook(num_evals=7)]) == 7
     device = _tfprivate.tpu_device_attributes("/job:worker/replica:0/task:1/device:TPU:3", "TPU")
     assert (device.name, device.device_type) == ("/job:worker/replica:0/task:1/device:TPU:3", "TPU")
     config = _tfprivate.tpu_config.RunConfig(
-        cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://127.0.0.1:1"))
+        cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://127.0.0.1:1")
+    )
     assert config.cluster_spec.as_dict() == {"worker": ["127.0.0.1:1"]}
     _tfprivate.set_cluster_spec(config, tf.train.ClusterSpec({}))
     assert not config.cluster_spec and config.master == "grpc://127.0.0.1:1"
@@ -142,8 +188,13 @@ def test_train_function_and_object_checkpoint_internals():
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()
         clone = _tfprivate.clone_and_build_model(
-            tf.estimator.ModeKeys.TRAIN, model, None, tf.zeros([4, 3]), tf.zeros([4, 2]),
-            model.optimizer.get_config())
+            tf.estimator.ModeKeys.TRAIN,
+            model,
+            None,
+            tf.zeros([4, 3]),
+            tf.zeros([4, 2]),
+            model.optimizer.get_config(),
+        )
         _tfprivate.make_train_function(clone)
         assert isinstance(clone.train_function.updates_op, tf.Operation)
         _tfprivate.track_global_step(clone)
@@ -151,7 +202,7 @@ def test_train_function_and_object_checkpoint_internals():
         assert "estimator_global_step" in names and step is not None
         saver = tf.compat.v1.train.Saver(var_list=clone.weights)
         _tfprivate.set_object_restore_saver(saver, clone)
-        assert saver._object_restore_saver is not None  # pylint: disable=protected-access
+        assert saver._object_restore_saver is not None
 
 
 def test_dataset_internals():
@@ -168,24 +219,41 @@ def test_dataset_internals():
 
 def test_estimator_methods_tpushim_overrides():
     estimator_cls = _tfprivate.tpu_estimator.TPUEstimator
-    assert list(inspect.signature(estimator_cls._call_input_fn).parameters) == [  # pylint: disable=protected-access
-        "self", "input_fn", "mode", "input_context"]
-    assert callable(estimator_cls._assert_members_are_not_overridden)  # pylint: disable=protected-access
+    assert list(inspect.signature(estimator_cls._call_input_fn).parameters) == [
+        "self",
+        "input_fn",
+        "mode",
+        "input_context",
+    ]
+    assert callable(estimator_cls._assert_members_are_not_overridden)
 
 
 def test_numpy_and_pandas_input_queue_filler():
     """tpushim's recorder wraps feeding_functions._enqueue_data and reads its arguments by name."""
-    from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions  # pylint: disable=import-outside-toplevel
-    original = feeding_functions._enqueue_data  # pylint: disable=protected-access
+    from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions
+
+    original = feeding_functions._enqueue_data
     assert list(inspect.signature(original).parameters) == [
-        "data", "capacity", "shuffle", "min_after_dequeue", "num_threads", "seed", "name",
-        "enqueue_size", "num_epochs", "pad_value"]
+        "data",
+        "capacity",
+        "shuffle",
+        "min_after_dequeue",
+        "num_threads",
+        "seed",
+        "name",
+        "enqueue_size",
+        "num_epochs",
+        "pad_value",
+    ]
     seen = []
-    restore = _tfprivate.replace_enqueue_data(lambda real: lambda *a, **k: seen.append(real) or real(*a, **k))
+    restore = _tfprivate.replace_enqueue_data(
+        lambda real: lambda *a, **k: seen.append(real) or real(*a, **k)
+    )
     try:
         with tf.Graph().as_default():
             tf.compat.v1.estimator.inputs.numpy_input_fn(
-                {"x": np.zeros((4, 1))}, batch_size=2, shuffle=False)()
+                {"x": np.zeros((4, 1))}, batch_size=2, shuffle=False
+            )()
     finally:
         restore()
-    assert seen == [original] and feeding_functions._enqueue_data is original  # pylint: disable=protected-access
+    assert seen == [original] and feeding_functions._enqueue_data is original

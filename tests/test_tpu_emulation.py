@@ -14,10 +14,10 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_estimator.python.estimator import keras_lib
-
 import tfcases
 from replicas import GLOBAL, PER, REPLICAS, Assigner, Emulation, max_diff, shard, tpu_model
+from tensorflow_estimator.python.estimator import keras_lib
+
 from tpushim import _batching, _model_fn, _padding
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
@@ -28,18 +28,22 @@ TOL = 1e-5
 
 # -- the stock side --------------------------------------------------------------------------------
 
+
 def _stock_estimator(model, model_dir, **config):
     """Stock model_to_estimator (v1 spelling: name-based checkpoints, graph variable names)."""
     estimator = tf.compat.v1.keras.estimator.model_to_estimator(
-        keras_model=model, model_dir=str(model_dir),
-        config=tf.estimator.RunConfig(tf_random_seed=7, **config))
+        keras_model=model,
+        model_dir=str(model_dir),
+        config=tf.estimator.RunConfig(tf_random_seed=7, **config),
+    )
     assert not isinstance(estimator, tf.compat.v1.estimator.tpu.TPUEstimator)
     return estimator
 
 
 def _dataset_fn(*structure, batch):
-    return lambda: tf.data.Dataset.from_tensor_slices(structure if len(structure) > 1 else structure[0]
-                                                      ).batch(batch)
+    return lambda: tf.data.Dataset.from_tensor_slices(
+        structure if len(structure) > 1 else structure[0]
+    ).batch(batch)
 
 
 def _rows(structure, rows):
@@ -88,13 +92,19 @@ def stock_training(tmp_path_factory):
             features, labels = _train_data()
             model = two_in_two_out(optimizer)
             init = model.get_weights()
-            stock = _stock_estimator(model, tmp_path_factory.mktemp("stock_" + optimizer),
-                                     save_checkpoints_steps=1)
+            stock = _stock_estimator(
+                model, tmp_path_factory.mktemp("stock_" + optimizer), save_checkpoints_steps=1
+            )
             stock.train(_dataset_fn(features, labels, batch=GLOBAL), steps=STEPS)
-            cache[optimizer] = init, [
-                tfcases.checkpoint_values(os.path.join(stock.model_dir, f"model.ckpt-{step}"))
-                for step in COMPARED_AT]
+            cache[optimizer] = (
+                init,
+                [
+                    tfcases.checkpoint_values(os.path.join(stock.model_dir, f"model.ckpt-{step}"))
+                    for step in COMPARED_AT
+                ],
+            )
         return cache[optimizer]
+
     return run
 
 
@@ -104,8 +114,11 @@ def _emulated_vs_stock_training(stock_training, optimizer, compared_at=COMPARED_
     and optimizer slots, matched to stock's by name) from stock's checkpoint."""
     init, checkpoints = stock_training(optimizer)
     features, labels = _train_data()
-    emu = Emulation(tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN,
-                    _rows((features, labels), slice(0, GLOBAL)))
+    emu = Emulation(
+        tpu_model(lambda: two_in_two_out(optimizer)),
+        ModeKeys.TRAIN,
+        _rows((features, labels), slice(0, GLOBAL)),
+    )
     try:
         emu.load_weights(init)
         names = emu.var_names()
@@ -118,7 +131,9 @@ def _emulated_vs_stock_training(stock_training, optimizer, compared_at=COMPARED_
             assert ref.pop("global_step") == step
             assert sorted(ref) == sorted(names)  # every stock variable, and only those, is compared
             assert emu.sess.run(emu.steps) == [step] * REPLICAS  # each replica's own step
-            assert max_diff(init, [ref[n] for n in emu.weight_names()]) > 1e-2  # training moved them
+            assert (
+                max_diff(init, [ref[n] for n in emu.weight_names()]) > 1e-2
+            )  # training moved them
             want = [ref[n] for n in names]
             diffs.append(max(max_diff(values, want) for values in emu.sess.run(emu.vars)))
         return diffs
@@ -135,22 +150,29 @@ def test_eight_shards_train_like_stock_on_the_global_batch(stock_training, optim
 
 def test_negative_control_summed_gradients_fail(stock_training, monkeypatch):
     """Gradients summed over shards instead of averaged must be caught by the comparison."""
-    monkeypatch.setattr(_model_fn._tfprivate, "num_shards_in_replica_context", lambda: 1)  # pylint: disable=protected-access
+    monkeypatch.setattr(_model_fn._tfprivate, "num_shards_in_replica_context", lambda: 1)
     diffs = _emulated_vs_stock_training(stock_training, "keras-sgd-momentum", compared_at=(1,))
     assert diffs[0] > 100 * TOL, diffs
 
 
 # -- BatchNormalization: per-shard statistics ------------------------------------------------------
 
+
 def _bn_model():
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([
-        tf.keras.layers.Dense(6, input_shape=(4,), name="hidden"),
-        tf.keras.layers.BatchNormalization(momentum=0.5, name="bn"),
-        tf.keras.layers.Dense(3, activation="softmax", name="probs")])
-    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.5),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(6, input_shape=(4,), name="hidden"),
+            tf.keras.layers.BatchNormalization(momentum=0.5, name="bn"),
+            tf.keras.layers.Dense(3, activation="softmax", name="probs"),
+        ]
+    )
+    model.compile(
+        optimizer=tf.keras.optimizers.legacy.SGD(0.5),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return model
 
 
@@ -159,12 +181,15 @@ def _stock_one_step_per_slice(model_dir, x, y):
     weights on each shard's slice alone: (weight names, the model weights after it, per slice)."""
     model = _bn_model()
     init = model.get_weights()
-    model_fn = _stock_estimator(model, model_dir)._model_fn  # pylint: disable=protected-access
+    model_fn = _stock_estimator(model, model_dir)._model_fn
     clones = []
-    build_clone = keras_lib._clone_and_build_model  # pylint: disable=protected-access
+    build_clone = keras_lib._clone_and_build_model
     with tf.Graph().as_default(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(keras_lib, "_clone_and_build_model",
-                   lambda *a, **k: clones.append(build_clone(*a, **k)) or clones[-1])
+        mp.setattr(
+            keras_lib,
+            "_clone_and_build_model",
+            lambda *a, **k: clones.append(build_clone(*a, **k)) or clones[-1],
+        )
         xs = tf.compat.v1.placeholder(tf.float32, [PER, 4])
         ys = tf.compat.v1.placeholder(tf.int64, [PER, 1])
         spec = model_fn(tf.identity(xs), tf.identity(ys), ModeKeys.TRAIN)
@@ -243,14 +268,17 @@ def _emulated_eval(emu, batches, shards=tuple(range(REPLICAS)), loss=None):
     updated once per global batch; the loss the mean over batches of shard 0's ``loss``."""
     metric_fn, tensors = emu.specs[0].eval_metrics
     with emu.graph.as_default():
-        concat = {k: tf.concat([emu.specs[r].eval_metrics[1][k] for r in shards], axis=0)
-                  for k in tensors}
+        concat = {
+            k: tf.concat([emu.specs[r].eval_metrics[1][k] for r in shards], axis=0) for k in tensors
+        }
         metric_ops = metric_fn(**concat)
         emu.sess.run(tf.compat.v1.local_variables_initializer())
     losses = []
     for batch in batches:
-        value, _ = emu.sess.run([emu.specs[0].loss if loss is None else loss,
-                                 [u for _, u in metric_ops.values()]], emu.feed(batch))
+        value, _ = emu.sess.run(
+            [emu.specs[0].loss if loss is None else loss, [u for _, u in metric_ops.values()]],
+            emu.feed(batch),
+        )
         losses.append(value)
     values = emu.sess.run({k: v for k, (v, _) in metric_ops.items()})
     values["loss"] = float(np.mean(losses))
@@ -261,13 +289,22 @@ def _stock_eval(stock, reg_labels_1d):
     """(stock evaluate() without global_step, tpushim's padded global batches of the same data)."""
     features, labels = two_in_two_out_data(EVAL_ROWS, seed=7, reg_labels_1d=reg_labels_1d)
     # Stock's eval loss is the mean of its batches' losses: on a TPU the batches are global ones.
-    want = tfcases.stock_metric_names(stock.evaluate(_dataset_fn(features, labels, batch=GLOBAL)),
-                                      ("cls", "reg"))
+    want = tfcases.stock_metric_names(
+        stock.evaluate(_dataset_fn(features, labels, batch=GLOBAL)), ("cls", "reg")
+    )
     assert want.pop("global_step") == 2
     batches = _padded_global_batches((features, labels), ModeKeys.EVAL)
     assert len(batches) == 2
     assert batches[1][0][_padding.PADDING_KEY].reshape(REPLICAS, PER).sum(axis=1).tolist() == [
-        4, 4, 4, 1, 0, 0, 0, 0]
+        4,
+        4,
+        4,
+        1,
+        0,
+        0,
+        0,
+        0,
+    ]
     return want, batches
 
 
@@ -292,6 +329,7 @@ def eval_runs(trained_stock):
                 emu.close()
             cache[reg_labels_1d] = want, got, loss_of_shard_0, metrics_of_shard_0
         return cache[reg_labels_1d]
+
     return run
 
 
@@ -302,8 +340,17 @@ def test_eight_shards_evaluate_like_stock_with_padding_shards(eval_runs, reg_lab
     weights (only 'cls' weighted with [batch] labels for the [batch, 1] mse output: stock cannot
     weight that output, and then weights none -- see test_equivalence)."""
     want, got, _, _ = eval_runs(reg_labels_1d)
-    assert set(got) == set(want) == {"loss", "cls_accuracy", "cls_sparse_categorical_crossentropy",
-                                     "reg_mae", "reg_root_mean_squared_error"}
+    assert (
+        set(got)
+        == set(want)
+        == {
+            "loss",
+            "cls_accuracy",
+            "cls_sparse_categorical_crossentropy",
+            "reg_mae",
+            "reg_root_mean_squared_error",
+        }
+    )
     for key, value in want.items():
         assert abs(got[key] - value) < TOL, (key, got[key], value)
 
@@ -342,7 +389,9 @@ def test_eight_shards_predict_every_example_once_in_order(trained_stock):
 
 # -- short training batches: padded over the shards, trained like stock's short batch --------------
 
-SHORT_ROWS = 45  # batch(32).repeat(): stock trains on 32, then 13 (shards 4-7 only padding), 32, ...
+SHORT_ROWS = (
+    45  # batch(32).repeat(): stock trains on 32, then 13 (shards 4-7 only padding), 32, ...
+)
 
 
 def _short_batch_training(tmp_path, monkeypatch=None):
@@ -357,7 +406,8 @@ def _short_batch_training(tmp_path, monkeypatch=None):
     stock.train(repeated, steps=3)
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         nxt = tf.compat.v1.data.make_one_shot_iterator(
-            _batching.fit_batches(repeated(), GLOBAL, ModeKeys.TRAIN)).get_next()
+            _batching.fit_batches(repeated(), GLOBAL, ModeKeys.TRAIN)
+        ).get_next()
         batches = [sess.run(nxt) for _ in range(3)]
     assert [int(b[0][_padding.PADDING_KEY].sum()) for b in batches] == [32, 13, 32]
     emu = Emulation(tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN, batches[0])
@@ -382,7 +432,10 @@ def test_eight_shards_train_a_padded_short_batch_like_stock(tmp_path):
 def test_negative_control_padding_counted_per_shard_fails(tmp_path, monkeypatch):
     """Real rows counted per shard (no cross-shard sum) weigh a short batch's rows unevenly."""
     real = _padding.weight_out_padding_in_training
-    monkeypatch.setattr(_padding, "weight_out_padding_in_training",
-                        lambda model, pad, cross_replica=False: real(model, pad, False))
+    monkeypatch.setattr(
+        _padding,
+        "weight_out_padding_in_training",
+        lambda model, pad, cross_replica=False: real(model, pad, False),
+    )
     diffs = _short_batch_training(tmp_path)
     assert diffs[0] < TOL and diffs[1] > 100 * TOL, diffs

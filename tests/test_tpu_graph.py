@@ -1,11 +1,12 @@
 """Rung 2: the TPU computations, built for 8 replicas by TPU replication on CPU (never run)."""
 
 import pytest
-import tensorflow as tf
-
-import tfcases
 import replicas
-from replicas import PER as PER_REPLICA, REPLICAS
+import tensorflow as tf
+import tfcases
+from replicas import PER as PER_REPLICA
+from replicas import REPLICAS
+
 from tpushim import _model_fn
 
 ModeKeys = tf.estimator.ModeKeys
@@ -19,19 +20,27 @@ def _labels():
     return tf.zeros([PER_REPLICA, 1], tf.int64)
 
 
-@pytest.mark.parametrize("optimizer", [
-    lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
-    lambda: tf.keras.optimizers.legacy.Adam(0.01),
-    lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
-], ids=["keras-sgd", "keras-adam", "tf1-sgd"])
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+        lambda: tf.keras.optimizers.legacy.Adam(0.01),
+        lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    ],
+    ids=["keras-sgd", "keras-adam", "tf1-sgd"],
+)
 def test_train_step_one_cross_replica_sum_per_trainable_variable(optimizer):
-    model = tfcases.sequential(optimizer(), extra_layers=(tf.keras.layers.BatchNormalization(name="bn"),))
+    model = tfcases.sequential(
+        optimizer(), extra_layers=(tf.keras.layers.BatchNormalization(name="bn"),)
+    )
 
     def out(spec):
         with tf.control_dependencies([spec.train_op]):
             return tf.identity(spec.loss)
 
-    graph, spec, outputs = replicas.replicated_model_fn(model, ModeKeys.TRAIN, _features, _labels, out)
+    graph, spec, outputs = replicas.replicated_model_fn(
+        model, ModeKeys.TRAIN, _features, _labels, out
+    )
     trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     sums = replicas.ops_of_type(graph, "CrossReplicaSum")
     assert len(trainable) == 6  # hidden, bn (gamma, beta), probs
@@ -41,15 +50,23 @@ def test_train_step_one_cross_replica_sum_per_trainable_variable(optimizer):
     assert spec.loss.shape.is_fully_defined()
     assert len(outputs) == REPLICAS
     # The train step carries no (dead, stateful) metric updates into the TPU computation.
-    assert not [op.name for op in graph.get_operations() if "/metrics/" in op.name or op.name.startswith("metrics/")]
+    assert not [
+        op.name
+        for op in graph.get_operations()
+        if "/metrics/" in op.name or op.name.startswith("metrics/")
+    ]
 
 
 def test_cpu_path_emits_nothing_tpu_only():
     model = tfcases.sequential()
     with tf.Graph().as_default() as graph:
         tf.compat.v1.train.get_or_create_global_step()
-        _model_fn.make_model_fn(model)(_features(), _labels(), ModeKeys.TRAIN,
-                                       params={"use_tpu": False, "batch_size": PER_REPLICA})
+        _model_fn.make_model_fn(model)(
+            _features(),
+            _labels(),
+            ModeKeys.TRAIN,
+            params={"use_tpu": False, "batch_size": PER_REPLICA},
+        )
     assert not replicas.ops_of_type(graph, "CrossReplicaSum")
     assert not [op for op in graph.get_operations() if op.type.startswith("TPU")]
 
@@ -57,18 +74,28 @@ def test_cpu_path_emits_nothing_tpu_only():
 def test_eval_metric_fn_tensors_and_values_as_tpu_requires():
     model = tfcases.two_in_two_out()
     features = lambda: {"a": tf.zeros([PER_REPLICA, 4]), "b": tf.zeros([PER_REPLICA, 2])}
-    labels = lambda: {"cls": tf.zeros([PER_REPLICA, 1], tf.int64), "reg": tf.zeros([PER_REPLICA, 1])}
-    graph, spec, _ = replicas.replicated_model_fn(model, ModeKeys.EVAL, features, labels, lambda s: tf.identity(s.loss))
+    labels = lambda: {
+        "cls": tf.zeros([PER_REPLICA, 1], tf.int64),
+        "reg": tf.zeros([PER_REPLICA, 1]),
+    }
+    graph, spec, _ = replicas.replicated_model_fn(
+        model, ModeKeys.EVAL, features, labels, lambda s: tf.identity(s.loss)
+    )
     # The loss is that of the whole global batch on every shard: one all-reduce per output.
     assert len(replicas.ops_of_type(graph, "CrossReplicaSum")) == 2
     assert spec.loss.shape.rank == 0
     metric_fn, tensors = spec.eval_metrics
-    for name, tensor in tensors.items():  # outfed from the TPU: static, with the batch dimension first
+    for (
+        name,
+        tensor,
+    ) in tensors.items():  # outfed from the TPU: static, with the batch dimension first
         assert tensor.shape.is_fully_defined(), name
         assert tensor.shape[0] == PER_REPLICA, name
     with graph.as_default():  # metric_fn runs on the host, outside the replicated computation
-        host = {k: tf.zeros([PER_REPLICA * REPLICAS] + v.shape.as_list()[1:], v.dtype)
-                for k, v in tensors.items()}
+        host = {
+            k: tf.zeros([PER_REPLICA * REPLICAS] + v.shape.as_list()[1:], v.dtype)
+            for k, v in tensors.items()
+        }
         metrics = metric_fn(**host)
         local = graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
         metric_vars = graph.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)
@@ -85,8 +112,13 @@ def test_eval_metric_fn_tensors_and_values_as_tpu_requires():
 def test_predict_outputs_static_batch():
     model = tfcases.two_in_two_out()
     features = lambda: {"a": tf.zeros([PER_REPLICA, 4]), "b": tf.zeros([PER_REPLICA, 2])}
-    _, spec, outputs = replicas.replicated_model_fn(model, ModeKeys.PREDICT, features, lambda: None,
-                                   lambda s: [s.predictions[k] for k in sorted(s.predictions)])
+    _, spec, outputs = replicas.replicated_model_fn(
+        model,
+        ModeKeys.PREDICT,
+        features,
+        lambda: None,
+        lambda s: [s.predictions[k] for k in sorted(s.predictions)],
+    )
     assert set(spec.predictions) == {"cls", "reg"}
     for name, tensor in spec.predictions.items():
         assert tensor.shape.is_fully_defined() and tensor.shape[0] == PER_REPLICA, name

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
 import tfcases
+
 import tpushim
 from tpushim._preflight import faketpu
 
@@ -33,8 +33,9 @@ def _ids_data(n=N):
 def _convert(tpu, tmp_path):
     tpushim.patch(tpu=tpu.master, iterations_per_loop=ITERATIONS)
     try:
-        return tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                     model_dir=str(tmp_path))
+        return tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path)
+        )
     finally:
         tpushim.unpatch()
 
@@ -44,6 +45,7 @@ def dataset_style(x, y, repeat=False, drop_remainder=False):
     def input_fn():
         ds = tf.data.Dataset.from_tensor_slices((x, y))
         return (ds.repeat() if repeat else ds).batch(GLOBAL, drop_remainder=drop_remainder)
+
     return input_fn
 
 
@@ -51,6 +53,7 @@ def iterator_style(x, y, repeat=False):
     def input_fn():
         ds = tf.compat.v1.data.Dataset.from_tensor_slices(({"hidden_input": x}, y))
         return (ds.repeat() if repeat else ds).batch(GLOBAL).make_one_shot_iterator().get_next()
+
     return input_fn
 
 
@@ -84,8 +87,10 @@ def test_train_graph(tmp_path, hosts):
     # Gradients averaged across cores: one all-reduce per trainable variable (2 Dense layers).
     assert _types(build, "CrossReplicaSum") == 4
     # Each host reads a distinct part of the input.
-    seen = [[int(i) for batch in build.host_input(h, max_batches=8) for i in batch[0][:, 0]]
-            for h in range(hosts)]
+    seen = [
+        [int(i) for batch in build.host_input(h, max_batches=8) for i in batch[0][:, 0]]
+        for h in range(hosts)
+    ]
     for ids in seen:
         assert len(ids) == 8 * per_core
     if hosts == 2:
@@ -103,7 +108,9 @@ def _assert_eval_input(build, tpu, n, steps):
     exactly stock's s-th batch (examples s*GLOBAL ...), so every example is evaluated once."""
     assert build.eval_steps == steps
     per_core = GLOBAL // tpu.num_cores
-    hosts = [build.host_input(h, max_batches=steps * tpu.cores_per_host) for h in range(tpu.num_hosts)]
+    hosts = [
+        build.host_input(h, max_batches=steps * tpu.cores_per_host) for h in range(tpu.num_hosts)
+    ]
     for batches in hosts:
         assert len(batches) == steps * tpu.cores_per_host  # never runs dry before the last step
         assert all(b[0].shape == (per_core, 4) for b in batches)
@@ -128,7 +135,9 @@ def test_evaluate_graph(tmp_path, hosts, style, n):
     per_core = GLOBAL // tpu.num_cores
     # features, padding weight, labels: static per-core shapes on every core
     assert build.infeed_shapes() == [[[per_core, 4], [per_core], [per_core, 1]]] * tpu.num_cores
-    assert _types(build, "CrossReplicaSum") == 1  # the eval loss: (sum, count) of the one output, over all cores
+    assert (
+        _types(build, "CrossReplicaSum") == 1
+    )  # the eval loss: (sum, count) of the one output, over all cores
     _assert_eval_input(build, tpu, n, steps=-(-n // GLOBAL))
 
 
@@ -142,17 +151,28 @@ def test_evaluate_steps_beyond_the_input_are_capped(tmp_path):
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y), steps=1)).eval_steps == 1
         # A repeating input holds no end: the given steps are run; without steps, a clear error
         # (iterator tensors included: their Dataset keeps its cardinality, nothing counts forever).
-        assert tpu.build(lambda: est.evaluate(dataset_style(x, y, repeat=True), steps=3)).eval_steps == 3
-        assert tpu.build(lambda: est.evaluate(iterator_style(x, y, repeat=True), steps=3)).eval_steps == 3
-        with pytest.raises(tpushim.ConversionError, match="needs `steps` when the input repeats forever"):
+        assert (
+            tpu.build(lambda: est.evaluate(dataset_style(x, y, repeat=True), steps=3)).eval_steps
+            == 3
+        )
+        assert (
+            tpu.build(lambda: est.evaluate(iterator_style(x, y, repeat=True), steps=3)).eval_steps
+            == 3
+        )
+        with pytest.raises(
+            tpushim.ConversionError, match="needs `steps` when the input repeats forever"
+        ):
             est.evaluate(iterator_style(x, y, repeat=True))
 
 
 @pytest.mark.parametrize("style", ["drop_remainder", "numpy", "iterator"])
 def test_train_and_evaluate_input_styles(tmp_path, style):
     x, y = _ids_data()
-    train_fn = {"drop_remainder": dataset_style(x, y, repeat=True, drop_remainder=True),
-                "numpy": numpy_style(x, y), "iterator": iterator_style(x, y, repeat=True)}[style]
+    train_fn = {
+        "drop_remainder": dataset_style(x, y, repeat=True, drop_remainder=True),
+        "numpy": numpy_style(x, y),
+        "iterator": iterator_style(x, y, repeat=True),
+    }[style]
     with faketpu.faked_tpu_system() as tpu:
         est = _convert(tpu, tmp_path)
         train = tpu.build(lambda: est.train(train_fn, steps=ITERATIONS))
@@ -174,7 +194,7 @@ def test_predict_graph(tmp_path, hosts):
         if hosts == 2:
             # TPUEstimator predicts on one TPU host only (PER_HOST_V2); its own error, raised
             # while building, before the TPU is used.
-            with pytest.raises(ValueError, match="TPUEstimator.predict is only supported"):
+            with pytest.raises(ValueError, match=r"TPUEstimator\.predict is only supported"):
                 tpu.build(lambda: est.predict(predict_fn))
             return
         build = tpu.build(lambda: est.predict(predict_fn))
@@ -187,9 +207,12 @@ def test_predict_graph(tmp_path, hosts):
 
 # --- tf.estimator.train_and_evaluate with a TPU configured ----------------------------------------
 
+
 def _specs(x, y):
-    return (tf.estimator.TrainSpec(dataset_style(x, y, repeat=True), max_steps=2 * ITERATIONS),
-            tf.estimator.EvalSpec(dataset_style(x, y)))
+    return (
+        tf.estimator.TrainSpec(dataset_style(x, y, repeat=True), max_steps=2 * ITERATIONS),
+        tf.estimator.EvalSpec(dataset_style(x, y)),
+    )
 
 
 @pytest.mark.parametrize("own_config", [False, True], ids=["tpushim-config", "users-tpu-config"])
@@ -200,12 +223,16 @@ def test_train_and_evaluate_runs_the_tpu_path(tmp_path, own_config):
     x, y = _ids_data()
     with faketpu.faked_tpu_system() as tpu:
         if own_config:
-            from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=import-outside-toplevel
-            config = tpu_config.RunConfig(cluster=tf.distribute.cluster_resolver.TPUClusterResolver(
-                tpu=tpu.master), tpu_config=tpu_config.TPUConfig(iterations_per_loop=ITERATIONS))
+            from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+            config = tpu_config.RunConfig(
+                cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master),
+                tpu_config=tpu_config.TPUConfig(iterations_per_loop=ITERATIONS),
+            )
             tpushim.patch()
-            est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                        model_dir=str(tmp_path), config=config)
+            est = tf.keras.estimator.model_to_estimator(
+                keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
+            )
             tpushim.unpatch()
             assert config.cluster_spec  # the user's RunConfig is left as it is
         else:
@@ -223,8 +250,9 @@ def test_train_and_evaluate_unreachable_tpu_is_a_no_tpu_error(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     tpushim.patch(tpu=f"grpc://127.0.0.1:{port}")
-    est = tf.keras.estimator.model_to_estimator(keras_model=tfcases.sequential(),
-                                                model_dir=str(tmp_path))
+    est = tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path)
+    )
     tpushim.unpatch()
     x, y = _ids_data()
     start = time.monotonic()
@@ -235,6 +263,8 @@ def test_train_and_evaluate_unreachable_tpu_is_a_no_tpu_error(tmp_path):
 
 
 def test_faked_tpu_is_loopback_only():
-    with pytest.raises(ValueError, match="loopback only"):
-        with faketpu.faked_tpu_system("grpc://10.0.0.2:8470"):
-            pass
+    with (
+        pytest.raises(ValueError, match="loopback only"),
+        faketpu.faked_tpu_system("grpc://10.0.0.2:8470"),
+    ):
+        pass

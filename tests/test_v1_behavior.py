@@ -3,16 +3,15 @@
 import json
 import os
 
-import pytest
-
 import procs
+import pytest
 import tfcases
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 
-SCRIPT = '''
+SCRIPT = """
 import json, sys
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -37,7 +36,7 @@ est = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=model_d
 est.train(input_fn, steps=5)
 metrics = est.evaluate(input_fn)
 print("RESULT " + json.dumps({k: float(v) for k, v in metrics.items() if k != "global_step"}))
-'''
+"""
 
 
 def _run(tmp_path, mode):
@@ -45,8 +44,8 @@ def _run(tmp_path, mode):
     script.write_text(SCRIPT)
     out = procs.python([script, mode, tmp_path / mode], env={"PYTHONPATH": ROOT}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    line = [line_ for line_ in out.stdout.splitlines() if line_.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_disable_v2_behavior_script_stock_equals_cpu(tmp_path):
@@ -56,7 +55,7 @@ def test_disable_v2_behavior_script_stock_equals_cpu(tmp_path):
         assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
 
 
-PREFLIGHT = '''
+PREFLIGHT = """
 import json
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -73,7 +72,7 @@ for name, extra in (("clean", []), ("strings", [tf.keras.layers.Lambda(
     report = tpushim.check(model, fn)
     out[name] = [(f.code, f.where) for f in report.findings if f.severity != "info"]
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def test_preflight_xla_check_under_disable_v2_behavior(tmp_path):
@@ -83,6 +82,8 @@ def test_preflight_xla_check_under_disable_v2_behavior(tmp_path):
     script.write_text(PREFLIGHT)
     out = procs.python([script], env={"PYTHONPATH": ROOT}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads([l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    result = json.loads(
+        [line_ for line_ in out.stdout.splitlines() if line_.startswith("RESULT ")][-1][7:]
+    )
     assert result["clean"] == [], result
     assert result["strings"] == [["xla-unsupported-op", "layer 'strs' (op AsString)"]], result

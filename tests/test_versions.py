@@ -10,9 +10,9 @@ command would crash on them, and the test would fail.
 import os
 import re
 
+import procs
 import pytest
 
-import procs
 from tpushim import _versions, version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,10 +23,13 @@ def fake_package(site, module, dist, dist_version, body=None):
     package = site / module
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(
-        body if body is not None else f"__version__ = {dist_version!r}\n")
+        body if body is not None else f"__version__ = {dist_version!r}\n"
+    )
     info = site / f"{dist.replace('-', '_')}-{dist_version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {dist_version}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {dist_version}\n"
+    )
     (info / "top_level.txt").write_text(module + "\n")
 
 
@@ -34,8 +37,13 @@ def fake_site(tmp_path, tf="2.16.1", keras="3.3.3", estimator=None, tf_keras=Non
     site = tmp_path / "site"
     if tf:
         # The import raises: only the guard may look at this TensorFlow, and only at its metadata.
-        fake_package(site, "tensorflow", "tensorflow", tf,
-                     f"__version__ = {tf!r}\nraise ImportError('the fake TensorFlow was imported')\n")
+        fake_package(
+            site,
+            "tensorflow",
+            "tensorflow",
+            tf,
+            f"__version__ = {tf!r}\nraise ImportError('the fake TensorFlow was imported')\n",
+        )
     if keras:
         fake_package(site, "keras", "keras", keras)
     if estimator:
@@ -48,20 +56,33 @@ def fake_site(tmp_path, tf="2.16.1", keras="3.3.3", estimator=None, tf_keras=Non
 
 def run_isolated(args, site, cwd, env=None):
     """``python -S ARGS`` seeing only the stand-ins and tpushim (no site-packages at all)."""
-    return procs.python(args, cwd=cwd, timeout=60, interpreter_flags=("-S",), env={
-        "TF_USE_LEGACY_KERAS": "", **(env or {}), "PYTHONPATH": os.pathsep.join([str(site), ROOT])})
+    return procs.python(
+        args,
+        cwd=cwd,
+        timeout=60,
+        interpreter_flags=("-S",),
+        env={
+            "TF_USE_LEGACY_KERAS": "",
+            **(env or {}),
+            "PYTHONPATH": os.pathsep.join([str(site), ROOT]),
+        },
+    )
 
 
 WANT = "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3: TensorFlow 2.16 removed"
 
 
-@pytest.mark.parametrize("args", [
-    ["demo"],
-    ["check", "prog.py"],
-    ["check", "--json", "-m", "prog"],
-    ["prog.py", "--epochs", "3"],
-    ["--mode", "cpu", "-m", "prog"],
-], ids=["demo", "check", "check-module", "runner", "runner-module"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo"],
+        ["check", "prog.py"],
+        ["check", "--json", "-m", "prog"],
+        ["prog.py", "--epochs", "3"],
+        ["--mode", "cpu", "-m", "prog"],
+    ],
+    ids=["demo", "check", "check-module", "runner", "runner-module"],
+)
 def test_commands_stop_at_the_guard_with_exit_2(tmp_path, args):
     site = fake_site(tmp_path, estimator="2.15.0")  # tensorflow-estimator 2.15 beside TF 2.16
     (tmp_path / "prog.py").write_text("print('RAN')\n")
@@ -78,15 +99,19 @@ def test_legacy_keras_on_2_16_gets_the_same_stop(tmp_path):
     site = fake_site(tmp_path, tf_keras="2.16.0")
     proc = run_isolated(["-m", "tpushim", "demo"], site, tmp_path, env={"TF_USE_LEGACY_KERAS": "1"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert ("tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and tf_keras 2.16.0 "
-            "(TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed tf.estimator") in proc.stderr
+    assert (
+        "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and tf_keras 2.16.0 "
+        "(TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed tf.estimator"
+    ) in proc.stderr
 
 
 def test_info_shows_the_message_once(tmp_path):
     site = fake_site(tmp_path)
     proc = run_isolated(["-m", "tpushim", "info"], site, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (proc.stdout + proc.stderr).count("tpushim does not support") == 1, proc.stdout + proc.stderr
+    assert (proc.stdout + proc.stderr).count("tpushim does not support") == 1, (
+        proc.stdout + proc.stderr
+    )
     assert "TensorFlow 2.16.1, Keras 3.3.3" in proc.stdout and "NOT SUPPORTED" in proc.stdout
     assert WANT in proc.stdout
 
@@ -95,15 +120,19 @@ def test_patch_before_tensorflow_names_the_installed_versions(tmp_path):
     # TensorFlow 2.15 without tensorflow_estimator, patch() before anything imported TensorFlow:
     # the warning names the installed TensorFlow and Keras, read from their metadata.
     site = fake_site(tmp_path, tf="2.15.1", keras="2.15.0")
-    code = ("import sys, warnings\nwarnings.simplefilter('always')\nimport tpushim\n"
-            "tpushim.patch(); tpushim.patch()\nassert 'tensorflow' not in sys.modules\n"
-            "print('patched' if tpushim.is_patched() else 'not patched')")
+    code = (
+        "import sys, warnings\nwarnings.simplefilter('always')\nimport tpushim\n"
+        "tpushim.patch(); tpushim.patch()\nassert 'tensorflow' not in sys.modules\n"
+        "print('patched' if tpushim.is_patched() else 'not patched')"
+    )
     proc = run_isolated(["-c", code], site, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "not patched"
     assert proc.stderr.count("RuntimeWarning: tpushim does not support") == 1, proc.stderr
-    assert ("tpushim does not support TensorFlow 2.15.1 with Keras 2.15.0: tensorflow_estimator "
-            "is not installed") in proc.stderr
+    assert (
+        "tpushim does not support TensorFlow 2.15.1 with Keras 2.15.0: tensorflow_estimator "
+        "is not installed"
+    ) in proc.stderr
 
 
 def test_no_tensorflow_at_all(tmp_path):
@@ -117,12 +146,19 @@ def test_setup_extras_and_readme_read_the_declared_range():
     spec = version.tf_specifier()
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         setup_py = f.read()
-    assert not re.search(r"tensorflow[-a-z]*[<>=]=?\s*2\.", setup_py), "setup.py must read version.py"
-    extras = procs.python(cwd=ROOT, timeout=60, code=(
-        "import runpy, setuptools, sys\n"
-        "setuptools.setup = lambda **kw: print(kw['extras_require']['tensorflow'][0], "
-        "kw['extras_require']['cpu'][0])\n"
-        "sys.argv = ['setup.py']\nrunpy.run_path('setup.py')"))
+    assert not re.search(r"tensorflow[-a-z]*[<>=]=?\s*2\.", setup_py), (
+        "setup.py must read version.py"
+    )
+    extras = procs.python(
+        cwd=ROOT,
+        timeout=60,
+        code=(
+            "import runpy, setuptools, sys\n"
+            "setuptools.setup = lambda **kw: print(kw['extras_require']['tensorflow'][0], "
+            "kw['extras_require']['cpu'][0])\n"
+            "sys.argv = ['setup.py']\nrunpy.run_path('setup.py')"
+        ),
+    )
     assert extras.stdout.split() == [f"tensorflow{spec}", f"tensorflow-cpu{spec}"], extras.stderr
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
@@ -130,25 +166,35 @@ def test_setup_extras_and_readme_read_the_declared_range():
     for tf_version in version.TESTED_TF:
         assert re.search(rf"^\| {re.escape(tf_version)}\.\d+ \|", readme, re.M), tf_version
     for tf_version in version.TESTED_TF:
-        assert os.path.isfile(os.path.join(ROOT, ".ci", f"constraints-{tf_version}.txt")), tf_version
+        assert os.path.isfile(os.path.join(ROOT, ".ci", f"constraints-{tf_version}.txt")), (
+            tf_version
+        )
 
 
-@pytest.mark.parametrize("tf_version,keras_version,has_estimator,ok", [
-    ("2.15.1", "2.15.0", True, True),
-    ("2.12.0", "2.12.0", True, True),
-    ("2.13.1", "2.13.1", True, True),
-    ("2.14.1", "2.14.0", True, True),
-    ("2.15.0-dev20231010", "2.15.0", True, True),
-    ("2.16.1", "3.1.0", False, False),
-    ("2.16.1", None, True, False),  # tensorflow_estimator 2.15 installed beside 2.16 does not help
-    ("2.17.0rc0", None, True, False),
-    ("2.11.1", "2.11.0", True, False),  # below the range CI tests
-    ("2.9.0", "2.9.0", True, False),
-    ("2.15.0", "3.0.0", True, False),
-    ("2.15.0", "2.15.0", False, False),
-    (None, None, False, False),  # no TensorFlow at all
-    (None, None, True, True),  # TensorFlow not imported yet: decided at import
-])
+@pytest.mark.parametrize(
+    "tf_version,keras_version,has_estimator,ok",
+    [
+        ("2.15.1", "2.15.0", True, True),
+        ("2.12.0", "2.12.0", True, True),
+        ("2.13.1", "2.13.1", True, True),
+        ("2.14.1", "2.14.0", True, True),
+        ("2.15.0-dev20231010", "2.15.0", True, True),
+        ("2.16.1", "3.1.0", False, False),
+        (
+            "2.16.1",
+            None,
+            True,
+            False,
+        ),  # tensorflow_estimator 2.15 installed beside 2.16 does not help
+        ("2.17.0rc0", None, True, False),
+        ("2.11.1", "2.11.0", True, False),  # below the range CI tests
+        ("2.9.0", "2.9.0", True, False),
+        ("2.15.0", "3.0.0", True, False),
+        ("2.15.0", "2.15.0", False, False),
+        (None, None, False, False),  # no TensorFlow at all
+        (None, None, True, True),  # TensorFlow not imported yet: decided at import
+    ],
+)
 def test_version_guard_decision(tf_version, keras_version, has_estimator, ok):
     problem = _versions.version_problem(tf_version, keras_version, has_estimator)
     assert (problem is None) == ok
@@ -162,9 +208,11 @@ def test_version_guard_decision(tf_version, keras_version, has_estimator, ok):
 
 def test_version_guard_names_tf_keras_under_legacy_keras():
     problem = _versions.version_problem("2.16.1", "3.3.3", True, tf_keras_version="2.16.0")
-    assert problem.startswith("tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and "
-                              "tf_keras 2.16.0 (TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed "
-                              "tf.estimator")
+    assert problem.startswith(
+        "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and "
+        "tf_keras 2.16.0 (TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed "
+        "tf.estimator"
+    )
 
 
 def test_supported_range_is_declared_once():
@@ -179,9 +227,11 @@ def test_supported_range_is_declared_once():
 def test_patch_on_tensorflow_2_16_warns_once_and_patches_nothing(monkeypatch):
     # In process, on the real TensorFlow with its version string faked: patch() must neither raise
     # nor wrap, and say once what is wrong and how to fix it.
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorflow_estimator.python.estimator import keras_lib  # pylint: disable=import-outside-toplevel
-    import tpushim  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+    from tensorflow_estimator.python.estimator import keras_lib
+
+    import tpushim
+
     original = keras_lib.model_to_estimator
     monkeypatch.setattr(tf, "__version__", "2.16.1")
     with pytest.warns(RuntimeWarning) as record:

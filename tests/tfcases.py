@@ -1,6 +1,5 @@
 """Small models, data and the stock-vs-tpushim comparison harness shared by the conversion tests."""
 
-
 import numpy as np
 import tensorflow as tf
 
@@ -26,10 +25,17 @@ def sequential(optimizer=None, metrics=("accuracy",), extra_layers=()):
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential(
-        [tf.keras.layers.Dense(8, activation="relu", input_shape=(4,), name="hidden"), *extra_layers,
-         tf.keras.layers.Dense(3, activation="softmax", name="probs")])
-    model.compile(optimizer=optimizer or tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
-                  loss="sparse_categorical_crossentropy", metrics=list(metrics))
+        [
+            tf.keras.layers.Dense(8, activation="relu", input_shape=(4,), name="hidden"),
+            *extra_layers,
+            tf.keras.layers.Dense(3, activation="softmax", name="probs"),
+        ]
+    )
+    model.compile(
+        optimizer=optimizer or tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+        loss="sparse_categorical_crossentropy",
+        metrics=list(metrics),
+    )
     return model
 
 
@@ -59,10 +65,12 @@ def two_in_two_out(optimizer="keras-adam", cls_crossentropy_metric=False):
     if cls_crossentropy_metric:
         cls_metrics.append(tf.keras.metrics.SparseCategoricalCrossentropy())
     make_optimizer = OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
-    model.compile(optimizer=make_optimizer(),
-                  loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
-                  loss_weights={"cls": 1.0, "reg": 0.5},
-                  metrics={"cls": cls_metrics, "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]})
+    model.compile(
+        optimizer=make_optimizer(),
+        loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+        loss_weights={"cls": 1.0, "reg": 0.5},
+        metrics={"cls": cls_metrics, "reg": ["mae", tf.keras.metrics.RootMeanSquaredError()]},
+    )
     return model
 
 
@@ -80,14 +88,18 @@ def two_in_two_out_data(n=N, seed=3, sample_weights=False, reg_labels_1d=False):
     """
     rng = np.random.RandomState(seed)
     features = {"a": rng.rand(n, 4).astype("float32"), "b": rng.rand(n, 2).astype("float32")}
-    labels = {"cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
-              "reg": rng.rand(n, 1).astype("float32")}
+    labels = {
+        "cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
+        "reg": rng.rand(n, 1).astype("float32"),
+    }
     if reg_labels_1d:
         labels["reg"] = labels["reg"][:, 0]
     if not sample_weights:
         return features, labels
-    weights = {"cls": rng.uniform(0.2, 2.0, n).astype("float32"),
-               "reg": rng.uniform(0.2, 2.0, n).astype("float32")}
+    weights = {
+        "cls": rng.uniform(0.2, 2.0, n).astype("float32"),
+        "reg": rng.uniform(0.2, 2.0, n).astype("float32"),
+    }
     if reg_labels_1d:
         del weights["reg"]
     return {"features": features, "sample_weights": weights}, labels
@@ -99,19 +111,25 @@ def dataset_input_fn(features, labels=None, batch=BATCH, drop_remainder=False, r
         if repeat:
             ds = ds.repeat()
         return ds.batch(batch, drop_remainder=drop_remainder)
+
     return input_fn
 
 
 def checkpoint_values(model_dir):
     reader = tf.train.load_checkpoint(model_dir)
-    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(model_dir)
-            if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+    return {
+        name: reader.get_tensor(name)
+        for name, _ in tf.train.list_variables(model_dir)
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    }
 
 
 def convert(mode, build_model, model_dir, spelling="v2", convert_kwargs=None):
     """The estimator ``model_to_estimator`` returns with tpushim in ``mode`` ('off' = stock)."""
-    to_estimator = {"v2": tf.keras.estimator.model_to_estimator,
-                    "v1": tf.compat.v1.keras.estimator.model_to_estimator}[spelling]
+    to_estimator = {
+        "v2": tf.keras.estimator.model_to_estimator,
+        "v1": tf.compat.v1.keras.estimator.model_to_estimator,
+    }[spelling]
     tpushim.patch(mode=mode)
     try:
         kwargs = dict(convert_kwargs or {})
@@ -123,8 +141,17 @@ def convert(mode, build_model, model_dir, spelling="v2", convert_kwargs=None):
         tpushim.unpatch()
 
 
-def run(mode, build_model, train_fn, eval_fn, predict_fn, model_dir, steps=6, spelling="v2",
-        convert_kwargs=None):
+def run(
+    mode,
+    build_model,
+    train_fn,
+    eval_fn,
+    predict_fn,
+    model_dir,
+    steps=6,
+    spelling="v2",
+    convert_kwargs=None,
+):
     """Converts with tpushim in ``mode`` ('off' = stock), trains, evaluates and predicts."""
     estimator = convert(mode, build_model, model_dir, spelling, convert_kwargs)
     if steps:
@@ -136,7 +163,8 @@ def run(mode, build_model, train_fn, eval_fn, predict_fn, model_dir, steps=6, sp
 
 def stock_metric_names(metrics, output_names):
     """Stock's metric names with Keras 2's growing output prefix undone (see stable_metric_name)."""
-    from tpushim._model_fn import stable_metric_name  # pylint: disable=import-outside-toplevel
+    from tpushim._model_fn import stable_metric_name
+
     return {stable_metric_name(k, output_names): v for k, v in metrics.items()}
 
 
@@ -163,11 +191,20 @@ def assert_same(stock, shim, tol=TOL, output_names=(), skip=()):
                 np.testing.assert_allclose(got[key], want[key], atol=tol, rtol=0, err_msg=key)
 
 
-def compare(tmp_path, build_model, train_fn, eval_fn=None, predict_fn=None, output_names=(),
-            skip=(), **kwargs):
+def compare(
+    tmp_path,
+    build_model,
+    train_fn,
+    eval_fn=None,
+    predict_fn=None,
+    output_names=(),
+    skip=(),
+    **kwargs,
+):
     stock = run("off", build_model, train_fn, eval_fn, predict_fn, tmp_path / "stock", **kwargs)
     shim = run("cpu", build_model, train_fn, eval_fn, predict_fn, tmp_path / "shim", **kwargs)
-    from tpushim._estimator import TPUShimEstimator  # pylint: disable=import-outside-toplevel
+    from tpushim._estimator import TPUShimEstimator
+
     assert not isinstance(stock[0], TPUShimEstimator)
     assert isinstance(shim[0], tf.compat.v1.estimator.tpu.TPUEstimator)
     assert_same(stock, shim, output_names=output_names, skip=skip)
@@ -175,6 +212,7 @@ def compare(tmp_path, build_model, train_fn, eval_fn=None, predict_fn=None, outp
 
 
 # --- models the conversion (and the preflight) refuse -------------------------------------------
+
 
 class Subclassed(tf.keras.Model):
     def __init__(self):
@@ -216,7 +254,7 @@ def with_unrebuildable_metric():
 class HandRolledSGD(tf.keras.optimizers.Optimizer):
     """A new-style optimizer with no legacy twin: estimators (and so TPUs) cannot use it."""
 
-    def build(self, var_list):  # pylint: disable=useless-parent-delegation
+    def build(self, var_list):
         super().build(var_list)
 
     def update_step(self, gradient, variable):
@@ -231,7 +269,8 @@ class LoopbackListener:
     """A loopback port that accepts TCP connections and says nothing: a fake, reachable TPU address."""
 
     def __enter__(self):
-        import socket  # pylint: disable=import-outside-toplevel
+        import socket
+
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)

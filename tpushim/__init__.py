@@ -20,24 +20,45 @@ from tpushim._settings import DEFAULT_CORES as _DEFAULT_CORES
 from tpushim._status import status
 from tpushim.version import __version__
 
-__all__ = ["patch", "unpatch", "is_patched", "status", "patched", "check", "__version__",
-           "TPUShimError", "ConfigurationError", "ConversionError", "NoTPUError"]
+__all__ = [
+    "ConfigurationError",
+    "ConversionError",
+    "NoTPUError",
+    "TPUShimError",
+    "__version__",
+    "check",
+    "is_patched",
+    "patch",
+    "patched",
+    "status",
+    "unpatch",
+]
 
 
 def load_ipython_extension(ipython):
     """``%load_ext tpushim``: patches (honouring ``TPUSHIM_*``) and adds the ``%tpushim`` magic."""
-    from tpushim._ipython import load_ipython_extension as load  # pylint: disable=import-outside-toplevel
+    from tpushim._ipython import load_ipython_extension as load
+
     load(ipython)
 
 
 def unload_ipython_extension(ipython):
     """``%unload_ext tpushim``: unpatches."""
-    from tpushim._ipython import unload_ipython_extension as unload  # pylint: disable=import-outside-toplevel
+    from tpushim._ipython import unload_ipython_extension as unload
+
     unload(ipython)
 
 
-def check(keras_model, input_fn=None, *, batch_size=None, num_cores=_DEFAULT_CORES, steps=None,
-          iterations_per_loop=None, custom_objects=None):
+def check(
+    keras_model,
+    input_fn=None,
+    *,
+    batch_size=None,
+    num_cores=_DEFAULT_CORES,
+    steps=None,
+    iterations_per_loop=None,
+    custom_objects=None,
+):
     """TPU preflight on CPU: what would break or crawl on a TPU, before you pay for one.
 
     Imports TensorFlow (it needs the model); ``import tpushim`` alone does not.
@@ -55,6 +76,14 @@ def check(keras_model, input_fn=None, *, batch_size=None, num_cores=_DEFAULT_COR
     Returns:
       a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``.
     """
-    from tpushim._preflight import check as run_check  # pylint: disable=import-outside-toplevel
-    return run_check(keras_model, input_fn, batch_size=batch_size, num_cores=num_cores, steps=steps,
-                     iterations_per_loop=iterations_per_loop, custom_objects=custom_objects)
+    from tpushim._preflight import check as run_check
+
+    return run_check(
+        keras_model,
+        input_fn,
+        batch_size=batch_size,
+        num_cores=num_cores,
+        steps=steps,
+        iterations_per_loop=iterations_per_loop,
+        custom_objects=custom_objects,
+    )

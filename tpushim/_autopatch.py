@@ -24,7 +24,9 @@ ON = ("1", "true", "yes", "on")
 OFF = ("", "0", "false", "no", "off")  # the .pth line skips exactly these without loading us
 
 #: Imports that mean "sys.path is complete now": site's last steps, or TensorFlow itself.
-TRIGGERS = frozenset({"sitecustomize", "usercustomize", "tensorflow", "tensorflow_estimator", "keras"})
+TRIGGERS = frozenset(
+    {"sitecustomize", "usercustomize", "tensorflow", "tensorflow_estimator", "keras"}
+)
 
 
 def wanted(environ=None):
@@ -51,17 +53,20 @@ def patch_now():
     Returns whether tpushim is patched. Never raises.
     """
     try:
-        # pylint: disable=import-outside-toplevel  # importable only once sys.path is complete
+        # importable only once sys.path is complete
         from tpushim._console import show_conversions
         from tpushim._patch import is_patched, patch
+
         patch()  # imports no TensorFlow
         show_conversions()
         return is_patched()
     except Warning:
         raise
-    except Exception as e:  # pylint: disable=broad-except
-        _warn(f"{VARIABLE} is set, but patching failed, so this interpreter runs unpatched: "
-              f"{type(e).__name__}: {e}")
+    except Exception as e:
+        _warn(
+            f"{VARIABLE} is set, but patching failed, so this interpreter runs unpatched: "
+            f"{type(e).__name__}: {e}"
+        )
         return False
 
 
@@ -98,8 +103,10 @@ def start(environ=None):
     try:
         choice = wanted(environ)
         if choice is None:
-            _warn(f"{VARIABLE}={environ.get(VARIABLE)!r} is not understood: set it to 1, true, yes "
-                  f"or on to patch at start (0, false, no, off or unset: do not). Not patched.")
+            _warn(
+                f"{VARIABLE}={environ.get(VARIABLE)!r} is not understood: set it to 1, true, yes "
+                f"or on to patch at start (0, false, no, off or unset: do not). Not patched."
+            )
             return "off"
         if not choice or _kill_switch(environ):
             return "off"  # TPUSHIM_MODE=off: the interpreter stays exactly as without tpushim
@@ -111,9 +118,11 @@ def start(environ=None):
         return "deferred"
     except Warning:
         raise  # -W error: the user asked for warnings to raise
-    except Exception as e:  # pylint: disable=broad-except
-        _warn(f"{VARIABLE} is set, but autopatching failed, so this interpreter runs unpatched: "
-              f"{type(e).__name__}: {e}")
+    except Exception as e:
+        _warn(
+            f"{VARIABLE} is set, but autopatching failed, so this interpreter runs unpatched: "
+            f"{type(e).__name__}: {e}"
+        )
         return "off"
 
 

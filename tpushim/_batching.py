@@ -18,20 +18,44 @@ ModeKeys = tf.estimator.ModeKeys
 
 def _batch_dim(dataset):
     # dimension_value: under disable_v2_behavior() shapes hold (unhashable) Dimension objects.
-    dims = {tf.compat.dimension_value(component.shape[0]) if component.shape.rank else None
-            for component in tf.nest.flatten(dataset.element_spec)}
+    dims = {
+        tf.compat.dimension_value(component.shape[0]) if component.shape.rank else None
+        for component in tf.nest.flatten(dataset.element_spec)
+    }
     return dims.pop() if len(dims) == 1 else None
 
 
 # Dataset ops that keep their input's batches as they are, between the user's batch op and the end.
 _BATCH_PRESERVING = {
-    "PrefetchDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "RepeatDataset",
-    "CacheDataset", "CacheDatasetV2", "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
-    "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2", "FilterDataset", "TakeDataset",
-    "SkipDataset", "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
-    "PrivateThreadPoolDataset", "AssertCardinalityDataset", "IgnoreErrorsDataset"}
-_BATCH_OPS = {"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDataset",
-              "PaddedBatchDatasetV2"}
+    "PrefetchDataset",
+    "MapDataset",
+    "ParallelMapDataset",
+    "ParallelMapDatasetV2",
+    "RepeatDataset",
+    "CacheDataset",
+    "CacheDatasetV2",
+    "ShuffleDataset",
+    "ShuffleDatasetV2",
+    "ShuffleDatasetV3",
+    "ShuffleAndRepeatDataset",
+    "ShuffleAndRepeatDatasetV2",
+    "FilterDataset",
+    "TakeDataset",
+    "SkipDataset",
+    "OptionsDataset",
+    "ModelDataset",
+    "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset",
+    "AssertCardinalityDataset",
+    "IgnoreErrorsDataset",
+}
+_BATCH_OPS = {
+    "BatchDataset",
+    "BatchDatasetV2",
+    "ParallelBatchDataset",
+    "PaddedBatchDataset",
+    "PaddedBatchDatasetV2",
+}
 
 
 def _declared_batch(dataset):
@@ -49,10 +73,23 @@ def _declared_batch(dataset):
 
 # Ops a Dataset's elements pass through one for one, beneath a batch op: an infinite repeat below
 # them means the batch op never sees the end of its input, so never makes a short batch.
-_ONE_FOR_ONE = {"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "PrefetchDataset",
-                "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "CacheDataset",
-                "CacheDatasetV2", "OptionsDataset", "ModelDataset", "FilterDataset",
-                "IgnoreErrorsDataset", "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset"}
+_ONE_FOR_ONE = {
+    "MapDataset",
+    "ParallelMapDataset",
+    "ParallelMapDatasetV2",
+    "PrefetchDataset",
+    "ShuffleDataset",
+    "ShuffleDatasetV2",
+    "ShuffleDatasetV3",
+    "CacheDataset",
+    "CacheDatasetV2",
+    "OptionsDataset",
+    "ModelDataset",
+    "FilterDataset",
+    "IgnoreErrorsDataset",
+    "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset",
+}
 
 
 def _batches_always_full(dataset):
@@ -132,13 +169,19 @@ def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0):
 def without_float64(dataset):
     """float64 features and labels (numpy's default, pandas') as float32: a TPU's infeed takes no
     float64, and the Keras model computes in float32 anyway (its layers cast their inputs)."""
-    if not any(component.dtype == tf.float64 for component in tf.nest.flatten(dataset.element_spec)):
+    if not any(
+        component.dtype == tf.float64 for component in tf.nest.flatten(dataset.element_spec)
+    ):
         return dataset
-    logger.info("float64 input cast to float32: a TPU cannot be fed float64, and the model "
-                "computes in float32")
+    logger.info(
+        "float64 input cast to float32: a TPU cannot be fed float64, and the model "
+        "computes in float32"
+    )
 
     def cast(*element):
         element = element[0] if len(element) == 1 else element
         return tf.nest.map_structure(
-            lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, element)
+            lambda t: tf.cast(t, tf.float32) if t.dtype == tf.float64 else t, element
+        )
+
     return dataset.map(cast)

@@ -41,13 +41,13 @@ def split_argv(argv, value_flags):
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
-            return argv[:i], None, argv[i + 1:]
+            return argv[:i], None, argv[i + 1 :]
         if arg == "-m":
             if i + 1 == len(argv):
-                return argv[:i + 1], None, []  # argparse reports the missing MODULE
-            return argv[:i], argv[i + 1], argv[i + 2:]
+                return argv[: i + 1], None, []  # argparse reports the missing MODULE
+            return argv[:i], argv[i + 1], argv[i + 2 :]
         if arg.startswith("-m") and not arg.startswith("--"):
-            return argv[:i], arg[2:], argv[i + 1:]  # -mMODULE, as python accepts it
+            return argv[:i], arg[2:], argv[i + 1 :]  # -mMODULE, as python accepts it
         if arg.startswith("-") and arg != "-":
             i += 2 if arg in value_flags else 1
             continue
@@ -64,8 +64,11 @@ def _stop(message, code=2):
 def _patch_before_running(options, module, target, command="", **overrides):
     """Checks the target and the installation, patches, shows conversion lines. Returns an exit
     code when it stopped (the problem printed), else None."""
-    problem = (_launcher.module_problem(module) if module is not None
-               else _launcher.script_problem(target[0]))
+    problem = (
+        _launcher.module_problem(module)
+        if module is not None
+        else _launcher.script_problem(target[0])
+    )
     if problem:
         return _stop(command + problem)
     # The version guard before TensorFlow is imported: a clean stop, not a traceback from inside it.
@@ -111,7 +114,8 @@ def _demo(options, argv):
     problem = unsupported()
     if problem:
         return _stop(f"demo: {problem}")
-    from tpushim import demo  # pylint: disable=import-outside-toplevel  # imports TensorFlow
+    from tpushim import demo  # imports TensorFlow
+
     try:
         return demo.run(**options.settings)
     except ConfigurationError as e:
@@ -122,14 +126,26 @@ def _demo(options, argv):
 
 def _check(options, argv):
     parser = argparse.ArgumentParser(
-        prog=f"{PROG} check", description=COMMANDS["check"].help,
-        usage=f"{PROG} [options] check [--json] [--cores N] (SCRIPT | -m MODULE) [ARGS...]")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout "
-                        "(the script's own output then goes to stderr)")
-    parser.add_argument("--cores", type=int, default=_settings.DEFAULT_CORES, metavar="N",
-                        help=f"TPU cores to check the batch size against (default "
-                             f"{_settings.DEFAULT_CORES}: a v2/v3/v4-8)")
-    parser.add_argument("-m", dest="module", metavar="MODULE", help="check a module, as python -m runs it")
+        prog=f"{PROG} check",
+        description=COMMANDS["check"].help,
+        usage=f"{PROG} [options] check [--json] [--cores N] (SCRIPT | -m MODULE) [ARGS...]",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON on stdout (the script's own output then goes to stderr)",
+    )
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=_settings.DEFAULT_CORES,
+        metavar="N",
+        help=f"TPU cores to check the batch size against (default "
+        f"{_settings.DEFAULT_CORES}: a v2/v3/v4-8)",
+    )
+    parser.add_argument(
+        "-m", dest="module", metavar="MODULE", help="check a module, as python -m runs it"
+    )
     own, module, target = split_argv(argv, CHECK_VALUE_FLAGS)
     args = parser.parse_args(own + (["-m", module] if module is not None else []))
     if module is None and not target:
@@ -138,10 +154,13 @@ def _check(options, argv):
     stopped = _patch_before_running(options, module, target, "check: ", mode="cpu")
     if stopped is not None:
         return stopped
-    from tpushim import _preflight  # pylint: disable=import-outside-toplevel  # imports TensorFlow
+    from tpushim import _preflight  # imports TensorFlow
+
     uncaught = None
-    with _preflight.recording() as recorder, contextlib.redirect_stdout(
-            sys.stderr if args.json else sys.stdout):
+    with (
+        _preflight.recording() as recorder,
+        contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout),
+    ):
         try:
             code, uncaught = _launch(module, target)
         except SystemExit as e:
@@ -155,33 +174,55 @@ def _check_report(preflight, recorder, cores, code, uncaught):
     """The recorder's report, plus what the script's exit said."""
     try:
         report = recorder.report(num_cores=cores)
-    except Exception as e:  # pylint: disable=broad-except  # --json must still print a report
+    except Exception as e:  # --json must still print a report
         report = preflight.Report()
-        report.add("preflight-failed", "error", preflight.last_frame(e),
-                   f"the preflight failed: {preflight.summary(e)}", "please report this to tpushim")
+        report.add(
+            "preflight-failed",
+            "error",
+            preflight.last_frame(e),
+            f"the preflight failed: {preflight.summary(e)}",
+            "please report this to tpushim",
+        )
     if uncaught is not None:
-        report.add("script-raised", "error", preflight.last_frame(uncaught),
-                   f"the script raised {preflight.summary(uncaught)} while checked in cpu mode (the "
-                   f"TPU code path on CPU): it would fail on a TPU too",
-                   "see the traceback above; run the script with --mode cpu to reproduce it uncapped")
+        report.add(
+            "script-raised",
+            "error",
+            preflight.last_frame(uncaught),
+            f"the script raised {preflight.summary(uncaught)} while checked in cpu mode (the "
+            f"TPU code path on CPU): it would fail on a TPU too",
+            "see the traceback above; run the script with --mode cpu to reproduce it uncapped",
+        )
     elif code:
-        report.add("script-exit", "warning", "script",
-                   f"the script exited with status {code} while checked in cpu mode (its training "
-                   f"was capped at {recorder.MAX_TRAIN_STEPS} steps, evaluation at "
-                   f"{recorder.MAX_EVAL_STEPS})", "see its output above; run it with --mode cpu "
-                   "to see it uncapped")
+        report.add(
+            "script-exit",
+            "warning",
+            "script",
+            f"the script exited with status {code} while checked in cpu mode (its training "
+            f"was capped at {recorder.MAX_TRAIN_STEPS} steps, evaluation at "
+            f"{recorder.MAX_EVAL_STEPS})",
+            "see its output above; run it with --mode cpu to see it uncapped",
+        )
     return report
 
 
 #: Subcommands, by name.
 COMMANDS = {
-    "info": Command(_info, "print what tpushim would do here: versions, patched or not, mode, "
-                           "the TPU found and where from (imports no TensorFlow)."),
-    "demo": Command(_demo, "run a bundled legacy Keras -> Estimator script twice, stock and "
-                           "converted by tpushim, and print both results side by side."),
-    "check": Command(_check, "TPU preflight: run SCRIPT in cpu mode for a few steps and report "
-                             "what would break or crawl on a TPU (exit 1 if something would "
-                             "fail; --json for machines)."),
+    "info": Command(
+        _info,
+        "print what tpushim would do here: versions, patched or not, mode, "
+        "the TPU found and where from (imports no TensorFlow).",
+    ),
+    "demo": Command(
+        _demo,
+        "run a bundled legacy Keras -> Estimator script twice, stock and "
+        "converted by tpushim, and print both results side by side.",
+    ),
+    "check": Command(
+        _check,
+        "TPU preflight: run SCRIPT in cpu mode for a few steps and report "
+        "what would break or crawl on a TPU (exit 1 if something would "
+        "fail; --json for machines).",
+    ),
 }
 
 _DESCRIPTION = """\
@@ -223,23 +264,37 @@ examples:
 
 def _parser():
     """The runner's argparse parser (our options only: :func:`split_argv` cut the rest off)."""
-    commands = "\n".join(textwrap.fill(command.help, 96, initial_indent=f"  {name:<7}",
-                                        subsequent_indent=" " * 9)
-                          for name, command in COMMANDS.items())
+    commands = "\n".join(
+        textwrap.fill(command.help, 96, initial_indent=f"  {name:<7}", subsequent_indent=" " * 9)
+        for name, command in COMMANDS.items()
+    )
     parser = argparse.ArgumentParser(
         prog=PROG,
-        usage=(f"{PROG} [options] SCRIPT [ARGS...]\n"
-               f"       {PROG} [options] -m MODULE [ARGS...]\n"
-               f"       {PROG} [options] {{{','.join(COMMANDS)}}} [ARGS...]"),
-        description=_DESCRIPTION, epilog=_EPILOG.format(commands=commands),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        usage=(
+            f"{PROG} [options] SCRIPT [ARGS...]\n"
+            f"       {PROG} [options] -m MODULE [ARGS...]\n"
+            f"       {PROG} [options] {{{','.join(COMMANDS)}}} [ARGS...]"
+        ),
+        description=_DESCRIPTION,
+        epilog=_EPILOG.format(commands=commands),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for flag, kwargs in _settings.OPTIONS:
         parser.add_argument(flag, **kwargs)
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="do not print tpushim's conversion lines on stderr.")
-    parser.add_argument("-m", dest="module", metavar="MODULE",
-                        help="run library module MODULE as a script (as python -m does); ends the options")
-    from tpushim.version import __version__  # pylint: disable=import-outside-toplevel
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="do not print tpushim's conversion lines on stderr.",
+    )
+    parser.add_argument(
+        "-m",
+        dest="module",
+        metavar="MODULE",
+        help="run library module MODULE as a script (as python -m does); ends the options",
+    )
+    from tpushim.version import __version__
+
     parser.add_argument("--version", action="version", version=f"tpushim {__version__}")
     return parser
 
@@ -256,13 +311,15 @@ def main(argv=None):
     options = parser.parse_args(own + (["-m", module] if module is not None else []))
     try:  # before anything runs, by the same rules patch() applies
         options.settings = _settings.parse_arguments(
-            **{name: getattr(options, name) for name in _settings.ENV_VARS})
+            **{name: getattr(options, name) for name in _settings.ENV_VARS}
+        )
     except ConfigurationError as e:
         parser.error(str(e))
     if module is None and not target:
         parser.print_usage(sys.stderr)
-        return _stop(f"give a script, -m MODULE, or a command ({', '.join(COMMANDS)}); "
-                            f"see {PROG} --help")
+        return _stop(
+            f"give a script, -m MODULE, or a command ({', '.join(COMMANDS)}); see {PROG} --help"
+        )
     if module is None and target[0] in COMMANDS:
         return COMMANDS[target[0]].run(options, target[1:])
     stopped = _patch_before_running(options, module, target)

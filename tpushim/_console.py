@@ -37,7 +37,7 @@ class ConsoleHandler(logging.Handler):
             # sys.stderr at emit time: notebooks and test runners replace it after start-up.
             sys.stderr.write(self.format(record) + "\n")
             sys.stderr.flush()
-        except Exception:  # pylint: disable=broad-except
+        except Exception:
             self.handleError(record)
 
 
@@ -66,8 +66,11 @@ def autopatch_files():
     dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
     if site.ENABLE_USER_SITE:
         dirs.append(site.getusersitepackages())
-    return [os.path.join(d, PTH_NAME) for d in dict.fromkeys(dirs)
-            if os.path.isfile(os.path.join(d, PTH_NAME))]
+    return [
+        os.path.join(d, PTH_NAME)
+        for d in dict.fromkeys(dirs)
+        if os.path.isfile(os.path.join(d, PTH_NAME))
+    ]
 
 
 def outcome(status):
@@ -85,36 +88,61 @@ def format_status(status, previewing=False):
     """
     v = status["versions"]
     problem = status.get("unsupported") or unsupported()
-    lines = [f"tpushim {v['tpushim']}: TensorFlow {v.get('tensorflow') or 'not installed'}, "
-             f"Keras {v.get('keras') or '-'}, tensorflow-estimator {v.get('tensorflow_estimator') or '-'}"
-             f" ({'NOT SUPPORTED' if problem else 'supported'})"]
+    lines = [
+        f"tpushim {v['tpushim']}: TensorFlow {v.get('tensorflow') or 'not installed'}, "
+        f"Keras {v.get('keras') or '-'}, tensorflow-estimator {v.get('tensorflow_estimator') or '-'}"
+        f" ({'NOT SUPPORTED' if problem else 'supported'})"
+    ]
     if problem:
         lines.append(f"  {problem}")
     applied = [str(a) for a in status["applied"].values()]
     if status["patched"]:
-        lines.append("patched:     yes" + (" (applies when TensorFlow is imported)"
-                                           if "pending import" in applied else ""))
+        lines.append(
+            "patched:     yes"
+            + (" (applies when TensorFlow is imported)" if "pending import" in applied else "")
+        )
     else:
-        lines.append("patched:     no, not this process" + (
-            " (the options given are previewed below)" if previewing else
-            " (python -m tpushim SCRIPT patches the script it runs)"))
+        lines.append(
+            "patched:     no, not this process"
+            + (
+                " (the options given are previewed below)"
+                if previewing
+                else " (python -m tpushim SCRIPT patches the script it runs)"
+            )
+        )
     lines.append(f"mode:        {status['mode']} (from {status['mode_source']})")
     if status["tpu"]:
         lines.append(f"TPU:         {status['tpu']} (from {status['tpu_source']})")
     else:
         # Here, not at the top: autopatch imports this module at every start, _detect is slower.
-        from tpushim import _detect  # pylint: disable=import-outside-toplevel
-        lines.append(f"TPU:         none found (looked at TPUSHIM_TPU, "
-                     f"{', '.join(_detect.RESOLVER_ENV_VARS)}, COLAB_TPU_ADDR, TPU VM device files)")
+        from tpushim import _detect
+
+        lines.append(
+            f"TPU:         none found (looked at TPUSHIM_TPU, "
+            f"{', '.join(_detect.RESOLVER_ENV_VARS)}, COLAB_TPU_ADDR, TPU VM device files)"
+        )
     lines.append(f"batch size:  {status['batch_size'] or 'taken from the input_fn'}")
     default_iterations = f"default ({_settings.DEFAULT_ITERATIONS_PER_LOOP})"
     lines.append(f"iterations per loop: {status['iterations_per_loop'] or default_iterations}")
     returns = outcome(status) if not problem else "the stock estimator (nothing is patched)"
-    lines.append(("model_to_estimator returns: " if status["patched"] or previewing
-                  else "model_to_estimator, once patched, returns: ") + returns)
+    lines.append(
+        (
+            "model_to_estimator returns: "
+            if status["patched"] or previewing
+            else "model_to_estimator, once patched, returns: "
+        )
+        + returns
+    )
     autopatch = os.environ.get("TPUSHIM_AUTOPATCH")
     files = autopatch_files()
-    lines.append("autopatch:   TPUSHIM_AUTOPATCH=" + (repr(autopatch) if autopatch is not None else "unset")
-                 + "; " + (f"{PTH_NAME} installed in {os.path.dirname(files[0])}" if files
-                           else f"{PTH_NAME} not found on this interpreter (reinstall tpushim)"))
+    lines.append(
+        "autopatch:   TPUSHIM_AUTOPATCH="
+        + (repr(autopatch) if autopatch is not None else "unset")
+        + "; "
+        + (
+            f"{PTH_NAME} installed in {os.path.dirname(files[0])}"
+            if files
+            else f"{PTH_NAME} not found on this interpreter (reinstall tpushim)"
+        )
+    )
     return "\n".join(lines)

@@ -11,6 +11,7 @@ TPU = "tpu"  # TPUEstimator on the TPU found
 CPU = "cpu"  # TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU
 NO_TPU = "no-tpu"  # tpushim.NoTPUError: mode tpu and no TPU configured
 
+
 class Decision:
     """The outcome of :func:`decide` (immutable).
 
@@ -21,7 +22,7 @@ class Decision:
       returns: what ``model_to_estimator`` returns and why, as one line for people (the console).
     """
 
-    __slots__ = ("action", "why", "tpu", "returns")
+    __slots__ = ("action", "returns", "tpu", "why")
 
     def __init__(self, action, why, returns, tpu=None):
         for name, value in (("action", action), ("why", why), ("returns", returns), ("tpu", tpu)):
@@ -40,10 +41,12 @@ class Decision:
 
 def no_tpu_message(mode_source):
     """The text of the ``NoTPUError`` a mode-``tpu`` call without a TPU raises: what to do."""
-    return ("tpushim mode 'tpu' (from {}) needs a TPU, and none is configured. Name one with "
-            "tpushim.patch(tpu=...) or TPUSHIM_TPU (a TPU name, 'grpc://IP:8470' or 'local' on a "
-            "TPU VM), set TPU_NAME, pass a tpu_config.RunConfig with a cluster, or use "
-            "TPUSHIM_MODE=cpu to run the TPU code path on CPU.".format(mode_source))
+    return (
+        f"tpushim mode 'tpu' (from {mode_source}) needs a TPU, and none is configured. Name one with "
+        "tpushim.patch(tpu=...) or TPUSHIM_TPU (a TPU name, 'grpc://IP:8470' or 'local' on a "
+        "TPU VM), set TPU_NAME, pass a tpu_config.RunConfig with a cluster, or use "
+        "TPUSHIM_MODE=cpu to run the TPU code path on CPU."
+    )
 
 
 def decide(settings, tpu):
@@ -63,16 +66,28 @@ def decide(settings, tpu):
     """
     mode, mode_source = settings.mode, settings.sources.get("mode")
     if mode == "off":
-        return Decision(STOCK, f"tpushim mode off, from {mode_source}",
-                        f"the stock estimator (mode off, from {mode_source})")
+        return Decision(
+            STOCK,
+            f"tpushim mode off, from {mode_source}",
+            f"the stock estimator (mode off, from {mode_source})",
+        )
     if mode == "cpu":
-        return Decision(CPU, f"mode cpu from {mode_source}: the TPU code path on CPU",
-                        "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU")
+        return Decision(
+            CPU,
+            f"mode cpu from {mode_source}: the TPU code path on CPU",
+            "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU",
+        )
     if tpu is not None:
         where = f"{tpu.describe()} (from {tpu.source})"
         return Decision(TPU, f"TPU {where}", f"TPUEstimator on TPU {where}", tpu=tpu)
     if mode == "tpu":
-        return Decision(NO_TPU, no_tpu_message(mode_source),
-                        "an error, tpushim.NoTPUError: mode tpu needs a TPU and none is configured")
-    return Decision(STOCK, "no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU",
-                    "the stock estimator (no TPU configured; --mode cpu runs the TPU code path on CPU)")
+        return Decision(
+            NO_TPU,
+            no_tpu_message(mode_source),
+            "an error, tpushim.NoTPUError: mode tpu needs a TPU and none is configured",
+        )
+    return Decision(
+        STOCK,
+        "no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU",
+        "the stock estimator (no TPU configured; --mode cpu runs the TPU code path on CPU)",
+    )

@@ -59,7 +59,9 @@ class TPUSpec:
     @property
     def needs_lookup(self):
         """True when resolving the target asks the metadata server / Cloud TPU API."""
-        bare_name = isinstance(self.target, str) and self.target != "local" and "://" not in self.target
+        bare_name = (
+            isinstance(self.target, str) and self.target != "local" and "://" not in self.target
+        )
         return bare_name or self.source == "TPU_CONFIG"  # TPU_CONFIG names a TPU node, too
 
 
@@ -103,7 +105,9 @@ def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
     colab = environ.get("COLAB_TPU_ADDR", "").strip()
     if colab:
         # TF 2.15 no longer reads COLAB_TPU_ADDR (old Colab TPU nodes): build the address.
-        return TPUSpec(colab if colab.startswith("grpc://") else "grpc://" + colab, "COLAB_TPU_ADDR")
+        return TPUSpec(
+            colab if colab.startswith("grpc://") else "grpc://" + colab, "COLAB_TPU_ADDR"
+        )
     device = tpu_vm_device(environ)
     if device:
         return TPUSpec("local", f"TPU VM ({device})")
@@ -122,14 +126,15 @@ def check_reachable(master, source):
     """
     if not master or not master.startswith("grpc://"):
         return
-    host, _, port = master[len("grpc://"):].rpartition(":")
+    host, _, port = master[len("grpc://") :].rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except (OSError, ValueError) as e:
         raise NoTPUError(
             f"TPU {master} (from {source}) is not reachable: {e}. Check the address and that the TPU "
             f"is running (gcloud compute tpus list), run the TPU code path on CPU with "
-            f"TPUSHIM_MODE=cpu, or turn tpushim off with TPUSHIM_MODE=off.") from e
+            f"TPUSHIM_MODE=cpu, or turn tpushim off with TPUSHIM_MODE=off."
+        ) from e
 
 
 def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
@@ -142,7 +147,7 @@ def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
     timeout_s = RESOLVE_TIMEOUT_S if timeout_s is None else timeout_s
     if not isinstance(spec.target, (str, type(None))):
         return spec.target  # the user's own resolver (or config.cluster)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     def build():
         return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=spec.target)
@@ -154,7 +159,7 @@ def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
     def run():
         try:
             result["resolver"] = build()
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:
             result["error"] = e
 
     worker = threading.Thread(target=run, name="tpushim-resolve-tpu", daemon=True)
@@ -165,11 +170,13 @@ def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
             f"Could not resolve TPU {spec.describe()!r} (from {spec.source}) within {timeout_s:.0f} s: "
             f"a TPU name is looked up through the GCE metadata server and the Cloud TPU API, which "
             f"did not answer. Give its address instead (tpu='grpc://IP:8470' or TPUSHIM_TPU), use "
-            f"tpu='local' on a TPU VM, or TPUSHIM_MODE=off to run without a TPU.")
+            f"tpu='local' on a TPU VM, or TPUSHIM_MODE=off to run without a TPU."
+        )
     if "error" in result:
         e = result["error"]
         raise NoTPUError(
             f"Could not resolve TPU {spec.describe()!r} (from {spec.source}): {type(e).__name__}: {e}. "
             f"Check the name, zone and project, give its address (grpc://IP:8470), or set "
-            f"TPUSHIM_MODE=off to run without a TPU.") from e
+            f"TPUSHIM_MODE=off to run without a TPU."
+        ) from e
     return result["resolver"]

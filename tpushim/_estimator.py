@@ -39,7 +39,7 @@ def recording_to(recorder):
     ``train``/``evaluate``/``predict`` (``event``), returning the ``(steps, max_steps)`` to run.
     With none active, nothing is called. A nested recorder replaces the outer one until it exits.
     """
-    global _recorder  # pylint: disable=global-statement
+    global _recorder
     outer, _recorder = _recorder, recorder
     try:
         yield recorder
@@ -62,14 +62,17 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
 
     def __init__(self, *args, tpushim_batch_size=None, tpushim_tpu_source=None, **kwargs):
         size = tpushim_batch_size or 1  # a placeholder: each call fixes its own (_fix_global_batch)
-        super().__init__(*args, train_batch_size=size, eval_batch_size=size,
-                         predict_batch_size=size, **kwargs)
+        super().__init__(
+            *args, train_batch_size=size, eval_batch_size=size, predict_batch_size=size, **kwargs
+        )
         self._tpushim_fixed_batch = tpushim_batch_size
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
         if not self._tpushim_use_tpu:
             _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
         self._tpushim_tpu_source = tpushim_tpu_source
-        self._tpushim_model_fn = kwargs.get("model_fn")  # tpushim's own, before TPUEstimator wraps it
+        self._tpushim_model_fn = kwargs.get(
+            "model_fn"
+        )  # tpushim's own, before TPUEstimator wraps it
         self._tpushim_reached = False  # the TPU accepted a connection (_reach_tpu_once)
         self._tpushim_reach_lock = threading.Lock()
         self._tpushim_inspected = weakref.WeakKeyDictionary()  # input_fn -> {key: InputFacts}
@@ -136,13 +139,22 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
         facts = self._input_facts(input_fn, ModeKeys.TRAIN)
         size = self._global_batch(facts, ModeKeys.TRAIN)
         if facts.finite and facts.declared != size:
-            logger.info("the training input is finite and batched by %s, not %d; a TPU "
-                        "needs full batches, so a last batch of fewer than %d rows is dropped. "
-                        "Repeat the dataset (dataset.repeat()) to train on every example.",
-                        facts.declared or "a size its graph does not declare", size, size)
+            logger.info(
+                "the training input is finite and batched by %s, not %d; a TPU "
+                "needs full batches, so a last batch of fewer than %d rows is dropped. "
+                "Repeat the dataset (dataset.repeat()) to train on every example.",
+                facts.declared or "a size its graph does not declare",
+                size,
+                size,
+            )
         self._fix_global_batch(ModeKeys.TRAIN, size)
-        return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
-                             saving_listeners=saving_listeners)
+        return super().train(
+            input_fn,
+            hooks=hooks,
+            steps=steps,
+            max_steps=max_steps,
+            saving_listeners=saving_listeners,
+        )
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         if _recorder is not None:
@@ -152,17 +164,25 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
         if self._tpushim_use_tpu or self._tpushim_fixed_batch is None:
             # A TPU needs the input counted (tpu_eval_steps); with `steps` given, an input of
             # unknown cardinality is not: it may never end.
-            facts = self._input_facts(input_fn, ModeKeys.EVAL, count=self._tpushim_use_tpu,
-                                      count_unknown=steps is None)
+            facts = self._input_facts(
+                input_fn, ModeKeys.EVAL, count=self._tpushim_use_tpu, count_unknown=steps is None
+            )
         size = self._global_batch(facts, ModeKeys.EVAL)
         self._fix_global_batch(ModeKeys.EVAL, size)
         if self._tpushim_use_tpu:
             steps = tpu_eval_steps(facts, size, steps)
-        return super().evaluate(input_fn, steps=steps, hooks=hooks,
-                                checkpoint_path=checkpoint_path, name=name)
+        return super().evaluate(
+            input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name
+        )
 
-    def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
-                yield_single_examples=True):
+    def predict(
+        self,
+        input_fn,
+        predict_keys=None,
+        hooks=None,
+        checkpoint_path=None,
+        yield_single_examples=True,
+    ):
         if _recorder is not None:
             _recorder.calling("predict", self, input_fn, None, None)
         self._reach_tpu_once()
@@ -171,8 +191,12 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
             facts = self._input_facts(input_fn, ModeKeys.PREDICT)
         self._fix_global_batch(ModeKeys.PREDICT, self._global_batch(facts, ModeKeys.PREDICT))
         outputs = super().predict(
-            input_fn, predict_keys=_padding.predict_keys_with_padding(predict_keys), hooks=hooks,
-            checkpoint_path=checkpoint_path, yield_single_examples=yield_single_examples)
+            input_fn,
+            predict_keys=_padding.predict_keys_with_padding(predict_keys),
+            hooks=hooks,
+            checkpoint_path=checkpoint_path,
+            yield_single_examples=yield_single_examples,
+        )
         yield from _padding.drop_padding(outputs, yield_single_examples)
 
 
@@ -186,16 +210,23 @@ def tpu_eval_steps(facts, global_batch, steps):
     """
     if facts.examples is None:
         if steps is None:
-            raise ConversionError("evaluate() on a TPU needs `steps` when the input repeats "
-                                  "forever; pass steps=..., or give evaluate() a finite dataset.")
+            raise ConversionError(
+                "evaluate() on a TPU needs `steps` when the input repeats "
+                "forever; pass steps=..., or give evaluate() a finite dataset."
+            )
         return steps
     # Batched by the eval batch size, each of the input's batches is one step (a short one
     # padded); re-batched, the examples fill ceil(examples / global_batch) steps.
     held = facts.batches if facts.declared == global_batch else -(-facts.examples // global_batch)
     held = max(1, held)
     if steps is not None and steps > held:
-        logger.info("evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "
-                    "at its end, so %d steps are run, as many as stock runs", steps, held, held)
+        logger.info(
+            "evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "
+            "at its end, so %d steps are run, as many as stock runs",
+            steps,
+            held,
+            held,
+        )
     steps = held if steps is None else min(steps, held)
     logger.info("evaluating %d batches%s", steps, ": every example once" if steps == held else "")
     return steps
@@ -206,11 +237,15 @@ def tpu_twin(estimator, cluster, model_dir):
     estimator tpushim built (in either mode): same model_fn, settings and batch size, ``model_dir``
     instead of the user's. The preflight builds its TPU graphs with it."""
     return TPUShimEstimator(
-        model_fn=estimator._tpushim_model_fn, use_tpu=True,  # pylint: disable=protected-access
+        model_fn=estimator._tpushim_model_fn,
+        use_tpu=True,
         config=_run_config.for_cluster(estimator.config, cluster, model_dir),
-        export_to_tpu=False, eval_on_tpu=True, params={},
-        tpushim_batch_size=estimator._tpushim_fixed_batch,  # pylint: disable=protected-access
-        tpushim_tpu_source="the preflight's faked TPU")
+        export_to_tpu=False,
+        eval_on_tpu=True,
+        params={},
+        tpushim_batch_size=estimator._tpushim_fixed_batch,
+        tpushim_tpu_source="the preflight's faked TPU",
+    )
 
 
 def batch_choices(size, shards):
@@ -229,9 +264,11 @@ def indivisible_batch(size, shards):
     Returns:
       ``(problem, fix)``: what is wrong; the nearest sizes that divide and where to set one.
     """
-    return (f"global batch size {size} does not divide among {shards} TPU cores",
-            f"use a multiple of {shards} ({batch_choices(size, shards)}): set "
-            f"tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE, or batch the input by it")
+    return (
+        f"global batch size {size} does not divide among {shards} TPU cores",
+        f"use a multiple of {shards} ({batch_choices(size, shards)}): set "
+        f"tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE, or batch the input by it",
+    )
 
 
 def indivisible_batch_message(size, shards):
@@ -249,8 +286,10 @@ def _load_model(arguments):
     if keras_model is not None:
         return keras_model
     if keras_model_path.startswith("gs://") or "storage.googleapis.com" in keras_model_path:
-        raise ConversionError("tpushim loads keras_model_path from local or mounted paths; copy "
-                              f"{keras_model_path} locally first (gsutil cp) and pass that path.")
+        raise ConversionError(
+            "tpushim loads keras_model_path from local or mounted paths; copy "
+            f"{keras_model_path} locally first (gsutil cp) and pass that path."
+        )
     logger.info("loading model from %s", keras_model_path)
     return tf.keras.models.load_model(keras_model_path, custom_objects=arguments["custom_objects"])
 
@@ -277,11 +316,15 @@ def build(arguments, settings, tpu):
     """
     keras_model = _load_model(arguments)
     custom_objects = arguments["custom_objects"]
-    save_object_ckpt = _validation.saves_object_checkpoints(keras_model, arguments["checkpoint_format"])
+    save_object_ckpt = _validation.saves_object_checkpoints(
+        keras_model, arguments["checkpoint_format"]
+    )
     optimizer = _validation.validate(keras_model, custom_objects)
     config, model_dir_checked = arguments["config"], False
     if arguments["model_dir"] or getattr(config, "model_dir", None):
-        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(config, arguments["model_dir"])
+        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
+            config, arguments["model_dir"]
+        )
         _validation.check_model_dir(keras_model, config.model_dir)
         model_dir_checked = True
     _check_batch_divides(settings, config, tpu)
@@ -292,38 +335,60 @@ def build(arguments, settings, tpu):
         _validation.check_model_dir(keras_model, config.model_dir)
     tpu_run_config = _run_config.to_tpu_run_config(config, settings, cluster)
     if optimizer is not keras_model.optimizer:
-        logger.warning("converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
-                       "model_to_estimator does.", type(keras_model.optimizer).__name__)
+        logger.warning(
+            "converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
+            "model_to_estimator does.",
+            type(keras_model.optimizer).__name__,
+        )
         keras_model.optimizer = optimizer
 
-    model_fn = _model_fn.make_model_fn(keras_model, custom_objects, save_object_ckpt,
-                                       arguments["metric_names_map"], arguments["export_outputs"])
+    model_fn = _model_fn.make_model_fn(
+        keras_model,
+        custom_objects,
+        save_object_ckpt,
+        arguments["metric_names_map"],
+        arguments["export_outputs"],
+    )
     if not _tfprivate.any_weight_initialized(keras_model):
         tf.compat.v1.keras.backend.set_session(tf.compat.v1.Session(config=config.session_config))
     warm_start_path = None
     if _tfprivate.is_graph_network(keras_model) and config.is_chief:
-        warm_start_path = _tfprivate.save_first_checkpoint(keras_model, custom_objects, config,
-                                                           save_object_ckpt)
+        warm_start_path = _tfprivate.save_first_checkpoint(
+            keras_model, custom_objects, config, save_object_ckpt
+        )
     elif keras_model.built:
         # As stock: a subclassed (or unbuilt Sequential) model's clone starts freshly initialised.
-        logger.warning("%s is a subclassed Keras model that already has weights; as the stock "
-                       "model_to_estimator, the estimator starts from a freshly initialised copy "
-                       "(its weights are not carried over). The model you passed is unchanged.",
-                       type(keras_model).__name__)
+        logger.warning(
+            "%s is a subclassed Keras model that already has weights; as the stock "
+            "model_to_estimator, the estimator starts from a freshly initialised copy "
+            "(its weights are not carried over). The model you passed is unchanged.",
+            type(keras_model).__name__,
+        )
     use_tpu = tpu is not None
-    describe = (f"TPUEstimator(use_tpu={use_tpu}"
-                + (f", tpu={tpu.describe()}" if use_tpu else "")
-                + f", global batch {settings.batch_size or 'from input'}"
-                + f", iterations_per_loop {tpu_run_config.tpu_config.iterations_per_loop})"
-                + (f" [TPU from {tpu.source}]" if use_tpu else
-                   f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"))
+    describe = (
+        f"TPUEstimator(use_tpu={use_tpu}"
+        + (f", tpu={tpu.describe()}" if use_tpu else "")
+        + f", global batch {settings.batch_size or 'from input'}"
+        + f", iterations_per_loop {tpu_run_config.tpu_config.iterations_per_loop})"
+        + (
+            f" [TPU from {tpu.source}]"
+            if use_tpu
+            else f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"
+        )
+    )
     estimator = TPUShimEstimator(
-        model_fn=model_fn, config=tpu_run_config, use_tpu=use_tpu, warm_start_from=warm_start_path,
-        export_to_tpu=False, tpushim_batch_size=settings.batch_size,
+        model_fn=model_fn,
+        config=tpu_run_config,
+        use_tpu=use_tpu,
+        warm_start_from=warm_start_path,
+        export_to_tpu=False,
+        tpushim_batch_size=settings.batch_size,
         # Quiet cpu mode: without these TPUEstimator logs 'eval_on_tpu ignored because use_tpu
         # is False.' and Estimator 'params are not passed' about tpushim's own construction.
-        eval_on_tpu=use_tpu, params={},
-        tpushim_tpu_source=tpu.source if use_tpu else None)
+        eval_on_tpu=use_tpu,
+        params={},
+        tpushim_tpu_source=tpu.source if use_tpu else None,
+    )
     logger.info("model_to_estimator -> %s", describe)
     if _recorder is not None:
         _recorder.converted(estimator, keras_model, custom_objects, settings)

@@ -13,9 +13,9 @@ Two rules taken from wrapt's ``importer.py`` and ddtrace's import hooks:
   not break the user's ``import tensorflow``.
 """
 
+import _thread  # threading's primitives without importing threading (and functools, collections)
 import sys
 import warnings
-import _thread  # threading's primitives without importing threading (and functools, collections)
 
 
 class _Registry:
@@ -98,10 +98,13 @@ def _fire(name, module):
     for callback in callbacks:
         try:
             callback(module)
-        except Exception as e:  # pylint: disable=broad-except  # the user's import must go on
-            warnings.warn(f"tpushim: a post-import hook for {name} failed ({type(e).__name__}: {e}); "
-                          f"{name} was imported without tpushim's patch. Please report this.",
-                          RuntimeWarning, stacklevel=2)
+        except Exception as e:  # the user's import must go on
+            warnings.warn(
+                f"tpushim: a post-import hook for {name} failed ({type(e).__name__}: {e}); "
+                f"{name} was imported without tpushim's patch. Please report this.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def when_imported(name, callback):

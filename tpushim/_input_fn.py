@@ -26,8 +26,10 @@ from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
 
-_REPLACEMENT = ("return a tf.data.Dataset instead, e.g. "
-                "`lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(B)`")
+_REPLACEMENT = (
+    "return a tf.data.Dataset instead, e.g. "
+    "`lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(B)`"
+)
 
 
 def tensors_error(input_fn, result):
@@ -36,7 +38,8 @@ def tensors_error(input_fn, result):
         f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned {type(result).__name__} "
         f"(tensors) that tpushim cannot trace back to a tf.data.Dataset, an iterator's get_next() "
         f"or numpy_input_fn / pandas_input_fn arrays (e.g. they were computed from those). A TPU "
-        f"reads its input from a Dataset: {_REPLACEMENT}, and do any computation in dataset.map.")
+        f"reads its input from a Dataset: {_REPLACEMENT}, and do any computation in dataset.map."
+    )
 
 
 def check_result(input_fn, result):
@@ -49,21 +52,26 @@ def check_result(input_fn, result):
     if values:
         # numpy arrays / Python values: stock feeds them as constants, the same batch every step;
         # a Dataset repeating that one element feeds a TPU (and cpu mode) exactly that.
-        return tf.data.Dataset.from_tensors(tf.nest.map_structure(tf.convert_to_tensor, result)).repeat()
+        return tf.data.Dataset.from_tensors(
+            tf.nest.map_structure(tf.convert_to_tensor, result)
+        ).repeat()
     if flat and not isinstance(result, list) and all(tf.is_tensor(x) or _is_value(x) for x in flat):
         result = tf.nest.map_structure(
-            lambda x: x if tf.is_tensor(x) else tf.convert_to_tensor(x), result)
+            lambda x: x if tf.is_tensor(x) else tf.convert_to_tensor(x), result
+        )
         flat = tf.nest.flatten(result)
     if not flat or not all(tf.is_tensor(x) for x in flat):
         raise ConversionError(
             f"input_fn {getattr(input_fn, '__name__', input_fn)!r} returned {result!r:.100}; it must "
             f"return a tf.data.Dataset of (features, labels) or of features, or (features, labels) "
-            f"tensors. {_REPLACEMENT[0].upper()}{_REPLACEMENT[1:]}.")
+            f"tensors. {_REPLACEMENT[0].upper()}{_REPLACEMENT[1:]}."
+        )
     return result
 
 
 def _is_value(x):
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    import numpy as np
+
     return isinstance(x, (np.ndarray, np.generic, int, float, bool))
 
 
@@ -107,12 +115,20 @@ def inspect_input(input_fn, mode, config, count=False, count_unknown=True):
             declared = _batching.declared_batch_size(result)
             cardinality = int(sess.run(result.cardinality()))
             finite = cardinality >= 0  # known to end; UNKNOWN (filter, generators) is not
-            if count and (finite or count_unknown and cardinality != tf.data.INFINITE_CARDINALITY):
+            if count and (
+                finite or (count_unknown and cardinality != tf.data.INFINITE_CARDINALITY)
+            ):
                 sess.run(tf.compat.v1.tables_initializer())
                 sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
-                batches, examples = (int(n) for n in sess.run(sizes.reduce(
-                    (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
-                    lambda total, n: (total[0] + 1, total[1] + n))))
+                batches, examples = (
+                    int(n)
+                    for n in sess.run(
+                        sizes.reduce(
+                            (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
+                            lambda total, n: (total[0] + 1, total[1] + n),
+                        )
+                    )
+                )
         elif count:
             raise tensors_error(input_fn, result)
         size = declared or _first_batch_size(result, sess)
@@ -127,8 +143,9 @@ def adapt(input_fn, global_batch=None):
     """
 
     def tpushim_input_fn(params, mode=None, config=None, input_context=None):
-        result = check_result(input_fn, _source.call_and_recover(input_fn, mode, params, config,
-                                                                 input_context))
+        result = check_result(
+            input_fn, _source.call_and_recover(input_fn, mode, params, config, input_context)
+        )
         context = params.get("context")  # present only when the input feeds a TPU
         if not isinstance(result, tf.data.Dataset):
             if context is not None:
@@ -140,9 +157,14 @@ def adapt(input_fn, global_batch=None):
         batch_size = params["batch_size"]
         if context is None:
             return _batching.fit_batches(result, batch_size, mode).prefetch(tf.data.AUTOTUNE)
-        return _batching.tpu_batches(result, global_batch or batch_size, batch_size, mode,
-                           getattr(context, "num_hosts", 1),
-                           getattr(context, "current_host", 0)).prefetch(tf.data.AUTOTUNE)
+        return _batching.tpu_batches(
+            result,
+            global_batch or batch_size,
+            batch_size,
+            mode,
+            getattr(context, "num_hosts", 1),
+            getattr(context, "current_host", 0),
+        ).prefetch(tf.data.AUTOTUNE)
 
     tpushim_input_fn.__wrapped__ = input_fn
     return tpushim_input_fn

@@ -31,9 +31,14 @@ def _setting_options(magic):
 
 
 @magic_arguments(name=MAGIC_NAME)
-@argument("action", nargs="?", choices=("status", "patch", "unpatch"), default="status",
-          help="status (default): show what tpushim does now; patch: patch with the options "
-               "given; unpatch: restore the stock model_to_estimator.")
+@argument(
+    "action",
+    nargs="?",
+    choices=("status", "patch", "unpatch"),
+    default="status",
+    help="status (default): show what tpushim does now; patch: patch with the options "
+    "given; unpatch: restore the stock model_to_estimator.",
+)
 @_setting_options
 @argument("--off", action="store_true", help="the same as `%%tpushim unpatch`.")
 def tpushim_magic(line):
@@ -44,8 +49,9 @@ def tpushim_magic(line):
     the environment still wins over every option.
     """
     args = parse_argstring(tpushim_magic, line)
-    options = {name: getattr(args, name) for name in _settings.ENV_VARS
-               if getattr(args, name) is not None}
+    options = {
+        name: getattr(args, name) for name in _settings.ENV_VARS if getattr(args, name) is not None
+    }
     if args.off or args.action == "unpatch":
         if options:
             raise UsageError("%tpushim unpatch takes no options")
@@ -66,8 +72,11 @@ def _is_model_to_estimator(value):
     if is_ours(value):
         return True
     module = getattr(value, "__module__", None) or ""
-    return (callable(value) and getattr(value, "__name__", None) in _NAMES
-            and module.split(".")[0] in ("keras", "tensorflow", "tensorflow_estimator", "tf_keras"))
+    return (
+        callable(value)
+        and getattr(value, "__name__", None) in _NAMES
+        and module.split(".")[0] in ("keras", "tensorflow", "tensorflow_estimator", "tf_keras")
+    )
 
 
 def bound_names(user_ns):
@@ -79,7 +88,7 @@ def bound_names(user_ns):
         try:
             if _is_model_to_estimator(value):
                 found[name] = value
-        except Exception:  # pylint: disable=broad-except
+        except Exception:
             continue  # an object whose attribute access raises is not model_to_estimator
     return found
 
@@ -93,11 +102,16 @@ def will_convert(value):
     if is_ours(value):
         return True, "it is tpushim's wrapper itself"
     if getattr(value, "__module__", "") == KERAS_LIB and (
-            current is None or value is getattr(current, "__wrapped__", None)):
-        return False, (f"it is the private {KERAS_LIB}.model_to_estimator, bound before the patch; "
-                       f"bind it again now, or use tf.keras.estimator.model_to_estimator")
-    return True, ("it calls keras_lib.model_to_estimator at call time, and tpushim wraps that "
-                  "function: every spelling converts, whenever it was bound")
+        current is None or value is getattr(current, "__wrapped__", None)
+    ):
+        return False, (
+            f"it is the private {KERAS_LIB}.model_to_estimator, bound before the patch; "
+            f"bind it again now, or use tf.keras.estimator.model_to_estimator"
+        )
+    return True, (
+        "it calls keras_lib.model_to_estimator at call time, and tpushim wraps that "
+        "function: every spelling converts, whenever it was bound"
+    )
 
 
 def _describe(value):
@@ -117,16 +131,22 @@ def load_ipython_extension(ipython):
     except ConfigurationError as e:
         print(f"tpushim: not patched: {e}\nFix the variable, then run %tpushim patch.")
         return
-    print(f"tpushim {state['versions']['tpushim']} "
-          + ("patched" if state["patched"] else "NOT patched")
-          + f": model_to_estimator returns {_console.outcome(state)}. "
-          + f"%{MAGIC_NAME} shows the status and takes options.")
+    print(
+        f"tpushim {state['versions']['tpushim']} "
+        + ("patched" if state["patched"] else "NOT patched")
+        + f": model_to_estimator returns {_console.outcome(state)}. "
+        + f"%{MAGIC_NAME} shows the status and takes options."
+    )
     if state.get("unsupported"):
         print(f"tpushim: {state['unsupported']}")
     for name, value in bound_names(ipython.user_ns).items():
         converts, why = will_convert(value)
-        print(f"tpushim: `{name}` was bound to {_describe(value)} before %load_ext tpushim; it "
-              + ("will still convert: " if converts else "will NOT convert: ") + why + ".")
+        print(
+            f"tpushim: `{name}` was bound to {_describe(value)} before %load_ext tpushim; it "
+            + ("will still convert: " if converts else "will NOT convert: ")
+            + why
+            + "."
+        )
 
 
 def unload_ipython_extension(ipython):

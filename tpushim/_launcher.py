@@ -38,7 +38,10 @@ def module_problem(name):
         spec = importlib.util.find_spec(name)  # imports the parent packages, as python -m does
         if spec is None:
             return f"No module named {name!r}"
-        if spec.submodule_search_locations is not None and importlib.util.find_spec(name + ".__main__") is None:
+        if (
+            spec.submodule_search_locations is not None
+            and importlib.util.find_spec(name + ".__main__") is None
+        ):
             return f"No module named {name}.__main__; {name!r} is a package and cannot be directly executed"
     except (ImportError, ValueError) as e:
         return str(e)
@@ -60,7 +63,7 @@ def _run_as_python_would(run):
         run()
     except (SystemExit, KeyboardInterrupt):
         raise  # Python itself turns these into the exit status (and SIGINT), as without tpushim
-    except BaseException as exc:  # pylint: disable=broad-except
+    except BaseException as exc:
         _print_uncaught(exc)
         return 1, exc
     return 0, None
@@ -76,13 +79,18 @@ def _exec_as_main(file):
         source = f.read()
     code = compile(source, file, "exec", dont_inherit=True)  # bytes: honours a coding cookie
     module = types.ModuleType("__main__")
-    module.__dict__.update(__file__=file, __cached__=None, __package__=None, __spec__=None,
-                           __builtins__=builtins,
-                           __loader__=importlib.machinery.SourceFileLoader("__main__", file))
+    module.__dict__.update(
+        __file__=file,
+        __cached__=None,
+        __package__=None,
+        __spec__=None,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", file),
+    )
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = module
     try:
-        exec(code, module.__dict__)  # pylint: disable=exec-used
+        exec(code, module.__dict__)
     finally:
         if saved is not None:
             sys.modules["__main__"] = saved

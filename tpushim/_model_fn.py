@@ -34,7 +34,8 @@ def optimizer_kind(optimizer):
     raise ConversionError(
         f"tpushim cannot average the gradients of optimizer {type(optimizer).__module__}."
         f"{type(optimizer).__name__} across TPU shards. Compile the model with a Keras optimizer "
-        f"(e.g. tf.keras.optimizers.legacy.SGD / Adam) or a tf.compat.v1.train optimizer.")
+        f"(e.g. tf.keras.optimizers.legacy.SGD / Adam) or a tf.compat.v1.train optimizer."
+    )
 
 
 def _cross_shard_mean(grads_and_vars):
@@ -43,7 +44,9 @@ def _cross_shard_mean(grads_and_vars):
     out = []
     for grad, var in grads_and_vars:
         if grad is not None:
-            grad = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(grad)) * (1.0 / num_shards)
+            grad = tf.compat.v1.tpu.cross_replica_sum(tf.convert_to_tensor(grad)) * (
+                1.0 / num_shards
+            )
         out.append((grad, var))
     return out
 
@@ -55,7 +58,9 @@ def _no_aggregation(grads_and_vars):
 def _set_aggregation(model, use_tpu):
     """Every optimizer of the clone averages its gradients across shards: a WideDeepModel compiled
     with two (linear, dnn) applies each to its own sub-model's variables."""
-    optimizers = model.optimizer if isinstance(model.optimizer, (list, tuple)) else [model.optimizer]
+    optimizers = (
+        model.optimizer if isinstance(model.optimizer, (list, tuple)) else [model.optimizer]
+    )
     for optimizer in optimizers:
         if optimizer_kind(optimizer) == "keras":
             optimizer.gradient_aggregator = _cross_shard_mean if use_tpu else _no_aggregation
@@ -78,7 +83,7 @@ def stable_metric_name(name, output_names):
         for out in output_names:
             prefix = out + "_"
             while name.startswith(prefix + prefix):
-                name = name[len(prefix):]
+                name = name[len(prefix) :]
     return name
 
 
@@ -98,15 +103,17 @@ def _metric_plan(model, metric_names_map):
         unknown = expected_keys.difference(custom_map_keys)
         if unknown:
             raise ValueError(
-                'Invalid `metric_names_map`. '
-                'The following keras model metric names:"{}" do not exist in '
-                'the `metric_names_map` dictionary'.format(list(unknown)))
+                "Invalid `metric_names_map`. "
+                f'The following keras model metric names:"{list(unknown)}" do not exist in '
+                "the `metric_names_map` dictionary"
+            )
         extra = custom_map_keys.difference(expected_keys)
         if extra:
-            raise ValueError('Invalid `metric_names_map`. '
-                             'There are unexpected keys in the `metric_names_map` '
-                             'dictionary. Expected keys: {}, Received: {}'.format(
-                                 list(expected_keys), list(extra)))
+            raise ValueError(
+                "Invalid `metric_names_map`. "
+                "There are unexpected keys in the `metric_names_map` "
+                f"dictionary. Expected keys: {list(expected_keys)}, Received: {list(extra)}"
+            )
         plan = [(metric_names_map[name], i, w, m) for name, i, w, m in plan]
     return plan
 
@@ -141,12 +148,17 @@ def _eval_metrics(model, metric_names_map, padding_weight):
         for name, index, weighted, metric in plan:
             metric = _clone_metric(metric)
             weights = tensors.get(f"sample_weight_{index}") if weighted else None
-            update_op = _tfprivate.update_op(metric.update_state(
-                tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"], sample_weight=weights))
+            update_op = _tfprivate.update_op(
+                metric.update_state(
+                    tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"], sample_weight=weights
+                )
+            )
             metric_ops[name] = (metric.result(), update_op)
             new_vars.extend(metric.variables)
-        for collection in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
-                           tf.compat.v1.GraphKeys.METRIC_VARIABLES):
+        for collection in (
+            tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
+            tf.compat.v1.GraphKeys.METRIC_VARIABLES,
+        ):
             for var in new_vars:
                 tf.compat.v1.add_to_collection(collection, var)
         return metric_ops
@@ -160,16 +172,12 @@ def _export_outputs(model, predictions, export_outputs):
         different = set(export_outputs) - set(model.output_names)
         if different:
             raise _tfprivate.FormattedKeyError(  # stock keras_lib's text, verbatim
-                'The list passed into {obj_name} does not cover requested '
-                '{order_name} keys defined in the keras model.'
-                '\n\tExpected keys: {order_keys}'
-                '\n\t{obj_name} keys: {obj_keys}'
-                '\n\tMissed keys: {different_keys}'.format(
-                    order_name=export_outputs,
-                    order_keys=set(export_outputs.keys()),
-                    obj_name=model.output_names,
-                    obj_keys=set(model.output_names),
-                    different_keys=different))
+                f"The list passed into {model.output_names} does not cover requested "
+                f"{export_outputs} keys defined in the keras model."
+                f"\n\tExpected keys: {set(export_outputs.keys())}"
+                f"\n\t{model.output_names} keys: {set(model.output_names)}"
+                f"\n\tMissed keys: {different}"
+            )
         for key, export_output_cls in export_outputs.items():
             final[key] = export_output_cls(predictions[key])
     return final
@@ -177,17 +185,26 @@ def _export_outputs(model, predictions, export_outputs):
 
 def _scaffold_fn(model):
     """Object-based (tf.train.Checkpoint) saving, as stock does for the v2 spelling."""
+
     def scaffold_fn():
         _tfprivate.track_global_step(model)
-        var_list = tf.compat.v2.__internal__.tracking.ObjectGraphView(model).frozen_saveable_objects()
+        var_list = tf.compat.v2.__internal__.tracking.ObjectGraphView(
+            model
+        ).frozen_saveable_objects()
         saver = tf.compat.v1.train.Saver(var_list=var_list, sharded=True)
         _tfprivate.set_object_restore_saver(saver, model)
         return tf.compat.v1.train.Scaffold(saver=saver)
+
     return scaffold_fn
 
 
-def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metric_names_map=None,
-                  export_outputs=None):
+def make_model_fn(
+    keras_model,
+    custom_objects=None,
+    save_object_ckpt=False,
+    metric_names_map=None,
+    export_outputs=None,
+):
     """Returns a TPUEstimator model_fn for a compiled Keras model (Sequential, functional or
     subclassed, including the premade LinearModel / WideDeepModel)."""
     try:
@@ -204,16 +221,23 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
             labels = _padding.labels_for_padded_training(keras_model, labels)
         model = _tfprivate.clone_and_build_model(
-            mode=mode, keras_model=keras_model, custom_objects=custom_objects, features=features,
-            labels=labels, optimizer_config=optimizer_config,
+            mode=mode,
+            keras_model=keras_model,
+            custom_objects=custom_objects,
+            features=features,
+            labels=labels,
+            optimizer_config=optimizer_config,
             # A TRAIN step never reads the metrics; compiled in, their update ops would sit in the
             # TPU computation as dead (stateful) ops.
-            compile_metrics=mode != ModeKeys.TRAIN)
+            compile_metrics=mode != ModeKeys.TRAIN,
+        )
         predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = eval_metrics = None
         if mode == ModeKeys.TRAIN:
             if padding_weight is not None:  # a short batch padded to full size
-                _padding.weight_out_padding_in_training(model, padding_weight, cross_replica=use_tpu)
+                _padding.weight_out_padding_in_training(
+                    model, padding_weight, cross_replica=use_tpu
+                )
             _set_aggregation(model, use_tpu)
             _tfprivate.make_train_function(model)
             loss = model.total_loss
@@ -226,12 +250,16 @@ def make_model_fn(keras_model, custom_objects=None, save_object_ckpt=False, metr
         _tfprivate.restore_subclassed_model_state(keras_model)
         return _tfprivate.tpu_estimator.TPUEstimatorSpec(
             mode=mode,
-            predictions=(_padding.with_padding_weight(predictions, padding_weight)
-                         if mode == ModeKeys.PREDICT else predictions),
+            predictions=(
+                _padding.with_padding_weight(predictions, padding_weight)
+                if mode == ModeKeys.PREDICT
+                else predictions
+            ),
             loss=loss,
             train_op=train_op,
             eval_metrics=eval_metrics,
             export_outputs=_export_outputs(model, predictions, export_outputs),
-            scaffold_fn=_scaffold_fn(model) if save_object_ckpt else None)
+            scaffold_fn=_scaffold_fn(model) if save_object_ckpt else None,
+        )
 
     return model_fn

@@ -23,8 +23,10 @@ FEATURES_KEY = "__tpushim_features__"
 
 # --- pack ------------------------------------------------------------------------------------
 
+
 def pad_batch(batch_size):
     """A ``Dataset.map`` function: each batch padded to ``batch_size`` rows, with its padding weight."""
+
     def pad(*element):
         element = element[0] if len(element) == 1 else element
         flat = tf.nest.flatten(element)
@@ -40,10 +42,13 @@ def pad_batch(batch_size):
         weight = tf.pad(tf.ones([real], tf.float32), [[0, missing]])
         weight.set_shape([batch_size])
         padded = tf.nest.map_structure(pad_one, element)
-        if isinstance(padded, tuple) and len(padded) == 2:  # (features, labels), as Estimator reads it
+        if (
+            isinstance(padded, tuple) and len(padded) == 2
+        ):  # (features, labels), as Estimator reads it
             features, labels = padded
             return {FEATURES_KEY: features, PADDING_KEY: weight}, labels
         return {FEATURES_KEY: padded, PADDING_KEY: weight}
+
     return pad
 
 
@@ -57,11 +62,15 @@ def has_padding(dataset):
 def zero_weight_batches(dataset):
     """Zero-weight batches like ``dataset``'s, forever: what a TPU evaluation, which runs exactly
     ``steps`` steps and cannot stop at the end of the input, reads once a host's share ran out."""
-    return dataset.take(1).map(lambda *e: tf.nest.map_structure(
-        tf.zeros_like, e[0] if len(e) == 1 else e)).repeat()
+    return (
+        dataset.take(1)
+        .map(lambda *e: tf.nest.map_structure(tf.zeros_like, e[0] if len(e) == 1 else e))
+        .repeat()
+    )
 
 
 # --- unpack ----------------------------------------------------------------------------------
+
 
 def split_padding(features):
     """(features, padding weight or None) from what the adapted input_fn produced."""
@@ -72,13 +81,18 @@ def split_padding(features):
 
 # --- weight ----------------------------------------------------------------------------------
 
+
 def _row_labels(label, output):
     """Labels [batch] for an output [batch, 1] as [batch, 1]: Keras would reduce the loss over the
     batch inside the loss function (stock's loss is then the batch mean), leaving no per-row loss
     to weight padding out of; per row, the mean is the same."""
-    if (tf.is_tensor(label) and label.shape.rank is not None and output.shape.rank is not None
-            and label.shape.rank == output.shape.rank - 1
-            and tf.compat.dimension_value(output.shape[-1]) == 1):
+    if (
+        tf.is_tensor(label)
+        and label.shape.rank is not None
+        and output.shape.rank is not None
+        and label.shape.rank == output.shape.rank - 1
+        and tf.compat.dimension_value(output.shape[-1]) == 1
+    ):
         return tf.expand_dims(label, -1)
     return label
 
@@ -90,12 +104,18 @@ def labels_for_padded_training(keras_model, labels):
         # [batch, 1], which every built-in loss reads as the same rows (Keras squeezes it back
         # for a [batch] output).
         return tf.nest.map_structure(
-            lambda l: tf.expand_dims(l, -1) if tf.is_tensor(l) and l.shape.rank == 1 else l, labels)
+            lambda label: (
+                tf.expand_dims(label, -1)
+                if tf.is_tensor(label) and label.shape.rank == 1
+                else label
+            ),
+            labels,
+        )
     outputs = dict(zip(keras_model.output_names, keras_model.outputs))
     if isinstance(labels, dict):
         return {k: _row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}
     if isinstance(labels, (list, tuple)) and len(labels) == len(keras_model.outputs):
-        return type(labels)(_row_labels(l, o) for l, o in zip(labels, keras_model.outputs))
+        return type(labels)(_row_labels(label, o) for label, o in zip(labels, keras_model.outputs))
     if len(keras_model.outputs) == 1:
         return _row_labels(labels, keras_model.outputs[0])
     return labels
@@ -146,13 +166,17 @@ def eval_loss(model, padding_weight, cross_replica=False):
         y_pred = endpoint.output
         y_true = _row_labels(endpoint.training_target.target, y_pred)
         per_sample = endpoint.loss_fn.call(y_true, y_pred)
-        rows = (tf.ones(tf.shape(per_sample)[:1], per_sample.dtype) if padding_weight is None
-                else tf.cast(padding_weight, per_sample.dtype))
+        rows = (
+            tf.ones(tf.shape(per_sample)[:1], per_sample.dtype)
+            if padding_weight is None
+            else tf.cast(padding_weight, per_sample.dtype)
+        )
         weight = rows
         if endpoint.sample_weight is not None:
             weight = weight * tf.cast(endpoint.sample_weight, per_sample.dtype)
         weighted = losses_utils.compute_weighted_loss(
-            per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE)
+            per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE
+        )
         per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
         sums = tf.stack([tf.reduce_sum(weighted), tf.reduce_sum(rows) * per_row])
         if cross_replica:
@@ -180,6 +204,7 @@ def real_rows(tensors, padding_weight):
 
 
 # --- drop ------------------------------------------------------------------------------------
+
 
 def with_padding_weight(predictions, padding_weight):
     """A PREDICT model_fn's predictions, carrying the padding weight out to the estimator."""

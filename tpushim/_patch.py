@@ -14,9 +14,9 @@ otherwise the moment it is. ``import tpushim`` and ``patch()`` import no TensorF
 inspect or logging before there is something to wrap: start-up stays within a few milliseconds.
 """
 
+import _thread  # threading's RLock without importing threading (and functools, collections)
 import contextvars
 import sys
-import _thread  # threading's RLock without importing threading (and functools, collections)
 import warnings
 
 from tpushim import _hooks, _settings, _versions
@@ -34,7 +34,9 @@ class _State:
         # The settings layers of the patched() scopes open in this thread / asyncio task, outermost
         # first. A ContextVar is made once and never replaced: reset() empties this context's value.
         self.scope_layers = contextvars.ContextVar("tpushim_scope_layers", default=())
-        self.wrapper_type = None  # built with the first wrapper; kept by reset() (old wrappers use it)
+        self.wrapper_type = (
+            None  # built with the first wrapper; kept by reset() (old wrappers use it)
+        )
         self._clear()
 
     def _clear(self):
@@ -73,15 +75,19 @@ def reset():
 
 
 def _logger():
-    import logging  # pylint: disable=import-outside-toplevel  # lazily: 3 ms of start-up
+    import logging  # lazily: 3 ms of start-up
+
     return logging.getLogger("tpushim")
 
 
 def _wrapper_class():
     """tpushim's wrapper type (a wrapt.FunctionWrapper): ``isinstance`` tells our layer from others'."""
     if STATE.wrapper_type is None:
-        import wrapt  # pylint: disable=import-outside-toplevel
-        STATE.wrapper_type = type("TPUShimWrapper", (wrapt.FunctionWrapper,), {"__module__": __name__})
+        import wrapt
+
+        STATE.wrapper_type = type(
+            "TPUShimWrapper", (wrapt.FunctionWrapper,), {"__module__": __name__}
+        )
     return STATE.wrapper_type
 
 
@@ -94,7 +100,9 @@ def _check_versions():
     """Runs the version guard (lock held): remembers its verdict and warns once per process."""
     STATE.refusal = _versions.problem_now()
     if STATE.refusal and not STATE.warned:
-        STATE.warned = True  # one warning, on one channel (logging users see it through captureWarnings)
+        STATE.warned = (
+            True  # one warning, on one channel (logging users see it through captureWarnings)
+        )
         warnings.warn(STATE.refusal, RuntimeWarning, stacklevel=4)
     return STATE.refusal
 
@@ -105,6 +113,7 @@ def refusal():
 
 
 # --- apply / remove ------------------------------------------------------------------------------
+
 
 def _apply(module):
     current = getattr(module, TARGET)
@@ -144,11 +153,15 @@ def _sync():
 def applied():
     """``{"<keras_lib>.model_to_estimator": True | False | "pending import"}``: is the wrapper on?"""
     module = sys.modules.get(KERAS_LIB)
-    return {f"{KERAS_LIB}.{TARGET}": "pending import" if module is None
-            else is_ours(getattr(module, TARGET, None))}
+    return {
+        f"{KERAS_LIB}.{TARGET}": "pending import"
+        if module is None
+        else is_ours(getattr(module, TARGET, None))
+    }
 
 
 # --- public entry points (re-exported by tpushim/__init__.py) -------------------------------------
+
 
 def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
     """Makes ``model_to_estimator`` return a TPUEstimator when a TPU is configured.
@@ -174,14 +187,18 @@ def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
         patched in that case.
     """
     layer = _settings.parse_arguments(
-        mode=mode, tpu=tpu, batch_size=batch_size, iterations_per_loop=iterations_per_loop)
+        mode=mode, tpu=tpu, batch_size=batch_size, iterations_per_loop=iterations_per_loop
+    )
     _settings.parse_environment()  # strict: a bad variable raises here, before anything changes
     with STATE.lock:
         if _check_versions():
             return
         if STATE.process_layer is not None and STATE.process_layer != layer:
-            _logger().info("tpushim.patch: settings updated from %s to %s",
-                           _describe(STATE.process_layer), _describe(layer))
+            _logger().info(
+                "tpushim.patch: settings updated from %s to %s",
+                _describe(STATE.process_layer),
+                _describe(layer),
+            )
         STATE.process_layer = layer
         _sync()
 
@@ -212,7 +229,7 @@ def current_settings():
     return _settings.resolve(((process,) if process is not None else ()) + layers)
 
 
-class patched:  # pylint: disable=invalid-name
+class patched:
     """Converts ``model_to_estimator`` calls only inside a ``with`` block or a decorated function.
 
     ``with tpushim.patched(mode="cpu"): ...`` or ``@tpushim.patched(mode="cpu")``. The scope
@@ -228,7 +245,8 @@ class patched:  # pylint: disable=invalid-name
 
     def __init__(self, mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
         self._layer = _settings.parse_arguments(
-            mode=mode, tpu=tpu, batch_size=batch_size, iterations_per_loop=iterations_per_loop)
+            mode=mode, tpu=tpu, batch_size=batch_size, iterations_per_loop=iterations_per_loop
+        )
         # Tokens live in a per-scope ContextVar, so one object may be entered from many threads.
         self._tokens = contextvars.ContextVar(f"tpushim_patched_{id(self)}", default=())
 
@@ -252,14 +270,18 @@ class patched:  # pylint: disable=invalid-name
         return False
 
     def __call__(self, func):
-        import inspect  # pylint: disable=import-outside-toplevel
-        import wrapt  # pylint: disable=import-outside-toplevel
+        import inspect
+
+        import wrapt
+
         if inspect.iscoroutinefunction(func):
+
             @wrapt.decorator
             async def async_wrapper(wrapped, instance, args, kwargs):
                 del instance
                 with self:
                     return await wrapped(*args, **kwargs)
+
             return async_wrapper(func)
 
         @wrapt.decorator
@@ -267,10 +289,12 @@ class patched:  # pylint: disable=invalid-name
             del instance
             with self:
                 return wrapped(*args, **kwargs)
+
         return wrapper(func)
 
 
 # --- the wrapper ---------------------------------------------------------------------------------
+
 
 def _convert_call(wrapped, instance, args, kwargs):
     """The wrapper around keras_lib.model_to_estimator: decide, then convert or pass through."""
@@ -279,23 +303,30 @@ def _convert_call(wrapped, instance, args, kwargs):
     if settings is None:  # patched for another thread's scope only
         return wrapped(*args, **kwargs)
     arguments = _arguments_by_name(wrapped, args, kwargs)
-    from tpushim import _decision, _detect  # pylint: disable=import-outside-toplevel  # not at start-up
+    from tpushim import _decision, _detect  # not at start-up
+
     tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
     decision = _decision.decide(settings, tpu)
     if decision.action == _decision.STOCK:
-        _logger().info("model_to_estimator -> stock %s (%s)",
-                       "EstimatorV2" if arguments["use_v2_estimator"] else "Estimator", decision.why)
+        _logger().info(
+            "model_to_estimator -> stock %s (%s)",
+            "EstimatorV2" if arguments["use_v2_estimator"] else "Estimator",
+            decision.why,
+        )
         return wrapped(*args, **kwargs)
     if decision.action == _decision.NO_TPU:
-        from tpushim._errors import NoTPUError  # pylint: disable=import-outside-toplevel
+        from tpushim._errors import NoTPUError
+
         raise NoTPUError(decision.why)
-    from tpushim import _estimator  # pylint: disable=import-outside-toplevel
+    from tpushim import _estimator
+
     return _estimator.build(arguments, settings, decision.tpu)
 
 
 def _arguments_by_name(wrapped, args, kwargs):
     """The call's arguments by parameter name, defaults filled in: what ``_estimator.build`` takes."""
-    import inspect  # pylint: disable=import-outside-toplevel
+    import inspect
+
     bound = inspect.signature(wrapped).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)

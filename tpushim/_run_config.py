@@ -13,11 +13,22 @@ logger = logging.getLogger("tpushim")
 tpu_config = _tfprivate.tpu_config
 
 # RunConfig settings carried one-to-one into tpu_config.RunConfig.
-_CARRIED = ("model_dir", "tf_random_seed", "save_summary_steps", "save_checkpoints_steps",
-            "save_checkpoints_secs", "session_config", "keep_checkpoint_max",
-            "keep_checkpoint_every_n_hours", "log_step_count_steps", "device_fn", "protocol",
-            "experimental_max_worker_delay_secs", "session_creation_timeout_secs",
-            "checkpoint_save_graph_def")
+_CARRIED = (
+    "model_dir",
+    "tf_random_seed",
+    "save_summary_steps",
+    "save_checkpoints_steps",
+    "save_checkpoints_secs",
+    "session_config",
+    "keep_checkpoint_max",
+    "keep_checkpoint_every_n_hours",
+    "log_step_count_steps",
+    "device_fn",
+    "protocol",
+    "experimental_max_worker_delay_secs",
+    "session_creation_timeout_secs",
+    "checkpoint_save_graph_def",
+)
 # Settings that mean nothing under TPUEstimator: carried where RunConfig allows, with a warning.
 _IGNORED_ON_TPU = ("train_distribute", "eval_distribute", "experimental_distribute")
 
@@ -56,28 +67,41 @@ def _to_tpu_run_config(config, settings, cluster):
     if isinstance(config, tpu_config.RunConfig):
         if cluster is not None and config.cluster is None:
             # RunConfig.replace() cannot set a cluster: rebuild with every carried setting.
-            config = tpu_config.RunConfig(tpu_config=config.tpu_config, cluster=cluster,
-                                          **{k: getattr(config, k) for k in _CARRIED})
+            config = tpu_config.RunConfig(
+                tpu_config=config.tpu_config,
+                cluster=cluster,
+                **{k: getattr(config, k) for k in _CARRIED},
+            )
         if settings.iterations_per_loop:
-            config = config.replace(tpu_config=config.tpu_config._replace(
-                iterations_per_loop=settings.iterations_per_loop))
+            config = config.replace(
+                tpu_config=config.tpu_config._replace(
+                    iterations_per_loop=settings.iterations_per_loop
+                )
+            )
         return config
     kwargs = {k: getattr(config, k) for k in _CARRIED}
     for key in _IGNORED_ON_TPU:
         if getattr(config, key, None) is not None:
-            logger.warning("RunConfig.%s is ignored by TPUEstimator (a TPU replicates the "
-                           "model itself); remove it or run with TPUSHIM_MODE=off.", key)
+            logger.warning(
+                "RunConfig.%s is ignored by TPUEstimator (a TPU replicates the "
+                "model itself); remove it or run with TPUSHIM_MODE=off.",
+                key,
+            )
     iterations = settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP
     if not settings.iterations_per_loop and config.save_checkpoints_steps:
         iterations = min(iterations, config.save_checkpoints_steps)
     tpu = tpu_config.TPUConfig(
         iterations_per_loop=iterations,
-        per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2)
+        per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2,
+    )
     return tpu_config.RunConfig(tpu_config=tpu, cluster=cluster, **kwargs)
 
 
 def for_cluster(config, cluster, model_dir):
     """``config`` (a tpu_config.RunConfig) for another cluster and model_dir, all else carried."""
     carried = {k: getattr(config, k) for k in _CARRIED if k != "model_dir"}
-    return _tpu_as_remote_master(tpu_config.RunConfig(
-        tpu_config=config.tpu_config, cluster=cluster, model_dir=model_dir, **carried))
+    return _tpu_as_remote_master(
+        tpu_config.RunConfig(
+            tpu_config=config.tpu_config, cluster=cluster, model_dir=model_dir, **carried
+        )
+    )

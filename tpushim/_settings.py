@@ -53,11 +53,18 @@ class Settings:
         ``default`` or the kill switch). Not part of equality.
     """
 
-    __slots__ = ("mode", "tpu", "batch_size", "iterations_per_loop", "sources")
+    __slots__ = ("batch_size", "iterations_per_loop", "mode", "sources", "tpu")
 
-    def __init__(self, mode="auto", tpu=None, batch_size=None, iterations_per_loop=None, sources=None):
-        for name, value in (("mode", mode), ("tpu", tpu), ("batch_size", batch_size),
-                            ("iterations_per_loop", iterations_per_loop), ("sources", dict(sources or {}))):
+    def __init__(
+        self, mode="auto", tpu=None, batch_size=None, iterations_per_loop=None, sources=None
+    ):
+        for name, value in (
+            ("mode", mode),
+            ("tpu", tpu),
+            ("batch_size", batch_size),
+            ("iterations_per_loop", iterations_per_loop),
+            ("sources", dict(sources or {})),
+        ):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name, value):
@@ -73,20 +80,24 @@ class Settings:
         return hash(self._key())
 
     def __repr__(self):
-        return ("Settings(mode={!r}, tpu={!r}, batch_size={!r}, iterations_per_loop={!r})"
-                .format(*self._key()))
+        return "Settings(mode={!r}, tpu={!r}, batch_size={!r}, iterations_per_loop={!r})".format(
+            *self._key()
+        )
 
 
 def _choices_error(where, value, choices):
     return ConfigurationError(
         f"{where}={value!r} is not a valid tpushim mode; choose one of {', '.join(choices)} "
         f"(auto: TPU when one is configured, else the stock estimator; cpu: the TPU code path "
-        f"on CPU/GPU; tpu: require a TPU; off: never convert).")
+        f"on CPU/GPU; tpu: require a TPU; off: never convert)."
+    )
 
 
 def parse_mode(value, where="mode"):
     if not isinstance(value, str):
-        raise ConfigurationError(f"{where} must be a string, one of {', '.join(MODES)}; got {value!r}.")
+        raise ConfigurationError(
+            f"{where} must be a string, one of {', '.join(MODES)}; got {value!r}."
+        )
     mode = value.strip().lower()
     if mode not in MODES:
         raise _choices_error(where, value, MODES)
@@ -100,7 +111,8 @@ def parse_positive_int(value, where):
         text = value.strip()
         if not text.isdigit():
             raise ConfigurationError(
-                f"{where}={value!r} is not a positive integer; set it to e.g. 128, or unset it.")
+                f"{where}={value!r} is not a positive integer; set it to e.g. 128, or unset it."
+            )
         value = int(text)
     if not isinstance(value, int) or value <= 0:
         raise ConfigurationError(f"{where} must be a positive integer (e.g. 128); got {value!r}.")
@@ -112,17 +124,20 @@ def parse_tpu(value, where="tpu"):
         text = value.strip()
         if not text:
             raise ConfigurationError(
-                f"{where} is empty; give a TPU name, 'grpc://host:port' or 'local', or unset it.")
+                f"{where} is empty; give a TPU name, 'grpc://host:port' or 'local', or unset it."
+            )
         if "://" in text and not text.startswith("grpc://"):
             raise ConfigurationError(
                 f"{where}={value!r}: a TPU address must start with grpc:// (e.g. grpc://10.0.0.2:8470); "
-                f"or give a TPU name or 'local'.")
+                f"or give a TPU name or 'local'."
+            )
         return text
     # A TPUClusterResolver (or anything shaped like one) is taken as it is.
     if hasattr(value, "master") and hasattr(value, "cluster_spec"):
         return value
     raise ConfigurationError(
-        f"{where} must be a TPU name, 'grpc://host:port', 'local' or a TPUClusterResolver; got {value!r}.")
+        f"{where} must be a TPU name, 'grpc://host:port', 'local' or a TPUClusterResolver; got {value!r}."
+    )
 
 
 _PARSERS = {
@@ -173,20 +188,39 @@ def resolve(layers=(), environ=None):
 
 
 def _option(name, metavar, what, default):
-    return ("--" + name.replace("_", "-"),
-            {"dest": name, "metavar": metavar,
-             "help": f"{what} Default: ${ENV_VARS[name]}, else {default}."})
+    return (
+        "--" + name.replace("_", "-"),
+        {
+            "dest": name,
+            "metavar": metavar,
+            "help": f"{what} Default: ${ENV_VARS[name]}, else {default}.",
+        },
+    )
 
 
 #: The settings as command-line options, ``(flag, argparse keywords)``: ``python -m tpushim`` and
 #: ``%tpushim`` both add exactly these, so their options and help cannot drift apart. No
 #: ``choices`` or ``type``: the values are checked by the parsers above, one rule for every way in.
 OPTIONS = (
-    _option("mode", "MODE", "auto, cpu (the TPU code path on CPU/GPU), tpu (require a TPU) or off.",
-            DEFAULTS["mode"]),
-    _option("tpu", "TPU", "a TPU name, grpc://host:port, or 'local' on a TPU VM or Colab TPU runtime.",
-            "found from the RunConfig, TPU_NAME & co., COLAB_TPU_ADDR or the TPU VM's device files"),
-    _option("batch_size", "N", "global batch size for train, eval and predict.",
-            "taken from the input_fn"),
-    _option("iterations_per_loop", "N", "training steps per TPU loop.", DEFAULT_ITERATIONS_PER_LOOP),
+    _option(
+        "mode",
+        "MODE",
+        "auto, cpu (the TPU code path on CPU/GPU), tpu (require a TPU) or off.",
+        DEFAULTS["mode"],
+    ),
+    _option(
+        "tpu",
+        "TPU",
+        "a TPU name, grpc://host:port, or 'local' on a TPU VM or Colab TPU runtime.",
+        "found from the RunConfig, TPU_NAME & co., COLAB_TPU_ADDR or the TPU VM's device files",
+    ),
+    _option(
+        "batch_size",
+        "N",
+        "global batch size for train, eval and predict.",
+        "taken from the input_fn",
+    ),
+    _option(
+        "iterations_per_loop", "N", "training steps per TPU loop.", DEFAULT_ITERATIONS_PER_LOOP
+    ),
 )

@@ -52,8 +52,11 @@ class _SourceRecorder:
         module = tf.compat.v1.data
         for name in ("make_one_shot_iterator", "make_initializable_iterator"):
             self._wrap_iterator(module, name, getattr(module, name))
-            self._wrap_iterator(tf.compat.v1.data.Dataset, name,  # their method forms
-                                tf.compat.v1.data.Dataset.__dict__[name])
+            self._wrap_iterator(
+                tf.compat.v1.data.Dataset,
+                name,  # their method forms
+                tf.compat.v1.data.Dataset.__dict__[name],
+            )
         self._restore_enqueue = _tfprivate.replace_enqueue_data(self._recording_enqueue)
         return self
 
@@ -70,13 +73,16 @@ class _SourceRecorder:
                 out = get_next(*a, **k)
                 calls.append(tf.nest.flatten(out))
                 return out
+
             iterator.get_next = recorded_get_next
             return iterator
+
         self._saved.append((owner, name, original))
         setattr(owner, name, wrapper)
 
     def _recording_enqueue(self, original):
-        import inspect  # pylint: disable=import-outside-toplevel
+        import inspect
+
         signature = inspect.signature(original)
 
         def enqueue_data(*args, **kwargs):
@@ -85,10 +91,13 @@ class _SourceRecorder:
             queue = original(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            added = {key: [x for x in graph.get_collection(key) if not any(x is y for y in before[key])]
-                     for key in _QUEUE_SIDE_EFFECTS}
+            added = {
+                key: [x for x in graph.get_collection(key) if not any(x is y for y in before[key])]
+                for key in _QUEUE_SIDE_EFFECTS
+            }
             self.queues.append(_QueueSource(queue, dict(bound.arguments), added))
             return queue
+
         return enqueue_data
 
     def __exit__(self, *exc):
@@ -127,6 +136,7 @@ def _rearrange(result, ids):
     def rearrange(*element):
         element = tf.nest.flatten(element)
         return tf.nest.pack_sequence_as(result, [element[i] for i in ids])
+
     return rearrange
 
 
@@ -146,7 +156,8 @@ class _QueueSource:
         self.queue, self.arguments, self.side_effects = queue, arguments, side_effects
 
     def columns(self):
-        import numpy as np  # pylint: disable=import-outside-toplevel
+        import numpy as np
+
         data = self.arguments["data"]
         if isinstance(data, np.ndarray):
             return [np.arange(len(data), dtype=np.int64), data]
@@ -170,16 +181,23 @@ class _QueueSource:
         args = self.arguments
         dataset = tf.data.Dataset.from_tensor_slices(tuple(columns))
         if args["shuffle"]:
-            dataset = dataset.shuffle(min(int(args["capacity"]), len(columns[0])),
-                                      seed=args["seed"], reshuffle_each_iteration=True)
+            dataset = dataset.shuffle(
+                min(int(args["capacity"]), len(columns[0])),
+                seed=args["seed"],
+                reshuffle_each_iteration=True,
+            )
         epochs = args["num_epochs"]
         # Each of num_threads feeding threads counts its own epochs (stock warns about it).
         dataset = dataset.repeat(None if epochs is None else epochs * args["num_threads"])
         dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
         dataset = dataset.map(_rearrange(result, [x.value_index for x in flat]))
         self._undo_side_effects()
-        logger.info("numpy/pandas queue input (%d rows, batch %d%s) fed as a tf.data.Dataset",
-                    len(columns[0]), batch_size, ", shuffled" if args["shuffle"] else "")
+        logger.info(
+            "numpy/pandas queue input (%d rows, batch %d%s) fed as a tf.data.Dataset",
+            len(columns[0]),
+            batch_size,
+            ", shuffled" if args["shuffle"] else "",
+        )
         return dataset
 
     def _undo_side_effects(self):

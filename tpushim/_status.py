@@ -13,7 +13,8 @@ def status():
     or ``no-tpu`` --, ``why``, and ``returns``, one line for people), ``unsupported`` (the version
     guard's message) and ``versions`` (tensorflow, keras, tensorflow_estimator, tpushim).
     """
-    from tpushim import _decision, _detect  # pylint: disable=import-outside-toplevel  # not at start-up
+    from tpushim import _decision, _detect  # not at start-up
+
     with _patch.STATE.lock:  # one consistent picture while another thread patches
         settings = _patch.current_settings() or _settings.resolve()
         tpu = _detect.find_tpu(settings)

@@ -6,14 +6,17 @@ this file is the only one to edit. Where the releases differ, the fallback says 
 Over ~300 lines because that is its one concern: each function is a thin, tested name.
 """
 
-# pylint: disable=unused-import,protected-access
 import threading
 
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
 from tensorflow_estimator.python.estimator import keras_lib
-from tensorflow_estimator.python.estimator.export import export_lib
-from tensorflow_estimator.python.estimator.tpu import tpu_config, tpu_context, tpu_estimator
+from tensorflow_estimator.python.estimator.export import export_lib  # noqa: F401  (re-exported)
+from tensorflow_estimator.python.estimator.tpu import (  # noqa: F401  (re-exported)
+    tpu_config,
+    tpu_context,
+    tpu_estimator,
+)
 
 # keras_lib helpers, reused so that tpushim clones, feeds and warm-starts exactly as stock does.
 convert_estimator_io_to_keras = keras_lib._convert_estimator_io_to_keras
@@ -23,14 +26,23 @@ assert_valid_model = keras_lib._assert_valid_model
 any_weight_initialized = keras_lib._any_weight_initialized
 FormattedKeyError = keras_lib.FormattedKeyError
 DEFAULT_SERVING_KEY = keras_lib._DEFAULT_SERVING_KEY
-maybe_overwrite_model_dir_and_session_config = estimator_lib.maybe_overwrite_model_dir_and_session_config
+maybe_overwrite_model_dir_and_session_config = (
+    estimator_lib.maybe_overwrite_model_dir_and_session_config
+)
 
 
 _clone_lock = threading.Lock()
 
 
-def clone_and_build_model(mode, keras_model, custom_objects, features=None, labels=None,
-                          optimizer_config=None, compile_metrics=True):
+def clone_and_build_model(
+    mode,
+    keras_model,
+    custom_objects,
+    features=None,
+    labels=None,
+    optimizer_config=None,
+    compile_metrics=True,
+):
     """keras_lib's clone and compile; ``compile_metrics=False`` compiles the clone without metrics.
 
     Keras's cloning reads the compile arguments through ``keras_model._get_compile_args()`` and
@@ -41,31 +53,40 @@ def clone_and_build_model(mode, keras_model, custom_objects, features=None, labe
     """
     with _clone_lock:
         if compile_metrics:
-            return keras_lib._clone_and_build_model(mode, keras_model, custom_objects, features,
-                                                    labels, optimizer_config)
+            return keras_lib._clone_and_build_model(
+                mode, keras_model, custom_objects, features, labels, optimizer_config
+            )
         compile_args = keras_model._get_compile_args()
-        keras_model._get_compile_args = lambda: dict(compile_args, metrics=None,
-                                                     weighted_metrics=None)
+        keras_model._get_compile_args = lambda: dict(
+            compile_args, metrics=None, weighted_metrics=None
+        )
         try:
-            return keras_lib._clone_and_build_model(mode, keras_model, custom_objects, features,
-                                                    labels, optimizer_config)
+            return keras_lib._clone_and_build_model(
+                mode, keras_model, custom_objects, features, labels, optimizer_config
+            )
         finally:
             keras_model._get_compile_args = lambda: compile_args
 
 
 def is_subclassed(keras_model):
     """Neither functional nor Sequential: stock clones it from its config, or resets it in place."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+
     return not (keras_model._is_graph_network or isinstance(keras_model, tf.keras.Sequential))
 
 
 def restore_subclassed_model_state(keras_model):
     """Undoes the in-place reset Keras applies to a subclassed model it cannot clone from its
     config, as stock's model_fn does after building (the user's model keeps its layers/optimizer)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    if (not keras_model._is_graph_network
-            and getattr(keras_model, "_original_attributes_cache", None) is not None):
-        tf.compat.v2.keras.__internal__.models.in_place_subclassed_model_state_restoration(keras_model)
+    import tensorflow as tf
+
+    if (
+        not keras_model._is_graph_network
+        and getattr(keras_model, "_original_attributes_cache", None) is not None
+    ):
+        tf.compat.v2.keras.__internal__.models.in_place_subclassed_model_state_restoration(
+            keras_model
+        )
 
 
 def log_every_step_count_steps_on_cpu(estimator, config):
@@ -131,13 +152,20 @@ class TPUEstimatorWithCallBatchSizes(tpu_estimator.TPUEstimator):
 
     def _fix_call_batch_size(self, mode, size):
         """``mode``'s global batch size for this thread's calls, from now on."""
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        import tensorflow as tf
+
         modes = tf.estimator.ModeKeys
         sizes = dict(getattr(self._tpushim_thread, "sizes", {}), **{mode: size})
         constructed = self._tpushim_constructed_ctx
         self._tpushim_thread.ctx = tpu_context._get_tpu_context(
-            self._config, sizes.get(modes.TRAIN, size), sizes.get(modes.EVAL, size),
-            sizes.get(modes.PREDICT, size), constructed._use_tpu, constructed._eval_on_tpu, None)
+            self._config,
+            sizes.get(modes.TRAIN, size),
+            sizes.get(modes.EVAL, size),
+            sizes.get(modes.PREDICT, size),
+            constructed._use_tpu,
+            constructed._eval_on_tpu,
+            None,
+        )
         self._tpushim_thread.sizes = sizes
 
     def _call_batch_size(self, mode):
@@ -152,7 +180,6 @@ def num_shards_in_replica_context():
 
 def keras_v1_tf_optimizer_class():
     """Keras's wrapper for a tf.compat.v1.train optimizer (``model.compile(optimizer=tf1_opt)``)."""
-    # pylint: disable=import-outside-toplevel
     try:
         from keras.src.optimizers import optimizer_v1  # Keras >= 2.13 keeps its code in keras.src
     except ImportError:
@@ -162,7 +189,6 @@ def keras_v1_tf_optimizer_class():
 
 def losses_utils():
     """Keras's ``losses_utils`` module (``compute_weighted_loss``, ``ReductionV2``)."""
-    # pylint: disable=import-outside-toplevel
     try:
         from keras.src.utils import losses_utils as module  # Keras >= 2.13
     except ImportError:
@@ -181,8 +207,10 @@ def compiled_user_metrics(keras_model):
     compiled = getattr(keras_model, "compiled_metrics", None)
     if compiled is None:
         return None, None
-    return (getattr(compiled, "_user_metrics", None),
-            getattr(compiled, "_user_weighted_metrics", None))
+    return (
+        getattr(compiled, "_user_metrics", None),
+        getattr(compiled, "_user_weighted_metrics", None),
+    )
 
 
 def user_loss_weights(keras_model):
@@ -202,13 +230,15 @@ def make_train_function(model):
 
 def track_global_step(model):
     """Adds the global step to the model's object graph, under the name keras_lib's checkpoints use."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+
     model._track_trackable(tf.compat.v1.train.get_global_step(), "estimator_global_step")
 
 
 def set_object_restore_saver(saver, model):
     """Lets a name-based Saver restore object-based checkpoints of ``model``, as keras_lib does."""
-    from tensorflow.python.checkpoint import checkpoint  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.checkpoint import checkpoint
+
     saver._object_restore_saver = checkpoint.frozen_saver(model)
 
 
@@ -219,7 +249,8 @@ def update_op(value):
     ``assign_add`` produced (an unread ResourceVariable), which is neither Tensor nor Operation:
     its ``op`` is that assignment, which runs after the metric's other updates.
     """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+
     if isinstance(value, tf.Variable):
         return value.op
     return value
@@ -256,26 +287,33 @@ def per_output_metrics(model):
 
 def fn_args(fn):
     """Argument names of a function, as Estimator reads them (functools.partial aware)."""
-    from tensorflow.python.util import function_utils  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.util import function_utils
+
     return function_utils.fn_args(fn)
 
 
 def object_checkpoint_keys(keras_model):
     """{object-based checkpoint key: shape} of the model's own variables, computed in memory
     (the keys ``save_weights(save_format='tf')`` writes; optimizer state left out)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.checkpoint import graph_view, util  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import graph_view, util
+
     objects, _, _, _, names = util.objects_ids_and_slot_variables_and_paths(
-        graph_view.ObjectGraphView(keras_model))
-    return {names[o] + "/.ATTRIBUTES/VARIABLE_VALUE": o.shape.as_list() for o in objects
-            if isinstance(o, tf.Variable) and names[o].split("/")[0] != "optimizer"}
+        graph_view.ObjectGraphView(keras_model)
+    )
+    return {
+        names[o] + "/.ATTRIBUTES/VARIABLE_VALUE": o.shape.as_list()
+        for o in objects
+        if isinstance(o, tf.Variable) and names[o].split("/")[0] != "optimizer"
+    }
 
 
 def replace_enqueue_data(make_wrapper):
     """Sets ``make_wrapper(original)`` as ``feeding_functions._enqueue_data``, which fills
     numpy_input_fn's / pandas_input_fn's queues (both look it up by attribute at call time);
     returns a function that restores the original."""
-    from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module  # pylint: disable=import-outside-toplevel
+    from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module
+
     original = module._enqueue_data
     module._enqueue_data = make_wrapper(original)
     return lambda: setattr(module, "_enqueue_data", original)
@@ -291,9 +329,11 @@ def dataset_variant_op(dataset):
 
 # --- a faked TPU system (tpushim/_preflight/faketpu.py): the two places where TPUEstimator reaches a TPU ------
 
+
 def tpu_device_attributes(name, device_type):
     """A device as a TPU system lists it (``session.list_devices()`` entries)."""
-    from tensorflow.python.client import session as session_lib  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.client import session as session_lib
+
     return session_lib._DeviceAttributes(name, device_type, 0, 0)
 
 
@@ -304,12 +344,17 @@ def replace_tpu_system_query(answer):
 
     ``answer`` returns None to let the real query run.
     """
-    from tensorflow.python.tpu import tpu_system_metadata  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.tpu import tpu_system_metadata
+
     real = tpu_system_metadata._query_tpu_system_metadata
 
     def query(master, cluster_def=None, query_topology=False):
         metadata = answer(master, cluster_def, query_topology)
-        return real(master, cluster_def=cluster_def, query_topology=query_topology) if metadata is None else metadata
+        return (
+            real(master, cluster_def=cluster_def, query_topology=query_topology)
+            if metadata is None
+            else metadata
+        )
 
     tpu_system_metadata._query_tpu_system_metadata = query
     return lambda: setattr(tpu_system_metadata, "_query_tpu_system_metadata", real)
@@ -324,13 +369,16 @@ def replace_session_start(intercept):
     The point is ``_MonitoredSession._CoordinatedSessionCreator.create_session``: the one place all
     three modes pass with the session's master, scaffold and hooks in reach.
     """
-    from tensorflow.python.training import monitored_session  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.training import monitored_session
+
     creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
     real = creator_class.create_session
 
     def create_session(self):
         inner = self._session_creator
-        intercept(getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks))
+        intercept(
+            getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks)
+        )
         return real(self)
 
     creator_class.create_session = create_session
@@ -339,7 +387,8 @@ def replace_session_start(intercept):
 
 def eval_steps_of(hooks):
     """The evaluate step count TPUEstimator gave its session (``_StopAfterNEvalsHook``), or None."""
-    from tensorflow.python.training import evaluation  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.training import evaluation
+
     for hook in hooks:
         if isinstance(hook, evaluation._StopAfterNEvalsHook):
             return hook._num_evals

@@ -26,15 +26,17 @@ def _validate_model(keras_model, custom_objects):
 def _check_compiled(keras_model, custom_objects=None):
     del custom_objects
     if not getattr(keras_model, "optimizer", None):
-        raise ValueError("The given keras model has not been compiled yet. Please compile the model "
-                         "with `model.compile()` before calling `model_to_estimator()`.")
+        raise ValueError(
+            "The given keras model has not been compiled yet. Please compile the model "
+            "with `model.compile()` before calling `model_to_estimator()`."
+        )
 
 
 def _one_legacy_optimizer(optimizer):
     if isinstance(optimizer, tf.keras.optimizers.experimental.Optimizer):
         try:
             legacy = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:
             legacy, why = None, f"{type(e).__name__}: {e}"
         else:
             why = f"conversion gave {legacy!r}"
@@ -43,7 +45,8 @@ def _one_legacy_optimizer(optimizer):
                 f"optimizer {type(optimizer).__name__} has no tf.keras.optimizers.legacy equivalent "
                 f"({why}); estimators, and so TPUEstimator, need one to average gradients across "
                 f"TPU shards. Compile with a built-in Keras optimizer (e.g. "
-                f"tf.keras.optimizers.legacy.Adam) or a tf.compat.v1.train optimizer.")
+                f"tf.keras.optimizers.legacy.Adam) or a tf.compat.v1.train optimizer."
+            )
         optimizer = legacy
     _model_fn.optimizer_kind(optimizer)
     return optimizer
@@ -67,24 +70,32 @@ def _legacy_optimizer(keras_model, custom_objects=None):
 
 def _check_metrics(keras_model, custom_objects):
     """Every compiled metric must rebuild from its config: metric_fn recreates it on the host."""
-    metrics = [m for m in tf.nest.flatten(_tfprivate.compiled_user_metrics(keras_model))
-               if isinstance(m, tf.keras.metrics.Metric)]
+    metrics = [
+        m
+        for m in tf.nest.flatten(_tfprivate.compiled_user_metrics(keras_model))
+        if isinstance(m, tf.keras.metrics.Metric)
+    ]
     for metric in metrics:
         try:
             with tf.keras.utils.custom_object_scope(custom_objects or {}):
                 metric.__class__.from_config(metric.get_config())
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:
             raise ConversionError(
                 f"tpushim cannot rebuild metric {metric.name!r} ({type(metric).__name__}) from its "
                 f"config ({type(e).__name__}: {e}); a TPU computes metrics in a metric_fn that "
                 f"recreates each metric. Implement get_config() on it, pass its class in "
-                f"custom_objects, or compile the model without it.") from e
+                f"custom_objects, or compile the model without it."
+            ) from e
 
 
 #: What the conversion checks before anything is written, in order: (kind, check(model, custom_objects)).
 #: ``_estimator.build`` runs them; the preflight reports the first that fails as ``unconvertible-<kind>``.
-VALIDATION_STEPS = (("model", _validate_model), ("model", _check_compiled),
-                    ("optimizer", _legacy_optimizer), ("metric", _check_metrics))
+VALIDATION_STEPS = (
+    ("model", _validate_model),
+    ("model", _check_compiled),
+    ("optimizer", _legacy_optimizer),
+    ("metric", _check_metrics),
+)
 
 
 def validate(keras_model, custom_objects):
@@ -97,14 +108,17 @@ def saves_object_checkpoints(keras_model, checkpoint_format):
     """True for object-based (tf.train.Checkpoint) checkpoints, False for Saver ones; as stock."""
     if checkpoint_format in (None, "checkpoint"):
         if _tfprivate.is_subclassed(keras_model):
-            raise ValueError("Object-based checkpoints are currently not supported with "
-                             "subclassed models."  # stock's text, then how to get past it
-                             " Pass checkpoint_format='saver' to model_to_estimator.")
+            raise ValueError(
+                "Object-based checkpoints are currently not supported with "
+                "subclassed models."  # stock's text, then how to get past it
+                " Pass checkpoint_format='saver' to model_to_estimator."
+            )
         return True
     if checkpoint_format == "saver":
         return False
-    raise ValueError('Checkpoint format must be one of "checkpoint" or "saver". Got {}'.format(
-        checkpoint_format))
+    raise ValueError(
+        f'Checkpoint format must be one of "checkpoint" or "saver". Got {checkpoint_format}'
+    )
 
 
 def _expected_variables(keras_model):
@@ -138,8 +152,11 @@ def check_model_dir(keras_model, model_dir):
         for expected in expected_formats:
             present = [k for k in expected if k in found]
             matched = matched or bool(present)
-            details += [f"'{k}' has shape {list(found[k])} there but {expected[k]} in this model"
-                        for k in present if list(found[k]) != list(expected[k])]
+            details += [
+                f"'{k}' has shape {list(found[k])} there but {expected[k]} in this model"
+                for k in present
+                if list(found[k]) != list(expected[k])
+            ]
         if not matched:
             first = next(iter(expected_formats[0]), None)
             details.append(f"none of this model's variables are in it (e.g. '{first}')")
@@ -147,4 +164,5 @@ def check_model_dir(keras_model, model_dir):
             raise ConversionError(
                 f"model_dir {model_dir} already holds a checkpoint of different variables ({latest}): "
                 f"{'; '.join(details[:3])}. tpushim wrote nothing. Use a new model_dir for this model, "
-                f"or delete that one to start over.")
+                f"or delete that one to start over."
+            )

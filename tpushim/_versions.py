@@ -14,18 +14,28 @@ from tpushim import version
 
 #: The supported TensorFlow range is data (tpushim/version.py): ``(lowest, first unsupported)``.
 SUPPORTED_TF = version.tf_range()
-FIX = (f'pip install "tensorflow{version.tf_specifier()}"  (or "tensorflow-cpu{version.tf_specifier()}"; '
-       f'tpushim supports TensorFlow {version.tf_span()})')
+FIX = (
+    f'pip install "tensorflow{version.tf_specifier()}"  (or "tensorflow-cpu{version.tf_specifier()}"; '
+    f"tpushim supports TensorFlow {version.tf_span()})"
+)
 
 #: Distributions that install the ``tensorflow`` module.
-TF_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tensorflow-intel", "tensorflow-macos",
-            "tf-nightly", "tf-nightly-cpu")
+TF_DISTS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-tpu",
+    "tensorflow-intel",
+    "tensorflow-macos",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
 
 
 def _version_tuple(text):
     if not text:  # patch() before TensorFlow: nothing to parse, and no re to import
         return None
-    import re  # pylint: disable=import-outside-toplevel
+    import re
+
     parts = re.findall(r"\d+", str(text))[:2]
     return tuple(int(p) for p in parts) if len(parts) == 2 else None
 
@@ -43,30 +53,40 @@ def version_problem(tf_version, keras_version, has_estimator, tf_keras_version=N
     tf_v, keras_v = _version_tuple(tf_version), _version_tuple(keras_version)
     low, high = SUPPORTED_TF
     if tf_v is not None and tf_v >= high:
-        why = (f"TensorFlow {high[0]}.{high[1]} removed tf.estimator and Keras 2's model_to_estimator "
-               f"(tf_keras does not bring them back)")
+        why = (
+            f"TensorFlow {high[0]}.{high[1]} removed tf.estimator and Keras 2's model_to_estimator "
+            f"(tf_keras does not bring them back)"
+        )
     elif tf_v is not None and tf_v < low:
         why = f"tpushim is tested on TensorFlow {version.tf_span()} only"
     elif keras_v is not None and keras_v >= (3, 0):
         why = "Keras 3 has no model_to_estimator"
     elif not has_estimator:
-        why = "tensorflow_estimator is not installed" if tf_version else "TensorFlow is not installed"
+        why = (
+            "tensorflow_estimator is not installed" if tf_version else "TensorFlow is not installed"
+        )
     else:
         return None
-    found = (f"TensorFlow {tf_version} with Keras {keras_version or '(none)'}" if tf_version
-             else "this environment")
+    found = (
+        f"TensorFlow {tf_version} with Keras {keras_version or '(none)'}"
+        if tf_version
+        else "this environment"
+    )
     if tf_keras_version:
         found += f" and tf_keras {tf_keras_version} (TF_USE_LEGACY_KERAS)"
-    return (f"tpushim does not support {found}: {why}. Supported: TensorFlow {version.tf_span()} "
-            f"with its Keras 2 and tensorflow_estimator. Nothing was patched. Fix: {FIX}")
+    return (
+        f"tpushim does not support {found}: {why}. Supported: TensorFlow {version.tf_span()} "
+        f"with its Keras 2 and tensorflow_estimator. Nothing was patched. Fix: {FIX}"
+    )
 
 
 def dist_version(module_name, dist_names):
     """Version of the installed distribution that provides ``module_name``, read from its metadata
     (nothing is imported), or None. The dist-info beside the module wins: a second TensorFlow
     distribution elsewhere on the path is not the one ``import`` would load."""
-    from importlib import metadata  # pylint: disable=import-outside-toplevel  # slow: failure path only
-    from importlib.machinery import PathFinder  # pylint: disable=import-outside-toplevel
+    from importlib import metadata  # slow: failure path only
+    from importlib.machinery import PathFinder
+
     module_spec = PathFinder.find_spec(module_name)
     if module_spec is None:
         return None
@@ -89,6 +109,7 @@ def installed_versions(read_metadata=False):
     from installed metadata, still without importing TensorFlow (slower: for the failure path and
     the command line, not for every ``patch()``).
     """
+
     def imported(name):
         return getattr(sys.modules.get(name), "__version__", None) if name in sys.modules else None
 
@@ -101,12 +122,14 @@ def installed_versions(read_metadata=False):
     if "tensorflow_estimator" in sys.modules:
         has_estimator = True
     else:
-        from importlib.machinery import PathFinder  # pylint: disable=import-outside-toplevel
+        from importlib.machinery import PathFinder
+
         has_estimator = PathFinder.find_spec("tensorflow_estimator") is not None
     tf_keras_version = None
     if os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes"):
         tf_keras_version = imported("tf_keras") or (
-            dist_version("tf_keras", ("tf-keras", "tf-keras-nightly")) if read_metadata else None)
+            dist_version("tf_keras", ("tf-keras", "tf-keras-nightly")) if read_metadata else None
+        )
     return tf_version, keras_version, has_estimator, tf_keras_version
 
 
@@ -131,21 +154,28 @@ def problem_now():
 def installed():
     """``{"tensorflow", "keras", "tensorflow_estimator", "tpushim": version}`` (None: not installed)."""
     out = {"tpushim": version.__version__}
-    for key, dists in (("tensorflow", TF_DISTS), ("keras", ("keras",)),
-                       ("tensorflow_estimator", ("tensorflow-estimator",))):
+    for key, dists in (
+        ("tensorflow", TF_DISTS),
+        ("keras", ("keras",)),
+        ("tensorflow_estimator", ("tensorflow-estimator",)),
+    ):
         module = sys.modules.get(key)
-        out[key] = (getattr(module, "__version__", None) if module else None) or dist_version(key, dists)
+        out[key] = (getattr(module, "__version__", None) if module else None) or dist_version(
+            key, dists
+        )
     return out
 
 
-class guard_warning_silenced:  # pylint: disable=invalid-name
+class guard_warning_silenced:
     """``with`` block in which the guard does not warn: for callers (``info``, ``%load_ext
     tpushim``) that show its message themselves, so that it appears once."""
 
     def __enter__(self):
         self._context = warnings.catch_warnings()
         self._context.__enter__()
-        warnings.filterwarnings("ignore", message="tpushim does not support", category=RuntimeWarning)
+        warnings.filterwarnings(
+            "ignore", message="tpushim does not support", category=RuntimeWarning
+        )
         return self
 
     def __exit__(self, *exc_info):

@@ -4,9 +4,10 @@ As found in Cloud ML Engine samples and course notebooks: `import tensorflow.com
 `disable_v2_behavior()`, `optimizer='adam'` as a string, labels of shape [batch] for a [batch, 1]
 sigmoid output, a float max_steps. Usage: census_numpy_tf1.py WORKDIR
 """
+
 import json
-import random
 import os
+import random
 import sys
 
 import numpy as np
@@ -38,15 +39,24 @@ estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=conf
 train_x = {k: v[:n_train] for k, v in x.items()}
 eval_x = {k: v[n_train:] for k, v in x.items()}
 train_input_fn = tf.estimator.inputs.numpy_input_fn(
-    x=train_x, y=income[:n_train], batch_size=32, num_epochs=None, shuffle=False)
+    x=train_x, y=income[:n_train], batch_size=32, num_epochs=None, shuffle=False
+)
 eval_input_fn = tf.estimator.inputs.numpy_input_fn(
-    x=eval_x, y=income[n_train:], batch_size=32, num_epochs=1, shuffle=False)
+    x=eval_x, y=income[n_train:], batch_size=32, num_epochs=1, shuffle=False
+)
 
 estimator.train(input_fn=train_input_fn, max_steps=2e1)  # float, as scripts compute it
 metrics = estimator.evaluate(input_fn=eval_input_fn)
-predictions = [p for p in estimator.predict(tf.estimator.inputs.numpy_input_fn(
-    x=eval_x, batch_size=32, num_epochs=1, shuffle=False))]
+predictions = [
+    p
+    for p in estimator.predict(
+        tf.estimator.inputs.numpy_input_fn(x=eval_x, batch_size=32, num_epochs=1, shuffle=False)
+    )
+]
 result = {k: float(v) for k, v in metrics.items()}
-result.update(predictions=len(predictions), first=float(list(predictions[0].values())[0][0]),
-              last=float(list(predictions[-1].values())[0][0]))
+result.update(
+    predictions=len(predictions),
+    first=float(next(iter(predictions[0].values()))[0]),
+    last=float(next(iter(predictions[-1].values()))[0]),
+)
 print("RESULT " + json.dumps(result))

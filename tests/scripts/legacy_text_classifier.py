@@ -13,14 +13,20 @@ rng = np.random.RandomState(0)
 features = rng.rand(400, 16)  # float64, as pandas hands it over
 labels = rng.randint(0, 2, size=(400, 1))
 
-model = tf.keras.Sequential([
-    tf.keras.layers.Dense(32, activation="relu", input_shape=(16,), name="dense"),
-    tf.keras.layers.Lambda(lambda x: x + 0.0 * tf.strings.to_number(tf.strings.as_string(x)),
-                           name="debug_strings"),
-    tf.keras.layers.Dense(1, activation="sigmoid", name="score"),
-])
-model.compile(optimizer=tf.keras.optimizers.legacy.Adam(1e-3), loss="binary_crossentropy",
-              metrics=["accuracy"])
+model = tf.keras.Sequential(
+    [
+        tf.keras.layers.Dense(32, activation="relu", input_shape=(16,), name="dense"),
+        tf.keras.layers.Lambda(
+            lambda x: x + 0.0 * tf.strings.to_number(tf.strings.as_string(x)), name="debug_strings"
+        ),
+        tf.keras.layers.Dense(1, activation="sigmoid", name="score"),
+    ]
+)
+model.compile(
+    optimizer=tf.keras.optimizers.legacy.Adam(1e-3),
+    loss="binary_crossentropy",
+    metrics=["accuracy"],
+)
 estimator = tf.keras.estimator.model_to_estimator(keras_model=model)
 
 

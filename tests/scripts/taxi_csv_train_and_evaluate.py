@@ -3,9 +3,10 @@ train_and_evaluate with TrainSpec/EvalSpec and an exporter (the Cloud ML Engine 
 
 A regression on labels of shape [batch] for a [batch, 1] output, mse/mae. Usage: SCRIPT WORKDIR
 """
+
 import json
-import random
 import os
+import random
 import sys
 
 import numpy as np
@@ -43,8 +44,9 @@ def read_dataset(filename, mode, batch_size=32):
             columns = tf.decode_csv(line, record_defaults=DEFAULTS)
             features = dict(zip(CSV_COLUMNS, columns))
             label = features.pop("fare")
-            feats = tf.stack([features["distance"] / 20.0, features["passengers"] / 4.0,
-                              features["hour"] / 24.0])
+            feats = tf.stack(
+                [features["distance"] / 20.0, features["passengers"] / 4.0, features["hour"] / 24.0]
+            )
             return {"trip": feats}, label
 
         dataset = tf.data.TextLineDataset(filename).map(decode_csv)
@@ -54,6 +56,7 @@ def read_dataset(filename, mode, batch_size=32):
             num_epochs = 1
         dataset = dataset.batch(batch_size).repeat(num_epochs)
         return tf.data.make_one_shot_iterator(dataset).get_next()
+
     return _input_fn
 
 
@@ -61,11 +64,13 @@ trip = tf.keras.layers.Input(shape=(3,), name="trip")
 h = tf.keras.layers.Dense(8, activation="relu")(trip)
 fare = tf.keras.layers.Dense(1, name="fare")(h)
 model = tf.keras.models.Model(trip, fare)
-model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9), loss="mse",
-              metrics=["mae"])
+model.compile(
+    optimizer=tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9), loss="mse", metrics=["mae"]
+)
 
-config = tf.estimator.RunConfig(tf_random_seed=3, model_dir=os.path.join(workdir, "model"),
-                                save_checkpoints_steps=10)
+config = tf.estimator.RunConfig(
+    tf_random_seed=3, model_dir=os.path.join(workdir, "model"), save_checkpoints_steps=10
+)
 estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
 
 
@@ -74,14 +79,18 @@ def serving_input_fn():
     return tf.estimator.export.ServingInputReceiver(inputs, inputs)
 
 
-train_spec = tf.estimator.TrainSpec(input_fn=read_dataset(os.path.join(workdir, "train.csv"),
-                                                          tf.estimator.ModeKeys.TRAIN),
-                                    max_steps=25)
+train_spec = tf.estimator.TrainSpec(
+    input_fn=read_dataset(os.path.join(workdir, "train.csv"), tf.estimator.ModeKeys.TRAIN),
+    max_steps=25,
+)
 exporter = tf.estimator.LatestExporter("exporter", serving_input_fn)
-eval_spec = tf.estimator.EvalSpec(input_fn=read_dataset(os.path.join(workdir, "valid.csv"),
-                                                        tf.estimator.ModeKeys.EVAL),
-                                  steps=None, exporters=exporter, start_delay_secs=0,
-                                  throttle_secs=0)
+eval_spec = tf.estimator.EvalSpec(
+    input_fn=read_dataset(os.path.join(workdir, "valid.csv"), tf.estimator.ModeKeys.EVAL),
+    steps=None,
+    exporters=exporter,
+    start_delay_secs=0,
+    throttle_secs=0,
+)
 result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
 metrics = result[0] if isinstance(result, tuple) else estimator.evaluate(eval_spec.input_fn)
 exports = os.listdir(os.path.join(workdir, "model", "export", "exporter"))

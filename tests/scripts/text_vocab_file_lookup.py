@@ -2,9 +2,10 @@
 initializable iterator registered as legacy scripts do (its initializer in TABLE_INITIALIZERS),
 disable_v2_behavior(), an eval set smaller than its batch size. Usage: SCRIPT WORKDIR
 """
+
 import json
-import random
 import os
+import random
 import sys
 
 import numpy as np
@@ -28,8 +29,12 @@ def sentences(n):
     for _ in range(n):
         words = list(rng.choice(WORDS, size=rng.randint(2, 7)))
         lines.append(" ".join(words))
-        labels.append(float(sum(w in ("good", "great", "fine") for w in words) >
-                            sum(w in ("bad", "awful", "poor") for w in words)))
+        labels.append(
+            float(
+                sum(w in ("good", "great", "fine") for w in words)
+                > sum(w in ("bad", "awful", "poor") for w in words)
+            )
+        )
     return lines, np.array(labels, np.float32)
 
 
@@ -41,10 +46,15 @@ MAX_LEN = 8
 def make_input_fn(lines, labels, batch_size, repeat):
     def input_fn():
         table = tf.lookup.StaticVocabularyTable(
-            tf.lookup.TextFileInitializer(os.path.join(workdir, "vocab.txt"), tf.string,
-                                          tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
-                                          tf.lookup.TextFileIndex.LINE_NUMBER),
-            num_oov_buckets=1)
+            tf.lookup.TextFileInitializer(
+                os.path.join(workdir, "vocab.txt"),
+                tf.string,
+                tf.lookup.TextFileIndex.WHOLE_LINE,
+                tf.int64,
+                tf.lookup.TextFileIndex.LINE_NUMBER,
+            ),
+            num_oov_buckets=1,
+        )
 
         def encode(line, label):
             words = tf.string_split([line]).values[:MAX_LEN]
@@ -59,6 +69,7 @@ def make_input_fn(lines, labels, batch_size, repeat):
         iterator = tf.data.make_initializable_iterator(dataset.batch(batch_size))
         tf.add_to_collection(tf.GraphKeys.TABLE_INITIALIZERS, iterator.initializer)
         return iterator.get_next()
+
     return input_fn
 
 
@@ -67,8 +78,11 @@ embedded = tf.keras.layers.Embedding(len(WORDS) + 2, 8)(words)
 pooled = tf.keras.layers.GlobalAveragePooling1D()(embedded)
 score = tf.keras.layers.Dense(1, activation="sigmoid")(pooled)
 model = tf.keras.Model(words, score)
-model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.05), loss="binary_crossentropy",
-              metrics=["accuracy"])
+model.compile(
+    optimizer=tf.keras.optimizers.legacy.Adam(0.05),
+    loss="binary_crossentropy",
+    metrics=["accuracy"],
+)
 
 config = tf.estimator.RunConfig(tf_random_seed=9, model_dir=os.path.join(workdir, "model"))
 estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)

@@ -3,9 +3,10 @@ tf.feature_column.input_layer inside the map (numeric and one-hot identity colum
 iterator, a custom metric function, and a tf.train optimizer (tf-estimator-tutorials style).
 Usage: SCRIPT WORKDIR
 """
+
 import json
-import random
 import os
+import random
 import sys
 
 import numpy as np
@@ -27,11 +28,15 @@ def write_records(path, rows):
             size = float(rng.uniform(0, 1))
             color = rng.randint(0, 3)
             label = int(size > 0.5 or color == 0)
-            example = tf.train.Example(features=tf.train.Features(feature={
-                "size": tf.train.Feature(float_list=tf.train.FloatList(value=[size])),
-                "color": tf.train.Feature(int64_list=tf.train.Int64List(value=[color])),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-            }))
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "size": tf.train.Feature(float_list=tf.train.FloatList(value=[size])),
+                        "color": tf.train.Feature(int64_list=tf.train.Int64List(value=[color])),
+                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                    }
+                )
+            )
             writer.write(example.SerializeToString())
 
 
@@ -41,10 +46,14 @@ write_records(os.path.join(workdir, "eval.tfrecord"), 50)
 FEATURE_COLUMNS = [
     tf.feature_column.numeric_column("size"),
     tf.feature_column.indicator_column(
-        tf.feature_column.categorical_column_with_identity("color", len(COLORS))),
+        tf.feature_column.categorical_column_with_identity("color", len(COLORS))
+    ),
 ]
-SPEC = {"size": tf.FixedLenFeature([1], tf.float32), "color": tf.FixedLenFeature([1], tf.int64),
-        "label": tf.FixedLenFeature([1], tf.int64)}
+SPEC = {
+    "size": tf.FixedLenFeature([1], tf.float32),
+    "color": tf.FixedLenFeature([1], tf.int64),
+    "label": tf.FixedLenFeature([1], tf.int64),
+}
 
 
 def make_input_fn(path, epochs, batch_size=16):
@@ -56,6 +65,7 @@ def make_input_fn(path, epochs, batch_size=16):
 
         dataset = tf.data.TFRecordDataset(path).repeat(epochs).batch(batch_size).map(parse)
         return tf.data.make_one_shot_iterator(dataset).get_next()
+
     return input_fn
 
 
@@ -69,8 +79,11 @@ dense = tf.keras.layers.Input(shape=(4,), name="encoded")
 hidden = tf.keras.layers.Dense(8, activation="tanh")(dense)
 out = tf.keras.layers.Dense(1, activation="sigmoid")(hidden)
 model = tf.keras.Model(dense, out)
-model.compile(optimizer=tf.train.AdamOptimizer(0.05), loss="binary_crossentropy",
-              metrics=["accuracy", true_positive_rate])
+model.compile(
+    optimizer=tf.train.AdamOptimizer(0.05),
+    loss="binary_crossentropy",
+    metrics=["accuracy", true_positive_rate],
+)
 
 config = tf.estimator.RunConfig(tf_random_seed=5, model_dir=os.path.join(workdir, "model"))
 estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)

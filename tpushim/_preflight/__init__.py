@@ -13,10 +13,18 @@ core knows none of them: the recorder enters the estimator's one hook,
 ``tpushim._estimator.recording_to``.
 """
 
-from tpushim._settings import DEFAULT_CORES
 from tpushim._preflight.checks import check
 from tpushim._preflight.recorder import Recorder, recording
 from tpushim._preflight.report import Finding, Report, last_frame, summary
+from tpushim._settings import DEFAULT_CORES
 
-__all__ = ["check", "recording", "Recorder", "Report", "Finding", "last_frame", "summary",
-           "DEFAULT_CORES"]
+__all__ = [
+    "DEFAULT_CORES",
+    "Finding",
+    "Recorder",
+    "Report",
+    "check",
+    "last_frame",
+    "recording",
+    "summary",
+]

@@ -6,8 +6,16 @@ from tpushim._preflight import input_checks, model_checks
 from tpushim._preflight.report import Report
 
 
-def check(keras_model, input_fn=None, *, batch_size=None, num_cores=_settings.DEFAULT_CORES, steps=None,
-          iterations_per_loop=None, custom_objects=None) -> Report:
+def check(
+    keras_model,
+    input_fn=None,
+    *,
+    batch_size=None,
+    num_cores=_settings.DEFAULT_CORES,
+    steps=None,
+    iterations_per_loop=None,
+    custom_objects=None,
+) -> Report:
     """Reports, on CPU, what would break or crawl when this model and input run on a TPU.
 
     Args:

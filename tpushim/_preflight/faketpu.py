@@ -13,7 +13,6 @@ import dataclasses
 import re
 import socket
 import types
-from typing import List
 
 import tensorflow as tf
 
@@ -51,9 +50,15 @@ class Build:
 
     def infeed_shapes(self):
         """The shapes each infeed enqueue op sends to a TPU core, as lists of ints (None unknown)."""
-        return [[[d.size if d.size >= 0 else None for d in shape.dim] if not shape.unknown_rank else None
-                 for shape in node.attr["shapes"].list.shape]
-                for node in self.nodes("InfeedEnqueueTuple")]
+        return [
+            [
+                [d.size if d.size >= 0 else None for d in shape.dim]
+                if not shape.unknown_rank
+                else None
+                for shape in node.attr["shapes"].list.shape
+            ]
+            for node in self.nodes("InfeedEnqueueTuple")
+        ]
 
     @property
     def eval_steps(self):
@@ -72,7 +77,9 @@ class Build:
         iterators = {n.name: n for n in graph_def.node if n.op in ("IteratorV2", "Iterator")}
         iterator = iterators[makers[0].input[1].split(":")[0]]
         # Only the input pipeline: TPU ops in the rest of the graph have no CPU kernels.
-        graph_def = tf.compat.v1.graph_util.extract_sub_graph(graph_def, [makers[0].name, iterator.name])
+        graph_def = tf.compat.v1.graph_util.extract_sub_graph(
+            graph_def, [makers[0].name, iterator.name]
+        )
         for node in graph_def.node:
             node.device = ""  # the hosts' CPUs are this machine's CPU
         batches = []
@@ -80,8 +87,12 @@ class Build:
             tf.graph_util.import_graph_def(graph_def, name="")
             resource = graph.get_tensor_by_name(iterator.name + ":0")
             get_next = tf.raw_ops.IteratorGetNext(
-                iterator=resource, output_types=list(iterator.attr["output_types"].list.type),
-                output_shapes=[tf.TensorShape(s) for s in iterator.attr["output_shapes"].list.shape])
+                iterator=resource,
+                output_types=list(iterator.attr["output_types"].list.type),
+                output_shapes=[
+                    tf.TensorShape(s) for s in iterator.attr["output_shapes"].list.shape
+                ],
+            )
             with tf.compat.v1.Session(graph=graph) as sess:
                 sess.run(graph.get_operation_by_name(makers[0].name))
                 while len(batches) < max_batches:
@@ -103,7 +114,7 @@ class FakedTPU:
 
     def __init__(self, master, num_hosts, cores_per_host):
         self.master, self.num_hosts, self.cores_per_host = master, num_hosts, cores_per_host
-        self.builds: List[Build] = []
+        self.builds: list[Build] = []
 
     @property
     def num_cores(self):
@@ -114,11 +125,17 @@ class FakedTPU:
         for host in range(self.num_hosts):
             prefix = f"/job:worker/replica:0/task:{host}/device:"
             devices.append(_tfprivate.tpu_device_attributes(prefix + "CPU:0", "CPU"))
-            devices += [_tfprivate.tpu_device_attributes(f"{prefix}TPU:{core}", "TPU")
-                        for core in range(self.cores_per_host)]
+            devices += [
+                _tfprivate.tpu_device_attributes(f"{prefix}TPU:{core}", "TPU")
+                for core in range(self.cores_per_host)
+            ]
         return tf.tpu.experimental.TPUSystemMetadata(
-            num_cores=self.num_cores, num_hosts=self.num_hosts,
-            num_of_cores_per_host=self.cores_per_host, topology=None, devices=devices)
+            num_cores=self.num_cores,
+            num_hosts=self.num_hosts,
+            num_of_cores_per_host=self.cores_per_host,
+            topology=None,
+            devices=devices,
+        )
 
     def build(self, call):
         """Runs ``call()`` (an estimator's train/evaluate/predict; a predict generator is
@@ -153,7 +170,9 @@ def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
       A :class:`FakedTPU`; its ``builds`` collects what TPUEstimator built.
     """
     if hosts < 1 or cores_per_host < 1:
-        raise ValueError(f"a faked TPU needs at least one host and core, got {hosts} x {cores_per_host}")
+        raise ValueError(
+            f"a faked TPU needs at least one host and core, got {hosts} x {cores_per_host}"
+        )
     with contextlib.ExitStack() as stack:
         if master is None:
             listener = stack.enter_context(socket.socket())
@@ -161,7 +180,9 @@ def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
             listener.listen(16)
             master = "grpc://127.0.0.1:%d" % listener.getsockname()[1]
         elif not _LOOPBACK.match(master):
-            raise ValueError(f"a faked TPU lives on loopback only (grpc://127.0.0.1:PORT), not {master!r}")
+            raise ValueError(
+                f"a faked TPU lives on loopback only (grpc://127.0.0.1:PORT), not {master!r}"
+            )
         fake = FakedTPU(master, hosts, cores_per_host)
         metadata = fake.metadata()
 
@@ -170,8 +191,10 @@ def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
             if queried != master:
                 return None
             if query_topology:
-                raise ValueError("the faked TPU system has no topology: model parallelism "
-                                 "(TPUConfig.num_cores_per_replica) cannot be built on it")
+                raise ValueError(
+                    "the faked TPU system has no topology: model parallelism "
+                    "(TPUConfig.num_cores_per_replica) cannot be built on it"
+                )
             return metadata
 
         def intercept(session_master, scaffold, hooks):

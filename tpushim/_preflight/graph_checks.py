@@ -17,12 +17,16 @@ EVENTS = ("train", "evaluate", "predict")
 
 #: Fixes for what TPUEstimator raises while building, by a fragment of its message.
 _GRAPH_FIXES = (
-    ("TPUEstimator.predict is only supported",
-     "predict on one TPU host (up to 8 cores, e.g. a v3-8), or run predict() without the TPU "
-     "(TPUSHIM_MODE=cpu for that run)"),
-    ("num_shards",
-     "remove num_shards from your TPUConfig (TPUEstimator reads the TPU's core count) or set it "
-     "to the TPU's cores"),
+    (
+        "TPUEstimator.predict is only supported",
+        "predict on one TPU host (up to 8 cores, e.g. a v3-8), or run predict() without the TPU "
+        "(TPUSHIM_MODE=cpu for that run)",
+    ),
+    (
+        "num_shards",
+        "remove num_shards from your TPUConfig (TPUEstimator reads the TPU's core count) or set it "
+        "to the TPU's cores",
+    ),
 )
 
 
@@ -67,23 +71,35 @@ def check_tpu_graphs(report, estimator, calls, num_cores, name):
 
 
 def _build_one(report, tpu, twin, event, input_fn, steps, num_cores, name):
-    run = {"train": lambda: twin.train(input_fn, steps=1),
-           "evaluate": lambda: twin.evaluate(input_fn, steps=steps),
-           "predict": lambda: twin.predict(input_fn)}[event]
+    run = {
+        "train": lambda: twin.train(input_fn, steps=1),
+        "evaluate": lambda: twin.evaluate(input_fn, steps=steps),
+        "predict": lambda: twin.predict(input_fn),
+    }[event]
     where = f"{event}() of model {name!r}"
     try:
         tpu.build(run)
     except TPUShimError as e:
         if "batch-indivisible" not in report.codes():  # else already reported
             report.add("tpu-graph", "error", where, str(e), "see the message")
-    except Exception as e:  # pylint: disable=broad-except
-        if "must be divisible by number of replicas" in str(e) and "batch-indivisible" in report.codes():
+    except Exception as e:
+        if (
+            "must be divisible by number of replicas" in str(e)
+            and "batch-indivisible" in report.codes()
+        ):
             return  # already reported, with the sizes that would work
         # TPUEstimator names its master: here the faked one, meaningless to the user.
         first = str(e).strip().splitlines()[0].replace(tpu.master, "the TPU")
-        fix = next((f for fragment, f in _GRAPH_FIXES if fragment in str(e)),
-                   "change the model or input so that TPUEstimator can build it; the message is "
-                   "TPUEstimator's own")
-        report.add("tpu-graph", "error", where,
-                   f"TPUEstimator cannot build the TPU {event} graph for {num_cores} cores: "
-                   f"{type(e).__name__}: {first[:600]}", fix)
+        fix = next(
+            (f for fragment, f in _GRAPH_FIXES if fragment in str(e)),
+            "change the model or input so that TPUEstimator can build it; the message is "
+            "TPUEstimator's own",
+        )
+        report.add(
+            "tpu-graph",
+            "error",
+            where,
+            f"TPUEstimator cannot build the TPU {event} graph for {num_cores} cores: "
+            f"{type(e).__name__}: {first[:600]}",
+            fix,
+        )

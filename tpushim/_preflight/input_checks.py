@@ -46,13 +46,19 @@ def check_input(report, input_fn, batch_size, num_cores):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         try:
             result = _input_fn.check_result(
-                input_fn, _source.call_and_recover(input_fn, tf.estimator.ModeKeys.TRAIN, {}, None))
+                input_fn, _source.call_and_recover(input_fn, tf.estimator.ModeKeys.TRAIN, {}, None)
+            )
         except TPUShimError as e:
             report.add("input-unusable", "error", f"input_fn {name!r}", str(e), "see the message")
             return None
         if not isinstance(result, tf.data.Dataset):
-            report.add("input-not-dataset", "error", f"input_fn {name!r}",
-                       str(_input_fn.tensors_error(input_fn, result)), "return a tf.data.Dataset")
+            report.add(
+                "input-not-dataset",
+                "error",
+                f"input_fn {name!r}",
+                str(_input_fn.tensors_error(input_fn, result)),
+                "return a tf.data.Dataset",
+            )
         _check_element_spec(report, _element_spec(result))
         declared = None
         if isinstance(result, tf.data.Dataset):
@@ -61,13 +67,19 @@ def check_input(report, input_fn, batch_size, num_cores):
         batch = _read_one_batch(result, sess)
     features, labels = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
     size = declared or int(tf.nest.flatten(features)[0].shape[0])
-    check_batch(report, batch_size or size, num_cores,
-                "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {size})")
+    check_batch(
+        report,
+        batch_size or size,
+        num_cores,
+        "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {size})",
+    )
     return features, labels
 
 
 def _check_element_spec(report, spec):
-    features_spec, labels_spec = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, None)
+    features_spec, labels_spec = (
+        spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, None)
+    )
     for role, structure in (("feature", features_spec), ("label", labels_spec)):
         if structure is None:
             continue
@@ -75,21 +87,36 @@ def _check_element_spec(report, spec):
             where = f"{role} {path}" if path else f"{role}s (a single tensor)"
             shape = tensor_spec.shape
             if shape.rank is None or any(d is None for d in shape.as_list()[1:]):
-                report.add("dynamic-shape", "error", where,
-                           f"shape {shape} is not static beyond the batch dimension; a TPU "
-                           f"compiles for fixed shapes", "pad or crop to a fixed size in the "
-                           "input pipeline (e.g. padded_batch with padded_shapes, or tf.image.resize)")
+                report.add(
+                    "dynamic-shape",
+                    "error",
+                    where,
+                    f"shape {shape} is not static beyond the batch dimension; a TPU "
+                    f"compiles for fixed shapes",
+                    "pad or crop to a fixed size in the "
+                    "input pipeline (e.g. padded_batch with padded_shapes, or tf.image.resize)",
+                )
             if tensor_spec.dtype == tf.float64:
-                report.add("float64-input", "info", where, "float64 tensors cannot be fed to a "
-                           "TPU; tpushim casts them to float32 on its TPU path (and in cpu "
-                           "mode), which the model computes in anyway",
-                           "nothing to do; to save the host the cast, produce float32 in the "
-                           "input pipeline: dataset.map(lambda x, y: (tf.cast(x, tf.float32), y))")
+                report.add(
+                    "float64-input",
+                    "info",
+                    where,
+                    "float64 tensors cannot be fed to a "
+                    "TPU; tpushim casts them to float32 on its TPU path (and in cpu "
+                    "mode), which the model computes in anyway",
+                    "nothing to do; to save the host the cast, produce float32 in the "
+                    "input pipeline: dataset.map(lambda x, y: (tf.cast(x, tf.float32), y))",
+                )
             if tensor_spec.dtype == tf.string:
-                report.add("string-input", "error", where, "string tensors cannot be sent to a TPU",
-                           "turn strings into numbers in the input pipeline (e.g. "
-                           "tf.keras.layers.StringLookup or tf.strings.to_hash_bucket_fast in "
-                           "dataset.map)")
+                report.add(
+                    "string-input",
+                    "error",
+                    where,
+                    "string tensors cannot be sent to a TPU",
+                    "turn strings into numbers in the input pipeline (e.g. "
+                    "tf.keras.layers.StringLookup or tf.strings.to_hash_bucket_fast in "
+                    "dataset.map)",
+                )
 
 
 def _read_one_batch(result, sess):
@@ -115,19 +142,33 @@ def _dataset_ops(dataset, session):
 def _check_dataset_ops(report, dataset, sess, name):
     top, inner = _dataset_ops(dataset, sess)
     if "PrefetchDataset" not in top:
-        report.add("no-prefetch", "info", f"input_fn {name!r}", "the input pipeline does not "
-                   "prefetch, so the accelerator would wait while the host prepares each batch; "
-                   "tpushim adds .prefetch(tf.data.AUTOTUNE) on its TPU path, so a TPU run is "
-                   "not slowed", "end the pipeline with .prefetch(tf.data.AUTOTUNE) to get the "
-                   "same on the stock path")
+        report.add(
+            "no-prefetch",
+            "info",
+            f"input_fn {name!r}",
+            "the input pipeline does not "
+            "prefetch, so the accelerator would wait while the host prepares each batch; "
+            "tpushim adds .prefetch(tf.data.AUTOTUNE) on its TPU path, so a TPU run is "
+            "not slowed",
+            "end the pipeline with .prefetch(tf.data.AUTOTUNE) to get the same on the stock path",
+        )
     if "GeneratorDataset" in inner or "GeneratorDataset" in top:
-        report.add("python-generator", "warning", f"input_fn {name!r}", "Dataset.from_generator "
-                   "runs Python for every element, holding the GIL: it starves a TPU",
-                   "build the dataset from tensors or files (from_tensor_slices, TFRecordDataset)")
+        report.add(
+            "python-generator",
+            "warning",
+            f"input_fn {name!r}",
+            "Dataset.from_generator "
+            "runs Python for every element, holding the GIL: it starves a TPU",
+            "build the dataset from tensors or files (from_tensor_slices, TFRecordDataset)",
+        )
     if {"PyFunc", "EagerPyFunc"} & inner:
-        report.add("per-example-python", "warning", f"input_fn {name!r}", "tf.py_function / "
-                   "tf.numpy_function in the pipeline runs Python per element",
-                   "express the transformation in TensorFlow ops inside dataset.map")
+        report.add(
+            "per-example-python",
+            "warning",
+            f"input_fn {name!r}",
+            "tf.py_function / tf.numpy_function in the pipeline runs Python per element",
+            "express the transformation in TensorFlow ops inside dataset.map",
+        )
 
 
 def check_batch(report, global_batch, num_cores, where):
@@ -139,11 +180,15 @@ def check_batch(report, global_batch, num_cores, where):
         return
     per_core = global_batch // num_cores
     if per_core < MIN_PER_CORE_BATCH:
-        report.add("batch-small", "warning", where,
-                   f"global batch {global_batch} is {per_core} per core on {num_cores} cores, too small "
-                   f"to keep a TPU core's matrix units busy",
-                   f"use a global batch of at least {num_cores * MIN_PER_CORE_BATCH}, ideally "
-                   f"{num_cores * GOOD_PER_CORE_BATCH} ({GOOD_PER_CORE_BATCH} per core)")
+        report.add(
+            "batch-small",
+            "warning",
+            where,
+            f"global batch {global_batch} is {per_core} per core on {num_cores} cores, too small "
+            f"to keep a TPU core's matrix units busy",
+            f"use a global batch of at least {num_cores * MIN_PER_CORE_BATCH}, ideally "
+            f"{num_cores * GOOD_PER_CORE_BATCH} ({GOOD_PER_CORE_BATCH} per core)",
+        )
 
 
 def check_loop(report, iterations_per_loop, steps):
@@ -151,8 +196,13 @@ def check_loop(report, iterations_per_loop, steps):
     report.note_checked("iterations_per_loop")
     iterations = iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP
     if iterations < MIN_ITERATIONS_PER_LOOP and (steps is None or steps > iterations):
-        report.add("iterations-per-loop-small", "warning", f"setting iterations_per_loop={iterations}",
-                   f"the TPU returns to the host every {iterations} steps"
-                   + (f" ({steps} steps in all)" if steps else "") + ", idling while it does",
-                   f"raise iterations_per_loop to {min(steps or 100, 100)} or more "
-                   f"(tpushim.patch(iterations_per_loop=...) or TPUSHIM_ITERATIONS_PER_LOOP)")
+        report.add(
+            "iterations-per-loop-small",
+            "warning",
+            f"setting iterations_per_loop={iterations}",
+            f"the TPU returns to the host every {iterations} steps"
+            + (f" ({steps} steps in all)" if steps else "")
+            + ", idling while it does",
+            f"raise iterations_per_loop to {min(steps or 100, 100)} or more "
+            f"(tpushim.patch(iterations_per_loop=...) or TPUSHIM_ITERATIONS_PER_LOOP)",
+        )

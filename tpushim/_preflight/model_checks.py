@@ -10,19 +10,31 @@ from tpushim import _model_fn, _tfprivate, _validation
 from tpushim._errors import TPUShimError
 from tpushim._preflight.report import summary
 
-HOST_ONLY_OPS = {"PyFunc": "a Python function (tf.py_function / tf.numpy_function)",
-                 "EagerPyFunc": "a Python function (tf.py_function / tf.numpy_function)",
-                 "Print": "tf.print / tf.compat.v1.Print", "PrintV2": "tf.print",
-                 "ScalarSummary": "a summary", "HistogramSummary": "a summary",
-                 "ImageSummary": "a summary", "AudioSummary": "a summary",
-                 "TensorSummary": "a summary", "TensorSummaryV2": "a summary",
-                 "WriteSummary": "a summary", "WriteScalarSummary": "a summary",
-                 "WriteHistogramSummary": "a summary", "WriteImageSummary": "a summary"}
+HOST_ONLY_OPS = {
+    "PyFunc": "a Python function (tf.py_function / tf.numpy_function)",
+    "EagerPyFunc": "a Python function (tf.py_function / tf.numpy_function)",
+    "Print": "tf.print / tf.compat.v1.Print",
+    "PrintV2": "tf.print",
+    "ScalarSummary": "a summary",
+    "HistogramSummary": "a summary",
+    "ImageSummary": "a summary",
+    "AudioSummary": "a summary",
+    "TensorSummary": "a summary",
+    "TensorSummaryV2": "a summary",
+    "WriteSummary": "a summary",
+    "WriteScalarSummary": "a summary",
+    "WriteHistogramSummary": "a summary",
+    "WriteImageSummary": "a summary",
+}
 
 # What XLA says when a shape is computed from a tensor's value (tf.ones([n]), tf.range(n), ...).
-_XLA_NOT_CONSTANT = re.compile(r"Input \d+ to node `([^`]+)` with op (\w+) must be a compile-time constant")
-_XLA_UNSUPPORTED = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_\w+ devices compatible "
-                              r"with node \{\{node ([^}]+)\}\}")
+_XLA_NOT_CONSTANT = re.compile(
+    r"Input \d+ to node `([^`]+)` with op (\w+) must be a compile-time constant"
+)
+_XLA_UNSUPPORTED = re.compile(
+    r"(\w+) \(No registered '\w+' OpKernel for XLA_\w+ devices compatible "
+    r"with node \{\{node ([^}]+)\}\}"
+)
 
 
 def check_conversion(report, keras_model, custom_objects):
@@ -33,8 +45,13 @@ def check_conversion(report, keras_model, custom_objects):
         try:
             check(keras_model, custom_objects)
         except (TPUShimError, ValueError) as e:
-            report.add(f"unconvertible-{kind}", "error", f"model {keras_model.name!r}", str(e),
-                       "see the message")
+            report.add(
+                f"unconvertible-{kind}",
+                "error",
+                f"model {keras_model.name!r}",
+                str(e),
+                "see the message",
+            )
             return False
     return True
 
@@ -57,7 +74,7 @@ def check_xla(report, keras_model, custom_objects, features, labels):
     if not tf.executing_eagerly():  # the script called disable_v2_behavior()
         try:
             _xla_compile_in_graph(keras_model, custom_objects, features, labels)
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:
             _report_xla_error(report, keras_model, e)
         return
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
@@ -85,7 +102,7 @@ def check_xla(report, keras_model, custom_objects, features, labels):
     specs = [tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)) for a in tf.nest.flatten(structure)]
     try:
         train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
         _report_xla_error(report, keras_model, e)
 
 
@@ -98,24 +115,40 @@ def _report_xla_error(report, keras_model, e):
     if not_constant:
         node, op = not_constant.groups()
         layer = _layer_of(node, keras_model)
-        where = (f"layer {layer!r} (op {op})" if layer != node else  # in a subclassed call()
-                 f"model {keras_model.name!r} (op {op}, node {node})")
-        report.add("value-dependent-shape", "error", where,
-                   f"a shape in the training step depends on a tensor's value (e.g. tf.ones([n]) or "
-                   f"tf.range(n) with n computed from the batch, or a loop growing a tensor): a "
-                   f"TPU compiles the step before any value exists",
-                   "derive shapes from static shapes (x.shape) or constants, or compute such "
-                   "values in the input pipeline and pad them to a fixed size")
+        where = (
+            f"layer {layer!r} (op {op})"
+            if layer != node
+            # in a subclassed call()
+            else f"model {keras_model.name!r} (op {op}, node {node})"
+        )
+        report.add(
+            "value-dependent-shape",
+            "error",
+            where,
+            "a shape in the training step depends on a tensor's value (e.g. tf.ones([n]) or "
+            "tf.range(n) with n computed from the batch, or a loop growing a tensor): a "
+            "TPU compiles the step before any value exists",
+            "derive shapes from static shapes (x.shape) or constants, or compute such "
+            "values in the input pipeline and pad them to a fixed size",
+        )
     elif not unsupported:
-        report.add("xla-compile", "error", f"model {keras_model.name!r}",
-                   f"the training step does not compile with XLA: {summary(e)}",
-                   "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
-                   "reproduces this)")
+        report.add(
+            "xla-compile",
+            "error",
+            f"model {keras_model.name!r}",
+            f"the training step does not compile with XLA: {summary(e)}",
+            "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
+            "reproduces this)",
+        )
     for op, node in dict(unsupported).items():
-        report.add("xla-unsupported-op", "error", f"layer {_layer_of(node, keras_model)!r} (op {op})",
-                   f"op {op} has no XLA kernel: the training step does not compile for a TPU",
-                   f"replace {op} in that layer with XLA-supported ops, or move it into the "
-                   f"input pipeline (tf.data), which runs on the host")
+        report.add(
+            "xla-unsupported-op",
+            "error",
+            f"layer {_layer_of(node, keras_model)!r} (op {op})",
+            f"op {op} has no XLA kernel: the training step does not compile for a TPU",
+            f"replace {op} in that layer with XLA-supported ops, or move it into the "
+            f"input pipeline (tf.data), which runs on the host",
+        )
 
 
 def _xla_compile_in_graph(keras_model, custom_objects, features, labels):
@@ -155,13 +188,17 @@ def check_host_only_ops(report, keras_model, custom_objects, features, labels):
         feats = tf.nest.map_structure(tf.constant, features)
         labs = tf.nest.map_structure(tf.constant, labels) if labels is not None else None
         _model_fn.make_model_fn(keras_model, custom_objects)(
-            feats, labs, tf.estimator.ModeKeys.TRAIN, params={"use_tpu": False, "batch_size": None})
+            feats, labs, tf.estimator.ModeKeys.TRAIN, params={"use_tpu": False, "batch_size": None}
+        )
     for op in graph.get_operations():
         what = HOST_ONLY_OPS.get(op.type)
         if what:
-            report.add("host-only-op", "warning" if "summary" in what else "error",
-                       f"layer {_layer_of(op.name, keras_model)!r} (op {op.type})",
-                       f"{what} inside the model runs on the host: on a TPU it cannot be compiled "
-                       f"or forces a round trip every step",
-                       "remove it from the model (log with TensorBoard hooks outside the model, "
-                       "do Python work in the input pipeline)")
+            report.add(
+                "host-only-op",
+                "warning" if "summary" in what else "error",
+                f"layer {_layer_of(op.name, keras_model)!r} (op {op.type})",
+                f"{what} inside the model runs on the host: on a TPU it cannot be compiled "
+                f"or forces a round trip every step",
+                "remove it from the model (log with TensorBoard hooks outside the model, "
+                "do Python work in the input pipeline)",
+            )

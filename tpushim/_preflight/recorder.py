@@ -5,7 +5,7 @@ finishes quickly, and afterwards reports on each conversion."""
 
 import contextlib
 import dataclasses
-from typing import List, Optional
+from typing import Optional
 
 from tpushim import _estimator, _settings
 from tpushim._preflight import graph_checks, input_checks
@@ -21,7 +21,9 @@ class _Recorded:
     keras_model: object
     custom_objects: Optional[dict]
     settings: object
-    calls: list = dataclasses.field(default_factory=list)  # (event, input_fn, steps the script asked)
+    calls: list = dataclasses.field(
+        default_factory=list
+    )  # (event, input_fn, steps the script asked)
 
 
 class Recorder:
@@ -31,7 +33,7 @@ class Recorder:
     MAX_EVAL_STEPS = 2
 
     def __init__(self):
-        self._conversions: List[_Recorded] = []
+        self._conversions: list[_Recorded] = []
 
     # -- the hook (see tpushim._estimator.recording_to) -------------------------------------------
     def converted(self, estimator, keras_model, custom_objects, settings):
@@ -63,8 +65,13 @@ class Recorder:
         TPU graphs for its calls on a faked system of ``num_cores`` cores."""
         report = Report()
         if not self._conversions:
-            report.add("no-conversion", "error", "script", "the script made no model_to_estimator "
-                       "call, so there was nothing to check", "run the script that builds the estimator")
+            report.add(
+                "no-conversion",
+                "error",
+                "script",
+                "the script made no model_to_estimator call, so there was nothing to check",
+                "run the script that builds the estimator",
+            )
         for recorded in self._conversions:
             self._report_one(report, recorded, num_cores, tpu_graphs)
         return report
@@ -75,10 +82,17 @@ class Recorder:
         trains = [(fn, steps) for event, fn, steps in recorded.calls if event == "train"]
         train_fn, steps = trains[0] if trains else (None, None)
         with failure_as_finding(report):
-            report.extend(check(recorded.keras_model, train_fn, batch_size=settings.batch_size,
-                                num_cores=num_cores, steps=steps,
-                                iterations_per_loop=settings.iterations_per_loop,
-                                custom_objects=recorded.custom_objects))
+            report.extend(
+                check(
+                    recorded.keras_model,
+                    train_fn,
+                    batch_size=settings.batch_size,
+                    num_cores=num_cores,
+                    steps=steps,
+                    iterations_per_loop=settings.iterations_per_loop,
+                    custom_objects=recorded.custom_objects,
+                )
+            )
         for event, fn, _ in recorded.calls:
             if event != "train" and fn is not train_fn:
                 with failure_as_finding(report):
@@ -88,8 +102,13 @@ class Recorder:
             for event, fn, steps in recorded.calls:
                 first_calls.setdefault(event, (fn, steps))
             with failure_as_finding(report):
-                graph_checks.check_tpu_graphs(report, recorded.estimator, first_calls, num_cores,
-                                              getattr(recorded.keras_model, "name", "model"))
+                graph_checks.check_tpu_graphs(
+                    report,
+                    recorded.estimator,
+                    first_calls,
+                    num_cores,
+                    getattr(recorded.keras_model, "name", "model"),
+                )
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ import contextlib
 import dataclasses
 import json
 import traceback
-from typing import List
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -26,8 +25,8 @@ class Finding:
 class Report:
     """The result of a preflight check: findings, what was checked, and the verdict."""
 
-    findings: List[Finding] = dataclasses.field(default_factory=list)
-    checked: List[str] = dataclasses.field(default_factory=list)
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    checked: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self):
@@ -64,8 +63,11 @@ class Report:
 
     def to_dict(self):
         """The report as plain data: ``ok``, ``checked`` and ``findings``."""
-        return {"ok": self.ok, "checked": self.checked,
-                "findings": [dataclasses.asdict(f) for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+        }
 
     def to_json(self):
         """:meth:`to_dict` as indented JSON (what ``python -m tpushim check --json`` prints)."""
@@ -77,32 +79,46 @@ class Report:
     def __str__(self):
         errors = sum(f.severity == "error" for f in self.findings)
         warnings = sum(f.severity == "warning" for f in self.findings)
-        lines = [f"tpushim check: {self._verdict()} ({errors} error{'s' * (errors != 1)}, "
-                 f"{warnings} warning{'s' * (warnings != 1)})",
-                 "checked: " + ", ".join(self.checked)]
+        lines = [
+            f"tpushim check: {self._verdict()} ({errors} error{'s' * (errors != 1)}, "
+            f"{warnings} warning{'s' * (warnings != 1)})",
+            "checked: " + ", ".join(self.checked),
+        ]
         for f in sorted(self.findings, key=lambda f: _SEVERITY_ORDER[f.severity]):
             lines.append(f"  [{f.severity.upper()}] {f.code} at {f.where}: {f.message}")
             lines.append(f"      fix: {f.fix}")
         return "\n".join(lines)
 
     def _repr_html_(self):
-        import html  # pylint: disable=import-outside-toplevel
+        import html
+
         rows = "".join(
             f"<tr><td>{f.severity}</td><td>{html.escape(f.code)}</td><td>{html.escape(f.where)}</td>"
-            f"<td>{html.escape(f.message)}</td><td>{html.escape(f.fix)}</td></tr>" for f in self.findings)
-        return (f"<p><b>tpushim check: {self._verdict()}</b> "
-                f"(checked: {html.escape(', '.join(self.checked))})</p>"
-                f"<table><tr><th>severity</th><th>finding</th><th>where</th><th>what</th><th>fix</th></tr>"
-                f"{rows}</table>")
+            f"<td>{html.escape(f.message)}</td><td>{html.escape(f.fix)}</td></tr>"
+            for f in self.findings
+        )
+        return (
+            f"<p><b>tpushim check: {self._verdict()}</b> "
+            f"(checked: {html.escape(', '.join(self.checked))})</p>"
+            f"<table><tr><th>severity</th><th>finding</th><th>where</th><th>what</th><th>fix</th></tr>"
+            f"{rows}</table>"
+        )
 
 
 def summary(exc):
     """One informative line of an exception's text (TensorFlow's start with 'Graph execution error:'
     and end with the op that failed; the line before that says what went wrong)."""
-    noise = ("File ", "[[", "Detected at node", "Graph execution error", "defined at", "Traceback",
-             "Node: ")
-    lines = [l.strip() for l in str(exc).split("Original stack trace for")[0].splitlines()]
-    lines = [l for l in lines if l and not l.startswith(noise)]
+    noise = (
+        "File ",
+        "[[",
+        "Detected at node",
+        "Graph execution error",
+        "defined at",
+        "Traceback",
+        "Node: ",
+    )
+    lines = [line_.strip() for line_ in str(exc).split("Original stack trace for")[0].splitlines()]
+    lines = [line_ for line_ in lines if line_ and not line_.startswith(noise)]
     return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
 
 
@@ -120,7 +136,11 @@ def failure_as_finding(report):
     """A check that itself fails becomes an error finding naming where; the other checks go on."""
     try:
         yield
-    except Exception as e:  # pylint: disable=broad-except
-        report.add("preflight-failed", "error", last_frame(e),
-                   f"the preflight could not finish a check: {summary(e)}",
-                   "the findings above still hold; please report this with the script to tpushim")
+    except Exception as e:
+        report.add(
+            "preflight-failed",
+            "error",
+            last_frame(e),
+            f"the preflight could not finish a check: {summary(e)}",
+            "the findings above still hold; please report this with the script to tpushim",
+        )

@@ -53,17 +53,20 @@ def _quiet_tensorflow():
     """TensorFlow's start-up and deprecation chatter would bury the demo's dozen lines."""
     if "tensorflow" not in sys.modules:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+
     tf.get_logger().setLevel("ERROR")
     try:
-        from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+        from absl import logging as absl_logging
+
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:
         pass
 
 
 def _train_once(scope):
-    from tpushim.demo import legacy_mlp  # pylint: disable=import-outside-toplevel
+    from tpushim.demo import legacy_mlp
+
     scratch = tempfile.mkdtemp(prefix="tpushim_demo_")
     # A folder of our own inside it: a mocked mkdtemp may return a folder we did not create.
     model_dir = os.path.join(scratch, "tpushim_demo_model")
@@ -79,9 +82,12 @@ def _train_once(scope):
             os.rmdir(scratch)  # only if empty: never anything we did not write
         except OSError:
             pass
-    return {"line": lines[-1] if lines else "(no conversion line: model_to_estimator was not patched)",
-            "results": {k: float(v) for k, v in results.items()},
-            "predictions": predictions, "seconds": time.perf_counter() - start}
+    return {
+        "line": lines[-1] if lines else "(no conversion line: model_to_estimator was not patched)",
+        "results": {k: float(v) for k, v in results.items()},
+        "predictions": predictions,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def _number(value):
@@ -90,23 +96,32 @@ def _number(value):
 
 def report(stock, shim):
     """The side-by-side table as lines, and the largest difference in it."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    out = ["1. stock    " + stock["line"], "2. tpushim  " + shim["line"], "",
-           f"{'evaluate()':<14}{'stock':>12}{'tpushim':>12}{'|difference|':>15}"]
+    import numpy as np
+
+    out = [
+        "1. stock    " + stock["line"],
+        "2. tpushim  " + shim["line"],
+        "",
+        f"{'evaluate()':<14}{'stock':>12}{'tpushim':>12}{'|difference|':>15}",
+    ]
     worst = 0.0
     for key in sorted(set(stock["results"]) | set(shim["results"])):
         a, b = stock["results"].get(key), shim["results"].get(key)
         if a is None or b is None:
-            out.append(f"  {key:<12}{_number(a) if a is not None else '-':>12}"
-                       f"{_number(b) if b is not None else '-':>12}{'(only one has it)':>15}")
+            out.append(
+                f"  {key:<12}{_number(a) if a is not None else '-':>12}"
+                f"{_number(b) if b is not None else '-':>12}{'(only one has it)':>15}"
+            )
             continue
         diff = abs(a - b)
         worst = max(worst, diff)
         out.append(f"  {key:<12}{_number(a):>12}{_number(b):>12}{diff:>15.2g}")
     pred_diff = float(np.max(np.abs(stock["predictions"] - shim["predictions"])))
     worst = max(worst, pred_diff)
-    out.append(f"{'predict()':<14}{len(stock['predictions']):>12}{len(shim['predictions']):>12}"
-               f"{pred_diff:>15.2g}   (examples; largest |difference| of a probability)")
+    out.append(
+        f"{'predict()':<14}{len(stock['predictions']):>12}{len(shim['predictions']):>12}"
+        f"{pred_diff:>15.2g}   (examples; largest |difference| of a probability)"
+    )
     out.append(f"{'seconds':<14}{stock['seconds']:>12.1f}{shim['seconds']:>12.1f}")
     return out, worst
 
@@ -114,15 +129,25 @@ def report(stock, shim):
 def _verdict(shim, mode, worst, batch_size):
     """(the closing line, whether the results are as they must be)."""
     if "TPUEstimator(" not in shim["line"]:
-        return "tpushim returned the stock estimator (its line says why): both runs are stock.", True
+        return (
+            "tpushim returned the stock estimator (its line says why): both runs are stock.",
+            True,
+        )
     if batch_size is not None:
-        return "A batch size was given: the tpushim run trains on other batches, so results differ.", True
+        return (
+            "A batch size was given: the tpushim run trains on other batches, so results differ.",
+            True,
+        )
     if mode == "cpu":
         equal = worst <= CPU_TOLERANCE
-        return (f"cpu mode runs the TPU code path on CPU: results {'equal' if equal else 'DIFFERENT'} "
-                f"within {CPU_TOLERANCE:g} (largest difference {worst:.2g})."), equal
-    return ("On a TPU, float32 matrix multiplies run in bfloat16 passes by default, so small "
-            "differences are expected."), True
+        return (
+            f"cpu mode runs the TPU code path on CPU: results {'equal' if equal else 'DIFFERENT'} "
+            f"within {CPU_TOLERANCE:g} (largest difference {worst:.2g})."
+        ), equal
+    return (
+        "On a TPU, float32 matrix multiplies run in bfloat16 passes by default, so small "
+        "differences are expected."
+    ), True
 
 
 def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
@@ -137,21 +162,38 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
       0, or 1 when cpu mode's results differ from stock's by more than :data:`CPU_TOLERANCE`
       (a ``batch_size`` changes training, so then they are not compared).
     """
-    settings = {k: v for k, v in dict(tpu=tpu, batch_size=batch_size,
-                                      iterations_per_loop=iterations_per_loop).items() if v is not None}
+    settings = {
+        k: v
+        for k, v in dict(
+            tpu=tpu, batch_size=batch_size, iterations_per_loop=iterations_per_loop
+        ).items()
+        if v is not None
+    }
     if mode is None:
         with patched(**settings):
             mode = "auto" if status()["tpu"] else "cpu"
     _quiet_tensorflow()
-    from tpushim.demo import legacy_mlp  # pylint: disable=import-outside-toplevel
-    print(f"tpushim demo: {legacy_mlp.__file__}\n"
-          f"  a legacy Keras -> Estimator script (no tpushim in it): 2-layer MLP, legacy SGD with "
-          f"momentum, synthetic data, {legacy_mlp.TRAIN_STEPS} steps -- run twice in this process.\n",
-          flush=True)
+    from tpushim.demo import legacy_mlp
+
+    print(
+        f"tpushim demo: {legacy_mlp.__file__}\n"
+        f"  a legacy Keras -> Estimator script (no tpushim in it): 2-layer MLP, legacy SGD with "
+        f"momentum, synthetic data, {legacy_mlp.TRAIN_STEPS} steps -- run twice in this process.\n",
+        flush=True,
+    )
     stock = _train_once(patched(mode="off"))
     shim = _train_once(patched(mode=mode, **settings))
     lines, worst = report(stock, shim)
     verdict, as_expected = _verdict(shim, mode, worst, batch_size)
-    print("\n".join(lines + ["", verdict, "Same script, no code change. Yours: python -m tpushim "
-                                          "your_script.py  (or TPUSHIM_AUTOPATCH=1 python your_script.py)"]))
+    print(
+        "\n".join(
+            lines
+            + [
+                "",
+                verdict,
+                "Same script, no code change. Yours: python -m tpushim "
+                "your_script.py  (or TPUSHIM_AUTOPATCH=1 python your_script.py)",
+            ]
+        )
+    )
     return 0 if as_expected else 1

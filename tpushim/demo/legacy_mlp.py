@@ -30,12 +30,19 @@ def make_data(num_examples, seed):
 
 
 def build_model():
-    model = tf.keras.Sequential([
-        tf.keras.layers.Dense(32, activation="relu", input_shape=(NUM_FEATURES,), name="hidden"),
-        tf.keras.layers.Dense(NUM_CLASSES, activation="softmax", name="probabilities"),
-    ])
-    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(learning_rate=0.05, momentum=0.9),
-                  loss="categorical_crossentropy", metrics=["accuracy"])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(
+                32, activation="relu", input_shape=(NUM_FEATURES,), name="hidden"
+            ),
+            tf.keras.layers.Dense(NUM_CLASSES, activation="softmax", name="probabilities"),
+        ]
+    )
+    model.compile(
+        optimizer=tf.keras.optimizers.legacy.SGD(learning_rate=0.05, momentum=0.9),
+        loss="categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return model
 
 
@@ -57,14 +64,16 @@ def train_and_evaluate(model_dir):
     x_eval, y_eval = make_data(200, seed=2)
 
     model = build_model()
-    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=SEED,
-                                    log_step_count_steps=TRAIN_STEPS)
+    config = tf.estimator.RunConfig(
+        model_dir=model_dir, tf_random_seed=SEED, log_step_count_steps=TRAIN_STEPS
+    )
     estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
 
     estimator.train(input_fn=lambda: train_input_fn(x_train, y_train), steps=TRAIN_STEPS)
     results = estimator.evaluate(input_fn=lambda: eval_input_fn(x_eval, y_eval))
-    predictions = np.stack([p["probabilities"] for p in
-                            estimator.predict(input_fn=lambda: eval_input_fn(x_eval))])
+    predictions = np.stack(
+        [p["probabilities"] for p in estimator.predict(input_fn=lambda: eval_input_fn(x_eval))]
+    )
     return results, predictions
 
 
