@@ -12,7 +12,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 #: every variable that configures tpushim or a TPU: unset in each test (tests/helpers import this)
 TPUSHIM_VARS = tuple(
-    dict.fromkeys((*_settings.ENV_VARS.values(), "TPUSHIM_AUTOPATCH", *_detect.TPU_ENV_VARS))
+    dict.fromkeys(
+        (
+            *_settings.ENV_VARS.values(),
+            _settings.LOG_LEVEL_VAR,
+            "TPUSHIM_AUTOPATCH",
+            *_detect.TPU_ENV_VARS,
+        )
+    )
 )
 
 

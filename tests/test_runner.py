@@ -8,7 +8,7 @@ import textwrap
 import procs
 import pytest
 
-from tpushim import _cli, _console, _settings
+from tpushim import _cli, _console, _log, _settings
 
 PROBE = """\
 import json, sys
@@ -143,7 +143,7 @@ def test_help_explains_modes_variables_and_commands(tmp_path):
         assert text in proc.stdout, text
     help_text = " ".join(proc.stdout.split())  # as one line: argparse wraps it
     for flag, kwargs in _settings.OPTIONS:  # the options %tpushim takes too, with the same help
-        assert f"{flag} {kwargs['metavar']}" in help_text
+        assert (f"{flag} {kwargs['metavar']}" if "metavar" in kwargs else flag) in help_text
         assert " ".join(kwargs["help"].split()) in help_text
 
 
@@ -250,4 +250,4 @@ def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, mon
         assert "model_to_estimator -> X" not in capsys.readouterr().err
     finally:
         _console.hide_conversions()
-    assert not any(isinstance(h, _console.ConsoleHandler) for h in logger.handlers)
+    assert not any(isinstance(h, _log.ConsoleHandler) for h in logger.handlers)
