@@ -307,7 +307,7 @@ def _parser():
         "-v",
         "--verbose",
         action="store_true",
-        help=f"show tpushim's debug lines too (how each input was adapted); "
+        help=f"show tpushim's debug lines too (the settings and TPU each call was decided by); "
         f"${_settings.LOG_LEVEL_VAR} sets the level without it.",
     )
     parser.add_argument(

@@ -343,6 +343,13 @@ def _convert_call(wrapped, instance, args, kwargs):
 
     tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
     decision = _decision.decide(settings, tpu)
+    _logger().debug(
+        "model_to_estimator called with %s; TPU found: %s; decision: %s (%s)",
+        settings,
+        tpu.describe() if tpu else "none",
+        decision.action,
+        decision.why,
+    )
     if decision.action == _decision.STOCK:
         _logger().info(
             "model_to_estimator -> stock %s (%s)",

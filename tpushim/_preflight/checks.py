@@ -1,20 +1,24 @@
 """``check(keras_model, input_fn)``: the model and input checks run together, in the order in which
 each needs the last (the model checks run on a batch the input gave)."""
 
+from __future__ import annotations
+
+from typing import Callable
+
 from tpushim import _settings
 from tpushim._preflight import input_checks, model_checks, progress
 from tpushim._preflight.report import Report
 
 
 def check(
-    keras_model,
-    input_fn=None,
+    keras_model: object,
+    input_fn: Callable[..., object] | None = None,
     *,
-    batch_size=None,
-    num_cores=_settings.DEFAULT_CORES,
-    steps=None,
-    iterations_per_loop=None,
-    custom_objects=None,
+    batch_size: int | None = None,
+    num_cores: int = _settings.DEFAULT_CORES,
+    steps: int | None = None,
+    iterations_per_loop: int | None = None,
+    custom_objects: dict[str, object] | None = None,
 ) -> Report:
     """Reports, on CPU, what would break or crawl when this model and input run on a TPU.
 
