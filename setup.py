@@ -9,7 +9,6 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.develop import develop
 
-
 # TPUSHIM_AUTOPATCH=1: site executes .pth lines that start with "import" at every interpreter
 # start. This one reads the variable with string methods only (its value is never evaluated) and,
 # only when it is on, runs tpushim/_autopatch.py by path -- not as tpushim._autopatch: the package's

@@ -265,7 +265,9 @@ def test_cli_bundled_demo_checks_clean():
         r"TPU evaluate graph for 8 cores",
     ):
         assert re.search(rf"^tpushim check: {phase} \.\.\.$", proc.stderr, re.M), phase
-        assert re.search(rf"^tpushim check: {phase}: [0-9.]+ s, (ok|done)$", proc.stderr, re.M), phase
+        assert re.search(rf"^tpushim check: {phase}: [0-9.]+ s, (ok|done)$", proc.stderr, re.M), (
+            phase
+        )
 
 
 def test_cli_script_that_raises_exits_3(tmp_path):
