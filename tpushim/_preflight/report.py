@@ -41,19 +41,19 @@ class Report:
     checked: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         """True when nothing would fail on a TPU (warnings allowed)."""
         return not any(f.severity == "error" for f in self.findings)
 
     @property
-    def exit_code(self):
+    def exit_code(self) -> int:
         """The command line's exit status: 0 when :attr:`ok`, 1 when a finding blocks a TPU, 3
         when the script itself raised (:data:`EXIT_SCRIPT_RAISED`)."""
         if SCRIPT_RAISED in self.codes():
             return EXIT_SCRIPT_RAISED
         return EXIT_OK if self.ok else EXIT_BLOCKED
 
-    def codes(self):
+    def codes(self) -> list[str]:
         """The findings' codes, in the order found."""
         return [f.code for f in self.findings]
 
@@ -76,11 +76,11 @@ class Report:
         for what in other.checked:
             self.note_checked(what)
 
-    def sorted_findings(self):
+    def sorted_findings(self) -> list[Finding]:
         """The findings, errors first, then warnings, then infos (each in the order found)."""
         return sorted(self.findings, key=lambda f: _SEVERITY_ORDER[f.severity])
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
         """The report as plain data: ``schema_version``, ``ok``, ``exit_code``, ``checked`` and
         ``findings`` (in the order found)."""
         return {
@@ -91,7 +91,7 @@ class Report:
             "findings": [dataclasses.asdict(f) for f in self.findings],
         }
 
-    def to_json(self):
+    def to_json(self) -> str:
         """:meth:`to_dict` as indented JSON (what ``python -m tpushim check --json`` prints)."""
         return json.dumps(self.to_dict(), indent=2)
 
