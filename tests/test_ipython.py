@@ -161,3 +161,22 @@ def test_magic_takes_the_command_line_options_with_the_same_help():
     for flag, kwargs in _settings.OPTIONS:
         assert (f"{flag} {kwargs['metavar']}" if "metavar" in kwargs else flag) in help_text
         assert " ".join(kwargs["help"].split()) in help_text
+
+
+def test_magic_quiet_hides_the_conversion_lines(shell, capsys):
+    import logging
+
+    from tpushim import _log
+
+    def shown():
+        return any(
+            isinstance(h, _log.ConsoleHandler) for h in logging.getLogger("tpushim").handlers
+        )
+
+    shell.run_line_magic("load_ext", "tpushim")
+    assert shown()
+    shell.run_line_magic("tpushim", "--quiet")
+    assert not shown() and tpushim.status()["quiet"] is True
+    shell.run_line_magic("tpushim", "--mode cpu")  # a new patch(): quiet back to its default
+    assert shown() and tpushim.status()["quiet"] is False
+    capsys.readouterr()

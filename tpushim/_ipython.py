@@ -63,9 +63,12 @@ def tpushim_magic(line):
         except ConfigurationError as e:
             raise UsageError(str(e)) from None
     try:
-        print(_console.format_status(status()))
+        state = status()
     except ConfigurationError as e:
         raise UsageError(str(e)) from None
+    if is_patched():
+        _console.show_conversions(quiet=state["quiet"])  # %tpushim --quiet
+    print(_console.format_status(state))
 
 
 def _is_model_to_estimator(value):
