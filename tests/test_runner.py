@@ -251,3 +251,32 @@ def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, mon
     finally:
         _console.hide_conversions()
     assert not any(isinstance(h, _log.ConsoleHandler) for h in logger.handlers)
+
+
+def test_verbose_and_log_level_show_debug_lines(tmp_path, monkeypatch, capsys):
+    script = write(
+        tmp_path / "debug.py",
+        "import logging\nlogging.getLogger('tpushim').debug('how the call was decided')\n",
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    logger = logging.getLogger("tpushim")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # an application without logging
+    try:
+        assert _cli.main([str(script)]) == 0
+        assert "how the call was decided" not in capsys.readouterr().err  # INFO by default
+        assert _cli.main(["-v", str(script)]) == 0
+        assert "tpushim: how the call was decided" in capsys.readouterr().err
+        _console.hide_conversions()
+        monkeypatch.setattr(logger, "level", logging.NOTSET)
+        monkeypatch.setenv("TPUSHIM_LOG_LEVEL", "Debug")
+        assert _cli.main([str(script)]) == 0
+        assert "tpushim: how the call was decided" in capsys.readouterr().err
+        monkeypatch.setenv("TPUSHIM_LOG_LEVEL", "loud")
+        with pytest.raises(SystemExit) as stop:  # checked before anything runs, as options are
+            _cli.main([str(script)])
+        assert stop.value.code == 2
+        assert "TPUSHIM_LOG_LEVEL='loud' is not a log level" in capsys.readouterr().err
+    finally:
+        _console.hide_conversions()
