@@ -64,10 +64,10 @@ def tpushim_magic(line):
             raise UsageError(str(e)) from None
     try:
         state = status()
+        if is_patched():
+            _console.show_conversions(quiet=state["quiet"])  # %tpushim --quiet
     except ConfigurationError as e:
         raise UsageError(str(e)) from None
-    if is_patched():
-        _console.show_conversions(quiet=state["quiet"])  # %tpushim --quiet
     print(_console.format_status(state))
 
 
@@ -132,7 +132,6 @@ def load_ipython_extension(ipython):
         state = status()
         _console.show_conversions(quiet=state["quiet"])  # TPUSHIM_QUIET, patch(quiet=True)
     except ConfigurationError as e:
-        _console.show_conversions()
         print(f"tpushim: not patched: {e}\nFix the variable, then run %tpushim patch.")
         return
     print(
