@@ -48,3 +48,21 @@ def restore_state(monkeypatch):
 def tpushim_log(caplog):
     caplog.set_level(logging.INFO, logger="tpushim")
     return caplog
+
+
+@pytest.fixture
+def ipython_shell(tmp_path, monkeypatch):
+    """An in-process IPython shell; what it takes over (sys.modules['__main__'], hooks) comes back."""
+    import sys
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    monkeypatch.setattr(sys, "displayhook", sys.displayhook)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    config = Config()
+    config.HistoryManager.enabled = False
+    yield InteractiveShell.instance(config=config)
+    InteractiveShell.clear_instance()

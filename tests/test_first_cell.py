@@ -15,8 +15,6 @@ import sys
 
 import nbformat
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 SOURCE = (NOTEBOOKS / "first_cell.py").read_text(encoding="utf-8")
@@ -147,21 +145,10 @@ def test_a_ready_runtime_installs_nothing(monkeypatch, capsys):
     )
 
 
-@pytest.fixture
-def shell(tmp_path, monkeypatch):
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
-    monkeypatch.setattr(sys, "displayhook", sys.displayhook)
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    config = Config()
-    config.HistoryManager.enabled = False
-    yield InteractiveShell.instance(config=config)
-    InteractiveShell.clear_instance()
-
-
 def test_in_a_notebook_the_cells_below_are_skipped_until_the_runtime_can(
-    shell, monkeypatch, capsys
+    ipython_shell, monkeypatch, capsys
 ):
+    shell = ipython_shell
     runtime = Runtime(monkeypatch, (3, 12), {"tensorflow": "2.19.0"})
     shell.run_cell(SOURCE)
     assert capsys.readouterr().out.startswith("cannot run here: Python 3.12")

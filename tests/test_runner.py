@@ -229,16 +229,24 @@ def test_split_argv_gives_everything_after_the_target_to_it(argv, value_flags, e
     assert _cli.split_argv(argv, value_flags) == expected
 
 
+def app_without_logging(monkeypatch):
+    """Makes this in-process run an application that configured no logging (in the test's body:
+    pytest adds its capture handlers to the root logger after the fixtures). Returns tpushim's
+    logger."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    logger = logging.getLogger("tpushim")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    return logger
+
+
 def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, monkeypatch, capsys):
     script = write(
         tmp_path / "logs.py",
         "import logging\nlogging.getLogger('tpushim').info('model_to_estimator -> X')\n",
     )
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    logger = logging.getLogger("tpushim")
-    monkeypatch.setattr(logger, "level", logging.NOTSET)
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # an application without logging
+    logger = app_without_logging(monkeypatch)
     try:
         assert _cli.main(["-q", str(script)]) == 0
         assert "model_to_estimator -> X" not in capsys.readouterr().err
@@ -258,11 +266,7 @@ def test_verbose_and_log_level_show_debug_lines(tmp_path, monkeypatch, capsys):
         tmp_path / "debug.py",
         "import logging\nlogging.getLogger('tpushim').debug('how the call was decided')\n",
     )
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    logger = logging.getLogger("tpushim")
-    monkeypatch.setattr(logger, "level", logging.NOTSET)
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # an application without logging
+    logger = app_without_logging(monkeypatch)
     try:
         assert _cli.main([str(script)]) == 0
         assert "how the call was decided" not in capsys.readouterr().err  # INFO by default
