@@ -17,7 +17,16 @@ import weakref
 
 import tensorflow as tf
 
-from tpushim import _detect, _input_fn, _model_fn, _padding, _run_config, _tfprivate, _validation
+from tpushim import (
+    _detect,
+    _input_fn,
+    _log,
+    _model_fn,
+    _padding,
+    _run_config,
+    _tfprivate,
+    _validation,
+)
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -389,7 +398,7 @@ def build(arguments, settings, tpu):
         params={},
         tpushim_tpu_source=tpu.source if use_tpu else None,
     )
-    logger.info("model_to_estimator -> %s", describe)
+    _log.conversion(describe, settings.quiet)  # on stderr too when logging is not configured
     if _recorder is not None:
         _recorder.converted(estimator, keras_model, custom_objects, settings)
     return estimator

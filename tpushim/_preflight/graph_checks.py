@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tpushim import _estimator
 from tpushim._errors import TPUShimError
-from tpushim._preflight import faketpu
+from tpushim._preflight import faketpu, progress
 
 CORES_PER_HOST = 8  # a Cloud TPU v2/v3 host: 4 chips x 2 cores
 EVENTS = ("train", "evaluate", "predict")
@@ -59,8 +59,9 @@ def check_tpu_graphs(report, estimator, calls, num_cores, name):
         with faketpu.faked_tpu_system(hosts=hosts, cores_per_host=per_host) as tpu:
             cluster = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master)
             for event in (e for e in EVENTS if e in calls):
-                twin = _estimator.tpu_twin(estimator, cluster, os.path.join(scratch, event))
-                _build_one(report, tpu, twin, event, *calls[event], num_cores, name)
+                with progress.phase(f"TPU {event} graph for {num_cores} cores", report):
+                    twin = _estimator.tpu_twin(estimator, cluster, os.path.join(scratch, event))
+                    _build_one(report, tpu, twin, event, *calls[event], num_cores, name)
     finally:
         tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
         shutil.rmtree(scratch, ignore_errors=True)

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Optional
 
 from tpushim import _estimator, _settings
-from tpushim._preflight import graph_checks, input_checks
+from tpushim._preflight import graph_checks, input_checks, progress
 from tpushim._preflight.checks import check
 from tpushim._preflight.report import Report, failure_as_finding
 
@@ -95,7 +95,10 @@ class Recorder:
             )
         for event, fn, _ in recorded.calls:
             if event != "train" and fn is not train_fn:
-                with failure_as_finding(report):
+                with (
+                    progress.phase(f"input pipeline of {event}()", report),
+                    failure_as_finding(report),
+                ):
                     input_checks.check_input(report, fn, settings.batch_size, num_cores)
         if tpu_graphs and getattr(recorded.estimator, "_tpushim_model_fn", None) is not None:
             first_calls = {}
