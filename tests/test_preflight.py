@@ -240,6 +240,7 @@ def test_check_leaves_the_users_model_untouched():
 
 import json
 import os
+import re
 
 import procs
 
@@ -260,6 +261,42 @@ def test_cli_bundled_demo_checks_clean():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tpushim check: OK - nothing blocks a TPU (0 errors, 0 warnings)" in proc.stdout
     assert "TPU graphs for 8 cores (1 host)" in proc.stdout  # its TPU graphs built, no error
+    # Progress on stderr, a line as each phase starts and one with its time as it ends.
+    for phase in (
+        r"running \S+legacy_mlp.py in cpu mode \(training capped at 3 steps\)",
+        r"XLA compile of the training step",
+        r"TPU train graph for 8 cores",
+        r"TPU evaluate graph for 8 cores",
+    ):
+        assert re.search(rf"^tpushim check: {phase} \.\.\.$", proc.stderr, re.M), phase
+        assert re.search(rf"^tpushim check: {phase}: [0-9.]+ s, (ok|done)$", proc.stderr, re.M), (
+            phase
+        )
+
+
+def test_cli_script_that_raises_exits_3(tmp_path):
+    script = tmp_path / "crashes.py"
+    script.write_text("raise ValueError('no such column: price')\n")
+    proc = _check_cli("--json", str(script))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["schema_version"] == 1 and report["exit_code"] == 3
+    raised = [f for f in report["findings"] if f["code"] == "script-raised"]
+    assert "ValueError: no such column: price" in raised[0]["message"]
+    assert "ValueError: no such column: price" in proc.stderr  # the traceback, as python prints it
+
+
+def test_cli_keeps_a_scripts_exit_message(tmp_path):
+    script = tmp_path / "exits.py"
+    script.write_text("import sys\nsys.exit('no training data in ./data')\n")
+    proc = _check_cli(str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]  # no conversion to check: that blocks
+    assert "no training data in ./data" in proc.stderr.splitlines()  # printed as python prints it
+    assert (
+        "[WARNING] script-exit at script: the script exited with status 1 ('no training data in ./data')"
+        in proc.stdout
+    )
+    assert "[ERROR] no-conversion" in proc.stdout
 
 
 def test_cli_legacy_script_fails_with_json_report():

@@ -206,7 +206,7 @@ def _stock_one_step_per_slice(model_dir, x, y):
 
 
 def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path):
-    """Documented TPU behaviour (README, Deliberate differences): BatchNormalization normalises each
+    """Documented TPU behaviour (docs/reference/differences.md): BatchNormalization normalises each
     shard over its own slice and each replica updates its moving statistics from it; the trainable
     weights still move by the gradient averaged over shards."""
     x, y = tfcases.data(n=GLOBAL)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tpushim import (
     _detect,
     _input_fn,
+    _log,
     _model_fn,
     _observe,
     _padding,
@@ -533,7 +534,7 @@ def build(arguments, settings, tpu):
             else f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"
         )
     )
-    logger.info("model_to_estimator -> %s", description)
+    _log.conversion(description, settings.quiet)  # on stderr too when logging is not configured
     _observe.converted(
         _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
     )

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tpushim import _detect, _estimator, _run_config
 from tpushim._errors import TPUShimError
-from tpushim._preflight import faketpu
+from tpushim._preflight import faketpu, progress
 
 CORES_PER_HOST = 8  # a Cloud TPU v2/v3 host: 4 chips x 2 cores
 EVENTS = ("train", "evaluate", "predict")
@@ -64,15 +64,18 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
             cluster = _detect.cluster_resolver(spec)
             for event in (e for e in EVENTS if e in calls):
                 call, input_call = calls[event]
-                config = conversion.estimator.config.replace(model_dir=os.path.join(scratch, event))
-                twin = _estimator.make_estimator(
-                    conversion.model_fn,
-                    _run_config.to_tpu_run_config(config, conversion.settings, cluster),
-                    conversion.settings,
-                    spec,
-                )
-                replay = replay_input_fn(input_call)
-                _build_one(report, tpu, twin, event, replay, call.steps, num_cores, name)
+                with progress.phase(f"TPU {event} graph for {num_cores} cores", report):
+                    config = conversion.estimator.config.replace(
+                        model_dir=os.path.join(scratch, event)
+                    )
+                    twin = _estimator.make_estimator(
+                        conversion.model_fn,
+                        _run_config.to_tpu_run_config(config, conversion.settings, cluster),
+                        conversion.settings,
+                        spec,
+                    )
+                    replay = replay_input_fn(input_call)
+                    _build_one(report, tpu, twin, event, replay, call.steps, num_cores, name)
     finally:
         tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
         shutil.rmtree(scratch, ignore_errors=True)

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Optional
 
 from tpushim import _input_fn, _observe, _settings
-from tpushim._preflight import graph_checks, input_checks
+from tpushim._preflight import graph_checks, input_checks, progress
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
 
@@ -113,9 +113,10 @@ class Recorder:
         batch = None
         with failure_as_finding(report):
             if train is not None and train[1] is not None:
-                batch = input_checks.check_recorded(
-                    report, train[0].input_fn, train[1], settings.batch_size, num_cores
-                )
+                with progress.phase("input pipeline of train()", report):
+                    batch = input_checks.check_recorded(
+                        report, train[0].input_fn, train[1], settings.batch_size, num_cores
+                    )
             check_model(
                 report,
                 conversion.keras_model,
@@ -128,7 +129,10 @@ class Recorder:
             )
         for call, input_call in recorded.calls:
             if input_call is not None and (train is None or call.input_fn is not train[0].input_fn):
-                with failure_as_finding(report):
+                with (
+                    progress.phase(f"input pipeline of {call.event}()", report),
+                    failure_as_finding(report),
+                ):
                     input_checks.check_recorded(
                         report, call.input_fn, input_call, settings.batch_size, num_cores
                     )
