@@ -208,15 +208,19 @@ def test_eval_set_smaller_than_its_batch_is_judged_by_the_declared_batch():
 def test_a_failing_check_is_a_finding_naming_where():
     import types
 
-    from tpushim import _preflight
+    from tpushim import _observe, _preflight
 
     recorder = _preflight.Recorder()
-    # Told (through the estimator's hook) of a conversion of something that is no Keras model.
+    # Told (as an observer) of a conversion of something that is no Keras model.
     recorder.converted(
-        None,
-        keras_model=object(),
-        custom_objects=None,
-        settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None),
+        _observe.Conversion(
+            estimator=None,
+            keras_model=object(),
+            arguments={"custom_objects": None},
+            settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None),
+            model_fn=None,
+            description="",
+        )
     )
     report = recorder.report()
     failed = [f for f in report.findings if f.code == "preflight-failed"]

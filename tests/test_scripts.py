@@ -18,8 +18,10 @@ LEGACY = [
     "taxi_csv_train_and_evaluate.py",  # CSV + decode_csv, one-shot iterator, batch().repeat(),
     # train_and_evaluate with an exporter, [batch] labels for a [batch, 1] output
     "tfrecord_feature_columns.py",  # TFRecords, input_layer in Dataset.map, custom metric fn
-    "text_vocab_file_lookup.py",
-]  # vocabulary file lookup table, initializable iterator
+    "text_vocab_file_lookup.py",  # vocabulary file lookup table, initializable iterator
+    # input_fns drawing np.random data per call, a one-shot generator feed; counts the calls
+    "random_draws_one_shot_feed.py",
+]
 
 
 def _run(args, workdir):

@@ -205,6 +205,24 @@ def test_predict_graph(tmp_path, hosts):
     assert _types(build, "CrossReplicaSum") == 0
 
 
+def test_input_fn_called_once_per_input_pipeline(tmp_path):
+    """On a TPU the input_fn is called as TPUEstimator calls it, once per host's pipeline (the
+    first of them made before the model, to read the batch size): no extra call."""
+    x, y = _ids_data()
+    calls = []
+
+    def input_fn(repeat):
+        calls.append(1)
+        return dataset_style(x, y, repeat=repeat)()
+
+    with faketpu.faked_tpu_system(hosts=2) as tpu:
+        est = _convert(tpu, tmp_path)
+        tpu.build(lambda: est.train(lambda: input_fn(True), steps=ITERATIONS))
+        assert len(calls) == 2
+        tpu.build(lambda: est.evaluate(lambda: input_fn(False)))
+        assert len(calls) == 4
+
+
 # --- tf.estimator.train_and_evaluate with a TPU configured ----------------------------------------
 
 

@@ -106,71 +106,58 @@ def set_cluster_spec(run_config, cluster_spec):
     run_config._cluster_spec = cluster_spec
 
 
-class TPUEstimatorWithCallBatchSizes(tpu_estimator.TPUEstimator):
-    """A TPUEstimator whose global batch sizes are fixed per call, in the calling thread.
+def tpu_context_like(ctx, train_batch_size, eval_batch_size, predict_batch_size):
+    """A TPU context (TPUEstimator's ``_ctx``) as ``ctx`` but for these global batch sizes,
+    sharing ``ctx``'s answer from the TPU system (asked once per master, then cached)."""
+    new = tpu_context._get_tpu_context(
+        ctx._config,
+        train_batch_size,
+        eval_batch_size,
+        predict_batch_size,
+        ctx._use_tpu,
+        ctx._eval_on_tpu,
+        None,
+    )
+    new._lazy_tpu_system_metadata_dict = ctx._lazy_tpu_system_metadata_dict
+    return new
 
-    TPUEstimator takes its batch sizes at construction, into its TPU context ``_ctx``, and reads
-    that context while it builds a graph -- in train/evaluate/predict and in its input_fn and
-    model_fn wrappers, all in the thread that made the call. Here every thread has its own
-    context, made by :meth:`_fix_call_batch_size`: threads sharing an estimator cannot change
-    each other's batch size between fixing it and building the graph. A thread that fixed none
-    sees the context made at construction. The two other attributes TPUEstimator changes during
-    a call are per thread too: ``_is_input_fn_invoked`` (set by its input_fn wrapper, cleared by
-    its model_fn wrapper: shared, another thread's call would clear it and turn this one's
-    model_fn into an export) and ``_rendezvous`` (a call's error collector, per mode).
-    """
 
-    def __init__(self, *args, **kwargs):
-        self._tpushim_thread = threading.local()
-        super().__init__(*args, **kwargs)
+def place_ops(ops, device):
+    """Places ``ops`` on ``device`` as if made in ``tf.device(device)``: what an op's own device
+    says (e.g. ``/device:CPU:0``) is kept, the rest filled in from ``device``."""
+    import tensorflow as tf
 
-    @property
-    def _ctx(self):
-        return getattr(self._tpushim_thread, "ctx", None) or self._tpushim_constructed_ctx
+    outer = tf.DeviceSpec.from_string(device)
+    for op in ops:
+        op._set_device(outer.make_merged_spec(tf.DeviceSpec.from_string(op.device)))
 
-    @_ctx.setter
-    def _ctx(self, ctx):  # TPUEstimator.__init__ sets it, once
-        self._tpushim_constructed_ctx = ctx
 
-    @property
-    def _is_input_fn_invoked(self):
-        return getattr(self._tpushim_thread, "input_fn_invoked", None)
+def skip_batch_validation(ctx):
+    """Marks a TPU context as validated, for every mode: its batch sizes are placeholders that no
+    graph is built with (each call builds with a context made by :func:`tpu_context_like`, which
+    TPUEstimator validates as usual)."""
+    import tensorflow as tf
 
-    @_is_input_fn_invoked.setter
-    def _is_input_fn_invoked(self, invoked):
-        self._tpushim_thread.input_fn_invoked = invoked
+    modes = tf.estimator.ModeKeys
+    ctx._lazy_validation_dict.update({modes.TRAIN: True, modes.EVAL: True, modes.PREDICT: True})
 
-    @property
-    def _rendezvous(self):
-        if not hasattr(self._tpushim_thread, "rendezvous"):
-            self._tpushim_thread.rendezvous = {}
-        return self._tpushim_thread.rendezvous
 
-    @_rendezvous.setter
-    def _rendezvous(self, rendezvous):  # TPUEstimator.__init__ sets an empty dict
-        self._tpushim_thread.rendezvous = rendezvous
+def tpu_input_context(ctx, device):
+    """The ``params['context']`` TPUEstimator gives the first input_fn invocation (host 0's)."""
+    return tpu_context.TPUContext(
+        internal_ctx=ctx, input_device=device, invocation_index=0, host_id=0
+    )
 
-    def _fix_call_batch_size(self, mode, size):
-        """``mode``'s global batch size for this thread's calls, from now on."""
-        import tensorflow as tf
 
-        modes = tf.estimator.ModeKeys
-        sizes = dict(getattr(self._tpushim_thread, "sizes", {}), **{mode: size})
-        constructed = self._tpushim_constructed_ctx
-        self._tpushim_thread.ctx = tpu_context._get_tpu_context(
-            self._config,
-            sizes.get(modes.TRAIN, size),
-            sizes.get(modes.EVAL, size),
-            sizes.get(modes.PREDICT, size),
-            constructed._use_tpu,
-            constructed._eval_on_tpu,
-            None,
-        )
-        self._tpushim_thread.sizes = sizes
+def tpu_eval_steps_hooks(steps):
+    """The session hooks with which TPUEstimator runs ``steps`` evaluation steps on a TPU (what
+    its ``_convert_eval_steps_to_hooks`` returns)."""
+    from tensorflow.python.training import evaluation
 
-    def _call_batch_size(self, mode):
-        """The global batch size this thread fixed for ``mode``, or None."""
-        return getattr(self._tpushim_thread, "sizes", {}).get(mode)
+    return [
+        evaluation._StopAfterNEvalsHook(num_evals=steps),
+        tpu_estimator._SetEvalIterationsHook(steps),
+    ]
 
 
 def num_shards_in_replica_context():
@@ -319,6 +306,13 @@ def replace_enqueue_data(make_wrapper):
     return lambda: setattr(module, "_enqueue_data", original)
 
 
+def function_def(graph, name):
+    """The FunctionDef of function ``name`` in ``graph``'s library (a Dataset's map function,
+    say), or None."""
+    function = graph._get_function(name) if graph is not None else None
+    return getattr(function, "definition", None) if function is not None else None
+
+
 def dataset_variant_op(dataset):
     """The graph op that makes ``dataset`` (its last transformation), or None where there is none."""
     try:
@@ -392,4 +386,7 @@ def eval_steps_of(hooks):
     for hook in hooks:
         if isinstance(hook, evaluation._StopAfterNEvalsHook):
             return hook._num_evals
+        inner = eval_steps_of(getattr(hook, "hooks", ()))  # hooks tpushim makes at session start
+        if inner is not None:
+            return inner
     return None

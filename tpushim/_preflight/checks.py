@@ -35,13 +35,31 @@ def check(
       A :class:`Report`; ``report.ok`` is False when something would fail on a TPU.
     """
     report = Report()
-    name = getattr(keras_model, "name", "model")
-    with progress.phase(f"conversion of model {name!r}", report):
-        convertible = model_checks.check_conversion(report, keras_model, custom_objects)
     batch = None
     if input_fn is not None:
         with progress.phase(f"input pipeline of {_name(input_fn)}", report):
             batch = input_checks.check_input(report, input_fn, batch_size, num_cores)
+    check_model(
+        report,
+        keras_model,
+        batch,
+        batch_size,
+        num_cores,
+        steps,
+        iterations_per_loop,
+        custom_objects,
+    )
+    return report
+
+
+def check_model(
+    report, keras_model, batch, batch_size, num_cores, steps, iterations_per_loop, custom_objects
+):
+    """The checks of the model (conversion, host-only ops, XLA) on ``batch`` (features, labels:
+    numpy, shaped as the input's; None when no input was checked) and of the settings."""
+    name = getattr(keras_model, "name", "model")
+    with progress.phase(f"conversion of model {name!r}", report):
+        convertible = model_checks.check_conversion(report, keras_model, custom_objects)
     if batch is None and batch_size:
         input_checks.check_batch(report, batch_size, num_cores, "setting batch_size")
     input_checks.check_loop(report, iterations_per_loop, steps)
@@ -51,7 +69,6 @@ def check(
             model_checks.check_host_only_ops(report, keras_model, custom_objects, features, labels)
         with progress.phase("XLA compile of the training step", report):
             model_checks.check_xla(report, keras_model, custom_objects, features, labels)
-    return report
 
 
 def _name(input_fn):
