@@ -105,6 +105,17 @@ def live_ops(outputs):
 # -- rung 2b: emulated with numbers -----------------------------------------------------------------
 
 
+@tf.RegisterGradient("TpushimEmulatedCrossReplicaSum")
+def _no_gradient_through_the_emulated_sum(op, grad):
+    """On a TPU the gradient of CrossReplicaSum is itself a cross-replica sum, which the AddN
+    standing in for it here does not reproduce: a design that differentiates through one must
+    not pass the emulation by accident."""
+    raise AssertionError(
+        f"{op.name}: a gradient flows through an emulated cross_replica_sum; the emulation "
+        "does not reproduce CrossReplicaSum's gradient (a cross-replica sum of the gradients)"
+    )
+
+
 class _Rendezvous:
     """cross_replica_sum across replicas built one after another in one graph."""
 
@@ -116,7 +127,9 @@ class _Rendezvous:
         x = tf.convert_to_tensor(x)
         total = tf.math.add_n([x] * REPLICAS)
         self.calls[-1].append((total.op, x))
-        return total
+        graph = tf.compat.v1.get_default_graph()
+        with graph.gradient_override_map({"Identity": "TpushimEmulatedCrossReplicaSum"}):
+            return tf.identity(total)
 
     def wire(self):
         counts = {len(c) for c in self.calls}
@@ -265,8 +278,13 @@ class Emulation:
         return feed
 
     def train(self, batch):
-        """One step of every replica, on its shard of the global ``batch``."""
-        self.sess.run([spec.train_op for spec in self.specs], self.feed(batch))
+        """One step of every replica, on its shard of the global ``batch``; returns the loss
+        each replica reports for it (TPUEstimator reads replica 0's)."""
+        _, losses = self.sess.run(
+            [[spec.train_op for spec in self.specs], [spec.loss for spec in self.specs]],
+            self.feed(batch),
+        )
+        return losses
 
     def _set(self, key, variables, values):
         if key not in self._assign:

@@ -15,7 +15,7 @@ differs where a TPU needs it to:
 
 import tensorflow as tf
 
-from tpushim import _padding, _tfprivate
+from tpushim import _loss_kinds, _losses, _padding, _tfprivate
 from tpushim._errors import ConversionError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -215,9 +215,20 @@ def make_model_fn(
     except (NotImplementedError, AttributeError):
         optimizer_config = None
 
+    plans = []  # the model's LossPlan, once known (a subclassed model's: at its first TRAIN call)
+
+    def loss_plan(features):
+        if not plans:
+            plan = _loss_kinds.plan(keras_model, custom_objects)
+            if plan.added is None:  # a subclassed model: known once called, before it is cloned
+                plan = _loss_kinds.plan_subclassed(keras_model, custom_objects, features)
+            plans.append(plan)
+        return plans[0]
+
     def model_fn(features, labels, mode, params):
         use_tpu = bool(params.get("use_tpu", False))
         features, padding_weight = _padding.split_padding(features)
+        plan = loss_plan(features) if mode == ModeKeys.TRAIN else None
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
             labels = _padding.labels_for_padded_training(keras_model, labels)
         model = _tfprivate.clone_and_build_model(
@@ -234,13 +245,16 @@ def make_model_fn(
         predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = eval_metrics = None
         if mode == ModeKeys.TRAIN:
-            if padding_weight is not None:  # a short batch padded to full size
-                _padding.weight_out_padding_in_training(
-                    model, padding_weight, cross_replica=use_tpu
-                )
+            # As stock's train function does first: sample weights that cover only some outputs
+            # are dropped (Keras then recompiles its loss without any).
+            _tfprivate.settle_sample_weights(model)
+            shards = (_tfprivate.num_shards_in_replica_context() or 1) if use_tpu else 1
+            shard_loss, loss = _losses.training_loss(
+                model, plan, padding_weight, shards, cross_replica=use_tpu
+            )
+            _tfprivate.replace_total_loss(model, shard_loss)
             _set_aggregation(model, use_tpu)
             _tfprivate.make_train_function(model)
-            loss = model.total_loss
             train_op = model.train_function.updates_op
         elif mode == ModeKeys.EVAL:
             _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
