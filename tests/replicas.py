@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 
-from tpushim import _model_fn, _validation
+from tpushim import _losses, _model_fn, _validation
 
 ModeKeys = tf.estimator.ModeKeys
 REPLICAS = 8
@@ -82,6 +82,21 @@ def train_step_outputs(spec):
 
 def ops_of_type(graph, op_type):
     return [op for op in graph.get_operations() if op.type == op_type]
+
+
+def cross_replica_sums(names):
+    """What each CrossReplicaSum of a TPU train step (given by op or node name) is for:
+    ``{"gradient": one per trainable variable, "reported loss": 1, "loss totals": 0 or 1}``
+    (the last where a loss term needs counts or weight sums of the global batch)."""
+    purposes = {"gradient": 0, "reported loss": 0, "loss totals": 0}
+    for name in names:
+        if _losses.REPORTED_SUM in name:
+            purposes["reported loss"] += 1
+        elif _losses.TOTALS_SUM in name:
+            purposes["loss totals"] += 1
+        else:
+            purposes["gradient"] += 1
+    return purposes
 
 
 def cluster_ops(graph):

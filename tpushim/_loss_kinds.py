@@ -342,16 +342,17 @@ def _output_specs(model, custom_objects, compiled=None):
 def plan_subclassed(keras_model, custom_objects, features):
     """The :class:`LossPlan` of a subclassed model, whose outputs and losses exist only once it
     is called: from a scratch clone on placeholders shaped like ``features`` (the model_fn's)."""
-    with tf.Graph().as_default():
+    with _tfprivate.keras_random_state_kept(), tf.Graph().as_default():
         try:
             clone, _ = _scratch_clone(keras_model, custom_objects, features)
             outputs = classify_outputs(*_output_specs(clone, custom_objects, keras_model))
         finally:
             _tfprivate.restore_subclassed_model_state(keras_model)
-    try:
-        added = classify_added(keras_model, custom_objects, features)
-    finally:
-        _tfprivate.restore_subclassed_model_state(keras_model)
+    with _tfprivate.keras_random_state_kept():
+        try:
+            added = classify_added(keras_model, custom_objects, features)
+        finally:
+            _tfprivate.restore_subclassed_model_state(keras_model)
     return LossPlan(outputs=outputs, added=added)
 
 
@@ -379,7 +380,9 @@ def plan(keras_model, custom_objects=None):
         result = LossPlan(outputs={}, added=None)
     else:
         outputs = classify_outputs(*_output_specs(keras_model, custom_objects))
-        result = LossPlan(outputs=outputs, added=classify_added(keras_model, custom_objects))
+        with _tfprivate.keras_random_state_kept():
+            added = classify_added(keras_model, custom_objects)
+        result = LossPlan(outputs=outputs, added=added)
     _plans[keras_model] = (key, result)
     return result
 

@@ -25,6 +25,9 @@ from tpushim import _loss_kinds, _tfprivate
 from tpushim._errors import ConversionError
 
 Reduction = tf.keras.losses.Reduction
+#: Names of the two cross-replica sums a TPU train step adds besides one per gradient.
+REPORTED_SUM = "tpushim_reported_loss"  # the shards' losses, for the loss the step reports
+TOTALS_SUM = "tpushim_loss_totals"  # counts and weight sums, where a term needs the global ones
 
 
 class _Totals:
@@ -44,7 +47,7 @@ class _Totals:
         if self._parts:
             stacked = tf.stack(self._parts)
             if cross_replica:
-                stacked = tf.compat.v1.tpu.cross_replica_sum(stacked)
+                stacked = tf.compat.v1.tpu.cross_replica_sum(stacked, name=TOTALS_SUM)
             self._values = tf.stop_gradient(stacked)
 
 
@@ -213,7 +216,8 @@ def training_loss(model, plan, padding_weight, shards, cross_replica):
             )
     if not cross_replica:
         return loss, loss
-    return loss, tf.compat.v1.tpu.cross_replica_sum(tf.stop_gradient(loss)) / float(shards)
+    reported = tf.compat.v1.tpu.cross_replica_sum(loss, name=REPORTED_SUM)  # never differentiated
+    return loss, reported / float(shards)
 
 
 def _needs_global(endpoints, kinds, masks, added, degrees):

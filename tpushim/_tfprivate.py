@@ -492,3 +492,30 @@ def replace_total_loss(model, loss):
     before ``make_train_function``, after :func:`settle_sample_weights`, so Keras does not
     recompile it)."""
     model.total_loss = loss
+
+
+class keras_random_state_kept:
+    """A context in which Keras may make layers (each draws a seed for its initializers and
+    dropout from Keras's seed generator, or Python's ``random``) without moving the seeds the
+    layers made afterwards get: an inspection must not change what a seeded run trains."""
+
+    def __enter__(self):
+        import random
+
+        try:
+            from keras.src import backend  # Keras >= 2.13
+        except ImportError:
+            from keras import backend  # Keras 2.12
+        self._generator = getattr(backend._SEED_GENERATOR, "generator", None)
+        self._states = (
+            random.getstate(),
+            None if self._generator is None else self._generator.getstate(),
+        )
+        return self
+
+    def __exit__(self, *exc):
+        import random
+
+        random.setstate(self._states[0])
+        if self._generator is not None:
+            self._generator.setstate(self._states[1])
