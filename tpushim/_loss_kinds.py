@@ -158,6 +158,16 @@ def _kind(full, parts):
     return "unsplittable", "its value is neither a sum nor a mean over the examples"
 
 
+_TRACE_LINES = ("Graph execution error", "Detected at node", "File ", "Node:", "[[", "Original")
+
+
+def _what_went_wrong(error):
+    """The line of an error that says what went wrong (not TensorFlow's trace around it)."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    said = [line for line in lines if line and not line.startswith(_TRACE_LINES)]
+    return said[-1] if isinstance(error, tf.errors.OpError) and said else (said or [""])[0]
+
+
 def _classify(where, evaluate, fix):
     """Runs ``evaluate(draw) -> (full, parts)`` over the draws until one tells the kind."""
     failures = []
@@ -165,7 +175,7 @@ def _classify(where, evaluate, fix):
         try:
             full, parts = evaluate(draw)
         except Exception as e:  # a user's function on synthetic rows: anything may go wrong
-            failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            failures.append(f"{type(e).__name__}: {_what_went_wrong(e)}")
             continue
         kind, why = _kind(np.asarray(full), [np.asarray(p) for p in parts])
         if kind == "unsplittable":
