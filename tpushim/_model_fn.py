@@ -15,7 +15,7 @@ differs where a TPU needs it to:
 
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _losses, _padding, _tfprivate
+from tpushim import _loss_kinds, _losses, _padding, _summaries, _tfprivate
 from tpushim._errors import ConversionError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -183,6 +183,21 @@ def _export_outputs(model, predictions, export_outputs):
     return final
 
 
+def _training_host_call(graph, summaries_before, train_op, loss, config):
+    """The TPU train step's host call: stock's training summaries at stock's steps (see
+    :mod:`tpushim._summaries`)."""
+    with tf.control_dependencies([train_op]):  # the step stock labels this step's loss with
+        step = tf.identity(tf.compat.v1.train.get_global_step())
+    return _summaries.host_call(
+        step,
+        loss,
+        _summaries.loss_tag(graph),
+        _summaries.take_scalar_summaries(graph, summaries_before),
+        config.model_dir,
+        config.save_summary_steps,
+    )
+
+
 def _scaffold_fn(model):
     """Object-based (tf.train.Checkpoint) saving, as stock does for the v2 spelling."""
 
@@ -225,8 +240,10 @@ def make_model_fn(
             plans.append(plan)
         return plans[0]
 
-    def model_fn(features, labels, mode, params):
+    def model_fn(features, labels, mode, params, config=None):
         use_tpu = bool(params.get("use_tpu", False))
+        graph = tf.compat.v1.get_default_graph()
+        summaries_before = len(graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES))
         features, padding_weight = _padding.split_padding(features)
         plan = loss_plan(features) if mode == ModeKeys.TRAIN else None
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
@@ -243,7 +260,7 @@ def make_model_fn(
             compile_metrics=mode != ModeKeys.TRAIN,
         )
         predictions = dict(zip(model.output_names, model.outputs))
-        loss = train_op = eval_metrics = None
+        loss = train_op = eval_metrics = host_call = training_hooks = None
         if mode == ModeKeys.TRAIN:
             # As stock's train function does first: sample weights that cover only some outputs
             # are dropped (Keras then recompiles its loss without any).
@@ -256,6 +273,9 @@ def make_model_fn(
             _set_aggregation(model, use_tpu)
             _tfprivate.make_train_function(model)
             train_op = model.train_function.updates_op
+            if use_tpu and config is not None and config.save_summary_steps:
+                host_call = _training_host_call(graph, summaries_before, train_op, loss, config)
+                training_hooks = [_summaries.DropLoopLossSummary()]
         elif mode == ModeKeys.EVAL:
             _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
             loss = _padding.eval_loss(model, padding_weight, cross_replica=use_tpu)
@@ -272,6 +292,8 @@ def make_model_fn(
             loss=loss,
             train_op=train_op,
             eval_metrics=eval_metrics,
+            host_call=host_call,
+            training_hooks=training_hooks,
             export_outputs=_export_outputs(model, predictions, export_outputs),
             scaffold_fn=_scaffold_fn(model) if save_object_ckpt else None,
         )

@@ -6,7 +6,7 @@ import re
 
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _model_fn, _tfprivate, _validation
+from tpushim import _loss_kinds, _model_fn, _summaries, _tfprivate, _validation
 from tpushim._errors import TPUShimError
 from tpushim._preflight.report import summary
 
@@ -195,7 +195,7 @@ def check_host_only_ops(report, keras_model, custom_objects, features, labels):
         )
     for op in graph.get_operations():
         what = HOST_ONLY_OPS.get(op.type)
-        if what:
+        if what and not _summaries.carried(op):  # scalar summaries reach TensorBoard by host call
             report.add(
                 "host-only-op",
                 "warning" if "summary" in what else "error",
