@@ -15,6 +15,9 @@ user's data: evaluated on synthetic rows of the model's shapes and dtypes, once 
 once on each of their parts of 1, 3 and 4 rows. A term whose value is neither (e.g. batch
 statistics, rows compared with one another) cannot be split across TPU cores: the conversion
 refuses it before anything is written (:class:`LossSplitError`) and the preflight reports it.
+
+Over ~300 lines because it is one concern: the kind of each term, for outputs and for losses
+layers add, known or told apart by evaluation, once per compiled model.
 """
 
 import dataclasses
@@ -62,10 +65,10 @@ class LossPlan:
     """The kind of every term of a model's training loss.
 
     Attributes:
-      outputs: output name -> ``ROWS`` or a degree; absent: not known yet (a subclassed model's
-        outputs exist once it is called: :func:`classify_outputs` in the model_fn).
+      outputs: output name -> ``ROWS`` or a degree (an output without a loss is absent).
       added: (layer name, index in its input losses) -> degree, for the losses a layer adds
-        from its inputs; absent: a mean (degree 0). None: not known yet (subclassed model).
+        from its inputs; absent: a mean (degree 0). None: not known yet (a subclassed model's
+        outputs and losses exist once it is called: :func:`plan_subclassed`, in the model_fn).
     """
 
     outputs: dict
