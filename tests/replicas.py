@@ -8,7 +8,8 @@ replicas on CPU, in two ways.
   ONE graph (each model_fn call clones the Keras model, so each replica has its own variables).
   ``cross_replica_sum`` is replaced, for the build only, by an AddN whose inputs are rewired, once
   every replica exists, to the 8 replicas' tensors of the same call: a true sum across shards.
-  ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. Each replica gets its own global step
+  ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. CrossReplicaSum's gradient (itself a
+  cross-replica sum) is not emulated: a gradient flowing through an emulated sum fails the build. Each replica gets its own global step
   (keras_lib binds the optimizer's ``iterations`` to it), as each TPU core advances its own copy
   of the replicated step once per step.
 

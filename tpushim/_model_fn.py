@@ -6,8 +6,11 @@ differs where a TPU needs it to:
 * TRAIN: gradients are averaged across shards -- for a Keras optimizer through the clone's
   ``gradient_aggregator`` (set on the clone, before its train function is made: it is not part of
   ``get_config``), for a ``tf.compat.v1.train`` optimizer through ``CrossShardOptimizer``; each of
-  a WideDeepModel's two optimizers on its own sub-model's gradients. Nothing
-  TPU-only is emitted when ``params['use_tpu']`` is false (CrossReplicaSum has no CPU kernel).
+  a WideDeepModel's two optimizers on its own sub-model's gradients. Each shard differentiates
+  the loss :mod:`tpushim._losses` builds, so that average is the global batch's gradient for
+  every kind of loss, and the step reports the global batch's loss; on a TPU a ``host_call``
+  writes stock's training summaries (:mod:`tpushim._summaries`). Nothing TPU-only is emitted
+  when ``params['use_tpu']`` is false (CrossReplicaSum has no CPU kernel).
 * EVAL: ``eval_metrics=(metric_fn, tensors)``; ``metric_fn`` rebuilds every compiled metric from
   its config and returns ``(value, update_op)`` pairs, which is what TPUEstimator needs on a TPU.
 * Checkpoints through ``scaffold_fn``: TPUEstimator ignores ``scaffold`` on a TPU.
