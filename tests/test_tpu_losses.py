@@ -374,3 +374,16 @@ def test_negative_control_reported_loss_of_shard_0_fails(stock_runs, monkeypatch
     )
     _, losses = _differences(stock_runs, "builtin-mse")
     assert losses > 100 * TOL, losses
+
+
+def test_the_emulation_refuses_a_gradient_through_a_cross_replica_sum(monkeypatch):
+    """The emulated sum does not have CrossReplicaSum's gradient (a cross-replica sum itself): a
+    design differentiating through one must fail the emulation, not pass it by accident."""
+    real = _losses.training_loss
+    monkeypatch.setattr(
+        _losses,
+        "training_loss",
+        lambda *a, **k: (lambda pair: (pair[1], pair[1]))(real(*a, **k)),  # train on the sum
+    )
+    with pytest.raises(AssertionError, match="gradient flows through an emulated cross_replica"):
+        _emulated("builtin-mse", one_output("mse")().get_weights())
