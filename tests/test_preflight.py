@@ -160,6 +160,14 @@ def test_host_only_ops_inside_the_model():
     finding = next(f for f in report.findings if f.code == "host-only-op")
     assert finding.where == "layer 'summarise' (op HistogramSummary)"
     assert "host-only-op" not in run().codes()
+    # A scalar summary is carried to TensorBoard by the TPU step's host call (tests/test_summaries).
+    scalar = tf.keras.layers.Lambda(
+        lambda x: (
+            tf.identity(x) if tf.compat.v1.summary.scalar("m", tf.reduce_mean(x)) is not None else x
+        ),
+        name="scalar_summary",
+    )
+    assert "host-only-op" not in run(tfcases.sequential(extra_layers=(scalar,))).codes()
 
 
 def test_unconvertible_metric_and_optimizer():

@@ -272,3 +272,29 @@ def test_eval_step_hooks_and_function_defs():
             if v.HasField("func")
         ]
         assert {n.op for n in _tfprivate.function_def(graph, names[0]).node_def} >= {"AddV2"}
+
+
+def test_loss_and_layer_names_the_training_loss_reads():
+    """What tpushim/_loss_kinds.py and _losses.py read of Keras's v1 training loss."""
+    assert _tfprivate.loss_function_wrapper_class().__name__ == "LossFunctionWrapper"
+    assert _tfprivate.add_loss_layer_class().__name__ == "AddLoss"
+    assert tf.keras.losses.mean_squared_error.__module__ in _tfprivate.keras_loss_modules()
+    model = tfcases.two_in_two_out()
+    fns = _tfprivate.prepare_loss_functions(
+        _tfprivate.compile_args(model)["loss"], model.output_names
+    )
+    assert [type(f).__name__ for f in fns] == ["LossFunctionWrapper"] * 2
+    assert _tfprivate.all_layers(model)[0] is model
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        dense = tf.keras.layers.Dense(1, activity_regularizer="l2")
+        out = dense(x)
+        assert len(_tfprivate.layer_input_losses(dense)) == 1  # its activity regularizer's
+        assert _tfprivate.reachable_from([x], [out]) and out in _tfprivate.reachable_from(
+            [x], [out]
+        )
+    import random
+
+    with _tfprivate.keras_random_state_kept():
+        drawn = random.random()
+    assert random.random() == drawn  # the state is put back

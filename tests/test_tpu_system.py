@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import replicas
 import tensorflow as tf
 import tfcases
 
@@ -65,6 +66,11 @@ def _types(build, op_type):
     return len(build.nodes(op_type))
 
 
+def _sums(build):
+    """What the train step's cross-replica sums are for (see replicas.cross_replica_sums)."""
+    return replicas.cross_replica_sums(n.name for n in build.nodes("CrossReplicaSum"))
+
+
 def _assert_replicated(build, tpu):
     metadata = build.nodes("TPUReplicateMetadata")
     assert len(metadata) == 1 and metadata[0].attr["num_replicas"].i == tpu.num_cores
@@ -84,8 +90,9 @@ def test_train_graph(tmp_path, hosts):
     per_core = GLOBAL // tpu.num_cores
     # One infeed enqueue per core, each sending one static per-core batch.
     assert build.infeed_shapes() == [[[per_core, 4], [per_core, 1]]] * tpu.num_cores
-    # Gradients averaged across cores: one all-reduce per trainable variable (2 Dense layers).
-    assert _types(build, "CrossReplicaSum") == 4
+    # Gradients averaged across cores: one all-reduce per trainable variable (2 Dense layers);
+    # one more sums the cores' losses into the global batch's, the loss the step reports.
+    assert _sums(build) == {"gradient": 4, "reported loss": 1, "loss totals": 0}
     # Each host reads a distinct part of the input.
     seen = [
         [int(i) for batch in build.host_input(h, max_batches=8) for i in batch[0][:, 0]]
@@ -257,7 +264,7 @@ def test_train_and_evaluate_runs_the_tpu_path(tmp_path, own_config):
             est = _convert(tpu, tmp_path)
         build = tpu.build(lambda: tf.estimator.train_and_evaluate(est, *_specs(x, y)))
     _assert_replicated(build, tpu)
-    assert _types(build, "CrossReplicaSum") == 4
+    assert _sums(build) == {"gradient": 4, "reported loss": 1, "loss totals": 0}
     # The session still reaches the TPU worker.
     assert est.config.master == tpu.master
     assert [job.name for job in est.config.session_config.cluster_def.job] == ["worker"]

@@ -253,12 +253,6 @@ def training_endpoints(model):
     return model._training_endpoints
 
 
-def recompile_loss_with_sample_weights(model, sample_weights):
-    """Rebuilds a compiled v1-graph clone's ``total_loss`` (and weighted metrics) with these
-    per-output sample weight tensors -- what keras_lib does with an input's sample weights."""
-    model._compile_weights_loss_and_weighted_metrics(sample_weights)
-
-
 def settle_sample_weights(model):
     """What Keras's ``_make_test_function`` (called by stock's EVAL model_fn) does first: when
     sample weights cover only some outputs, the clone's weights and weight modes disagree and Keras
@@ -390,3 +384,135 @@ def eval_steps_of(hooks):
         if inner is not None:
             return inner
     return None
+
+
+# --- the training loss, term by term (tpushim/_loss_kinds.py, tpushim/_losses.py) -------------
+
+
+def prepare_loss_functions(loss, output_names):
+    """The per-output Loss objects a v1-graph clone compiles ``loss`` into (Keras wraps every
+    function in a ``LossFunctionWrapper`` with reduction AUTO), in ``output_names``' order."""
+    try:
+        from keras.src.engine import training_utils_v1  # Keras >= 2.13
+    except ImportError:
+        from keras.engine import training_utils_v1  # Keras 2.12
+    return training_utils_v1.prepare_loss_functions(loss, output_names)
+
+
+def compile_args(keras_model):
+    """The arguments ``compile()`` was given (``loss``, ``loss_weights``, ...), as cloning reads them."""
+    return keras_model._get_compile_args()
+
+
+def keras_loss_modules():
+    """The modules Keras's built-in losses live in (``tf.keras.losses``' functions and classes)."""
+    import tensorflow as tf
+
+    return {tf.keras.losses.mean_squared_error.__module__, tf.keras.losses.Loss.__module__}
+
+
+def loss_function_wrapper_class():
+    """Keras's ``LossFunctionWrapper``: a Loss around a function (``fn``)."""
+    try:
+        from keras.src.losses import LossFunctionWrapper  # Keras >= 2.13
+    except ImportError:
+        from keras.losses import LossFunctionWrapper  # Keras 2.12
+    return LossFunctionWrapper
+
+
+def add_loss_layer_class():
+    """The layer ``model.add_loss(symbolic tensor)`` becomes in a functional model."""
+    try:
+        from keras.src.engine.base_layer import AddLoss  # Keras >= 2.13
+    except ImportError:
+        from keras.engine.base_layer import AddLoss  # Keras 2.12
+    return AddLoss
+
+
+def all_layers(keras_model):
+    """The model and every layer in it, nested models' layers included, in Keras's order."""
+    return list(keras_model._flatten_layers(include_self=True, recursive=True))
+
+
+def layer_input_losses(layer):
+    """The losses a layer added from what it was called on (activity regularizers, ``add_loss``
+    of a tensor): its own, not its sublayers'; weight regularizers are kept apart (callables)."""
+    return list(layer._losses)
+
+
+def clone_for_inspection(keras_model, custom_objects, input_tensors=None):
+    """An uncompiled clone in the current (scratch) graph, built as the model_fn's clone is
+    (keras_lib's cloning): a functional model on fresh placeholders; a subclassed model called
+    on ``input_tensors`` (Keras may reset it in place: see :func:`restore_subclassed_model_state`).
+
+    As Keras's cloning does for a compiled clone (which stock's conversion makes next), the
+    model's compile arguments are pinned first: cloning in a graph can turn the model's class
+    into its v1 twin, whose own ``_get_compile_args`` then fails.
+    """
+    import tensorflow as tf
+
+    if getattr(keras_model, "optimizer", None) is not None:
+        compile_args = keras_model._get_compile_args()
+        keras_model._get_compile_args = lambda: compile_args
+    return tf.compat.v2.keras.__internal__.models.clone_and_build_model(
+        keras_model,
+        input_tensors,
+        None,
+        custom_objects,
+        compile_clone=False,
+        in_place_reset=not keras_model._is_graph_network,
+    )
+
+
+def output_masks(model):
+    """Per output, the Keras mask a compiled clone weights its loss with (None: no mask)."""
+    return [getattr(output, "_keras_mask", None) for output in model.outputs]
+
+
+def added_losses(model):
+    """The regularization and ``add_loss`` terms Keras adds to a compiled clone's total loss."""
+    return model.get_losses_for(None) + model.get_losses_for(model.inputs)
+
+
+def reachable_from(inputs, targets):
+    """The tensors and ops of ``targets`` that depend on ``inputs`` (a graph walk, as Keras's
+    ``get_losses_for`` does it)."""
+    try:
+        from keras.src.utils import tf_utils as keras_tf_utils  # Keras >= 2.13
+    except ImportError:
+        from keras.utils import tf_utils as keras_tf_utils  # Keras 2.12
+    return keras_tf_utils.get_reachable_from_inputs(inputs, targets)
+
+
+def replace_total_loss(model, loss):
+    """Makes ``loss`` what a compiled v1-graph clone's train function differentiates (set
+    before ``make_train_function``, after :func:`settle_sample_weights`, so Keras does not
+    recompile it)."""
+    model.total_loss = loss
+
+
+class keras_random_state_kept:
+    """A context in which Keras may make layers (each draws a seed for its initializers and
+    dropout from Keras's seed generator, or Python's ``random``) without moving the seeds the
+    layers made afterwards get: an inspection must not change what a seeded run trains."""
+
+    def __enter__(self):
+        import random
+
+        try:
+            from keras.src import backend  # Keras >= 2.13
+        except ImportError:
+            from keras import backend  # Keras 2.12
+        self._generator = getattr(backend._SEED_GENERATOR, "generator", None)
+        self._states = (
+            random.getstate(),
+            None if self._generator is None else self._generator.getstate(),
+        )
+        return self
+
+    def __exit__(self, *exc):
+        import random
+
+        random.setstate(self._states[0])
+        if self._generator is not None:
+            self._generator.setstate(self._states[1])
