@@ -147,7 +147,7 @@ def _rebatch(dataset, batch_size, drop_remainder):
     return dataset.unbatch().batch(batch_size, drop_remainder=drop_remainder)
 
 
-def fit_batches(dataset, batch_size, mode):
+def fit_batches(dataset, batch_size, mode, padded_to=None):
     """The user's Dataset in batches of exactly ``batch_size`` (static shapes), as stock batches it.
 
     * already static and that size: as it is;
@@ -158,46 +158,57 @@ def fit_batches(dataset, batch_size, mode):
       stock's), of the eval loss and metrics, and the estimator drops it from predictions;
     * batched by another size (``batch_size`` set explicitly): re-batched; a training batch that
       would be short is filled from the next epoch's rows, as a TPU always gets full batches.
+
+    With ``padded_to`` (a TPU's global batch when ``batch_size`` does not divide among its cores)
+    every batch, full or short, is padded to ``padded_to`` rows: each step is still one of
+    stock's batches.
     """
+    padded_to = padded_to or batch_size
     static = _batch_dim(dataset)
     if static == batch_size:
-        return dataset
-    if static is None and _declared_batch(dataset) == batch_size:
-        if _batches_always_full(dataset):  # nothing to pad: only the static shape is missing
-            return _rebatch(dataset, batch_size, drop_remainder=True)
+        full = dataset
+    elif static is None and _declared_batch(dataset) == batch_size:
+        if not _batches_always_full(dataset):
+            _observe.note(
+                "padding",
+                "short batches padded to %d rows, the padding weighted out of losses and metrics",
+                padded_to,
+            )
+            return dataset.map(_padding.pad_batch(padded_to))
+        full = _rebatch(dataset, batch_size, drop_remainder=True)  # only the static shape missing
+    else:
         _observe.note(
-            "padding",
-            "short batches padded to %d rows, the padding weighted out of losses and metrics",
+            "rebatch",
+            "input batched by %s re-batched to the global batch of %d",
+            _declared_batch(dataset) or static or "a size its graph does not declare",
             batch_size,
         )
-        return dataset.map(_padding.pad_batch(batch_size))
-    _observe.note(
-        "rebatch",
-        "input batched by %s re-batched to the global batch of %d",
-        _declared_batch(dataset) or static or "a size its graph does not declare",
-        batch_size,
-    )
-    if mode == ModeKeys.TRAIN:
-        return _rebatch(dataset, batch_size, drop_remainder=True)
-    return _rebatch(dataset, batch_size, drop_remainder=False).map(_padding.pad_batch(batch_size))
+        if mode != ModeKeys.TRAIN:
+            rebatched = _rebatch(dataset, batch_size, drop_remainder=False)
+            return rebatched.map(_padding.pad_batch(padded_to))
+        full = _rebatch(dataset, batch_size, drop_remainder=True)
+    return full if padded_to == batch_size else full.map(_padding.pad_batch(padded_to))
 
 
-def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0):
+def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0, tpu_batch=None):
     """One TPU host's input: the global batches stock would see (:func:`fit_batches`) cut, in order,
     into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or host (V1); host
     ``h`` of ``H`` takes pieces ``h, h+H, ...``, so each step's global batch is the next of stock's
     batches. In EVAL every batch carries a padding weight and zero-weight batches follow forever,
-    so no host runs dry before the last of the steps tpushim computes.
+    so no host runs dry before the last of the steps tpushim computes. ``tpu_batch``: the global
+    batch the TPU runs when stock's does not divide among its cores, each of stock's batches
+    padded to it (zero-weight rows).
     """
-    dataset = fit_batches(dataset, global_batch, mode)
+    tpu_batch = tpu_batch or global_batch
+    dataset = fit_batches(dataset, global_batch, mode, padded_to=tpu_batch)
     if mode == ModeKeys.EVAL and not _padding.has_padding(dataset):
-        dataset = dataset.map(_padding.pad_batch(global_batch))  # all real: weights of one
-    if batch_size != global_batch:
+        dataset = dataset.map(_padding.pad_batch(tpu_batch))  # all real: weights of one
+    if batch_size != tpu_batch:
         dataset = _rebatch(dataset, batch_size, drop_remainder=True)  # divides: nothing dropped
     if num_hosts > 1 and mode != ModeKeys.PREDICT:
         dataset = dataset.shard(num_hosts, host)
     if mode == ModeKeys.EVAL:
-        dataset = dataset.concatenate(_padding.zero_weight_batches(dataset))
+        dataset = _padding.then_zero_weight_batches(dataset)
     return dataset
 
 

@@ -21,6 +21,7 @@ from tpushim import (
     _observe,
     _padding,
     _run_config,
+    _shapes,
     _tfprivate,
     _validation,
 )
@@ -29,7 +30,6 @@ from tpushim._errors import ConversionError
 logger = logging.getLogger("tpushim")
 
 ModeKeys = tf.estimator.ModeKeys
-tpu_config = _tfprivate.tpu_config
 TPUEstimator = _tfprivate.tpu_estimator.TPUEstimator
 
 _EVENTS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate", ModeKeys.PREDICT: "predict"}
@@ -68,7 +68,14 @@ class TPUShimEstimator(TPUEstimator):
     invocation's result instead of calling again.
     """
 
-    def __init__(self, *args, tpushim_batch_size=None, tpushim_tpu_source=None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        tpushim_batch_size=None,
+        tpushim_tpu_source=None,
+        tpushim_model_inputs=None,
+        **kwargs,
+    ):
         self._tpushim_thread = _PerThread()
         size = tpushim_batch_size or 1  # a placeholder: each call fixes its own
         super().__init__(
@@ -82,6 +89,7 @@ class TPUShimEstimator(TPUEstimator):
         # constructed one holds placeholders, and each call validates the one it fixes.
         _tfprivate.skip_batch_validation(self._tpushim_constructed_ctx)
         self._tpushim_fixed_batch = tpushim_batch_size
+        self._tpushim_model_inputs = tpushim_model_inputs  # _shapes.ModelInputs, or None
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
         self._tpushim_eval_on_tpu = kwargs.get("eval_on_tpu", True)
         if not self._tpushim_use_tpu:
@@ -160,14 +168,19 @@ class TPUShimEstimator(TPUEstimator):
             return self._tpushim_fixed_batch
         return facts.batch_size
 
-    def _check_divides(self, mode, size):
-        """On a TPU the global batch must divide among its replicas (one per core)."""
+    def _tpu_batch(self, mode, size):
+        """The global batch a call runs for stock's global batch ``size``: on a TPU the next
+        multiple of its replicas (one per core), the rows beyond ``size`` padding weighted 0
+        (:func:`tpushim._batching.tpu_batches`), so that every step is one of stock's batches."""
         if not self._on_tpu(mode):
-            return
+            return size
         with self._ctx.with_mode(mode) as ctx:
             shards = ctx.num_replicas
-        if shards and size % shards:
-            raise ConversionError(indivisible_batch_message(size, shards))
+        if not shards or size % shards == 0:
+            return size
+        padded = -(-size // shards) * shards
+        _observe.note("batch-padding", "%s; %s.", *indivisible_batch(size, shards))
+        return padded
 
     def _call_input_fn(self, input_fn, mode, input_context=None):
         """TPUEstimator's one request for the input of a call, made in the graph it builds.
@@ -193,7 +206,7 @@ class TPUShimEstimator(TPUEstimator):
             first, count=count, count_unknown=thread.eval_steps is None, input_fn=input_fn
         )
         size = self._global_batch(facts)
-        self._check_divides(mode, size)
+        tpu_batch = self._tpu_batch(mode, size)
         if mode == ModeKeys.TRAIN and facts.declared != size and _finite(first):
             _observe.note(
                 "drop",
@@ -208,7 +221,7 @@ class TPUShimEstimator(TPUEstimator):
             thread.eval_steps = tpu_eval_steps(facts, size, thread.eval_steps)
         if on_tpu:
             _tfprivate.place_ops(graph.get_operations()[made_before:], device)
-        self._fix_call_batch_size(mode, size)
+        self._fix_call_batch_size(mode, tpu_batch)
         _observe.input_called(_observe.InputCall(_observe.current_call(), mode, first, facts, size))
         pending = [first]
 
@@ -224,7 +237,15 @@ class TPUShimEstimator(TPUEstimator):
                     self.config,
                     input_context,
                 )
-            return _input_fn.adapt(result, mode, size, params, input_fn)
+            return _input_fn.adapt(
+                result,
+                mode,
+                size,
+                params,
+                input_fn,
+                tpu_batch=tpu_batch,
+                model_inputs=self._tpushim_model_inputs,
+            )
 
         return super()._call_input_fn(tpushim_input_fn, mode, input_context)
 
@@ -414,24 +435,23 @@ def batch_choices(size, shards):
 
 def indivisible_batch(size, shards):
     """The one text for a global batch size that does not divide among a TPU's shards (one per
-    core): the conversion raises it, the preflight reports it.
+    core): the estimator logs it when it pads each batch, the preflight warns with it.
 
     Args:
       size: the global batch size.
       shards: the TPU's shards (cores).
     Returns:
-      ``(problem, fix)``: what is wrong; the nearest sizes that divide and where to set one.
+      ``(problem, fix)``: what happens and what it costs; the nearest sizes that waste nothing
+      and where to set one.
     """
+    padded = -(-size // shards) * shards
     return (
-        f"global batch size {size} does not divide among {shards} TPU cores",
-        f"use a multiple of {shards} ({batch_choices(size, shards)}): set "
+        f"global batch size {size} does not divide among {shards} TPU cores: each of its batches "
+        f"is padded to {padded} rows, weighted 0 ({padded - size} of {padded}, "
+        f"{(padded - size) / padded:.1%} of every step's work, wasted)",
+        f"use a multiple of {shards} ({batch_choices(size, shards)}) to waste nothing: set "
         f"tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE, or batch the input by it",
     )
-
-
-def indivisible_batch_message(size, shards):
-    """:func:`indivisible_batch` as one sentence, for an exception."""
-    return "{}; {}.".format(*indivisible_batch(size, shards))
 
 
 def _load_model(arguments):
@@ -450,15 +470,6 @@ def _load_model(arguments):
         )
     logger.info("loading model from %s", keras_model_path)
     return tf.keras.models.load_model(keras_model_path, custom_objects=arguments["custom_objects"])
-
-
-def _check_batch_divides(settings, config, tpu):
-    """A configured global batch size must divide among shards the user's TPUConfig names."""
-    if tpu is None or not settings.batch_size or not isinstance(config, tpu_config.RunConfig):
-        return
-    shards = config.tpu_config.num_shards
-    if shards and settings.batch_size % shards:
-        raise ConversionError(indivisible_batch_message(settings.batch_size, shards))
 
 
 def build(arguments, settings, tpu):
@@ -485,7 +496,6 @@ def build(arguments, settings, tpu):
         )
         _validation.check_model_dir(keras_model, config.model_dir)
         model_dir_checked = True
-    _check_batch_divides(settings, config, tpu)
     cluster = _detect.cluster_resolver(tpu) if tpu is not None else None
     # With no model_dir given, stock makes a temporary one: only now, once nothing can fail first.
     config = _tfprivate.maybe_overwrite_model_dir_and_session_config(config, None)
@@ -522,7 +532,14 @@ def build(arguments, settings, tpu):
             "(its weights are not carried over). The model you passed is unchanged.",
             type(keras_model).__name__,
         )
-    estimator = make_estimator(model_fn, tpu_run_config, settings, tpu, warm_start_path)
+    estimator = make_estimator(
+        model_fn,
+        tpu_run_config,
+        settings,
+        tpu,
+        warm_start_path,
+        model_inputs=_shapes.ModelInputs.of(keras_model),
+    )
     description = (
         f"TPUEstimator(use_tpu={tpu is not None}"
         + (f", tpu={tpu.describe()}" if tpu is not None else "")
@@ -541,9 +558,11 @@ def build(arguments, settings, tpu):
     return estimator
 
 
-def make_estimator(model_fn, run_config, settings, tpu, warm_start_from=None):
+def make_estimator(model_fn, run_config, settings, tpu, warm_start_from=None, model_inputs=None):
     """The :class:`TPUShimEstimator` for a model_fn tpushim made: on ``tpu`` (a
-    :class:`tpushim._detect.TPUSpec` whose cluster ``run_config`` carries), or on CPU when None."""
+    :class:`tpushim._detect.TPUSpec` whose cluster ``run_config`` carries), or on CPU when None.
+    ``model_inputs``: the Keras model's :class:`tpushim._shapes.ModelInputs`, whose shapes the
+    input's features take where theirs are less known (:mod:`tpushim._shapes`)."""
     use_tpu = tpu is not None
     return TPUShimEstimator(
         model_fn=model_fn,
@@ -557,4 +576,5 @@ def make_estimator(model_fn, run_config, settings, tpu, warm_start_from=None):
         eval_on_tpu=use_tpu,
         params={},
         tpushim_tpu_source=tpu.source if use_tpu else None,
+        tpushim_model_inputs=model_inputs,
     )

@@ -21,7 +21,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _batching, _observe, _source
+from tpushim import _batching, _observe, _shapes, _source
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -43,19 +43,24 @@ def tensors_error(input_fn, result):
 
 
 def check_result(input_fn, result):
-    """A Dataset, or (features[, labels]) tensors as Estimator takes them; anything else is an error."""
+    """A Dataset, or (features[, labels]) tensors as Estimator takes them; anything else is an error.
+
+    Features and labels may hold Python lists wherever Keras takes them (``([a, b, text], [y1,
+    y2])`` for a model of three inputs and two outputs): tf.data and TPUEstimator are given them
+    as tuples (:func:`tpushim._source.tuples`)."""
     if isinstance(result, tf.data.Dataset):
         return result
-    # (features, labels) or features: a tuple, a dict or one array; a bare list is no such structure.
+    # (features, labels) or features: a tuple (a list of two, as Estimator reads it), a dict or
+    # one array.
+    result = _source.tuples(result)
     flat = tf.nest.flatten(result) if result is not None else []
-    values = flat and not isinstance(result, list) and all(_is_value(x) for x in flat)
-    if values:
+    if flat and all(_is_value(x) for x in flat):
         # numpy arrays / Python values: stock feeds them as constants, the same batch every step;
         # a Dataset repeating that one element feeds a TPU (and cpu mode) exactly that.
         return tf.data.Dataset.from_tensors(
             tf.nest.map_structure(tf.convert_to_tensor, result)
         ).repeat()
-    if flat and not isinstance(result, list) and all(tf.is_tensor(x) or _is_value(x) for x in flat):
+    if flat and all(tf.is_tensor(x) or _is_value(x) for x in flat):
         result = tf.nest.map_structure(
             lambda x: x if tf.is_tensor(x) else tf.convert_to_tensor(x), result
         )
@@ -124,23 +129,30 @@ def graph_session():
     """A session over the graph being built, for the few values tpushim must read before
     TPUEstimator builds the rest of it (the estimator's own session comes later). Soft placement:
     on a TPU the input's ops are placed on the TPU hosts, which this process reads as its CPU.
-    The ops it runs are added to that graph and never run by the estimator."""
+    The ops it runs are added to that graph and never run by the estimator.
+
+    Every lookup table in the graph is initialised first, as stock's Scaffold initialises them
+    before its dataset initializer runs: a table the input_fn looks up in its own graph, outside
+    any ``Dataset.map`` (``from_tensor_slices(table.lookup(...))``), feeds what the Dataset holds,
+    and even its cardinality cannot be read without it."""
+    graph = tf.compat.v1.get_default_graph()
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    with tf.compat.v1.Session(graph=tf.compat.v1.get_default_graph(), config=config) as session:
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        initializers = graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+        if initializers:
+            session.run(initializers)
         yield session
 
 
 def _read_first_batch_size(result, session):
-    """The size of the input's first batch, read (tables initialised first): the one case in which
+    """The size of the input's first batch, read: the one case in which
     tpushim reads data before the estimator does, when the graph does not declare the size."""
     if isinstance(result, tf.data.Dataset):
         # An initializable iterator: a one-shot iterator refuses datasets that capture a table.
         iterator = tf.compat.v1.data.make_initializable_iterator(result.take(1))
-        session.run(tf.compat.v1.tables_initializer())
         session.run(iterator.initializer)
         return int(tf.nest.flatten(session.run(iterator.get_next()))[0].shape[0])
     # Tensors tpushim could not trace back to their source: their queues need runner threads.
-    session.run(tf.compat.v1.tables_initializer())
     coordinator = tf.compat.v1.train.Coordinator()
     threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator)
     try:
@@ -185,7 +197,6 @@ def _count(result, session, count_unknown):
         "counting the evaluation input by reading it once: its graph does not say how many "
         "examples it holds, and a TPU must know how many steps to run (pass steps= to skip this)",
     )
-    session.run(tf.compat.v1.tables_initializer())
     sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
     zero = tf.constant(0, tf.int64)
     batches, examples = session.run(
@@ -222,16 +233,20 @@ def read_facts(result, count=False, count_unknown=True, input_fn=None):
     return InputFacts(size, declared, batches, examples)
 
 
-def adapt(result, mode, global_batch, params, input_fn=None):
+def adapt(result, mode, global_batch, params, input_fn=None, *, tpu_batch=None, model_inputs=None):
     """What one input_fn call built, as TPUEstimator must be given it: static global batches on
     CPU; on a TPU (``params['context']`` present) this host's per-core pieces of those batches.
 
     Args:
       result: what :func:`call` returned.
       mode: the ``ModeKeys`` value.
-      global_batch: this call's global batch size.
+      global_batch: this call's global batch size (stock's).
       params: TPUEstimator's params for this invocation (``batch_size`` per core on a TPU).
       input_fn: the user's input_fn, named in errors.
+      tpu_batch: the global batch a TPU runs, ``global_batch`` padded to a multiple of its
+        cores (see :func:`tpushim._batching.tpu_batches`); ``global_batch`` when None.
+      model_inputs: the :class:`tpushim._shapes.ModelInputs` of the model, whose declared shapes
+        complete the features' (see :mod:`tpushim._shapes`).
     """
     context = params.get("context")  # present only when the input feeds a TPU
     if not isinstance(result, tf.data.Dataset):
@@ -241,6 +256,7 @@ def adapt(result, mode, global_batch, params, input_fn=None):
         logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
         return result
     result = _batching.without_float64(result)
+    result = _shapes.with_declared_shapes(result, model_inputs)
     if context is None:
         return _batching.fit_batches(result, global_batch, mode).prefetch(tf.data.AUTOTUNE)
     return _batching.tpu_batches(
@@ -250,4 +266,5 @@ def adapt(result, mode, global_batch, params, input_fn=None):
         mode,
         getattr(context, "num_hosts", 1),
         getattr(context, "current_host", 0),
+        tpu_batch=tpu_batch,
     ).prefetch(tf.data.AUTOTUNE)

@@ -196,11 +196,12 @@ def training_loss(model, plan, padding_weight, shards, cross_replica):
     from_inputs = _tfprivate.reachable_from(model.inputs, added) if added else []
     if padding_weight is not None and any(t in from_inputs for t in added):
         raise ConversionError(
-            "this training input has short batches, which a TPU pads to full size, and the model "
-            "adds a loss computed from its inputs (an activity_regularizer or model.add_loss), "
-            "which would count the padding rows. Make every training batch full: repeat the "
-            "dataset before batching it (dataset.repeat().batch(B)) or batch it with "
-            "drop_remainder=True."
+            "this training input has short batches, which a TPU pads to full size, or a global "
+            "batch that does not divide among the TPU's cores, which it pads to the next multiple "
+            "of them, and the model adds a loss computed from its inputs (an activity_regularizer "
+            "or model.add_loss), which would count the padding rows. Make every training batch "
+            "full: repeat the dataset before batching it (dataset.repeat().batch(B)) or batch it "
+            "with drop_remainder=True, B a multiple of the TPU's cores."
         )
     kinds = [plan.outputs.get(e.output_name, _loss_kinds.ROWS) for e in endpoints]
     masks = dict(zip(model.output_names, _tfprivate.output_masks(model)))

@@ -3,8 +3,8 @@
 The contract: a padded batch's features are ``{FEATURES_KEY: features, PADDING_KEY: weight}``,
 weight 1 for a real row and 0 for a padding row. Every step of that contract lives here:
 
-* pack: :func:`pad_batch` pads a short batch and adds the weight; :func:`zero_weight_batches`
-  are what a TPU evaluation reads once a host's input ran out;
+* pack: :func:`pad_batch` pads a short batch (with copies of a real row) and adds the weight;
+  :func:`then_zero_weight_batches` adds what a TPU evaluation reads once a host's input ran out;
 * unpack: :func:`split_padding` in the model_fn;
 * weight: padding counts for nothing in the training loss (:func:`labels_for_padded_training`;
   the loss itself weighs the padding weight in :mod:`tpushim._losses`), the eval loss
@@ -25,17 +25,23 @@ FEATURES_KEY = "__tpushim_features__"
 
 
 def pad_batch(batch_size):
-    """A ``Dataset.map`` function: each batch padded to ``batch_size`` rows, with its padding weight."""
+    """A ``Dataset.map`` function: each batch padded to ``batch_size`` rows, with its padding weight.
+
+    The padding rows are copies of the batch's first row: values the model already accepts, of
+    every dtype (an empty string, a zero id or a zero in a log may not be accepted: a model's
+    ``tf.strings.to_number`` fails on ``""``, a lookup without OOV buckets on an unknown id, a
+    ``log`` gives -inf, and 0 * inf in a weighted loss is NaN). Weighted 0, they count nowhere.
+    """
 
     def pad(*element):
         element = element[0] if len(element) == 1 else element
         flat = tf.nest.flatten(element)
         real = tf.shape(flat[0])[0]
         missing = batch_size - real
+        rows = tf.concat([tf.range(real), tf.zeros([missing], tf.int32)], 0)
 
         def pad_one(x):
-            paddings = [[0, missing]] + [[0, 0]] * (x.shape.rank - 1)
-            padded = tf.pad(x, paddings, constant_values=tf.zeros([], x.dtype))
+            padded = tf.gather(x, rows)
             padded.set_shape([batch_size] + x.shape.as_list()[1:])
             return padded
 
@@ -59,14 +65,31 @@ def has_padding(dataset):
     return isinstance(features, dict) and PADDING_KEY in features
 
 
-def zero_weight_batches(dataset):
-    """Zero-weight batches like ``dataset``'s, forever: what a TPU evaluation, which runs exactly
-    ``steps`` steps and cannot stop at the end of the input, reads once a host's share ran out."""
-    return (
-        dataset.take(1)
-        .map(lambda *e: tf.nest.map_structure(tf.zeros_like, e[0] if len(e) == 1 else e))
-        .repeat()
-    )
+def _with_weight(element, weight):
+    """A padded element (see :func:`pad_batch`) with its padding weight replaced by ``weight``."""
+    if isinstance(element, tuple):
+        features, labels = element
+        return dict(features, **{PADDING_KEY: weight(features[PADDING_KEY])}), labels
+    return dict(element, **{PADDING_KEY: weight(element[PADDING_KEY])})
+
+
+def then_zero_weight_batches(dataset):
+    """``dataset``'s padded batches, then its last batch again, forever, with weight 0: what a TPU
+    evaluation, which runs exactly ``steps`` steps and cannot stop at the end of the input, reads
+    once a host's share ran out. Copies of real rows, as :func:`pad_batch` pads; the input is
+    not read again for them (a one-shot feed could not be). Zeros only for a host fed nothing."""
+    spec = dataset.element_spec
+    nothing_yet = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
+    filler = tf.data.Dataset.from_tensors((False, nothing_yet)).repeat()
+
+    def keep_last(last, tagged):
+        real, element = tagged
+        return tf.cond(
+            real, lambda: (element, element), lambda: (last, _with_weight(last, tf.zeros_like))
+        )
+
+    tagged = dataset.map(lambda *e: (True, e[0] if len(e) == 1 else e))
+    return tagged.concatenate(filler).scan(nothing_yet, keep_last)
 
 
 # --- unpack ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ notes where such tensors come from, and returns the Dataset that feeds the same 
 """
 
 import collections
+import collections.abc
 import logging
 
 import tensorflow as tf
@@ -134,11 +135,39 @@ _DEQUEUE_OPS = {"QueueDequeueManyV2": True, "QueueDequeueUpToV2": False}  # -> f
 
 
 def _rearrange(result, ids):
+    structure = tuples(result)
+
     def rearrange(*element):
         element = tf.nest.flatten(element)
-        return tf.nest.pack_sequence_as(result, [element[i] for i in ids])
+        return tf.nest.pack_sequence_as(structure, [element[i] for i in ids])
 
     return rearrange
+
+
+def _has_list(structure):
+    if isinstance(structure, list):
+        return True
+    if isinstance(structure, tuple):
+        return any(_has_list(x) for x in structure)
+    if isinstance(structure, collections.abc.Mapping):
+        return any(_has_list(x) for x in structure.values())
+    return False
+
+
+def tuples(structure):
+    """``structure`` (features and labels as the user's input_fn gave them) with every list a
+    tuple: tf.data reads a list as ONE tensor to stack (``([a, b, text], [y1, y2])`` fails, or
+    features of one shape silently become one tensor), a tuple as its components. keras_lib
+    reads a tuple of features or labels as the list it would read (``_convert_estimator_io_to_keras``
+    takes both as the model's inputs or outputs in order), so the model gets what stock gives it."""
+    if not _has_list(structure):
+        return structure
+    if isinstance(structure, list) or type(structure) is tuple:
+        return tuple(tuples(x) for x in structure)
+    if isinstance(structure, tuple):  # a namedtuple
+        return type(structure)(*(tuples(x) for x in structure))
+    items = [(key, tuples(value)) for key, value in structure.items()]
+    return type(structure)(items) if isinstance(structure, collections.OrderedDict) else dict(items)
 
 
 class _QueueSource:
@@ -215,6 +244,9 @@ def call_and_recover(input_fn, mode, params, config, input_context=None):
     """Calls the input_fn; iterator or queue tensors traced to their source become a Dataset."""
     with _SourceRecorder() as recorder:
         result = call_user_input_fn(input_fn, mode, params, config, input_context)
+    if isinstance(result, (list, tuple)) and len(result) != 2:
+        # Estimator's own check and text (estimator/util.py parse_iterator_result).
+        raise ValueError("input_fn should return (features, labels) as a len 2 tuple.")
     if result is not None and not isinstance(result, tf.data.Dataset):
         flat = tf.nest.flatten(result)
         if flat and all(tf.is_tensor(x) for x in flat):

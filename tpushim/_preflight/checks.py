@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tpushim import _settings
+from tpushim import _settings, _shapes
 from tpushim._preflight import input_checks, model_checks, progress
 from tpushim._preflight.report import Report
 
@@ -38,7 +38,9 @@ def check(
     batch = None
     if input_fn is not None:
         with progress.phase(f"input pipeline of {_name(input_fn)}", report):
-            batch = input_checks.check_input(report, input_fn, batch_size, num_cores)
+            batch = input_checks.check_input(
+                report, input_fn, batch_size, num_cores, _shapes.ModelInputs.of(keras_model)
+            )
     check_model(
         report,
         keras_model,

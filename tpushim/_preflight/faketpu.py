@@ -67,7 +67,7 @@ class Build:
 
     def host_input(self, host, max_batches=1000):
         """Runs host ``host``'s input pipeline from this graph on CPU (input pipelines run on the
-        TPU hosts' CPUs): the batches it would feed, one list per ``get_next`` call per core,
+        TPU hosts' CPUs), its lookup tables initialised first: the batches it would feed, one list per ``get_next`` call per core,
         each a flat list of numpy arrays, until it ends or ``max_batches`` batches."""
         graph_def = self.graph.as_graph_def()
         task = f"/task:{host}/"
@@ -76,9 +76,16 @@ class Build:
             raise ValueError(f"expected one input iterator on host {host}, found {len(makers)}")
         iterators = {n.name: n for n in graph_def.node if n.op in ("IteratorV2", "Iterator")}
         iterator = iterators[makers[0].input[1].split(":")[0]]
+        # The host's lookup tables, which the session's Scaffold initialises (local_init_op)
+        # before the dataset initializer hooks run.
+        tables = [
+            op.name
+            for op in self.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+            if task in op.device
+        ]
         # Only the input pipeline: TPU ops in the rest of the graph have no CPU kernels.
         graph_def = tf.compat.v1.graph_util.extract_sub_graph(
-            graph_def, [makers[0].name, iterator.name]
+            graph_def, [makers[0].name, iterator.name, *tables]
         )
         for node in graph_def.node:
             node.device = ""  # the hosts' CPUs are this machine's CPU
@@ -94,6 +101,7 @@ class Build:
                 ],
             )
             with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run([graph.get_operation_by_name(name) for name in tables])
                 sess.run(graph.get_operation_by_name(makers[0].name))
                 while len(batches) < max_batches:
                     try:

@@ -8,7 +8,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tpushim import _detect, _estimator, _run_config
+from tpushim import _detect, _estimator, _run_config, _shapes
 from tpushim._errors import TPUShimError
 from tpushim._preflight import faketpu, progress
 
@@ -73,6 +73,7 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
                         _run_config.to_tpu_run_config(config, conversion.settings, cluster),
                         conversion.settings,
                         spec,
+                        model_inputs=_shapes.ModelInputs.of(conversion.keras_model),
                     )
                     replay = replay_input_fn(input_call)
                     _build_one(report, tpu, twin, event, replay, call.steps, num_cores, name)
@@ -127,14 +128,8 @@ def _build_one(report, tpu, twin, event, input_fn, steps, num_cores, name):
     try:
         tpu.build(run)
     except TPUShimError as e:
-        if "batch-indivisible" not in report.codes():  # else already reported
-            report.add("tpu-graph", "error", where, str(e), "see the message")
+        report.add("tpu-graph", "error", where, str(e), "see the message")
     except Exception as e:
-        if (
-            "must be divisible by number of replicas" in str(e)
-            and "batch-indivisible" in report.codes()
-        ):
-            return  # already reported, with the sizes that would work
         # TPUEstimator names its master: here the faked one, meaningless to the user.
         first = str(e).strip().splitlines()[0].replace(tpu.master, "the TPU")
         fix = next(

@@ -5,7 +5,7 @@ tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _batching, _estimator, _input_fn, _settings, _tfprivate
+from tpushim import _batching, _estimator, _input_fn, _settings, _shapes, _tfprivate
 from tpushim._errors import TPUShimError
 
 MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
@@ -36,9 +36,10 @@ def _element_spec(result):
     return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), result)
 
 
-def check_input(report, input_fn, batch_size, num_cores):
+def check_input(report, input_fn, batch_size, num_cores, model_inputs=None):
     """Static shapes, dtypes, pipeline speed and batch size of the user's input, for
     :func:`tpushim.check`: the input_fn is called once, in a scratch graph, and one batch read.
+    ``model_inputs``: the model's :class:`tpushim._shapes.ModelInputs` (shapes it declares).
 
     An input finding never ends the check: whatever can still be read is. Returns one batch
     (numpy, as features and labels) for the model checks, or None when none could be read.
@@ -53,7 +54,7 @@ def check_input(report, input_fn, batch_size, num_cores):
         except TPUShimError as e:
             report.add("input-unusable", "error", f"input_fn {name!r}", str(e), "see the message")
             return None
-        declared = _check_result(report, input_fn, result)
+        declared = _check_result(report, input_fn, result, model_inputs)
         batch = _read_one_batch(result, sess)
     features, labels = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
     size = declared or int(tf.nest.flatten(features)[0].shape[0])
@@ -66,14 +67,15 @@ def check_input(report, input_fn, batch_size, num_cores):
     return features, labels
 
 
-def check_recorded(report, input_fn, input_call, batch_size, num_cores):
+def check_recorded(report, input_fn, input_call, batch_size, num_cores, model_inputs=None):
     """The same checks on what one input_fn call of the script built (an
     :class:`tpushim._observe.InputCall`): nothing is called again and nothing is read. Returns a
-    batch of zeros shaped as the input's (the model checks need shapes and dtypes only)."""
+    batch of zeros shaped as tpushim feeds the input (the model checks need shapes and dtypes
+    only)."""
     report.note_checked("input pipeline")
     name = getattr(input_fn, "__name__", "input_fn")
     result = input_call.result
-    _check_result(report, input_fn, result)
+    _check_result(report, input_fn, result, model_inputs)
     size = input_call.facts.batch_size
     check_batch(
         report,
@@ -82,7 +84,8 @@ def check_recorded(report, input_fn, input_call, batch_size, num_cores):
         "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {size})",
     )
     batch = tf.nest.map_structure(
-        lambda spec: _zeros(spec, input_call.global_batch), _element_spec(result)
+        lambda spec: _zeros(spec, input_call.global_batch),
+        _shapes.declared_spec(_element_spec(result), model_inputs),
     )
     return batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
 
@@ -94,7 +97,7 @@ def _zeros(spec, batch):
     return np.zeros(shape, dtype=spec.dtype.as_numpy_dtype)
 
 
-def _check_result(report, input_fn, result):
+def _check_result(report, input_fn, result, model_inputs=None):
     """Shapes, dtypes and pipeline ops of what the input_fn returned; the batch size its graph
     declares (None when it does not)."""
     name = getattr(input_fn, "__name__", "input_fn")
@@ -106,7 +109,21 @@ def _check_result(report, input_fn, result):
             str(_input_fn.tensors_error(input_fn, result)),
             "return a tf.data.Dataset",
         )
-    _check_element_spec(report, _element_spec(result))
+    spec = _element_spec(result)
+    if isinstance(result, tf.data.Dataset):  # tpushim completes a Dataset's shapes from the model
+        for c in _shapes.completions(spec, model_inputs):
+            report.add(
+                "shape-from-model",
+                "info",
+                c.where,
+                f"shape {c.found} is completed to the shape {tuple(c.declared.as_list())} the "
+                f"model's input {c.input_name!r} declares; tpushim checks that every element "
+                f"has it",
+                "nothing to do; to fail earlier on an element of another shape, give it that "
+                "shape in the input pipeline (e.g. decode_jpeg(..., channels=3))",
+            )
+        spec = _shapes.declared_spec(spec, model_inputs)
+    _check_element_spec(report, spec)
     if not isinstance(result, tf.data.Dataset):
         return None
     _check_dataset_ops(report, result, name)
@@ -237,13 +254,13 @@ def _check_dataset_ops(report, dataset, name):
 
 
 def check_batch(report, global_batch, num_cores, where):
-    """The global batch against the TPU's cores: indivisible (error) or too small (warning)."""
+    """The global batch against the TPU's cores: indivisible (a warning: each batch is padded to
+    the next multiple of the cores, the padding's share of the work wasted) or too small."""
     report.note_checked(f"batch size for {num_cores} cores")
     if global_batch % num_cores:
         problem, fix = _estimator.indivisible_batch(global_batch, num_cores)
-        report.add("batch-indivisible", "error", where, problem, fix)
-        return
-    per_core = global_batch // num_cores
+        report.add("batch-indivisible", "warning", where, problem, fix)
+    per_core = -(-global_batch // num_cores)
     if per_core < MIN_PER_CORE_BATCH:
         report.add(
             "batch-small",

@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 from typing import Optional
 
-from tpushim import _input_fn, _observe, _settings
+from tpushim import _input_fn, _observe, _settings, _shapes
 from tpushim._preflight import graph_checks, input_checks, progress
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
@@ -109,13 +109,19 @@ class Recorder:
     def _report_one(report, recorded, num_cores, tpu_graphs):
         conversion = recorded.conversion
         settings = conversion.settings
+        model_inputs = _shapes.ModelInputs.of(conversion.keras_model)
         train = recorded.first("train")
         batch = None
         with failure_as_finding(report):
             if train is not None and train[1] is not None:
                 with progress.phase("input pipeline of train()", report):
                     batch = input_checks.check_recorded(
-                        report, train[0].input_fn, train[1], settings.batch_size, num_cores
+                        report,
+                        train[0].input_fn,
+                        train[1],
+                        settings.batch_size,
+                        num_cores,
+                        model_inputs,
                     )
             check_model(
                 report,
@@ -134,7 +140,12 @@ class Recorder:
                     failure_as_finding(report),
                 ):
                     input_checks.check_recorded(
-                        report, call.input_fn, input_call, settings.batch_size, num_cores
+                        report,
+                        call.input_fn,
+                        input_call,
+                        settings.batch_size,
+                        num_cores,
+                        model_inputs,
                     )
         if tpu_graphs:
             first_calls = {}
