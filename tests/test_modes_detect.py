@@ -294,17 +294,12 @@ def _uncompiled():
     [
         (lambda p: {"keras_model": _uncompiled()}, ValueError, "Please compile the model"),
         (
-            lambda p: {
-                "keras_model": tfcases.sequential(),
-                "config": tpu_config.RunConfig(
-                    model_dir=str(p), tpu_config=tpu_config.TPUConfig(num_shards=8)
-                ),
-            },
+            lambda p: {"keras_model": tfcases.with_legacyless_optimizer()},
             tpushim.ConversionError,
-            "global batch size 100 does not divide among 8 TPU cores",
+            "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent",
         ),
     ],
-    ids=["uncompiled", "indivisible-batch"],
+    ids=["uncompiled", "optimizer-without-legacy-twin"],
 )
 def test_checks_that_need_no_network_run_before_the_tpu_is_resolved(
     silent_metadata_server, monkeypatch, tmp_path, bad, error, message

@@ -436,3 +436,38 @@ def test_negative_control_padding_counted_per_shard_fails(tmp_path, monkeypatch)
     monkeypatch.setattr(_losses._Totals, "resolve", lambda self, cross_replica: real(self, False))
     diffs = _short_batch_training(tmp_path)
     assert diffs[1] > 100 * TOL, diffs
+
+
+# -- a global batch that does not divide among the cores: each padded, trained like stock's ---------
+
+INDIVISIBLE = GLOBAL - 2  # batch(30) on 8 cores: each step 30 real rows and 2 of padding
+
+
+def test_eight_shards_train_an_indivisible_global_batch_like_stock(tmp_path):
+    """Stock's batches of 30 (with per-output sample weights), padded to 32 for 8 shards: every
+    step trains as stock's on its 30 rows (the padding, copies of real rows, weighted out)."""
+    optimizer = "keras-adam-legacy"
+    features, labels = two_in_two_out_data(INDIVISIBLE * 3, seed=13)
+    model = two_in_two_out(optimizer)
+    init = model.get_weights()
+    stock = _stock_estimator(model, tmp_path / "stock", save_checkpoints_steps=1)
+    batched = lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(INDIVISIBLE)
+    stock.train(batched, steps=3)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        padded = _batching.fit_batches(batched(), INDIVISIBLE, ModeKeys.TRAIN, padded_to=GLOBAL)
+        nxt = tf.compat.v1.data.make_one_shot_iterator(padded).get_next()
+        batches = [sess.run(nxt) for _ in range(3)]
+    assert [int(b[0][_padding.PADDING_KEY].sum()) for b in batches] == [INDIVISIBLE] * 3
+    emu = Emulation(tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN, batches[0])
+    try:
+        emu.load_weights(init)
+        names, diffs = emu.var_names(), []
+        for step, batch in enumerate(batches, 1):
+            losses = emu.train(batch)
+            ref = tfcases.checkpoint_values(os.path.join(stock.model_dir, f"model.ckpt-{step}"))
+            want = [ref[n] for n in names]
+            diffs.append(max(max_diff(values, want) for values in emu.sess.run(emu.vars)))
+            assert max(losses) - min(losses) < TOL  # every shard reports the global batch's loss
+    finally:
+        emu.close()
+    assert max(diffs) < TOL, diffs

@@ -293,3 +293,170 @@ def test_faked_tpu_is_loopback_only():
         faketpu.faked_tpu_system("grpc://10.0.0.2:8470"),
     ):
         pass
+
+
+# --- #24: what stock accepts, a TPU is fed -----------------------------------------------------
+
+
+def _ids_input_fn(n, batch, repeat=False, features_only=False):
+    x, y = _ids_data(n)
+    x[:, 0] += 1  # ids from 1: a padding row of zeros would show
+
+    def input_fn():
+        ds = tf.data.Dataset.from_tensor_slices(x if features_only else (x, y))
+        return (ds.repeat() if repeat else ds).batch(batch)
+
+    return input_fn
+
+
+def _step_rows(batches, cores):
+    """Per step: the (id, weight) pairs of the global batch the cores of one host fed."""
+    steps = [batches[i : i + cores] for i in range(0, len(batches), cores)]
+    return [[(int(f[0]), float(w)) for b in step for f, w in zip(b[0], b[1])] for step in steps]
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_indivisible_global_batch_is_padded_to_the_cores(tmp_path, hosts, tpushim_log):
+    """Global batches of 100 on 8 (16) cores: each step feeds stock's batch of 100, padded to 104
+    (112) with zero-weight copies of a real row; logged once per call, never an error."""
+    with faketpu.faked_tpu_system(hosts=hosts) as tpu:
+        est = _convert(tpu, tmp_path)
+        build = tpu.build(lambda: est.train(_ids_input_fn(250, 100, repeat=True), steps=4))
+    padded = -(-100 // tpu.num_cores) * tpu.num_cores
+    per_core = padded // tpu.num_cores
+    _assert_replicated(build, tpu)
+    assert build.infeed_shapes() == [[[per_core, 4], [per_core], [per_core, 1]]] * tpu.num_cores
+    hosts_rows = [
+        _step_rows(build.host_input(h, max_batches=3 * tpu.cores_per_host), tpu.cores_per_host)
+        for h in range(hosts)
+    ]
+    real_ids = [1 + i % 250 for i in range(300)]  # stock's batches of repeat().batch(100)
+    for step in range(3):
+        rows = [row for host in hosts_rows for row in host[step]]
+        assert len(rows) == padded
+        assert sorted(i for i, w in rows if w == 1) == sorted(
+            real_ids[100 * step : 100 * (step + 1)]
+        )
+        padding = [i for i, w in rows if w == 0]
+        assert len(padding) == padded - 100 and set(padding) <= set(real_ids)  # real rows' copies
+    message = f"global batch size 100 does not divide among {tpu.num_cores} TPU cores"
+    assert tpushim_log.text.count(message) == 1
+    assert f"each of its batches is padded to {padded} rows" in tpushim_log.text
+
+
+def test_indivisible_eval_and_predict_batches_see_every_example_once(tmp_path):
+    """Evaluation in batches of 50 and prediction in batches of 20 on 8 cores (56 and 24 a step):
+    every example once, the padding rows copies of real ones weighted 0; after the input's end a
+    host reads its last batch again, weighted 0 (a TPU runs a fixed number of steps)."""
+    with faketpu.faked_tpu_system() as tpu:
+        est = _convert(tpu, tmp_path)
+        evaluate = tpu.build(lambda: est.evaluate(_ids_input_fn(120, 50)))
+        predict = tpu.build(lambda: est.predict(_ids_input_fn(50, 20, features_only=True)))
+    assert evaluate.eval_steps == 3
+    assert evaluate.infeed_shapes() == [[[7, 4], [7], [7, 1]]] * 8
+    steps = _step_rows(evaluate.host_input(0, max_batches=5 * 8), 8)
+    assert [sorted(i for i, w in step if w) for step in steps[:3]] == [
+        list(range(1, 51)),
+        list(range(51, 101)),
+        list(range(101, 121)),
+    ]
+    assert all(i in range(101, 121) for step in steps[2:] for i, _ in step)  # no zeros
+    assert [sum(w for _, w in step) for step in steps[3:]] == [0, 0]  # fillers: weight 0
+    assert predict.infeed_shapes()[0][:2] == [[3, 4], [3]]
+    # TPUEstimator's own stopping signal (the last input) ends prediction: the batches before it.
+    batches = [b for b in predict.host_input(0) if not b[-1].any()]
+    assert [i for step in _step_rows(batches, 8) for i, w in step if w] == list(range(1, 51))
+
+
+def _lookup_input_fn(n, batch):
+    """Words looked up in the input_fn's own graph, outside any Dataset.map: the Dataset holds
+    the looked-up ids."""
+    words = ["good", "bad", "fine", "poor"]
+
+    def input_fn():
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(words, tf.constant([1.0, 2.0, 3.0, 4.0])), 0.0
+        )
+        texts = [" ".join(words[(i + k) % 4] for k in range(4)) for i in range(n)]
+        ids = tf.sparse.to_dense(table.lookup(tf.compat.v1.string_split(tf.constant(texts))))
+        ids = tf.ensure_shape(ids, [n, 4]) + tf.range(n, dtype=tf.float32)[:, None] * 10
+        return tf.data.Dataset.from_tensor_slices((ids, np.zeros([n, 1], "int64"))).batch(batch)
+
+    return input_fn
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_lookup_table_in_the_input_fn_graph_feeds_every_host(tmp_path, hosts):
+    """Each host's table is initialised before its dataset (as the Scaffold does it), and the
+    evaluation's length is read with the table initialised: every looked-up row once."""
+    with faketpu.faked_tpu_system(hosts=hosts) as tpu:
+        est = _convert(tpu, tmp_path)
+        build = tpu.build(lambda: est.evaluate(_lookup_input_fn(100, GLOBAL)))
+    assert build.eval_steps == 2
+    rows = [
+        row
+        for h in range(hosts)
+        for batch in build.host_input(h, max_batches=2 * tpu.cores_per_host)
+        for row, weight in zip(batch[0], batch[1])
+        if weight
+    ]
+    assert sorted(int(row[0]) // 10 for row in rows) == list(range(100))
+    assert all(row[0] % 10 in (1, 2, 3, 4) for row in rows)  # looked up: no default value
+
+
+def _images(n, channels):
+    """JPEG bytes of n images of odd sizes."""
+    rng = np.random.RandomState(0)
+    return [
+        tf.io.encode_jpeg(rng.randint(0, 255, (20 + i % 5, 24, channels)).astype("uint8")).numpy()
+        for i in range(n)
+    ]
+
+
+def _image_model():
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((16, 16, 3), name="image")
+    base = tf.keras.Sequential(  # a nested base, as a Keras application is
+        [tf.keras.layers.Conv2D(2, 4, strides=4, input_shape=(16, 16, 3))], name="base"
+    )
+    outputs = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(base(inputs)))
+    model = tf.keras.Model(inputs, outputs)
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    return model
+
+
+def _decoded_input_fn(images, repeat=True):
+    def input_fn():
+        ds = tf.data.Dataset.from_tensor_slices((images, np.zeros([len(images), 1], "float32")))
+        ds = ds.map(
+            lambda jpeg, y: (
+                {"image": tf.image.resize(tf.io.decode_jpeg(jpeg), [16, 16]) / 255.0},
+                y,
+            )
+        )
+        return (ds.repeat() if repeat else ds).batch(16)
+
+    return input_fn
+
+
+def test_shape_the_model_declares_is_given_to_the_feature(tmp_path):
+    """decode_jpeg without channels: (16, 16, ?) in the pipeline, (16, 16, 3) in the model's
+    Input: fed with the model's shape; an element of another shape is an error naming both."""
+    with faketpu.faked_tpu_system() as tpu:
+        tpushim.patch(tpu=tpu.master)
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=_image_model(), model_dir=str(tmp_path)
+        )
+        tpushim.unpatch()
+        build = tpu.build(lambda: est.train(_decoded_input_fn(_images(20, 3)), steps=4))
+        assert build.infeed_shapes()[0] == [[2, 16, 16, 3], [2, 1]]
+        assert build.host_input(0, max_batches=8)[0][0].shape == (2, 16, 16, 3)
+        gray = tpu.build(lambda: est.train(_decoded_input_fn(_images(20, 1)), steps=4))
+        with pytest.raises(tf.errors.InvalidArgumentError) as info:
+            gray.host_input(0, max_batches=1)
+    assert (
+        "tpushim: feature image has another shape than (None, 16, 16, 3), which the model input "
+        "image declares" in str(info.value)
+    )
+    assert "This batch has shape] [16 16 16 1]" in str(info.value)
