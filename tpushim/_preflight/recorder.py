@@ -8,6 +8,8 @@ import contextlib
 import dataclasses
 from typing import Optional
 
+import tensorflow as tf
+
 from tpushim import _input_fn, _observe, _settings, _shapes
 from tpushim._preflight import graph_checks, input_checks, progress
 from tpushim._preflight.checks import check_model
@@ -77,14 +79,23 @@ class Recorder:
         owner = self._owner(input_call.call.estimator) if input_call.call else None
         if owner is None:
             return
+        unknown_length = False
         if input_call.mode == "eval" and input_call.facts.examples is None:
             with contextlib.suppress(Exception):  # its input checks report what went wrong
                 input_call = dataclasses.replace(
                     input_call,
                     facts=_input_fn.read_facts(input_call.result, count=True, count_unknown=False),
                 )
+                unknown_length = input_call.facts.examples is None and _unknown_cardinality(
+                    input_call.result
+                )
         for i, (call, recorded) in enumerate(owner.calls):
             if recorded is None and call.input_fn is input_call.call.input_fn:
+                if unknown_length and call.steps is None:
+                    # A finite input whose graph does not say how long it is (a v1 map, a
+                    # filter): a TPU counts it by reading it; the check reads no data, so its
+                    # graph is built for the steps the capped run took.
+                    call = dataclasses.replace(call, steps=self.MAX_EVAL_STEPS)
                 owner.calls[i] = (call, input_call)
                 return
 
@@ -160,6 +171,14 @@ class Recorder:
                     num_cores,
                     getattr(conversion.keras_model, "name", "model"),
                 )
+
+
+def _unknown_cardinality(result):
+    """True for a Dataset whose graph cannot say whether it ends (not one repeating forever)."""
+    if not isinstance(result, tf.data.Dataset):
+        return False
+    with _input_fn.graph_session() as session:
+        return int(session.run(result.cardinality())) == tf.data.UNKNOWN_CARDINALITY
 
 
 @contextlib.contextmanager
