@@ -440,7 +440,7 @@ def _decoded_input_fn(images, repeat=True):
     return input_fn
 
 
-def test_shape_the_model_declares_is_given_to_the_feature(tmp_path):
+def test_shape_the_model_declares_is_given_to_the_feature(tmp_path, tpushim_log):
     """decode_jpeg without channels: (16, 16, ?) in the pipeline, (16, 16, 3) in the model's
     Input: fed with the model's shape; an element of another shape is an error naming both."""
     with faketpu.faked_tpu_system() as tpu:
@@ -451,6 +451,10 @@ def test_shape_the_model_declares_is_given_to_the_feature(tmp_path):
         tpushim.unpatch()
         build = tpu.build(lambda: est.train(_decoded_input_fn(_images(20, 3)), steps=4))
         assert build.infeed_shapes()[0] == [[2, 16, 16, 3], [2, 1]]
+        assert (
+            "input shapes completed from the model's inputs: feature 'image' (None, 16, 16, 3)"
+            in (tpushim_log.text)
+        )
         assert build.host_input(0, max_batches=8)[0][0].shape == (2, 16, 16, 3)
         gray = tpu.build(lambda: est.train(_decoded_input_fn(_images(20, 1)), steps=4))
         with pytest.raises(tf.errors.InvalidArgumentError) as info:
