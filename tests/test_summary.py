@@ -40,7 +40,7 @@ def test_summary_lines_from_observed_events():
         "    train()        2.00 s  100 steps, 50.0 steps/s  (first session run 0.50 s)",
         "    evaluate()     0.25 s",
     ]
-    assert "no model_to_estimator call was converted" in _summary.Summary().format()
+    assert _summary.Summary().format() == ""  # nothing converted: silent, as the stock path is
 
 
 @pytest.mark.slow  # trains an estimator

@@ -52,12 +52,10 @@ class Summary:
 
     # -- the summary ----------------------------------------------------------------------------
     def format(self):
-        """The summary as lines of text (no trailing newline)."""
+        """The summary as lines of text (no trailing newline); empty when nothing was converted
+        (the stock path stays silent, as the conversion lines do)."""
         if not self._estimators:
-            return (
-                "tpushim: no model_to_estimator call was converted (each returned the stock "
-                "estimator, or none was made)"
-            )
+            return ""
         lines = ["tpushim run summary:"]
         for record in self._estimators:
             lines.append(
@@ -98,4 +96,6 @@ def summarizing(enabled=True, stream=None):
         with _observe.observing(summary):
             yield summary
     finally:
-        print(summary.format(), file=stream or sys.stderr, flush=True)
+        text = summary.format()
+        if text:
+            print(text, file=stream or sys.stderr, flush=True)
