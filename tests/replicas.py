@@ -113,10 +113,16 @@ class _Rendezvous:
 
     def cross_replica_sum(self, x, group_assignment=None, name=None):
         del group_assignment, name
-        x = tf.convert_to_tensor(x)
-        total = tf.math.add_n([x] * REPLICAS)
-        self.calls[-1].append((total.op, x))
-        return total
+
+        # Differentiated (a synchronized BatchNormalization's statistics), a sum's gradient is the
+        # sum of the replicas' upstream gradients, as TPU's CrossReplicaSum gradient is.
+        @tf.custom_gradient
+        def total_of(x):
+            total = tf.math.add_n([x] * REPLICAS)
+            self.calls[-1].append((total.op, x))
+            return total, self.cross_replica_sum
+
+        return total_of(tf.convert_to_tensor(x))
 
     def wire(self):
         counts = {len(c) for c in self.calls}

@@ -18,8 +18,9 @@ LEGACY = [
     "taxi_csv_train_and_evaluate.py",  # CSV + decode_csv, one-shot iterator, batch().repeat(),
     # train_and_evaluate with an exporter, [batch] labels for a [batch, 1] output
     "tfrecord_feature_columns.py",  # TFRecords, input_layer in Dataset.map, custom metric fn
-    "text_vocab_file_lookup.py",
-]  # vocabulary file lookup table, initializable iterator
+    "text_vocab_file_lookup.py",  # vocabulary file lookup table, initializable iterator
+    "boston_batchnorm_short_batches.py",  # BatchNormalization, batch(256).repeat(): short batches
+]
 
 
 def _run(args, workdir):

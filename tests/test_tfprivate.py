@@ -4,6 +4,7 @@ When a TensorFlow release moves one, this test names it; tpushim/_tfprivate.py i
 """
 
 import inspect
+import threading
 
 import numpy as np
 import pytest
@@ -152,6 +153,49 @@ def test_version_fallbacks_find_each_releases_module():
     reduction = _tfprivate.losses_utils().ReductionV2
     assert (reduction.NONE, reduction.SUM, reduction.AUTO) == ("none", "sum", "auto")
     assert callable(_tfprivate.losses_utils().compute_weighted_loss)
+
+
+def test_batchnorm_internals():
+    prefix = "keras.src." if tfcases.KERAS_VERSION >= (2, 13) else "keras."
+    base = _tfprivate.batchnorm_base_class()
+    assert base.__module__ == prefix + "layers.normalization.batch_normalization"
+    for layer in (
+        tf.keras.layers.BatchNormalization,
+        tf.compat.v1.keras.layers.BatchNormalization,
+        tf.keras.layers.experimental.SyncBatchNormalization,
+    ):
+        assert issubclass(layer, base)
+    assert list(inspect.signature(base.call).parameters) == ["self", "inputs", "training", "mask"]
+    assert list(inspect.signature(base._renorm_correction_and_moments).parameters) == [
+        "self",
+        "mean",
+        "variance",
+        "training",
+        "inputs_size",
+    ]
+    own, seen = base.call, []
+    with tf.Graph().as_default():
+        layer = tf.keras.layers.BatchNormalization(renorm=True)
+        frozen = tf.keras.layers.BatchNormalization(trainable=False)
+        x = tf.ones([4, 3])
+        with _tfprivate.batchnorm_call_replaced(lambda *args: seen.append(args) or args[2]):
+            assert layer(x, training=True) is x  # the replacement's result
+            assert frozen(x, training=True) is x
+            other = []  # another thread's call: Keras's own
+            thread = threading.Thread(target=lambda: other.append(layer(x, training=True)))
+            thread.start()
+            thread.join()
+            assert other[0] is not x
+        assert base.call is own  # restored
+        assert len(seen) == 2 and seen[0][0] is layer and seen[0][3] is True
+        assert _tfprivate.batchnorm_training_value(layer, True) is True
+        assert _tfprivate.batchnorm_training_value(frozen, True) is False  # frozen: moving stats
+        tf.keras.backend.set_learning_phase(1)
+        assert _tfprivate.batchnorm_training_value(layer, None) is True
+        r, d, mean, variance = _tfprivate.batchnorm_renorm(
+            layer, tf.zeros([3]), tf.ones([3]), tf.constant(4.0)
+        )
+        assert r.shape == d.shape == mean.shape == variance.shape == [3]
 
 
 def test_model_and_metric_internals():

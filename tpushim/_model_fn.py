@@ -15,7 +15,7 @@ differs where a TPU needs it to:
 
 import tensorflow as tf
 
-from tpushim import _padding, _tfprivate
+from tpushim import _batchnorm, _padding, _tfprivate
 from tpushim._errors import ConversionError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -230,6 +230,12 @@ def make_model_fn(
             # A TRAIN step never reads the metrics; compiled in, their update ops would sit in the
             # TPU computation as dead (stateful) ops.
             compile_metrics=mode != ModeKeys.TRAIN,
+            # BatchNormalization's batch statistics over the real rows of a padded batch.
+            batchnorm_call=(
+                _batchnorm.real_rows_call(padding_weight, cross_replica=use_tpu)
+                if mode == ModeKeys.TRAIN
+                else None
+            ),
         )
         predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = eval_metrics = None
