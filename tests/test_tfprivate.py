@@ -226,6 +226,21 @@ def test_graph_mode_metric_update_is_an_operation():
         assert session.run(metric.variables) == [9.0, 3.0]  # total and count both updated
 
 
+def test_keras_metric_call_weighs_by_the_mask():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        metric = tf.keras.metrics.MeanSquaredError()
+        update = _tfprivate.call_metric_function(
+            metric.update_state,
+            tf.zeros([2, 3, 1]),
+            tf.ones([2, 3, 1]) * [[[1.0], [2.0], [3.0]]],
+            weights=tf.constant([1.0, 0.0]),
+            mask=tf.constant([[True, True, False], [True, True, True]]),
+        )
+        session.run(tf.compat.v1.variables_initializer(metric.variables))
+        session.run(_tfprivate.update_op(update))
+        assert session.run(metric.result()) == 2.5  # (1 + 4) / 2: the first row's first two steps
+
+
 def test_train_function_and_object_checkpoint_internals():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])
     model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")

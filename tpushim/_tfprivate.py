@@ -350,6 +350,17 @@ def settle_sample_weights(model):
     return model._recompile_weights_loss_and_weighted_metrics()
 
 
+def call_metric_function(metric_fn, y_true, y_pred, weights=None, mask=None):
+    """Keras's v1-graph metric call: an output's mask weighs the metric, times any weights."""
+    try:
+        from keras.src.engine import training_utils_v1  # Keras >= 2.13
+    except ImportError:
+        from keras.engine import training_utils_v1  # Keras 2.12
+    return training_utils_v1.call_metric_function(
+        metric_fn, y_true, y_pred, weights=weights, mask=mask
+    )
+
+
 def per_output_metrics(model):
     """Per output: (unweighted {name: Metric}, weighted {name: Metric}) of a compiled clone."""
     return list(zip(model._per_output_metrics, model._per_output_weighted_metrics))
