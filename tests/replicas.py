@@ -182,14 +182,15 @@ def max_diff(a, b):
 class Emulation:
     """tpushim's TPU model_fn as 8 replicas in one graph for ``mode``, fed per shard by ``feed``.
 
-    ``template``: a global batch (numpy ``(features, labels)``, or features alone) giving the
+    ``wrap_model_fn``, if given, wraps that model_fn first. ``template``: a global batch (numpy
+    ``(features, labels)``, or features alone) giving the
     inputs' structure, dtypes and shapes. Attributes, one entry per replica: ``specs`` (the
     TPUEstimatorSpecs), ``clones`` (the Keras models the model_fn built), ``inputs``
     (placeholders), ``features`` (the tensors the model_fn got), ``vars`` (the global variables
     it created, in creation order) and ``steps`` (its global step).
     """
 
-    def __init__(self, model, mode, template):
+    def __init__(self, model, mode, template, wrap_model_fn=None):
         self.graph, rv = tf.Graph(), _Rendezvous()
         self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = (
             [],
@@ -205,6 +206,8 @@ class Emulation:
                 mock.patch.object(target, name, value)
             )
             model_fn = _model_fn.make_model_fn(model)
+            if wrap_model_fn is not None:  # e.g. tf.estimator.add_metrics' (tpushim._extenders)
+                model_fn = wrap_model_fn(model_fn)
             build_clone = _model_fn._tfprivate.clone_and_build_model
 
             def recording_clone(*args, **kwargs):

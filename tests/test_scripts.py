@@ -20,7 +20,10 @@ LEGACY = [
     "tfrecord_feature_columns.py",  # TFRecords, input_layer in Dataset.map, custom metric fn
     "text_vocab_file_lookup.py",  # vocabulary file lookup table, initializable iterator
     "boston_batchnorm_short_batches.py",  # BatchNormalization, batch(256).repeat(): short batches
+    "iris_add_metrics.py",  # binary metrics on a softmax, tf.estimator.add_metrics
 ]
+#: What else the converted run must log, per script.
+LOGGED = {"iris_add_metrics.py": "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)"}
 
 
 def _run(args, workdir):
@@ -36,6 +39,7 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
     stock, _ = _run([path], tmp_path / "stock")
     shim, log = _run(["-m", "tpushim", "--mode", "cpu", path], tmp_path / "shim")
     assert "model_to_estimator -> TPUEstimator(use_tpu=False" in log  # converted, not stock
+    assert LOGGED.get(script, "") in log
     assert "Running it as it is on CPU" not in log  # every input fed as a Dataset, as on a TPU
     assert set(shim) == set(stock)
     for key, value in stock.items():

@@ -18,7 +18,7 @@ import tfcases
 from replicas import GLOBAL, PER, REPLICAS, Assigner, Emulation, max_diff, shard, tpu_model
 from tensorflow_estimator.python.estimator import keras_lib
 
-from tpushim import _batching, _batchnorm, _model_fn, _padding
+from tpushim import _batching, _batchnorm, _extenders, _model_fn, _padding
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -442,6 +442,45 @@ def test_negative_controls_eval_loss_of_shard_0_or_metrics_of_shard_0_fail(eval_
     assert abs(loss_of_shard_0["loss"] - want["loss"]) > 100 * TOL
     metrics = [key for key in want if key != "loss"]
     assert max(abs(metrics_of_shard_0[key] - want[key]) for key in metrics) > 100 * TOL
+
+
+def _added_metrics(features, labels, predictions):
+    """A tf.estimator.add_metrics metric_fn: a (value, update_op) pair on labels and predictions, a
+    Keras metric object on features, and a name the model already reports (overridden)."""
+    mean_a = tf.keras.metrics.Mean(name="mean_a")
+    mean_a.update_state(features["features"]["a"][:, 0])
+    return {
+        "reg_mse_added": tf.compat.v1.metrics.mean_squared_error(labels["reg"], predictions["reg"]),
+        "mean_a": mean_a,
+        "cls_accuracy": tf.compat.v1.metrics.mean(predictions["cls"][:, 0]),
+    }
+
+
+def test_eight_shards_evaluate_added_metrics_like_stock(trained_stock):
+    """tf.estimator.add_metrics (issue 24, item 3): on a TPU the added metric_fn runs on the host
+    over every shard's rows, padding dropped; every metric, added and compiled, equals stock's
+    add_metrics estimator's."""
+    features, labels = two_in_two_out_data(EVAL_ROWS, seed=7)
+    stock = tf.estimator.add_metrics(trained_stock, _added_metrics)
+    want = stock.evaluate(_dataset_fn(features, labels, batch=GLOBAL))
+    want = tfcases.stock_metric_names(want, ("cls", "reg"))
+    assert want.pop("global_step") == 2
+    batches = _padded_global_batches((features, labels), ModeKeys.EVAL)
+    emu = Emulation(
+        tpu_model(lambda: two_in_two_out(EVAL_MODEL)),
+        ModeKeys.EVAL,
+        batches[0],
+        wrap_model_fn=lambda model_fn: _extenders._with(model_fn, _added_metrics, None),
+    )
+    try:
+        ckpt = tfcases.checkpoint_values(trained_stock.model_dir)
+        emu.load_weights([ckpt[n] for n in emu.weight_names()])
+        got = _emulated_eval(emu, batches)
+    finally:
+        emu.close()
+    assert {"reg_mse_added", "mean_a", "cls_accuracy", "reg_mae"} <= set(got) == set(want)
+    for key, value in want.items():
+        assert abs(got[key] - value) < TOL, (key, got[key], value)
 
 
 def test_eight_shards_predict_every_example_once_in_order(trained_stock):

@@ -35,6 +35,7 @@ def recording_to(recorder):
     """While active, ``recorder`` is told about what tpushim's estimators do, and may cap it.
 
     ``recorder.converted(estimator, keras_model, custom_objects, settings)`` after each conversion;
+    ``recorder.derived(estimator, source)`` when one is made from another (:func:`rewrapped`);
     ``recorder.calling(event, estimator, input_fn, steps, max_steps)`` at the start of each
     ``train``/``evaluate``/``predict`` (``event``), returning the ``(steps, max_steps)`` to run.
     With none active, nothing is called. A nested recorder replaces the outer one until it exits.
@@ -246,6 +247,26 @@ def tpu_twin(estimator, cluster, model_dir):
         tpushim_batch_size=estimator._tpushim_fixed_batch,
         tpushim_tpu_source="the preflight's faked TPU",
     )
+
+
+def rewrapped(estimator, wrap):
+    """A TPUShimEstimator like ``estimator`` -- config, TPU, settings, batch size, warm start --
+    around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``: :mod:`tpushim._extenders`). The
+    recorder, if any, counts its calls as ``estimator``'s conversion's."""
+    twin = TPUShimEstimator(
+        model_fn=wrap(estimator._tpushim_model_fn),
+        config=estimator.config,
+        use_tpu=estimator._tpushim_use_tpu,
+        warm_start_from=_tfprivate.warm_start_settings(estimator),
+        export_to_tpu=False,
+        eval_on_tpu=estimator._tpushim_use_tpu,
+        params={},
+        tpushim_batch_size=estimator._tpushim_fixed_batch,
+        tpushim_tpu_source=estimator._tpushim_tpu_source,
+    )
+    if _recorder is not None:
+        _recorder.derived(twin, estimator)
+    return twin
 
 
 def batch_choices(size, shards):

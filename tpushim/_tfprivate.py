@@ -12,7 +12,7 @@ import threading
 
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
-from tensorflow_estimator.python.estimator import keras_lib
+from tensorflow_estimator.python.estimator import extenders, keras_lib
 from tensorflow_estimator.python.estimator.export import export_lib  # noqa: F401  (re-exported)
 from tensorflow_estimator.python.estimator.tpu import (  # noqa: F401  (re-exported)
     tpu_config,
@@ -359,6 +359,36 @@ def call_metric_function(metric_fn, y_true, y_pred, weights=None, mask=None):
     return training_utils_v1.call_metric_function(
         metric_fn, y_true, y_pred, weights=weights, mask=mask
     )
+
+
+def add_metrics_parts(model_fn):
+    """``(estimator, metric_fn)`` when ``model_fn`` is the one ``tf.estimator.add_metrics`` makes
+    (extenders.py's ``new_model_fn``, a closure over both), else None."""
+    code = getattr(model_fn, "__code__", None)
+    if (
+        code is None
+        or code.co_name != "new_model_fn"
+        or getattr(model_fn, "__module__", None) != extenders.__name__
+    ):
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in model_fn.__closure__ or ())))
+    if "estimator" not in cells or "metric_fn" not in cells:
+        return None
+    return cells["estimator"], cells["metric_fn"]
+
+
+def validate_eval_metric_ops(eval_metric_ops):
+    """Stock's checks of ``eval_metric_ops`` (its errors, verbatim); Keras ``Metric`` objects
+    become ``(result, update_op)`` and their variables local metric variables, as
+    ``EstimatorSpec`` makes them."""
+    from tensorflow_estimator.python.estimator import model_fn as model_fn_lib
+
+    return model_fn_lib._validate_eval_metric_ops(eval_metric_ops)
+
+
+def warm_start_settings(estimator):
+    """An estimator's ``WarmStartSettings`` (or None), as ``tf.estimator.add_metrics`` reads it."""
+    return estimator._warm_start_settings
 
 
 def per_output_metrics(model):

@@ -25,7 +25,8 @@ COLUMNS = [
 ]  # fmt: skip
 rng = np.random.RandomState(7)
 data = pd.DataFrame(rng.normal(size=(506, len(COLUMNS))), columns=COLUMNS)
-data["MEDV"] = 22.5 + 3.0 * data["RM"] - 4.0 * data["LSTAT"] + rng.normal(0, 2.0, size=506)
+# median value in $100,000s
+data["MEDV"] = 2.25 + 0.3 * data["RM"] - 0.4 * data["LSTAT"] + rng.normal(0, 0.2, size=506)
 train, test = data.iloc[:405], data.iloc[405:]
 
 inputs = [tf.keras.layers.Input(shape=(1,), name=c) for c in COLUMNS]

@@ -24,6 +24,9 @@ class _Recorded:
     calls: list = dataclasses.field(
         default_factory=list
     )  # (event, input_fn, steps the script asked)
+    # Estimators made from it (tf.estimator.add_metrics): their calls are its calls.
+    derived: list = dataclasses.field(default_factory=list)
+    graphs_from: object = None  # the estimator whose TPU graphs are built: the last one called
 
 
 class Recorder:
@@ -40,6 +43,19 @@ class Recorder:
         """Told of each conversion."""
         self._conversions.append(_Recorded(estimator, keras_model, custom_objects, settings))
 
+    def derived(self, estimator, source):
+        """Told of an estimator made from another (``tf.estimator.add_metrics``): its calls are
+        recorded as ``source``'s, and its TPU graphs (the added metrics included) are built."""
+        owner = self._owner(source)
+        if owner is not None:
+            owner.derived.append(estimator)
+
+    def _owner(self, estimator):
+        return next(
+            (c for c in self._conversions if c.estimator is estimator or estimator in c.derived),
+            None,
+        )
+
     def calling(self, event, estimator, input_fn, steps, max_steps):
         """Told of each train/evaluate/predict call; returns the ``(steps, max_steps)`` to run.
 
@@ -49,9 +65,10 @@ class Recorder:
         none when the model_dir is past it), evaluation to :attr:`MAX_EVAL_STEPS`. Any other
         estimator's calls run as asked.
         """
-        owner = next((c for c in self._conversions if c.estimator is estimator), None)
+        owner = self._owner(estimator)
         if owner is None:
             return steps, max_steps
+        owner.graphs_from = estimator  # add_metrics' estimator: the graphs with the added metrics
         owner.calls.append((event, input_fn, steps))
         if event == "train":
             return min(steps or self.MAX_TRAIN_STEPS, self.MAX_TRAIN_STEPS), None
@@ -97,14 +114,15 @@ class Recorder:
             if event != "train" and fn is not train_fn:
                 with failure_as_finding(report):
                     input_checks.check_input(report, fn, settings.batch_size, num_cores)
-        if tpu_graphs and getattr(recorded.estimator, "_tpushim_model_fn", None) is not None:
+        estimator = recorded.graphs_from or recorded.estimator
+        if tpu_graphs and getattr(estimator, "_tpushim_model_fn", None) is not None:
             first_calls = {}
             for event, fn, steps in recorded.calls:
                 first_calls.setdefault(event, (fn, steps))
             with failure_as_finding(report):
                 graph_checks.check_tpu_graphs(
                     report,
-                    recorded.estimator,
+                    estimator,
                     first_calls,
                     num_cores,
                     getattr(recorded.keras_model, "name", "model"),
