@@ -273,12 +273,38 @@ def _ghost_batchnorm():
     return model
 
 
-@pytest.mark.parametrize("build", [_every_batchnorm, _ghost_batchnorm], ids=["kinds", "ghost"])
+def _masked_batchnorm():
+    """A Keras mask (Embedding(mask_zero=True)) reaching the BatchNormalization: stock leaves the
+    masked steps out of the statistics, tpushim the masked steps and the padding rows."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Embedding(10, 4, mask_zero=True, input_shape=(5,)),
+            tf.keras.layers.BatchNormalization(momentum=0.5),
+            tf.keras.layers.Lambda(lambda steps: tf.reduce_mean(steps, 1)),
+            tf.keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(tf.keras.optimizers.legacy.SGD(0.5), "sparse_categorical_crossentropy", ["acc"])
+    return model
+
+
+def _sequences():
+    rng = np.random.RandomState(0)
+    ids = rng.randint(1, 10, (N, 5))
+    ids[:, 3:] *= rng.randint(0, 2, (N, 2))  # id 0: masked steps
+    return ids, rng.randint(0, 3, (N, 1))
+
+
+@pytest.mark.parametrize(
+    "build", [_every_batchnorm, _ghost_batchnorm, _masked_batchnorm], ids=["kinds", "ghost", "mask"]
+)
 def test_batchnorm_statistics_leave_padding_out_as_stock(tmp_path, build):
     """52 rows in batch(16).repeat(): every 4th batch has 4 rows, padded to 16. Every moving mean
     and variance (fused: with Bessel's correction), every weight, metric and prediction equals
     stock's, whose BatchNormalization sees the 4 rows alone."""
-    x, y = tfcases.data()
+    x, y = _sequences() if build is _masked_batchnorm else tfcases.data()
     finite = tfcases.dataset_input_fn(x, y, batch=16)
     tfcases.compare(
         tmp_path,

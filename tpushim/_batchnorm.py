@@ -156,7 +156,10 @@ def _compose(scale, offset, then_scale, then_offset):
 
 def _moments(layer, x, weight, axes, cross_replica):
     """(mean, variance, element count) over the rows of ``weight`` 1, with keepdims."""
-    count = tf.reduce_sum(tf.broadcast_to(weight, tf.shape(x)), axes, keepdims=True)
+    weight = tf.broadcast_to(weight, tf.shape(x))
+    # Selected, not multiplied: whatever a padding row holds (even inf or NaN) counts for nothing.
+    x = tf.where(weight > 0, x, tf.zeros_like(x))
+    count = tf.reduce_sum(weight, axes, keepdims=True)
     if getattr(layer, "synchronized", False):
         # Keras's synchronized arithmetic: sums (across shards on a TPU), then E[x^2] - E[x]^2.
         y = x * weight
