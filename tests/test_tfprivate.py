@@ -241,6 +241,30 @@ def test_keras_metric_call_weighs_by_the_mask():
         assert session.run(metric.result()) == 2.5  # (1 + 4) / 2: the first row's first two steps
 
 
+def test_add_metrics_internals(tmp_path):
+    """tf.estimator.add_metrics builds its result as extenders.estimator_lib.Estimator(...) at
+    call time, around a model_fn closing over the estimator and the metric_fn."""
+    from tensorflow_estimator.python.estimator import extenders
+
+    assert "estimator_lib" in inspect.unwrap(extenders.add_metrics).__code__.co_names
+    made = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(extenders.estimator_lib, "Estimator", lambda **kwargs: made.append(kwargs))
+        estimator = tf.estimator.Estimator(lambda features, labels, mode: None, str(tmp_path))
+        metric_fn = lambda labels, predictions: {}
+        tf.estimator.add_metrics(estimator, metric_fn)
+    assert _tfprivate.add_metrics_parts(made[0]["model_fn"]) == (estimator, metric_fn)
+    assert _tfprivate.add_metrics_parts(metric_fn) is None
+    assert made[0]["warm_start_from"] is _tfprivate.warm_start_settings(estimator)
+    with tf.Graph().as_default():
+        mean = tf.keras.metrics.Mean()
+        mean.update_state(1.0)
+        ops = _tfprivate.validate_eval_metric_ops({"mean": mean})
+        assert isinstance(ops["mean"], tuple) and len(ops["mean"]) == 2
+        local = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+        assert {v.ref() for v in mean.variables} <= {v.ref() for v in local}
+
+
 def test_train_function_and_object_checkpoint_internals():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])
     model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
