@@ -1,14 +1,13 @@
-"""tpushim packaging. The version and the supported TensorFlow range come from tpushim/version.py,
-run by path: the package itself is not imported."""
+"""The one build step pyproject.toml cannot declare: ``tpushim-autopatch.pth`` into site-packages.
+
+Everything else (name, version, dependencies, extras) is in pyproject.toml; setuptools reads both.
+"""
 
 import os
-import runpy
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.develop import develop
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 # TPUSHIM_AUTOPATCH=1: site executes .pth lines that start with "import" at every interpreter
 # start. This one reads the variable with string methods only (its value is never evaluated) and,
@@ -64,45 +63,4 @@ class DevelopWithPth(develop):
                 write_autopatch_pth(install_dir)
 
 
-VERSION = runpy.run_path(os.path.join(HERE, "tpushim", "version.py"))
-
-
-def read_readme():
-    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
-        return f.read()
-
-
-setup(
-    name="tpushim",
-    version=VERSION["__version__"],
-    description="Legacy Keras -> Estimator scripts train on a Cloud TPU with one added line.",
-    long_description=read_readme(),
-    long_description_content_type="text/markdown",
-    packages=find_packages(include=["tpushim", "tpushim.*"]),
-    python_requires=">=3.9",
-    # wrapt 1.11 has FunctionWrapper, post-import hooks and @wrapt.decorator as tpushim uses them.
-    install_requires=["wrapt>=1.11"],
-    extras_require={
-        # TensorFlow is the user's own (a TPU VM's, Colab's, tensorflow or tensorflow-cpu); these
-        # make it one command, in the range version.py declares (TF 2.16 removed estimators).
-        "tensorflow": ["tensorflow" + VERSION["tf_specifier"]()],
-        "cpu": ["tensorflow-cpu" + VERSION["tf_specifier"]()],
-        # matplotlib: tests/test_notebooks.py executes the notebooks, which plot. pandas: the
-        # pandas_input_fn tests.
-        "test": [
-            "pytest>=7",
-            "ipython>=7",
-            "nbclient>=0.5",
-            "nbformat>=5",
-            "ipykernel>=6",
-            "matplotlib>=3",
-            "pandas>=1.3",
-        ],
-        "notebooks": ["nbclient>=0.5", "nbformat>=5", "ipykernel>=6", "matplotlib>=3"],
-    },
-    cmdclass={"build_py": BuildPyWithPth, "develop": DevelopWithPth},
-    classifiers=[
-        "Programming Language :: Python :: 3",
-        "Topic :: Scientific/Engineering :: Artificial Intelligence",
-    ],
-)
+setup(cmdclass={"build_py": BuildPyWithPth, "develop": DevelopWithPth})

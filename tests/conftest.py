@@ -12,7 +12,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 #: every variable that configures tpushim or a TPU: unset in each test (tests/helpers import this)
 TPUSHIM_VARS = tuple(
-    dict.fromkeys((*_settings.ENV_VARS.values(), "TPUSHIM_AUTOPATCH", *_detect.TPU_ENV_VARS))
+    dict.fromkeys(
+        (
+            *_settings.ENV_VARS.values(),
+            _settings.LOG_LEVEL_VAR,
+            "TPUSHIM_AUTOPATCH",
+            *_detect.TPU_ENV_VARS,
+        )
+    )
 )
 
 
@@ -41,3 +48,21 @@ def restore_state(monkeypatch):
 def tpushim_log(caplog):
     caplog.set_level(logging.INFO, logger="tpushim")
     return caplog
+
+
+@pytest.fixture
+def ipython_shell(tmp_path, monkeypatch):
+    """An in-process IPython shell; what it takes over (sys.modules['__main__'], hooks) comes back."""
+    import sys
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    monkeypatch.setattr(sys, "displayhook", sys.displayhook)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    config = Config()
+    config.HistoryManager.enabled = False
+    yield InteractiveShell.instance(config=config)
+    InteractiveShell.clear_instance()

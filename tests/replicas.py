@@ -8,9 +8,10 @@ replicas on CPU, in two ways.
   ONE graph (each model_fn call clones the Keras model, so each replica has its own variables).
   ``cross_replica_sum`` is replaced, for the build only, by an AddN whose inputs are rewired, once
   every replica exists, to the 8 replicas' tensors of the same call: a true sum across shards.
-  ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. Each replica gets its own global step
-  (keras_lib binds the optimizer's ``iterations`` to it), as each TPU core advances its own copy
-  of the replicated step once per step.
+  ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. A gradient through an emulated sum is
+  CrossReplicaSum's: itself a cross-replica sum (of the replicas' upstream gradients). Each
+  replica gets its own global step (keras_lib binds the optimizer's ``iterations`` to it), as
+  each TPU core advances its own copy of the replicated step once per step.
 
 This is a helper module, not a test module, and not part of the installed package.
 """
@@ -24,7 +25,7 @@ import tensorflow as tf
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 
-from tpushim import _model_fn, _validation
+from tpushim import _losses, _model_fn, _validation
 
 ModeKeys = tf.estimator.ModeKeys
 REPLICAS = 8
@@ -82,6 +83,21 @@ def train_step_outputs(spec):
 
 def ops_of_type(graph, op_type):
     return [op for op in graph.get_operations() if op.type == op_type]
+
+
+def cross_replica_sums(names):
+    """What each CrossReplicaSum of a TPU train step (given by op or node name) is for:
+    ``{"gradient": one per trainable variable, "reported loss": 1, "loss totals": 0 or 1}``
+    (the last where a loss term needs counts or weight sums of the global batch)."""
+    purposes = {"gradient": 0, "reported loss": 0, "loss totals": 0}
+    for name in names:
+        if _losses.REPORTED_SUM in name:
+            purposes["reported loss"] += 1
+        elif _losses.TOTALS_SUM in name:
+            purposes["loss totals"] += 1
+        else:
+            purposes["gradient"] += 1
+    return purposes
 
 
 def cluster_ops(graph):
@@ -274,8 +290,13 @@ class Emulation:
         return feed
 
     def train(self, batch):
-        """One step of every replica, on its shard of the global ``batch``."""
-        self.sess.run([spec.train_op for spec in self.specs], self.feed(batch))
+        """One step of every replica, on its shard of the global ``batch``; returns the loss
+        each replica reports for it (TPUEstimator reads replica 0's)."""
+        _, losses = self.sess.run(
+            [[spec.train_op for spec in self.specs], [spec.loss for spec in self.specs]],
+            self.feed(batch),
+        )
+        return losses
 
     def _set(self, key, variables, values):
         if key not in self._assign:

@@ -124,7 +124,7 @@ def test_tensors_for_a_tpu_is_a_clear_error_naming_the_replacement():
 
     context = types.SimpleNamespace(num_hosts=1, current_host=0)
     with tf.Graph().as_default(), pytest.raises(tpushim.ConversionError) as info:
-        _input_fn.adapt(fn)(params={"batch_size": B, "context": context}, mode=ModeKeys.TRAIN)
+        tfcases.adapted(fn, ModeKeys.TRAIN, {"batch_size": B, "context": context})
     assert "cannot trace back" in str(info.value) and "'fn'" in str(info.value)
     assert "tf.data.Dataset.from_tensor_slices((x, y)).batch(B)" in str(info.value)
 
@@ -183,8 +183,8 @@ def test_explicit_batch_size_beats_inferred(tmp_path):
 def test_inferred_batch_indivisible_among_shards_is_a_clear_error(tmp_path):
     x, y = _xy()
     config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
-    with tfcases.LoopbackListener() as tpu:
-        tpushim.patch(tpu=tpu.address)
+    with _faketpu.faked_tpu_system() as tpu:
+        tpushim.patch(tpu=tpu.master)
         est = tf.keras.estimator.model_to_estimator(
             keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
         )
@@ -202,9 +202,7 @@ def test_per_host_pieces_of_each_global_batch():
     fn = lambda: tf.data.Dataset.from_tensor_slices(x).repeat().batch(8)
     for host in (0, 1):
         context = types.SimpleNamespace(num_hosts=2, current_host=host)
-        ds = _input_fn.adapt(fn, global_batch=8)(
-            params={"batch_size": 4, "context": context}, mode=ModeKeys.TRAIN
-        )
+        ds = tfcases.adapted(fn, ModeKeys.TRAIN, {"batch_size": 4, "context": context}, 8)
         assert ds.element_spec.shape.as_list() == [4, 1]
         batches = [b[:, 0].tolist() for b in ds.take(4).as_numpy_iterator()]
         assert batches == [list(range(8 * k + 4 * host, 8 * k + 4 * host + 4)) for k in range(4)]
@@ -212,8 +210,8 @@ def test_per_host_pieces_of_each_global_batch():
 
 def test_rebatch_keeps_order_pads_and_weights():
     x = np.arange(10, dtype="float32").reshape(10, 1)
-    ds = _input_fn.adapt(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))(
-        params={"batch_size": 4}, mode=ModeKeys.EVAL
+    ds = tfcases.adapted(
+        lambda: tf.data.Dataset.from_tensor_slices(x).batch(3), ModeKeys.EVAL, {"batch_size": 4}
     )
     batches = list(ds.as_numpy_iterator())
     assert [b[_padding.FEATURES_KEY][:, 0].tolist() for b in batches] == [
@@ -222,8 +220,8 @@ def test_rebatch_keeps_order_pads_and_weights():
         [8, 9, 0, 0],
     ]
     assert [b[_padding.PADDING_KEY].tolist() for b in batches] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
-    train = _input_fn.adapt(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))(
-        params={"batch_size": 4}, mode=ModeKeys.TRAIN
+    train = tfcases.adapted(
+        lambda: tf.data.Dataset.from_tensor_slices(x).batch(3), ModeKeys.TRAIN, {"batch_size": 4}
     )
     assert train.element_spec.shape.as_list() == [4, 1]
     assert [b[:, 0].tolist() for b in train.as_numpy_iterator()] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -261,12 +259,10 @@ def test_tpu_evaluate_steps_cover_every_example_once(tmp_path):
             tpushim.ConversionError, match="needs `steps` when the input repeats forever"
         ):
             est.evaluate(tfcases.dataset_input_fn(x, y, repeat=True))
-    assert _input_fn.inspect_input(
-        tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, None, True
-    ) == (5, 5, True, 11, N)
-    assert _input_fn.inspect_input(
-        tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, None, True
-    ) == (B, B, False, None, None)
+    facts = tfcases.input_facts(tfcases.dataset_input_fn(x, y, batch=5), ModeKeys.EVAL, True)
+    assert facts == _input_fn.InputFacts(5, 5, 11, N)
+    facts = tfcases.input_facts(tfcases.dataset_input_fn(x, y, repeat=True), ModeKeys.EVAL, True)
+    assert facts == _input_fn.InputFacts(B, B, None, None)
 
 
 @pytest.mark.parametrize("drop_remainder", [True, False])
@@ -329,9 +325,7 @@ def test_numpy_arrays_returned_by_input_fn(tmp_path):
         atol=tfcases.TOL,
     )
     with tf.Graph().as_default():
-        ds = _input_fn.adapt(numpy_fn)(
-            params={"batch_size": B, "context": object()}, mode=ModeKeys.TRAIN
-        )
+        ds = tfcases.adapted(numpy_fn, ModeKeys.TRAIN, {"batch_size": B, "context": object()})
         assert isinstance(ds, tf.data.Dataset)
 
 
@@ -386,13 +380,13 @@ def test_batch_size_from_the_declared_batch_op(tmp_path):
     rng = np.random.RandomState(1)
     x, y = rng.rand(102, 4).astype("float32"), rng.randint(0, 3, size=(102, 1)).astype("int64")
     small = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(128).prefetch(1)
-    assert _input_fn.inspect_input(small, ModeKeys.EVAL, None)[0] == 128
+    assert tfcases.input_facts(small, ModeKeys.EVAL).batch_size == 128
     mapped = lambda: (
         tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10).batch(128).map(lambda a, b: (a, b))
     )
-    assert _input_fn.inspect_input(mapped, ModeKeys.EVAL, None)[0] == 128
+    assert tfcases.input_facts(mapped, ModeKeys.EVAL).batch_size == 128
     unbatched = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(128).unbatch().batch(40)
-    assert _input_fn.inspect_input(unbatched, ModeKeys.EVAL, None)[0] == 40
+    assert tfcases.input_facts(unbatched, ModeKeys.EVAL).batch_size == 40
     compare_eval_predict(
         tmp_path / "cpu", tfcases.sequential, tfcases.dataset_input_fn(x, y, batch=16), small, None
     )
@@ -422,16 +416,14 @@ def test_iterator_tensors_recovered_as_their_dataset(tmp_path):
     context = types.SimpleNamespace(num_hosts=1, current_host=0)
     with tf.Graph().as_default():
         for fn in (method_form, function_form):
-            ds = _input_fn.adapt(fn)(
-                params={"batch_size": B, "context": context}, mode=ModeKeys.EVAL
-            )
+            ds = tfcases.adapted(fn, ModeKeys.EVAL, {"batch_size": B, "context": context})
             assert isinstance(ds, tf.data.Dataset)
     compare_eval_predict(tmp_path / "m", tfcases.sequential, method_form, method_form, None)
     compare_eval_predict(tmp_path / "f", tfcases.sequential, function_form, function_form, None)
 
 
 def test_threads_sharing_an_estimator_each_build_with_their_own_batch_size(tmp_path):
-    """Thread B fixes its batch size (5), then waits inside its input_fn while thread A predicts
+    """Thread B fixes its batch size (5), then waits inside its model_fn while thread A predicts
     with its own (8) on the same estimator; B's graph is then built with 5, A's with 8."""
     x = np.arange(12, dtype="float32").reshape(12, 1)
     model_fn_batch = {}
@@ -439,20 +431,17 @@ def test_threads_sharing_an_estimator_each_build_with_their_own_batch_size(tmp_p
 
     def model_fn(features, labels, mode, params):
         del labels
+        if threading.current_thread().name == "B":  # its batch size is fixed by now
+            b_waits.set()
+            assert a_done.wait(timeout=120)
         model_fn_batch[threading.current_thread().name] = params["batch_size"]
         features, weight = _padding.split_padding(features)
         return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
             mode, predictions=_padding.with_padding_weight({"x": features * 2.0}, weight)
         )
 
-    def batched(size, wait=False):
-        def input_fn(params):
-            if wait and "batch_size" in params:  # TPUEstimator's call, after tpushim fixed the size
-                b_waits.set()
-                assert a_done.wait(timeout=120)
-            return tf.data.Dataset.from_tensor_slices(x).batch(size)
-
-        return input_fn
+    def batched(size):
+        return lambda: tf.data.Dataset.from_tensor_slices(x).batch(size)
 
     est = TPUShimEstimator(
         model_fn=model_fn,
@@ -462,7 +451,7 @@ def test_threads_sharing_an_estimator_each_build_with_their_own_batch_size(tmp_p
     )
     results = {}
     thread_b = threading.Thread(
-        name="B", target=lambda: results.update(B=list(est.predict(batched(5, wait=True))))
+        name="B", target=lambda: results.update(B=list(est.predict(batched(5))))
     )
     thread_b.start()
     assert b_waits.wait(timeout=120)

@@ -1,13 +1,9 @@
 """``%load_ext tpushim`` and ``%tpushim`` in a real IPython shell."""
 
-import sys
-
 import procs
 import pytest
 import tfcases
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 
 import tpushim
 from tpushim import _console, _ipython, _settings
@@ -74,20 +70,12 @@ def test_extension_in_a_real_ipython_session(tmp_path):
 
 
 @pytest.fixture
-def shell(tmp_path, monkeypatch):
-    """An in-process IPython shell; what it takes over (sys.modules['__main__'], hooks) comes back."""
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
-    monkeypatch.setattr(sys, "displayhook", sys.displayhook)
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    config = Config()
-    config.HistoryManager.enabled = False
-    ipython = InteractiveShell.instance(config=config)
-    yield ipython
-    if "tpushim" in ipython.extension_manager.loaded:
-        ipython.run_line_magic("unload_ext", "tpushim")
+def shell(ipython_shell):
+    """conftest's IPython shell, with tpushim's extension unloaded afterwards."""
+    yield ipython_shell
+    if "tpushim" in ipython_shell.extension_manager.loaded:
+        ipython_shell.run_line_magic("unload_ext", "tpushim")
     _console.hide_conversions()
-    InteractiveShell.clear_instance()
 
 
 def test_magic_options_and_errors(shell, capsys):
@@ -159,5 +147,24 @@ def test_unsupported_tensorflow_said_once_per_command(shell, monkeypatch, capsys
 def test_magic_takes_the_command_line_options_with_the_same_help():
     help_text = " ".join(_ipython.tpushim_magic.__doc__.split())  # what %tpushim? shows
     for flag, kwargs in _settings.OPTIONS:
-        assert f"{flag} {kwargs['metavar']}" in help_text
+        assert (f"{flag} {kwargs['metavar']}" if "metavar" in kwargs else flag) in help_text
         assert " ".join(kwargs["help"].split()) in help_text
+
+
+def test_magic_quiet_hides_the_conversion_lines(shell, capsys):
+    import logging
+
+    from tpushim import _log
+
+    def shown():
+        return any(
+            isinstance(h, _log.ConsoleHandler) for h in logging.getLogger("tpushim").handlers
+        )
+
+    shell.run_line_magic("load_ext", "tpushim")
+    assert shown()
+    shell.run_line_magic("tpushim", "--quiet")
+    assert not shown() and tpushim.status()["quiet"] is True
+    shell.run_line_magic("tpushim", "--mode cpu")  # a new patch(): quiet back to its default
+    assert shown() and tpushim.status()["quiet"] is False
+    capsys.readouterr()

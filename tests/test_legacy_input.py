@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _input_fn, _padding, _source
+from tpushim import _padding, _source
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -82,9 +82,7 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
     x, y = _float64_xy()
     fn = numpy_input_fn({"x": x}, y, batch_size=B, shuffle=False, num_epochs=1)
     with tf.Graph().as_default() as graph:
-        ds = _input_fn.adapt(fn)(
-            params={"batch_size": B, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL
-        )
+        ds = tfcases.adapted(fn, ModeKeys.EVAL, {"batch_size": B, "context": TPU_CONTEXT})
         assert isinstance(ds, tf.data.Dataset)
         features, labels = ds.element_spec
         assert features[_padding.FEATURES_KEY]["x"].shape.as_list() == [B, 4]
@@ -198,9 +196,7 @@ def test_batch_then_repeat_evaluate_steps_reads_what_stock_reads():
     x = np.arange(150, dtype="float32")[:, None]
     fn = _repeat_after_batch(x, np.zeros(150, "int64"), 32)
     with tf.Graph().as_default():
-        ds = _input_fn.adapt(fn)(
-            params={"batch_size": 32, "context": TPU_CONTEXT}, mode=ModeKeys.EVAL
-        )
+        ds = tfcases.adapted(fn, ModeKeys.EVAL, {"batch_size": 32, "context": TPU_CONTEXT})
         assert ds.element_spec[0][_padding.FEATURES_KEY].shape.as_list() == [32, 1]
         nxt = tf.compat.v1.data.make_one_shot_iterator(ds.take(10)).get_next()
         with tf.compat.v1.Session() as sess:
@@ -374,16 +370,15 @@ def test_vocabulary_lookup_table_without_a_declared_batch_is_read_once(tmp_path)
     hidden = lambda: (
         fn().unbatch().batch(tf.compat.v1.placeholder_with_default(tf.constant(8, tf.int64), []))
     )
-    assert _input_fn.inspect_input(hidden, ModeKeys.EVAL, None).batch_size == 8
-    assert _input_fn.inspect_input(hidden, ModeKeys.EVAL, None, count=True).examples == len(
-        SENTENCES
-    )
+    assert tfcases.input_facts(hidden, ModeKeys.EVAL).batch_size == 8
+    assert tfcases.input_facts(hidden, ModeKeys.EVAL, count=True).examples == len(SENTENCES)
 
 
-# --- inspection: once per input_fn and mode, no data read when the graph declares the batch -----
+# --- inspection: the input_fn called as often as stock calls it, no data read when the graph declares
+# the batch -----------------------------------------------------------------------------------------
 
 
-def test_input_inspected_once_per_mode_without_reading_data(tmp_path):
+def test_input_fn_called_as_stock_calls_it_without_reading_data(tmp_path):
     x, y = tfcases.data()
     calls, elements = [], []
 
@@ -401,11 +396,10 @@ def test_input_inspected_once_per_mode_without_reading_data(tmp_path):
             .batch(B)
         )
 
-    with tf.Graph().as_default():
-        assert _input_fn.inspect_input(input_fn, ModeKeys.TRAIN, None).batch_size == B
+    assert tfcases.input_facts(input_fn, ModeKeys.TRAIN).batch_size == B
     assert elements == []  # the batch op said it: no element read, no shuffle buffer filled
     est = tfcases.convert("cpu", tfcases.sequential, tmp_path)
     calls.clear()
     est.train(input_fn, steps=1)
     est.train(input_fn, steps=1)
-    assert len(calls) == 3  # one inspection, then one call per train() as stock makes
+    assert len(calls) == 2  # one call per train(), as stock makes

@@ -1,5 +1,6 @@
 """Patching core: every spelling converts; lazy, idempotent, thread-safe and reversible."""
 
+import json
 import threading
 import types
 
@@ -223,3 +224,23 @@ def test_public_api_names_and_check_signature():
     assert list(inspect.signature(tpushim.check).parameters.values()) == list(
         inspect.signature(_preflight.check).parameters.values()
     )
+
+
+def test_status_is_typed_by_the_status_typeddict_and_typing_stays_unimported():
+    proc = procs.python(
+        code="""
+        import json, sys, tpushim
+        tpushim.patch()
+        typing_at_start = "typing" in sys.modules
+        keys = sorted(tpushim.status())
+        print(json.dumps({"typing": typing_at_start, "keys": keys}))
+        import typing
+        hints = typing.get_type_hints(tpushim.Status)
+        print(json.dumps({"keys": sorted(hints), "decision": sorted(typing.get_type_hints(hints["decision"]))}))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    before, after = (json.loads(line) for line in proc.stdout.splitlines())
+    assert before["typing"] is False  # the annotations cost start-up nothing
+    assert after["keys"] == before["keys"]  # every key status() returns, and only those
+    assert after["decision"] == ["action", "returns", "why"]

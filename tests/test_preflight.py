@@ -211,6 +211,14 @@ def test_host_only_ops_inside_the_model():
     finding = next(f for f in report.findings if f.code == "host-only-op")
     assert finding.where == "layer 'summarise' (op HistogramSummary)"
     assert "host-only-op" not in run().codes()
+    # A scalar summary is carried to TensorBoard by the TPU step's host call (tests/test_summaries).
+    scalar = tf.keras.layers.Lambda(
+        lambda x: (
+            tf.identity(x) if tf.compat.v1.summary.scalar("m", tf.reduce_mean(x)) is not None else x
+        ),
+        name="scalar_summary",
+    )
+    assert "host-only-op" not in run(tfcases.sequential(extra_layers=(scalar,))).codes()
 
 
 def test_unconvertible_metric_and_optimizer():
@@ -259,15 +267,19 @@ def test_eval_set_smaller_than_its_batch_is_judged_by_the_declared_batch():
 def test_a_failing_check_is_a_finding_naming_where():
     import types
 
-    from tpushim import _preflight
+    from tpushim import _observe, _preflight
 
     recorder = _preflight.Recorder()
-    # Told (through the estimator's hook) of a conversion of something that is no Keras model.
+    # Told (as an observer) of a conversion of something that is no Keras model.
     recorder.converted(
-        None,
-        keras_model=object(),
-        custom_objects=None,
-        settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None),
+        _observe.Conversion(
+            estimator=None,
+            keras_model=object(),
+            arguments={"custom_objects": None},
+            settings=types.SimpleNamespace(batch_size=None, iterations_per_loop=None),
+            model_fn=None,
+            description="",
+        )
     )
     report = recorder.report()
     failed = [f for f in report.findings if f.code == "preflight-failed"]
@@ -287,6 +299,7 @@ def test_check_leaves_the_users_model_untouched():
 
 import json
 import os
+import re
 
 import procs
 
@@ -307,6 +320,42 @@ def test_cli_bundled_demo_checks_clean():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tpushim check: OK - nothing blocks a TPU (0 errors, 0 warnings)" in proc.stdout
     assert "TPU graphs for 8 cores (1 host)" in proc.stdout  # its TPU graphs built, no error
+    # Progress on stderr, a line as each phase starts and one with its time as it ends.
+    for phase in (
+        r"running \S+legacy_mlp.py in cpu mode \(training capped at 3 steps\)",
+        r"XLA compile of the training step",
+        r"TPU train graph for 8 cores",
+        r"TPU evaluate graph for 8 cores",
+    ):
+        assert re.search(rf"^tpushim check: {phase} \.\.\.$", proc.stderr, re.M), phase
+        assert re.search(rf"^tpushim check: {phase}: [0-9.]+ s, (ok|done)$", proc.stderr, re.M), (
+            phase
+        )
+
+
+def test_cli_script_that_raises_exits_3(tmp_path):
+    script = tmp_path / "crashes.py"
+    script.write_text("raise ValueError('no such column: price')\n")
+    proc = _check_cli("--json", str(script))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["schema_version"] == 1 and report["exit_code"] == 3
+    raised = [f for f in report["findings"] if f["code"] == "script-raised"]
+    assert "ValueError: no such column: price" in raised[0]["message"]
+    assert "ValueError: no such column: price" in proc.stderr  # the traceback, as python prints it
+
+
+def test_cli_keeps_a_scripts_exit_message(tmp_path):
+    script = tmp_path / "exits.py"
+    script.write_text("import sys\nsys.exit('no training data in ./data')\n")
+    proc = _check_cli(str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]  # no conversion to check: that blocks
+    assert "no training data in ./data" in proc.stderr.splitlines()  # printed as python prints it
+    assert (
+        "[WARNING] script-exit at script: the script exited with status 1 ('no training data in ./data')"
+        in proc.stdout
+    )
+    assert "[ERROR] no-conversion" in proc.stdout
 
 
 def test_cli_legacy_script_fails_with_json_report():

@@ -8,7 +8,7 @@ import textwrap
 import procs
 import pytest
 
-from tpushim import _cli, _console, _settings
+from tpushim import _cli, _console, _log, _settings
 
 PROBE = """\
 import json, sys
@@ -143,7 +143,7 @@ def test_help_explains_modes_variables_and_commands(tmp_path):
         assert text in proc.stdout, text
     help_text = " ".join(proc.stdout.split())  # as one line: argparse wraps it
     for flag, kwargs in _settings.OPTIONS:  # the options %tpushim takes too, with the same help
-        assert f"{flag} {kwargs['metavar']}" in help_text
+        assert (f"{flag} {kwargs['metavar']}" if "metavar" in kwargs else flag) in help_text
         assert " ".join(kwargs["help"].split()) in help_text
 
 
@@ -229,16 +229,24 @@ def test_split_argv_gives_everything_after_the_target_to_it(argv, value_flags, e
     assert _cli.split_argv(argv, value_flags) == expected
 
 
+def app_without_logging(monkeypatch):
+    """Makes this in-process run an application that configured no logging (in the test's body:
+    pytest adds its capture handlers to the root logger after the fixtures). Returns tpushim's
+    logger."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    logger = logging.getLogger("tpushim")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    return logger
+
+
 def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, monkeypatch, capsys):
     script = write(
         tmp_path / "logs.py",
         "import logging\nlogging.getLogger('tpushim').info('model_to_estimator -> X')\n",
     )
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    logger = logging.getLogger("tpushim")
-    monkeypatch.setattr(logger, "level", logging.NOTSET)
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # an application without logging
+    logger = app_without_logging(monkeypatch)
     try:
         assert _cli.main(["-q", str(script)]) == 0
         assert "model_to_estimator -> X" not in capsys.readouterr().err
@@ -250,4 +258,29 @@ def test_conversion_lines_shown_unless_quiet_or_logging_configured(tmp_path, mon
         assert "model_to_estimator -> X" not in capsys.readouterr().err
     finally:
         _console.hide_conversions()
-    assert not any(isinstance(h, _console.ConsoleHandler) for h in logger.handlers)
+    assert not any(isinstance(h, _log.ConsoleHandler) for h in logger.handlers)
+
+
+def test_verbose_and_log_level_show_debug_lines(tmp_path, monkeypatch, capsys):
+    script = write(
+        tmp_path / "debug.py",
+        "import logging\nlogging.getLogger('tpushim').debug('how the call was decided')\n",
+    )
+    logger = app_without_logging(monkeypatch)
+    try:
+        assert _cli.main([str(script)]) == 0
+        assert "how the call was decided" not in capsys.readouterr().err  # INFO by default
+        assert _cli.main(["-v", str(script)]) == 0
+        assert "tpushim: how the call was decided" in capsys.readouterr().err
+        _console.hide_conversions()
+        monkeypatch.setattr(logger, "level", logging.NOTSET)
+        monkeypatch.setenv("TPUSHIM_LOG_LEVEL", "Debug")
+        assert _cli.main([str(script)]) == 0
+        assert "tpushim: how the call was decided" in capsys.readouterr().err
+        monkeypatch.setenv("TPUSHIM_LOG_LEVEL", "loud")
+        with pytest.raises(SystemExit) as stop:  # checked before anything runs, as options are
+            _cli.main([str(script)])
+        assert stop.value.code == 2
+        assert "TPUSHIM_LOG_LEVEL='loud' is not a log level" in capsys.readouterr().err
+    finally:
+        _console.hide_conversions()

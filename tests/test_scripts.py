@@ -19,6 +19,8 @@ LEGACY = [
     # train_and_evaluate with an exporter, [batch] labels for a [batch, 1] output
     "tfrecord_feature_columns.py",  # TFRecords, input_layer in Dataset.map, custom metric fn
     "text_vocab_file_lookup.py",  # vocabulary file lookup table, initializable iterator
+    # input_fns drawing np.random data per call, a one-shot generator feed; counts the calls
+    "random_draws_one_shot_feed.py",
     "boston_batchnorm_short_batches.py",  # BatchNormalization, batch(256).repeat(): short batches
     "iris_add_metrics.py",  # binary metrics on a softmax, tf.estimator.add_metrics
 ]
@@ -91,8 +93,9 @@ def test_preflight_script_raising_in_cpu_mode_is_an_error(tmp_path):
         cwd=tmp_path,
         timeout=600,
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 3, proc.stderr[-3000:]  # the script raised: fix that first
     report = json.loads(proc.stdout)  # --json prints a report whatever happened
+    assert report["exit_code"] == 3
     raised = [f for f in report["findings"] if f["code"] == "script-raised"]
     assert raised and raised[0]["severity"] == "error", report
     assert "InvalidArgumentError: Matrix size-incompatible" in raised[0]["message"], raised

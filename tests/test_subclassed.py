@@ -413,7 +413,7 @@ def _numeric_wide_deep(opts):
 @pytest.mark.parametrize(
     "case", ["subclass-tf1-rmsprop", "subclass-keras-sgd", "linear-model", "widedeep-sgd-adam"]
 )
-def test_tpu_train_step_one_cross_replica_sum_per_trainable_variable(case):
+def test_tpu_train_step_one_cross_replica_sum_per_variable_and_for_the_reported_loss(case):
     cls_labels = lambda: tf.zeros([PER, 1], tf.int64)
     reg_labels = lambda: tf.zeros([PER, 1])
     model, features, labels = {
@@ -432,7 +432,9 @@ def test_tpu_train_step_one_cross_replica_sum_per_trainable_variable(case):
     }[case]()
     trainable, sums = _tpu_train_step(model, features, labels)
     assert len(trainable) == {"linear-model": 2}.get(case, 4 if case.startswith("subclass") else 6)
-    assert len(sums) == len(trainable)
+    # One per gradient, and the cores' losses summed into the loss the step reports.
+    purposes = replicas.cross_replica_sums(op.name for op in sums)
+    assert purposes == {"gradient": len(trainable), "reported loss": 1, "loss totals": 0}
 
 
 class _GraphBuilt(Exception):
@@ -442,7 +444,8 @@ class _GraphBuilt(Exception):
 @pytest.mark.parametrize("case", ["subclass-tf1-rmsprop", "widedeep-sgd-adam"])
 def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch):
     """TPUEstimator.train on a faked 8-core TPU system (environment only: the system metadata and
-    the session it would open) builds replication, infeed and one CrossReplicaSum per variable."""
+    the session it would open) builds replication, infeed, one CrossReplicaSum per variable and
+    one for the reported loss."""
     import collections
 
     from tensorflow.python.client import session as session_lib
@@ -500,7 +503,16 @@ def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch)
     assert ops["InfeedEnqueueTuple"] == REPLICAS and ops["InfeedDequeueTuple"] == 1
     trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     assert len(trainable) == (6 if case.startswith("widedeep") else 4)
-    assert ops["CrossReplicaSum"] == len(trainable)
+    sums = [n.name for n in graph.as_graph_def().node if n.op == "CrossReplicaSum"] + [
+        n.name
+        for f in graph.as_graph_def().library.function
+        for n in f.node_def
+        if n.op == "CrossReplicaSum"
+    ]
+    assert len(sums) == ops["CrossReplicaSum"]
+    # One per gradient, and the cores' losses summed into the loss the step reports.
+    purposes = replicas.cross_replica_sums(sums)
+    assert purposes == {"gradient": len(trainable), "reported loss": 1, "loss totals": 0}
 
 
 # --- rung 2b: eight shards emulated with numbers --------------------------------------------------

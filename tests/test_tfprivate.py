@@ -54,31 +54,6 @@ def test_other_private_names():
     assert _tfprivate.fn_args(lambda params, mode: None) == ("params", "mode")
 
 
-def test_batch_sizes_fixed_per_call_reach_the_input_fn(tmp_path):
-    """TPUEstimator reads the batch size a call fixed (its ``_ctx``) when it calls the input_fn."""
-    seen = []
-
-    def input_fn(params):
-        seen.append(params["batch_size"])
-        return tf.data.Dataset.from_tensor_slices(np.zeros((8, 1), "float32")).batch(4)
-
-    def model_fn(features, labels, mode, params):
-        del labels, params
-        return _tfprivate.tpu_estimator.TPUEstimatorSpec(mode, predictions={"x": features})
-
-    estimator = _tfprivate.TPUEstimatorWithCallBatchSizes(
-        model_fn=model_fn,
-        config=_tfprivate.tpu_config.RunConfig(model_dir=str(tmp_path)),
-        use_tpu=False,
-        predict_batch_size=8,
-    )
-    assert estimator._call_batch_size(tf.estimator.ModeKeys.PREDICT) is None
-    list(estimator.predict(input_fn))
-    estimator._fix_call_batch_size(tf.estimator.ModeKeys.PREDICT, 4)
-    list(estimator.predict(input_fn))
-    assert seen == [8, 4]
-
-
 def test_compiled_clone_exposes_what_the_model_fn_reads():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])
     model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse", metrics=["mae"])
@@ -340,3 +315,69 @@ def test_numpy_and_pandas_input_queue_filler():
     finally:
         restore()
     assert seen == [original] and feeding_functions._enqueue_data is original
+
+
+def test_tpu_context_like_takes_new_batch_sizes_and_keeps_the_system_answer(tmp_path):
+    """A context for other global batch sizes, sharing the (cached) answer from the TPU system."""
+
+    def model_fn(features, labels, mode, params):
+        del labels, params
+        return _tfprivate.tpu_estimator.TPUEstimatorSpec(mode, predictions={"x": features})
+
+    estimator = _tfprivate.tpu_estimator.TPUEstimator(
+        model_fn=model_fn,
+        config=_tfprivate.tpu_config.RunConfig(model_dir=str(tmp_path)),
+        use_tpu=False,
+        train_batch_size=8,
+        eval_batch_size=8,
+        predict_batch_size=8,
+    )
+    ctx = _tfprivate.tpu_context_like(estimator._ctx, 4, 5, 6)
+    modes = tf.estimator.ModeKeys
+    for mode, size in ((modes.TRAIN, 4), (modes.EVAL, 5), (modes.PREDICT, 6)):
+        with ctx.with_mode(mode) as in_mode:
+            assert in_mode.global_batch_size == size
+    assert ctx._lazy_tpu_system_metadata_dict is estimator._ctx._lazy_tpu_system_metadata_dict
+    with ctx.with_mode(modes.TRAIN) as in_mode:
+        context = _tfprivate.tpu_input_context(in_mode, "/job:worker/task:0/device:CPU:0")
+    assert context.current_host == 0 and context._invocation_index == 0
+
+
+def test_eval_step_hooks_and_function_defs():
+    stop, iterations = _tfprivate.tpu_eval_steps_hooks(7)
+    assert _tfprivate.eval_steps_of([stop]) == 7
+    assert type(iterations).__name__ == "_SetEvalIterationsHook" and iterations._num_steps == 7
+    with tf.Graph().as_default() as graph:
+        dataset = tf.data.Dataset.range(3).map(lambda x: x + 1)
+        names = [
+            v.func.name
+            for v in _tfprivate.dataset_variant_op(dataset).node_def.attr.values()
+            if v.HasField("func")
+        ]
+        assert {n.op for n in _tfprivate.function_def(graph, names[0]).node_def} >= {"AddV2"}
+
+
+def test_loss_and_layer_names_the_training_loss_reads():
+    """What tpushim/_loss_kinds.py and _losses.py read of Keras's v1 training loss."""
+    assert _tfprivate.loss_function_wrapper_class().__name__ == "LossFunctionWrapper"
+    assert _tfprivate.add_loss_layer_class().__name__ == "AddLoss"
+    assert tf.keras.losses.mean_squared_error.__module__ in _tfprivate.keras_loss_modules()
+    model = tfcases.two_in_two_out()
+    fns = _tfprivate.prepare_loss_functions(
+        _tfprivate.compile_args(model)["loss"], model.output_names
+    )
+    assert [type(f).__name__ for f in fns] == ["LossFunctionWrapper"] * 2
+    assert _tfprivate.all_layers(model)[0] is model
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        dense = tf.keras.layers.Dense(1, activity_regularizer="l2")
+        out = dense(x)
+        assert len(_tfprivate.layer_input_losses(dense)) == 1  # its activity regularizer's
+        assert _tfprivate.reachable_from([x], [out]) and out in _tfprivate.reachable_from(
+            [x], [out]
+        )
+    import random
+
+    with _tfprivate.keras_random_state_kept():
+        drawn = random.random()
+    assert random.random() == drawn  # the state is put back

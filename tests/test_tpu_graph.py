@@ -29,7 +29,7 @@ def _labels():
     ],
     ids=["keras-sgd", "keras-adam", "tf1-sgd"],
 )
-def test_train_step_one_cross_replica_sum_per_trainable_variable(optimizer):
+def test_train_step_one_cross_replica_sum_per_variable_and_for_the_reported_loss(optimizer):
     model = tfcases.sequential(
         optimizer(), extra_layers=(tf.keras.layers.BatchNormalization(name="bn"),)
     )
@@ -44,7 +44,10 @@ def test_train_step_one_cross_replica_sum_per_trainable_variable(optimizer):
     trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     sums = replicas.ops_of_type(graph, "CrossReplicaSum")
     assert len(trainable) == 6  # hidden, bn (gamma, beta), probs
-    assert len(sums) == len(trainable)
+    # One per gradient, and the cores' losses summed into the loss the step reports (a mean
+    # loss needs no global counts: no "loss totals").
+    purposes = replicas.cross_replica_sums(op.name for op in sums)
+    assert purposes == {"gradient": len(trainable), "reported loss": 1, "loss totals": 0}
     for op in sums:  # every aggregated gradient has a static shape
         assert op.inputs[0].shape.is_fully_defined(), op.name
     assert spec.loss.shape.is_fully_defined()
@@ -55,6 +58,40 @@ def test_train_step_one_cross_replica_sum_per_trainable_variable(optimizer):
         for op in graph.get_operations()
         if "/metrics/" in op.name or op.name.startswith("metrics/")
     ]
+
+
+@pytest.mark.parametrize(
+    "loss, padded, totals",
+    [
+        (tf.keras.losses.MeanSquaredError(reduction=tf.keras.losses.Reduction.SUM), False, 0),
+        ("mse", True, 1),
+    ],
+    ids=["sum-reduction", "mean-padded"],
+)
+def test_train_step_sums_global_counts_once_where_a_term_needs_them(loss, padded, totals):
+    """A summed loss is scaled, not counted (no totals); a padded batch's mean divides by the
+    real rows of the global batch: one more all-reduce, however many counts it carries."""
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), loss=loss)
+
+    def features():
+        if not padded:
+            return _features()
+        return {
+            _padding.FEATURES_KEY: _features(),
+            _padding.PADDING_KEY: tf.ones([PER_REPLICA]),
+        }
+
+    graph, _, _ = replicas.replicated_model_fn(
+        model,
+        ModeKeys.TRAIN,
+        features,
+        lambda: tf.zeros([PER_REPLICA, 2]),
+        replicas.train_step_outputs,
+    )
+    sums = replicas.ops_of_type(graph, "CrossReplicaSum")
+    purposes = replicas.cross_replica_sums(op.name for op in sums)
+    assert purposes == {"gradient": 2, "reported loss": 1, "loss totals": totals}
 
 
 def test_cpu_path_emits_nothing_tpu_only():

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import replicas
 import tensorflow as tf
 import tfcases
 
@@ -65,6 +66,11 @@ def _types(build, op_type):
     return len(build.nodes(op_type))
 
 
+def _sums(build):
+    """What the train step's cross-replica sums are for (see replicas.cross_replica_sums)."""
+    return replicas.cross_replica_sums(n.name for n in build.nodes("CrossReplicaSum"))
+
+
 def _assert_replicated(build, tpu):
     metadata = build.nodes("TPUReplicateMetadata")
     assert len(metadata) == 1 and metadata[0].attr["num_replicas"].i == tpu.num_cores
@@ -84,8 +90,9 @@ def test_train_graph(tmp_path, hosts):
     per_core = GLOBAL // tpu.num_cores
     # One infeed enqueue per core, each sending one static per-core batch.
     assert build.infeed_shapes() == [[[per_core, 4], [per_core, 1]]] * tpu.num_cores
-    # Gradients averaged across cores: one all-reduce per trainable variable (2 Dense layers).
-    assert _types(build, "CrossReplicaSum") == 4
+    # Gradients averaged across cores: one all-reduce per trainable variable (2 Dense layers);
+    # one more sums the cores' losses into the global batch's, the loss the step reports.
+    assert _sums(build) == {"gradient": 4, "reported loss": 1, "loss totals": 0}
     # Each host reads a distinct part of the input.
     seen = [
         [int(i) for batch in build.host_input(h, max_batches=8) for i in batch[0][:, 0]]
@@ -205,6 +212,24 @@ def test_predict_graph(tmp_path, hosts):
     assert _types(build, "CrossReplicaSum") == 0
 
 
+def test_input_fn_called_once_per_input_pipeline(tmp_path):
+    """On a TPU the input_fn is called as TPUEstimator calls it, once per host's pipeline (the
+    first of them made before the model, to read the batch size): no extra call."""
+    x, y = _ids_data()
+    calls = []
+
+    def input_fn(repeat):
+        calls.append(1)
+        return dataset_style(x, y, repeat=repeat)()
+
+    with faketpu.faked_tpu_system(hosts=2) as tpu:
+        est = _convert(tpu, tmp_path)
+        tpu.build(lambda: est.train(lambda: input_fn(True), steps=ITERATIONS))
+        assert len(calls) == 2
+        tpu.build(lambda: est.evaluate(lambda: input_fn(False)))
+        assert len(calls) == 4
+
+
 # --- tf.estimator.train_and_evaluate with a TPU configured ----------------------------------------
 
 
@@ -239,7 +264,7 @@ def test_train_and_evaluate_runs_the_tpu_path(tmp_path, own_config):
             est = _convert(tpu, tmp_path)
         build = tpu.build(lambda: tf.estimator.train_and_evaluate(est, *_specs(x, y)))
     _assert_replicated(build, tpu)
-    assert _types(build, "CrossReplicaSum") == 4
+    assert _sums(build) == {"gradient": 4, "reported loss": 1, "loss totals": 0}
     # The session still reaches the TPU worker.
     assert est.config.master == tpu.master
     assert [job.name for job in est.config.session_config.cluster_def.job] == ["worker"]

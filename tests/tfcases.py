@@ -279,3 +279,24 @@ class LoopbackListener:
 
     def __exit__(self, *exc):
         self.sock.close()
+
+
+# --- one input_fn call, as tpushim's estimator makes it -----------------------------------------
+
+
+def adapted(input_fn, mode, params, global_batch=None):
+    """``input_fn`` called once as tpushim's estimator calls it, then adapted as it hands the result
+    to TPUEstimator (``params``: TPUEstimator's, per core on a TPU with its ``context``)."""
+    from tpushim import _input_fn
+
+    result = _input_fn.call(input_fn, mode, _input_fn.UserParams(), None)
+    return _input_fn.adapt(result, mode, global_batch or params["batch_size"], params, input_fn)
+
+
+def input_facts(input_fn, mode, count=False):
+    """What tpushim reads of one call of ``input_fn`` (``InputFacts``), in a graph of its own."""
+    from tpushim import _input_fn
+
+    with tf.Graph().as_default():
+        result = _input_fn.call(input_fn, mode, _input_fn.UserParams(), None)
+        return _input_fn.read_facts(result, count=count)

@@ -14,16 +14,36 @@ tpushim. ``tpushim.patch(mode="cpu")`` (or ``TPUSHIM_MODE=cpu``) runs the TPU co
 Importing this package imports no TensorFlow.
 """
 
+from __future__ import annotations  # annotations stay strings: typing is not imported at start-up
+
 from tpushim._errors import ConfigurationError, ConversionError, NoTPUError, TPUShimError
 from tpushim._patch import is_patched, patch, patched, unpatch
 from tpushim._settings import DEFAULT_CORES as _DEFAULT_CORES
 from tpushim._status import status
 from tpushim.version import __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from tpushim._preflight.report import Report
+    from tpushim._types import Status
+
+
+def __getattr__(name: str) -> object:
+    # tpushim.Status (a TypedDict) imports typing: on first use, not at start-up.
+    if name == "Status":
+        from tpushim._types import Status
+
+        return Status
+    raise AttributeError(f"module 'tpushim' has no attribute {name!r}")
+
+
 __all__ = [
     "ConfigurationError",
     "ConversionError",
     "NoTPUError",
+    "Status",
     "TPUShimError",
     "__version__",
     "check",
@@ -50,15 +70,15 @@ def unload_ipython_extension(ipython):
 
 
 def check(
-    keras_model,
-    input_fn=None,
+    keras_model: object,
+    input_fn: Callable[..., object] | None = None,
     *,
-    batch_size=None,
-    num_cores=_DEFAULT_CORES,
-    steps=None,
-    iterations_per_loop=None,
-    custom_objects=None,
-):
+    batch_size: int | None = None,
+    num_cores: int = _DEFAULT_CORES,
+    steps: int | None = None,
+    iterations_per_loop: int | None = None,
+    custom_objects: dict[str, object] | None = None,
+) -> Report:
     """TPU preflight on CPU: what would break or crawl on a TPU, before you pay for one.
 
     Imports TensorFlow (it needs the model); ``import tpushim`` alone does not.
@@ -74,7 +94,8 @@ def check(
       custom_objects: as ``model_to_estimator`` takes them, for cloning the model.
 
     Returns:
-      a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``.
+      a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``,
+      ``report.exit_code``; it renders as a table in a notebook.
     """
     from tpushim._preflight import check as run_check
 

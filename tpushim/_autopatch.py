@@ -55,10 +55,11 @@ def patch_now():
     try:
         # importable only once sys.path is complete
         from tpushim._console import show_conversions
-        from tpushim._patch import is_patched, patch
+        from tpushim._patch import current_settings, is_patched, patch
 
         patch()  # imports no TensorFlow
-        show_conversions()
+        settings = current_settings()
+        show_conversions(quiet=settings is not None and settings.quiet)  # TPUSHIM_QUIET
         return is_patched()
     except Warning:
         raise

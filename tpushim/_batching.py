@@ -9,7 +9,7 @@ import logging
 
 import tensorflow as tf
 
-from tpushim import _padding, _tfprivate
+from tpushim import _observe, _padding, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
@@ -112,6 +112,30 @@ def _batches_always_full(dataset):
     return False
 
 
+# Batch ops whose last input is drop_remainder (the older ones have none).
+_DROP_REMAINDER_LAST = {"BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDatasetV2"}
+
+# Ops between the last batch op and the end that neither add nor drop batches: what the batch op
+# makes is what the pipeline yields, so its count follows from the batch op's input.
+_SAME_BATCHES = _ONE_FOR_ONE - {"FilterDataset"}
+
+
+def batching_of(dataset):
+    """``(rows, batch_size, drop_remainder)`` where the pipeline ends in ``batch(batch_size)`` of
+    the Dataset ``rows`` (a variant tensor) followed only by ops that keep every batch
+    (map, prefetch, ...); None when the graph shows no such batch op. Nothing is run."""
+    op = _tfprivate.dataset_variant_op(dataset)
+    while op is not None and op.type in _SAME_BATCHES and op.inputs:
+        op = op.inputs[0].op
+    if op is None or op.type not in _BATCH_OPS:
+        return None
+    size = tf.get_static_value(op.inputs[1])
+    drop = tf.get_static_value(op.inputs[-1]) if op.type in _DROP_REMAINDER_LAST else False
+    if size is None or drop is None:
+        return None
+    return op.inputs[0], int(size), bool(drop)
+
+
 def declared_batch_size(dataset):
     """The batch size a Dataset's graph declares (static batch dimension or batch op), else None."""
     return _batch_dim(dataset) or _declared_batch(dataset)
@@ -141,7 +165,18 @@ def fit_batches(dataset, batch_size, mode):
     if static is None and _declared_batch(dataset) == batch_size:
         if _batches_always_full(dataset):  # nothing to pad: only the static shape is missing
             return _rebatch(dataset, batch_size, drop_remainder=True)
+        _observe.note(
+            "padding",
+            "short batches padded to %d rows, the padding weighted out of losses and metrics",
+            batch_size,
+        )
         return dataset.map(_padding.pad_batch(batch_size))
+    _observe.note(
+        "rebatch",
+        "input batched by %s re-batched to the global batch of %d",
+        _declared_batch(dataset) or static or "a size its graph does not declare",
+        batch_size,
+    )
     if mode == ModeKeys.TRAIN:
         return _rebatch(dataset, batch_size, drop_remainder=True)
     return _rebatch(dataset, batch_size, drop_remainder=False).map(_padding.pad_batch(batch_size))
@@ -173,9 +208,10 @@ def without_float64(dataset):
         component.dtype == tf.float64 for component in tf.nest.flatten(dataset.element_spec)
     ):
         return dataset
-    logger.info(
+    _observe.note(
+        "float64",
         "float64 input cast to float32: a TPU cannot be fed float64, and the model "
-        "computes in float32"
+        "computes in float32",
     )
 
     def cast(*element):

@@ -23,8 +23,10 @@ from tpushim._versions import guard_warning_silenced, unsupported
 
 PROG = "python -m tpushim"
 
-#: The runner's options that take a value (the split must skip the value too).
-RUNNER_VALUE_FLAGS = tuple(flag for flag, _ in _settings.OPTIONS)
+#: The runner's options that take a value (the split must skip the value too); flags do not.
+RUNNER_VALUE_FLAGS = tuple(flag for flag, kwargs in _settings.OPTIONS if "action" not in kwargs)
+#: Short spellings of settings options on the runner.
+SHORT_FLAGS = {"--quiet": ("-q",)}
 CHECK_VALUE_FLAGS = ("--cores",)
 
 #: A subcommand: ``run(options, argv) -> exit code``; ``help`` is one line for ``--help``.
@@ -79,8 +81,8 @@ def _patch_before_running(options, module, target, command="", **overrides):
         patch(**dict(options.settings, **overrides))
     except ConfigurationError as e:  # a bad TPUSHIM_* variable
         return _stop(f"{command}error: {e}")
-    if not options.quiet:
-        _console.show_conversions()
+    quiet = _settings.resolve((options.settings,)).quiet  # -q, else TPUSHIM_QUIET
+    _console.show_conversions(quiet=quiet, level="DEBUG" if options.verbose else None)
     return None
 
 
@@ -155,22 +157,39 @@ def _check(options, argv):
     if stopped is not None:
         return stopped
     from tpushim import _preflight  # imports TensorFlow
+    from tpushim._preflight import progress
 
-    uncaught = None
-    with (
-        _preflight.recording() as recorder,
-        contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout),
-    ):
-        try:
-            code, uncaught = _launch(module, target)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    report = _check_report(_preflight, recorder, args.cores, code, uncaught)
+    uncaught = exit_message = None
+    what = f"-m {module}" if module is not None else target[0]
+    with progress.showing():
+        with (
+            progress.phase(
+                f"running {what} in cpu mode (training capped at "
+                f"{_preflight.Recorder.MAX_TRAIN_STEPS} steps)",
+                prints=True,
+            ),
+            _preflight.recording() as recorder,
+            contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout),
+        ):
+            try:
+                code, uncaught = _launch(module, target)
+            except SystemExit as e:
+                code, exit_message = _exit_status(e)
+                if exit_message is not None:
+                    print(exit_message, file=sys.stderr)  # as python prints it
+        report = _check_report(_preflight, recorder, args.cores, code, uncaught, exit_message)
     print(report.to_json() if args.json else report)
     return report.exit_code
 
 
-def _check_report(preflight, recorder, cores, code, uncaught):
+def _exit_status(exc):
+    """``(status, message or None)`` of a ``SystemExit``, as python turns it into both."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0, None
+    return 1, str(exc.code)
+
+
+def _check_report(preflight, recorder, cores, code, uncaught, exit_message=None):
     """The recorder's report, plus what the script's exit said."""
     try:
         report = recorder.report(num_cores=cores)
@@ -197,9 +216,10 @@ def _check_report(preflight, recorder, cores, code, uncaught):
             "script-exit",
             "warning",
             "script",
-            f"the script exited with status {code} while checked in cpu mode (its training "
-            f"was capped at {recorder.MAX_TRAIN_STEPS} steps, evaluation at "
-            f"{recorder.MAX_EVAL_STEPS})",
+            f"the script exited with status {code}"
+            + (f" ({exit_message!r})" if exit_message else "")
+            + f" while checked in cpu mode (its training was capped at "
+            f"{recorder.MAX_TRAIN_STEPS} steps, evaluation at {recorder.MAX_EVAL_STEPS})",
             "see its output above; run it with --mode cpu to see it uncapped",
         )
     return report
@@ -220,8 +240,8 @@ COMMANDS = {
     "check": Command(
         _check,
         "TPU preflight: run SCRIPT in cpu mode for a few steps and report "
-        "what would break or crawl on a TPU (exit 1 if something would "
-        "fail; --json for machines).",
+        "what would break or crawl on a TPU (exit 0: nothing blocks; 1: something would "
+        "fail; 3: the script itself raised; --json for machines).",
     ),
 }
 
@@ -250,6 +270,8 @@ environment variables:
   TPUSHIM_TPU                  the TPU (as --tpu)
   TPUSHIM_BATCH_SIZE           global batch size (as --batch-size)
   TPUSHIM_ITERATIONS_PER_LOOP  steps per TPU loop (as --iterations-per-loop)
+  TPUSHIM_QUIET=1              hide the conversion lines (as -q)
+  TPUSHIM_LOG_LEVEL            debug, info, warning or error: tpushim's log level (debug: as -v)
   TPUSHIM_AUTOPATCH=1          patch every Python process at start, without this runner
   precedence: TPUSHIM_MODE=off, then options, then TPUSHIM_* variables, then defaults.
 
@@ -280,12 +302,13 @@ def _parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for flag, kwargs in _settings.OPTIONS:
-        parser.add_argument(flag, **kwargs)
+        parser.add_argument(*SHORT_FLAGS.get(flag, ()), flag, **kwargs)
     parser.add_argument(
-        "-q",
-        "--quiet",
+        "-v",
+        "--verbose",
         action="store_true",
-        help="do not print tpushim's conversion lines on stderr.",
+        help=f"show tpushim's debug lines too (the settings and TPU each call was decided by); "
+        f"${_settings.LOG_LEVEL_VAR} sets the level without it.",
     )
     parser.add_argument(
         "-m",
@@ -313,6 +336,7 @@ def main(argv=None):
         options.settings = _settings.parse_arguments(
             **{name: getattr(options, name) for name in _settings.ENV_VARS}
         )
+        _settings.log_level_from_environment()
     except ConfigurationError as e:
         parser.error(str(e))
     if module is None and not target:

@@ -4,12 +4,10 @@ Shared by every way in (``python -m tpushim``, ``%load_ext tpushim``, ``TPUSHIM_
 they all print the same words. Imports no TensorFlow.
 """
 
-import logging
 import os
 import site
-import sys
 
-from tpushim import _settings
+from tpushim import _log, _settings
 from tpushim._versions import unsupported
 
 #: The file setup.py puts into site-packages for ``TPUSHIM_AUTOPATCH`` (setup.py spells the name
@@ -17,48 +15,23 @@ from tpushim._versions import unsupported
 PTH_NAME = "tpushim-autopatch.pth"
 
 
-class ConsoleHandler(logging.Handler):
-    """Writes tpushim's log lines to stderr while the application has configured no logging.
+def show_conversions(quiet=False, level=None):
+    """Makes tpushim's one line per conversion visible on stderr (idempotent), unless ``quiet``.
 
-    Once the application configures the root logger (``logging.basicConfig`` & co.), tpushim's
-    lines reach it by propagation in its format, and this handler steps aside so no line is
-    printed twice.
+    Args:
+      quiet: True hides them instead (``-q``, ``TPUSHIM_QUIET``).
+      level: as :func:`tpushim._log.show` (``-v``: ``"DEBUG"``); None: ``TPUSHIM_LOG_LEVEL``,
+        else INFO.
     """
-
-    def filter(self, record):
-        return not logging.getLogger().handlers and super().filter(record)
-
-    def format(self, record):
-        message = super().format(record)
-        return message if message.startswith("tpushim") else f"tpushim: {message}"
-
-    def emit(self, record):
-        try:
-            # sys.stderr at emit time: notebooks and test runners replace it after start-up.
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-        except Exception:
-            self.handleError(record)
-
-
-def show_conversions():
-    """Makes tpushim's one line per conversion visible on stderr; idempotent. Returns the handler."""
-    logger = logging.getLogger("tpushim")
-    for handler in logger.handlers:
-        if isinstance(handler, ConsoleHandler):
-            return handler
-    handler = ConsoleHandler(logging.INFO)
-    logger.addHandler(handler)
-    if logger.level == logging.NOTSET:  # an explicit level set by the application wins
-        logger.setLevel(logging.INFO)
-    return handler
+    if quiet:
+        hide_conversions()
+        return None
+    return _log.show(level or _settings.log_level_from_environment())
 
 
 def hide_conversions():
     """Removes what :func:`show_conversions` added."""
-    logger = logging.getLogger("tpushim")
-    for handler in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
-        logger.removeHandler(handler)
+    _log.hide()
 
 
 def autopatch_files():

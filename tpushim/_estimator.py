@@ -1,89 +1,137 @@
 """The one internal entry point: the arguments of a ``model_to_estimator`` call -> a TPUEstimator.
 
-Validates everything first (:mod:`tpushim._validation`; nothing is written to ``model_dir``, and
-no network is asked, before those checks pass), resolves the TPU, carries the user's RunConfig
-into a ``tpu_config.RunConfig`` (:mod:`tpushim._run_config`), builds the model_fn, writes the
-warm-start checkpoint of the Keras weights exactly as stock does, and returns a
-:class:`TPUShimEstimator`.
-
-A little over ~300 lines because it is one concern: ``build`` and the estimator it returns, whose
-train/evaluate/predict each fix the batch before handing over to TPUEstimator.
+:func:`build` validates everything first (:mod:`tpushim._validation`; nothing is written to
+``model_dir``, and no network is asked, before those checks pass), resolves the TPU, carries the
+user's RunConfig into a ``tpu_config.RunConfig`` (:mod:`tpushim._run_config`), builds the model_fn,
+writes the warm-start checkpoint of the Keras weights exactly as stock does, and returns a
+:class:`TPUShimEstimator`, whose train/evaluate/predict take the user's input as it is.
 """
 
-import contextlib
 import logging
 import threading
-import weakref
+import time
 
 import tensorflow as tf
 
-from tpushim import _detect, _input_fn, _model_fn, _padding, _run_config, _tfprivate, _validation
+from tpushim import (
+    _detect,
+    _input_fn,
+    _log,
+    _model_fn,
+    _observe,
+    _padding,
+    _run_config,
+    _tfprivate,
+    _validation,
+)
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
 
 ModeKeys = tf.estimator.ModeKeys
 tpu_config = _tfprivate.tpu_config
+TPUEstimator = _tfprivate.tpu_estimator.TPUEstimator
 
-#: The one recorder, or None (always, except while the preflight runs a script): see
-#: :func:`recording_to`. A plain slot, not a ContextVar: a script may train from a thread it starts.
-_recorder = None
+_EVENTS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate", ModeKeys.PREDICT: "predict"}
 
 
-@contextlib.contextmanager
-def recording_to(recorder):
-    """While active, ``recorder`` is told about what tpushim's estimators do, and may cap it.
+class _PerThread(threading.local):
+    """What one thread's train/evaluate/predict call fixes while TPUEstimator builds its graph.
 
-    ``recorder.converted(estimator, keras_model, custom_objects, settings)`` after each conversion;
-    ``recorder.derived(estimator, source)`` when one is made from another (:func:`rewrapped`);
-    ``recorder.calling(event, estimator, input_fn, steps, max_steps)`` at the start of each
-    ``train``/``evaluate``/``predict`` (``event``), returning the ``(steps, max_steps)`` to run.
-    With none active, nothing is called. A nested recorder replaces the outer one until it exits.
+    TPUEstimator keeps its global batch sizes in one TPU context (``_ctx``), made at
+    construction, and changes two attributes during a call: ``_is_input_fn_invoked`` (set by its
+    input_fn wrapper, cleared by its model_fn wrapper) and ``_rendezvous`` (the call's error
+    collector). Shared, another thread's call would change them between this thread's steps, so
+    each thread has its own.
     """
-    global _recorder
-    outer, _recorder = _recorder, recorder
-    try:
-        yield recorder
-    finally:
-        _recorder = outer
+
+    def __init__(self):
+        self.ctx = None  # this thread's TPU context, once it fixed a batch size
+        self.sizes = {}  # mode -> the global batch size this thread fixed
+        self.input_fn_invoked = None
+        self.rendezvous = {}
+        self.eval_steps = None  # the evaluate() steps asked for, then those a TPU runs
 
 
-class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
-    """A TPUEstimator that accepts legacy input_fns and infers the batch size from them.
+class TPUShimEstimator(TPUEstimator):
+    """A TPUEstimator that takes legacy input_fns as they are.
 
     Behaves as ``tf.compat.v1.estimator.tpu.TPUEstimator``; in addition ``input_fn`` may take no
-    ``params``, batches need not be static (they are re-batched), ``evaluate()`` and ``predict()``
-    see every example exactly once (padding is weighted out and dropped), and the global batch size
-    is taken from the input when tpushim was not given one.
+    ``params`` and return iterator or numpy_input_fn tensors, batches need not be static or full,
+    ``evaluate()`` and ``predict()`` see every example exactly once (padding is weighted out and
+    dropped), and the global batch size is read from the input when tpushim was not given one.
 
-    Before TPUEstimator builds anything, each call reaches the TPU (once per estimator), reads its
-    input (:meth:`_input_facts`) and fixes its mode's global batch size for the calling thread
-    (:meth:`_fix_global_batch`); threads sharing an estimator each build with their own.
+    The user's input_fn is called exactly as often as stock calls it: TPUEstimator asks for the
+    input (:meth:`_call_input_fn`) once per call, before it builds the model; tpushim makes the
+    first invocation there (on a TPU: host 0's), reads the batch size from the graph that call
+    built and fixes it for the calling thread; TPUEstimator then builds with it and is handed that
+    invocation's result instead of calling again.
     """
 
     def __init__(self, *args, tpushim_batch_size=None, tpushim_tpu_source=None, **kwargs):
-        size = tpushim_batch_size or 1  # a placeholder: each call fixes its own (_fix_global_batch)
+        self._tpushim_thread = _PerThread()
+        size = tpushim_batch_size or 1  # a placeholder: each call fixes its own
         super().__init__(
-            *args, train_batch_size=size, eval_batch_size=size, predict_batch_size=size, **kwargs
+            *args,
+            train_batch_size=size,
+            eval_batch_size=size,
+            predict_batch_size=size,
+            **kwargs,
         )
+        # TPUEstimator validates its context's batch sizes before a call reaches the input; the
+        # constructed one holds placeholders, and each call validates the one it fixes.
+        _tfprivate.skip_batch_validation(self._tpushim_constructed_ctx)
+        self._tpushim_model_fn = kwargs.get("model_fn")  # tpushim's, before TPUEstimator wraps it
         self._tpushim_fixed_batch = tpushim_batch_size
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
+        self._tpushim_eval_on_tpu = kwargs.get("eval_on_tpu", True)
         if not self._tpushim_use_tpu:
             _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
         self._tpushim_tpu_source = tpushim_tpu_source
-        self._tpushim_model_fn = kwargs.get(
-            "model_fn"
-        )  # tpushim's own, before TPUEstimator wraps it
         self._tpushim_reached = False  # the TPU accepted a connection (_reach_tpu_once)
         self._tpushim_reach_lock = threading.Lock()
-        self._tpushim_inspected = weakref.WeakKeyDictionary()  # input_fn -> {key: InputFacts}
-        self._tpushim_inspected_lock = threading.Lock()
 
     def _assert_members_are_not_overridden(self):
         # Estimator forbids subclasses to override train/evaluate/predict and exempts TPUEstimator
         # by class name. tpushim extends exactly those entry points (input adaptation, batch
         # inference, padding removal) and calls TPUEstimator's own for the work.
         pass
+
+    # -- TPUEstimator's per-call state, per thread ------------------------------------------------
+    @property
+    def _ctx(self):
+        return self._tpushim_thread.ctx or self._tpushim_constructed_ctx
+
+    @_ctx.setter
+    def _ctx(self, ctx):  # TPUEstimator.__init__ sets it, once
+        self._tpushim_constructed_ctx = ctx
+
+    @property
+    def _is_input_fn_invoked(self):
+        return self._tpushim_thread.input_fn_invoked
+
+    @_is_input_fn_invoked.setter
+    def _is_input_fn_invoked(self, invoked):
+        self._tpushim_thread.input_fn_invoked = invoked
+
+    @property
+    def _rendezvous(self):
+        return self._tpushim_thread.rendezvous
+
+    @_rendezvous.setter
+    def _rendezvous(self, rendezvous):  # TPUEstimator.__init__ sets an empty dict
+        self._tpushim_thread.rendezvous = rendezvous
+
+    def _fix_call_batch_size(self, mode, size):
+        """``mode``'s global batch size for this thread's calls, from now on."""
+        sizes = dict(self._tpushim_thread.sizes, **{mode: size})
+        self._tpushim_thread.ctx = _tfprivate.tpu_context_like(
+            self._tpushim_constructed_ctx,
+            sizes.get(ModeKeys.TRAIN, size),
+            sizes.get(ModeKeys.EVAL, size),
+            sizes.get(ModeKeys.PREDICT, size),
+        )
+        self._tpushim_thread.sizes = sizes
 
     # -- before TPUEstimator builds anything ---------------------------------------------------
     def _reach_tpu_once(self):
@@ -97,84 +145,144 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
                 _detect.check_reachable(self.config.master, self._tpushim_tpu_source)
                 self._tpushim_reached = True
 
-    def _input_facts(self, input_fn, mode, count=False, count_unknown=True):
-        """The input's :class:`_input_fn.InputFacts`, read once per (input_fn, mode) for this
-        estimator (see :func:`_input_fn.inspect_input` for ``count``)."""
-        key = (mode, count, count_unknown)
-        with self._tpushim_inspected_lock:
-            try:
-                cached = self._tpushim_inspected.setdefault(input_fn, {})
-            except TypeError:  # not weak-referenceable (e.g. a bound method of a __slots__ class)
-                cached = {}
-            facts = cached.get(key)
-        if facts is None:  # read outside the lock: it may take a while; a race reads it twice
-            facts = _input_fn.inspect_input(input_fn, mode, self.config, count, count_unknown)
-            with self._tpushim_inspected_lock:
-                cached[key] = facts
-        return facts
+    def _on_tpu(self, mode):
+        return self._tpushim_use_tpu and (mode != ModeKeys.EVAL or self._tpushim_eval_on_tpu)
 
-    def _global_batch(self, facts, mode):
-        """This mode's global batch size: tpushim's setting, else the one the input gives."""
+    def _first_invocation(self, mode):
+        """``(device, TPUContext)`` of the input pipeline TPUEstimator builds first in ``mode``
+        (host 0's), as TPUEstimator would make them."""
+        with self._ctx.with_mode(mode) as ctx:
+            device = ctx.tpu_host_placement_function(host_id=0)
+            return device, _tfprivate.tpu_input_context(ctx, device)
+
+    def _global_batch(self, facts):
+        """The global batch size of a call: tpushim's setting, else the one the input gives."""
         if self._tpushim_fixed_batch is not None:
             return self._tpushim_fixed_batch
-        logger.info("global %s batch size %d, taken from the input_fn", mode, facts.batch_size)
         return facts.batch_size
 
-    def _fix_global_batch(self, mode, size):
-        """Fixes ``mode``'s global batch size for this thread's call, once it divides among the
-        TPU's shards."""
-        shards = self.config.tpu_config.num_shards
-        if self._tpushim_use_tpu and shards and size % shards:
+    def _check_divides(self, mode, size):
+        """On a TPU the global batch must divide among its replicas (one per core)."""
+        if not self._on_tpu(mode):
+            return
+        with self._ctx.with_mode(mode) as ctx:
+            shards = ctx.num_replicas
+        if shards and size % shards:
             raise ConversionError(indivisible_batch_message(size, shards))
-        self._fix_call_batch_size(mode, size)
 
     def _call_input_fn(self, input_fn, mode, input_context=None):
-        adapted = _input_fn.adapt(input_fn, global_batch=self._call_batch_size(mode))
-        return super()._call_input_fn(adapted, mode, input_context)
+        """TPUEstimator's one request for the input of a call, made in the graph it builds.
 
-    # -- the entry points ----------------------------------------------------------------------
-    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
-        if _recorder is not None:
-            steps, max_steps = _recorder.calling("train", self, input_fn, steps, max_steps)
-        self._reach_tpu_once()
-        facts = self._input_facts(input_fn, ModeKeys.TRAIN)
-        size = self._global_batch(facts, ModeKeys.TRAIN)
-        if facts.finite and facts.declared != size:
-            logger.info(
-                "the training input is finite and batched by %s, not %d; a TPU "
-                "needs full batches, so a last batch of fewer than %d rows is dropped. "
-                "Repeat the dataset (dataset.repeat()) to train on every example.",
+        tpushim calls the user's input_fn here, once (on a TPU: the first of the invocations
+        TPUEstimator makes, one per input pipeline), reads what it needs from the graph that call
+        built (:func:`_input_fn.read_facts`: the batch size; on a TPU how many steps an evaluation
+        runs), fixes the global batch size for this thread, and hands TPUEstimator an input_fn that
+        adapts that call's result -- and makes the further invocations on a TPU.
+        """
+        on_tpu = self._on_tpu(mode)
+        device, context = self._first_invocation(mode) if on_tpu else ("/device:CPU:0", None)
+        graph = tf.compat.v1.get_default_graph()
+        made_before = len(graph.get_operations())
+        # On a TPU, placed on host 0 once read: this process reads it with a session of its own.
+        with tf.compat.v1.device(None if on_tpu else device):
+            first = _input_fn.call(
+                input_fn, mode, self._user_params(context), self.config, input_context
+            )
+        thread = self._tpushim_thread
+        count = on_tpu and mode == ModeKeys.EVAL
+        facts = _input_fn.read_facts(
+            first, count=count, count_unknown=thread.eval_steps is None, input_fn=input_fn
+        )
+        size = self._global_batch(facts)
+        self._check_divides(mode, size)
+        if mode == ModeKeys.TRAIN and facts.declared != size and _finite(first):
+            _observe.note(
+                "drop",
+                "the training input is finite and batched by %s, not %d; a TPU needs full "
+                "batches, so a last batch of fewer than %d rows is dropped. Repeat the dataset "
+                "(dataset.repeat()) to train on every example.",
                 facts.declared or "a size its graph does not declare",
                 size,
                 size,
             )
-        self._fix_global_batch(ModeKeys.TRAIN, size)
-        return super().train(
-            input_fn,
-            hooks=hooks,
-            steps=steps,
-            max_steps=max_steps,
-            saving_listeners=saving_listeners,
-        )
+        if count:
+            thread.eval_steps = tpu_eval_steps(facts, size, thread.eval_steps)
+        if on_tpu:
+            _tfprivate.place_ops(graph.get_operations()[made_before:], device)
+        self._fix_call_batch_size(mode, size)
+        _observe.input_called(_observe.InputCall(_observe.current_call(), mode, first, facts, size))
+        pending = [first]
+
+        def tpushim_input_fn(params):
+            # TPUEstimator's params: batch_size per core on a TPU, and its context there.
+            if pending:
+                result = pending.pop()
+            else:
+                result = _input_fn.call(
+                    input_fn,
+                    mode,
+                    self._user_params(params.get("context")),
+                    self.config,
+                    input_context,
+                )
+            return _input_fn.adapt(result, mode, size, params, input_fn)
+
+        return super()._call_input_fn(tpushim_input_fn, mode, input_context)
+
+    def _user_params(self, context):
+        """The params the user's input_fn is called with (see :class:`_input_fn.UserParams`)."""
+        params = _input_fn.UserParams()
+        if self._tpushim_fixed_batch is not None:
+            params["batch_size"] = self._tpushim_fixed_batch
+        if context is not None:
+            params["context"] = context
+        return params
+
+    def _convert_eval_steps_to_hooks(self, steps):
+        # On a TPU the steps an evaluation runs are known only once the input was read (see
+        # tpu_eval_steps): TPUEstimator's step hooks are made when the session starts.
+        self._tpushim_thread.eval_steps = steps
+        if not self._on_tpu(ModeKeys.EVAL):
+            return super()._convert_eval_steps_to_hooks(steps)
+        thread = self._tpushim_thread
+        return [_DeferredHooks(lambda: _tfprivate.tpu_eval_steps_hooks(thread.eval_steps))]
+
+    # -- the entry points ----------------------------------------------------------------------
+    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
+            self._reach_tpu_once()
+            if not _observe.has_observers():
+                return super().train(
+                    input_fn,
+                    hooks=hooks,
+                    steps=call.steps,
+                    max_steps=call.max_steps,
+                    saving_listeners=saving_listeners,
+                )
+            clock, start = _RunClock(), time.monotonic()
+            super().train(
+                input_fn,
+                hooks=[*(hooks or ()), clock],
+                steps=call.steps,
+                max_steps=call.max_steps,
+                saving_listeners=saving_listeners,
+            )
+            _observe.finished(call, time.monotonic() - start, clock.steps, clock.first_run)
+            return self
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
-        if _recorder is not None:
-            steps, _ = _recorder.calling("evaluate", self, input_fn, steps, None)
-        self._reach_tpu_once()
-        facts = None
-        if self._tpushim_use_tpu or self._tpushim_fixed_batch is None:
-            # A TPU needs the input counted (tpu_eval_steps); with `steps` given, an input of
-            # unknown cardinality is not: it may never end.
-            facts = self._input_facts(
-                input_fn, ModeKeys.EVAL, count=self._tpushim_use_tpu, count_unknown=steps is None
+        with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
+            self._reach_tpu_once()
+            start = time.monotonic()
+            metrics = super().evaluate(
+                input_fn,
+                steps=call.steps,
+                hooks=hooks,
+                checkpoint_path=checkpoint_path,
+                name=name,
             )
-        size = self._global_batch(facts, ModeKeys.EVAL)
-        self._fix_global_batch(ModeKeys.EVAL, size)
-        if self._tpushim_use_tpu:
-            steps = tpu_eval_steps(facts, size, steps)
-        return super().evaluate(
-            input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name
-        )
+            _observe.finished(call, time.monotonic() - start)
+            return metrics
 
     def predict(
         self,
@@ -184,21 +292,87 @@ class TPUShimEstimator(_tfprivate.TPUEstimatorWithCallBatchSizes):
         checkpoint_path=None,
         yield_single_examples=True,
     ):
-        if _recorder is not None:
-            _recorder.calling("predict", self, input_fn, None, None)
-        self._reach_tpu_once()
-        facts = None
-        if self._tpushim_fixed_batch is None:
-            facts = self._input_facts(input_fn, ModeKeys.PREDICT)
-        self._fix_global_batch(ModeKeys.PREDICT, self._global_batch(facts, ModeKeys.PREDICT))
-        outputs = super().predict(
-            input_fn,
-            predict_keys=_padding.predict_keys_with_padding(predict_keys),
-            hooks=hooks,
-            checkpoint_path=checkpoint_path,
-            yield_single_examples=yield_single_examples,
-        )
-        yield from _padding.drop_padding(outputs, yield_single_examples)
+        with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
+            self._reach_tpu_once()
+            start = time.monotonic()
+            outputs = super().predict(
+                input_fn,
+                predict_keys=_padding.predict_keys_with_padding(predict_keys),
+                hooks=hooks,
+                checkpoint_path=checkpoint_path,
+                yield_single_examples=yield_single_examples,
+            )
+            yield from _padding.drop_padding(outputs, yield_single_examples)
+            _observe.finished(call, time.monotonic() - start)
+
+
+class _DeferredHooks(tf.compat.v1.train.SessionRunHook):
+    """Session hooks made when the session starts (``begin``), from what building the graph
+    fixed (a TPU evaluation's steps, known once its input was read). They are in ``hooks``."""
+
+    def __init__(self, make):
+        self._make = make
+        self.hooks = []
+        self._asked = []
+
+    def begin(self):
+        self.hooks = list(self._make())
+        for hook in self.hooks:
+            hook.begin()
+
+    def after_create_session(self, session, coord):
+        for hook in self.hooks:
+            hook.after_create_session(session, coord)
+
+    def before_run(self, run_context):
+        self._asked = [hook.before_run(run_context) for hook in self.hooks]
+        feeds = {}
+        for args in self._asked:
+            feeds.update((args and args.feed_dict) or {})
+        fetches = [args.fetches if args is not None else [] for args in self._asked]
+        return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict=feeds or None)
+
+    def after_run(self, run_context, run_values):
+        for hook, results in zip(self.hooks, run_values.results):
+            hook.after_run(
+                run_context,
+                tf.compat.v1.train.SessionRunValues(
+                    results, run_values.options, run_values.run_metadata
+                ),
+            )
+
+    def end(self, session):
+        for hook in self.hooks:
+            hook.end(session)
+
+
+class _RunClock(tf.compat.v1.train.SessionRunHook):
+    """The global steps a training call ran and how long its first session run took (on a TPU,
+    the first loop of ``iterations_per_loop`` steps, compilation included)."""
+
+    def __init__(self):
+        self.steps = self.first_run = None
+        self._step = self._start = self._first_step = None
+
+    def begin(self):
+        self._step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        del coord
+        self._first_step = int(session.run(self._step))
+        self._start = time.monotonic()
+
+    def after_run(self, run_context, run_values):
+        del run_context, run_values
+        if self.first_run is None:
+            self.first_run = time.monotonic() - self._start
+
+    def end(self, session):
+        self.steps = int(session.run(self._step)) - self._first_step
+
+
+def _finite(result):
+    return isinstance(result, tf.data.Dataset) and _input_fn.is_finite(result)
 
 
 def tpu_eval_steps(facts, global_batch, steps):
@@ -233,39 +407,23 @@ def tpu_eval_steps(facts, global_batch, steps):
     return steps
 
 
-def tpu_twin(estimator, cluster, model_dir):
-    """The TPU estimator a conversion would have returned with ``cluster`` configured, for an
-    estimator tpushim built (in either mode): same model_fn, settings and batch size, ``model_dir``
-    instead of the user's. The preflight builds its TPU graphs with it."""
-    return TPUShimEstimator(
-        model_fn=estimator._tpushim_model_fn,
-        use_tpu=True,
-        config=_run_config.for_cluster(estimator.config, cluster, model_dir),
-        export_to_tpu=False,
-        eval_on_tpu=True,
-        params={},
-        tpushim_batch_size=estimator._tpushim_fixed_batch,
-        tpushim_tpu_source="the preflight's faked TPU",
-    )
-
-
 def rewrapped(estimator, wrap):
     """A TPUShimEstimator like ``estimator`` -- config, TPU, settings, batch size, warm start --
-    around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``: :mod:`tpushim._extenders`). The
-    recorder, if any, counts its calls as ``estimator``'s conversion's."""
+    around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``: :mod:`tpushim._extenders`).
+    Observers hear of it as made from ``estimator`` (:func:`_observe.derived`)."""
+    model_fn = wrap(estimator._tpushim_model_fn)
     twin = TPUShimEstimator(
-        model_fn=wrap(estimator._tpushim_model_fn),
+        model_fn=model_fn,
         config=estimator.config,
         use_tpu=estimator._tpushim_use_tpu,
         warm_start_from=_tfprivate.warm_start_settings(estimator),
         export_to_tpu=False,
-        eval_on_tpu=estimator._tpushim_use_tpu,
-        params={},
         tpushim_batch_size=estimator._tpushim_fixed_batch,
+        eval_on_tpu=estimator._tpushim_eval_on_tpu,
+        params={},
         tpushim_tpu_source=estimator._tpushim_tpu_source,
     )
-    if _recorder is not None:
-        _recorder.derived(twin, estimator)
+    _observe.derived(twin, estimator, model_fn)
     return twin
 
 
@@ -385,23 +543,34 @@ def build(arguments, settings, tpu):
             "(its weights are not carried over). The model you passed is unchanged.",
             type(keras_model).__name__,
         )
-    use_tpu = tpu is not None
-    describe = (
-        f"TPUEstimator(use_tpu={use_tpu}"
-        + (f", tpu={tpu.describe()}" if use_tpu else "")
+    estimator = make_estimator(model_fn, tpu_run_config, settings, tpu, warm_start_path)
+    description = (
+        f"TPUEstimator(use_tpu={tpu is not None}"
+        + (f", tpu={tpu.describe()}" if tpu is not None else "")
         + f", global batch {settings.batch_size or 'from input'}"
         + f", iterations_per_loop {tpu_run_config.tpu_config.iterations_per_loop})"
         + (
             f" [TPU from {tpu.source}]"
-            if use_tpu
+            if tpu is not None
             else f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"
         )
     )
-    estimator = TPUShimEstimator(
+    _log.conversion(description, settings.quiet)  # on stderr too when logging is not configured
+    _observe.converted(
+        _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
+    )
+    return estimator
+
+
+def make_estimator(model_fn, run_config, settings, tpu, warm_start_from=None):
+    """The :class:`TPUShimEstimator` for a model_fn tpushim made: on ``tpu`` (a
+    :class:`tpushim._detect.TPUSpec` whose cluster ``run_config`` carries), or on CPU when None."""
+    use_tpu = tpu is not None
+    return TPUShimEstimator(
         model_fn=model_fn,
-        config=tpu_run_config,
+        config=run_config,
         use_tpu=use_tpu,
-        warm_start_from=warm_start_path,
+        warm_start_from=warm_start_from,
         export_to_tpu=False,
         tpushim_batch_size=settings.batch_size,
         # Quiet cpu mode: without these TPUEstimator logs 'eval_on_tpu ignored because use_tpu
@@ -410,7 +579,3 @@ def build(arguments, settings, tpu):
         params={},
         tpushim_tpu_source=tpu.source if use_tpu else None,
     )
-    logger.info("model_to_estimator -> %s", describe)
-    if _recorder is not None:
-        _recorder.converted(estimator, keras_model, custom_objects, settings)
-    return estimator

@@ -51,12 +51,16 @@ def add_metrics(estimator, metric_fn):
     return added
 
 
-def _with(model_fn, metric_fn, config):
-    """``model_fn`` whose EVAL spec also computes ``metric_fn``'s metrics (see the module)."""
+def _with(model_fn, metric_fn, run_config):
+    """``model_fn`` whose EVAL spec also computes ``metric_fn``'s metrics (see the module);
+    ``run_config`` is what ``metric_fn`` gets as ``config``, as stock gives it the estimator's."""
     wanted = set(_tfprivate.fn_args(metric_fn))
+    takes_config = "config" in _tfprivate.fn_args(model_fn)
 
-    def model_fn_with_metrics(features, labels, mode, params):
-        spec = model_fn(features, labels, mode, params)
+    def model_fn_with_metrics(features, labels, mode, params, config=None):
+        # TPUEstimator passes its RunConfig to a model_fn that takes one (for the host_call).
+        extra = {"config": config} if takes_config else {}
+        spec = model_fn(features, labels, mode, params, **extra)
         if mode != ModeKeys.EVAL:
             return spec
         own_fn, own_tensors = spec.eval_metrics or (None, {})
@@ -89,7 +93,7 @@ def _with(model_fn, metric_fn, config):
                 parts, [mine[f"{_PREFIX}{i}"] for i in range(len(flat))]
             )
             if "config" in wanted:
-                kwargs["config"] = config
+                kwargs["config"] = run_config
             # Stock's checks, texts and conversion: Metric objects become (result, update_op),
             # their variables local (initialised, not restored) metric variables.
             added = _tfprivate.validate_eval_metric_ops(dict(metric_fn(**kwargs)))

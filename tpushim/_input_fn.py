@@ -2,26 +2,26 @@
 
 TPUEstimator calls ``input_fn(params=...)`` and a TPU needs batches of one static size. A legacy
 input_fn takes no ``params``, returns iterator or queue tensors, ends epochs on a short batch.
-:func:`adapt` wraps it in three steps, each in its own module:
+The estimator calls it exactly as often as stock does (once per train/evaluate/predict; on a TPU
+once per input pipeline TPUEstimator builds) and works on what that one call built:
 
-1. *source* (:mod:`tpushim._source`): it is called with the arguments it accepts; tensors from an
-   iterator's ``get_next()`` or from numpy_input_fn / pandas_input_fn queues are traced back to a
-   Dataset; numpy values become a repeated Dataset (:func:`check_result`, here);
-2. *batches* (:mod:`tpushim._batching`): stock's global batches, made static, and on a TPU cut into
-   per-core pieces per host;
-3. *padding* (:mod:`tpushim._padding`): short batches padded with a weight that the model_fn uses
-   to leave padding out of losses and metrics, and the estimator to drop it from predictions.
-
-:func:`inspect_input` reads what the estimator needs to know of an input before TPUEstimator
-builds anything (its batch size, whether it ends, how many examples it holds).
+1. :func:`call`: the input_fn is called with the arguments it accepts; tensors from an iterator's
+   ``get_next()`` or from numpy_input_fn / pandas_input_fn queues are traced back to a Dataset
+   (:mod:`tpushim._source`); numpy values become a repeated Dataset;
+2. :func:`read_facts`: what the estimator must know before TPUEstimator builds the rest (the
+   batch size, and on a TPU how much an evaluation holds), read from the graph that call built;
+3. :func:`adapt`: stock's global batches, made static, and on a TPU cut into per-core pieces per
+   host (:mod:`tpushim._batching`), short batches padded with a weight (:mod:`tpushim._padding`).
 """
 
-import collections
+import contextlib
+import dataclasses
 import logging
+from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _batching, _source
+from tpushim import _batching, _observe, _source
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -75,96 +75,179 @@ def _is_value(x):
     return isinstance(x, (np.ndarray, np.generic, int, float, bool))
 
 
-def _first_batch_size(result, sess):
-    """The size of the input's first batch, read in ``sess`` (tables initialised first)."""
-    if isinstance(result, tf.data.Dataset):
-        # An initializable iterator: a one-shot iterator refuses datasets that capture a lookup table.
-        iterator = tf.compat.v1.data.make_initializable_iterator(result.take(1))
-        sess.run(tf.compat.v1.tables_initializer())
-        sess.run(iterator.initializer)
-        return int(tf.nest.flatten(sess.run(iterator.get_next()))[0].shape[0])
-    first = tf.nest.flatten(result)[0]
-    if first.shape.rank and tf.compat.dimension_value(first.shape[0]):
-        return int(tf.compat.dimension_value(first.shape[0]))
-    # A MonitoredSession initialises tables and starts the queue runners of tensors tpushim could
-    # not trace back to their source.
-    with tf.compat.v1.train.MonitoredSession() as monitored:
-        return int(monitored.run(first).shape[0])
+class UserParams(dict):
+    """The ``params`` a user's input_fn is called with.
 
-
-InputFacts = collections.namedtuple("InputFacts", "batch_size declared finite batches examples")
-InputFacts.__doc__ = """What tpushim reads of an input before TPUEstimator builds anything.
-
-batch_size: the global batch size the input gives (declared, else its first batch's size).
-declared: the batch size the Dataset's graph declares (static dimension or batch op), else None.
-finite: the Dataset is known to end (UNKNOWN cardinality -- filter, generators -- is not finite).
-batches, examples: how many batches and examples it holds, when counted (see inspect_input);
-else None.
-"""
-
-
-def inspect_input(input_fn, mode, config, count=False, count_unknown=True):
-    """:class:`InputFacts` of the user's input, read in one scratch graph; the real pipeline is
-    never touched. No data is read when the graph declares the batch size (unless ``count``).
-    With ``count``, a finite input's batches and examples are counted; one of unknown cardinality
-    too unless ``count_unknown`` is False (it may repeat forever)."""
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        result = check_result(input_fn, _source.call_and_recover(input_fn, mode, {}, config))
-        finite, batches, examples, declared = False, None, None, None
-        if isinstance(result, tf.data.Dataset):
-            declared = _batching.declared_batch_size(result)
-            cardinality = int(sess.run(result.cardinality()))
-            finite = cardinality >= 0  # known to end; UNKNOWN (filter, generators) is not
-            if count and (
-                finite or (count_unknown and cardinality != tf.data.INFINITE_CARDINALITY)
-            ):
-                sess.run(tf.compat.v1.tables_initializer())
-                sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
-                batches, examples = (
-                    int(n)
-                    for n in sess.run(
-                        sizes.reduce(
-                            (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
-                            lambda total, n: (total[0] + 1, total[1] + n),
-                        )
-                    )
-                )
-        elif count:
-            raise tensors_error(input_fn, result)
-        size = declared or _first_batch_size(result, sess)
-        return InputFacts(size, declared, finite, batches, examples)
-
-
-def adapt(input_fn, global_batch=None):
-    """Wraps a user's input_fn into one TPUEstimator accepts (``params`` and static batches).
-
-    ``global_batch``: the global batch size of this mode; ``params['batch_size']`` (per core on a
-    TPU, global on CPU) when not given.
+    Stock ``model_to_estimator`` passes its estimator's params, ``{}``; tpushim adds
+    ``batch_size`` (the global batch) when it was given one, and on a TPU TPUEstimator's
+    ``context``. Asking for a batch size nobody set says what to do instead of a bare KeyError.
     """
 
-    def tpushim_input_fn(params, mode=None, config=None, input_context=None):
-        result = check_result(
-            input_fn, _source.call_and_recover(input_fn, mode, params, config, input_context)
-        )
-        context = params.get("context")  # present only when the input feeds a TPU
-        if not isinstance(result, tf.data.Dataset):
-            if context is not None:
-                raise tensors_error(input_fn, result)
-            # On CPU TPUEstimator takes tensors as Estimator does; cpu mode says what a TPU would do.
-            logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
-            return result
-        result = _batching.without_float64(result)
-        batch_size = params["batch_size"]
-        if context is None:
-            return _batching.fit_batches(result, batch_size, mode).prefetch(tf.data.AUTOTUNE)
-        return _batching.tpu_batches(
-            result,
-            global_batch or batch_size,
-            batch_size,
-            mode,
-            getattr(context, "num_hosts", 1),
-            getattr(context, "current_host", 0),
-        ).prefetch(tf.data.AUTOTUNE)
+    def __missing__(self, key):
+        if key == "batch_size":
+            raise ConversionError(
+                "the input_fn reads params['batch_size'], which model_to_estimator never sets; "
+                "tpushim sets it (to the global batch size) only when it is given one: set "
+                "tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE, or batch the dataset "
+                "inside the input_fn."
+            )
+        raise KeyError(key)
 
-    tpushim_input_fn.__wrapped__ = input_fn
-    return tpushim_input_fn
+
+def call(input_fn, mode, params, config, input_context=None):
+    """Calls the user's input_fn once and returns what it built, traced back to its source:
+    a Dataset, or (features[, labels]) tensors (see :func:`check_result`)."""
+    return check_result(
+        input_fn, _source.call_and_recover(input_fn, mode, params, config, input_context)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFacts:
+    """What tpushim reads of an input before TPUEstimator builds the rest of the graph.
+
+    Attributes:
+      batch_size: the global batch size the input gives (declared, else its first batch's size).
+      declared: the batch size the Dataset's graph declares (static dimension or batch op), or None.
+      batches, examples: how many batches and examples a finite input holds, when counted (see
+        :func:`read_facts`); None otherwise, and None for an input that repeats forever.
+    """
+
+    batch_size: int
+    declared: Optional[int] = None
+    batches: Optional[int] = None
+    examples: Optional[int] = None
+
+
+@contextlib.contextmanager
+def graph_session():
+    """A session over the graph being built, for the few values tpushim must read before
+    TPUEstimator builds the rest of it (the estimator's own session comes later). Soft placement:
+    on a TPU the input's ops are placed on the TPU hosts, which this process reads as its CPU.
+    The ops it runs are added to that graph and never run by the estimator."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    with tf.compat.v1.Session(graph=tf.compat.v1.get_default_graph(), config=config) as session:
+        yield session
+
+
+def _read_first_batch_size(result, session):
+    """The size of the input's first batch, read (tables initialised first): the one case in which
+    tpushim reads data before the estimator does, when the graph does not declare the size."""
+    if isinstance(result, tf.data.Dataset):
+        # An initializable iterator: a one-shot iterator refuses datasets that capture a table.
+        iterator = tf.compat.v1.data.make_initializable_iterator(result.take(1))
+        session.run(tf.compat.v1.tables_initializer())
+        session.run(iterator.initializer)
+        return int(tf.nest.flatten(session.run(iterator.get_next()))[0].shape[0])
+    # Tensors tpushim could not trace back to their source: their queues need runner threads.
+    session.run(tf.compat.v1.tables_initializer())
+    coordinator = tf.compat.v1.train.Coordinator()
+    threads = tf.compat.v1.train.start_queue_runners(session, coord=coordinator)
+    try:
+        return int(session.run(tf.nest.flatten(result)[0]).shape[0])
+    finally:
+        coordinator.request_stop()
+        coordinator.join(threads, stop_grace_period_secs=5)
+
+
+def _static_batch_size(result):
+    first = tf.nest.flatten(result)[0]
+    if first.shape.rank:
+        return tf.compat.dimension_value(first.shape[0])
+    return None
+
+
+def is_finite(result):
+    """True when the Dataset is known to end (UNKNOWN cardinality -- filter, generators -- is not)."""
+    with graph_session() as session:
+        return int(session.run(result.cardinality())) >= 0
+
+
+def _count(result, session, count_unknown):
+    """``(batches, examples)`` of a finite Dataset, else ``(None, None)``: from the graph's
+    cardinalities where the pipeline ends in a batch op, by reading it otherwise (an input of
+    unknown cardinality only when ``count_unknown``: it may repeat forever)."""
+    cardinality = int(session.run(result.cardinality()))
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        return None, None
+    batching = _batching.batching_of(result) if cardinality >= 0 else None
+    if batching is not None:
+        rows_variant, size, drop_remainder = batching
+        rows = int(session.run(tf.raw_ops.DatasetCardinality(input_dataset=rows_variant)))
+        if rows >= 0:
+            batches = rows // size if drop_remainder else -(-rows // size)
+            if batches == cardinality:
+                return batches, batches * size if drop_remainder else rows
+    if cardinality < 0 and not count_unknown:
+        return None, None
+    _observe.note(
+        "count",
+        "counting the evaluation input by reading it once: its graph does not say how many "
+        "examples it holds, and a TPU must know how many steps to run (pass steps= to skip this)",
+    )
+    session.run(tf.compat.v1.tables_initializer())
+    sizes = result.map(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0])
+    zero = tf.constant(0, tf.int64)
+    batches, examples = session.run(
+        sizes.reduce((zero, zero), lambda total, n: (total[0] + 1, total[1] + n))
+    )
+    return int(batches), int(examples)
+
+
+def read_facts(result, count=False, count_unknown=True, input_fn=None):
+    """:class:`InputFacts` of what one input_fn call built, read in the graph it built.
+
+    Reads no data when the graph declares the batch size (the usual ``batch(B)``), and, with
+    ``count``, when the graph says how many examples a finite input holds. ``count`` counts a
+    finite input's batches and examples (a TPU evaluation must know its steps); an input of unknown
+    cardinality is read to its end only when ``count_unknown``.
+
+    Raises:
+      ConversionError: ``count`` on tensors tpushim could not trace back to a Dataset.
+    """
+    if not isinstance(result, tf.data.Dataset):
+        if count:
+            raise tensors_error(input_fn, result)
+        size = _static_batch_size(result)
+        if not size:
+            with graph_session() as session:
+                size = _read_first_batch_size(result, session)
+        return InputFacts(size)
+    declared = _batching.declared_batch_size(result)
+    if declared and not count:
+        return InputFacts(declared, declared)
+    with graph_session() as session:
+        size = declared or _read_first_batch_size(result, session)
+        batches, examples = _count(result, session, count_unknown) if count else (None, None)
+    return InputFacts(size, declared, batches, examples)
+
+
+def adapt(result, mode, global_batch, params, input_fn=None):
+    """What one input_fn call built, as TPUEstimator must be given it: static global batches on
+    CPU; on a TPU (``params['context']`` present) this host's per-core pieces of those batches.
+
+    Args:
+      result: what :func:`call` returned.
+      mode: the ``ModeKeys`` value.
+      global_batch: this call's global batch size.
+      params: TPUEstimator's params for this invocation (``batch_size`` per core on a TPU).
+      input_fn: the user's input_fn, named in errors.
+    """
+    context = params.get("context")  # present only when the input feeds a TPU
+    if not isinstance(result, tf.data.Dataset):
+        if context is not None:
+            raise tensors_error(input_fn, result)
+        # On CPU TPUEstimator takes tensors as Estimator does; cpu mode says what a TPU would do.
+        logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
+        return result
+    result = _batching.without_float64(result)
+    if context is None:
+        return _batching.fit_batches(result, global_batch, mode).prefetch(tf.data.AUTOTUNE)
+    return _batching.tpu_batches(
+        result,
+        global_batch,
+        params["batch_size"],
+        mode,
+        getattr(context, "num_hosts", 1),
+        getattr(context, "current_host", 0),
+    ).prefetch(tf.data.AUTOTUNE)

@@ -63,9 +63,12 @@ def tpushim_magic(line):
         except ConfigurationError as e:
             raise UsageError(str(e)) from None
     try:
-        print(_console.format_status(status()))
+        state = status()
+        if is_patched():
+            _console.show_conversions(quiet=state["quiet"])  # %tpushim --quiet
     except ConfigurationError as e:
         raise UsageError(str(e)) from None
+    print(_console.format_status(state))
 
 
 def _is_model_to_estimator(value):
@@ -122,12 +125,12 @@ def _describe(value):
 def load_ipython_extension(ipython):
     """``%load_ext tpushim``: patches (honouring ``TPUSHIM_*``) and adds the ``%tpushim`` magic."""
     ipython.register_magic_function(tpushim_magic, magic_kind="line", magic_name=MAGIC_NAME)
-    _console.show_conversions()
     try:
         if not is_patched():  # keep a tpushim.patch(...) the notebook already made
             with guard_warning_silenced():  # its message is printed below, once
                 patch()
         state = status()
+        _console.show_conversions(quiet=state["quiet"])  # TPUSHIM_QUIET, patch(quiet=True)
     except ConfigurationError as e:
         print(f"tpushim: not patched: {e}\nFix the variable, then run %tpushim patch.")
         return

@@ -6,8 +6,11 @@ differs where a TPU needs it to:
 * TRAIN: gradients are averaged across shards -- for a Keras optimizer through the clone's
   ``gradient_aggregator`` (set on the clone, before its train function is made: it is not part of
   ``get_config``), for a ``tf.compat.v1.train`` optimizer through ``CrossShardOptimizer``; each of
-  a WideDeepModel's two optimizers on its own sub-model's gradients. Nothing
-  TPU-only is emitted when ``params['use_tpu']`` is false (CrossReplicaSum has no CPU kernel).
+  a WideDeepModel's two optimizers on its own sub-model's gradients. Each shard differentiates
+  the loss :mod:`tpushim._losses` builds, so that average is the global batch's gradient for
+  every kind of loss, and the step reports the global batch's loss; on a TPU a ``host_call``
+  writes stock's training summaries (:mod:`tpushim._summaries`). Nothing TPU-only is emitted
+  when ``params['use_tpu']`` is false (CrossReplicaSum has no CPU kernel).
 * EVAL: ``eval_metrics=(metric_fn, tensors)``; ``metric_fn`` rebuilds every compiled metric from
   its config and returns ``(value, update_op)`` pairs, which is what TPUEstimator needs on a TPU.
 * Checkpoints through ``scaffold_fn``: TPUEstimator ignores ``scaffold`` on a TPU.
@@ -17,7 +20,7 @@ A little over ~300 lines because it is one concern: the model_fn and the metric_
 
 import tensorflow as tf
 
-from tpushim import _batchnorm, _padding, _tfprivate
+from tpushim import _batchnorm, _loss_kinds, _losses, _padding, _summaries, _tfprivate
 from tpushim._errors import ConversionError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -233,6 +236,21 @@ def _export_outputs(model, predictions, export_outputs):
     return final
 
 
+def _training_host_call(graph, summaries_before, train_op, loss, config):
+    """The TPU train step's host call: stock's training summaries at stock's steps (see
+    :mod:`tpushim._summaries`)."""
+    with tf.control_dependencies([train_op]):  # the step stock labels this step's loss with
+        step = tf.identity(tf.compat.v1.train.get_global_step())
+    return _summaries.host_call(
+        step,
+        loss,
+        _summaries.loss_tag(graph),
+        _summaries.take_scalar_summaries(graph, summaries_before),
+        config.model_dir,
+        config.save_summary_steps,
+    )
+
+
 def _scaffold_fn(model):
     """Object-based (tf.train.Checkpoint) saving, as stock does for the v2 spelling."""
 
@@ -265,9 +283,22 @@ def make_model_fn(
     except (NotImplementedError, AttributeError):
         optimizer_config = None
 
-    def model_fn(features, labels, mode, params):
+    plans = []  # the model's LossPlan, once known (a subclassed model's: at its first TRAIN call)
+
+    def loss_plan(features):
+        if not plans:
+            plan = _loss_kinds.plan(keras_model, custom_objects)
+            if plan.added is None:  # a subclassed model: known once called, before it is cloned
+                plan = _loss_kinds.plan_subclassed(keras_model, custom_objects, features)
+            plans.append(plan)
+        return plans[0]
+
+    def model_fn(features, labels, mode, params, config=None):
         use_tpu = bool(params.get("use_tpu", False))
+        graph = tf.compat.v1.get_default_graph()
+        summaries_before = len(graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES))
         features, padding_weight = _padding.split_padding(features)
+        plan = loss_plan(features) if mode == ModeKeys.TRAIN else None
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
             labels = _padding.labels_for_padded_training(keras_model, labels)
         model = _tfprivate.clone_and_build_model(
@@ -288,16 +319,22 @@ def make_model_fn(
             ),
         )
         predictions = dict(zip(model.output_names, model.outputs))
-        loss = train_op = eval_metrics = None
+        loss = train_op = eval_metrics = host_call = training_hooks = None
         if mode == ModeKeys.TRAIN:
-            if padding_weight is not None:  # a short batch padded to full size
-                _padding.weight_out_padding_in_training(
-                    model, padding_weight, cross_replica=use_tpu
-                )
+            # As stock's train function does first: sample weights that cover only some outputs
+            # are dropped (Keras then recompiles its loss without any).
+            _tfprivate.settle_sample_weights(model)
+            shards = (_tfprivate.num_shards_in_replica_context() or 1) if use_tpu else 1
+            shard_loss, loss = _losses.training_loss(
+                model, plan, padding_weight, shards, cross_replica=use_tpu
+            )
+            _tfprivate.replace_total_loss(model, shard_loss)
             _set_aggregation(model, use_tpu)
             _tfprivate.make_train_function(model)
-            loss = model.total_loss
             train_op = model.train_function.updates_op
+            if use_tpu and config is not None and config.save_summary_steps:
+                host_call = _training_host_call(graph, summaries_before, train_op, loss, config)
+                training_hooks = [_summaries.DropLoopLossSummary()]
         elif mode == ModeKeys.EVAL:
             _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
             loss = _padding.eval_loss(model, padding_weight, cross_replica=use_tpu)
@@ -314,6 +351,8 @@ def make_model_fn(
             loss=loss,
             train_op=train_op,
             eval_metrics=eval_metrics,
+            host_call=host_call,
+            training_hooks=training_hooks,
             export_outputs=_export_outputs(model, predictions, export_outputs),
             scaffold_fn=_scaffold_fn(model) if save_object_ckpt else None,
         )

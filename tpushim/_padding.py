@@ -6,9 +6,9 @@ weight 1 for a real row and 0 for a padding row. Every step of that contract liv
 * pack: :func:`pad_batch` pads a short batch and adds the weight; :func:`zero_weight_batches`
   are what a TPU evaluation reads once a host's input ran out;
 * unpack: :func:`split_padding` in the model_fn;
-* weight: padding counts for nothing in the training loss (:func:`labels_for_padded_training`,
-  :func:`weight_out_padding_in_training`), the eval loss (:func:`eval_loss`) and the metrics
-  (:func:`real_rows`);
+* weight: padding counts for nothing in the training loss (:func:`labels_for_padded_training`;
+  the loss itself weighs the padding weight in :mod:`tpushim._losses`), the eval loss
+  (:func:`eval_loss`) and the metrics (:func:`real_rows`);
 * drop: predictions carry the weight out of the model_fn (:func:`with_padding_weight`) and the
   estimator drops padding rows from what it yields (:func:`drop_padding`).
 """
@@ -119,33 +119,6 @@ def labels_for_padded_training(keras_model, labels):
     if len(keras_model.outputs) == 1:
         return _row_labels(labels, keras_model.outputs[0])
     return labels
-
-
-def weight_out_padding_in_training(model, padding_weight, cross_replica=False):
-    """Recompiles a TRAIN clone's loss so padding rows count for nothing and the mean is the real rows'.
-
-    Keras divides a weighted loss by the batch's element count, padding included; weighting each
-    real row by (global batch / real rows in the global batch) makes that the mean over the real
-    rows -- stock's loss on its short batch. On a TPU the counts are summed across shards, so after
-    the cross-shard mean of the gradients every real row of the global batch weighs the same.
-    A full batch gets weights of exactly 1.
-    """
-    # Stock first drops sample weights that cover only some outputs (Keras recompiles the loss
-    # unweighted when weights and weight modes disagree); so does tpushim, before adding its own.
-    _tfprivate.settle_sample_weights(model)
-    pad = tf.cast(padding_weight, tf.keras.backend.floatx())
-    counts = tf.stack([tf.reduce_sum(pad), tf.cast(tf.size(pad), pad.dtype)])
-    if cross_replica:
-        counts = tf.compat.v1.tpu.cross_replica_sum(counts)
-    mean_weight = pad * tf.stop_gradient(tf.math.divide_no_nan(counts[1], counts[0]))
-    weights = []
-    for endpoint in _tfprivate.training_endpoints(model):
-        # A loss reduced by SUM adds its rows up: padding rows just weigh 0.
-        is_sum = getattr(endpoint.loss_fn, "reduction", None) == tf.keras.losses.Reduction.SUM
-        weight = pad if is_sum else mean_weight
-        own = endpoint.sample_weight
-        weights.append(weight if own is None else tf.cast(own, weight.dtype) * weight)
-    _tfprivate.recompile_loss_with_sample_weights(model, weights)
 
 
 def eval_loss(model, padding_weight, cross_replica=False):

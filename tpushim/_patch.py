@@ -25,12 +25,20 @@ stays within a few milliseconds. Over ~300 lines because it is one concern: the 
 from the table to the scopes that want them.
 """
 
+from __future__ import annotations  # annotations stay strings: typing is not imported at start-up
+
 import _thread  # threading's RLock without importing threading (and functools, collections)
 import contextvars
 import sys
 import warnings
 
 from tpushim import _hooks, _settings, _versions
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Callable, TypeVar
+
+    _F = TypeVar("_F", bound=Callable[..., object])
 
 #: ``KERAS_LIB.TARGET`` is ``model_to_estimator``. Other modules name keras_lib by this.
 KERAS_LIB = "tensorflow_estimator.python.estimator.keras_lib"
@@ -205,7 +213,13 @@ def applied():
 # --- public entry points (re-exported by tpushim/__init__.py) -------------------------------------
 
 
-def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
+def patch(
+    mode: str | None = None,
+    tpu: str | object | None = None,
+    batch_size: int | None = None,
+    iterations_per_loop: int | None = None,
+    quiet: bool | None = None,
+) -> None:
     """Makes ``model_to_estimator`` return a TPUEstimator when a TPU is configured.
 
     Every spelling of ``model_to_estimator`` is covered, including names bound before this call.
@@ -223,15 +237,26 @@ def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
       batch_size: global batch size for train, eval and predict (``TPUSHIM_BATCH_SIZE``); when
         None, taken from the input_fn.
       iterations_per_loop: training steps per TPU loop (``TPUSHIM_ITERATIONS_PER_LOOP``).
+      quiet: True hides the line each conversion to a TPUEstimator prints on stderr when logging
+        is not configured (``TPUSHIM_QUIET``). Configured logging gets it at INFO either way.
 
     Raises:
       tpushim.ConfigurationError: an argument or ``TPUSHIM_*`` variable is invalid. Nothing is
         patched in that case.
     """
     layer = _settings.parse_arguments(
-        mode=mode, tpu=tpu, batch_size=batch_size, iterations_per_loop=iterations_per_loop
+        mode=mode,
+        tpu=tpu,
+        batch_size=batch_size,
+        iterations_per_loop=iterations_per_loop,
+        quiet=quiet,
     )
     _settings.parse_environment()  # strict: a bad variable raises here, before anything changes
+    level = _settings.log_level_from_environment()
+    if level is not None:  # logging imported only when asked for
+        from tpushim import _log
+
+        _log.show(level)
     with STATE.lock:
         if _check_versions():
             return
@@ -245,14 +270,14 @@ def patch(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
         _sync()
 
 
-def unpatch():
+def unpatch() -> None:
     """Restores the original ``model_to_estimator`` (the very object). Harmless when not patched."""
     with STATE.lock:
         STATE.process_layer = None
         _sync()
 
 
-def is_patched():
+def is_patched() -> bool:
     """True while ``patch()`` is in effect (or will take effect when TensorFlow is imported)."""
     with STATE.lock:
         return STATE.process_layer is not None and STATE.refusal is None
@@ -285,14 +310,25 @@ class patched:
         before the scope opens).
     """
 
-    def __init__(self, mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
+    def __init__(
+        self,
+        mode: str | None = None,
+        tpu: str | object | None = None,
+        batch_size: int | None = None,
+        iterations_per_loop: int | None = None,
+        quiet: bool | None = None,
+    ) -> None:
         self._layer = _settings.parse_arguments(
-            mode=mode, tpu=tpu, batch_size=batch_size, iterations_per_loop=iterations_per_loop
+            mode=mode,
+            tpu=tpu,
+            batch_size=batch_size,
+            iterations_per_loop=iterations_per_loop,
+            quiet=quiet,
         )
         # Tokens live in a per-scope ContextVar, so one object may be entered from many threads.
         self._tokens = contextvars.ContextVar(f"tpushim_patched_{id(self)}", default=())
 
-    def __enter__(self):
+    def __enter__(self) -> patched:
         _settings.parse_environment()  # strict: a bad variable raises before the scope opens
         with STATE.lock:
             _check_versions()
@@ -302,7 +338,7 @@ class patched:
         self._tokens.set(self._tokens.get() + (token,))
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> bool:
         tokens = self._tokens.get()
         self._tokens.set(tokens[:-1])
         STATE.scope_layers.reset(tokens[-1])
@@ -311,7 +347,7 @@ class patched:
             _sync()
         return False
 
-    def __call__(self, func):
+    def __call__(self, func: _F) -> _F:
         import inspect
 
         import wrapt
@@ -349,6 +385,13 @@ def _convert_call(wrapped, instance, args, kwargs):
 
     tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
     decision = _decision.decide(settings, tpu)
+    _logger().debug(
+        "model_to_estimator called with %s; TPU found: %s; decision: %s (%s)",
+        settings,
+        tpu.describe() if tpu else "none",
+        decision.action,
+        decision.why,
+    )
     if decision.action == _decision.STOCK:
         _logger().info(
             "model_to_estimator -> stock %s (%s)",

@@ -95,13 +95,3 @@ def _to_tpu_run_config(config, settings, cluster):
         per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2,
     )
     return tpu_config.RunConfig(tpu_config=tpu, cluster=cluster, **kwargs)
-
-
-def for_cluster(config, cluster, model_dir):
-    """``config`` (a tpu_config.RunConfig) for another cluster and model_dir, all else carried."""
-    carried = {k: getattr(config, k) for k in _CARRIED if k != "model_dir"}
-    return _tpu_as_remote_master(
-        tpu_config.RunConfig(
-            tpu_config=config.tpu_config, cluster=cluster, model_dir=model_dir, **carried
-        )
-    )

@@ -23,11 +23,27 @@ ENV_VARS = {
     "tpu": "TPUSHIM_TPU",
     "batch_size": "TPUSHIM_BATCH_SIZE",
     "iterations_per_loop": "TPUSHIM_ITERATIONS_PER_LOOP",
+    "quiet": "TPUSHIM_QUIET",
 }
 
-DEFAULTS = {"mode": "auto", "tpu": None, "batch_size": None, "iterations_per_loop": None}
+DEFAULTS = {
+    "mode": "auto",
+    "tpu": None,
+    "batch_size": None,
+    "iterations_per_loop": None,
+    "quiet": False,
+}
 
 KILL_SWITCH = "TPUSHIM_MODE=off"
+
+#: tpushim's log level, for the whole process (not a per-conversion setting): DEBUG shows how each
+#: input was adapted. Read by :mod:`tpushim._log` at ``patch()`` and by the command line's ``-v``.
+LOG_LEVEL_VAR = "TPUSHIM_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+#: Spellings of a yes/no variable (any case), as ``TPUSHIM_AUTOPATCH`` reads them.
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
 
 #: Steps per TPU loop when none is given. TPUEstimator's default of 2 leaves a TPU mostly idle
 #: waiting for the host; 100 amortises the host round trip. Bounded by save_checkpoints_steps: a
@@ -49,20 +65,28 @@ class Settings:
       tpu: a TPU name, ``grpc://host:port``, ``local``, a ``TPUClusterResolver``, or None.
       batch_size: global batch size for train, eval and predict, or None (taken from the input).
       iterations_per_loop: steps per TPU loop, or None (tpushim's default).
+      quiet: True hides the line a conversion prints on stderr when logging is not configured.
       sources: setting name -> where its value came from (``argument``, a variable name,
         ``default`` or the kill switch). Not part of equality.
     """
 
-    __slots__ = ("batch_size", "iterations_per_loop", "mode", "sources", "tpu")
+    __slots__ = ("batch_size", "iterations_per_loop", "mode", "quiet", "sources", "tpu")
 
     def __init__(
-        self, mode="auto", tpu=None, batch_size=None, iterations_per_loop=None, sources=None
+        self,
+        mode="auto",
+        tpu=None,
+        batch_size=None,
+        iterations_per_loop=None,
+        quiet=False,
+        sources=None,
     ):
         for name, value in (
             ("mode", mode),
             ("tpu", tpu),
             ("batch_size", batch_size),
             ("iterations_per_loop", iterations_per_loop),
+            ("quiet", quiet),
             ("sources", dict(sources or {})),
         ):
             object.__setattr__(self, name, value)
@@ -71,7 +95,7 @@ class Settings:
         raise AttributeError("Settings are immutable")
 
     def _key(self):
-        return (self.mode, self.tpu, self.batch_size, self.iterations_per_loop)
+        return (self.mode, self.tpu, self.batch_size, self.iterations_per_loop, self.quiet)
 
     def __eq__(self, other):
         return isinstance(other, Settings) and self._key() == other._key()
@@ -80,8 +104,9 @@ class Settings:
         return hash(self._key())
 
     def __repr__(self):
-        return "Settings(mode={!r}, tpu={!r}, batch_size={!r}, iterations_per_loop={!r})".format(
-            *self._key()
+        return (
+            "Settings(mode={!r}, tpu={!r}, batch_size={!r}, iterations_per_loop={!r}, "
+            "quiet={!r})".format(*self._key())
         )
 
 
@@ -140,11 +165,38 @@ def parse_tpu(value, where="tpu"):
     )
 
 
+def parse_bool(value, where):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+        return value.strip().lower() in TRUE
+    raise ConfigurationError(
+        f"{where}={value!r} is not a yes/no value; use 1, true, yes or on (0, false, no, off or "
+        f"unset: no)."
+    )
+
+
+def parse_log_level(value, where=LOG_LEVEL_VAR):
+    """``"debug"`` & co. (any case) -> the ``logging`` level name, e.g. ``"DEBUG"``."""
+    if isinstance(value, str) and value.strip().lower() in LOG_LEVELS:
+        return value.strip().upper()
+    raise ConfigurationError(
+        f"{where}={value!r} is not a log level; choose one of {', '.join(LOG_LEVELS)}."
+    )
+
+
+def log_level_from_environment(environ=None):
+    """``TPUSHIM_LOG_LEVEL`` as a ``logging`` level name, or None when unset (strict)."""
+    raw = (os.environ if environ is None else environ).get(LOG_LEVEL_VAR, "")
+    return parse_log_level(raw) if raw.strip() else None
+
+
 _PARSERS = {
     "mode": parse_mode,
     "tpu": parse_tpu,
     "batch_size": parse_positive_int,
     "iterations_per_loop": parse_positive_int,
+    "quiet": parse_bool,
 }
 
 
@@ -198,9 +250,23 @@ def _option(name, metavar, what, default):
     )
 
 
+def _flag(name, what):
+    # store_true with default None: "not given" leaves the variable, then the default, to decide.
+    return (
+        "--" + name.replace("_", "-"),
+        {
+            "dest": name,
+            "action": "store_true",
+            "default": None,
+            "help": f"{what} Default: ${ENV_VARS[name]}, else no.",
+        },
+    )
+
+
 #: The settings as command-line options, ``(flag, argparse keywords)``: ``python -m tpushim`` and
 #: ``%tpushim`` both add exactly these, so their options and help cannot drift apart. No
 #: ``choices`` or ``type``: the values are checked by the parsers above, one rule for every way in.
+#: A flag (``action``) takes no value; the others take one.
 OPTIONS = (
     _option(
         "mode",
@@ -223,4 +289,5 @@ OPTIONS = (
     _option(
         "iterations_per_loop", "N", "training steps per TPU loop.", DEFAULT_ITERATIONS_PER_LOOP
     ),
+    _flag("quiet", "do not print the line each conversion prints on stderr."),
 )

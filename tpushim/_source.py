@@ -11,7 +11,7 @@ import logging
 
 import tensorflow as tf
 
-from tpushim import _tfprivate
+from tpushim import _observe, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
@@ -115,6 +115,7 @@ class _SourceRecorder:
             for outputs in calls:
                 ids = [next((i for i, t in enumerate(outputs) if t is x), None) for x in flat]
                 if None not in ids:
+                    _observe.note("iterator", "iterator tensors fed as the Dataset they came from")
                     # Dataset.map (v2), not the v1 method: v1's map forgets the cardinality, and
                     # evaluate() on a TPU must know whether the input ends.
                     return tf.data.Dataset.map(dataset, _rearrange(result, ids))
@@ -192,7 +193,8 @@ class _QueueSource:
         dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
         dataset = dataset.map(_rearrange(result, [x.value_index for x in flat]))
         self._undo_side_effects()
-        logger.info(
+        _observe.note(
+            "queue",
             "numpy/pandas queue input (%d rows, batch %d%s) fed as a tf.data.Dataset",
             len(columns[0]),
             batch_size,

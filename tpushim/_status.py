@@ -1,17 +1,24 @@
 """``tpushim.status()``: what tpushim would do now, as one dict (the console and %tpushim print it)."""
 
+from __future__ import annotations  # annotations stay strings: typing is not imported at start-up
+
 from tpushim import _patch, _settings, _versions
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from tpushim._types import Status
 
-def status():
-    """What tpushim would do now, as a dict.
+
+def status() -> Status:
+    """What tpushim would do now, as a dict (typed as :class:`tpushim.Status`).
 
     Keys: ``patched``, ``mode`` and ``mode_source``, ``tpu`` and ``tpu_source`` (the TPU a call
-    would use now and where it came from), ``batch_size``, ``iterations_per_loop``, ``applied``
-    (whether the wrapper is on ``keras_lib`` yet, or pending TensorFlow's import), ``decision``
-    (what a ``model_to_estimator`` call made now returns: ``action`` -- ``stock``, ``tpu``, ``cpu``
-    or ``no-tpu`` --, ``why``, and ``returns``, one line for people), ``unsupported`` (the version
-    guard's message) and ``versions`` (tensorflow, keras, tensorflow_estimator, tpushim).
+    would use now and where it came from), ``batch_size``, ``iterations_per_loop``, ``quiet``,
+    ``applied`` (whether the wrapper is on ``keras_lib`` yet, or pending TensorFlow's import),
+    ``decision`` (what a ``model_to_estimator`` call made now returns: ``action`` -- ``stock``,
+    ``tpu``, ``cpu`` or ``no-tpu`` --, ``why``, and ``returns``, one line for people),
+    ``unsupported`` (the version guard's message) and ``versions`` (tensorflow, keras,
+    tensorflow_estimator, tpushim). Imports no TensorFlow.
     """
     from tpushim import _decision, _detect  # not at start-up
 
@@ -26,6 +33,7 @@ def status():
             "tpu_source": tpu.source if tpu else None,
             "batch_size": settings.batch_size,
             "iterations_per_loop": settings.iterations_per_loop,
+            "quiet": settings.quiet,
             "applied": _patch.applied(),
             "decision": _decision.decide(settings, tpu).as_dict(),
             "unsupported": _patch.refusal(),

@@ -176,71 +176,58 @@ def set_cluster_spec(run_config, cluster_spec):
     run_config._cluster_spec = cluster_spec
 
 
-class TPUEstimatorWithCallBatchSizes(tpu_estimator.TPUEstimator):
-    """A TPUEstimator whose global batch sizes are fixed per call, in the calling thread.
+def tpu_context_like(ctx, train_batch_size, eval_batch_size, predict_batch_size):
+    """A TPU context (TPUEstimator's ``_ctx``) as ``ctx`` but for these global batch sizes,
+    sharing ``ctx``'s answer from the TPU system (asked once per master, then cached)."""
+    new = tpu_context._get_tpu_context(
+        ctx._config,
+        train_batch_size,
+        eval_batch_size,
+        predict_batch_size,
+        ctx._use_tpu,
+        ctx._eval_on_tpu,
+        None,
+    )
+    new._lazy_tpu_system_metadata_dict = ctx._lazy_tpu_system_metadata_dict
+    return new
 
-    TPUEstimator takes its batch sizes at construction, into its TPU context ``_ctx``, and reads
-    that context while it builds a graph -- in train/evaluate/predict and in its input_fn and
-    model_fn wrappers, all in the thread that made the call. Here every thread has its own
-    context, made by :meth:`_fix_call_batch_size`: threads sharing an estimator cannot change
-    each other's batch size between fixing it and building the graph. A thread that fixed none
-    sees the context made at construction. The two other attributes TPUEstimator changes during
-    a call are per thread too: ``_is_input_fn_invoked`` (set by its input_fn wrapper, cleared by
-    its model_fn wrapper: shared, another thread's call would clear it and turn this one's
-    model_fn into an export) and ``_rendezvous`` (a call's error collector, per mode).
-    """
 
-    def __init__(self, *args, **kwargs):
-        self._tpushim_thread = threading.local()
-        super().__init__(*args, **kwargs)
+def place_ops(ops, device):
+    """Places ``ops`` on ``device`` as if made in ``tf.device(device)``: what an op's own device
+    says (e.g. ``/device:CPU:0``) is kept, the rest filled in from ``device``."""
+    import tensorflow as tf
 
-    @property
-    def _ctx(self):
-        return getattr(self._tpushim_thread, "ctx", None) or self._tpushim_constructed_ctx
+    outer = tf.DeviceSpec.from_string(device)
+    for op in ops:
+        op._set_device(outer.make_merged_spec(tf.DeviceSpec.from_string(op.device)))
 
-    @_ctx.setter
-    def _ctx(self, ctx):  # TPUEstimator.__init__ sets it, once
-        self._tpushim_constructed_ctx = ctx
 
-    @property
-    def _is_input_fn_invoked(self):
-        return getattr(self._tpushim_thread, "input_fn_invoked", None)
+def skip_batch_validation(ctx):
+    """Marks a TPU context as validated, for every mode: its batch sizes are placeholders that no
+    graph is built with (each call builds with a context made by :func:`tpu_context_like`, which
+    TPUEstimator validates as usual)."""
+    import tensorflow as tf
 
-    @_is_input_fn_invoked.setter
-    def _is_input_fn_invoked(self, invoked):
-        self._tpushim_thread.input_fn_invoked = invoked
+    modes = tf.estimator.ModeKeys
+    ctx._lazy_validation_dict.update({modes.TRAIN: True, modes.EVAL: True, modes.PREDICT: True})
 
-    @property
-    def _rendezvous(self):
-        if not hasattr(self._tpushim_thread, "rendezvous"):
-            self._tpushim_thread.rendezvous = {}
-        return self._tpushim_thread.rendezvous
 
-    @_rendezvous.setter
-    def _rendezvous(self, rendezvous):  # TPUEstimator.__init__ sets an empty dict
-        self._tpushim_thread.rendezvous = rendezvous
+def tpu_input_context(ctx, device):
+    """The ``params['context']`` TPUEstimator gives the first input_fn invocation (host 0's)."""
+    return tpu_context.TPUContext(
+        internal_ctx=ctx, input_device=device, invocation_index=0, host_id=0
+    )
 
-    def _fix_call_batch_size(self, mode, size):
-        """``mode``'s global batch size for this thread's calls, from now on."""
-        import tensorflow as tf
 
-        modes = tf.estimator.ModeKeys
-        sizes = dict(getattr(self._tpushim_thread, "sizes", {}), **{mode: size})
-        constructed = self._tpushim_constructed_ctx
-        self._tpushim_thread.ctx = tpu_context._get_tpu_context(
-            self._config,
-            sizes.get(modes.TRAIN, size),
-            sizes.get(modes.EVAL, size),
-            sizes.get(modes.PREDICT, size),
-            constructed._use_tpu,
-            constructed._eval_on_tpu,
-            None,
-        )
-        self._tpushim_thread.sizes = sizes
+def tpu_eval_steps_hooks(steps):
+    """The session hooks with which TPUEstimator runs ``steps`` evaluation steps on a TPU (what
+    its ``_convert_eval_steps_to_hooks`` returns)."""
+    from tensorflow.python.training import evaluation
 
-    def _call_batch_size(self, mode):
-        """The global batch size this thread fixed for ``mode``, or None."""
-        return getattr(self._tpushim_thread, "sizes", {}).get(mode)
+    return [
+        evaluation._StopAfterNEvalsHook(num_evals=steps),
+        tpu_estimator._SetEvalIterationsHook(steps),
+    ]
 
 
 def num_shards_in_replica_context():
@@ -336,12 +323,6 @@ def training_endpoints(model):
     return model._training_endpoints
 
 
-def recompile_loss_with_sample_weights(model, sample_weights):
-    """Rebuilds a compiled v1-graph clone's ``total_loss`` (and weighted metrics) with these
-    per-output sample weight tensors -- what keras_lib does with an input's sample weights."""
-    model._compile_weights_loss_and_weighted_metrics(sample_weights)
-
-
 def settle_sample_weights(model):
     """What Keras's ``_make_test_function`` (called by stock's EVAL model_fn) does first: when
     sample weights cover only some outputs, the clone's weights and weight modes disagree and Keras
@@ -430,6 +411,13 @@ def replace_enqueue_data(make_wrapper):
     return lambda: setattr(module, "_enqueue_data", original)
 
 
+def function_def(graph, name):
+    """The FunctionDef of function ``name`` in ``graph``'s library (a Dataset's map function,
+    say), or None."""
+    function = graph._get_function(name) if graph is not None else None
+    return getattr(function, "definition", None) if function is not None else None
+
+
 def dataset_variant_op(dataset):
     """The graph op that makes ``dataset`` (its last transformation), or None where there is none."""
     try:
@@ -503,4 +491,139 @@ def eval_steps_of(hooks):
     for hook in hooks:
         if isinstance(hook, evaluation._StopAfterNEvalsHook):
             return hook._num_evals
+        inner = eval_steps_of(getattr(hook, "hooks", ()))  # hooks tpushim makes at session start
+        if inner is not None:
+            return inner
     return None
+
+
+# --- the training loss, term by term (tpushim/_loss_kinds.py, tpushim/_losses.py) -------------
+
+
+def prepare_loss_functions(loss, output_names):
+    """The per-output Loss objects a v1-graph clone compiles ``loss`` into (Keras wraps every
+    function in a ``LossFunctionWrapper`` with reduction AUTO), in ``output_names``' order."""
+    try:
+        from keras.src.engine import training_utils_v1  # Keras >= 2.13
+    except ImportError:
+        from keras.engine import training_utils_v1  # Keras 2.12
+    return training_utils_v1.prepare_loss_functions(loss, output_names)
+
+
+def compile_args(keras_model):
+    """The arguments ``compile()`` was given (``loss``, ``loss_weights``, ...), as cloning reads them."""
+    return keras_model._get_compile_args()
+
+
+def keras_loss_modules():
+    """The modules Keras's built-in losses live in (``tf.keras.losses``' functions and classes)."""
+    import tensorflow as tf
+
+    return {tf.keras.losses.mean_squared_error.__module__, tf.keras.losses.Loss.__module__}
+
+
+def loss_function_wrapper_class():
+    """Keras's ``LossFunctionWrapper``: a Loss around a function (``fn``)."""
+    try:
+        from keras.src.losses import LossFunctionWrapper  # Keras >= 2.13
+    except ImportError:
+        from keras.losses import LossFunctionWrapper  # Keras 2.12
+    return LossFunctionWrapper
+
+
+def add_loss_layer_class():
+    """The layer ``model.add_loss(symbolic tensor)`` becomes in a functional model."""
+    try:
+        from keras.src.engine.base_layer import AddLoss  # Keras >= 2.13
+    except ImportError:
+        from keras.engine.base_layer import AddLoss  # Keras 2.12
+    return AddLoss
+
+
+def all_layers(keras_model):
+    """The model and every layer in it, nested models' layers included, in Keras's order."""
+    return list(keras_model._flatten_layers(include_self=True, recursive=True))
+
+
+def layer_input_losses(layer):
+    """The losses a layer added from what it was called on (activity regularizers, ``add_loss``
+    of a tensor): its own, not its sublayers'; weight regularizers are kept apart (callables)."""
+    return list(layer._losses)
+
+
+def clone_for_inspection(keras_model, custom_objects, input_tensors=None):
+    """An uncompiled clone in the current (scratch) graph, built as the model_fn's clone is
+    (keras_lib's cloning): a functional model on fresh placeholders; a subclassed model called
+    on ``input_tensors`` (Keras may reset it in place: see :func:`restore_subclassed_model_state`).
+
+    As Keras's cloning does for a compiled clone (which stock's conversion makes next), the
+    model's compile arguments are pinned first: cloning in a graph can turn the model's class
+    into its v1 twin, whose own ``_get_compile_args`` then fails.
+    """
+    import tensorflow as tf
+
+    if getattr(keras_model, "optimizer", None) is not None:
+        compile_args = keras_model._get_compile_args()
+        keras_model._get_compile_args = lambda: compile_args
+    return tf.compat.v2.keras.__internal__.models.clone_and_build_model(
+        keras_model,
+        input_tensors,
+        None,
+        custom_objects,
+        compile_clone=False,
+        in_place_reset=not keras_model._is_graph_network,
+    )
+
+
+def output_masks(model):
+    """Per output, the Keras mask a compiled clone weights its loss with (None: no mask)."""
+    return [getattr(output, "_keras_mask", None) for output in model.outputs]
+
+
+def added_losses(model):
+    """The regularization and ``add_loss`` terms Keras adds to a compiled clone's total loss."""
+    return model.get_losses_for(None) + model.get_losses_for(model.inputs)
+
+
+def reachable_from(inputs, targets):
+    """The tensors and ops of ``targets`` that depend on ``inputs`` (a graph walk, as Keras's
+    ``get_losses_for`` does it)."""
+    try:
+        from keras.src.utils import tf_utils as keras_tf_utils  # Keras >= 2.13
+    except ImportError:
+        from keras.utils import tf_utils as keras_tf_utils  # Keras 2.12
+    return keras_tf_utils.get_reachable_from_inputs(inputs, targets)
+
+
+def replace_total_loss(model, loss):
+    """Makes ``loss`` what a compiled v1-graph clone's train function differentiates (set
+    before ``make_train_function``, after :func:`settle_sample_weights`, so Keras does not
+    recompile it)."""
+    model.total_loss = loss
+
+
+class keras_random_state_kept:
+    """A context in which Keras may make layers (each draws a seed for its initializers and
+    dropout from Keras's seed generator, or Python's ``random``) without moving the seeds the
+    layers made afterwards get: an inspection must not change what a seeded run trains."""
+
+    def __enter__(self):
+        import random
+
+        try:
+            from keras.src import backend  # Keras >= 2.13
+        except ImportError:
+            from keras import backend  # Keras 2.12
+        self._generator = getattr(backend._SEED_GENERATOR, "generator", None)
+        self._states = (
+            random.getstate(),
+            None if self._generator is None else self._generator.getstate(),
+        )
+        return self
+
+    def __exit__(self, *exc):
+        import random
+
+        random.setstate(self._states[0])
+        if self._generator is not None:
+            self._generator.setstate(self._states[1])

@@ -10,7 +10,7 @@ import os
 
 import tensorflow as tf
 
-from tpushim import _model_fn, _tfprivate
+from tpushim import _loss_kinds, _model_fn, _tfprivate
 from tpushim._errors import ConversionError
 
 
@@ -95,6 +95,8 @@ VALIDATION_STEPS = (
     ("model", _check_compiled),
     ("optimizer", _legacy_optimizer),
     ("metric", _check_metrics),
+    # Every loss term a sum or a mean over the examples: what TPU shards can split exactly.
+    ("loss", _loss_kinds.check),
 )
 
 

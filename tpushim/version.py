@@ -1,8 +1,8 @@
 """The one place tpushim's version, and the TensorFlow releases it supports, are written.
 
-Plain literals and no imports: setup.py (its extras), the version guard in tpushim/_versions.py,
-``python -m tpushim info``, .ci/run and a README test read them from here without importing
-TensorFlow -- setup.py without importing tpushim either.
+Plain literals and no imports: pyproject.toml (the version; its extras repeat the range, and
+tests/test_versions.py keeps them in step), the version guard in tpushim/_versions.py,
+``python -m tpushim info`` and .ci/run read them from here without importing TensorFlow.
 """
 
 __version__ = "0.1.0"

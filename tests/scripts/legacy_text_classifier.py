@@ -1,4 +1,4 @@
-"""A legacy Keras -> Estimator script as found in the wild (used by the preflight tests and README).
+"""A legacy Keras -> Estimator script as found in the wild (used by the preflight tests and docs).
 
 Float64 numpy features straight from a dataframe, a batch of 100, a Lambda layer that formats
 numbers as strings for debugging, and iterations_per_loop left at TPUEstimator's habit of 2.

@@ -9,8 +9,8 @@ code 1), ``warning`` that it would run slowly.
 Modules: ``report`` (findings and how they are shown), ``model_checks`` and ``input_checks`` (what
 ``check`` runs), ``checks`` (``check`` itself), ``faketpu`` and ``graph_checks`` (TPUEstimator's
 TPU graphs built for a faked TPU system), ``recorder`` (the script's conversions and calls). The
-core knows none of them: the recorder enters the estimator's one hook,
-``tpushim._estimator.recording_to``.
+core knows none of them: the recorder is an observer (:mod:`tpushim._observe`, the core's one
+extension point).
 """
 
 from tpushim._preflight.checks import check

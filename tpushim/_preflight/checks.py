@@ -1,20 +1,24 @@
 """``check(keras_model, input_fn)``: the model and input checks run together, in the order in which
 each needs the last (the model checks run on a batch the input gave)."""
 
+from __future__ import annotations
+
+from typing import Callable
+
 from tpushim import _settings
-from tpushim._preflight import input_checks, model_checks
+from tpushim._preflight import input_checks, model_checks, progress
 from tpushim._preflight.report import Report
 
 
 def check(
-    keras_model,
-    input_fn=None,
+    keras_model: object,
+    input_fn: Callable[..., object] | None = None,
     *,
-    batch_size=None,
-    num_cores=_settings.DEFAULT_CORES,
-    steps=None,
-    iterations_per_loop=None,
-    custom_objects=None,
+    batch_size: int | None = None,
+    num_cores: int = _settings.DEFAULT_CORES,
+    steps: int | None = None,
+    iterations_per_loop: int | None = None,
+    custom_objects: dict[str, object] | None = None,
 ) -> Report:
     """Reports, on CPU, what would break or crawl when this model and input run on a TPU.
 
@@ -31,15 +35,41 @@ def check(
       A :class:`Report`; ``report.ok`` is False when something would fail on a TPU.
     """
     report = Report()
-    convertible = model_checks.check_conversion(report, keras_model, custom_objects)
     batch = None
     if input_fn is not None:
-        batch = input_checks.check_input(report, input_fn, batch_size, num_cores)
+        with progress.phase(f"input pipeline of {_name(input_fn)}", report):
+            batch = input_checks.check_input(report, input_fn, batch_size, num_cores)
+    check_model(
+        report,
+        keras_model,
+        batch,
+        batch_size,
+        num_cores,
+        steps,
+        iterations_per_loop,
+        custom_objects,
+    )
+    return report
+
+
+def check_model(
+    report, keras_model, batch, batch_size, num_cores, steps, iterations_per_loop, custom_objects
+):
+    """The checks of the model (conversion, host-only ops, XLA) on ``batch`` (features, labels:
+    numpy, shaped as the input's; None when no input was checked) and of the settings."""
+    name = getattr(keras_model, "name", "model")
+    with progress.phase(f"conversion of model {name!r}", report):
+        convertible = model_checks.check_conversion(report, keras_model, custom_objects)
     if batch is None and batch_size:
         input_checks.check_batch(report, batch_size, num_cores, "setting batch_size")
     input_checks.check_loop(report, iterations_per_loop, steps)
     if convertible and batch is not None and "dynamic-shape" not in report.codes():
         features, labels = batch
-        model_checks.check_host_only_ops(report, keras_model, custom_objects, features, labels)
-        model_checks.check_xla(report, keras_model, custom_objects, features, labels)
-    return report
+        with progress.phase("host-only ops in the model", report):
+            model_checks.check_host_only_ops(report, keras_model, custom_objects, features, labels)
+        with progress.phase("XLA compile of the training step", report):
+            model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+
+
+def _name(input_fn):
+    return f"input_fn {getattr(input_fn, '__name__', type(input_fn).__name__)!r}"

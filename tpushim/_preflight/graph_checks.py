@@ -8,9 +8,9 @@ import tempfile
 
 import tensorflow as tf
 
-from tpushim import _estimator
+from tpushim import _detect, _estimator, _run_config
 from tpushim._errors import TPUShimError
-from tpushim._preflight import faketpu
+from tpushim._preflight import faketpu, progress
 
 CORES_PER_HOST = 8  # a Cloud TPU v2/v3 host: 4 chips x 2 cores
 EVENTS = ("train", "evaluate", "predict")
@@ -37,17 +37,20 @@ def faked_system_shape(num_cores):
     return 1, num_cores
 
 
-def check_tpu_graphs(report, estimator, calls, num_cores, name):
+def check_tpu_graphs(report, conversion, calls, num_cores, name):
     """Builds the TPU graph of each call for a faked TPU system of ``num_cores`` cores.
 
     Args:
       report: the :class:`~tpushim._preflight.report.Report` to add findings to.
-      estimator: the estimator tpushim converted (in cpu mode); its TPU twin is built.
-      calls: ``{event: (input_fn, steps)}``, the script's first call of each of :data:`EVENTS`.
+      conversion: the :class:`tpushim._observe.Conversion` (in cpu mode): the estimator it would
+        have been on this TPU is built, with the same model_fn and settings.
+      calls: ``{event: (Call, InputCall)}``, the script's first call of each of :data:`EVENTS`.
       num_cores: the TPU's cores.
       name: the model's name, for the findings.
 
-    Builds in a scratch model_dir made here and removed afterwards; the user's is not touched.
+    The input is a replay of what each call's input_fn built (:func:`replay_input_fn`): the
+    user's input_fn is not called again. Builds in a scratch model_dir made here and removed
+    afterwards; the user's is not touched.
     """
     hosts, per_host = faked_system_shape(num_cores)
     report.note_checked(f"TPU graphs for {num_cores} cores ({hosts} host{'s' * (hosts != 1)})")
@@ -57,10 +60,22 @@ def check_tpu_graphs(report, estimator, calls, num_cores, name):
     os.mkdir(scratch)
     try:
         with faketpu.faked_tpu_system(hosts=hosts, cores_per_host=per_host) as tpu:
-            cluster = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master)
+            spec = _detect.TPUSpec(tpu.master, "the preflight's faked TPU")
+            cluster = _detect.cluster_resolver(spec)
             for event in (e for e in EVENTS if e in calls):
-                twin = _estimator.tpu_twin(estimator, cluster, os.path.join(scratch, event))
-                _build_one(report, tpu, twin, event, *calls[event], num_cores, name)
+                call, input_call = calls[event]
+                with progress.phase(f"TPU {event} graph for {num_cores} cores", report):
+                    config = conversion.estimator.config.replace(
+                        model_dir=os.path.join(scratch, event)
+                    )
+                    twin = _estimator.make_estimator(
+                        conversion.model_fn,
+                        _run_config.to_tpu_run_config(config, conversion.settings, cluster),
+                        conversion.settings,
+                        spec,
+                    )
+                    replay = replay_input_fn(input_call)
+                    _build_one(report, tpu, twin, event, replay, call.steps, num_cores, name)
     finally:
         tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
         shutil.rmtree(scratch, ignore_errors=True)
@@ -68,6 +83,38 @@ def check_tpu_graphs(report, estimator, calls, num_cores, name):
             os.rmdir(parent)  # only if empty: never anything the check did not write
         except OSError:
             pass
+
+
+def replay_input_fn(input_call):
+    """An input_fn that builds what one recorded input_fn call built, in structure, dtypes,
+    shapes (unknown dimensions stay unknown), batching and length -- from zeros, not the user's
+    data, and without calling the user's input_fn again."""
+    result, facts = input_call.result, input_call.facts
+    is_dataset = isinstance(result, tf.data.Dataset)
+    spec = (
+        result.element_spec
+        if is_dataset
+        else tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), result)
+    )
+    batch = facts.declared or input_call.global_batch
+
+    def row(s):
+        shape = [d if d is not None else 1 for d in s.shape.as_list()[1:]]
+        value = tf.zeros(shape, s.dtype) if s.dtype != tf.string else tf.fill(shape, "")
+        return tf.raw_ops.PlaceholderWithDefault(input=value, shape=s.shape[1:])
+
+    def input_fn():
+        if not is_dataset:  # tensors: zeros of the same shapes, as tensors again
+            return tf.nest.map_structure(
+                lambda s: tf.zeros([batch] + s.shape.as_list()[1:], s.dtype), spec
+            )
+        rows = tf.data.Dataset.from_tensors(0).map(lambda _: tf.nest.map_structure(row, spec))
+        static = all(s.shape.rank and s.shape[0] is not None for s in tf.nest.flatten(spec))
+        length = facts.examples if facts.examples is not None else None
+        rows = rows.repeat(length) if length is not None else rows.repeat()
+        return rows.batch(batch, drop_remainder=static)
+
+    return input_fn
 
 
 def _build_one(report, tpu, twin, event, input_fn, steps, num_cores, name):

@@ -2,9 +2,10 @@
 speed, the global batch against the TPU's cores, and ``iterations_per_loop``. The input is read as
 tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to their Dataset)."""
 
+import numpy as np
 import tensorflow as tf
 
-from tpushim import _batching, _estimator, _input_fn, _settings, _source, _tfprivate
+from tpushim import _batching, _estimator, _input_fn, _settings, _tfprivate
 from tpushim._errors import TPUShimError
 
 MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
@@ -36,7 +37,8 @@ def _element_spec(result):
 
 
 def check_input(report, input_fn, batch_size, num_cores):
-    """Static shapes, dtypes, pipeline speed and batch size of the user's input.
+    """Static shapes, dtypes, pipeline speed and batch size of the user's input, for
+    :func:`tpushim.check`: the input_fn is called once, in a scratch graph, and one batch read.
 
     An input finding never ends the check: whatever can still be read is. Returns one batch
     (numpy, as features and labels) for the model checks, or None when none could be read.
@@ -45,25 +47,13 @@ def check_input(report, input_fn, batch_size, num_cores):
     name = getattr(input_fn, "__name__", "input_fn")
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         try:
-            result = _input_fn.check_result(
-                input_fn, _source.call_and_recover(input_fn, tf.estimator.ModeKeys.TRAIN, {}, None)
+            result = _input_fn.call(
+                input_fn, tf.estimator.ModeKeys.TRAIN, _input_fn.UserParams(), None
             )
         except TPUShimError as e:
             report.add("input-unusable", "error", f"input_fn {name!r}", str(e), "see the message")
             return None
-        if not isinstance(result, tf.data.Dataset):
-            report.add(
-                "input-not-dataset",
-                "error",
-                f"input_fn {name!r}",
-                str(_input_fn.tensors_error(input_fn, result)),
-                "return a tf.data.Dataset",
-            )
-        _check_element_spec(report, _element_spec(result))
-        declared = None
-        if isinstance(result, tf.data.Dataset):
-            _check_dataset_ops(report, result, sess, name)
-            declared = _batching.declared_batch_size(result)
+        declared = _check_result(report, input_fn, result)
         batch = _read_one_batch(result, sess)
     features, labels = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
     size = declared or int(tf.nest.flatten(features)[0].shape[0])
@@ -74,6 +64,53 @@ def check_input(report, input_fn, batch_size, num_cores):
         "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {size})",
     )
     return features, labels
+
+
+def check_recorded(report, input_fn, input_call, batch_size, num_cores):
+    """The same checks on what one input_fn call of the script built (an
+    :class:`tpushim._observe.InputCall`): nothing is called again and nothing is read. Returns a
+    batch of zeros shaped as the input's (the model checks need shapes and dtypes only)."""
+    report.note_checked("input pipeline")
+    name = getattr(input_fn, "__name__", "input_fn")
+    result = input_call.result
+    _check_result(report, input_fn, result)
+    size = input_call.facts.batch_size
+    check_batch(
+        report,
+        batch_size or size,
+        num_cores,
+        "setting batch_size" if batch_size else f"input_fn {name!r} (batch of {size})",
+    )
+    batch = tf.nest.map_structure(
+        lambda spec: _zeros(spec, input_call.global_batch), _element_spec(result)
+    )
+    return batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
+
+
+def _zeros(spec, batch):
+    shape = [batch] + [d if d is not None else 1 for d in spec.shape.as_list()[1:]]
+    if spec.dtype == tf.string:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=spec.dtype.as_numpy_dtype)
+
+
+def _check_result(report, input_fn, result):
+    """Shapes, dtypes and pipeline ops of what the input_fn returned; the batch size its graph
+    declares (None when it does not)."""
+    name = getattr(input_fn, "__name__", "input_fn")
+    if not isinstance(result, tf.data.Dataset):
+        report.add(
+            "input-not-dataset",
+            "error",
+            f"input_fn {name!r}",
+            str(_input_fn.tensors_error(input_fn, result)),
+            "return a tf.data.Dataset",
+        )
+    _check_element_spec(report, _element_spec(result))
+    if not isinstance(result, tf.data.Dataset):
+        return None
+    _check_dataset_ops(report, result, name)
+    return _batching.declared_batch_size(result)
 
 
 def _check_element_spec(report, spec):
@@ -131,16 +168,44 @@ def _read_one_batch(result, sess):
         return monitored.run(result)
 
 
-def _dataset_ops(dataset, session):
-    graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString(session.run(_tfprivate.serialized_dataset_graph(dataset)))
-    top = {node.op for node in graph_def.node}
-    inner = {node.op for function in graph_def.library.function for node in function.node_def}
+def _dataset_ops(dataset):
+    """``(ops, ops in its functions)``: the op types of the graph that makes ``dataset``, read from
+    the graph it lives in (the datasets' map/filter functions included); nothing is run."""
+    top, inner, seen, functions = set(), set(), set(), []
+    stack = [_tfprivate.dataset_variant_op(dataset)]
+    graph = stack[0].graph if stack[0] is not None else None
+    while stack:
+        op = stack.pop()
+        if op is None or op.name in seen:
+            continue
+        seen.add(op.name)
+        top.add(op.type)
+        stack.extend(t.op for t in op.inputs)
+        functions += _function_names(op.node_def)
+    done = set()
+    while functions:
+        name = functions.pop()
+        definition = None if name in done else _tfprivate.function_def(graph, name)
+        done.add(name)
+        if definition is None:
+            continue
+        for node in definition.node_def:
+            inner.add(node.op)
+            functions += _function_names(node)
     return top, inner
 
 
-def _check_dataset_ops(report, dataset, sess, name):
-    top, inner = _dataset_ops(dataset, sess)
+def _function_names(node_def):
+    names = []
+    for value in node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names += [f.name for f in value.list.func]
+    return names
+
+
+def _check_dataset_ops(report, dataset, name):
+    top, inner = _dataset_ops(dataset)
     if "PrefetchDataset" not in top:
         report.add(
             "no-prefetch",

@@ -6,7 +6,7 @@ import re
 
 import tensorflow as tf
 
-from tpushim import _model_fn, _tfprivate, _validation
+from tpushim import _loss_kinds, _model_fn, _summaries, _tfprivate, _validation
 from tpushim._errors import TPUShimError
 from tpushim._preflight.report import summary
 
@@ -40,12 +40,15 @@ _XLA_UNSUPPORTED = re.compile(
 
 
 def check_conversion(report, keras_model, custom_objects):
-    """What the conversion itself would refuse (subclassed model, optimizer, metrics), as the
-    conversion checks it; returns whether it would convert."""
+    """What the conversion itself would refuse (subclassed model, optimizer, metrics, a loss TPU
+    cores cannot split), as the conversion checks it; returns whether it would convert."""
     report.note_checked("conversion")
     for kind, check in _validation.VALIDATION_STEPS:
         try:
             check(keras_model, custom_objects)
+        except _loss_kinds.LossSplitError as e:
+            report.add(f"unconvertible-{kind}", "error", e.where, e.problem, e.fix)
+            return False
         except (TPUShimError, ValueError) as e:
             report.add(
                 f"unconvertible-{kind}",
@@ -263,7 +266,7 @@ def check_host_only_ops(report, keras_model, custom_objects, features, labels):
         )
     for op in graph.get_operations():
         what = HOST_ONLY_OPS.get(op.type)
-        if what:
+        if what and not _summaries.carried(op):  # scalar summaries reach TensorBoard by host call
             report.add(
                 "host-only-op",
                 "warning" if "summary" in what else "error",

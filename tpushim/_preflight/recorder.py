@@ -1,36 +1,38 @@
 """``python -m tpushim check script.py``: while the script runs in cpu mode, a :class:`Recorder`
-hears of every conversion and train/evaluate/predict call tpushim's estimators make (through the
-one hook the core offers, :func:`tpushim._estimator.recording_to`), caps their steps so the script
-finishes quickly, and afterwards reports on each conversion."""
+observes (:mod:`tpushim._observe`) every conversion and train/evaluate/predict call tpushim's
+estimators make, caps their steps so the script finishes quickly, keeps what each input_fn call
+built, and afterwards reports on each conversion. It never calls an input_fn itself: the script's
+own calls are all there are, as with stock."""
 
 import contextlib
 import dataclasses
 from typing import Optional
 
-from tpushim import _estimator, _settings
-from tpushim._preflight import graph_checks, input_checks
-from tpushim._preflight.checks import check
+from tpushim import _input_fn, _observe, _settings
+from tpushim._preflight import graph_checks, input_checks, progress
+from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
 
 
 @dataclasses.dataclass
 class _Recorded:
-    """One conversion and the calls its estimator was given, in order."""
+    """One conversion and what its estimator was asked to do, in order.
 
-    estimator: object
-    keras_model: object
-    custom_objects: Optional[dict]
-    settings: object
-    calls: list = dataclasses.field(
-        default_factory=list
-    )  # (event, input_fn, steps the script asked)
+    ``calls``: ``(call as the script made it, the InputCall its input_fn made or None)``.
+    """
+
+    conversion: _observe.Conversion
+    calls: list = dataclasses.field(default_factory=list)
     # Estimators made from it (tf.estimator.add_metrics): their calls are its calls.
     derived: list = dataclasses.field(default_factory=list)
-    graphs_from: object = None  # the estimator whose TPU graphs are built: the last one called
+
+    def first(self, event):
+        """The first ``(call, input_call)`` of ``event``, or None."""
+        return next(((c, i) for c, i in self.calls if c.event == event), None)
 
 
 class Recorder:
-    """Records conversions and input_fns while a script runs in cpu mode; caps its steps."""
+    """Records conversions and input_fn calls while a script runs in cpu mode; caps its steps."""
 
     MAX_TRAIN_STEPS = 3
     MAX_EVAL_STEPS = 2
@@ -38,26 +40,32 @@ class Recorder:
     def __init__(self):
         self._conversions: list[_Recorded] = []
 
-    # -- the hook (see tpushim._estimator.recording_to) -------------------------------------------
-    def converted(self, estimator, keras_model, custom_objects, settings):
-        """Told of each conversion."""
-        self._conversions.append(_Recorded(estimator, keras_model, custom_objects, settings))
-
-    def derived(self, estimator, source):
-        """Told of an estimator made from another (``tf.estimator.add_metrics``): its calls are
-        recorded as ``source``'s, and its TPU graphs (the added metrics included) are built."""
-        owner = self._owner(source)
-        if owner is not None:
-            owner.derived.append(estimator)
-
-    def _owner(self, estimator):
+    def _owner(self, estimator) -> Optional[_Recorded]:
         return next(
-            (c for c in self._conversions if c.estimator is estimator or estimator in c.derived),
+            (
+                c
+                for c in self._conversions
+                if c.conversion.estimator is estimator or any(d is estimator for d in c.derived)
+            ),
             None,
         )
 
-    def calling(self, event, estimator, input_fn, steps, max_steps):
-        """Told of each train/evaluate/predict call; returns the ``(steps, max_steps)`` to run.
+    # -- observing (see tpushim._observe) ---------------------------------------------------------
+    def converted(self, conversion):
+        """Told of each conversion."""
+        self._conversions.append(_Recorded(conversion))
+
+    def derived(self, estimator, source, model_fn):
+        """Told of an estimator made from another (``tf.estimator.add_metrics``): its calls are
+        recorded and capped as ``source``'s, and the TPU graphs are built with its model_fn
+        (which wraps the conversion's: the added metrics included)."""
+        owner = self._owner(source)
+        if owner is not None:
+            owner.derived.append(estimator)
+            owner.conversion = dataclasses.replace(owner.conversion, model_fn=model_fn)
+
+    def calling(self, call):
+        """Told of each train/evaluate/predict call; returns the call to run.
 
         Calls of an estimator converted while recording are recorded and capped: training to at
         most :attr:`MAX_TRAIN_STEPS` steps from wherever its model_dir stands (a ``max_steps``
@@ -65,16 +73,38 @@ class Recorder:
         none when the model_dir is past it), evaluation to :attr:`MAX_EVAL_STEPS`. Any other
         estimator's calls run as asked.
         """
-        owner = self._owner(estimator)
+        owner = self._owner(call.estimator)
         if owner is None:
-            return steps, max_steps
-        owner.graphs_from = estimator  # add_metrics' estimator: the graphs with the added metrics
-        owner.calls.append((event, input_fn, steps))
-        if event == "train":
-            return min(steps or self.MAX_TRAIN_STEPS, self.MAX_TRAIN_STEPS), None
-        if event == "evaluate":
-            return min(steps or self.MAX_EVAL_STEPS, self.MAX_EVAL_STEPS), max_steps
-        return steps, max_steps
+            return None
+        owner.calls.append((call, None))
+        if call.event == "train":
+            steps = min(call.steps or self.MAX_TRAIN_STEPS, self.MAX_TRAIN_STEPS)
+            return dataclasses.replace(call, steps=steps, max_steps=None)
+        if call.event == "evaluate":
+            return dataclasses.replace(
+                call, steps=min(call.steps or self.MAX_EVAL_STEPS, self.MAX_EVAL_STEPS)
+            )
+        return None
+
+    def input_called(self, input_call):
+        """Keeps what the input_fn of a recorded call built (its first call per estimator call).
+
+        An evaluation's input is measured now, while its graph can still take the ops that
+        measure it (the estimator finalizes it next), from the graph alone: a TPU evaluation
+        needs its length, and the replay of it in the TPU graph check reproduces that length."""
+        owner = self._owner(input_call.call.estimator) if input_call.call else None
+        if owner is None:
+            return
+        if input_call.mode == "eval" and input_call.facts.examples is None:
+            with contextlib.suppress(Exception):  # its input checks report what went wrong
+                input_call = dataclasses.replace(
+                    input_call,
+                    facts=_input_fn.read_facts(input_call.result, count=True, count_unknown=False),
+                )
+        for i, (call, recorded) in enumerate(owner.calls):
+            if recorded is None and call.input_fn is input_call.call.input_fn:
+                owner.calls[i] = (call, input_call)
+                return
 
     # -- the report -----------------------------------------------------------------------------
     def report(self, num_cores=_settings.DEFAULT_CORES, tpu_graphs=True):
@@ -95,37 +125,47 @@ class Recorder:
 
     @staticmethod
     def _report_one(report, recorded, num_cores, tpu_graphs):
-        settings = recorded.settings
-        trains = [(fn, steps) for event, fn, steps in recorded.calls if event == "train"]
-        train_fn, steps = trains[0] if trains else (None, None)
+        conversion = recorded.conversion
+        settings = conversion.settings
+        train = recorded.first("train")
+        batch = None
         with failure_as_finding(report):
-            report.extend(
-                check(
-                    recorded.keras_model,
-                    train_fn,
-                    batch_size=settings.batch_size,
-                    num_cores=num_cores,
-                    steps=steps,
-                    iterations_per_loop=settings.iterations_per_loop,
-                    custom_objects=recorded.custom_objects,
-                )
+            if train is not None and train[1] is not None:
+                with progress.phase("input pipeline of train()", report):
+                    batch = input_checks.check_recorded(
+                        report, train[0].input_fn, train[1], settings.batch_size, num_cores
+                    )
+            check_model(
+                report,
+                conversion.keras_model,
+                batch,
+                settings.batch_size,
+                num_cores,
+                train[0].steps if train else None,
+                settings.iterations_per_loop,
+                conversion.arguments.get("custom_objects"),
             )
-        for event, fn, _ in recorded.calls:
-            if event != "train" and fn is not train_fn:
-                with failure_as_finding(report):
-                    input_checks.check_input(report, fn, settings.batch_size, num_cores)
-        estimator = recorded.graphs_from or recorded.estimator
-        if tpu_graphs and getattr(estimator, "_tpushim_model_fn", None) is not None:
+        for call, input_call in recorded.calls:
+            if input_call is not None and (train is None or call.input_fn is not train[0].input_fn):
+                with (
+                    progress.phase(f"input pipeline of {call.event}()", report),
+                    failure_as_finding(report),
+                ):
+                    input_checks.check_recorded(
+                        report, call.input_fn, input_call, settings.batch_size, num_cores
+                    )
+        if tpu_graphs:
             first_calls = {}
-            for event, fn, steps in recorded.calls:
-                first_calls.setdefault(event, (fn, steps))
+            for call, input_call in recorded.calls:
+                if input_call is not None:
+                    first_calls.setdefault(call.event, (call, input_call))
             with failure_as_finding(report):
                 graph_checks.check_tpu_graphs(
                     report,
-                    estimator,
+                    conversion,
                     first_calls,
                     num_cores,
-                    getattr(recorded.keras_model, "name", "model"),
+                    getattr(conversion.keras_model, "name", "model"),
                 )
 
 
@@ -133,5 +173,5 @@ class Recorder:
 def recording():
     """While active, tpushim's estimators report to (and are capped by) a new :class:`Recorder`,
     which it yields."""
-    with _estimator.recording_to(Recorder()) as recorder:
+    with _observe.observing(Recorder()) as recorder:
         yield recorder

@@ -8,6 +8,18 @@ import traceback
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
+#: The version of :meth:`Report.to_dict`'s layout (``--json``): raised when a key changes meaning or
+#: goes away; new keys may appear without a new version.
+SCHEMA_VERSION = 1
+
+#: ``python -m tpushim check``'s exit statuses (2 stays argparse's: bad options, no script).
+EXIT_OK = 0  # nothing blocks a TPU (warnings allowed)
+EXIT_BLOCKED = 1  # a finding of severity error: it would fail on a TPU
+EXIT_SCRIPT_RAISED = 3  # the script itself raised in cpu mode: fix that first
+
+#: The finding a script's uncaught exception becomes.
+SCRIPT_RAISED = "script-raised"
+
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
@@ -29,16 +41,19 @@ class Report:
     checked: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         """True when nothing would fail on a TPU (warnings allowed)."""
         return not any(f.severity == "error" for f in self.findings)
 
     @property
-    def exit_code(self):
-        """The command line's exit status: 0 when :attr:`ok`, else 1."""
-        return 0 if self.ok else 1
+    def exit_code(self) -> int:
+        """The command line's exit status: 0 when :attr:`ok`, 1 when a finding blocks a TPU, 3
+        when the script itself raised (:data:`EXIT_SCRIPT_RAISED`)."""
+        if SCRIPT_RAISED in self.codes():
+            return EXIT_SCRIPT_RAISED
+        return EXIT_OK if self.ok else EXIT_BLOCKED
 
-    def codes(self):
+    def codes(self) -> list[str]:
         """The findings' codes, in the order found."""
         return [f.code for f in self.findings]
 
@@ -61,15 +76,22 @@ class Report:
         for what in other.checked:
             self.note_checked(what)
 
-    def to_dict(self):
-        """The report as plain data: ``ok``, ``checked`` and ``findings``."""
+    def sorted_findings(self) -> list[Finding]:
+        """The findings, errors first, then warnings, then infos (each in the order found)."""
+        return sorted(self.findings, key=lambda f: _SEVERITY_ORDER[f.severity])
+
+    def to_dict(self) -> dict:
+        """The report as plain data: ``schema_version``, ``ok``, ``exit_code``, ``checked`` and
+        ``findings`` (in the order found)."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "ok": self.ok,
+            "exit_code": self.exit_code,
             "checked": self.checked,
             "findings": [dataclasses.asdict(f) for f in self.findings],
         }
 
-    def to_json(self):
+    def to_json(self) -> str:
         """:meth:`to_dict` as indented JSON (what ``python -m tpushim check --json`` prints)."""
         return json.dumps(self.to_dict(), indent=2)
 
@@ -84,7 +106,7 @@ class Report:
             f"{warnings} warning{'s' * (warnings != 1)})",
             "checked: " + ", ".join(self.checked),
         ]
-        for f in sorted(self.findings, key=lambda f: _SEVERITY_ORDER[f.severity]):
+        for f in self.sorted_findings():
             lines.append(f"  [{f.severity.upper()}] {f.code} at {f.where}: {f.message}")
             lines.append(f"      fix: {f.fix}")
         return "\n".join(lines)
@@ -95,7 +117,7 @@ class Report:
         rows = "".join(
             f"<tr><td>{f.severity}</td><td>{html.escape(f.code)}</td><td>{html.escape(f.where)}</td>"
             f"<td>{html.escape(f.message)}</td><td>{html.escape(f.fix)}</td></tr>"
-            for f in self.findings
+            for f in self.sorted_findings()
         )
         return (
             f"<p><b>tpushim check: {self._verdict()}</b> "

@@ -1,0 +1,69 @@
+"""The one-line route (``import tpushim; tpushim.patch()``) says what it did: a conversion to a
+TPUEstimator prints its line on stderr in a script that configured no logging; the stock path stays
+silent; ``quiet`` and ``TPUSHIM_QUIET`` hide the line; ``TPUSHIM_LOG_LEVEL`` shows debug lines.
+Real scripts in subprocesses: whether logging is configured is a property of the whole process."""
+
+import os
+
+import procs
+import pytest
+
+pytestmark = pytest.mark.slow  # runs TensorFlow subprocesses: outside the fast tier
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# Each case converts the same small model once, after a marker line on stderr.
+SCRIPT = """
+import logging, sys, tempfile
+import tensorflow as tf
+import tfcases
+import tpushim
+
+def convert(case, **patch):
+    print(f"--- {case}", file=sys.stderr, flush=True)
+    tpushim.patch(**patch)
+    tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=tempfile.mkdtemp(dir=sys.argv[1])
+    )
+
+convert("stock")  # no TPU, mode auto: the stock estimator
+convert("cpu", mode="cpu")
+convert("quiet", mode="cpu", quiet=True)
+logging.basicConfig(format="LOGGED %(name)s: %(message)s", level=logging.INFO)
+convert("logging configured", mode="cpu")
+"""
+
+LINE = "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False"
+
+
+def cases(tmp_path, **env):
+    proc = procs.python([str(tmp_path)], code=SCRIPT, env=dict(env, PYTHONPATH=TESTS), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = {}
+    for chunk in proc.stderr.split("--- ")[1:]:
+        case, _, text = chunk.partition("\n")
+        out[case] = [line for line in text.splitlines() if "tpushim" in line]
+    return out
+
+
+def test_the_one_line_route_says_what_it_converted(tmp_path):
+    out = cases(tmp_path)
+    assert out["stock"] == []  # nothing changed, nothing said
+    assert len(out["cpu"]) == 1 and out["cpu"][0].startswith(LINE)
+    assert "[mode cpu from argument: the TPU code path on CPU]" in out["cpu"][0]
+    assert out["quiet"] == []
+    # Logging configured: the line goes there, once, in the application's format.
+    conversions = [line for line in out["logging configured"] if " -> " in line]
+    assert [line.split(" -> ")[0] for line in conversions] == ["LOGGED tpushim: model_to_estimator"]
+
+
+def test_variables_hide_the_line_or_show_debug_lines(tmp_path):
+    quiet = cases(tmp_path, TPUSHIM_QUIET="1")
+    assert quiet["cpu"] == [] and quiet["stock"] == []
+    debug = cases(tmp_path, TPUSHIM_LOG_LEVEL="debug")
+    assert any(
+        line.startswith("tpushim: model_to_estimator called with Settings(mode='auto'")
+        for line in debug["stock"]
+    )
+    assert any(line.startswith("tpushim: model_to_estimator -> stock") for line in debug["stock"])
+    assert sum(line.startswith(LINE) for line in debug["cpu"]) == 1  # once, not twice

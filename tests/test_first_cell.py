@@ -1,0 +1,172 @@
+"""The notebooks' first cell (notebooks/first_cell.py) on every kind of runtime, versions faked.
+
+Colab today brings Python 3.12 and TensorFlow 2.19 (its TPU runtimes: no TensorFlow at all), for
+which no TensorFlow with estimators exists. The cell's code runs here as it is, with what it reads
+of the runtime faked -- the Python version, the installed distributions, whether TensorFlow was
+imported, the files in the working folder -- and pip replaced by a recorder that "installs" into
+those fakes. Nothing is installed.
+"""
+
+import importlib.metadata
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+SOURCE = (NOTEBOOKS / "first_cell.py").read_text(encoding="utf-8")
+
+
+class Runtime:
+    """What the cell can see of a runtime: Python, installed distributions, and pip."""
+
+    def __init__(self, monkeypatch, python, installed, pip_works=True, imported_tf=False):
+        self.installed = dict(installed)
+        self.pip_calls = []
+        self.pip_works = pip_works
+        monkeypatch.setattr(sys, "version_info", (*python, 0, "final", 0))
+        monkeypatch.setattr(importlib.metadata, "version", self.version)
+        real_find_spec = importlib.util.find_spec
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a: (
+                (real_find_spec("json") if "tpushim" in self.installed else None)
+                if name == "tpushim"
+                else real_find_spec(name, *a)
+            ),
+        )
+        monkeypatch.setattr(subprocess, "run", self.pip)
+        if imported_tf:
+            monkeypatch.setitem(sys.modules, "tensorflow", object())
+        else:
+            monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+
+    def version(self, dist):
+        if dist not in self.installed:
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return self.installed[dist]
+
+    def pip(self, command, **kwargs):
+        assert command[1:4] == ["-m", "pip", "install"], command
+        requirements = command[5:]
+        self.pip_calls.append(requirements)
+        if self.pip_works:
+            for requirement in requirements:
+                if requirement.startswith("tensorflow"):
+                    self.installed.pop("tensorflow-tpu", None)
+                    self.installed["tensorflow"] = "2.15.1"
+                elif "tpushim" in requirement:
+                    self.installed["tpushim"] = "0.1.0"
+        return subprocess.CompletedProcess(command, 0 if self.pip_works else 1)
+
+
+def run_cell(capsys):
+    namespace = {"__name__": "__main__"}
+    exec(compile(SOURCE, "first_cell.py", "exec"), namespace)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1  # one line: what this runtime can do, or what to do
+    return namespace["READY"], out[0]
+
+
+TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [{"tensorflow": "2.19.0"}, {}],
+    ids=["colab-cpu-or-gpu-python-3.12-tf-2.19", "colab-tpu-python-3.12-no-tf"],
+)
+def test_python_3_12_names_the_runtime_to_choose(monkeypatch, capsys, installed):
+    runtime = Runtime(monkeypatch, (3, 12), installed)
+    ready, line = run_cell(capsys)
+    assert not ready and runtime.pip_calls == []  # no pip run that cannot succeed
+    assert line.startswith("cannot run here: Python 3.12 here, and TensorFlow 2.15")
+    assert "Change runtime type > Runtime version: one with Python 3.11" in line
+    assert "Cloud TPU VM image with TensorFlow 2.15" in line
+
+
+def test_tensorflow_2_19_on_python_3_11_is_replaced_by_2_15(monkeypatch, capsys):
+    runtime = Runtime(monkeypatch, (3, 11), {"tensorflow": "2.19.0", "tpushim": "0.1.0"})
+    ready, line = run_cell(capsys)
+    assert ready and runtime.pip_calls == [TF_INSTALL]
+    assert line.startswith("ready: Python 3.11, TensorFlow 2.15.1, tpushim 0.1.0: this runtime")
+    assert "(installed TensorFlow 2.15.1 in place of 2.19.0)" in line
+
+
+def test_tensorflow_2_19_already_imported_asks_for_a_restart(monkeypatch, capsys):
+    with monkeypatch.context() as patch:  # undone before conftest's teardown reads tensorflow
+        runtime = Runtime(patch, (3, 11), {"tensorflow": "2.19.0"}, imported_tf=True)
+        ready, line = run_cell(capsys)
+    assert not ready and runtime.pip_calls == []
+    assert "already imported in this session: Runtime > Restart session, then run all" in line
+
+
+def test_pip_failing_says_so(monkeypatch, capsys):
+    runtime = Runtime(monkeypatch, (3, 10), {"tensorflow": "2.19.0"}, pip_works=False)
+    ready, line = run_cell(capsys)
+    assert not ready and runtime.pip_calls == [TF_INSTALL]
+    assert line.startswith("cannot run here: pip could not install tensorflow>=2.12,<2.16 numpy<2")
+
+
+def test_no_tpushim_says_exactly_what_to_install_from_where(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runtime = Runtime(monkeypatch, (3, 11), {"tensorflow": "2.15.1"})
+    ready, line = run_cell(capsys)
+    assert not ready and runtime.pip_calls == []
+    assert "tpushim is not installed, and it is not on PyPI: upload its wheel" in line
+    assert "`python -m build --wheel` in a tpushim checkout makes dist/tpushim-*.whl" in line
+
+
+@pytest.mark.parametrize("upload", ["tpushim-0.1.0-py3-none-any.whl", "tpushim/pyproject.toml"])
+def test_an_uploaded_wheel_or_checkout_is_installed(monkeypatch, capsys, tmp_path, upload):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / upload).parent.mkdir(exist_ok=True)
+    (tmp_path / upload).write_text("")
+    runtime = Runtime(monkeypatch, (3, 11), {"tensorflow-cpu": "2.13.1"})
+    ready, line = run_cell(capsys)
+    expected = upload if upload.endswith(".whl") else "./tpushim"
+    assert ready and runtime.pip_calls == [[expected]]
+    assert line.startswith("ready: Python 3.11, TensorFlow 2.13.1, tpushim 0.1.0")
+    assert f"(installed tpushim from {expected})" in line
+
+
+def test_a_ready_runtime_installs_nothing(monkeypatch, capsys):
+    runtime = Runtime(monkeypatch, (3, 11), {"tensorflow": "2.15.1", "tpushim": "0.1.0"})
+    ready, line = run_cell(capsys)
+    assert ready and runtime.pip_calls == []
+    assert line == (
+        "ready: Python 3.11, TensorFlow 2.15.1, tpushim 0.1.0: this runtime runs the notebook. "
+        "The cells below say whether TensorFlow reaches a TPU here; without one they run "
+        "tpushim's cpu mode, the TPU code path on the CPU."
+    )
+
+
+def test_in_a_notebook_the_cells_below_are_skipped_until_the_runtime_can(
+    ipython_shell, monkeypatch, capsys
+):
+    shell = ipython_shell
+    runtime = Runtime(monkeypatch, (3, 12), {"tensorflow": "2.19.0"})
+    shell.run_cell(SOURCE)
+    assert capsys.readouterr().out.startswith("cannot run here: Python 3.12")
+    result = shell.run_cell("import tensorflow_that_is_not_here\nprint('ran')")
+    assert result.success  # Run all goes on, top to bottom
+    assert capsys.readouterr().out == (
+        "skipped: this runtime cannot run the notebook (see the first cell)\n"
+    )
+    monkeypatch.setattr(sys, "version_info", (3, 11, 0, "final", 0))  # another runtime chosen
+    runtime.installed = {"tensorflow": "2.15.1", "tpushim": "0.1.0"}
+    shell.run_cell(SOURCE)  # the first cell itself always runs
+    assert capsys.readouterr().out.startswith("ready: Python 3.11")
+    shell.run_cell("print('ran')")
+    assert capsys.readouterr().out == "ran\n"
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_every_notebook_opens_with_this_cell(path):
+    notebook = nbformat.read(path, as_version=4)
+    first = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    assert first.source == SOURCE.rstrip("\n"), f"run: python notebooks/sync.py ({path.name})"

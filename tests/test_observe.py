@@ -1,0 +1,93 @@
+"""The core's one extension point (tpushim._observe): what observers hear, in order, and that an
+observer cannot break the user's call."""
+
+import logging
+
+import pytest
+import tensorflow as tf
+import tfcases
+
+from tpushim import _observe
+
+
+class Listener:
+    def __init__(self, cap_train_steps=None):
+        self.events = []
+        self.cap = cap_train_steps
+
+    def converted(self, conversion):
+        self.events.append(("converted", conversion.settings.mode))
+
+    def calling(self, call):
+        self.events.append(("calling", call.event, call.steps))
+        if call.event == "train" and self.cap:
+            return _observe.Call(call.event, call.estimator, call.input_fn, self.cap)
+        return None
+
+    def input_called(self, input_call):
+        self.events.append(("input", input_call.call.event, input_call.global_batch))
+
+    def adapted(self, call, kind, text):
+        self.events.append(("adapted", call.event if call else None, kind))
+
+    def finished(self, call, seconds, steps, first_step_seconds):
+        assert seconds >= 0
+        self.events.append(("finished", call.event, steps, first_step_seconds is not None))
+
+
+def test_observer_methods_are_optional_and_a_failing_one_is_logged(caplog):
+    class Broken:
+        def adapted(self, call, kind, text):
+            raise RuntimeError("observer bug")
+
+    with _observe.observing(object()), _observe.observing(Broken()):
+        with caplog.at_level(logging.WARNING, logger="tpushim"):
+            _observe.note("padding", "padded %d rows", 3)
+        assert "failed in adapted" in caplog.text
+        assert _observe.has_observers()
+    assert not _observe.has_observers()
+
+
+def test_calling_may_replace_the_call_and_notes_belong_to_it():
+    seen = []
+
+    class Capper:
+        def calling(self, call):
+            return _observe.Call(call.event, call.estimator, call.input_fn, steps=2)
+
+        def adapted(self, call, kind, text):
+            seen.append((call.steps, kind, text))
+
+    with _observe.observing(Capper()):
+        with _observe.calling(_observe.Call("train", None, None, steps=100)) as call:
+            assert call.steps == 2 and _observe.current_call() is call
+            _observe.note("rebatch", "re-batched to %d", 8)
+        assert _observe.current_call() is None
+    assert seen == [(2, "rebatch", "re-batched to 8")]
+
+
+@pytest.mark.slow  # trains an estimator
+def test_a_cpu_mode_run_in_the_order_observers_hear_it(tmp_path):
+    x, y = tfcases.data()
+    listener = Listener(cap_train_steps=2)
+    with _observe.observing(listener):
+        est = tfcases.convert("cpu", tfcases.sequential, tmp_path)
+        est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=50)
+        est.evaluate(tfcases.dataset_input_fn(x, y))
+        predictions = list(est.predict(tfcases.dataset_input_fn(x)))
+    assert len(predictions) == len(x)
+    assert listener.events == [
+        ("converted", "cpu"),
+        ("calling", "train", 50),
+        ("input", "train", tfcases.BATCH),
+        ("finished", "train", 2, True),  # capped by the observer: 2 steps ran
+        ("calling", "evaluate", None),
+        ("input", "evaluate", tfcases.BATCH),
+        ("adapted", "evaluate", "padding"),  # 52 rows in batches of 8: the last one short
+        ("finished", "evaluate", None, False),
+        ("calling", "predict", None),
+        ("input", "predict", tfcases.BATCH),
+        ("adapted", "predict", "padding"),
+        ("finished", "predict", None, False),
+    ]
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-2")

@@ -1,0 +1,406 @@
+"""How each term of a model's training loss grows with the batch: what a TPU needs to know to
+train on shards of the global batch exactly as stock trains on the whole of it.
+
+A term is one of:
+
+* ``ROWS``: an output's loss function returns one value per example (Keras then reduces them by
+  the loss's ``reduction``); each row's value depends on that row alone.
+* an integer degree ``p``: the term is one number for the batch, ``T(n rows) = n**(p-1) * sum of
+  per-row values``: a mean (``p = 0``; also any term that ignores the batch, e.g. a weight
+  regularizer), a sum (``p = 1``), a mean divided by the batch size again (``p = -1``, Keras's
+  activity regularizer around a mean-valued regularizer), ...
+
+Built-in Keras losses and regularizers are known; anything else is told apart without the
+user's data: evaluated on synthetic rows of the model's shapes and dtypes, once on 8 rows and
+once on each of their parts of 1, 3 and 4 rows. A term whose value is neither (e.g. batch
+statistics, rows compared with one another) cannot be split across TPU cores: the conversion
+refuses it before anything is written (:class:`LossSplitError`) and the preflight reports it.
+
+Over ~300 lines because it is one concern: the kind of each term, for outputs and for losses
+layers add, known or told apart by evaluation, once per compiled model.
+"""
+
+import dataclasses
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from tpushim import _tfprivate
+from tpushim._errors import ConversionError
+
+ROWS = "rows"
+DEGREES = (0, 1, -1, 2)  # mean, sum, mean / batch, sum * batch
+_PARTS = (slice(0, 1), slice(1, 4), slice(4, 8))
+_ROWS = 8
+_DRAWS = 3
+_RTOL = 1e-4
+
+
+class LossSplitError(ConversionError):
+    """A loss term cannot be computed per TPU core and combined into the global batch's.
+
+    Attributes:
+      where: the term (``"loss of output 'y'"``, ``"loss added by layer 'l'"``).
+      problem, fix: what is wrong, and what to do.
+    """
+
+    def __init__(self, where, problem, fix):
+        super().__init__(f"tpushim cannot train the {where} on a TPU: {problem}. Fix: {fix}")
+        self.where, self.problem, self.fix = where, problem, fix
+
+
+_SPLIT = (
+    "on a TPU each core computes the loss on its slice of the global batch, and only sums and "
+    "means of per-example values add up to the global batch's loss"
+)
+_FIX_FUNCTION = (
+    "compute it from per-example values only: return one value per example, or their "
+    "tf.reduce_mean / tf.reduce_sum"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossPlan:
+    """The kind of every term of a model's training loss.
+
+    Attributes:
+      outputs: output name -> ``ROWS`` or a degree (an output without a loss is absent).
+      added: (layer name, index in its input losses) -> degree, for the losses a layer adds
+        from its inputs; absent: a mean (degree 0). None: not known yet (a subclassed model's
+        outputs and losses exist once it is called: :func:`plan_subclassed`, in the model_fn).
+    """
+
+    outputs: dict
+    added: dict = None
+
+
+# --- what is known without evaluating anything ------------------------------------------------
+
+
+def _is_builtin_loss(loss_fn):
+    modules = _tfprivate.keras_loss_modules()
+    if type(loss_fn).__module__ not in modules:
+        return False
+    if isinstance(loss_fn, _tfprivate.loss_function_wrapper_class()):
+        return getattr(loss_fn.fn, "__module__", None) in modules
+    return True
+
+
+def _builtin_activity_regularizer(layer):
+    regularizer = layer.activity_regularizer
+    # Keras adds regularizer(output) / batch size: a mean over rows for these sums over rows.
+    builtin = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
+    return type(regularizer) in builtin
+
+
+def _known_mean(layer):
+    """A layer whose input losses are all its built-in activity regularizer's (degree 0)."""
+    return (
+        type(layer).__module__.startswith("keras.")
+        and not isinstance(layer, (tf.keras.Model, _tfprivate.add_loss_layer_class()))
+        and _builtin_activity_regularizer(layer)
+    )
+
+
+# --- evaluation on synthetic rows ---------------------------------------------------------------
+
+
+def _synthetic(shape, dtype, rows, draw, rng, classes=None):
+    """``rows`` rows shaped ``shape`` (batch dimension first, unknown sizes 2) for ``draw``."""
+    shape = [rows] + [2 if d is None else d for d in list(shape)[1:]]
+    dtype = tf.as_dtype(dtype)
+    if classes is not None or dtype.is_integer:
+        return rng.randint(0, classes or 2, size=shape).astype(dtype.as_numpy_dtype)
+    if dtype.is_bool:
+        return rng.rand(*shape) > 0.5
+    if dtype == tf.string:
+        return rng.choice(np.array([b"a", b"b"], dtype=object), size=shape)
+    values = (rng.uniform(0.05, 0.95, shape), rng.normal(0, 1, shape), rng.uniform(-2, 2, shape))
+    return values[draw % 3].astype(dtype.as_numpy_dtype)
+
+
+def _close(a, b):
+    scale = max(1.0, float(np.max(np.abs(a))), float(np.max(np.abs(b))))
+    return np.allclose(a, b, rtol=_RTOL, atol=1e-6 * scale)
+
+
+def _kind(full, parts):
+    """``ROWS``, a degree, ``"unsplittable"`` (with why) or None (this draw cannot tell).
+
+    Args:
+      full: the term on 8 rows; parts: on each of ``_PARTS``.
+    """
+    values = [full, *parts]
+    if not all(np.all(np.isfinite(v)) for v in values):
+        return None, "non-finite values"
+    sizes = [s.stop - s.start for s in _PARTS]
+    if (
+        full.ndim
+        and full.shape[0] == _ROWS
+        and all(p.ndim and p.shape[0] == n for p, n in zip(parts, sizes))
+    ):
+        if all(_close(full[s], p) for s, p in zip(_PARTS, parts)):
+            return ROWS, None
+        return "unsplittable", "the value it gives each example depends on the other examples"
+    if any(p.shape != full.shape for p in parts):
+        return "unsplittable", f"its shape changes with the batch ({full.shape} on 8 rows)"
+    fits = [
+        degree
+        for degree in DEGREES
+        if _close(
+            full,
+            float(_ROWS) ** (degree - 1)
+            * sum(float(n) ** (1 - degree) * p for n, p in zip(sizes, parts)),
+        )
+    ]
+    if len(fits) == 1:
+        return fits[0], None
+    if fits:
+        return None, "values that fit more than one kind (e.g. all zero)"
+    return "unsplittable", "its value is neither a sum nor a mean over the examples"
+
+
+_TRACE_LINES = ("Graph execution error", "Detected at node", "File ", "Node:", "[[", "Original")
+
+
+def _what_went_wrong(error):
+    """The line of an error that says what went wrong (not TensorFlow's trace around it)."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    said = [line for line in lines if line and not line.startswith(_TRACE_LINES)]
+    return said[-1] if isinstance(error, tf.errors.OpError) and said else (said or [""])[0]
+
+
+def _classify(where, evaluate, fix):
+    """Runs ``evaluate(draw) -> (full, parts)`` over the draws until one tells the kind."""
+    failures = []
+    for draw in range(_DRAWS):
+        try:
+            full, parts = evaluate(draw)
+        except Exception as e:  # a user's function on synthetic rows: anything may go wrong
+            failures.append(f"{type(e).__name__}: {_what_went_wrong(e)}")
+            continue
+        kind, why = _kind(np.asarray(full), [np.asarray(p) for p in parts])
+        if kind == "unsplittable":
+            raise LossSplitError(where, f"{why}; {_SPLIT}", fix)
+        if kind is not None:
+            return kind
+        failures.append(why)
+    raise LossSplitError(
+        where,
+        f"tpushim could not tell whether it is a sum or a mean over the examples: on synthetic "
+        f"rows of the model's shapes it gave {'; '.join(dict.fromkeys(failures))}",
+        f"{fix}; it must accept rows of the model's shapes and dtypes (labels shaped like the "
+        f"output, or integer class ids)",
+    )
+
+
+def _label_forms(output_shape, output_dtype):
+    """Label shapes/dtypes a custom loss may expect: like the output, or integer class ids."""
+    classes = output_shape[-1] if len(output_shape) > 1 and output_shape[-1] else 2
+    rank_less = list(output_shape[:-1]) if len(output_shape) > 1 else list(output_shape)
+    return [
+        (list(output_shape), output_dtype, None),
+        (rank_less + [1], tf.int64, classes),
+        (rank_less, tf.int64, classes),
+    ]
+
+
+def _output_evaluator(loss_fn, output_shape, output_dtype):
+    def evaluate(draw):
+        rng = np.random.RandomState(draw)
+        y_pred = _synthetic(output_shape, output_dtype, _ROWS, draw, rng)
+        errors = []
+        for shape, dtype, classes in _label_forms(output_shape, output_dtype):
+            y_true = _synthetic(shape, dtype, _ROWS, draw, rng, classes)
+            try:
+                with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                    t = tf.compat.v1.placeholder(tf.as_dtype(dtype), [None] + shape[1:])
+                    p = tf.compat.v1.placeholder(
+                        tf.as_dtype(output_dtype), [None] + list(y_pred.shape[1:])
+                    )
+                    value = loss_fn.call(t, p)
+                    out = [
+                        sess.run(value, {t: y_true[rows], p: y_pred[rows]})
+                        for rows in (slice(0, _ROWS), *_PARTS)
+                    ]
+                return out[0], out[1:]
+            except Exception as e:  # try the next form of labels
+                errors.append(e)
+        raise errors[0]
+
+    return evaluate
+
+
+def classify_outputs(names, loss_fns, shapes, dtypes):
+    """output name -> kind for every output with a loss (None: no loss)."""
+    kinds = {}
+    for name, loss_fn, shape, dtype in zip(names, loss_fns, shapes, dtypes):
+        if loss_fn is None:
+            continue
+        if getattr(loss_fn, "reduction", None) == tf.keras.losses.Reduction.NONE:
+            kinds[name] = ROWS  # refused, with stock's reason, when training is built
+        elif _is_builtin_loss(loss_fn):
+            kinds[name] = ROWS
+        else:
+            where = f"loss of output {name!r} ({getattr(loss_fn, 'name', type(loss_fn).__name__)})"
+            kinds[name] = _classify(
+                where, _output_evaluator(loss_fn, list(shape), dtype), _FIX_FUNCTION
+            )
+    return kinds
+
+
+def _layer_terms(layers):
+    """[(key, layer, index)] for every loss a layer adds from its inputs."""
+    return [
+        ((layer.name, i), layer, i)
+        for layer in layers
+        for i, _ in enumerate(_tfprivate.layer_input_losses(layer))
+    ]
+
+
+def _scratch_clone(keras_model, custom_objects, features):
+    """(clone, the placeholders it is fed through): on the model's own inputs, or (a subclassed
+    model) on placeholders shaped like ``features`` with any batch size."""
+    with tf.keras.utils.custom_object_scope(custom_objects or {}):
+        if features is None:
+            clone = _tfprivate.clone_for_inspection(keras_model, custom_objects)
+            return clone, list(clone.inputs)
+        placeholders = tf.nest.map_structure(
+            lambda t: tf.compat.v1.placeholder(t.dtype, [None] + t.shape.as_list()[1:]), features
+        )
+        inputs, _, _ = _tfprivate.convert_estimator_io_to_keras(keras_model, placeholders, None)
+        clone = _tfprivate.clone_for_inspection(keras_model, custom_objects, inputs)
+        return clone, tf.nest.flatten(placeholders)
+
+
+def classify_added(keras_model, custom_objects, features=None):
+    """(layer name, index) -> degree of every loss a layer adds from its inputs, evaluated on a
+    clone in a scratch graph (a subclassed model: on placeholders shaped like ``features``; the
+    caller restores the model, which Keras resets in place to clone it)."""
+    if features is None and all(
+        _known_mean(layer) for _, layer, _ in _layer_terms(_tfprivate.all_layers(keras_model))
+    ):
+        return {}
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
+        clone, inputs = _scratch_clone(keras_model, custom_objects, features)
+        terms = {
+            key: _tfprivate.layer_input_losses(layer)[i]
+            for key, layer, i in _layer_terms(_tfprivate.all_layers(clone))
+            if not _known_mean(layer)
+        }
+        if not terms:
+            return {}
+        reachable = _tfprivate.reachable_from(inputs, list(terms.values()))
+        degrees = {key: 0 for key, t in terms.items() if t not in reachable}  # batch-free
+        terms = {key: t for key, t in terms.items() if key not in degrees}
+        floats = [v for v in clone.weights if v.dtype.base_dtype.is_floating]
+        reinit = tf.group(
+            [v.assign(tf.random.normal(tf.shape(v), stddev=0.5, dtype=v.dtype)) for v in floats]
+        )
+        sess.run(
+            [
+                tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer(),
+                tf.compat.v1.tables_initializer(),
+            ]
+        )
+        values = {}  # draw -> {key: (full, parts)}, or the exception the model raised
+
+        def evaluate_all(draw):
+            if draw not in values:
+                if draw == _DRAWS - 1:
+                    sess.run(reinit)  # e.g. zero-initialised kernels hide what a term does
+                rng = np.random.RandomState(100 + draw)
+                batch = [_synthetic(i.shape, i.dtype, _ROWS, draw, rng) for i in inputs]
+                try:
+                    runs = [
+                        sess.run(terms, {i: b[rows] for i, b in zip(inputs, batch)})
+                        for rows in (slice(0, _ROWS), *_PARTS)
+                    ]
+                    values[draw] = {k: (runs[0][k], [r[k] for r in runs[1:]]) for k in terms}
+                except Exception as e:  # the model on synthetic rows
+                    values[draw] = e
+            if isinstance(values[draw], Exception):
+                raise values[draw]
+            return values[draw]
+
+        fix = (
+            "make the added loss (model.add_loss, activity_regularizer) a mean or a sum over "
+            "the examples, or drop it"
+        )
+        for key in terms:
+            degrees[key] = _classify(
+                f"loss added by layer {key[0]!r}", lambda draw, k=key: evaluate_all(draw)[k], fix
+            )
+        return degrees
+
+
+def _output_specs(model, custom_objects, compiled=None):
+    """(names, loss functions, shapes, dtypes) of ``model``'s outputs, with the losses
+    ``compiled`` (default: ``model``) was compiled with."""
+    names = model.output_names
+    with tf.keras.utils.custom_object_scope(custom_objects or {}):
+        loss_fns = _tfprivate.prepare_loss_functions(
+            _tfprivate.compile_args(compiled or model).get("loss"), names
+        )
+    return (
+        names,
+        loss_fns,
+        [o.shape.as_list() for o in model.outputs],
+        [o.dtype for o in model.outputs],
+    )
+
+
+def plan_subclassed(keras_model, custom_objects, features):
+    """The :class:`LossPlan` of a subclassed model, whose outputs and losses exist only once it
+    is called: from a scratch clone on placeholders shaped like ``features`` (the model_fn's)."""
+    with _tfprivate.keras_random_state_kept(), tf.Graph().as_default():
+        try:
+            clone, _ = _scratch_clone(keras_model, custom_objects, features)
+            outputs = classify_outputs(*_output_specs(clone, custom_objects, keras_model))
+        finally:
+            _tfprivate.restore_subclassed_model_state(keras_model)
+    with _tfprivate.keras_random_state_kept():
+        try:
+            added = classify_added(keras_model, custom_objects, features)
+        finally:
+            _tfprivate.restore_subclassed_model_state(keras_model)
+    return LossPlan(outputs=outputs, added=added)
+
+
+# --- the plan, once per compiled model ---------------------------------------------------------
+
+_plans = weakref.WeakKeyDictionary()  # keras model -> (what it was planned from, LossPlan)
+
+
+def _planned_from(keras_model):
+    args = _tfprivate.compile_args(keras_model)
+    return (id(args.get("loss")), tuple(id(layer) for layer in keras_model.layers))
+
+
+def plan(keras_model, custom_objects=None):
+    """The :class:`LossPlan` of a compiled model, made once per compilation.
+
+    Raises:
+      LossSplitError: a term cannot be split across TPU cores, or tpushim cannot tell.
+    """
+    key = _planned_from(keras_model)
+    cached = _plans.get(keras_model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if not keras_model.outputs:  # a subclassed model: its outputs exist once it is called
+        result = LossPlan(outputs={}, added=None)
+    else:
+        outputs = classify_outputs(*_output_specs(keras_model, custom_objects))
+        with _tfprivate.keras_random_state_kept():
+            added = classify_added(keras_model, custom_objects)
+        result = LossPlan(outputs=outputs, added=added)
+    _plans[keras_model] = (key, result)
+    return result
+
+
+def check(keras_model, custom_objects=None):
+    """The conversion's check (:data:`tpushim._validation.VALIDATION_STEPS`): plans the loss,
+    raising :class:`LossSplitError` for a term a TPU cannot split."""
+    return plan(keras_model, custom_objects)

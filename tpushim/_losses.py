@@ -1,0 +1,244 @@
+"""The training loss of one TPU shard, and the global batch's loss the step reports.
+
+Each of S shards computes the loss on its slice of the global batch, and the optimizer averages
+the shards' gradients. The average is the global batch's gradient when shard s differentiates
+
+    L_s = sum over terms of  S**p * (the term on shard s) * (the term's global factors)
+
+where ``p`` is the term's degree (:mod:`tpushim._loss_kinds`: a mean 0, a sum 1) and the global
+factors are what the term is divided or weighted by over the whole batch: the element count a
+mean divides by (the real rows of a padded batch, the unmasked elements), or the mean sample
+weight a custom scalar loss is multiplied by. Those are summed over the shards (one
+``cross_replica_sum``, gradient stopped: they depend on the batch, not on the weights). The mean
+of the L_s over the shards is then the global batch's loss, which the step reports as
+``cross_replica_sum(L_s) / S``: stock's loss on that batch. With S = 1 (cpu mode) and no padding,
+L is Keras's own total loss.
+
+Padding rows of a short batch count for nothing: a per-example loss weighs them 0, a custom
+scalar loss is evaluated per row (``tf.vectorized_map``) to leave them out, and a loss a layer
+adds from its inputs, which cannot be computed without them, is refused with a clear error.
+"""
+
+import tensorflow as tf
+
+from tpushim import _loss_kinds, _tfprivate
+from tpushim._errors import ConversionError
+
+Reduction = tf.keras.losses.Reduction
+#: Names of the two cross-replica sums a TPU train step adds besides one per gradient.
+REPORTED_SUM = "tpushim_reported_loss"  # the shards' losses, for the loss the step reports
+TOTALS_SUM = "tpushim_loss_totals"  # counts and weight sums, where a term needs the global ones
+
+
+class _Totals:
+    """Scalars summed over all shards in ONE cross_replica_sum: counts and weight sums, which
+    depend on the batch only, so all are known before any term is combined."""
+
+    def __init__(self):
+        self._parts, self._values = [], None
+
+    def add(self, value):
+        """Registers a scalar; returns a function giving its sum over the shards."""
+        self._parts.append(tf.cast(value, tf.float32))
+        index = len(self._parts) - 1
+        return lambda dtype: tf.cast(self._values[index], dtype)
+
+    def resolve(self, cross_replica):
+        if self._parts:
+            stacked = tf.stack(self._parts)
+            if cross_replica:
+                stacked = tf.compat.v1.tpu.cross_replica_sum(stacked, name=TOTALS_SUM)
+            self._values = tf.stop_gradient(stacked)
+
+
+def _weighted(values, weights):
+    """``values`` times ``weights``, broadcast as Keras broadcasts sample weights (no reduction)."""
+    losses_utils = _tfprivate.losses_utils()
+    return losses_utils.compute_weighted_loss(
+        values, sample_weight=weights, reduction=losses_utils.ReductionV2.NONE
+    )
+
+
+def _times(a, b):
+    """The product of two optional weights (Keras's broadcasting), None if both are None."""
+    if a is None or b is None:
+        return b if a is None else a
+    return _weighted(tf.cast(a, tf.float32), tf.cast(b, tf.float32))
+
+
+def _rows(pad, like):
+    """The [batch] padding weight with one axis per axis of ``like``: it multiplies rows."""
+    return tf.reshape(tf.cast(pad, tf.float32), [-1] + [1] * max(like.shape.rank - 1, 0))
+
+
+def _mask_weights(endpoint, mask):
+    """Keras's weights of an output's loss elements before a mean's rescaling: sample weight
+    times mask (training_v1 ``_prepare_total_loss``, losses_utils ``apply_mask``)."""
+    weight = endpoint.sample_weight
+    if mask is None:
+        return weight
+    mask = tf.cast(mask, tf.float32)
+    if weight is None:
+        return mask
+    mask, _, weight = _tfprivate.losses_utils().squeeze_or_expand_dimensions(
+        mask, sample_weight=tf.cast(weight, tf.float32)
+    )
+    return weight * mask
+
+
+def _reduction(loss_fn):
+    reduction = loss_fn.reduction
+    return Reduction.SUM_OVER_BATCH_SIZE if reduction == Reduction.AUTO else reduction
+
+
+def _check_reduction(endpoint):
+    if _reduction(endpoint.loss_fn) == Reduction.NONE:
+        # Stock hands the estimator Keras's unreduced loss and fails at its first step ("Input to
+        # reshape is a tensor with <batch> values, but the requested shape has 1").
+        raise ValueError(
+            f"Loss must be scalar: the loss of output {endpoint.output_name!r} has reduction "
+            f"NONE (one value per example), and an estimator trains on one number; the stock "
+            f"estimator fails on it too. Compile the loss with reduction SUM_OVER_BATCH_SIZE "
+            f"(the default) or SUM."
+        )
+
+
+def _output_term(endpoint, mask, kind, pad, totals, shards):
+    """This output's part of L_s (before its loss weight), as a function of the resolved totals."""
+    y_true, y_pred = endpoint.training_target.target, endpoint.output
+    loss_fn = endpoint.loss_fn
+    mean = _reduction(loss_fn) == Reduction.SUM_OVER_BATCH_SIZE
+    weights = _mask_weights(endpoint, mask)
+    counted = None if mask is None else tf.cast(mask, tf.float32)  # what a mean counts
+    if kind == _loss_kinds.ROWS:
+        values = loss_fn.call(y_true, y_pred)
+        if pad is not None:
+            weights, counted = (
+                _times(weights, _rows(pad, values)),
+                _times(counted, _rows(pad, values)),
+            )
+        weighted = _weighted(values, weights)
+        numerator = tf.reduce_sum(weighted)
+        if not mean:
+            return lambda: shards * numerator
+        count = totals.add(tf.reduce_sum(_weighted(tf.ones_like(weighted), counted)))
+        return lambda: shards * tf.math.divide_no_nan(numerator, count(numerator.dtype))
+
+    degree, rows = kind, None
+    if pad is None:
+        value = loss_fn.call(y_true, y_pred)
+    else:  # the real rows' value: one value per row (a batch of one), added up as its degree says
+        per_row = tf.vectorized_map(
+            lambda row: loss_fn.call(row[0][None], row[1][None]), (y_true, y_pred)
+        )
+        per_row = tf.reshape(per_row, [tf.shape(per_row)[0], -1])
+        per_row = tf.reduce_mean(per_row, 1) if mean else tf.reduce_sum(per_row, 1)
+        value = tf.reduce_sum(per_row * tf.cast(pad, per_row.dtype))
+        rows = totals.add(tf.reduce_sum(tf.cast(pad, tf.float32)))
+        if weights is not None:
+            weights, counted = _times(weights, pad), _times(counted, pad)
+    if weights is None:  # Keras reduces the value itself: a mean or sum of its elements
+        value = tf.reduce_mean(value) if mean else tf.reduce_sum(value)
+        weight = count = None
+    else:
+        if value.shape.num_elements() != 1:
+            raise ConversionError(
+                f"tpushim cannot weight the loss of output {endpoint.output_name!r} by examples "
+                f"on a TPU: it returns shape {value.shape} for the batch (neither one value per "
+                f"example nor one number). Return one value per example."
+            )
+        value = tf.reshape(value, [])
+        # Keras multiplies the batch's value by the weights' mean (or sum): over the global batch.
+        ones = tf.ones_like(_weighted(tf.ones([]), weights))
+        weight = totals.add(tf.reduce_sum(_weighted(ones, weights)))
+        count = totals.add(tf.reduce_sum(_weighted(ones, counted))) if mean else None
+
+    def term():
+        # shards**degree * value: the mean over shards of the L_s is the global batch's value.
+        out = value * float(shards) ** (degree if rows is None else 1)
+        if rows is not None and degree != 1:
+            out = out * rows(out.dtype) ** float(degree - 1)
+        if weight is not None:
+            factor = tf.math.divide_no_nan(weight(out.dtype), count(out.dtype)) if mean else None
+            out = out * (factor if mean else weight(out.dtype))
+        return out
+
+    return term
+
+
+def _added_degrees(model, plan):
+    """{id(tensor): degree} for the losses the clone's layers added from their inputs."""
+    degrees = {}
+    for layer in _tfprivate.all_layers(model):
+        for i, term in enumerate(_tfprivate.layer_input_losses(layer)):
+            degrees[id(term)] = (plan.added or {}).get((layer.name, i), 0)
+    return degrees
+
+
+def training_loss(model, plan, padding_weight, shards, cross_replica):
+    """(the loss shard s differentiates, the global batch's loss to report).
+
+    Args:
+      model: the compiled TRAIN clone (its sample weights settled, its train function not made).
+      plan: the model's :class:`tpushim._loss_kinds.LossPlan`.
+      padding_weight: [batch] 1 for a real row, 0 for padding; None for a full batch.
+      shards: the number of shards S (1 in cpu mode).
+      cross_replica: sum the totals and the reported loss over the shards (on a TPU).
+    Raises:
+      ConversionError: a loss added from the inputs on a padded batch.
+      ValueError: a loss with reduction NONE (stock's reason).
+    """
+    endpoints = [e for e in _tfprivate.training_endpoints(model) if not e.should_skip_target()]
+    for endpoint in endpoints:
+        _check_reduction(endpoint)
+    added = _tfprivate.added_losses(model)
+    degrees = _added_degrees(model, plan)
+    from_inputs = _tfprivate.reachable_from(model.inputs, added) if added else []
+    if padding_weight is not None and any(t in from_inputs for t in added):
+        raise ConversionError(
+            "this training input has short batches, which a TPU pads to full size, and the model "
+            "adds a loss computed from its inputs (an activity_regularizer or model.add_loss), "
+            "which would count the padding rows. Make every training batch full: repeat the "
+            "dataset before batching it (dataset.repeat().batch(B)) or batch it with "
+            "drop_remainder=True."
+        )
+    kinds = [plan.outputs.get(e.output_name, _loss_kinds.ROWS) for e in endpoints]
+    masks = dict(zip(model.output_names, _tfprivate.output_masks(model)))
+    masks = [masks.get(e.output_name) for e in endpoints]
+    if padding_weight is None and not (
+        shards > 1 and _needs_global(endpoints, kinds, masks, added, degrees)
+    ):
+        loss = model.total_loss
+    else:
+        with tf.name_scope("tpushim_shard_loss"):  # not 'loss': stock's summary tag stays free
+            loss = _shard_loss(
+                endpoints, kinds, masks, added, degrees, padding_weight, shards, cross_replica
+            )
+    if not cross_replica:
+        return loss, loss
+    reported = tf.compat.v1.tpu.cross_replica_sum(loss, name=REPORTED_SUM)  # never differentiated
+    return loss, reported / float(shards)
+
+
+def _needs_global(endpoints, kinds, masks, added, degrees):
+    """Whether some term of Keras's own loss is wrong for the average over shards."""
+    for endpoint, kind, mask in zip(endpoints, kinds, masks):
+        mean = _reduction(endpoint.loss_fn) == Reduction.SUM_OVER_BATCH_SIZE
+        if not mean or mask is not None:
+            return True
+        if kind != _loss_kinds.ROWS and (kind != 0 or endpoint.sample_weight is not None):
+            return True
+    return any(degrees.get(id(t), 0) != 0 for t in added)
+
+
+def _shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_replica):
+    totals = _Totals()
+    terms = [
+        (endpoint.loss_weight, _output_term(endpoint, mask, kind, pad, totals, shards))
+        for endpoint, kind, mask in zip(endpoints, kinds, masks)
+    ]
+    totals.resolve(cross_replica)
+    parts = [weight * term() for weight, term in terms]
+    parts += [t * float(shards) ** degrees.get(id(t), 0) for t in added]
+    parts = _tfprivate.losses_utils().cast_losses_to_common_dtype(parts)
+    return tf.add_n(parts) if parts else tf.constant(0.0)

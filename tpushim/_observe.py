@@ -1,0 +1,180 @@
+"""The core's one extension point: observers hear what tpushim's estimators do.
+
+The preflight's recorder (``python -m tpushim check``) and the runner's run summary observe; the
+core knows neither. An observer is any object; the core calls whichever of these methods it has:
+
+* ``converted(conversion)`` -- a ``model_to_estimator`` call became a tpushim estimator
+  (:class:`Conversion`);
+* ``derived(estimator, source, model_fn)`` -- a tpushim estimator was made from another one's
+  conversion (``tf.estimator.add_metrics``): ``estimator`` runs ``model_fn``, which wraps
+  ``source``'s;
+* ``calling(call)`` -- a ``train``/``evaluate``/``predict`` call starts (:class:`Call`); it may
+  return a replacement (e.g. fewer steps), or None to leave the call as it is;
+* ``input_called(input_call)`` -- the user's input_fn ran, once, in the graph being built
+  (:class:`InputCall`), before anything is read from it;
+* ``adapted(call, kind, text)`` -- tpushim changed something about the input or the run (a cast,
+  a queue fed as a Dataset, padding, re-batching, ...): :func:`note`, which also logs ``text``;
+* ``finished(call, seconds, steps, first_step_seconds)`` -- the call returned (for ``train``,
+  the global steps it ran and how long its first session run took).
+
+Observers are process-wide, not per thread or task: a script may train from a thread it started.
+An observer that raises is logged and skipped; the user's call goes on.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from typing import Any, Optional
+
+logger = logging.getLogger("tpushim")
+
+_lock = threading.Lock()
+_observers: tuple = ()  # replaced, never mutated: readers iterate a snapshot without the lock
+_local = threading.local()  # the Call this thread is in, for note()
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """A ``model_to_estimator`` call tpushim converted.
+
+    Attributes:
+      estimator: the estimator returned.
+      keras_model: the Keras model it was built from.
+      arguments: the call's arguments by name (``keras_lib.model_to_estimator``'s parameters).
+      settings: the :class:`tpushim._settings.Settings` it was converted with.
+      model_fn: the model_fn tpushim made for it (the same for a TPU and for cpu mode).
+      description: what it became and why, as the conversion's log line says it.
+    """
+
+    estimator: Any
+    keras_model: Any
+    arguments: dict
+    settings: Any
+    model_fn: Any
+    description: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One ``train``/``evaluate``/``predict`` call of a tpushim estimator.
+
+    Attributes:
+      event: ``"train"``, ``"evaluate"`` or ``"predict"``.
+      estimator: the estimator called.
+      input_fn: the input_fn it was given.
+      steps, max_steps: as given (None where the call takes no such argument).
+    """
+
+    event: str
+    estimator: Any
+    input_fn: Any
+    steps: Optional[int] = None
+    max_steps: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class InputCall:
+    """The user's input_fn, called once by the estimator, and what tpushim read of it.
+
+    Attributes:
+      call: the :class:`Call` it belongs to (None outside one, e.g. an estimator driven by
+        ``train_and_evaluate`` internals that tpushim did not see start).
+      mode: the ``tf.estimator.ModeKeys`` value.
+      result: what the call returned, traced back to its source (a ``tf.data.Dataset``, or
+        tensors), in the graph being built; nothing has been read from it.
+      facts: the :class:`tpushim._input_fn.InputFacts` tpushim read of it.
+      global_batch: the global batch size this call runs with.
+    """
+
+    call: Optional[Call]
+    mode: str
+    result: Any
+    facts: Any
+    global_batch: int
+
+
+@contextlib.contextmanager
+def observing(observer):
+    """While active, ``observer`` hears of every tpushim estimator's conversions and calls."""
+    global _observers
+    with _lock:
+        _observers = (*_observers, observer)
+    try:
+        yield observer
+    finally:
+        with _lock:
+            kept = list(_observers)
+            kept.remove(observer)
+            _observers = tuple(kept)
+
+
+def _tell(method, *args):
+    """Calls ``method`` on every observer that has it; returns their results."""
+    results = []
+    for observer in _observers:
+        function = getattr(observer, method, None)
+        if function is None:
+            continue
+        try:
+            results.append(function(*args))
+        except Exception:
+            logger.warning("tpushim observer %r failed in %s", observer, method, exc_info=True)
+    return results
+
+
+def converted(conversion):
+    """Tells observers of a conversion."""
+    _tell("converted", conversion)
+
+
+def derived(estimator, source, model_fn):
+    """Tells observers that ``estimator`` (running ``model_fn``) was made from ``source``."""
+    _tell("derived", estimator, source, model_fn)
+
+
+@contextlib.contextmanager
+def calling(call):
+    """The duration of one train/evaluate/predict call: observers may replace ``call`` (the
+    yielded value is the call to run) and :func:`note` attributes notes to it meanwhile."""
+    for replaced in _tell("calling", call):
+        if replaced is not None:
+            call = replaced
+    outer = getattr(_local, "call", None)
+    _local.call = call
+    try:
+        yield call
+    finally:
+        _local.call = outer
+
+
+def current_call():
+    """The :class:`Call` this thread is in, or None."""
+    return getattr(_local, "call", None)
+
+
+def input_called(input_call):
+    """Tells observers what the user's input_fn returned."""
+    _tell("input_called", input_call)
+
+
+def note(kind, text, *args):
+    """Logs ``text % args`` (INFO) and tells observers that tpushim adapted something.
+
+    Args:
+      kind: a short tag, e.g. ``"float64"``, ``"queue"``, ``"padding"``, ``"rebatch"``.
+      text, args: the log message and its arguments, as for ``logging``.
+    """
+    logger.info(text, *args)
+    if _observers:
+        _tell("adapted", current_call(), kind, text % args if args else text)
+
+
+def finished(call, seconds, steps=None, first_step_seconds=None):
+    """Tells observers that ``call`` returned after ``seconds``."""
+    _tell("finished", call, seconds, steps, first_step_seconds)
+
+
+def has_observers():
+    """True while at least one observer is active."""
+    return bool(_observers)

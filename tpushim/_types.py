@@ -1,0 +1,55 @@
+"""The typed shapes of what tpushim returns as plain data: :class:`Status`, :func:`tpushim.status`'s
+dict. Imported for type checkers and documentation only (``typing`` is not imported at start-up);
+``tpushim.Status`` loads it on first use."""
+
+from typing import Literal, Optional, TypedDict, Union
+
+
+class Decision(TypedDict):
+    """What a ``model_to_estimator`` call made now returns, and why."""
+
+    action: Literal["stock", "tpu", "cpu", "no-tpu"]
+    """``stock``: the stock estimator; ``tpu``: a TPUEstimator on the TPU; ``cpu``: a
+    TPUEstimator(use_tpu=False), the TPU code path on CPU; ``no-tpu``: mode ``tpu`` without a TPU
+    (the call raises ``tpushim.NoTPUError``)."""
+    why: str
+    """Where the decision came from, in words (e.g. ``no TPU configured; ...``)."""
+    returns: str
+    """One line for people: what the call returns."""
+
+
+class Versions(TypedDict):
+    """Installed versions (None: not installed), read without importing TensorFlow."""
+
+    tpushim: str
+    tensorflow: Optional[str]
+    keras: Optional[str]
+    tensorflow_estimator: Optional[str]
+
+
+class Status(TypedDict):
+    """:func:`tpushim.status`: what tpushim would do now. Every key is always present."""
+
+    patched: bool
+    """``patch()`` is in effect (or takes effect when TensorFlow is imported)."""
+    mode: Literal["auto", "cpu", "tpu", "off"]
+    mode_source: str
+    """``argument``, a variable name (``TPUSHIM_MODE``), ``default``, or the kill switch
+    ``TPUSHIM_MODE=off``."""
+    tpu: Optional[str]
+    """The TPU a call would use now (``local``, ``grpc://host:port``, a name), or None."""
+    tpu_source: Optional[str]
+    """Where it was found (``TPUSHIM_TPU``, ``TPU_NAME``, ``TPU VM device files``, ...)."""
+    batch_size: Optional[int]
+    """The global batch size set, or None (taken from the input)."""
+    iterations_per_loop: Optional[int]
+    """Steps per TPU loop set, or None (tpushim's default, 100)."""
+    quiet: bool
+    """The conversion line is hidden (``patch(quiet=True)``, ``TPUSHIM_QUIET``)."""
+    applied: dict[str, Union[bool, str]]
+    """``{"<keras_lib>.model_to_estimator": True | False | "pending import"}``: whether the
+    wrapper is on TensorFlow's function yet."""
+    decision: Decision
+    unsupported: Optional[str]
+    """The version guard's message when this TensorFlow / Keras is not supported, else None."""
+    versions: Versions
