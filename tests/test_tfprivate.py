@@ -230,6 +230,10 @@ def test_add_metrics_internals(tmp_path):
         tf.estimator.add_metrics(estimator, metric_fn)
     assert _tfprivate.add_metrics_parts(made[0]["model_fn"]) == (estimator, metric_fn)
     assert _tfprivate.add_metrics_parts(metric_fn) is None
+    assert _tfprivate.leaf_paths({"features": {"a": 1, "b": [2]}}) == [
+        "features/a",
+        "features/b/0",
+    ]
     assert made[0]["warm_start_from"] is _tfprivate.warm_start_settings(estimator)
     with tf.Graph().as_default():
         mean = tf.keras.metrics.Mean()

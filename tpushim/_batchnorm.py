@@ -16,9 +16,13 @@ weight > 0 instead, with the arithmetic stock uses for that layer on its short b
 * ``renorm=True``: Keras's own renorm correction, fed the real rows' moments;
 * ``virtual_batch_size``: ghost batches of the real rows, cut as Keras cuts stock's short batch.
 
-A batch without padding takes Keras's own code, unchanged (but for a synchronized layer on a TPU).
+A batch without padding takes Keras's own code, unchanged (but for a synchronized layer on a TPU);
+a full batch of a padded input (every row real) Keras's arithmetic, bit for bit.
 On a TPU every other layer normalises each shard over that shard's real rows, and a shard holding
 padding only leaves its moving statistics as they are.
+
+Over ~300 lines because it is one concern: one layer's training arithmetic, twice (Keras's, which
+a batch of real rows takes bit for bit, and over the real rows), for each kind of layer.
 """
 
 import tensorflow as tf
@@ -56,7 +60,12 @@ def real_rows_call(padding_weight, cross_replica):
 
 
 def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
-    """The layer's training-mode output, its statistics over the real rows (see the module)."""
+    """The layer's training-mode output, its statistics over the real rows (see the module).
+
+    A batch whose rows are all real (a full batch of a padded input: stock's batch) takes
+    Keras's own arithmetic, bit for bit: the statistics Keras computes are selected then (the
+    fused kernel's output too), and everything after them is Keras's arithmetic for that layer.
+    """
     inputs = tf.cast(inputs, layer.compute_dtype)
     param_dtype = layer.moving_mean.dtype.base_dtype
     # As Keras: statistics (and, not fused, the normalisation) of 16-bit inputs in float32.
@@ -67,21 +76,30 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
         if padding_weight is None
         else tf.cast(tf.greater(padding_weight, 0), param_dtype)
     )
+    full = tf.reduce_all(rows > 0)
     vbs = layer.virtual_batch_size
     # The statistics' shape against x: 1 on every reduced axis (the axes of a layer with ghost
     # batches count the ghost dimension Keras inserts at 1).
     channels = [a - 1 for a in layer.axis] if vbs is not None else list(layer.axis)
     keep = [x.shape[i] if i in channels else 1 for i in range(ndims)]
+    axes = [i for i in range(ndims) if i not in channels]
+    if layer.fused:
+        return _fused(layer, inputs, x, rows, full, axes, keep)
     if vbs is None:
-        axes = [i for i in range(ndims) if i not in channels]
         weight = tf.reshape(rows, [-1] + [1] * (ndims - 1))
         if mask is not None:  # Keras's mask: a weight per position, broadcast over the last axis
             weight = weight * tf.expand_dims(tf.cast(mask, param_dtype), -1)
         mean, variance, count = _moments(layer, x, weight, axes, cross_replica)
+        if not getattr(layer, "synchronized", False):  # (its sums already are Keras's)
+            own = _keras_moments(layer, x, axes, mask)
+            mean, variance = (tf.where(full, k, m) for k, m in zip(own, (mean, variance)))
         batch_mean, batch_variance = mean, variance
     else:
-        mean, variance, count, batch_mean, batch_variance = _ghost_moments(
-            layer, x, rows, vbs, channels, cross_replica
+        masked = _ghost_moments(layer, x, rows, vbs, channels, cross_replica)
+        own = _keras_ghost_moments(x, vbs, axes)
+        count = masked.pop(2)
+        mean, variance, batch_mean, batch_variance = (
+            tf.where(full, k, m) for k, m in zip(own, masked)
         )
     # The element count is the same for every channel; 0 when a shard holds padding only.
     has_rows = tf.greater(tf.reduce_max(count), 0)
@@ -92,11 +110,6 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
     def as_stat(t):
         return None if t is None else tf.reshape(t, keep)
 
-    update_variance = batch_variance
-    if layer.fused:
-        # The fused kernel reports the variance with Bessel's correction, and Keras (outside
-        # eager) moves the moving variance towards that.
-        update_variance = batch_variance * count / tf.maximum(count - 1.0, 1.0)
     scale, offset = as_stat(layer.gamma), as_stat(layer.beta)
     if layer.adjustment is not None:  # as Keras: (scale, bias) applied before gamma and beta
         scale, offset = _compose(*layer.adjustment(tf.shape(inputs)), scale, offset)
@@ -120,17 +133,14 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
     )
     outputs = tf.cast(outputs, inputs.dtype)
     outputs.set_shape(inputs.shape)
-
-    def moving_average(variable, value):
-        decay = tf.cast(1.0 - layer.momentum, variable.dtype.base_dtype)
-        delta = (variable - tf.cast(as_param(value), variable.dtype.base_dtype)) * decay
-        delta = tf.where(has_rows, delta, tf.zeros_like(delta))
-        with tf.compat.v1.colocate_with(variable):
-            return tf.compat.v1.assign_sub(variable, delta, name="AssignMovingAvg")
-
-    layer.add_update(moving_average(layer.moving_mean, batch_mean))
+    # Keras's decay: 1 - momentum in Python, then a tensor.
+    decay = tf.convert_to_tensor(1.0 - layer.momentum)
+    mean_update = _moving_average(layer.moving_mean, as_param(batch_mean), decay, has_rows)
+    layer.add_update(mean_update)
     if layer.renorm:  # as Keras: through the moving standard deviation
-        stddev = moving_average(layer.moving_stddev, tf.sqrt(batch_variance + layer.epsilon))
+        stddev = _moving_average(
+            layer.moving_stddev, as_param(tf.sqrt(batch_variance + layer.epsilon)), decay, has_rows
+        )
         with tf.compat.v1.colocate_with(layer.moving_variance):
             layer.add_update(
                 tf.compat.v1.assign(
@@ -140,8 +150,100 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
                 )
             )
     else:
-        layer.add_update(moving_average(layer.moving_variance, update_variance))
+        layer.add_update(
+            _moving_average(layer.moving_variance, as_param(batch_variance), decay, has_rows)
+        )
     return outputs
+
+
+def _fused(layer, inputs, x, rows, full, axes, keep):
+    """A fused layer (4-D / 5-D inputs): Keras's fused kernel for a batch of real rows only, the
+    same normalisation over the real rows otherwise; the moving variance moves towards the
+    variance with Bessel's correction, as the fused kernel reports it."""
+    one, zero = tf.ones(layer.moving_mean.shape), tf.zeros(layer.moving_mean.shape)
+    gamma = layer.gamma if layer.gamma is not None else one
+    beta = layer.beta if layer.beta is not None else zero
+    first = layer.axis[0] in (1, -x.shape.rank + 1)
+    data_format = ("NC" + "DHW"[-(x.shape.rank - 2) :]) if first else None
+    real = tf.reduce_sum(rows)
+
+    def own():
+        outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            inputs,
+            gamma,
+            beta,
+            mean=layer.moving_mean,
+            variance=layer.moving_variance,
+            epsilon=layer.epsilon,
+            is_training=True,
+            data_format=data_format or ("N" + "DHW"[-(x.shape.rank - 2) :] + "C"),
+        )
+        return outputs, mean, variance
+
+    def masked():
+        weight = tf.reshape(rows, [-1] + [1] * (x.shape.rank - 1))
+        mean, variance, count = _moments(layer, x, weight, axes, False)
+        # A shard holding padding only (on a TPU) normalises with the moving statistics.
+        rows_here = tf.greater(tf.reduce_max(count), 0)
+        outputs = tf.nn.batch_normalization(
+            x,
+            tf.where(rows_here, mean, tf.reshape(layer.moving_mean, keep)),
+            tf.where(rows_here, variance, tf.reshape(layer.moving_variance, keep)),
+            tf.reshape(beta, keep),
+            tf.reshape(gamma, keep),
+            layer.epsilon,
+        )
+        bessel = variance * count / tf.maximum(count - 1.0, 1.0)
+        shape = layer.moving_mean.shape
+        return tf.cast(outputs, inputs.dtype), tf.reshape(mean, shape), tf.reshape(bessel, shape)
+
+    outputs, mean, variance = tf.cond(full, own, masked)
+    outputs.set_shape(inputs.shape)
+    has_rows = tf.greater(real, 0)  # else (a shard of padding only) the moving statistics stay
+    # Keras's decay for a fused layer, in graph mode: 1 - momentum computed on a tensor.
+    decay = 1.0 - tf.convert_to_tensor(layer.momentum)
+    layer.add_update(_moving_average(layer.moving_mean, mean, decay, has_rows))
+    layer.add_update(_moving_average(layer.moving_variance, variance, decay, has_rows))
+    return outputs
+
+
+def _moving_average(variable, value, decay, has_rows):
+    """Keras's moving-average update (``_assign_moving_average``), none where ``has_rows`` is
+    false."""
+    decay = tf.cast(decay, variable.dtype.base_dtype)
+    delta = (variable - tf.cast(value, variable.dtype.base_dtype)) * decay
+    delta = tf.where(has_rows, delta, tf.zeros_like(delta))
+    with tf.compat.v1.colocate_with(variable):
+        return tf.compat.v1.assign_sub(variable, delta, name="AssignMovingAvg")
+
+
+def _keras_moments(layer, x, axes, mask):
+    """The (mean, variance) Keras computes for a batch (``tf.nn.moments``, or
+    ``tf.nn.weighted_moments`` by its mask), with keepdims."""
+    if mask is None:
+        return tf.nn.moments(x, axes, keepdims=True)
+    weights = tf.expand_dims(tf.cast(mask, layer.compute_dtype), -1)
+    return tf.nn.weighted_moments(x, axes, frequency_weights=weights, keepdims=True)
+
+
+def _keras_ghost_moments(x, vbs, axes):
+    """Keras's ghost batch statistics of a whole batch (``[vbs, batch / vbs, ...]``): each row's
+    ghost mean and variance, and their means over the ghost batches, with keepdims."""
+    shape = x.shape.as_list()
+    ghosts = tf.reshape(x, [vbs, -1] + shape[1:])
+    # The ghost axis (1) is kept; the others x reduces, one further along.
+    mean, variance = tf.nn.moments(ghosts, [0] + [a + 1 for a in axes if a > 0], keepdims=True)
+
+    def per_row(t):
+        return tf.reshape(
+            tf.broadcast_to(t, [vbs, tf.shape(ghosts)[1]] + t.shape.as_list()[2:]),
+            [-1] + t.shape.as_list()[2:],
+        )
+
+    def over_ghosts(t):
+        return tf.reshape(tf.reduce_mean(t, 1, keepdims=True), [1] + t.shape.as_list()[2:])
+
+    return per_row(mean), per_row(variance), over_ghosts(mean), over_ghosts(variance)
 
 
 def _compose(scale, offset, then_scale, then_offset):
@@ -234,4 +336,4 @@ def _ghost_moments(layer, x, rows, vbs, channels, cross_replica):
     n = tf.cast(ghosts, x.dtype)
     batch_mean = tf.reduce_sum(mean * used, 0, keepdims=True) / n
     batch_variance = tf.reduce_sum(variance * used, 0, keepdims=True) / n
-    return row_mean, per_row(variance), count, batch_mean, batch_variance
+    return [row_mean, per_row(variance), count, batch_mean, batch_variance]

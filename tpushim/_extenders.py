@@ -72,7 +72,7 @@ def _with(model_fn, metric_fn, run_config):
         }
         parts = {k: v for k, v in parts.items() if k in wanted and v is not None}
         flat = tf.nest.flatten(parts)
-        for path, tensor in zip(_paths(parts), flat):
+        for path, tensor in zip(_tfprivate.leaf_paths(parts), flat):
             if not isinstance(tensor, tf.Tensor) or tensor.shape.rank == 0:
                 raise ConversionError(
                     f"tf.estimator.add_metrics: {path} is a {type(tensor).__name__}, not a "
@@ -110,10 +110,3 @@ def _with(model_fn, metric_fn, run_config):
         return _tfprivate.tpu_estimator.TPUEstimatorSpec(**fields)
 
     return model_fn_with_metrics
-
-
-def _paths(structure):
-    """A readable path for every leaf of ``structure``, in ``tf.nest.flatten`` order."""
-    from tensorflow.python.util import nest  # its public twin has no paths
-
-    return [path for path, _ in nest.flatten_with_joined_string_paths(structure)]

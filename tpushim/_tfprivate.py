@@ -358,6 +358,14 @@ def add_metrics_parts(model_fn):
     return cells["estimator"], cells["metric_fn"]
 
 
+def leaf_paths(structure):
+    """A readable path ("features/age") for every leaf of ``structure``, in ``tf.nest.flatten``
+    order (the public ``tf.nest`` has no paths)."""
+    from tensorflow.python.util import nest
+
+    return [path for path, _ in nest.flatten_with_joined_string_paths(structure)]
+
+
 def validate_eval_metric_ops(eval_metric_ops):
     """Stock's checks of ``eval_metric_ops`` (its errors, verbatim); Keras ``Metric`` objects
     become ``(result, update_op)`` and their variables local metric variables, as
