@@ -28,7 +28,9 @@ def test_summary_lines_from_observed_events():
     summary.adapted(call, "float64", "float64 input cast to float32")
     summary.adapted(call, "float64", "float64 input cast to float32")  # once per text
     summary.finished(call, 2.0, 100, 0.5)
-    evaluate = _observe.Call("evaluate", estimator, None)
+    added = object()  # tf.estimator.add_metrics' estimator: its calls are the conversion's
+    summary.derived(added, estimator, None)
+    evaluate = _observe.Call("evaluate", added, None)
     summary.adapted(evaluate, "float64", "float64 input cast to float32")
     summary.finished(evaluate, 0.25, None, None)
     summary.adapted(_observe.Call("train", object(), None), "x", "another estimator's")

@@ -22,6 +22,7 @@ class _Estimator:
         self.number, self.conversion = number, conversion
         self.adaptations = {}  # text -> events it happened in (insertion order kept)
         self.calls = []  # (event, seconds, steps, first_run_seconds)
+        self.derived = []  # estimators made from it (tf.estimator.add_metrics): its calls too
 
 
 class Summary:
@@ -31,11 +32,24 @@ class Summary:
         self._estimators = []
 
     def _of(self, estimator):
-        return next((e for e in self._estimators if e.conversion.estimator is estimator), None)
+        return next(
+            (
+                e
+                for e in self._estimators
+                if e.conversion.estimator is estimator or any(d is estimator for d in e.derived)
+            ),
+            None,
+        )
 
     # -- observing ------------------------------------------------------------------------------
     def converted(self, conversion):
         self._estimators.append(_Estimator(len(self._estimators) + 1, conversion))
+
+    def derived(self, estimator, source, model_fn):
+        del model_fn
+        record = self._of(source)
+        if record is not None:
+            record.derived.append(estimator)
 
     def adapted(self, call, kind, text):
         del kind

@@ -27,6 +27,8 @@ class _Recorded:
 
     conversion: _observe.Conversion
     calls: list = dataclasses.field(default_factory=list)
+    # Estimators made from it (tf.estimator.add_metrics): their calls are its calls.
+    derived: list = dataclasses.field(default_factory=list)
 
     def first(self, event):
         """The first ``(call, input_call)`` of ``event``, or None."""
@@ -43,12 +45,28 @@ class Recorder:
         self._conversions: list[_Recorded] = []
 
     def _owner(self, estimator) -> Optional[_Recorded]:
-        return next((c for c in self._conversions if c.conversion.estimator is estimator), None)
+        return next(
+            (
+                c
+                for c in self._conversions
+                if c.conversion.estimator is estimator or any(d is estimator for d in c.derived)
+            ),
+            None,
+        )
 
     # -- observing (see tpushim._observe) ---------------------------------------------------------
     def converted(self, conversion):
         """Told of each conversion."""
         self._conversions.append(_Recorded(conversion))
+
+    def derived(self, estimator, source, model_fn):
+        """Told of an estimator made from another (``tf.estimator.add_metrics``): its calls are
+        recorded and capped as ``source``'s, and the TPU graphs are built with its model_fn
+        (which wraps the conversion's: the added metrics included)."""
+        owner = self._owner(source)
+        if owner is not None:
+            owner.derived.append(estimator)
+            owner.conversion = dataclasses.replace(owner.conversion, model_fn=model_fn)
 
     def calling(self, call):
         """Told of each train/evaluate/predict call; returns the call to run.
