@@ -21,6 +21,8 @@ LEGACY = [
     "text_vocab_file_lookup.py",  # vocabulary file lookup table, initializable iterator
     # input_fns drawing np.random data per call, a one-shot generator feed; counts the calls
     "random_draws_one_shot_feed.py",
+    "boston_batchnorm_short_batches.py",  # BatchNormalization, batch(256).repeat(): short batches
+    "iris_add_metrics.py",  # binary metrics on a softmax, tf.estimator.add_metrics
     # features and labels as Python lists (iterator, numpy_input_fn, numpy values), a string
     # feature the model parses, lookups without OOV, a log: short batches padded with real rows
     "multi_input_lists_strings.py",
@@ -30,6 +32,8 @@ LEGACY = [
     # decode_jpeg without channels, resized to 224x224, for an Input of (224, 224, 3); batch 10
     "jpeg_pairs_224.py",
 ]
+#: What else the converted run must log, per script.
+LOGGED = {"iris_add_metrics.py": "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)"}
 #: Errors the preflight may report for a script (what a TPU cannot take); none for the others.
 ALLOWED_ERRORS = {
     # string features cannot be fed to a TPU (nor compiled by XLA): TPUEstimator refuses them
@@ -86,6 +90,7 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
     stock = _stock(script, tmp_path)
     shim, log = _run(["-m", "tpushim", "--mode", "cpu", path], tmp_path / "shim")
     assert "model_to_estimator -> TPUEstimator(use_tpu=False" in log  # converted, not stock
+    assert LOGGED.get(script, "") in log
     assert "Running it as it is on CPU" not in log  # every input fed as a Dataset, as on a TPU
     assert set(shim) == set(stock)
     for key, value in stock.items():

@@ -7,14 +7,12 @@ Usage: python random_draws_one_shot_feed.py WORKDIR
 """
 
 import json
-import random
 import sys
 
 import numpy as np
-import tensorflow.compat.v1 as tf
+import tensorflow as tf
 
-random.seed(42)  # Keras's initial weights (unseeded initializers draw from Python's random)
-np.random.seed(42)
+tf.keras.utils.set_random_seed(42)  # python, numpy and the Keras weights, reproducibly
 CALLS = {"train": 0, "eval": 0, "predict": 0}
 
 

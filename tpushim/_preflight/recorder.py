@@ -15,6 +15,8 @@ from tpushim._preflight import graph_checks, input_checks, progress
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
 
+_UNKNOWN = tf.data.UNKNOWN_CARDINALITY
+
 
 @dataclasses.dataclass
 class _Recorded:
@@ -25,6 +27,8 @@ class _Recorded:
 
     conversion: _observe.Conversion
     calls: list = dataclasses.field(default_factory=list)
+    # Estimators made from it (tf.estimator.add_metrics): their calls are its calls.
+    derived: list = dataclasses.field(default_factory=list)
 
     def first(self, event):
         """The first ``(call, input_call)`` of ``event``, or None."""
@@ -41,12 +45,28 @@ class Recorder:
         self._conversions: list[_Recorded] = []
 
     def _owner(self, estimator) -> Optional[_Recorded]:
-        return next((c for c in self._conversions if c.conversion.estimator is estimator), None)
+        return next(
+            (
+                c
+                for c in self._conversions
+                if c.conversion.estimator is estimator or any(d is estimator for d in c.derived)
+            ),
+            None,
+        )
 
     # -- observing (see tpushim._observe) ---------------------------------------------------------
     def converted(self, conversion):
         """Told of each conversion."""
         self._conversions.append(_Recorded(conversion))
+
+    def derived(self, estimator, source, model_fn):
+        """Told of an estimator made from another (``tf.estimator.add_metrics``): its calls are
+        recorded and capped as ``source``'s, and the TPU graphs are built with its model_fn
+        (which wraps the conversion's: the added metrics included)."""
+        owner = self._owner(source)
+        if owner is not None:
+            owner.derived.append(estimator)
+            owner.conversion = dataclasses.replace(owner.conversion, model_fn=model_fn)
 
     def calling(self, call):
         """Told of each train/evaluate/predict call; returns the call to run.
@@ -79,23 +99,17 @@ class Recorder:
         owner = self._owner(input_call.call.estimator) if input_call.call else None
         if owner is None:
             return
-        unknown_length = False
         if input_call.mode == "eval" and input_call.facts.examples is None:
             with contextlib.suppress(Exception):  # its input checks report what went wrong
-                input_call = dataclasses.replace(
-                    input_call,
-                    facts=_input_fn.read_facts(input_call.result, count=True, count_unknown=False),
-                )
-                unknown_length = input_call.facts.examples is None and _unknown_cardinality(
-                    input_call.result
-                )
+                facts = _input_fn.read_facts(input_call.result, count=True, count_unknown=False)
+                if facts.examples is None and _input_fn.cardinality(input_call.result) == _UNKNOWN:
+                    # Ends, at a length only reading it would tell (text files, filter): a TPU
+                    # would count it so; the replay holds one global batch.
+                    size = input_call.global_batch
+                    facts = dataclasses.replace(facts, batches=1, examples=size)
+                input_call = dataclasses.replace(input_call, facts=facts)
         for i, (call, recorded) in enumerate(owner.calls):
             if recorded is None and call.input_fn is input_call.call.input_fn:
-                if unknown_length and call.steps is None:
-                    # A finite input whose graph does not say how long it is (a v1 map, a
-                    # filter): a TPU counts it by reading it; the check reads no data, so its
-                    # graph is built for the steps the capped run took.
-                    call = dataclasses.replace(call, steps=self.MAX_EVAL_STEPS)
                 owner.calls[i] = (call, input_call)
                 return
 
@@ -171,14 +185,6 @@ class Recorder:
                     num_cores,
                     getattr(conversion.keras_model, "name", "model"),
                 )
-
-
-def _unknown_cardinality(result):
-    """True for a Dataset whose graph cannot say whether it ends (not one repeating forever)."""
-    if not isinstance(result, tf.data.Dataset):
-        return False
-    with _input_fn.graph_session() as session:
-        return int(session.run(result.cardinality())) == tf.data.UNKNOWN_CARDINALITY
 
 
 @contextlib.contextmanager
