@@ -183,9 +183,10 @@ def fit_batches(dataset, batch_size, mode):
 
 
 def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0):
-    """One TPU host's input: the global batches stock would see (:func:`fit_batches`) cut, in order,
-    into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or host (V1); host
-    ``h`` of ``H`` takes pieces ``h, h+H, ...``, so each step's global batch is the next of stock's
+    """One TPU input pipeline's input: the global batches stock would see (:func:`fit_batches`)
+    cut, in order, into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or
+    host (V1); invocation ``host`` of ``num_hosts`` (one per host, or one feeding every host with
+    ``SLICED``) takes pieces ``h, h+H, ...``, so each step's global batch is the next of stock's
     batches. In EVAL every batch carries a padding weight and zero-weight batches follow forever,
     so no host runs dry before the last of the steps tpushim computes.
     """
@@ -194,7 +195,7 @@ def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0):
         dataset = dataset.map(_padding.pad_batch(global_batch))  # all real: weights of one
     if batch_size != global_batch:
         dataset = _rebatch(dataset, batch_size, drop_remainder=True)  # divides: nothing dropped
-    if num_hosts > 1 and mode != ModeKeys.PREDICT:
+    if num_hosts > 1:
         dataset = dataset.shard(num_hosts, host)
     if mode == ModeKeys.EVAL:
         dataset = dataset.concatenate(_padding.zero_weight_batches(dataset))

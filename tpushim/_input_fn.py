@@ -222,9 +222,20 @@ def read_facts(result, count=False, count_unknown=True, input_fn=None):
     return InputFacts(size, declared, batches, examples)
 
 
-def adapt(result, mode, global_batch, params, input_fn=None):
+def deployment(context):
+    """``(index, count)`` of the input_fn invocation TPUEstimator makes with this
+    ``params['context']``: one invocation per host (``PER_HOST_V2``), or one in all (``SLICED``,
+    ``BROADCAST``). A context without TPUEstimator's method is read as host of hosts."""
+    if hasattr(context, "current_input_fn_deployment"):
+        _, index, count, _ = context.current_input_fn_deployment()
+        return index, count
+    return getattr(context, "current_host", 0), getattr(context, "num_hosts", 1)
+
+
+def adapt(result, mode, global_batch, params, input_fn=None, shard=None):
     """What one input_fn call built, as TPUEstimator must be given it: static global batches on
-    CPU; on a TPU (``params['context']`` present) this host's per-core pieces of those batches.
+    CPU; on a TPU (``params['context']`` present) this invocation's per-core pieces of those
+    batches.
 
     Args:
       result: what :func:`call` returned.
@@ -232,6 +243,9 @@ def adapt(result, mode, global_batch, params, input_fn=None):
       global_batch: this call's global batch size.
       params: TPUEstimator's params for this invocation (``batch_size`` per core on a TPU).
       input_fn: the user's input_fn, named in errors.
+      shard: ``(index, count)``: this invocation keeps pieces ``index, index + count, ...`` of
+        the global batches; None: as TPUEstimator deploys it (:func:`deployment`). ``(0, 1)``
+        keeps every piece (a pod host reading only its own files, :mod:`tpushim._pods`).
     """
     context = params.get("context")  # present only when the input feeds a TPU
     if not isinstance(result, tf.data.Dataset):
@@ -243,11 +257,7 @@ def adapt(result, mode, global_batch, params, input_fn=None):
     result = _batching.without_float64(result)
     if context is None:
         return _batching.fit_batches(result, global_batch, mode).prefetch(tf.data.AUTOTUNE)
+    index, count = shard if shard is not None else deployment(context)
     return _batching.tpu_batches(
-        result,
-        global_batch,
-        params["batch_size"],
-        mode,
-        getattr(context, "num_hosts", 1),
-        getattr(context, "current_host", 0),
+        result, global_batch, params["batch_size"], mode, count, index
     ).prefetch(tf.data.AUTOTUNE)

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Optional
 
 from tpushim import _input_fn, _observe, _settings
-from tpushim._preflight import graph_checks, input_checks, progress
+from tpushim._preflight import graph_checks, input_checks, pod_checks, progress
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
 
@@ -18,11 +18,14 @@ from tpushim._preflight.report import Report, failure_as_finding
 class _Recorded:
     """One conversion and what its estimator was asked to do, in order.
 
-    ``calls``: ``(call as the script made it, the InputCall its input_fn made or None)``.
+    ``calls``: ``(call as the script made it, the InputCall its input_fn made or None)``;
+    ``pod_inputs``: ``{index in calls: the pipeline as a pod would read it}``
+    (:func:`tpushim._pods.analyse`).
     """
 
     conversion: _observe.Conversion
     calls: list = dataclasses.field(default_factory=list)
+    pod_inputs: dict = dataclasses.field(default_factory=dict)
 
     def first(self, event):
         """The first ``(call, input_call)`` of ``event``, or None."""
@@ -86,6 +89,9 @@ class Recorder:
         for i, (call, recorded) in enumerate(owner.calls):
             if recorded is None and call.input_fn is input_call.call.input_fn:
                 owner.calls[i] = (call, input_call)
+                # Read now too: how a pod's hosts would read it (reading adds ops to the graph).
+                with contextlib.suppress(Exception):  # its input checks report what went wrong
+                    owner.pod_inputs[i] = pod_checks.analyse(input_call)
                 return
 
     # -- the report -----------------------------------------------------------------------------
@@ -136,6 +142,7 @@ class Recorder:
                     input_checks.check_recorded(
                         report, call.input_fn, input_call, settings.batch_size, num_cores
                     )
+        pod_checks.check_pod_inputs(report, recorded, num_cores)
         if tpu_graphs:
             first_calls = {}
             for call, input_call in recorded.calls:
