@@ -155,23 +155,20 @@ def test_exact_path_feeds_every_example_once_per_epoch(
 ):
     """Every host's copy is built with the same seeds, so the copies agree and each host keeping
     its pieces of each global batch feeds every example once per epoch; seeded, each step's global
-    batch is the one a single board feeds."""
+    batch is the one a single board feeds. (Shuffled files are read per host by default: here
+    pod_input=exact; unshuffled and array input take the exact path by default.)"""
+    exact = {"pod_input": "exact"} if name in ("shuffle", "list_files") else {}
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path, seed=seed, pod_input="exact")
+        est = _convert(tpu, tmp_path, seed=seed, **exact)
         _, steps = _train(tpu, est, _inputs(files["train"])[name], 4)  # two epochs
     assert f"train() on {hosts} TPU hosts: exact path" in tpushim_log.text
+    if name == "no shuffle":
+        assert "the training input is not shuffled: stock's batches, in order" in tpushim_log.text
+        assert steps[:2] == [list(range(32)), list(range(32, 64))]
     for epoch in (steps[:2], steps[2:]):
         assert sorted(i for step in epoch for i in step) == list(range(64))
     if seed is not None:
         assert steps == _one_board(files, tmp_path_factory, name)
-
-
-def test_unshuffled_training_input_takes_the_exact_path_by_default(files, tmp_path, tpushim_log):
-    with faketpu.faked_tpu_system(hosts=2) as tpu:
-        est = _convert(tpu, tmp_path)
-        _, steps = _train(tpu, est, _inputs(files["train"])["no shuffle"], 2)
-    assert "exact path" in tpushim_log.text and "not shuffled" in tpushim_log.text
-    assert steps == [list(range(32)), list(range(32, 64))]  # stock's batches, in order
 
 
 # --- the files path: each host reads its own files ------------------------------------------------
@@ -343,3 +340,47 @@ def test_predict_on_a_pod_predicts_every_example_once_in_order(tmp_path, hosts):
     for host in range(1, hosts):
         with pytest.raises(ValueError, match="expected one input iterator"):
             build.host_input(host)
+
+
+# --- the preflight --------------------------------------------------------------------------------
+
+
+def test_preflight_says_which_path_each_input_takes(files, tmp_path):
+    """``check --cores 16`` and above: a finding per input naming its path and why; a warning
+    where every host would read every file."""
+    from tpushim import _preflight
+
+    def shuffled_files():
+        return _inputs(files["train"])["shuffle"]()
+
+    def three_files():
+        return _inputs(files["three"])["shuffle"]()
+
+    tpushim.patch(mode="cpu")
+    with _preflight.recording() as recorder:
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path)
+        )
+        est.train(shuffled_files, steps=1)
+        est.train(three_files, steps=1)
+
+    def paths(cores):
+        report = recorder.report(num_cores=cores, tpu_graphs=False)
+        return {f.where: (f.severity, f.message) for f in report.findings if f.code == "pod-input"}
+
+    assert paths(8) == {}
+    two, four = paths(16), paths(32)
+    assert two["train() input_fn 'shuffled_files'"] == (
+        "info",
+        "on 2 TPU hosts: files path: shuffled, endless training input read from 8 files: each "
+        "host reads only its own 4 of them (assigned by size), before the input_fn's parse and map",
+    )
+    assert two["train() input_fn 'three_files'"][1].startswith(
+        "on 2 TPU hosts: files path: shuffled, endless training input read from 3 files: each "
+        "host reads only its own 1-2 of them"
+    )
+    assert four["train() input_fn 'three_files'"] == (
+        "warning",
+        "on 4 TPU hosts: exact path: every host reads the whole input and keeps its share, as 3 "
+        "file(s) for 4 hosts: fewer files than hosts",
+    )

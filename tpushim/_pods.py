@@ -56,6 +56,7 @@ class InputGraph:
     Attributes:
       shuffled: a shuffle op (of records or of file names) is in the pipeline.
       endless: the pipeline never ends (its cardinality is infinite).
+      reads_files: a reader (TFRecordDataset & co.) is in the pipeline.
       files: the files it reads, in the order its file list names them, when it reads one list of
         files that could be read before the run; None otherwise.
       sizes: their sizes in bytes, where they could be read; None otherwise.
@@ -68,6 +69,7 @@ class InputGraph:
 
     shuffled: bool
     endless: bool
+    reads_files: bool = False
     files: Optional[tuple] = None
     sizes: Optional[tuple] = None
     not_files: Optional[str] = None
@@ -84,7 +86,8 @@ class Path:
       why: the reason, in words (what the INFO line and the preflight say).
       shares: on the files path, the files each host reads (by invocation index).
       fallback: the exact path although the files path was asked for (``pod_input=files``) or
-        would have saved the hosts work; ``why`` says what stood in the way.
+        would have saved the hosts reading every file, or a reordering op tpushim cannot make
+        deterministic; ``why`` says what stood in the way.
     """
 
     name: str
@@ -101,9 +104,11 @@ class _Structure:
     """The dataset ops of one copy of a pipeline, as :func:`_walk` found them."""
 
     file_sources: list = dataclasses.field(default_factory=list)  # (op, input index)
+    files_repeat: bool = False  # a file list repeated forever before it is read
     other_sources: list = dataclasses.field(default_factory=list)  # op types
     computed_file_lists: list = dataclasses.field(default_factory=list)  # op types
     shuffled: bool = False
+    takes: bool = False  # a take() after the reading
     reordering: list = dataclasses.field(default_factory=list)  # ops
     functions: list = dataclasses.field(default_factory=list)  # function names
 
@@ -172,6 +177,7 @@ def _walk(dataset):
         seen.add(op.name)
         found.functions += _function_names(op.node_def)
         found.shuffled |= _SHUFFLE.fullmatch(op.type) is not None
+        found.takes |= op.type == "TakeDataset"
         if _reorders(op):
             found.reordering.append(op)
         inputs = _dataset_inputs(op)
@@ -192,6 +198,7 @@ def _walk_file_list(op, found, seen):
     while _FILE_LIST_PASS.fullmatch(op.type) and _dataset_inputs(op):
         seen.add(op.name)
         found.shuffled |= _SHUFFLE.fullmatch(op.type) is not None
+        found.files_repeat |= _repeats_forever(op)
         if _reorders(op):
             found.reordering.append(op)
         op = _dataset_inputs(op)[0]
@@ -202,10 +209,30 @@ def _walk_file_list(op, found, seen):
         found.computed_file_lists.append(op.type)
 
 
+def _repeats_forever(op):
+    if op.type == "RepeatDataset" or op.type.startswith("ShuffleAndRepeatDataset"):
+        count = tf.get_static_value(op.inputs[1 if op.type == "RepeatDataset" else -2])
+        return count is not None and int(count) < 0
+    return False
+
+
+def _endless(dataset, found, session):
+    """True when the pipeline never ends: its cardinality says so, or (where a reader's output
+    is of unknown length) its file list repeats forever before it is read, as the TPU reference
+    models' ``list_files(...).repeat().interleave(...)`` does, and nothing takes a part of it."""
+    try:
+        cardinality = int(session.run(dataset.cardinality()))
+    except tf.errors.OpError:  # it needs a value fed to be made
+        return False
+    if cardinality == tf.data.UNKNOWN_CARDINALITY:
+        return found.files_repeat and not found.takes
+    return cardinality == tf.data.INFINITE_CARDINALITY
+
+
 def _not_files(found):
     """Why a pipeline of this structure cannot be cut by files, or None."""
     if found.computed_file_lists:
-        return f"its file names are made by a {found.computed_file_lists[0]} in the pipeline"
+        return f"its file names are made in the pipeline (by a {found.computed_file_lists[0]})"
     if not found.file_sources:
         kinds = sorted(set(found.other_sources)) or ["no files"]
         return "it reads no files (" + ", ".join(kinds) + ")"
@@ -237,7 +264,7 @@ def analyse(dataset):
     not_files = _not_files(found)
     files = sizes = None
     with _input_fn.graph_session() as session:
-        endless = int(session.run(dataset.cardinality())) == tf.data.INFINITE_CARDINALITY
+        endless = _endless(dataset, found, session)
         if not_files is None:
             op, index = found.file_sources[0]
             try:
@@ -254,6 +281,7 @@ def analyse(dataset):
     return InputGraph(
         shuffled=found.shuffled,
         endless=endless,
+        reads_files=bool(found.file_sources or found.computed_file_lists),
         files=files,
         sizes=sizes,
         not_files=not_files,
@@ -287,7 +315,7 @@ def decide(graph, mode, pod_input, hosts):
             fallback=asked and mode == ModeKeys.TRAIN,
         )
     if pod_input == "exact":
-        return _exact(graph, "pod_input=exact")
+        return _exact(graph, "pod_input=exact says")
     obstacle = _files_obstacle(graph, mode, hosts)
     if obstacle is None and (asked or graph.shuffled):
         shares = assign(graph.files, graph.sizes, hosts)
@@ -302,29 +330,30 @@ def decide(graph, mode, pod_input, hosts):
             shares,
         )
     if obstacle is None:
-        return _exact(graph, "the training input is not shuffled: stock's order, batch by batch")
-    would_save = asked or (mode == ModeKeys.TRAIN and graph.shuffled and graph.endless)
-    return _exact(graph, obstacle, fallback=would_save)
+        return _exact(graph, "the training input is not shuffled: stock's batches, in order")
+    # Every host reading every file is worth a warning; every host slicing arrays it holds is not.
+    reading = mode == ModeKeys.TRAIN and graph.shuffled and graph.endless and graph.reads_files
+    return _exact(graph, obstacle, fallback=asked or reading)
 
 
 def _files_obstacle(graph, mode, hosts):
     """What keeps each host from reading only its own files, or None."""
     if mode != ModeKeys.TRAIN:
-        return "evaluate() and predict() read every example once, in order"
-    if not graph.endless:
-        return (
-            "the training input is not known to repeat forever (hosts reading their own files "
-            "would run out at different steps)"
-        )
+        return "an evaluation reads every example once, in order"
     if graph.not_files is not None:
         return f"the input cannot be cut by files: {graph.not_files}"
+    if not graph.endless:
+        return (
+            "the training input is not known to repeat forever: hosts reading their own files "
+            "would run out at different steps"
+        )
     if len(graph.files) < hosts:
         return f"{len(graph.files)} file(s) for {hosts} hosts: fewer files than hosts"
     return None
 
 
 def _exact(graph, why, fallback=False):
-    text = f"every host reads the whole input and keeps its share ({why})"
+    text = f"every host reads the whole input and keeps its share, as {why}"
     if graph.reordering:
         text += "; made deterministic: " + ", ".join(graph.reordering)
     if graph.reordering_inside:
