@@ -278,7 +278,9 @@ class TPUShimEstimator(TPUEstimator):
         for input a TPU cannot be fed from (tensors: adapt says so)."""
         if not isinstance(first, tf.data.Dataset):
             return None
-        path = _pods.decide(_pods.analyse(first), mode, self._tpushim_pod_input, invocations)
+        setting = self._tpushim_pod_input
+        graph = _pods.analyse(first, _pods.needs_files(mode, setting))
+        path = _pods.decide(graph, mode, setting, invocations)
         _observe.note(
             "pod",
             "%s() on %d TPU hosts: %s path: %s",

@@ -253,19 +253,20 @@ def _sizes(files):
         return None
 
 
-def analyse(dataset):
+def analyse(dataset, read_files=True):
     """The :class:`InputGraph` of one copy of a pipeline, read from the graph being built.
 
-    Runs what it must before the estimator's session (the pipeline's cardinality, and its file
-    list: a glob, not the files), in a session of its own; adds ops to the graph, so it is called
-    before the graph is finalized.
+    Runs what it must before the estimator's session (the pipeline's cardinality, and, with
+    ``read_files``, its file list -- a glob, not the files -- and the files' sizes), in a session
+    of its own; adds ops to the graph, so it is called before the graph is finalized. Without
+    ``read_files`` (no files path possible: see :func:`needs_files`) ``files`` stays None.
     """
     found = _walk(dataset)
     not_files = _not_files(found)
     files = sizes = None
     with _input_fn.graph_session() as session:
         endless = _endless(dataset, found, session)
-        if not_files is None:
+        if not_files is None and read_files:
             op, index = found.file_sources[0]
             try:
                 files = tuple(name.decode() for name in session.run(op.inputs[index]).reshape([-1]))
@@ -292,6 +293,12 @@ def analyse(dataset):
 
 def _named(op_type, name):
     return op_type if name.rsplit("/", 1)[-1].split("_")[0] == op_type else f"{op_type} {name!r}"
+
+
+def needs_files(mode, pod_input):
+    """Whether :func:`decide` may take the files path, so :func:`analyse` must read the files
+    (a glob and one size per file: on a bucket, one request each)."""
+    return mode == ModeKeys.TRAIN and pod_input != "exact"
 
 
 # --- the decision -----------------------------------------------------------------------------

@@ -17,11 +17,11 @@ _FIXES = {
 }
 
 
-def analyse(input_call):
+def analyse(input_call, pod_input):
     """The recorded input as :func:`tpushim._pods.analyse` reads it, or None for tensors."""
     if not isinstance(input_call.result, tf.data.Dataset):
         return None
-    return _pods.analyse(input_call.result)
+    return _pods.analyse(input_call.result, _pods.needs_files(input_call.mode, pod_input))
 
 
 def _invocations(conversion, event, hosts):

@@ -91,7 +91,9 @@ class Recorder:
                 owner.calls[i] = (call, input_call)
                 # Read now too: how a pod's hosts would read it (reading adds ops to the graph).
                 with contextlib.suppress(Exception):  # its input checks report what went wrong
-                    owner.pod_inputs[i] = pod_checks.analyse(input_call)
+                    owner.pod_inputs[i] = pod_checks.analyse(
+                        input_call, owner.conversion.settings.pod_input
+                    )
                 return
 
     # -- the report -----------------------------------------------------------------------------
