@@ -181,7 +181,7 @@ def _builds(tpu, scratch, contenders, shape, classes):
 
     builds = {}
     for name, input_fn, pod_input in contenders:
-        if name == HAND:
+        if pod_input is None:  # a hand-written TPUEstimator
             est = _hand_written_estimator(tpu, scratch.new(), classes)
         else:
             tpushim.patch(tpu=tpu.master, iterations_per_loop=4, pod_input=pod_input)

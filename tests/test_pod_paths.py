@@ -242,3 +242,13 @@ def test_pod_input_setting(monkeypatch):
     with tpushim.patched(pod_input="exact"):
         assert tpushim._patch.current_settings().pod_input == "exact"
     assert ("--pod-input", "pod_input") in [(f, kw["dest"]) for f, kw in _settings.OPTIONS]
+
+
+def test_runner_option_is_parsed_strictly(capsys):
+    from tpushim import _cli
+
+    with pytest.raises(SystemExit) as info:
+        _cli.main(["--pod-input", "sharded", "info"])
+    assert info.value.code == 2
+    assert "pod_input='sharded' is not a pod input path" in capsys.readouterr().err
+    assert _cli.main(["--pod-input", "files", "info"]) == 0

@@ -82,6 +82,9 @@ def _inputs(paths, n=64, repeat=True):
             .interleave(tf.data.TFRecordDataset, cycle_length=2)
             .map(_parse)
         ).batch(GLOBAL),
+        "finite shuffle": lambda: (
+            tf.data.TFRecordDataset(paths).map(_parse).shuffle(1000).batch(GLOBAL)
+        ),
         "numpy_input_fn": tf.compat.v1.estimator.inputs.numpy_input_fn(
             x, y, batch_size=GLOBAL, shuffle=True, num_epochs=None
         ),
@@ -147,6 +150,7 @@ def _one_board(files, tmp_path_factory, name):
         ("shuffle", None),
         ("shuffle", 1),
         ("list_files", None),
+        ("finite shuffle", None),
         ("numpy_input_fn", None),
     ],
 )
@@ -156,17 +160,20 @@ def test_exact_path_feeds_every_example_once_per_epoch(
     """Every host's copy is built with the same seeds, so the copies agree and each host keeping
     its pieces of each global batch feeds every example once per epoch; seeded, each step's global
     batch is the one a single board feeds. (Shuffled files are read per host by default: here
-    pod_input=exact; unshuffled and array input take the exact path by default.)"""
+    pod_input=exact; unshuffled, finite and array input take the exact path by default.)"""
     exact = {"pod_input": "exact"} if name in ("shuffle", "list_files") else {}
+    epochs = 1 if name.startswith("finite") else 2
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
         est = _convert(tpu, tmp_path, seed=seed, **exact)
-        _, steps = _train(tpu, est, _inputs(files["train"])[name], 4)  # two epochs
+        _, steps = _train(tpu, est, _inputs(files["train"])[name], 2 * epochs)
     assert f"train() on {hosts} TPU hosts: exact path" in tpushim_log.text
     if name == "no shuffle":
         assert "the training input is not shuffled: stock's batches, in order" in tpushim_log.text
         assert steps[:2] == [list(range(32)), list(range(32, 64))]
-    for epoch in (steps[:2], steps[2:]):
-        assert sorted(i for step in epoch for i in step) == list(range(64))
+    for epoch in range(epochs):
+        assert sorted(i for step in steps[2 * epoch : 2 * epoch + 2] for i in step) == list(
+            range(64)
+        )
     if seed is not None:
         assert steps == _one_board(files, tmp_path_factory, name)
 
