@@ -70,6 +70,13 @@ def test_inputs_that_cannot_be_cut_by_files(record_files):
         "it reads 2 lists of files": lambda: tf.data.TFRecordDataset(record_files[:2]).concatenate(
             tf.data.TFRecordDataset(record_files[2:])
         ),
+        # Cut before a take(), a host's share would lose other files than the take() drops.
+        "its file names are made in the pipeline (by a TakeDataset)": lambda: (
+            tf.data.Dataset.from_tensor_slices(record_files)
+            .take(3)
+            .repeat()
+            .flat_map(tf.data.TFRecordDataset)
+        ),
         "its file names are made in the pipeline (by a MapDataset)": lambda: (
             tf.data.Dataset.range(2).map(tf.strings.as_string).flat_map(tf.data.TFRecordDataset)
         ),

@@ -42,9 +42,10 @@ _PER_ELEMENT = re.compile(
     r"(FlatMap|Interleave|ParallelInterleave|LegacyParallelInterleave"
     r"|ExperimentalParallelInterleave)Dataset(V\d+)?"
 )
-# Ops a file list may pass through on its way to the reader; its copy is cut before them.
+# Ops a file list may pass through on its way to the reader, whatever files it holds: each host's
+# copy is cut before them (a take() or skip() of files would take other files from a host's share).
 _FILE_LIST_PASS = re.compile(
-    r"(Shuffle|ShuffleAndRepeat|Repeat|Prefetch|Cache|Options|Take|Skip)Dataset(V\d+)?"
+    r"(Shuffle|ShuffleAndRepeat|Repeat|Prefetch|Cache|Options)Dataset(V\d+)?"
 )
 _SHUFFLE = re.compile(r"Shuffle(AndRepeat)?Dataset(V\d+)?")
 
@@ -305,7 +306,7 @@ def needs_files(mode, pod_input):
 
 
 def decide(graph, mode, pod_input, hosts):
-    """The :class:`Path` a call's input takes on ``hosts`` input pipelines (> 1).
+    """The :class:`Path` a call's input takes on ``hosts`` input pipelines.
 
     Args:
       graph: the :class:`InputGraph` of the call's first copy.
