@@ -101,7 +101,7 @@ def test_reordering_ops_are_found_and_made_deterministic(record_files):
             record_files
         ).apply(tf.data.experimental.parallel_interleave(tf.data.TFRecordDataset, 2, sloppy=True)),
         "ParallelMapDatasetV2": lambda: tf.data.Dataset.range(8).map(
-            lambda x: x, num_parallel_calls=2, deterministic=False
+            tf.identity, num_parallel_calls=2, deterministic=False
         ),
         "ParallelBatchDataset": lambda: tf.data.Dataset.range(8).batch(
             2, num_parallel_calls=2, deterministic=False
@@ -120,18 +120,12 @@ def test_reordering_ops_are_found_and_made_deterministic(record_files):
                 session.run(iterator.get_next())
 
 
+def _reordered_range(i):
+    return tf.data.Dataset.range(i).map(tf.identity, num_parallel_calls=2, deterministic=False)
+
+
 def test_reordering_inside_a_dataset_function_is_a_warning(record_files):
-    graph = _analysed(
-        lambda: (
-            tf.data.Dataset.range(2)
-            .interleave(
-                lambda i: tf.data.Dataset.range(4).map(
-                    lambda x: x, num_parallel_calls=2, deterministic=False
-                )
-            )
-            .repeat()
-        )
-    )
+    graph = _analysed(lambda: tf.data.Dataset.range(2).interleave(_reordered_range).repeat())
     assert graph.reordering == () and graph.reordering_inside == ("ParallelMapDatasetV2",)
     path = _pods.decide(graph, EVAL, "auto", 2)
     assert path.name == "exact" and path.fallback
