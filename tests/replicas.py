@@ -8,10 +8,10 @@ replicas on CPU, in two ways.
   ONE graph (each model_fn call clones the Keras model, so each replica has its own variables).
   ``cross_replica_sum`` is replaced, for the build only, by an AddN whose inputs are rewired, once
   every replica exists, to the 8 replicas' tensors of the same call: a true sum across shards.
-  ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. CrossReplicaSum's gradient (itself a
-  cross-replica sum) is not emulated: a gradient flowing through an emulated sum fails the build. Each replica gets its own global step
-  (keras_lib binds the optimizer's ``iterations`` to it), as each TPU core advances its own copy
-  of the replicated step once per step.
+  ``tpu_shard_context(8)`` gives ``number_of_shards`` = 8. A gradient through an emulated sum is
+  CrossReplicaSum's: itself a cross-replica sum (of the replicas' upstream gradients). Each
+  replica gets its own global step (keras_lib binds the optimizer's ``iterations`` to it), as
+  each TPU core advances its own copy of the replicated step once per step.
 
 This is a helper module, not a test module, and not part of the installed package.
 """
@@ -121,17 +121,6 @@ def live_ops(outputs):
 # -- rung 2b: emulated with numbers -----------------------------------------------------------------
 
 
-@tf.RegisterGradient("TpushimEmulatedCrossReplicaSum")
-def _no_gradient_through_the_emulated_sum(op, grad):
-    """On a TPU the gradient of CrossReplicaSum is itself a cross-replica sum, which the AddN
-    standing in for it here does not reproduce: a design that differentiates through one must
-    not pass the emulation by accident."""
-    raise AssertionError(
-        f"{op.name}: a gradient flows through an emulated cross_replica_sum; the emulation "
-        "does not reproduce CrossReplicaSum's gradient (a cross-replica sum of the gradients)"
-    )
-
-
 class _Rendezvous:
     """cross_replica_sum across replicas built one after another in one graph."""
 
@@ -140,12 +129,16 @@ class _Rendezvous:
 
     def cross_replica_sum(self, x, group_assignment=None, name=None):
         del group_assignment, name
-        x = tf.convert_to_tensor(x)
-        total = tf.math.add_n([x] * REPLICAS)
-        self.calls[-1].append((total.op, x))
-        graph = tf.compat.v1.get_default_graph()
-        with graph.gradient_override_map({"Identity": "TpushimEmulatedCrossReplicaSum"}):
-            return tf.identity(total)
+
+        # Differentiated (a synchronized BatchNormalization's statistics), a sum's gradient is the
+        # sum of the replicas' upstream gradients, as TPU's CrossReplicaSum gradient is.
+        @tf.custom_gradient
+        def total_of(x):
+            total = tf.math.add_n([x] * REPLICAS)
+            self.calls[-1].append((total.op, x))
+            return total, self.cross_replica_sum
+
+        return total_of(tf.convert_to_tensor(x))
 
     def wire(self):
         counts = {len(c) for c in self.calls}
@@ -205,14 +198,15 @@ def max_diff(a, b):
 class Emulation:
     """tpushim's TPU model_fn as 8 replicas in one graph for ``mode``, fed per shard by ``feed``.
 
-    ``template``: a global batch (numpy ``(features, labels)``, or features alone) giving the
+    ``wrap_model_fn``, if given, wraps that model_fn first. ``template``: a global batch (numpy
+    ``(features, labels)``, or features alone) giving the
     inputs' structure, dtypes and shapes. Attributes, one entry per replica: ``specs`` (the
     TPUEstimatorSpecs), ``clones`` (the Keras models the model_fn built), ``inputs``
     (placeholders), ``features`` (the tensors the model_fn got), ``vars`` (the global variables
     it created, in creation order) and ``steps`` (its global step).
     """
 
-    def __init__(self, model, mode, template):
+    def __init__(self, model, mode, template, wrap_model_fn=None):
         self.graph, rv = tf.Graph(), _Rendezvous()
         self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = (
             [],
@@ -228,6 +222,8 @@ class Emulation:
                 mock.patch.object(target, name, value)
             )
             model_fn = _model_fn.make_model_fn(model)
+            if wrap_model_fn is not None:  # e.g. tf.estimator.add_metrics' (tpushim._extenders)
+                model_fn = wrap_model_fn(model_fn)
             build_clone = _model_fn._tfprivate.clone_and_build_model
 
             def recording_clone(*args, **kwargs):

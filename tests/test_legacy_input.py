@@ -225,6 +225,93 @@ def test_finite_training_input_trains_on_every_row_as_stock(tmp_path, tpushim_lo
     tfcases.assert_same(stock, shim)
 
 
+# --- BatchNormalization on padded short batches (issue 24, item 1) -------------------------------
+
+
+def _every_batchnorm():
+    """One functional model with a BatchNormalization of every kind on each branch: 2-D, the v1
+    layer, renorm, synchronized, and 4-D fused (the default) and not fused."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    bn = dict(momentum=0.5)
+    x = tf.keras.Input((4,))
+    h = tf.keras.layers.Dense(6)(x)
+    image = tf.keras.layers.Conv2D(3, 1)(tf.keras.layers.Reshape((2, 2, 1))(x))
+    branches = [
+        tf.keras.layers.BatchNormalization(**bn, name="plain")(h),
+        tf.compat.v1.keras.layers.BatchNormalization(**bn, name="v1")(h),
+        tf.keras.layers.BatchNormalization(**bn, renorm=True, renorm_momentum=0.5, name="re")(h),
+        tf.keras.layers.experimental.SyncBatchNormalization(**bn, name="sync")(h),
+        tf.keras.layers.Flatten()(tf.keras.layers.BatchNormalization(**bn, name="fused")(image)),
+        tf.keras.layers.Flatten()(
+            tf.keras.layers.BatchNormalization(**bn, fused=False, name="unfused")(image)
+        ),
+    ]
+    out = tf.keras.layers.Dense(3, activation="softmax")(tf.keras.layers.Concatenate()(branches))
+    model = tf.keras.Model(x, out)
+    model.compile(tf.keras.optimizers.legacy.SGD(0.5), "sparse_categorical_crossentropy", ["acc"])
+    return model
+
+
+def _ghost_batchnorm():
+    """Ghost batches (virtual_batch_size): an unbuilt Sequential, as Keras's own config of a built
+    layer cannot be cloned (its axis is saved shifted), by stock neither."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(6),
+            tf.keras.layers.BatchNormalization(momentum=0.5, virtual_batch_size=4),
+            tf.keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(tf.keras.optimizers.legacy.SGD(0.5), "sparse_categorical_crossentropy", ["acc"])
+    return model
+
+
+def _masked_batchnorm():
+    """A Keras mask (Embedding(mask_zero=True)) reaching the BatchNormalization: stock leaves the
+    masked steps out of the statistics, tpushim the masked steps and the padding rows."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Embedding(10, 4, mask_zero=True, input_shape=(5,)),
+            tf.keras.layers.BatchNormalization(momentum=0.5),
+            tf.keras.layers.Lambda(lambda steps: tf.reduce_mean(steps, 1)),
+            tf.keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(tf.keras.optimizers.legacy.SGD(0.5), "sparse_categorical_crossentropy", ["acc"])
+    return model
+
+
+def _sequences():
+    rng = np.random.RandomState(0)
+    ids = rng.randint(1, 10, (N, 5))
+    ids[:, 3:] *= rng.randint(0, 2, (N, 2))  # id 0: masked steps
+    return ids, rng.randint(0, 3, (N, 1))
+
+
+@pytest.mark.parametrize(
+    "build", [_every_batchnorm, _ghost_batchnorm, _masked_batchnorm], ids=["kinds", "ghost", "mask"]
+)
+def test_batchnorm_statistics_leave_padding_out_as_stock(tmp_path, build):
+    """52 rows in batch(16).repeat(): every 4th batch has 4 rows, padded to 16. Every moving mean
+    and variance (fused: with Bessel's correction), every weight, metric and prediction equals
+    stock's, whose BatchNormalization sees the 4 rows alone."""
+    x, y = _sequences() if build is _masked_batchnorm else tfcases.data()
+    finite = tfcases.dataset_input_fn(x, y, batch=16)
+    tfcases.compare(
+        tmp_path,
+        build,
+        _repeat_after_batch(x, y, 16),
+        finite,
+        tfcases.dataset_input_fn(x, batch=16),
+        steps=9,
+    )
+
+
 # --- lookup tables ------------------------------------------------------------------------------
 
 VOCAB = ["the", "cat", "sat", "on", "mat", "dog", "ran"]

@@ -7,7 +7,8 @@ that import first) -- by calling it with ``keras_model=None`` under ``mode="tpu"
 call that goes through tpushim raises ``NoTPUError`` at once, one that does not gets stock's
 ``ValueError``. Cheap (no graph is built), and it is the real call path. It also reports whether
 ``keras_lib.model_to_estimator`` is the very function keras_lib defined (or one wrapper around it)
-and whether any public name was replaced. Real conversions per spelling are tests/test_patch.py's.
+and whether any public name was replaced; likewise for ``tf.estimator.add_metrics``' module (the second
+target). Real conversions per spelling are tests/test_patch.py's and tests/test_add_metrics.py's.
 """
 
 import json
@@ -30,6 +31,8 @@ def do_import():
     import tensorflow as tf, keras
     from tensorflow.keras.estimator import model_to_estimator as bound_v2
     from tensorflow.compat.v1.keras.estimator import model_to_estimator as bound_v1
+    from tensorflow.estimator import add_metrics  # imports extenders, add_metrics' module
+    state["add_metrics"] = add_metrics
     state["spellings"] = {
         "tf.keras.estimator": lambda: tf.keras.estimator.model_to_estimator,
         "tf.compat.v1.keras.estimator": lambda: tf.compat.v1.keras.estimator.model_to_estimator,
@@ -59,7 +62,11 @@ def probe():
     if state["original"] is None:  # keras_lib's own function, the first time we see it
         assert type(inner) is types.FunctionType and inner.__module__ == KERAS_LIB, inner
         state["original"] = inner
+    import tensorflow as tf
+    estimator_lib = sys.modules[_patch.EXTENDERS].estimator_lib  # add_metrics' view of it
     return {"through": through, "keras_lib": "wrapper" if wrapped else "original",
+            "extenders": "wrapper" if _patch.is_ours(estimator_lib) else "original",
+            "add_metrics name unchanged": tf.estimator.add_metrics is state["add_metrics"],
             "one layer around the very original": inner is state["original"],
             "public names unchanged": all(get() is state["names"][k] for k, get in state["spellings"].items())}
 
@@ -123,6 +130,8 @@ def check(records):
         assert set(record["through"].values()) == {expected}, (where, record["through"])
         assert len(record["through"]) == 6, record
         assert record["keras_lib"] == ("wrapper" if wanted else "original"), where
+        assert record["extenders"] == ("wrapper" if wanted else "original"), where
+        assert record["add_metrics name unchanged"], where
         assert record["one layer around the very original"], where
         assert record["public names unchanged"], where
 

@@ -2,18 +2,20 @@
 
 import json
 import threading
+import types
 
 import procs
 import pytest
 import tensorflow as tf
 import tfcases
-from tensorflow_estimator.python.estimator import keras_lib
+from tensorflow_estimator.python.estimator import extenders, keras_lib
 
 import tpushim
 from tpushim import _patch
 from tpushim._estimator import TPUShimEstimator
 
 ORIGINAL = keras_lib.model_to_estimator  # captured before any test patched anything
+ORIGINAL_ESTIMATOR_LIB = extenders.estimator_lib  # the module add_metrics builds its result from
 EstimatorV1 = tf.compat.v1.estimator.Estimator
 EstimatorV2 = tf.estimator.Estimator
 
@@ -41,12 +43,20 @@ BOUND_BEFORE_PATCH = _spellings()  # names bound before patch() ever ran
 
 
 def _one_layer():
-    current = keras_lib.model_to_estimator
-    if _patch.is_ours(current):
-        assert current.__wrapped__ is ORIGINAL  # one layer: a second would wrap the first
-        return True
-    assert current is ORIGINAL
-    return False
+    """Whether both targets are wrapped (asserting they agree), each by one layer at most."""
+    wrapped = []
+    for current, original in (
+        (keras_lib.model_to_estimator, ORIGINAL),
+        (extenders.estimator_lib, ORIGINAL_ESTIMATOR_LIB),
+    ):
+        if _patch.is_ours(current):
+            assert current.__wrapped__ is original  # one layer: a second would wrap the first
+            wrapped.append(True)
+        else:
+            assert current is original
+            wrapped.append(False)
+    assert wrapped[0] == wrapped[1], wrapped
+    return wrapped[0]
 
 
 @pytest.mark.parametrize("name", sorted(BOUND_BEFORE_PATCH))
@@ -90,7 +100,7 @@ def test_patch_before_tensorflow_is_lazy_then_applies():
         print("wrapt imported after patch:", "wrapt" in sys.modules)
         print("status applied:", tpushim.status()["applied"])
         import tensorflow as tf
-        from tensorflow_estimator.python.estimator import keras_lib
+        from tensorflow_estimator.python.estimator import extenders, keras_lib
         assert tpushim.is_patched()
         m = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
         m.compile("sgd", "mse")
@@ -134,6 +144,7 @@ def test_lifecycle_never_wraps_twice(sequence):
 def test_unpatch_before_patch_is_harmless():
     tpushim.unpatch()
     assert keras_lib.model_to_estimator is ORIGINAL
+    assert extenders.estimator_lib is ORIGINAL_ESTIMATOR_LIB
 
 
 def test_unpatch_leaves_someone_elses_wrapper_alone():
@@ -141,11 +152,15 @@ def test_unpatch_leaves_someone_elses_wrapper_alone():
     ours = keras_lib.model_to_estimator
     theirs = lambda *a, **k: ours(*a, **k)  # noqa: PLW0108  (another library's wrapper on top of ours)
     keras_lib.model_to_estimator = theirs
+    theirs_too = types.ModuleType("their_view_of_estimator_lib")
+    extenders.estimator_lib = theirs_too  # someone else's, over ours
     try:
         tpushim.unpatch()
         assert keras_lib.model_to_estimator is theirs
+        assert extenders.estimator_lib is theirs_too
     finally:
         keras_lib.model_to_estimator = ORIGINAL
+        extenders.estimator_lib = ORIGINAL_ESTIMATOR_LIB
 
 
 def test_sixteen_threads_patch_at_once():
@@ -187,7 +202,8 @@ def test_status_reports_versions_and_tpu(monkeypatch):
     assert status["versions"]["keras"].startswith("2.")
     assert status["versions"]["tensorflow_estimator"]
     assert status["applied"] == {
-        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True
+        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True,
+        "tensorflow_estimator.python.estimator.extenders.estimator_lib": True,
     }
     assert status["decision"]["action"] == "cpu"  # mode cpu wins over the TPU found
     assert (

@@ -58,6 +58,57 @@ def test_op_without_xla_kernel_names_the_layer():
     assert "FAIL" in str(report) and "xla-unsupported-op at layer 'strs'" in str(report)
 
 
+# Feature columns inside the model: a vocabulary lookup and a crossed column. XLA stops at the
+# lookup table's handle (it takes it for an uninitialised variable) before naming any op.
+FEATURE_COLUMNS = """
+import json
+import numpy as np
+import tensorflow as tf
+import tpushim
+
+fc = tf.feature_column
+color = fc.categorical_column_with_vocabulary_list("color", ["red", "green", "blue"])
+shape = fc.categorical_column_with_identity("shape", 4)
+columns = [fc.indicator_column(color), fc.indicator_column(fc.crossed_column([color, shape], 10))]
+inputs = {
+    "color": tf.keras.Input((1,), name="color", dtype=tf.string),
+    "shape": tf.keras.Input((1,), name="shape", dtype=tf.int64),
+}
+hidden = tf.keras.layers.DenseFeatures(columns, name="columns")(inputs)
+model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
+model.compile(tf.keras.optimizers.legacy.SGD(0.1), "binary_crossentropy")
+features = {"color": np.array([["red"], ["blue"]] * 8), "shape": np.array([[1], [2]] * 8)}
+input_fn = lambda: tf.data.Dataset.from_tensor_slices((features, np.ones((16, 1)))).batch(16)
+findings = tpushim.check(model, input_fn).findings
+print("FINDINGS " + json.dumps([[f.code, f.where, f.message] for f in findings]))
+"""
+
+
+@pytest.mark.parametrize("v1", [False, True], ids=["eager", "disable_v2_behavior"])
+def test_xla_findings_name_the_op_and_the_layer_where_xla_does_not(v1):
+    """Issue 24, item 9: for feature columns in the model, XLA's own error is a RET_CHECK about
+    an uninitialised variable; the finding names each op it would stop at, and the layer."""
+    if v1:  # graph mode: the step is compiled on the batch's values, in a scratch graph
+        code = "import tensorflow as tf; tf.compat.v1.disable_v2_behavior()\n" + FEATURE_COLUMNS
+        proc = procs.python(code=code)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = proc.stdout
+    else:
+        printed = []
+        exec(FEATURE_COLUMNS, {"print": printed.append})
+        out = printed[0]
+    findings = json.loads(out.split("FINDINGS ", 1)[1])
+    xla = {(code, where) for code, where, _ in findings if code.startswith("xla")}
+    assert xla == {
+        ("xla-unsupported-op", "layer 'columns' (op LookupTableFindV2)"),
+        ("xla-unsupported-op", "layer 'columns' (op SparseCross)"),
+    }, findings
+    messages = " ".join(message for _, _, message in findings)
+    # the feature column, in the node's name
+    assert "(model/columns/color_X_shape_indicator/SparseCross)" in messages
+    assert "RET_CHECK" not in messages
+
+
 def _sequence_model():
     tf.keras.backend.clear_session()
     model = tf.keras.Sequential(

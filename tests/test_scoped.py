@@ -54,7 +54,8 @@ def test_scope_over_process_wide_patch_restores_it(tmp_path):
     assert not is_shim(convert(tmp_path, "after"))
     assert tpushim.is_patched()
     assert tpushim.status()["applied"] == {
-        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True
+        "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True,
+        "tensorflow_estimator.python.estimator.extenders.estimator_lib": True,
     }
 
 

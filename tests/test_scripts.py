@@ -21,7 +21,11 @@ LEGACY = [
     "text_vocab_file_lookup.py",  # vocabulary file lookup table, initializable iterator
     # input_fns drawing np.random data per call, a one-shot generator feed; counts the calls
     "random_draws_one_shot_feed.py",
+    "boston_batchnorm_short_batches.py",  # BatchNormalization, batch(256).repeat(): short batches
+    "iris_add_metrics.py",  # binary metrics on a softmax, tf.estimator.add_metrics
 ]
+#: What else the converted run must log, per script.
+LOGGED = {"iris_add_metrics.py": "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)"}
 
 
 def _run(args, workdir):
@@ -37,6 +41,7 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
     stock, _ = _run([path], tmp_path / "stock")
     shim, log = _run(["-m", "tpushim", "--mode", "cpu", path], tmp_path / "shim")
     assert "model_to_estimator -> TPUEstimator(use_tpu=False" in log  # converted, not stock
+    assert LOGGED.get(script, "") in log
     assert "Running it as it is on CPU" not in log  # every input fed as a Dataset, as on a TPU
     assert set(shim) == set(stock)
     for key, value in stock.items():

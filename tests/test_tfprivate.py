@@ -4,6 +4,7 @@ When a TensorFlow release moves one, this test names it; tpushim/_tfprivate.py i
 """
 
 import inspect
+import threading
 
 import numpy as np
 import pytest
@@ -129,6 +130,49 @@ def test_version_fallbacks_find_each_releases_module():
     assert callable(_tfprivate.losses_utils().compute_weighted_loss)
 
 
+def test_batchnorm_internals():
+    prefix = "keras.src." if tfcases.KERAS_VERSION >= (2, 13) else "keras."
+    base = _tfprivate.batchnorm_base_class()
+    assert base.__module__ == prefix + "layers.normalization.batch_normalization"
+    for layer in (
+        tf.keras.layers.BatchNormalization,
+        tf.compat.v1.keras.layers.BatchNormalization,
+        tf.keras.layers.experimental.SyncBatchNormalization,
+    ):
+        assert issubclass(layer, base)
+    assert list(inspect.signature(base.call).parameters) == ["self", "inputs", "training", "mask"]
+    assert list(inspect.signature(base._renorm_correction_and_moments).parameters) == [
+        "self",
+        "mean",
+        "variance",
+        "training",
+        "inputs_size",
+    ]
+    own, seen = base.call, []
+    with tf.Graph().as_default():
+        layer = tf.keras.layers.BatchNormalization(renorm=True)
+        frozen = tf.keras.layers.BatchNormalization(trainable=False)
+        x = tf.ones([4, 3])
+        with _tfprivate.batchnorm_call_replaced(lambda *args: seen.append(args) or args[2]):
+            assert layer(x, training=True) is x  # the replacement's result
+            assert frozen(x, training=True) is x
+            other = []  # another thread's call: Keras's own
+            thread = threading.Thread(target=lambda: other.append(layer(x, training=True)))
+            thread.start()
+            thread.join()
+            assert other[0] is not x
+        assert base.call is own  # restored
+        assert len(seen) == 2 and seen[0][0] is layer and seen[0][3] is True
+        assert _tfprivate.batchnorm_training_value(layer, True) is True
+        assert _tfprivate.batchnorm_training_value(frozen, True) is False  # frozen: moving stats
+        tf.keras.backend.set_learning_phase(1)
+        assert _tfprivate.batchnorm_training_value(layer, None) is True
+        r, d, mean, variance = _tfprivate.batchnorm_renorm(
+            layer, tf.zeros([3]), tf.ones([3]), tf.constant(4.0)
+        )
+        assert r.shape == d.shape == mean.shape == variance.shape == [3]
+
+
 def test_model_and_metric_internals():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])
     subclassed = type("Sub", (tf.keras.Model,), {"call": lambda self, x: x})()
@@ -155,6 +199,49 @@ def test_graph_mode_metric_update_is_an_operation():
         session.run(op)
         assert session.run(metric.result()) == 3.0
         assert session.run(metric.variables) == [9.0, 3.0]  # total and count both updated
+
+
+def test_keras_metric_call_weighs_by_the_mask():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        metric = tf.keras.metrics.MeanSquaredError()
+        update = _tfprivate.call_metric_function(
+            metric.update_state,
+            tf.zeros([2, 3, 1]),
+            tf.ones([2, 3, 1]) * [[[1.0], [2.0], [3.0]]],
+            weights=tf.constant([1.0, 0.0]),
+            mask=tf.constant([[True, True, False], [True, True, True]]),
+        )
+        session.run(tf.compat.v1.variables_initializer(metric.variables))
+        session.run(_tfprivate.update_op(update))
+        assert session.run(metric.result()) == 2.5  # (1 + 4) / 2: the first row's first two steps
+
+
+def test_add_metrics_internals(tmp_path):
+    """tf.estimator.add_metrics builds its result as extenders.estimator_lib.Estimator(...) at
+    call time, around a model_fn closing over the estimator and the metric_fn."""
+    from tensorflow_estimator.python.estimator import extenders
+
+    assert "estimator_lib" in inspect.unwrap(extenders.add_metrics).__code__.co_names
+    made = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(extenders.estimator_lib, "Estimator", lambda **kwargs: made.append(kwargs))
+        estimator = tf.estimator.Estimator(lambda features, labels, mode: None, str(tmp_path))
+        metric_fn = lambda labels, predictions: {}
+        tf.estimator.add_metrics(estimator, metric_fn)
+    assert _tfprivate.add_metrics_parts(made[0]["model_fn"]) == (estimator, metric_fn)
+    assert _tfprivate.add_metrics_parts(metric_fn) is None
+    assert _tfprivate.leaf_paths({"features": {"a": 1, "b": [2]}}) == [
+        "features/a",
+        "features/b/0",
+    ]
+    assert made[0]["warm_start_from"] is _tfprivate.warm_start_settings(estimator)
+    with tf.Graph().as_default():
+        mean = tf.keras.metrics.Mean()
+        mean.update_state(1.0)
+        ops = _tfprivate.validate_eval_metric_ops({"mean": mean})
+        assert isinstance(ops["mean"], tuple) and len(ops["mean"]) == 2
+        local = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+        assert {v.ref() for v in mean.variables} <= {v.ref() for v in local}
 
 
 def test_train_function_and_object_checkpoint_internals():

@@ -18,7 +18,7 @@ import tfcases
 from replicas import GLOBAL, PER, REPLICAS, Assigner, Emulation, max_diff, shard, tpu_model
 from tensorflow_estimator.python.estimator import keras_lib
 
-from tpushim import _batching, _losses, _model_fn, _padding
+from tpushim import _batching, _batchnorm, _extenders, _losses, _model_fn, _padding
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -158,13 +158,26 @@ def test_negative_control_summed_gradients_fail(stock_training, monkeypatch):
 # -- BatchNormalization: per-shard statistics ------------------------------------------------------
 
 
-def _bn_model():
+def _bn_model(synchronized=False, conv=False):
+    """Dense (or a 1x1 Conv2D: BatchNormalization's fused kernel) -> BatchNormalization -> softmax."""
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
+    hidden = (
+        [tf.keras.layers.Reshape((2, 2, 1), input_shape=(4,)), tf.keras.layers.Conv2D(3, 1)]
+        if conv
+        else [tf.keras.layers.Dense(6, input_shape=(4,), name="hidden")]
+    )
     model = tf.keras.Sequential(
         [
-            tf.keras.layers.Dense(6, input_shape=(4,), name="hidden"),
-            tf.keras.layers.BatchNormalization(momentum=0.5, name="bn"),
+            *hidden,
+            # SyncBatchNormalization: BatchNormalization(synchronized=True) leaves the flag out of
+            # its config, so no estimator's clone (stock's neither) is synchronized.
+            (
+                tf.keras.layers.experimental.SyncBatchNormalization
+                if synchronized
+                else tf.keras.layers.BatchNormalization
+            )(momentum=0.5, name="bn"),
+            tf.keras.layers.Flatten(),
             tf.keras.layers.Dense(3, activation="softmax", name="probs"),
         ]
     )
@@ -176,10 +189,10 @@ def _bn_model():
     return model
 
 
-def _stock_one_step_per_slice(model_dir, x, y):
+def _stock_one_step_per_slice(model_dir, x, y, slices, **bn):
     """The stock estimator's own model_fn (keras_lib's), one SGD step from the model's initial
-    weights on each shard's slice alone: (weight names, the model weights after it, per slice)."""
-    model = _bn_model()
+    weights on each slice of rows alone: (initial weights, weight names, weights after, per slice)."""
+    model = _bn_model(**bn)
     init = model.get_weights()
     model_fn = _stock_estimator(model, model_dir)._model_fn
     clones = []
@@ -190,35 +203,41 @@ def _stock_one_step_per_slice(model_dir, x, y):
             "_clone_and_build_model",
             lambda *a, **k: clones.append(build_clone(*a, **k)) or clones[-1],
         )
-        xs = tf.compat.v1.placeholder(tf.float32, [PER, 4])
-        ys = tf.compat.v1.placeholder(tf.int64, [PER, 1])
+        xs = tf.compat.v1.placeholder(tf.float32, [None, 4])
+        ys = tf.compat.v1.placeholder(tf.int64, [None, 1])
         spec = model_fn(tf.identity(xs), tf.identity(ys), ModeKeys.TRAIN)
         assign = Assigner(tf.compat.v1.get_default_graph(), clones[0].weights)
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             out = []
-            for r in range(REPLICAS):
+            for rows in slices:
                 assign(sess, init)
-                sess.run(spec.train_op, {xs: x[shard(r)], ys: y[shard(r)]})
+                sess.run(spec.train_op, {xs: x[rows], ys: y[rows]})
                 out.append(sess.run(clones[0].weights))
             names = [w.name.split(":")[0] for w in clones[0].weights]
     return init, names, out
 
 
-def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path):
-    """Documented TPU behaviour (docs/reference/differences.md): BatchNormalization normalises each
-    shard over its own slice and each replica updates its moving statistics from it; the trainable
-    weights still move by the gradient averaged over shards."""
-    x, y = tfcases.data(n=GLOBAL)
-    init, stock_names, per_slice = _stock_one_step_per_slice(tmp_path, x, y)
-    emu = Emulation(tpu_model(_bn_model), ModeKeys.TRAIN, (x, y))
+def _emulated_one_step(build_model, batch):
+    """(weight names, every replica's model weights) after one emulated step on ``batch``."""
+    emu = Emulation(tpu_model(build_model), ModeKeys.TRAIN, batch)
     try:
-        emu.load_weights(init)
-        emu.train((x, y))
-        replicas = emu.sess.run([clone.weights for clone in emu.clones])
-        names = emu.weight_names()
+        emu.load_weights(build_model().get_weights())
+        emu.train(batch)
+        return emu.weight_names(), emu.sess.run([clone.weights for clone in emu.clones])
     finally:
         emu.close()
+
+
+@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv-fused"])
+def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path, conv):
+    """Documented TPU behaviour (docs/parity.md): BatchNormalization normalises each shard over its
+    own slice and each replica updates its moving statistics from it; the trainable weights still
+    move by the gradient averaged over shards."""
+    x, y = tfcases.data(n=GLOBAL)
+    slices = [shard(r) for r in range(REPLICAS)]
+    _, stock_names, per_slice = _stock_one_step_per_slice(tmp_path, x, y, slices, conv=conv)
+    names, replicas = _emulated_one_step(lambda: _bn_model(conv=conv), (x, y))
     assert names == stock_names
     moving = [i for i, n in enumerate(names) if "moving_" in n]
     trainable = [i for i, n in enumerate(names) if "moving_" not in n]
@@ -232,6 +251,67 @@ def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path):
         assert max_diff([replicas[r][i] for i in trainable], mean) < TOL
     # The replicas' moving statistics differ from one another: they are per shard.
     assert max_diff([replicas[0][i] for i in moving], [replicas[1][i] for i in moving]) > 1e-3
+
+
+SHORT_REAL = 13  # real rows of a padded global batch: shards 0-2 full, 3 one row, 4-7 padding only
+
+
+def _padded_global_batch(x, y):
+    """x, y (fewer than GLOBAL rows) as tpushim feeds a short batch: padded, with its weight."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL).repeat()
+        fitted = _batching.fit_batches(dataset, GLOBAL, ModeKeys.TRAIN)
+        return sess.run(tf.compat.v1.data.make_one_shot_iterator(fitted).get_next())
+
+
+@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv-fused"])
+def test_batchnorm_on_a_padded_short_batch_uses_each_shards_real_rows(tmp_path, conv):
+    """A short batch padded over the shards (issue 24, item 1): each replica's moving statistics
+    are those of its own real rows (unchanged on a shard of padding only), and the weights move
+    by the gradient of the real rows, each weighing the same."""
+    x, y = tfcases.data(n=SHORT_REAL)
+    batch = _padded_global_batch(x, y)
+    assert int(batch[0][_padding.PADDING_KEY].sum()) == SHORT_REAL
+    slices = [slice(r * PER, min((r + 1) * PER, SHORT_REAL)) for r in range(REPLICAS)]
+    real = [max(0, s.stop - s.start) for s in slices]
+    init, _, per_slice = _stock_one_step_per_slice(tmp_path, x, y, slices[:4], conv=conv)
+    names, replicas = _emulated_one_step(lambda: _bn_model(conv=conv), batch)
+    moving = [i for i, n in enumerate(names) if "moving_" in n]
+    trainable = [i for i, n in enumerate(names) if "moving_" not in n]
+    for r in range(REPLICAS):
+        want = per_slice[r] if real[r] else init
+        assert max_diff([replicas[r][i] for i in moving], [want[i] for i in moving]) < TOL, r
+        step = [
+            init[i] + sum(real[s] / SHORT_REAL * (per_slice[s][i] - init[i]) for s in range(4))
+            for i in trainable
+        ]
+        assert max_diff([replicas[r][i] for i in trainable], step) < TOL, r
+
+
+def _synchronized_short_batches(tmp_path, conv=False):
+    """Largest difference of any replica's variables from stock's after each of 3 steps of
+    ``batch(GLOBAL).repeat()`` over SHORT_ROWS rows, with a synchronized BatchNormalization."""
+    x, y = tfcases.data(n=SHORT_ROWS, seed=4)
+    return _short_batch_diffs(
+        tmp_path, lambda: _bn_model(synchronized=True, conv=conv), (x, y), [32, 13, 32]
+    )
+
+
+def test_synchronized_batchnorm_on_eight_shards_trains_like_stock_on_the_global_batch(tmp_path):
+    """SyncBatchNormalization (``synchronized=True``) on a TPU: the statistics' sums are added
+    across shards, so every replica -- weights, moving mean and variance -- equals stock on the
+    whole global batch, a padded short one included."""
+    diffs = _synchronized_short_batches(tmp_path)
+    assert max(diffs) < TOL, diffs
+
+
+def test_negative_control_synchronized_batchnorm_per_shard_fails(tmp_path, monkeypatch):
+    real = _batchnorm.real_rows_call
+    monkeypatch.setattr(
+        _batchnorm, "real_rows_call", lambda weight, cross_replica: real(weight, False)
+    )
+    diffs = _synchronized_short_batches(tmp_path)
+    assert diffs[0] > 100 * TOL, diffs
 
 
 # -- 3. evaluation, 4. prediction ------------------------------------------------------------------
@@ -364,6 +444,45 @@ def test_negative_controls_eval_loss_of_shard_0_or_metrics_of_shard_0_fail(eval_
     assert max(abs(metrics_of_shard_0[key] - want[key]) for key in metrics) > 100 * TOL
 
 
+def _added_metrics(features, labels, predictions):
+    """A tf.estimator.add_metrics metric_fn: a (value, update_op) pair on labels and predictions, a
+    Keras metric object on features, and a name the model already reports (overridden)."""
+    mean_a = tf.keras.metrics.Mean(name="mean_a")
+    mean_a.update_state(features["features"]["a"][:, 0])
+    return {
+        "reg_mse_added": tf.compat.v1.metrics.mean_squared_error(labels["reg"], predictions["reg"]),
+        "mean_a": mean_a,
+        "cls_accuracy": tf.compat.v1.metrics.mean(predictions["cls"][:, 0]),
+    }
+
+
+def test_eight_shards_evaluate_added_metrics_like_stock(trained_stock):
+    """tf.estimator.add_metrics (issue 24, item 3): on a TPU the added metric_fn runs on the host
+    over every shard's rows, padding dropped; every metric, added and compiled, equals stock's
+    add_metrics estimator's."""
+    features, labels = two_in_two_out_data(EVAL_ROWS, seed=7)
+    stock = tf.estimator.add_metrics(trained_stock, _added_metrics)
+    want = stock.evaluate(_dataset_fn(features, labels, batch=GLOBAL))
+    want = tfcases.stock_metric_names(want, ("cls", "reg"))
+    assert want.pop("global_step") == 2
+    batches = _padded_global_batches((features, labels), ModeKeys.EVAL)
+    emu = Emulation(
+        tpu_model(lambda: two_in_two_out(EVAL_MODEL)),
+        ModeKeys.EVAL,
+        batches[0],
+        wrap_model_fn=lambda model_fn: _extenders._with(model_fn, _added_metrics, None),
+    )
+    try:
+        ckpt = tfcases.checkpoint_values(trained_stock.model_dir)
+        emu.load_weights([ckpt[n] for n in emu.weight_names()])
+        got = _emulated_eval(emu, batches)
+    finally:
+        emu.close()
+    assert {"reg_mse_added", "mean_a", "cls_accuracy", "reg_mae"} <= set(got) == set(want)
+    for key, value in want.items():
+        assert abs(got[key] - value) < TOL, (key, got[key], value)
+
+
 def test_eight_shards_predict_every_example_once_in_order(trained_stock):
     """45 examples: each shard's predictions concatenated in shard order, padding dropped (as
     TPUShimEstimator.predict does) equal stock predict() in order within 1e-5."""
@@ -394,23 +513,22 @@ SHORT_ROWS = (
 )
 
 
-def _short_batch_training(tmp_path, monkeypatch=None):
-    """Largest difference of any replica's variables from stock's after each of 3 steps of
-    ``batch(GLOBAL).repeat()`` over SHORT_ROWS rows: steps 2 is stock's short batch."""
-    optimizer = "keras-adam-legacy"
-    features, labels = two_in_two_out_data(SHORT_ROWS, seed=11)
-    model = two_in_two_out(optimizer)
+def _short_batch_diffs(tmp_path, build_model, data, real_rows):
+    """Largest difference of any replica's variables from stock's after each step of
+    ``batch(GLOBAL).repeat()`` over ``data``; ``real_rows``: each step's real rows."""
+    model = build_model()
     init = model.get_weights()
     stock = _stock_estimator(model, tmp_path / "stock", save_checkpoints_steps=1)
-    repeated = lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(GLOBAL).repeat()
-    stock.train(repeated, steps=3)
+    repeated = lambda: tf.data.Dataset.from_tensor_slices(data).batch(GLOBAL).repeat()
+    steps = len(real_rows)
+    stock.train(repeated, steps=steps)
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         nxt = tf.compat.v1.data.make_one_shot_iterator(
             _batching.fit_batches(repeated(), GLOBAL, ModeKeys.TRAIN)
         ).get_next()
-        batches = [sess.run(nxt) for _ in range(3)]
-    assert [int(b[0][_padding.PADDING_KEY].sum()) for b in batches] == [32, 13, 32]
-    emu = Emulation(tpu_model(lambda: two_in_two_out(optimizer)), ModeKeys.TRAIN, batches[0])
+        batches = [sess.run(nxt) for _ in range(steps)]
+    assert [int(b[0][_padding.PADDING_KEY].sum()) for b in batches] == real_rows
+    emu = Emulation(tpu_model(build_model), ModeKeys.TRAIN, batches[0])
     try:
         emu.load_weights(init)
         names, diffs = emu.var_names(), []
@@ -422,6 +540,18 @@ def _short_batch_training(tmp_path, monkeypatch=None):
         return diffs
     finally:
         emu.close()
+
+
+def _short_batch_training(tmp_path):
+    """Largest difference of any replica's variables from stock's after each of 3 steps of
+    ``batch(GLOBAL).repeat()`` over SHORT_ROWS rows: step 2 is stock's short batch."""
+    optimizer = "keras-adam-legacy"
+    return _short_batch_diffs(
+        tmp_path,
+        lambda: two_in_two_out(optimizer),
+        two_in_two_out_data(SHORT_ROWS, seed=11),
+        [32, 13, 32],
+    )
 
 
 def test_eight_shards_train_a_padded_short_batch_like_stock(tmp_path):

@@ -160,3 +160,42 @@ def test_predict_outputs_static_batch():
     for name, tensor in spec.predictions.items():
         assert tensor.shape.is_fully_defined() and tensor.shape[0] == PER_REPLICA, name
     assert len(outputs) == REPLICAS
+
+
+@pytest.mark.parametrize("use_tpu", [False, True], ids=["cpu", "tpu"])
+def test_batchnorm_takes_kerass_own_code_unless_the_batch_is_padded(use_tpu):
+    """A batch without padding trains a BatchNormalization by Keras's own code (the fused kernel,
+    for 4-D inputs), as stock; a padded batch by statistics over its real rows (issue 24), or by
+    the fused kernel where all its rows are real."""
+    model = tfcases.sequential(
+        extra_layers=(
+            tf.keras.layers.Reshape((2, 2, 2)),
+            tf.keras.layers.BatchNormalization(name="bn"),
+            tf.keras.layers.Flatten(),
+        )
+    )
+    for padded in (False, True):
+
+        def features(padded=padded):
+            if padded:
+                weight = tf.constant([1.0] * (PER_REPLICA - 1) + [0.0])
+                return {_padding.FEATURES_KEY: _features(), _padding.PADDING_KEY: weight}
+            return _features()
+
+        if use_tpu:
+            graph, _, _ = replicas.replicated_model_fn(
+                model, ModeKeys.TRAIN, features, _labels, replicas.train_step_outputs
+            )
+        else:
+            with tf.Graph().as_default() as graph:
+                tf.compat.v1.train.get_or_create_global_step()
+                _model_fn.make_model_fn(model)(
+                    features(),
+                    _labels(),
+                    ModeKeys.TRAIN,
+                    params={"use_tpu": False, "batch_size": PER_REPLICA},
+                )
+        # Padded: the fused kernel only in the branch a batch of real rows takes (a cond).
+        fused = replicas.ops_of_type(graph, "FusedBatchNormV3")
+        conds = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+        assert (bool(fused), bool(conds)) == (not padded, padded), padded

@@ -91,6 +91,7 @@ class TPUShimEstimator(TPUEstimator):
         # TPUEstimator validates its context's batch sizes before a call reaches the input; the
         # constructed one holds placeholders, and each call validates the one it fixes.
         _tfprivate.skip_batch_validation(self._tpushim_constructed_ctx)
+        self._tpushim_model_fn = kwargs.get("model_fn")  # tpushim's, before TPUEstimator wraps it
         self._tpushim_fixed_batch = tpushim_batch_size
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
         self._tpushim_eval_on_tpu = kwargs.get("eval_on_tpu", True)
@@ -421,18 +422,24 @@ class _RunClock(tf.compat.v1.train.SessionRunHook):
     def begin(self):
         self._step = tf.compat.v1.train.get_global_step()
 
-    def after_create_session(self, session, coord):
-        del coord
-        self._first_step = int(session.run(self._step))
+    def before_run(self, run_context):
+        del run_context
+        if self._first_step is not None:
+            return None
+        # The step is fetched with the first run, not read alone when the session starts: a
+        # separate read there makes StepCounterHook warn that the global step stalled.
         self._start = time.monotonic()
+        return tf.compat.v1.train.SessionRunArgs(self._step)
 
     def after_run(self, run_context, run_values):
-        del run_context, run_values
-        if self.first_run is None:
+        del run_context
+        if self._first_step is None:
+            self._first_step = int(run_values.results)
             self.first_run = time.monotonic() - self._start
 
     def end(self, session):
-        self.steps = int(session.run(self._step)) - self._first_step
+        if self._first_step is not None:
+            self.steps = int(session.run(self._step)) - self._first_step
 
 
 def _finite(result):
@@ -469,6 +476,26 @@ def tpu_eval_steps(facts, global_batch, steps):
     steps = held if steps is None else min(steps, held)
     logger.info("evaluating %d batches%s", steps, ": every example once" if steps == held else "")
     return steps
+
+
+def rewrapped(estimator, wrap):
+    """A TPUShimEstimator like ``estimator`` -- config, TPU, settings, batch size, warm start --
+    around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``: :mod:`tpushim._extenders`).
+    Observers hear of it as made from ``estimator`` (:func:`_observe.derived`)."""
+    model_fn = wrap(estimator._tpushim_model_fn)
+    twin = TPUShimEstimator(
+        model_fn=model_fn,
+        config=estimator.config,
+        use_tpu=estimator._tpushim_use_tpu,
+        warm_start_from=_tfprivate.warm_start_settings(estimator),
+        export_to_tpu=False,
+        tpushim_batch_size=estimator._tpushim_fixed_batch,
+        eval_on_tpu=estimator._tpushim_eval_on_tpu,
+        params={},
+        tpushim_tpu_source=estimator._tpushim_tpu_source,
+    )
+    _observe.derived(twin, estimator, model_fn)
+    return twin
 
 
 def batch_choices(size, shards):

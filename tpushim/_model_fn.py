@@ -14,11 +14,13 @@ differs where a TPU needs it to:
 * EVAL: ``eval_metrics=(metric_fn, tensors)``; ``metric_fn`` rebuilds every compiled metric from
   its config and returns ``(value, update_op)`` pairs, which is what TPUEstimator needs on a TPU.
 * Checkpoints through ``scaffold_fn``: TPUEstimator ignores ``scaffold`` on a TPU.
+
+A little over ~300 lines because it is one concern: the model_fn and the metric_fn it hands over.
 """
 
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _losses, _padding, _summaries, _tfprivate
+from tpushim import _batchnorm, _loss_kinds, _losses, _padding, _summaries, _tfprivate
 from tpushim._errors import ConversionError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -121,25 +123,66 @@ def _metric_plan(model, metric_names_map):
     return plan
 
 
+#: Activations whose output Keras's crossentropies read the logits of, by the op's type.
+_LOGITS_OPS = {"Sigmoid": tf.math.sigmoid, "Softmax": tf.nn.softmax}
+
+
+def _logits(output):
+    """(how, logits) Keras's crossentropies would read from this output, or (None, None).
+
+    A Keras activation leaves its input on the output as ``_keras_logits``, and an output made by
+    a Sigmoid or Softmax op has its input: Keras's crossentropy metrics (and the ``crossentropy``
+    alias) compute from those logits, not from the probabilities (``backend._get_logits``).
+    """
+    if hasattr(output, "_keras_logits"):
+        return "keras_logits", output._keras_logits
+    if output.op.type in _LOGITS_OPS:
+        return output.op.type, output.op.inputs[0]
+    return None, None
+
+
+def _with_logits(y_pred, how, logits):
+    """``y_pred`` as metric_fn gets it (padding dropped, or outfed from a TPU: a new tensor),
+    made to carry ``logits`` as the model's output carried them (see :func:`_logits`)."""
+    if how == "keras_logits":
+        if not hasattr(y_pred, "_keras_logits"):
+            y_pred = tf.identity(y_pred)
+            y_pred._keras_logits = logits
+        return y_pred
+    if y_pred.op.type == how:
+        return y_pred
+    return _LOGITS_OPS[how](logits)
+
+
 def _eval_metrics(model, metric_names_map, padding_weight):
     """(metric_fn, tensors) computing every compiled metric, per output, as stock names them.
 
     On a TPU, TPUEstimator runs ``metric_fn`` on the host, over the tensors of all shards
     concatenated: there it can drop the padding rows, so every metric sees exactly the rows of
     stock's batch -- including metrics that reduce a batch to one value (a custom function, or
-    [batch] labels for a [batch, 1] output, which Keras averages per batch).
+    [batch] labels for a [batch, 1] output, which Keras averages per batch). What Keras's metrics
+    read from the output tensor itself besides its values -- its logits, its Keras mask -- goes
+    to ``metric_fn`` as tensors of their own.
     """
     plan = _metric_plan(model, metric_names_map)
     if not plan:
         return None
-    tensors = {}
+    tensors, logits_how = {}, {}
     for index, endpoint in enumerate(_tfprivate.training_endpoints(model)):
         if endpoint.should_skip_target():
             continue
+        output = endpoint.output
         tensors[f"y_true_{index}"] = endpoint.training_target.target
-        tensors[f"y_pred_{index}"] = endpoint.output
+        tensors[f"y_pred_{index}"] = output
+        how, logits = _logits(output)
+        if how is not None:
+            logits_how[index] = how
+            tensors[f"logits_{index}"] = logits
+        mask = getattr(output, "_keras_mask", None)
+        if mask is not None:
+            tensors[f"mask_{index}"] = mask
         if endpoint.sample_weight is not None and any(w and i == index for _, i, w, _ in plan):
-            batch = tf.compat.v1.shape(endpoint.output)[0]
+            batch = tf.compat.v1.shape(output)[0]
             tensors[f"sample_weight_{index}"] = tf.broadcast_to(endpoint.sample_weight, [batch])
     if padding_weight is not None:
         tensors["padding_weight"] = padding_weight
@@ -150,10 +193,17 @@ def _eval_metrics(model, metric_names_map, padding_weight):
         metric_ops, new_vars = {}, []
         for name, index, weighted, metric in plan:
             metric = _clone_metric(metric)
-            weights = tensors.get(f"sample_weight_{index}") if weighted else None
+            y_pred = tensors[f"y_pred_{index}"]
+            if index in logits_how:
+                y_pred = _with_logits(y_pred, logits_how[index], tensors[f"logits_{index}"])
+            # Keras's own call: the output's mask weighs the metric (times any sample weight).
             update_op = _tfprivate.update_op(
-                metric.update_state(
-                    tensors[f"y_true_{index}"], tensors[f"y_pred_{index}"], sample_weight=weights
+                _tfprivate.call_metric_function(
+                    metric.update_state,
+                    tensors[f"y_true_{index}"],
+                    y_pred,
+                    weights=tensors.get(f"sample_weight_{index}") if weighted else None,
+                    mask=tensors.get(f"mask_{index}"),
                 )
             )
             metric_ops[name] = (metric.result(), update_op)
@@ -261,6 +311,12 @@ def make_model_fn(
             # A TRAIN step never reads the metrics; compiled in, their update ops would sit in the
             # TPU computation as dead (stateful) ops.
             compile_metrics=mode != ModeKeys.TRAIN,
+            # BatchNormalization's batch statistics over the real rows of a padded batch.
+            batchnorm_call=(
+                _batchnorm.real_rows_call(padding_weight, cross_replica=use_tpu)
+                if mode == ModeKeys.TRAIN
+                else None
+            ),
         )
         predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = eval_metrics = host_call = training_hooks = None

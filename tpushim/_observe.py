@@ -5,6 +5,9 @@ core knows neither. An observer is any object; the core calls whichever of these
 
 * ``converted(conversion)`` -- a ``model_to_estimator`` call became a tpushim estimator
   (:class:`Conversion`);
+* ``derived(estimator, source, model_fn)`` -- a tpushim estimator was made from another one's
+  conversion (``tf.estimator.add_metrics``): ``estimator`` runs ``model_fn``, which wraps
+  ``source``'s;
 * ``calling(call)`` -- a ``train``/``evaluate``/``predict`` call starts (:class:`Call`); it may
   return a replacement (e.g. fewer steps), or None to leave the call as it is;
 * ``input_called(input_call)`` -- the user's input_fn ran, once, in the graph being built
@@ -123,6 +126,11 @@ def _tell(method, *args):
 def converted(conversion):
     """Tells observers of a conversion."""
     _tell("converted", conversion)
+
+
+def derived(estimator, source, model_fn):
+    """Tells observers that ``estimator`` (running ``model_fn``) was made from ``source``."""
+    _tell("derived", estimator, source, model_fn)
 
 
 @contextlib.contextmanager

@@ -151,7 +151,15 @@ def eval_loss(model, padding_weight, cross_replica=False):
             per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE
         )
         per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
-        sums = tf.stack([tf.reduce_sum(weighted), tf.reduce_sum(rows) * per_row])
+        count = tf.reduce_sum(rows) * per_row
+        mask = getattr(y_pred, "_keras_mask", None)
+        if mask is not None:  # as Keras: the mean is over the elements the mask keeps
+            mask, _, rows = losses_utils.squeeze_or_expand_dimensions(
+                tf.cast(mask, per_sample.dtype), None, rows
+            )
+            weighted = weighted * mask
+            count = tf.reduce_sum(rows * mask)
+        sums = tf.stack([tf.reduce_sum(weighted), count])
         if cross_replica:
             sums = tf.compat.v1.tpu.cross_replica_sum(sums)
         reduction = getattr(endpoint.loss_fn, "reduction", losses_utils.ReductionV2.AUTO)

@@ -1,17 +1,28 @@
-"""Patching: the target, the state, and patch/unpatch/patched applying and removing one wrapper.
+"""Patching: the targets, the state, and patch/unpatch/patched applying and removing the wrappers.
 
-Why a private TensorFlow path: every public spelling of ``model_to_estimator`` --
-``tf.keras.estimator``, ``tf.compat.v1/v2.keras.estimator``, ``keras.estimator`` and names imported
-from them before or after :func:`patch` -- calls ``keras_lib.model_to_estimator`` by attribute at
-call time, with ``use_v2_estimator`` telling v1 from v2. Wrapping that one attribute therefore
-catches all of them. Wrapping ``tf.keras.estimator.model_to_estimator`` instead would miss five of
-these seven (checked on TF 2.15): the tf.compat.v1 and v2 modules, ``keras.estimator``, the v1
-``from ... import`` and any name bound before the patch.
+What is wrapped is one table, :data:`TARGETS`, which ``patch()``, ``unpatch()`` and ``status()``
+all read (as OpenTelemetry's instrumentors read theirs), so they cannot drift apart:
 
-``keras_lib`` is imported lazily by TensorFlow (on the first ``model_to_estimator`` call), so the
-wrapper is applied by a post-import hook: immediately when the module is already imported,
-otherwise the moment it is. ``import tpushim`` and ``patch()`` import no TensorFlow -- nor wrapt,
-inspect or logging before there is something to wrap: start-up stays within a few milliseconds.
+* ``keras_lib.model_to_estimator``. Every public spelling of ``model_to_estimator`` --
+  ``tf.keras.estimator``, ``tf.compat.v1/v2.keras.estimator``, ``keras.estimator`` and names
+  imported from them before or after :func:`patch` -- calls it by attribute at call time, with
+  ``use_v2_estimator`` telling v1 from v2, so wrapping that one attribute catches all of them.
+  Wrapping ``tf.keras.estimator.model_to_estimator`` instead would miss five of these seven
+  (checked on TF 2.15): the tf.compat.v1 and v2 modules, ``keras.estimator``, the v1
+  ``from ... import`` and any name bound before the patch.
+* ``extenders.estimator_lib``, the estimator module as ``tf.estimator.add_metrics`` sees it. Every
+  spelling of ``add_metrics`` (``tf.estimator``, ``tf.compat.v1/v2.estimator``, names bound before
+  the patch) is one function object, which builds its result as ``estimator_lib.Estimator(...)``,
+  looking the module up at call time: through tpushim's view of the module, ``add_metrics`` on a
+  converted estimator returns a converted estimator (:mod:`tpushim._extenders`); every other
+  use of the module, and ``add_metrics`` on any other estimator, is stock's.
+
+Both modules are imported lazily by TensorFlow (keras_lib on the first ``model_to_estimator``
+call), each at its own time, so each wrapper is applied by a post-import hook: immediately when
+its module is already imported, otherwise the moment it is. ``import tpushim`` and ``patch()``
+import no TensorFlow -- nor wrapt, inspect or logging before there is something to wrap: start-up
+stays within a few milliseconds. Over ~300 lines because it is one concern: the wrappers' life,
+from the table to the scopes that want them.
 """
 
 from __future__ import annotations  # annotations stay strings: typing is not imported at start-up
@@ -29,9 +40,16 @@ if TYPE_CHECKING:
 
     _F = TypeVar("_F", bound=Callable[..., object])
 
-#: The one attribute tpushim wraps: ``KERAS_LIB.TARGET``. Other modules name keras_lib by this.
+#: ``KERAS_LIB.TARGET`` is ``model_to_estimator``. Other modules name keras_lib by this.
 KERAS_LIB = "tensorflow_estimator.python.estimator.keras_lib"
 TARGET = "model_to_estimator"
+EXTENDERS = "tensorflow_estimator.python.estimator.extenders"
+
+#: Every attribute tpushim wraps, as (module, attribute, kind of wrapper): see the module's doc.
+TARGETS = (
+    (KERAS_LIB, TARGET, "convert"),
+    (EXTENDERS, "estimator_lib", "add_metrics"),
+)
 
 
 class _State:
@@ -42,9 +60,8 @@ class _State:
         # The settings layers of the patched() scopes open in this thread / asyncio task, outermost
         # first. A ContextVar is made once and never replaced: reset() empties this context's value.
         self.scope_layers = contextvars.ContextVar("tpushim_scope_layers", default=())
-        self.wrapper_type = (
-            None  # built with the first wrapper; kept by reset() (old wrappers use it)
-        )
+        # Built with the first wrapper of each kind; kept by reset() (old wrappers use them).
+        self.wrapper_types = {}
         self._clear()
 
     def _clear(self):
@@ -54,7 +71,7 @@ class _State:
         self.warned = False  # the guard warns once per process
 
     def wrapper_wanted(self):
-        """True when the wrapper should be on ``keras_lib``: patched, or a scope open somewhere."""
+        """True when the wrappers should be on: patched, or a scope open somewhere."""
         return self.refusal is None and (self.process_layer is not None or self.open_scopes > 0)
 
     def reset(self):
@@ -88,20 +105,40 @@ def _logger():
     return logging.getLogger("tpushim")
 
 
-def _wrapper_class():
-    """tpushim's wrapper type (a wrapt.FunctionWrapper): ``isinstance`` tells our layer from others'."""
-    if STATE.wrapper_type is None:
+def _wrapper_class(kind):
+    """tpushim's wrapper type of this kind: ``isinstance`` tells our layer from others'.
+
+    ``convert``: a wrapt.FunctionWrapper running :func:`_convert_call`. ``add_metrics``: a
+    wrapt.ObjectProxy of the estimator module whose ``Estimator`` is :func:`_add_metrics_estimator`.
+    """
+    if kind not in STATE.wrapper_types:
         import wrapt
 
-        STATE.wrapper_type = type(
-            "TPUShimWrapper", (wrapt.FunctionWrapper,), {"__module__": __name__}
-        )
-    return STATE.wrapper_type
+        if kind == "convert":
+            bases, body = (wrapt.FunctionWrapper,), {}
+        else:
+
+            def estimator(self):
+                return lambda *args, **kwargs: _add_metrics_estimator(
+                    self.__wrapped__.Estimator, args, kwargs
+                )
+
+            bases, body = (wrapt.ObjectProxy,), {"Estimator": property(estimator)}
+        name = {"convert": "TPUShimWrapper", "add_metrics": "TPUShimEstimatorLib"}[kind]
+        STATE.wrapper_types[kind] = type(name, bases, {"__module__": __name__, **body})
+    return STATE.wrapper_types[kind]
+
+
+def _wrap(kind, original):
+    if kind == "convert":
+        return _wrapper_class(kind)(original, _convert_call)
+    return _wrapper_class(kind)(original)
 
 
 def is_ours(obj):
-    """True when ``obj`` is tpushim's wrapper (without importing wrapt when nothing was wrapped)."""
-    return STATE.wrapper_type is not None and isinstance(obj, STATE.wrapper_type)
+    """True when ``obj`` is one of tpushim's wrappers (without importing wrapt when nothing was
+    wrapped)."""
+    return any(isinstance(obj, t) for t in tuple(STATE.wrapper_types.values()))
 
 
 def _check_versions():
@@ -123,22 +160,23 @@ def refusal():
 # --- apply / remove ------------------------------------------------------------------------------
 
 
-def _apply(module):
-    current = getattr(module, TARGET)
+def _apply(module, attribute, kind):
+    current = getattr(module, attribute)
     if is_ours(current):
         return  # exactly one layer, however often we are asked
-    setattr(module, TARGET, _wrapper_class()(current, _convert_call))
+    setattr(module, attribute, _wrap(kind, current))
 
 
-def _remove(module):
-    current = getattr(module, TARGET, None)
+def _remove(module, attribute):
+    current = getattr(module, attribute, None)
     # Restore only what is still our wrapper: someone may have wrapped on top of us since.
     if is_ours(current):
-        setattr(module, TARGET, current.__wrapped__)
+        setattr(module, attribute, current.__wrapped__)
 
 
 def _on_import(module):
-    """Post-import hook for tensorflow (the version guard sees its real version) and keras_lib."""
+    """Post-import hook for tensorflow (the version guard sees its real version) and each
+    target's module."""
     del module
     with STATE.lock:
         if STATE.wrapper_wanted():
@@ -147,25 +185,29 @@ def _on_import(module):
 
 
 def _sync():
-    """Makes the wrapper's presence on ``keras_lib`` match what is wanted (lock held)."""
-    if STATE.wrapper_wanted():
+    """Makes the wrappers' presence on their modules match what is wanted (lock held)."""
+    wanted = STATE.wrapper_wanted()
+    if wanted:
         # _hooks ignores a hook registered twice: each fires once, however often we get here.
-        for name in ("tensorflow", KERAS_LIB):
+        for name in ("tensorflow", *dict.fromkeys(t[0] for t in TARGETS)):
             if name not in sys.modules:
                 _hooks.when_imported(name, _on_import)
-    module = sys.modules.get(KERAS_LIB)
-    if module is not None:
-        (_apply if STATE.wrapper_wanted() else _remove)(module)
+    for module_name, attribute, kind in TARGETS:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            _apply(module, attribute, kind) if wanted else _remove(module, attribute)
 
 
 def applied():
-    """``{"<keras_lib>.model_to_estimator": True | False | "pending import"}``: is the wrapper on?"""
-    module = sys.modules.get(KERAS_LIB)
-    return {
-        f"{KERAS_LIB}.{TARGET}": "pending import"
-        if module is None
-        else is_ours(getattr(module, TARGET, None))
-    }
+    """``{"<module>.<attribute>": True | False | "pending import"}`` for every target: is the
+    wrapper on?"""
+    out = {}
+    for module_name, attribute, _ in TARGETS:
+        module = sys.modules.get(module_name)
+        out[f"{module_name}.{attribute}"] = (
+            "pending import" if module is None else is_ours(getattr(module, attribute, None))
+        )
+    return out
 
 
 # --- public entry points (re-exported by tpushim/__init__.py) -------------------------------------
@@ -374,6 +416,17 @@ def _convert_call(wrapped, instance, args, kwargs):
     from tpushim import _estimator
 
     return _estimator.build(arguments, settings, decision.tpu)
+
+
+def _add_metrics_estimator(estimator_class, args, kwargs):
+    """``Estimator(*args, **kwargs)`` as ``tf.estimator.add_metrics`` calls it: for an estimator
+    tpushim converted, the same TPU estimator with the added metrics; else stock's Estimator."""
+    from tpushim import _extenders  # not at start-up
+
+    converted = _extenders.add_metrics_call(args, kwargs)
+    if converted is None:
+        return estimator_class(*args, **kwargs)
+    return converted
 
 
 def _arguments_by_name(wrapped, args, kwargs):

@@ -6,11 +6,13 @@ this file is the only one to edit. Where the releases differ, the fallback says 
 Over ~300 lines because that is its one concern: each function is a thin, tested name.
 """
 
+import contextlib
+import contextvars
 import threading
 
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
-from tensorflow_estimator.python.estimator import keras_lib
+from tensorflow_estimator.python.estimator import extenders, keras_lib
 from tensorflow_estimator.python.estimator.export import export_lib  # noqa: F401  (re-exported)
 from tensorflow_estimator.python.estimator.tpu import (  # noqa: F401  (re-exported)
     tpu_config,
@@ -42,8 +44,12 @@ def clone_and_build_model(
     labels=None,
     optimizer_config=None,
     compile_metrics=True,
+    batchnorm_call=None,
 ):
     """keras_lib's clone and compile; ``compile_metrics=False`` compiles the clone without metrics.
+
+    ``batchnorm_call``: a replacement for the call of the clone's BatchNormalization layers (see
+    :func:`batchnorm_call_replaced`), or None for Keras's own.
 
     Keras's cloning reads the compile arguments through ``keras_model._get_compile_args()`` and
     pins that method on the model to what it read (keras/src/models/cloning.py); with
@@ -51,7 +57,10 @@ def clone_and_build_model(
     stock cloning leaves. The lock keeps a concurrent clone of the same model (another thread's
     evaluate) from seeing the stripped ones.
     """
-    with _clone_lock:
+    with (
+        _clone_lock,
+        batchnorm_call_replaced(batchnorm_call) if batchnorm_call else contextlib.nullcontext(),
+    ):
         if compile_metrics:
             return keras_lib._clone_and_build_model(
                 mode, keras_model, custom_objects, features, labels, optimizer_config
@@ -66,6 +75,67 @@ def clone_and_build_model(
             )
         finally:
             keras_model._get_compile_args = lambda: compile_args
+
+
+# --- BatchNormalization layers: their call replaced while tpushim builds a clone ------------------
+
+_batchnorm_call = contextvars.ContextVar("tpushim_batchnorm_call", default=None)
+
+
+def batchnorm_base_class():
+    """The base class of every Keras 2 BatchNormalization layer (v1, v2, SyncBatchNormalization)."""
+    try:
+        from keras.src.layers.normalization import batch_normalization as module  # Keras >= 2.13
+    except ImportError:
+        from keras.layers.normalization import batch_normalization as module  # Keras 2.12
+    return module.BatchNormalizationBase
+
+
+@contextlib.contextmanager
+def batchnorm_call_replaced(replacement):
+    """While active, in this thread (context), a BatchNormalization layer's ``call(inputs,
+    training=None, mask=None)`` is ``replacement(layer, own_call, inputs, training, mask)``, with
+    ``own_call`` the layer's own bound ``call``.
+
+    The class attribute is replaced for the block only, and other threads calling a layer then
+    get Keras's own ``call``: a context variable says whose block it is. Blocks do not overlap
+    (callers hold the clone lock).
+    """
+    base = batchnorm_base_class()
+    own = base.call
+
+    def call(self, inputs, training=None, mask=None):
+        active = _batchnorm_call.get()
+        bound = own.__get__(self, type(self))
+        if active is None:
+            return bound(inputs, training=training, mask=mask)
+        return active(self, bound, inputs, training, mask)
+
+    token = _batchnorm_call.set(replacement)
+    base.call = call
+    try:
+        yield
+    finally:
+        if base.__dict__.get("call") is call:  # only ours: someone may have replaced it since
+            base.call = own
+        _batchnorm_call.reset(token)
+
+
+def batchnorm_training_value(layer, training):
+    """True, False or None (not known while building): whether a BatchNormalization layer uses
+    batch statistics in this call, as Keras decides (the learning phase; a frozen layer never)."""
+    import tensorflow as tf
+
+    value = layer._get_training_value(training)
+    if tf.is_tensor(value):
+        value = tf.get_static_value(value)
+    return None if value is None else bool(value)
+
+
+def batchnorm_renorm(layer, mean, variance, inputs_size):
+    """Keras's batch renormalization for these batch moments: ``(r, d, mean, variance)``, the
+    renorm moving averages updated (not where ``inputs_size`` is 0)."""
+    return layer._renorm_correction_and_moments(mean, variance, True, inputs_size)
 
 
 def is_subclassed(keras_model):
@@ -265,6 +335,55 @@ def settle_sample_weights(model):
     recompiles its loss and weighted metrics WITHOUT any sample weights (stock then evaluates, as it
     trains, unweighted). Returns whether it recompiled."""
     return model._recompile_weights_loss_and_weighted_metrics()
+
+
+def call_metric_function(metric_fn, y_true, y_pred, weights=None, mask=None):
+    """Keras's v1-graph metric call: an output's mask weighs the metric, times any weights."""
+    try:
+        from keras.src.engine import training_utils_v1  # Keras >= 2.13
+    except ImportError:
+        from keras.engine import training_utils_v1  # Keras 2.12
+    return training_utils_v1.call_metric_function(
+        metric_fn, y_true, y_pred, weights=weights, mask=mask
+    )
+
+
+def add_metrics_parts(model_fn):
+    """``(estimator, metric_fn)`` when ``model_fn`` is the one ``tf.estimator.add_metrics`` makes
+    (extenders.py's ``new_model_fn``, a closure over both), else None."""
+    code = getattr(model_fn, "__code__", None)
+    if (
+        code is None
+        or code.co_name != "new_model_fn"
+        or getattr(model_fn, "__module__", None) != extenders.__name__
+    ):
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in model_fn.__closure__ or ())))
+    if "estimator" not in cells or "metric_fn" not in cells:
+        return None
+    return cells["estimator"], cells["metric_fn"]
+
+
+def leaf_paths(structure):
+    """A readable path ("features/age") for every leaf of ``structure``, in ``tf.nest.flatten``
+    order (the public ``tf.nest`` has no paths)."""
+    from tensorflow.python.util import nest
+
+    return [path for path, _ in nest.flatten_with_joined_string_paths(structure)]
+
+
+def validate_eval_metric_ops(eval_metric_ops):
+    """Stock's checks of ``eval_metric_ops`` (its errors, verbatim); Keras ``Metric`` objects
+    become ``(result, update_op)`` and their variables local metric variables, as
+    ``EstimatorSpec`` makes them."""
+    from tensorflow_estimator.python.estimator import model_fn as model_fn_lib
+
+    return model_fn_lib._validate_eval_metric_ops(eval_metric_ops)
+
+
+def warm_start_settings(estimator):
+    """An estimator's ``WarmStartSettings`` (or None), as ``tf.estimator.add_metrics`` reads it."""
+    return estimator._warm_start_settings
 
 
 def per_output_metrics(model):

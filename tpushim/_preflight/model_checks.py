@@ -31,6 +31,8 @@ HOST_ONLY_OPS = {
 _XLA_NOT_CONSTANT = re.compile(
     r"Input \d+ to node `([^`]+)` with op (\w+) must be a compile-time constant"
 )
+# The node an XLA error is about.
+_XLA_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 _XLA_UNSUPPORTED = re.compile(
     r"(\w+) \(No registered '\w+' OpKernel for XLA_\w+ devices compatible "
     r"with node \{\{node ([^}]+)\}\}"
@@ -75,10 +77,11 @@ def check_xla(report, keras_model, custom_objects, features, labels):
     """
     report.note_checked("XLA compile of the training step")
     if not tf.executing_eagerly():  # the script called disable_v2_behavior()
+        traced = []
         try:
-            _xla_compile_in_graph(keras_model, custom_objects, features, labels)
+            _xla_compile_in_graph(keras_model, custom_objects, features, labels, traced)
         except Exception as e:
-            _report_xla_error(report, keras_model, e)
+            _report_xla_error(report, keras_model, e, traced[0] if traced else None)
         return
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
         clone = tf.keras.models.clone_model(keras_model)
@@ -106,15 +109,76 @@ def check_xla(report, keras_model, custom_objects, features, labels):
     try:
         train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
     except Exception as e:
-        _report_xla_error(report, keras_model, e)
+        _report_xla_error(report, keras_model, e, _graph_def(train_step, specs))
 
 
-def _report_xla_error(report, keras_model, e):
-    """The finding(s) for an XLA compilation error: unsupported ops and value-dependent shapes
-    named by layer, anything else as xla-compile."""
+def _graph_def(function, args):
+    """The GraphDef of ``function`` traced for ``args`` (its library included), or None."""
+    try:
+        return function.get_concrete_function(*args).graph.as_graph_def()
+    except Exception:
+        return None
+
+
+def _nodes(graph_def):
+    """Every node of a GraphDef, its functions' (loops, conditions, calls) included."""
+    if graph_def is None:
+        return
+    yield from graph_def.node
+    for function in graph_def.library.function:
+        yield from function.node_def
+
+
+def _ops_without_xla_kernel(graph_def):
+    """{op type: a node of it} for the traced step's ops XLA has no kernel for, in graph order.
+
+    What XLA names when it gets that far; it may stop earlier, e.g. on a lookup table's handle,
+    which it takes for an uninitialised variable (``RET_CHECK failure ... is_initialized``). The
+    kernel registry lists XLA's kernels once XLA has compiled something in the process (the
+    failed compile did); without them it tells nothing, and nothing is named.
+    """
+    from tensorflow.python.framework import kernels
+
+    def on_xla(op_type):
+        registered = kernels.get_registered_kernels_for_op(op_type).kernel
+        return any(k.device_type == "XLA_CPU_JIT" for k in registered)
+
+    if graph_def is None or not on_xla("MatMul"):
+        return {}
+    found = {}
+    for node in _nodes(graph_def):
+        # A placeholder is the compiled function's argument: XLA takes it as one.
+        if node.op not in found and node.op != "Placeholder" and not on_xla(node.op):
+            found[node.op] = node.name
+    return found
+
+
+def _failing_node(text, graph_def):
+    """(op type, node name) of the step's node XLA's error names, or None: in graph mode XLA
+    names the call of the whole step (StatefulPartitionedCall), which says nothing."""
+    ops = {node.name: node.op for node in _nodes(graph_def)}
+    for name in _XLA_NODE.findall(text):
+        if name in ops and ops[name] not in ("PartitionedCall", "StatefulPartitionedCall"):
+            return ops[name], name
+    return None
+
+
+def _report_xla_error(report, keras_model, e, graph_def=None):
+    """The finding(s) for an XLA compilation error, each naming the op and the layer it is in:
+    unsupported ops and value-dependent shapes; when XLA's error names no op, the step's ops XLA
+    has no kernel for; anything else as xla-compile, with the node XLA names."""
     text = str(e)
-    unsupported = _XLA_UNSUPPORTED.findall(text)
+    named = _XLA_UNSUPPORTED.findall(text)
+    # An _Arg XLA refuses is an input of a dtype it cannot take (strings): the input checks
+    # report those (string-input), by feature; what the model does with them is still named.
+    unsupported = [(op, node) for op, node in named if op != "_Arg"]
+    inputs_only = bool(named) and not unsupported
     not_constant = _XLA_NOT_CONSTANT.search(text)
+    failing = _failing_node(text, graph_def)
+    if not unsupported and not not_constant and (inputs_only or failing is None):
+        unsupported = list(_ops_without_xla_kernel(graph_def).items())
+    if inputs_only and not unsupported and not not_constant:
+        return
     if not_constant:
         node, op = not_constant.groups()
         layer = _layer_of(node, keras_model)
@@ -135,29 +199,35 @@ def _report_xla_error(report, keras_model, e):
             "values in the input pipeline and pad them to a fixed size",
         )
     elif not unsupported:
+        if failing is None:
+            where = f"model {keras_model.name!r} (XLA's error names no op of the step)"
+        else:
+            op, node = failing
+            where = f"layer {_layer_of(node, keras_model)!r} (op {op}, node {node})"
         report.add(
             "xla-compile",
             "error",
-            f"model {keras_model.name!r}",
+            where,
             f"the training step does not compile with XLA: {summary(e)}",
             "make the model's ops XLA-compatible (tf.function(jit_compile=True) on CPU "
             "reproduces this)",
         )
-    for op, node in dict(unsupported).items():
+    for op, node in dict(unsupported).items():  # one finding per op
         report.add(
             "xla-unsupported-op",
             "error",
             f"layer {_layer_of(node, keras_model)!r} (op {op})",
-            f"op {op} has no XLA kernel: the training step does not compile for a TPU",
+            f"op {op} ({node}) has no XLA kernel: the training step does not compile for a TPU",
             f"replace {op} in that layer with XLA-supported ops, or move it into the "
             f"input pipeline (tf.data), which runs on the host",
         )
 
 
-def _xla_compile_in_graph(keras_model, custom_objects, features, labels):
+def _xla_compile_in_graph(keras_model, custom_objects, features, labels, traced):
     """The training step compiled by XLA in a graph, for scripts that ``disable_v2_behavior()``
     (no eager context to ask for the compiler's IR): built in a scratch graph as a
-    ``jit_compile`` function on the batch's values and run once, which compiles it."""
+    ``jit_compile`` function on the batch's values and run once, which compiles it. The traced
+    step's GraphDef is appended to ``traced``."""
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         with tf.keras.utils.custom_object_scope(custom_objects or {}):
             clone = tf.keras.models.clone_model(keras_model)
@@ -177,6 +247,7 @@ def _xla_compile_in_graph(keras_model, custom_objects, features, labels):
             return loss, tape.gradient(loss, clone.trainable_variables)
 
         outputs = train_step(*flat)
+        traced.append(_graph_def(train_step, flat))
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(outputs)
 

@@ -8,10 +8,14 @@ import contextlib
 import dataclasses
 from typing import Optional
 
+import tensorflow as tf
+
 from tpushim import _input_fn, _observe, _settings
 from tpushim._preflight import graph_checks, input_checks, pod_checks, progress
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
+
+_UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 
 
 @dataclasses.dataclass
@@ -25,6 +29,8 @@ class _Recorded:
 
     conversion: _observe.Conversion
     calls: list = dataclasses.field(default_factory=list)
+    # Estimators made from it (tf.estimator.add_metrics): their calls are its calls.
+    derived: list = dataclasses.field(default_factory=list)
     pod_inputs: dict = dataclasses.field(default_factory=dict)
 
     def first(self, event):
@@ -42,12 +48,28 @@ class Recorder:
         self._conversions: list[_Recorded] = []
 
     def _owner(self, estimator) -> Optional[_Recorded]:
-        return next((c for c in self._conversions if c.conversion.estimator is estimator), None)
+        return next(
+            (
+                c
+                for c in self._conversions
+                if c.conversion.estimator is estimator or any(d is estimator for d in c.derived)
+            ),
+            None,
+        )
 
     # -- observing (see tpushim._observe) ---------------------------------------------------------
     def converted(self, conversion):
         """Told of each conversion."""
         self._conversions.append(_Recorded(conversion))
+
+    def derived(self, estimator, source, model_fn):
+        """Told of an estimator made from another (``tf.estimator.add_metrics``): its calls are
+        recorded and capped as ``source``'s, and the TPU graphs are built with its model_fn
+        (which wraps the conversion's: the added metrics included)."""
+        owner = self._owner(source)
+        if owner is not None:
+            owner.derived.append(estimator)
+            owner.conversion = dataclasses.replace(owner.conversion, model_fn=model_fn)
 
     def calling(self, call):
         """Told of each train/evaluate/predict call; returns the call to run.
@@ -82,10 +104,13 @@ class Recorder:
             return
         if input_call.mode == "eval" and input_call.facts.examples is None:
             with contextlib.suppress(Exception):  # its input checks report what went wrong
-                input_call = dataclasses.replace(
-                    input_call,
-                    facts=_input_fn.read_facts(input_call.result, count=True, count_unknown=False),
-                )
+                facts = _input_fn.read_facts(input_call.result, count=True, count_unknown=False)
+                if facts.examples is None and _input_fn.cardinality(input_call.result) == _UNKNOWN:
+                    # Ends, at a length only reading it would tell (text files, filter): a TPU
+                    # would count it so; the replay holds one global batch.
+                    size = input_call.global_batch
+                    facts = dataclasses.replace(facts, batches=1, examples=size)
+                input_call = dataclasses.replace(input_call, facts=facts)
         for i, (call, recorded) in enumerate(owner.calls):
             if recorded is None and call.input_fn is input_call.call.input_fn:
                 owner.calls[i] = (call, input_call)

@@ -1,0 +1,145 @@
+"""``tf.estimator.add_metrics`` on a converted estimator (issue 24, item 3): every spelling returns
+tpushim's estimator (same config, settings and batch handling), whose added metrics equal stock's
+add_metrics estimator's, are built on a TPU's host, and whose calls the preflight hears. The
+8-shard emulation of the added metrics is in tests/test_tpu_emulation.py."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tfcases
+from tensorflow.estimator import add_metrics as bound_before_patch
+from tensorflow_estimator.python.estimator import estimator as estimator_lib
+from tensorflow_estimator.python.estimator import extenders
+
+import tpushim
+from tpushim._estimator import TPUShimEstimator
+from tpushim._preflight import faketpu, recording
+
+pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+
+SPELLINGS = {
+    "tf.estimator": lambda: tf.estimator.add_metrics,
+    "tf.compat.v1.estimator": lambda: tf.compat.v1.estimator.add_metrics,
+    "tf.compat.v2.estimator": lambda: tf.compat.v2.estimator.add_metrics,
+    "extenders": lambda: extenders.add_metrics,
+    "bound before patch()": lambda: bound_before_patch,
+}
+
+
+def added_metrics(labels, predictions, features, config):
+    """Every argument add_metrics offers; a (value, update_op) pair, a Keras metric object, and a
+    name the model already reports ('accuracy': the added one wins, as in stock)."""
+    assert config.model_dir
+    auc = tf.keras.metrics.AUC(name="auc")
+    auc.update_state(tf.one_hot(tf.reshape(labels, [-1]), 3), predictions["probs"])
+    return {
+        "auc": auc,
+        "mean_feature": tf.compat.v1.metrics.mean(features[:, 0], name="mean_feature"),
+        "accuracy": tf.compat.v1.metrics.mean(predictions["probs"][:, 1], name="mean_probs"),
+    }
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_every_spelling_keeps_the_converted_estimator(spelling, tmp_path, tpushim_log):
+    tpushim.patch(mode="cpu", batch_size=16, iterations_per_loop=7)
+    converted = tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path)
+    )
+    added = SPELLINGS[spelling]()(converted, added_metrics)
+    assert isinstance(added, TPUShimEstimator), type(added)
+    assert added.model_dir == converted.model_dir
+    assert added.config.tpu_config == converted.config.tpu_config  # iterations_per_loop 7, ...
+    assert added._tpushim_fixed_batch == 16 and added._tpushim_use_tpu is False
+    assert "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)" in tpushim_log.text
+
+
+def test_added_metrics_equal_stocks(tmp_path):
+    """Trained, then evaluated on 52 rows in batches of 8 (the last one padded): every metric,
+    added or compiled, equals stock's add_metrics estimator's; training is untouched."""
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y)
+    results = {}
+    for mode in ("off", "cpu"):
+        tpushim.patch(mode=mode)  # add_metrics keeps an estimator tpushim's while patched
+        try:
+            converted = tf.keras.estimator.model_to_estimator(
+                keras_model=tfcases.sequential(),
+                model_dir=str(tmp_path / mode),
+                config=tf.estimator.RunConfig(tf_random_seed=7),
+            )
+            estimator = tf.compat.v1.estimator.add_metrics(converted, added_metrics)
+        finally:
+            tpushim.unpatch()
+        estimator.train(fn, steps=6)
+        results[mode] = (estimator.evaluate(fn), tfcases.checkpoint_values(estimator.model_dir))
+    assert isinstance(estimator, TPUShimEstimator)
+    (stock, stock_weights), (shim, shim_weights) = results["off"], results["cpu"]
+    assert set(shim) == set(stock) == {"auc", "mean_feature", "accuracy", "loss", "global_step"}
+    for key, value in stock.items():
+        assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
+    for name, value in stock_weights.items():
+        np.testing.assert_allclose(shim_weights[name], value, atol=tfcases.TOL, err_msg=name)
+
+
+def test_other_estimators_and_bad_metric_fns_get_stocks_add_metrics(tmp_path):
+    tpushim.patch(mode="cpu")
+    plain = tf.estimator.Estimator(
+        model_fn=lambda features, labels, mode: None, model_dir=str(tmp_path / "plain")
+    )
+    assert type(tf.estimator.add_metrics(plain, added_metrics)) is estimator_lib.Estimator
+    converted = tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path / "converted")
+    )
+    with pytest.raises(ValueError, match="has following not expected args: \\['params'\\]"):
+        tf.estimator.add_metrics(converted, lambda labels, params: {})  # stock's check and text
+
+
+def test_added_metrics_run_on_the_tpu_host(tmp_path):
+    """On a faked 8-core TPU system the evaluation with added metrics builds: the model's step
+    replicated, the added metrics' tensors outfed with tpushim's own, the metrics on the host."""
+    x, y = tfcases.data(n=100)
+    fn = tfcases.dataset_input_fn(x, y, batch=64)
+    with faketpu.faked_tpu_system() as tpu:
+        tpushim.patch(tpu=tpu.master)
+        try:
+            converted = tf.keras.estimator.model_to_estimator(
+                keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
+            )
+            added = tf.estimator.add_metrics(converted, added_metrics)
+        finally:
+            tpushim.unpatch()
+        assert isinstance(added, TPUShimEstimator) and added._tpushim_use_tpu
+        plain, with_added = (tpu.build(lambda e=e: e.evaluate(fn)) for e in (converted, added))
+    for build in (plain, with_added):
+        metadata = build.nodes("TPUReplicateMetadata")
+        assert len(metadata) == 1 and metadata[0].attr["num_replicas"].i == 8
+
+    def outfed(build):
+        return sum(len(n.attr["dtypes"].list.type) for n in build.nodes("OutfeedEnqueueTuple"))
+
+    # features, labels and predictions travel to the host too
+    assert outfed(with_added) == outfed(plain) + 3
+    host_metric = [n for n in with_added.graph.as_graph_def().node if "mean_feature/" in n.name]
+    assert host_metric and not any("_tpu_replicate" in n.attr for n in host_metric)
+
+
+def test_preflight_hears_the_added_metrics_estimators_calls(tmp_path):
+    """The estimator add_metrics returns is the conversion's: the preflight caps its training and
+    checks its input (here a global batch of 100 on 8 cores)."""
+    x, y = tfcases.data(n=200)
+    with recording() as recorder:
+        tpushim.patch(mode="cpu")
+        try:
+            converted = tf.keras.estimator.model_to_estimator(
+                keras_model=tfcases.sequential(), model_dir=str(tmp_path)
+            )
+            added = tf.estimator.add_metrics(converted, added_metrics)
+            added.train(tfcases.dataset_input_fn(x, y, batch=100, repeat=True), steps=50)
+        finally:
+            tpushim.unpatch()
+        # Capped, as the conversion's own calls are.
+        assert tf.train.latest_checkpoint(added.model_dir).endswith("model.ckpt-3")
+        report = recorder.report(tpu_graphs=False)
+    assert any(
+        f.code == "batch-indivisible" and "(batch of 100)" in f.where for f in report.findings
+    ), report

@@ -1,0 +1,339 @@
+"""BatchNormalization over the real rows of a padded batch, and across TPU shards when synchronized.
+
+A short training batch padded to full size (:mod:`tpushim._padding`) carries a padding weight.
+Keras's BatchNormalization would take its batch statistics -- the normalisation, and the moving
+mean and variance it updates -- over the padding rows too. While tpushim builds a TRAIN clone,
+every BatchNormalization layer training on batch statistics computes them over the rows of
+weight > 0 instead, with the arithmetic stock uses for that layer on its short batch:
+
+* not fused (2-D inputs, ``fused=False``): mean and variance over the real rows, moving averages
+  of both (``tf.nn.moments``' arithmetic);
+* fused (4-D / 5-D inputs by default): the same normalisation; the moving variance moves towards
+  the variance with Bessel's correction over the real elements, as the fused kernel reports it;
+* synchronized (``SyncBatchNormalization``, ``synchronized=True``): ``E[x^2] - E[x]^2`` from sums,
+  as Keras computes it; on a TPU the sums are added across shards, so every shard normalises over
+  the global batch's real rows -- stock's statistics on its whole batch;
+* ``renorm=True``: Keras's own renorm correction, fed the real rows' moments;
+* ``virtual_batch_size``: ghost batches of the real rows, cut as Keras cuts stock's short batch.
+
+A batch without padding takes Keras's own code, unchanged (but for a synchronized layer on a TPU);
+a full batch of a padded input (every row real) Keras's arithmetic, bit for bit.
+On a TPU every other layer normalises each shard over that shard's real rows, and a shard holding
+padding only leaves its moving statistics as they are.
+
+Over ~300 lines because it is one concern: one layer's training arithmetic, twice (Keras's, which
+a batch of real rows takes bit for bit, and over the real rows), for each kind of layer.
+"""
+
+import tensorflow as tf
+
+from tpushim import _tfprivate
+from tpushim._errors import ConversionError
+
+
+def real_rows_call(padding_weight, cross_replica):
+    """The call of a TRAIN clone's BatchNormalization layers (for
+    :func:`tpushim._tfprivate.clone_and_build_model`), or None where Keras's own is right.
+
+    Args:
+      padding_weight: the batch's [batch] padding weight, or None for a batch without padding.
+      cross_replica: the model_fn builds one shard of a TPU computation.
+    """
+    if padding_weight is None and not cross_replica:
+        return None
+
+    def call(layer, own_call, inputs, training, mask):
+        synced = cross_replica and getattr(layer, "synchronized", False)
+        if (
+            # moving statistics: padding plays no part
+            _tfprivate.batchnorm_training_value(layer, training) is not True
+            or (padding_weight is None and not synced)
+            # Keras reshapes the inputs for ghost batches, not the mask (it cannot combine them)
+            or (mask is not None and layer.virtual_batch_size is not None)
+        ):
+            return own_call(inputs, training=training, mask=mask)
+        # Fused, Keras ignores a mask (with a warning); not fused, it weighs rows by it.
+        mask = None if layer.fused else mask
+        return _train_on_real_rows(layer, inputs, padding_weight, mask, synced)
+
+    return call
+
+
+def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
+    """The layer's training-mode output, its statistics over the real rows (see the module).
+
+    A batch whose rows are all real (a full batch of a padded input: stock's batch) takes
+    Keras's own arithmetic, bit for bit: the statistics Keras computes are selected then (the
+    fused kernel's output too), and everything after them is Keras's arithmetic for that layer.
+    """
+    inputs = tf.cast(inputs, layer.compute_dtype)
+    param_dtype = layer.moving_mean.dtype.base_dtype
+    # As Keras: statistics (and, not fused, the normalisation) of 16-bit inputs in float32.
+    x = tf.cast(inputs, param_dtype)
+    ndims = x.shape.rank
+    rows = (
+        tf.ones(tf.shape(x)[:1], param_dtype)
+        if padding_weight is None
+        else tf.cast(tf.greater(padding_weight, 0), param_dtype)
+    )
+    full = tf.reduce_all(rows > 0)
+    vbs = layer.virtual_batch_size
+    # The statistics' shape against x: 1 on every reduced axis (the axes of a layer with ghost
+    # batches count the ghost dimension Keras inserts at 1).
+    channels = [a - 1 for a in layer.axis] if vbs is not None else list(layer.axis)
+    keep = [x.shape[i] if i in channels else 1 for i in range(ndims)]
+    axes = [i for i in range(ndims) if i not in channels]
+    if layer.fused:
+        return _fused(layer, inputs, x, rows, full, axes, keep)
+    if vbs is None:
+        weight = tf.reshape(rows, [-1] + [1] * (ndims - 1))
+        if mask is not None:  # Keras's mask: a weight per position, broadcast over the last axis
+            weight = weight * tf.expand_dims(tf.cast(mask, param_dtype), -1)
+        mean, variance, count = _moments(layer, x, weight, axes, cross_replica)
+        if not getattr(layer, "synchronized", False):  # (its sums already are Keras's)
+            own = _keras_moments(layer, x, axes, mask)
+            mean, variance = (tf.where(full, k, m) for k, m in zip(own, (mean, variance)))
+        batch_mean, batch_variance = mean, variance
+    else:
+        masked = _ghost_moments(layer, x, rows, vbs, channels, cross_replica)
+        own = _keras_ghost_moments(x, vbs, axes)
+        count = masked.pop(2)
+        mean, variance, batch_mean, batch_variance = (
+            tf.where(full, k, m) for k, m in zip(own, masked)
+        )
+    # The element count is the same for every channel; 0 when a shard holds padding only.
+    has_rows = tf.greater(tf.reduce_max(count), 0)
+
+    def as_param(t):
+        return tf.reshape(t, layer.moving_mean.shape)
+
+    def as_stat(t):
+        return None if t is None else tf.reshape(t, keep)
+
+    scale, offset = as_stat(layer.gamma), as_stat(layer.beta)
+    if layer.adjustment is not None:  # as Keras: (scale, bias) applied before gamma and beta
+        scale, offset = _compose(*layer.adjustment(tf.shape(inputs)), scale, offset)
+    if layer.renorm:
+        r, d, batch_mean, batch_variance = _tfprivate.batchnorm_renorm(
+            layer, as_param(batch_mean), as_param(batch_variance), tf.reduce_max(count)
+        )
+        # As Keras: the corrections are constants for the gradient.
+        r, d = as_stat(tf.stop_gradient(r)), as_stat(tf.stop_gradient(d))
+        scale, offset = _compose(r, d, scale, offset)
+
+    # A shard holding padding only (on a TPU) normalises with the moving statistics: finite
+    # values, which its zero weights then drop.
+    outputs = tf.nn.batch_normalization(
+        x,
+        tf.where(has_rows, mean, as_stat(layer.moving_mean)),
+        tf.where(has_rows, variance, as_stat(layer.moving_variance)),
+        offset,
+        scale,
+        layer.epsilon,
+    )
+    outputs = tf.cast(outputs, inputs.dtype)
+    outputs.set_shape(inputs.shape)
+    # Keras's decay: 1 - momentum in Python, then a tensor.
+    decay = tf.convert_to_tensor(1.0 - layer.momentum)
+    mean_update = _moving_average(layer.moving_mean, as_param(batch_mean), decay, has_rows)
+    layer.add_update(mean_update)
+    if layer.renorm:  # as Keras: through the moving standard deviation
+        stddev = _moving_average(
+            layer.moving_stddev, as_param(tf.sqrt(batch_variance + layer.epsilon)), decay, has_rows
+        )
+        with tf.compat.v1.colocate_with(layer.moving_variance):
+            layer.add_update(
+                tf.compat.v1.assign(
+                    layer.moving_variance,
+                    tf.nn.relu(stddev * stddev - layer.epsilon),
+                    name="AssignNewValue",
+                )
+            )
+    else:
+        layer.add_update(
+            _moving_average(layer.moving_variance, as_param(batch_variance), decay, has_rows)
+        )
+    return outputs
+
+
+def _fused(layer, inputs, x, rows, full, axes, keep):
+    """A fused layer (4-D / 5-D inputs): Keras's fused kernel for a batch of real rows only, the
+    same normalisation over the real rows otherwise; the moving variance moves towards the
+    variance with Bessel's correction, as the fused kernel reports it."""
+    one, zero = tf.ones(layer.moving_mean.shape), tf.zeros(layer.moving_mean.shape)
+    gamma = layer.gamma if layer.gamma is not None else one
+    beta = layer.beta if layer.beta is not None else zero
+    first = layer.axis[0] in (1, -x.shape.rank + 1)
+    data_format = ("NC" + "DHW"[-(x.shape.rank - 2) :]) if first else None
+    real = tf.reduce_sum(rows)
+
+    def own():
+        outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            inputs,
+            gamma,
+            beta,
+            mean=layer.moving_mean,
+            variance=layer.moving_variance,
+            epsilon=layer.epsilon,
+            is_training=True,
+            data_format=data_format or ("N" + "DHW"[-(x.shape.rank - 2) :] + "C"),
+        )
+        return outputs, mean, variance
+
+    def masked():
+        weight = tf.reshape(rows, [-1] + [1] * (x.shape.rank - 1))
+        mean, variance, count = _moments(layer, x, weight, axes, False)
+        # A shard holding padding only (on a TPU) normalises with the moving statistics.
+        rows_here = tf.greater(tf.reduce_max(count), 0)
+        outputs = tf.nn.batch_normalization(
+            x,
+            tf.where(rows_here, mean, tf.reshape(layer.moving_mean, keep)),
+            tf.where(rows_here, variance, tf.reshape(layer.moving_variance, keep)),
+            tf.reshape(beta, keep),
+            tf.reshape(gamma, keep),
+            layer.epsilon,
+        )
+        bessel = variance * count / tf.maximum(count - 1.0, 1.0)
+        shape = layer.moving_mean.shape
+        return tf.cast(outputs, inputs.dtype), tf.reshape(mean, shape), tf.reshape(bessel, shape)
+
+    outputs, mean, variance = tf.cond(full, own, masked)
+    outputs.set_shape(inputs.shape)
+    has_rows = tf.greater(real, 0)  # else (a shard of padding only) the moving statistics stay
+    # Keras's decay for a fused layer, in graph mode: 1 - momentum computed on a tensor.
+    decay = 1.0 - tf.convert_to_tensor(layer.momentum)
+    layer.add_update(_moving_average(layer.moving_mean, mean, decay, has_rows))
+    layer.add_update(_moving_average(layer.moving_variance, variance, decay, has_rows))
+    return outputs
+
+
+def _moving_average(variable, value, decay, has_rows):
+    """Keras's moving-average update (``_assign_moving_average``), none where ``has_rows`` is
+    false."""
+    decay = tf.cast(decay, variable.dtype.base_dtype)
+    delta = (variable - tf.cast(value, variable.dtype.base_dtype)) * decay
+    delta = tf.where(has_rows, delta, tf.zeros_like(delta))
+    with tf.compat.v1.colocate_with(variable):
+        return tf.compat.v1.assign_sub(variable, delta, name="AssignMovingAvg")
+
+
+def _keras_moments(layer, x, axes, mask):
+    """The (mean, variance) Keras computes for a batch (``tf.nn.moments``, or
+    ``tf.nn.weighted_moments`` by its mask), with keepdims."""
+    if mask is None:
+        return tf.nn.moments(x, axes, keepdims=True)
+    weights = tf.expand_dims(tf.cast(mask, layer.compute_dtype), -1)
+    return tf.nn.weighted_moments(x, axes, frequency_weights=weights, keepdims=True)
+
+
+def _keras_ghost_moments(x, vbs, axes):
+    """Keras's ghost batch statistics of a whole batch (``[vbs, batch / vbs, ...]``): each row's
+    ghost mean and variance, and their means over the ghost batches, with keepdims."""
+    shape = x.shape.as_list()
+    ghosts = tf.reshape(x, [vbs, -1] + shape[1:])
+    # The ghost axis (1) is kept; the others x reduces, one further along.
+    mean, variance = tf.nn.moments(ghosts, [0] + [a + 1 for a in axes if a > 0], keepdims=True)
+
+    def per_row(t):
+        return tf.reshape(
+            tf.broadcast_to(t, [vbs, tf.shape(ghosts)[1]] + t.shape.as_list()[2:]),
+            [-1] + t.shape.as_list()[2:],
+        )
+
+    def over_ghosts(t):
+        return tf.reshape(tf.reduce_mean(t, 1, keepdims=True), [1] + t.shape.as_list()[2:])
+
+    return per_row(mean), per_row(variance), over_ghosts(mean), over_ghosts(variance)
+
+
+def _compose(scale, offset, then_scale, then_offset):
+    """Keras's composition of two affine transforms (x * scale + offset, then the other)."""
+    if then_scale is not None:
+        scale = scale * then_scale
+        offset = offset * then_scale
+    if then_offset is not None:
+        offset = offset + then_offset
+    return scale, offset
+
+
+def _moments(layer, x, weight, axes, cross_replica):
+    """(mean, variance, element count) over the rows of ``weight`` 1, with keepdims."""
+    weight = tf.broadcast_to(weight, tf.shape(x))
+    # Selected, not multiplied: whatever a padding row holds (even inf or NaN) counts for nothing.
+    x = tf.where(weight > 0, x, tf.zeros_like(x))
+    count = tf.reduce_sum(weight, axes, keepdims=True)
+    if getattr(layer, "synchronized", False):
+        # Keras's synchronized arithmetic: sums (across shards on a TPU), then E[x^2] - E[x]^2.
+        y = x * weight
+        sums = [
+            tf.reduce_sum(y, axes, keepdims=True),
+            tf.reduce_sum(tf.square(y), axes, keepdims=True),
+            count,
+        ]
+        if cross_replica:
+            sums = tf.unstack(tf.compat.v1.tpu.cross_replica_sum(tf.stack(sums)))
+        total, squares, count = sums
+        mean = tf.math.divide_no_nan(total, count)
+        return mean, tf.math.divide_no_nan(squares, count) - tf.square(mean), count
+    # tf.nn.moments' arithmetic, over the real rows.
+    mean = tf.math.divide_no_nan(tf.reduce_sum(x * weight, axes, keepdims=True), count)
+    squared = tf.math.squared_difference(x, tf.stop_gradient(mean)) * weight
+    return mean, tf.math.divide_no_nan(tf.reduce_sum(squared, axes, keepdims=True), count), count
+
+
+def _ghost_moments(layer, x, rows, vbs, channels, cross_replica):
+    """Ghost batch statistics of the real rows, cut as Keras cuts a batch of that many rows.
+
+    Keras reshapes a batch of n rows to ``[vbs, n / vbs, ...]`` and reduces over the first
+    dimension: row i is in ghost batch ``i mod (n / vbs)``. The real rows of a padded batch are
+    its first ones, so with ``real`` of them a row's ghost batch is ``i mod (real / vbs)``, one of
+    at most ``batch / vbs``. Returns, with keepdims: each row's ghost mean and variance, the
+    element count per ghost batch, and the mean over ghost batches of their means and variances
+    (what Keras moves the moving statistics towards).
+    """
+    if cross_replica and getattr(layer, "synchronized", False):
+        raise ConversionError(
+            f"BatchNormalization layer {layer.name!r} is synchronized and has "
+            f"virtual_batch_size={vbs}: tpushim cannot synchronise ghost batches across TPU "
+            "shards. Use one or the other."
+        )
+    ndims = x.shape.rank
+    static_batch = tf.compat.dimension_value(x.shape[0])
+    if static_batch is None or static_batch % vbs:
+        raise ConversionError(
+            f"BatchNormalization layer {layer.name!r} has virtual_batch_size={vbs}, which must "
+            f"divide the batch each core trains on ({static_batch} rows)."
+        )
+    most = static_batch // vbs
+    real = tf.cast(tf.reduce_sum(rows), tf.int32)
+    check = tf.debugging.assert_equal(
+        real % vbs,
+        0,
+        message=f"BatchNormalization layer {layer.name!r}: its virtual_batch_size {vbs} must "
+        "divide the number of rows of every batch (stock fails on this batch too)",
+    )
+    with tf.control_dependencies([check]):
+        ghosts = tf.maximum(real // vbs, 1)
+    of_row = tf.one_hot(tf.math.floormod(tf.range(static_batch), ghosts), most, dtype=x.dtype)
+    members = of_row * rows[:, None]  # [batch, most]: the real rows of each ghost batch
+    other = [i for i in range(1, ndims) if i not in channels]
+    elements = 1.0
+    for i in other:
+        elements *= x.shape[i]
+
+    def per_ghost(t):  # summed per ghost batch: [batch, ...] -> [most, ...]
+        return tf.tensordot(tf.transpose(members), tf.reduce_sum(t, other, keepdims=True), 1)
+
+    def per_row(t):  # each row's ghost batch's: [most, ...] -> [batch, ...]
+        return tf.tensordot(of_row, t, 1)
+
+    count = tf.reshape(tf.reduce_sum(members, 0) * elements, [most] + [1] * (ndims - 1))
+    mean = tf.math.divide_no_nan(per_ghost(x), count)
+    row_mean = per_row(mean)
+    squared = tf.math.squared_difference(x, tf.stop_gradient(row_mean))
+    variance = tf.math.divide_no_nan(per_ghost(squared), count)
+    used = tf.reshape(tf.cast(tf.range(most) < ghosts, x.dtype), [most] + [1] * (ndims - 1))
+    n = tf.cast(ghosts, x.dtype)
+    batch_mean = tf.reduce_sum(mean * used, 0, keepdims=True) / n
+    batch_variance = tf.reduce_sum(variance * used, 0, keepdims=True) / n
+    return [row_mean, per_row(variance), count, batch_mean, batch_variance]

@@ -1,0 +1,112 @@
+"""``tf.estimator.add_metrics`` on an estimator tpushim converted: the same TPU estimator, with the
+added metrics computed as a TPU can compute them.
+
+Stock's ``add_metrics`` wraps the estimator's model_fn in a plain ``Estimator``: tpushim's input
+adaptation would never run, and on a TPU nothing would run on it. Here the TPUShimEstimator is
+rebuilt around its own model_fn (same config, TPU, settings, batch handling, padding and warm
+start), whose EVAL spec hands the user's ``metric_fn`` to TPUEstimator's ``eval_metrics`` next to
+tpushim's own metrics. The features, labels and predictions it asks for travel to it as tensors,
+so on a TPU it runs on the host over every shard's rows, padding rows dropped: it sees exactly the
+rows of stock's batch. Its results are taken as stock takes them (``(value, update_op)`` pairs or
+Keras ``Metric`` objects, stock's checks and errors), and override a compiled metric of the same
+name, as stock's do.
+"""
+
+import logging
+
+import tensorflow as tf
+
+from tpushim import _estimator, _padding, _tfprivate
+from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
+
+ModeKeys = tf.estimator.ModeKeys
+_PREFIX = "add_metrics_"  # the keys of the tensors the added metric_fn reads
+
+
+def add_metrics_call(args, kwargs):
+    """For ``Estimator(*args, **kwargs)`` as ``tf.estimator.add_metrics`` calls it around an
+    estimator tpushim converted: that estimator with the metrics added (:func:`add_metrics`).
+    None for any other call."""
+    model_fn = kwargs.get("model_fn", args[0] if args else None)
+    parts = _tfprivate.add_metrics_parts(model_fn)
+    if parts is None or not isinstance(parts[0], _estimator.TPUShimEstimator):
+        return None
+    return add_metrics(*parts)
+
+
+def add_metrics(estimator, metric_fn):
+    """``estimator`` (a TPUShimEstimator) with ``metric_fn``'s metrics added to its evaluation,
+    as stock's ``tf.estimator.add_metrics`` adds them (``metric_fn``'s arguments already checked
+    by stock)."""
+    config = estimator.config
+    added = _estimator.rewrapped(estimator, lambda model_fn: _with(model_fn, metric_fn, config))
+    logger.info(
+        "tf.estimator.add_metrics -> %s(use_tpu=%s) with the metrics of %s",
+        type(added).__name__,
+        added._tpushim_use_tpu,
+        getattr(metric_fn, "__name__", metric_fn),
+    )
+    return added
+
+
+def _with(model_fn, metric_fn, run_config):
+    """``model_fn`` whose EVAL spec also computes ``metric_fn``'s metrics (see the module);
+    ``run_config`` is what ``metric_fn`` gets as ``config``, as stock gives it the estimator's."""
+    wanted = set(_tfprivate.fn_args(metric_fn))
+    takes_config = "config" in _tfprivate.fn_args(model_fn)
+
+    def model_fn_with_metrics(features, labels, mode, params, config=None):
+        # TPUEstimator passes its RunConfig to a model_fn that takes one (for the host_call).
+        extra = {"config": config} if takes_config else {}
+        spec = model_fn(features, labels, mode, params, **extra)
+        if mode != ModeKeys.EVAL:
+            return spec
+        own_fn, own_tensors = spec.eval_metrics or (None, {})
+        real_features, padding_weight = _padding.split_padding(features)
+        parts = {
+            "features": real_features,
+            "labels": labels,
+            "predictions": spec.predictions,
+        }
+        parts = {k: v for k, v in parts.items() if k in wanted and v is not None}
+        flat = tf.nest.flatten(parts)
+        for path, tensor in zip(_tfprivate.leaf_paths(parts), flat):
+            if not isinstance(tensor, tf.Tensor) or tensor.shape.rank == 0:
+                raise ConversionError(
+                    f"tf.estimator.add_metrics: {path} is a {type(tensor).__name__}, not a "
+                    "tensor with a batch dimension; on a TPU the metric_fn runs on the host and "
+                    "gets what the model_fn gives it as such tensors. Let the metric_fn read "
+                    "dense features (or predictions) instead."
+                )
+        tensors = dict(own_tensors)
+        tensors.update({f"{_PREFIX}{i}": t for i, t in enumerate(flat)})
+        if padding_weight is not None:
+            tensors["padding_weight"] = padding_weight
+
+        def metric_fn_with_added(**tensors):
+            mine = {k: tensors.pop(k) for k in list(tensors) if k.startswith(_PREFIX)}
+            ops = own_fn(**tensors) if own_fn is not None else {}
+            mine = _padding.real_rows(mine, tensors.get("padding_weight"))
+            kwargs = tf.nest.pack_sequence_as(
+                parts, [mine[f"{_PREFIX}{i}"] for i in range(len(flat))]
+            )
+            if "config" in wanted:
+                kwargs["config"] = run_config
+            # Stock's checks, texts and conversion: Metric objects become (result, update_op),
+            # their variables local (initialised, not restored) metric variables.
+            added = _tfprivate.validate_eval_metric_ops(dict(metric_fn(**kwargs)))
+            ops.update(
+                {
+                    name: (value, _tfprivate.update_op(update))
+                    for name, (value, update) in added.items()
+                }
+            )
+            return ops
+
+        # A new spec, not spec._replace(): TPUEstimatorSpec reads its host calls in __new__.
+        fields = dict(spec._asdict(), eval_metrics=(metric_fn_with_added, tensors))
+        return _tfprivate.tpu_estimator.TPUEstimatorSpec(**fields)
+
+    return model_fn_with_metrics
