@@ -300,6 +300,23 @@ def test_evaluate_without_steps_rebatched_with_a_partial_last_batch(tmp_path, ho
     _assert_evaluated_once(build, tpu, 100, steps=2)
 
 
+def _with_tpu_config(tpu, model_dir, **tpu_config_kwargs):
+    """model_to_estimator given the user's own tpu_config.RunConfig."""
+    from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+    config = tpu_config.RunConfig(
+        cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master),
+        tpu_config=tpu_config.TPUConfig(iterations_per_loop=ITERATIONS, **tpu_config_kwargs),
+    )
+    tpushim.patch()
+    try:
+        return tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(model_dir), config=config
+        )
+    finally:
+        tpushim.unpatch()
+
+
 def test_users_sliced_eval_config_feeds_from_host_zero(tmp_path):
     """TPUConfig(eval_training_input_configuration=SLICED): TPUEstimator calls the input_fn once,
     host 0 feeding every core: nothing is sharded by the host count."""
@@ -307,21 +324,33 @@ def test_users_sliced_eval_config_feeds_from_host_zero(tmp_path):
 
     x, y = _ids(300)
     with faketpu.faked_tpu_system(hosts=2) as tpu:
-        config = tpu_config.RunConfig(
-            cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master),
-            tpu_config=tpu_config.TPUConfig(
-                iterations_per_loop=ITERATIONS,
-                per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2,
-                eval_training_input_configuration=tpu_config.InputPipelineConfig.SLICED,
-            ),
+        est = _with_tpu_config(
+            tpu,
+            tmp_path,
+            per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2,
+            eval_training_input_configuration=tpu_config.InputPipelineConfig.SLICED,
         )
-        tpushim.patch()
-        est = tf.keras.estimator.model_to_estimator(
-            keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
-        )
-        tpushim.unpatch()
         build = tpu.build(lambda: est.evaluate(tfcases.dataset_input_fn(x, y, batch=GLOBAL)))
     _assert_evaluated_once(build, tpu, 300, steps=10, sliced=True)
+
+
+def test_users_broadcast_config_keeps_every_batch(files, tmp_path):
+    """per_host_input_for_training=BROADCAST: one input_fn call, host 0's pipeline feeding every
+    core the whole global batch (TPUEstimator's broadcast): every batch kept, in order."""
+    from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+    with faketpu.faked_tpu_system(hosts=2) as tpu:
+        est = _with_tpu_config(
+            tpu, tmp_path, per_host_input_for_training=tpu_config.InputPipelineConfig.BROADCAST
+        )
+        build = tpu.build(
+            lambda: est.train(_inputs(files["train"])["no shuffle"], steps=ITERATIONS)
+        )
+    batches = build.host_input(0, max_batches=2)
+    assert [[int(i) for i in b[0][:, 0]] for b in batches] == [
+        list(range(32)),
+        list(range(32, 64)),
+    ]
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
