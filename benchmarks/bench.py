@@ -7,7 +7,8 @@
 Sections (``--only`` takes their names; each is a module here, its docstring says what it
 measures and its goals): ``startup`` (bench_startup), ``wrapper`` (bench_wrapper), ``train``
 (bench_training), ``input`` (bench_input, legacy input), ``graph`` (bench_graph, built with the
-tests' replica harness ``tests/replicas.py``). All of them write one table (benchlib.Table).
+tests' replica harness ``tests/replicas.py``), ``scale`` (bench_scale, in-memory arrays at real
+size, one process per run). All of them write one table (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
 rest) and a ``spread`` column, the range of the per-round ratios (or differences): a goal is judged
@@ -35,6 +36,7 @@ sys.path.insert(
 
 import bench_graph
 import bench_input
+import bench_scale
 import bench_startup
 import bench_training
 import bench_wrapper
@@ -47,6 +49,7 @@ SECTIONS = {
     "train": bench_training.run,
     "input": bench_input.run,
     "graph": bench_graph.run,
+    "scale": bench_scale.run,
 }
 
 

@@ -45,7 +45,7 @@ def check_input(report, input_fn, batch_size, num_cores):
     """
     report.note_checked("input pipeline")
     name = getattr(input_fn, "__name__", "input_fn")
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    with tf.Graph().as_default(), _input_fn.graph_session() as sess:
         try:
             result = _input_fn.call(
                 input_fn, tf.estimator.ModeKeys.TRAIN, _input_fn.UserParams(), None
