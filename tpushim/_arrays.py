@@ -146,7 +146,8 @@ def _reader(column, dtype, name):
 
 
 def _aligned_split(array):
-    """``(body, edges, k)`` for a C-contiguous array whose data is not aligned, else None.
+    """``(body, edges, k)`` for a C-contiguous array, None where that cannot be (too short, or
+    not alignable on an element's boundary).
 
     Seen flat, the array's elements ``k`` onwards start on an aligned address: ``body`` is them
     cut into ``m`` "virtual rows" of a row's length ``E`` (a view: no copy), and ``edges`` (a
@@ -158,8 +159,8 @@ def _aligned_split(array):
     if array.ndim == 0 or array.size == 0:
         return None
     offset = (-array.ctypes.data) % _alignment()
-    if offset == 0 or offset % array.itemsize:
-        return None  # aligned already (fed as it is), or never alignable (a feed copies it)
+    if offset % array.itemsize:
+        return None  # never alignable: a feed copies it
     k, width, total = offset // array.itemsize, array.size // len(array), array.size
     count = (total - k) // width
     if count < 1:
@@ -189,11 +190,10 @@ def _split_reader(body, edges, k, array):
         return tf.where(inside[:, None], from_body, from_edges)
 
     def read(indices):
-        if s == 0:
-            flat = virtual(indices - q)
-        else:
-            before, at = virtual(indices - q - 1), virtual(indices - q)
-            flat = tf.concat([before[:, width - s :], at[:, : width - s]], axis=1)
+        # The same ops whatever the array's alignment (s == 0 takes nothing from the row before),
+        # so that the graph does not change with where the array happens to lie in memory.
+        before, at = virtual(indices - q - 1), virtual(indices - q)
+        flat = tf.concat([before[:, width - s :], at[:, : width - s]], axis=1)
         return tf.reshape(flat, [-1] + row_shape)
 
     return read
@@ -228,7 +228,7 @@ def _op(fetch):
 def check_remote_feed(session, feeds):
     """Raises before a run would send more than :data:`REMOTE_FEED_LIMIT` to a remote master (a
     TPU node's host): gRPC would abort the process instead of raising."""
-    target = getattr(session, "sess_str", "") or ""
+    target = tf.compat.as_str(getattr(session, "sess_str", None) or "")
     size = sum(getattr(v, "nbytes", 0) for v in feeds.values())
     if target.startswith("grpc://") and size > REMOTE_FEED_LIMIT:
         raise ConversionError(
