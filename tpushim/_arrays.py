@@ -15,6 +15,9 @@ start 16 bytes into their pages): each array is fed as an aligned 2-D view of it
 few edge elements, from which each batch's rows are gathered (:meth:`Rows.gather`). And tf.data's
 graph rewrites, which copy every tensor a pipeline captures, are left off for these pipelines
 (:func:`no_rewrites`); the pipeline gathers whole batches, so it needs none of them.
+
+One concern, over ~300 lines: the placeholders, the arrays registered for them and every place
+that feeds them must agree, so they live together.
 """
 
 import functools
