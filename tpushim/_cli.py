@@ -15,7 +15,7 @@ import json
 import sys
 import textwrap
 
-from tpushim import _console, _launcher, _settings
+from tpushim import _console, _launcher, _settings, _summary
 from tpushim._errors import ConfigurationError, TPUShimError
 from tpushim._patch import patch, patched
 from tpushim._status import status
@@ -349,5 +349,7 @@ def main(argv=None):
     stopped = _patch_before_running(options, module, target)
     if stopped is not None:
         return stopped
-    code, _ = _launch(module, target)
+    quiet = _settings.resolve((options.settings,)).quiet  # -q, else TPUSHIM_QUIET
+    with _summary.summarizing(enabled=not quiet):
+        code, _ = _launch(module, target)
     return code

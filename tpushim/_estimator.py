@@ -370,18 +370,24 @@ class _RunClock(tf.compat.v1.train.SessionRunHook):
     def begin(self):
         self._step = tf.compat.v1.train.get_global_step()
 
-    def after_create_session(self, session, coord):
-        del coord
-        self._first_step = int(session.run(self._step))
+    def before_run(self, run_context):
+        del run_context
+        if self._first_step is not None:
+            return None
+        # The step is fetched with the first run, not read alone when the session starts: a
+        # separate read there makes StepCounterHook warn that the global step stalled.
         self._start = time.monotonic()
+        return tf.compat.v1.train.SessionRunArgs(self._step)
 
     def after_run(self, run_context, run_values):
-        del run_context, run_values
-        if self.first_run is None:
+        del run_context
+        if self._first_step is None:
+            self._first_step = int(run_values.results)
             self.first_run = time.monotonic() - self._start
 
     def end(self, session):
-        self.steps = int(session.run(self._step)) - self._first_step
+        if self._first_step is not None:
+            self.steps = int(session.run(self._step)) - self._first_step
 
 
 def _finite(result):

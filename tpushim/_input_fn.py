@@ -158,10 +158,17 @@ def _static_batch_size(result):
     return None
 
 
+def cardinality(result):
+    """The Dataset's cardinality as its graph gives it: the number of elements,
+    ``tf.data.INFINITE_CARDINALITY`` or ``tf.data.UNKNOWN_CARDINALITY`` (filter, generators,
+    text files). Reads no data."""
+    with graph_session() as session:
+        return int(session.run(result.cardinality()))
+
+
 def is_finite(result):
     """True when the Dataset is known to end (UNKNOWN cardinality -- filter, generators -- is not)."""
-    with graph_session() as session:
-        return int(session.run(result.cardinality())) >= 0
+    return cardinality(result) >= 0
 
 
 def _count(result, session, count_unknown):

@@ -10,9 +10,9 @@ import json
 import sys
 
 import numpy as np
-import tensorflow.compat.v1 as tf
+import tensorflow as tf
 
-np.random.seed(42)
+tf.keras.utils.set_random_seed(42)  # python, numpy and the Keras weights, reproducibly
 CALLS = {"train": 0, "eval": 0, "predict": 0}
 
 

@@ -8,10 +8,14 @@ import contextlib
 import dataclasses
 from typing import Optional
 
+import tensorflow as tf
+
 from tpushim import _input_fn, _observe, _settings
 from tpushim._preflight import graph_checks, input_checks, progress
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
+
+_UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 
 
 @dataclasses.dataclass
@@ -79,10 +83,13 @@ class Recorder:
             return
         if input_call.mode == "eval" and input_call.facts.examples is None:
             with contextlib.suppress(Exception):  # its input checks report what went wrong
-                input_call = dataclasses.replace(
-                    input_call,
-                    facts=_input_fn.read_facts(input_call.result, count=True, count_unknown=False),
-                )
+                facts = _input_fn.read_facts(input_call.result, count=True, count_unknown=False)
+                if facts.examples is None and _input_fn.cardinality(input_call.result) == _UNKNOWN:
+                    # Ends, at a length only reading it would tell (text files, filter): a TPU
+                    # would count it so; the replay holds one global batch.
+                    size = input_call.global_batch
+                    facts = dataclasses.replace(facts, batches=1, examples=size)
+                input_call = dataclasses.replace(input_call, facts=facts)
         for i, (call, recorded) in enumerate(owner.calls):
             if recorded is None and call.input_fn is input_call.call.input_fn:
                 owner.calls[i] = (call, input_call)
