@@ -197,7 +197,11 @@ class _QueueSource:
         dataset = dataset.repeat(None if epochs is None else epochs * args["num_threads"])
         dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
         rearrange = _rearrange(result, [used.index(x.value_index) for x in flat])
-        dataset = dataset.map(lambda indices: rearrange(*rows.gather(indices)))
+        dataset = dataset.map(
+            lambda indices: rearrange(*rows.gather(indices)),
+            num_parallel_calls=tf.data.AUTOTUNE,  # a TPU host gathers batches for many cores
+            deterministic=True,
+        )
         self._undo_side_effects()
         _observe.note(
             "queue",
