@@ -186,17 +186,16 @@ def _split_reader(body, edges, k, array):
     q, s = divmod(k, width)
     row_shape = list(array.shape[1:])
 
-    def virtual(rows):
+    def read(indices):
+        # Both virtual rows of every row at once (few ops: a graph builds them for every column).
+        # The same ops whatever the array's alignment (s == 0 takes nothing from the row before),
+        # so that the graph does not change with where the array happens to lie in memory.
+        rows = indices[None, :] - tf.constant([[q + 1], [q]], tf.int64)
         inside = (rows >= 0) & (rows < count)
         from_body = tf.gather(body, tf.clip_by_value(rows, 0, count - 1))
         from_edges = tf.gather(edges, tf.where(rows < 0, rows + q + 1, q + 1))
-        return tf.where(inside[:, None], from_body, from_edges)
-
-    def read(indices):
-        # The same ops whatever the array's alignment (s == 0 takes nothing from the row before),
-        # so that the graph does not change with where the array happens to lie in memory.
-        before, at = virtual(indices - q - 1), virtual(indices - q)
-        flat = tf.concat([before[:, width - s :], at[:, : width - s]], axis=1)
+        both = tf.where(inside[..., None], from_body, from_edges)
+        flat = tf.concat([both[0, :, width - s :], both[1, :, : width - s]], axis=1)
         return tf.reshape(flat, [-1] + row_shape)
 
     return read

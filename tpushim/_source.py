@@ -198,7 +198,10 @@ class _QueueSource:
         dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
         rearrange = _rearrange(result, [used.index(x.value_index) for x in flat])
         dataset = dataset.map(
-            lambda indices: rearrange(*rows.gather(indices)),
+            # Plain ops, no Python control flow: autograph would only take a second to convert it.
+            tf.autograph.experimental.do_not_convert(
+                lambda indices: rearrange(*rows.gather(indices))
+            ),
             num_parallel_calls=tf.data.AUTOTUNE,  # a TPU host gathers batches for many cores
             deterministic=True,
         )
