@@ -259,6 +259,15 @@ def test_numpy_input_fn_is_checked_as_the_dataset_tpushim_feeds():
     assert report.ok and "input-not-dataset" not in report.codes(), report.codes()
 
 
+def test_arrays_embedded_in_the_input_graph_are_a_finding_fed_ones_not(monkeypatch):
+    monkeypatch.setattr("tpushim._preflight.input_checks.LARGE_INPUT_CONSTANTS", 1000)  # X: 2 KB
+    found = [f for f in run().findings if f.code == "large-input-constants"]
+    assert [(f.severity, f.where) for f in found] == [("warning", "input_fn 'input_fn'")]
+    assert "MB of constants" in found[0].message and "numpy_input_fn" in found[0].fix
+    fed = tf.compat.v1.estimator.inputs.numpy_input_fn(X, Y, batch_size=64, shuffle=True)
+    assert "large-input-constants" not in run(input_fn=fed).codes()
+
+
 def test_eval_set_smaller_than_its_batch_is_judged_by_the_declared_batch():
     report = run(input_fn=lambda: tf.data.Dataset.from_tensor_slices((X[:102], Y[:102])).batch(128))
     assert "batch-indivisible" not in report.codes(), report.codes()

@@ -288,6 +288,29 @@ def test_estimator_methods_tpushim_overrides():
         "input_context",
     ]
     assert callable(estimator_cls._assert_members_are_not_overridden)
+    # Where the input iterator initializer hooks are made (tpushim feeds them in-memory arrays).
+    for name, params in (
+        ("_get_features_and_labels_from_input_fn", ["self", "input_fn", "mode"]),
+        ("_get_features_from_input_fn", ["self", "input_fn", "mode"]),
+        ("_call_model_fn", ["self", "features", "labels", "mode", "config"]),
+    ):
+        assert list(inspect.signature(getattr(estimator_cls, name)).parameters) == params, name
+
+
+def test_dataset_initializer_hooks_run_their_initializers_at_session_start():
+    from tensorflow_estimator.python.estimator.util import parse_input_fn_result
+
+    single, multi = _tfprivate.dataset_initializer_hook_classes()
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        features, _, hooks = parse_input_fn_result(tf.data.Dataset.range(3).map(lambda i: (i, i)))
+        assert [type(h) for h in hooks] == [single]
+        hooks[0].begin()
+        hooks[0].after_create_session(session, None)
+        assert session.run(features) == 0
+        iterator = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.range(5, 7))
+        element = iterator.get_next()
+        multi([iterator.initializer]).after_create_session(session, None)
+        assert session.run(element) == 5
 
 
 def test_numpy_and_pandas_input_queue_filler():

@@ -15,6 +15,7 @@ import time
 import tensorflow as tf
 
 from tpushim import (
+    _arrays,
     _detect,
     _input_fn,
     _log,
@@ -293,6 +294,19 @@ class TPUShimEstimator(TPUEstimator):
         if "WARNING" in path.why:
             logger.warning("%s() on %d TPU hosts: %s", _EVENTS[mode], invocations, path.why)
         return path
+
+    # -- in-memory arrays, fed where the input's iterator is initialised (see _arrays) -----------
+    def _get_features_and_labels_from_input_fn(self, input_fn, mode):
+        features, labels, hooks = super()._get_features_and_labels_from_input_fn(input_fn, mode)
+        return features, labels, _arrays.feeding_hooks(hooks)  # on CPU
+
+    def _get_features_from_input_fn(self, input_fn, mode):
+        features, hooks = super()._get_features_from_input_fn(input_fn, mode)
+        return features, _arrays.feeding_hooks(hooks)  # predict on CPU
+
+    def _call_model_fn(self, features, labels, mode, config):
+        # On a TPU TPUEstimator initialises every host's iterator from a hook the model_fn returns.
+        return _arrays.feeding_spec(super()._call_model_fn(features, labels, mode, config))
 
     def _user_params(self, context):
         """The params the user's input_fn is called with (see :class:`_input_fn.UserParams`)."""

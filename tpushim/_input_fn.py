@@ -21,7 +21,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _batching, _observe, _source
+from tpushim import _arrays, _batching, _observe, _source
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -124,10 +124,11 @@ def graph_session():
     """A session over the graph being built, for the few values tpushim must read before
     TPUEstimator builds the rest of it (the estimator's own session comes later). Soft placement:
     on a TPU the input's ops are placed on the TPU hosts, which this process reads as its CPU.
-    The ops it runs are added to that graph and never run by the estimator."""
+    The ops it runs are added to that graph and never run by the estimator. Its runs are fed the
+    in-memory arrays they read (:class:`tpushim._arrays.FeedingSession`)."""
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     with tf.compat.v1.Session(graph=tf.compat.v1.get_default_graph(), config=config) as session:
-        yield session
+        yield _arrays.FeedingSession(session)
 
 
 def _read_first_batch_size(result, session):

@@ -425,6 +425,16 @@ def replace_enqueue_data(make_wrapper):
     return lambda: setattr(module, "_enqueue_data", original)
 
 
+def dataset_initializer_hook_classes():
+    """The session hooks that initialise an estimator's input iterator when its session starts:
+    Estimator's (``parse_input_fn_result``, on CPU) and TPUEstimator's (one for every TPU host's
+    iterator, made in ``_InputPipeline``). Both run the initializer without a feed."""
+    from tensorflow_estimator.python.estimator import util as estimator_util
+    from tensorflow_estimator.python.estimator.tpu import util as tpu_util
+
+    return (estimator_util._DatasetInitializerHook, tpu_util.MultiHostDatasetInitializerHook)
+
+
 def function_def(graph, name):
     """The FunctionDef of function ``name`` in ``graph``'s library (a Dataset's map function,
     say), or None."""
