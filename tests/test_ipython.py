@@ -89,7 +89,11 @@ def test_magic_options_and_errors(shell, capsys):
         shell.run_line_magic("tpushim", "--mode sideways")
     with pytest.raises(UsageError, match="positive integer"):
         shell.run_line_magic("tpushim", "--batch-size 0")
+    with pytest.raises(UsageError, match="not a pod input path"):
+        shell.run_line_magic("tpushim", "--pod-input sharded")
     assert tpushim.status()["mode"] == "cpu"  # a rejected option changes nothing
+    shell.run_line_magic("tpushim", "--mode cpu --pod-input exact")
+    assert tpushim._patch.current_settings().pod_input == "exact"
     shell.run_line_magic("tpushim", "unpatch")
     assert not tpushim.is_patched()
     shell.run_line_magic("tpushim", "patch --tpu grpc://127.0.0.1:8470")

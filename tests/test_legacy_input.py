@@ -93,12 +93,11 @@ def test_numpy_input_fn_on_a_tpu_is_a_static_dataset_without_queue_threads():
         # The queue is never read: no runner may start threads filling it, no summary report it.
         assert graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS) == []
         assert graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES) == []
-        rows = [b for b in tf.compat.v1.data.make_one_shot_iterator(ds).get_next()]
-        with tf.compat.v1.Session() as sess:
-            seen = []
-            for _ in range(-(-N // B) + 2):  # then zero-weight filler: a TPU cannot stop early
-                f, _ = sess.run(rows)
-                seen.append(f[_padding.FEATURES_KEY]["x"][f[_padding.PADDING_KEY] > 0])
+        seen = [
+            f[_padding.FEATURES_KEY]["x"][f[_padding.PADDING_KEY] > 0]
+            # then zero-weight filler: a TPU cannot stop early
+            for f, _ in tfcases.read_batches(ds, -(-N // B) + 2)
+        ]
     assert [len(s) for s in seen[-3:]] == [N % B, 0, 0]
     np.testing.assert_array_equal(
         np.concatenate(seen), x.astype("float32")
@@ -113,15 +112,7 @@ def _rows_seen(fn, mode=ModeKeys.TRAIN, batches=None):
         assert isinstance(ds, tf.data.Dataset)
         if batches:
             ds = ds.take(batches)
-        nxt = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-        out = []
-        with tf.compat.v1.Session() as sess:
-            try:
-                while True:
-                    out.extend(sess.run(nxt)[1].ravel().tolist())
-            except tf.errors.OutOfRangeError:
-                pass
-    return out
+        return [int(i) for _, labels in tfcases.read_batches(ds) for i in labels.ravel()]
 
 
 def test_numpy_input_fn_shuffled_every_row_once_per_epoch_and_reproducible(tmp_path):

@@ -263,6 +263,15 @@ def test_numpy_input_fn_is_checked_as_the_dataset_tpushim_feeds():
     assert report.ok and "input-not-dataset" not in report.codes(), report.codes()
 
 
+def test_arrays_embedded_in_the_input_graph_are_a_finding_fed_ones_not(monkeypatch):
+    monkeypatch.setattr("tpushim._preflight.input_checks.LARGE_INPUT_CONSTANTS", 1000)  # X: 2 KB
+    found = [f for f in run().findings if f.code == "large-input-constants"]
+    assert [(f.severity, f.where) for f in found] == [("warning", "input_fn 'input_fn'")]
+    assert "MB of constants" in found[0].message and "numpy_input_fn" in found[0].fix
+    fed = tf.compat.v1.estimator.inputs.numpy_input_fn(X, Y, batch_size=64, shuffle=True)
+    assert "large-input-constants" not in run(input_fn=fed).codes()
+
+
 def test_eval_set_smaller_than_its_batch_is_judged_by_the_declared_batch():
     report = run(input_fn=lambda: tf.data.Dataset.from_tensor_slices((X[:102], Y[:102])).batch(128))
     assert "batch-indivisible" not in report.codes(), report.codes()
@@ -440,11 +449,31 @@ def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
     assert "tpu-graph" not in one_host.codes()
     pod = recorder.report(num_cores=16)
     assert "TPU graphs for 16 cores (2 hosts)" in pod.checked
-    found = [f for f in pod.findings if f.code == "tpu-graph"]
-    assert [(f.severity, f.where) for f in found] == [("error", "predict() of model 'sequential'")]
-    assert "TPUEstimator.predict is only supported" in found[0].message  # TPUEstimator's own text
-    assert "one TPU host" in found[0].fix
-    assert not pod.ok
+    assert "tpu-graph" not in pod.codes()  # predict() too: host 0 feeds every core
+    # Which path each input takes on the pod's hosts (tests/test_pods.py: what each one feeds).
+    paths = {f.where: (f.severity, f.message) for f in pod.findings if f.code == "pod-input"}
+    assert paths == {
+        f"{event}() input_fn 'input_fn'": ("info", f"on 2 TPU hosts: exact path: {why}")
+        for event, why in (
+            (
+                "train",
+                "every host reads the whole input and keeps its share, as the input "
+                "cannot be cut by files: it reads no files (TensorSliceDataset)",
+            ),
+            (
+                "evaluate",
+                "every host reads the whole input and keeps its share, as an "
+                "evaluation reads every example once, in order",
+            ),
+            (
+                "predict",
+                "one input pipeline (host 0's) reads the whole input and feeds every "
+                "core, in order",
+            ),
+        )
+    }
+    assert "pod-input" not in one_host.codes()
+    assert pod.ok
     # Built in a scratch folder of its own, removed afterwards; the script's model_dir untouched.
     assert not [p for p in os.listdir(scratch) if p.startswith("tpushim-check-")]
     assert sorted(os.listdir(tmp_path / "model")) == before

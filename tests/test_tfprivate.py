@@ -288,6 +288,29 @@ def test_estimator_methods_tpushim_overrides():
         "input_context",
     ]
     assert callable(estimator_cls._assert_members_are_not_overridden)
+    # Where the input iterator initializer hooks are made (tpushim feeds them in-memory arrays).
+    for name, params in (
+        ("_get_features_and_labels_from_input_fn", ["self", "input_fn", "mode"]),
+        ("_get_features_from_input_fn", ["self", "input_fn", "mode"]),
+        ("_call_model_fn", ["self", "features", "labels", "mode", "config"]),
+    ):
+        assert list(inspect.signature(getattr(estimator_cls, name)).parameters) == params, name
+
+
+def test_dataset_initializer_hooks_run_their_initializers_at_session_start():
+    from tensorflow_estimator.python.estimator.util import parse_input_fn_result
+
+    single, multi = _tfprivate.dataset_initializer_hook_classes()
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        features, _, hooks = parse_input_fn_result(tf.data.Dataset.range(3).map(lambda i: (i, i)))
+        assert [type(h) for h in hooks] == [single]
+        hooks[0].begin()
+        hooks[0].after_create_session(session, None)
+        assert session.run(features) == 0
+        iterator = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.range(5, 7))
+        element = iterator.get_next()
+        multi([iterator.initializer]).after_create_session(session, None)
+        assert session.run(element) == 5
 
 
 def test_numpy_and_pandas_input_queue_filler():
@@ -342,6 +365,17 @@ def test_tpu_context_like_takes_new_batch_sizes_and_keeps_the_system_answer(tmp_
         with ctx.with_mode(mode) as in_mode:
             assert in_mode.global_batch_size == size
     assert ctx._lazy_tpu_system_metadata_dict is estimator._ctx._lazy_tpu_system_metadata_dict
+    config = _tfprivate.tpu_context_config(estimator._ctx)
+    assert _tfprivate.tpu_context_config(ctx) is config
+    sliced = config.replace(
+        tpu_config=config.tpu_config._replace(
+            eval_training_input_configuration=_tfprivate.tpu_config.InputPipelineConfig.SLICED
+        )
+    )
+    other = _tfprivate.tpu_context_like(ctx, 4, 5, 6, sliced)
+    assert _tfprivate.tpu_context_config(other) is sliced
+    with other.with_mode(modes.PREDICT) as in_mode:
+        assert in_mode.is_input_slice_broadcast_to_all_cores()
     with ctx.with_mode(modes.TRAIN) as in_mode:
         context = _tfprivate.tpu_input_context(in_mode, "/job:worker/task:0/device:CPU:0")
     assert context.current_host == 0 and context._invocation_index == 0
@@ -385,3 +419,29 @@ def test_loss_and_layer_names_the_training_loss_reads():
     with _tfprivate.keras_random_state_kept():
         drawn = random.random()
     assert random.random() == drawn  # the state is put back
+
+
+def test_pod_input_internals():
+    """The graph seed and op-seed counter a random op is seeded from; rewiring a dataset op's
+    input and setting its string attributes in a graph being built."""
+    with tf.Graph().as_default() as graph:
+        graph.seed = 3
+        tf.random.uniform([])
+        assert _tfprivate.graph_seeds(graph) == (3, 1)
+        first = tf.compat.v1.random.get_seed(None)
+        _tfprivate.set_graph_seeds(graph, (3, 1))
+        assert tf.compat.v1.random.get_seed(None) == first
+        _tfprivate.set_graph_seeds(graph, (None, 5))
+        assert tf.compat.v1.random.get_seed(None) == (None, None)
+        assert _tfprivate.graph_seeds(graph) == (None, 5)
+        dataset = tf.data.Dataset.from_tensor_slices(tf.constant([1, 2, 3])).map(
+            lambda x: x, num_parallel_calls=2, deterministic=False
+        )
+        slices = dataset._variant_tensor.op.inputs[0].op
+        _tfprivate.update_input(
+            slices, 0, tf.raw_ops.PlaceholderWithDefault(input=tf.constant([7, 8]), shape=[None])
+        )
+        _tfprivate.set_string_attr(dataset._variant_tensor.op, "deterministic", b"true")
+        assert dataset._variant_tensor.op.get_attr("deterministic") == b"true"
+        with tf.compat.v1.Session() as session:
+            assert list(session.run(dataset.batch(5).get_single_element())) == [7, 8]

@@ -293,6 +293,25 @@ def adapted(input_fn, mode, params, global_batch=None):
     return _input_fn.adapt(result, mode, global_batch or params["batch_size"], params, input_fn)
 
 
+def read_batches(dataset, count=None):
+    """The first ``count`` (None: all) elements ``dataset`` yields, as numpy, read in the default
+    graph as tpushim's estimator reads its input: from an initializable iterator, its start fed
+    the in-memory arrays (numpy_input_fn's) the graph reads by placeholder."""
+    from tpushim import _input_fn
+
+    iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+    element = iterator.get_next()
+    out = []
+    with _input_fn.graph_session() as session:
+        session.run(iterator.initializer)
+        while count is None or len(out) < count:
+            try:
+                out.append(session.run(element))
+            except tf.errors.OutOfRangeError:
+                break
+    return out
+
+
 def input_facts(input_fn, mode, count=False):
     """What tpushim reads of one call of ``input_fn`` (``InputFacts``), in a graph of its own."""
     from tpushim import _input_fn

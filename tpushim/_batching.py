@@ -191,9 +191,10 @@ def fit_batches(dataset, batch_size, mode, padded_to=None):
 
 
 def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0, tpu_batch=None):
-    """One TPU host's input: the global batches stock would see (:func:`fit_batches`) cut, in order,
-    into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or host (V1); host
-    ``h`` of ``H`` takes pieces ``h, h+H, ...``, so each step's global batch is the next of stock's
+    """One TPU input pipeline's input: the global batches stock would see (:func:`fit_batches`)
+    cut, in order, into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or
+    host (V1); invocation ``host`` of ``num_hosts`` (one per host, or one feeding every host with
+    ``SLICED``) takes pieces ``h, h+H, ...``, so each step's global batch is the next of stock's
     batches. In EVAL every batch carries a padding weight and zero-weight batches follow forever,
     so no host runs dry before the last of the steps tpushim computes. ``tpu_batch``: the global
     batch the TPU runs when stock's does not divide among its cores, each of stock's batches
@@ -205,7 +206,7 @@ def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0, tp
         dataset = dataset.map(_padding.pad_batch(tpu_batch))  # all real: weights of one
     if batch_size != tpu_batch:
         dataset = _rebatch(dataset, batch_size, drop_remainder=True)  # divides: nothing dropped
-    if num_hosts > 1 and mode != ModeKeys.PREDICT:
+    if num_hosts > 1:
         dataset = dataset.shard(num_hosts, host)
     if mode == ModeKeys.EVAL:
         dataset = _padding.then_zero_weight_batches(dataset)

@@ -7,6 +7,7 @@ writes the warm-start checkpoint of the Keras weights exactly as stock does, and
 :class:`TPUShimEstimator`, whose train/evaluate/predict take the user's input as it is.
 """
 
+import contextlib
 import logging
 import threading
 import time
@@ -14,12 +15,14 @@ import time
 import tensorflow as tf
 
 from tpushim import (
+    _arrays,
     _detect,
     _input_fn,
     _log,
     _model_fn,
     _observe,
     _padding,
+    _pods,
     _run_config,
     _shapes,
     _tfprivate,
@@ -30,6 +33,7 @@ from tpushim._errors import ConversionError
 logger = logging.getLogger("tpushim")
 
 ModeKeys = tf.estimator.ModeKeys
+tpu_config = _tfprivate.tpu_config
 TPUEstimator = _tfprivate.tpu_estimator.TPUEstimator
 
 _EVENTS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate", ModeKeys.PREDICT: "predict"}
@@ -47,6 +51,7 @@ class _PerThread(threading.local):
 
     def __init__(self):
         self.ctx = None  # this thread's TPU context, once it fixed a batch size
+        self.config = None  # the tpu_config.RunConfig its context builds with, when not stock's
         self.sizes = {}  # mode -> the global batch size this thread fixed
         self.input_fn_invoked = None
         self.rendezvous = {}
@@ -74,6 +79,7 @@ class TPUShimEstimator(TPUEstimator):
         tpushim_batch_size=None,
         tpushim_tpu_source=None,
         tpushim_model_inputs=None,
+        tpushim_pod_input="auto",
         **kwargs,
     ):
         self._tpushim_thread = _PerThread()
@@ -96,6 +102,7 @@ class TPUShimEstimator(TPUEstimator):
         if not self._tpushim_use_tpu:
             _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
         self._tpushim_tpu_source = tpushim_tpu_source
+        self._tpushim_pod_input = tpushim_pod_input
         self._tpushim_reached = False  # the TPU accepted a connection (_reach_tpu_once)
         self._tpushim_reach_lock = threading.Lock()
 
@@ -138,8 +145,28 @@ class TPUShimEstimator(TPUEstimator):
             sizes.get(ModeKeys.TRAIN, size),
             sizes.get(ModeKeys.EVAL, size),
             sizes.get(ModeKeys.PREDICT, size),
+            self._tpushim_thread.config,
         )
         self._tpushim_thread.sizes = sizes
+
+    def _use_call_config(self, mode):
+        """Builds this thread's call of ``mode`` with the TPU config it needs: predict() on
+        several hosts, which TPUEstimator refuses per host, has host 0 feed every core in order
+        (``SLICED``, as TPUEstimator evaluates with it); any other call with the estimator's."""
+        constructed = self._tpushim_constructed_ctx
+        config = _tfprivate.tpu_context_config(constructed)
+        if mode == ModeKeys.PREDICT:
+            with constructed.with_mode(mode) as ctx:
+                if ctx.num_hosts > 1 and not ctx.is_input_broadcast_with_iterators():
+                    config = config.replace(
+                        tpu_config=config.tpu_config._replace(
+                            eval_training_input_configuration=tpu_config.InputPipelineConfig.SLICED
+                        )
+                    )
+        thread = self._tpushim_thread
+        if thread.ctx is None or config is not thread.config:
+            thread.config = config
+            self._fix_call_batch_size(mode, thread.sizes.get(mode, self._tpushim_fixed_batch or 1))
 
     # -- before TPUEstimator builds anything ---------------------------------------------------
     def _reach_tpu_once(self):
@@ -193,11 +220,17 @@ class TPUShimEstimator(TPUEstimator):
         adapts that call's result -- and makes the further invocations on a TPU.
         """
         on_tpu = self._on_tpu(mode)
+        if on_tpu:
+            self._use_call_config(mode)
         device, context = self._first_invocation(mode) if on_tpu else ("/device:CPU:0", None)
         graph = tf.compat.v1.get_default_graph()
         made_before = len(graph.get_operations())
+        invocations = _input_fn.deployment(context)[1] if on_tpu else 1
+        # A pod's hosts each build a copy of the pipeline: all of them with the same seeds.
+        seeds = _pods.Seeds(graph) if invocations > 1 else None
+        pinned = seeds.pinned if seeds is not None else contextlib.nullcontext
         # On a TPU, placed on host 0 once read: this process reads it with a session of its own.
-        with tf.compat.v1.device(None if on_tpu else device):
+        with tf.compat.v1.device(None if on_tpu else device), pinned():
             first = _input_fn.call(
                 input_fn, mode, self._user_params(context), self.config, input_context
             )
@@ -220,6 +253,9 @@ class TPUShimEstimator(TPUEstimator):
             )
         if count:
             thread.eval_steps = tpu_eval_steps(facts, size, thread.eval_steps)
+        path = self._pod_path(first, mode, invocations) if invocations > 1 else None
+        if path is not None:
+            _pods.prepare(first, path, 0)  # the others are prepared as they are made
         if on_tpu:
             _tfprivate.place_ops(graph.get_operations()[made_before:], device)
         self._fix_call_batch_size(mode, tpu_batch)
@@ -231,24 +267,63 @@ class TPUShimEstimator(TPUEstimator):
             if pending:
                 result = pending.pop()
             else:
-                result = _input_fn.call(
-                    input_fn,
-                    mode,
-                    self._user_params(params.get("context")),
-                    self.config,
-                    input_context,
-                )
+                with pinned():
+                    result = _input_fn.call(
+                        input_fn,
+                        mode,
+                        self._user_params(params.get("context")),
+                        self.config,
+                        input_context,
+                    )
+                if path is not None:
+                    _pods.prepare(result, path, _input_fn.deployment(params["context"])[0])
+            # On the files path each host's pipeline reads only its own files: it keeps all.
+            shard = (0, 1) if path is not None and path.name == "files" else None
             return _input_fn.adapt(
                 result,
                 mode,
                 size,
                 params,
                 input_fn,
+                shard,
                 tpu_batch=tpu_batch,
                 model_inputs=self._tpushim_model_inputs,
             )
 
         return super()._call_input_fn(tpushim_input_fn, mode, input_context)
+
+    def _pod_path(self, first, mode, invocations):
+        """How a pod's hosts read this call's input (:mod:`tpushim._pods`), said in one line; None
+        for input a TPU cannot be fed from (tensors: adapt says so)."""
+        if not isinstance(first, tf.data.Dataset):
+            return None
+        setting = self._tpushim_pod_input
+        graph = _pods.analyse(first, _pods.needs_files(mode, setting))
+        path = _pods.decide(graph, mode, setting, invocations)
+        _observe.note(
+            "pod",
+            "%s() on %d TPU hosts: %s path: %s",
+            _EVENTS[mode],
+            invocations,
+            path.name,
+            path.why,
+        )
+        if "WARNING" in path.why:
+            logger.warning("%s() on %d TPU hosts: %s", _EVENTS[mode], invocations, path.why)
+        return path
+
+    # -- in-memory arrays, fed where the input's iterator is initialised (see _arrays) -----------
+    def _get_features_and_labels_from_input_fn(self, input_fn, mode):
+        features, labels, hooks = super()._get_features_and_labels_from_input_fn(input_fn, mode)
+        return features, labels, _arrays.feeding_hooks(hooks)  # on CPU
+
+    def _get_features_from_input_fn(self, input_fn, mode):
+        features, hooks = super()._get_features_from_input_fn(input_fn, mode)
+        return features, _arrays.feeding_hooks(hooks)  # predict on CPU
+
+    def _call_model_fn(self, features, labels, mode, config):
+        # On a TPU TPUEstimator initialises every host's iterator from a hook the model_fn returns.
+        return _arrays.feeding_spec(super()._call_model_fn(features, labels, mode, config))
 
     def _user_params(self, context):
         """The params the user's input_fn is called with (see :class:`_input_fn.UserParams`)."""
@@ -599,6 +674,7 @@ def make_estimator(model_fn, run_config, settings, tpu, warm_start_from=None, mo
         warm_start_from=warm_start_from,
         export_to_tpu=False,
         tpushim_batch_size=settings.batch_size,
+        tpushim_pod_input=settings.pod_input,
         # Quiet cpu mode: without these TPUEstimator logs 'eval_on_tpu ignored because use_tpu
         # is False.' and Estimator 'params are not passed' about tpushim's own construction.
         eval_on_tpu=use_tpu,

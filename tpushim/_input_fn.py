@@ -21,7 +21,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _batching, _observe, _shapes, _source
+from tpushim import _arrays, _batching, _observe, _shapes, _source
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -134,14 +134,15 @@ def graph_session():
     Every lookup table in the graph is initialised first, as stock's Scaffold initialises them
     before its dataset initializer runs: a table the input_fn looks up in its own graph, outside
     any ``Dataset.map`` (``from_tensor_slices(table.lookup(...))``), feeds what the Dataset holds,
-    and even its cardinality cannot be read without it."""
+    and even its cardinality cannot be read without it. Its runs are fed the in-memory arrays they
+    read (:class:`tpushim._arrays.FeedingSession`)."""
     graph = tf.compat.v1.get_default_graph()
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     with tf.compat.v1.Session(graph=graph, config=config) as session:
         initializers = graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
         if initializers:
             session.run(initializers)
-        yield session
+        yield _arrays.FeedingSession(session)
 
 
 def _read_first_batch_size(result, session):
@@ -240,9 +241,30 @@ def read_facts(result, count=False, count_unknown=True, input_fn=None):
     return InputFacts(size, declared, batches, examples)
 
 
-def adapt(result, mode, global_batch, params, input_fn=None, *, tpu_batch=None, model_inputs=None):
+def deployment(context):
+    """``(index, count)`` of the input_fn invocation TPUEstimator makes with this
+    ``params['context']``: one invocation per host (``PER_HOST_V2``), or one in all (``SLICED``,
+    ``BROADCAST``). A context without TPUEstimator's method is read as host of hosts."""
+    if hasattr(context, "current_input_fn_deployment"):
+        _, index, count, _ = context.current_input_fn_deployment()
+        return index, count
+    return getattr(context, "current_host", 0), getattr(context, "num_hosts", 1)
+
+
+def adapt(
+    result,
+    mode,
+    global_batch,
+    params,
+    input_fn=None,
+    shard=None,
+    *,
+    tpu_batch=None,
+    model_inputs=None,
+):
     """What one input_fn call built, as TPUEstimator must be given it: static global batches on
-    CPU; on a TPU (``params['context']`` present) this host's per-core pieces of those batches.
+    CPU; on a TPU (``params['context']`` present) this invocation's per-core pieces of those
+    batches.
 
     Args:
       result: what :func:`call` returned.
@@ -250,6 +272,9 @@ def adapt(result, mode, global_batch, params, input_fn=None, *, tpu_batch=None, 
       global_batch: this call's global batch size (stock's).
       params: TPUEstimator's params for this invocation (``batch_size`` per core on a TPU).
       input_fn: the user's input_fn, named in errors.
+      shard: ``(index, count)``: this invocation keeps pieces ``index, index + count, ...`` of
+        the global batches; None: as TPUEstimator deploys it (:func:`deployment`). ``(0, 1)``
+        keeps every piece (a pod host reading only its own files, :mod:`tpushim._pods`).
       tpu_batch: the global batch a TPU runs, ``global_batch`` padded to a multiple of its
         cores (see :func:`tpushim._batching.tpu_batches`); ``global_batch`` when None.
       model_inputs: the :class:`tpushim._shapes.ModelInputs` of the model, whose declared shapes
@@ -266,12 +291,13 @@ def adapt(result, mode, global_batch, params, input_fn=None, *, tpu_batch=None, 
     result = _shapes.with_declared_shapes(result, model_inputs)
     if context is None:
         return _batching.fit_batches(result, global_batch, mode).prefetch(tf.data.AUTOTUNE)
+    index, count = shard if shard is not None else deployment(context)
     return _batching.tpu_batches(
         result,
         global_batch,
         params["batch_size"],
         mode,
-        getattr(context, "num_hosts", 1),
-        getattr(context, "current_host", 0),
+        count,
+        index,
         tpu_batch=tpu_batch,
     ).prefetch(tf.data.AUTOTUNE)

@@ -219,6 +219,7 @@ def patch(
     batch_size: int | None = None,
     iterations_per_loop: int | None = None,
     quiet: bool | None = None,
+    pod_input: str | None = None,
 ) -> None:
     """Makes ``model_to_estimator`` return a TPUEstimator when a TPU is configured.
 
@@ -239,6 +240,12 @@ def patch(
       iterations_per_loop: training steps per TPU loop (``TPUSHIM_ITERATIONS_PER_LOOP``).
       quiet: True hides the line each conversion to a TPUEstimator prints on stderr when logging
         is not configured (``TPUSHIM_QUIET``). Configured logging gets it at INFO either way.
+      pod_input: how a pod's hosts (a TPU of several hosts) read the input
+        (``TPUSHIM_POD_INPUT``): ``"auto"`` (default: each host reads only its own files where
+        the training input is shuffled, endless and read from files; else ``exact``),
+        ``"exact"`` (every host reads the whole input and keeps its share: stock's batches,
+        every example once) or ``"files"`` (each host reads its own files wherever the input
+        allows it).
 
     Raises:
       tpushim.ConfigurationError: an argument or ``TPUSHIM_*`` variable is invalid. Nothing is
@@ -250,6 +257,7 @@ def patch(
         batch_size=batch_size,
         iterations_per_loop=iterations_per_loop,
         quiet=quiet,
+        pod_input=pod_input,
     )
     _settings.parse_environment()  # strict: a bad variable raises here, before anything changes
     level = _settings.log_level_from_environment()
@@ -317,6 +325,7 @@ class patched:
         batch_size: int | None = None,
         iterations_per_loop: int | None = None,
         quiet: bool | None = None,
+        pod_input: str | None = None,
     ) -> None:
         self._layer = _settings.parse_arguments(
             mode=mode,
@@ -324,6 +333,7 @@ class patched:
             batch_size=batch_size,
             iterations_per_loop=iterations_per_loop,
             quiet=quiet,
+            pod_input=pod_input,
         )
         # Tokens live in a per-scope ContextVar, so one object may be entered from many threads.
         self._tokens = contextvars.ContextVar(f"tpushim_patched_{id(self)}", default=())

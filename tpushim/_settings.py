@@ -17,6 +17,9 @@ from tpushim._errors import ConfigurationError
 
 MODES = ("auto", "cpu", "tpu", "off")
 
+#: How a pod (several TPU hosts) reads its input: see :mod:`tpushim._pods`.
+POD_INPUTS = ("auto", "exact", "files")
+
 #: setting name -> environment variable; also the order settings are listed in.
 ENV_VARS = {
     "mode": "TPUSHIM_MODE",
@@ -24,6 +27,7 @@ ENV_VARS = {
     "batch_size": "TPUSHIM_BATCH_SIZE",
     "iterations_per_loop": "TPUSHIM_ITERATIONS_PER_LOOP",
     "quiet": "TPUSHIM_QUIET",
+    "pod_input": "TPUSHIM_POD_INPUT",
 }
 
 DEFAULTS = {
@@ -32,6 +36,7 @@ DEFAULTS = {
     "batch_size": None,
     "iterations_per_loop": None,
     "quiet": False,
+    "pod_input": "auto",
 }
 
 KILL_SWITCH = "TPUSHIM_MODE=off"
@@ -66,11 +71,20 @@ class Settings:
       batch_size: global batch size for train, eval and predict, or None (taken from the input).
       iterations_per_loop: steps per TPU loop, or None (tpushim's default).
       quiet: True hides the line a conversion prints on stderr when logging is not configured.
+      pod_input: how a pod's hosts read the input: ``auto``, ``exact`` or ``files``.
       sources: setting name -> where its value came from (``argument``, a variable name,
         ``default`` or the kill switch). Not part of equality.
     """
 
-    __slots__ = ("batch_size", "iterations_per_loop", "mode", "quiet", "sources", "tpu")
+    __slots__ = (
+        "batch_size",
+        "iterations_per_loop",
+        "mode",
+        "pod_input",
+        "quiet",
+        "sources",
+        "tpu",
+    )
 
     def __init__(
         self,
@@ -79,6 +93,7 @@ class Settings:
         batch_size=None,
         iterations_per_loop=None,
         quiet=False,
+        pod_input="auto",
         sources=None,
     ):
         for name, value in (
@@ -87,6 +102,7 @@ class Settings:
             ("batch_size", batch_size),
             ("iterations_per_loop", iterations_per_loop),
             ("quiet", quiet),
+            ("pod_input", pod_input),
             ("sources", dict(sources or {})),
         ):
             object.__setattr__(self, name, value)
@@ -95,7 +111,14 @@ class Settings:
         raise AttributeError("Settings are immutable")
 
     def _key(self):
-        return (self.mode, self.tpu, self.batch_size, self.iterations_per_loop, self.quiet)
+        return (
+            self.mode,
+            self.tpu,
+            self.batch_size,
+            self.iterations_per_loop,
+            self.quiet,
+            self.pod_input,
+        )
 
     def __eq__(self, other):
         return isinstance(other, Settings) and self._key() == other._key()
@@ -106,7 +129,7 @@ class Settings:
     def __repr__(self):
         return (
             "Settings(mode={!r}, tpu={!r}, batch_size={!r}, iterations_per_loop={!r}, "
-            "quiet={!r})".format(*self._key())
+            "quiet={!r}, pod_input={!r})".format(*self._key())
         )
 
 
@@ -127,6 +150,18 @@ def parse_mode(value, where="mode"):
     if mode not in MODES:
         raise _choices_error(where, value, MODES)
     return mode
+
+
+def parse_pod_input(value, where="pod_input"):
+    if isinstance(value, str) and value.strip().lower() in POD_INPUTS:
+        return value.strip().lower()
+    raise ConfigurationError(
+        f"{where}={value!r} is not a pod input path; choose one of {', '.join(POD_INPUTS)} "
+        f"(auto: each host reads its own files where the training input is shuffled, endless "
+        f"and read from files, else exact; exact: every host reads the whole input and keeps "
+        f"its share, stock's batches exactly; files: each host reads its own files wherever "
+        f"the input allows it)."
+    )
 
 
 def parse_positive_int(value, where):
@@ -197,6 +232,7 @@ _PARSERS = {
     "batch_size": parse_positive_int,
     "iterations_per_loop": parse_positive_int,
     "quiet": parse_bool,
+    "pod_input": parse_pod_input,
 }
 
 
@@ -290,4 +326,11 @@ OPTIONS = (
         "iterations_per_loop", "N", "training steps per TPU loop.", DEFAULT_ITERATIONS_PER_LOOP
     ),
     _flag("quiet", "do not print the line each conversion prints on stderr."),
+    _option(
+        "pod_input",
+        "PATH",
+        "how a pod's hosts read the input: auto, exact (every host reads the whole input and "
+        "keeps its share) or files (each host reads its own files).",
+        DEFAULTS["pod_input"],
+    ),
 )

@@ -12,7 +12,7 @@ import logging
 
 import tensorflow as tf
 
-from tpushim import _observe, _tfprivate
+from tpushim import _arrays, _observe, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
@@ -189,11 +189,12 @@ class _QueueSource:
         import numpy as np
 
         data = self.arguments["data"]
+        # A numpy array's row numbers are the row indices themselves: a range, never materialised.
         if isinstance(data, np.ndarray):
-            return [np.arange(len(data), dtype=np.int64), data]
+            return [range(len(data)), data]
         if isinstance(data, collections.OrderedDict):
             values = list(data.values())
-            return [np.arange(len(values[0]), dtype=np.int64)] + values
+            return [range(len(values[0]))] + values
         if type(data).__name__ == "DataFrame" and hasattr(data, "columns"):
             return [data.index.values] + [data[c].values for c in data.columns]
         return None  # a generator: no fixed rows to slice
@@ -209,7 +210,11 @@ class _QueueSource:
         if columns is None or batch_size is None or self.arguments.get("pad_value") is not None:
             return None
         args = self.arguments
-        dataset = tf.data.Dataset.from_tensor_slices(tuple(columns))
+        # Row numbers, whose rows are read from the arrays fed by placeholder (see _arrays): the
+        # graph never holds the arrays.
+        used = sorted({x.value_index for x in flat})
+        rows = _arrays.Rows([columns[i] for i in used], [op.outputs[i].dtype for i in used])
+        dataset = tf.data.Dataset.range(len(columns[0])).with_options(_arrays.no_rewrites())
         if args["shuffle"]:
             dataset = dataset.shuffle(
                 min(int(args["capacity"]), len(columns[0])),
@@ -220,11 +225,20 @@ class _QueueSource:
         # Each of num_threads feeding threads counts its own epochs (stock warns about it).
         dataset = dataset.repeat(None if epochs is None else epochs * args["num_threads"])
         dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
-        dataset = dataset.map(_rearrange(result, [x.value_index for x in flat]))
+        rearrange = _rearrange(result, [used.index(x.value_index) for x in flat])
+        dataset = dataset.map(
+            # Plain ops, no Python control flow: autograph would only take a second to convert it.
+            tf.autograph.experimental.do_not_convert(
+                lambda indices: rearrange(*rows.gather(indices))
+            ),
+            num_parallel_calls=tf.data.AUTOTUNE,  # a TPU host gathers batches for many cores
+            deterministic=True,
+        )
         self._undo_side_effects()
         _observe.note(
             "queue",
-            "numpy/pandas queue input (%d rows, batch %d%s) fed as a tf.data.Dataset",
+            "numpy/pandas queue input (%d rows, batch %d%s) fed as a tf.data.Dataset, its arrays "
+            "fed when the iterator starts (not embedded in the graph)",
             len(columns[0]),
             batch_size,
             ", shuffled" if args["shuffle"] else "",

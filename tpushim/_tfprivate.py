@@ -176,11 +176,12 @@ def set_cluster_spec(run_config, cluster_spec):
     run_config._cluster_spec = cluster_spec
 
 
-def tpu_context_like(ctx, train_batch_size, eval_batch_size, predict_batch_size):
-    """A TPU context (TPUEstimator's ``_ctx``) as ``ctx`` but for these global batch sizes,
-    sharing ``ctx``'s answer from the TPU system (asked once per master, then cached)."""
+def tpu_context_like(ctx, train_batch_size, eval_batch_size, predict_batch_size, config=None):
+    """A TPU context (TPUEstimator's ``_ctx``) as ``ctx`` but for these global batch sizes (and
+    ``config``, a ``tpu_config.RunConfig``, when given), sharing ``ctx``'s answer from the TPU
+    system (asked once per master, then cached)."""
     new = tpu_context._get_tpu_context(
-        ctx._config,
+        ctx._config if config is None else config,
         train_batch_size,
         eval_batch_size,
         predict_batch_size,
@@ -210,6 +211,11 @@ def skip_batch_validation(ctx):
 
     modes = tf.estimator.ModeKeys
     ctx._lazy_validation_dict.update({modes.TRAIN: True, modes.EVAL: True, modes.PREDICT: True})
+
+
+def tpu_context_config(ctx):
+    """The ``tpu_config.RunConfig`` a TPU context builds with."""
+    return ctx._config
 
 
 def tpu_input_context(ctx, device):
@@ -417,6 +423,16 @@ def replace_enqueue_data(make_wrapper):
     original = module._enqueue_data
     module._enqueue_data = make_wrapper(original)
     return lambda: setattr(module, "_enqueue_data", original)
+
+
+def dataset_initializer_hook_classes():
+    """The session hooks that initialise an estimator's input iterator when its session starts:
+    Estimator's (``parse_input_fn_result``, on CPU) and TPUEstimator's (one for every TPU host's
+    iterator, made in ``_InputPipeline``). Both run the initializer without a feed."""
+    from tensorflow_estimator.python.estimator import util as estimator_util
+    from tensorflow_estimator.python.estimator.tpu import util as tpu_util
+
+    return (estimator_util._DatasetInitializerHook, tpu_util.MultiHostDatasetInitializerHook)
 
 
 def function_def(graph, name):
@@ -635,3 +651,43 @@ class keras_random_state_kept:
         random.setstate(self._states[0])
         if self._generator is not None:
             self._generator.setstate(self._states[1])
+
+
+# --- a pod's input (tpushim/_pods.py) ----------------------------------------------------------
+
+
+def graph_seeds(graph):
+    """``(graph seed, op-seed counter)`` of a graph: what the next random op made in it without a
+    seed of its own is seeded from (``random_seed.get_seed``). The counter is None where this
+    TensorFlow keeps none to read (ops then derive their seeds from graph state no one can reset).
+    """
+    from tensorflow.python.framework import random_seed
+
+    counters = getattr(random_seed, "_graph_to_seed_dict", None)  # TF >= 2.5
+    return graph.seed, None if counters is None else counters.get(graph, 0)
+
+
+def set_graph_seeds(graph, seeds):
+    """Sets what :func:`graph_seeds` reads: the random ops made next are seeded as they would
+    have been when the graph was in that state."""
+    from tensorflow.python.framework import random_seed
+
+    seed, counter = seeds
+    graph.seed = seed
+    counters = getattr(random_seed, "_graph_to_seed_dict", None)
+    if counters is not None and counter is not None:
+        counters[graph] = counter
+
+
+def update_input(op, index, tensor):
+    """Makes ``tensor`` input ``index`` of ``op`` (a graph being built): a host's copy of a
+    pipeline then reads that host's file names."""
+    op._update_input(index, tensor)
+
+
+def set_string_attr(op, name, value):
+    """Sets a string attribute (bytes) of an op in a graph being built (e.g. a dataset op's
+    ``deterministic``)."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    op._set_attr(name, attr_value_pb2.AttrValue(s=value))

@@ -16,7 +16,7 @@ import types
 
 import tensorflow as tf
 
-from tpushim import _tfprivate
+from tpushim import _arrays, _tfprivate
 
 _LOOPBACK = re.compile(r"^grpc://(127\.0\.0\.1|localhost):\d+$")
 
@@ -67,8 +67,8 @@ class Build:
 
     def host_input(self, host, max_batches=1000):
         """Runs host ``host``'s input pipeline from this graph on CPU (input pipelines run on the
-        TPU hosts' CPUs), its lookup tables initialised first: the batches it would feed, one list per ``get_next`` call per core,
-        each a flat list of numpy arrays, until it ends or ``max_batches`` batches."""
+        TPU hosts' CPUs), its lookup tables initialised first: the batches it would feed, one list
+        per ``get_next`` call per core, each a flat list of numpy arrays, until it ends or ``max_batches`` batches."""
         graph_def = self.graph.as_graph_def()
         task = f"/task:{host}/"
         makers = [n for n in graph_def.node if n.op == "MakeIterator" and task in n.device]
@@ -89,6 +89,9 @@ class Build:
         )
         for node in graph_def.node:
             node.device = ""  # the hosts' CPUs are this machine's CPU
+        # In-memory arrays are fed to the host's pipeline where it starts, as on a TPU host.
+        arrays = _arrays.fed_arrays(self.graph)
+        feeds = {n.name: arrays[n.name] for n in graph_def.node if n.name in arrays}
         batches = []
         with tf.Graph().as_default() as graph:
             tf.graph_util.import_graph_def(graph_def, name="")
@@ -102,7 +105,10 @@ class Build:
             )
             with tf.compat.v1.Session(graph=graph) as sess:
                 sess.run([graph.get_operation_by_name(name) for name in tables])
-                sess.run(graph.get_operation_by_name(makers[0].name))
+                sess.run(
+                    graph.get_operation_by_name(makers[0].name),
+                    {graph.get_tensor_by_name(name + ":0"): a for name, a in feeds.items()},
+                )
                 while len(batches) < max_batches:
                     try:
                         batches.append(sess.run(get_next))

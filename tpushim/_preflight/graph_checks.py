@@ -18,11 +18,6 @@ EVENTS = ("train", "evaluate", "predict")
 #: Fixes for what TPUEstimator raises while building, by a fragment of its message.
 _GRAPH_FIXES = (
     (
-        "TPUEstimator.predict is only supported",
-        "predict on one TPU host (up to 8 cores, e.g. a v3-8), or run predict() without the TPU "
-        "(TPUSHIM_MODE=cpu for that run)",
-    ),
-    (
         "num_shards",
         "remove num_shards from your TPUConfig (TPUEstimator reads the TPU's core count) or set it "
         "to the TPU's cores",

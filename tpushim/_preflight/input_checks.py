@@ -11,6 +11,7 @@ from tpushim._errors import TPUShimError
 MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
 GOOD_PER_CORE_BATCH = 128  # fills a 128x128 matrix unit
 MIN_ITERATIONS_PER_LOOP = 20
+LARGE_INPUT_CONSTANTS = 100 * 2**20  # bytes of constants in an input graph worth a finding
 
 
 def _feature_paths(structure):
@@ -46,7 +47,7 @@ def check_input(report, input_fn, batch_size, num_cores, model_inputs=None):
     """
     report.note_checked("input pipeline")
     name = getattr(input_fn, "__name__", "input_fn")
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    with tf.Graph().as_default(), _input_fn.graph_session() as sess:
         try:
             result = _input_fn.call(
                 input_fn, tf.estimator.ModeKeys.TRAIN, _input_fn.UserParams(), None
@@ -186,9 +187,10 @@ def _read_one_batch(result, sess):
 
 
 def _dataset_ops(dataset):
-    """``(ops, ops in its functions)``: the op types of the graph that makes ``dataset``, read from
-    the graph it lives in (the datasets' map/filter functions included); nothing is run."""
-    top, inner, seen, functions = set(), set(), set(), []
+    """``(ops, ops in its functions, bytes of constants)``: the op types of the graph that makes
+    ``dataset``, read from the graph it lives in (the datasets' map/filter functions included),
+    and how many bytes its constants hold; nothing is run."""
+    top, inner, seen, functions, constants = set(), set(), set(), [], 0
     stack = [_tfprivate.dataset_variant_op(dataset)]
     graph = stack[0].graph if stack[0] is not None else None
     while stack:
@@ -197,6 +199,7 @@ def _dataset_ops(dataset):
             continue
         seen.add(op.name)
         top.add(op.type)
+        constants += _constant_bytes(op) if op.type == "Const" else 0
         stack.extend(t.op for t in op.inputs)
         functions += _function_names(op.node_def)
     done = set()
@@ -208,8 +211,17 @@ def _dataset_ops(dataset):
             continue
         for node in definition.node_def:
             inner.add(node.op)
+            constants += node.attr["value"].tensor.ByteSize() if node.op == "Const" else 0
             functions += _function_names(node)
-    return top, inner
+    return top, inner, constants
+
+
+def _constant_bytes(op):
+    # From the shape, without reading the value (op.node_def would copy it out of the graph).
+    output = op.outputs[0]
+    if output.dtype == tf.string or not output.shape.is_fully_defined():
+        return op.get_attr("value").ByteSize()
+    return output.shape.num_elements() * output.dtype.size
 
 
 def _function_names(node_def):
@@ -222,7 +234,21 @@ def _function_names(node_def):
 
 
 def _check_dataset_ops(report, dataset, name):
-    top, inner = _dataset_ops(dataset)
+    top, inner, constants = _dataset_ops(dataset)
+    if constants > LARGE_INPUT_CONSTANTS:
+        report.add(
+            "large-input-constants",
+            "warning",
+            f"input_fn {name!r}",
+            f"the input pipeline's graph holds {constants / 2**20:.0f} MB of constants (arrays "
+            "given to Dataset.from_tensor_slices or returned by the input_fn): the estimator "
+            "writes them into graph.pbtxt and every checkpoint's meta graph and copies them "
+            "with the graph, and no graph holds more than 2 GB",
+            "feed the arrays instead: tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, "
+            "batch_size=..., shuffle=True) (tpushim feeds its arrays when the input starts, "
+            "never embedding them), or write them to TFRecord files read by "
+            "tf.data.TFRecordDataset",
+        )
     if "PrefetchDataset" not in top:
         report.add(
             "no-prefetch",

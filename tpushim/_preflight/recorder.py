@@ -11,7 +11,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tpushim import _input_fn, _observe, _settings, _shapes
-from tpushim._preflight import graph_checks, input_checks, progress
+from tpushim._preflight import graph_checks, input_checks, pod_checks, progress
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding
 
@@ -22,13 +22,16 @@ _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 class _Recorded:
     """One conversion and what its estimator was asked to do, in order.
 
-    ``calls``: ``(call as the script made it, the InputCall its input_fn made or None)``.
+    ``calls``: ``(call as the script made it, the InputCall its input_fn made or None)``;
+    ``pod_inputs``: ``{index in calls: the pipeline as a pod would read it}``
+    (:func:`tpushim._pods.analyse`).
     """
 
     conversion: _observe.Conversion
     calls: list = dataclasses.field(default_factory=list)
     # Estimators made from it (tf.estimator.add_metrics): their calls are its calls.
     derived: list = dataclasses.field(default_factory=list)
+    pod_inputs: dict = dataclasses.field(default_factory=dict)
 
     def first(self, event):
         """The first ``(call, input_call)`` of ``event``, or None."""
@@ -111,6 +114,11 @@ class Recorder:
         for i, (call, recorded) in enumerate(owner.calls):
             if recorded is None and call.input_fn is input_call.call.input_fn:
                 owner.calls[i] = (call, input_call)
+                # Read now too: how a pod's hosts would read it (reading adds ops to the graph).
+                with contextlib.suppress(Exception):  # its input checks report what went wrong
+                    owner.pod_inputs[i] = pod_checks.analyse(
+                        input_call, owner.conversion.settings.pod_input
+                    )
                 return
 
     # -- the report -----------------------------------------------------------------------------
@@ -172,6 +180,7 @@ class Recorder:
                         num_cores,
                         model_inputs,
                     )
+        pod_checks.check_pod_inputs(report, recorded, num_cores)
         if tpu_graphs:
             first_calls = {}
             for call, input_call in recorded.calls:
