@@ -231,7 +231,7 @@ def _emulated_one_step(build_model, batch):
 
 @pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv-fused"])
 def test_batchnorm_uses_per_shard_statistics_and_averaged_gradients(tmp_path, conv):
-    """Documented TPU behaviour (docs/parity.md): BatchNormalization normalises each shard over its
+    """Documented TPU behaviour (docs/reference/parity.md): BatchNormalization normalises each shard over its
     own slice and each replica updates its moving statistics from it; the trainable weights still
     move by the gradient averaged over shards."""
     x, y = tfcases.data(n=GLOBAL)
