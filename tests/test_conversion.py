@@ -10,7 +10,7 @@ import tfcases
 from tensorflow_estimator.python.estimator.tpu import tpu_config
 
 import tpushim
-from tpushim._estimator import TPUShimEstimator
+from tpushim._estimator import TPUShimEstimator, indivisible_batch
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -146,16 +146,21 @@ def test_user_tpu_run_config_is_respected(tmp_path):
     assert est.config.tf_random_seed == 5
 
 
-def test_indivisible_global_batch_is_a_clear_error(tmp_path):
+def test_indivisible_global_batch_converts_and_is_padded(tmp_path):
+    """Stock trains any batch size; so does a TPU, each batch padded to the next multiple of the
+    cores (tests/test_input_parity.py proves the numbers): no error, and the
+    one text the estimator logs and the preflight warns with names the waste and the fix."""
     config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
     tpushim.patch(tpu="grpc://127.0.0.1:1", batch_size=100)
-    with pytest.raises(tpushim.ConversionError) as info:
-        tf.keras.estimator.model_to_estimator(
-            keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
-        )
-    assert "global batch size 100 does not divide among 8 TPU cores" in str(info.value)
-    assert "(96 or 104)" in str(info.value)
-    assert not os.listdir(tmp_path)
+    est = tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
+    )
+    assert isinstance(est, TPUShimEstimator)
+    assert os.listdir(tmp_path) == ["keras"]  # the Keras weights' warm start, as stock writes it
+    problem, fix = indivisible_batch(100, 8)
+    assert "global batch size 100 does not divide among 8 TPU cores" in problem
+    assert "padded to 104 rows" in problem and "4 of 104" in problem
+    assert "(96 or 104)" in fix
 
 
 # --- bad input: a clear error, nothing written ------------------------------------------------
