@@ -417,12 +417,17 @@ def object_checkpoint_keys(keras_model):
 def replace_enqueue_data(make_wrapper):
     """Sets ``make_wrapper(original)`` as ``feeding_functions._enqueue_data``, which fills
     numpy_input_fn's / pandas_input_fn's queues (both look it up by attribute at call time);
-    returns a function that restores the original."""
+    returns a function that restores the original (unless someone replaced the wrapper since)."""
     from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module
 
     original = module._enqueue_data
-    module._enqueue_data = make_wrapper(original)
-    return lambda: setattr(module, "_enqueue_data", original)
+    wrapper = module._enqueue_data = make_wrapper(original)
+
+    def restore():
+        if module._enqueue_data is wrapper:
+            module._enqueue_data = original
+
+    return restore
 
 
 def dataset_initializer_hook_classes():
