@@ -33,7 +33,9 @@ maybe_overwrite_model_dir_and_session_config = (
 )
 
 
-_clone_lock = threading.Lock()
+# Held while a model's compile arguments are pinned or stripped, or BatchNormalization's call is
+# replaced (clone_and_build_model, clone_for_inspection, compile_args). Reentrant: a clone may nest.
+_clone_lock = threading.RLock()
 
 
 def clone_and_build_model(
@@ -541,7 +543,8 @@ def prepare_loss_functions(loss, output_names):
 
 def compile_args(keras_model):
     """The arguments ``compile()`` was given (``loss``, ``loss_weights``, ...), as cloning reads them."""
-    return keras_model._get_compile_args()
+    with _clone_lock:  # not the metric-less ones another thread's clone pins for its block
+        return keras_model._get_compile_args()
 
 
 def keras_loss_modules():
@@ -592,8 +595,9 @@ def clone_for_inspection(keras_model, custom_objects, input_tensors=None):
     import tensorflow as tf
 
     if getattr(keras_model, "optimizer", None) is not None:
-        compile_args = keras_model._get_compile_args()
-        keras_model._get_compile_args = lambda: compile_args
+        with _clone_lock:  # a clone in another thread may have stripped the metrics for its block
+            compile_args = keras_model._get_compile_args()
+            keras_model._get_compile_args = lambda: compile_args
     return tf.compat.v2.keras.__internal__.models.clone_and_build_model(
         keras_model,
         input_tensors,
@@ -631,10 +635,17 @@ def replace_total_loss(model, loss):
     model.total_loss = loss
 
 
+_random_state_lock = threading.RLock()
+
+
 class keras_random_state_kept:
     """A context in which Keras may make layers (each draws a seed for its initializers and
     dropout from Keras's seed generator, or Python's ``random``) without moving the seeds the
-    layers made afterwards get: an inspection must not change what a seeded run trains."""
+    layers made afterwards get: an inspection must not change what a seeded run trains.
+
+    Keras's seed generator is per thread; Python's ``random`` is per process, so tpushim's blocks
+    in different threads take turns (a lock), and only nest within one thread.
+    """
 
     def __enter__(self):
         import random
@@ -643,6 +654,7 @@ class keras_random_state_kept:
             from keras.src import backend  # Keras >= 2.13
         except ImportError:
             from keras import backend  # Keras 2.12
+        _random_state_lock.acquire()
         self._generator = getattr(backend._SEED_GENERATOR, "generator", None)
         self._states = (
             random.getstate(),
@@ -653,9 +665,12 @@ class keras_random_state_kept:
     def __exit__(self, *exc):
         import random
 
-        random.setstate(self._states[0])
-        if self._generator is not None:
-            self._generator.setstate(self._states[1])
+        try:
+            random.setstate(self._states[0])
+            if self._generator is not None:
+                self._generator.setstate(self._states[1])
+        finally:
+            _random_state_lock.release()
 
 
 # --- a pod's input (tpushim/_pods.py) ----------------------------------------------------------
