@@ -6,6 +6,7 @@ replication, static infeed shapes, cross-replica sums, outfeed, the evaluation s
 each host's input pipeline, which runs on CPU on a TPU host too and so is run here.
 """
 
+import contextlib
 import socket
 import time
 
@@ -291,6 +292,27 @@ def test_faked_tpu_is_loopback_only():
         faketpu.faked_tpu_system("grpc://10.0.0.2:8470"),
     ):
         pass
+
+
+def test_faked_systems_overlapping_without_nesting_each_answer_and_leave_nothing_behind():
+    """A starts, B starts, A ends, B ends (as two threads may): B still answers for its master
+    after A ended, and TensorFlow's own query and session start are back afterwards."""
+    from tensorflow.python.tpu import tpu_system_metadata
+    from tensorflow.python.training import monitored_session
+
+    creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
+    originals = (tpu_system_metadata._query_tpu_system_metadata, creator_class.create_session)
+    a_stack, b_stack = contextlib.ExitStack(), contextlib.ExitStack()
+    a_stack.enter_context(faketpu.faked_tpu_system(cores_per_host=8))
+    b = b_stack.enter_context(faketpu.faked_tpu_system(hosts=2, cores_per_host=4))
+    a_stack.close()
+    try:
+        assert tpu_system_metadata._query_tpu_system_metadata(b.master).num_hosts == 2
+    finally:
+        b_stack.close()
+    assert (tpu_system_metadata._query_tpu_system_metadata, creator_class.create_session) == (
+        originals
+    )
 
 
 # --- #24: what stock accepts, a TPU is fed -----------------------------------------------------

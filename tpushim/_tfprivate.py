@@ -1,9 +1,9 @@
-"""Every private TensorFlow / Keras name tpushim uses, in one place.
+"""Every private TensorFlow / Keras name the core uses, in one place.
 
 These are internals of tensorflow_estimator and Keras 2 in TensorFlow 2.12-2.15 (the range in
 tpushim/version.py), pinned by tests/test_tfprivate.py on each of them: when a release moves one,
-this file is the only one to edit. Where the releases differ, the fallback says which has what.
-Over ~300 lines because that is its one concern: each function is a thin, tested name.
+this file is the one to edit. Where the releases differ, the fallback says which has what. The
+few names only the tooling reaches (the faked TPU system's) live in tpushim/_preflight/faketpu.py.
 """
 
 import contextlib
@@ -278,11 +278,6 @@ def compiled_user_metrics(keras_model):
     )
 
 
-def user_loss_weights(keras_model):
-    """The ``loss_weights`` passed to ``compile()``, or None."""
-    return getattr(getattr(keras_model, "compiled_loss", None), "_user_loss_weights", None)
-
-
 def set_metric_name(metric, name):
     """Gives a rebuilt metric the unique name Keras gave the original (``from_config`` does not)."""
     metric._name = name
@@ -319,11 +314,6 @@ def update_op(value):
     if isinstance(value, tf.Variable):
         return value.op
     return value
-
-
-def serialized_dataset_graph(dataset):
-    """A string tensor: the GraphDef of the ops that build ``dataset``."""
-    return dataset._as_serialized_graph()
 
 
 def training_endpoints(model):
@@ -455,77 +445,6 @@ def dataset_variant_op(dataset):
         return dataset._variant_tensor.op
     except (AttributeError, ValueError):
         return None
-
-
-# --- a faked TPU system (tpushim/_preflight/faketpu.py): the two places where TPUEstimator reaches a TPU ------
-
-
-def tpu_device_attributes(name, device_type):
-    """A device as a TPU system lists it (``session.list_devices()`` entries)."""
-    from tensorflow.python.client import session as session_lib
-
-    return session_lib._DeviceAttributes(name, device_type, 0, 0)
-
-
-def replace_tpu_system_query(answer):
-    """Makes ``answer(master, cluster_def, query_topology)`` the TPU system query TPUEstimator's
-    context sends (``tpu_context`` calls it once per master and caches the result in
-    ``_lazy_tpu_system_metadata_dict``); returns a function that restores the real one.
-
-    ``answer`` returns None to let the real query run.
-    """
-    from tensorflow.python.tpu import tpu_system_metadata
-
-    real = tpu_system_metadata._query_tpu_system_metadata
-
-    def query(master, cluster_def=None, query_topology=False):
-        metadata = answer(master, cluster_def, query_topology)
-        return (
-            real(master, cluster_def=cluster_def, query_topology=query_topology)
-            if metadata is None
-            else metadata
-        )
-
-    tpu_system_metadata._query_tpu_system_metadata = query
-    return lambda: setattr(tpu_system_metadata, "_query_tpu_system_metadata", real)
-
-
-def replace_session_start(intercept):
-    """Calls ``intercept(master, scaffold, hooks)`` where a MonitoredSession (train, evaluate and
-    predict all use one) is about to create its tf.Session, after every hook's ``begin()``; it
-    raises to stop the session, or returns to let it start. Returns a function that restores the
-    original.
-
-    The point is ``_MonitoredSession._CoordinatedSessionCreator.create_session``: the one place all
-    three modes pass with the session's master, scaffold and hooks in reach.
-    """
-    from tensorflow.python.training import monitored_session
-
-    creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
-    real = creator_class.create_session
-
-    def create_session(self):
-        inner = self._session_creator
-        intercept(
-            getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks)
-        )
-        return real(self)
-
-    creator_class.create_session = create_session
-    return lambda: setattr(creator_class, "create_session", real)
-
-
-def eval_steps_of(hooks):
-    """The evaluate step count TPUEstimator gave its session (``_StopAfterNEvalsHook``), or None."""
-    from tensorflow.python.training import evaluation
-
-    for hook in hooks:
-        if isinstance(hook, evaluation._StopAfterNEvalsHook):
-            return hook._num_evals
-        inner = eval_steps_of(getattr(hook, "hooks", ()))  # hooks tpushim makes at session start
-        if inner is not None:
-            return inner
-    return None
 
 
 # --- the training loss, term by term (tpushim/_loss_kinds.py, tpushim/_losses.py) -------------
