@@ -21,8 +21,7 @@ Both modules are imported lazily by TensorFlow (keras_lib on the first ``model_t
 call), each at its own time, so each wrapper is applied by a post-import hook: immediately when
 its module is already imported, otherwise the moment it is. ``import tpushim`` and ``patch()``
 import no TensorFlow -- nor wrapt, inspect or logging before there is something to wrap: start-up
-stays within a few milliseconds. Over ~300 lines because it is one concern: the wrappers' life,
-from the table to the scopes that want them.
+stays within a few milliseconds.
 """
 
 from __future__ import annotations  # annotations stay strings: typing is not imported at start-up
