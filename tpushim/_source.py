@@ -138,7 +138,7 @@ class _Interception:
     def _uninstall(self):
         self._restore_enqueue()
         for owner, name, original, ours in reversed(self._saved):
-            if owner.__dict__.get(name) is ours:  # only ours: someone may have replaced it since
+            if getattr(owner, name, None) is ours:  # only ours: someone may have replaced it
                 setattr(owner, name, original)
         self._saved = []
 
