@@ -12,13 +12,8 @@ from tpushim import _patch
 ORIGINAL = keras_lib.model_to_estimator
 
 
-def _convert(model_dir, mode="cpu", **kwargs):
-    tpushim.patch(mode=mode)
-    return tf.keras.estimator.model_to_estimator(model_dir=str(model_dir), **kwargs)
-
-
 def _train(model_dir, input_fn):
-    est = _convert(model_dir, keras_model=tfcases.sequential())
+    est = tfcases.convert(model_dir, patch={"mode": "cpu"})
     est.train(input_fn, steps=1)
 
 
@@ -31,34 +26,34 @@ def _env(monkeypatch, var, value):
 # (TensorFlow 2.16, which warns rather than raises, is tests/test_versions.py's.)
 CASES = {
     "uncompiled model": (
-        lambda d, mp: _convert(d, keras_model=tfcases.uncompiled()),
+        lambda d, mp: tfcases.convert(d, tfcases.uncompiled, patch={"mode": "cpu"}),
         ValueError,
         "has not been compiled yet",
         "Please compile the model with `model.compile()`",
     ),
     "subclassed model, object checkpoints": (
-        lambda d, mp: _convert(d, keras_model=tfcases.subclassed()),
+        lambda d, mp: tfcases.convert(d, tfcases.subclassed, patch={"mode": "cpu"}),
         ValueError,
         "Object-based checkpoints are currently not supported with subclassed models",
         "Pass checkpoint_format='saver'",
     ),
     "neither model nor path": (
-        lambda d, mp: _convert(d),
+        lambda d, mp: tfcases.convert(d, patch={"mode": "cpu"}, keras_model=None),
         ValueError,
         "Either `keras_model` or `keras_model_path`",
         "needs to be provided",
     ),
     "unaggregatable optimizer": (
-        lambda d, mp: _convert(
-            d, keras_model=tfcases.sequential(optimizer=tfcases.HandRolledSGD(name="h"))
+        lambda d, mp: tfcases.convert(
+            d, tfcases.sequential(optimizer=tfcases.HandRolledSGD(name="h")), patch={"mode": "cpu"}
         ),
         tpushim.ConversionError,
         "optimizer HandRolledSGD has no tf.keras.optimizers.legacy equivalent",
         "Compile with a built-in Keras optimizer",
     ),
     "metric without config": (
-        lambda d, mp: _convert(
-            d, keras_model=tfcases.sequential(metrics=[tfcases.NoConfigMetric(0.5)])
+        lambda d, mp: tfcases.convert(
+            d, tfcases.sequential(metrics=[tfcases.NoConfigMetric(0.5)]), patch={"mode": "cpu"}
         ),
         tpushim.ConversionError,
         "cannot rebuild metric 'above'",
@@ -101,7 +96,7 @@ CASES = {
         "it must return a tf.data.Dataset of (features, labels)",
     ),
     "mode tpu without a TPU": (
-        lambda d, mp: _convert(d, mode="tpu", keras_model=tfcases.sequential()),
+        lambda d, mp: tfcases.convert(d, patch={"mode": "tpu"}),
         tpushim.NoTPUError,
         "needs a TPU, and none is configured",
         "Name one with tpushim.patch(tpu=...) or TPUSHIM_TPU",

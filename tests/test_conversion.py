@@ -15,20 +15,6 @@ from tpushim._estimator import TPUShimEstimator, indivisible_batch
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
 
-def convert(mode, model_dir, model=None, spelling="v2", **kwargs):
-    fn = {
-        "v2": tf.keras.estimator.model_to_estimator,
-        "v1": tf.compat.v1.keras.estimator.model_to_estimator,
-    }[spelling]
-    tpushim.patch(mode=mode)
-    try:
-        if "keras_model_path" not in kwargs and "keras_model" not in kwargs:
-            kwargs["keras_model"] = model if model is not None else tfcases.sequential()
-        return fn(model_dir=str(model_dir), **kwargs)
-    finally:
-        tpushim.unpatch()
-
-
 def test_warm_start_from_trained_keras_model(tmp_path):
     x, y = tfcases.data()
 
@@ -40,8 +26,8 @@ def test_warm_start_from_trained_keras_model(tmp_path):
     model = fitted()
     keras_loss, keras_acc = model.evaluate(x, y, batch_size=tfcases.N, verbose=0)
     fn = tfcases.dataset_input_fn(x, y, batch=tfcases.N)
-    shim = convert("cpu", tmp_path / "shim", model).evaluate(fn)
-    stock = convert("off", tmp_path / "stock", fitted()).evaluate(fn)
+    shim = tfcases.convert(tmp_path / "shim", model, patch={"mode": "cpu"}).evaluate(fn)
+    stock = tfcases.convert(tmp_path / "stock", fitted(), patch={"mode": "off"}).evaluate(fn)
     assert shim["global_step"] == 0
     for key in ("loss", "accuracy"):
         assert shim[key] == pytest.approx(stock[key], abs=1e-6)
@@ -54,10 +40,10 @@ def test_warm_start_from_trained_keras_model(tmp_path):
 def test_checkpoints_interchange(tmp_path, spelling, first, second):
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
-    a = convert(first, tmp_path, spelling=spelling)
+    a = tfcases.convert(tmp_path, spelling=spelling, patch={"mode": first})
     a.train(fn, steps=3)
     a_metrics = a.evaluate(fn)
-    b = convert(second, tmp_path, spelling=spelling)
+    b = tfcases.convert(tmp_path, spelling=spelling, patch={"mode": second})
     assert isinstance(a, TPUShimEstimator) != isinstance(b, TPUShimEstimator)
     b_metrics = b.evaluate(fn)  # evaluates the other's checkpoint
     assert b_metrics["global_step"] == 3
@@ -83,7 +69,9 @@ def test_export_saved_model_serves_like_stock(tmp_path):
 
     served = {}
     for mode in ("off", "cpu"):
-        est = convert(mode, tmp_path / mode, config=tf.estimator.RunConfig(tf_random_seed=1))
+        est = tfcases.convert(
+            tmp_path / mode, patch={"mode": mode}, config=tf.estimator.RunConfig(tf_random_seed=1)
+        )
         est.train(fn, steps=4)
         export_dir = est.export_saved_model(str(tmp_path / f"export_{mode}"), receiver)
         served[mode] = _serve(export_dir, x[:5])
@@ -110,7 +98,7 @@ def test_run_config_is_carried_and_distribute_warned(tmp_path, caplog):
         session_config=session,
         train_distribute=tf.distribute.OneDeviceStrategy("/cpu:0"),
     )
-    est = convert("cpu", tmp_path, config=config)
+    est = tfcases.convert(tmp_path, patch={"mode": "cpu"}, config=config)
     c = est.config
     assert isinstance(c, tpu_config.RunConfig)
     assert (
@@ -141,7 +129,7 @@ def test_user_tpu_run_config_is_respected(tmp_path):
     config = tpu_config.RunConfig(
         tpu_config=tpu_config.TPUConfig(iterations_per_loop=7), tf_random_seed=5
     )
-    est = convert("cpu", tmp_path, config=config)
+    est = tfcases.convert(tmp_path, patch={"mode": "cpu"}, config=config)
     assert est.config.tpu_config.iterations_per_loop == 7
     assert est.config.tf_random_seed == 5
 
@@ -210,7 +198,7 @@ def test_bad_input_clear_error_nothing_written(tmp_path, kwargs, error, message)
 @pytest.mark.parametrize("spelling", ["v1", "v2"])
 def test_model_dir_of_a_different_model_is_a_clear_error_nothing_overwritten(tmp_path, spelling):
     x, y = tfcases.data()
-    first = convert("cpu", tmp_path, spelling=spelling)
+    first = tfcases.convert(tmp_path, spelling=spelling, patch={"mode": "cpu"})
     first.train(tfcases.dataset_input_fn(x, y), steps=2)
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
 
@@ -226,13 +214,13 @@ def test_model_dir_of_a_different_model_is_a_clear_error_nothing_overwritten(tmp
         return model
 
     with pytest.raises(tpushim.ConversionError) as info:
-        convert("cpu", tmp_path, wider(), spelling=spelling)
+        tfcases.convert(tmp_path, wider(), spelling, {"mode": "cpu"})
     assert "already holds a checkpoint of different variables" in str(info.value)
     assert "[4, 8] there but [4, 16] in this model" in str(info.value)
     after = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before
     # The same model continues from it.
-    again = convert("cpu", tmp_path, spelling=spelling)
+    again = tfcases.convert(tmp_path, spelling=spelling, patch={"mode": "cpu"})
     again.train(tfcases.dataset_input_fn(x, y), steps=1)
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-3")
 
@@ -260,11 +248,13 @@ def test_mocked_tempdir_and_its_contents_survive(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(user))
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
-    est = convert("cpu", tmp_path / "md")
+    est = tfcases.convert(tmp_path / "md", patch={"mode": "cpu"})
     est.train(fn, steps=2)
     est.evaluate(fn)
     list(est.predict(lambda: tf.data.Dataset.from_tensor_slices(x).batch(8)))
-    again = convert("cpu", tmp_path / "md")  # the model_dir check runs on an existing checkpoint
+    again = tfcases.convert(
+        tmp_path / "md", patch={"mode": "cpu"}
+    )  # the model_dir check runs on an existing checkpoint
     again.evaluate(fn)
 
     def receiver():
@@ -283,13 +273,13 @@ def test_warm_start_from_keras_save_weights_is_accepted(tmp_path, spelling, fmt)
     keras_loss = model.evaluate(x, y, batch_size=tfcases.N, verbose=0)[0]
     model.save_weights(str(tmp_path / "keras" / "warm_start.ckpt"))
     kwargs = {"checkpoint_format": fmt} if fmt else {}
-    est = convert("cpu", tmp_path, model, spelling=spelling, **kwargs)
+    est = tfcases.convert(tmp_path, model, spelling, {"mode": "cpu"}, **kwargs)
     metrics = est.evaluate(tfcases.dataset_input_fn(x, y, batch=tfcases.N))
     assert metrics["loss"] == pytest.approx(keras_loss, abs=1e-5)
 
 
 def _error_text(mode, tmp_path, call, **kwargs):
-    est = convert(mode, tmp_path / mode, **kwargs)
+    est = tfcases.convert(tmp_path / mode, patch={"mode": mode}, **kwargs)
     with pytest.raises(Exception) as info:
         call(est)
     return type(info.value), str(info.value)
@@ -336,7 +326,7 @@ def test_cpu_mode_has_no_noise_of_tpushims_making(tmp_path):
     try:
         x, y = tfcases.data()
         fn = tfcases.dataset_input_fn(x, y)
-        est = convert("cpu", tmp_path)
+        est = tfcases.convert(tmp_path, patch={"mode": "cpu"})
         est.train(fn, steps=1)
         est.evaluate(fn)
     finally:

@@ -73,7 +73,9 @@ def test_numpy_input_fn_array_features_and_epochs(tmp_path):
 
 def _train_to_the_end(mode, build, train_fn, eval_fn, model_dir):
     """tfcases.run's result, training until the (finite) input ends."""
-    est = tfcases.convert(mode, build, model_dir)
+    est = tfcases.convert(
+        model_dir, build, patch={"mode": mode}, config=tf.estimator.RunConfig(tf_random_seed=7)
+    )
     est.train(train_fn)
     return est, est.evaluate(eval_fn), None, tfcases.checkpoint_values(model_dir)
 
@@ -389,7 +391,7 @@ def test_input_fn_called_as_stock_calls_it_without_reading_data(tmp_path):
 
     assert tfcases.input_facts(input_fn, ModeKeys.TRAIN).batch_size == B
     assert elements == []  # the batch op said it: no element read, no shuffle buffer filled
-    est = tfcases.convert("cpu", tfcases.sequential, tmp_path)
+    est = tfcases.convert(tmp_path, patch={"mode": "cpu"})
     calls.clear()
     est.train(input_fn, steps=1)
     est.train(input_fn, steps=1)

@@ -151,7 +151,7 @@ def test_a_loss_no_split_can_reproduce_is_refused_before_anything_is_written(tmp
     build, where, why = UNSPLITTABLE[case]
     model_dir = tmp_path / "model"
     with pytest.raises(ConversionError) as raised:
-        tfcases.convert("cpu", build, model_dir)
+        tfcases.convert(model_dir, build, patch={"mode": "cpu"})
     message = str(raised.value)
     assert where in message and why in message and "Fix:" in message
     assert not os.path.exists(model_dir) or not os.listdir(model_dir)

@@ -15,12 +15,6 @@ from tpushim._estimator import TPUShimEstimator
 from tpushim._preflight import faketpu as _faketpu
 
 
-def convert(tmp_path, **kwargs):
-    return tf.keras.estimator.model_to_estimator(
-        keras_model=tfcases.sequential(), model_dir=str(tmp_path), **kwargs
-    )
-
-
 def free_port():
     """A loopback port nothing listens on."""
     with socket.socket() as s:
@@ -30,7 +24,7 @@ def free_port():
 
 def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
     tpushim.patch()
-    est = convert(tmp_path)
+    est = tfcases.convert(tmp_path)
     assert type(est) is tf.estimator.Estimator
     assert (
         "-> stock EstimatorV2 (no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU)"
@@ -40,7 +34,7 @@ def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
 
 def test_cpu_mode_log_line(tmp_path, tpushim_log):
     tpushim.patch(mode="cpu", batch_size=16, iterations_per_loop=20)
-    est = convert(tmp_path)
+    est = tfcases.convert(tmp_path)
     assert isinstance(est, TPUShimEstimator)
     assert (
         "model_to_estimator -> TPUEstimator(use_tpu=False, global batch 16, iterations_per_loop 20)"
@@ -50,17 +44,17 @@ def test_cpu_mode_log_line(tmp_path, tpushim_log):
 
 def test_off_mode_and_kill_switch_beats_argument(tmp_path, monkeypatch):
     tpushim.patch(mode="off")
-    assert type(convert(tmp_path / "a")) is tf.estimator.Estimator
+    assert type(tfcases.convert(tmp_path / "a")) is tf.estimator.Estimator
     monkeypatch.setenv("TPUSHIM_MODE", "off")
     tpushim.patch(mode="cpu")
     assert tpushim.status()["mode"] == "off"
     assert tpushim.status()["mode_source"] == "TPUSHIM_MODE=off"
-    assert type(convert(tmp_path / "b")) is tf.estimator.Estimator
+    assert type(tfcases.convert(tmp_path / "b")) is tf.estimator.Estimator
     # Flipped after patch(), without editing code: still wins at call time.
     monkeypatch.delenv("TPUSHIM_MODE")
-    assert isinstance(convert(tmp_path / "c"), TPUShimEstimator)
+    assert isinstance(tfcases.convert(tmp_path / "c"), TPUShimEstimator)
     monkeypatch.setenv("TPUSHIM_MODE", "OFF")
-    assert type(convert(tmp_path / "d")) is tf.estimator.Estimator
+    assert type(tfcases.convert(tmp_path / "d")) is tf.estimator.Estimator
 
 
 def test_argument_beats_environment_beats_default(monkeypatch):
@@ -177,7 +171,7 @@ def test_detection_from_run_config_master(tmp_path, tpushim_log):
     spec = _detect.find_tpu(_settings.resolve(), config)
     assert (spec.target, spec.source) == ("grpc://127.0.0.1:1", "config.master")
     tpushim.patch()
-    est = convert(tmp_path, config=config)
+    est = tfcases.convert(tmp_path, config=config)
     assert est.config.master == "grpc://127.0.0.1:1"
     assert "-> TPUEstimator(use_tpu=True, tpu=from config," in tpushim_log.text
 
@@ -208,7 +202,7 @@ def test_loopback_tpu_name_gives_tpu_estimator_without_contacting_anything(
     with RecordingListener() as tpu:
         monkeypatch.setenv("TPU_NAME", tpu.address)
         tpushim.patch()
-        est = convert(tmp_path, config=tf.estimator.RunConfig(save_checkpoints_steps=50))
+        est = tfcases.convert(tmp_path, config=tf.estimator.RunConfig(save_checkpoints_steps=50))
         assert tpu.new_connections() == 0  # the TPU is first contacted by train/evaluate/predict
     assert isinstance(est, tf.compat.v1.estimator.tpu.TPUEstimator)
     assert f"-> TPUEstimator(use_tpu=True, tpu={tpu.address}," in tpushim_log.text
@@ -225,7 +219,7 @@ def test_tpu_mode_without_tpu_fails_fast_with_how_to(tmp_path):
     tpushim.patch(mode="tpu")
     start = time.monotonic()
     with pytest.raises(tpushim.NoTPUError) as info:
-        convert(tmp_path)
+        tfcases.convert(tmp_path)
     assert time.monotonic() - start < 5
     assert "TPUSHIM_TPU" in str(info.value) and "TPUSHIM_MODE=cpu" in str(info.value)
     assert not (tmp_path / "keras").exists()  # nothing written
@@ -257,7 +251,7 @@ def test_unreachable_bare_name_is_a_clear_error_not_a_hang(
     tpushim.patch(mode=mode)
     start = time.monotonic()
     with pytest.raises(tpushim.NoTPUError) as info:
-        convert(tmp_path)
+        tfcases.convert(tmp_path)
     assert time.monotonic() - start < 5
     assert "'my-tpu' (from TPU_NAME)" in str(info.value) and "grpc://" in str(info.value)
     assert not (tmp_path / "keras").exists()  # nothing written
@@ -269,7 +263,7 @@ def test_unreachable_tpu_address_is_a_clear_error_within_seconds_in_every_mode(
 ):
     monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{free_port()}")  # nothing listens there
     tpushim.patch(mode=mode)
-    est = convert(tmp_path)
+    est = tfcases.convert(tmp_path)
     x, y = tfcases.data()
     fn = tfcases.dataset_input_fn(x, y)
     start = time.monotonic()
@@ -326,7 +320,7 @@ def test_tpu_is_probed_once_per_estimator(tmp_path):
     x, y = tfcases.data()
     with RecordingListener() as listener, _faketpu.faked_tpu_system(listener.address) as tpu:
         tpushim.patch(tpu=tpu.master)
-        est = convert(tmp_path)
+        est = tfcases.convert(tmp_path)
         assert listener.new_connections() == 0
         tpu.build(lambda: est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=1))
         assert listener.new_connections() == 1

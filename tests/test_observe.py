@@ -71,7 +71,7 @@ def test_a_cpu_mode_run_in_the_order_observers_hear_it(tmp_path):
     x, y = tfcases.data()
     listener = Listener(cap_train_steps=2)
     with _observe.observing(listener):
-        est = tfcases.convert("cpu", tfcases.sequential, tmp_path)
+        est = tfcases.convert(tmp_path, patch={"mode": "cpu"})
         est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=50)
         est.evaluate(tfcases.dataset_input_fn(x, y))
         predictions = list(est.predict(tfcases.dataset_input_fn(x)))

@@ -91,18 +91,6 @@ def _inputs(paths, n=64, repeat=True):
     }
 
 
-def _convert(tpu, model_dir, seed=None, **settings):
-    tpushim.patch(tpu=tpu.master, iterations_per_loop=ITERATIONS, **settings)
-    try:
-        return tf.keras.estimator.model_to_estimator(
-            keras_model=tfcases.sequential(),
-            model_dir=str(model_dir),
-            config=tf.estimator.RunConfig(tf_random_seed=seed),
-        )
-    finally:
-        tpushim.unpatch()
-
-
 def _hosts_fed(build, tpu, steps):
     """Per host, per step, the ids of the rows it feeds (every row: training input)."""
     per_host = []
@@ -134,7 +122,11 @@ def _one_board(files, tmp_path_factory, name):
     """What one board (8 cores) feeds, step by step, seeded: the reference for the exact path."""
     if name not in _ONE_BOARD:
         with faketpu.faked_tpu_system(hosts=1) as tpu:
-            est = _convert(tpu, tmp_path_factory.mktemp("one_board"), seed=1)
+            est = tfcases.convert(
+                tmp_path_factory.mktemp("one_board"),
+                patch=tfcases.on_faked_tpu(tpu, ITERATIONS),
+                config=tf.estimator.RunConfig(tf_random_seed=1),
+            )
             _, _ONE_BOARD[name] = _train(tpu, est, _inputs(files["train"])[name], 4)
     return _ONE_BOARD[name]
 
@@ -164,7 +156,11 @@ def test_exact_path_feeds_every_example_once_per_epoch(
     exact = {"pod_input": "exact"} if name in ("shuffle", "list_files") else {}
     epochs = 1 if name.startswith("finite") else 2
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path, seed=seed, **exact)
+        est = tfcases.convert(
+            tmp_path,
+            patch=tfcases.on_faked_tpu(tpu, ITERATIONS, **exact),
+            config=tf.estimator.RunConfig(tf_random_seed=seed),
+        )
         _, steps = _train(tpu, est, _inputs(files["train"])[name], 2 * epochs)
     assert f"train() on {hosts} TPU hosts: exact path" in tpushim_log.text
     if name == "no shuffle":
@@ -195,7 +191,11 @@ def test_files_path_each_host_reads_only_its_own_files(
     example is fed by two hosts, and (the shares even by size) over one global epoch every example
     is fed exactly once."""
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path, seed=seed)
+        est = tfcases.convert(
+            tmp_path,
+            patch=tfcases.on_faked_tpu(tpu, ITERATIONS),
+            config=tf.estimator.RunConfig(tf_random_seed=seed),
+        )
         build = tpu.build(lambda: est.train(_inputs(files["train"])[name], steps=ITERATIONS))
         per_host = _hosts_fed(build, tpu, 4)
     assert f"train() on {hosts} TPU hosts: files path" in tpushim_log.text
@@ -215,7 +215,7 @@ def test_files_path_each_host_reads_only_its_own_files(
 def test_fewer_files_than_hosts_fall_back_to_the_exact_path(files, tmp_path, tpushim_log):
     three = _inputs(files["three"])["shuffle"]
     with faketpu.faked_tpu_system(hosts=4) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         _, steps = _train(tpu, est, three, 2)
     lines = [r.getMessage() for r in tpushim_log.records if "TPU hosts" in r.getMessage()]
     assert len(lines) == 1, lines  # one line per call, naming the path and why
@@ -240,7 +240,7 @@ def test_nondeterministic_pipeline_is_made_deterministic(files, tmp_path, tpushi
         )
 
     with faketpu.faked_tpu_system(hosts=2) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         build, steps = _train(tpu, est, input_fn, 2)
     assert "exact path" in tpushim_log.text
     assert (
@@ -283,7 +283,7 @@ def test_evaluate_list_files_with_a_partial_last_batch(files, tmp_path, hosts):
     """The common eval input: list_files (shuffled file names), a partial last batch."""
     input_fn = _inputs(files["eval"], n=70, repeat=False)["list_files"]
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         build = tpu.build(lambda: est.evaluate(input_fn))
     # Each step's examples are those of the same batch on every host: the hosts' copies agree.
     _assert_evaluated_once(build, tpu, 70, steps=3, in_order=False)
@@ -295,7 +295,7 @@ def test_evaluate_without_steps_rebatched_with_a_partial_last_batch(tmp_path, ho
     second partial (flooring the step count would leave 36 examples out)."""
     x, y = _ids(100)
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path, batch_size=64)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS, batch_size=64))
         build = tpu.build(lambda: est.evaluate(tfcases.dataset_input_fn(x, y, batch=10)))
     _assert_evaluated_once(build, tpu, 100, steps=2)
 
@@ -308,13 +308,7 @@ def _with_tpu_config(tpu, model_dir, **tpu_config_kwargs):
         cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master),
         tpu_config=tpu_config.TPUConfig(iterations_per_loop=ITERATIONS, **tpu_config_kwargs),
     )
-    tpushim.patch()
-    try:
-        return tf.keras.estimator.model_to_estimator(
-            keras_model=tfcases.sequential(), model_dir=str(model_dir), config=config
-        )
-    finally:
-        tpushim.unpatch()
+    return tfcases.convert(model_dir, patch={}, config=config)
 
 
 def test_users_sliced_eval_config_feeds_from_host_zero(tmp_path):
@@ -359,7 +353,7 @@ def test_predict_on_a_pod_predicts_every_example_once_in_order(tmp_path, hosts):
     order (SLICED), as TPUEstimator evaluates with it."""
     x, _ = _ids(70)
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         build = tpu.build(
             lambda: est.predict(lambda: tf.data.Dataset.from_tensor_slices(x).batch(32))
         )

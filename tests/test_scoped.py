@@ -16,12 +16,6 @@ from tpushim._estimator import TPUShimEstimator
 ORIGINAL = keras_lib.model_to_estimator
 
 
-def convert(tmp_path, name):
-    return tf.keras.estimator.model_to_estimator(
-        keras_model=tfcases.sequential(), model_dir=str(tmp_path / name)
-    )
-
-
 def is_shim(est):
     return isinstance(est, TPUShimEstimator)
 
@@ -38,20 +32,20 @@ def settings_here():
 
 
 def test_inside_vs_outside_the_block(tmp_path):
-    assert not is_shim(convert(tmp_path, "before"))
+    assert not is_shim(tfcases.convert(tmp_path / "before"))
     with tpushim.patched(mode="cpu") as scope:
         assert isinstance(scope, tpushim.patched)
-        assert is_shim(convert(tmp_path, "inside"))
+        assert is_shim(tfcases.convert(tmp_path / "inside"))
         assert not tpushim.is_patched()  # a scope is not the process-wide patch
-    assert not is_shim(convert(tmp_path, "after"))
+    assert not is_shim(tfcases.convert(tmp_path / "after"))
     assert keras_lib.model_to_estimator is ORIGINAL  # nothing left behind
 
 
 def test_scope_over_process_wide_patch_restores_it(tmp_path):
     tpushim.patch(mode="off")
     with tpushim.patched(mode="cpu"):
-        assert is_shim(convert(tmp_path, "inside"))
-    assert not is_shim(convert(tmp_path, "after"))
+        assert is_shim(tfcases.convert(tmp_path / "inside"))
+    assert not is_shim(tfcases.convert(tmp_path / "after"))
     assert tpushim.is_patched()
     assert tpushim.status()["applied"] == {
         "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True,
@@ -66,9 +60,9 @@ def test_nested_innermost_wins_and_outer_settings_restored_exactly(tmp_path):
                 "off",
                 16,
             )  # what the inner scope does not say, the outer does
-            assert not is_shim(convert(tmp_path, "inner"))
+            assert not is_shim(tfcases.convert(tmp_path / "inner"))
         assert settings_here() == ("cpu", 16)
-        assert is_shim(convert(tmp_path, "outer"))
+        assert is_shim(tfcases.convert(tmp_path / "outer"))
     assert settings_here() == (None, None)
 
 
@@ -77,7 +71,7 @@ def test_exception_inside_leaves_no_residue(tmp_path):
         raise RuntimeError("boom")
     assert settings_here() == (None, None)
     assert keras_lib.model_to_estimator is ORIGINAL
-    assert not is_shim(convert(tmp_path, "after"))
+    assert not is_shim(tfcases.convert(tmp_path / "after"))
 
 
 def test_bad_arguments_raise_at_construction():
@@ -114,7 +108,7 @@ def test_environment_is_read_on_entry_not_when_decorating(tmp_path, monkeypatch)
 def test_kill_switch_wins_inside_a_scope(tmp_path, monkeypatch):
     monkeypatch.setenv("TPUSHIM_MODE", "off")
     with tpushim.patched(mode="cpu"):
-        assert not is_shim(convert(tmp_path, "k"))
+        assert not is_shim(tfcases.convert(tmp_path / "k"))
 
 
 @tpushim.patched(mode="cpu")
@@ -138,7 +132,7 @@ class Trainer:
 def test_decorator_on_function_and_method_keeps_metadata(tmp_path):
     assert is_shim(build_estimator(str(tmp_path / "f")))
     assert is_shim(Trainer().build(str(tmp_path / "m")))
-    assert not is_shim(convert(tmp_path, "outside"))
+    assert not is_shim(tfcases.convert(tmp_path / "outside"))
     assert build_estimator.__name__ == "build_estimator"
     assert build_estimator.__doc__ == "Builds an estimator the legacy way."
     assert str(inspect.signature(build_estimator)) == "(model_dir)"
@@ -154,11 +148,11 @@ def test_two_threads_at_once_each_get_their_own(tmp_path):
         with tpushim.patched(mode="cpu"):
             inside_ready.set()
             outside_done.wait(60)  # the other thread converts while this scope is open
-            results["inside"] = convert(tmp_path, "t_in")
+            results["inside"] = tfcases.convert(tmp_path / "t_in")
 
     def outside():
         inside_ready.wait(60)
-        results["outside"] = convert(tmp_path, "t_out")
+        results["outside"] = tfcases.convert(tmp_path / "t_out")
         outside_done.set()
 
     threads = [threading.Thread(target=inside), threading.Thread(target=outside)]
@@ -210,4 +204,4 @@ def test_reset_restores_everything_and_fails_on_a_scope_left_open(tmp_path):
         _patch.reset()
     assert keras_lib.model_to_estimator is ORIGINAL
     assert settings_here() == (None, None)
-    assert not is_shim(convert(tmp_path, "after"))
+    assert not is_shim(tfcases.convert(tmp_path / "after"))

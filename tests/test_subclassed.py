@@ -90,20 +90,14 @@ def _run(
     checkpoint_format="saver",
 ):
     """tfcases.run, with training hooks and stock's checkpoint format for subclassed models."""
-    convert = {
-        "v2": tf.keras.estimator.model_to_estimator,
-        "v1": tf.compat.v1.keras.estimator.model_to_estimator,
-    }[spelling]
-    tpushim.patch(mode=mode)
-    try:
-        estimator = convert(
-            keras_model=build(),
-            model_dir=str(model_dir),
-            config=tf.estimator.RunConfig(tf_random_seed=7),
-            checkpoint_format=checkpoint_format,
-        )
-    finally:
-        tpushim.unpatch()
+    estimator = tfcases.convert(
+        model_dir,
+        build,
+        spelling,
+        {"mode": mode},
+        config=tf.estimator.RunConfig(tf_random_seed=7),
+        checkpoint_format=checkpoint_format,
+    )
     assert isinstance(estimator, TPUShimEstimator) == (mode == "cpu")
     estimator.train(train_fn, steps=steps, hooks=[h() for h in hooks or ()])
     metrics = estimator.evaluate(eval_fn)

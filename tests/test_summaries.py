@@ -50,10 +50,7 @@ def test_cpu_mode_event_files_match_stocks(tmp_path):
     written = {}
     for mode in ("off", "cpu"):
         estimator = tfcases.convert(
-            mode,
-            tfcases.two_in_two_out,
-            tmp_path / mode,
-            convert_kwargs={"config": config},
+            tmp_path / mode, tfcases.two_in_two_out, patch={"mode": mode}, config=config
         )
         estimator.train(
             lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(8).repeat(),

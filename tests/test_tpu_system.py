@@ -6,6 +6,7 @@ replication, static infeed shapes, cross-replica sums, outfeed, the evaluation s
 each host's input pipeline, which runs on CPU on a TPU host too and so is run here.
 """
 
+import contextlib
 import socket
 import time
 
@@ -29,16 +30,6 @@ def _ids_data(n=N):
     x, y = tfcases.data(n=n)
     x[:, 0] = np.arange(n)  # the example's id travels in feature 0
     return x, y
-
-
-def _convert(tpu, tmp_path):
-    tpushim.patch(tpu=tpu.master, iterations_per_loop=ITERATIONS)
-    try:
-        return tf.keras.estimator.model_to_estimator(
-            keras_model=tfcases.sequential(), model_dir=str(tmp_path)
-        )
-    finally:
-        tpushim.unpatch()
 
 
 # Legacy input styles; each returns global batches of GLOBAL (the last one short when finite).
@@ -83,7 +74,7 @@ def _assert_replicated(build, tpu):
 def test_train_graph(tmp_path, hosts):
     x, y = _ids_data()
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         assert est.config.tpu_config.iterations_per_loop == ITERATIONS
         build = tpu.build(lambda: est.train(dataset_style(x, y, repeat=True), steps=2 * ITERATIONS))
     _assert_replicated(build, tpu)
@@ -136,7 +127,7 @@ def test_evaluate_graph(tmp_path, hosts, style, n):
     x, y = _ids_data(n)
     input_fn = dataset_style(x, y) if style == "dataset" else iterator_style(x, y)
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         build = tpu.build(lambda: est.evaluate(input_fn))
     _assert_replicated(build, tpu)
     per_core = GLOBAL // tpu.num_cores
@@ -153,7 +144,7 @@ def test_evaluate_steps_beyond_the_input_are_capped(tmp_path):
     cannot, so tpushim runs the batches the input holds (padding-only steps would skew the loss)."""
     x, y = _ids_data()
     with faketpu.faked_tpu_system() as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y), steps=100)).eval_steps == 2
         assert tpu.build(lambda: est.evaluate(dataset_style(x, y), steps=1)).eval_steps == 1
         # A repeating input holds no end: the given steps are run; without steps, a clear error
@@ -181,7 +172,7 @@ def test_train_and_evaluate_input_styles(tmp_path, style):
         "iterator": iterator_style(x, y, repeat=True),
     }[style]
     with faketpu.faked_tpu_system() as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         train = tpu.build(lambda: est.train(train_fn, steps=ITERATIONS))
         evaluate = tpu.build(lambda: est.evaluate(train_fn, steps=2))
     for build in (train, evaluate):
@@ -197,7 +188,7 @@ def test_predict_graph(tmp_path, hosts):
     x, _ = _ids_data()
     predict_fn = lambda: tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL)
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         # TPUEstimator refuses predict() per host on a pod: tpushim has host 0 feed every core
         # (SLICED; what each core is fed: tests/test_pods.py).
         build = tpu.build(lambda: est.predict(predict_fn))
@@ -221,7 +212,7 @@ def test_input_fn_called_once_per_input_pipeline(tmp_path):
         return dataset_style(x, y, repeat=repeat)()
 
     with faketpu.faked_tpu_system(hosts=2) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         tpu.build(lambda: est.train(lambda: input_fn(True), steps=ITERATIONS))
         assert len(calls) == 2
         tpu.build(lambda: est.evaluate(lambda: input_fn(False)))
@@ -252,14 +243,10 @@ def test_train_and_evaluate_runs_the_tpu_path(tmp_path, own_config):
                 cluster=tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu.master),
                 tpu_config=tpu_config.TPUConfig(iterations_per_loop=ITERATIONS),
             )
-            tpushim.patch()
-            est = tf.keras.estimator.model_to_estimator(
-                keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
-            )
-            tpushim.unpatch()
+            est = tfcases.convert(tmp_path, patch={}, config=config)
             assert config.cluster_spec  # the user's RunConfig is left as it is
         else:
-            est = _convert(tpu, tmp_path)
+            est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         build = tpu.build(lambda: tf.estimator.train_and_evaluate(est, *_specs(x, y)))
     _assert_replicated(build, tpu)
     assert _sums(build) == {"gradient": 4, "reported loss": 1, "loss totals": 0}
@@ -293,6 +280,27 @@ def test_faked_tpu_is_loopback_only():
         pass
 
 
+def test_faked_systems_overlapping_without_nesting_each_answer_and_leave_nothing_behind():
+    """A starts, B starts, A ends, B ends (as two threads may): B still answers for its master
+    after A ended, and TensorFlow's own query and session start are back afterwards."""
+    from tensorflow.python.tpu import tpu_system_metadata
+    from tensorflow.python.training import monitored_session
+
+    creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
+    originals = (tpu_system_metadata._query_tpu_system_metadata, creator_class.create_session)
+    a_stack, b_stack = contextlib.ExitStack(), contextlib.ExitStack()
+    a_stack.enter_context(faketpu.faked_tpu_system(cores_per_host=8))
+    b = b_stack.enter_context(faketpu.faked_tpu_system(hosts=2, cores_per_host=4))
+    a_stack.close()
+    try:
+        assert tpu_system_metadata._query_tpu_system_metadata(b.master).num_hosts == 2
+    finally:
+        b_stack.close()
+    assert (tpu_system_metadata._query_tpu_system_metadata, creator_class.create_session) == (
+        originals
+    )
+
+
 # --- #24: what stock accepts, a TPU is fed -----------------------------------------------------
 
 
@@ -318,7 +326,7 @@ def test_indivisible_global_batch_is_padded_to_the_cores(tmp_path, hosts, tpushi
     """Global batches of 100 on 8 (16) cores: each step feeds stock's batch of 100, padded to 104
     (112) with zero-weight copies of a real row; logged once per call, never an error."""
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         build = tpu.build(lambda: est.train(_ids_input_fn(250, 100, repeat=True), steps=4))
     padded = -(-100 // tpu.num_cores) * tpu.num_cores
     per_core = padded // tpu.num_cores
@@ -347,7 +355,7 @@ def test_indivisible_eval_and_predict_batches_see_every_example_once(tmp_path):
     every example once, the padding rows copies of real ones weighted 0; after the input's end a
     host reads its last batch again, weighted 0 (a TPU runs a fixed number of steps)."""
     with faketpu.faked_tpu_system() as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         evaluate = tpu.build(lambda: est.evaluate(_ids_input_fn(120, 50)))
         predict = tpu.build(lambda: est.predict(_ids_input_fn(50, 20, features_only=True)))
     assert evaluate.eval_steps == 3
@@ -388,7 +396,7 @@ def test_lookup_table_in_the_input_fn_graph_feeds_every_host(tmp_path, hosts):
     """Each host's table is initialised before its dataset (as the Scaffold does it), and the
     evaluation's length is read with the table initialised: every looked-up row once."""
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
-        est = _convert(tpu, tmp_path)
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         build = tpu.build(lambda: est.evaluate(_lookup_input_fn(100, GLOBAL)))
     assert build.eval_steps == 2
     rows = [
@@ -442,11 +450,7 @@ def test_shape_the_model_declares_is_given_to_the_feature(tmp_path, tpushim_log)
     """decode_jpeg without channels: (16, 16, ?) in the pipeline, (16, 16, 3) in the model's
     Input: fed with the model's shape; an element of another shape is an error naming both."""
     with faketpu.faked_tpu_system() as tpu:
-        tpushim.patch(tpu=tpu.master)
-        est = tf.keras.estimator.model_to_estimator(
-            keras_model=_image_model(), model_dir=str(tmp_path)
-        )
-        tpushim.unpatch()
+        est = tfcases.convert(tmp_path, _image_model, patch={"tpu": tpu.master})
         build = tpu.build(lambda: est.train(_decoded_input_fn(_images(20, 3)), steps=4))
         assert build.infeed_shapes()[0] == [[2, 16, 16, 3], [2, 1]]
         assert (

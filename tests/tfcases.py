@@ -124,21 +124,36 @@ def checkpoint_values(model_dir):
     }
 
 
-def convert(mode, build_model, model_dir, spelling="v2", convert_kwargs=None):
-    """The estimator ``model_to_estimator`` returns with tpushim in ``mode`` ('off' = stock)."""
+def convert(model_dir, model=None, spelling="v2", patch=None, **kwargs):
+    """What ``model_to_estimator`` returns for ``model`` in ``model_dir``: the one conversion helper.
+
+    Args:
+      model: a Keras model, or a function that builds one; None: a fresh :func:`sequential`
+        (unless ``kwargs`` names ``keras_model`` or ``keras_model_path`` itself).
+      spelling: ``"v2"`` (``tf.keras.estimator``) or ``"v1"`` (``tf.compat.v1.keras.estimator``).
+      patch: ``tpushim.patch()``'s arguments for this call only (unpatched afterwards;
+        ``{"mode": "off"}``: stock); None converts under whatever the caller patched.
+      kwargs: ``model_to_estimator``'s other arguments.
+    """
     to_estimator = {
         "v2": tf.keras.estimator.model_to_estimator,
         "v1": tf.compat.v1.keras.estimator.model_to_estimator,
     }[spelling]
-    tpushim.patch(mode=mode)
+    if "keras_model" not in kwargs and "keras_model_path" not in kwargs:
+        model = sequential if model is None else model
+        kwargs["keras_model"] = model if isinstance(model, tf.keras.Model) else model()
+    if patch is None:
+        return to_estimator(model_dir=str(model_dir), **kwargs)
+    tpushim.patch(**patch)
     try:
-        kwargs = dict(convert_kwargs or {})
-        if "keras_model_path" not in kwargs:
-            kwargs["keras_model"] = build_model()
-        kwargs.setdefault("config", tf.estimator.RunConfig(tf_random_seed=7))
         return to_estimator(model_dir=str(model_dir), **kwargs)
     finally:
         tpushim.unpatch()
+
+
+def on_faked_tpu(tpu, iterations_per_loop, **settings):
+    """:func:`convert`'s ``patch`` for a faked TPU system (``faketpu.faked_tpu_system``)."""
+    return dict(tpu=tpu.master, iterations_per_loop=iterations_per_loop, **settings)
 
 
 def run(
@@ -153,7 +168,8 @@ def run(
     convert_kwargs=None,
 ):
     """Converts with tpushim in ``mode`` ('off' = stock), trains, evaluates and predicts."""
-    estimator = convert(mode, build_model, model_dir, spelling, convert_kwargs)
+    kwargs = {"config": tf.estimator.RunConfig(tf_random_seed=7), **(convert_kwargs or {})}
+    estimator = convert(model_dir, build_model, spelling, {"mode": mode}, **kwargs)
     if steps:
         estimator.train(train_fn, steps=steps)
     metrics = estimator.evaluate(eval_fn) if eval_fn else None

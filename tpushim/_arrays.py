@@ -16,8 +16,8 @@ few edge elements, from which each batch's rows are gathered (:meth:`Rows.gather
 graph rewrites, which copy every tensor a pipeline captures, are left off for these pipelines
 (:func:`no_rewrites`); the pipeline gathers whole batches, so it needs none of them.
 
-One concern, over ~300 lines: the placeholders, the arrays registered for them and every place
-that feeds them must agree, so they live together.
+The placeholders, the arrays registered for them and every place that feeds them must agree, so
+they live together.
 """
 
 import functools
@@ -187,9 +187,8 @@ def _split_reader(body, edges, k, array):
     row_shape = list(array.shape[1:])
 
     def read(indices):
-        # Both virtual rows of every row at once (few ops: a graph builds them for every column).
-        # The same ops whatever the array's alignment (s == 0 takes nothing from the row before),
-        # so that the graph does not change with where the array happens to lie in memory.
+        # Both virtual rows of every row at once, by the same ops whatever the array's alignment
+        # (s == 0 takes nothing from the row before): the graph does not depend on memory layout.
         rows = indices[None, :] - tf.constant([[q + 1], [q]], tf.int64)
         inside = (rows >= 0) & (rows < count)
         from_body = tf.gather(body, tf.clip_by_value(rows, 0, count - 1))

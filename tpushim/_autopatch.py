@@ -41,9 +41,8 @@ def wanted(environ=None):
 
 
 def _kill_switch(environ):
-    # The kill switch, read here by hand rather than through tpushim._settings: this file runs
-    # from the .pth before sys.path is complete, so nothing of the package may be imported yet.
-    # The rule is the one _settings.resolve applies (TPUSHIM_MODE, stripped, lower case, "off").
+    # By hand, _settings.resolve's rule: this runs from the .pth before sys.path is complete, so
+    # nothing of the package may be imported yet.
     return environ.get("TPUSHIM_MODE", "").strip().lower() == "off"
 
 

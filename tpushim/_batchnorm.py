@@ -20,9 +20,6 @@ A batch without padding takes Keras's own code, unchanged (but for a synchronize
 a full batch of a padded input (every row real) Keras's arithmetic, bit for bit.
 On a TPU every other layer normalises each shard over that shard's real rows, and a shard holding
 padding only leaves its moving statistics as they are.
-
-Over ~300 lines because it is one concern: one layer's training arithmetic, twice (Keras's, which
-a batch of real rows takes bit for bit, and over the real rows), for each kind of layer.
 """
 
 import tensorflow as tf

@@ -19,7 +19,7 @@ from tpushim import _console, _launcher, _settings, _summary
 from tpushim._errors import ConfigurationError, TPUShimError
 from tpushim._patch import patch, patched
 from tpushim._status import status
-from tpushim._versions import guard_warning_silenced, unsupported
+from tpushim._versions import guard_warning_silenced, installed_version_problem
 
 PROG = "python -m tpushim"
 
@@ -74,7 +74,7 @@ def _patch_before_running(options, module, target, command="", **overrides):
     if problem:
         return _stop(command + problem)
     # The version guard before TensorFlow is imported: a clean stop, not a traceback from inside it.
-    problem = unsupported()
+    problem = installed_version_problem()
     if problem:
         return _stop(command + problem)
     try:
@@ -113,7 +113,7 @@ def _info(options, argv):
 def _demo(options, argv):
     parser = argparse.ArgumentParser(prog=f"{PROG} demo", description=COMMANDS["demo"].help)
     parser.parse_args(argv)
-    problem = unsupported()
+    problem = installed_version_problem()
     if problem:
         return _stop(f"demo: {problem}")
     from tpushim import demo  # imports TensorFlow

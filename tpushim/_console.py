@@ -8,7 +8,7 @@ import os
 import site
 
 from tpushim import _log, _settings
-from tpushim._versions import unsupported
+from tpushim._versions import installed_version_problem
 
 #: The file setup.py puts into site-packages for ``TPUSHIM_AUTOPATCH`` (setup.py spells the name
 #: out too: it cannot import the package it installs).
@@ -60,7 +60,7 @@ def format_status(status, previewing=False):
       previewing: whether ``status`` is of options given for a preview, not of this process.
     """
     v = status["versions"]
-    problem = status.get("unsupported") or unsupported()
+    problem = status.get("unsupported") or installed_version_problem()
     lines = [
         f"tpushim {v['tpushim']}: TensorFlow {v.get('tensorflow') or 'not installed'}, "
         f"Keras {v.get('keras') or '-'}, tensorflow-estimator {v.get('tensorflow_estimator') or '-'}"

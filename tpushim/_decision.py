@@ -5,6 +5,9 @@ Pure: it takes the resolved settings and the TPU the environment names (or None)
 it, so the console says what the wrapper would do from the same decision rather than restating it.
 """
 
+# Imported where _detect (a dataclass too) is: no start-up cost of its own.
+import dataclasses
+
 #: ``Decision.action`` values.
 STOCK = "stock"  # the stock estimator, as without tpushim
 TPU = "tpu"  # TPUEstimator on the TPU found
@@ -12,24 +15,21 @@ CPU = "cpu"  # TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU
 NO_TPU = "no-tpu"  # tpushim.NoTPUError: mode tpu and no TPU configured
 
 
+@dataclasses.dataclass(frozen=True)
 class Decision:
-    """The outcome of :func:`decide` (immutable).
+    """The outcome of :func:`decide`.
 
     Attributes:
       action: one of ``STOCK``, ``TPU``, ``CPU``, ``NO_TPU``.
       why: the reason, in the words of the log line a conversion writes.
-      tpu: the TPU to run on (a :class:`tpushim._detect.TPUSpec`) when ``action == TPU``, else None.
       returns: what ``model_to_estimator`` returns and why, as one line for people (the console).
+      tpu: the TPU to run on (a :class:`tpushim._detect.TPUSpec`) when ``action == TPU``, else None.
     """
 
-    __slots__ = ("action", "returns", "tpu", "why")
-
-    def __init__(self, action, why, returns, tpu=None):
-        for name, value in (("action", action), ("why", why), ("returns", returns), ("tpu", tpu)):
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("a Decision is immutable")
+    action: str
+    why: str
+    returns: str
+    tpu: object = None
 
     def __repr__(self):
         return f"Decision({self.action!r}, why={self.why!r})"

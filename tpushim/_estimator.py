@@ -107,9 +107,8 @@ class TPUShimEstimator(TPUEstimator):
         self._tpushim_reach_lock = threading.Lock()
 
     def _assert_members_are_not_overridden(self):
-        # Estimator forbids subclasses to override train/evaluate/predict and exempts TPUEstimator
-        # by class name. tpushim extends exactly those entry points (input adaptation, batch
-        # inference, padding removal) and calls TPUEstimator's own for the work.
+        # Estimator forbids overriding train/evaluate/predict but exempts TPUEstimator by class
+        # name; tpushim extends exactly those and calls TPUEstimator's own for the work.
         pass
 
     # -- TPUEstimator's per-call state, per thread ------------------------------------------------

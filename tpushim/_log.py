@@ -10,8 +10,10 @@ Imported when there is something to log (logging costs milliseconds of start-up)
 
 import logging
 import sys
+import threading  # logging imports it already
 
 logger = logging.getLogger("tpushim")
+_lock = threading.Lock()
 
 
 class ConsoleHandler(logging.Handler):
@@ -46,23 +48,25 @@ def show(level=None):
         logger; a ``logging`` level or its name (``"DEBUG"``: ``-v``, ``TPUSHIM_LOG_LEVEL``) sets
         both the handler's and the logger's level.
     """
-    handler = next((h for h in logger.handlers if isinstance(h, ConsoleHandler)), None)
-    if handler is None:
-        handler = ConsoleHandler(logging.INFO)
-        logger.addHandler(handler)
-    if level is None:
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.INFO)
-    else:
-        handler.setLevel(level)
-        logger.setLevel(level)
+    with _lock:  # two threads showing at once add one handler, not two
+        handler = next((h for h in logger.handlers if isinstance(h, ConsoleHandler)), None)
+        if handler is None:
+            handler = ConsoleHandler(logging.INFO)
+            logger.addHandler(handler)
+        if level is None:
+            if logger.level == logging.NOTSET:
+                logger.setLevel(logging.INFO)
+        else:
+            handler.setLevel(level)
+            logger.setLevel(level)
     return handler
 
 
 def hide():
     """Removes what :func:`show` added."""
-    for handler in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
-        logger.removeHandler(handler)
+    with _lock:
+        for handler in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+            logger.removeHandler(handler)
 
 
 def conversion(description, quiet):

@@ -15,9 +15,6 @@ user's data: evaluated on synthetic rows of the model's shapes and dtypes, once 
 once on each of their parts of 1, 3 and 4 rows. A term whose value is neither (e.g. batch
 statistics, rows compared with one another) cannot be split across TPU cores: the conversion
 refuses it before anything is written (:class:`LossSplitError`) and the preflight reports it.
-
-Over ~300 lines because it is one concern: the kind of each term, for outputs and for losses
-layers add, known or told apart by evaluation, once per compiled model.
 """
 
 import dataclasses

@@ -14,8 +14,6 @@ differs where a TPU needs it to:
 * EVAL: ``eval_metrics=(metric_fn, tensors)``; ``metric_fn`` rebuilds every compiled metric from
   its config and returns ``(value, update_op)`` pairs, which is what TPUEstimator needs on a TPU.
 * Checkpoints through ``scaffold_fn``: TPUEstimator ignores ``scaffold`` on a TPU.
-
-A little over ~300 lines because it is one concern: the model_fn and the metric_fn it hands over.
 """
 
 import tensorflow as tf

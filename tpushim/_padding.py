@@ -123,9 +123,8 @@ def _row_labels(label, output):
 def labels_for_padded_training(keras_model, labels):
     """The labels of a padded TRAIN batch, with one loss per row for every output (see _row_labels)."""
     if not keras_model.outputs:
-        # A subclassed model's outputs are known only once cloned: any [batch] label becomes
-        # [batch, 1], which every built-in loss reads as the same rows (Keras squeezes it back
-        # for a [batch] output).
+        # A subclassed model's outputs are known only once cloned: a [batch] label becomes
+        # [batch, 1], which every built-in loss reads as the same rows.
         return tf.nest.map_structure(
             lambda label: (
                 tf.expand_dims(label, -1)

@@ -21,8 +21,7 @@ Both modules are imported lazily by TensorFlow (keras_lib on the first ``model_t
 call), each at its own time, so each wrapper is applied by a post-import hook: immediately when
 its module is already imported, otherwise the moment it is. ``import tpushim`` and ``patch()``
 import no TensorFlow -- nor wrapt, inspect or logging before there is something to wrap: start-up
-stays within a few milliseconds. Over ~300 lines because it is one concern: the wrappers' life,
-from the table to the scopes that want them.
+stays within a few milliseconds.
 """
 
 from __future__ import annotations  # annotations stay strings: typing is not imported at start-up
@@ -67,12 +66,14 @@ class _State:
     def _clear(self):
         self.process_layer = None  # the explicit arguments of the active patch(), or None
         self.open_scopes = 0  # patched() scopes entered and not yet left, across all threads
-        self.refusal = None  # the version guard's message when it refused, else None
+        self.version_problem = None  # the version guard's message when it refused, else None
         self.warned = False  # the guard warns once per process
 
     def wrapper_wanted(self):
         """True when the wrappers should be on: patched, or a scope open somewhere."""
-        return self.refusal is None and (self.process_layer is not None or self.open_scopes > 0)
+        return self.version_problem is None and (
+            self.process_layer is not None or self.open_scopes > 0
+        )
 
     def reset(self):
         """Back to a fresh import, for tests: unpatched (the original restored), no pending import
@@ -143,18 +144,18 @@ def is_ours(obj):
 
 def _check_versions():
     """Runs the version guard (lock held): remembers its verdict and warns once per process."""
-    STATE.refusal = _versions.problem_now()
-    if STATE.refusal and not STATE.warned:
+    STATE.version_problem = _versions.version_problem_now()
+    if STATE.version_problem and not STATE.warned:
         STATE.warned = (
             True  # one warning, on one channel (logging users see it through captureWarnings)
         )
-        warnings.warn(STATE.refusal, RuntimeWarning, stacklevel=4)
-    return STATE.refusal
+        warnings.warn(STATE.version_problem, RuntimeWarning, stacklevel=4)
+    return STATE.version_problem
 
 
-def refusal():
+def version_problem():
     """The version guard's message if it refused the last ``patch()`` or scope, else None."""
-    return STATE.refusal
+    return STATE.version_problem
 
 
 # --- apply / remove ------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def unpatch() -> None:
 def is_patched() -> bool:
     """True while ``patch()`` is in effect (or will take effect when TensorFlow is imported)."""
     with STATE.lock:
-        return STATE.process_layer is not None and STATE.refusal is None
+        return STATE.process_layer is not None and STATE.version_problem is None
 
 
 def _describe(layer):

@@ -14,9 +14,6 @@ function of that and the ``pod_input`` setting, which the preflight calls too):
   assigned by size so that the shares are even (:func:`assign`); the file list is cut before the
   user's read, parse and map, so nothing is read by two hosts. The order is not stock's (it is
   shuffled anyway) and each host's files are its own for the whole run.
-
-Over ~300 lines because the graph reading (which op reads which file list) is part of the one
-decision.
 """
 
 import concurrent.futures

@@ -63,7 +63,8 @@ DEFAULT_CORES = 8
 class Settings:
     """The settings one ``model_to_estimator`` call is converted with (immutable).
 
-    A plain class rather than a dataclass: ``dataclasses`` costs milliseconds of start-up.
+    A plain class rather than a dataclass: ``patch()`` imports it, and ``dataclasses`` would add
+    about 9 ms to an ``import tpushim`` of about 11 ms.
 
     Attributes:
       mode: ``auto``, ``cpu``, ``tpu`` or ``off``.

@@ -9,6 +9,7 @@ notes where such tensors come from, and returns the Dataset that feeds the same 
 import collections
 import collections.abc
 import logging
+import threading
 
 import tensorflow as tf
 
@@ -41,7 +42,8 @@ class _SourceRecorder:
     * every queue ``numpy_input_fn`` / ``pandas_input_fn`` fill from arrays or a DataFrame
       (``feeding_functions._enqueue_data``), with how they fill it.
 
-    Names are swapped in TensorFlow's modules only while the input_fn runs.
+    Entering installs :class:`_Interception` (once, however many threads are in an input_fn) and
+    makes this recorder the one the calls of this thread go to.
     """
 
     def __init__(self):
@@ -49,62 +51,29 @@ class _SourceRecorder:
         self.queues = []  # _QueueSource
 
     def __enter__(self):
-        self._saved = []
-        module = tf.compat.v1.data
-        for name in ("make_one_shot_iterator", "make_initializable_iterator"):
-            self._wrap_iterator(module, name, getattr(module, name))
-            self._wrap_iterator(
-                tf.compat.v1.data.Dataset,
-                name,  # their method forms
-                tf.compat.v1.data.Dataset.__dict__[name],
-            )
-        self._restore_enqueue = _tfprivate.replace_enqueue_data(self._recording_enqueue)
+        _INTERCEPTION.enter()
+        self._outer = getattr(_active, "recorder", None)
+        _active.recorder = self
         return self
 
-    def _wrap_iterator(self, owner, name, original):
-        made = self.made
-
-        def wrapper(dataset, *args, **kwargs):
-            iterator = original(dataset, *args, **kwargs)
-            calls = []
-            made.append((dataset, calls))
-            get_next = iterator.get_next
-
-            def recorded_get_next(*a, **k):
-                out = get_next(*a, **k)
-                calls.append(tf.nest.flatten(out))
-                return out
-
-            iterator.get_next = recorded_get_next
-            return iterator
-
-        self._saved.append((owner, name, original))
-        setattr(owner, name, wrapper)
-
-    def _recording_enqueue(self, original):
-        import inspect
-
-        signature = inspect.signature(original)
-
-        def enqueue_data(*args, **kwargs):
-            graph = tf.compat.v1.get_default_graph()
-            before = {key: list(graph.get_collection(key)) for key in _QUEUE_SIDE_EFFECTS}
-            queue = original(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            added = {
-                key: [x for x in graph.get_collection(key) if not any(x is y for y in before[key])]
-                for key in _QUEUE_SIDE_EFFECTS
-            }
-            self.queues.append(_QueueSource(queue, dict(bound.arguments), added))
-            return queue
-
-        return enqueue_data
-
     def __exit__(self, *exc):
-        self._restore_enqueue()
-        for owner, name, original in reversed(self._saved):
-            setattr(owner, name, original)
+        _active.recorder = self._outer
+        _INTERCEPTION.exit()
+
+    def iterator_made(self, dataset, iterator):
+        calls = []
+        self.made.append((dataset, calls))
+        get_next = iterator.get_next
+
+        def recorded_get_next(*a, **k):
+            out = get_next(*a, **k)
+            calls.append(tf.nest.flatten(out))
+            return out
+
+        iterator.get_next = recorded_get_next
+
+    def queue_made(self, queue, arguments, side_effects):
+        self.queues.append(_QueueSource(queue, arguments, side_effects))
 
     def dataset_for(self, result):
         """The recorded source mapped to ``result``'s structure, if every tensor in it came from
@@ -125,6 +94,91 @@ class _SourceRecorder:
             if dataset is not None:
                 return dataset
         return None
+
+
+_active = threading.local()  # .recorder: the _SourceRecorder of this thread's input_fn call
+
+
+class _Interception:
+    """The iterator constructors and ``feeding_functions._enqueue_data``, replaced process-wide
+    while at least one thread is in an input_fn (reference-counted under a lock), each call routed
+    to the calling thread's recorder, or straight through where its thread has none."""
+
+    _ITERATORS = ("make_one_shot_iterator", "make_initializable_iterator")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved = []  # (owner, name, original, ours)
+        self._restore_enqueue = None
+
+    def enter(self):
+        with self._lock:
+            if self._users == 0:
+                self._install()
+            self._users += 1
+
+    def exit(self):
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._uninstall()
+
+    def _install(self):
+        for name in self._ITERATORS:
+            for owner, original in (
+                (tf.compat.v1.data, getattr(tf.compat.v1.data, name)),
+                (tf.compat.v1.data.Dataset, tf.compat.v1.data.Dataset.__dict__[name]),  # methods
+            ):
+                ours = _routed_iterator(original)
+                self._saved.append((owner, name, original, ours))
+                setattr(owner, name, ours)
+        self._restore_enqueue = _tfprivate.replace_enqueue_data(_routed_enqueue)
+
+    def _uninstall(self):
+        self._restore_enqueue()
+        for owner, name, original, ours in reversed(self._saved):
+            if getattr(owner, name, None) is ours:  # only ours: someone may have replaced it
+                setattr(owner, name, original)
+        self._saved = []
+
+
+_INTERCEPTION = _Interception()
+
+
+def _routed_iterator(original):
+    def make_iterator(dataset, *args, **kwargs):
+        iterator = original(dataset, *args, **kwargs)
+        recorder = getattr(_active, "recorder", None)
+        if recorder is not None:
+            recorder.iterator_made(dataset, iterator)
+        return iterator
+
+    return make_iterator
+
+
+def _routed_enqueue(original):
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def enqueue_data(*args, **kwargs):
+        recorder = getattr(_active, "recorder", None)
+        if recorder is None:
+            return original(*args, **kwargs)
+        graph = tf.compat.v1.get_default_graph()
+        before = {key: list(graph.get_collection(key)) for key in _QUEUE_SIDE_EFFECTS}
+        queue = original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        added = {
+            key: [x for x in graph.get_collection(key) if not any(x is y for y in before[key])]
+            for key in _QUEUE_SIDE_EFFECTS
+        }
+        recorder.queue_made(queue, dict(bound.arguments), added)
+        return queue
+
+    return enqueue_data
 
 
 # What feeding_functions._enqueue_data adds to the graph besides the queue: a queue runner (threads

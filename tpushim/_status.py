@@ -36,6 +36,6 @@ def status() -> Status:
             "quiet": settings.quiet,
             "applied": _patch.applied(),
             "decision": _decision.decide(settings, tpu).as_dict(),
-            "unsupported": _patch.refusal(),
+            "unsupported": _patch.version_problem(),
             "versions": _versions.installed(),
         }

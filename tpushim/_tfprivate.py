@@ -1,9 +1,9 @@
-"""Every private TensorFlow / Keras name tpushim uses, in one place.
+"""Every private TensorFlow / Keras name the core uses, in one place.
 
 These are internals of tensorflow_estimator and Keras 2 in TensorFlow 2.12-2.15 (the range in
 tpushim/version.py), pinned by tests/test_tfprivate.py on each of them: when a release moves one,
-this file is the only one to edit. Where the releases differ, the fallback says which has what.
-Over ~300 lines because that is its one concern: each function is a thin, tested name.
+this file is the one to edit. Where the releases differ, the fallback says which has what. The
+few names only the tooling reaches (the faked TPU system's) live in tpushim/_preflight/faketpu.py.
 """
 
 import contextlib
@@ -33,7 +33,9 @@ maybe_overwrite_model_dir_and_session_config = (
 )
 
 
-_clone_lock = threading.Lock()
+# Held while a model's compile arguments are pinned or stripped, or BatchNormalization's call is
+# replaced (clone_and_build_model, clone_for_inspection, compile_args). Reentrant: a clone may nest.
+_clone_lock = threading.RLock()
 
 
 def clone_and_build_model(
@@ -276,11 +278,6 @@ def compiled_user_metrics(keras_model):
     )
 
 
-def user_loss_weights(keras_model):
-    """The ``loss_weights`` passed to ``compile()``, or None."""
-    return getattr(getattr(keras_model, "compiled_loss", None), "_user_loss_weights", None)
-
-
 def set_metric_name(metric, name):
     """Gives a rebuilt metric the unique name Keras gave the original (``from_config`` does not)."""
     metric._name = name
@@ -317,11 +314,6 @@ def update_op(value):
     if isinstance(value, tf.Variable):
         return value.op
     return value
-
-
-def serialized_dataset_graph(dataset):
-    """A string tensor: the GraphDef of the ops that build ``dataset``."""
-    return dataset._as_serialized_graph()
 
 
 def training_endpoints(model):
@@ -417,12 +409,17 @@ def object_checkpoint_keys(keras_model):
 def replace_enqueue_data(make_wrapper):
     """Sets ``make_wrapper(original)`` as ``feeding_functions._enqueue_data``, which fills
     numpy_input_fn's / pandas_input_fn's queues (both look it up by attribute at call time);
-    returns a function that restores the original."""
+    returns a function that restores the original (unless someone replaced the wrapper since)."""
     from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module
 
     original = module._enqueue_data
-    module._enqueue_data = make_wrapper(original)
-    return lambda: setattr(module, "_enqueue_data", original)
+    wrapper = module._enqueue_data = make_wrapper(original)
+
+    def restore():
+        if module._enqueue_data is wrapper:
+            module._enqueue_data = original
+
+    return restore
 
 
 def dataset_initializer_hook_classes():
@@ -450,77 +447,6 @@ def dataset_variant_op(dataset):
         return None
 
 
-# --- a faked TPU system (tpushim/_preflight/faketpu.py): the two places where TPUEstimator reaches a TPU ------
-
-
-def tpu_device_attributes(name, device_type):
-    """A device as a TPU system lists it (``session.list_devices()`` entries)."""
-    from tensorflow.python.client import session as session_lib
-
-    return session_lib._DeviceAttributes(name, device_type, 0, 0)
-
-
-def replace_tpu_system_query(answer):
-    """Makes ``answer(master, cluster_def, query_topology)`` the TPU system query TPUEstimator's
-    context sends (``tpu_context`` calls it once per master and caches the result in
-    ``_lazy_tpu_system_metadata_dict``); returns a function that restores the real one.
-
-    ``answer`` returns None to let the real query run.
-    """
-    from tensorflow.python.tpu import tpu_system_metadata
-
-    real = tpu_system_metadata._query_tpu_system_metadata
-
-    def query(master, cluster_def=None, query_topology=False):
-        metadata = answer(master, cluster_def, query_topology)
-        return (
-            real(master, cluster_def=cluster_def, query_topology=query_topology)
-            if metadata is None
-            else metadata
-        )
-
-    tpu_system_metadata._query_tpu_system_metadata = query
-    return lambda: setattr(tpu_system_metadata, "_query_tpu_system_metadata", real)
-
-
-def replace_session_start(intercept):
-    """Calls ``intercept(master, scaffold, hooks)`` where a MonitoredSession (train, evaluate and
-    predict all use one) is about to create its tf.Session, after every hook's ``begin()``; it
-    raises to stop the session, or returns to let it start. Returns a function that restores the
-    original.
-
-    The point is ``_MonitoredSession._CoordinatedSessionCreator.create_session``: the one place all
-    three modes pass with the session's master, scaffold and hooks in reach.
-    """
-    from tensorflow.python.training import monitored_session
-
-    creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
-    real = creator_class.create_session
-
-    def create_session(self):
-        inner = self._session_creator
-        intercept(
-            getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks)
-        )
-        return real(self)
-
-    creator_class.create_session = create_session
-    return lambda: setattr(creator_class, "create_session", real)
-
-
-def eval_steps_of(hooks):
-    """The evaluate step count TPUEstimator gave its session (``_StopAfterNEvalsHook``), or None."""
-    from tensorflow.python.training import evaluation
-
-    for hook in hooks:
-        if isinstance(hook, evaluation._StopAfterNEvalsHook):
-            return hook._num_evals
-        inner = eval_steps_of(getattr(hook, "hooks", ()))  # hooks tpushim makes at session start
-        if inner is not None:
-            return inner
-    return None
-
-
 # --- the training loss, term by term (tpushim/_loss_kinds.py, tpushim/_losses.py) -------------
 
 
@@ -536,7 +462,8 @@ def prepare_loss_functions(loss, output_names):
 
 def compile_args(keras_model):
     """The arguments ``compile()`` was given (``loss``, ``loss_weights``, ...), as cloning reads them."""
-    return keras_model._get_compile_args()
+    with _clone_lock:  # not the metric-less ones another thread's clone pins for its block
+        return keras_model._get_compile_args()
 
 
 def keras_loss_modules():
@@ -587,8 +514,9 @@ def clone_for_inspection(keras_model, custom_objects, input_tensors=None):
     import tensorflow as tf
 
     if getattr(keras_model, "optimizer", None) is not None:
-        compile_args = keras_model._get_compile_args()
-        keras_model._get_compile_args = lambda: compile_args
+        with _clone_lock:  # a clone in another thread may have stripped the metrics for its block
+            compile_args = keras_model._get_compile_args()
+            keras_model._get_compile_args = lambda: compile_args
     return tf.compat.v2.keras.__internal__.models.clone_and_build_model(
         keras_model,
         input_tensors,
@@ -626,10 +554,17 @@ def replace_total_loss(model, loss):
     model.total_loss = loss
 
 
+_random_state_lock = threading.RLock()
+
+
 class keras_random_state_kept:
     """A context in which Keras may make layers (each draws a seed for its initializers and
     dropout from Keras's seed generator, or Python's ``random``) without moving the seeds the
-    layers made afterwards get: an inspection must not change what a seeded run trains."""
+    layers made afterwards get: an inspection must not change what a seeded run trains.
+
+    Keras's seed generator is per thread; Python's ``random`` is per process, so tpushim's blocks
+    in different threads take turns (a lock), and only nest within one thread.
+    """
 
     def __enter__(self):
         import random
@@ -638,6 +573,7 @@ class keras_random_state_kept:
             from keras.src import backend  # Keras >= 2.13
         except ImportError:
             from keras import backend  # Keras 2.12
+        _random_state_lock.acquire()
         self._generator = getattr(backend._SEED_GENERATOR, "generator", None)
         self._states = (
             random.getstate(),
@@ -648,9 +584,12 @@ class keras_random_state_kept:
     def __exit__(self, *exc):
         import random
 
-        random.setstate(self._states[0])
-        if self._generator is not None:
-            self._generator.setstate(self._states[1])
+        try:
+            random.setstate(self._states[0])
+            if self._generator is not None:
+                self._generator.setstate(self._states[1])
+        finally:
+            _random_state_lock.release()
 
 
 # --- a pod's input (tpushim/_pods.py) ----------------------------------------------------------

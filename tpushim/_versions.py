@@ -1,8 +1,10 @@
 """The version guard: which TensorFlow, Keras and tensorflow_estimator tpushim can patch.
 
-Pure decisions on version strings (:func:`version_problem`, tested on strings) and the readers that
-feed them (:func:`installed_versions`: imported modules first, installed metadata when asked -- never
-an import of TensorFlow). What the guard remembers in a process (its verdict, whether it warned) is
+One name, "version problem", for the guard's message (None when the versions are supported):
+:func:`version_problem` decides on version strings (pure, tested on strings);
+:func:`installed_version_problem` and :func:`version_problem_now` read the versions
+(:func:`installed_versions`: imported modules first, installed metadata when asked -- never an
+import of TensorFlow) and decide. What the guard remembers in a process (its verdict, whether it warned) is
 part of the patching state in :mod:`tpushim._patch`, which runs it before anything is patched.
 """
 
@@ -133,7 +135,7 @@ def installed_versions(read_metadata=False):
     return tf_version, keras_version, has_estimator, tf_keras_version
 
 
-def unsupported():
+def installed_version_problem():
     """The guard's message for this installation, or None: what ``patch()`` would refuse with.
 
     Reads installed metadata (imports no TensorFlow); warns nothing. The command line stops on it.
@@ -141,14 +143,14 @@ def unsupported():
     return version_problem(*installed_versions(read_metadata=True))
 
 
-def problem_now():
+def version_problem_now():
     """The guard's message for what is imported now, or None: the cheap check every ``patch()`` runs.
 
     Only when it refuses are the versions not imported yet read from installed metadata, so that
     the message names every installed version (``patch()`` before TensorFlow's import).
     """
     problem = version_problem(*installed_versions())
-    return (unsupported() or problem) if problem else None
+    return (installed_version_problem() or problem) if problem else None
 
 
 def installed():

@@ -12,11 +12,12 @@ import contextlib
 import dataclasses
 import re
 import socket
+import threading
 import types
 
 import tensorflow as tf
 
-from tpushim import _arrays, _tfprivate
+from tpushim import _arrays
 
 _LOOPBACK = re.compile(r"^grpc://(127\.0\.0\.1|localhost):\d+$")
 
@@ -63,7 +64,7 @@ class Build:
     @property
     def eval_steps(self):
         """The number of evaluation steps the session would run (None outside evaluate)."""
-        return _tfprivate.eval_steps_of(self.hooks)
+        return eval_steps_of(self.hooks)
 
     def host_input(self, host, max_batches=1000):
         """Runs host ``host``'s input pipeline from this graph on CPU (input pipelines run on the
@@ -138,9 +139,9 @@ class FakedTPU:
         devices = []
         for host in range(self.num_hosts):
             prefix = f"/job:worker/replica:0/task:{host}/device:"
-            devices.append(_tfprivate.tpu_device_attributes(prefix + "CPU:0", "CPU"))
+            devices.append(device_attributes(prefix + "CPU:0", "CPU"))
             devices += [
-                _tfprivate.tpu_device_attributes(f"{prefix}TPU:{core}", "TPU")
+                device_attributes(f"{prefix}TPU:{core}", "TPU")
                 for core in range(self.cores_per_host)
             ]
         return tf.tpu.experimental.TPUSystemMetadata(
@@ -169,10 +170,28 @@ class FakedTPU:
             return self.builds[-1]
         raise RuntimeError(f"the call returned without starting a session on {self.master}")
 
+    def answer(self, query_topology):
+        """The TPU system query's answer for this system."""
+        if query_topology:
+            raise ValueError(
+                "the faked TPU system has no topology: model parallelism "
+                "(TPUConfig.num_cores_per_replica) cannot be built on it"
+            )
+        return self.metadata()
+
+    def session_starts(self, scaffold, hooks):
+        """Where a session to this system would start: keeps the :class:`Build` and stops."""
+        if scaffold is not None:
+            scaffold.finalize()  # as the session creator would, so the graph is complete
+        self.builds.append(Build(tf.compat.v1.get_default_graph(), hooks))
+        raise _SessionStopped()
+
 
 @contextlib.contextmanager
 def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
     """Fakes a TPU system of ``hosts`` x ``cores_per_host`` cores at a loopback ``master``.
+
+    Several faked systems may be active at once (in any threads), each at its own master.
 
     Args:
       master: ``grpc://127.0.0.1:PORT``; None opens a loopback port that accepts TCP connections
@@ -182,6 +201,9 @@ def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
 
     Yields:
       A :class:`FakedTPU`; its ``builds`` collects what TPUEstimator built.
+
+    Raises:
+      ValueError: a bad shape or master, or a faked system already active at ``master``.
     """
     if hosts < 1 or cores_per_host < 1:
         raise ValueError(
@@ -198,27 +220,121 @@ def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
                 f"a faked TPU lives on loopback only (grpc://127.0.0.1:PORT), not {master!r}"
             )
         fake = FakedTPU(master, hosts, cores_per_host)
-        metadata = fake.metadata()
-
-        def answer(queried, cluster_def, query_topology):
-            del cluster_def
-            if queried != master:
-                return None
-            if query_topology:
-                raise ValueError(
-                    "the faked TPU system has no topology: model parallelism "
-                    "(TPUConfig.num_cores_per_replica) cannot be built on it"
-                )
-            return metadata
-
-        def intercept(session_master, scaffold, hooks):
-            if session_master != master:
-                return  # another session (e.g. a scratch one reading the input): let it start
-            if scaffold is not None:
-                scaffold.finalize()  # as the session creator would, so the graph is complete
-            fake.builds.append(Build(tf.compat.v1.get_default_graph(), hooks))
-            raise _SessionStopped()
-
-        stack.callback(_tfprivate.replace_tpu_system_query(answer))
-        stack.callback(_tfprivate.replace_session_start(intercept))
+        _SYSTEMS.add(fake)
+        stack.callback(_SYSTEMS.remove, fake)
         yield fake
+
+
+class _Systems:
+    """The faked systems active now, by master. TensorFlow's TPU system query and session start
+    are replaced process-wide while there is at least one (installed once, under a lock); a query
+    or session for a faked master goes to its system, every other one runs as usual."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_master = {}
+        self._restore = []
+
+    def add(self, fake):
+        with self._lock:
+            if fake.master in self._by_master:
+                raise ValueError(f"a faked TPU system is already active at {fake.master}")
+            if not self._by_master:
+                self._restore = [
+                    _replace_tpu_system_query(self._answer),
+                    _replace_session_start(self._intercept),
+                ]
+            self._by_master[fake.master] = fake
+
+    def remove(self, fake):
+        with self._lock:
+            del self._by_master[fake.master]
+            if not self._by_master:
+                for restore in reversed(self._restore):
+                    restore()
+                self._restore = []
+
+    def _answer(self, master, cluster_def, query_topology):
+        del cluster_def
+        fake = self._by_master.get(master)
+        return None if fake is None else fake.answer(query_topology)
+
+    def _intercept(self, master, scaffold, hooks):
+        fake = self._by_master.get(master)
+        if fake is not None:  # else another session (e.g. a scratch one reading the input)
+            fake.session_starts(scaffold, hooks)
+
+
+_SYSTEMS = _Systems()
+
+
+# --- the private TensorFlow names the faked system reaches (pinned by tests/test_tpu_system.py) --
+
+
+def device_attributes(name, device_type):
+    """A device as a TPU system lists it (``session.list_devices()`` entries)."""
+    from tensorflow.python.client import session as session_lib
+
+    return session_lib._DeviceAttributes(name, device_type, 0, 0)
+
+
+def eval_steps_of(hooks):
+    """The evaluate step count TPUEstimator gave its session (``_StopAfterNEvalsHook``), or None."""
+    from tensorflow.python.training import evaluation
+
+    for hook in hooks:
+        if isinstance(hook, evaluation._StopAfterNEvalsHook):
+            return hook._num_evals
+        inner = eval_steps_of(getattr(hook, "hooks", ()))  # hooks tpushim makes at session start
+        if inner is not None:
+            return inner
+    return None
+
+
+def _replace_tpu_system_query(answer):
+    """Makes ``answer(master, cluster_def, query_topology)`` the TPU system query TPUEstimator's
+    context sends (``tpu_context`` calls it once per master and caches the result in
+    ``_lazy_tpu_system_metadata_dict``); ``answer`` returns None to let the real query run.
+    Returns a function that restores the real one (unless someone replaced ours since)."""
+    from tensorflow.python.tpu import tpu_system_metadata as module
+
+    real = module._query_tpu_system_metadata
+
+    def query(master, cluster_def=None, query_topology=False):
+        metadata = answer(master, cluster_def, query_topology)
+        if metadata is None:
+            return real(master, cluster_def=cluster_def, query_topology=query_topology)
+        return metadata
+
+    module._query_tpu_system_metadata = query
+    return lambda: _restore(module, "_query_tpu_system_metadata", query, real)
+
+
+def _replace_session_start(intercept):
+    """Calls ``intercept(master, scaffold, hooks)`` where a MonitoredSession (train, evaluate and
+    predict all use one) is about to create its tf.Session, after every hook's ``begin()``; it
+    raises to stop the session, or returns to let it start. Returns a function that restores the
+    original (unless someone replaced ours since).
+
+    The point is ``_MonitoredSession._CoordinatedSessionCreator.create_session``: the one place all
+    three modes pass with the session's master, scaffold and hooks in reach.
+    """
+    from tensorflow.python.training import monitored_session
+
+    creator_class = monitored_session._MonitoredSession._CoordinatedSessionCreator
+    real = creator_class.create_session
+
+    def create_session(self):
+        inner = self._session_creator
+        intercept(
+            getattr(inner, "_master", None), getattr(inner, "_scaffold", None), list(self._hooks)
+        )
+        return real(self)
+
+    creator_class.create_session = create_session
+    return lambda: _restore(creator_class, "create_session", create_session, real)
+
+
+def _restore(owner, name, ours, original):
+    if getattr(owner, name) is ours:
+        setattr(owner, name, original)

@@ -3,12 +3,10 @@ system (:mod:`tpushim._preflight.faketpu`) without running anything. What TPUEst
 while building is what a TPU run would raise before its first step."""
 
 import os
-import shutil
-import tempfile
 
 import tensorflow as tf
 
-from tpushim import _detect, _estimator, _run_config, _shapes
+from tpushim import _detect, _estimator, _run_config, _scratch, _shapes
 from tpushim._errors import TPUShimError
 from tpushim._preflight import faketpu, progress
 
@@ -49,12 +47,11 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
     """
     hosts, per_host = faked_system_shape(num_cores)
     report.note_checked(f"TPU graphs for {num_cores} cores ({hosts} host{'s' * (hosts != 1)})")
-    parent = tempfile.mkdtemp(prefix="tpushim-check-")
-    # A folder of our own inside it: a mocked mkdtemp may return a folder we did not create.
-    scratch = os.path.join(parent, "tpushim_check_tpu_graphs")
-    os.mkdir(scratch)
-    try:
-        with faketpu.faked_tpu_system(hosts=hosts, cores_per_host=per_host) as tpu:
+    with (
+        _scratch.scratch_folder("tpushim-check-", "tpushim_check_tpu_graphs") as scratch,
+        faketpu.faked_tpu_system(hosts=hosts, cores_per_host=per_host) as tpu,
+    ):
+        try:
             spec = _detect.TPUSpec(tpu.master, "the preflight's faked TPU")
             cluster = _detect.cluster_resolver(spec)
             for event in (e for e in EVENTS if e in calls):
@@ -72,13 +69,8 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
                     )
                     replay = replay_input_fn(input_call)
                     _build_one(report, tpu, twin, event, replay, call.steps, num_cores, name)
-    finally:
-        tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
-        shutil.rmtree(scratch, ignore_errors=True)
-        try:
-            os.rmdir(parent)  # only if empty: never anything the check did not write
-        except OSError:
-            pass
+        finally:
+            tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
 
 
 def replay_input_fn(input_call):

@@ -89,7 +89,10 @@ def check_xla(report, keras_model, custom_objects, features, labels):
         clone.set_weights(keras_model.get_weights())
     except ValueError:
         pass  # an unbuilt subclassed model (e.g. a WideDeepModel) has none yet; the compile needs none
-    clone.compile(loss=keras_model.loss, loss_weights=_tfprivate.user_loss_weights(keras_model))
+    clone.compile(
+        loss=keras_model.loss,
+        loss_weights=_tfprivate.compile_args(keras_model).get("loss_weights"),
+    )
     inputs, targets, _ = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
     targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets

@@ -10,12 +10,11 @@ tpushim.demo.legacy_mlp`` runs the script once, patched, as any legacy script wo
 import contextlib
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 
+from tpushim import _scratch
 from tpushim._patch import patched
 from tpushim._status import status
 
@@ -67,21 +66,15 @@ def _quiet_tensorflow():
 def _train_once(scope):
     from tpushim.demo import legacy_mlp
 
-    scratch = tempfile.mkdtemp(prefix="tpushim_demo_")
-    # A folder of our own inside it: a mocked mkdtemp may return a folder we did not create.
-    model_dir = os.path.join(scratch, "tpushim_demo_model")
-    os.mkdir(model_dir)
     start = time.perf_counter()
-    try:
-        with _conversion_lines() as lines, scope, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Keras 2's graph-mode deprecation warnings
-            results, predictions = legacy_mlp.train_and_evaluate(model_dir)
-    finally:
-        shutil.rmtree(model_dir, ignore_errors=True)
-        try:
-            os.rmdir(scratch)  # only if empty: never anything we did not write
-        except OSError:
-            pass
+    with (
+        _scratch.scratch_folder("tpushim_demo_", "tpushim_demo_model") as model_dir,
+        _conversion_lines() as lines,
+        scope,
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")  # Keras 2's graph-mode deprecation warnings
+        results, predictions = legacy_mlp.train_and_evaluate(model_dir)
     return {
         "line": lines[-1] if lines else "(no conversion line: model_to_estimator was not patched)",
         "results": {k: float(v) for k, v in results.items()},

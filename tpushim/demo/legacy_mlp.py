@@ -6,8 +6,6 @@ few hundred steps, evaluated, and used to predict. Run it as it is (``python leg
 with tpushim: ``python -m tpushim -m tpushim.demo.legacy_mlp``.
 """
 
-import os
-import shutil
 import tempfile
 
 import numpy as np
@@ -78,18 +76,8 @@ def train_and_evaluate(model_dir):
 
 
 def main():
-    scratch = tempfile.mkdtemp(prefix="legacy_mlp_")
-    # A folder of our own inside it: a mocked mkdtemp may return a folder we did not create.
-    model_dir = os.path.join(scratch, "tpushim_demo_model")
-    os.mkdir(model_dir)
-    try:
+    with tempfile.TemporaryDirectory(prefix="legacy_mlp_") as model_dir:
         results, predictions = train_and_evaluate(model_dir)
-    finally:
-        shutil.rmtree(model_dir, ignore_errors=True)
-        try:
-            os.rmdir(scratch)  # only if empty: never anything we did not write
-        except OSError:
-            pass
     print("evaluate():", {k: float(v) for k, v in sorted(results.items())})
     print("predict(): %d examples, first: %s" % (len(predictions), np.round(predictions[0], 4)))
 
