@@ -328,7 +328,14 @@ def make_model_fn(
             )
             _tfprivate.replace_total_loss(model, shard_loss)
             _set_aggregation(model, use_tpu)
-            _tfprivate.make_train_function(model)
+            if use_tpu:
+                _tfprivate.make_train_function(model)
+            else:
+                # The step's global-step increment after the read the hooks fetch with it, so
+                # SummarySaverHook and the step counter see the step before it (stock's
+                # model_to_estimator leaves the two unordered: its summaries can land a step off).
+                with tf.control_dependencies([_tfprivate.global_step_read()]):
+                    _tfprivate.make_train_function(model)
             train_op = model.train_function.updates_op
             if use_tpu and config is not None and config.save_summary_steps:
                 host_call = _training_host_call(graph, summaries_before, train_op, loss, config)

@@ -630,3 +630,11 @@ def set_string_attr(op, name, value):
     from tensorflow.core.framework import attr_value_pb2
 
     op._set_attr(name, attr_value_pb2.AttrValue(s=value))
+
+
+def global_step_read():
+    """The read of the global step that Estimator's hooks fetch with each training step (created
+    and cached in the graph when missing)."""
+    from tensorflow.python.training import training_util
+
+    return training_util._get_or_create_global_step_read()
