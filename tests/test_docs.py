@@ -33,7 +33,7 @@ def test_ci_runs_the_readmes_two_commands_verbatim():
     # must leave TensorFlow and numpy 1 where they are (.ci/run checks it after running them).
     assert ci.stdout.splitlines() == [
         'pip install ".[cpu]" && python -m tpushim demo',
-        'pip install -e ".[cpu,test]" && python -m pytest -q -p no:cacheprovider tests',
+        'pip install -e ".[cpu,test]" && python -m pytest -q -p no:cacheprovider -n auto tests',
     ]
     assert "PIP_CONSTRAINT=" not in read(".ci", "run")  # run as a user runs them
 

@@ -197,5 +197,9 @@ def test_batchnorm_takes_kerass_own_code_unless_the_batch_is_padded(use_tpu):
                 )
         # Padded: the fused kernel only in the branch a batch of real rows takes (a cond).
         fused = replicas.ops_of_type(graph, "FusedBatchNormV3")
-        conds = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+        conds = [
+            op
+            for op in graph.get_operations()
+            if op.type in ("If", "StatelessIf") and not op.name.startswith("global_step/")
+        ]  # Estimator's global-step read (is it initialised?) is a cond of its own
         assert (bool(fused), bool(conds)) == (not padded, padded), padded
