@@ -9,7 +9,8 @@ measures and its goals): ``startup`` (bench_startup), ``wrapper`` (bench_wrapper
 (bench_training), ``input`` (bench_input, legacy input), ``graph`` (bench_graph, built with the
 tests' replica harness ``tests/replicas.py``), ``pods`` (bench_pods: each host's input on faked
 TPU systems of 1, 2 and 4 hosts), ``scale`` (bench_scale, in-memory arrays at real size, one
-process per run). All of them write one table (benchlib.Table).
+process per run), ``padding`` (bench_padding: a TPU host's pipeline with padded batches). All of
+them write one table (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
 rest) and a ``spread`` column, the range of the per-round ratios (or differences): a goal is judged
@@ -37,6 +38,7 @@ sys.path.insert(
 
 import bench_graph
 import bench_input
+import bench_padding
 import bench_pods
 import bench_scale
 import bench_startup
@@ -53,6 +55,7 @@ SECTIONS = {
     "graph": bench_graph.run,
     "pods": bench_pods.run,
     "scale": bench_scale.run,
+    "padding": bench_padding.run,
 }
 
 
