@@ -198,7 +198,8 @@ def max_diff(a, b):
 class Emulation:
     """tpushim's TPU model_fn as 8 replicas in one graph for ``mode``, fed per shard by ``feed``.
 
-    ``wrap_model_fn``, if given, wraps that model_fn first. ``template``: a global batch (numpy
+    ``wrap_model_fn``, if given, wraps that model_fn first; ``config``, if given, is the RunConfig
+    it gets (a TPU one records each step's loss, :mod:`tpushim._step_losses`). ``template``: a global batch (numpy
     ``(features, labels)``, or features alone) giving the
     inputs' structure, dtypes and shapes. Attributes, one entry per replica: ``specs`` (the
     TPUEstimatorSpecs), ``clones`` (the Keras models the model_fn built), ``inputs``
@@ -206,7 +207,7 @@ class Emulation:
     it created, in creation order) and ``steps`` (its global step).
     """
 
-    def __init__(self, model, mode, template, wrap_model_fn=None):
+    def __init__(self, model, mode, template, wrap_model_fn=None, config=None):
         self.graph, rv = tf.Graph(), _Rendezvous()
         self.clones, self.specs, self.inputs, self.features, self.vars, self.steps = (
             [],
@@ -263,7 +264,11 @@ class Emulation:
                 with tpu_function.tpu_shard_context(REPLICAS):
                     self.specs.append(
                         model_fn(
-                            features, labels, mode, params={"use_tpu": True, "batch_size": PER}
+                            features,
+                            labels,
+                            mode,
+                            params={"use_tpu": True, "batch_size": PER},
+                            config=config,
                         )
                     )
                 self.inputs.append(inputs)

@@ -25,6 +25,7 @@ from tpushim import (
     _pods,
     _run_config,
     _shapes,
+    _step_losses,
     _tfprivate,
     _validation,
 )
@@ -83,6 +84,9 @@ class TPUShimEstimator(TPUEstimator):
         **kwargs,
     ):
         self._tpushim_thread = _PerThread()
+        config = kwargs.get("config", args[2] if len(args) > 2 else None)
+        # TPUEstimator turns it into loops; tpushim logs the loss at stock's steps (_step_losses).
+        self._tpushim_log_every = getattr(config, "log_step_count_steps", None)
         size = tpushim_batch_size or 1  # a placeholder: each call fixes its own
         super().__init__(
             *args,
@@ -322,7 +326,16 @@ class TPUShimEstimator(TPUEstimator):
 
     def _call_model_fn(self, features, labels, mode, config):
         # On a TPU TPUEstimator initialises every host's iterator from a hook the model_fn returns.
-        return _arrays.feeding_spec(super()._call_model_fn(features, labels, mode, config))
+        spec = _arrays.feeding_spec(super()._call_model_fn(features, labels, mode, config))
+        if mode == ModeKeys.TRAIN and _step_losses.recorded(tf.compat.v1.get_default_graph()):
+            # Its once-per-loop line gives way to stock's lines (StepLossHook, added by train()).
+            hooks = [
+                hook
+                for hook in spec.training_hooks
+                if type(hook) is not tf.compat.v1.train.LoggingTensorHook
+            ]
+            spec = spec._replace(training_hooks=tuple(hooks))
+        return spec
 
     def _user_params(self, context):
         """The params the user's input_fn is called with (see :class:`_input_fn.UserParams`)."""
@@ -346,6 +359,9 @@ class TPUShimEstimator(TPUEstimator):
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
             self._reach_tpu_once()
+            # Before Estimator's NanTensorHook: a loop's lines come before its NaN error, as stock's.
+            if self._tpushim_use_tpu:
+                hooks = list(hooks or []) + [_step_losses.StepLossHook(self._tpushim_log_every)]
             if not _observe.has_observers():
                 return super().train(
                     input_fn,

@@ -9,7 +9,8 @@ differs where a TPU needs it to:
   a WideDeepModel's two optimizers on its own sub-model's gradients. Each shard differentiates
   the loss :mod:`tpushim._losses` builds, so that average is the global batch's gradient for
   every kind of loss, and the step reports the global batch's loss; on a TPU a ``host_call``
-  writes stock's training summaries (:mod:`tpushim._summaries`). Nothing TPU-only is emitted
+  writes stock's training summaries (:mod:`tpushim._summaries`) and each step records its loss
+  for stock's log line and NaN check (:mod:`tpushim._step_losses`). Nothing TPU-only is emitted
   when ``params['use_tpu']`` is false (CrossReplicaSum has no CPU kernel).
 * EVAL: ``eval_metrics=(metric_fn, tensors)``; ``metric_fn`` rebuilds every compiled metric from
   its config and returns ``(value, update_op)`` pairs, which is what TPUEstimator needs on a TPU.
@@ -18,7 +19,15 @@ differs where a TPU needs it to:
 
 import tensorflow as tf
 
-from tpushim import _batchnorm, _loss_kinds, _losses, _padding, _summaries, _tfprivate
+from tpushim import (
+    _batchnorm,
+    _loss_kinds,
+    _losses,
+    _padding,
+    _step_losses,
+    _summaries,
+    _tfprivate,
+)
 from tpushim._errors import ConversionError
 
 ModeKeys = tf.estimator.ModeKeys
@@ -234,11 +243,9 @@ def _export_outputs(model, predictions, export_outputs):
     return final
 
 
-def _training_host_call(graph, summaries_before, train_op, loss, config):
+def _training_host_call(graph, summaries_before, step, loss, config):
     """The TPU train step's host call: stock's training summaries at stock's steps (see
-    :mod:`tpushim._summaries`)."""
-    with tf.control_dependencies([train_op]):  # the step stock labels this step's loss with
-        step = tf.identity(tf.compat.v1.train.get_global_step())
+    :mod:`tpushim._summaries`). ``step``: the global step after this one."""
     return _summaries.host_call(
         step,
         loss,
@@ -328,7 +335,15 @@ def make_model_fn(
             )
             _tfprivate.replace_total_loss(model, shard_loss)
             _set_aggregation(model, use_tpu)
-            if use_tpu:
+            iterations = _step_losses.iterations_counted(config) if use_tpu else None
+            if iterations:
+                # The step stock's log line and NaN check label this step's loss with: the global
+                # step before it (the step's increments ordered after the read; a two-optimizer
+                # model advances it twice).
+                before = tf.identity(tf.compat.v1.train.get_global_step())
+                with tf.control_dependencies([before]):
+                    _tfprivate.make_train_function(model)
+            elif use_tpu:
                 _tfprivate.make_train_function(model)
             else:
                 # The step's global-step increment after the read the hooks fetch with it, so
@@ -337,9 +352,14 @@ def make_model_fn(
                 with tf.control_dependencies([_tfprivate.global_step_read()]):
                     _tfprivate.make_train_function(model)
             train_op = model.train_function.updates_op
-            if use_tpu and config is not None and config.save_summary_steps:
-                host_call = _training_host_call(graph, summaries_before, train_op, loss, config)
-                training_hooks = [_summaries.DropLoopLossSummary()]
+            if use_tpu and config is not None:
+                with tf.control_dependencies([train_op]):  # the global step after this step
+                    step = tf.identity(tf.compat.v1.train.get_global_step())
+                if iterations:
+                    train_op = tf.group(train_op, _step_losses.record(loss, before, iterations))
+                if config.save_summary_steps:
+                    host_call = _training_host_call(graph, summaries_before, step, loss, config)
+                    training_hooks = [_summaries.DropLoopLossSummary()]
         elif mode == ModeKeys.EVAL:
             _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
             loss = _padding.eval_loss(model, padding_weight, cross_replica=use_tpu)
