@@ -243,9 +243,11 @@ def _export_outputs(model, predictions, export_outputs):
     return final
 
 
-def _training_host_call(graph, summaries_before, step, loss, config):
+def _training_host_call(graph, summaries_before, train_op, loss, config):
     """The TPU train step's host call: stock's training summaries at stock's steps (see
-    :mod:`tpushim._summaries`). ``step``: the global step after this one."""
+    :mod:`tpushim._summaries`)."""
+    with tf.control_dependencies([train_op]):  # the step stock labels this step's summaries with
+        step = tf.identity(tf.compat.v1.train.get_global_step())
     return _summaries.host_call(
         step,
         loss,
@@ -352,14 +354,11 @@ def make_model_fn(
                 with tf.control_dependencies([_tfprivate.global_step_read()]):
                     _tfprivate.make_train_function(model)
             train_op = model.train_function.updates_op
-            if use_tpu and config is not None:
-                with tf.control_dependencies([train_op]):  # the global step after this step
-                    step = tf.identity(tf.compat.v1.train.get_global_step())
-                if iterations:
-                    train_op = tf.group(train_op, _step_losses.record(loss, before, iterations))
-                if config.save_summary_steps:
-                    host_call = _training_host_call(graph, summaries_before, step, loss, config)
-                    training_hooks = [_summaries.DropLoopLossSummary()]
+            if use_tpu and config is not None and config.save_summary_steps:
+                host_call = _training_host_call(graph, summaries_before, train_op, loss, config)
+                training_hooks = [_summaries.DropLoopLossSummary()]
+            if iterations:
+                train_op = tf.group(train_op, _step_losses.record(loss, before, iterations))
         elif mode == ModeKeys.EVAL:
             _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
             loss = _padding.eval_loss(model, padding_weight, cross_replica=use_tpu)
