@@ -330,11 +330,13 @@ def test_tpu_train_graph_records_every_steps_global_loss_in_the_loop(tmp_path):
         if op == "CrossReplicaSum"
     ]
     assert len(sums) == 1 and _losses.REPORTED_SUM in sums[0], sums  # not a gradient's
-    # The hook, with the user's log_step_count_steps, runs before Estimator's NanTensorHook;
-    # TPUEstimator's once-per-loop LoggingTensorHook is gone.
+    # The hook, with the user's log_step_count_steps, is the session's first: its NaN error comes
+    # before the CheckpointSaverHook can save a NaN loop's weights, and its lines before
+    # Estimator's NanTensorHook. TPUEstimator's once-per-loop LoggingTensorHook is gone.
     names = [type(h).__name__ for h in build.hooks]
     assert "LoggingTensorHook" not in names
-    assert names.index("StepLossHook") < names.index("NanTensorHook")
+    assert names[0] == "StepLossHook" and names.count("StepLossHook") == 1
+    assert {"CheckpointSaverHook", "NanTensorHook"} <= set(names)
     (hook,) = [h for h in build.hooks if isinstance(h, _step_losses.StepLossHook)]
     assert hook._every_n == 3
 
@@ -345,3 +347,22 @@ def test_iterations_per_loop_in_seconds_keeps_tpuestimators_loop_line(tmp_path):
     assert build.graph.get_collection(_step_losses.COLLECTION) == []
     names = [type(h).__name__ for h in build.hooks]
     assert "LoggingTensorHook" in names  # TPUEstimator's own, once every 30 s
+
+
+@pytest.mark.slow
+def test_stock_saves_a_nan_steps_weights_on_a_save_step(tmp_path):
+    """Why tpushim's check on a TPU runs before the checkpoint saver: stock's saver runs first
+    (a chief-only hook) and keeps the NaN weights of a NaN step that is a save step."""
+    x, y = _data(10, nan_at=5)  # the sixth run: global step 6, a save step for every 3
+    est = tf.compat.v1.keras.estimator.model_to_estimator(
+        keras_model=_model(),
+        model_dir=str(tmp_path),
+        config=tf.estimator.RunConfig(save_checkpoints_steps=3, save_summary_steps=None),
+    )
+    with pytest.raises(tf.compat.v1.train.NanLossDuringTrainingError):
+        est.train(
+            lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL).repeat(), steps=10
+        )
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert latest.endswith("model.ckpt-6")
+    assert np.isnan(tf.train.load_checkpoint(latest).get_tensor("h/kernel")).any()

@@ -328,13 +328,20 @@ class TPUShimEstimator(TPUEstimator):
         # On a TPU TPUEstimator initialises every host's iterator from a hook the model_fn returns.
         spec = _arrays.feeding_spec(super()._call_model_fn(features, labels, mode, config))
         if mode == ModeKeys.TRAIN and _step_losses.recorded(tf.compat.v1.get_default_graph()):
-            # Its once-per-loop line gives way to stock's lines (StepLossHook, added by train()).
+            # TPUEstimator's once-per-loop line gives way to stock's lines, and the loss of every
+            # step is checked first of all hooks: before the checkpoint saver (_step_losses).
             hooks = [
                 hook
                 for hook in spec.training_hooks
                 if type(hook) is not tf.compat.v1.train.LoggingTensorHook
             ]
-            spec = spec._replace(training_hooks=tuple(hooks))
+            spec = spec._replace(
+                training_hooks=tuple(hooks),
+                training_chief_hooks=(
+                    _step_losses.StepLossHook(self._tpushim_log_every),
+                    *spec.training_chief_hooks,
+                ),
+            )
         return spec
 
     def _user_params(self, context):
@@ -359,9 +366,6 @@ class TPUShimEstimator(TPUEstimator):
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
             self._reach_tpu_once()
-            # Before Estimator's NanTensorHook: a loop's lines come before its NaN error, as stock's.
-            if self._tpushim_use_tpu:
-                hooks = list(hooks or []) + [_step_losses.StepLossHook(self._tpushim_log_every)]
             if not _observe.has_observers():
                 return super().train(
                     input_fn,

@@ -18,6 +18,10 @@ process, so the lines reach the user's log on a TPU node too (a ``host_call`` ru
 host, whose log the user does not see). The lines of one loop are logged when the loop ends; their
 seconds share the loop's time evenly among its steps.
 
+The hook is the first of the chief's hooks, so it runs before the ``CheckpointSaverHook``: a loop
+with a NaN step raises before its weights can be saved. (Stock's saver runs before its NaN check:
+it saves the NaN weights when the NaN step is a save step. On a TPU every loop's end can be one.)
+
 With ``iterations_per_loop`` given in seconds (``"60s"``) the steps per loop are not known when the
 graph is built: nothing is recorded and TPUEstimator's once-per-loop line and check stay.
 """
