@@ -16,6 +16,7 @@ TPUSHIM_VARS = tuple(
         (
             *_settings.ENV_VARS.values(),
             _settings.LOG_LEVEL_VAR,
+            _settings.SUMMARY_VAR,
             "TPUSHIM_AUTOPATCH",
             *_detect.TPU_ENV_VARS,
         )

@@ -141,6 +141,10 @@ def test_help_explains_modes_variables_and_commands(tmp_path):
         "belongs to it",
     ):
         assert text in proc.stdout, text
+    # Every variable of the settings table is listed (it once left TPUSHIM_POD_INPUT out).
+    variables = proc.stdout.split("environment variables:")[1]
+    for var in (*_settings.ENV_VARS.values(), _settings.LOG_LEVEL_VAR, _settings.SUMMARY_VAR):
+        assert f"\n  {var} " in variables, var
     help_text = " ".join(proc.stdout.split())  # as one line: argparse wraps it
     for flag, kwargs in _settings.OPTIONS:  # the options %tpushim takes too, with the same help
         assert (f"{flag} {kwargs['metavar']}" if "metavar" in kwargs else flag) in help_text

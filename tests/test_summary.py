@@ -5,6 +5,7 @@ import types
 import pytest
 
 from tpushim import _cli, _console, _observe, _summary
+from tpushim._errors import NoTPUError
 
 SCRIPT = """
 import numpy as np
@@ -59,5 +60,95 @@ def test_runner_prints_the_summary_unless_quiet(tmp_path, capsys):
         assert "train() " in err and "5 steps," in err and "first session run" in err
         assert _cli.main(["-q", "--mode", "cpu", str(script)]) == 0
         assert "tpushim run summary" not in capsys.readouterr().err
+    finally:
+        _console.hide_conversions()
+
+
+def test_what_ended_a_run_and_the_per_call_table():
+    summary = _summary.Summary(table=True)
+    estimator = object()
+    summary.converted(
+        types.SimpleNamespace(estimator=estimator, description="TPUEstimator(use_tpu=False, X)")
+    )
+    train = _observe.Call("train", estimator, None, 4)
+    summary.calling(train)
+    summary.finished(train, 2.0, 4, 0.5)
+    evaluate = _observe.Call("evaluate", estimator, None)
+    summary.calling(evaluate)
+    summary.adapted(evaluate, "padding", "short batches padded to 8 rows")
+    summary.finished(evaluate, 0.5, None, None)
+    summary.calling(_observe.Call("train", estimator, None, 4))  # never returns
+    summary.ended(1, NoTPUError("TPU grpc://127.0.0.1:1 is not reachable"))
+    lines = summary.format().splitlines()
+    assert lines[-1] == "  the run ended: the script raised NoTPUError (its traceback is above)"
+    assert any(
+        line.startswith("    train()     raised NoTPUError after ")
+        and line.endswith(": the run ended there")
+        for line in lines
+    )
+    assert "no train/evaluate/predict call" not in summary.format()
+    table = [line.split() for line in lines if line.startswith("    ") and "  " in line.strip()]
+    assert ["call", "ran", "on", "seconds", "steps", "steps/s", "first", "run", "s", "padding"] in (
+        table
+    )
+    assert ["train()", "TPU", "path", "on", "CPU", "2.00", "4", "2.0", "0.50", "none"] in table
+    assert [
+        "evaluate()",
+        "TPU",
+        "path",
+        "on",
+        "CPU",
+        "0.50",
+        "-",
+        "-",
+        "-",
+        "short",
+        "batches",
+    ] in (table)
+    exited = _summary.Summary()
+    exited.converted(types.SimpleNamespace(estimator=estimator, description="TPUEstimator(X)"))
+    exited.calling(_observe.Call("predict", estimator, None))
+    exited.ended(3)
+    assert exited.format().splitlines()[-2:] == [
+        "    predict()   did not return: the script exited with status 3 after 0.00 s",
+        "  the run ended: the script exited with status 3",
+    ]
+    assert "call  " not in exited.format()  # no table unless asked for
+
+
+@pytest.mark.slow  # runs a script
+def test_a_train_call_that_raised_is_named_in_the_summary(tmp_path, capsys):
+    script = tmp_path / "legacy.py"
+    script.write_text(SCRIPT.format(model_dir=str(tmp_path / "model")))
+    try:  # a configured TPU that refuses connections: NoTPUError from inside train()
+        assert _cli.main(["--tpu", "grpc://127.0.0.1:1", str(script)]) == 1
+        err = capsys.readouterr().err
+        assert "NoTPUError" in err
+        summary = err[err.index("tpushim run summary:") :]
+        assert "no train/evaluate/predict call" not in summary
+        assert "    train()     raised NoTPUError after " in summary
+        assert summary.rstrip().endswith(
+            "the run ended: the script raised NoTPUError (its traceback is above)"
+        )
+    finally:
+        _console.hide_conversions()
+
+
+@pytest.mark.slow  # trains an estimator
+def test_summary_flag_and_variable_add_the_table(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "legacy.py"
+    script.write_text(SCRIPT.format(model_dir=str(tmp_path / "model")))
+    header = "call        ran on           seconds  steps  steps/s  first run s  padding"
+    try:
+        assert _cli.main(["--mode", "cpu", "--summary", str(script)]) == 0
+        err = capsys.readouterr().err
+        assert header in err and "evaluate()  TPU path on CPU" in err and "short batches" in err
+        monkeypatch.setenv("TPUSHIM_SUMMARY", "1")
+        assert _cli.main(["--mode", "cpu", str(script)]) == 0
+        assert header in capsys.readouterr().err
+        monkeypatch.setenv("TPUSHIM_SUMMARY", "tabel")  # strict, as every TPUSHIM_* variable
+        with pytest.raises(SystemExit):
+            _cli.main(["--mode", "cpu", str(script)])
+        assert "TPUSHIM_SUMMARY='tabel' is not a yes/no value" in capsys.readouterr().err
     finally:
         _console.hide_conversions()

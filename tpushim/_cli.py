@@ -6,12 +6,17 @@ command such as ``info``, or what follows ``-m``): everything after it belongs t
 only our own options; ``check`` splits its arguments with the same function. The settings options
 come from :data:`tpushim._settings.OPTIONS` (``%tpushim`` adds the same ones), and their values are
 checked by the settings' own parsers. A new command is one more entry in :data:`COMMANDS`.
+
+The console command ``tpushim`` (``[project.scripts]``) is :func:`console_main`: the same command
+line, named ``tpushim`` in its messages.
 """
 
 import argparse
 import collections
 import contextlib
+import difflib
 import json
+import os
 import sys
 import textwrap
 
@@ -22,6 +27,8 @@ from tpushim._status import status
 from tpushim._versions import guard_warning_silenced, installed_version_problem
 
 PROG = "python -m tpushim"
+#: The name the console command prints in usage and errors (``tpushim`` for the console script).
+_prog = PROG
 
 #: The runner's options that take a value (the split must skip the value too); flags do not.
 RUNNER_VALUE_FLAGS = tuple(flag for flag, kwargs in _settings.OPTIONS if "action" not in kwargs)
@@ -59,7 +66,7 @@ def split_argv(argv, value_flags):
 
 def _stop(message, code=2):
     """Prints ``message`` as the command's error; returns ``code``, the exit status."""
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{_prog}: {message}", file=sys.stderr)
     return code
 
 
@@ -92,8 +99,22 @@ def _launch(module, target):
     return _launcher.run_script(target[0], target[1:])
 
 
+def _unknown_command(word):
+    """The error for ``word`` when it is neither a file nor a command but close to a command
+    (``demoo``); None otherwise (a file of that name is a script, whatever its name)."""
+    if os.path.exists(word) or word.startswith(("-", ".")) or os.sep in word:
+        return None
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.75)
+    if not close:
+        return None
+    return (
+        f"{word!r} is not a command, nor a file here; did you mean `{_prog} {close[0]}`? "
+        f"(commands: {', '.join(COMMANDS)}; a script is given by its path)"
+    )
+
+
 def _info(options, argv):
-    parser = argparse.ArgumentParser(prog=f"{PROG} info", description=COMMANDS["info"].help)
+    parser = argparse.ArgumentParser(prog=f"{_prog} info", description=COMMANDS["info"].help)
     parser.add_argument("--json", action="store_true", help="print tpushim.status() as JSON")
     args = parser.parse_args(argv)
     try:
@@ -111,7 +132,7 @@ def _info(options, argv):
 
 
 def _demo(options, argv):
-    parser = argparse.ArgumentParser(prog=f"{PROG} demo", description=COMMANDS["demo"].help)
+    parser = argparse.ArgumentParser(prog=f"{_prog} demo", description=COMMANDS["demo"].help)
     parser.parse_args(argv)
     problem = installed_version_problem()
     if problem:
@@ -128,9 +149,9 @@ def _demo(options, argv):
 
 def _check(options, argv):
     parser = argparse.ArgumentParser(
-        prog=f"{PROG} check",
+        prog=f"{_prog} check",
         description=COMMANDS["check"].help,
-        usage=f"{PROG} [options] check [--json] [--cores N] (SCRIPT | -m MODULE) [ARGS...]",
+        usage=f"{_prog} [options] check [--json] [--cores N] (SCRIPT | -m MODULE) [ARGS...]",
     )
     parser.add_argument(
         "--json",
@@ -266,22 +287,42 @@ modes (--mode, TPUSHIM_MODE):
   off    never convert
 
 environment variables:
-  TPUSHIM_MODE                 the mode; TPUSHIM_MODE=off is a kill switch that beats every option
-  TPUSHIM_TPU                  the TPU (as --tpu)
-  TPUSHIM_BATCH_SIZE           global batch size (as --batch-size)
-  TPUSHIM_ITERATIONS_PER_LOOP  steps per TPU loop (as --iterations-per-loop)
-  TPUSHIM_QUIET=1              hide the conversion lines (as -q)
-  TPUSHIM_LOG_LEVEL            debug, info, warning or error: tpushim's log level (debug: as -v)
-  TPUSHIM_AUTOPATCH=1          patch every Python process at start, without this runner
+{variables}
   precedence: TPUSHIM_MODE=off, then options, then TPUSHIM_* variables, then defaults.
 
 examples:
-  python -m tpushim demo
-  python -m tpushim info
-  python -m tpushim check train.py --epochs 3
-  python -m tpushim train.py --epochs 3
-  python -m tpushim --mode cpu -m mypackage.train --epochs 3
-  TPUSHIM_TPU=local python -m tpushim train.py"""
+  {prog} demo
+  {prog} info
+  {prog} check train.py --epochs 3
+  {prog} train.py --epochs 3
+  {prog} --mode cpu --summary -m mypackage.train --epochs 3
+  TPUSHIM_TPU=local {prog} train.py"""
+
+#: What a settings variable adds to "as --flag" in ``--help`` (the list itself is the settings
+#: table, :data:`tpushim._settings.ENV_VARS`, so a new setting cannot be left out).
+_VARIABLE_NOTES = {
+    "mode": "TPUSHIM_MODE=off is a kill switch that beats every option",
+    "quiet": "1: hide the conversion lines and the run summary",
+}
+
+
+def _variables():
+    """The ``environment variables`` lines of ``--help``: every setting's variable, then the
+    process-wide ones."""
+    rows = []
+    for name, var in _settings.ENV_VARS.items():
+        flag = "-q" if name == "quiet" else "--" + name.replace("_", "-")
+        note = _VARIABLE_NOTES.get(name)
+        rows.append((var, f"as {flag}" + (f"; {note}" if note else "")))
+    rows += [
+        (
+            _settings.LOG_LEVEL_VAR,
+            "debug, info, warning or error: tpushim's log level (debug: as -v)",
+        ),
+        (_settings.SUMMARY_VAR, "1: the run summary's per-call table (as --summary)"),
+        ("TPUSHIM_AUTOPATCH", "1: patch every Python process at start, without this runner"),
+    ]
+    return "\n".join(f"  {var:<28} {text}" for var, text in rows)
 
 
 def _parser():
@@ -291,14 +332,14 @@ def _parser():
         for name, command in COMMANDS.items()
     )
     parser = argparse.ArgumentParser(
-        prog=PROG,
+        prog=_prog,
         usage=(
-            f"{PROG} [options] SCRIPT [ARGS...]\n"
-            f"       {PROG} [options] -m MODULE [ARGS...]\n"
-            f"       {PROG} [options] {{{','.join(COMMANDS)}}} [ARGS...]"
+            f"{_prog} [options] SCRIPT [ARGS...]\n"
+            f"       {_prog} [options] -m MODULE [ARGS...]\n"
+            f"       {_prog} [options] {{{','.join(COMMANDS)}}} [ARGS...]"
         ),
         description=_DESCRIPTION,
-        epilog=_EPILOG.format(commands=commands),
+        epilog=_EPILOG.format(commands=commands, variables=_variables(), prog=_prog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for flag, kwargs in _settings.OPTIONS:
@@ -309,6 +350,14 @@ def _parser():
         action="store_true",
         help=f"show tpushim's debug lines too (the settings and TPU each call was decided by); "
         f"${_settings.LOG_LEVEL_VAR} sets the level without it.",
+    )
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        default=None,
+        help="add a table to the run summary: per train/evaluate/predict call, the path it ran "
+        "on, seconds, steps, steps/s, first session run and padding. "
+        f"Default: ${_settings.SUMMARY_VAR}, else no.",
     )
     parser.add_argument(
         "-m",
@@ -322,12 +371,21 @@ def _parser():
     return parser
 
 
-def main(argv=None):
+def console_main():
+    """The ``tpushim`` console command: ``tpushim script.py ...`` is ``python -m tpushim
+    script.py ...``; exits with the script's status."""
+    sys.exit(main(prog="tpushim"))
+
+
+def main(argv=None, prog=PROG):
     """``python -m tpushim``; returns the exit status (the script's, when one runs).
 
     Args:
       argv: the arguments after ``python -m tpushim``; default ``sys.argv[1:]``.
+      prog: the command's name in usage and error messages.
     """
+    global _prog  # one command line per process: its name, for every message below
+    _prog = prog
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     own, module, target = split_argv(argv, RUNNER_VALUE_FLAGS)
@@ -337,19 +395,26 @@ def main(argv=None):
             **{name: getattr(options, name) for name in _settings.ENV_VARS}
         )
         _settings.log_level_from_environment()
+        table = options.summary or _settings.summary_table_from_environment()
     except ConfigurationError as e:
         parser.error(str(e))
     if module is None and not target:
         parser.print_usage(sys.stderr)
         return _stop(
-            f"give a script, -m MODULE, or a command ({', '.join(COMMANDS)}); see {PROG} --help"
+            f"give a script, -m MODULE, or a command ({', '.join(COMMANDS)}); see {_prog} --help"
         )
     if module is None and target[0] in COMMANDS:
         return COMMANDS[target[0]].run(options, target[1:])
+    if module is None:
+        unknown = _unknown_command(target[0])
+        if unknown:
+            return _stop(unknown)
     stopped = _patch_before_running(options, module, target)
     if stopped is not None:
         return stopped
     quiet = _settings.resolve((options.settings,)).quiet  # -q, else TPUSHIM_QUIET
-    with _summary.summarizing(enabled=not quiet):
-        code, _ = _launch(module, target)
+    with _summary.summarizing(enabled=bool(table) or not quiet, table=bool(table)) as summary:
+        code, uncaught = _launch(module, target)
+        if summary is not None:
+            summary.ended(code, uncaught)
     return code

@@ -335,3 +335,14 @@ OPTIONS = (
         DEFAULTS["pod_input"],
     ),
 )
+
+#: The runner's run summary, for the whole process (not a per-conversion setting, as the log level):
+#: yes adds a table with one row per train/evaluate/predict call (``--summary`` on the runner).
+#: Read strictly, as every ``TPUSHIM_*`` variable is.
+SUMMARY_VAR = "TPUSHIM_SUMMARY"
+
+
+def summary_table_from_environment(environ=None):
+    """``TPUSHIM_SUMMARY`` as True or False; None when unset (strict: a typo raises)."""
+    raw = (os.environ if environ is None else environ).get(SUMMARY_VAR, "")
+    return parse_bool(raw, SUMMARY_VAR) if raw.strip() else None

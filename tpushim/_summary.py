@@ -5,12 +5,16 @@ profiler and scikit-learn-intelex's verbose mode answer the same one). Per conve
 what it became and why, every adaptation tpushim made to its input or run (float64 cast, queue or
 iterator fed as a Dataset, padding, re-batching, the pod input path, ...), and each call's time;
 for ``train()`` its steps, steps per second and the first session run's time (on a TPU the first
-loop, compilation included). Gathered as an observer (:mod:`tpushim._observe`): the core knows
-nothing of it. Imports no TensorFlow.
+loop, compilation included); a call that never returned, and what ended the run when the script
+raised or exited with an error. On request (``--summary``, ``TPUSHIM_SUMMARY=1``) a table with one
+row per call: the path it ran on, seconds, steps, steps/s and whether short batches were padded.
+Gathered as an observer (:mod:`tpushim._observe`): the core knows nothing of it. Imports no
+TensorFlow.
 """
 
 import contextlib
 import sys
+import time
 
 from tpushim import _observe
 
@@ -21,15 +25,22 @@ class _Estimator:
     def __init__(self, number, conversion):
         self.number, self.conversion = number, conversion
         self.adaptations = {}  # text -> events it happened in (insertion order kept)
-        self.calls = []  # (event, seconds, steps, first_run_seconds)
+        self.calls = []  # (event, seconds, steps, first_run_seconds, adaptation kinds)
         self.derived = []  # estimators made from it (tf.estimator.add_metrics): its calls too
+        self.started = {}  # id(call) -> (event, start time, adaptation kinds): not returned yet
+
+    def on_tpu(self):
+        """The path its calls ran on, as the conversion line says it."""
+        return "TPU" if "use_tpu=True" in self.conversion.description else "TPU path on CPU"
 
 
 class Summary:
     """Observes conversions and calls; :meth:`format` is the summary."""
 
-    def __init__(self):
+    def __init__(self, table=False):
         self._estimators = []
+        self.table = table
+        self._ending = None  # (exit status, uncaught exception or None), from ended()
 
     def _of(self, estimator):
         return next(
@@ -51,18 +62,30 @@ class Summary:
         if record is not None:
             record.derived.append(estimator)
 
+    def calling(self, call):
+        record = self._of(call.estimator)
+        if record is not None:
+            record.started[id(call)] = (call.event, time.monotonic(), set())
+        return None  # the call runs as it is
+
     def adapted(self, call, kind, text):
-        del kind
         record = self._of(call.estimator) if call is not None else None
         if record is not None:
             events = record.adaptations.setdefault(text, [])
             if call.event not in events:
                 events.append(call.event)
+            if id(call) in record.started:
+                record.started[id(call)][2].add(kind)
 
     def finished(self, call, seconds, steps, first_step_seconds):
         record = self._of(call.estimator)
         if record is not None:
-            record.calls.append((call.event, seconds, steps, first_step_seconds))
+            _, _, kinds = record.started.pop(id(call), (None, None, set()))
+            record.calls.append((call.event, seconds, steps, first_step_seconds, kinds))
+
+    def ended(self, code, uncaught=None):
+        """The script ended with exit status ``code``; ``uncaught``: the exception it raised."""
+        self._ending = (code, uncaught)
 
     # -- the summary ----------------------------------------------------------------------------
     def format(self):
@@ -82,11 +105,58 @@ class Summary:
                     lines.append(f"      - {text} [{', '.join(events)}]")
             else:
                 lines.append("    what tpushim changed: nothing in the input")
-            for event, seconds, steps, first in record.calls:
+            for event, seconds, steps, first, _ in record.calls:
                 lines.append("    " + _call_line(event, seconds, steps, first))
-            if not record.calls:
+            for event, start, _ in record.started.values():
+                lines.append(f"    {event + '()':<11} {self._unfinished(time.monotonic() - start)}")
+            if not record.calls and not record.started:
                 lines.append("    no train/evaluate/predict call")
+            if self.table and record.calls:
+                lines += _table(record)
+        code, uncaught = self._ending or (0, None)
+        if uncaught is not None:
+            lines.append(
+                f"  the run ended: the script raised {type(uncaught).__name__} "
+                f"(its traceback is above)"
+            )
+        elif code:
+            lines.append(f"  the run ended: the script exited with status {code}")
         return "\n".join(lines)
+
+    def _unfinished(self, seconds):
+        """What a call that never returned says: what stopped it, as far as is known."""
+        code, uncaught = self._ending or (0, None)
+        if uncaught is not None:
+            return f"raised {type(uncaught).__name__} after {seconds:.2f} s: the run ended there"
+        if code:
+            return f"did not return: the script exited with status {code} after {seconds:.2f} s"
+        return f"did not return ({seconds:.2f} s): it raised, or its predictions were not all read"
+
+
+#: Adaptation kinds that add padding rows: short batches, or a batch the cores do not divide.
+_PADDING = {"padding": "short batches", "batch-padding": "uneven batch"}
+
+
+def _table(record):
+    """The per-call rows of ``--summary``."""
+    rows = [("call", "ran on", "seconds", "steps", "steps/s", "first run s", "padding")]
+    for event, seconds, steps, first, kinds in record.calls:
+        padded = ", ".join(text for kind, text in _PADDING.items() if kind in kinds)
+        rows.append(
+            (
+                event + "()",
+                record.on_tpu(),
+                f"{seconds:.2f}",
+                str(steps) if steps else "-",
+                f"{steps / seconds:.1f}" if steps and seconds > 0 else "-",
+                f"{first:.2f}" if first is not None else "-",
+                padded or "none",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
+    ]
 
 
 def _call_line(event, seconds, steps, first):
@@ -99,13 +169,14 @@ def _call_line(event, seconds, steps, first):
 
 
 @contextlib.contextmanager
-def summarizing(enabled=True, stream=None):
+def summarizing(enabled=True, stream=None, table=False):
     """Observes the block and prints the summary on ``stream`` (stderr) when it ends, however it
-    ends; does nothing when not ``enabled`` (``-q`` / ``TPUSHIM_QUIET``)."""
+    ends; does nothing when not ``enabled`` (``-q`` / ``TPUSHIM_QUIET``). ``table``: add the
+    per-call table."""
     if not enabled:
         yield None
         return
-    summary = Summary()
+    summary = Summary(table=table)
     try:
         with _observe.observing(summary):
             yield summary
