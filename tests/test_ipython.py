@@ -65,7 +65,8 @@ def test_extension_in_a_real_ipython_session(tmp_path):
     assert "patched:     yes" in status and "mode:        auto (from default)" in status
     assert "mode:        cpu (from argument)" in cpu and "CONVERTED True" in cpu
     assert "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False" in proc.stderr
-    assert "patched:     no" in off and "STOCK False" in off
+    assert "tpushim unpatched: model_to_estimator is the stock one again" in off
+    assert "STOCK False" in off
     assert "MAGIC LEFT False" in off
 
 
@@ -172,3 +173,28 @@ def test_magic_quiet_hides_the_conversion_lines(shell, capsys):
     shell.run_line_magic("tpushim", "--mode cpu")  # a new patch(): quiet back to its default
     assert shown() and tpushim.status()["quiet"] is False
     capsys.readouterr()
+
+
+def test_magic_hints_are_the_magic_and_unpatch_confirms(shell, capsys):
+    shell.run_line_magic("load_ext", "tpushim")
+    loaded = capsys.readouterr().out
+    # No TPU, mode auto: the hint a notebook user can type, not the command line's.
+    assert "%tpushim --mode cpu runs the TPU code path on CPU" in loaded
+    shell.run_line_magic("tpushim", "unpatch")
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "tpushim unpatched: model_to_estimator is the stock one again in this kernel",
+        "(%tpushim patch patches again; %tpushim shows the status)",
+    ]
+    shell.run_line_magic("tpushim", "unpatch")
+    assert capsys.readouterr().out.startswith("tpushim was not patched")
+    shell.run_line_magic("tpushim", "")
+    status = capsys.readouterr().out
+    assert "(%tpushim patch patches this kernel)" in status
+    assert "%tpushim --mode cpu runs the TPU code path" in status
+    assert "python -m tpushim" not in status and " --mode cpu" not in status.replace(
+        "%tpushim --", ""
+    )
+    info = _console.format_status(tpushim.status())  # the command line keeps its own spelling
+    assert "(python -m tpushim SCRIPT patches the script it runs)" in info
+    assert "; --mode cpu runs the TPU code path" in info

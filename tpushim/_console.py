@@ -46,18 +46,29 @@ def autopatch_files():
     ]
 
 
-def outcome(status):
+#: How each way in spells "patch this" and "use this option": the command line's hints are
+#: commands, a notebook's are the ``%tpushim`` magic.
+_HINTS = {
+    "command": {"patch": "python -m tpushim SCRIPT patches the script it runs", "option": "--"},
+    "notebook": {"patch": "%tpushim patch patches this kernel", "option": "%tpushim --"},
+}
+
+
+def outcome(status, surface="command"):
     """What a ``model_to_estimator`` call returns under ``status`` (a :func:`tpushim.status` dict):
-    the core's one decision (:mod:`tpushim._decision`), in words."""
-    return status["decision"]["returns"]
+    the core's one decision (:mod:`tpushim._decision`), in words; an option it suggests is spelt
+    as ``surface`` (``command`` or ``notebook``) takes it."""
+    returns = status["decision"]["returns"]
+    return returns.replace(" --", " " + _HINTS[surface]["option"])
 
 
-def format_status(status, previewing=False):
+def format_status(status, previewing=False, surface="command"):
     """:func:`tpushim.status` as the lines ``python -m tpushim info`` and ``%tpushim`` print.
 
     Args:
       status: a :func:`tpushim.status` dict.
       previewing: whether ``status`` is of options given for a preview, not of this process.
+      surface: ``command`` (``info``) or ``notebook`` (``%tpushim``): how hints are spelt.
     """
     v = status["versions"]
     problem = status.get("unsupported") or installed_version_problem()
@@ -80,7 +91,7 @@ def format_status(status, previewing=False):
             + (
                 " (the options given are previewed below)"
                 if previewing
-                else " (python -m tpushim SCRIPT patches the script it runs)"
+                else f" ({_HINTS[surface]['patch']})"
             )
         )
     lines.append(f"mode:        {status['mode']} (from {status['mode_source']})")
@@ -97,7 +108,9 @@ def format_status(status, previewing=False):
     lines.append(f"batch size:  {status['batch_size'] or 'taken from the input_fn'}")
     default_iterations = f"default ({_settings.DEFAULT_ITERATIONS_PER_LOOP})"
     lines.append(f"iterations per loop: {status['iterations_per_loop'] or default_iterations}")
-    returns = outcome(status) if not problem else "the stock estimator (nothing is patched)"
+    returns = (
+        outcome(status, surface) if not problem else "the stock estimator (nothing is patched)"
+    )
     lines.append(
         (
             "model_to_estimator returns: "

@@ -55,7 +55,15 @@ def tpushim_magic(line):
     if args.off or args.action == "unpatch":
         if options:
             raise UsageError("%tpushim unpatch takes no options")
+        was = is_patched()
         unpatch()
+        print(
+            "tpushim unpatched: model_to_estimator is the stock one again in this kernel"
+            if was
+            else "tpushim was not patched: model_to_estimator is the stock one"
+        )
+        print(f"(%{MAGIC_NAME} patch patches again; %{MAGIC_NAME} shows the status)")
+        return
     elif options or args.action == "patch":
         try:
             with guard_warning_silenced():  # the status below shows its message, once
@@ -68,7 +76,7 @@ def tpushim_magic(line):
             _console.show_conversions(quiet=state["quiet"])  # %tpushim --quiet
     except ConfigurationError as e:
         raise UsageError(str(e)) from None
-    print(_console.format_status(state))
+    print(_console.format_status(state, surface="notebook"))
 
 
 def _is_model_to_estimator(value):
@@ -137,7 +145,7 @@ def load_ipython_extension(ipython):
     print(
         f"tpushim {state['versions']['tpushim']} "
         + ("patched" if state["patched"] else "NOT patched")
-        + f": model_to_estimator returns {_console.outcome(state)}. "
+        + f": model_to_estimator returns {_console.outcome(state, 'notebook')}. "
         + f"%{MAGIC_NAME} shows the status and takes options."
     )
     if state.get("unsupported"):

@@ -37,6 +37,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type ch
 if TYPE_CHECKING:
     from typing import Callable, TypeVar
 
+    from tpushim._types import Mode, PodInput
+
     _F = TypeVar("_F", bound=Callable[..., object])
 
 #: ``KERAS_LIB.TARGET`` is ``model_to_estimator``. Other modules name keras_lib by this.
@@ -215,12 +217,12 @@ def applied():
 
 
 def patch(
-    mode: str | None = None,
+    mode: Mode | None = None,
     tpu: str | object | None = None,
     batch_size: int | None = None,
     iterations_per_loop: int | None = None,
     quiet: bool | None = None,
-    pod_input: str | None = None,
+    pod_input: PodInput | None = None,
 ) -> None:
     """Makes ``model_to_estimator`` return a TPUEstimator when a TPU is configured.
 
@@ -321,12 +323,12 @@ class patched:
 
     def __init__(
         self,
-        mode: str | None = None,
+        mode: Mode | None = None,
         tpu: str | object | None = None,
         batch_size: int | None = None,
         iterations_per_loop: int | None = None,
         quiet: bool | None = None,
-        pod_input: str | None = None,
+        pod_input: PodInput | None = None,
     ) -> None:
         self._layer = _settings.parse_arguments(
             mode=mode,

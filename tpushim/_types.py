@@ -4,6 +4,11 @@ dict. Imported for type checkers and documentation only (``typing`` is not impor
 
 from typing import Literal, Optional, TypedDict, Union
 
+#: ``patch(mode=...)``: the choices of :data:`tpushim._settings.MODES` (a test keeps them equal).
+Mode = Literal["auto", "cpu", "tpu", "off"]
+#: ``patch(pod_input=...)``: the choices of :data:`tpushim._settings.POD_INPUTS`.
+PodInput = Literal["auto", "exact", "files"]
+
 
 class Decision(TypedDict):
     """What a ``model_to_estimator`` call made now returns, and why."""
@@ -32,7 +37,7 @@ class Status(TypedDict):
 
     patched: bool
     """``patch()`` is in effect (or takes effect when TensorFlow is imported)."""
-    mode: Literal["auto", "cpu", "tpu", "off"]
+    mode: Mode
     mode_source: str
     """``argument``, a variable name (``TPUSHIM_MODE``), ``default``, or the kill switch
     ``TPUSHIM_MODE=off``."""
@@ -47,7 +52,8 @@ class Status(TypedDict):
     quiet: bool
     """The conversion line is hidden (``patch(quiet=True)``, ``TPUSHIM_QUIET``)."""
     applied: dict[str, Union[bool, str]]
-    """``{"<keras_lib>.model_to_estimator": True | False | "pending import"}``: whether the
+    """One key per function tpushim wraps (``<keras_lib>.model_to_estimator`` and
+    ``<extenders>.estimator_lib``), each ``True``, ``False`` or ``"pending import"``: whether the
     wrapper is on TensorFlow's function yet."""
     decision: Decision
     unsupported: Optional[str]
