@@ -12,10 +12,15 @@ import sys
 SUPPORTED_PYTHON = ((3, 9), (3, 12))  # TensorFlow <= 2.15 has wheels for Python 3.9-3.11
 SUPPORTED_TF = ((2, 12), (2, 16))  # estimators end with TensorFlow 2.15
 TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]  # numpy 2 breaks TensorFlow <= 2.15
-WHERE_TO_RUN = (
-    "Runtime > Change runtime type > Runtime version: one with Python 3.11, or a Cloud TPU VM "
-    "image with TensorFlow 2.15 (tpu-vm-tf-2.15.*)"
+# Where else to run, kept apart: Colab's own menu, and Google Cloud (a TPU VM you create).
+ON_COLAB = "On Colab: Runtime > Change runtime type > Runtime version: one with Python 3.11."
+ON_CLOUD = (
+    "On Google Cloud: a TPU VM created from a TensorFlow 2.15 image "
+    "(gcloud compute tpus tpu-vm create ... --version tpu-vm-tf-2.15.1-se; TPU v2, v3 or v4)."
 )
+WHERE_TO_RUN = f"{ON_COLAB} {ON_CLOUD}"
+# tpushim is not on PyPI: pip installs it from its repository (TensorFlow is handled above).
+REPOSITORY = "tpushim @ git+https://github.com/tpushim/tpushim"
 
 
 def _installed(*dists):
@@ -45,7 +50,7 @@ def check_runtime():
     if not SUPPORTED_PYTHON[0] <= python < SUPPORTED_PYTHON[1]:
         return False, (
             f"Python {python[0]}.{python[1]} here, and TensorFlow 2.15 (the last release with "
-            f"estimators) has no wheel for it. Choose {WHERE_TO_RUN}."
+            f"estimators) has no wheel for it. {WHERE_TO_RUN}"
         )
     done = []
     tf_version = _tensorflow()
@@ -53,26 +58,24 @@ def check_runtime():
         if "tensorflow" in sys.modules:
             return False, (
                 f"TensorFlow {tf_version} (no estimators) is already imported in this session: "
-                f"Runtime > Restart session, then run all again, and this cell installs TensorFlow 2.15."
+                f"on Colab: Runtime > Restart session, then Run all again, and this cell installs "
+                f"TensorFlow 2.15."
             )
         if not _pip_install(*TF_INSTALL):
             return False, (
                 f"pip could not install {' '.join(TF_INSTALL)} (TensorFlow {tf_version} here has no "
-                f"estimators): see its message above, or choose {WHERE_TO_RUN}."
+                f"estimators): see its message above. {WHERE_TO_RUN}"
             )
         done.append(f"installed TensorFlow {_tensorflow()} in place of {tf_version or 'none'}")
     if importlib.util.find_spec("tpushim") is None:
         wheels = sorted(glob.glob("tpushim-*.whl")) + sorted(glob.glob("dist/tpushim-*.whl"))
-        source = wheels[-1] if wheels else ("./tpushim" if os.path.isfile("tpushim/pyproject.toml") else None)
-        if source is None:
-            return False, (
-                "tpushim is not installed, and it is not on PyPI: upload its wheel "
-                "(`python -m build --wheel` in a tpushim checkout makes dist/tpushim-*.whl) with "
-                "the Files pane, or `!git clone` the repository here as ./tpushim, then run this "
-                "cell again: it installs tpushim-*.whl or ./tpushim."
-            )
+        source = wheels[-1] if wheels else ("./tpushim" if os.path.isfile("tpushim/pyproject.toml") else REPOSITORY)
         if not _pip_install(source):
-            return False, f"pip could not install tpushim from {source}: see its message above."
+            return False, (
+                f"pip could not install {source} (tpushim is not on PyPI): see its message above. "
+                "Or upload a wheel (`python -m build --wheel` in a tpushim checkout makes "
+                "dist/tpushim-*.whl) or a checkout as ./tpushim, then run this cell again."
+            )
         importlib.invalidate_caches()
         done.append(f"installed tpushim from {source}")
     return True, (

@@ -56,3 +56,58 @@ def test_the_docs_site_builds_strictly(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr  # a broken link, anchor or nav entry fails it
     assert (tmp_path / "reference" / "preflight" / "index.html").is_file()
+    # The API reference is generated from the docstrings (mkdocstrings), not written by hand.
+    api = (tmp_path / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    for name in ("patch", "patched", "unpatch", "is_patched", "check", "status", "NoTPUError"):
+        assert f"tpushim.{name}" in api, name
+    assert "global batch size for train, eval and predict" in api  # patch()'s docstring
+    assert (tmp_path / "walkthrough" / "index.html").is_file()
+
+
+def nav_pages():
+    """``{section: [page, ...]}`` of mkdocs.yml's navigation (top-level pages under ``""``)."""
+    import yaml  # mkdocs brings PyYAML
+
+    nav = yaml.safe_load(read("mkdocs.yml"))["nav"]
+    pages = {}
+    for entry in nav:
+        ((title, value),) = entry.items()
+        if isinstance(value, str):
+            pages.setdefault("", []).append(value)
+        else:
+            pages[title] = [next(iter(item.values())) for item in value]
+    return pages
+
+
+def test_navigation_is_for_users_first_and_contributors_apart():
+    pytest.importorskip("yaml")
+    pages = nav_pages()
+    assert list(pages)[-1] == "Contributors"  # last
+    assert {"quickstart.md", "walkthrough.md", "faq.md"} <= set(pages[""])
+    assert "reference/api.md" in pages["Reference"]
+    assert "how-to/notebooks.md" in pages["How-to"]
+    assert not any(
+        page.startswith("contributing/") for page in pages["Reference"] + pages["How-to"]
+    )
+    # User pages name no test files: a wheel user does not have them.
+    for section, section_pages in pages.items():
+        if section == "Contributors":
+            continue
+        for page in section_pages:
+            assert "tests/" not in read("docs", page), page
+
+
+def test_notebooks_open_in_colab_from_the_project_url():
+    import json
+
+    homepage = "https://github.com/tpushim/tpushim"
+    assert f'Homepage = "{homepage}"' in read("pyproject.toml")
+    for name in ("colab_quickstart.ipynb", "migrate_legacy_cnn.ipynb"):
+        title = "".join(json.loads(read("notebooks", name))["cells"][0]["source"])
+        badge = (
+            f"https://colab.research.google.com/github/tpushim/tpushim/blob/main/notebooks/{name}"
+        )
+        assert "[![Open In Colab]" in title and badge in title, name
+        heading = next(line for line in title.splitlines() if line.startswith("# "))
+        assert "Colab TPU" not in heading  # a Colab TPU cannot run TensorFlow <= 2.15 today
+        assert "**Colab today** (Python 3.12" in title  # the first bullet: what it does there

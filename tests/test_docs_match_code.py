@@ -92,3 +92,8 @@ def test_the_wheel_names_the_project_urls():
     )
     assert {"Homepage", "Documentation", "Source", "Issues", "Changelog"} <= set(urls)
     assert all(url.startswith("https://github.com/tpushim/tpushim") for url in urls.values())
+
+
+def test_the_typed_choices_are_public_without_importing_typing_at_start_up():
+    assert tpushim.Mode is _types.Mode and tpushim.PodInput is _types.PodInput
+    assert {"Mode", "PodInput", "Status"} <= set(tpushim.__all__)

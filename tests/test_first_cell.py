@@ -85,8 +85,12 @@ def test_python_3_12_names_the_runtime_to_choose(monkeypatch, capsys, installed)
     ready, line = run_cell(capsys)
     assert not ready and runtime.pip_calls == []  # no pip run that cannot succeed
     assert line.startswith("cannot run here: Python 3.12 here, and TensorFlow 2.15")
-    assert "Change runtime type > Runtime version: one with Python 3.11" in line
-    assert "Cloud TPU VM image with TensorFlow 2.15" in line
+    # Colab's menu and Google Cloud's steps, each in a sentence of its own.
+    colab, cloud = line.split(" On Colab: ")[1].split(" On Google Cloud: ")
+    assert colab == "Runtime > Change runtime type > Runtime version: one with Python 3.11."
+    assert cloud.startswith("a TPU VM created from a TensorFlow 2.15 image (gcloud compute tpus")
+    assert "--version tpu-vm-tf-2.15.1-se; TPU v2, v3 or v4" in cloud
+    assert "Runtime" not in cloud and "gcloud" not in colab
 
 
 def test_tensorflow_2_19_on_python_3_11_is_replaced_by_2_15(monkeypatch, capsys):
@@ -102,7 +106,10 @@ def test_tensorflow_2_19_already_imported_asks_for_a_restart(monkeypatch, capsys
         runtime = Runtime(patch, (3, 11), {"tensorflow": "2.19.0"}, imported_tf=True)
         ready, line = run_cell(capsys)
     assert not ready and runtime.pip_calls == []
-    assert "already imported in this session: Runtime > Restart session, then run all" in line
+    assert (
+        "already imported in this session: on Colab: Runtime > Restart session, then Run all"
+        in (line)
+    )
 
 
 def test_pip_failing_says_so(monkeypatch, capsys):
@@ -112,12 +119,23 @@ def test_pip_failing_says_so(monkeypatch, capsys):
     assert line.startswith("cannot run here: pip could not install tensorflow>=2.12,<2.16 numpy<2")
 
 
-def test_no_tpushim_says_exactly_what_to_install_from_where(monkeypatch, capsys, tmp_path):
+REPOSITORY = "tpushim @ git+https://github.com/tpushim/tpushim"
+
+
+def test_no_tpushim_is_installed_from_the_repository(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     runtime = Runtime(monkeypatch, (3, 11), {"tensorflow": "2.15.1"})
     ready, line = run_cell(capsys)
-    assert not ready and runtime.pip_calls == []
-    assert "tpushim is not installed, and it is not on PyPI: upload its wheel" in line
+    assert ready and runtime.pip_calls == [[REPOSITORY]]  # no extra: TensorFlow stays as it is
+    assert f"(installed tpushim from {REPOSITORY})" in line
+
+
+def test_no_tpushim_and_pip_failing_says_what_to_upload(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runtime = Runtime(monkeypatch, (3, 11), {"tensorflow": "2.15.1"}, pip_works=False)
+    ready, line = run_cell(capsys)
+    assert not ready and runtime.pip_calls == [[REPOSITORY]]
+    assert line.startswith(f"cannot run here: pip could not install {REPOSITORY} (tpushim is not")
     assert "`python -m build --wheel` in a tpushim checkout makes dist/tpushim-*.whl" in line
 
 

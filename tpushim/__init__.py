@@ -27,22 +27,24 @@ if TYPE_CHECKING:
     from typing import Callable
 
     from tpushim._preflight.report import Report
-    from tpushim._types import Status
+    from tpushim._types import Mode, PodInput, Status
 
 
 def __getattr__(name: str) -> object:
-    # tpushim.Status (a TypedDict) imports typing: on first use, not at start-up.
-    if name == "Status":
-        from tpushim._types import Status
+    # tpushim.Status (a TypedDict), Mode and PodInput import typing: on first use, not at start-up.
+    if name in ("Mode", "PodInput", "Status"):
+        from tpushim import _types
 
-        return Status
+        return getattr(_types, name)
     raise AttributeError(f"module 'tpushim' has no attribute {name!r}")
 
 
 __all__ = [
     "ConfigurationError",
     "ConversionError",
+    "Mode",
     "NoTPUError",
+    "PodInput",
     "Status",
     "TPUShimError",
     "__version__",

@@ -4,10 +4,13 @@ dict. Imported for type checkers and documentation only (``typing`` is not impor
 
 from typing import Literal, Optional, TypedDict, Union
 
-#: ``patch(mode=...)``: the choices of :data:`tpushim._settings.MODES` (a test keeps them equal).
 Mode = Literal["auto", "cpu", "tpu", "off"]
-#: ``patch(pod_input=...)``: the choices of :data:`tpushim._settings.POD_INPUTS`.
+"""``patch(mode=...)``: ``auto`` (a TPUEstimator when a TPU is configured, else stock), ``cpu``
+(the TPU code path on CPU/GPU), ``tpu`` (require a TPU) or ``off``. The choices of
+``tpushim._settings.MODES`` (a test keeps them equal)."""
 PodInput = Literal["auto", "exact", "files"]
+"""``patch(pod_input=...)``: how a pod's hosts read the input. The choices of
+``tpushim._settings.POD_INPUTS``."""
 
 
 class Decision(TypedDict):
