@@ -53,6 +53,8 @@ def test_the_console_command_runs_a_script_and_its_three_commands(tmp_path):
     assert "model_to_estimator -> TPUEstimator(use_tpu=False" in run.stderr
     assert "tpushim run summary:" in run.stderr
 
+    lines = tpushim("info", cwd=tmp_path)
+    assert "(tpushim SCRIPT patches the script it runs)" in lines.stdout  # as it was called
     info = tpushim("info", "--json", cwd=tmp_path)
     assert info.returncode == 0, info.stderr
     assert json.loads(info.stdout)["mode"] == "auto"

@@ -77,6 +77,15 @@ def test_what_ended_a_run_and_the_per_call_table():
     summary.calling(evaluate)
     summary.adapted(evaluate, "padding", "short batches padded to 8 rows")
     summary.finished(evaluate, 0.5, None, None)
+    predict = _observe.Call("predict", estimator, None)
+    summary.calling(predict)
+    summary.adapted(
+        predict,
+        "batch-padding",
+        "global batch size 10 does not divide among 8 TPU cores: each of its batches is padded to "
+        "16 rows, weighted 0 (6 of 16, 37.5% of every step's work, wasted); use a multiple of 8",
+    )
+    summary.finished(predict, 0.25, None, None)
     summary.calling(_observe.Call("train", estimator, None, 4))  # never returns
     summary.ended(1, NoTPUError("TPU grpc://127.0.0.1:1 is not reachable"))
     lines = summary.format().splitlines()
@@ -105,6 +114,9 @@ def test_what_ended_a_run_and_the_per_call_table():
         "short",
         "batches",
     ] in (table)
+    assert ["predict()", "TPU", "path", "on", "CPU", "0.25", "-", "-", "-", "uneven", "batch"] + [
+        "37.5%"
+    ] in table
     exited = _summary.Summary()
     exited.converted(types.SimpleNamespace(estimator=estimator, description="TPUEstimator(X)"))
     exited.calling(_observe.Call("predict", estimator, None))

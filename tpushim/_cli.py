@@ -127,7 +127,8 @@ def _info(options, argv):
     if args.json:
         print(json.dumps(state, indent=2, sort_keys=True, default=str))
     else:
-        print(_console.format_status(state, previewing=bool(options.settings)))
+        text = _console.format_status(state, previewing=bool(options.settings))
+        print(text.replace(PROG, _prog))  # its hint names the command as it was called
     return 0
 
 

@@ -13,6 +13,7 @@ TensorFlow.
 """
 
 import contextlib
+import re
 import sys
 import time
 
@@ -25,9 +26,9 @@ class _Estimator:
     def __init__(self, number, conversion):
         self.number, self.conversion = number, conversion
         self.adaptations = {}  # text -> events it happened in (insertion order kept)
-        self.calls = []  # (event, seconds, steps, first_run_seconds, adaptation kinds)
+        self.calls = []  # (event, seconds, steps, first_run_seconds, {adaptation kind: text})
         self.derived = []  # estimators made from it (tf.estimator.add_metrics): its calls too
-        self.started = {}  # id(call) -> (event, start time, adaptation kinds): not returned yet
+        self.started = {}  # id(call) -> (event, start time, {kind: text}): not returned yet
 
     def on_tpu(self):
         """The path its calls ran on, as the conversion line says it."""
@@ -65,7 +66,7 @@ class Summary:
     def calling(self, call):
         record = self._of(call.estimator)
         if record is not None:
-            record.started[id(call)] = (call.event, time.monotonic(), set())
+            record.started[id(call)] = (call.event, time.monotonic(), {})
         return None  # the call runs as it is
 
     def adapted(self, call, kind, text):
@@ -75,12 +76,12 @@ class Summary:
             if call.event not in events:
                 events.append(call.event)
             if id(call) in record.started:
-                record.started[id(call)][2].add(kind)
+                record.started[id(call)][2].setdefault(kind, text)
 
     def finished(self, call, seconds, steps, first_step_seconds):
         record = self._of(call.estimator)
         if record is not None:
-            _, _, kinds = record.started.pop(id(call), (None, None, set()))
+            _, _, kinds = record.started.pop(id(call), (None, None, {}))
             record.calls.append((call.event, seconds, steps, first_step_seconds, kinds))
 
     def ended(self, code, uncaught=None):
@@ -137,11 +138,23 @@ class Summary:
 _PADDING = {"padding": "short batches", "batch-padding": "uneven batch"}
 
 
+def _padding_cell(kind, text):
+    """``short batches``, or ``uneven batch 20.0%``: the share of every step the padding of a
+    batch the cores do not divide wastes, as its note says it (a short batch's share depends on
+    how many batches are short, which is not known)."""
+    share = _SHARE.search(text) if kind == "batch-padding" else None
+    return _PADDING[kind] + (f" {share.group(1)}" if share else "")
+
+
+#: The wasted share in the note of a batch the cores do not divide (_estimator.indivisible_batch).
+_SHARE = re.compile(r"(\d+(?:\.\d+)?%) of every step")
+
+
 def _table(record):
     """The per-call rows of ``--summary``."""
     rows = [("call", "ran on", "seconds", "steps", "steps/s", "first run s", "padding")]
     for event, seconds, steps, first, kinds in record.calls:
-        padded = ", ".join(text for kind, text in _PADDING.items() if kind in kinds)
+        padded = ", ".join(_padding_cell(kind, kinds[kind]) for kind in _PADDING if kind in kinds)
         rows.append(
             (
                 event + "()",
