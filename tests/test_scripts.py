@@ -31,6 +31,8 @@ LEGACY = [
     "review_lookups_batch_100.py",
     # decode_jpeg without channels, resized to 224x224, for an Input of (224, 224, 3); batch 10
     "jpeg_pairs_224.py",
+    # a string key passed through as a second output, its loss the constant 0 weighted 0
+    "keyed_outputs_constant_loss.py",
 ]
 #: What else the converted run must log, per script.
 LOGGED = {"iris_add_metrics.py": "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)"}
@@ -43,6 +45,7 @@ ALLOWED_ERRORS = {
         "xla-compile",
         "xla-unsupported-op",
     },
+    "keyed_outputs_constant_loss.py": {"string-input", "tpu-graph"},  # the key: a string
 }
 #: Findings the preflight must report for a script: (code, severity, where).
 EXPECTED_FINDINGS = {
@@ -54,6 +57,10 @@ EXPECTED_FINDINGS = {
     "jpeg_pairs_224.py": {
         ("shape-from-model", "info", "feature 'image'"),
         ("batch-indivisible", "warning", "input_fn 'train_input_fn' (batch of 10)"),
+    },
+    "keyed_outputs_constant_loss.py": {
+        ("string-input", "error", "feature 'key'"),
+        ("string-input", "error", "label 'key_out'"),
     },
     "multi_input_lists_strings.py": {
         ("string-input", "error", "feature [2]"),

@@ -5,7 +5,8 @@ global batch, from the same weights, two SGD-with-momentum steps.
 Compared: every replica's weights (within 1e-5) and the loss every replica reports for each step
 (stock's loss on the global batch). Covered: built-in losses and loss objects (SUM_OVER_BATCH_SIZE
 and SUM), custom functions returning one value per example or a summed or averaged scalar, custom
-Loss classes, loss_weights, per-output sample weights, a masked sequence output, padded short
+Loss classes, loss_weights, per-output sample weights, terms that need no kind (a constant
+loss, an output weighted 0 or without a loss, a loss reading only the labels), a masked sequence output, padded short
 batches, and added losses (weight and activity regularizers, batch-dependent ``add_loss``). The
 negative controls break one aggregation at a time and must be caught.
 """
@@ -199,6 +200,44 @@ def _two_outputs_data(n, seed=0):
     return {"features": x, "sample_weights": weights}, labels
 
 
+def _zero(y_true, y_pred):
+    return tf.constant(0.0)
+
+
+def _labels_mean(y_true, y_pred):
+    return tf.reduce_mean(tf.square(y_true))
+
+
+def passing_through(loss, weight):
+    """'cls' (built-in) and 'aux', the hidden layer passed through (no weights of its own) with
+    ``loss`` weighted ``weight``: terms that need no kind (#34). ``loss`` None: no loss."""
+
+    def build():
+        _seeded()
+        x = tf.keras.Input((4,), name="x")
+        h = tf.keras.layers.Dense(6, activation="tanh", name="h")(x)
+        cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
+        aux = tf.keras.layers.Activation("linear", name="aux")(h)
+        model = tf.keras.Model(x, {"cls": cls, "aux": aux})
+        model.compile(
+            _sgd(),
+            loss={"cls": "sparse_categorical_crossentropy", "aux": loss},
+            loss_weights={"cls": 1.0, "aux": weight},
+        )
+        return model
+
+    return build
+
+
+def _passing_through_data(n, seed=0):
+    rng = np.random.RandomState(seed)
+    labels = {
+        "cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
+        "aux": rng.rand(n, 6).astype("float32"),
+    }
+    return rng.rand(n, 4).astype("float32"), labels
+
+
 def _sequence_data(n, seed=0):
     rng = np.random.RandomState(seed)
     x = rng.uniform(0.5, 1.0, (n, 5, 2)).astype("float32")
@@ -217,10 +256,17 @@ CASES = {
     "three-outputs": (three_outputs, _three_outputs_data),
     "added-losses": (added_losses, _xy),
     "masked-sequence": (masked_sequence, _sequence_data),
+    "constant-zero-weighted-0": (passing_through(_zero, 0.0), _passing_through_data),
+    "constant-weighted-1": (passing_through(_zero, 1.0), _passing_through_data),
+    "no-loss": (passing_through(None, 1.0), _passing_through_data),
+    "mse-weighted-0": (passing_through("mse", 0.0), _passing_through_data),
+    "labels-only-mean": (passing_through(_labels_mean, 0.5), _passing_through_data),
 }
 PADDED = {  # batch(GLOBAL).repeat() over 45 rows: the second step is stock's short batch of 13
     "padded-two-outputs-weighted": "two-outputs-weighted",
     "padded-three-outputs": "three-outputs",
+    "padded-constant-weighted-1": "constant-weighted-1",
+    "padded-labels-only-mean": "labels-only-mean",
 }
 
 
@@ -391,3 +437,13 @@ def test_the_emulated_sum_has_cross_replica_sums_gradient(stock_runs, monkeypatc
     )
     weights, _ = _differences(stock_runs, "builtin-mse")
     assert weights < TOL, weights
+
+
+def test_negative_control_a_labels_only_loss_taken_for_a_constant_fails(stock_runs, monkeypatch):
+    """A loss reading only the labels has no gradient, but is no constant: taken for one, its
+    value over a padded batch counts the padding rows, and the reported loss is wrong."""
+    from tpushim import _loss_kinds
+
+    monkeypatch.setattr(_loss_kinds, "_reads", lambda *a: (False, False))
+    _, losses = _differences(stock_runs, "padded-labels-only-mean")
+    assert losses > 100 * TOL, losses
