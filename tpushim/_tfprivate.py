@@ -403,6 +403,34 @@ def add_metrics_parts(model_fn):
     return cells["estimator"], cells["metric_fn"]
 
 
+def estimator_of_model_fn(model_fn):
+    """``(estimator, partial's args, partial's keywords)`` when ``model_fn`` is an estimator's own:
+    ``estimator.model_fn`` (estimator.py's ``public_model_fn``, a closure over it) or a
+    TPUEstimator's ``estimator._model_fn`` (tpu_estimator.py's ``_model_fn``), alone or in a
+    ``functools.partial``; else None."""
+    import functools
+
+    args, keywords = (), {}
+    if isinstance(model_fn, functools.partial):  # nested partials are flattened by partial itself
+        model_fn, args, keywords = model_fn.func, model_fn.args, model_fn.keywords
+    code = getattr(model_fn, "__code__", None)
+    own = {("public_model_fn", estimator_lib.__name__), ("_model_fn", tpu_estimator.__name__)}
+    if code is None or (code.co_name, getattr(model_fn, "__module__", None)) not in own:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in model_fn.__closure__ or ())))
+    estimator = cells.get("self")
+    return None if estimator is None else (estimator, args, keywords)
+
+
+def estimator_classes():
+    """{class: its public name} of the estimator classes a script constructs."""
+    return {
+        estimator_lib.EstimatorV2: "tf.estimator.Estimator",
+        estimator_lib.Estimator: "tf.compat.v1.estimator.Estimator",
+        tpu_estimator.TPUEstimator: "tf.compat.v1.estimator.tpu.TPUEstimator",
+    }
+
+
 def leaf_paths(structure):
     """A readable path ("features/age") for every leaf of ``structure``, in ``tf.nest.flatten``
     order (the public ``tf.nest`` has no paths)."""
