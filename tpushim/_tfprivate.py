@@ -64,7 +64,9 @@ def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt)
         with tf.compat.v1.Session(config=config.session_config) as sess:
             if keras_weights:
                 model.set_weights(keras_weights)
-            tf.compat.v2.keras.__internal__.backend.initialize_variables(sess)
+            keras_backend = getattr(tf.compat.v2.keras, "__internal__", None)
+            if keras_backend is not None:  # stock's step (the graph's other variables: below)
+                keras_backend.backend.initialize_variables(sess)
             variables = tf.compat.v1.global_variables()
             ready = sess.run([tf.compat.v1.is_variable_initialized(v) for v in variables])
             left = [v for v, done in zip(variables, ready) if not done]
