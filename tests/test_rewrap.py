@@ -182,6 +182,33 @@ def test_where_the_tpu_path_cannot_be_kept_stock_is_built_and_said(tmp_path, cap
     assert [source for source, _ in recorder.stock] == [converted, converted]
 
 
+def test_a_model_fn_of_the_scripts_own_calling_the_converted_one_is_said(tmp_path, caplog):
+    """tpushim cannot see what a script's own model_fn does: when it names a converted estimator,
+    stock's estimator is built and tpushim says what may happen."""
+    recorder = _Recorder()
+    tpushim.patch(mode="cpu")
+    try:
+        converted = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path / "converted")
+        )
+
+        def model_fn(features, labels, mode, config):
+            return converted.model_fn(features, labels, mode, config)
+
+        with _observe.observing(recorder):
+            theirs = tf.estimator.Estimator(model_fn=model_fn, model_dir=str(tmp_path / "a"))
+            plain = tf.estimator.Estimator(
+                model_fn=lambda features, labels, mode: None, model_dir=str(tmp_path / "b")
+            )
+    finally:
+        tpushim.unpatch()
+    assert type(theirs) is type(plain) is estimator_lib.EstimatorV2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    said = [w for w in warnings if w.startswith("tf.estimator.Estimator(model_fn=model_fn) -> ")]
+    assert len(said) == 1 and "names an estimator tpushim converted" in said[0], warnings
+    assert [source for source, _ in recorder.stock] == [converted]
+
+
 def test_other_estimators_and_unpatching_leave_the_classes_as_they_were(tmp_path):
     """Estimator.__new__ is wrapped from the first conversion on, while patched: a class
     TensorFlow's deprecation decorator makes before then (as it makes every estimator class it

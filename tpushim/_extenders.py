@@ -56,6 +56,8 @@ def rewrap_call(cls, args, kwargs):
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     found = _tfprivate.estimator_of_model_fn(model_fn)
     if found is None or not isinstance(found[0], _estimator.TPUShimEstimator):
+        if not issubclass(cls, _estimator.TPUShimEstimator):
+            _say_if_named(cls, model_fn)
         return None
     estimator, bound_args, bound_keywords = found
     try:
@@ -106,6 +108,39 @@ def rewrap_call(cls, args, kwargs):
         made.model_dir,
     )
     return made
+
+
+def _say_if_named(cls, model_fn):
+    """Says so in one line when a stock estimator's own model_fn names an estimator tpushim
+    converted (a global or a closure variable of the function): it may call that one's model_fn,
+    which then runs outside TPUEstimator. Only said: tpushim cannot tell what the function does."""
+    function = getattr(model_fn, "func", model_fn)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return
+    named = [getattr(function, "__globals__", {}).get(name) for name in code.co_names]
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            named.append(cell.cell_contents)
+        except ValueError:  # a cell not yet filled
+            continue
+    converted = next((v for v in named if isinstance(v, _estimator.TPUShimEstimator)), None)
+    if converted is None:
+        return
+    public = _tfprivate.estimator_classes().get(cls, cls.__name__)
+    why = (
+        f"its model_fn {code.co_name!r} names an estimator tpushim converted, whose model_fn it "
+        "may call outside TPUEstimator (on a TPU nothing would run on it)"
+    )
+    logger.warning(
+        "%s(model_fn=%s) -> stock %s: %s. Use tf.estimator.add_metrics to add metrics, or the "
+        "converted estimator itself.",
+        public,
+        code.co_name,
+        cls.__name__,
+        why,
+    )
+    _observe.bypassed(converted, f"{public}(model_fn={code.co_name}): {why}")
 
 
 def _which(model_fn):
