@@ -224,3 +224,86 @@ def test_sample_weights_for_some_outputs_only(tmp_path):
         output_names=("cls", "reg"),
         spelling="v1",
     )
+
+
+# -- a tf1 optimizer wrapping another (#34): beyond stock --------------------------------------
+
+
+class ClipByNorm(tf.compat.v1.train.Optimizer):
+    """A gradient-clipping wrapper as scripts wrote them before ``tf.contrib`` went (contrib's
+    ``clip_gradients_by_norm``): it delegates to an inner ``tf.compat.v1.train`` optimizer, whose
+    slots it does not list."""
+
+    def __init__(self, optimizer, clip_norm, name="ClipByNorm"):
+        super().__init__(use_locking=False, name=name)
+        self._optimizer, self._clip_norm = optimizer, clip_norm
+
+    def compute_gradients(self, *args, **kwargs):
+        gradients, variables = zip(*self._optimizer.compute_gradients(*args, **kwargs))
+        clipped, _ = tf.clip_by_global_norm(gradients, self._clip_norm)
+        return list(zip(clipped, variables))
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+
+
+def _adagrad(clip_norm=None):
+    def build():
+        optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
+        if clip_norm is not None:
+            optimizer = ClipByNorm(optimizer, clip_norm)
+        return tfcases.sequential(optimizer=optimizer)
+
+    return build
+
+
+def _adagrad_run(mode, build, model_dir):
+    x, y = tfcases.data()
+    fn = tfcases.dataset_input_fn(x, y, repeat=True)
+    return tfcases.run(
+        mode,
+        build,
+        fn,
+        tfcases.dataset_input_fn(x, y),
+        tfcases.dataset_input_fn(x),
+        model_dir,
+        spelling="v1",
+    )
+
+
+def test_a_wrapping_tf1_optimizer_trains_where_stock_fails_at_its_first_checkpoint(tmp_path):
+    """Stock's Saver meets the inner optimizer's slots uninitialised; tpushim initialises every
+    variable of the first checkpoint's graph. Without clipping (a norm no gradient reaches) the
+    wrapped optimizer trains exactly as a plain Adagrad does in stock, and so does a plain one."""
+    with pytest.raises(tf.errors.FailedPreconditionError, match="Adagrad"):
+        _adagrad_run("off", _adagrad(clip_norm=1e6), tmp_path / "stock-wrapped")
+    stock = _adagrad_run("off", _adagrad(), tmp_path / "stock")
+    for name, build in (("plain", _adagrad()), ("wrapped", _adagrad(clip_norm=1e6))):
+        shim = _adagrad_run("cpu", build, tmp_path / name)
+        tfcases.assert_same(stock, shim)
+    assert any(name.endswith("/Adagrad") for name in stock[3])
+
+
+def test_a_clipping_wrapper_trains_as_stock_with_its_owners_patch(tmp_path, monkeypatch):
+    """Clipping that bites (norm 0.05), against stock patched as such scripts' owners patched
+    TensorFlow: the first checkpoint's graph initialised whole before the save (the reference
+    only; tpushim runs unpatched)."""
+    build = _adagrad(clip_norm=0.05)
+    shim = _adagrad_run("cpu", build, tmp_path / "shim")
+    backend = tf.compat.v2.keras.__internal__.backend
+    keras_only = backend.initialize_variables
+
+    def owners_patch(sess):
+        keras_only(sess)
+        variables = tf.compat.v1.global_variables()
+        done = sess.run([tf.compat.v1.is_variable_initialized(v) for v in variables])
+        sess.run(tf.compat.v1.variables_initializer([v for v, d in zip(variables, done) if not d]))
+
+    monkeypatch.setattr(backend, "initialize_variables", owners_patch)
+    stock = _adagrad_run("off", build, tmp_path / "stock")
+    tfcases.assert_same(stock, shim)
+    unclipped = _adagrad_run("cpu", _adagrad(), tmp_path / "unclipped")
+    assert (
+        max(float(np.max(np.abs(unclipped[3][k] - shim[3][k]))) for k in shim[3] if "Adagrad" in k)
+        > 1e-3
+    )  # the clipping changed the steps

@@ -207,3 +207,100 @@ def test_an_added_loss_from_the_inputs_on_a_padded_batch_is_refused():
         _train_spec(model, padded, lambda: tf.zeros([8, 2]))
     # A full batch of the same model trains.
     assert _train_spec(model, lambda: tf.zeros([8, 4]), lambda: tf.zeros([8, 2])).train_op
+
+
+# -- terms that need no kind: constant, weighted 0, no loss, labels only (#34) -----------------
+
+
+def _zero(y_true, y_pred):
+    """A loss some scripts give an output they only pass through: the constant 0."""
+    return tf.constant(0.0)
+
+
+def _labels_mean(y_true, y_pred):
+    """Reads the labels only: no gradient, yet its value (a mean) is part of the loss."""
+    return tf.reduce_mean(tf.square(y_true))
+
+
+def _labels_max(y_true, y_pred):
+    """Reads the labels only, and is a batch statistic: the reported loss cannot be split."""
+    return tf.reduce_max(y_true)
+
+
+def _predictions_mean(y_true, y_pred):
+    return tf.reduce_mean(tf.square(y_true - y_pred))
+
+
+def _passing_through(aux_loss, aux_weight=1.0):
+    """'cls' (a built-in loss) and 'aux', the hidden layer passed through: no weights of its
+    own, so a loss that ignores its predictions leaves no variable without a gradient."""
+
+    def build():
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(0)
+        x = tf.keras.Input((4,), name="x")
+        h = tf.keras.layers.Dense(6, activation="tanh", name="h")(x)
+        cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
+        aux = tf.keras.layers.Activation("linear", name="aux")(h)
+        model = tf.keras.Model(x, {"cls": cls, "aux": aux})
+        weights = {"cls": 1.0} if aux_weight is None else {"cls": 1.0, "aux": aux_weight}
+        model.compile(
+            tf.keras.optimizers.legacy.SGD(0.1, momentum=0.5),
+            loss={"cls": "sparse_categorical_crossentropy", "aux": aux_loss},
+            loss_weights=weights,
+            metrics={"cls": ["accuracy"]},
+        )
+        return model
+
+    return build
+
+
+PASSING_THROUGH = {  # case -> (aux loss, its weight, its kind)
+    "constant-zero-weighted-0": (_zero, 0.0, _loss_kinds.UNWEIGHTED),
+    "constant-zero": (_zero, 1.0, _loss_kinds.CONSTANT),
+    "constant-two": (lambda y_true, y_pred: tf.constant(2.0), 0.5, _loss_kinds.CONSTANT),
+    "no-loss": (None, None, None),
+    "batch-statistic-weighted-0": (_batch_centered, 0.0, _loss_kinds.UNWEIGHTED),
+    "labels-only-mean": (_labels_mean, 0.5, 0),
+    "predictions-mean": (_predictions_mean, 0.5, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PASSING_THROUGH))
+def test_terms_that_need_no_kind_are_planned_without_refusal(case):
+    loss, weight, kind = PASSING_THROUGH[case]
+    plan = _loss_kinds.plan(_passing_through(loss, weight)())
+    assert plan.outputs == dict(
+        {"cls": _loss_kinds.ROWS}, **({} if kind is None else {"aux": kind})
+    )
+
+
+def test_a_labels_only_batch_statistic_is_refused_saying_it_changes_no_weight():
+    with pytest.raises(ConversionError) as raised:
+        _loss_kinds.plan(_passing_through(_labels_max)())
+    assert "neither a sum nor a mean" in str(raised.value)
+    assert raised.value.fix.startswith("give its output loss_weights 0 or loss None")
+    assert "changes no weight" in raised.value.fix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(PASSING_THROUGH))
+def test_terms_that_need_no_kind_train_in_cpu_mode_as_stock(tmp_path, case):
+    """Weights, every eval metric (52 rows in batches of 8: the last one padded in cpu mode, so
+    every custom scalar loss goes through the padded evaluation) and predictions."""
+    loss, weight, _ = PASSING_THROUGH[case]
+    rng = np.random.RandomState(1)
+    x = rng.rand(tfcases.N, 4).astype("float32")
+    labels = {
+        "cls": rng.randint(0, 3, (tfcases.N, 1)).astype("int64"),
+        "aux": rng.rand(tfcases.N, 6).astype("float32"),
+    }
+    stock, _ = tfcases.compare(
+        tmp_path,
+        _passing_through(loss, weight),
+        tfcases.dataset_input_fn(x, labels, repeat=True),
+        tfcases.dataset_input_fn(x, labels),
+        tfcases.dataset_input_fn(x),
+        output_names=("cls", "aux"),
+    )
+    assert stock[1]["loss"] > 0

@@ -204,6 +204,7 @@ def test_status_reports_versions_and_tpu(monkeypatch):
     assert status["applied"] == {
         "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True,
         "tensorflow_estimator.python.estimator.extenders.estimator_lib": True,
+        "tensorflow_estimator.python.estimator.estimator.Estimator.__new__": "pending conversion",
     }
     assert status["decision"]["action"] == "cpu"  # mode cpu wins over the TPU found
     assert (

@@ -50,6 +50,7 @@ def test_scope_over_process_wide_patch_restores_it(tmp_path):
     assert tpushim.status()["applied"] == {
         "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True,
         "tensorflow_estimator.python.estimator.extenders.estimator_lib": True,
+        "tensorflow_estimator.python.estimator.estimator.Estimator.__new__": True,
     }
 
 

@@ -31,9 +31,19 @@ LEGACY = [
     "review_lookups_batch_100.py",
     # decode_jpeg without channels, resized to 224x224, for an Input of (224, 224, 3); batch 10
     "jpeg_pairs_224.py",
+    # a string key passed through as a second output, its loss the constant 0 weighted 0
+    "keyed_outputs_constant_loss.py",
+    # an Estimator rebuilt around the converted one's model_fn, with its own model_dir and config
+    "text_rebuilt_estimator.py",
 ]
 #: What else the converted run must log, per script.
-LOGGED = {"iris_add_metrics.py": "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)"}
+LOGGED = {
+    "iris_add_metrics.py": "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)",
+    "text_rebuilt_estimator.py": (
+        "tf.estimator.Estimator(model_fn=<converted estimator>.model_fn) -> "
+        "TPUShimEstimator(use_tpu=False)"
+    ),
+}
 #: Errors the preflight may report for a script (what a TPU cannot take); none for the others.
 ALLOWED_ERRORS = {
     # string features cannot be fed to a TPU (nor compiled by XLA): TPUEstimator refuses them
@@ -43,6 +53,7 @@ ALLOWED_ERRORS = {
         "xla-compile",
         "xla-unsupported-op",
     },
+    "keyed_outputs_constant_loss.py": {"string-input", "tpu-graph"},  # the key: a string
 }
 #: Findings the preflight must report for a script: (code, severity, where).
 EXPECTED_FINDINGS = {
@@ -54,6 +65,12 @@ EXPECTED_FINDINGS = {
     "jpeg_pairs_224.py": {
         ("shape-from-model", "info", "feature 'image'"),
         ("batch-indivisible", "warning", "input_fn 'train_input_fn' (batch of 10)"),
+    },
+    # the rebuilt estimator's input, checked (it is the only one the script calls)
+    "text_rebuilt_estimator.py": {("batch-small", "warning", "input_fn '<lambda>' (batch of 32)")},
+    "keyed_outputs_constant_loss.py": {
+        ("string-input", "error", "feature 'key'"),
+        ("string-input", "error", "label 'key_out'"),
     },
     "multi_input_lists_strings.py": {
         ("string-input", "error", "feature [2]"),

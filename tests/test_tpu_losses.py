@@ -5,9 +5,12 @@ global batch, from the same weights, two SGD-with-momentum steps.
 Compared: every replica's weights (within 1e-5) and the loss every replica reports for each step
 (stock's loss on the global batch). Covered: built-in losses and loss objects (SUM_OVER_BATCH_SIZE
 and SUM), custom functions returning one value per example or a summed or averaged scalar, custom
-Loss classes, loss_weights, per-output sample weights, a masked sequence output, padded short
-batches, and added losses (weight and activity regularizers, batch-dependent ``add_loss``). The
-negative controls break one aggregation at a time and must be caught.
+Loss classes, loss_weights, per-output sample weights, terms that need no kind (a constant
+loss, an output weighted 0 or without a loss, a loss reading only the labels), a masked sequence output, padded short
+batches, and added losses (weight and activity regularizers, batch-dependent ``add_loss``). Also
+evaluation: the loss every shard reports for a padded global batch (custom one-number losses,
+terms that need no kind) against stock's EVAL model_fn on the real rows. The negative controls
+break one aggregation at a time and must be caught.
 """
 
 import numpy as np
@@ -199,6 +202,44 @@ def _two_outputs_data(n, seed=0):
     return {"features": x, "sample_weights": weights}, labels
 
 
+def _zero(y_true, y_pred):
+    return tf.constant(0.0)
+
+
+def _labels_mean(y_true, y_pred):
+    return tf.reduce_mean(tf.square(y_true))
+
+
+def passing_through(loss, weight):
+    """'cls' (built-in) and 'aux', the hidden layer passed through (no weights of its own) with
+    ``loss`` weighted ``weight``: terms that need no kind (#34). ``loss`` None: no loss."""
+
+    def build():
+        _seeded()
+        x = tf.keras.Input((4,), name="x")
+        h = tf.keras.layers.Dense(6, activation="tanh", name="h")(x)
+        cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
+        aux = tf.keras.layers.Activation("linear", name="aux")(h)
+        model = tf.keras.Model(x, {"cls": cls, "aux": aux})
+        model.compile(
+            _sgd(),
+            loss={"cls": "sparse_categorical_crossentropy", "aux": loss},
+            loss_weights={"cls": 1.0, "aux": weight},
+        )
+        return model
+
+    return build
+
+
+def _passing_through_data(n, seed=0):
+    rng = np.random.RandomState(seed)
+    labels = {
+        "cls": rng.randint(0, 3, size=(n, 1)).astype("int64"),
+        "aux": rng.rand(n, 6).astype("float32"),
+    }
+    return rng.rand(n, 4).astype("float32"), labels
+
+
 def _sequence_data(n, seed=0):
     rng = np.random.RandomState(seed)
     x = rng.uniform(0.5, 1.0, (n, 5, 2)).astype("float32")
@@ -217,10 +258,17 @@ CASES = {
     "three-outputs": (three_outputs, _three_outputs_data),
     "added-losses": (added_losses, _xy),
     "masked-sequence": (masked_sequence, _sequence_data),
+    "constant-zero-weighted-0": (passing_through(_zero, 0.0), _passing_through_data),
+    "constant-weighted-1": (passing_through(_zero, 1.0), _passing_through_data),
+    "no-loss": (passing_through(None, 1.0), _passing_through_data),
+    "mse-weighted-0": (passing_through("mse", 0.0), _passing_through_data),
+    "labels-only-mean": (passing_through(_labels_mean, 0.5), _passing_through_data),
 }
 PADDED = {  # batch(GLOBAL).repeat() over 45 rows: the second step is stock's short batch of 13
     "padded-two-outputs-weighted": "two-outputs-weighted",
     "padded-three-outputs": "three-outputs",
+    "padded-constant-weighted-1": "constant-weighted-1",
+    "padded-labels-only-mean": "labels-only-mean",
 }
 
 
@@ -391,3 +439,97 @@ def test_the_emulated_sum_has_cross_replica_sums_gradient(stock_runs, monkeypatc
     )
     weights, _ = _differences(stock_runs, "builtin-mse")
     assert weights < TOL, weights
+
+
+def test_negative_control_a_labels_only_loss_taken_for_a_constant_fails(stock_runs, monkeypatch):
+    """A loss reading only the labels has no gradient, but is no constant: taken for one, its
+    value over a padded batch counts the padding rows, and the reported loss is wrong."""
+    from tpushim import _loss_kinds
+
+    monkeypatch.setattr(_loss_kinds, "_reads", lambda *a: (False, False))
+    _, losses = _differences(stock_runs, "padded-labels-only-mean")
+    assert losses > 100 * TOL, losses
+
+
+# -- evaluation on 8 shards: custom one-number losses and terms that need no kind (#34) --------
+
+EVAL_CASES = ["custom-mean-scalar", "custom-summed-scalar", "constant-weighted-1"]
+EVAL_CASES += ["constant-zero-weighted-0", "labels-only-mean", "no-loss"]
+
+
+def _eval_batches(case):
+    """45 rows in global batches of 32, padded as tpushim pads evaluation: the second batch has
+    13 real rows (shard 3 partly, shards 4-7 wholly padding)."""
+    features, labels = CASES[case][1](45, seed=2)
+    dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(GLOBAL)
+    return list(_batching.fit_batches(dataset, GLOBAL, ModeKeys.EVAL).as_numpy_iterator())
+
+
+def _stock_eval_losses(build, init, batches):
+    """Stock's EVAL model_fn's loss on each batch's real rows (its evaluate() 'loss' is their
+    mean), from the weights ``init``."""
+    model = build()
+    model_fn = tf.compat.v1.keras.estimator.model_to_estimator(keras_model=model)._model_fn
+    real = [_real_rows(batch) for batch in batches]
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.train.get_or_create_global_step()
+        inputs = tf.nest.map_structure(
+            lambda a: tf.compat.v1.placeholder(tf.as_dtype(a.dtype), [None] + list(a.shape[1:])),
+            real[0],
+        )
+        clones = []
+        from tensorflow_estimator.python.estimator import keras_lib
+
+        build_clone = keras_lib._clone_and_build_model
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(
+                keras_lib,
+                "_clone_and_build_model",
+                lambda *a, **k: clones.append(build_clone(*a, **k)) or clones[-1],
+            )
+            features, labels = tf.nest.map_structure(tf.identity, inputs)
+            spec = model_fn(features, labels, ModeKeys.EVAL)
+        assign = Assigner(graph, clones[0].weights)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assign(sess, init)
+            return [
+                sess.run(spec.loss, dict(zip(tf.nest.flatten(inputs), tf.nest.flatten(batch))))
+                for batch in real
+            ]
+
+
+def _eval_differences(stock_runs, case):
+    """The largest relative difference of any shard's eval loss from stock's, per batch."""
+    init, _, _ = stock_runs(case)
+    batches = _eval_batches(case)
+    want = _stock_eval_losses(CASES[case][0], init, batches)
+    emu = Emulation(tpu_model(CASES[case][0]), ModeKeys.EVAL, batches[0])
+    try:
+        emu.load_weights(init)
+        got = [emu.sess.run([s.loss for s in emu.specs], emu.feed(batch)) for batch in batches]
+    finally:
+        emu.close()
+    return max(  # every shard reports the global batch's loss
+        abs(float(loss) - float(value)) / max(1.0, abs(float(value)))
+        for per_replica, value in zip(got, want)
+        for loss in per_replica
+    )
+
+
+@pytest.mark.parametrize("case", EVAL_CASES)
+def test_eight_shards_evaluate_the_loss_like_stock_with_padding_shards(stock_runs, case):
+    assert _eval_differences(stock_runs, case) < TOL
+
+
+def test_negative_control_a_custom_scalar_eval_loss_of_each_shard_alone_fails(
+    stock_runs, monkeypatch
+):
+    """Each shard's own value of a custom one-number loss, not combined over the shards."""
+    real = _losses.global_output_loss
+    monkeypatch.setattr(
+        _losses,
+        "global_output_loss",
+        lambda endpoint, kind, pad, cross_replica: real(endpoint, kind, pad, False),
+    )
+    assert _eval_differences(stock_runs, "custom-mean-scalar") > 100 * TOL

@@ -83,6 +83,10 @@ class TPUShimEstimator(TPUEstimator):
         tpushim_pod_input="auto",
         **kwargs,
     ):
+        if getattr(self, "_tpushim_made", False):
+            # Built by Estimator(model_fn=<converted>.model_fn) (tpushim._extenders.rewrap_call),
+            # whose class this is a subclass of: Python calls __init__ again with its arguments.
+            return
         self._tpushim_thread = _PerThread()
         config = kwargs.get("config", args[2] if len(args) > 2 else None)
         # TPUEstimator turns it into loops; tpushim logs the loss at stock's steps (_step_losses).
@@ -109,6 +113,8 @@ class TPUShimEstimator(TPUEstimator):
         self._tpushim_pod_input = tpushim_pod_input
         self._tpushim_reached = False  # the TPU accepted a connection (_reach_tpu_once)
         self._tpushim_reach_lock = threading.Lock()
+        self._tpushim_settings = None  # the conversion's Settings (build() sets them)
+        self._tpushim_made = True
 
     def _assert_members_are_not_overridden(self):
         # Estimator forbids overriding train/evaluate/predict but exempts TPUEstimator by class
@@ -528,23 +534,33 @@ def tpu_eval_steps(facts, global_batch, steps):
     return steps
 
 
-def rewrapped(estimator, wrap):
+_SAME = object()
+
+
+def rewrapped(estimator, wrap, config=_SAME, warm_start_from=_SAME, params=None):
     """A TPUShimEstimator like ``estimator`` -- config, TPU, settings, batch size, warm start, the
-    model's input shapes -- around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``: :mod:`tpushim._extenders`).
-    Observers hear of it as made from ``estimator`` (:func:`_observe.derived`)."""
+    model's input shapes -- around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``, an
+    Estimator rebuilt around its model_fn: :mod:`tpushim._extenders`); ``config``,
+    ``warm_start_from`` and ``params`` replace its own where given. Observers hear of it as made
+    from ``estimator`` (:func:`_observe.derived`)."""
     model_fn = wrap(estimator._tpushim_model_fn)
     twin = TPUShimEstimator(
         model_fn=model_fn,
-        config=estimator.config,
+        config=estimator.config if config is _SAME else config,
         use_tpu=estimator._tpushim_use_tpu,
-        warm_start_from=_tfprivate.warm_start_settings(estimator),
+        warm_start_from=(
+            _tfprivate.warm_start_settings(estimator)
+            if warm_start_from is _SAME
+            else warm_start_from
+        ),
         export_to_tpu=False,
         tpushim_batch_size=estimator._tpushim_fixed_batch,
         eval_on_tpu=estimator._tpushim_eval_on_tpu,
-        params={},
+        params=dict(params or {}),
         tpushim_tpu_source=estimator._tpushim_tpu_source,
         tpushim_model_inputs=estimator._tpushim_model_inputs,
     )
+    twin._tpushim_settings = estimator._tpushim_settings
     _observe.derived(twin, estimator, model_fn)
     return twin
 
@@ -662,6 +678,7 @@ def build(arguments, settings, tpu):
         warm_start_path,
         model_inputs=_shapes.ModelInputs.of(keras_model),
     )
+    estimator._tpushim_settings = settings  # an Estimator rebuilt around it converts its config
     description = (
         f"TPUEstimator(use_tpu={tpu is not None}"
         + (f", tpu={tpu.describe()}" if tpu is not None else "")

@@ -1,5 +1,9 @@
-"""``tf.estimator.add_metrics`` on an estimator tpushim converted: the same TPU estimator, with the
-added metrics computed as a TPU can compute them.
+"""Estimators a script makes from one tpushim converted: ``tf.estimator.add_metrics``, and an
+Estimator (or TPUEstimator) rebuilt around the converted one's model_fn. Both stay on tpushim's TPU
+path.
+
+``tf.estimator.add_metrics``: the same TPU estimator, with the added metrics computed as a TPU can
+compute them.
 
 Stock's ``add_metrics`` wraps the estimator's model_fn in a plain ``Estimator``: tpushim's input
 adaptation would never run, and on a TPU nothing would run on it. Here the TPUShimEstimator is
@@ -12,11 +16,12 @@ Keras ``Metric`` objects, stock's checks and errors), and override a compiled me
 name, as stock's do.
 """
 
+import inspect
 import logging
 
 import tensorflow as tf
 
-from tpushim import _estimator, _padding, _tfprivate
+from tpushim import _estimator, _observe, _padding, _run_config, _tfprivate
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -34,6 +39,114 @@ def add_metrics_call(args, kwargs):
     if parts is None or not isinstance(parts[0], _estimator.TPUShimEstimator):
         return None
     return add_metrics(*parts)
+
+
+def rewrap_call(cls, args, kwargs):
+    """For ``cls(*args, **kwargs)`` (an estimator class's constructor) whose ``model_fn`` is an
+    estimator tpushim converted's own (``converted.model_fn``, ``converted._model_fn``, in a
+    ``functools.partial`` or not): a TPUShimEstimator running the converted model_fn with this
+    call's ``model_dir``, ``config``, ``params`` and ``warm_start_from``, on the converted one's
+    TPU and settings (TPUEstimator's own ``use_tpu`` and batch sizes give way to those). Stock
+    runs the converted model_fn inside a plain Estimator, where on a TPU nothing would run on it.
+
+    None for any other call, and where tpushim cannot make one (a subclass of the estimator
+    classes, a partial binding other arguments): then stock's estimator is built, and tpushim
+    says so in one line and tells observers (:func:`tpushim._observe.bypassed`).
+    """
+    model_fn = kwargs.get("model_fn", args[0] if args else None)
+    found = _tfprivate.estimator_of_model_fn(model_fn)
+    if found is None or not isinstance(found[0], _estimator.TPUShimEstimator):
+        if not issubclass(cls, _estimator.TPUShimEstimator):
+            _say_if_named(cls, model_fn)
+        return None
+    estimator, bound_args, bound_keywords = found
+    try:
+        arguments = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments
+    except TypeError:
+        return None  # stock's constructor says what is wrong
+    public = _tfprivate.estimator_classes()
+    called = f"{public.get(cls, cls.__name__)}(model_fn=<converted estimator>.{_which(model_fn)})"
+    why = None
+    if cls not in public:
+        why = (
+            f"{cls.__name__} is a subclass of {cls.__mro__[1].__name__}, and a converted "
+            "estimator cannot be one"
+        )
+    elif bound_args or set(bound_keywords) - {"config", "params"}:
+        why = "the functools.partial around the model_fn binds its inputs"
+    elif estimator._tpushim_settings is None:
+        why = "the converted estimator was not made by model_to_estimator"
+    if why is not None:
+        logger.warning(
+            "%s -> stock %s, which runs the converted model_fn outside TPUEstimator (on a TPU "
+            "nothing would run on it): %s. Use the converted estimator itself, or "
+            "tf.estimator.add_metrics to add metrics.",
+            called,
+            cls.__name__,
+            why,
+        )
+        _observe.bypassed(estimator, f"{called}: {why}")
+        return None
+    config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
+        arguments.get("config"), arguments.get("model_dir")
+    )
+    config = _run_config.to_tpu_run_config(
+        config, estimator._tpushim_settings, estimator.config.cluster
+    )
+    made = _estimator.rewrapped(
+        estimator,
+        lambda own: own,
+        config=config,
+        warm_start_from=arguments.get("warm_start_from"),
+        params=arguments.get("params"),
+    )
+    logger.info(
+        "%s -> %s(use_tpu=%s), the converted model on tpushim's path with this call's model_dir %s",
+        called,
+        type(made).__name__,
+        made._tpushim_use_tpu,
+        made.model_dir,
+    )
+    return made
+
+
+def _say_if_named(cls, model_fn):
+    """Says so in one line when a stock estimator's own model_fn names an estimator tpushim
+    converted (a global or a closure variable of the function): it may call that one's model_fn,
+    which then runs outside TPUEstimator. Only said: tpushim cannot tell what the function does."""
+    function = getattr(model_fn, "func", model_fn)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return
+    named = [getattr(function, "__globals__", {}).get(name) for name in code.co_names]
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            named.append(cell.cell_contents)
+        except ValueError:  # a cell not yet filled
+            continue
+    converted = next((v for v in named if isinstance(v, _estimator.TPUShimEstimator)), None)
+    if converted is None:
+        return
+    public = _tfprivate.estimator_classes().get(cls, cls.__name__)
+    why = (
+        f"its model_fn {code.co_name!r} names an estimator tpushim converted, whose model_fn it "
+        "may call outside TPUEstimator (on a TPU nothing would run on it)"
+    )
+    logger.warning(
+        "%s(model_fn=%s) -> stock %s: %s. Use tf.estimator.add_metrics to add metrics, or the "
+        "converted estimator itself.",
+        public,
+        code.co_name,
+        cls.__name__,
+        why,
+    )
+    _observe.bypassed(converted, f"{public}(model_fn={code.co_name}): {why}")
+
+
+def _which(model_fn):
+    name = getattr(getattr(model_fn, "func", model_fn), "__name__", "")
+    which = "_model_fn" if name == "_model_fn" else "model_fn"
+    return f"{which} in a functools.partial" if hasattr(model_fn, "func") else which
 
 
 def add_metrics(estimator, metric_fn):

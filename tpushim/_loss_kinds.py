@@ -9,6 +9,10 @@ A term is one of:
   per-row values``: a mean (``p = 0``; also any term that ignores the batch, e.g. a weight
   regularizer), a sum (``p = 1``), a mean divided by the batch size again (``p = -1``, Keras's
   activity regularizer around a mean-valued regularizer), ...
+* ``CONSTANT``: an output's loss that reads neither labels nor predictions (e.g.
+  ``lambda y_true, y_pred: tf.constant(0.0)``): no gradient, the same value on every split.
+* ``UNWEIGHTED``: an output whose ``loss_weights`` entry is 0: it adds nothing to the loss or
+  its gradient, whatever its kind, so it is neither evaluated nor refused.
 
 Built-in Keras losses and regularizers are known; anything else is told apart without the
 user's data: evaluated on synthetic rows of the model's shapes and dtypes, once on 8 rows and
@@ -27,6 +31,8 @@ from tpushim import _tfprivate
 from tpushim._errors import ConversionError
 
 ROWS = "rows"
+CONSTANT = "constant"
+UNWEIGHTED = "weighted 0"
 DEGREES = (0, 1, -1, 2)  # mean, sum, mean / batch, sum * batch
 _PARTS = (slice(0, 1), slice(1, 4), slice(4, 8))
 _ROWS = 8
@@ -54,6 +60,11 @@ _SPLIT = (
 _FIX_FUNCTION = (
     "compute it from per-example values only: return one value per example, or their "
     "tf.reduce_mean / tf.reduce_sum"
+)
+_FIX_LABELS_ONLY = (
+    "give its output loss_weights 0 or loss None (it reads the labels but not the predictions, "
+    "so it changes no weight, but the loss the step reports includes its value), or "
+    + _FIX_FUNCTION
 )
 
 
@@ -203,6 +214,28 @@ def _label_forms(output_shape, output_dtype):
     ]
 
 
+def _placeholders(shape, dtype, output_shape, output_dtype):
+    return (
+        tf.compat.v1.placeholder(tf.as_dtype(dtype), [None] + list(shape[1:])),
+        tf.compat.v1.placeholder(tf.as_dtype(output_dtype), [None] + list(output_shape[1:])),
+    )
+
+
+def _reads(loss_fn, output_shape, output_dtype):
+    """(whether the loss reads its labels, whether it reads the predictions), from its graph on
+    the first form of labels it accepts; None if it accepts none (the evaluation then says why)."""
+    for shape, dtype, _ in _label_forms(output_shape, output_dtype):
+        try:
+            with tf.Graph().as_default():
+                t, p = _placeholders(shape, dtype, output_shape, output_dtype)
+                values = tf.nest.flatten(loss_fn.call(t, p))
+                reached = [_tfprivate.reachable_from([x], values) for x in (t, p)]
+                return tuple(any(v in r for v in values) for r in reached)
+        except Exception:  # a user's function: try the next form of labels
+            continue
+    return None
+
+
 def _output_evaluator(loss_fn, output_shape, output_dtype):
     def evaluate(draw):
         rng = np.random.RandomState(draw)
@@ -212,10 +245,7 @@ def _output_evaluator(loss_fn, output_shape, output_dtype):
             y_true = _synthetic(shape, dtype, _ROWS, draw, rng, classes)
             try:
                 with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-                    t = tf.compat.v1.placeholder(tf.as_dtype(dtype), [None] + shape[1:])
-                    p = tf.compat.v1.placeholder(
-                        tf.as_dtype(output_dtype), [None] + list(y_pred.shape[1:])
-                    )
+                    t, p = _placeholders(shape, dtype, output_shape, output_dtype)
                     value = loss_fn.call(t, p)
                     out = [
                         sess.run(value, {t: y_true[rows], p: y_pred[rows]})
@@ -229,21 +259,42 @@ def _output_evaluator(loss_fn, output_shape, output_dtype):
     return evaluate
 
 
-def classify_outputs(names, loss_fns, shapes, dtypes):
+def _zero_weighted(weight):
+    """Whether a ``loss_weights`` entry is a plain 0 (a variable may change: it is not)."""
+    return isinstance(weight, (int, float, np.number)) and float(weight) == 0.0
+
+
+def output_loss_weights(loss_weights, names):
+    """output name -> its ``compile(loss_weights=...)`` entry (a dict, a list or None; 1.0 where
+    absent, as Keras)."""
+    if isinstance(loss_weights, dict):
+        return {name: loss_weights.get(name, 1.0) for name in names}
+    if isinstance(loss_weights, (list, tuple)) and len(loss_weights) == len(names):
+        return dict(zip(names, loss_weights))
+    return {name: 1.0 for name in names}
+
+
+def classify_outputs(names, loss_fns, shapes, dtypes, loss_weights=None):
     """output name -> kind for every output with a loss (None: no loss)."""
+    weights = output_loss_weights(loss_weights, names)
     kinds = {}
     for name, loss_fn, shape, dtype in zip(names, loss_fns, shapes, dtypes):
         if loss_fn is None:
             continue
-        if getattr(loss_fn, "reduction", None) == tf.keras.losses.Reduction.NONE:
+        if _zero_weighted(weights[name]):
+            kinds[name] = UNWEIGHTED
+        elif getattr(loss_fn, "reduction", None) == tf.keras.losses.Reduction.NONE:
             kinds[name] = ROWS  # refused, with stock's reason, when training is built
         elif _is_builtin_loss(loss_fn):
             kinds[name] = ROWS
         else:
+            reads = _reads(loss_fn, list(shape), dtype)
+            if reads == (False, False):
+                kinds[name] = CONSTANT
+                continue
             where = f"loss of output {name!r} ({getattr(loss_fn, 'name', type(loss_fn).__name__)})"
-            kinds[name] = _classify(
-                where, _output_evaluator(loss_fn, list(shape), dtype), _FIX_FUNCTION
-            )
+            fix = _FIX_LABELS_ONLY if reads == (True, False) else _FIX_FUNCTION
+            kinds[name] = _classify(where, _output_evaluator(loss_fn, list(shape), dtype), fix)
     return kinds
 
 
@@ -334,18 +385,18 @@ def classify_added(keras_model, custom_objects, features=None):
 
 
 def _output_specs(model, custom_objects, compiled=None):
-    """(names, loss functions, shapes, dtypes) of ``model``'s outputs, with the losses
-    ``compiled`` (default: ``model``) was compiled with."""
+    """(names, loss functions, shapes, dtypes, loss weights) of ``model``'s outputs, with the
+    losses and weights ``compiled`` (default: ``model``) was compiled with."""
     names = model.output_names
+    args = _tfprivate.compile_args(compiled or model)
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
-        loss_fns = _tfprivate.prepare_loss_functions(
-            _tfprivate.compile_args(compiled or model).get("loss"), names
-        )
+        loss_fns = _tfprivate.prepare_loss_functions(args.get("loss"), names)
     return (
         names,
         loss_fns,
         [o.shape.as_list() for o in model.outputs],
         [o.dtype for o in model.outputs],
+        args.get("loss_weights"),
     )
 
 
@@ -373,7 +424,11 @@ _plans = weakref.WeakKeyDictionary()  # keras model -> (what it was planned from
 
 def _planned_from(keras_model):
     args = _tfprivate.compile_args(keras_model)
-    return (id(args.get("loss")), tuple(id(layer) for layer in keras_model.layers))
+    return (
+        id(args.get("loss")),
+        id(args.get("loss_weights")),
+        tuple(id(layer) for layer in keras_model.layers),
+    )
 
 
 def plan(keras_model, custom_objects=None):

@@ -124,9 +124,11 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
         count = totals.add(tf.reduce_sum(_weighted(tf.ones_like(weighted), counted)))
         return lambda: shards * tf.math.divide_no_nan(numerator, count(numerator.dtype))
 
-    degree, rows = kind, None
-    if pad is None:
+    degree, rows = (0 if kind == _loss_kinds.CONSTANT else kind), None
+    if pad is None or kind == _loss_kinds.CONSTANT:  # a constant: the same on the real rows
         value = loss_fn.call(y_true, y_pred)
+        if pad is not None and weights is not None:
+            weights, counted = _times(weights, pad), _times(counted, pad)
     else:  # the real rows' value: one value per row (a batch of one), added up as its degree says
         per_row = tf.vectorized_map(
             lambda row: loss_fn.call(row[0][None], row[1][None]), (y_true, y_pred)
@@ -224,6 +226,10 @@ def training_loss(model, plan, padding_weight, shards, cross_replica):
 def _needs_global(endpoints, kinds, masks, added, degrees):
     """Whether some term of Keras's own loss is wrong for the average over shards."""
     for endpoint, kind, mask in zip(endpoints, kinds, masks):
+        if kind == _loss_kinds.UNWEIGHTED:
+            continue
+        if kind == _loss_kinds.CONSTANT:
+            kind = 0
         mean = _reduction(endpoint.loss_fn) == Reduction.SUM_OVER_BATCH_SIZE
         if not mean or mask is not None:
             return True
@@ -237,9 +243,30 @@ def _shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_repl
     terms = [
         (endpoint.loss_weight, _output_term(endpoint, mask, kind, pad, totals, shards))
         for endpoint, kind, mask in zip(endpoints, kinds, masks)
+        if kind != _loss_kinds.UNWEIGHTED  # weighted 0: nothing, and never computed
     ]
     totals.resolve(cross_replica)
     parts = [weight * term() for weight, term in terms]
     parts += [t * float(shards) ** degrees.get(id(t), 0) for t in added]
     parts = _tfprivate.losses_utils().cast_losses_to_common_dtype(parts)
     return tf.add_n(parts) if parts else tf.constant(0.0)
+
+
+def global_output_loss(endpoint, kind, padding_weight, cross_replica):
+    """One output's loss on the real rows of the global batch, unweighted by its loss weight,
+    for a term that is not one value per example (a custom scalar loss: its ``kind`` a degree
+    or ``CONSTANT``): what stock's loss on that batch holds for it (evaluation).
+
+    Args:
+      endpoint: the output's training endpoint; padding_weight: as :func:`training_loss`.
+      cross_replica: combine the shards' values over all TPU shards.
+    """
+    shards = (_tfprivate.num_shards_in_replica_context() or 1) if cross_replica else 1
+    mask = getattr(endpoint.output, "_keras_mask", None)
+    totals = _Totals()
+    term = _output_term(endpoint, mask, kind, padding_weight, totals, shards)
+    totals.resolve(cross_replica)
+    value = term()
+    if cross_replica:
+        value = tf.compat.v1.tpu.cross_replica_sum(value) / float(shards)
+    return value

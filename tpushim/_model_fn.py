@@ -305,7 +305,13 @@ def make_model_fn(
         graph = tf.compat.v1.get_default_graph()
         summaries_before = len(graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES))
         features, padding_weight = _padding.split_padding(features)
-        plan = loss_plan(features) if mode == ModeKeys.TRAIN else None
+        # EVAL reads it too, where a custom scalar loss is combined over padding or shards.
+        plan = (
+            loss_plan(features)
+            if mode == ModeKeys.TRAIN
+            or (mode == ModeKeys.EVAL and (use_tpu or padding_weight is not None))
+            else None
+        )
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
             labels = _padding.labels_for_padded_training(keras_model, labels)
         model = _tfprivate.clone_and_build_model(
@@ -361,7 +367,9 @@ def make_model_fn(
                 train_op = tf.group(train_op, _step_losses.record(loss, before, iterations))
         elif mode == ModeKeys.EVAL:
             _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
-            loss = _padding.eval_loss(model, padding_weight, cross_replica=use_tpu)
+            loss = _padding.eval_loss(
+                model, padding_weight, cross_replica=use_tpu, kinds=plan and plan.outputs
+            )
             eval_metrics = _eval_metrics(model, metric_names_map, padding_weight)
         # A subclassed model Keras could not clone was reset in place: give the user theirs back.
         _tfprivate.restore_subclassed_model_state(keras_model)

@@ -133,6 +133,12 @@ def derived(estimator, source, model_fn):
     _tell("derived", estimator, source, model_fn)
 
 
+def bypassed(source, why):
+    """Tells observers that a stock estimator was built around ``source``'s model_fn, off
+    tpushim's TPU path (``why``: the call and the reason, one line)."""
+    _tell("bypassed", source, why)
+
+
 @contextlib.contextmanager
 def calling(call):
     """The duration of one train/evaluate/predict call: observers may replace ``call`` (the

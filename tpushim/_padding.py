@@ -15,7 +15,7 @@ weight 1 for a real row and 0 for a padding row. Every step of that contract liv
 
 import tensorflow as tf
 
-from tpushim import _tfprivate
+from tpushim import _loss_kinds, _losses, _tfprivate
 
 PADDING_KEY = "__tpushim_padding_weight__"
 FEATURES_KEY = "__tpushim_features__"
@@ -143,13 +143,15 @@ def labels_for_padded_training(keras_model, labels):
     return labels
 
 
-def eval_loss(model, padding_weight, cross_replica=False):
+def eval_loss(model, padding_weight, cross_replica=False, kinds=None):
     """The eval loss of the real (unpadded) rows of the *global* batch, as stock computes it per batch.
 
     Stock's eval "loss" is the mean over batches of each batch's loss. On a TPU each shard sees a
     slice of the global batch (and the last one may hold only padding), and TPUEstimator reports
     shard 0's loss; with ``cross_replica`` each output's weighted sum and real element count are
     summed over all shards first, so every shard's loss is that of the whole global batch.
+    ``kinds`` (output name -> :mod:`tpushim._loss_kinds` kind) tells a custom scalar loss, or one
+    weighted 0, from one value per example (the default).
     """
     if padding_weight is None and not cross_replica:
         return model.total_loss
@@ -157,6 +159,14 @@ def eval_loss(model, padding_weight, cross_replica=False):
     total = 0.0
     for endpoint in _tfprivate.training_endpoints(model):
         if endpoint.should_skip_target():
+            continue
+        kind = (kinds or {}).get(endpoint.output_name, _loss_kinds.ROWS)
+        if kind == _loss_kinds.UNWEIGHTED:
+            continue
+        if kind != _loss_kinds.ROWS:
+            total += endpoint.loss_weight * _losses.global_output_loss(
+                endpoint, kind, padding_weight, cross_replica
+            )
             continue
         y_pred = endpoint.output
         y_true = _row_labels(endpoint.training_target.target, y_pred)

@@ -16,8 +16,18 @@ all read (as OpenTelemetry's instrumentors read theirs), so they cannot drift ap
   looking the module up at call time: through tpushim's view of the module, ``add_metrics`` on a
   converted estimator returns a converted estimator (:mod:`tpushim._extenders`); every other
   use of the module, and ``add_metrics`` on any other estimator, is stock's.
+* ``Estimator.__new__`` (estimator.py's v1 class, the base of ``tf.estimator.Estimator``,
+  ``tf.compat.v1.estimator.Estimator`` and ``TPUEstimator``): a script that rebuilds an estimator
+  around a converted one's model_fn (``Estimator(model_fn=converted.model_fn, ...)``, under any
+  name bound at any time) gets a converted estimator with its arguments (:mod:`tpushim._extenders`);
+  every other construction is ``object.__new__``'s, as without tpushim. Set on the class only while
+  patched, and only once tpushim has converted a model (there is nothing to rebuild before):
+  by then TensorFlow has defined its estimator classes, whose deprecation decorator would
+  otherwise take a ``__new__`` it finds on their base for their own. Estimator defines no
+  ``__new__`` of its own; removing ours leaves a plain one in its place (CPython cannot go back
+  to ``object.__new__`` once a class had another: its constructor calls would fail).
 
-Both modules are imported lazily by TensorFlow (keras_lib on the first ``model_to_estimator``
+The modules are imported lazily by TensorFlow (keras_lib on the first ``model_to_estimator``
 call), each at its own time, so each wrapper is applied by a post-import hook: immediately when
 its module is already imported, otherwise the moment it is. ``import tpushim`` and ``patch()``
 import no TensorFlow -- nor wrapt, inspect or logging before there is something to wrap: start-up
@@ -45,11 +55,13 @@ if TYPE_CHECKING:
 KERAS_LIB = "tensorflow_estimator.python.estimator.keras_lib"
 TARGET = "model_to_estimator"
 EXTENDERS = "tensorflow_estimator.python.estimator.extenders"
+ESTIMATOR = "tensorflow_estimator.python.estimator.estimator"
 
 #: Every attribute tpushim wraps, as (module, attribute, kind of wrapper): see the module's doc.
 TARGETS = (
     (KERAS_LIB, TARGET, "convert"),
     (EXTENDERS, "estimator_lib", "add_metrics"),
+    (ESTIMATOR, "Estimator.__new__", "rewrap"),
 )
 
 
@@ -70,6 +82,9 @@ class _State:
         self.open_scopes = 0  # patched() scopes entered and not yet left, across all threads
         self.version_problem = None  # the version guard's message when it refused, else None
         self.warned = False  # the guard warns once per process
+        # A model_to_estimator call converted: from then on an estimator may be rebuilt around a
+        # converted one's model_fn, and Estimator.__new__ is wrapped (see the module's doc).
+        self.converted = False
 
     def wrapper_wanted(self):
         """True when the wrappers should be on: patched, or a scope open somewhere."""
@@ -113,11 +128,21 @@ def _wrapper_class(kind):
 
     ``convert``: a wrapt.FunctionWrapper running :func:`_convert_call`. ``add_metrics``: a
     wrapt.ObjectProxy of the estimator module whose ``Estimator`` is :func:`_add_metrics_estimator`.
+    ``rewrap``: a ``__new__`` running :func:`_rewrap_new` (a staticmethod on the class).
     """
     if kind not in STATE.wrapper_types:
         import wrapt
 
-        if kind == "convert":
+        if kind == "rewrap":
+
+            def init(self, wrapped):
+                self.__wrapped__ = wrapped
+
+            def call(self, cls, *args, **kwargs):
+                return _rewrap_new(self.__wrapped__, cls, args, kwargs)
+
+            bases, body = (object,), {"__init__": init, "__call__": call}
+        elif kind == "convert":
             bases, body = (wrapt.FunctionWrapper,), {}
         else:
 
@@ -127,7 +152,11 @@ def _wrapper_class(kind):
                 )
 
             bases, body = (wrapt.ObjectProxy,), {"Estimator": property(estimator)}
-        name = {"convert": "TPUShimWrapper", "add_metrics": "TPUShimEstimatorLib"}[kind]
+        name = {
+            "convert": "TPUShimWrapper",
+            "add_metrics": "TPUShimEstimatorLib",
+            "rewrap": "TPUShimEstimatorNew",
+        }[kind]
         STATE.wrapper_types[kind] = type(name, bases, {"__module__": __name__, **body})
     return STATE.wrapper_types[kind]
 
@@ -163,18 +192,57 @@ def version_problem():
 # --- apply / remove ------------------------------------------------------------------------------
 
 
+def _holder(module, attribute):
+    """(the object holding ``attribute``, its name there): a dotted attribute is a class's."""
+    *path, name = attribute.split(".")
+    holder = module
+    for part in path:
+        holder = getattr(holder, part)
+    return holder, name
+
+
+def _current(module, attribute):
+    """What ``attribute`` is now: a class's own entry (not an inherited one), unwrapped from its
+    staticmethod."""
+    holder, name = _holder(module, attribute)
+    if holder is module:
+        return getattr(module, name, None)
+    current = vars(holder).get(name)
+    return current.__func__ if isinstance(current, staticmethod) else current
+
+
 def _apply(module, attribute, kind):
-    current = getattr(module, attribute)
+    current = _current(module, attribute)
     if is_ours(current):
         return  # exactly one layer, however often we are asked
-    setattr(module, attribute, _wrap(kind, current))
+    holder, name = _holder(module, attribute)
+    if kind == "rewrap" and current is None:
+        current = _object_new  # the class had none: object.__new__, which takes no arguments
+    wrapper = _wrap(kind, current)
+    if kind == "rewrap":
+        import inspect
+
+        # What inspect.signature(the class) reads first (its __new__'s): __init__'s, as before;
+        # and the names TensorFlow's deprecation decorator reads from a subclass defined now,
+        # which keeps this __new__ as its own (it then passes through once unpatched).
+        wrapper.__signature__ = inspect.signature(holder.__init__)
+        if current is _object_new:  # left in place once ours is removed: the same signature
+            _object_new.__signature__ = wrapper.__signature__
+        wrapper.__name__, wrapper.__qualname__ = name, f"{holder.__qualname__}.{name}"
+        wrapper.__module__, wrapper.__doc__ = holder.__module__, None
+        wrapper = staticmethod(wrapper)
+    setattr(holder, name, wrapper)
 
 
 def _remove(module, attribute):
-    current = getattr(module, attribute, None)
+    current = _current(module, attribute)
     # Restore only what is still our wrapper: someone may have wrapped on top of us since.
     if is_ours(current):
-        setattr(module, attribute, current.__wrapped__)
+        holder, name = _holder(module, attribute)
+        original = current.__wrapped__
+        # A class's __new__ once set cannot be deleted: CPython then keeps calling object.__new__
+        # with the constructor's arguments (TypeError). _object_new stays in its place.
+        setattr(holder, name, original if holder is module else staticmethod(original))
 
 
 def _on_import(module):
@@ -198,17 +266,26 @@ def _sync():
     for module_name, attribute, kind in TARGETS:
         module = sys.modules.get(module_name)
         if module is not None:
-            _apply(module, attribute, kind) if wanted else _remove(module, attribute)
+            if wanted and (kind != "rewrap" or STATE.converted):
+                _apply(module, attribute, kind)
+            else:
+                _remove(module, attribute)
 
 
 def applied():
-    """``{"<module>.<attribute>": True | False | "pending import"}`` for every target: is the
-    wrapper on?"""
+    """``{"<module>.<attribute>": True | False | "pending import" | "pending conversion"}`` for
+    every target: is the wrapper on? (``Estimator.__new__`` waits for the first conversion.)"""
     out = {}
-    for module_name, attribute, _ in TARGETS:
+    for module_name, attribute, kind in TARGETS:
         module = sys.modules.get(module_name)
+        ours = module is not None and is_ours(_current(module, attribute))
+        pending = kind == "rewrap" and not STATE.converted and STATE.wrapper_wanted()
         out[f"{module_name}.{attribute}"] = (
-            "pending import" if module is None else is_ours(getattr(module, attribute, None))
+            "pending import"
+            if module is None
+            else "pending conversion"
+            if pending and not ours
+            else ours
         )
     return out
 
@@ -418,7 +495,12 @@ def _convert_call(wrapped, instance, args, kwargs):
         raise NoTPUError(decision.why)
     from tpushim import _estimator
 
-    return _estimator.build(arguments, settings, decision.tpu)
+    converted = _estimator.build(arguments, settings, decision.tpu)
+    with STATE.lock:
+        if not STATE.converted:
+            STATE.converted = True
+            _sync()  # Estimator.__new__: see the module's doc
+    return converted
 
 
 def _add_metrics_estimator(estimator_class, args, kwargs):
@@ -430,6 +512,25 @@ def _add_metrics_estimator(estimator_class, args, kwargs):
     if converted is None:
         return estimator_class(*args, **kwargs)
     return converted
+
+
+def _object_new(cls, *args, **kwargs):
+    """``object.__new__`` for a class whose ``__init__`` takes the arguments."""
+    del args, kwargs
+    return object.__new__(cls)
+
+
+def _rewrap_new(wrapped, cls, args, kwargs):
+    """``Estimator.__new__``: for an estimator built around a converted one's model_fn, a
+    converted estimator (``cls.__init__`` then leaves it as it is); else a new ``cls`` object."""
+    model_fn = kwargs.get("model_fn", args[0] if args else None)
+    if model_fn is not None and current_settings() is not None:  # else: outside any scope
+        from tpushim import _extenders  # not at start-up
+
+        converted = _extenders.rewrap_call(cls, args, kwargs)
+        if converted is not None:
+            return converted
+    return wrapped(cls, *args, **kwargs)
 
 
 def _arguments_by_name(wrapped, args, kwargs):

@@ -22,7 +22,6 @@ from tensorflow_estimator.python.estimator.tpu import (  # noqa: F401  (re-expor
 
 # keras_lib helpers, reused so that tpushim clones, feeds and warm-starts exactly as stock does.
 convert_estimator_io_to_keras = keras_lib._convert_estimator_io_to_keras
-save_first_checkpoint = keras_lib._save_first_checkpoint
 # Stock's check that a subclassed model rebuilds from its config (its errors and texts, verbatim).
 assert_valid_model = keras_lib._assert_valid_model
 any_weight_initialized = keras_lib._any_weight_initialized
@@ -31,6 +30,56 @@ DEFAULT_SERVING_KEY = keras_lib._DEFAULT_SERVING_KEY
 maybe_overwrite_model_dir_and_session_config = (
     estimator_lib.maybe_overwrite_model_dir_and_session_config
 )
+
+
+def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt):
+    """keras_lib's ``_save_first_checkpoint`` (the Keras weights in ``model_dir/keras``, the warm
+    start), step by step as stock, with every variable of its graph initialised before the save.
+
+    Keras initialises the variables it knows of: the model's and those its optimizer lists. A
+    ``tf.compat.v1.train`` optimizer that wraps another (a gradient-clipping wrapper delegating
+    ``compute_gradients`` / ``apply_gradients``) lists none of the inner one's slots, and stock's
+    Saver then fails on them (``FailedPreconditionError: ... /Adagrad``). Their initial values
+    are what the training graph gives them anyway: the warm start restores only what it finds.
+    """
+    import os
+
+    import tensorflow as tf
+
+    keras_model_dir = os.path.join(config.model_dir, "keras")
+    latest_path = tf.train.latest_checkpoint(keras_model_dir)
+    if latest_path:
+        return latest_path
+    keras_weights = keras_model.get_weights() if any_weight_initialized(keras_model) else None
+    if not tf.compat.v1.gfile.IsDirectory(keras_model_dir):
+        tf.compat.v1.gfile.MakeDirs(keras_model_dir)
+    latest_path = os.path.join(keras_model_dir, "keras_model.ckpt")
+    with tf.Graph().as_default():
+        tf.compat.v1.random.set_random_seed(config.tf_random_seed)
+        tf.compat.v1.train.create_global_step()
+        model = keras_lib._clone_and_build_model(
+            tf.estimator.ModeKeys.TRAIN, keras_model, custom_objects
+        )
+        model._make_train_function()  # before the session: it adds to the graph
+        with tf.compat.v1.Session(config=config.session_config) as sess:
+            if keras_weights:
+                model.set_weights(keras_weights)
+            keras_backend = getattr(tf.compat.v2.keras, "__internal__", None)
+            if keras_backend is not None:  # stock's step (the graph's other variables: below)
+                keras_backend.backend.initialize_variables(sess)
+            variables = tf.compat.v1.global_variables()
+            ready = sess.run([tf.compat.v1.is_variable_initialized(v) for v in variables])
+            left = [v for v, done in zip(variables, ready) if not done]
+            if left:  # made by an optimizer Keras does not see into
+                sess.run(tf.compat.v1.variables_initializer(left))
+            if save_object_ckpt:
+                model._track_trackable(
+                    tf.compat.v1.train.get_global_step(), "estimator_global_step"
+                )
+                model.save_weights(latest_path)
+            else:
+                tf.compat.v1.train.Saver().save(sess, latest_path)
+    return latest_path
 
 
 # Held while a model's compile arguments are pinned or stripped, or BatchNormalization's call is
@@ -354,6 +403,34 @@ def add_metrics_parts(model_fn):
     if "estimator" not in cells or "metric_fn" not in cells:
         return None
     return cells["estimator"], cells["metric_fn"]
+
+
+def estimator_of_model_fn(model_fn):
+    """``(estimator, partial's args, partial's keywords)`` when ``model_fn`` is an estimator's own:
+    ``estimator.model_fn`` (estimator.py's ``public_model_fn``, a closure over it) or a
+    TPUEstimator's ``estimator._model_fn`` (tpu_estimator.py's ``_model_fn``), alone or in a
+    ``functools.partial``; else None."""
+    import functools
+
+    args, keywords = (), {}
+    if isinstance(model_fn, functools.partial):  # nested partials are flattened by partial itself
+        model_fn, args, keywords = model_fn.func, model_fn.args, model_fn.keywords
+    code = getattr(model_fn, "__code__", None)
+    own = {("public_model_fn", estimator_lib.__name__), ("_model_fn", tpu_estimator.__name__)}
+    if code is None or (code.co_name, getattr(model_fn, "__module__", None)) not in own:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in model_fn.__closure__ or ())))
+    estimator = cells.get("self")
+    return None if estimator is None else (estimator, args, keywords)
+
+
+def estimator_classes():
+    """{class: its public name} of the estimator classes a script constructs."""
+    return {
+        estimator_lib.EstimatorV2: "tf.estimator.Estimator",
+        estimator_lib.Estimator: "tf.compat.v1.estimator.Estimator",
+        tpu_estimator.TPUEstimator: "tf.compat.v1.estimator.tpu.TPUEstimator",
+    }
 
 
 def leaf_paths(structure):
