@@ -14,9 +14,10 @@ a padded batch, every BatchNormalization layer training on batch statistics leav
 
   - not fused (2-D inputs, ``fused=False``): mean and variance over the real rows, moving
     averages of both (``tf.nn.moments``' arithmetic);
-  - fused (4-D / 5-D inputs by default): the same normalisation; the moving variance moves
-    towards the variance with Bessel's correction over the real elements, as the fused kernel
-    reports it;
+  - fused (4-D / 5-D inputs by default): the same normalisation, by Keras's fused kernel fed a
+    batch rescaled so that its statistics are the real rows' (see :func:`_fused`); the moving
+    variance moves towards the variance with Bessel's correction over the real elements, as the
+    fused kernel reports it;
   - synchronized (``SyncBatchNormalization``, ``synchronized=True``): ``E[x^2] - E[x]^2`` from
     sums, as Keras computes it, added across shards: every shard normalises over the global
     batch's real rows -- stock's statistics on its whole batch;
@@ -48,6 +49,8 @@ def real_rows_call(padding_weight, cross_replica):
         return None
     if not cross_replica:
         return _first_rows_call(padding_weight)
+    # The shard's rows, made once for every layer of the step.
+    shard = None if padding_weight is None else _ShardRows(padding_weight)
 
     def call(layer, own_call, inputs, training, mask):
         synced = getattr(layer, "synchronized", False)
@@ -61,9 +64,22 @@ def real_rows_call(padding_weight, cross_replica):
             return own_call(inputs, training=training, mask=mask)
         # Fused, Keras ignores a mask (with a warning); not fused, it weighs rows by it.
         mask = None if layer.fused else mask
-        return _train_on_real_rows(layer, inputs, padding_weight, mask, synced)
+        return _train_on_real_rows(layer, inputs, shard, mask, synced)
 
     return call
+
+
+class _ShardRows:
+    """A shard's real rows, as every layer of its step reads them: ``rows`` ([batch], 1 for a
+    real row, 0 for padding), their number ``n``, ``has_rows`` (not a shard of padding only),
+    and ``scale``: ``sqrt(batch / n)``, 1 where ``n`` is 0 (see :func:`_fused`)."""
+
+    def __init__(self, padding_weight):
+        self.rows = tf.cast(tf.greater(padding_weight, 0), tf.float32)
+        self.n = tf.reduce_sum(self.rows)
+        self.has_rows = tf.greater(self.n, 0)
+        batch = tf.cast(tf.size(self.rows), tf.float32)
+        self.scale = tf.where(self.has_rows, tf.sqrt(batch / tf.maximum(self.n, 1.0)), 1.0)
 
 
 def _first_rows_call(padding_weight):
@@ -88,7 +104,7 @@ def _first_rows_call(padding_weight):
     return call
 
 
-def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
+def _train_on_real_rows(layer, inputs, shard, mask, cross_replica):
     """The layer's training-mode output on one TPU shard, its statistics over the real rows (see
     the module): one set of moments, weighted by the rows, whether or not any row is padding."""
     inputs = tf.cast(inputs, layer.compute_dtype)
@@ -96,11 +112,9 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
     # As Keras: statistics (and, not fused, the normalisation) of 16-bit inputs in float32.
     x = tf.cast(inputs, param_dtype)
     ndims = x.shape.rank
-    rows = (
-        tf.ones(tf.shape(x)[:1], param_dtype)
-        if padding_weight is None
-        else tf.cast(tf.greater(padding_weight, 0), param_dtype)
-    )
+    if shard is None:  # a synchronized layer on a batch without padding
+        shard = _ShardRows(tf.ones(tf.shape(x)[:1]))
+    rows = tf.cast(shard.rows, param_dtype)
     vbs = layer.virtual_batch_size
     # The statistics' shape against x: 1 on every reduced axis (the axes of a layer with ghost
     # batches count the ghost dimension Keras inserts at 1).
@@ -108,7 +122,7 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
     keep = [x.shape[i] if i in channels else 1 for i in range(ndims)]
     axes = [i for i in range(ndims) if i not in channels]
     if layer.fused:
-        return _fused(layer, inputs, x, rows, axes, keep)
+        return _fused(layer, inputs, x, shard, axes)
     if vbs is None:
         weight = tf.reshape(rows, [-1] + [1] * (ndims - 1))
         if mask is not None:  # Keras's mask: a weight per position, broadcast over the last axis
@@ -174,35 +188,53 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
     return outputs
 
 
-def _fused(layer, inputs, x, rows, axes, keep):
-    """A fused layer (4-D / 5-D inputs): the normalisation over the real rows; the moving
-    variance moves towards the variance with Bessel's correction over the real elements, as the
-    fused kernel reports it for stock's short batch."""
-    one, zero = tf.ones(layer.moving_mean.shape), tf.zeros(layer.moving_mean.shape)
-    gamma = layer.gamma if layer.gamma is not None else one
-    beta = layer.beta if layer.beta is not None else zero
-    weight = tf.reshape(rows, [-1] + [1] * (x.shape.rank - 1))
-    mean, variance, count = _moments(layer, x, weight, axes, False)
-    # A shard holding padding only normalises with the moving statistics (finite values, which
-    # its zero weights drop) and leaves them as they are.
-    has_rows = tf.greater(tf.reduce_sum(rows), 0)
-    outputs = tf.nn.batch_normalization(
-        x,
-        tf.where(has_rows, mean, tf.reshape(layer.moving_mean, keep)),
-        tf.where(has_rows, variance, tf.reshape(layer.moving_variance, keep)),
-        tf.reshape(beta, keep),
-        tf.reshape(gamma, keep),
-        layer.epsilon,
+def _fused(layer, inputs, x, shard, axes):
+    """A fused layer (4-D / 5-D inputs) on a TPU shard: Keras's fused kernel, fed the batch so
+    that its statistics over all rows are those of the real rows.
+
+    With ``n`` real rows of ``N`` and ``m`` the real rows' mean, the kernel gets ``c * x`` for a
+    real row and ``c * m`` for a padding row, ``c = sqrt(N / n)``, and ``gamma / c``: its mean is
+    ``c * m``, its variance the real rows' (``c**2 * n / N`` of it), so its output on a real row
+    is ``gamma * (x - m) / sqrt(variance + epsilon) + beta`` -- for every ``x``, so the gradient
+    (through ``m`` too) is that of the real rows' normalisation. A full batch (``c`` = 1) is
+    Keras's kernel on Keras's input. The moving variance moves towards the variance with
+    Bessel's correction over the real elements, as the kernel reports it for stock's short batch.
+    """
+    gamma = layer.gamma if layer.gamma is not None else tf.ones(layer.moving_mean.shape)
+    beta = layer.beta if layer.beta is not None else tf.zeros(layer.moving_mean.shape)
+    ndims = x.shape.rank
+    spatial = "DHW"[-(ndims - 2) :]
+    first = layer.axis[0] in (1, -ndims + 1)
+    real = tf.reshape(shard.rows > 0, [-1] + [1] * (ndims - 1))
+    n, has_rows = tf.cast(shard.n, x.dtype), shard.has_rows  # (no rows: the moving statistics stay)
+    c = tf.cast(shard.scale, x.dtype)
+    per_row = 1.0
+    for i in axes[1:]:
+        per_row *= x.shape[i]
+    count = n * per_row  # the real elements of each channel
+    # Selected, not multiplied: whatever a padding row holds (even inf or NaN) counts for nothing.
+    mean = tf.math.divide_no_nan(tf.reduce_sum(tf.where(real, x, 0.0), axes, keepdims=True), count)
+    outputs, kernel_mean, kernel_variance = tf.compat.v1.nn.fused_batch_norm(
+        tf.where(real, x, mean) * c,
+        gamma / c,
+        beta,
+        epsilon=layer.epsilon,
+        is_training=True,
+        data_format=("NC" + spatial) if first else ("N" + spatial + "C"),
     )
     outputs = tf.cast(outputs, inputs.dtype)
     outputs.set_shape(inputs.shape)
-    bessel = variance * count / tf.maximum(count - 1.0, 1.0)
-    shape = layer.moving_mean.shape
+    # The kernel's Bessel correction is over all N rows' elements: undone, then made over the
+    # real ones. (Both products are the same float where every row is real: a factor of 1.)
+    elements = tf.cast(tf.shape(x)[0], x.dtype) * per_row
+    factor = tf.math.divide_no_nan(
+        (elements - 1.0) * count, elements * tf.maximum(count - 1.0, 1.0)
+    )
     # Keras's decay for a fused layer, in graph mode: 1 - momentum computed on a tensor.
     decay = 1.0 - tf.convert_to_tensor(layer.momentum)
-    layer.add_update(_moving_average(layer.moving_mean, tf.reshape(mean, shape), decay, has_rows))
+    layer.add_update(_moving_average(layer.moving_mean, kernel_mean / c, decay, has_rows))
     layer.add_update(
-        _moving_average(layer.moving_variance, tf.reshape(bessel, shape), decay, has_rows)
+        _moving_average(layer.moving_variance, kernel_variance * factor, decay, has_rows)
     )
     return outputs
 
