@@ -102,6 +102,7 @@ def test_the_padded_graph_grows_with_the_model_as_stocks(tmp_path):
     assert growth <= 3 * 12, (small, large)
 
 
+@pytest.mark.slow  # trains two estimators
 def test_a_short_batch_with_adam_trains_batchnorm_as_stock(tmp_path):
     """20 rows by 8 with Adam, the third batch short (4 real rows, padded to 8): every moving
     mean and variance (Keras's own computation on the real rows), weight, optimizer slot and the
