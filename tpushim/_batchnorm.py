@@ -15,7 +15,7 @@ a padded batch, every BatchNormalization layer training on batch statistics leav
   - not fused (2-D inputs, ``fused=False``): mean and variance over the real rows, moving
     averages of both (``tf.nn.moments``' arithmetic);
   - fused (4-D / 5-D inputs by default): the same normalisation, by Keras's fused kernel fed a
-    batch rescaled so that its statistics are the real rows' (see :func:`_fused`); the moving
+    batch centred and rescaled so that its variance is the real rows' (see :func:`_fused`); the moving
     variance moves towards the variance with Bessel's correction over the real elements, as the
     fused kernel reports it;
   - synchronized (``SyncBatchNormalization``, ``synchronized=True``): ``E[x^2] - E[x]^2`` from
@@ -192,13 +192,15 @@ def _fused(layer, inputs, x, shard, axes):
     """A fused layer (4-D / 5-D inputs) on a TPU shard: Keras's fused kernel, fed the batch so
     that its statistics over all rows are those of the real rows.
 
-    With ``n`` real rows of ``N`` and ``m`` the real rows' mean, the kernel gets ``c * x`` for a
-    real row and ``c * m`` for a padding row, ``c = sqrt(N / n)``, and ``gamma / c``: its mean is
-    ``c * m``, its variance the real rows' (``c**2 * n / N`` of it), so its output on a real row
-    is ``gamma * (x - m) / sqrt(variance + epsilon) + beta`` -- for every ``x``, so the gradient
-    (through ``m`` too) is that of the real rows' normalisation. A full batch (``c`` = 1) is
-    Keras's kernel on Keras's input. The moving variance moves towards the variance with
-    Bessel's correction over the real elements, as the kernel reports it for stock's short batch.
+    With ``n`` real rows of ``N`` and ``m`` the real rows' mean, the kernel gets ``c * (x - m)``
+    for a real row and 0 for a padding row, ``c = sqrt(N / n)``, and ``gamma / c``: its mean is
+    0, its variance the real rows' (``c**2 * n / N`` of it), so its output on a real row is
+    ``gamma * (x - m) / sqrt(variance + epsilon) + beta`` -- for every ``x``, so the gradient
+    (through ``m`` too) is that of the real rows' normalisation. (Centred, the kernel's variance
+    loses nothing to a large mean: XLA computes it as ``E[x^2] - E[x]^2``.) The moving mean
+    moves towards ``m`` plus the kernel's mean (0 but for rounding), the moving variance towards
+    the variance with Bessel's correction over the real elements, as the kernel reports it for
+    stock's short batch. A full batch's numbers are Keras's within rounding.
     """
     gamma = layer.gamma if layer.gamma is not None else tf.ones(layer.moving_mean.shape)
     beta = layer.beta if layer.beta is not None else tf.zeros(layer.moving_mean.shape)
@@ -215,7 +217,7 @@ def _fused(layer, inputs, x, shard, axes):
     # Selected, not multiplied: whatever a padding row holds (even inf or NaN) counts for nothing.
     mean = tf.math.divide_no_nan(tf.reduce_sum(tf.where(real, x, 0.0), axes, keepdims=True), count)
     outputs, kernel_mean, kernel_variance = tf.compat.v1.nn.fused_batch_norm(
-        tf.where(real, x, mean) * c,
+        tf.where(real, x - mean, 0.0) * c,
         gamma / c,
         beta,
         epsilon=layer.epsilon,
@@ -232,7 +234,8 @@ def _fused(layer, inputs, x, shard, axes):
     )
     # Keras's decay for a fused layer, in graph mode: 1 - momentum computed on a tensor.
     decay = 1.0 - tf.convert_to_tensor(layer.momentum)
-    layer.add_update(_moving_average(layer.moving_mean, kernel_mean / c, decay, has_rows))
+    batch_mean = tf.reshape(mean, layer.moving_mean.shape) + kernel_mean / c
+    layer.add_update(_moving_average(layer.moving_mean, batch_mean, decay, has_rows))
     layer.add_update(
         _moving_average(layer.moving_variance, kernel_variance * factor, decay, has_rows)
     )
