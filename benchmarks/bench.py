@@ -9,7 +9,8 @@ measures and its goals): ``startup`` (bench_startup), ``wrapper`` (bench_wrapper
 (bench_training), ``input`` (bench_input, legacy input), ``graph`` (bench_graph, built with the
 tests' replica harness ``tests/replicas.py``), ``pods`` (bench_pods: each host's input on faked
 TPU systems of 1, 2 and 4 hosts), ``scale`` (bench_scale, in-memory arrays at real size, one
-process per run), ``padding`` (bench_padding: a TPU host's pipeline with padded batches). All of
+process per run), ``padding`` (bench_padding: a TPU host's pipeline with padded batches), ``bn`` (bench_bn:
+BatchNormalization-heavy Keras applications on a finite input, cpu mode against stock). All of
 them write one table (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
@@ -36,6 +37,7 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )  # this tree's tpushim
 
+import bench_bn
 import bench_graph
 import bench_input
 import bench_padding
@@ -56,6 +58,7 @@ SECTIONS = {
     "pods": bench_pods.run,
     "scale": bench_scale.run,
     "padding": bench_padding.run,
+    "bn": bench_bn.run,
 }
 
 

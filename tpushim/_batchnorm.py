@@ -2,24 +2,33 @@
 
 A short training batch padded to full size (:mod:`tpushim._padding`) carries a padding weight.
 Keras's BatchNormalization would take its batch statistics -- the normalisation, and the moving
-mean and variance it updates -- over the padding rows too. While tpushim builds a TRAIN clone,
-every BatchNormalization layer training on batch statistics computes them over the rows of
-weight > 0 instead, with the arithmetic stock uses for that layer on its short batch:
+mean and variance it updates -- over the padding rows too. While tpushim builds a TRAIN clone of
+a padded batch, every BatchNormalization layer training on batch statistics leaves them out:
 
-* not fused (2-D inputs, ``fused=False``): mean and variance over the real rows, moving averages
-  of both (``tf.nn.moments``' arithmetic);
-* fused (4-D / 5-D inputs by default): the same normalisation; the moving variance moves towards
-  the variance with Bessel's correction over the real elements, as the fused kernel reports it;
-* synchronized (``SyncBatchNormalization``, ``synchronized=True``): ``E[x^2] - E[x]^2`` from sums,
-  as Keras computes it; on a TPU the sums are added across shards, so every shard normalises over
-  the global batch's real rows -- stock's statistics on its whole batch;
-* ``renorm=True``: Keras's own renorm correction, fed the real rows' moments;
-* ``virtual_batch_size``: ghost batches of the real rows, cut as Keras cuts stock's short batch.
+* off a TPU (cpu mode, where shapes may vary): Keras's own call on the batch's real rows, its
+  first ones -- stock's computation on its short batch, for every kind of layer (the padding
+  rows pass through unnormalised); a full batch runs Keras's own graph on the whole batch (a
+  slice and a concat around it, nothing else);
+* on a TPU (static shapes, one shard of the batch): one set of moments over the real rows, for
+  every batch, with the arithmetic stock uses for that layer on its short batch:
 
-A batch without padding takes Keras's own code, unchanged (but for a synchronized layer on a TPU);
-a full batch of a padded input (every row real) Keras's arithmetic, bit for bit.
-On a TPU every other layer normalises each shard over that shard's real rows, and a shard holding
-padding only leaves its moving statistics as they are.
+  - not fused (2-D inputs, ``fused=False``): mean and variance over the real rows, moving
+    averages of both (``tf.nn.moments``' arithmetic);
+  - fused (4-D / 5-D inputs by default): the same normalisation, by Keras's fused kernel fed a
+    batch centred and rescaled so that its variance is the real rows' (see :func:`_fused`); the moving
+    variance moves towards the variance with Bessel's correction over the real elements, as the
+    fused kernel reports it;
+  - synchronized (``SyncBatchNormalization``, ``synchronized=True``): ``E[x^2] - E[x]^2`` from
+    sums, as Keras computes it, added across shards: every shard normalises over the global
+    batch's real rows -- stock's statistics on its whole batch;
+  - ``renorm=True``: Keras's own renorm correction, fed the real rows' moments;
+  - ``virtual_batch_size``: ghost batches of the real rows, cut as Keras cuts stock's short batch.
+
+  A full batch's numbers are Keras's within rounding (not bit for bit); every other layer
+  normalises each shard over that shard's real rows, and a shard holding padding only leaves its
+  moving statistics as they are.
+
+A batch without padding takes Keras's own code, unchanged (but for a synchronized layer on a TPU).
 """
 
 import tensorflow as tf
@@ -38,9 +47,13 @@ def real_rows_call(padding_weight, cross_replica):
     """
     if padding_weight is None and not cross_replica:
         return None
+    if not cross_replica:
+        return _first_rows_call(padding_weight)
+    # The shard's rows, made once for every layer of the step.
+    shard = None if padding_weight is None else _ShardRows(padding_weight)
 
     def call(layer, own_call, inputs, training, mask):
-        synced = cross_replica and getattr(layer, "synchronized", False)
+        synced = getattr(layer, "synchronized", False)
         if (
             # moving statistics: padding plays no part
             _tfprivate.batchnorm_training_value(layer, training) is not True
@@ -51,29 +64,57 @@ def real_rows_call(padding_weight, cross_replica):
             return own_call(inputs, training=training, mask=mask)
         # Fused, Keras ignores a mask (with a warning); not fused, it weighs rows by it.
         mask = None if layer.fused else mask
-        return _train_on_real_rows(layer, inputs, padding_weight, mask, synced)
+        return _train_on_real_rows(layer, inputs, shard, mask, synced)
 
     return call
 
 
-def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
-    """The layer's training-mode output, its statistics over the real rows (see the module).
+class _ShardRows:
+    """A shard's real rows, as every layer of its step reads them: ``rows`` ([batch], 1 for a
+    real row, 0 for padding), their number ``n``, ``has_rows`` (not a shard of padding only),
+    and ``scale``: ``sqrt(batch / n)``, 1 where ``n`` is 0 (see :func:`_fused`)."""
 
-    A batch whose rows are all real (a full batch of a padded input: stock's batch) takes
-    Keras's own arithmetic, bit for bit: the statistics Keras computes are selected then (the
-    fused kernel's output too), and everything after them is Keras's arithmetic for that layer.
-    """
+    def __init__(self, padding_weight):
+        self.rows = tf.cast(tf.greater(padding_weight, 0), tf.float32)
+        self.n = tf.reduce_sum(self.rows)
+        self.has_rows = tf.greater(self.n, 0)
+        batch = tf.cast(tf.size(self.rows), tf.float32)
+        self.scale = tf.where(self.has_rows, tf.sqrt(batch / tf.maximum(self.n, 1.0)), 1.0)
+
+
+def _first_rows_call(padding_weight):
+    """Off a TPU (cpu mode: shapes may vary): Keras's own call on the batch's real rows -- its
+    first ones, as :func:`tpushim._padding.pad_batch` packs them -- which is stock's computation on
+    its short batch, for every kind of layer. The padding rows pass through as they came (values
+    the model produced; no gradient flows back through them, and they count nowhere). A full
+    batch takes the whole batch: Keras's own graph, with a slice and a concat around it."""
+    real = tf.reduce_sum(tf.cast(tf.greater(padding_weight, 0), tf.int32))
+
+    def call(layer, own_call, inputs, training, mask):
+        if _tfprivate.batchnorm_training_value(layer, training) is not True:
+            return own_call(inputs, training=training, mask=mask)
+        outputs = own_call(
+            inputs[:real], training=training, mask=None if mask is None else mask[:real]
+        )
+        padding = tf.stop_gradient(tf.cast(inputs[real:], outputs.dtype))
+        padded = tf.concat([outputs, padding], 0)
+        padded.set_shape(inputs.shape)
+        return padded
+
+    return call
+
+
+def _train_on_real_rows(layer, inputs, shard, mask, cross_replica):
+    """The layer's training-mode output on one TPU shard, its statistics over the real rows (see
+    the module): one set of moments, weighted by the rows, whether or not any row is padding."""
     inputs = tf.cast(inputs, layer.compute_dtype)
     param_dtype = layer.moving_mean.dtype.base_dtype
     # As Keras: statistics (and, not fused, the normalisation) of 16-bit inputs in float32.
     x = tf.cast(inputs, param_dtype)
     ndims = x.shape.rank
-    rows = (
-        tf.ones(tf.shape(x)[:1], param_dtype)
-        if padding_weight is None
-        else tf.cast(tf.greater(padding_weight, 0), param_dtype)
-    )
-    full = tf.reduce_all(rows > 0)
+    if shard is None:  # a synchronized layer on a batch without padding
+        shard = _ShardRows(tf.ones(tf.shape(x)[:1]))
+    rows = tf.cast(shard.rows, param_dtype)
     vbs = layer.virtual_batch_size
     # The statistics' shape against x: 1 on every reduced axis (the axes of a layer with ghost
     # batches count the ghost dimension Keras inserts at 1).
@@ -81,22 +122,16 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
     keep = [x.shape[i] if i in channels else 1 for i in range(ndims)]
     axes = [i for i in range(ndims) if i not in channels]
     if layer.fused:
-        return _fused(layer, inputs, x, rows, full, axes, keep)
+        return _fused(layer, inputs, x, shard, axes)
     if vbs is None:
         weight = tf.reshape(rows, [-1] + [1] * (ndims - 1))
         if mask is not None:  # Keras's mask: a weight per position, broadcast over the last axis
             weight = weight * tf.expand_dims(tf.cast(mask, param_dtype), -1)
         mean, variance, count = _moments(layer, x, weight, axes, cross_replica)
-        if not getattr(layer, "synchronized", False):  # (its sums already are Keras's)
-            own = _keras_moments(layer, x, axes, mask)
-            mean, variance = (tf.where(full, k, m) for k, m in zip(own, (mean, variance)))
         batch_mean, batch_variance = mean, variance
     else:
-        masked = _ghost_moments(layer, x, rows, vbs, channels, cross_replica)
-        own = _keras_ghost_moments(x, vbs, axes)
-        count = masked.pop(2)
-        mean, variance, batch_mean, batch_variance = (
-            tf.where(full, k, m) for k, m in zip(own, masked)
+        mean, variance, count, batch_mean, batch_variance = _ghost_moments(
+            layer, x, rows, vbs, channels, cross_replica
         )
     # The element count is the same for every channel; 0 when a shard holds padding only.
     has_rows = tf.greater(tf.reduce_max(count), 0)
@@ -153,54 +188,57 @@ def _train_on_real_rows(layer, inputs, padding_weight, mask, cross_replica):
     return outputs
 
 
-def _fused(layer, inputs, x, rows, full, axes, keep):
-    """A fused layer (4-D / 5-D inputs): Keras's fused kernel for a batch of real rows only, the
-    same normalisation over the real rows otherwise; the moving variance moves towards the
-    variance with Bessel's correction, as the fused kernel reports it."""
-    one, zero = tf.ones(layer.moving_mean.shape), tf.zeros(layer.moving_mean.shape)
-    gamma = layer.gamma if layer.gamma is not None else one
-    beta = layer.beta if layer.beta is not None else zero
-    first = layer.axis[0] in (1, -x.shape.rank + 1)
-    data_format = ("NC" + "DHW"[-(x.shape.rank - 2) :]) if first else None
-    real = tf.reduce_sum(rows)
+def _fused(layer, inputs, x, shard, axes):
+    """A fused layer (4-D / 5-D inputs) on a TPU shard: Keras's fused kernel, fed the batch so
+    that its statistics over all rows are those of the real rows.
 
-    def own():
-        outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-            inputs,
-            gamma,
-            beta,
-            mean=layer.moving_mean,
-            variance=layer.moving_variance,
-            epsilon=layer.epsilon,
-            is_training=True,
-            data_format=data_format or ("N" + "DHW"[-(x.shape.rank - 2) :] + "C"),
-        )
-        return outputs, mean, variance
-
-    def masked():
-        weight = tf.reshape(rows, [-1] + [1] * (x.shape.rank - 1))
-        mean, variance, count = _moments(layer, x, weight, axes, False)
-        # A shard holding padding only (on a TPU) normalises with the moving statistics.
-        rows_here = tf.greater(tf.reduce_max(count), 0)
-        outputs = tf.nn.batch_normalization(
-            x,
-            tf.where(rows_here, mean, tf.reshape(layer.moving_mean, keep)),
-            tf.where(rows_here, variance, tf.reshape(layer.moving_variance, keep)),
-            tf.reshape(beta, keep),
-            tf.reshape(gamma, keep),
-            layer.epsilon,
-        )
-        bessel = variance * count / tf.maximum(count - 1.0, 1.0)
-        shape = layer.moving_mean.shape
-        return tf.cast(outputs, inputs.dtype), tf.reshape(mean, shape), tf.reshape(bessel, shape)
-
-    outputs, mean, variance = tf.cond(full, own, masked)
+    With ``n`` real rows of ``N`` and ``m`` the real rows' mean, the kernel gets ``c * (x - m)``
+    for a real row and 0 for a padding row, ``c = sqrt(N / n)``, and ``gamma / c``: its mean is
+    0, its variance the real rows' (``c**2 * n / N`` of it), so its output on a real row is
+    ``gamma * (x - m) / sqrt(variance + epsilon) + beta`` -- for every ``x``, so the gradient
+    (through ``m`` too) is that of the real rows' normalisation. (Centred, the kernel's variance
+    loses nothing to a large mean: XLA computes it as ``E[x^2] - E[x]^2``.) The moving mean
+    moves towards ``m`` plus the kernel's mean (0 but for rounding), the moving variance towards
+    the variance with Bessel's correction over the real elements, as the kernel reports it for
+    stock's short batch. A full batch's numbers are Keras's within rounding.
+    """
+    gamma = layer.gamma if layer.gamma is not None else tf.ones(layer.moving_mean.shape)
+    beta = layer.beta if layer.beta is not None else tf.zeros(layer.moving_mean.shape)
+    ndims = x.shape.rank
+    spatial = "DHW"[-(ndims - 2) :]
+    first = layer.axis[0] in (1, -ndims + 1)
+    real = tf.reshape(shard.rows > 0, [-1] + [1] * (ndims - 1))
+    n, has_rows = tf.cast(shard.n, x.dtype), shard.has_rows  # (no rows: the moving statistics stay)
+    c = tf.cast(shard.scale, x.dtype)
+    per_row = 1.0
+    for i in axes[1:]:
+        per_row *= x.shape[i]
+    count = n * per_row  # the real elements of each channel
+    # Selected, not multiplied: whatever a padding row holds (even inf or NaN) counts for nothing.
+    mean = tf.math.divide_no_nan(tf.reduce_sum(tf.where(real, x, 0.0), axes, keepdims=True), count)
+    outputs, kernel_mean, kernel_variance = tf.compat.v1.nn.fused_batch_norm(
+        tf.where(real, x - mean, 0.0) * c,
+        gamma / c,
+        beta,
+        epsilon=layer.epsilon,
+        is_training=True,
+        data_format=("NC" + spatial) if first else ("N" + spatial + "C"),
+    )
+    outputs = tf.cast(outputs, inputs.dtype)
     outputs.set_shape(inputs.shape)
-    has_rows = tf.greater(real, 0)  # else (a shard of padding only) the moving statistics stay
+    # The kernel's Bessel correction is over all N rows' elements: undone, then made over the
+    # real ones. (Both products are the same float where every row is real: a factor of 1.)
+    elements = tf.cast(tf.shape(x)[0], x.dtype) * per_row
+    factor = tf.math.divide_no_nan(
+        (elements - 1.0) * count, elements * tf.maximum(count - 1.0, 1.0)
+    )
     # Keras's decay for a fused layer, in graph mode: 1 - momentum computed on a tensor.
     decay = 1.0 - tf.convert_to_tensor(layer.momentum)
-    layer.add_update(_moving_average(layer.moving_mean, mean, decay, has_rows))
-    layer.add_update(_moving_average(layer.moving_variance, variance, decay, has_rows))
+    batch_mean = tf.reshape(mean, layer.moving_mean.shape) + kernel_mean / c
+    layer.add_update(_moving_average(layer.moving_mean, batch_mean, decay, has_rows))
+    layer.add_update(
+        _moving_average(layer.moving_variance, kernel_variance * factor, decay, has_rows)
+    )
     return outputs
 
 
@@ -212,35 +250,6 @@ def _moving_average(variable, value, decay, has_rows):
     delta = tf.where(has_rows, delta, tf.zeros_like(delta))
     with tf.compat.v1.colocate_with(variable):
         return tf.compat.v1.assign_sub(variable, delta, name="AssignMovingAvg")
-
-
-def _keras_moments(layer, x, axes, mask):
-    """The (mean, variance) Keras computes for a batch (``tf.nn.moments``, or
-    ``tf.nn.weighted_moments`` by its mask), with keepdims."""
-    if mask is None:
-        return tf.nn.moments(x, axes, keepdims=True)
-    weights = tf.expand_dims(tf.cast(mask, layer.compute_dtype), -1)
-    return tf.nn.weighted_moments(x, axes, frequency_weights=weights, keepdims=True)
-
-
-def _keras_ghost_moments(x, vbs, axes):
-    """Keras's ghost batch statistics of a whole batch (``[vbs, batch / vbs, ...]``): each row's
-    ghost mean and variance, and their means over the ghost batches, with keepdims."""
-    shape = x.shape.as_list()
-    ghosts = tf.reshape(x, [vbs, -1] + shape[1:])
-    # The ghost axis (1) is kept; the others x reduces, one further along.
-    mean, variance = tf.nn.moments(ghosts, [0] + [a + 1 for a in axes if a > 0], keepdims=True)
-
-    def per_row(t):
-        return tf.reshape(
-            tf.broadcast_to(t, [vbs, tf.shape(ghosts)[1]] + t.shape.as_list()[2:]),
-            [-1] + t.shape.as_list()[2:],
-        )
-
-    def over_ghosts(t):
-        return tf.reshape(tf.reduce_mean(t, 1, keepdims=True), [1] + t.shape.as_list()[2:])
-
-    return per_row(mean), per_row(variance), over_ghosts(mean), over_ghosts(variance)
 
 
 def _compose(scale, offset, then_scale, then_offset):
@@ -333,4 +342,4 @@ def _ghost_moments(layer, x, rows, vbs, channels, cross_replica):
     n = tf.cast(ghosts, x.dtype)
     batch_mean = tf.reduce_sum(mean * used, 0, keepdims=True) / n
     batch_variance = tf.reduce_sum(variance * used, 0, keepdims=True) / n
-    return [row_mean, per_row(variance), count, batch_mean, batch_variance]
+    return row_mean, per_row(variance), count, batch_mean, batch_variance

@@ -1,0 +1,125 @@
+"""What BatchNormalization on a padded batch costs in the training graph (issue 36).
+
+A finite training input is padded: every batch carries a padding weight. Its BatchNormalization
+layers must cost what stock's cost -- one computation per layer, no conditional, no second set of
+moments -- so the graph cannot grow back: the cpu-mode TRAIN graph of a padded batch against
+stock's TRAIN graph for the same model, counted with the bodies of every function.
+The numbers themselves are compared with stock in tests/test_legacy_input.py.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tfcases
+
+from tpushim import _model_fn, _padding
+
+ModeKeys = tf.estimator.ModeKeys
+BATCH = 8
+#: op types a conditional or a gradient through one brings (If's gradient: Optional* ops)
+CONTROL_FLOW = ("If", "StatelessIf", "Case", "Switch", "Merge", "While", "StatelessWhile")
+
+
+def _bn_model(blocks, conv_bias=True):
+    """Conv2D -> BatchNormalization (fused) ``blocks`` times, then Dense -> BatchNormalization
+    (not fused) -> softmax: 2-D and 4-D layers, with biases before them (as ResNet) or not."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((6, 6, 3))
+    h = x
+    for _ in range(blocks):
+        h = tf.keras.layers.Conv2D(4, 3, padding="same", use_bias=conv_bias)(h)
+        h = tf.keras.layers.ReLU()(tf.keras.layers.BatchNormalization(momentum=0.5)(h))
+    h = tf.keras.layers.GlobalAveragePooling2D()(h)
+    h = tf.keras.layers.Dense(5, use_bias=conv_bias)(h)
+    h = tf.keras.layers.BatchNormalization(momentum=0.5)(h)
+    out = tf.keras.layers.Dense(3, activation="softmax")(h)
+    model = tf.keras.Model(x, out)
+    model.compile(tf.keras.optimizers.legacy.Adam(1e-3), "sparse_categorical_crossentropy")
+    return model
+
+
+def _counts(graph):
+    """(nodes, Counter of op types), the graph's and every function body's together -- but the
+    global step's read (is it initialised? a cond), which tpushim's model_fn makes and stock's
+    makes outside the model_fn."""
+    graph_def = graph.as_graph_def()
+    types = collections.Counter(
+        node.op for node in graph_def.node if not node.name.startswith("global_step/")
+    )
+    for function in graph_def.library.function:
+        if "global_step" not in function.signature.name:
+            types.update(node.op for node in function.node_def)
+    return sum(types.values()), types
+
+
+def _train_graph(blocks, padded, tmp_path):
+    """The TRAIN graph: stock's model_fn on a batch of unknown size (as ``batch(8)`` gives it),
+    or tpushim's cpu-mode model_fn on a padded batch (as it feeds a finite input)."""
+    model = _bn_model(blocks)
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.train.get_or_create_global_step()
+        labels = tf.compat.v1.placeholder(tf.int64, [None if not padded else BATCH, 1])
+        if padded:
+            features = {
+                _padding.FEATURES_KEY: tf.compat.v1.placeholder(tf.float32, [BATCH, 6, 6, 3]),
+                _padding.PADDING_KEY: tf.compat.v1.placeholder(tf.float32, [BATCH]),
+            }
+            _model_fn.make_model_fn(model)(
+                features, labels, ModeKeys.TRAIN, params={"use_tpu": False, "batch_size": BATCH}
+            )
+        else:
+            stock = tfcases.convert(tmp_path, model, patch={"mode": "off"})
+            stock._model_fn(
+                tf.compat.v1.placeholder(tf.float32, [None, 6, 6, 3]), labels, ModeKeys.TRAIN
+            )
+    return _counts(graph)
+
+
+@pytest.mark.parametrize("blocks", [1, 4])
+def test_a_padded_batch_adds_no_conditional_and_keeps_kerass_kernels(tmp_path, blocks):
+    """No BatchNormalization conditional, nor the Optional ops of its gradient: the cpu-mode graph
+    of a padded batch has stock's control flow (the global step's read, nothing more), and each
+    layer runs Keras's own kernels once (fused for 4-D inputs), forward and backward."""
+    _, stock = _train_graph(blocks, False, tmp_path / "stock")
+    _, shim = _train_graph(blocks, True, tmp_path / "shim")
+    for op_type in CONTROL_FLOW + ("FusedBatchNormV3", "FusedBatchNormGradV3"):
+        assert shim[op_type] == stock[op_type], (op_type, shim[op_type], stock[op_type])
+    optional = sorted(t for t in shim if t.startswith("Optional"))
+    assert [shim[t] for t in optional] == [stock[t] for t in optional], optional
+    assert stock["FusedBatchNormV3"] == blocks
+
+
+def test_the_padded_graph_grows_with_the_model_as_stocks(tmp_path):
+    """tpushim's graph is stock's plus a constant plus at most a handful of nodes per
+    BatchNormalization layer (a slice and a concat, and their gradients): three more layers add
+    at most 3 x 12 nodes more than they add to stock's."""
+    small = {p: _train_graph(1, p, tmp_path / f"small{p}")[0] for p in (False, True)}
+    large = {p: _train_graph(4, p, tmp_path / f"large{p}")[0] for p in (False, True)}
+    growth = (large[True] - small[True]) - (large[False] - small[False])
+    assert growth <= 3 * 12, (small, large)
+
+
+@pytest.mark.slow  # trains two estimators
+def test_a_short_batch_with_adam_trains_batchnorm_as_stock(tmp_path):
+    """20 rows by 8 with Adam, the third batch short (4 real rows, padded to 8): every moving
+    mean and variance (Keras's own computation on the real rows), weight, optimizer slot and the
+    evaluated loss within 1e-5 of stock's.
+
+    (With biases on the convolutions before a BatchNormalization, as in ResNet50, those biases
+    are not: their gradient is 0 in exact arithmetic -- the layer subtracts the mean -- so what
+    Adam steps them by is rounding noise divided by its own size. Stock against itself with the
+    short batch's pixels one float apart moves them as far: see docs/reference/parity.md.)"""
+    x = np.random.RandomState(0).rand(20, 6, 6, 3).astype("float32")
+    y = np.random.RandomState(1).randint(0, 3, (20, 1))
+    train = tfcases.dataset_input_fn(x, y, batch=BATCH)
+
+    def build():
+        return _bn_model(2, conv_bias=False)
+
+    stock = tfcases.run("off", build, train, train, None, tmp_path / "s", steps=3)
+    shim = tfcases.run("cpu", build, train, train, None, tmp_path / "c", steps=3)
+    assert len([k for k in stock[3] if "moving_" in k]) == 6
+    tfcases.assert_same(stock, shim)
