@@ -492,3 +492,18 @@ def test_tpu_graph_error_from_the_users_tpu_config(tmp_path):
         assert "TPUConfig.num_shards is not set correctly" in finding.message
         assert "(grpc://" not in finding.message  # the faked TPU's address is not shown
         assert "remove num_shards" in finding.fix
+
+
+@pytest.mark.parametrize("cores_per_replica", [1, 2])
+def test_model_parallelism_in_the_users_tpu_config_builds(tmp_path, monkeypatch, cores_per_replica):
+    """A TPU-written script's ``TPUConfig(num_cores_per_replica=...)``: the faked TPU system
+    answers the topology query as a TPU does, so no false tpu-graph error."""
+    from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    config = tpu_config.RunConfig(
+        tpu_config=tpu_config.TPUConfig(num_cores_per_replica=cores_per_replica)
+    )
+    report = _record_calls(tmp_path / "model", config).report(num_cores=8)
+    assert "TPU graphs for 8 cores (1 host)" in report.checked
+    assert not [f for f in report.findings if f.code.startswith("tpu-graph")], report
