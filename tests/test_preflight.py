@@ -407,9 +407,10 @@ def _global_step(model_dir):  # of the latest checkpoint, as its name says (mode
     return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
 
 
-def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path):
+def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path, monkeypatch):
     from tpushim import _preflight
 
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the scratch copies: under tmp_path
     x, y = tfcases.data(n=64)
     endless = tfcases.dataset_input_fn(x, y, batch=32, repeat=True)
     tpushim.patch(mode="cpu")
@@ -426,24 +427,28 @@ def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path):
             keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
         )
         est.train(endless, max_steps=1000)  # max_steps gives way to the cap
-        assert _global_step(tmp_path / "model") == recorder.MAX_TRAIN_STEPS
+        assert _global_step(est.model_dir) == recorder.MAX_TRAIN_STEPS  # in a scratch copy
         est.train(endless, steps=1)  # fewer than the cap: as asked
-        assert _global_step(tmp_path / "model") == recorder.MAX_TRAIN_STEPS + 1
+        assert _global_step(est.model_dir) == recorder.MAX_TRAIN_STEPS + 1
         assert est.evaluate(endless)["global_step"] == recorder.MAX_TRAIN_STEPS + 1  # ends
         stock.train(stock_input, max_steps=5)  # an estimator tpushim did not convert runs as asked
         assert _global_step(tmp_path / "stock") == 5
-    est.train(endless, max_steps=10)  # after the context: stock's max_steps again
+    assert not (tmp_path / "model").exists()  # the script's model_dir: not even created
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tpushim-check-")]  # removed
+    after = tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
+    )
+    after.train(endless, max_steps=10)  # after the context: the model_dir and max_steps as given
     assert _global_step(tmp_path / "model") == 10
     report = recorder.report(tpu_graphs=False)
     assert "input pipeline" in report.checked and "no-conversion" not in report.codes()
 
 
 def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
-    recorder = _record_calls(tmp_path / "model")
-    before = sorted(os.listdir(tmp_path / "model"))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    recorder = _record_calls(tmp_path / "model")
     one_host = recorder.report(num_cores=8)
     assert "TPU graphs for 8 cores (1 host)" in one_host.checked
     assert "tpu-graph" not in one_host.codes()
@@ -476,7 +481,7 @@ def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
     assert pod.ok
     # Built in a scratch folder of its own, removed afterwards; the script's model_dir untouched.
     assert not [p for p in os.listdir(scratch) if p.startswith("tpushim-check-")]
-    assert sorted(os.listdir(tmp_path / "model")) == before
+    assert not (tmp_path / "model").exists()
 
 
 def test_tpu_graph_error_from_the_users_tpu_config(tmp_path):

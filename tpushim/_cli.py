@@ -86,10 +86,10 @@ def _patch_before_running(options, module, target, command="", **overrides):
     return None
 
 
-def _launch(module, target):
+def _launch(module, target, reported=None):
     if module is not None:
-        return _launcher.run_module(module, target)
-    return _launcher.run_script(target[0], target[1:])
+        return _launcher.run_module(module, target, reported)
+    return _launcher.run_script(target[0], target[1:], reported)
 
 
 def _info(options, argv):
@@ -172,7 +172,8 @@ def _check(options, argv):
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout),
         ):
             try:
-                code, uncaught = _launch(module, target)
+                # A refused conversion is a finding, not a traceback (the report says it all).
+                code, uncaught = _launch(module, target, recorder.refused_with)
             except SystemExit as e:
                 code, exit_message = _exit_status(e)
                 if exit_message is not None:
@@ -202,7 +203,9 @@ def _check_report(preflight, recorder, cores, code, uncaught, exit_message=None)
             f"the preflight failed: {preflight.summary(e)}",
             "please report this to tpushim",
         )
-    if uncaught is not None:
+    if uncaught is not None and recorder.conversion_error(uncaught):
+        pass  # the report's finding for that conversion says what it was and what went unchecked
+    elif uncaught is not None:
         report.add(
             "script-raised",
             "error",
