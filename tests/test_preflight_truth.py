@@ -42,6 +42,7 @@ def _files(root):
 
 
 TRAIN_AND_EXPORT = """
+import os
 import sys
 
 import numpy as np
@@ -92,6 +93,7 @@ print("latest", tf.train.latest_checkpoint(est.model_dir).rsplit("/", 1)[1])
 # A model_dir that does not exist yet, and none at all (stock makes a temporary one).
 to_estimator(keras_model=build(), model_dir=fresh_dir).train(input_fn, steps=2)
 to_estimator(keras_model=build()).train(input_fn, steps=2)
+print("fresh", sorted(os.listdir(fresh_dir))[-1])  # what the run wrote (not there under check)
 """
 
 
@@ -113,7 +115,7 @@ def test_check_leaves_every_file_the_script_names_as_it_was(tmp_path, spelling):
     proc = _run("-m", "tpushim", "check", script, model_dir, tmp_path / "fresh", exports,
                 spelling, 12, tmp=tmp)  # fmt: skip
 
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]  # warnings only
     assert (_files(model_dir), _files(exports), sorted(os.listdir(tmp))) == before
     assert not (tmp_path / "fresh").exists()
     # The checked steps ran from the user's latest checkpoint, on a copy.
@@ -131,6 +133,14 @@ def test_check_leaves_every_file_the_script_names_as_it_was(tmp_path, spelling):
     ]
     for note in notes:  # each said as it happened, too
         assert f"tpushim check: {note[len('note: ') :]}" in proc.stderr
+    # The script's last line reads the folder the check did not create: said, not a traceback.
+    assert "Traceback" not in proc.stderr and "script-raised" not in proc.stdout
+    assert (
+        f"  [WARNING] model-dir-read at {script}:{len(TRAIN_AND_EXPORT.splitlines())} in "
+        f"<module>: the script then raised FileNotFoundError: [Errno 2] No such file or "
+        f"directory: '{tmp_path / 'fresh'}': it reads {tmp_path / 'fresh'}, which the check "
+        "leaves as it is"
+    ) in proc.stdout
 
 
 # Models tpushim refuses to convert, one per kind (the same source builds them in this process
@@ -200,7 +210,7 @@ from models import dense, with_loss, with_metric, with_optimizer
 model_dir = sys.argv[1]
 x, y = np.ones((16, 4), "float32"), np.ones((16, 1), "float32")
 to_estimator = tf.compat.v1.keras.estimator.model_to_estimator
-for build in (with_loss, with_optimizer):
+for build in (with_loss, with_optimizer, with_metric):
     try:
         to_estimator(keras_model=build())
     except ValueError as e:
@@ -217,11 +227,8 @@ try:
     to_estimator(keras_model=model, model_dir=model_dir)
 except ValueError as e:
     print("refused:", type(e).__name__)
-try:  # fails as stock fails: the file is not there
-    to_estimator(keras_model_path=model_dir + "/no_such_model.h5")
-except OSError as e:
-    print("failed:", type(e).__name__)
-to_estimator(keras_model=with_metric())  # uncaught: the script ends here
+# Uncaught, the script ends here; it fails as stock fails (the file is not there).
+to_estimator(keras_model_path=model_dir + "/no_such_model.h5")
 print("not reached")
 """
 
@@ -243,7 +250,7 @@ def test_refused_conversions_are_findings_as_tpushim_check_gives_them(tmp_path):
     proc = _run("-m", "tpushim", "check", "--json", script, tmp_path / "model", tmp=tmp_path)
 
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr  # tpushim's refusals say all; no trace through tpushim
+    assert "Traceback" not in proc.stderr  # the findings say all; no trace through tpushim
     assert "not reached" not in proc.stderr  # (the script's prints go to stderr with --json)
     report = json.loads(proc.stdout)
     found = {f["code"]: f for f in report["findings"]}
@@ -285,7 +292,10 @@ def test_refused_conversions_are_findings_as_tpushim_check_gives_them(tmp_path):
     assert refused["message"].endswith(UNCHECKED)
     assert "tpushim-check-" not in refused["message"]  # the user's path, not the scratch copy's
     failed = found["conversion-failed"]
-    assert failed["message"].startswith("model_to_estimator raised OSError: ")
+    assert failed["message"].startswith(
+        f"model_to_estimator raised OSError: No file or directory found at {tmp_path / 'model'}"
+    )
+    assert "script-raised" not in found  # the failure is the conversion's: said once
     assert "while tpushim converted the model" in failed["message"]
 
 

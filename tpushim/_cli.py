@@ -172,8 +172,8 @@ def _check(options, argv):
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout),
         ):
             try:
-                # A refused conversion is a finding, not a traceback (the report says it all).
-                code, uncaught = _launch(module, target, recorder.refused_with)
+                # What the preflight explains is a finding, not a traceback (see _check_report).
+                code, uncaught = _launch(module, target, recorder.explains)
             except SystemExit as e:
                 code, exit_message = _exit_status(e)
                 if exit_message is not None:
@@ -203,8 +203,10 @@ def _check_report(preflight, recorder, cores, code, uncaught, exit_message=None)
             f"the preflight failed: {preflight.summary(e)}",
             "please report this to tpushim",
         )
-    if uncaught is not None and recorder.conversion_error(uncaught):
-        pass  # the report's finding for that conversion says what it was and what went unchecked
+    if uncaught is not None and recorder.explains(uncaught):
+        # A refused conversion (its finding says what and why), or a read of a model_dir the
+        # check left as it was (the checked run wrote to a scratch copy).
+        recorder.add_explained(report, uncaught)
     elif uncaught is not None:
         report.add(
             "script-raised",

@@ -60,6 +60,7 @@ class ScratchDirs:
         self._copies = {}  # the user's path (normalised) -> its scratch folder
         self._scratch = []  # every scratch folder made
         self._users = {}  # scratch copy -> the user's model_dir it stands for
+        self.left = []  # the user's folders the checked run did not write (as named, normalised)
         self.notes = []  # one line per model_dir: what the checked run used instead
 
     def _note(self, text):
@@ -98,6 +99,7 @@ class ScratchDirs:
             )
             self._copies[key] = folder
             self._users[folder] = model_dir
+            self.left += [os.fspath(model_dir), key]
         return self._copies[key]
 
     def export_dir(self, export_dir_base):
@@ -105,6 +107,7 @@ class ScratchDirs:
         key = ("export", _normalised(export_dir_base))
         if key not in self._copies:
             self._copies[key] = self._folder(os.path.basename(key[1].rstrip("/")) or "export")
+            self.left += [os.fspath(export_dir_base), key[1]]
             self._note(
                 f"export to {export_dir_base}: written to a scratch folder instead (nothing is "
                 f"written there)"

@@ -63,14 +63,39 @@ class Recorder:
         """Removes the scratch copies of the script's model_dirs (the report needs none)."""
         self._dirs.close()
 
-    def conversion_error(self, error):
-        """True when ``error`` is one a conversion raised (the report has a finding for it)."""
-        return any(e is error for _, e in self._refusals)
+    def explains(self, error):
+        """True when ``error``, which ended the script, is one the preflight accounts for: a
+        conversion's (:meth:`conversion_error`), or a read of a folder the check left as it
+        was (:meth:`add_explained`). Its traceback is not needed."""
+        return self.conversion_error(error) or self._left_path_read(error) is not None
 
-    def refused_with(self, error):
-        """True when ``error`` is tpushim refusing a conversion (a :class:`TPUShimError`, or a
-        ``ValueError`` about its arguments): the report's finding says all; no traceback needed."""
-        return self.conversion_error(error) and isinstance(error, (TPUShimError, ValueError))
+    def _left_path_read(self, error):
+        """The user's folder (model_dir, export) named by a file-not-found ``error``, or None."""
+        if not isinstance(error, (OSError, tf.errors.NotFoundError)):
+            return None
+        text = str(error)
+        return next((path for path in self._dirs.left if path in text), None)
+
+    def add_explained(self, report, error):
+        """Adds the finding for an :meth:`explains` error that ended the script (a conversion's
+        has its own already): a read of what the checked run wrote to its scratch copy instead."""
+        path = self._left_path_read(error)
+        if path is None or self.conversion_error(error):
+            return
+        report.add(
+            "model-dir-read",
+            "warning",
+            script_frame(error),
+            f"the script then raised {summary(error)}: it reads {path}, which the check "
+            f"leaves as it is (the checked run wrote to a scratch copy), so what the run wrote "
+            f"is not there; on a real run it would be. The script's later steps were not checked",
+            "nothing to change for a TPU; the other findings cover what ran before",
+        )
+
+    def conversion_error(self, error):
+        """True when ``error`` is one a conversion raised: the report has the one finding for it
+        (what was refused or failed, why, what went unchecked); no traceback through tpushim."""
+        return any(e is error for _, e in self._refusals)
 
     def _owner(self, estimator) -> Optional[_Recorded]:
         return next(
@@ -224,7 +249,7 @@ class Recorder:
                 "error",
                 where,
                 and_unchecked(
-                    f"model_to_estimator raised {self._dirs.as_the_users(summary(error))} "
+                    f"model_to_estimator raised {self._dirs.as_the_users(summary(error, None))} "
                     f"while tpushim converted the model",
                     "could not convert",
                 ),

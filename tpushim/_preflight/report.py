@@ -132,9 +132,10 @@ class Report:
         )
 
 
-def summary(exc):
+def summary(exc, limit=300):
     """One informative line of an exception's text (TensorFlow's start with 'Graph execution error:'
-    and end with the op that failed; the line before that says what went wrong)."""
+    and end with the op that failed; the line before that says what went wrong), cut at ``limit``
+    characters (None: whole)."""
     noise = (
         "File ",
         "[[",
@@ -146,7 +147,7 @@ def summary(exc):
     )
     lines = [line_.strip() for line_ in str(exc).split("Original stack trace for")[0].splitlines()]
     lines = [line_ for line_ in lines if line_ and not line_.startswith(noise)]
-    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+    return f"{type(exc).__name__}: {lines[-1][:limit] if lines else ''}"
 
 
 def last_frame(exc):
