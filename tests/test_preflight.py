@@ -512,3 +512,21 @@ def test_model_parallelism_in_the_users_tpu_config_builds(tmp_path, monkeypatch,
     report = _record_calls(tmp_path / "model", config).report(num_cores=8)
     assert "TPU graphs for 8 cores (1 host)" in report.checked
     assert not [f for f in report.findings if f.code.startswith("tpu-graph")], report
+
+
+def test_a_call_the_faked_system_cannot_build_is_unchecked_not_tpuestimators():
+    """A call that never reaches the faked TPU's session (here: one that returns at once) is a
+    limit of the preflight: a warning that the graph went unchecked, never TPUEstimator's error."""
+    from tpushim._preflight import Report, faketpu, graph_checks
+
+    class ReturnsAtOnce:
+        def train(self, input_fn, steps=None):
+            return self
+
+    report = Report()
+    with faketpu.faked_tpu_system() as tpu:
+        graph_checks._build_one(report, tpu, ReturnsAtOnce(), "train", None, None, 8, "m")
+    (finding,) = report.findings
+    assert (finding.code, finding.severity) == ("tpu-graph-unchecked", "warning")
+    assert "not something TPUEstimator or a TPU raised" in finding.message
+    assert "TPUEstimator's own" not in finding.fix and tpu.master not in finding.message
