@@ -91,3 +91,32 @@ def test_a_cpu_mode_run_in_the_order_observers_hear_it(tmp_path):
         ("finished", "predict", None, False),
     ]
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-2")
+
+
+def test_converting_may_replace_the_arguments_hears_refusals_and_cannot_be_skipped(tmp_path):
+    """``converting`` sees the call's arguments before anything is written and may replace them
+    (the preflight's scratch model_dir); ``refused`` hears the error a conversion raises; a
+    ``converting`` that fails stops the conversion (it is not skipped as other observers are)."""
+    heard = []
+
+    class Redirect:
+        def converting(self, arguments):
+            return dict(arguments, model_dir=str(tmp_path / "instead"))
+
+        def refused(self, arguments, error):
+            heard.append((arguments["model_dir"], type(error).__name__))
+
+    with _observe.observing(Redirect()):
+        est = tfcases.convert(tmp_path / "asked", patch={"mode": "cpu"})
+        with pytest.raises(ValueError):
+            tfcases.convert(tmp_path / "asked", model=tfcases.uncompiled, patch={"mode": "cpu"})
+    assert est.model_dir == str(tmp_path / "instead") and not (tmp_path / "asked").exists()
+    assert heard == [(str(tmp_path / "instead"), "ValueError")]
+
+    class Broken:
+        def converting(self, arguments):
+            raise RuntimeError("cannot move the model_dir")
+
+    with _observe.observing(Broken()), pytest.raises(RuntimeError, match="cannot move"):
+        tfcases.convert(tmp_path / "asked", patch={"mode": "cpu"})
+    assert not (tmp_path / "asked").exists()

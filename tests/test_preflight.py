@@ -407,9 +407,10 @@ def _global_step(model_dir):  # of the latest checkpoint, as its name says (mode
     return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
 
 
-def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path):
+def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path, monkeypatch):
     from tpushim import _preflight
 
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the scratch copies: under tmp_path
     x, y = tfcases.data(n=64)
     endless = tfcases.dataset_input_fn(x, y, batch=32, repeat=True)
     tpushim.patch(mode="cpu")
@@ -426,24 +427,28 @@ def test_recording_caps_the_scripts_runs_and_ends_with_its_context(tmp_path):
             keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
         )
         est.train(endless, max_steps=1000)  # max_steps gives way to the cap
-        assert _global_step(tmp_path / "model") == recorder.MAX_TRAIN_STEPS
+        assert _global_step(est.model_dir) == recorder.MAX_TRAIN_STEPS  # in a scratch copy
         est.train(endless, steps=1)  # fewer than the cap: as asked
-        assert _global_step(tmp_path / "model") == recorder.MAX_TRAIN_STEPS + 1
+        assert _global_step(est.model_dir) == recorder.MAX_TRAIN_STEPS + 1
         assert est.evaluate(endless)["global_step"] == recorder.MAX_TRAIN_STEPS + 1  # ends
         stock.train(stock_input, max_steps=5)  # an estimator tpushim did not convert runs as asked
         assert _global_step(tmp_path / "stock") == 5
-    est.train(endless, max_steps=10)  # after the context: stock's max_steps again
+    assert not (tmp_path / "model").exists()  # the script's model_dir: not even created
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tpushim-check-")]  # removed
+    after = tf.keras.estimator.model_to_estimator(
+        keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
+    )
+    after.train(endless, max_steps=10)  # after the context: the model_dir and max_steps as given
     assert _global_step(tmp_path / "model") == 10
     report = recorder.report(tpu_graphs=False)
     assert "input pipeline" in report.checked and "no-conversion" not in report.codes()
 
 
 def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
-    recorder = _record_calls(tmp_path / "model")
-    before = sorted(os.listdir(tmp_path / "model"))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    recorder = _record_calls(tmp_path / "model")
     one_host = recorder.report(num_cores=8)
     assert "TPU graphs for 8 cores (1 host)" in one_host.checked
     assert "tpu-graph" not in one_host.codes()
@@ -476,7 +481,7 @@ def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
     assert pod.ok
     # Built in a scratch folder of its own, removed afterwards; the script's model_dir untouched.
     assert not [p for p in os.listdir(scratch) if p.startswith("tpushim-check-")]
-    assert sorted(os.listdir(tmp_path / "model")) == before
+    assert not (tmp_path / "model").exists()
 
 
 def test_tpu_graph_error_from_the_users_tpu_config(tmp_path):
@@ -492,3 +497,36 @@ def test_tpu_graph_error_from_the_users_tpu_config(tmp_path):
         assert "TPUConfig.num_shards is not set correctly" in finding.message
         assert "(grpc://" not in finding.message  # the faked TPU's address is not shown
         assert "remove num_shards" in finding.fix
+
+
+@pytest.mark.parametrize("cores_per_replica", [1, 2])
+def test_model_parallelism_in_the_users_tpu_config_builds(tmp_path, monkeypatch, cores_per_replica):
+    """A TPU-written script's ``TPUConfig(num_cores_per_replica=...)``: the faked TPU system
+    answers the topology query as a TPU does, so no false tpu-graph error."""
+    from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    config = tpu_config.RunConfig(
+        tpu_config=tpu_config.TPUConfig(num_cores_per_replica=cores_per_replica)
+    )
+    report = _record_calls(tmp_path / "model", config).report(num_cores=8)
+    assert "TPU graphs for 8 cores (1 host)" in report.checked
+    assert not [f for f in report.findings if f.code.startswith("tpu-graph")], report
+
+
+def test_a_call_the_faked_system_cannot_build_is_unchecked_not_tpuestimators():
+    """A call that never reaches the faked TPU's session (here: one that returns at once) is a
+    limit of the preflight: a warning that the graph went unchecked, never TPUEstimator's error."""
+    from tpushim._preflight import Report, faketpu, graph_checks
+
+    class ReturnsAtOnce:
+        def train(self, input_fn, steps=None):
+            return self
+
+    report = Report()
+    with faketpu.faked_tpu_system() as tpu:
+        graph_checks._build_one(report, tpu, ReturnsAtOnce(), "train", None, None, 8, "m")
+    (finding,) = report.findings
+    assert (finding.code, finding.severity) == ("tpu-graph-unchecked", "warning")
+    assert "not something TPUEstimator or a TPU raised" in finding.message
+    assert "TPUEstimator's own" not in finding.fix and tpu.master not in finding.message

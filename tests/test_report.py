@@ -91,3 +91,12 @@ def test_a_phase_that_raises_says_so_and_lets_the_error_through():
     except RuntimeError:
         pass
     assert stream.getvalue().splitlines()[-1].endswith(", failed")
+
+
+def test_notes_say_how_the_check_ran_in_text_and_json():
+    report = report_of("warning")
+    report.notes.append("model_dir /data/run1 is left as it is")
+    lines = str(report).splitlines()
+    assert lines[1:3] == ["checked: conversion", "note: model_dir /data/run1 is left as it is"]
+    assert json.loads(report.to_json())["notes"] == ["model_dir /data/run1 is left as it is"]
+    assert json.loads(report_of().to_json())["notes"] == []

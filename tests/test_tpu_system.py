@@ -466,3 +466,43 @@ def test_shape_the_model_declares_is_given_to_the_feature(tmp_path, tpushim_log)
         "image declares" in str(info.value)
     )
     assert "This batch has shape] [16 16 16 1]" in str(info.value)
+
+
+def test_faked_topology_is_a_cloud_tpus():
+    """The TPU system query's topology (TPUEstimator asks for it with model parallelism): a
+    v2-8/v3-8's mesh and core coordinates, as TPUEstimator logs them on one; 2 and 4 hosts tile it."""
+    v3_8 = faketpu.topology(1, 8)
+    assert v3_8.mesh_shape.tolist() == [2, 2, 1, 2]
+    assert v3_8.device_coordinates.tolist() == [
+        [[0, 0, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 1]]
+        + [[0, 1, 0, 0], [0, 1, 0, 1], [1, 1, 0, 0], [1, 1, 0, 1]]
+    ]
+    assert faketpu.topology(2, 8).mesh_shape.tolist() == [4, 2, 1, 2]
+    assert faketpu.topology(4, 8).mesh_shape.tolist() == [4, 4, 1, 2]
+    with faketpu.faked_tpu_system(hosts=2) as tpu:  # answered serialized, as a TPU's is
+        serialized = tpu.answer(query_topology=True).topology
+    assert tf.tpu.experimental.Topology(serialized=serialized).num_tasks == 2
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+@pytest.mark.parametrize("cores_per_replica", [1, 2])
+def test_model_parallelism_builds_on_the_faked_system(tmp_path, hosts, cores_per_replica):
+    """``TPUConfig(num_cores_per_replica=...)`` (valid on a TPU): the faked system answers the
+    topology query, and TPUEstimator builds its replicas over the device assignment."""
+    from tensorflow_estimator.python.estimator.tpu import tpu_config
+
+    x, y = _ids_data()
+    config = tpu_config.RunConfig(
+        tpu_config=tpu_config.TPUConfig(num_cores_per_replica=cores_per_replica)
+    )
+    with faketpu.faked_tpu_system(hosts=hosts) as tpu:
+        est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS), config=config)
+        build = tpu.build(lambda: est.train(dataset_style(x, y, repeat=True), steps=ITERATIONS))
+    replicas_ = tpu.num_cores // cores_per_replica
+    (metadata,) = build.nodes("TPUReplicateMetadata")
+    assert metadata.attr["num_replicas"].i == replicas_
+    assert metadata.attr["num_cores_per_replica"].i == cores_per_replica
+    assert list(metadata.attr["topology"].s) != []  # the device assignment's topology
+    assert (
+        build.infeed_shapes() == [[[GLOBAL // replicas_, 4], [GLOBAL // replicas_, 1]]] * replicas_
+    )

@@ -93,10 +93,10 @@ def _patch_before_running(options, module, target, command="", **overrides):
     return None
 
 
-def _launch(module, target):
+def _launch(module, target, reported=None):
     if module is not None:
-        return _launcher.run_module(module, target)
-    return _launcher.run_script(target[0], target[1:])
+        return _launcher.run_module(module, target, reported)
+    return _launcher.run_script(target[0], target[1:], reported)
 
 
 def _unknown_command(word):
@@ -194,7 +194,8 @@ def _check(options, argv):
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout),
         ):
             try:
-                code, uncaught = _launch(module, target)
+                # What the preflight explains is a finding, not a traceback (see _check_report).
+                code, uncaught = _launch(module, target, recorder.explains)
             except SystemExit as e:
                 code, exit_message = _exit_status(e)
                 if exit_message is not None:
@@ -224,7 +225,11 @@ def _check_report(preflight, recorder, cores, code, uncaught, exit_message=None)
             f"the preflight failed: {preflight.summary(e)}",
             "please report this to tpushim",
         )
-    if uncaught is not None:
+    if uncaught is not None and recorder.explains(uncaught):
+        # A refused conversion (its finding says what and why), or a read of a model_dir the
+        # check left as it was (the checked run wrote to a scratch copy).
+        recorder.add_explained(report, uncaught)
+    elif uncaught is not None:
         report.add(
             "script-raised",
             "error",

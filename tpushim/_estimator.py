@@ -611,6 +611,13 @@ def _load_model(arguments):
 
 
 def build(arguments, settings, tpu):
+    """Builds the TPUShimEstimator for one ``model_to_estimator`` call (:func:`_build`), with
+    observers told (:func:`_observe.converting`: they may replace the arguments)."""
+    with _observe.converting(arguments) as arguments:
+        return _build(arguments, settings, tpu)
+
+
+def _build(arguments, settings, tpu):
     """Builds the TPUShimEstimator for one ``model_to_estimator`` call.
 
     Every check that needs no network runs first; then the TPU is resolved (a bare TPU name is

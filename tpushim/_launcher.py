@@ -57,14 +57,16 @@ def _print_uncaught(exc):
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
-def _run_as_python_would(run):
-    """``(exit code, the uncaught exception or None)`` of ``run()``."""
+def _run_as_python_would(run, reported=None):
+    """``(exit code, the uncaught exception or None)`` of ``run()``; an uncaught exception is
+    printed unless ``reported(exc)`` says the caller reports it otherwise."""
     try:
         run()
     except (SystemExit, KeyboardInterrupt):
         raise  # Python itself turns these into the exit status (and SIGINT), as without tpushim
     except BaseException as exc:
-        _print_uncaught(exc)
+        if reported is None or not reported(exc):
+            _print_uncaught(exc)
         return 1, exc
     return 0, None
 
@@ -96,8 +98,11 @@ def _exec_as_main(file):
             sys.modules["__main__"] = saved
 
 
-def run_script(path, args):
+def run_script(path, args, reported=None):
     """Runs ``path`` as ``python path args...`` would.
+
+    ``reported(exc)``: True for an uncaught exception the caller reports itself (the preflight's
+    refused conversions), which is then not printed.
 
     Returns:
       ``(exit code, uncaught exception or None)``; the exception has been printed as python
@@ -113,15 +118,17 @@ def run_script(path, args):
     if os.path.isfile(path) and not path.endswith((".pyc", ".pyo")):
         # python 3.9+ makes __main__.__file__ absolute (the cwd joined, not normalised).
         file = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
-        return _run_as_python_would(lambda: _exec_as_main(file))
-    return _run_as_python_would(lambda: runpy.run_path(path, run_name="__main__"))
+        return _run_as_python_would(lambda: _exec_as_main(file), reported)
+    return _run_as_python_would(lambda: runpy.run_path(path, run_name="__main__"), reported)
 
 
-def run_module(name, args):
+def run_module(name, args, reported=None):
     """Runs module ``name`` as ``python -m name args...`` would (``sys.path[0]`` stays the cwd).
 
     Returns:
       as :func:`run_script`.
     """
     sys.argv = [name, *args]
-    return _run_as_python_would(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))
+    return _run_as_python_would(
+        lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), reported
+    )

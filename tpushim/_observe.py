@@ -3,6 +3,12 @@
 The preflight's recorder (``python -m tpushim check``) and the runner's run summary observe; the
 core knows neither. An observer is any object; the core calls whichever of these methods it has:
 
+* ``converting(arguments)`` -- a ``model_to_estimator`` call is about to be converted (its
+  arguments by name, before anything is checked or written); it may return replaced arguments
+  (the preflight's scratch model_dir), or None to leave them; unlike the others, an error it
+  raises stops the conversion;
+* ``refused(arguments, error)`` -- that conversion raised ``error`` (tpushim refused the model,
+  or an argument); the error then reaches the caller as usual;
 * ``converted(conversion)`` -- a ``model_to_estimator`` call became a tpushim estimator
   (:class:`Conversion`);
 * ``derived(estimator, source, model_fn)`` -- a tpushim estimator was made from another one's
@@ -18,7 +24,7 @@ core knows neither. An observer is any object; the core calls whichever of these
   the global steps it ran and how long its first session run took).
 
 Observers are process-wide, not per thread or task: a script may train from a thread it started.
-An observer that raises is logged and skipped; the user's call goes on.
+An observer that raises is logged and skipped (except in ``converting``); the user's call goes on.
 """
 
 import contextlib
@@ -121,6 +127,24 @@ def _tell(method, *args):
         except Exception:
             logger.warning("tpushim observer %r failed in %s", observer, method, exc_info=True)
     return results
+
+
+@contextlib.contextmanager
+def converting(arguments):
+    """The duration of one conversion: observers may replace its ``arguments`` (the yielded
+    value is what the conversion uses) and hear of the error that ends it, if one does."""
+    for observer in _observers:
+        # Not _tell: an observer that fails to replace the arguments (the preflight moving the
+        # model_dir to a scratch copy) must stop the conversion, not be skipped.
+        function = getattr(observer, "converting", None)
+        replaced = function(arguments) if function is not None else None
+        if replaced is not None:
+            arguments = replaced
+    try:
+        yield arguments
+    except Exception as e:
+        _tell("refused", arguments, e)
+        raise
 
 
 def converted(conversion):

@@ -93,7 +93,8 @@ eval_spec = tf.estimator.EvalSpec(
 )
 result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
 metrics = result[0] if isinstance(result, tuple) else estimator.evaluate(eval_spec.input_fn)
-exports = os.listdir(os.path.join(workdir, "model", "export", "exporter"))
+# estimator.model_dir, as the Cloud ML samples read it (the preflight runs in a scratch copy).
+exports = os.listdir(os.path.join(estimator.model_dir, "export", "exporter"))
 result = {k: float(v) for k, v in metrics.items()}
 result.update(exports=len(exports))
 print("RESULT " + json.dumps(result))

@@ -26,6 +26,11 @@ class _SessionStopped(Exception):
     """Raised where the faked TPU's session would start: the graph is built, nothing more to do."""
 
 
+class NotBuilt(RuntimeError):
+    """The faked system could not get TPUEstimator as far as the TPU session: a limit of the
+    faked system (or of what the call did), never something TPUEstimator raised."""
+
+
 def _walk_nodes(graph_def):
     yield from graph_def.node
     for function in graph_def.library.function:
@@ -135,7 +140,10 @@ class FakedTPU:
     def num_cores(self):
         return self.num_hosts * self.cores_per_host
 
-    def metadata(self):
+    def metadata(self, query_topology=False):
+        """The TPU system query's answer: its devices, and with ``query_topology`` (TPUEstimator
+        asks when ``TPUConfig.num_cores_per_replica`` is set) the serialized ``TopologyProto``
+        a TPU's ``initialize_system`` returns (:func:`topology`)."""
         devices = []
         for host in range(self.num_hosts):
             prefix = f"/job:worker/replica:0/task:{host}/device:"
@@ -148,7 +156,11 @@ class FakedTPU:
             num_cores=self.num_cores,
             num_hosts=self.num_hosts,
             num_of_cores_per_host=self.cores_per_host,
-            topology=None,
+            topology=(
+                topology(self.num_hosts, self.cores_per_host).serialized()
+                if query_topology
+                else None
+            ),
             devices=devices,
         )
 
@@ -158,7 +170,7 @@ class FakedTPU:
         while building propagates.
 
         Raises:
-          RuntimeError: the call returned without starting a session on this TPU (e.g. training
+          NotBuilt: the call returned without starting a session on this TPU (e.g. training
             skipped because model_dir already holds max_steps).
         """
         try:
@@ -168,16 +180,11 @@ class FakedTPU:
                     pass
         except _SessionStopped:
             return self.builds[-1]
-        raise RuntimeError(f"the call returned without starting a session on {self.master}")
+        raise NotBuilt(f"the call returned without starting a session on {self.master}")
 
     def answer(self, query_topology):
         """The TPU system query's answer for this system."""
-        if query_topology:
-            raise ValueError(
-                "the faked TPU system has no topology: model parallelism "
-                "(TPUConfig.num_cores_per_replica) cannot be built on it"
-            )
-        return self.metadata()
+        return self.metadata(query_topology)
 
     def session_starts(self, scaffold, hooks):
         """Where a session to this system would start: keeps the :class:`Build` and stops."""
@@ -266,6 +273,35 @@ class _Systems:
 
 
 _SYSTEMS = _Systems()
+
+
+def topology(num_hosts, cores_per_host):
+    """The ``tf.tpu.experimental.Topology`` of a TPU of ``num_hosts`` x ``cores_per_host`` cores,
+    laid out as Cloud TPUs are: two cores per chip (one for an odd count), a v2/v3 host's 4 chips
+    in a 2 x 2 block (2 chips in a column, others in a row), hosts tiling the mesh. A v2-8/v3-8 is mesh
+    ``[2, 2, 1, 2]`` with TPU:0..7 at ``(0,0,0,0) (0,0,0,1) (1,0,0,0) (1,0,0,1) (0,1,0,0) ...``,
+    as TPUEstimator logs it on one; 16 cores ``[4, 2, 1, 2]``, 32 ``[4, 4, 1, 2]`` (the
+    computation shapes TPUEstimator asks of them for ``num_cores_per_replica``)."""
+    per_chip = 2 if cores_per_host % 2 == 0 else 1
+    chips = cores_per_host // per_chip
+    block = {4: (2, 2), 2: (1, 2)}.get(chips, (chips, 1))
+    grid = [1, 1]  # hosts along x and y, doubling the shorter side while the count allows
+    while grid[0] * grid[1] < num_hosts and num_hosts % (grid[0] * grid[1] * 2) == 0:
+        grid[grid[0] > grid[1]] *= 2
+    grid[0] *= num_hosts // (grid[0] * grid[1])
+    mesh = [block[0] * grid[0], block[1] * grid[1], 1, per_chip]
+    coordinates = []
+    for host in range(num_hosts):
+        x0, y0 = (host % grid[0]) * block[0], (host // grid[0]) * block[1]
+        coordinates.append(
+            [
+                [x0 + x, y0 + y, 0, core]
+                for y in range(block[1])
+                for x in range(block[0])
+                for core in range(per_chip)
+            ]
+        )
+    return tf.tpu.experimental.Topology(mesh_shape=mesh, device_coordinates=coordinates)
 
 
 # --- the private TensorFlow names the faked system reaches (pinned by tests/test_tpu_system.py) --

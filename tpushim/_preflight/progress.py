@@ -91,3 +91,10 @@ def phase(what, report=None, prints=False):
             progress.write(f" {end}\n")
         else:
             progress.write(f"tpushim check: {what}: {end}\n")
+
+
+def say(text):
+    """One line ``tpushim check: <text>`` on the progress stream, when shown (else nothing)."""
+    progress = _CURRENT.get()
+    if progress is not None:
+        progress.write(f"tpushim check: {text}\n")

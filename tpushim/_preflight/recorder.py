@@ -2,18 +2,29 @@
 observes (:mod:`tpushim._observe`) every conversion and train/evaluate/predict call tpushim's
 estimators make, caps their steps so the script finishes quickly, keeps what each input_fn call
 built, and afterwards reports on each conversion. It never calls an input_fn itself: the script's
-own calls are all there are, as with stock."""
+own calls are all there are, as with stock. Each conversion's model_dir (and each export) is
+moved to a scratch copy first (:mod:`~tpushim._preflight.model_dirs`): nothing of the user's is
+written. A conversion tpushim refuses is reported as :func:`tpushim.check` reports it."""
 
 import contextlib
 import dataclasses
+import os
 from typing import Optional
 
 import tensorflow as tf
 
 from tpushim import _input_fn, _observe, _settings, _shapes
-from tpushim._preflight import graph_checks, input_checks, pod_checks, progress
+from tpushim._errors import TPUShimError
+from tpushim._preflight import (
+    graph_checks,
+    input_checks,
+    model_checks,
+    model_dirs,
+    pod_checks,
+    progress,
+)
 from tpushim._preflight.checks import check_model
-from tpushim._preflight.report import Report, failure_as_finding
+from tpushim._preflight.report import Report, failure_as_finding, script_frame, summary
 
 _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 
@@ -46,6 +57,46 @@ class Recorder:
 
     def __init__(self):
         self._conversions: list[_Recorded] = []
+        self._refusals: list = []  # (the conversion's arguments, the error it raised)
+        self._dirs = model_dirs.ScratchDirs()
+
+    def close(self):
+        """Removes the scratch copies of the script's model_dirs (the report needs none)."""
+        self._dirs.close()
+
+    def explains(self, error):
+        """True when ``error``, which ended the script, is one the preflight accounts for: a
+        conversion's (:meth:`conversion_error`), or a read of a folder the check left as it
+        was (:meth:`add_explained`). Its traceback is not needed."""
+        return self.conversion_error(error) or self._left_path_read(error) is not None
+
+    def _left_path_read(self, error):
+        """The user's folder (model_dir, export) named by a file-not-found ``error``, or None."""
+        if not isinstance(error, (OSError, tf.errors.NotFoundError)):
+            return None
+        text = str(error)
+        return next((path for path in self._dirs.left if path in text), None)
+
+    def add_explained(self, report, error):
+        """Adds the finding for an :meth:`explains` error that ended the script (a conversion's
+        has its own already): a read of what the checked run wrote to its scratch copy instead."""
+        path = self._left_path_read(error)
+        if path is None or self.conversion_error(error):
+            return
+        report.add(
+            "model-dir-read",
+            "warning",
+            script_frame(error),
+            f"the script then raised {summary(error)}: it reads {path}, which the check "
+            f"leaves as it is (the checked run wrote to a scratch copy), so what the run wrote "
+            f"is not there; on a real run it would be. The script's later steps were not checked",
+            "nothing to change for a TPU; the other findings cover what ran before",
+        )
+
+    def conversion_error(self, error):
+        """True when ``error`` is one a conversion raised: the report has the one finding for it
+        (what was refused or failed, why, what went unchecked); no traceback through tpushim."""
+        return any(e is error for _, e in self._refusals)
 
     def _owner(self, estimator) -> Optional[_Recorded]:
         return next(
@@ -58,8 +109,28 @@ class Recorder:
         )
 
     # -- observing (see tpushim._observe) ---------------------------------------------------------
+    def converting(self, arguments):
+        """Before each conversion: its model_dir replaced by a scratch copy (the same one for
+        every conversion naming it), in both places a call may name it."""
+        config, given = arguments.get("config"), arguments.get("model_dir")
+        in_config = (
+            config.model_dir if isinstance(config, tf.estimator.RunConfig) else None
+        )  # stock refuses any other config before writing anything
+        if given is not None and in_config is not None and os.fspath(given) != in_config:
+            return None  # stock's ValueError (two model_dirs) follows, before anything is written
+        scratch = self._dirs.model_dir(given or in_config)
+        replaced = dict(arguments, model_dir=scratch)
+        if in_config:
+            replaced["config"] = config.replace(model_dir=scratch)
+        return replaced
+
+    def refused(self, arguments, error):
+        """Told of a conversion that raised: reported as :func:`tpushim.check` reports it."""
+        self._refusals.append((arguments, error))
+
     def converted(self, conversion):
         """Told of each conversion."""
+        self._dirs.redirect_exports(conversion.estimator)
         self._conversions.append(_Recorded(conversion))
 
     def derived(self, estimator, source, model_fn):
@@ -68,6 +139,7 @@ class Recorder:
         (which wraps the conversion's: the added metrics included)."""
         owner = self._owner(source)
         if owner is not None:
+            self._dirs.redirect_exports(estimator)
             owner.derived.append(estimator)
             owner.conversion = dataclasses.replace(owner.conversion, model_fn=model_fn)
 
@@ -125,8 +197,10 @@ class Recorder:
     def report(self, num_cores=_settings.DEFAULT_CORES, tpu_graphs=True):
         """The findings for every recorded conversion; ``tpu_graphs`` also builds TPUEstimator's
         TPU graphs for its calls on a faked system of ``num_cores`` cores."""
-        report = Report()
-        if not self._conversions:
+        report = Report(notes=list(self._dirs.notes))
+        for arguments, error in self._refusals:
+            self._report_refusal(report, arguments, error)
+        if not self._conversions and not self._refusals:
             report.add(
                 "no-conversion",
                 "error",
@@ -137,6 +211,55 @@ class Recorder:
         for recorded in self._conversions:
             self._report_one(report, recorded, num_cores, tpu_graphs)
         return report
+
+    def _report_refusal(self, report, arguments, error):
+        """A refused conversion: the finding :func:`tpushim.check` gives the model (the same
+        checks, run again), else the error itself; either says what went unchecked."""
+        unchecked = (
+            " Not checked, as tpushim {} this model_to_estimator call: the script's input "
+            "pipeline, the XLA compile of its training step and its TPU graphs."
+        )
+
+        def and_unchecked(message, refused="refused"):
+            return message.rstrip(".") + "." + unchecked.format(refused)
+
+        keras_model = arguments.get("keras_model")
+        before = len(report.findings)
+        if keras_model is not None:
+            with failure_as_finding(report):
+                model_checks.check_conversion(report, keras_model, arguments.get("custom_objects"))
+        found = [f for f in report.findings[before:] if f.code.startswith("unconvertible-")]
+        if found:
+            report.findings[report.findings.index(found[0])] = dataclasses.replace(
+                found[0], message=and_unchecked(found[0].message)
+            )
+            return
+        del report.findings[before:]  # the checks passed: the refusal came from elsewhere
+        report.note_checked("conversion")
+        where = f"model_to_estimator call at {script_frame(error)}"
+        if isinstance(error, (TPUShimError, ValueError)):
+            report.add(
+                "conversion-refused",
+                "error",
+                where,
+                and_unchecked(
+                    f"tpushim refused the conversion: {type(error).__name__}: "
+                    f"{self._dirs.as_the_users(str(error))}"
+                ),
+                "see the message",
+            )
+        else:
+            report.add(
+                "conversion-failed",
+                "error",
+                where,
+                and_unchecked(
+                    f"model_to_estimator raised {self._dirs.as_the_users(summary(error, None))} "
+                    f"while tpushim converted the model",
+                    "could not convert",
+                ),
+                "run the script with --mode cpu to reproduce it, with its traceback",
+            )
 
     @staticmethod
     def _report_one(report, recorded, num_cores, tpu_graphs):
@@ -200,5 +323,5 @@ class Recorder:
 def recording():
     """While active, tpushim's estimators report to (and are capped by) a new :class:`Recorder`,
     which it yields."""
-    with _observe.observing(Recorder()) as recorder:
+    with _observe.observing(Recorder()) as recorder, contextlib.closing(recorder):
         yield recorder

@@ -4,6 +4,7 @@ and the one-line descriptions of an exception that findings quote. Imports no Te
 import contextlib
 import dataclasses
 import json
+import os
 import traceback
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -39,6 +40,8 @@ class Report:
 
     findings: list[Finding] = dataclasses.field(default_factory=list)
     checked: list[str] = dataclasses.field(default_factory=list)
+    #: How the check ran, one line each (e.g. the scratch copy a model_dir was checked on).
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -81,13 +84,14 @@ class Report:
         return sorted(self.findings, key=lambda f: _SEVERITY_ORDER[f.severity])
 
     def to_dict(self) -> dict:
-        """The report as plain data: ``schema_version``, ``ok``, ``exit_code``, ``checked`` and
-        ``findings`` (in the order found)."""
+        """The report as plain data: ``schema_version``, ``ok``, ``exit_code``, ``checked``,
+        ``notes`` and ``findings`` (in the order found)."""
         return {
             "schema_version": SCHEMA_VERSION,
             "ok": self.ok,
             "exit_code": self.exit_code,
             "checked": self.checked,
+            "notes": self.notes,
             "findings": [dataclasses.asdict(f) for f in self.findings],
         }
 
@@ -105,6 +109,7 @@ class Report:
             f"tpushim check: {self._verdict()} ({errors} error{'s' * (errors != 1)}, "
             f"{warnings} warning{'s' * (warnings != 1)})",
             "checked: " + ", ".join(self.checked),
+            *(f"note: {note}" for note in self.notes),
         ]
         for f in self.sorted_findings():
             lines.append(f"  [{f.severity.upper()}] {f.code} at {f.where}: {f.message}")
@@ -127,9 +132,10 @@ class Report:
         )
 
 
-def summary(exc):
+def summary(exc, limit=300):
     """One informative line of an exception's text (TensorFlow's start with 'Graph execution error:'
-    and end with the op that failed; the line before that says what went wrong)."""
+    and end with the op that failed; the line before that says what went wrong), cut at ``limit``
+    characters (None: whole)."""
     noise = (
         "File ",
         "[[",
@@ -141,7 +147,7 @@ def summary(exc):
     )
     lines = [line_.strip() for line_ in str(exc).split("Original stack trace for")[0].splitlines()]
     lines = [line_ for line_ in lines if line_ and not line_.startswith(noise)]
-    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+    return f"{type(exc).__name__}: {lines[-1][:limit] if lines else ''}"
 
 
 def last_frame(exc):
@@ -151,6 +157,21 @@ def last_frame(exc):
         return "unknown location"
     frame = frames[-1]
     return f"{frame.filename}:{frame.lineno} in {frame.name}"
+
+
+def script_frame(exc):
+    """'file:line in function' of the innermost frame an exception went through outside tpushim
+    and the installed packages and standard library (the script's call), else :func:`last_frame`."""
+    import sysconfig
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the tpushim package
+    paths = sysconfig.get_paths()
+    libraries = {os.path.abspath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if not any(path.startswith(folder + os.sep) for folder in (here, *libraries)):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return last_frame(exc)
 
 
 @contextlib.contextmanager
