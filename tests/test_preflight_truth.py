@@ -323,3 +323,50 @@ def test_refused_conversion_in_text_names_no_missing_conversion(tmp_path):
     )
     assert errors[0].endswith(UNCHECKED)
     assert "Traceback" not in proc.stderr and "no-conversion" not in proc.stdout
+
+
+REBUILT = """
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+model_dir, steps = sys.argv[1], int(sys.argv[2])
+rng = np.random.RandomState(0)
+x, y = rng.rand(64, 4).astype("float32"), rng.randint(0, 3, 64)
+model = tf.keras.Sequential(
+    [tf.keras.layers.Dense(3, activation="softmax", input_shape=(4,), name="dense")]
+)
+model.compile("adam", "sparse_categorical_crossentropy")
+converted = tf.keras.estimator.model_to_estimator(keras_model=model)
+# A trainer that adds its own metrics by rebuilding the estimator around the model_fn.
+config = tf.estimator.RunConfig(model_dir=model_dir, keep_checkpoint_max=1, tf_random_seed=1)
+est = tf.estimator.Estimator(model_fn=converted.model_fn, config=config)
+est.train(lambda: tf.data.Dataset.from_tensor_slices(({"dense_input": x}, y)).repeat().batch(8),
+          steps=steps)
+print("latest", tf.train.latest_checkpoint(est.model_dir).rsplit("/", 1)[1])
+"""
+
+
+def test_check_leaves_a_rebuilt_estimators_model_dir_as_it_was(tmp_path):
+    # An Estimator built around a converted one's model_fn is tpushim's too (#34): the model_dir
+    # its own call names moves to a scratch copy under check like a conversion's.
+    script = tmp_path / "rebuilt.py"
+    script.write_text(REBUILT)
+    model_dir, tmp = tmp_path / "model", tmp_path / "tmp"
+    tmp.mkdir()
+    trained = _run(script, model_dir, 6, tmp=tmp)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "latest model.ckpt-6" in trained.stdout
+    before = _files(model_dir)
+
+    proc = _run("-m", "tpushim", "check", script, model_dir, 6, tmp=tmp)
+
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert _files(model_dir) == before
+    assert "latest model.ckpt-" in proc.stdout and "latest model.ckpt-6" not in proc.stdout
+    assert (
+        f"note: model_dir {model_dir} is left as it is: the checked run writes to a scratch "
+        "folder, starting from a copy of its latest checkpoint model.ckpt-6"
+    ) in proc.stdout

@@ -87,19 +87,22 @@ def rewrap_call(cls, args, kwargs):
         )
         _observe.bypassed(estimator, f"{called}: {why}")
         return None
-    config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
-        arguments.get("config"), arguments.get("model_dir")
-    )
-    config = _run_config.to_tpu_run_config(
-        config, estimator._tpushim_settings, estimator.config.cluster
-    )
-    made = _estimator.rewrapped(
-        estimator,
-        lambda own: own,
-        config=config,
-        warm_start_from=arguments.get("warm_start_from"),
-        params=arguments.get("params"),
-    )
+    # Observers may move the call's model_dir, as for a conversion (the preflight's scratch copy).
+    dirs = {"model_dir": arguments.get("model_dir"), "config": arguments.get("config")}
+    with _observe.converting(dirs) as dirs:
+        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
+            dirs.get("config"), dirs.get("model_dir")
+        )
+        config = _run_config.to_tpu_run_config(
+            config, estimator._tpushim_settings, estimator.config.cluster
+        )
+        made = _estimator.rewrapped(
+            estimator,
+            lambda own: own,
+            config=config,
+            warm_start_from=arguments.get("warm_start_from"),
+            params=arguments.get("params"),
+        )
     logger.info(
         "%s -> %s(use_tpu=%s), the converted model on tpushim's path with this call's model_dir %s",
         called,
