@@ -1,5 +1,6 @@
 """Modes, precedence, strict parsing, TPU detection from each source, and the conversion log line."""
 
+import re
 import socket
 import time
 
@@ -91,6 +92,15 @@ def test_argument_beats_environment_beats_default(monkeypatch):
             "TPUSHIM_ITERATIONS_PER_LOOP='-3' is not a positive integer",
         ),
         ("TPUSHIM_TPU", "http://10.0.0.1:8470", "must start with grpc://"),
+        # Digits str.isdigit() takes and int() refuses: a clear error, not a raw ValueError.
+        ("TPUSHIM_BATCH_SIZE", "\u00b2", "TPUSHIM_BATCH_SIZE='\u00b2' is not a positive integer"),
+        # Larger than TensorFlow's integers: refused here, not overflowing inside TensorFlow.
+        ("TPUSHIM_BATCH_SIZE", "99999999999999999999", "must be at most 2147483647"),
+        ("TPUSHIM_ITERATIONS_PER_LOOP", "2147483648", "must be at most 2147483647"),
+        ("TPUSHIM_TPU", "grpc://host:notaport", "is not a TPU address: give grpc://HOST:PORT"),
+        ("TPUSHIM_TPU", "grpc://10.0.0.2", "is not a TPU address: give grpc://HOST:PORT"),
+        ("TPUSHIM_TPU", "grpc://:8470", "is not a TPU address: give grpc://HOST:PORT"),
+        ("TPUSHIM_TPU", "grpc://10.0.0.2:70000", "port number from 1 to 65535"),
     ],
 )
 def test_garbage_environment_raises_before_patching(monkeypatch, var, value, expected):
@@ -111,6 +121,9 @@ def test_garbage_environment_raises_before_patching(monkeypatch, var, value, exp
         ({"batch_size": True}, "batch_size must be a positive integer"),
         ({"iterations_per_loop": 2.5}, "iterations_per_loop must be a positive integer"),
         ({"tpu": 42}, "tpu must be a TPU name"),
+        ({"batch_size": 2**31}, "batch_size=2147483648 is too large"),
+        ({"batch_size": 8.0}, "batch_size must be a positive integer"),
+        ({"tpu": "grpc://host:notaport"}, "tpu='grpc://host:notaport' is not a TPU address"),
     ],
 )
 def test_garbage_arguments_raise(kwargs, expected):
@@ -118,6 +131,51 @@ def test_garbage_arguments_raise(kwargs, expected):
         tpushim.patch(**kwargs)
     assert expected in str(info.value)
     assert not tpushim.is_patched()
+    with pytest.raises(tpushim.ConfigurationError, match=re.escape(expected)):
+        tpushim.patched(**kwargs)
+
+
+def test_numpy_integers_are_integers(tmp_path, tpushim_log):
+    import numpy as np
+
+    for value in (np.int64(8), np.int32(8), np.uint16(8)):
+        tpushim.patch(mode="cpu", batch_size=value, iterations_per_loop=value)
+        settings = tpushim._patch.current_settings()
+        assert settings.batch_size == 8 and type(settings.batch_size) is int
+        assert settings.iterations_per_loop == 8 and type(settings.iterations_per_loop) is int
+    with tpushim.patched(batch_size=np.int64(16)):
+        assert tpushim._patch.current_settings().batch_size == 16
+    est = tfcases.convert(tmp_path)
+    assert est.config.tpu_config.iterations_per_loop == 8
+    assert "global batch 8, iterations_per_loop 8" in tpushim_log.text
+    with pytest.raises(tpushim.ConfigurationError, match="got 0"):
+        tpushim.patch(batch_size=np.int64(0))
+
+
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("TPUSHIM_BATCH_SIZE", "abc"),
+        ("TPUSHIM_BATCH_SIZE", "\u00b2"),
+        ("TPUSHIM_ITERATIONS_PER_LOOP", "-1"),
+        ("TPUSHIM_TPU", "grpc://host:notaport"),
+        ("TPUSHIM_QUIET", "maybe"),
+        ("TPUSHIM_POD_INPUT", "some"),
+        ("TPUSHIM_LOG_LEVEL", "loud"),
+    ],
+)
+def test_kill_switch_parses_nothing_else(tmp_path, monkeypatch, var, value):
+    """TPUSHIM_MODE=off is flipped to get stock's run whatever else is set: nothing raises."""
+    monkeypatch.setenv("TPUSHIM_MODE", "Off")
+    monkeypatch.setenv(var, value)
+    tpushim.patch()
+    tpushim.patch(batch_size="abc", tpu="grpc://host:notaport")  # arguments neither
+    assert tpushim.status()["mode_source"] == "TPUSHIM_MODE=off"
+    with tpushim.patched(batch_size=0):
+        assert type(tfcases.convert(tmp_path)) is tf.estimator.Estimator
+    monkeypatch.delenv("TPUSHIM_MODE")  # the switch off: the same value is refused
+    with pytest.raises(tpushim.ConfigurationError):
+        tpushim.patch()
 
 
 # --- detection -------------------------------------------------------------------------------

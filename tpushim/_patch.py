@@ -260,8 +260,8 @@ def patch(
         quiet=quiet,
         pod_input=pod_input,
     )
-    _settings.parse_environment()  # strict: a bad variable raises here, before anything changes
-    level = _settings.log_level_from_environment()
+    # Strict: a bad variable raises here, before anything changes (unless TPUSHIM_MODE=off).
+    level = _settings.check_environment()
     if level is not None:  # logging imported only when asked for
         from tpushim import _log
 
@@ -340,7 +340,7 @@ class patched:
         self._tokens = contextvars.ContextVar(f"tpushim_patched_{id(self)}", default=())
 
     def __enter__(self) -> patched:
-        _settings.parse_environment()  # strict: a bad variable raises before the scope opens
+        _settings.check_environment()  # strict: a bad variable raises before the scope opens
         with STATE.lock:
             _check_versions()
             STATE.open_scopes += 1
