@@ -638,3 +638,13 @@ def global_step_read():
     from tensorflow.python.training import training_util
 
     return training_util._get_or_create_global_step_read()
+
+
+def replaced_tpu_system_query():
+    """TensorFlow's TPU system query (``tpu_system_metadata._query_tpu_system_metadata``, which
+    TPUEstimator's TPU context sends to its master) when someone replaced it -- the preflight's
+    faked TPU system answers it for its own masters --, or None while it is TensorFlow's own."""
+    from tensorflow.python.tpu import tpu_system_metadata as module
+
+    query = module._query_tpu_system_metadata
+    return None if getattr(query, "__module__", None) == module.__name__ else query
