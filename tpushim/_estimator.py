@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tpushim import (
     _arrays,
+    _batching,
     _detect,
     _input_fn,
     _log,
@@ -247,6 +248,10 @@ class TPUShimEstimator(TPUEstimator):
         size = self._global_batch(facts)
         tpu_batch = self._tpu_batch(mode, size)
         if mode == ModeKeys.TRAIN and facts.declared != size and _finite(first):
+            with _input_fn.graph_session() as session:
+                rows = _batching.rows_held(first, session)
+            if rows is not None and rows < size:
+                raise ConversionError(_batching.too_few_rows(rows, facts.declared, size))
             _observe.note(
                 "drop",
                 "the training input is finite and batched by %s, not %d; a TPU needs full "
