@@ -134,6 +134,19 @@ def test_replaced_tpu_system_query_is_none_until_someone_replaces_it():
     assert _tfprivate.replaced_tpu_system_query() is None
 
 
+def test_deprecation_flag_is_ours_and_silence_still_works():
+    """TensorFlow's flag for deprecation warnings, read per call site (tpushim's calls: off)."""
+    from tensorflow.python.util import deprecation
+
+    flag = deprecation._PRINT_DEPRECATION_WARNINGS
+    assert isinstance(flag, _tfprivate._WarnOutsideTpushim) and flag.value is True
+    _tfprivate.silence_own_deprecation_warnings()  # idempotent
+    assert deprecation._PRINT_DEPRECATION_WARNINGS is flag
+    with deprecation.silence():
+        assert deprecation._PRINT_DEPRECATION_WARNINGS is False
+    assert deprecation._PRINT_DEPRECATION_WARNINGS is flag
+
+
 def test_version_fallbacks_find_each_releases_module():
     # Keras keeps its code in keras.src from 2.13; 2.12 has the same modules one level up.
     prefix = "keras.src." if tfcases.KERAS_VERSION >= (2, 13) else "keras."
