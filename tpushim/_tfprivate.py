@@ -677,7 +677,10 @@ class _WarnOutsideTpushim:
         if not self.value:
             return False
         # 0: here, 1: the deprecation wrapper testing the flag, 2: the code that called X.
-        caller = sys._getframe(2)
+        try:
+            caller = sys._getframe(2)
+        except ValueError:  # read from the top of a stack: no caller of ours
+            return True
         return not caller.f_code.co_filename.startswith(_PACKAGE)
 
     def __repr__(self):
