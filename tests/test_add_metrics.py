@@ -12,6 +12,7 @@ from tensorflow_estimator.python.estimator import estimator as estimator_lib
 from tensorflow_estimator.python.estimator import extenders
 
 import tpushim
+from tpushim import _settings
 from tpushim._estimator import TPUShimEstimator
 from tpushim._preflight import faketpu, recording
 
@@ -51,6 +52,51 @@ def test_every_spelling_keeps_the_converted_estimator(spelling, tmp_path, tpushi
     assert added.config.tpu_config == converted.config.tpu_config  # iterations_per_loop 7, ...
     assert added._tpushim_fixed_batch == 16 and added._tpushim_use_tpu is False
     assert "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)" in tpushim_log.text
+
+
+#: Every tpushim setting: a value other than its default, and what of it a converted estimator
+#: carries. Derived from the settings table: a new setting fails the test below until it is here.
+CARRIED = {
+    "mode": ("cpu", lambda est: est._tpushim_use_tpu),
+    "tpu": (
+        "faked",
+        lambda est: (est._tpushim_use_tpu, est.config.master, est._tpushim_tpu_source),
+    ),
+    "batch_size": (24, lambda est: est._tpushim_fixed_batch),
+    "iterations_per_loop": (7, lambda est: est.config.tpu_config.iterations_per_loop),
+    "quiet": (True, None),  # the conversion's own line: nothing for the estimator to carry
+    "pod_input": ("files", lambda est: est._tpushim_pod_input),
+}
+
+
+def test_every_setting_has_a_carried_case():
+    assert set(CARRIED) == set(_settings.ENV_VARS), "add the new setting to CARRIED"
+
+
+@pytest.mark.parametrize("name", sorted(_settings.ENV_VARS))
+def test_add_metrics_keeps_every_setting(name, tmp_path):
+    value, carried = CARRIED[name]
+    if carried is None:
+        pytest.skip(f"{name} is not carried by an estimator")
+    with faketpu.faked_tpu_system() as tpu:
+
+        def convert(settings, model_dir):
+            tpushim.patch(**settings)
+            return tf.keras.estimator.model_to_estimator(
+                keras_model=tfcases.sequential(), model_dir=str(model_dir)
+            )
+
+        base = {"tpu": tpu.master}
+        converted = convert(
+            {**base, name: tpu.master if value == "faked" else value}, tmp_path / "set"
+        )
+        # A negative control: without the setting, what is compared differs.
+        default = convert(base, tmp_path / "default") if name != "tpu" else None
+        added = tf.estimator.add_metrics(converted, added_metrics)
+    assert isinstance(added, TPUShimEstimator)
+    assert carried(added) == carried(converted)
+    if default is not None:
+        assert carried(converted) != carried(default)
 
 
 def test_added_metrics_equal_stocks(tmp_path):

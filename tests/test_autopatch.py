@@ -87,6 +87,35 @@ def test_an_error_while_patching_warns_and_the_interpreter_runs():
     assert "TPUSHIM_BATCH_SIZE='lots'" in stderr and "Traceback" not in stderr
 
 
+@pytest.mark.slow  # a TensorFlow subprocess
+def test_an_error_while_patching_is_said_again_at_the_first_conversion(tmp_path):
+    """The start-up warning is one line among TensorFlow's: the first model_to_estimator call
+    says it again, as a conversion line, once; the run is stock's."""
+    script = tmp_path / "legacy.py"
+    script.write_text(
+        textwrap.dedent("""\
+        import sys
+        import tensorflow as tf
+        for i in range(2):
+            model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+            model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+            est = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=sys.argv[1] + str(i))
+            print("RESULT", type(est).__name__)
+        """)
+    )
+    proc = procs.python(
+        [script, tmp_path / "model"], env={"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_BATCH_SIZE": "abc"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("RESULT EstimatorV2") == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("tpushim: ")]
+    assert lines == [
+        "tpushim: model_to_estimator -> stock EstimatorV2 (TPUSHIM_AUTOPATCH is set, but tpushim "
+        "is not patched: ConfigurationError: TPUSHIM_BATCH_SIZE='abc' is not a positive integer; "
+        "set it to e.g. 128, or unset it.)"
+    ], proc.stderr
+
+
 def test_kill_switch_turns_autopatch_off():
     seen, stderr = startup({"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_MODE": "off"})
     assert seen == {"tpushim": False, "tf": False, "runpy": seen["runpy"], "patched": False}

@@ -95,6 +95,16 @@ CASES = {
         "returned <object object",
         "it must return a tf.data.Dataset of (features, labels)",
     ),
+    "input_fn finite, fewer rows than TPUSHIM_BATCH_SIZE": (
+        lambda d, mp: (
+            _env(mp, "TPUSHIM_BATCH_SIZE", "100"),
+            _train(d, tfcases.dataset_input_fn(*tfcases.data(n=64), batch=8)),
+        ),
+        tpushim.ConversionError,
+        "the training input holds 64 examples (stock trains them in 8 steps of 8), fewer than "
+        "the global batch size 100 tpushim was given",
+        "Set the batch size to at most 64 (tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE)",
+    ),
     "mode tpu without a TPU": (
         lambda d, mp: tfcases.convert(d, patch={"mode": "tpu"}),
         tpushim.NoTPUError,
@@ -126,3 +136,11 @@ def test_public_names_bound_before_patching_still_convert(tmp_path):
     est = model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
     assert isinstance(est, tf.compat.v1.estimator.tpu.TPUEstimator)
     assert _patch.is_ours(keras_lib.model_to_estimator)
+
+
+def test_a_batch_size_the_finite_input_fills_trains(tmp_path, monkeypatch):
+    """The boundary of the refusal above: 64 examples fill one global batch of 64."""
+    monkeypatch.setenv("TPUSHIM_BATCH_SIZE", "64")
+    est = tfcases.convert(tmp_path, patch={"mode": "cpu"})
+    est.train(tfcases.dataset_input_fn(*tfcases.data(n=64), batch=8))
+    assert est.latest_checkpoint().endswith("model.ckpt-1")

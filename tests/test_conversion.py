@@ -11,6 +11,7 @@ from tensorflow_estimator.python.estimator.tpu import tpu_config
 
 import tpushim
 from tpushim._estimator import TPUShimEstimator, indivisible_batch
+from tpushim._preflight import faketpu
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -139,10 +140,11 @@ def test_indivisible_global_batch_converts_and_is_padded(tmp_path):
     cores (tests/test_input_parity.py proves the numbers): no error, and the
     one text the estimator logs and the preflight warns with names the waste and the fix."""
     config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
-    tpushim.patch(tpu="grpc://127.0.0.1:1", batch_size=100)
-    est = tf.keras.estimator.model_to_estimator(
-        keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
-    )
+    with faketpu.faked_tpu_system() as tpu:  # the conversion asks the TPU for its devices
+        tpushim.patch(tpu=tpu.master, batch_size=100)
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path), config=config
+        )
     assert isinstance(est, TPUShimEstimator)
     assert os.listdir(tmp_path) == ["keras"]  # the Keras weights' warm start, as stock writes it
     problem, fix = indivisible_batch(100, 8)

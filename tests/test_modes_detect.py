@@ -1,5 +1,7 @@
 """Modes, precedence, strict parsing, TPU detection from each source, and the conversion log line."""
 
+import os
+import re
 import socket
 import time
 
@@ -91,6 +93,15 @@ def test_argument_beats_environment_beats_default(monkeypatch):
             "TPUSHIM_ITERATIONS_PER_LOOP='-3' is not a positive integer",
         ),
         ("TPUSHIM_TPU", "http://10.0.0.1:8470", "must start with grpc://"),
+        # Digits str.isdigit() takes and int() refuses: a clear error, not a raw ValueError.
+        ("TPUSHIM_BATCH_SIZE", "\u00b2", "TPUSHIM_BATCH_SIZE='\u00b2' is not a positive integer"),
+        # Larger than TensorFlow's integers: refused here, not overflowing inside TensorFlow.
+        ("TPUSHIM_BATCH_SIZE", "99999999999999999999", "must be at most 2147483647"),
+        ("TPUSHIM_ITERATIONS_PER_LOOP", "2147483648", "must be at most 2147483647"),
+        ("TPUSHIM_TPU", "grpc://host:notaport", "is not a TPU address: give grpc://HOST:PORT"),
+        ("TPUSHIM_TPU", "grpc://10.0.0.2", "is not a TPU address: give grpc://HOST:PORT"),
+        ("TPUSHIM_TPU", "grpc://:8470", "is not a TPU address: give grpc://HOST:PORT"),
+        ("TPUSHIM_TPU", "grpc://10.0.0.2:70000", "port number from 1 to 65535"),
     ],
 )
 def test_garbage_environment_raises_before_patching(monkeypatch, var, value, expected):
@@ -111,6 +122,9 @@ def test_garbage_environment_raises_before_patching(monkeypatch, var, value, exp
         ({"batch_size": True}, "batch_size must be a positive integer"),
         ({"iterations_per_loop": 2.5}, "iterations_per_loop must be a positive integer"),
         ({"tpu": 42}, "tpu must be a TPU name"),
+        ({"batch_size": 2**31}, "batch_size=2147483648 is too large"),
+        ({"batch_size": 8.0}, "batch_size must be a positive integer"),
+        ({"tpu": "grpc://host:notaport"}, "tpu='grpc://host:notaport' is not a TPU address"),
     ],
 )
 def test_garbage_arguments_raise(kwargs, expected):
@@ -118,6 +132,51 @@ def test_garbage_arguments_raise(kwargs, expected):
         tpushim.patch(**kwargs)
     assert expected in str(info.value)
     assert not tpushim.is_patched()
+    with pytest.raises(tpushim.ConfigurationError, match=re.escape(expected)):
+        tpushim.patched(**kwargs)
+
+
+def test_numpy_integers_are_integers(tmp_path, tpushim_log):
+    import numpy as np
+
+    for value in (np.int64(8), np.int32(8), np.uint16(8)):
+        tpushim.patch(mode="cpu", batch_size=value, iterations_per_loop=value)
+        settings = tpushim._patch.current_settings()
+        assert settings.batch_size == 8 and type(settings.batch_size) is int
+        assert settings.iterations_per_loop == 8 and type(settings.iterations_per_loop) is int
+    with tpushim.patched(batch_size=np.int64(16)):
+        assert tpushim._patch.current_settings().batch_size == 16
+    est = tfcases.convert(tmp_path)
+    assert est.config.tpu_config.iterations_per_loop == 8
+    assert "global batch 8, iterations_per_loop 8" in tpushim_log.text
+    with pytest.raises(tpushim.ConfigurationError, match="got 0"):
+        tpushim.patch(batch_size=np.int64(0))
+
+
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("TPUSHIM_BATCH_SIZE", "abc"),
+        ("TPUSHIM_BATCH_SIZE", "\u00b2"),
+        ("TPUSHIM_ITERATIONS_PER_LOOP", "-1"),
+        ("TPUSHIM_TPU", "grpc://host:notaport"),
+        ("TPUSHIM_QUIET", "maybe"),
+        ("TPUSHIM_POD_INPUT", "some"),
+        ("TPUSHIM_LOG_LEVEL", "loud"),
+    ],
+)
+def test_kill_switch_parses_nothing_else(tmp_path, monkeypatch, var, value):
+    """TPUSHIM_MODE=off is flipped to get stock's run whatever else is set: nothing raises."""
+    monkeypatch.setenv("TPUSHIM_MODE", "Off")
+    monkeypatch.setenv(var, value)
+    tpushim.patch()
+    tpushim.patch(batch_size="abc", tpu="grpc://host:notaport")  # arguments neither
+    assert tpushim.status()["mode_source"] == "TPUSHIM_MODE=off"
+    with tpushim.patched(batch_size=0):
+        assert type(tfcases.convert(tmp_path)) is tf.estimator.Estimator
+    monkeypatch.delenv("TPUSHIM_MODE")  # the switch off: the same value is refused
+    with pytest.raises(tpushim.ConfigurationError):
+        tpushim.patch()
 
 
 # --- detection -------------------------------------------------------------------------------
@@ -167,12 +226,13 @@ def test_detection_from_run_config_cluster():
 
 
 def test_detection_from_run_config_master(tmp_path, tpushim_log):
-    config = tpu_config.RunConfig(master="grpc://127.0.0.1:1")
-    spec = _detect.find_tpu(_settings.resolve(), config)
-    assert (spec.target, spec.source) == ("grpc://127.0.0.1:1", "config.master")
-    tpushim.patch()
-    est = tfcases.convert(tmp_path, config=config)
-    assert est.config.master == "grpc://127.0.0.1:1"
+    with _faketpu.faked_tpu_system() as tpu:  # the conversion asks the TPU for its devices
+        config = tpu_config.RunConfig(master=tpu.master)
+        spec = _detect.find_tpu(_settings.resolve(), config)
+        assert (spec.target, spec.source) == (tpu.master, "config.master")
+        tpushim.patch()
+        est = tfcases.convert(tmp_path, config=config)
+    assert est.config.master == tpu.master
     assert "-> TPUEstimator(use_tpu=True, tpu=from config," in tpushim_log.text
 
 
@@ -196,23 +256,115 @@ class RecordingListener(tfcases.LoopbackListener):
             count += 1
 
 
-def test_loopback_tpu_name_gives_tpu_estimator_without_contacting_anything(
+def test_tpu_name_address_gives_tpu_estimator_once_the_tpu_answers(
     monkeypatch, tmp_path, tpushim_log
 ):
-    with RecordingListener() as tpu:
-        monkeypatch.setenv("TPU_NAME", tpu.address)
+    with _faketpu.faked_tpu_system() as tpu:  # answers TensorFlow's TPU system query
+        monkeypatch.setenv("TPU_NAME", tpu.master)
         tpushim.patch()
         est = tfcases.convert(tmp_path, config=tf.estimator.RunConfig(save_checkpoints_steps=50))
-        assert tpu.new_connections() == 0  # the TPU is first contacted by train/evaluate/predict
     assert isinstance(est, tf.compat.v1.estimator.tpu.TPUEstimator)
-    assert f"-> TPUEstimator(use_tpu=True, tpu={tpu.address}," in tpushim_log.text
-    assert est.config.master == tpu.address
+    assert f"-> TPUEstimator(use_tpu=True, tpu={tpu.master}," in tpushim_log.text
+    assert est.config.master == tpu.master
     assert est.config.tpu_config.iterations_per_loop == 50  # bounded by the checkpoint interval
     assert (
         est.config.tpu_config.per_host_input_for_training
         == tpu_config.InputPipelineConfig.PER_HOST_V2
     )
     assert "[TPU from TPU_NAME]" in tpushim_log.text
+
+
+class AnsweringListener(tfcases.LoopbackListener):
+    """A loopback port that accepts connections and answers each with ``answer`` (bytes; None:
+    never answers, the connection held open). Its thread and connections end with the block."""
+
+    def __init__(self, answer=None):
+        self.answer = answer
+        self.connections = []
+
+    def __enter__(self):
+        import threading
+
+        super().__enter__()
+        self.sock.settimeout(0.2)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        return self
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.sock.accept()
+            except OSError:  # the accept timed out, or the socket was closed
+                continue
+            self.connections.append(connection)
+            if self.answer is not None:
+                try:
+                    connection.settimeout(1)
+                    connection.recv(65536)
+                    connection.sendall(self.answer)
+                except OSError:
+                    pass
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+        for connection in self.connections:
+            connection.close()
+        super().__exit__(*exc)
+
+
+HTTP_404 = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.slow  # waits for the device query's deadline
+@pytest.mark.parametrize(
+    "answer,deadline", [(None, None), (HTTP_404, 3)], ids=["never-answers", "http-404"]
+)
+def test_an_address_that_is_not_a_tpu_fails_the_conversion_before_anything_is_written(
+    monkeypatch, tmp_path, answer, deadline
+):
+    """An address that accepts a connection is not yet a TPU: TensorFlow would wait 5 minutes
+    (12 times) for its answer, then build. The conversion asks it for its devices, bounded."""
+    if deadline is not None:  # the same query and bound as the default's, sooner
+        monkeypatch.setattr(_detect, "QUERY_TIMEOUT_S", deadline)
+    model_dir = tmp_path / "model"
+    with AnsweringListener(answer) as listener:
+        monkeypatch.setenv("TPUSHIM_TPU", listener.address)
+        tpushim.patch()
+        start = time.monotonic()
+        with pytest.raises(tpushim.NoTPUError) as info:
+            tfcases.convert(model_dir)
+        took = time.monotonic() - start
+        assert listener.connections  # it was asked
+    message = str(info.value)
+    assert took < 20, took
+    assert f"TPU {listener.address} (from TPUSHIM_TPU)" in message
+    assert "did not answer as a TPU within" in message
+    assert "tried: a TCP connection (accepted), then TensorFlow's device query" in message
+    assert "TPUSHIM_MODE=cpu" in message and "TPUSHIM_MODE=off" in message
+    assert not model_dir.exists() or not os.listdir(model_dir)  # no keras/ warm start
+
+
+def test_a_tensorflow_server_without_tpu_devices_is_not_a_tpu(monkeypatch, tmp_path):
+    # A real TensorFlow worker (job tpu_worker, as on a TPU node) that has only a CPU.
+    port = free_port()
+    tf.distribute.Server(
+        tf.train.ClusterSpec({"tpu_worker": [f"127.0.0.1:{port}"]}),
+        job_name="tpu_worker",
+        task_index=0,
+    )
+    tpushim.patch(tpu=f"grpc://127.0.0.1:{port}")
+    start = time.monotonic()
+    with pytest.raises(tpushim.NoTPUError) as info:
+        tfcases.convert(tmp_path / "model")
+    assert time.monotonic() - start < 10
+    assert (
+        f"grpc://127.0.0.1:{port} (from tpu= argument) answered TensorFlow's device query, but "
+        "has no TPU devices (it has: CPU)"
+    ) in str(info.value)
+    assert not (tmp_path / "model").exists()
 
 
 def test_tpu_mode_without_tpu_fails_fast_with_how_to(tmp_path):
@@ -263,19 +415,16 @@ def test_unreachable_tpu_address_is_a_clear_error_within_seconds_in_every_mode(
 ):
     monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{free_port()}")  # nothing listens there
     tpushim.patch(mode=mode)
-    est = tfcases.convert(tmp_path)
-    x, y = tfcases.data()
-    fn = tfcases.dataset_input_fn(x, y)
-    start = time.monotonic()
     if mode == "cpu":  # cpu mode never uses the TPU: it trains on CPU
-        est.train(fn, steps=1)
+        x, y = tfcases.data()
+        tfcases.convert(tmp_path).train(tfcases.dataset_input_fn(x, y), steps=1)
         return
-    for call in (lambda: est.train(fn, steps=1), lambda: est.evaluate(fn)):
-        with pytest.raises(tpushim.NoTPUError) as info:
-            call()
-        assert "is not reachable" in str(info.value) and "(from TPU_NAME)" in str(info.value)
+    start = time.monotonic()
+    with pytest.raises(tpushim.NoTPUError) as info:  # at the conversion, before it writes
+        tfcases.convert(tmp_path)
+    assert "is not reachable" in str(info.value) and "(from TPU_NAME)" in str(info.value)
     assert time.monotonic() - start < 10
-    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+    assert os.listdir(tmp_path) == []
 
 
 def _uncompiled():
@@ -316,14 +465,14 @@ def test_checks_that_need_no_network_run_before_the_tpu_is_resolved(
 
 
 def test_tpu_is_probed_once_per_estimator(tmp_path):
-    """tpushim checks a grpc:// TPU accepts connections before the first call, not before every one."""
+    """tpushim asks a grpc:// TPU before the conversion writes anything, not before every call."""
     x, y = tfcases.data()
     with RecordingListener() as listener, _faketpu.faked_tpu_system(listener.address) as tpu:
         tpushim.patch(tpu=tpu.master)
         est = tfcases.convert(tmp_path)
-        assert listener.new_connections() == 0
+        assert listener.new_connections() == 1  # asked for its devices
         tpu.build(lambda: est.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=1))
-        assert listener.new_connections() == 1
+        assert listener.new_connections() == 1  # still there (one TCP connection)
         tpu.build(lambda: est.evaluate(tfcases.dataset_input_fn(x, y)))
         tpu.build(lambda: est.predict(tfcases.dataset_input_fn(x)))
         assert listener.new_connections() == 0

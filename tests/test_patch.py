@@ -124,6 +124,34 @@ def test_patch_before_tensorflow_is_lazy_then_applies():
     assert out.rstrip().endswith("ok")
 
 
+def test_unpatch_before_tensorflow_leaves_the_import_system_as_it_was():
+    """patch() before TensorFlow waits for its import on sys.meta_path; unpatch() takes that
+    finder off again (nothing else waits), and once everything awaited is imported it leaves too."""
+    proc = procs.python(
+        code="""
+        import sys
+        before = list(sys.meta_path)
+        import tpushim
+        tpushim.patch(mode="cpu")
+        print("waiting:", len(sys.meta_path) - len(before))
+        tpushim.unpatch()
+        print("after unpatch:", sys.meta_path == before)
+        tpushim.patch(); tpushim.unpatch(); tpushim.unpatch()
+        print("again:", sys.meta_path == before)
+        tpushim.patch(mode="cpu")
+        import tensorflow as tf
+        from tensorflow_estimator.python.estimator import extenders, keras_lib
+        assert tpushim._patch.is_ours(keras_lib.model_to_estimator)
+        # TensorFlow's imports add finders of their own: look for tpushim's.
+        print("after every import:", not any("tpushim" in type(f).__module__ for f in sys.meta_path))
+    """
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "waiting: 1" in proc.stdout
+    assert "after unpatch: True" in proc.stdout and "again: True" in proc.stdout
+    assert "after every import: True" in proc.stdout
+
+
 @pytest.mark.parametrize(
     "sequence",
     [

@@ -197,6 +197,64 @@ def test_async_function_decorator_scopes_the_await():
     assert inspect.iscoroutinefunction(job)
 
 
+def test_generator_decorator_scopes_each_step_not_the_caller_between_them():
+    @tpushim.patched(mode="cpu", batch_size=8)
+    def steps():
+        seen = [settings_here()]
+        received = yield seen[-1]
+        seen.append((settings_here(), received))
+        try:
+            yield seen[-1]
+        except KeyError:  # thrown in by the caller: handled in scope
+            seen.append(settings_here())
+            yield "handled"
+        finally:
+            seen.append(("finally", settings_here()))
+            yield_log.extend(seen)
+        return "done"
+
+    yield_log = []
+    assert inspect.isgeneratorfunction(steps)
+    gen = steps()
+    assert settings_here() == (None, None)
+    assert next(gen) == ("cpu", 8)
+    assert settings_here() == (None, None)  # suspended: the caller is not in its scope
+    assert gen.send("x") == (("cpu", 8), "x")
+    assert settings_here() == (None, None)
+    assert gen.throw(KeyError("k")) == "handled"
+    gen.close()  # its finally runs in scope, too
+    assert yield_log[-2:] == [("cpu", 8), ("finally", ("cpu", 8))]
+    assert settings_here() == (None, None)
+    # Run to its end: the generator's return value comes through.
+    gen = steps()
+    with pytest.raises(StopIteration):
+        next(gen), gen.send(None), gen.send(None)
+
+
+def test_generator_values_and_return_come_through():
+    @tpushim.patched(mode="cpu")
+    def count(n):
+        for i in range(n):
+            yield i, settings_here()[0]
+        return "end"
+
+    assert list(count(3)) == [(0, "cpu"), (1, "cpu"), (2, "cpu")]
+
+    def outer():
+        result = yield from count(1)
+        assert result == "end"
+
+    assert list(outer()) == [(0, "cpu")]
+
+
+def test_async_generator_is_refused_clearly():
+    async def agen():
+        yield 1
+
+    with pytest.raises(TypeError, match="cannot decorate the async generator function"):
+        tpushim.patched(mode="cpu")(agen)
+
+
 def test_reset_restores_everything_and_fails_on_a_scope_left_open(tmp_path):
     from tpushim import _patch  # the reset conftest uses
 

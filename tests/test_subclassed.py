@@ -19,6 +19,7 @@ from replicas import PER, REPLICAS
 import tpushim
 from tpushim import _model_fn
 from tpushim._estimator import TPUShimEstimator
+from tpushim._preflight import faketpu
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -474,15 +475,15 @@ def test_tpuestimator_whole_tpu_graph_builds_on_cpu(case, tmp_path, monkeypatch)
         model, x, y = _numeric_wide_deep(("sgd", "adam")), {"x": x}, x.sum(axis=1, keepdims=True)
     else:
         model = _subclassed()
-    with tfcases.LoopbackListener() as tpu:
-        tpushim.patch(tpu=tpu.address, mode="tpu")
+    with faketpu.faked_tpu_system() as tpu:  # the conversion asks the TPU for its devices
+        tpushim.patch(tpu=tpu.master, mode="tpu")
         try:
             est = tf.compat.v1.keras.estimator.model_to_estimator(
                 keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver"
             )
         finally:
             tpushim.unpatch()
-        assert est.config.master == tpu.address  # a TPUEstimator for that TPU, not cpu mode
+        assert est.config.master == tpu.master  # a TPUEstimator for that TPU, not cpu mode
         with pytest.raises(_GraphBuilt):
             est.train(
                 tfcases.dataset_input_fn(x, y, batch=32, repeat=True), steps=2, hooks=[MyHook()]

@@ -122,6 +122,31 @@ def test_faked_tpu_system_names():
     assert not config.cluster_spec and config.master == "grpc://127.0.0.1:1"
 
 
+def test_replaced_tpu_system_query_is_none_until_someone_replaces_it():
+    """The TPU check at conversion asks a replaced TPU system query (the faked TPU's) instead of
+    the TPU: None while TensorFlow's own is in place."""
+    from tpushim._preflight import faketpu
+
+    assert _tfprivate.replaced_tpu_system_query() is None
+    with faketpu.faked_tpu_system() as tpu:
+        query = _tfprivate.replaced_tpu_system_query()
+        assert query(tpu.master).num_cores == 8
+    assert _tfprivate.replaced_tpu_system_query() is None
+
+
+def test_deprecation_flag_is_ours_and_silence_still_works():
+    """TensorFlow's flag for deprecation warnings, read per call site (tpushim's calls: off)."""
+    from tensorflow.python.util import deprecation
+
+    flag = deprecation._PRINT_DEPRECATION_WARNINGS
+    assert isinstance(flag, _tfprivate._WarnOutsideTpushim) and flag.value is True
+    _tfprivate.silence_own_deprecation_warnings()  # idempotent
+    assert deprecation._PRINT_DEPRECATION_WARNINGS is flag
+    with deprecation.silence():
+        assert deprecation._PRINT_DEPRECATION_WARNINGS is False
+    assert deprecation._PRINT_DEPRECATION_WARNINGS is flag
+
+
 def test_version_fallbacks_find_each_releases_module():
     # Keras keeps its code in keras.src from 2.13; 2.12 has the same modules one level up.
     prefix = "keras.src." if tfcases.KERAS_VERSION >= (2, 13) else "keras."

@@ -7,7 +7,6 @@ each host's input pipeline, which runs on CPU on a TPU host too and so is run he
 """
 
 import contextlib
-import socket
 import time
 
 import numpy as np
@@ -256,14 +255,13 @@ def test_train_and_evaluate_runs_the_tpu_path(tmp_path, own_config):
 
 
 def test_train_and_evaluate_unreachable_tpu_is_a_no_tpu_error(tmp_path):
-    with socket.socket() as s:  # a loopback port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tpushim.patch(tpu=f"grpc://127.0.0.1:{port}")
-    est = tf.keras.estimator.model_to_estimator(
-        keras_model=tfcases.sequential(), model_dir=str(tmp_path)
-    )
-    tpushim.unpatch()
+    # Converted while the TPU answers; gone when the training starts (its port closed).
+    with faketpu.faked_tpu_system() as tpu:
+        tpushim.patch(tpu=tpu.master)
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path)
+        )
+        tpushim.unpatch()
     x, y = _ids_data()
     start = time.monotonic()
     with pytest.raises(tpushim.NoTPUError, match="is not reachable"):

@@ -63,11 +63,50 @@ def patch_now():
     except Warning:
         raise
     except Exception as e:
+        problem = f"{type(e).__name__}: {e}"
         _warn(
-            f"{VARIABLE} is set, but patching failed, so this interpreter runs unpatched: "
-            f"{type(e).__name__}: {e}"
+            f"{VARIABLE} is set, but patching failed, so this interpreter runs unpatched: {problem}"
         )
+        _remind_at_first_conversion(problem)
         return False
+
+
+def _remind_at_first_conversion(problem):
+    """Says it again at the first ``model_to_estimator`` call, in the conversion line's format:
+    the warning at start-up is one line among TensorFlow's many, and the run goes on stock.
+
+    A one-shot wrapper on keras_lib's ``model_to_estimator`` (as :mod:`tpushim._patch` wraps it,
+    when keras_lib is imported): it takes itself off at its first call, and says nothing if
+    tpushim was patched in code since.
+    """
+    try:
+        import functools
+
+        from tpushim import _hooks, _patch
+    except Exception:  # nothing to remind with: the warning stands alone
+        return
+
+    def install(module):
+        original = getattr(module, _patch.TARGET)
+
+        @functools.wraps(original)
+        def reminding(*args, **kwargs):
+            if getattr(module, _patch.TARGET, None) is reminding:
+                setattr(module, _patch.TARGET, original)
+            if not told and not _patch.is_patched():
+                told.append(True)
+                estimator = "EstimatorV2" if kwargs.get("use_v2_estimator") else "Estimator"
+                sys.stderr.write(
+                    f"tpushim: model_to_estimator -> stock {estimator} ({VARIABLE} is set, but "
+                    f"tpushim is not patched: {problem})\n"
+                )
+                sys.stderr.flush()
+            return original(*args, **kwargs)
+
+        setattr(module, _patch.TARGET, reminding)
+
+    told = []
+    _hooks.when_imported(_patch.KERAS_LIB, install)
 
 
 class _PatchWhenPathIsComplete:

@@ -141,6 +141,35 @@ def declared_batch_size(dataset):
     return _batch_dim(dataset) or _declared_batch(dataset)
 
 
+def rows_held(dataset, session):
+    """The examples a finite Dataset that ends in a batch op holds, read from its graph's
+    cardinalities (no data read), or None where the graph does not say."""
+    cardinality = int(session.run(dataset.cardinality()))
+    batching = batching_of(dataset) if cardinality >= 0 else None
+    if batching is None:
+        return None
+    rows_variant, size, drop_remainder = batching
+    rows = int(session.run(tf.raw_ops.DatasetCardinality(input_dataset=rows_variant)))
+    if rows < 0 or (rows // size if drop_remainder else -(-rows // size)) != cardinality:
+        return None  # ops after the batch change the count: the graph does not say
+    return rows // size * size if drop_remainder else rows
+
+
+def too_few_rows(rows, declared, batch_size):
+    """The refusal of a finite training input that holds fewer examples than one global batch:
+    a TPU takes only full batches, so it would train 0 steps where stock trains every batch.
+    Refused rather than warned: a run that trains nothing and returns normally leaves an
+    untrained model that looks trained, and the warning would be one line among TensorFlow's."""
+    batches = f"{-(-rows // declared)} steps of {declared}" if declared else "its batches"
+    return (
+        f"train(): the training input holds {rows} examples (stock trains them in {batches}), "
+        f"fewer than the global batch size {batch_size} tpushim was given: a TPU takes only "
+        f"full batches of {batch_size}, so training would run 0 steps. Set the batch size to "
+        f"at most {rows} (tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE), or unset it "
+        f"to use the input's own, or repeat the dataset (dataset.repeat())."
+    )
+
+
 def _rebatch(dataset, batch_size, drop_remainder):
     if hasattr(dataset, "rebatch"):  # TF >= 2.12: splits/merges batches without per-example work
         return dataset.rebatch(batch_size, drop_remainder=drop_remainder)

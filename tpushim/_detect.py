@@ -3,8 +3,9 @@
 Detection (:func:`find_tpu`) makes no network call: it reads only arguments, the RunConfig,
 environment variables and device files. Two functions here do use the network, only for the TPU
 the user configured and bounded in time: :func:`cluster_resolver` turns a *bare TPU name* into an
-address through the GCE metadata server and the Cloud TPU API, and :func:`check_reachable` makes
-one TCP connection to a ``grpc://`` address.
+address through the GCE metadata server and the Cloud TPU API; :func:`check_tpu_answers` asks a
+``grpc://`` TPU for its devices, bounded in time, before anything is written (and
+:func:`check_reachable` makes one TCP connection to it).
 """
 
 import dataclasses
@@ -116,6 +117,17 @@ def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
 
 REACH_TIMEOUT_S = 5.0
 
+#: The deadline of the device query :func:`check_tpu_answers` sends a TPU (TensorFlow's own waits
+#: 5 minutes, and tries 12 times). A TPU worker lists its devices within a second or two.
+QUERY_TIMEOUT_S = 10.0
+
+#: What a failed check says to do, after what failed.
+_FIX = (
+    "Check the address and port (a Cloud TPU node listens on 8470) and that the TPU is running "
+    "(gcloud compute tpus list), run the TPU code path on CPU with TPUSHIM_MODE=cpu, or turn "
+    "tpushim off with TPUSHIM_MODE=off."
+)
+
 
 def check_reachable(master, source):
     """A ``grpc://host:port`` TPU that does not accept a connection is a clear error, not a hang.
@@ -130,11 +142,93 @@ def check_reachable(master, source):
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except (OSError, ValueError) as e:
+        raise NoTPUError(f"TPU {master} (from {source}) is not reachable: {e}. {_FIX}") from e
+
+
+def _bounded(fn, timeout_s, name):
+    """``fn()`` in a daemon thread: ``("value", result)``, ``("error", exception)`` or
+    ``("timeout", None)`` when it has not returned after ``timeout_s``."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except Exception as e:
+            result["error"] = e
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return "timeout", None
+    return next(iter(result.items()))
+
+
+def check_tpu_answers(cluster, source, timeout_s=None):
+    """The ``grpc://`` TPU of ``cluster`` answers as a TPU worker does, or a clear
+    :class:`NoTPUError` within ``REACH_TIMEOUT_S + timeout_s + 5`` seconds (20 s).
+
+    Run before anything is written to the model_dir. Tried in turn: one TCP connection
+    (:func:`check_reachable`: a refusal fails in milliseconds), then the question TPUEstimator
+    itself asks first -- the devices of the TensorFlow master (``Session.list_devices()``, one
+    gRPC call) -- with a deadline of ``timeout_s`` (``QUERY_TIMEOUT_S``) where TensorFlow's own
+    would wait 5 minutes, 12 times over: an address that accepts connections and never answers
+    (or answers, but not as a TensorFlow worker) fails here, and so does a TensorFlow server
+    without TPU devices. Where TensorFlow's TPU system query was replaced (the preflight's faked
+    TPU system), that query answers instead. A ``local`` TPU (a TPU VM) is not contacted.
+
+    Args:
+      cluster: the TPUClusterResolver the estimator will use (:func:`cluster_resolver`).
+      source: where the TPU came from, for the message.
+      timeout_s: the device query's deadline; ``QUERY_TIMEOUT_S`` when None.
+    """
+    master = cluster.master() if hasattr(cluster, "master") else ""
+    if not master or not master.startswith("grpc://"):
+        return
+    check_reachable(master, source)
+    timeout_s = QUERY_TIMEOUT_S if timeout_s is None else timeout_s
+    spec = cluster.cluster_spec()
+    cluster_def = spec.as_cluster_def() if spec else None
+    import tensorflow as tf
+
+    from tpushim import _tfprivate  # imports TensorFlow: not at start-up
+
+    replaced = _tfprivate.replaced_tpu_system_query()
+
+    def list_devices():
+        if replaced is not None:
+            return replaced(master, cluster_def=cluster_def).devices
+        # TensorFlow's own query, with a deadline of ours (tpu_system_metadata's: 5 minutes).
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=int(timeout_s * 1000))
+        if cluster_def is not None:
+            config.cluster_def.CopyFrom(cluster_def)
+        with tf.Graph().as_default(), tf.compat.v1.Session(master, config=config) as session:
+            return session.list_devices()
+
+    tried = (
+        f"tried: a TCP connection (accepted), then TensorFlow's device query (a gRPC call to "
+        f"the TensorFlow worker there) with a {timeout_s:.0f} s deadline"
+    )
+    outcome, value = _bounded(list_devices, timeout_s + 5, "tpushim-query-tpu")
+    if outcome == "timeout" or isinstance(value, tf.errors.DeadlineExceededError):
         raise NoTPUError(
-            f"TPU {master} (from {source}) is not reachable: {e}. Check the address and that the TPU "
-            f"is running (gcloud compute tpus list), run the TPU code path on CPU with "
-            f"TPUSHIM_MODE=cpu, or turn tpushim off with TPUSHIM_MODE=off."
-        ) from e
+            f"TPU {master} (from {source}) accepts connections but did not answer as a TPU "
+            f"within {timeout_s:.0f} s ({tried}): it is not a TPU's address, or the TPU is not "
+            f"ready. {_FIX}"
+        )
+    if outcome == "error":
+        first_line = (str(value).strip().splitlines() or [""])[0]
+        raise NoTPUError(
+            f"TPU {master} (from {source}) did not answer as a TPU worker does ({tried}: "
+            f"{type(value).__name__}: {first_line}). {_FIX}"
+        ) from value
+    kinds = sorted({getattr(device, "device_type", "?") for device in value})
+    if "TPU" not in kinds:
+        raise NoTPUError(
+            f"{master} (from {source}) answered TensorFlow's device query, but has no TPU devices "
+            f"(it has: {', '.join(kinds) or 'none'}): it is a TensorFlow server, not a TPU "
+            f"({tried}). {_FIX}"
+        )
 
 
 def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
@@ -154,29 +248,18 @@ def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
 
     if not spec.needs_lookup:
         return build()  # 'local' and grpc:// addresses make no network call
-    result = {}
-
-    def run():
-        try:
-            result["resolver"] = build()
-        except Exception as e:
-            result["error"] = e
-
-    worker = threading.Thread(target=run, name="tpushim-resolve-tpu", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    outcome, value = _bounded(build, timeout_s, "tpushim-resolve-tpu")
+    if outcome == "timeout":
         raise NoTPUError(
             f"Could not resolve TPU {spec.describe()!r} (from {spec.source}) within {timeout_s:.0f} s: "
             f"a TPU name is looked up through the GCE metadata server and the Cloud TPU API, which "
             f"did not answer. Give its address instead (tpu='grpc://IP:8470' or TPUSHIM_TPU), use "
             f"tpu='local' on a TPU VM, or TPUSHIM_MODE=off to run without a TPU."
         )
-    if "error" in result:
-        e = result["error"]
+    if outcome == "error":
         raise NoTPUError(
-            f"Could not resolve TPU {spec.describe()!r} (from {spec.source}): {type(e).__name__}: {e}. "
-            f"Check the name, zone and project, give its address (grpc://IP:8470), or set "
-            f"TPUSHIM_MODE=off to run without a TPU."
-        ) from e
-    return result["resolver"]
+            f"Could not resolve TPU {spec.describe()!r} (from {spec.source}): "
+            f"{type(value).__name__}: {value}. Check the name, zone and project, give its address "
+            f"(grpc://IP:8470), or set TPUSHIM_MODE=off to run without a TPU."
+        ) from value
+    return value

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tpushim import (
     _arrays,
+    _batching,
     _detect,
     _input_fn,
     _log,
@@ -181,7 +182,9 @@ class TPUShimEstimator(TPUEstimator):
     def _reach_tpu_once(self):
         """A configured ``grpc://`` TPU that does not accept a connection fails the first call
         clearly (see :func:`_detect.check_reachable`); once it has, it is not probed again. The
-        lock makes threads that call at once probe once."""
+        lock makes threads that call at once probe once. The conversion asked the TPU for its
+        devices (:func:`_detect.check_tpu_answers`); this cheap check catches a TPU that went
+        away since, which TensorFlow would wait for for two hours."""
         if not self._tpushim_use_tpu:
             return
         with self._tpushim_reach_lock:
@@ -251,6 +254,10 @@ class TPUShimEstimator(TPUEstimator):
         size = self._global_batch(facts)
         tpu_batch = self._tpu_batch(mode, size)
         if mode == ModeKeys.TRAIN and facts.declared != size and _finite(first):
+            with _input_fn.graph_session() as session:
+                rows = _batching.rows_held(first, session)
+            if rows is not None and rows < size:
+                raise ConversionError(_batching.too_few_rows(rows, facts.declared, size))
             _observe.note(
                 "drop",
                 "the training input is finite and batched by %s, not %d; a TPU needs full "
@@ -559,6 +566,7 @@ def rewrapped(estimator, wrap, config=_SAME, warm_start_from=_SAME, params=None)
         params=dict(params or {}),
         tpushim_tpu_source=estimator._tpushim_tpu_source,
         tpushim_model_inputs=estimator._tpushim_model_inputs,
+        tpushim_pod_input=estimator._tpushim_pod_input,
     )
     twin._tpushim_settings = estimator._tpushim_settings
     _observe.derived(twin, estimator, model_fn)
@@ -642,6 +650,8 @@ def _build(arguments, settings, tpu):
         _validation.check_model_dir(keras_model, config.model_dir)
         model_dir_checked = True
     cluster = _detect.cluster_resolver(tpu) if tpu is not None else None
+    if cluster is not None:  # a TPU that does not answer fails now, before anything is written
+        _detect.check_tpu_answers(cluster, tpu.source)
     # With no model_dir given, stock makes a temporary one: only now, once nothing can fail first.
     config = _tfprivate.maybe_overwrite_model_dir_and_session_config(config, None)
     if not model_dir_checked:  # a mocked tempfile may hand out a folder that holds a checkpoint

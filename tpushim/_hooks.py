@@ -30,9 +30,13 @@ class _Registry:
         """Forgets every pending hook and takes the finder off ``sys.meta_path`` (for tests)."""
         with self.lock:
             self.pending.clear()
-            if self.finder is not None and self.finder in sys.meta_path:
-                sys.meta_path.remove(self.finder)
-            self.finder = None
+            self.remove_finder()
+
+    def remove_finder(self):
+        """Takes the finder off ``sys.meta_path`` (lock held)."""
+        if self.finder is not None and self.finder in sys.meta_path:
+            sys.meta_path.remove(self.finder)
+        self.finder = None
 
 
 REGISTRY = _Registry()
@@ -93,6 +97,8 @@ def _fire(name, module):
     """Runs, once, the hooks waiting for ``name``; a hook that raises is reported by a warning."""
     with REGISTRY.lock:
         callbacks = REGISTRY.pending.pop(name, ())
+        if not REGISTRY.pending:  # nothing left to watch for: every later import as without us
+            REGISTRY.remove_finder()
     # Called outside the lock, as wrapt does: a hook imports modules, and another thread that holds
     # one of their import locks may be waiting for ours (registering a hook) -- a deadlock.
     for callback in callbacks:
@@ -125,3 +131,16 @@ def when_imported(name, callback):
                 sys.meta_path.insert(0, REGISTRY.finder)
             return
     callback(module)
+
+
+def discard(name, callback):
+    """Forgets ``callback`` if it still waits for ``name``; the finder leaves ``sys.meta_path``
+    when no hook waits any more (``unpatch()`` leaves the import system as it found it)."""
+    with REGISTRY.lock:
+        callbacks = REGISTRY.pending.get(name)
+        if callbacks and callback in callbacks:
+            callbacks.remove(callback)
+            if not callbacks:
+                del REGISTRY.pending[name]
+        if not REGISTRY.pending:
+            REGISTRY.remove_finder()

@@ -258,11 +258,12 @@ def _on_import(module):
 def _sync():
     """Makes the wrappers' presence on their modules match what is wanted (lock held)."""
     wanted = STATE.wrapper_wanted()
-    if wanted:
-        # _hooks ignores a hook registered twice: each fires once, however often we get here.
-        for name in ("tensorflow", *dict.fromkeys(t[0] for t in TARGETS)):
-            if name not in sys.modules:
-                _hooks.when_imported(name, _on_import)
+    for name in ("tensorflow", *dict.fromkeys(t[0] for t in TARGETS)):
+        if wanted and name not in sys.modules:
+            # _hooks ignores a hook registered twice: each fires once, however often we get here.
+            _hooks.when_imported(name, _on_import)
+        elif not wanted:
+            _hooks.discard(name, _on_import)  # the finder leaves when nothing else waits
     for module_name, attribute, kind in TARGETS:
         module = sys.modules.get(module_name)
         if module is not None:
@@ -339,8 +340,8 @@ def patch(
         quiet=quiet,
         pod_input=pod_input,
     )
-    _settings.parse_environment()  # strict: a bad variable raises here, before anything changes
-    level = _settings.log_level_from_environment()
+    # Strict: a bad variable raises here, before anything changes (unless TPUSHIM_MODE=off).
+    level = _settings.check_environment()
     if level is not None:  # logging imported only when asked for
         from tpushim import _log
 
@@ -387,7 +388,9 @@ def current_settings():
 class patched:
     """Converts ``model_to_estimator`` calls only inside a ``with`` block or a decorated function.
 
-    ``with tpushim.patched(mode="cpu"): ...`` or ``@tpushim.patched(mode="cpu")``. The scope
+    ``with tpushim.patched(mode="cpu"): ...`` or ``@tpushim.patched(mode="cpu")`` (on a function,
+    a coroutine function, or a generator function: the scope is open while the generator runs,
+    not while it waits at a ``yield``; an async generator function is refused). The scope
     applies to the thread (and asyncio task) that entered it; nested scopes: the innermost wins;
     leaving a scope restores the outer settings exactly, exception or not. Arguments as
     :func:`patch`, checked here; ``TPUSHIM_*`` variables are read each time the scope is entered
@@ -419,7 +422,7 @@ class patched:
         self._tokens = contextvars.ContextVar(f"tpushim_patched_{id(self)}", default=())
 
     def __enter__(self) -> patched:
-        _settings.parse_environment()  # strict: a bad variable raises before the scope opens
+        _settings.check_environment()  # strict: a bad variable raises before the scope opens
         with STATE.lock:
             _check_versions()
             STATE.open_scopes += 1
@@ -442,6 +445,20 @@ class patched:
 
         import wrapt
 
+        if inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"tpushim.patched() cannot decorate the async generator function "
+                f"{func.__qualname__}: open the scope inside it instead "
+                f"(async def ...: with tpushim.patched(...): ...)."
+            )
+        if inspect.isgeneratorfunction(func):
+
+            @wrapt.decorator
+            def generator_wrapper(wrapped, instance, args, kwargs):
+                del instance
+                return (yield from self._each_step_in_scope(wrapped(*args, **kwargs)))
+
+            return generator_wrapper(func)
         if inspect.iscoroutinefunction(func):
 
             @wrapt.decorator
@@ -459,6 +476,31 @@ class patched:
                 return wrapped(*args, **kwargs)
 
         return wrapper(func)
+
+    def _each_step_in_scope(self, generator):
+        """Runs ``generator`` with the scope open while it runs, closed while it is suspended.
+
+        A generator runs in its caller's context: a scope held open across a ``yield`` would
+        convert the caller's own calls between two steps. So each step (``send``, ``throw``,
+        ``close``) enters the scope and leaves it at the next ``yield``.
+        """
+        step, value = generator.send, None
+        while True:
+            try:
+                with self:
+                    item = step(value)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                value = yield item
+            except GeneratorExit:
+                with self:
+                    generator.close()
+                raise
+            except BaseException as e:  # thrown in by the caller: into the generator, in scope
+                step, value = generator.throw, e
+            else:
+                step = generator.send
 
 
 # --- the wrapper ---------------------------------------------------------------------------------

@@ -165,19 +165,35 @@ def parse_pod_input(value, where="pod_input"):
     )
 
 
+#: The largest batch size or loop length tpushim takes: TensorFlow holds both in 32-bit integers
+#: (a TPU loop's counter, TPUEstimator's per-core batch), so a larger one overflows inside it.
+MAX_INT = 2**31 - 1
+
+
 def parse_positive_int(value, where):
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{where} must be a positive integer (e.g. 128); got {value!r}.")
+    """A positive integer from an int, a numpy integer (``operator.index``) or its ASCII digits."""
     if isinstance(value, str):
         text = value.strip()
-        if not text.isdigit():
+        # ASCII digits only: str.isdigit() takes '²', which int() then refuses.
+        if not (text.isascii() and text.isdigit()):
             raise ConfigurationError(
                 f"{where}={value!r} is not a positive integer; set it to e.g. 128, or unset it."
             )
-        value = int(text)
-    if not isinstance(value, int) or value <= 0:
+        number = int(text)
+    elif isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ConfigurationError(f"{where} must be a positive integer (e.g. 128); got {value!r}.")
-    return value
+    else:
+        import operator  # not at start-up: patch() with no arguments never gets here
+
+        number = operator.index(value)  # int, numpy.int64 & co.; not float
+    if number <= 0:
+        raise ConfigurationError(f"{where} must be a positive integer (e.g. 128); got {number}.")
+    if number > MAX_INT:
+        raise ConfigurationError(
+            f"{where}={value!r} is too large: TensorFlow holds it in a 32-bit integer, so it must "
+            f"be at most {MAX_INT}."
+        )
+    return number
 
 
 def parse_tpu(value, where="tpu"):
@@ -192,6 +208,8 @@ def parse_tpu(value, where="tpu"):
                 f"{where}={value!r}: a TPU address must start with grpc:// (e.g. grpc://10.0.0.2:8470); "
                 f"or give a TPU name or 'local'."
             )
+        if text.startswith("grpc://"):
+            _check_address(text, value, where)
         return text
     # A TPUClusterResolver (or anything shaped like one) is taken as it is.
     if hasattr(value, "master") and hasattr(value, "cluster_spec"):
@@ -199,6 +217,22 @@ def parse_tpu(value, where="tpu"):
     raise ConfigurationError(
         f"{where} must be a TPU name, 'grpc://host:port', 'local' or a TPUClusterResolver; got {value!r}."
     )
+
+
+def _check_address(text, value, where):
+    """``grpc://host:port``: a host and a port number, or a clear error now, not at ``train()``."""
+    host, colon, port = text[len("grpc://") :].rpartition(":")
+    if (
+        not colon
+        or not host.strip("[]")
+        or not (port.isascii() and port.isdigit())
+        or not 0 < int(port) < 65536
+    ):
+        raise ConfigurationError(
+            f"{where}={value!r} is not a TPU address: give grpc://HOST:PORT with a port number "
+            f"from 1 to 65535 (a Cloud TPU node's is 8470, e.g. grpc://10.0.0.2:8470), a TPU "
+            f"name, or 'local'."
+        )
 
 
 def parse_bool(value, where):
@@ -237,26 +271,61 @@ _PARSERS = {
 }
 
 
+def kill_switch(environ=None):
+    """True when ``TPUSHIM_MODE=off`` (any case) is in the environment: then no other setting is
+    parsed, and nothing tpushim reads can raise -- the switch works whatever else is set."""
+    environ = os.environ if environ is None else environ
+    return environ.get(ENV_VARS["mode"], "").strip().lower() == "off"
+
+
 def parse_arguments(**kwargs):
-    """Validates explicit arguments; returns a dict of the ones given (not None)."""
+    """Validates explicit arguments; returns a dict of the ones given (not None).
+
+    Under the kill switch an invalid argument is left out instead of raising: the switch is
+    flipped to run a script as it runs without tpushim, without editing its code.
+    """
+    off = kill_switch()
     out = {}
     for name, value in kwargs.items():
         if name not in _PARSERS:
             raise TypeError(f"unknown tpushim setting {name!r}; known: {', '.join(ENV_VARS)}")
         if value is not None:
-            out[name] = _PARSERS[name](value, name)
+            try:
+                out[name] = _PARSERS[name](value, name)
+            except ConfigurationError:
+                if not off:
+                    raise
     return out
 
 
 def parse_environment(environ=None):
-    """Reads and validates the ``TPUSHIM_*`` variables; returns a dict of those set (non-empty)."""
+    """Reads and validates the ``TPUSHIM_*`` variables; returns a dict of those set (non-empty).
+
+    Under the kill switch (``TPUSHIM_MODE=off``) only ``{"mode": "off"}``: nothing else is read.
+    """
     environ = os.environ if environ is None else environ
+    if kill_switch(environ):
+        return {"mode": "off"}
     out = {}
     for name, var in ENV_VARS.items():
         raw = environ.get(var)
         if raw is not None and raw.strip():
             out[name] = _PARSERS[name](raw, var)
     return out
+
+
+def check_environment(environ=None):
+    """Raises :class:`ConfigurationError` for an invalid ``TPUSHIM_*`` variable (the settings and
+    ``TPUSHIM_LOG_LEVEL``); returns ``TPUSHIM_LOG_LEVEL`` as a level name, or None. Under the kill
+    switch nothing raises, and an invalid log level is ignored."""
+    environ = os.environ if environ is None else environ
+    parse_environment(environ)
+    try:
+        return log_level_from_environment(environ)
+    except ConfigurationError:
+        if not kill_switch(environ):
+            raise
+        return None
 
 
 def resolve(layers=(), environ=None):

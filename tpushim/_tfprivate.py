@@ -8,6 +8,8 @@ few names only the tooling reaches (the faked TPU system's) live in tpushim/_pre
 
 import contextlib
 import contextvars
+import os
+import sys
 import threading
 
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
@@ -715,3 +717,61 @@ def global_step_read():
     from tensorflow.python.training import training_util
 
     return training_util._get_or_create_global_step_read()
+
+
+def replaced_tpu_system_query():
+    """TensorFlow's TPU system query (``tpu_system_metadata._query_tpu_system_metadata``, which
+    TPUEstimator's TPU context sends to its master) when someone replaced it -- the preflight's
+    faked TPU system answers it for its own masters --, or None while it is TensorFlow's own."""
+    from tensorflow.python.tpu import tpu_system_metadata as module
+
+    query = module._query_tpu_system_metadata
+    return None if getattr(query, "__module__", None) == module.__name__ else query
+
+
+# --- TensorFlow's deprecation warnings, for tpushim's own calls -----------------------------------
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class _WarnOutsideTpushim:
+    """What ``tensorflow.python.util.deprecation._PRINT_DEPRECATION_WARNINGS`` becomes: true (as
+    TensorFlow had it) except where the deprecated name is called from tpushim's own code.
+
+    Every deprecated TensorFlow name checks that flag, in its wrapper, before it logs its
+    ``From <caller>: X is deprecated`` lines and marks X as warned (once per process): so a call
+    tpushim makes (``TPUConfig``, ``TPUEstimator``, ``TPUEstimatorSpec``, ...: about 70 lines a
+    run) neither prints nor uses up the warning a user's own call of X then gets, exactly as
+    without tpushim. Per call site, as the wrapper's own ``_call_location`` reads it -- not
+    ``deprecation.silence()``, which turns the flag off for every thread (and the user's model
+    code run inside tpushim's model_fn) while it is held; ``silence()`` still works over this.
+    """
+
+    def __init__(self, value):
+        self.value = value
+
+    def __bool__(self):
+        if not self.value:
+            return False
+        # 0: here, 1: the deprecation wrapper testing the flag, 2: the code that called X.
+        try:
+            caller = sys._getframe(2)
+        except ValueError:  # read from the top of a stack: no caller of ours
+            return True
+        return not caller.f_code.co_filename.startswith(_PACKAGE)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.value!r})"
+
+
+def silence_own_deprecation_warnings():
+    """Installs :class:`_WarnOutsideTpushim` (once; idempotent)."""
+    from tensorflow.python.util import deprecation
+
+    current = deprecation._PRINT_DEPRECATION_WARNINGS
+    if not isinstance(current, _WarnOutsideTpushim):
+        deprecation._PRINT_DEPRECATION_WARNINGS = _WarnOutsideTpushim(current)
+
+
+# Before any of tpushim's calls: importing this module is the first thing a conversion does.
+silence_own_deprecation_warnings()
