@@ -78,11 +78,12 @@ def _patch_before_running(options, module, target, command="", **overrides):
     if problem:
         return _stop(command + problem)
     try:
+        # Lines shown first: patch() itself may say one (tpushim set TF_USE_LEGACY_KERAS=1).
+        quiet = _settings.resolve((options.settings,)).quiet  # -q, else TPUSHIM_QUIET
+        _console.show_conversions(quiet=quiet, level="DEBUG" if options.verbose else None)
         patch(**dict(options.settings, **overrides))
     except ConfigurationError as e:  # a bad TPUSHIM_* variable
         return _stop(f"{command}error: {e}")
-    quiet = _settings.resolve((options.settings,)).quiet  # -q, else TPUSHIM_QUIET
-    _console.show_conversions(quiet=quiet, level="DEBUG" if options.verbose else None)
     return None
 
 

@@ -49,6 +49,29 @@ TARGETS = (
     (KERAS_LIB, TARGET, "convert"),
     (EXTENDERS, "estimator_lib", "add_metrics"),
 )
+#: On TensorFlow >= 2.16 (no tf.estimator): tpushim's estimator namespace as ``tf.estimator``,
+#: ``tf.compat.v1.estimator`` and ``tf.compat.v2.estimator`` (dotted attributes of the
+#: ``tensorflow`` module), and tf_keras's ``model_to_estimator`` functions -- which raise
+#: NotImplementedError there -- wrapped in every module that holds them: ``tf.keras.estimator``
+#: (tf_keras.api._v2), ``tf.compat.v1.keras.estimator`` (api._v1), ``tf.compat.v2.keras...``,
+#: ``from tensorflow.keras.estimator import ...`` and tf_keras's own. Bare ``keras`` is Keras 3
+#: there, which has no estimator: that spelling is not provided.
+ENGINE_TARGETS = (
+    ("tensorflow", "estimator", "namespace"),
+    ("tensorflow", "compat.v1.estimator", "namespace"),
+    ("tensorflow", "compat.v2.estimator", "namespace"),
+    ("tf_keras.src.estimator", "model_to_estimator", "convert"),
+    ("tf_keras.src.estimator", "model_to_estimator_v2", "convert"),
+    ("tf_keras.estimator", "model_to_estimator", "convert"),
+    ("tf_keras.api._v2.keras.estimator", "model_to_estimator", "convert"),
+    ("tf_keras.api._v1.keras.estimator", "model_to_estimator", "convert"),
+    ("tensorflow.keras.estimator", "model_to_estimator", "convert"),
+)
+
+
+def targets():
+    """The table in effect: :data:`ENGINE_TARGETS` on TensorFlow >= 2.16, else :data:`TARGETS`."""
+    return ENGINE_TARGETS if _versions.uses_engine() else TARGETS
 
 
 class _State:
@@ -115,6 +138,11 @@ def _wrapper_class(kind):
     if kind not in STATE.wrapper_types:
         import wrapt
 
+        if kind == "namespace":  # tpushim/_legacy's module type: only ours are of it
+            from tpushim._legacy import _api
+
+            STATE.wrapper_types[kind] = _api._Namespace
+            return _api._Namespace
         if kind == "convert":
             bases, body = (wrapt.FunctionWrapper,), {}
         else:
@@ -130,7 +158,14 @@ def _wrapper_class(kind):
     return STATE.wrapper_types[kind]
 
 
-def _wrap(kind, original):
+def _wrap(kind, original, spelling=None):
+    if kind == "namespace":
+        from tpushim._legacy import _api
+
+        _wrapper_class(kind)  # is_ours() knows the type from here on
+        namespace = _api.build(spelling)
+        namespace.__wrapped__ = original  # None: TensorFlow >= 2.16 has no tf.estimator
+        return namespace
     if kind == "convert":
         return _wrapper_class(kind)(original, _convert_call)
     return _wrapper_class(kind)(original)
@@ -143,8 +178,11 @@ def is_ours(obj):
 
 
 def _check_versions():
-    """Runs the version guard (lock held): remembers its verdict and warns once per process."""
-    STATE.version_problem = _versions.version_problem_now()
+    """Runs the version guard (lock held): remembers its verdict and warns once per process.
+
+    On TensorFlow >= 2.16 it first makes ``tf.keras`` tf_keras, or refuses where that is too late.
+    """
+    STATE.version_problem = _versions.legacy_keras_problem() or _versions.version_problem_now()
     if STATE.version_problem and not STATE.warned:
         STATE.warned = (
             True  # one warning, on one channel (logging users see it through captureWarnings)
@@ -161,18 +199,34 @@ def version_problem():
 # --- apply / remove ------------------------------------------------------------------------------
 
 
+def _owner(module, attribute):
+    """``(object holding the last name, last name)`` of a dotted attribute, or (None, name)."""
+    *path, name = attribute.split(".")
+    for part in path:
+        module = getattr(module, part, None)
+    return module, name
+
+
 def _apply(module, attribute, kind):
-    current = getattr(module, attribute)
+    spelling = f"tf.{attribute}" if module.__name__ == "tensorflow" else None
+    module, attribute = _owner(module, attribute)
+    if module is None or (kind != "namespace" and not hasattr(module, attribute)):
+        return
+    current = getattr(module, attribute, None)
     if is_ours(current):
         return  # exactly one layer, however often we are asked
-    setattr(module, attribute, _wrap(kind, current))
+    setattr(module, attribute, _wrap(kind, current, spelling))
 
 
 def _remove(module, attribute):
+    module, attribute = _owner(module, attribute)
     current = getattr(module, attribute, None)
     # Restore only what is still our wrapper: someone may have wrapped on top of us since.
     if is_ours(current):
-        setattr(module, attribute, current.__wrapped__)
+        if current.__wrapped__ is None:
+            delattr(module, attribute)  # a name tpushim added: gone again
+        else:
+            setattr(module, attribute, current.__wrapped__)
 
 
 def _on_import(module):
@@ -188,12 +242,13 @@ def _on_import(module):
 def _sync():
     """Makes the wrappers' presence on their modules match what is wanted (lock held)."""
     wanted = STATE.wrapper_wanted()
+    table = targets()
     if wanted:
         # _hooks ignores a hook registered twice: each fires once, however often we get here.
-        for name in ("tensorflow", *dict.fromkeys(t[0] for t in TARGETS)):
+        for name in ("tensorflow", *dict.fromkeys(t[0] for t in table)):
             if name not in sys.modules:
                 _hooks.when_imported(name, _on_import)
-    for module_name, attribute, kind in TARGETS:
+    for module_name, attribute, kind in table:
         module = sys.modules.get(module_name)
         if module is not None:
             _apply(module, attribute, kind) if wanted else _remove(module, attribute)
@@ -203,10 +258,14 @@ def applied():
     """``{"<module>.<attribute>": True | False | "pending import"}`` for every target: is the
     wrapper on?"""
     out = {}
-    for module_name, attribute, _ in TARGETS:
+    for module_name, attribute, _ in targets():
         module = sys.modules.get(module_name)
+        if module is not None:
+            owner, name = _owner(module, attribute)
+            module = None if owner is None else owner
+            attribute_now = getattr(owner, name, None) if owner is not None else None
         out[f"{module_name}.{attribute}"] = (
-            "pending import" if module is None else is_ours(getattr(module, attribute, None))
+            "pending import" if module is None else is_ours(attribute_now)
         )
     return out
 
@@ -391,6 +450,8 @@ def _convert_call(wrapped, instance, args, kwargs):
     settings = current_settings()
     if settings is None:  # patched for another thread's scope only
         return wrapped(*args, **kwargs)
+    if _versions.uses_engine():
+        return _engine_call(wrapped, args, kwargs, settings)
     arguments = _arguments_by_name(wrapped, args, kwargs)
     from tpushim import _decision, _detect  # not at start-up
 
@@ -417,6 +478,35 @@ def _convert_call(wrapped, instance, args, kwargs):
     from tpushim import _estimator
 
     return _estimator.build(arguments, settings, decision.tpu)
+
+
+def _engine_call(wrapped, args, kwargs, settings):
+    """tf_keras's model_to_estimator on TensorFlow >= 2.16: tpushim's engine (stock's path).
+
+    The TPU path there needs the strategy engine (#33): modes that ask for it stop clearly.
+    """
+    from tpushim import _decision, _detect
+
+    arguments = _arguments_by_name(wrapped, args, kwargs)
+    tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
+    decision = _decision.decide(settings, tpu)
+    if decision.action != _decision.STOCK:
+        from tpushim._errors import ConversionError
+
+        raise ConversionError(
+            "The TPU path on TensorFlow >= 2.16 needs the strategy engine (#33), which is not "
+            f"there yet ({decision.why}). Run with mode='auto' and no TPU (tpushim's estimator "
+            "on CPU/GPU, stock 2.15's numbers), or use TensorFlow <= 2.15 for TPUEstimator."
+        )
+    from tpushim._legacy import _keras
+
+    v2 = getattr(wrapped, "__name__", "") == "model_to_estimator_v2"
+    _logger().info(
+        "model_to_estimator -> tpushim's %s on TensorFlow >= 2.16 (%s)",
+        "EstimatorV2" if v2 else "Estimator",
+        "no TPU configured; stock 2.15's path" if settings.mode == "auto" else decision.why,
+    )
+    return _keras.model_to_estimator(use_v2_estimator=v2, **arguments)
 
 
 def _add_metrics_estimator(estimator_class, args, kwargs):

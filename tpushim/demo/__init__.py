@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 
-from tpushim import _scratch
+from tpushim import _scratch, _versions
 from tpushim._patch import patched
 from tpushim._status import status
 
@@ -164,7 +164,8 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
     }
     if mode is None:
         with patched(**settings):
-            mode = "auto" if status()["tpu"] else "cpu"
+            # TensorFlow >= 2.16: no TPU path yet (#33); both runs take tpushim's engine.
+            mode = "auto" if status()["tpu"] or _versions.uses_engine() else "cpu"
     _quiet_tensorflow()
     from tpushim.demo import legacy_mlp
 
