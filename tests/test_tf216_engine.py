@@ -11,6 +11,8 @@ Each run is a subprocess: ``TF_USE_LEGACY_KERAS`` is decided once per process.
 import json
 import math
 import os
+import runpy
+import shutil
 
 import procs
 import pytest
@@ -58,7 +60,7 @@ def _differences(got, want):
 
 
 def _script_names():
-    return sorted(name for name in REFERENCE if name != "demo")
+    return sorted(name for name in REFERENCE if name.endswith(".py"))
 
 
 @pytest.mark.slow
@@ -107,6 +109,37 @@ def test_negative_control_one_step_less_is_told_apart(tmp_path):
     )
     differences = _differences(_result(proc), REFERENCE["demo"])
     assert {"loss", "global_step"} <= set(differences), differences
+
+
+def _resume(model_dir):
+    """Phase 2 of record_reference.RESUME under tpushim: resume the demo's model in model_dir."""
+    code = runpy.run_path(os.path.join(SCRIPTS, "record_reference.py"))["RESUME"]
+    proc = procs.python(
+        ["2", model_dir],
+        code="import tpushim; tpushim.patch()\n" + code,
+        env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""},
+        cwd=model_dir,
+    )
+    return _result(proc)
+
+
+@pytest.mark.slow
+def test_a_model_dir_stock_2_15_wrote_resumes_with_stock_numbers(tmp_path):
+    # Stock 2.15 trained 100 steps and kept its checkpoint (tests/reference/tf215_demo_model);
+    # tpushim on this TensorFlow restores it, trains 100 more, and ends where stock 2.15 ended.
+    model_dir = tmp_path / "model"
+    shutil.copytree(os.path.join(ROOT, "tests", "reference", "tf215_demo_model"), model_dir)
+    got = _resume(model_dir)
+    assert got["global_step"] == 200
+    assert _differences(got, REFERENCE["demo resumed"]) == {}
+
+
+@pytest.mark.slow
+def test_negative_control_without_the_checkpoint_the_numbers_differ(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    differences = _differences(_resume(model_dir), REFERENCE["demo resumed"])
+    assert {"global_step", "loss", "kernel"} <= set(differences), differences
 
 
 # --- fast: names, spellings, refusals (each a short subprocess, no training) ---------------------

@@ -7,6 +7,7 @@ on TensorFlow >= 2.16 under tpushim (its estimator engine) with these numbers (r
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,35 @@ DEMO = (
 
 #: Takes a step count, not a work folder (tests/test_hardening.py runs it).
 SKIPPED = "legacy_text_classifier.py"
+
+
+#: The demo's model trained in two train() calls, each in its own process: ``phase 1`` writes a
+#: model_dir (its checkpoint is kept in tests/reference/tf215_demo_model), ``phase 2`` resumes
+#: from it, trains on and prints the numbers. On TensorFlow >= 2.16 phase 2 resumes from stock
+#: 2.15's checkpoint: the checkpoints interoperate when the numbers are the same.
+RESUME = (
+    "import json, sys, numpy as np, tensorflow as tf\n"
+    "from tpushim.demo import legacy_mlp as d\n"
+    "model_dir, phase = sys.argv[2], sys.argv[1]\n"
+    "KERNEL = 'layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE'\n"
+    "tf.keras.utils.set_random_seed(d.SEED)\n"
+    "x, y = d.make_data(1000, seed=1)\n"
+    "x_eval, y_eval = d.make_data(200, seed=2)\n"
+    "config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=d.SEED)\n"
+    "est = tf.keras.estimator.model_to_estimator(keras_model=d.build_model(), config=config)\n"
+    "est.train(input_fn=lambda: d.train_input_fn(x, y), steps=100)\n"
+    "if phase == '2':\n"
+    "    out = {k: float(v) for k, v in est.evaluate(lambda: d.eval_input_fn(x_eval, y_eval)).items()}\n"
+    "    p = np.stack([q['probabilities'] for q in est.predict(lambda: d.eval_input_fn(x_eval))])\n"
+    "    out.update(first=float(p[0][0]), last=float(p[-1][0]),\n"
+    "               kernel=float(np.sum(est.get_variable_value(KERNEL))))\n"
+    "    print('RESULT ' + json.dumps(out))\n"
+    "else:\n"
+    "    print('RESULT {}')\n"
+)
+#: The files of phase 1's model_dir kept: the step-100 checkpoint itself (no graph, events or
+#: Keras copy), and a ``checkpoint`` index naming only it.
+KEPT = "model.ckpt-100."
 
 
 def run(args, workdir):
@@ -58,6 +88,18 @@ def main():
     out = {"tensorflow": tf.__version__, "python": sys.version.split()[0], "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         out["results"]["demo"] = run(["-c", DEMO], os.path.join(tmp, "demo"))
+        model_dir = os.path.join(tmp, "resume", "model")
+        run(["-c", RESUME, "1"], model_dir)
+        kept = os.path.join(ROOT, "tests", "reference", "tf215_demo_model")
+        shutil.rmtree(kept, ignore_errors=True)
+        os.makedirs(kept)
+        for name in os.listdir(model_dir):
+            if name.startswith(KEPT) and not name.endswith(".meta"):
+                shutil.copy(os.path.join(model_dir, name), kept)
+        with open(os.path.join(kept, "checkpoint"), "w") as f:
+            f.write('model_checkpoint_path: "model.ckpt-100"\n')
+            f.write('all_model_checkpoint_paths: "model.ckpt-100"\n')
+        out["results"]["demo resumed"] = run(["-c", RESUME, "2"], model_dir)
         for name in scripts:
             out["results"][name] = run([os.path.join(HERE, name)], os.path.join(tmp, name))
             print(name, out["results"][name], flush=True)
