@@ -215,9 +215,9 @@ def test_too_late_for_legacy_keras_refuses_clearly():
     proc = procs.python(code=code, env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "patched False False" in proc.stdout
-    assert "tpushim cannot make tf.keras Keras 2 here: tf.keras already resolved to Keras 3" in (
-        proc.stdout
-    )
+    assert (
+        "tpushim does not support Keras 3 as tf.keras: tf.keras already resolved to Keras 3"
+    ) in proc.stdout
     assert "Fix: call tpushim.patch() before the script first uses tf.keras" in proc.stdout
 
 
@@ -234,4 +234,18 @@ def test_tpu_modes_refuse_until_the_strategy_engine(mode):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused: The TPU path on TensorFlow >= 2.16 needs the strategy engine (#33)" in (
         proc.stdout
+    )
+
+
+def test_info_says_what_a_call_returns_and_check_stops_cleanly(tmp_path):
+    (tmp_path / "prog.py").write_text("print('RAN')\n")
+    env = {"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""}
+    info = procs.python(["-m", "tpushim", "info"], env=env, cwd=tmp_path)
+    assert info.returncode == 0, info.stderr[-3000:]
+    assert "returns: tpushim's estimator (TensorFlow >= 2.16 has none" in info.stdout
+    check = procs.python(["-m", "tpushim", "check", "prog.py"], env=env, cwd=tmp_path)
+    assert check.returncode == 2 and "Traceback" not in check.stderr, check.stderr[-3000:]
+    assert "RAN" not in check.stdout + check.stderr
+    assert "check: the preflight runs the TPU code path, which tpushim does not have on " in (
+        check.stderr
     )

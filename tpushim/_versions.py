@@ -262,9 +262,10 @@ def legacy_keras_problem():
         resolved = _tfprivate.keras_loaders_resolved_to_keras3(tf_module)
         if resolved:
             return (
-                f"tpushim cannot make tf.keras Keras 2 here: {', '.join(resolved)} already "
-                f"resolved to Keras 3 (TensorFlow {tf_module.__version__}), which has no "
-                f"model_to_estimator. Nothing was patched. Fix: call tpushim.patch() before the "
+                f"tpushim does not support Keras 3 as tf.keras: {', '.join(resolved)} already "
+                f"resolved to Keras 3 (TensorFlow {tf_module.__version__}) before tpushim could "
+                f"set {LEGACY_KERAS}=1, and Keras 3 has no model_to_estimator. Nothing was "
+                f"patched. Fix: call tpushim.patch() before the "
                 f"script first uses tf.keras, or start it with `python -m tpushim script.py`, "
                 f"TPUSHIM_AUTOPATCH=1 or {LEGACY_KERAS}=1 in the environment."
             )
