@@ -142,6 +142,29 @@ def test_negative_control_without_the_checkpoint_the_numbers_differ(tmp_path):
     assert {"global_step", "loss", "kernel"} <= set(differences), differences
 
 
+def test_the_saved_model_exported_here_loads_and_predicts_as_recorded():
+    # tests/reference/tf221_saved_model: exported by tpushim on TensorFlow 2.21
+    # (record_reference.py --engine); tests/test_tf216_interop.py loads it on stock 2.15.
+    code = (
+        "import json, sys, tensorflow as tf\n"
+        "from tpushim.demo import legacy_mlp\n"
+        "x, _ = legacy_mlp.make_data(200, seed=2)\n"
+        "serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+        "p = serve(x=tf.constant(x))['probabilities'].numpy()\n"
+        "print('RESULT ' + json.dumps(dict(first=p[0].tolist(), last=p[-1].tolist(),"
+        " class0=float(p[:, 0].sum()))))\n"
+    )
+    saved = os.path.join(ROOT, "tests", "reference", "tf221_saved_model")
+    got = _result(procs.python([saved], code=code, env={"PYTHONPATH": ROOT}))
+    with open(os.path.join(ROOT, "tests", "reference", "tf221.json"), encoding="utf-8") as f:
+        want = json.load(f)["saved_model"]
+    for key in ("first", "last"):
+        assert all(
+            math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(got[key], want[key])
+        )
+    assert math.isclose(got["class0"], want["class0"], rel_tol=1e-5)
+
+
 # --- fast: names, spellings, refusals (each a short subprocess, no training) ---------------------
 
 SPELLINGS = """

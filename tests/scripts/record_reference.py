@@ -3,6 +3,11 @@
 Run with a TensorFlow 2.15 environment, stock (no tpushim patch anywhere):
 ``python tests/scripts/record_reference.py``. tests/test_tf216_engine.py compares the same scripts
 on TensorFlow >= 2.16 under tpushim (its estimator engine) with these numbers (rel 1e-4).
+
+Run with TensorFlow >= 2.16 (``--engine``), it records the other direction under tpushim:
+the demo's model after 100 steps (tests/reference/tf221_demo_model) and a SavedModel exported
+from it (tests/reference/tf221_saved_model) with its predictions (tests/reference/tf221.json),
+which tests/test_tf216_interop.py reads on stock TensorFlow 2.15.
 """
 
 import json
@@ -60,7 +65,53 @@ RESUME = (
 KEPT = "model.ckpt-100."
 
 
-def run(args, workdir):
+#: On TensorFlow >= 2.16, under tpushim: phase 1 of RESUME, then the model exported and its
+#: SavedModel's predictions on the demo's eval data (loaded back with tf.saved_model.load).
+EXPORT = (
+    "import tpushim; tpushim.patch()\n" + RESUME + "import os\n"
+    "def receiver():\n"
+    "    x = tf.compat.v1.placeholder(tf.float32, [None, d.NUM_FEATURES], name='x')\n"
+    "    return tf.estimator.export.ServingInputReceiver({'hidden_input': x}, {'x': x})\n"
+    "path = est.export_saved_model(os.path.join(model_dir, 'export'), receiver).decode()\n"
+    "serve = tf.saved_model.load(path).signatures['serving_default']\n"
+    "p = serve(x=tf.constant(x_eval))['probabilities'].numpy()\n"
+    "print('EXPORTED ' + path)\n"
+    "print('RESULT ' + json.dumps(dict(first=p[0].tolist(), last=p[-1].tolist(), class0=float(p[:, 0].sum()))))\n"
+)
+
+
+def keep_checkpoint(model_dir, kept):
+    """The step-100 checkpoint of ``model_dir`` copied to ``kept`` (and its ``checkpoint`` file)."""
+    shutil.rmtree(kept, ignore_errors=True)
+    os.makedirs(kept)
+    for name in os.listdir(model_dir):
+        if name.startswith(KEPT) and not name.endswith(".meta"):
+            shutil.copy(os.path.join(model_dir, name), kept)
+    with open(os.path.join(kept, "checkpoint"), "w") as f:
+        f.write('model_checkpoint_path: "model.ckpt-100"\n')
+        f.write('all_model_checkpoint_paths: "model.ckpt-100"\n')
+
+
+def engine():
+    """``--engine``: what tpushim writes on TensorFlow >= 2.16, for stock 2.15 to read."""
+    import tensorflow as tf
+
+    reference = os.path.join(ROOT, "tests", "reference")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")
+        result, output = run(["-c", EXPORT, "1"], model_dir, output=True)
+        keep_checkpoint(model_dir, os.path.join(reference, "tf221_demo_model"))
+        exported = [x for x in output.splitlines() if x.startswith("EXPORTED ")][-1][9:]
+        saved = os.path.join(reference, "tf221_saved_model")
+        shutil.rmtree(saved, ignore_errors=True)
+        shutil.copytree(exported, saved)
+    out = {"tensorflow": tf.__version__, "python": sys.version.split()[0], "saved_model": result}
+    with open(os.path.join(reference, "tf221.json"), "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def run(args, workdir, output=False):
     os.makedirs(workdir, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=ROOT, TPUSHIM_AUTOPATCH="0", TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
@@ -74,7 +125,8 @@ def run(args, workdir):
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"{args} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    result = json.loads(lines[-1][len("RESULT ") :])
+    return (result, proc.stdout) if output else result
 
 
 def main():
@@ -90,15 +142,7 @@ def main():
         out["results"]["demo"] = run(["-c", DEMO], os.path.join(tmp, "demo"))
         model_dir = os.path.join(tmp, "resume", "model")
         run(["-c", RESUME, "1"], model_dir)
-        kept = os.path.join(ROOT, "tests", "reference", "tf215_demo_model")
-        shutil.rmtree(kept, ignore_errors=True)
-        os.makedirs(kept)
-        for name in os.listdir(model_dir):
-            if name.startswith(KEPT) and not name.endswith(".meta"):
-                shutil.copy(os.path.join(model_dir, name), kept)
-        with open(os.path.join(kept, "checkpoint"), "w") as f:
-            f.write('model_checkpoint_path: "model.ckpt-100"\n')
-            f.write('all_model_checkpoint_paths: "model.ckpt-100"\n')
+        keep_checkpoint(model_dir, os.path.join(ROOT, "tests", "reference", "tf215_demo_model"))
         out["results"]["demo resumed"] = run(["-c", RESUME, "2"], model_dir)
         for name in scripts:
             out["results"][name] = run([os.path.join(HERE, name)], os.path.join(tmp, name))
@@ -109,4 +153,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    engine() if sys.argv[1:] == ["--engine"] else main()
