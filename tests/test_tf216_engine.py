@@ -272,3 +272,51 @@ def test_info_says_what_a_call_returns_and_check_stops_cleanly(tmp_path):
     assert "check: the preflight runs the TPU code path, which tpushim does not have on " in (
         check.stderr
     )
+
+
+def test_load_ext_in_a_notebook_brings_the_names_before_tensorflow():
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "shell = InteractiveShell.instance()\n"
+        "shell.run_line_magic('load_ext', 'tpushim')\n"
+        "shell.run_cell('import tensorflow as tf')\n"
+        "shell.run_cell('print(\"names\", tf.keras.__name__, callable(tf.estimator.RunConfig))')\n"
+    )
+    proc = procs.python(code=code, env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "names tf_keras.api._v2.keras True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+HOOKS = """
+import json, sys
+import tpushim; tpushim.patch()
+import numpy as np, tensorflow as tf
+seen = []
+class Counter(tf.estimator.SessionRunHook):  # a user's own hook, as scripts write them
+    def after_run(self, run_context, run_values):
+        seen.append(1)
+m = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,), name="out")])
+m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+est = tf.keras.estimator.model_to_estimator(keras_model=m, model_dir=sys.argv[1])
+x = np.ones((8, 2), np.float32); y = np.ones((8, 1), np.float32)
+fn = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
+est.train(fn, steps=3, hooks=[Counter()])
+try:
+    tf.estimator.experimental.stop_if_no_decrease_hook(est, "loss", 10)
+except NotImplementedError as e:
+    print("refused:", e)
+# max_steps already reached: stock 2.15 cannot read the step from the object-based checkpoint
+# (no "global_step" key), so it trains once more and stops: model.ckpt-4, as measured on 2.15.
+est.train(fn, max_steps=3)
+print("RESULT " + json.dumps({"hook_calls": len(seen),
+    "latest": est.latest_checkpoint().endswith("model.ckpt-4")}))
+"""
+
+
+@pytest.mark.slow
+def test_a_users_own_hook_runs_and_unprovided_hooks_refuse_clearly(tmp_path):
+    proc = procs.python([tmp_path], code=HOOKS, env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""})
+    assert _result(proc) == {"hook_calls": 3, "latest": True}
+    assert "refused: tf.estimator.experimental.stop_if_no_decrease_hook is not provided" in (
+        proc.stdout
+    )

@@ -204,12 +204,9 @@ class Estimator:
             raise ValueError(f"Must specify steps > 0, given: {steps}")
         if max_steps is not None and max_steps <= 0:
             raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
-        if max_steps is not None:
-            checkpoint = self.latest_checkpoint()
-            done = tf.train.load_variable(checkpoint, "global_step") if checkpoint else 0
-            if max_steps <= done:
-                tf.compat.v1.logging.info("Skipping training since max_steps has already saved.")
-                return self
+        if max_steps is not None and max_steps <= _global_step_saved(self._model_dir):
+            tf.compat.v1.logging.info("Skipping training since max_steps has already saved.")
+            return self
         hooks = list(hooks or [])
         if steps is not None or max_steps is not None:
             hooks.append(tf.compat.v1.train.StopAtStepHook(steps, max_steps))
@@ -439,6 +436,16 @@ class Estimator:
 
 
 EstimatorV2 = Estimator
+
+
+def _global_step_saved(model_dir):
+    """The global step of model_dir's newest checkpoint; 0 where it has none or names it
+    otherwise (an object-based checkpoint), as stock reads it."""
+    try:
+        reader = tf.compat.v1.train.NewCheckpointReader(tf.train.latest_checkpoint(model_dir))
+        return reader.get_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP)
+    except Exception:
+        return 0
 
 
 def _extract_keys(predictions, predict_keys):
