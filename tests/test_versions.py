@@ -167,12 +167,13 @@ def test_extras_docs_and_ci_follow_the_declared_range():
     old, new = '; python_version < "3.12"', '; python_version >= "3.12"'
     assert f"tensorflow{spec}{old}" in extras["tensorflow"]
     assert f"tensorflow-cpu{spec}{old}" in extras["cpu"]
-    # Python 3.12+: the newest TensorFlow tpushim supports, with tf-keras of its minor.
+    # Python 3.12+: the newest TensorFlow tpushim supports, with tf-keras of its minor (which
+    # requires the `tensorflow` distribution: the cpu extra takes it too, not tensorflow-cpu).
     newest = f"~={version.NEWEST_TF}.0"
-    assert f"tensorflow{newest}{new}" in extras["tensorflow"]
-    assert f"tensorflow-cpu{newest}{new}" in extras["cpu"]
     for extra in ("tensorflow", "cpu"):
+        assert f"tensorflow{newest}{new}" in extras[extra], extra
         assert f"tf-keras{newest}{new}" in extras[extra], extra
+        assert not [r for r in extras[extra] if r.startswith("tensorflow-cpu") and new in r]
     # TensorFlow <= 2.15 needs numpy 1: every extra that installs TensorFlow or its neighbours
     # carries the bound where it is installed (Python < 3.12), or a later pip run takes numpy 2
     # and downgrades TensorFlow to get it.
