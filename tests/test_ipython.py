@@ -134,7 +134,7 @@ def test_unsupported_tensorflow_said_once_per_command(shell, monkeypatch, capsys
 
     import tensorflow as tf
 
-    monkeypatch.setattr(tf, "__version__", "2.16.1")
+    monkeypatch.setattr(tf, "__version__", "2.22.0")  # above the range (2.16-2.21: the engine)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         shell.run_line_magic("load_ext", "tpushim")
@@ -145,7 +145,7 @@ def test_unsupported_tensorflow_said_once_per_command(shell, monkeypatch, capsys
         w for w in caught if "tpushim does not support" in str(w.message)
     ]  # printed instead
     for out in (loaded, patched):
-        assert out.count("tpushim does not support TensorFlow 2.16.1 with Keras") == 1, out
+        assert out.count("tpushim does not support TensorFlow 2.22.0 with Keras") == 1, out
     assert "NOT SUPPORTED" in patched and not tpushim.is_patched()
 
 

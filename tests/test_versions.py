@@ -69,7 +69,10 @@ def run_isolated(args, site, cwd, env=None):
     )
 
 
-WANT = "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3: TensorFlow 2.16 removed"
+WANT = (
+    "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3: TensorFlow 2.16 and later run "
+    "legacy Keras scripts through tf_keras (Keras 2), which is not installed"
+)
 
 
 @pytest.mark.parametrize(
@@ -92,17 +95,26 @@ def test_commands_stop_at_the_guard_with_exit_2(tmp_path, args):
     assert "RAN" not in proc.stdout
     assert proc.stderr.count("tpushim does not support") == 1, proc.stderr
     assert WANT in proc.stderr
-    assert 'Fix: pip install "tensorflow>=2.12,<2.16"' in proc.stderr
+    assert 'Fix: pip install "tf-keras~=2.16.0"' in proc.stderr
 
 
-def test_legacy_keras_on_2_16_gets_the_same_stop(tmp_path):
-    site = fake_site(tmp_path, tf_keras="2.16.0")
+def test_tf_keras_of_another_minor_on_2_16_gets_the_same_stop(tmp_path):
+    site = fake_site(tmp_path, tf_keras="2.15.0")
     proc = run_isolated(["-m", "tpushim", "demo"], site, tmp_path, env={"TF_USE_LEGACY_KERAS": "1"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert (
-        "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and tf_keras 2.16.0 "
-        "(TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed tf.estimator"
+        "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and tf_keras 2.15.0: "
+        "tf_keras 2.15.0 is not the one for TensorFlow 2.16"
     ) in proc.stderr
+    assert 'Fix: pip install "tf-keras~=2.16.0"' in proc.stderr
+
+
+def test_tensorflow_above_the_range_stops(tmp_path):
+    site = fake_site(tmp_path, tf="2.22.0", tf_keras="2.22.0")
+    proc = run_isolated(["-m", "tpushim", "demo"], site, tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "tpushim is tested on TensorFlow 2.12-2.21 only" in proc.stderr
+    assert 'Fix: pip install "tensorflow>=2.12,<2.22"' in proc.stderr
 
 
 def test_info_shows_the_message_once(tmp_path):
@@ -149,17 +161,26 @@ def _pyproject():
 
 
 def test_extras_docs_and_ci_follow_the_declared_range():
-    spec = version.tf_specifier()
+    spec = version.estimator_tf_specifier()
     project = _pyproject()["project"]
     extras = project["optional-dependencies"]
-    assert f"tensorflow{spec}" in extras["tensorflow"]
-    assert f"tensorflow-cpu{spec}" in extras["cpu"]
+    old, new = '; python_version < "3.12"', '; python_version >= "3.12"'
+    assert f"tensorflow{spec}{old}" in extras["tensorflow"]
+    assert f"tensorflow-cpu{spec}{old}" in extras["cpu"]
+    # Python 3.12+: the newest TensorFlow tpushim supports, with tf-keras of its minor (which
+    # requires the `tensorflow` distribution: the cpu extra takes it too, not tensorflow-cpu).
+    newest = f"~={version.NEWEST_TF}.0"
+    for extra in ("tensorflow", "cpu"):
+        assert f"tensorflow{newest}{new}" in extras[extra], extra
+        assert f"tf-keras{newest}{new}" in extras[extra], extra
+        assert not [r for r in extras[extra] if r.startswith("tensorflow-cpu") and new in r]
     # TensorFlow <= 2.15 needs numpy 1: every extra that installs TensorFlow or its neighbours
-    # carries the bound, or a later pip run takes numpy 2 and downgrades TensorFlow to get it.
+    # carries the bound where it is installed (Python < 3.12), or a later pip run takes numpy 2
+    # and downgrades TensorFlow to get it.
     for extra in ("tensorflow", "cpu", "test", "notebooks"):
-        assert "numpy<2" in extras[extra], extra
-    # TensorFlow <= 2.15 has wheels for Python 3.9-3.11 only.
-    assert project["requires-python"] == ">=3.9,<3.12"
+        assert f"numpy<2{old}" in extras[extra], extra
+    # TensorFlow <= 2.15 has wheels for Python 3.9-3.11, TensorFlow 2.21 for 3.10-3.13.
+    assert project["requires-python"] == ">=3.9,<3.14"
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
     assert f"{version.TESTED_TF[0]} – {version.TESTED_TF[-1]} (`tensorflow{spec}`" in readme
@@ -174,68 +195,72 @@ def test_extras_docs_and_ci_follow_the_declared_range():
 
 
 @pytest.mark.parametrize(
-    "tf_version,keras_version,has_estimator,ok",
+    "tf_version,keras_version,has_estimator,tf_keras_version,ok",
     [
-        ("2.15.1", "2.15.0", True, True),
-        ("2.12.0", "2.12.0", True, True),
-        ("2.13.1", "2.13.1", True, True),
-        ("2.14.1", "2.14.0", True, True),
-        ("2.15.0-dev20231010", "2.15.0", True, True),
-        ("2.16.1", "3.1.0", False, False),
-        (
-            "2.16.1",
-            None,
-            True,
-            False,
-        ),  # tensorflow_estimator 2.15 installed beside 2.16 does not help
-        ("2.17.0rc0", None, True, False),
-        ("2.11.1", "2.11.0", True, False),  # below the range CI tests
-        ("2.9.0", "2.9.0", True, False),
-        ("2.15.0", "3.0.0", True, False),
-        ("2.15.0", "2.15.0", False, False),
-        (None, None, False, False),  # no TensorFlow at all
-        (None, None, True, True),  # TensorFlow not imported yet: decided at import
+        ("2.15.1", "2.15.0", True, None, True),
+        ("2.12.0", "2.12.0", True, None, True),
+        ("2.13.1", "2.13.1", True, None, True),
+        ("2.14.1", "2.14.0", True, None, True),
+        ("2.15.0-dev20231010", "2.15.0", True, None, True),
+        # 2.16+: tpushim's engine, with tf_keras of TensorFlow's own minor release
+        ("2.16.1", "3.1.0", False, "2.16.0", True),
+        ("2.21.0", "3.15.1", False, "2.21.0", True),
+        ("2.17.0rc0", None, True, "2.17.0", True),
+        ("2.16.1", "3.1.0", False, None, False),  # no tf_keras
+        ("2.16.1", None, True, None, False),  # tensorflow_estimator 2.15 beside it does not help
+        ("2.21.0", "3.15.1", False, "2.20.0", False),  # tf_keras of another minor
+        ("2.22.0", "3.16.0", False, "2.22.0", False),  # above the range
+        ("2.11.1", "2.11.0", True, None, False),  # below the range CI tests
+        ("2.9.0", "2.9.0", True, None, False),
+        ("2.15.0", "3.0.0", True, None, False),
+        ("2.15.0", "2.15.0", False, None, False),
+        (None, None, False, None, False),  # no TensorFlow at all
+        (None, None, True, None, True),  # TensorFlow not imported yet: decided at import
     ],
 )
-def test_version_guard_decision(tf_version, keras_version, has_estimator, ok):
-    problem = _versions.version_problem(tf_version, keras_version, has_estimator)
+def test_version_guard_decision(tf_version, keras_version, has_estimator, tf_keras_version, ok):
+    problem = _versions.version_problem(tf_version, keras_version, has_estimator, tf_keras_version)
     assert (problem is None) == ok
     if not ok:
-        assert 'pip install "tensorflow>=2.12,<2.16"' in problem
-        assert "Supported: TensorFlow 2.12-2.15" in problem
+        engine = tf_version and "2.16" <= tf_version < "2.22"
+        fix = f'pip install "tf-keras~={tf_version[:4]}.0"' if engine else "tensorflow>=2.12,<2.22"
+        assert fix in problem
+        assert "Supported: TensorFlow 2.12-2.21" in problem
         assert "Nothing was patched" in problem
         if tf_version:
             assert f"TensorFlow {tf_version} with Keras {keras_version or '(none)'}" in problem
 
 
-def test_version_guard_names_tf_keras_under_legacy_keras():
-    problem = _versions.version_problem("2.16.1", "3.3.3", True, tf_keras_version="2.16.0")
+def test_version_guard_names_tf_keras():
+    problem = _versions.version_problem("2.16.1", "3.3.3", True, tf_keras_version="2.15.0")
     assert problem.startswith(
-        "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and "
-        "tf_keras 2.16.0 (TF_USE_LEGACY_KERAS): TensorFlow 2.16 removed "
-        "tf.estimator"
+        "tpushim does not support TensorFlow 2.16.1 with Keras 3.3.3 and tf_keras 2.15.0: "
+        "tf_keras 2.15.0 is not the one for TensorFlow 2.16"
     )
 
 
 def test_supported_range_is_declared_once():
     assert version.TESTED_TF == ("2.12", "2.13", "2.14", "2.15")
-    assert _versions.SUPPORTED_TF == version.tf_range() == ((2, 12), (2, 16))
-    assert version.tf_specifier() == ">=2.12,<2.16"
+    assert (version.ENGINE_TF, version.NEWEST_TF) == ("2.16", "2.21")
+    assert _versions.SUPPORTED_TF == version.tf_range() == ((2, 12), (2, 22))
+    assert version.tf_specifier() == ">=2.12,<2.22"
+    assert version.estimator_tf_specifier() == ">=2.12,<2.16"
     # The installed TensorFlow is one CI tests.
     tf_version = _versions.installed()["tensorflow"]
-    assert ".".join(tf_version.split(".")[:2]) in version.TESTED_TF
+    assert ".".join(tf_version.split(".")[:2]) in (*version.TESTED_TF, version.NEWEST_TF)
 
 
-def test_patch_on_tensorflow_2_16_warns_once_and_patches_nothing(monkeypatch):
+def test_patch_on_tensorflow_above_the_range_warns_once_and_patches_nothing(monkeypatch):
     # In process, on the real TensorFlow with its version string faked: patch() must neither raise
     # nor wrap, and say once what is wrong and how to fix it.
+    pytest.importorskip("tensorflow_estimator", reason="TensorFlow <= 2.15's keras_lib is faked")
     import tensorflow as tf
     from tensorflow_estimator.python.estimator import keras_lib
 
     import tpushim
 
     original = keras_lib.model_to_estimator
-    monkeypatch.setattr(tf, "__version__", "2.16.1")
+    monkeypatch.setattr(tf, "__version__", "2.22.0")
     with pytest.warns(RuntimeWarning) as record:
         tpushim.patch()
         tpushim.patch()
@@ -243,9 +268,9 @@ def test_patch_on_tensorflow_2_16_warns_once_and_patches_nothing(monkeypatch):
             assert keras_lib.model_to_estimator is original
     messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1, messages
-    assert messages[0].startswith("tpushim does not support TensorFlow 2.16.1 with Keras 2.")
+    assert messages[0].startswith("tpushim does not support TensorFlow 2.22.0 with Keras 2.")
     assert "Nothing was patched" in messages[0]
-    assert 'Fix: pip install "tensorflow>=2.12,<2.16"' in messages[0]
+    assert 'Fix: pip install "tensorflow>=2.12,<2.22"' in messages[0]
     assert not tpushim.is_patched()
     assert keras_lib.model_to_estimator is original
     assert tpushim.status()["unsupported"] == messages[0]

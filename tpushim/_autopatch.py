@@ -54,11 +54,12 @@ def patch_now():
     try:
         # importable only once sys.path is complete
         from tpushim._console import show_conversions
-        from tpushim._patch import current_settings, is_patched, patch
+        from tpushim._patch import is_patched, patch
+        from tpushim._settings import resolve
 
+        # Lines shown first: patch() itself may say one (tpushim set TF_USE_LEGACY_KERAS=1).
+        show_conversions(quiet=resolve(()).quiet)  # TPUSHIM_QUIET
         patch()  # imports no TensorFlow
-        settings = current_settings()
-        show_conversions(quiet=settings is not None and settings.quiet)  # TPUSHIM_QUIET
         return is_patched()
     except Warning:
         raise

@@ -20,7 +20,7 @@ import os
 import sys
 import textwrap
 
-from tpushim import _console, _launcher, _settings, _summary
+from tpushim import _console, _launcher, _settings, _summary, _versions
 from tpushim._errors import ConfigurationError, TPUShimError
 from tpushim._patch import patch, patched
 from tpushim._status import status
@@ -85,11 +85,12 @@ def _patch_before_running(options, module, target, command="", **overrides):
     if problem:
         return _stop(command + problem)
     try:
+        # Lines shown first: patch() itself may say one (tpushim set TF_USE_LEGACY_KERAS=1).
+        quiet = _settings.resolve((options.settings,)).quiet  # -q, else TPUSHIM_QUIET
+        _console.show_conversions(quiet=quiet, level="DEBUG" if options.verbose else None)
         patch(**dict(options.settings, **overrides))
     except ConfigurationError as e:  # a bad TPUSHIM_* variable
         return _stop(f"{command}error: {e}")
-    quiet = _settings.resolve((options.settings,)).quiet  # -q, else TPUSHIM_QUIET
-    _console.show_conversions(quiet=quiet, level="DEBUG" if options.verbose else None)
     return None
 
 
@@ -174,6 +175,12 @@ def _check(options, argv):
     args = parser.parse_args(own + (["-m", module] if module is not None else []))
     if module is None and not target:
         return _stop("check: give the script (or -m MODULE) to check")
+    if _versions.uses_engine():  # no TPU code path to check on TensorFlow >= 2.16 yet
+        return _stop(
+            "check: the preflight runs the TPU code path, which tpushim does not have on "
+            "TensorFlow >= 2.16 yet (#33). Run the script with `python -m tpushim SCRIPT` "
+            "(tpushim's estimator, stock 2.15's numbers), or check it on TensorFlow <= 2.15."
+        )
     # cpu mode: the TPU code path, run on CPU.
     stopped = _patch_before_running(options, module, target, "check: ", mode="cpu")
     if stopped is not None:

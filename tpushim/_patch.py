@@ -63,6 +63,29 @@ TARGETS = (
     (EXTENDERS, "estimator_lib", "add_metrics"),
     (ESTIMATOR, "Estimator.__new__", "rewrap"),
 )
+#: On TensorFlow >= 2.16 (no tf.estimator): tpushim's estimator namespace as ``tf.estimator``,
+#: ``tf.compat.v1.estimator`` and ``tf.compat.v2.estimator`` (dotted attributes of the
+#: ``tensorflow`` module), and tf_keras's ``model_to_estimator`` functions -- which raise
+#: NotImplementedError there -- wrapped in every module that holds them: ``tf.keras.estimator``
+#: (tf_keras.api._v2), ``tf.compat.v1.keras.estimator`` (api._v1), ``tf.compat.v2.keras...``,
+#: ``from tensorflow.keras.estimator import ...`` and tf_keras's own. Bare ``keras`` is Keras 3
+#: there, which has no estimator: that spelling is not provided.
+ENGINE_TARGETS = (
+    ("tensorflow", "estimator", "namespace"),
+    ("tensorflow", "compat.v1.estimator", "namespace"),
+    ("tensorflow", "compat.v2.estimator", "namespace"),
+    ("tf_keras.src.estimator", "model_to_estimator", "convert"),
+    ("tf_keras.src.estimator", "model_to_estimator_v2", "convert"),
+    ("tf_keras.estimator", "model_to_estimator", "convert"),
+    ("tf_keras.api._v2.keras.estimator", "model_to_estimator", "convert"),
+    ("tf_keras.api._v1.keras.estimator", "model_to_estimator", "convert"),
+    ("tensorflow.keras.estimator", "model_to_estimator", "convert"),
+)
+
+
+def targets():
+    """The table in effect: :data:`ENGINE_TARGETS` on TensorFlow >= 2.16, else :data:`TARGETS`."""
+    return ENGINE_TARGETS if _versions.uses_engine() else TARGETS
 
 
 class _State:
@@ -133,6 +156,11 @@ def _wrapper_class(kind):
     if kind not in STATE.wrapper_types:
         import wrapt
 
+        if kind == "namespace":  # tpushim/_legacy's module type: only ours are of it
+            from tpushim._legacy import _api
+
+            STATE.wrapper_types[kind] = _api._Namespace
+            return _api._Namespace
         if kind == "rewrap":
 
             def init(self, wrapped):
@@ -161,7 +189,14 @@ def _wrapper_class(kind):
     return STATE.wrapper_types[kind]
 
 
-def _wrap(kind, original):
+def _wrap(kind, original, spelling=None):
+    if kind == "namespace":
+        from tpushim._legacy import _api
+
+        _wrapper_class(kind)  # is_ours() knows the type from here on
+        namespace = _api.build(spelling)
+        namespace.__wrapped__ = original  # None: TensorFlow >= 2.16 has no tf.estimator
+        return namespace
     if kind == "convert":
         return _wrapper_class(kind)(original, _convert_call)
     return _wrapper_class(kind)(original)
@@ -174,8 +209,11 @@ def is_ours(obj):
 
 
 def _check_versions():
-    """Runs the version guard (lock held): remembers its verdict and warns once per process."""
-    STATE.version_problem = _versions.version_problem_now()
+    """Runs the version guard (lock held): remembers its verdict and warns once per process.
+
+    On TensorFlow >= 2.16 it first makes ``tf.keras`` tf_keras, or refuses where that is too late.
+    """
+    STATE.version_problem = _versions.legacy_keras_problem() or _versions.version_problem_now()
     if STATE.version_problem and not STATE.warned:
         STATE.warned = (
             True  # one warning, on one channel (logging users see it through captureWarnings)
@@ -193,32 +231,36 @@ def version_problem():
 
 
 def _holder(module, attribute):
-    """(the object holding ``attribute``, its name there): a dotted attribute is a class's."""
+    """``(the object holding the last name, the last name)`` of a dotted attribute (a class's,
+    or a submodule's: ``compat.v1.estimator``), or ``(None, name)`` where a part is missing."""
     *path, name = attribute.split(".")
     holder = module
     for part in path:
-        holder = getattr(holder, part)
+        holder = getattr(holder, part, None)
     return holder, name
 
 
 def _current(module, attribute):
     """What ``attribute`` is now: a class's own entry (not an inherited one), unwrapped from its
-    staticmethod."""
+    staticmethod; None where it or a part of its path is missing."""
     holder, name = _holder(module, attribute)
-    if holder is module:
-        return getattr(module, name, None)
+    if holder is None or not isinstance(holder, type):
+        return getattr(holder, name, None)
     current = vars(holder).get(name)
     return current.__func__ if isinstance(current, staticmethod) else current
 
 
 def _apply(module, attribute, kind):
+    spelling = f"tf.{attribute}" if module.__name__ == "tensorflow" else None
+    holder, name = _holder(module, attribute)
+    if holder is None or (kind in ("convert", "add_metrics") and not hasattr(holder, name)):
+        return
     current = _current(module, attribute)
     if is_ours(current):
         return  # exactly one layer, however often we are asked
-    holder, name = _holder(module, attribute)
     if kind == "rewrap" and current is None:
         current = _object_new  # the class had none: object.__new__, which takes no arguments
-    wrapper = _wrap(kind, current)
+    wrapper = _wrap(kind, current, spelling)
     if kind == "rewrap":
         import inspect
 
@@ -240,9 +282,12 @@ def _remove(module, attribute):
     if is_ours(current):
         holder, name = _holder(module, attribute)
         original = current.__wrapped__
+        if original is None:
+            delattr(holder, name)  # a name tpushim added (tf.estimator on >= 2.16): gone again
+            return
         # A class's __new__ once set cannot be deleted: CPython then keeps calling object.__new__
         # with the constructor's arguments (TypeError). _object_new stays in its place.
-        setattr(holder, name, original if holder is module else staticmethod(original))
+        setattr(holder, name, staticmethod(original) if isinstance(holder, type) else original)
 
 
 def _on_import(module):
@@ -258,13 +303,14 @@ def _on_import(module):
 def _sync():
     """Makes the wrappers' presence on their modules match what is wanted (lock held)."""
     wanted = STATE.wrapper_wanted()
-    for name in ("tensorflow", *dict.fromkeys(t[0] for t in TARGETS)):
+    table = targets()
+    for name in ("tensorflow", *dict.fromkeys(t[0] for t in table)):
         if wanted and name not in sys.modules:
             # _hooks ignores a hook registered twice: each fires once, however often we get here.
             _hooks.when_imported(name, _on_import)
         elif not wanted:
             _hooks.discard(name, _on_import)  # the finder leaves when nothing else waits
-    for module_name, attribute, kind in TARGETS:
+    for module_name, attribute, kind in table:
         module = sys.modules.get(module_name)
         if module is not None:
             if wanted and (kind != "rewrap" or STATE.converted):
@@ -277,8 +323,10 @@ def applied():
     """``{"<module>.<attribute>": True | False | "pending import" | "pending conversion"}`` for
     every target: is the wrapper on? (``Estimator.__new__`` waits for the first conversion.)"""
     out = {}
-    for module_name, attribute, kind in TARGETS:
+    for module_name, attribute, kind in targets():
         module = sys.modules.get(module_name)
+        if module is not None and _holder(module, attribute)[0] is None:
+            module = None  # a part of the dotted path is not there yet
         ours = module is not None and is_ours(_current(module, attribute))
         pending = kind == "rewrap" and not STATE.converted and STATE.wrapper_wanted()
         out[f"{module_name}.{attribute}"] = (
@@ -512,6 +560,8 @@ def _convert_call(wrapped, instance, args, kwargs):
     settings = current_settings()
     if settings is None:  # patched for another thread's scope only
         return wrapped(*args, **kwargs)
+    if _versions.uses_engine():
+        return _engine_call(wrapped, args, kwargs, settings)
     arguments = _arguments_by_name(wrapped, args, kwargs)
     from tpushim import _decision, _detect  # not at start-up
 
@@ -543,6 +593,35 @@ def _convert_call(wrapped, instance, args, kwargs):
             STATE.converted = True
             _sync()  # Estimator.__new__: see the module's doc
     return converted
+
+
+def _engine_call(wrapped, args, kwargs, settings):
+    """tf_keras's model_to_estimator on TensorFlow >= 2.16: tpushim's engine (stock's path).
+
+    The TPU path there needs the strategy engine (#33): modes that ask for it stop clearly.
+    """
+    from tpushim import _decision, _detect
+
+    arguments = _arguments_by_name(wrapped, args, kwargs)
+    tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
+    decision = _decision.decide(settings, tpu)
+    if decision.action != _decision.STOCK:
+        from tpushim._errors import ConversionError
+
+        raise ConversionError(
+            "The TPU path on TensorFlow >= 2.16 needs the strategy engine (#33), which is not "
+            f"there yet ({decision.why}). Run with mode='auto' and no TPU (tpushim's estimator "
+            "on CPU/GPU, stock 2.15's numbers), or use TensorFlow <= 2.15 for TPUEstimator."
+        )
+    from tpushim._legacy import _keras
+
+    v2 = getattr(wrapped, "__name__", "") == "model_to_estimator_v2"
+    _logger().info(
+        "model_to_estimator -> tpushim's %s on TensorFlow >= 2.16 (%s)",
+        "EstimatorV2" if v2 else "Estimator",
+        "no TPU configured; stock 2.15's path" if settings.mode == "auto" else decision.why,
+    )
+    return _keras.model_to_estimator(use_v2_estimator=v2, **arguments)
 
 
 def _add_metrics_estimator(estimator_class, args, kwargs):

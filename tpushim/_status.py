@@ -35,7 +35,21 @@ def status() -> Status:
             "iterations_per_loop": settings.iterations_per_loop,
             "quiet": settings.quiet,
             "applied": _patch.applied(),
-            "decision": _decision.decide(settings, tpu).as_dict(),
+            "decision": _engine_decision(_decision.decide(settings, tpu).as_dict()),
             "unsupported": _patch.version_problem(),
             "versions": _versions.installed(),
         }
+
+
+def _engine_decision(decision):
+    """On TensorFlow >= 2.16 a call takes tpushim's estimator engine, or stops (no TPU path: #33)."""
+    if not _versions.uses_engine():
+        return decision
+    if decision["action"] == "stock":
+        returns = "tpushim's estimator (TensorFlow >= 2.16 has none; stock 2.15's path and numbers)"
+    else:
+        returns = (
+            "an error, tpushim.ConversionError: the TPU path on TensorFlow >= 2.16 needs the "
+            "strategy engine (#33)"
+        )
+    return dict(decision, returns=returns)

@@ -18,8 +18,15 @@ from tpushim import version
 SUPPORTED_TF = version.tf_range()
 FIX = (
     f'pip install "tensorflow{version.tf_specifier()}"  (or "tensorflow-cpu{version.tf_specifier()}"; '
-    f"tpushim supports TensorFlow {version.tf_span()})"
+    f"tpushim supports TensorFlow {version.tf_span()}; from {version.ENGINE_TF} on with tf-keras of "
+    f"the same minor release)"
 )
+#: From this release on tpushim runs legacy scripts on its own estimator engine (tpushim/_legacy).
+ENGINE_TF = version.engine_tf()
+#: The variable that makes ``tf.keras`` tf_keras (Keras 2) on TensorFlow >= 2.16, and the values
+#: TensorFlow reads as on (tensorflow/__init__.py, lazy_loader.py).
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+LEGACY_KERAS_ON = ("true", "True", "1")
 
 #: Distributions that install the ``tensorflow`` module.
 TF_DISTS = (
@@ -50,17 +57,30 @@ def version_problem(tf_version, keras_version, has_estimator, tf_keras_version=N
         installed.
       keras_version: the ``keras`` package's version string, or None.
       has_estimator: whether ``tensorflow_estimator`` is importable.
-      tf_keras_version: tf_keras's version when ``TF_USE_LEGACY_KERAS`` makes it ``tf.keras``.
+      tf_keras_version: tf_keras's version, or None: read where ``TF_USE_LEGACY_KERAS`` makes
+        it ``tf.keras`` or TensorFlow is 2.16 or later (where tpushim sets that variable).
     """
     tf_v, keras_v = _version_tuple(tf_version), _version_tuple(keras_version)
+    tf_keras_v = _version_tuple(tf_keras_version)
     low, high = SUPPORTED_TF
-    if tf_v is not None and tf_v >= high:
-        why = (
-            f"TensorFlow {high[0]}.{high[1]} removed tf.estimator and Keras 2's model_to_estimator "
-            f"(tf_keras does not bring them back)"
-        )
-    elif tf_v is not None and tf_v < low:
+    fix = FIX
+    if tf_v is not None and (tf_v >= high or tf_v < low):
         why = f"tpushim is tested on TensorFlow {version.tf_span()} only"
+    elif tf_v is not None and tf_v >= ENGINE_TF:
+        # tpushim's own estimator engine: Keras 2 must be there as tf_keras, of TF's own minor.
+        wanted = f"{tf_v[0]}.{tf_v[1]}"
+        fix = (
+            f'pip install "tf-keras~={wanted}.0"  (each tf-keras release pins its TensorFlow minor)'
+        )
+        if tf_keras_v is None:
+            why = (
+                f"TensorFlow {ENGINE_TF[0]}.{ENGINE_TF[1]} and later run legacy Keras scripts "
+                f"through tf_keras (Keras 2), which is not installed"
+            )
+        elif tf_keras_v != tf_v:
+            why = f"tf_keras {tf_keras_version} is not the one for TensorFlow {wanted}"
+        else:
+            return None
     elif keras_v is not None and keras_v >= (3, 0):
         why = "Keras 3 has no model_to_estimator"
     elif not has_estimator:
@@ -75,10 +95,11 @@ def version_problem(tf_version, keras_version, has_estimator, tf_keras_version=N
         else "this environment"
     )
     if tf_keras_version:
-        found += f" and tf_keras {tf_keras_version} (TF_USE_LEGACY_KERAS)"
+        found += f" and tf_keras {tf_keras_version}"
     return (
         f"tpushim does not support {found}: {why}. Supported: TensorFlow {version.tf_span()} "
-        f"with its Keras 2 and tensorflow_estimator. Nothing was patched. Fix: {FIX}"
+        f"with its Keras 2 (tensorflow_estimator up to 2.15, tf_keras from 2.16). "
+        f"Nothing was patched. Fix: {fix}"
     )
 
 
@@ -116,6 +137,8 @@ def installed_versions(read_metadata=False):
         return getattr(sys.modules.get(name), "__version__", None) if name in sys.modules else None
 
     tf_version, keras_version = imported("tensorflow"), imported("keras")
+    if tf_version is None and uses_engine():  # TensorFlow >= 2.16, not imported yet
+        tf_version = _tf_version_cheaply()
     if read_metadata:
         tf_version = tf_version or dist_version("tensorflow", TF_DISTS)
         keras_version = keras_version or dist_version("keras", ("keras", "keras-nightly"))
@@ -128,9 +151,14 @@ def installed_versions(read_metadata=False):
 
         has_estimator = PathFinder.find_spec("tensorflow_estimator") is not None
     tf_keras_version = None
-    if os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes"):
+    tf_v = _version_tuple(tf_version)
+    if (tf_v is not None and tf_v >= ENGINE_TF) or os.environ.get(
+        LEGACY_KERAS, ""
+    ).strip().lower() in ("1", "true", "yes"):
         tf_keras_version = imported("tf_keras") or (
-            dist_version("tf_keras", ("tf-keras", "tf-keras-nightly")) if read_metadata else None
+            dist_version("tf_keras", ("tf-keras", "tf-keras-nightly"))
+            if read_metadata or tf_v is not None
+            else None
         )
     return tf_version, keras_version, has_estimator, tf_keras_version
 
@@ -182,3 +210,71 @@ class guard_warning_silenced:
 
     def __exit__(self, *exc_info):
         return self._context.__exit__(*exc_info)
+
+
+# --- TensorFlow >= 2.16: tpushim's estimator engine, and tf.keras as tf_keras ---------------------
+
+_installed_tf = []  # TensorFlow's version read once from metadata (patch() runs often)
+
+
+def _tf_version_cheaply():
+    """The imported TensorFlow's version, else the installed one (metadata read once), or None.
+
+    Metadata is read only where TensorFlow >= 2.16 is possible: tf_keras is installed or
+    tensorflow_estimator is not; an environment of TF <= 2.15 with its estimator skips it.
+    """
+    module = sys.modules.get("tensorflow")
+    if module is not None:
+        return getattr(module, "__version__", None)
+    if not _installed_tf:
+        from importlib.machinery import PathFinder
+
+        maybe_new = PathFinder.find_spec("tf_keras") is not None or (
+            PathFinder.find_spec("tensorflow_estimator") is None
+        )
+        _installed_tf.append(dist_version("tensorflow", TF_DISTS) if maybe_new else None)
+    return _installed_tf[0]
+
+
+def uses_engine():
+    """True where TensorFlow >= 2.16 is imported or installed: tpushim's own estimator engine."""
+    tf_v = _version_tuple(_tf_version_cheaply())
+    return tf_v is not None and ENGINE_TF <= tf_v < SUPPORTED_TF[1]
+
+
+def _legacy_keras_on():
+    return os.environ.get(LEGACY_KERAS) in LEGACY_KERAS_ON
+
+
+def legacy_keras_problem():
+    """Makes ``tf.keras`` tf_keras (Keras 2) on TensorFlow >= 2.16; None, or why it cannot.
+
+    ``TF_USE_LEGACY_KERAS`` is read by TensorFlow when ``tf.keras`` is first touched: tpushim
+    sets it (one log line says so) before that. Where a ``keras`` of TensorFlow's already resolved
+    to Keras 3, it is too late, and the message says how to start instead.
+    """
+    if not uses_engine() or _legacy_keras_on():
+        return None
+    tf_module = sys.modules.get("tensorflow")
+    if tf_module is not None:
+        from tpushim._legacy import _tfprivate
+
+        resolved = _tfprivate.keras_loaders_resolved_to_keras3(tf_module)
+        if resolved:
+            return (
+                f"tpushim does not support Keras 3 as tf.keras: {', '.join(resolved)} already "
+                f"resolved to Keras 3 (TensorFlow {tf_module.__version__}) before tpushim could "
+                f"set {LEGACY_KERAS}=1, and Keras 3 has no model_to_estimator. Nothing was "
+                f"patched. Fix: call tpushim.patch() before the "
+                f"script first uses tf.keras, or start it with `python -m tpushim script.py`, "
+                f"TPUSHIM_AUTOPATCH=1 or {LEGACY_KERAS}=1 in the environment."
+            )
+    os.environ[LEGACY_KERAS] = "1"
+    import logging
+
+    logging.getLogger("tpushim").info(
+        "tpushim set %s=1: tf.keras is tf_keras (Keras 2) on TensorFlow %s",
+        LEGACY_KERAS,
+        _tf_version_cheaply(),
+    )
+    return None

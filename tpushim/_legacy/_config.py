@@ -1,0 +1,217 @@
+"""RunConfig, ModeKeys and EstimatorSpec as tf.estimator (2.15) defines them, for tpushim's engine.
+
+Written from tf.estimator's documented behaviour: the same defaults (checkpoints every 600
+seconds, summaries every 100 steps, five checkpoints kept, one session config) because they decide
+what a run writes and when, and a script's numbers and model_dir should not change with TF.
+"""
+
+import collections
+import copy
+import os
+
+import tensorflow as tf
+
+
+class ModeKeys:
+    """tf.estimator.ModeKeys: the three modes a model_fn is called in."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "infer"
+
+
+def default_session_config():
+    """tf.estimator's session config: soft placement, one round of graph rewrites."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    rewrite = rewriter_config_pb2.RewriterConfig(
+        meta_optimizer_iterations=rewriter_config_pb2.RewriterConfig.ONE
+    )
+    return tf.compat.v1.ConfigProto(
+        allow_soft_placement=True, graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite)
+    )
+
+
+_DEFAULTS = {
+    "model_dir": None,
+    "tf_random_seed": None,
+    "save_summary_steps": 100,
+    "save_checkpoints_steps": None,
+    "save_checkpoints_secs": 600,
+    "session_config": None,
+    "keep_checkpoint_max": 5,
+    "keep_checkpoint_every_n_hours": 10000,
+    "log_step_count_steps": 100,
+    "train_distribute": None,
+    "device_fn": None,
+    "protocol": None,
+    "eval_distribute": None,
+    "experimental_distribute": None,
+    "experimental_max_worker_delay_secs": None,
+    "session_creation_timeout_secs": 7200,
+    "checkpoint_save_graph_def": True,
+}
+
+
+class RunConfig:
+    """tf.estimator.RunConfig for one local process (no ``TF_CONFIG`` cluster)."""
+
+    def __init__(self, **kwargs):
+        unknown = set(kwargs) - set(_DEFAULTS)
+        if unknown:
+            raise TypeError(f"RunConfig got unexpected arguments {sorted(unknown)}")
+        values = dict(_DEFAULTS, **kwargs)
+        if values["save_checkpoints_steps"] is not None and "save_checkpoints_secs" not in kwargs:
+            values["save_checkpoints_secs"] = None  # stock: steps given, seconds not
+        if values["save_checkpoints_steps"] and values["save_checkpoints_secs"]:
+            raise ValueError(
+                "Can not specify both save_checkpoints_steps and save_checkpoints_secs."
+            )
+        if values["model_dir"] is not None:
+            values["model_dir"] = os.fspath(values["model_dir"])
+        if os.environ.get("TF_CONFIG", "").strip() not in ("", "{}"):
+            raise NotImplementedError(
+                "TF_CONFIG (a cluster of tf.estimator workers) is not supported by tpushim on "
+                "TensorFlow >= 2.16: run one process, or use tf.distribute in the model."
+            )
+        for key, value in values.items():
+            setattr(self, "_" + key, value)
+
+    def __getattr__(self, name):
+        if "_" + name in _DEFAULTS or name in _DEFAULTS:
+            return self.__dict__["_" + name]
+        raise AttributeError(f"'RunConfig' object has no attribute {name!r}")
+
+    # One local process: what a RunConfig without TF_CONFIG reports.
+    master = ""
+    evaluation_master = ""
+    is_chief = True
+    num_ps_replicas = 0
+    num_worker_replicas = 1
+    task_type = "worker"
+    task_id = 0
+    global_id_in_cluster = 0
+    service = None
+    cluster_spec = tf.train.ClusterSpec({})
+
+    def replace(self, **kwargs):
+        """A copy with these properties replaced (tf.estimator.RunConfig.replace)."""
+        unknown = set(kwargs) - set(_DEFAULTS)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} are not allowed to be replaced.")
+        new = copy.copy(self)
+        for key, value in kwargs.items():
+            setattr(new, "_" + key, value)
+        return new
+
+    def __repr__(self):
+        return "RunConfig(%s)" % ", ".join(f"{k}={getattr(self, k)!r}" for k in _DEFAULTS)
+
+
+def overwrite_model_dir_and_session_config(config, model_dir):
+    """The config an estimator runs with: a session config, and one model_dir (stock's rules)."""
+    import tempfile
+
+    if config is None:
+        config = RunConfig()
+    if not isinstance(config, RunConfig):
+        raise ValueError(f"config must be an instance of `RunConfig`, but provided {config}.")
+    if config.session_config is None:
+        config = config.replace(session_config=default_session_config())
+    model_dir = os.fspath(model_dir) if model_dir is not None else None
+    if model_dir is not None and config.model_dir is not None and config.model_dir != model_dir:
+        raise ValueError(
+            "`model_dir` are set both in constructor and `RunConfig`, but with different values. "
+            f"In constructor: '{model_dir}', in `RunConfig`: '{config.model_dir}' "
+        )
+    if model_dir:
+        config = config.replace(model_dir=model_dir)
+    elif config.model_dir is None:
+        model_dir = tempfile.mkdtemp()
+        tf.compat.v1.logging.warning("Using temporary folder as model directory: %s", model_dir)
+        config = config.replace(model_dir=model_dir)
+    return config
+
+
+_SPEC_FIELDS = (
+    "mode",
+    "predictions",
+    "loss",
+    "train_op",
+    "eval_metric_ops",
+    "export_outputs",
+    "training_chief_hooks",
+    "training_hooks",
+    "scaffold",
+    "evaluation_hooks",
+    "prediction_hooks",
+)
+
+
+class EstimatorSpec(collections.namedtuple("EstimatorSpec", _SPEC_FIELDS)):
+    """tf.estimator.EstimatorSpec: what a model_fn returns (Keras metrics become (value, update))."""
+
+    def __new__(
+        cls,
+        mode,
+        predictions=None,
+        loss=None,
+        train_op=None,
+        eval_metric_ops=None,
+        export_outputs=None,
+        training_chief_hooks=None,
+        training_hooks=None,
+        scaffold=None,
+        evaluation_hooks=None,
+        prediction_hooks=None,
+    ):
+        if mode == ModeKeys.TRAIN and (loss is None or train_op is None):
+            raise ValueError("Missing loss or train_op in TRAIN mode.")
+        if mode == ModeKeys.EVAL and loss is None:
+            raise ValueError("Missing loss in EVAL mode.")
+        if mode == ModeKeys.PREDICT and predictions is None:
+            raise ValueError("Missing predictions in PREDICT mode.")
+        metrics = {}
+        added = []
+        for key, value in (eval_metric_ops or {}).items():
+            if isinstance(value, tf.keras.metrics.Metric):
+                if not value.updates:
+                    raise ValueError(f'Please call update_state(...) on the "{key}" metric')
+                added.extend(value.variables)
+                value = (value.result(), value.updates[0])
+            metrics[key] = value
+        for collection in (
+            tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
+            tf.compat.v1.GraphKeys.METRIC_VARIABLES,
+        ):
+            present = tf.compat.v1.get_collection(collection)
+            for variable in added:
+                if variable not in present:
+                    tf.compat.v1.add_to_collection(collection, variable)
+        if predictions is not None and mode == ModeKeys.PREDICT and export_outputs is None:
+            outputs = predictions if isinstance(predictions, dict) else {"output": predictions}
+            export_outputs = {"serving_default": _predict_output(outputs)}
+        return super().__new__(
+            cls,
+            mode=mode,
+            predictions=predictions,
+            loss=loss,
+            train_op=train_op,
+            eval_metric_ops=metrics,
+            export_outputs=export_outputs,
+            training_chief_hooks=tuple(training_chief_hooks or ()),
+            training_hooks=tuple(training_hooks or ()),
+            scaffold=scaffold or tf.compat.v1.train.Scaffold(),
+            evaluation_hooks=tuple(evaluation_hooks or ()),
+            prediction_hooks=tuple(prediction_hooks or ()),
+        )
+
+    def _replace(self, **kwargs):
+        """A new spec with these fields replaced, checked and converted as a new one is."""
+        return EstimatorSpec(**dict(self._asdict(), **kwargs))
+
+
+def _predict_output(outputs):
+    from tpushim._legacy import _export
+
+    return _export.PredictOutput(outputs)
