@@ -221,6 +221,7 @@ def patch(
     iterations_per_loop: int | None = None,
     quiet: bool | None = None,
     pod_input: str | None = None,
+    engine: str | None = None,
 ) -> None:
     """Makes ``model_to_estimator`` return a TPUEstimator when a TPU is configured.
 
@@ -247,6 +248,9 @@ def patch(
         ``"exact"`` (every host reads the whole input and keeps its share: stock's batches,
         every example once) or ``"files"`` (each host reads its own files wherever the input
         allows it).
+      engine: what runs the TPU path (``TPUSHIM_ENGINE``): ``"auto"`` (default: TPUEstimator
+        where it runs; the ``tf.distribute`` strategy engine on a PJRT TPU runtime or TensorFlow
+        >= 2.16), ``"tpuestimator"`` or ``"strategy"``.
 
     Raises:
       tpushim.ConfigurationError: an argument or ``TPUSHIM_*`` variable is invalid. Nothing is
@@ -259,6 +263,7 @@ def patch(
         iterations_per_loop=iterations_per_loop,
         quiet=quiet,
         pod_input=pod_input,
+        engine=engine,
     )
     _settings.parse_environment()  # strict: a bad variable raises here, before anything changes
     level = _settings.log_level_from_environment()
@@ -327,6 +332,7 @@ class patched:
         iterations_per_loop: int | None = None,
         quiet: bool | None = None,
         pod_input: str | None = None,
+        engine: str | None = None,
     ) -> None:
         self._layer = _settings.parse_arguments(
             mode=mode,
@@ -335,6 +341,7 @@ class patched:
             iterations_per_loop=iterations_per_loop,
             quiet=quiet,
             pod_input=pod_input,
+            engine=engine,
         )
         # Tokens live in a per-scope ContextVar, so one object may be entered from many threads.
         self._tokens = contextvars.ContextVar(f"tpushim_patched_{id(self)}", default=())
