@@ -141,9 +141,67 @@ def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tm
     tf1 = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
     tf1.compile(tf.compat.v1.train.GradientDescentOptimizer(0.1), loss="mse")
     for model, why in ((subclassed, "subclassed"), (tf1, "Keras optimizers")):
-        with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
-            with pytest.raises(tpushim.ConversionError, match=why):
-                tf.keras.estimator.model_to_estimator(
-                    keras_model=model, model_dir=str(tmp_path / "m"), checkpoint_format="saver"
-                )
+        with (
+            tpushim.patched(mode="cpu", engine="strategy", quiet=True),
+            pytest.raises(tpushim.ConversionError, match=why),
+        ):
+            tf.keras.estimator.model_to_estimator(
+                keras_model=model, model_dir=str(tmp_path / "m"), checkpoint_format="saver"
+            )
         assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_estimator_surface_on_one_device(tmp_path):
+    """In this process (one CPU device): a classifier with ``accuracy`` and 52 examples in batches
+    of 8 equals stock; ``train_and_evaluate`` drives the engine; ``export_saved_model`` (the base
+    Estimator's, from stock's model_fn over the engine's checkpoint) serves its predictions."""
+    import numpy as np
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _strategy
+
+    x, y = tfcases.data()
+    train = tfcases.dataset_input_fn(x, y)
+    features_only = tfcases.dataset_input_fn(x)
+
+    def run(patch, model_dir):
+        config = tf.estimator.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(model_dir, patch=patch, config=config)
+        estimator.train(train, steps=6)
+        return (
+            estimator,
+            estimator.evaluate(train),
+            list(estimator.predict(features_only)),
+            tfcases.checkpoint_values(model_dir),
+        )
+
+    stock = run({"mode": "off"}, tmp_path / "stock")
+    engine = run({"mode": "cpu", "engine": "strategy", "quiet": True}, tmp_path / "engine")
+    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    tfcases.assert_same(stock, engine)
+
+    estimators = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("engine", {"mode": "cpu", "engine": "strategy"}),
+    ):
+        estimator = tfcases.convert(tmp_path / f"te-{name}", patch=dict(patch, quiet=True))
+        metrics, _ = tf.estimator.train_and_evaluate(
+            estimator,
+            tf.estimator.TrainSpec(train, max_steps=6),
+            tf.estimator.EvalSpec(train, steps=None, throttle_secs=0),
+        )
+        estimators[name] = (estimator, metrics)
+    for key, value in estimators["stock"][1].items():
+        np.testing.assert_allclose(estimators["engine"][1][key], value, atol=1e-5, err_msg=key)
+
+    engine_estimator = estimators["engine"][0]
+    serving = tf.estimator.export.build_raw_serving_input_receiver_fn(
+        {"hidden_input": tf.zeros([1, 4])}
+    )
+    path = engine_estimator.export_saved_model(str(tmp_path / "export"), serving)
+    served = tf.saved_model.load(path).signatures["serving_default"](hidden_input=tf.constant(x))
+    predicted = np.array([p["probs"] for p in engine_estimator.predict(features_only)])
+    np.testing.assert_allclose(served["probs"].numpy(), predicted, atol=1e-5)

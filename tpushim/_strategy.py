@@ -310,7 +310,7 @@ def check_xla(plan, element_spec, replicas):
 class _Run:
     """The clone, its optimizer and global step, built in the strategy's scope for one call."""
 
-    def __init__(self, plan, strategy, mode, model_dir):
+    def __init__(self, plan, strategy, mode, model_dir, checkpoint_path=None):
         self.plan, self.strategy, self.mode = plan, strategy, mode
         with strategy.scope(), tf.keras.utils.custom_object_scope(plan.custom_objects):
             self.model = tf.keras.models.clone_model(plan.keras_model)
@@ -333,7 +333,7 @@ class _Run:
         self.terms = _loss_objects(plan.keras_model, plan.custom_objects)
         self.checkpoint = tf.train.Checkpoint(self.model)
         self.model_dir = model_dir
-        latest = tf.train.latest_checkpoint(model_dir)
+        latest = checkpoint_path or tf.train.latest_checkpoint(model_dir)
         if latest:
             self.checkpoint.read(latest).expect_partial()
         elif mode != ModeKeys.TRAIN:
@@ -502,7 +502,7 @@ class StrategyEstimator(tf.estimator.Estimator):
         if max_steps is not None and max_steps <= 0:
             raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
         self._no_hooks(hooks, "hooks")
-        self._no_hooks(saving_listeners, "saving_listeners")
+        listeners = list(saving_listeners or ())
         run = _Run(self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir)
         start = int(run.step.numpy())
         last = int(max_steps) if max_steps is not None else None
@@ -511,8 +511,21 @@ class StrategyEstimator(tf.estimator.Estimator):
                 "Skipping training since max_steps has already saved."
             )
             return self
+        for listener in listeners:
+            listener.begin()
+
+        def save():
+            # CheckpointSaverListeners as stock's saver calls them (train_and_evaluate evaluates
+            # in after_save); they get no session: this engine has none.
+            step = int(run.step.numpy())
+            for listener in listeners:
+                listener.before_save(None, step)
+            run.save()
+            return any([listener.after_save(None, step) for listener in listeners])
+
+        stopped = False
         if not run.restored:
-            run.save()  # stock's model.ckpt-0
+            stopped = save()  # stock's model.ckpt-0
         stop = start + int(steps) if steps is not None else last
         dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
         strategy = self.strategy
@@ -523,7 +536,7 @@ class StrategyEstimator(tf.estimator.Estimator):
         every = self.config.save_checkpoints_steps
         per_call = self._tpushim_plan.steps_per_execution
         step = start
-        while stop is None or step < stop:
+        while not stopped and (stop is None or step < stop):
             n = per_call if stop is None else min(per_call, stop - step)
             if every:
                 n = min(n, every - step % every)  # a checkpoint falls at the end of a call
@@ -534,22 +547,22 @@ class StrategyEstimator(tf.estimator.Estimator):
             if np.isnan(float(loss)) and int(ran):
                 raise tf.compat.v1.train.NanLossDuringTrainingError
             if every and step % every == 0 and int(ran):
-                run.save()
+                stopped = save()
             if int(ran) < n:  # the input ran out
                 break
         if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
             self.model_dir, f"model.ckpt-{step}"
         ):
-            run.save()
+            save()
+        for listener in listeners:
+            listener.end(None, step)
         return self
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         self._no_hooks(hooks, "hooks")
-        if checkpoint_path is not None:
-            raise ConversionError(
-                "the strategy engine evaluates the latest checkpoint (checkpoint_path: not yet)."
-            )
-        run = _Run(self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir)
+        run = _Run(
+            self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir, checkpoint_path
+        )
         dataset, _ = self._input(input_fn, ModeKeys.EVAL)
         forward = run.eval_function()
         metrics_model = _metrics_model(self._tpushim_plan)
@@ -587,11 +600,9 @@ class StrategyEstimator(tf.estimator.Estimator):
         yield_single_examples=True,
     ):
         self._no_hooks(hooks, "hooks")
-        if checkpoint_path is not None:
-            raise ConversionError(
-                "the strategy engine predicts from the latest checkpoint (checkpoint_path: not yet)."
-            )
-        run = _Run(self._tpushim_plan, self.strategy, ModeKeys.PREDICT, self.model_dir)
+        run = _Run(
+            self._tpushim_plan, self.strategy, ModeKeys.PREDICT, self.model_dir, checkpoint_path
+        )
         dataset, _ = self._input(input_fn, ModeKeys.PREDICT)
         forward = run.predict_function()
         names = run.model.output_names
