@@ -19,6 +19,9 @@ import os
 TPUESTIMATOR = "tpuestimator"
 STRATEGY = "strategy"
 
+#: The variables :func:`pjrt_runtime` reads (tests unset them: a test machine runs no TPU).
+PJRT_VARS = ("PJRT_DEVICE", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH")
+
 #: The first TensorFlow (major, minor) without TPUEstimator.
 NO_ESTIMATOR_FROM = (2, 16)
 
