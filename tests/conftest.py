@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tpushim import _detect, _patch, _settings
+from tpushim import _detect, _engines, _patch, _settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,6 +19,7 @@ TPUSHIM_VARS = tuple(
             _settings.SUMMARY_VAR,
             "TPUSHIM_AUTOPATCH",
             *_detect.TPU_ENV_VARS,
+            *_engines.PJRT_VARS,
         )
     )
 )

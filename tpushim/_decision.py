@@ -8,6 +8,8 @@ it, so the console says what the wrapper would do from the same decision rather 
 # Imported where _detect (a dataclass too) is: no start-up cost of its own.
 import dataclasses
 
+from tpushim import _engines
+
 #: ``Decision.action`` values.
 STOCK = "stock"  # the stock estimator, as without tpushim
 TPU = "tpu"  # TPUEstimator on the TPU found
@@ -24,12 +26,15 @@ class Decision:
       why: the reason, in the words of the log line a conversion writes.
       returns: what ``model_to_estimator`` returns and why, as one line for people (the console).
       tpu: the TPU to run on (a :class:`tpushim._detect.TPUSpec`) when ``action == TPU``, else None.
+      engine: for ``TPU`` and ``CPU``, what runs it (:mod:`tpushim._engines`): ``tpuestimator``
+        or ``strategy``; else None.
     """
 
     action: str
     why: str
     returns: str
     tpu: object = None
+    engine: str = None
 
     def __repr__(self):
         return f"Decision({self.action!r}, why={self.why!r})"
@@ -72,14 +77,33 @@ def decide(settings, tpu):
             f"the stock estimator (mode off, from {mode_source})",
         )
     if mode == "cpu":
+        engine, engine_why = _engines.choose(settings)
+        if engine == _engines.STRATEGY:
+            return Decision(
+                CPU,
+                f"mode cpu from {mode_source}: the TPU code path on CPU; {engine_why}",
+                "the strategy engine (tf.distribute.MirroredStrategy over this machine's "
+                f"devices): the TPU code path on CPU/GPU ({engine_why})",
+                engine=engine,
+            )
         return Decision(
             CPU,
             f"mode cpu from {mode_source}: the TPU code path on CPU",
             "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU",
+            engine=engine,
         )
     if tpu is not None:
         where = f"{tpu.describe()} (from {tpu.source})"
-        return Decision(TPU, f"TPU {where}", f"TPUEstimator on TPU {where}", tpu=tpu)
+        engine, engine_why = _engines.choose(settings)
+        if engine == _engines.STRATEGY:
+            return Decision(
+                TPU,
+                f"TPU {where}; {engine_why}",
+                f"the strategy engine (tf.distribute.TPUStrategy) on TPU {where} ({engine_why})",
+                tpu=tpu,
+                engine=engine,
+            )
+        return Decision(TPU, f"TPU {where}", f"TPUEstimator on TPU {where}", tpu=tpu, engine=engine)
     if mode == "tpu":
         return Decision(
             NO_TPU,

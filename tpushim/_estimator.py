@@ -18,6 +18,7 @@ from tpushim import (
     _arrays,
     _batching,
     _detect,
+    _engines,
     _input_fn,
     _log,
     _model_fn,
@@ -27,6 +28,7 @@ from tpushim import (
     _run_config,
     _shapes,
     _step_losses,
+    _strategy,
     _tfprivate,
     _validation,
 )
@@ -642,6 +644,17 @@ def _build(arguments, settings, tpu):
         keras_model, arguments["checkpoint_format"]
     )
     optimizer = _validation.validate(keras_model, custom_objects)
+    engine, engine_why = _engines.choose(settings)
+    if engine == _engines.STRATEGY:  # its own refusals, before anything is written
+        plan = _strategy.make_plan(
+            keras_model,
+            optimizer,
+            custom_objects,
+            settings,
+            lambda: (
+                _strategy.tpu_strategy(cluster) if tpu is not None else _strategy.cpu_strategy()
+            ),
+        )
     config, model_dir_checked = arguments["config"], False
     if arguments["model_dir"] or getattr(config, "model_dir", None):
         config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
@@ -656,7 +669,11 @@ def _build(arguments, settings, tpu):
     config = _tfprivate.maybe_overwrite_model_dir_and_session_config(config, None)
     if not model_dir_checked:  # a mocked tempfile may hand out a folder that holds a checkpoint
         _validation.check_model_dir(keras_model, config.model_dir)
-    tpu_run_config = _run_config.to_tpu_run_config(config, settings, cluster)
+    tpu_run_config = (
+        None
+        if engine == _engines.STRATEGY
+        else _run_config.to_tpu_run_config(config, settings, cluster)
+    )
     if optimizer is not keras_model.optimizer:
         logger.warning(
             "converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
@@ -664,6 +681,8 @@ def _build(arguments, settings, tpu):
             type(keras_model.optimizer).__name__,
         )
         keras_model.optimizer = optimizer
+    if engine == _engines.STRATEGY:
+        return _build_strategy(keras_model, arguments, settings, tpu, config, plan, engine_why)
 
     model_fn = _model_fn.make_model_fn(
         keras_model,
@@ -708,6 +727,43 @@ def _build(arguments, settings, tpu):
         )
     )
     _log.conversion(description, settings.quiet)  # on stderr too when logging is not configured
+    _observe.converted(
+        _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
+    )
+    return estimator
+
+
+def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
+    """The strategy engine's estimator (:mod:`tpushim._strategy`): stock's Keras model_fn for
+    what the base Estimator builds itself (export), and stock's warm-start checkpoint."""
+    save_object_ckpt = _validation.saves_object_checkpoints(
+        keras_model, arguments["checkpoint_format"]
+    )
+    warm_start_path = None
+    if config.is_chief:
+        warm_start_path = _tfprivate.save_first_checkpoint(
+            keras_model, arguments["custom_objects"], config, save_object_ckpt
+        )
+    model_fn = _tfprivate.create_keras_model_fn(
+        keras_model,
+        arguments["custom_objects"],
+        save_object_ckpt,
+        arguments["metric_names_map"],
+        arguments["export_outputs"],
+    )
+    estimator = _strategy.StrategyEstimator(model_fn, config, warm_start_path, plan)
+    description = (
+        "the strategy engine: "
+        + (
+            f"tf.distribute.TPUStrategy on TPU {tpu.describe()} [TPU from {tpu.source}]"
+            if tpu is not None
+            else "tf.distribute.MirroredStrategy over this machine's devices "
+            f"[mode cpu from {settings.sources.get('mode')}]"
+        )
+        + f", global batch {settings.batch_size or 'from input'}"
+        + f", steps_per_execution {plan.steps_per_execution} [engine: {why}]"
+    )
+    _log.conversion(description, settings.quiet)
     _observe.converted(
         _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
     )

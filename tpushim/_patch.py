@@ -349,6 +349,7 @@ def patch(
     iterations_per_loop: int | None = None,
     quiet: bool | None = None,
     pod_input: PodInput | None = None,
+    engine: str | None = None,
 ) -> None:
     """Makes ``model_to_estimator`` return a TPUEstimator when a TPU is configured.
 
@@ -375,6 +376,9 @@ def patch(
         ``"exact"`` (every host reads the whole input and keeps its share: stock's batches,
         every example once) or ``"files"`` (each host reads its own files wherever the input
         allows it).
+      engine: what runs the TPU path (``TPUSHIM_ENGINE``): ``"auto"`` (default: TPUEstimator
+        where it runs; the ``tf.distribute`` strategy engine on a PJRT TPU runtime or TensorFlow
+        >= 2.16), ``"tpuestimator"`` or ``"strategy"``.
 
     Raises:
       tpushim.ConfigurationError: an argument or ``TPUSHIM_*`` variable is invalid. Nothing is
@@ -387,6 +391,7 @@ def patch(
         iterations_per_loop=iterations_per_loop,
         quiet=quiet,
         pod_input=pod_input,
+        engine=engine,
     )
     # Strict: a bad variable raises here, before anything changes (unless TPUSHIM_MODE=off).
     level = _settings.check_environment()
@@ -457,6 +462,7 @@ class patched:
         iterations_per_loop: int | None = None,
         quiet: bool | None = None,
         pod_input: PodInput | None = None,
+        engine: str | None = None,
     ) -> None:
         self._layer = _settings.parse_arguments(
             mode=mode,
@@ -465,6 +471,7 @@ class patched:
             iterations_per_loop=iterations_per_loop,
             quiet=quiet,
             pod_input=pod_input,
+            engine=engine,
         )
         # Tokens live in a per-scope ContextVar, so one object may be entered from many threads.
         self._tokens = contextvars.ContextVar(f"tpushim_patched_{id(self)}", default=())

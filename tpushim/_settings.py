@@ -20,6 +20,9 @@ MODES = ("auto", "cpu", "tpu", "off")
 #: How a pod (several TPU hosts) reads its input: see :mod:`tpushim._pods`.
 POD_INPUTS = ("auto", "exact", "files")
 
+#: The engine a TPU conversion runs on: see :mod:`tpushim._engines`.
+ENGINES = ("auto", "tpuestimator", "strategy")
+
 #: setting name -> environment variable; also the order settings are listed in.
 ENV_VARS = {
     "mode": "TPUSHIM_MODE",
@@ -28,6 +31,7 @@ ENV_VARS = {
     "iterations_per_loop": "TPUSHIM_ITERATIONS_PER_LOOP",
     "quiet": "TPUSHIM_QUIET",
     "pod_input": "TPUSHIM_POD_INPUT",
+    "engine": "TPUSHIM_ENGINE",
 }
 
 DEFAULTS = {
@@ -37,6 +41,7 @@ DEFAULTS = {
     "iterations_per_loop": None,
     "quiet": False,
     "pod_input": "auto",
+    "engine": "auto",
 }
 
 KILL_SWITCH = "TPUSHIM_MODE=off"
@@ -73,12 +78,14 @@ class Settings:
       iterations_per_loop: steps per TPU loop, or None (tpushim's default).
       quiet: True hides the line a conversion prints on stderr when logging is not configured.
       pod_input: how a pod's hosts read the input: ``auto``, ``exact`` or ``files``.
+      engine: what runs a conversion: ``auto``, ``tpuestimator`` or ``strategy``.
       sources: setting name -> where its value came from (``argument``, a variable name,
         ``default`` or the kill switch). Not part of equality.
     """
 
     __slots__ = (
         "batch_size",
+        "engine",
         "iterations_per_loop",
         "mode",
         "pod_input",
@@ -96,6 +103,7 @@ class Settings:
         quiet=False,
         pod_input="auto",
         sources=None,
+        engine="auto",
     ):
         for name, value in (
             ("mode", mode),
@@ -104,6 +112,7 @@ class Settings:
             ("iterations_per_loop", iterations_per_loop),
             ("quiet", quiet),
             ("pod_input", pod_input),
+            ("engine", engine),
             ("sources", dict(sources or {})),
         ):
             object.__setattr__(self, name, value)
@@ -119,6 +128,7 @@ class Settings:
             self.iterations_per_loop,
             self.quiet,
             self.pod_input,
+            self.engine,
         )
 
     def __eq__(self, other):
@@ -130,7 +140,7 @@ class Settings:
     def __repr__(self):
         return (
             "Settings(mode={!r}, tpu={!r}, batch_size={!r}, iterations_per_loop={!r}, "
-            "quiet={!r}, pod_input={!r})".format(*self._key())
+            "quiet={!r}, pod_input={!r}, engine={!r})".format(*self._key())
         )
 
 
@@ -162,6 +172,17 @@ def parse_pod_input(value, where="pod_input"):
         f"and read from files, else exact; exact: every host reads the whole input and keeps "
         f"its share, stock's batches exactly; files: each host reads its own files wherever "
         f"the input allows it)."
+    )
+
+
+def parse_engine(value, where="engine"):
+    if isinstance(value, str) and value.strip().lower() in ENGINES:
+        return value.strip().lower()
+    raise ConfigurationError(
+        f"{where}={value!r} is not a tpushim engine; choose one of {', '.join(ENGINES)} "
+        f"(auto: TPUEstimator where it runs, the tf.distribute strategy engine on a PJRT TPU "
+        f"runtime and on TensorFlow >= 2.16; tpuestimator; strategy: the Keras model under "
+        f"tf.distribute.TPUStrategy, MirroredStrategy on CPU)."
     )
 
 
@@ -268,6 +289,7 @@ _PARSERS = {
     "iterations_per_loop": parse_positive_int,
     "quiet": parse_bool,
     "pod_input": parse_pod_input,
+    "engine": parse_engine,
 }
 
 
@@ -402,6 +424,14 @@ OPTIONS = (
         "how a pod's hosts read the input: auto, exact (every host reads the whole input and "
         "keeps its share) or files (each host reads its own files).",
         DEFAULTS["pod_input"],
+    ),
+    _option(
+        "engine",
+        "ENGINE",
+        "what runs the TPU path: auto (TPUEstimator where it runs; the strategy engine on a PJRT "
+        "TPU runtime or TensorFlow >= 2.16), tpuestimator or strategy (the Keras model under "
+        "tf.distribute.TPUStrategy).",
+        DEFAULTS["engine"],
     ),
 )
 

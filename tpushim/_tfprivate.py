@@ -775,3 +775,20 @@ def silence_own_deprecation_warnings():
 
 # Before any of tpushim's calls: importing this module is the first thing a conversion does.
 silence_own_deprecation_warnings()
+# --- the strategy engine (tpushim/_strategy.py) ---------------------------------------------------
+
+# Stock's Keras model_fn: the strategy engine's estimator keeps it as its model_fn, so that what
+# the base Estimator builds from it (export_saved_model, add_metrics) is stock's.
+create_keras_model_fn = keras_lib._create_keras_model_fn
+
+
+def create_optimizer_slots(optimizer, variables):
+    """Creates a Keras (legacy) optimizer's slots and hyperparameters for ``variables`` now, so a
+    checkpoint restores them at once rather than when the first step creates them."""
+    optimizer._create_all_weights(variables)
+
+
+def track_estimator_step(model, step):
+    """Adds ``step`` to the model's object graph under the name keras_lib's checkpoints give the
+    global step (an eager variable; :func:`track_global_step` takes the graph's)."""
+    model._track_trackable(step, "estimator_global_step")

@@ -1,0 +1,207 @@
+"""The engine setting and choice (tpushim/_settings.py, tpushim/_engines.py, tpushim/_decision.py):
+``engine = auto | tpuestimator | strategy``, parsed strictly from every way in, and ``auto``'s
+choice from the environment alone. The strategy engine's numbers are tests/test_strategy_replicas.py's.
+"""
+
+import pytest
+
+import tpushim
+from tpushim import _decision, _engines, _settings
+from tpushim._detect import TPUSpec
+from tpushim._errors import ConfigurationError
+
+TPU = TPUSpec("grpc://127.0.0.1:1", "TPU_NAME")
+
+
+def settings(**kwargs):
+    return _settings.resolve((_settings.parse_arguments(**kwargs),), environ={})
+
+
+@pytest.mark.parametrize("value", ["auto", "TPUEstimator", " strategy "])
+def test_engine_values(value):
+    assert settings(engine=value).engine == value.strip().lower()
+
+
+@pytest.mark.parametrize("value", ["", "tpu", "mirrored", 1, True])
+def test_engine_is_strict_everywhere(value, monkeypatch):
+    with pytest.raises(ConfigurationError, match="engine"):
+        _settings.parse_arguments(engine=value)
+    with pytest.raises(ConfigurationError, match="engine"):
+        tpushim.patch(engine=value)
+    assert not tpushim.is_patched()
+    if isinstance(value, str) and value:
+        monkeypatch.setenv("TPUSHIM_ENGINE", value)
+        with pytest.raises(ConfigurationError, match="TPUSHIM_ENGINE"):
+            tpushim.patch()
+
+
+def test_engine_from_environment_and_precedence(monkeypatch):
+    monkeypatch.setenv("TPUSHIM_ENGINE", "strategy")
+    resolved = _settings.resolve()
+    assert (resolved.engine, resolved.sources["engine"]) == ("strategy", "TPUSHIM_ENGINE")
+    with tpushim.patched(engine="tpuestimator"):
+        current = tpushim._patch.current_settings()
+        assert (current.engine, current.sources["engine"]) == ("tpuestimator", "argument")
+    assert "engine='strategy'" in repr(resolved)
+
+
+def test_engine_is_a_command_line_option():
+    flags = [flag for flag, _ in _settings.OPTIONS]
+    assert "--engine" in flags  # python -m tpushim and %tpushim add exactly these
+
+
+@pytest.mark.parametrize(
+    "environ,tf_version,engine,why",
+    [
+        ({}, "2.15.1", "tpuestimator", "TPUEstimator runs here"),
+        ({}, "2.16.1", "strategy", "TensorFlow 2.16.1 has no TPUEstimator"),
+        ({}, "2.21.0", "strategy", "no TPUEstimator"),
+        ({"PJRT_DEVICE": "TPU"}, "2.15.1", "strategy", "PJRT_DEVICE=TPU"),
+        (
+            {
+                "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+                "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+            },
+            "2.15.1",
+            "strategy",
+            "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/lib/libtpu.so",
+        ),
+        # Another pluggable device (not a TPU's libtpu) or PJRT for another device: TPUEstimator.
+        ({"TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/opt/libitex_xpu.so"}, "2.15.1", "tpuestimator", ""),
+        ({"PJRT_DEVICE": "CPU"}, "2.15.1", "tpuestimator", ""),
+    ],
+)
+def test_auto_engine(environ, tf_version, engine, why):
+    chosen, reason = _engines.choose(settings(), environ=environ, tf_version=tf_version)
+    assert chosen == engine
+    assert why in reason
+
+
+def test_explicit_engine_wins_over_the_runtime():
+    chosen, reason = _engines.choose(
+        settings(engine="tpuestimator"), environ={"PJRT_DEVICE": "TPU"}, tf_version="2.15.1"
+    )
+    assert (chosen, reason) == ("tpuestimator", "engine tpuestimator from argument")
+
+
+@pytest.mark.parametrize(
+    "mode,tpu,action,returns",
+    [
+        ("cpu", None, "cpu", "the strategy engine (tf.distribute.MirroredStrategy"),
+        ("auto", TPU, "tpu", "the strategy engine (tf.distribute.TPUStrategy) on TPU grpc://"),
+        ("tpu", TPU, "tpu", "(engine strategy from argument)"),
+    ],
+)
+def test_decision_names_the_engine(mode, tpu, action, returns):
+    decision = _decision.decide(settings(mode=mode, engine="strategy"), tpu)
+    assert (decision.action, decision.engine) == (action, "strategy")
+    assert returns in decision.returns
+
+
+def test_decision_on_a_pjrt_runtime(monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    decision = _decision.decide(settings(), TPU)
+    assert decision.engine == "strategy"
+    assert "PJRT TPU runtime (PJRT_DEVICE=TPU)" in decision.returns
+    monkeypatch.delenv("PJRT_DEVICE")
+    assert _decision.decide(settings(), TPU).engine == "tpuestimator"
+
+
+def test_private_names_the_engine_uses(tmp_path):
+    import tensorflow as tf
+
+    from tpushim import _tfprivate
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    optimizer = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+    _tfprivate.create_optimizer_slots(optimizer, model.trainable_variables)
+    assert len(optimizer.variables()) == 1 + len(model.trainable_variables)  # iterations + slots
+    model.optimizer = optimizer
+    _tfprivate.track_estimator_step(model, tf.Variable(7, dtype=tf.int64))
+    path = tf.train.Checkpoint(model).write(str(tmp_path / "ckpt"))
+    keys = dict(tf.train.list_variables(path))
+    assert "estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE" in keys  # keras_lib's name
+    assert callable(_tfprivate.create_keras_model_fn)
+
+
+@pytest.mark.slow
+def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tmp_path):
+    import tensorflow as tf
+
+    class Subclassed(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    subclassed = Subclassed()
+    subclassed.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+    tf1 = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    tf1.compile(tf.compat.v1.train.GradientDescentOptimizer(0.1), loss="mse")
+    for model, why in ((subclassed, "subclassed"), (tf1, "Keras optimizers")):
+        with (
+            tpushim.patched(mode="cpu", engine="strategy", quiet=True),
+            pytest.raises(tpushim.ConversionError, match=why),
+        ):
+            tf.keras.estimator.model_to_estimator(
+                keras_model=model, model_dir=str(tmp_path / "m"), checkpoint_format="saver"
+            )
+        assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_estimator_surface_on_one_device(tmp_path):
+    """In this process (one CPU device): a classifier with ``accuracy`` and 52 examples in batches
+    of 8 equals stock; ``train_and_evaluate`` drives the engine; ``export_saved_model`` (the base
+    Estimator's, from stock's model_fn over the engine's checkpoint) serves its predictions."""
+    import numpy as np
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _strategy
+
+    x, y = tfcases.data()
+    train = tfcases.dataset_input_fn(x, y)
+    features_only = tfcases.dataset_input_fn(x)
+
+    def run(patch, model_dir):
+        config = tf.estimator.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(model_dir, patch=patch, config=config)
+        estimator.train(train, steps=6)
+        return (
+            estimator,
+            estimator.evaluate(train),
+            list(estimator.predict(features_only)),
+            tfcases.checkpoint_values(model_dir),
+        )
+
+    stock = run({"mode": "off"}, tmp_path / "stock")
+    engine = run({"mode": "cpu", "engine": "strategy", "quiet": True}, tmp_path / "engine")
+    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    tfcases.assert_same(stock, engine)
+
+    estimators = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("engine", {"mode": "cpu", "engine": "strategy"}),
+    ):
+        estimator = tfcases.convert(tmp_path / f"te-{name}", patch=dict(patch, quiet=True))
+        metrics, _ = tf.estimator.train_and_evaluate(
+            estimator,
+            tf.estimator.TrainSpec(train, max_steps=6),
+            tf.estimator.EvalSpec(train, steps=None, throttle_secs=0),
+        )
+        estimators[name] = (estimator, metrics)
+    for key, value in estimators["stock"][1].items():
+        np.testing.assert_allclose(estimators["engine"][1][key], value, atol=1e-5, err_msg=key)
+
+    engine_estimator = estimators["engine"][0]
+    serving = tf.estimator.export.build_raw_serving_input_receiver_fn(
+        {"hidden_input": tf.zeros([1, 4])}
+    )
+    path = engine_estimator.export_saved_model(str(tmp_path / "export"), serving)
+    served = tf.saved_model.load(path).signatures["serving_default"](hidden_input=tf.constant(x))
+    predicted = np.array([p["probs"] for p in engine_estimator.predict(features_only)])
+    np.testing.assert_allclose(served["probs"].numpy(), predicted, atol=1e-5)

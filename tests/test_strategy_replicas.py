@@ -1,0 +1,59 @@
+"""Rung 2b for the strategy engine (tpushim/_strategy.py): 8 replicas on 8 logical CPU devices
+equal 1 replica and the stock estimator, for a mean, a SUM and a custom one-number loss, with an
+indivisible global batch and a short last batch; negative controls fail; stock's estimator reads
+the engine's checkpoints; the step is compiled with XLA. The devices must be made before
+TensorFlow initialises, so it all runs in one subprocess (tests/strategy_proof.py)."""
+
+import json
+import os
+
+import procs
+import pytest
+
+TOLERANCE = 1e-5
+KINDS = ("mean", "sum", "custom")
+
+
+@pytest.fixture(scope="module")
+def proof(tmp_path_factory):
+    root = tmp_path_factory.mktemp("strategy")
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = procs.python([os.path.join(here, "strategy_proof.py"), root], timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, result.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_runs_on_eight_replicas(proof):
+    assert proof["replicas"] == 8
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("replicas", ["eight", "one"])
+def test_engine_equals_stock(proof, kind, replicas):
+    got = proof[kind][replicas]
+    assert got["names_equal"] and got["metric_keys_equal"]  # stock's checkpoint names, metric keys
+    assert got["rows"] == 45  # every example predicted once, padding dropped
+    assert got["weights"] < TOLERANCE, got  # every weight and optimizer slot
+    assert got["metrics"] < TOLERANCE, got
+    assert got["predictions"] < TOLERANCE, got
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stock_reads_the_engine_checkpoints(proof, kind):
+    assert proof[kind]["stock_reads_engine"] < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_negative_control_gradients_combined_wrongly(proof, kind):
+    # mean and custom: each replica's own mean, summed; SUM: the replicas' sums averaged.
+    assert proof[kind]["control"]["weights"] > 1e-3, proof[kind]["control"]
+
+
+def test_step_is_compiled_with_xla(proof):
+    error = proof["xla_error"]
+    assert error is not None, "a model with a host-only op trained: the step was not XLA-compiled"
+    assert "XLA" in error or "compil" in error, error

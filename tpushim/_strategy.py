@@ -1,0 +1,623 @@
+"""The strategy engine: the converted estimator trains, evaluates and predicts the Keras model
+under a ``tf.distribute`` strategy in TF2 (``tf.function`` on the eager runtime), where
+TPUEstimator (TF1 sessions) cannot run: PJRT TPU runtimes and TensorFlow >= 2.16.
+
+One concern, the engine's run of a call, in about 600 lines: building the clone in the strategy's
+scope, the per-replica loss, the step, the input split over replicas, and stock-format
+checkpoints depend on one another (the loss is normalised by the rows the input split carries,
+the checkpoint names are the clone's object graph), so they stay together.
+
+Why the result subclasses the stock ``tf.estimator.Estimator``: a script reads ``model_dir``,
+``config``, ``latest_checkpoint()``, ``get_variable_value()``; ``train_and_evaluate`` calls
+``train``/``evaluate``; ``export_saved_model`` builds stock's Keras model_fn and restores the
+latest checkpoint. Those all come from the base class unchanged, because the checkpoints this
+engine writes are the stock estimator's (the Keras model's object graph plus
+``estimator_global_step``, written by ``model.save_weights`` in stock's warm start too). Only
+``train``, ``evaluate`` and ``predict`` are replaced.
+
+Gradients: replica r differentiates ``L_r``, its rows' share of stock's loss on the global
+batch (a mean's sum over its rows divided by the global batch's real rows; a sum as it is; a
+custom one-number term per row, scaled by its degree: :mod:`tpushim._loss_kinds`); the Keras
+optimizer sums the replicas' gradients (``all_reduce_sum_gradients``), so the applied gradient
+is stock's on the global batch. Padding rows (a short batch padded to the global batch,
+:mod:`tpushim._padding`) weigh 0 everywhere.
+"""
+
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tpushim import _input_fn, _loss_kinds, _padding, _settings, _tfprivate
+from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
+
+ModeKeys = tf.estimator.ModeKeys
+SUM = tf.distribute.ReduceOp.SUM
+Reduction = tf.keras.losses.Reduction
+
+_TPU_STRATEGIES = {}  # master -> TPUStrategy: a TPU system is initialised once per process
+
+
+def cpu_strategy():
+    """TPUStrategy's data-parallel semantics here: a MirroredStrategy over every GPU, else every
+    logical CPU device (8 of them where ``tf.config.set_logical_device_configuration`` made 8)."""
+    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    return tf.distribute.MirroredStrategy([d.name for d in devices])
+
+
+def tpu_strategy(resolver):
+    """``tf.distribute.TPUStrategy`` on ``resolver``'s TPU, set up as TensorFlow's migration
+    guide (guide/migrate/tpu_estimator) does; once per TPU in a process."""
+    key = resolver.master()
+    if key not in _TPU_STRATEGIES:
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        _TPU_STRATEGIES[key] = tf.distribute.TPUStrategy(resolver)
+    return _TPU_STRATEGIES[key]
+
+
+class Plan:
+    """What the engine takes from a conversion (fixed when it is made).
+
+    Attributes:
+      keras_model: the user's compiled Keras model (a graph network).
+      optimizer: its optimizer as stock trains it (Keras's legacy optimizer).
+      custom_objects: as given to ``model_to_estimator``.
+      loss_kinds: output name -> ``ROWS`` or a degree (:func:`tpushim._loss_kinds.plan`).
+      warm_start: the trainable weights' values at conversion (stock warm-starts the trainable
+        variables from the Keras weights), or None.
+      batch_size: the global batch size, or None (read from the input).
+      steps_per_execution: training steps per ``tf.function`` call (iterations_per_loop).
+      jit_compile: check, where the strategy is not a TPU's, that a replica's training step
+        compiles with XLA (on a TPU, TPUStrategy compiles every step with XLA itself).
+      make_strategy: a function returning the strategy (built at the first call).
+    """
+
+    def __init__(
+        self,
+        keras_model,
+        optimizer,
+        custom_objects,
+        loss_kinds,
+        warm_start,
+        batch_size,
+        steps_per_execution,
+        jit_compile,
+        make_strategy,
+    ):
+        self.keras_model = keras_model
+        self.optimizer = optimizer
+        self.custom_objects = custom_objects or {}
+        self.loss_kinds = loss_kinds
+        self.warm_start = warm_start
+        self.batch_size = batch_size
+        self.steps_per_execution = steps_per_execution
+        self.jit_compile = jit_compile
+        self.make_strategy = make_strategy
+
+
+def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
+    """The :class:`Plan` of one conversion; refuses what the engine cannot run yet, before
+    anything is written."""
+    if not _tfprivate.is_graph_network(keras_model):
+        raise ConversionError(
+            "the strategy engine converts functional and Sequential Keras models only (yet); "
+            f"{type(keras_model).__name__} is subclassed. Use engine='tpuestimator' "
+            "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
+        )
+    if not tf.executing_eagerly():
+        raise ConversionError(
+            "the strategy engine runs on TensorFlow 2's eager runtime, and this program disabled "
+            "it (tf.compat.v1.disable_v2_behavior() or disable_eager_execution()). Remove that "
+            "call, or use engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
+        )
+    if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+        raise ConversionError(
+            f"the strategy engine trains with Keras optimizers; {type(optimizer).__name__} is not "
+            "one. Compile the model with a tf.keras optimizer, or use engine='tpuestimator'."
+        )
+    kinds = _loss_kinds.plan(keras_model, custom_objects).outputs
+    warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
+    return Plan(
+        keras_model,
+        optimizer,
+        custom_objects,
+        kinds,
+        warm,
+        settings.batch_size,
+        settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP,
+        True,
+        make_strategy,
+    )
+
+
+# --- the loss of one replica --------------------------------------------------------------------
+
+
+def _loss_objects(keras_model, custom_objects):
+    """Per output, the Loss object stock's clone compiles (None: no loss), and its weight."""
+    args = _tfprivate.compile_args(keras_model)
+    names = keras_model.output_names
+    with tf.keras.utils.custom_object_scope(custom_objects):
+        losses = _tfprivate.prepare_loss_functions(args.get("loss"), names)
+    weights = args.get("loss_weights")
+    if weights is None:
+        weights = [1.0] * len(names)
+    elif isinstance(weights, dict):
+        weights = [weights.get(name, 1.0) for name in names]
+    return list(zip(names, losses, weights))
+
+
+def _rows_weight(pad, values):
+    return tf.reshape(pad, [-1] + [1] * (values.shape.rank - 1))
+
+
+def _term(loss_obj, kind, y_true, y_pred, pad, rows):
+    """Replica's share of one output's loss on the global batch of ``rows`` real rows."""
+    if kind == _loss_kinds.ROWS:
+        values = tf.cast(loss_obj.call(y_true, y_pred), tf.float32)
+        weighted = tf.reduce_sum(values * _rows_weight(pad, values))
+        if loss_obj.reduction == Reduction.SUM:
+            return weighted
+        per_row = float(np.prod(values.shape.as_list()[1:] or [1]))
+        return weighted / (rows * per_row)  # AUTO / SUM_OVER_BATCH_SIZE: a mean over elements
+    # One number for the batch, T(n) = n**(p-1) * sum of per-row values: evaluated per row.
+    per_row = tf.vectorized_map(
+        lambda pair: tf.cast(loss_obj.call(pair[0][None], pair[1][None]), tf.float32),
+        (y_true, y_pred),
+    )
+    return rows ** float(kind - 1) * tf.reduce_sum(per_row * pad)
+
+
+def replica_loss(terms, kinds, outputs, labels, pad, rows, replicas, model_losses):
+    """``L_r``: the sum over replicas of these is stock's training loss on the global batch.
+
+    Args:
+      terms: ``(output name, Loss object or None, weight)`` per output (:func:`_loss_objects`).
+      kinds: output name -> kind (:class:`Plan`).
+      outputs, labels: the replica's model outputs and labels (lists, in output order).
+      pad: the replica's [rows] padding weights.
+      rows: real rows in the global batch (all replicas).
+      replicas: replicas in sync.
+      model_losses: the model's added losses (weight regularizers: stock adds them once).
+    """
+    total = tf.constant(0.0)
+    for (name, loss_obj, weight), y_pred, y_true in zip(terms, outputs, labels):
+        if loss_obj is None:
+            continue
+        term = _term(loss_obj, kinds.get(name, _loss_kinds.ROWS), y_true, y_pred, pad, rows)
+        total += weight * term
+    for added in model_losses:
+        total += tf.cast(added, tf.float32) / replicas
+    return total
+
+
+def global_rows(pad):
+    """Real rows of the global batch, summed over the replicas (each replica holds a slice)."""
+    return tf.distribute.get_replica_context().all_reduce(SUM, tf.reduce_sum(pad))
+
+
+# --- the input, split over replicas -------------------------------------------------------------
+
+
+def _split(replicas):
+    """A Dataset map: each padded global batch as ``replicas`` consecutive slices (unbatched
+    after, replica r reads slice r: a single input pipeline hands its elements to the replicas
+    in order)."""
+
+    def split(*element):
+        element = element[0] if len(element) == 1 else element
+        return tf.nest.map_structure(
+            lambda x: tf.reshape(x, [replicas, -1] + x.shape.as_list()[1:]), element
+        )
+
+    return split
+
+
+def batch_size_of(dataset):
+    """The batch size a Dataset's elements declare, else that of its first element."""
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    if first.shape.rank and first.shape[0] is not None:
+        return int(first.shape[0])
+    for element in dataset.take(1):
+        return int(tf.shape(tf.nest.flatten(element)[0])[0])
+    raise ConversionError("the input_fn's dataset is empty: there is no batch to read.")
+
+
+def distributed_input(strategy, input_fn, mode, config, batch_size):
+    """The user's input as the strategy's replicas read it: every global batch (short ones
+    too) padded to a multiple of the replicas, split in order. Returns (dataset, global batch)."""
+    result = _input_fn.call(input_fn, mode, {}, config)
+    if not isinstance(result, tf.data.Dataset):
+        raise ConversionError(
+            "the strategy engine reads input_fns that return a tf.data.Dataset (yet); "
+            f"{getattr(input_fn, '__name__', input_fn)!r} returned tensors. Return the dataset "
+            "instead of its iterator's get_next(), or use engine='tpuestimator'."
+        )
+    size = batch_size or batch_size_of(result)
+    replicas = strategy.num_replicas_in_sync
+    padded = -(-size // replicas) * replicas
+    dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()
+    options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+    distributed = strategy.distribute_datasets_from_function(lambda ctx: dataset, options)
+    return distributed, dataset.element_spec
+
+
+def _unpack(element):
+    """(features, labels or None, padding weight) of a padded element."""
+    features, labels = element if isinstance(element, tuple) else (element, None)
+    return features[_padding.FEATURES_KEY], labels, features[_padding.PADDING_KEY]
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _labels_list(labels, names):
+    if isinstance(labels, dict):
+        return [labels[n] for n in names]
+    return _as_list(labels)
+
+
+# --- XLA, where no TPU compiles the step ---------------------------------------------------------
+
+
+def check_xla(plan, element_spec, replicas):
+    """Compiles one replica's training step (forward, loss, gradients) with XLA, as a TPU would,
+    without running it: an op XLA cannot compile raises here, naming it.
+
+    On a copy of the model outside the strategy: XLA-compiled functions inside a
+    MirroredStrategy's multi-device step hung now and then on CPU (about 1 run in 4 on 8 logical
+    devices, TF 2.15), so the replicated step itself runs uncompiled off a TPU.
+    """
+    with tf.keras.utils.custom_object_scope(plan.custom_objects):
+        model = tf.keras.models.clone_model(plan.keras_model)
+    terms = _loss_objects(plan.keras_model, plan.custom_objects)
+
+    def step(element):
+        features, labels, pad = _unpack(element)
+        with tf.GradientTape() as tape:
+            outputs = _as_list(model(features, training=True))
+            loss = replica_loss(
+                terms,
+                plan.loss_kinds,
+                outputs,
+                _labels_list(labels, model.output_names),
+                pad,
+                tf.reduce_sum(pad),
+                replicas,
+                model.losses,
+            )
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    sample = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
+    try:
+        tf.function(step, jit_compile=True).experimental_get_compiler_ir(sample)(stage="hlo")
+    except (ValueError, tf.errors.OpError) as e:
+        raise ConversionError(
+            "the training step does not compile with XLA, as a TPU compiles it (compiled here "
+            f"with jit_compile=True): {str(e)[:1500]}. Replace the op it names with TensorFlow "
+            "ops XLA supports, or train without tpushim (TPUSHIM_MODE=off)."
+        ) from e
+
+
+# --- one call's model, under the strategy -------------------------------------------------------
+
+
+class _Run:
+    """The clone, its optimizer and global step, built in the strategy's scope for one call."""
+
+    def __init__(self, plan, strategy, mode, model_dir, checkpoint_path=None):
+        self.plan, self.strategy, self.mode = plan, strategy, mode
+        with strategy.scope(), tf.keras.utils.custom_object_scope(plan.custom_objects):
+            self.model = tf.keras.models.clone_model(plan.keras_model)
+            self.step = tf.Variable(
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name="global_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
+            self.optimizer = None
+            if mode == ModeKeys.TRAIN:
+                user = plan.optimizer
+                self.optimizer = type(user).from_config(user.get_config())
+                self.optimizer.iterations = self.step  # as keras_lib binds it
+                self.model.optimizer = self.optimizer
+                # Slots exist before a restore: every value is restored at once.
+                _tfprivate.create_optimizer_slots(self.optimizer, self.model.trainable_variables)
+            _tfprivate.track_estimator_step(self.model, self.step)
+        self.terms = _loss_objects(plan.keras_model, plan.custom_objects)
+        self.checkpoint = tf.train.Checkpoint(self.model)
+        self.model_dir = model_dir
+        latest = checkpoint_path or tf.train.latest_checkpoint(model_dir)
+        if latest:
+            self.checkpoint.read(latest).expect_partial()
+        elif mode != ModeKeys.TRAIN:
+            raise ValueError(f"Could not find trained model in model_dir: {model_dir}.")
+        elif plan.warm_start is not None:
+            for variable, value in zip(self.model.trainable_variables, plan.warm_start):
+                variable.assign(value)
+        self.restored = latest
+
+    def save(self):
+        """Writes ``model.ckpt-STEP`` as stock names it, and points ``checkpoint`` at it."""
+        step = int(self.step.numpy())
+        prefix = os.path.join(self.model_dir, f"model.ckpt-{step}")
+        path = self.checkpoint.write(prefix)
+        state = tf.train.get_checkpoint_state(self.model_dir)
+        previous = list(state.all_model_checkpoint_paths) if state else []
+        tf.compat.v1.train.update_checkpoint_state(
+            self.model_dir, path, all_model_checkpoint_paths=[*previous, path]
+        )
+        logger.info("Saving checkpoints for %d into %s.", step, prefix)
+        return path
+
+    # -- the replica functions ----------------------------------------------------------------
+    def _forward_and_gradients(self, features, labels, pad, rows):
+        with tf.GradientTape() as tape:
+            outputs = _as_list(self.model(features, training=True))
+            loss = replica_loss(
+                self.terms,
+                self.plan.loss_kinds,
+                outputs,
+                _labels_list(labels, self.model.output_names),
+                pad,
+                rows,
+                self.strategy.num_replicas_in_sync,
+                self.model.losses,
+            )
+        return loss, tape.gradient(loss, self.model.trainable_variables)
+
+    def train_function(self):
+        """A ``tf.function`` running up to ``n`` steps from ``iterator``; returns (steps run,
+        the last step's global loss)."""
+
+        def replica_step(element):
+            features, labels, pad = _unpack(element)
+            rows = global_rows(pad)
+            loss, grads = self._forward_and_gradients(features, labels, pad, rows)
+            self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+            return loss
+
+        @tf.function
+        def run(iterator, n):
+            ran, last = tf.constant(0, tf.int64), tf.constant(np.nan, tf.float32)
+            for _ in tf.range(n):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
+                last = self.strategy.reduce(SUM, per_replica, axis=None)
+                ran += 1
+            return ran, last
+
+        return run
+
+    def eval_function(self):
+        """A ``tf.function`` of one global batch: (global loss, per replica (outputs, labels,
+        padding weight))."""
+
+        def forward(features, labels, pad, rows):
+            outputs = _as_list(self.model(features, training=False))
+            labels = _labels_list(labels, self.model.output_names)
+            loss = replica_loss(
+                self.terms,
+                self.plan.loss_kinds,
+                outputs,
+                labels,
+                pad,
+                rows,
+                self.strategy.num_replicas_in_sync,
+                self.model.losses,
+            )
+            return loss, outputs, labels
+
+        def replica_step(element):
+            features, labels, pad = _unpack(element)
+            loss, outputs, labels = forward(features, labels, pad, global_rows(pad))
+            return loss, outputs, labels, pad
+
+        @tf.function
+        def run(element):
+            loss, outputs, labels, pad = self.strategy.run(replica_step, args=(element,))
+            return self.strategy.reduce(SUM, loss, axis=None), outputs, labels, pad
+
+        return run
+
+    def predict_function(self):
+        def forward(features):
+            return _as_list(self.model(features, training=False))
+
+        def replica_step(element):
+            features, _, pad = _unpack(element)
+            return forward(features), pad
+
+        return tf.function(lambda element: self.strategy.run(replica_step, args=(element,)))
+
+    def gathered(self, per_replica):
+        """The replicas' values, concatenated in replica order (the global batch's rows)."""
+        return tf.nest.map_structure(
+            lambda *parts: tf.concat(parts, 0),
+            *self.strategy.experimental_local_results(per_replica),
+        )
+
+
+def _metrics_model(plan):
+    """An undistributed copy of the user's model compiled as the user compiled it: its compiled
+    metrics (Keras's names and kinds) are updated on the host with each gathered batch."""
+    with tf.keras.utils.custom_object_scope(plan.custom_objects):
+        model = tf.keras.models.clone_model(plan.keras_model)
+        args = _tfprivate.compile_args(plan.keras_model)
+        model.compile(
+            loss=args.get("loss"),
+            metrics=args.get("metrics"),
+            weighted_metrics=args.get("weighted_metrics"),
+            loss_weights=args.get("loss_weights"),
+        )
+    return model
+
+
+class StrategyEstimator(tf.estimator.Estimator):
+    """The stock Estimator whose ``train``, ``evaluate`` and ``predict`` run the Keras model under
+    a ``tf.distribute`` strategy (see the module's docstring for why it subclasses Estimator)."""
+
+    def __init__(self, model_fn, config, warm_start_from, plan):
+        super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
+        self._tpushim_plan = plan
+        self._tpushim_strategy = None
+
+    def _assert_members_are_not_overridden(self):
+        # Estimator forbids overriding train/evaluate/predict; this engine replaces exactly those.
+        pass
+
+    @property
+    def strategy(self):
+        """The ``tf.distribute`` strategy this estimator runs under (made at the first call)."""
+        if self._tpushim_strategy is None:
+            self._tpushim_strategy = self._tpushim_plan.make_strategy()
+        return self._tpushim_strategy
+
+    def _input(self, input_fn, mode):
+        return distributed_input(
+            self.strategy, input_fn, mode, self.config, self._tpushim_plan.batch_size
+        )
+
+    @staticmethod
+    def _no_hooks(hooks, what):
+        if hooks:
+            raise ConversionError(
+                f"the strategy engine cannot run SessionRunHooks ({what}: TF1 sessions are what it "
+                "avoids); remove them, or use engine='tpuestimator' where TPUEstimator runs."
+            )
+
+    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        if steps is not None and max_steps is not None:
+            raise ValueError("Can not provide both steps and max_steps.")
+        if steps is not None and steps <= 0:
+            raise ValueError(f"Must specify steps > 0, given: {steps}")
+        if max_steps is not None and max_steps <= 0:
+            raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+        self._no_hooks(hooks, "hooks")
+        listeners = list(saving_listeners or ())
+        run = _Run(self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir)
+        start = int(run.step.numpy())
+        last = int(max_steps) if max_steps is not None else None
+        if last is not None and start >= last:
+            logging.getLogger("tensorflow").info(
+                "Skipping training since max_steps has already saved."
+            )
+            return self
+        for listener in listeners:
+            listener.begin()
+
+        def save():
+            # CheckpointSaverListeners as stock's saver calls them (train_and_evaluate evaluates
+            # in after_save); they get no session: this engine has none.
+            step = int(run.step.numpy())
+            for listener in listeners:
+                listener.before_save(None, step)
+            run.save()
+            return any([listener.after_save(None, step) for listener in listeners])
+
+        stopped = False
+        if not run.restored:
+            stopped = save()  # stock's model.ckpt-0
+        stop = start + int(steps) if steps is not None else last
+        dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
+        strategy = self.strategy
+        if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
+            check_xla(self._tpushim_plan, element_spec, strategy.num_replicas_in_sync)
+        iterator = iter(dataset)
+        loop = run.train_function()
+        every = self.config.save_checkpoints_steps
+        per_call = self._tpushim_plan.steps_per_execution
+        step = start
+        while not stopped and (stop is None or step < stop):
+            n = per_call if stop is None else min(per_call, stop - step)
+            if every:
+                n = min(n, every - step % every)  # a checkpoint falls at the end of a call
+            ran, loss = loop(iterator, tf.constant(n, tf.int64))
+            step = int(run.step.numpy())
+            if int(ran):
+                logger.info("loss = %s, step = %d", float(loss), step)
+            if np.isnan(float(loss)) and int(ran):
+                raise tf.compat.v1.train.NanLossDuringTrainingError
+            if every and step % every == 0 and int(ran):
+                stopped = save()
+            if int(ran) < n:  # the input ran out
+                break
+        if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
+            self.model_dir, f"model.ckpt-{step}"
+        ):
+            save()
+        for listener in listeners:
+            listener.end(None, step)
+        return self
+
+    def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
+        self._no_hooks(hooks, "hooks")
+        run = _Run(
+            self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir, checkpoint_path
+        )
+        dataset, _ = self._input(input_fn, ModeKeys.EVAL)
+        forward = run.eval_function()
+        metrics_model = _metrics_model(self._tpushim_plan)
+        names = run.model.output_names
+        losses = []
+        for i, element in enumerate(dataset):
+            if steps is not None and i >= steps:
+                break
+            loss, outputs, labels, pad = forward(element)
+            losses.append(float(loss))
+            outputs, labels, pad = run.gathered((outputs, labels, pad))
+            # Keras weighs only weighted_metrics by a sample weight: padding rows are left out.
+            real = pad > 0
+            outputs, labels = tf.nest.map_structure(
+                lambda x: tf.boolean_mask(x, real), (outputs, labels)
+            )
+            metrics_model.compiled_metrics.update_state(
+                _as_dict_or_one(labels, names), _as_dict_or_one(outputs, names)
+            )
+        results = {
+            m.name: np.float32(m.result().numpy())
+            for m in metrics_model.compiled_metrics.metrics
+            if m.name != "loss"
+        }
+        results["loss"] = np.float32(np.mean(losses)) if losses else np.float32(np.nan)
+        results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
+        return results
+
+    def predict(
+        self,
+        input_fn,
+        predict_keys=None,
+        hooks=None,
+        checkpoint_path=None,
+        yield_single_examples=True,
+    ):
+        self._no_hooks(hooks, "hooks")
+        run = _Run(
+            self._tpushim_plan, self.strategy, ModeKeys.PREDICT, self.model_dir, checkpoint_path
+        )
+        dataset, _ = self._input(input_fn, ModeKeys.PREDICT)
+        forward = run.predict_function()
+        names = run.model.output_names
+        for element in dataset:
+            outputs, pad = run.gathered(forward(element))
+            real = pad.numpy() > 0
+            batch = {n: o.numpy()[real] for n, o in zip(names, outputs)}
+            if predict_keys:
+                batch = {k: v for k, v in batch.items() if k in predict_keys}
+            if not yield_single_examples:
+                yield batch
+                continue
+            for i in range(int(real.sum())):
+                yield {k: v[i] for k, v in batch.items()}
+
+
+def _as_dict_or_one(values, names):
+    return values[0] if len(values) == 1 else dict(zip(names, values))
