@@ -31,7 +31,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-COLLECTION = "tpushim_step_losses"  # (losses, steps) variables, one pair per replica built
+# The (losses, steps) variables, one of each per replica built, in two collections of variables:
+# a collection of tuples cannot be serialized, and TensorFlow says so when it writes the graph.
+COLLECTIONS = ("tpushim_step_losses", "tpushim_step_numbers")
 NAN_MESSAGE = "Model diverged with loss = NaN."  # NanTensorHook's
 
 
@@ -64,7 +66,8 @@ def record(loss, step, iterations):
         losses = _local(tf.zeros([iterations], loss.dtype), "tpushim_step_losses")
         steps = _local(tf.fill([iterations], tf.constant(-1, tf.int64)), "tpushim_step_numbers")
         count = _local(tf.constant(0, tf.int64), "tpushim_step_count")
-    tf.compat.v1.add_to_collection(COLLECTION, (losses, steps))
+    for collection, variable in zip(COLLECTIONS, (losses, steps)):
+        tf.compat.v1.add_to_collection(collection, variable)
     n = count.read_value()
     at = tf.equal(tf.range(iterations, dtype=tf.int64), tf.math.floormod(n, iterations))
     step = tf.cast(step, tf.int64)
@@ -75,9 +78,15 @@ def record(loss, step, iterations):
     )
 
 
+def pairs(graph=None):
+    """The ``(losses, steps)`` variables the graph's TPU training step records, one per replica."""
+    graph = graph or tf.compat.v1.get_default_graph()
+    return list(zip(*(graph.get_collection(c) for c in COLLECTIONS)))
+
+
 def recorded(graph):
     """Whether the graph's TPU training step records its steps' losses."""
-    return bool(graph.get_collection(COLLECTION))
+    return bool(pairs(graph))
 
 
 class StepLossHook(tf.compat.v1.train.SessionRunHook):
@@ -92,8 +101,8 @@ class StepLossHook(tf.compat.v1.train.SessionRunHook):
         self._variables = None
 
     def begin(self):
-        pairs = tf.compat.v1.get_collection(COLLECTION)
-        self._variables = pairs[0] if pairs else None
+        recording = pairs()
+        self._variables = recording[0] if recording else None
         self._seen = None  # the label of the last step checked
         self._iteration = 0  # the steps checked this session: the logging hook's iteration count
         self._logged = None  # the iteration last logged
