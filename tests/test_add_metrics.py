@@ -66,6 +66,7 @@ CARRIED = {
     "iterations_per_loop": (7, lambda est: est.config.tpu_config.iterations_per_loop),
     "quiet": (True, None),  # the conversion's own line: nothing for the estimator to carry
     "pod_input": ("files", lambda est: est._tpushim_pod_input),
+    "engine": ("tpuestimator", lambda est: est._tpushim_settings.engine),
 }
 
 
