@@ -36,9 +36,32 @@ def add_metrics_call(args, kwargs):
     None for any other call."""
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     parts = _tfprivate.add_metrics_parts(model_fn)
+    if parts is not None and _on_the_strategy_engine(
+        parts[0], "tf.estimator.add_metrics(<the strategy engine's estimator>, metric_fn)"
+    ):
+        return None
     if parts is None or not isinstance(parts[0], _estimator.TPUShimEstimator):
         return None
     return add_metrics(*parts)
+
+
+def _on_the_strategy_engine(estimator, called):
+    """True, said in one line and told to observers, when ``estimator`` is the strategy engine's:
+    it does not take an estimator made from it yet, so stock's is built (never silently)."""
+    from tpushim import _strategy  # only where a converted estimator is involved
+
+    if not isinstance(estimator, _strategy.StrategyEstimator):
+        return False
+    why = "the strategy engine does not take an estimator made from its model_fn yet"
+    logger.warning(
+        "%s -> stock Estimator, which runs stock's model_fn "
+        "(on a TPU nothing would run on it): %s. Use the converted estimator itself, or "
+        "engine='tpuestimator'.",
+        called,
+        why,
+    )
+    _observe.bypassed(estimator, f"{called}: {why}")
+    return True
 
 
 def rewrap_call(cls, args, kwargs):
@@ -55,6 +78,12 @@ def rewrap_call(cls, args, kwargs):
     """
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     found = _tfprivate.estimator_of_model_fn(model_fn)
+    if found is not None and _on_the_strategy_engine(
+        found[0],
+        f"{_tfprivate.estimator_classes().get(cls, cls.__name__)}"
+        "(model_fn=<the strategy engine's estimator>.model_fn)",
+    ):
+        return None
     if found is None or not isinstance(found[0], _estimator.TPUShimEstimator):
         if not issubclass(cls, _estimator.TPUShimEstimator):
             _say_if_named(cls, model_fn)
