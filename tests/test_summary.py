@@ -97,10 +97,12 @@ def test_what_ended_a_run_and_the_per_call_table():
     )
     assert "no train/evaluate/predict call" not in summary.format()
     table = [line.split() for line in lines if line.startswith("    ") and "  " in line.strip()]
-    assert ["call", "ran", "on", "seconds", "steps", "steps/s", "first", "run", "s", "padding"] in (
-        table
-    )
-    assert ["train()", "TPU", "path", "on", "CPU", "2.00", "4", "2.0", "0.50", "none"] in table
+    assert ["call", "ran", "on", "seconds", "steps", "steps/s", "first", "run", "s", "padding"] + [
+        "input",
+        "wait",
+    ] in (table)
+    # No input wait told (a TPU's infeed is not measured): "-".
+    assert ["train()", "TPU", "path", "on", "CPU", "2.00", "4", "2.0", "0.50", "none", "-"] in table
     assert [
         "evaluate()",
         "TPU",
@@ -113,9 +115,11 @@ def test_what_ended_a_run_and_the_per_call_table():
         "-",
         "short",
         "batches",
+        "-",
     ] in (table)
     assert ["predict()", "TPU", "path", "on", "CPU", "0.25", "-", "-", "-", "uneven", "batch"] + [
-        "37.5%"
+        "37.5%",
+        "-",
     ] in table
     exited = _summary.Summary()
     exited.converted(types.SimpleNamespace(estimator=estimator, description="TPUEstimator(X)"))
@@ -158,7 +162,10 @@ def test_a_train_call_that_raised_is_named_in_the_summary(tmp_path, capsys):
 def test_summary_flag_and_variable_add_the_table(tmp_path, capsys, monkeypatch):
     script = tmp_path / "legacy.py"
     script.write_text(SCRIPT.format(model_dir=str(tmp_path / "model")))
-    header = "call        ran on           seconds  steps  steps/s  first run s  padding"
+    header = (
+        "call        ran on           seconds  steps  steps/s  first run s  padding        "
+        "input wait"
+    )
     try:
         assert _cli.main(["--mode", "cpu", "--summary", str(script)]) == 0
         err = capsys.readouterr().err

@@ -469,3 +469,12 @@ def test_pod_input_internals():
         assert dataset._variant_tensor.op.get_attr("deterministic") == b"true"
         with tf.compat.v1.Session() as session:
             assert list(session.run(dataset.batch(5).get_single_element())) == [7, 8]
+
+
+def test_a_control_input_added_to_an_op_already_made():
+    """The input wait's timestamp, made after a batch read, runs before it (tpushim._input_wait)."""
+    with tf.Graph().as_default():
+        read = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(3)).get_next()
+        before = tf.timestamp()
+        _tfprivate.add_control_input(read.op, before.op)
+        assert before.op in read.op.control_inputs

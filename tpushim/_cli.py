@@ -369,7 +369,7 @@ def _parser():
         action="store_true",
         default=None,
         help="add a table to the run summary: per train/evaluate/predict call, the path it ran "
-        "on, seconds, steps, steps/s, first session run and padding. "
+        "on, seconds, steps, steps/s, first session run, padding and input wait. "
         f"Default: ${_settings.SUMMARY_VAR}, else no.",
     )
     parser.add_argument(

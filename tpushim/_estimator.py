@@ -20,6 +20,7 @@ from tpushim import (
     _detect,
     _engines,
     _input_fn,
+    _input_wait,
     _log,
     _model_fn,
     _observe,
@@ -331,12 +332,17 @@ class TPUShimEstimator(TPUEstimator):
         return path
 
     # -- in-memory arrays, fed where the input's iterator is initialised (see _arrays) -----------
+    # -- and, while observed, the batch reads whose wait the run summary shows (_input_wait) -----
     def _get_features_and_labels_from_input_fn(self, input_fn, mode):
         features, labels, hooks = super()._get_features_and_labels_from_input_fn(input_fn, mode)
+        if _observe.has_observers():
+            _input_wait.mark(features, labels)
         return features, labels, _arrays.feeding_hooks(hooks)  # on CPU
 
     def _get_features_from_input_fn(self, input_fn, mode):
         features, hooks = super()._get_features_from_input_fn(input_fn, mode)
+        if _observe.has_observers():
+            _input_wait.mark(features)
         return features, _arrays.feeding_hooks(hooks)  # predict on CPU
 
     def _call_model_fn(self, features, labels, mode, config):
@@ -389,28 +395,30 @@ class TPUShimEstimator(TPUEstimator):
                     max_steps=call.max_steps,
                     saving_listeners=saving_listeners,
                 )
-            clock, start = _RunClock(), time.monotonic()
+            clock, wait, start = _RunClock(), _input_wait.InputWaitHook(), time.monotonic()
             super().train(
                 input_fn,
-                hooks=[*(hooks or ()), clock],
+                hooks=[*(hooks or ()), clock, wait],
                 steps=call.steps,
                 max_steps=call.max_steps,
                 saving_listeners=saving_listeners,
             )
+            _observe.input_waited(call, wait.seconds)
             _observe.finished(call, time.monotonic() - start, clock.steps, clock.first_run)
             return self
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
             self._reach_tpu_once()
-            start = time.monotonic()
+            wait, start = _waiting(), time.monotonic()
             metrics = super().evaluate(
                 input_fn,
                 steps=call.steps,
-                hooks=hooks,
+                hooks=_with(hooks, wait),
                 checkpoint_path=checkpoint_path,
                 name=name,
             )
+            _observe.input_waited(call, wait and wait.seconds)
             _observe.finished(call, time.monotonic() - start)
             return metrics
 
@@ -424,16 +432,27 @@ class TPUShimEstimator(TPUEstimator):
     ):
         with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
             self._reach_tpu_once()
-            start = time.monotonic()
+            wait, start = _waiting(), time.monotonic()
             outputs = super().predict(
                 input_fn,
                 predict_keys=_padding.predict_keys_with_padding(predict_keys),
-                hooks=hooks,
+                hooks=_with(hooks, wait),
                 checkpoint_path=checkpoint_path,
                 yield_single_examples=yield_single_examples,
             )
             yield from _padding.drop_padding(outputs, yield_single_examples)
+            _observe.input_waited(call, wait and wait.seconds)
             _observe.finished(call, time.monotonic() - start)
+
+
+def _waiting():
+    """The input-wait hook of a call observers hear of (:mod:`tpushim._input_wait`), else None."""
+    return _input_wait.InputWaitHook() if _observe.has_observers() else None
+
+
+def _with(hooks, hook):
+    """``hooks`` as given (None stays None: stock's default), with ``hook`` when there is one."""
+    return hooks if hook is None else [*(hooks or ()), hook]
 
 
 class _DeferredHooks(tf.compat.v1.train.SessionRunHook):

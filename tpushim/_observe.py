@@ -20,6 +20,8 @@ core knows neither. An observer is any object; the core calls whichever of these
   (:class:`InputCall`), before anything is read from it;
 * ``adapted(call, kind, text)`` -- tpushim changed something about the input or the run (a cast,
   a queue fed as a Dataset, padding, re-batching, ...): :func:`note`, which also logs ``text``;
+* ``input_waited(call, seconds)`` -- just before ``finished``: how long the call's session runs
+  waited for their batches (:mod:`tpushim._input_wait`), or None where not measured (a TPU);
 * ``finished(call, seconds, steps, first_step_seconds)`` -- the call returned (for ``train``,
   the global steps it ran and how long its first session run took).
 
@@ -198,6 +200,11 @@ def note(kind, text, *args):
     logger.info(text, *args)
     if _observers:
         _tell("adapted", current_call(), kind, text % args if args else text)
+
+
+def input_waited(call, seconds):
+    """Tells observers how long ``call`` waited for its input (None: not measured)."""
+    _tell("input_waited", call, seconds)
 
 
 def finished(call, seconds, steps=None, first_step_seconds=None):

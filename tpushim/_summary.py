@@ -7,7 +7,9 @@ iterator fed as a Dataset, padding, re-batching, the pod input path, ...), and e
 for ``train()`` its steps, steps per second and the first session run's time (on a TPU the first
 loop, compilation included); a call that never returned, and what ended the run when the script
 raised or exited with an error. On request (``--summary``, ``TPUSHIM_SUMMARY=1``) a table with one
-row per call: the path it ran on, seconds, steps, steps/s and whether short batches were padded.
+row per call: the path it ran on, seconds, steps, steps/s, whether short batches were padded,
+and its input wait (the seconds its session runs waited for their batches, and their share of the
+call: :mod:`tpushim._input_wait`).
 Gathered as an observer (:mod:`tpushim._observe`): the core knows nothing of it. Imports no
 TensorFlow.
 """
@@ -26,9 +28,11 @@ class _Estimator:
     def __init__(self, number, conversion):
         self.number, self.conversion = number, conversion
         self.adaptations = {}  # text -> events it happened in (insertion order kept)
-        self.calls = []  # (event, seconds, steps, first_run_seconds, {adaptation kind: text})
+        # (event, seconds, steps, first_run_seconds, {adaptation kind: text}, input wait seconds)
+        self.calls = []
         self.derived = []  # estimators made from it (tf.estimator.add_metrics): its calls too
         self.started = {}  # id(call) -> (event, start time, {kind: text}): not returned yet
+        self.waits = {}  # id(call) -> seconds its input took (None: not measured), until finished
 
     def on_tpu(self):
         """The path its calls ran on, as the conversion line says it."""
@@ -78,11 +82,17 @@ class Summary:
             if id(call) in record.started:
                 record.started[id(call)][2].setdefault(kind, text)
 
+    def input_waited(self, call, seconds):
+        record = self._of(call.estimator)
+        if record is not None:
+            record.waits[id(call)] = seconds
+
     def finished(self, call, seconds, steps, first_step_seconds):
         record = self._of(call.estimator)
         if record is not None:
             _, _, kinds = record.started.pop(id(call), (None, None, {}))
-            record.calls.append((call.event, seconds, steps, first_step_seconds, kinds))
+            wait = record.waits.pop(id(call), None)
+            record.calls.append((call.event, seconds, steps, first_step_seconds, kinds, wait))
 
     def ended(self, code, uncaught=None):
         """The script ended with exit status ``code``; ``uncaught``: the exception it raised."""
@@ -106,7 +116,7 @@ class Summary:
                     lines.append(f"      - {text} [{', '.join(events)}]")
             else:
                 lines.append("    what tpushim changed: nothing in the input")
-            for event, seconds, steps, first, _ in record.calls:
+            for event, seconds, steps, first, _, _ in record.calls:
                 lines.append("    " + _call_line(event, seconds, steps, first))
             for event, start, _ in record.started.values():
                 lines.append(f"    {event + '()':<11} {self._unfinished(time.monotonic() - start)}")
@@ -152,8 +162,10 @@ _SHARE = re.compile(r"(\d+(?:\.\d+)?%) of every step")
 
 def _table(record):
     """The per-call rows of ``--summary``."""
-    rows = [("call", "ran on", "seconds", "steps", "steps/s", "first run s", "padding")]
-    for event, seconds, steps, first, kinds in record.calls:
+    rows = [
+        ("call", "ran on", "seconds", "steps", "steps/s", "first run s", "padding", "input wait")
+    ]
+    for event, seconds, steps, first, kinds, wait in record.calls:
         padded = ", ".join(_padding_cell(kind, kinds[kind]) for kind in _PADDING if kind in kinds)
         rows.append(
             (
@@ -164,12 +176,22 @@ def _table(record):
                 f"{steps / seconds:.1f}" if steps and seconds > 0 else "-",
                 f"{first:.2f}" if first is not None else "-",
                 padded or "none",
+                _wait_cell(wait, seconds),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
     ]
+
+
+def _wait_cell(wait, seconds):
+    """``0.52 s 31%``: the seconds the call waited for its input and their share of the call;
+    ``-`` where not measured (on a TPU its infeed is the TPU profiler's to show)."""
+    if wait is None:
+        return "-"
+    share = f" {100 * wait / seconds:.0f}%" if seconds > 0 else ""
+    return f"{wait:.2f} s{share}"
 
 
 def _call_line(event, seconds, steps, first):

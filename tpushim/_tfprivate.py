@@ -703,6 +703,12 @@ def update_input(op, index, tensor):
     op._update_input(index, tensor)
 
 
+def add_control_input(op, control):
+    """Makes ``op`` (a graph being built) wait for ``control`` to run first: the input wait's
+    timestamp before a batch read made earlier (:mod:`tpushim._input_wait`)."""
+    op._add_control_input(control)
+
+
 def set_string_attr(op, name, value):
     """Sets a string attribute (bytes) of an op in a graph being built (e.g. a dataset op's
     ``deterministic``)."""
