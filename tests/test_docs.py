@@ -97,6 +97,26 @@ def test_navigation_is_for_users_first_and_contributors_apart():
             assert "tests/" not in read("docs", page), page
 
 
+def prose_words(text):
+    """Words outside fenced code blocks (listings of a script or its output are not prose)."""
+    return sum(
+        len(block.split())
+        for i, block in enumerate(re.split(r"^```.*$", text, flags=re.M))
+        if not i % 2
+    )
+
+
+def test_user_pages_say_what_happens_and_leave_the_proofs_to_contributors():
+    pytest.importorskip("yaml")
+    # A user page says what happens and what to do, in about 1,200 words of prose at most;
+    # derivations, mechanics and test lists live under docs/contributing/ (issue 35, item 1).
+    for section, section_pages in nav_pages().items():
+        if section == "Contributors":
+            continue
+        for page in section_pages:
+            assert prose_words(read("docs", page)) <= 1300, page
+
+
 def test_notebooks_open_in_colab_from_the_project_url():
     import json
 
