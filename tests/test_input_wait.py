@@ -46,9 +46,9 @@ class Waits:
         self.calls.append((call.event, seconds))
 
     def shares(self):
+        assert len(self.waits) == len(self.calls)  # each call told its wait before it finished
         return {
-            event: wait / seconds
-            for (event, wait), (_, seconds) in zip(self.waits, self.calls, strict=True)
+            event: wait / seconds for (event, wait), (_, seconds) in zip(self.waits, self.calls)
         }
 
 
