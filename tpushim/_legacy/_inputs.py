@@ -66,8 +66,39 @@ class _Feeder:
         return feed
 
 
+class _FeedingSession:
+    """The session a queue runner's threads see: running one of ``feed_fns``' enqueue ops (by
+    ``run`` or by the callable ``make_callable`` makes, which QueueRunner uses) feeds it from its
+    feed function; anything else is the session's. Equal to (and hashed as) the session, so
+    QueueRunner's per-session bookkeeping is the session's."""
+
+    def __init__(self, session, feed_fns):
+        self._session, self._feed_fns = session, feed_fns
+
+    def run(self, fetches, feed_dict=None, **kwargs):
+        enqueue = isinstance(fetches, tf.Operation) and feed_dict is None
+        feed_fn = self._feed_fns.get(fetches) if enqueue else None
+        return self._session.run(fetches, feed_dict=feed_fn() if feed_fn else feed_dict, **kwargs)
+
+    def make_callable(self, fetches, *args, **kwargs):
+        if isinstance(fetches, tf.Operation) and fetches in self._feed_fns:
+            return lambda: self.run(fetches)
+        return self._session.make_callable(fetches, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+    def __eq__(self, other):
+        return self._session == getattr(other, "_session", other)
+
+    def __hash__(self):
+        return hash(self._session)
+
+
 class _FeedingQueueRunner(tf.compat.v1.train.queue_runner.QueueRunner):
-    """A QueueRunner whose threads run each enqueue with a feed from a Python function."""
+    """A QueueRunner whose threads run each enqueue with a feed from a Python function (a feed
+    function running out raises OutOfRangeError: that thread ends, the last one closes the
+    queue, as QueueRunner does when its queue is closed)."""
 
     def __init__(self, queue, enqueue_ops, feed_fns):
         super().__init__(
@@ -75,38 +106,10 @@ class _FeedingQueueRunner(tf.compat.v1.train.queue_runner.QueueRunner):
             enqueue_ops,
             queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
         )
-        self._feed_fns = dict(zip(enqueue_ops, feed_fns))
+        self._feeds = dict(zip(enqueue_ops, feed_fns))
 
-    def _run(self, sess, enqueue_op, coord=None):
-        # QueueRunner._run's loop, with a feed: a feed function running out (OutOfRangeError)
-        # ends its thread, and the last thread to end closes the queue.
-        feed_fn = self._feed_fns[enqueue_op]
-        done = False
-        try:
-            while not (coord and coord.should_stop()):
-                try:
-                    sess.run(enqueue_op, feed_dict=feed_fn())
-                except self._queue_closed_exception_types:
-                    with self._lock:
-                        self._runs_per_session[sess] -= 1
-                        done = True
-                        if self._runs_per_session[sess] == 0:
-                            try:
-                                sess.run(self._close_op)
-                            except Exception:  # the session may be closing: nothing to close
-                                pass
-                    return
-        except Exception as e:
-            if coord:
-                coord.request_stop(e)
-            else:
-                with self._lock:
-                    self._exceptions_raised.append(e)
-                raise
-        finally:
-            if not done:
-                with self._lock:
-                    self._runs_per_session[sess] -= 1
+    def create_threads(self, sess, coord=None, daemon=False, start=False):
+        return super().create_threads(_FeedingSession(sess, self._feeds), coord, daemon, start)
 
     def to_proto(self, export_scope=None):
         raise NotImplementedError("A feeding queue runner cannot be serialized.")
