@@ -302,8 +302,8 @@ x = np.ones((8, 2), np.float32); y = np.ones((8, 1), np.float32)
 fn = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
 est.train(fn, steps=3, hooks=[Counter()])
 try:
-    tf.estimator.experimental.stop_if_no_decrease_hook(est, "loss", 10)
-except NotImplementedError as e:
+    tf.estimator.experimental.InMemoryEvaluatorHook(est, fn)
+except AttributeError as e:
     print("refused:", e)
 # max_steps already reached: stock 2.15 cannot read the step from the object-based checkpoint
 # (no "global_step" key), so it trains once more and stops: model.ckpt-4, as measured on 2.15.
@@ -317,6 +317,6 @@ print("RESULT " + json.dumps({"hook_calls": len(seen),
 def test_a_users_own_hook_runs_and_unprovided_hooks_refuse_clearly(tmp_path):
     proc = procs.python([tmp_path], code=HOOKS, env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""})
     assert _result(proc) == {"hook_calls": 3, "latest": True}
-    assert "refused: tf.estimator.experimental.stop_if_no_decrease_hook is not provided" in (
+    assert "refused: tf.estimator.experimental.InMemoryEvaluatorHook is not provided" in (
         proc.stdout
     )

@@ -11,6 +11,7 @@ stock 2.15's model_to_estimator ran on -- the same graph-mode Keras train step, 
 and Saver checkpoints -- so a script gets stock 2.15's numbers and model_dir, and TensorFlow 2.21
 still ships every piece. Written from tf.estimator's documented behaviour, not copied from it.
 Modules: _config (RunConfig, ModeKeys, EstimatorSpec), _estimator (Estimator), _keras
-(model_to_estimator), _inputs (numpy/pandas input_fns), _training (train_and_evaluate,
-exporters, add_metrics), _export (receivers, SavedModel), _api (the namespaces), _tfprivate.
+(model_to_estimator), _inputs (numpy/pandas input_fns on TF's queues), _training
+(train_and_evaluate, exporters, add_metrics), _early_stopping (tf.estimator.experimental's
+hooks), _export (receivers, parsing specs, SavedModel), _api (the namespaces), _tfprivate.
 """

@@ -69,10 +69,12 @@ class RunConfig:
             )
         if values["model_dir"] is not None:
             values["model_dir"] = os.fspath(values["model_dir"])
+        _refuse_distribution(values)
         if os.environ.get("TF_CONFIG", "").strip() not in ("", "{}"):
             raise NotImplementedError(
-                "TF_CONFIG (a cluster of tf.estimator workers) is not supported by tpushim on "
-                "TensorFlow >= 2.16: run one process, or use tf.distribute in the model."
+                "TF_CONFIG (a cluster of tf.estimator workers) is not supported by tpushim's "
+                "estimator engine on TensorFlow >= 2.16: unset TF_CONFIG to train in this one "
+                "process, or run the cluster with TensorFlow <= 2.15 (Python <= 3.11)."
             )
         for key, value in values.items():
             setattr(self, "_" + key, value)
@@ -99,6 +101,7 @@ class RunConfig:
         unknown = set(kwargs) - set(_DEFAULTS)
         if unknown:
             raise ValueError(f"{sorted(unknown)} are not allowed to be replaced.")
+        _refuse_distribution(kwargs)
         new = copy.copy(self)
         for key, value in kwargs.items():
             setattr(new, "_" + key, value)
@@ -106,6 +109,20 @@ class RunConfig:
 
     def __repr__(self):
         return "RunConfig(%s)" % ", ".join(f"{k}={getattr(self, k)!r}" for k in _DEFAULTS)
+
+
+def _refuse_distribution(values):
+    """A tf.distribute strategy in RunConfig: refused by name, before anything runs (the engine
+    trains in one graph on TensorFlow's default placement, never silently without it)."""
+    for key in ("train_distribute", "eval_distribute", "experimental_distribute"):
+        if values.get(key) is not None:
+            raise NotImplementedError(
+                f"RunConfig({key}={type(values[key]).__name__}) is not supported by tpushim's "
+                "estimator engine on TensorFlow >= 2.16. Leave it unset: the model then trains "
+                "in one graph placed by TensorFlow's default placement (on the first GPU where "
+                "the machine has one, as stock tf.estimator without a strategy), or run this "
+                "script with TensorFlow <= 2.15 (Python <= 3.11) to train with the strategy."
+            )
 
 
 def overwrite_model_dir_and_session_config(config, model_dir):

@@ -107,11 +107,6 @@ class Estimator:
         self._model_fn = model_fn
         self._params = dict(params or {})
         self._warm_start_settings = _warm_start_settings(warm_start_from)
-        if self._config.train_distribute or self._config.eval_distribute:
-            raise NotImplementedError(
-                "RunConfig(train_distribute=/eval_distribute=) is not supported by tpushim on "
-                "TensorFlow >= 2.16 yet: leave them unset (one device), or use TensorFlow <= 2.15."
-            )
 
     model_dir = property(lambda self: self._model_dir)
     config = property(lambda self: self._config)
@@ -327,9 +322,10 @@ class Estimator:
                 hooks=all_hooks,
                 config=self._config.session_config,
             )
-        _write_dict_to_summary(
-            self.eval_dir(name), results, results[tf.compat.v1.GraphKeys.GLOBAL_STEP]
-        )
+        step = results[tf.compat.v1.GraphKeys.GLOBAL_STEP]
+        _write_dict_to_summary(self.eval_dir(name), results, step)
+        if checkpoint_path:
+            _write_checkpoint_path_to_summary(self.eval_dir(name), checkpoint_path, step)
         return results
 
     def _evaluate_graph(self, input_fn, hooks, checkpoint_path):
@@ -485,6 +481,21 @@ def _write_dict_to_summary(output_dir, results, global_step):
         if isinstance(value, (np.floating, float, np.integer, int)):
             summary.value.add(tag=key, simple_value=float(value))
     with tf.Graph().as_default():  # the v1 writer refuses eager mode
+        writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
+        writer.add_summary(summary, global_step)
+        writer.flush()
+
+
+def _write_checkpoint_path_to_summary(output_dir, checkpoint_path, global_step):
+    """The evaluated checkpoint's path as a string summary beside the metrics, as stock writes it
+    (TensorBoard and tools reading model_dir/eval see which checkpoint each evaluation used)."""
+    from tensorflow.core.framework import summary_pb2
+
+    summary = summary_pb2.Summary()
+    summary.value.add(
+        tag="checkpoint_path", tensor=tf.make_tensor_proto(checkpoint_path, dtype=tf.string)
+    )
+    with tf.Graph().as_default():
         writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
         writer.add_summary(summary, global_step)
         writer.flush()

@@ -16,6 +16,7 @@ ExportOutput = _tfprivate.export_output.ExportOutput
 PredictOutput = _tfprivate.export_output.PredictOutput
 ClassificationOutput = _tfprivate.export_output.ClassificationOutput
 RegressionOutput = _tfprivate.export_output.RegressionOutput
+EvalOutput = _tfprivate.export_output.EvalOutput
 
 
 def _as_dict(value, default_key):
@@ -40,6 +41,74 @@ class ServingInputReceiver(
         if receiver_tensors is None:
             raise ValueError("receiver_tensors must be defined.")
         return super().__new__(cls, features, receiver_tensors, receiver_tensors_alternatives)
+
+
+class TensorServingInputReceiver(ServingInputReceiver):
+    """tf.estimator.export.TensorServingInputReceiver: a receiver whose features are one tensor
+    (passed to the model_fn as it is, not in a dict)."""
+
+    def __new__(cls, features, receiver_tensors, receiver_tensors_alternatives=None):
+        if features is None:
+            raise ValueError("features must be defined.")
+        if not isinstance(features, (tf.Tensor, tf.SparseTensor)):
+            raise ValueError(f"feature must be a Tensor or SparseTensor; got {features!r}.")
+        receiver = ServingInputReceiver(features, receiver_tensors, receiver_tensors_alternatives)
+        return super(ServingInputReceiver, cls).__new__(
+            cls,
+            receiver.features["feature"],
+            receiver.receiver_tensors,
+            receiver.receiver_tensors_alternatives,
+        )
+
+
+def _add_label_and_weight(parsing_spec, label_key, label_spec, weight_column):
+    if label_key in parsing_spec:
+        raise ValueError(
+            "label should not be used as feature. "
+            f"label_key: {label_key}, features: {parsing_spec.keys()}"
+        )
+    parsing_spec[label_key] = label_spec
+    if weight_column is None:
+        return parsing_spec
+    if isinstance(weight_column, str):
+        weight_column = tf.feature_column.numeric_column(weight_column)
+    if type(weight_column).__name__ != "NumericColumn":
+        raise ValueError(
+            "weight_column should be an instance of tf.feature_column.numeric_column. "
+            f"Given type: {type(weight_column)} value: {weight_column}"
+        )
+    if weight_column.key in parsing_spec:
+        raise ValueError(
+            "weight_column should not be used as feature. "
+            f"weight_column: {weight_column.key}, features: {parsing_spec.keys()}"
+        )
+    parsing_spec.update(weight_column.parse_example_spec)
+    return parsing_spec
+
+
+def classifier_parse_example_spec(
+    feature_columns, label_key, label_dtype=tf.int64, label_default=None, weight_column=None
+):
+    """tf.estimator.classifier_parse_example_spec: the parsing spec of ``feature_columns`` plus
+    a one-value label (and a weight)."""
+    spec = tf.compat.v1.feature_column.make_parse_example_spec(feature_columns)
+    label = tf.io.FixedLenFeature((1,), label_dtype, label_default)
+    return _add_label_and_weight(spec, label_key, label, weight_column)
+
+
+def regressor_parse_example_spec(
+    feature_columns,
+    label_key,
+    label_dtype=tf.float32,
+    label_default=None,
+    label_dimension=1,
+    weight_column=None,
+):
+    """tf.estimator.regressor_parse_example_spec: the parsing spec of ``feature_columns`` plus a
+    ``label_dimension``-value label (and a weight)."""
+    spec = tf.compat.v1.feature_column.make_parse_example_spec(feature_columns)
+    label = tf.io.FixedLenFeature((label_dimension,), label_dtype, label_default)
+    return _add_label_and_weight(spec, label_key, label, weight_column)
 
 
 def build_raw_serving_input_receiver_fn(features, default_batch_size=None):

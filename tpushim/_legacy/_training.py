@@ -103,34 +103,138 @@ class FinalExporter(_SavedModelExporter):
     def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
         if not is_the_final_export:
             return None
+        tf.compat.v1.logging.info("Performing the final export in the end of training.")
         return self._export(estimator, export_path, checkpoint_path)
 
 
+def _garbage_collect_exports(export_path, exports_to_keep):
+    """Deletes all but the newest ``exports_to_keep`` exports in ``export_path``: only the folders
+    an export makes (a 10-digit timestamp), as stock's exporters delete them."""
+    if exports_to_keep is None or not tf.io.gfile.exists(export_path):
+        return
+    exports = sorted(
+        int(name)
+        for name in (n.rstrip("/") for n in tf.io.gfile.listdir(export_path))
+        if len(name) == 10 and name.isdigit()
+    )
+    for version in exports[:-exports_to_keep]:
+        path = os.path.join(export_path, str(version))
+        try:
+            tf.io.gfile.rmtree(path)
+        except tf.errors.NotFoundError as e:
+            tf.compat.v1.logging.warn("Can not delete %s recursively: %s", path, e)
+
+
 class LatestExporter(_SavedModelExporter):
-    """Exports after every evaluation, keeping the newest ``exports_to_keep``."""
+    """Exports after every evaluation, keeping the newest ``exports_to_keep``
+    (tf.estimator.LatestExporter)."""
 
     def __init__(
         self, name, serving_input_receiver_fn, assets_extra=None, as_text=False, exports_to_keep=5
     ):
         super().__init__(name, serving_input_receiver_fn, assets_extra, as_text)
         if exports_to_keep is not None and exports_to_keep <= 0:
-            raise ValueError("`exports_to_keep`, if provided, must be a positive number.")
+            raise ValueError("`exports_to_keep`, if provided, must be positive number")
         self._exports_to_keep = exports_to_keep
 
     def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
         path = self._export(estimator, export_path, checkpoint_path)
-        self._garbage_collect(export_path)
+        _garbage_collect_exports(export_path, self._exports_to_keep)
         return path
 
-    def _garbage_collect(self, export_path):
-        # Only the timestamped folders tf.estimator's exports make (digits), newest kept.
-        if not self._exports_to_keep or not tf.io.gfile.exists(export_path):
-            return
-        exports = sorted(
-            name for name in tf.io.gfile.listdir(export_path) if name.strip("/").isdigit()
-        )
-        for name in exports[: -self._exports_to_keep]:
-            tf.io.gfile.rmtree(os.path.join(export_path, name))
+
+def _loss_smaller(best_eval_result, current_eval_result):
+    """BestExporter's default compare_fn: True if ``current_eval_result``'s loss is smaller."""
+    for name, result in (
+        ("best_eval_result", best_eval_result),
+        ("current_eval_result", current_eval_result),
+    ):
+        if not result or "loss" not in result:
+            raise ValueError(f"{name} cannot be empty or no loss is found in it.")
+    return best_eval_result["loss"] > current_eval_result["loss"]
+
+
+class BestExporter(Exporter):
+    """Exports whenever an evaluation is better than the best so far (tf.estimator.BestExporter).
+
+    The best so far starts from the evaluations already in ``model_dir``'s event files
+    (``event_file_pattern``), so a restarted job does not export a worse model; the first export
+    of this exporter happens regardless, as stock's does.
+    """
+
+    def __init__(
+        self,
+        name="best_exporter",
+        serving_input_receiver_fn=None,
+        event_file_pattern="eval/*.tfevents.*",
+        compare_fn=_loss_smaller,
+        assets_extra=None,
+        as_text=False,
+        exports_to_keep=5,
+    ):
+        import inspect
+
+        if compare_fn is None:
+            raise ValueError("`compare_fn` must not be None.")
+        args = set(inspect.signature(compare_fn).parameters)
+        for required in ("best_eval_result", "current_eval_result"):
+            if required not in args:
+                raise ValueError(f"compare_fn ({compare_fn}) must include {required} argument.")
+        unexpected = list(args - {"best_eval_result", "current_eval_result"})
+        if unexpected:
+            raise ValueError(
+                f"compare_fn ({compare_fn}) has following not expected args: {unexpected}"
+            )
+        if exports_to_keep is not None and exports_to_keep <= 0:
+            raise ValueError(
+                f"`exports_to_keep`, if provided, must be a positive number. Got {exports_to_keep}"
+            )
+        self._compare_fn = compare_fn
+        self._exporter = _SavedModelExporter(name, serving_input_receiver_fn, assets_extra, as_text)
+        self._event_file_pattern = event_file_pattern
+        self._exports_to_keep = exports_to_keep
+        self._model_dir, self._best_eval_result, self._has_exported = None, None, False
+
+    @property
+    def name(self):
+        return self._exporter.name
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+        if self._model_dir != estimator.model_dir and self._event_file_pattern:
+            tf.compat.v1.logging.info("Loading best metric from event files.")
+            self._model_dir = estimator.model_dir
+            self._best_eval_result = self._best_in_event_files(
+                os.path.join(self._model_dir, self._event_file_pattern)
+            )
+        if (
+            self._best_eval_result is None
+            or not self._has_exported
+            or self._compare_fn(
+                best_eval_result=self._best_eval_result, current_eval_result=eval_result
+            )
+        ):
+            tf.compat.v1.logging.info("Performing best model export.")
+            self._best_eval_result = eval_result
+            path = self._exporter._export(estimator, export_path, checkpoint_path)
+            _garbage_collect_exports(export_path, self._exports_to_keep)
+            self._has_exported = True
+            return path
+        return None
+
+    def _best_in_event_files(self, pattern):
+        best = None
+        for event_file in tf.io.gfile.glob(pattern):
+            for event in tf.compat.v1.train.summary_iterator(event_file):
+                if not event.HasField("summary"):
+                    continue
+                result = {
+                    value.tag: value.simple_value
+                    for value in event.summary.value
+                    if value.HasField("simple_value")
+                }
+                if result and (best is None or self._compare_fn(best, result)):
+                    best = result
+        return best
 
 
 class _EvaluateOnCheckpoints(tf.compat.v1.train.CheckpointSaverListener):
@@ -205,13 +309,6 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     return listener.eval_result, listener.export_results
 
 
-def stop_if_no_decrease_hook(*args, **kwargs):
-    raise NotImplementedError(
-        "tf.estimator.experimental.stop_if_no_decrease_hook is not provided by tpushim on "
-        "TensorFlow >= 2.16 yet: drop it (train for max_steps) or use TensorFlow <= 2.15."
-    )
-
-
 def add_metrics(estimator, metric_fn):
     """An Estimator like ``estimator`` whose evaluation adds ``metric_fn``'s metrics."""
     import inspect
@@ -247,3 +344,10 @@ def add_metrics(estimator, metric_fn):
         config=estimator.config,
         warm_start_from=estimator._warm_start_settings,
     )
+
+
+def make_stop_at_checkpoint_step_hook(estimator, last_step, wait_after_file_check_secs=30):
+    """tf.estimator.experimental.make_stop_at_checkpoint_step_hook: in one local process (the
+    chief, as stock's chief) a StopAtStepHook at ``last_step``."""
+    del estimator, wait_after_file_check_secs  # a non-chief worker's waiting: no such worker here
+    return tf.compat.v1.train.StopAtStepHook(last_step=last_step)

@@ -1,0 +1,254 @@
+"""Stock TensorFlow 2.15's behaviour for tpushim's estimator API on TensorFlow >= 2.16: scenarios
+run on stock 2.15 (recorded into tests/reference/tf215_api.json by running this file with a
+TensorFlow 2.15 environment) and, in tests/test_tf216_api.py, on TensorFlow >= 2.16 under tpushim.
+
+Each scenario is the source of a program that prints ``RESULT <json>``; ``{patch}`` is where the
+tpushim test puts ``import tpushim; tpushim.patch()`` (empty on stock).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "tests", "reference", "tf215_api.json")
+
+# What tests/test_tf216_api.py checks against: RESULT of each scenario ("results") and TF 2.15's
+# estimator API names ("names").
+
+# numpy_input_fn / pandas_input_fn with shuffle=True. Stock starts each reader at a random row
+# drawn after random.seed(None) (OS entropy): the program pins that entropy (the environment), so
+# stock's order is reproducible where its queue closes before the first read (<= 250 rows).
+SHUFFLE = """
+import json, random, sys
+{patch}
+_seed = random.seed
+random.seed = lambda a=None, *args, **kwargs: _seed(1234 if a is None else a)
+import numpy as np, pandas as pd, tensorflow as tf
+
+def model_fn(features, labels, mode):
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={{"row": features["x"]}})
+    x = tf.reshape(tf.cast(features["x"], tf.float32), [-1, 1])
+    w = tf.compat.v1.get_variable("w", [1, 1], initializer=tf.compat.v1.zeros_initializer())
+    b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
+    target = tf.reshape(tf.cast(labels, tf.float32), [-1, 1])
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b - target))
+    step = tf.compat.v1.train.get_global_step()
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.3).minimize(loss, step)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+inputs = tf.compat.v1.estimator.inputs
+rows = np.arange(100, dtype=np.float32)
+x = np.linspace(0, 1, 60).astype(np.float32)
+y = (3 * x + 1 + np.sin(37 * x)).astype(np.float32)
+out = {{}}
+for kind in ("numpy", "pandas"):
+    est = tf.estimator.Estimator(model_fn, model_dir=sys.argv[1] + "/" + kind,
+                                 config=tf.estimator.RunConfig(tf_random_seed=7))
+    if kind == "numpy":
+        make = lambda x, y=None, **kw: inputs.numpy_input_fn({{"x": x}}, y, batch_size=8, **kw)
+    else:
+        make = lambda x, y=None, **kw: inputs.pandas_input_fn(
+            pd.DataFrame({{"x": x}}), None if y is None else pd.Series(y), batch_size=8, **kw)
+    est.train(make(x, y, num_epochs=3, shuffle=True))
+    metrics = est.evaluate(make(x[:50], y[:50], num_epochs=1, shuffle=True))
+    order = [int(p["row"]) for p in est.predict(make(rows, num_epochs=2, shuffle=True))]
+    out[kind] = dict(w=float(est.get_variable_value("w")[0, 0]),
+                     b=float(est.get_variable_value("b")[0]),
+                     loss=float(metrics["loss"]), global_step=int(metrics["global_step"]),
+                     order=order)
+print("RESULT " + json.dumps(out))
+"""
+
+# train_and_evaluate with BestExporter (default: loss; and a compare_fn on another metric),
+# LatestExporter (exports_to_keep=2), FinalExporter and stop_if_no_decrease_hook reading the eval
+# dir; then each hook of the family on that eval history (steps trained before it stops).
+EXPORTERS = """
+import json, os, sys
+{patch}
+import numpy as np, tensorflow as tf
+
+def model_fn(features, labels, mode):
+    x = tf.reshape(features["x"], [-1, 1])
+    w = tf.compat.v1.get_variable("w", [1, 1], initializer=tf.compat.v1.zeros_initializer())
+    b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
+    pred = tf.matmul(x, w) + b
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={{"y": pred}})
+    loss = tf.reduce_mean(tf.square(pred - labels))
+    step = tf.compat.v1.train.get_global_step()
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.2).minimize(loss, step)
+    mae = tf.compat.v1.metrics.mean_absolute_error(labels, pred)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train,
+                                      eval_metric_ops={{"mae": mae}})
+
+model_dir = os.path.join(sys.argv[1], "model")
+x = np.linspace(0, 1, 64).astype(np.float32)
+train_fn = lambda: tf.data.Dataset.from_tensor_slices(
+    ({{"x": x}}, (3 * x + 1)[:, None])).repeat().batch(16)
+eval_fn = lambda: tf.data.Dataset.from_tensor_slices(
+    ({{"x": x}}, (1.5 * x + 1.2)[:, None])).batch(64)
+receiver = tf.estimator.export.build_raw_serving_input_receiver_fn({{"x": tf.constant([0.0])}})
+config = tf.estimator.RunConfig(tf_random_seed=7, save_checkpoints_steps=10,
+                                log_step_count_steps=1000)
+est = tf.estimator.Estimator(model_fn, model_dir=model_dir, config=config)
+for kept in ("notes", "12345"):  # a user's folders: not an export's, never deleted
+    os.makedirs(os.path.join(model_dir, "export", "latest", kept))
+mae_smaller = lambda best_eval_result, current_eval_result: (
+    current_eval_result["mae"] < best_eval_result["mae"])
+exporters = [
+    tf.estimator.BestExporter(serving_input_receiver_fn=receiver, exports_to_keep=3),
+    tf.estimator.BestExporter("best_mae", receiver, compare_fn=mae_smaller, exports_to_keep=None),
+    tf.estimator.LatestExporter("latest", receiver, exports_to_keep=2),
+    tf.estimator.FinalExporter("final", receiver),
+]
+hook = tf.estimator.experimental.stop_if_no_decrease_hook(
+    est, "loss", 20, run_every_secs=None, run_every_steps=10)
+metrics, exports = tf.estimator.train_and_evaluate(
+    est,
+    tf.estimator.TrainSpec(train_fn, max_steps=200, hooks=[hook]),
+    tf.estimator.EvalSpec(eval_fn, steps=None, exporters=exporters, throttle_secs=0),
+)
+out = dict(metrics={{k: float(v) for k, v in metrics.items()}},
+           returned=[e is not None for e in exports])
+history = {{}}
+for name in tf.io.gfile.glob(os.path.join(model_dir, "eval", "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(name):
+        for value in event.summary.value:
+            kind = value.WhichOneof("value")
+            got = round(value.simple_value, 6) if kind == "simple_value" else (
+                os.path.basename(value.tensor.string_val[0].decode()))
+            history.setdefault(str(event.step), {{}})[value.tag] = got
+out["history"] = history
+for name in ("best_exporter", "best_mae", "latest", "final"):
+    base = os.path.join(model_dir, "export", name)
+    folders = sorted(tf.io.gfile.listdir(base)) if tf.io.gfile.exists(base) else []
+    out[name] = [
+        int(tf.train.load_variable(os.path.join(base, f, "variables", "variables"), "global_step"))
+        if len(f.strip("/")) == 10 else f.strip("/") for f in folders]
+out["stop_var"] = bool(est.get_variable_value("signal_early_stopping/STOP"))
+# A restarted job: a new BestExporter starts from the best loss in the eval dir's event files.
+exporters = [
+    tf.estimator.BestExporter(serving_input_receiver_fn=receiver, exports_to_keep=3),
+    tf.estimator.FinalExporter("final", receiver),
+]
+metrics, exports = tf.estimator.train_and_evaluate(
+    est,
+    tf.estimator.TrainSpec(train_fn, max_steps=70, hooks=[  # keeps the STOP variable
+        tf.estimator.experimental.stop_if_no_decrease_hook(est, "loss", 1000)]),
+    tf.estimator.EvalSpec(eval_fn, steps=None, exporters=exporters, throttle_secs=0),
+)
+out["restarted"] = dict(metrics={{k: float(v) for k, v in metrics.items()}},
+                        returned=[e is not None for e in exports])
+for name in ("best_exporter", "final"):
+    base = os.path.join(model_dir, "export", name)
+    out["restarted"][name] = [
+        int(tf.train.load_variable(os.path.join(base, f, "variables", "variables"), "global_step"))
+        for f in sorted(tf.io.gfile.listdir(base))]
+exp = tf.estimator.experimental
+family = dict(
+    higher_stops=lambda: exp.stop_if_higher_hook(est, "loss", 0.0, run_every_steps=1,
+                                                 run_every_secs=None),
+    higher_runs=lambda: exp.stop_if_higher_hook(est, "loss", 1e9, run_every_steps=1,
+                                                run_every_secs=None),
+    lower_stops=lambda: exp.stop_if_lower_hook(est, "mae", 1e9, run_every_steps=1,
+                                               run_every_secs=None),
+    lower_min_steps=lambda: exp.stop_if_lower_hook(est, "mae", 1e9, min_steps=10**6,
+                                                   run_every_steps=1, run_every_secs=None),
+    no_increase=lambda: exp.stop_if_no_increase_hook(est, "mae", 10, run_every_steps=1,
+                                                     run_every_secs=None),
+    no_decrease_other_dir=lambda: exp.stop_if_no_decrease_hook(
+        est, "loss", 1, eval_dir=os.path.join(sys.argv[1], "empty"), run_every_steps=1,
+        run_every_secs=None),
+    custom_every_2=lambda: exp.make_early_stopping_hook(est, lambda: True, run_every_secs=None,
+                                                        run_every_steps=2),
+)
+trained = {{}}
+for name, make in family.items():
+    before = int(est.get_variable_value("global_step"))
+    est.train(train_fn, steps=4, hooks=[make()])
+    trained[name] = int(est.get_variable_value("global_step")) - before
+out["family"] = trained
+errors = []
+for bad in (lambda: exp.make_early_stopping_hook(object(), lambda: True),
+            lambda: exp.make_early_stopping_hook(est, lambda: True, 1, 1),
+            lambda: exp.make_early_stopping_hook(est, 3),
+            lambda: tf.estimator.BestExporter(compare_fn=None),
+            lambda: tf.estimator.BestExporter(compare_fn=lambda a, b: True),
+            lambda: tf.estimator.BestExporter(exports_to_keep=0),
+            lambda: tf.estimator.LatestExporter("l", receiver, exports_to_keep=0)):
+    try:
+        bad()
+        errors.append(None)
+    except (TypeError, ValueError) as e:
+        errors.append(type(e).__name__)
+out["errors"] = errors
+print("RESULT " + json.dumps(out))
+"""
+
+SCENARIOS = {"shuffle": SHUFFLE, "exporters": EXPORTERS}
+
+
+def run(name, workdir, patch="", python=sys.executable, env=None):
+    """Runs scenario ``name`` in a subprocess with ``patch`` in place; returns its RESULT."""
+    code = SCENARIOS[name].format(patch=patch)
+    environment = dict(os.environ, PYTHONPATH=ROOT, TPUSHIM_AUTOPATCH="0", TF_CPP_MIN_LOG_LEVEL="2")
+    environment.update(env or {})
+    proc = subprocess.run(
+        [python, "-c", code, str(workdir)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=str(workdir),
+        timeout=600,
+        check=False,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise AssertionError(f"scenario {name} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def estimator_names():
+    """Every public name of TensorFlow 2.15's ``tf.estimator`` and ``tf.compat.v1.estimator``
+    (their submodules walked), as dotted paths."""
+    import types
+
+    import tensorflow as tf
+
+    def walk(module, prefix):
+        for name in sorted(dir(module)):
+            if name.startswith("_"):
+                continue
+            value = getattr(module, name)
+            if isinstance(value, types.ModuleType):
+                yield from walk(value, f"{prefix}.{name}")
+            else:
+                yield f"{prefix}.{name}"
+
+    return [
+        *walk(tf.estimator, "tf.estimator"),
+        *walk(tf.compat.v1.estimator, "tf.compat.v1.estimator"),
+    ]
+
+
+def record():
+    """Runs every scenario on this (stock 2.15) TensorFlow and writes tests/reference/tf215_api.json."""
+    import tempfile
+
+    import tensorflow as tf
+
+    out = {"tensorflow": tf.__version__, "python": sys.version.split()[0], "results": {}}
+    out["names"] = estimator_names()
+    for name in SCENARIOS:
+        with tempfile.TemporaryDirectory() as tmp:
+            out["results"][name] = run(name, tmp)
+    with open(OUT, "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    record()
