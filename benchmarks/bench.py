@@ -10,8 +10,9 @@ measures and its goals): ``startup`` (bench_startup), ``wrapper`` (bench_wrapper
 tests' replica harness ``tests/replicas.py``), ``pods`` (bench_pods: each host's input on faked
 TPU systems of 1, 2 and 4 hosts), ``scale`` (bench_scale, in-memory arrays at real size, one
 process per run), ``padding`` (bench_padding: a TPU host's pipeline with padded batches), ``bn`` (bench_bn:
-BatchNormalization-heavy Keras applications on a finite input, cpu mode against stock). All of
-them write one table (benchlib.Table).
+BatchNormalization-heavy Keras applications on a finite input, cpu mode against stock), ``tf216``
+(bench_tf216: tpushim's estimator engine on TensorFlow >= 2.16 against stock 2.15, two
+interpreters: ``--tf216-python``). All of them write one table (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
 rest) and a ``spread`` column, the range of the per-round ratios (or differences): a goal is judged
@@ -44,6 +45,7 @@ import bench_padding
 import bench_pods
 import bench_scale
 import bench_startup
+import bench_tf216
 import bench_training
 import bench_wrapper
 import benchlib
@@ -59,6 +61,7 @@ SECTIONS = {
     "scale": bench_scale.run,
     "padding": bench_padding.run,
     "bn": bench_bn.run,
+    "tf216": bench_tf216.run,
 }
 
 
@@ -83,6 +86,18 @@ def parse_args(argv):
         "--compare-tree",
         metavar="DIR",
         help="start-up: also time a prototype tpushim package in DIR (interleaved)",
+    )
+    parser.add_argument(
+        "--tf216-python",
+        metavar="PYTHON",
+        help=f"tf216: a Python with TensorFlow >= 2.16 and tf-keras (default "
+        f"${bench_tf216.VAR}; the section is skipped without one)",
+    )
+    parser.add_argument(
+        "--tf215-python",
+        metavar="PYTHON",
+        help="tf216: the stock side's Python, TensorFlow <= 2.15 with tensorflow_estimator "
+        "(default: this one)",
     )
     args = parser.parse_args(argv)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -9,9 +9,14 @@ import os
 import subprocess
 import sys
 
-SUPPORTED_PYTHON = ((3, 9), (3, 12))  # TensorFlow <= 2.15 has wheels for Python 3.9-3.11
+SUPPORTED_PYTHON = ((3, 9), (3, 14))  # 3.9-3.11: TensorFlow <= 2.15; 3.12-3.13: TensorFlow >= 2.16
+ESTIMATOR_PYTHON = (3, 12)  # TensorFlow <= 2.15 (estimators, TPUEstimator) has wheels below it
 SUPPORTED_TF = ((2, 12), (2, 16))  # estimators end with TensorFlow 2.15
 TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]  # numpy 2 breaks TensorFlow <= 2.15
+# Python 3.12/3.13: TensorFlow 2.16-2.21 and tf-keras (Keras 2) of its minor; tpushim brings the
+# estimator API itself there (CPU/GPU; no TPU path on TensorFlow >= 2.16 yet).
+ENGINE_TF = ((2, 16), (2, 22))
+ENGINE_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 # Where else to run, kept apart: Colab's own menu, and Google Cloud (a TPU VM you create).
 ON_COLAB = "On Colab: Runtime > Change runtime type > Runtime version: one with Python 3.11."
 ON_CLOUD = (
@@ -44,29 +49,62 @@ def _pip_install(*requirements):
     return subprocess.run([sys.executable, "-m", "pip", "install", "-q", *requirements]).returncode == 0
 
 
+def _restart(tf_version, what):
+    return (
+        f"TensorFlow {tf_version} ({what}) is already imported in this session: on Colab: "
+        f"Runtime > Restart session, then Run all again, and this cell installs it."
+    )
+
+
+def _tensorflow_for(python):
+    """(TensorFlow installed or replaced for this Python, None) or (None, why it cannot be)."""
+    tf_version = _tensorflow()
+    if python < ESTIMATOR_PYTHON:
+        if tf_version is not None and SUPPORTED_TF[0] <= _minor(tf_version) < SUPPORTED_TF[1]:
+            return [], None
+        if "tensorflow" in sys.modules:
+            return None, _restart(tf_version, "no estimators; TensorFlow 2.15 has them")
+        if not _pip_install(*TF_INSTALL):
+            return None, (
+                f"pip could not install {' '.join(TF_INSTALL)} (TensorFlow {tf_version} here has no "
+                f"estimators): see its message above. {WHERE_TO_RUN}"
+            )
+        return [f"installed TensorFlow {_tensorflow()} in place of {tf_version or 'none'}"], None
+    # Python 3.12+: TensorFlow 2.16-2.21 with the tf-keras of its minor (tpushim's estimators).
+    if tf_version is not None and ENGINE_TF[0] <= _minor(tf_version) < ENGINE_TF[1]:
+        minor = ".".join(tf_version.split(".")[:2])
+        keras2 = _installed("tf-keras", "tf_keras")
+        if keras2 is not None and _minor(keras2) == _minor(tf_version):
+            return [], None
+        wanted = f"tf-keras~={minor}.0"  # each tf-keras release pins its TensorFlow minor
+        if not _pip_install(wanted):
+            return None, f"pip could not install {wanted}: see its message above. {WHERE_TO_RUN}"
+        return [f"installed tf-keras {_installed('tf-keras', 'tf_keras')}"], None
+    if "tensorflow" in sys.modules:
+        return None, _restart(tf_version, "tpushim supports 2.16-2.21 on this Python")
+    if not _pip_install(*ENGINE_TF_INSTALL):
+        return None, (
+            f"pip could not install {' '.join(ENGINE_TF_INSTALL)}: see its message above. "
+            f"{WHERE_TO_RUN}"
+        )
+    return [
+        f"installed TensorFlow {_tensorflow()} and tf-keras {_installed('tf-keras', 'tf_keras')} "
+        f"in place of {'TensorFlow ' + tf_version if tf_version else 'none'}"
+    ], None
+
+
 def check_runtime():
     """(ready, one line: what this runtime can do, or what to do otherwise)."""
     python = tuple(sys.version_info[:2])
     if not SUPPORTED_PYTHON[0] <= python < SUPPORTED_PYTHON[1]:
         return False, (
-            f"Python {python[0]}.{python[1]} here, and TensorFlow 2.15 (the last release with "
-            f"estimators) has no wheel for it. {WHERE_TO_RUN}"
+            f"Python {python[0]}.{python[1]} here: TensorFlow has no wheel tpushim supports for it "
+            f"(Python 3.9-3.11: TensorFlow 2.12-2.15; 3.12-3.13: TensorFlow 2.16-2.21). "
+            f"{WHERE_TO_RUN}"
         )
-    done = []
-    tf_version = _tensorflow()
-    if tf_version is None or not SUPPORTED_TF[0] <= _minor(tf_version) < SUPPORTED_TF[1]:
-        if "tensorflow" in sys.modules:
-            return False, (
-                f"TensorFlow {tf_version} (no estimators) is already imported in this session: "
-                f"on Colab: Runtime > Restart session, then Run all again, and this cell installs "
-                f"TensorFlow 2.15."
-            )
-        if not _pip_install(*TF_INSTALL):
-            return False, (
-                f"pip could not install {' '.join(TF_INSTALL)} (TensorFlow {tf_version} here has no "
-                f"estimators): see its message above. {WHERE_TO_RUN}"
-            )
-        done.append(f"installed TensorFlow {_tensorflow()} in place of {tf_version or 'none'}")
+    done, problem = _tensorflow_for(python)
+    if problem:
+        return False, problem
     if importlib.util.find_spec("tpushim") is None:
         wheels = sorted(glob.glob("tpushim-*.whl")) + sorted(glob.glob("dist/tpushim-*.whl"))
         source = wheels[-1] if wheels else ("./tpushim" if os.path.isfile("tpushim/pyproject.toml") else REPOSITORY)
@@ -78,11 +116,23 @@ def check_runtime():
             )
         importlib.invalidate_caches()
         done.append(f"installed tpushim from {source}")
-    return True, (
-        f"Python {python[0]}.{python[1]}, TensorFlow {_tensorflow()}, tpushim "
-        f"{_installed('tpushim')}: this runtime runs the notebook"
-        + (f" ({'; '.join(done)})" if done else "")
-        + ". The cells below say whether TensorFlow reaches a TPU here; without one they run "
+    versions = f"Python {python[0]}.{python[1]}, TensorFlow {_tensorflow()}, "
+    if python >= ESTIMATOR_PYTHON:
+        versions += f"tf-keras {_installed('tf-keras', 'tf_keras')}, "
+        # tf.keras as Keras 2 (tf-keras) for the whole session, also where a cell uses tf.keras
+        # before tpushim is loaded: TensorFlow reads this once, at tf.keras's first use.
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    line = versions + f"tpushim {_installed('tpushim')}: this runtime runs the notebook" + (
+        f" ({'; '.join(done)})" if done else ""
+    )
+    if python >= ESTIMATOR_PYTHON:
+        return True, line + (
+            ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy "
+            "script on CPU/GPU with stock 2.15's numbers; its TPU path does not run there yet: "
+            f"for a TPU, a runtime with Python 3.11. {ON_COLAB}"
+        )
+    return True, line + (
+        ". The cells below say whether TensorFlow reaches a TPU here; without one they run "
         "tpushim's cpu mode, the TPU code path on the CPU."
     )
 

@@ -64,6 +64,18 @@ def test_unknown_section_is_a_usage_error():
     assert proc.returncode == 2 and "unknown sections ['nonsense']" in proc.stderr
 
 
+def test_tf216_section_without_a_second_python_is_skipped_saying_how_to_run_it():
+    proc = procs.python(
+        [BENCH, "--only", "tf216"], cwd=REPO, timeout=60, env={"TPUSHIM_BENCH_TF216_PYTHON": ""}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "goals missed: 0" in proc.stdout
+    assert (
+        "tf216: skipped: name a Python with TensorFlow >= 2.16 and tf-keras (--tf216-python PATH "
+        "or TPUSHIM_BENCH_TF216_PYTHON=PATH)"
+    ) in proc.stdout
+
+
 @pytest.fixture
 def bench(monkeypatch):
     """benchmarks/bench.py imported here, sys.path restored afterwards."""

@@ -1,7 +1,8 @@
 """The notebooks' first cell (notebooks/first_cell.py) on every kind of runtime, versions faked.
 
 Colab today brings Python 3.12 and TensorFlow 2.19 (its TPU runtimes: no TensorFlow at all), for
-which no TensorFlow with estimators exists. The cell's code runs here as it is, with what it reads
+which no TensorFlow with estimators exists: there the cell adds the tf-keras of TensorFlow's minor
+(or installs TensorFlow 2.21 and tf-keras), and tpushim brings the estimator API. The cell's code runs here as it is, with what it reads
 of the runtime faked -- the Python version, the installed distributions, whether TensorFlow was
 imported, the files in the working folder -- and pip replaced by a recorder that "installs" into
 those fakes. Nothing is installed.
@@ -9,6 +10,7 @@ those fakes. Nothing is installed.
 
 import importlib.metadata
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -40,6 +42,8 @@ class Runtime:
             ),
         )
         monkeypatch.setattr(subprocess, "run", self.pip)
+        # The cell sets it on Python 3.12+: restored after the test (monkeypatch keeps the value).
+        monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
         if imported_tf:
             monkeypatch.setitem(sys.modules, "tensorflow", object())
         else:
@@ -56,9 +60,15 @@ class Runtime:
         self.pip_calls.append(requirements)
         if self.pip_works:
             for requirement in requirements:
-                if requirement.startswith("tensorflow"):
+                if requirement.startswith("tensorflow>=2.16"):
+                    self.installed.pop("tensorflow-tpu", None)
+                    self.installed["tensorflow"] = "2.21.0"
+                elif requirement.startswith("tensorflow"):
                     self.installed.pop("tensorflow-tpu", None)
                     self.installed["tensorflow"] = "2.15.1"
+                elif requirement.startswith("tf-keras"):  # the one of TensorFlow's minor
+                    minor = ".".join(self.installed["tensorflow"].split(".")[:2])
+                    self.installed["tf-keras"] = minor + ".0"
                 elif "tpushim" in requirement:
                     self.installed["tpushim"] = "0.1.0"
         return subprocess.CompletedProcess(command, 0 if self.pip_works else 1)
@@ -75,22 +85,82 @@ def run_cell(capsys):
 TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]
 
 
-@pytest.mark.parametrize(
-    "installed",
-    [{"tensorflow": "2.19.0"}, {}],
-    ids=["colab-cpu-or-gpu-python-3.12-tf-2.19", "colab-tpu-python-3.12-no-tf"],
+ENGINE_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
+#: What the cell says of TensorFlow >= 2.16 (Python 3.12/3.13): what runs, what does not yet.
+ON_ENGINE = (
+    ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy script "
+    "on CPU/GPU with stock 2.15's numbers; its TPU path does not run there yet: for a TPU, a "
+    "runtime with Python 3.11. On Colab: Runtime > Change runtime type > Runtime version: one "
+    "with Python 3.11."
 )
-def test_python_3_12_names_the_runtime_to_choose(monkeypatch, capsys, installed):
+
+
+@pytest.mark.parametrize("python", [(3, 12), (3, 13)])
+def test_colab_cpu_or_gpu_python_3_12_keeps_its_tensorflow_and_adds_its_tf_keras(
+    monkeypatch, capsys, python
+):
+    runtime = Runtime(monkeypatch, python, {"tensorflow": "2.19.0", "tpushim": "0.1.0"})
+    ready, line = run_cell(capsys)
+    assert ready and runtime.pip_calls == [["tf-keras~=2.19.0"]]
+    assert line == (
+        f"ready: Python {python[0]}.{python[1]}, TensorFlow 2.19.0, tf-keras 2.19.0, tpushim "
+        f"0.1.0: this runtime runs the notebook (installed tf-keras 2.19.0)" + ON_ENGINE
+    )
+
+
+def test_colab_tpu_runtime_python_3_12_without_tensorflow_gets_2_21_and_tf_keras(
+    monkeypatch, capsys, tmp_path
+):
+    monkeypatch.chdir(tmp_path)
+    runtime = Runtime(monkeypatch, (3, 12), {})
+    ready, line = run_cell(capsys)
+    assert ready and runtime.pip_calls == [ENGINE_INSTALL, [REPOSITORY]]
+    assert line.startswith("ready: Python 3.12, TensorFlow 2.21.0, tf-keras 2.21.0, tpushim 0.1.0")
+    assert "(installed TensorFlow 2.21.0 and tf-keras 2.21.0 in place of none; installed " in line
+    assert line.endswith(ON_ENGINE)
+
+
+def test_python_3_12_with_tensorflow_2_15_too_old_there_is_replaced(monkeypatch, capsys):
+    runtime = Runtime(monkeypatch, (3, 12), {"tensorflow": "2.14.0", "tpushim": "0.1.0"})
+    ready, line = run_cell(capsys)
+    assert ready and runtime.pip_calls == [ENGINE_INSTALL]
+    assert "(installed TensorFlow 2.21.0 and tf-keras 2.21.0 in place of TensorFlow 2.14.0)" in line
+
+
+def test_python_3_12_ready_installs_nothing(monkeypatch, capsys):
+    installed = {"tensorflow": "2.21.0", "tf-keras": "2.21.0", "tpushim": "0.1.0"}
     runtime = Runtime(monkeypatch, (3, 12), installed)
     ready, line = run_cell(capsys)
+    assert ready and runtime.pip_calls == []
+    # tf.keras is Keras 2 in the whole session, also in a cell that uses it before tpushim.
+    assert os.environ["TF_USE_LEGACY_KERAS"] == "1"
+    assert line == (
+        "ready: Python 3.12, TensorFlow 2.21.0, tf-keras 2.21.0, tpushim 0.1.0: this runtime runs "
+        "the notebook" + ON_ENGINE
+    )
+
+
+def test_python_3_14_names_the_runtime_to_choose(monkeypatch, capsys):
+    runtime = Runtime(monkeypatch, (3, 14), {"tensorflow": "2.21.0"})
+    ready, line = run_cell(capsys)
     assert not ready and runtime.pip_calls == []  # no pip run that cannot succeed
-    assert line.startswith("cannot run here: Python 3.12 here, and TensorFlow 2.15")
+    assert line.startswith("cannot run here: Python 3.14 here: TensorFlow has no wheel tpushim")
     # Colab's menu and Google Cloud's steps, each in a sentence of its own.
     colab, cloud = line.split(" On Colab: ")[1].split(" On Google Cloud: ")
     assert colab == "Runtime > Change runtime type > Runtime version: one with Python 3.11."
     assert cloud.startswith("a TPU VM created from a TensorFlow 2.15 image (gcloud compute tpus")
     assert "--version tpu-vm-tf-2.15.1-se; TPU v2, v3 or v4" in cloud
     assert "Runtime" not in cloud and "gcloud" not in colab
+
+
+def test_python_3_12_tensorflow_2_15_already_imported_asks_for_a_restart(monkeypatch, capsys):
+    with monkeypatch.context() as patch:  # undone before conftest's teardown reads tensorflow
+        runtime = Runtime(patch, (3, 12), {"tensorflow": "2.15.0"}, imported_tf=True)
+        ready, line = run_cell(capsys)
+    assert not ready and runtime.pip_calls == []
+    assert "TensorFlow 2.15.0 (tpushim supports 2.16-2.21 on this Python) is already imported" in (
+        line
+    )
 
 
 def test_tensorflow_2_19_on_python_3_11_is_replaced_by_2_15(monkeypatch, capsys):
@@ -156,6 +226,7 @@ def test_a_ready_runtime_installs_nothing(monkeypatch, capsys):
     runtime = Runtime(monkeypatch, (3, 11), {"tensorflow": "2.15.1", "tpushim": "0.1.0"})
     ready, line = run_cell(capsys)
     assert ready and runtime.pip_calls == []
+    assert "TF_USE_LEGACY_KERAS" not in os.environ
     assert line == (
         "ready: Python 3.11, TensorFlow 2.15.1, tpushim 0.1.0: this runtime runs the notebook. "
         "The cells below say whether TensorFlow reaches a TPU here; without one they run "
@@ -167,9 +238,9 @@ def test_in_a_notebook_the_cells_below_are_skipped_until_the_runtime_can(
     ipython_shell, monkeypatch, capsys
 ):
     shell = ipython_shell
-    runtime = Runtime(monkeypatch, (3, 12), {"tensorflow": "2.19.0"})
+    runtime = Runtime(monkeypatch, (3, 14), {"tensorflow": "2.19.0"})
     shell.run_cell(SOURCE)
-    assert capsys.readouterr().out.startswith("cannot run here: Python 3.12")
+    assert capsys.readouterr().out.startswith("cannot run here: Python 3.14")
     result = shell.run_cell("import tensorflow_that_is_not_here\nprint('ran')")
     assert result.success  # Run all goes on, top to bottom
     assert capsys.readouterr().out == (

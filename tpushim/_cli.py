@@ -175,29 +175,34 @@ def _check(options, argv):
     args = parser.parse_args(own + (["-m", module] if module is not None else []))
     if module is None and not target:
         return _stop("check: give the script (or -m MODULE) to check")
-    if _versions.uses_engine():  # no TPU code path to check on TensorFlow >= 2.16 yet
-        return _stop(
-            "check: the preflight runs the TPU code path, which tpushim does not have on "
-            "TensorFlow >= 2.16 yet (#33). Run the script with `python -m tpushim SCRIPT` "
-            "(tpushim's estimator, stock 2.15's numbers), or check it on TensorFlow <= 2.15."
-        )
-    # cpu mode: the TPU code path, run on CPU.
-    stopped = _patch_before_running(options, module, target, "check: ", mode="cpu")
+    engine = _versions.uses_engine()
+    # TensorFlow >= 2.16: tpushim's estimator engine (mode off: no TPU is looked for, nothing
+    # reaches one); else cpu mode: the TPU code path, run on CPU.
+    stopped = _patch_before_running(
+        options, module, target, "check: ", mode="off" if engine else "cpu"
+    )
     if stopped is not None:
         return stopped
     from tpushim import _preflight  # imports TensorFlow
     from tpushim._preflight import progress
 
+    if engine:
+        from tpushim._preflight import engine_checks
+
+        recording = engine_checks.recording
+        how = "on tpushim's estimator engine (TensorFlow >= 2.16 has no TPU code path to run)"
+    else:
+        recording, how = _preflight.recording, "in cpu mode (the TPU code path on CPU)"
     uncaught = exit_message = None
     what = f"-m {module}" if module is not None else target[0]
     with progress.showing():
         with (
+            recording() as recorder,
             progress.phase(
-                f"running {what} in cpu mode (training capped at "
-                f"{_preflight.Recorder.MAX_TRAIN_STEPS} steps)",
+                f"running {what} {how.split(' (')[0]} (training capped at "
+                f"{recorder.MAX_TRAIN_STEPS} steps)",
                 prints=True,
             ),
-            _preflight.recording() as recorder,
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout),
         ):
             try:
@@ -207,7 +212,7 @@ def _check(options, argv):
                 code, exit_message = _exit_status(e)
                 if exit_message is not None:
                     print(exit_message, file=sys.stderr)  # as python prints it
-        report = _check_report(_preflight, recorder, args.cores, code, uncaught, exit_message)
+        report = _check_report(_preflight, recorder, args.cores, code, uncaught, exit_message, how)
     print(report.to_json() if args.json else report)
     return report.exit_code
 
@@ -219,8 +224,16 @@ def _exit_status(exc):
     return 1, str(exc.code)
 
 
-def _check_report(preflight, recorder, cores, code, uncaught, exit_message=None):
-    """The recorder's report, plus what the script's exit said."""
+def _check_report(
+    preflight,
+    recorder,
+    cores,
+    code,
+    uncaught,
+    exit_message=None,
+    how="in cpu mode (the TPU code path on CPU)",
+):
+    """The recorder's report, plus what the script's exit said (``how``: how it was run)."""
     try:
         report = recorder.report(num_cores=cores)
     except Exception as e:  # --json must still print a report
@@ -241,9 +254,11 @@ def _check_report(preflight, recorder, cores, code, uncaught, exit_message=None)
             "script-raised",
             "error",
             preflight.last_frame(uncaught),
-            f"the script raised {preflight.summary(uncaught)} while checked in cpu mode (the "
-            f"TPU code path on CPU): it would fail on a TPU too",
-            "see the traceback above; run the script with --mode cpu to reproduce it uncapped",
+            f"the script raised {preflight.summary(uncaught)} while checked {how}: it would "
+            f"fail on a TPU too",
+            "see the traceback above; run the script with "
+            + ("python -m tpushim" if "engine" in how else "--mode cpu")
+            + " to reproduce it uncapped",
         )
     elif code:
         report.add(
@@ -252,9 +267,11 @@ def _check_report(preflight, recorder, cores, code, uncaught, exit_message=None)
             "script",
             f"the script exited with status {code}"
             + (f" ({exit_message!r})" if exit_message else "")
-            + f" while checked in cpu mode (its training was capped at "
+            + f" while checked {how.split(' (')[0]} (its training was capped at "
             f"{recorder.MAX_TRAIN_STEPS} steps, evaluation at {recorder.MAX_EVAL_STEPS})",
-            "see its output above; run it with --mode cpu to see it uncapped",
+            "see its output above; run it with "
+            + ("python -m tpushim" if "engine" in how else "--mode cpu")
+            + " to see it uncapped",
         )
     return report
 

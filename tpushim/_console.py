@@ -74,9 +74,16 @@ def format_status(status, previewing=False, surface="command"):
     problem = status.get("unsupported") or installed_version_problem()
     lines = [
         f"tpushim {v['tpushim']}: TensorFlow {v.get('tensorflow') or 'not installed'}, "
-        f"Keras {v.get('keras') or '-'}, tensorflow-estimator {v.get('tensorflow_estimator') or '-'}"
-        f" ({'NOT SUPPORTED' if problem else 'supported'})"
+        f"Keras {v.get('keras') or '-'}, "
+        + (
+            f"tf-keras {v.get('tf_keras') or '-'}"  # TensorFlow >= 2.16: Keras 2 is tf-keras
+            if status.get("estimator_api", {}).get("provider") == "tpushim"
+            else f"tensorflow-estimator {v.get('tensorflow_estimator') or '-'}"
+        )
+        + f" ({'NOT SUPPORTED' if problem else 'supported'})"
     ]
+    if status.get("estimator_api", {}).get("provider") == "tpushim":
+        lines.append(f"estimator:   {status['estimator_api']['says']}")
     if problem:
         lines.append(f"  {problem}")
     applied = [str(a) for a in status["applied"].values()]

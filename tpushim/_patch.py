@@ -628,7 +628,13 @@ def _engine_call(wrapped, args, kwargs, settings):
         "EstimatorV2" if v2 else "Estimator",
         "no TPU configured; stock 2.15's path" if settings.mode == "auto" else decision.why,
     )
-    return _keras.model_to_estimator(use_v2_estimator=v2, **arguments)
+    from tpushim import _observe
+
+    # Observers (the run summary, the preflight) hear of it, as of a TPU path conversion.
+    with _observe.converting(arguments) as arguments:
+        estimator = _keras.model_to_estimator(use_v2_estimator=v2, **arguments)
+    _observe.converted(_keras.conversion(estimator, arguments, settings, v2))
+    return estimator
 
 
 def _add_metrics_estimator(estimator_class, args, kwargs):

@@ -17,8 +17,9 @@ def status() -> Status:
     ``applied`` (whether the wrapper is on ``keras_lib`` yet, or pending TensorFlow's import),
     ``decision`` (what a ``model_to_estimator`` call made now returns: ``action`` -- ``stock``,
     ``tpu``, ``cpu`` or ``no-tpu`` --, ``why``, and ``returns``, one line for people),
-    ``unsupported`` (the version guard's message) and ``versions`` (tensorflow, keras,
-    tensorflow_estimator, tpushim). Imports no TensorFlow.
+    ``unsupported`` (the version guard's message), ``versions`` (tensorflow, keras,
+    tensorflow_estimator, tf_keras, tpushim) and ``estimator_api`` (``provider``:
+    ``tensorflow_estimator`` or ``tpushim``, ``tpu_path``, ``says``). Imports no TensorFlow.
     """
     from tpushim import _decision, _detect  # not at start-up
 
@@ -38,7 +39,25 @@ def status() -> Status:
             "decision": _engine_decision(_decision.decide(settings, tpu).as_dict()),
             "unsupported": _patch.version_problem(),
             "versions": _versions.installed(),
+            "estimator_api": estimator_api(),
         }
+
+
+def estimator_api():
+    """Who provides the estimator API here and whether a TPU path exists (``estimator_api``)."""
+    if not _versions.uses_engine():
+        return {
+            "provider": "tensorflow_estimator",
+            "tpu_path": True,
+            "says": "stock tf.estimator (tensorflow_estimator); TPU path: TPUEstimator",
+        }
+    return {
+        "provider": "tpushim",
+        "tpu_path": False,
+        "says": "tpushim's estimator engine (TensorFlow >= 2.16 has no tf.estimator: "
+        "tf.compat.v1 graphs and sessions, on CPU/GPU); TPU path: none on TensorFlow >= 2.16 "
+        "yet (#33)",
+    }
 
 
 def _engine_decision(decision):

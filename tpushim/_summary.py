@@ -22,6 +22,9 @@ import time
 from tpushim import _observe
 
 _EVENTS = ("train", "evaluate", "predict")
+#: Where calls on TensorFlow >= 2.16's engine run (tpushim/_legacy/_keras.py's RUNS_ON; this
+#: module imports no TensorFlow).
+ENGINE_PATH = "CPU/GPU (tpushim's engine)"
 
 
 class _Estimator:
@@ -36,7 +39,10 @@ class _Estimator:
 
     def on_tpu(self):
         """The path its calls ran on, as the conversion line says it."""
-        return "TPU" if "use_tpu=True" in self.conversion.description else "TPU path on CPU"
+        description = self.conversion.description
+        if description.startswith("tpushim's"):  # TensorFlow >= 2.16: tpushim's estimator engine
+            return ENGINE_PATH
+        return "TPU" if "use_tpu=True" in description else "TPU path on CPU"
 
 
 class Summary:

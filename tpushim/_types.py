@@ -33,6 +33,20 @@ class Versions(TypedDict):
     tensorflow: Optional[str]
     keras: Optional[str]
     tensorflow_estimator: Optional[str]
+    tf_keras: Optional[str]
+    """tf-keras (Keras 2 for TensorFlow >= 2.16, where tpushim runs legacy scripts on it)."""
+
+
+class EstimatorAPI(TypedDict):
+    """Who provides the estimator API here, and whether a TPU path exists."""
+
+    provider: str
+    """``tensorflow_estimator`` (TensorFlow <= 2.15: stock's) or ``tpushim`` (TensorFlow >= 2.16:
+    tpushim's estimator engine, tf.compat.v1 graphs and sessions)."""
+    tpu_path: bool
+    """Whether a conversion can run on a TPU here (False on TensorFlow >= 2.16 for now)."""
+    says: str
+    """The two, as one line for people."""
 
 
 class Status(TypedDict):
@@ -62,3 +76,4 @@ class Status(TypedDict):
     unsupported: Optional[str]
     """The version guard's message when this TensorFlow / Keras is not supported, else None."""
     versions: Versions
+    estimator_api: EstimatorAPI

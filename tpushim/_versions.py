@@ -182,12 +182,14 @@ def version_problem_now():
 
 
 def installed():
-    """``{"tensorflow", "keras", "tensorflow_estimator", "tpushim": version}`` (None: not installed)."""
+    """``{"tensorflow", "keras", "tensorflow_estimator", "tf_keras", "tpushim": version}`` (None: not
+    installed)."""
     out = {"tpushim": version.__version__}
     for key, dists in (
         ("tensorflow", TF_DISTS),
         ("keras", ("keras",)),
         ("tensorflow_estimator", ("tensorflow-estimator",)),
+        ("tf_keras", ("tf-keras", "tf-keras-nightly")),
     ):
         module = sys.modules.get(key)
         out[key] = (getattr(module, "__version__", None) if module else None) or dist_version(

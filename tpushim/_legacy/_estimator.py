@@ -10,10 +10,12 @@ because train/evaluate/predict/export share the graph set-up.
 """
 
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
 
+from tpushim import _observe
 from tpushim._legacy import _tfprivate
 from tpushim._legacy._config import EstimatorSpec, ModeKeys, overwrite_model_dir_and_session_config
 
@@ -183,7 +185,12 @@ class Estimator:
         tf.compat.v1.train.create_global_step(graph)
         if mode == ModeKeys.TRAIN:
             _tfprivate.get_or_create_global_step_read(graph)
-        return parse_input_fn_result(self._call_input_fn(input_fn, mode))
+        result = self._call_input_fn(input_fn, mode)
+        if _observe.has_observers():  # the preflight reads what the input_fn built (no batch)
+            _observe.input_called(
+                _observe.InputCall(_observe.current_call(), mode, result, None, 0)
+            )
+        return parse_input_fn_result(result)
 
     def _maybe_warm_start(self, checkpoint_path):
         if not checkpoint_path and self._warm_start_settings:
@@ -193,6 +200,17 @@ class Estimator:
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         """Trains as tf.estimator does; returns self."""
+        # Observers (the run summary, the preflight) hear of the call and may cap its steps.
+        with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
+            if not _observe.has_observers():
+                return self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
+            clock, start = _RunClock(), time.monotonic()
+            hooks = [*(hooks or ()), clock]
+            self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
+            _observe.finished(call, time.monotonic() - start, clock.steps, clock.first_run)
+            return self
+
+    def _train(self, input_fn, hooks, steps, max_steps, saving_listeners):
         if steps is not None and max_steps is not None:
             raise ValueError("Can not provide both steps and max_steps.")
         if steps is not None and steps <= 0:
@@ -296,6 +314,13 @@ class Estimator:
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         """Evaluates as tf.estimator does; returns the metrics, ``loss`` and ``global_step``."""
+        with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
+            start = time.monotonic()
+            results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
+            _observe.finished(call, time.monotonic() - start)
+            return results
+
+    def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
         hooks = list(hooks or [])
         if steps is not None:
             if steps <= 0:
@@ -374,6 +399,14 @@ class Estimator:
         yield_single_examples=True,
     ):
         """Yields predictions as tf.estimator does (one example at a time by default)."""
+        with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
+            start = time.monotonic()
+            yield from self._predict(
+                input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+            )
+            _observe.finished(call, time.monotonic() - start)
+
+    def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         if not checkpoint_path:
             checkpoint_path = self.latest_checkpoint()
         with tf.Graph().as_default():
@@ -432,6 +465,36 @@ class Estimator:
 
 
 EstimatorV2 = Estimator
+
+
+class _RunClock(tf.compat.v1.train.SessionRunHook):
+    """The global steps a training call ran and how long its first session run took, for the
+    run summary (as tpushim/_estimator.py's, which does not import on TensorFlow >= 2.16)."""
+
+    def __init__(self):
+        self.steps = self.first_run = None
+        self._step = self._start = self._first_step = None
+
+    def begin(self):
+        self._step = tf.compat.v1.train.get_global_step()
+
+    def before_run(self, run_context):
+        del run_context
+        if self._first_step is not None:
+            return None
+        # Fetched with the first run: a separate read makes StepCounterHook warn of a stall.
+        self._start = time.monotonic()
+        return tf.compat.v1.train.SessionRunArgs(self._step)
+
+    def after_run(self, run_context, run_values):
+        del run_context
+        if self._first_step is None:
+            self._first_step = int(run_values.results)
+            self.first_run = time.monotonic() - self._start
+
+    def end(self, session):
+        if self._first_step is not None:
+            self.steps = int(session.run(self._step)) - self._first_step
 
 
 def _global_step_saved(model_dir):

@@ -47,7 +47,7 @@ def _to_list(obj, order, what, order_name):
     return [tf.convert_to_tensor(obj)]
 
 
-def _keras_io(keras_model, features, labels):
+def keras_io(keras_model, features, labels):
     """(inputs, targets, sample weights) in the model's order, as stock hands them to Keras."""
     weights = None
     if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
@@ -78,7 +78,7 @@ def _keras_io(keras_model, features, labels):
 def _clone(mode, keras_model, custom_objects, features=None, labels=None, optimizer_config=None):
     """The model rebuilt in this graph on these tensors, compiled unless predicting."""
     tf.compat.v1.keras.backend.set_learning_phase(mode == ModeKeys.TRAIN)
-    inputs, targets, weights = _keras_io(keras_model, features, labels)
+    inputs, targets, weights = keras_io(keras_model, features, labels)
     compile_clone = mode != ModeKeys.PREDICT
     global_step = None
     if compile_clone:
@@ -289,4 +289,36 @@ def model_to_estimator(
             "are not preserved: the estimator starts from a freshly initialized copy."
         )
     del use_v2_estimator  # one Estimator class on this engine; checkpoint_format tells them apart
-    return Estimator(model_fn, config=config, warm_start_from=warm_start)
+    estimator = Estimator(model_fn, config=config, warm_start_from=warm_start)
+    estimator._tpushim_keras_model = keras_model  # for observers (the preflight's model checks)
+    return estimator
+
+
+#: Where a conversion on this engine runs, as the run summary's table says it.
+RUNS_ON = "CPU/GPU (tpushim's engine)"
+
+
+def conversion(estimator, arguments, settings, v2):
+    """The :class:`tpushim._observe.Conversion` observers hear of for ``estimator``, made by
+    :func:`model_to_estimator` from ``arguments`` under ``settings`` (``v2``: the v2 spelling)."""
+    from tpushim import _observe
+
+    v2 = "EstimatorV2" if v2 else "Estimator"
+    return _observe.Conversion(
+        estimator=estimator,
+        keras_model=estimator._tpushim_keras_model,
+        arguments=arguments,
+        settings=settings,
+        model_fn=estimator._model_fn,
+        description=(
+            f"tpushim's {v2} on TensorFlow {tf.__version__} with tf-keras "
+            f"{_tf_keras_version()}: stock 2.15's path on {RUNS_ON}; no TPU path on "
+            f"TensorFlow >= 2.16 yet"
+        ),
+    )
+
+
+def _tf_keras_version():
+    import sys
+
+    return getattr(sys.modules.get("tf_keras"), "__version__", None) or "(unknown)"

@@ -52,3 +52,9 @@ def _export_modules():
 
 # tf.estimator's export outputs and signature building live on in TensorFlow's saved_model code.
 export_output, export_utils = _export_modules()
+
+
+def compile_args(keras_model):
+    """The arguments ``compile()`` was given (``loss``, ``loss_weights``, ...): the preflight's
+    XLA check compiles its clone with them."""
+    return keras_model._get_compile_args()

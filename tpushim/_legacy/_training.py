@@ -338,12 +338,16 @@ def add_metrics(estimator, metric_fn):
         added = metric_fn(**{k: v for k, v in available.items() if k in names})
         return spec._replace(eval_metric_ops=dict(spec.eval_metric_ops or {}, **added))
 
-    return Estimator(
+    derived = Estimator(
         model_fn=new_model_fn,
         model_dir=estimator.model_dir,
         config=estimator.config,
         warm_start_from=estimator._warm_start_settings,
     )
+    from tpushim import _observe
+
+    _observe.derived(derived, estimator, new_model_fn)  # its calls are the source's (summary)
+    return derived
 
 
 def make_stop_at_checkpoint_step_hook(estimator, last_step, wait_after_file_check_secs=30):

@@ -8,14 +8,12 @@ code 1), ``warning`` that it would run slowly.
 
 Modules: ``report`` (findings and how they are shown), ``model_checks`` and ``input_checks`` (what
 ``check`` runs), ``checks`` (``check`` itself), ``faketpu`` and ``graph_checks`` (TPUEstimator's
-TPU graphs built for a faked TPU system), ``recorder`` (the script's conversions and calls). The
+TPU graphs built for a faked TPU system), ``recorder`` (the script's conversions and calls), ``engine_checks`` (the same script run on
+tpushim's estimator engine, TensorFlow >= 2.16: the checks that need no TPUEstimator). The
 core knows none of them: the recorder is an observer (:mod:`tpushim._observe`, the core's one
 extension point).
 """
 
-from tpushim._preflight.checks import check
-from tpushim._preflight.recorder import Recorder, recording
-from tpushim._preflight.report import Finding, Report, last_frame, summary
 from tpushim._settings import DEFAULT_CORES
 
 __all__ = [
@@ -28,3 +26,24 @@ __all__ = [
     "recording",
     "summary",
 ]
+
+#: Where each name lives. Imported on first use: the TPU path's checks and recorder import
+#: tensorflow_estimator, which TensorFlow >= 2.16 lacks, where ``engine_checks`` runs instead.
+_HOMES = {
+    "check": "checks",
+    "Recorder": "recorder",
+    "recording": "recorder",
+    "Finding": "report",
+    "Report": "report",
+    "last_frame": "report",
+    "summary": "report",
+}
+
+
+def __getattr__(name):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tpushim import _settings, _shapes
+from tpushim import _settings, _shapes, _versions
 from tpushim._preflight import input_checks, model_checks, progress
 from tpushim._preflight.report import Report
 
@@ -34,6 +34,10 @@ def check(
     Returns:
       A :class:`Report`; ``report.ok`` is False when something would fail on a TPU.
     """
+    if _versions.uses_engine():  # TensorFlow >= 2.16: no TPUEstimator, tpushim's estimator engine
+        from tpushim._preflight import engine_checks
+
+        return engine_checks.check(keras_model, input_fn, batch_size, num_cores, custom_objects)
     report = Report()
     batch = None
     if input_fn is not None:

@@ -5,8 +5,12 @@ tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _batching, _estimator, _input_fn, _settings, _shapes, _tfprivate
+from tpushim import _settings, _shapes, _tpu_batch
 from tpushim._errors import TPUShimError
+
+# tpushim's TPU path (_input_fn, _batching, _tfprivate) imports tensorflow_estimator, which
+# TensorFlow >= 2.16 lacks: imported where a check needs it, so that the element-spec, pipeline-op
+# and batch checks serve the preflight on tpushim's estimator engine too (engine_checks).
 
 MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
 GOOD_PER_CORE_BATCH = 128  # fills a 128x128 matrix unit
@@ -45,6 +49,8 @@ def check_input(report, input_fn, batch_size, num_cores, model_inputs=None):
     An input finding never ends the check: whatever can still be read is. Returns one batch
     (numpy, as features and labels) for the model checks, or None when none could be read.
     """
+    from tpushim import _input_fn
+
     report.note_checked("input pipeline")
     name = getattr(input_fn, "__name__", "input_fn")
     with tf.Graph().as_default(), _input_fn.graph_session() as sess:
@@ -101,6 +107,8 @@ def _zeros(spec, batch):
 def _check_result(report, input_fn, result, model_inputs=None):
     """Shapes, dtypes and pipeline ops of what the input_fn returned; the batch size its graph
     declares (None when it does not)."""
+    from tpushim import _batching, _input_fn
+
     name = getattr(input_fn, "__name__", "input_fn")
     if not isinstance(result, tf.data.Dataset):
         report.add(
@@ -190,6 +198,8 @@ def _dataset_ops(dataset):
     """``(ops, ops in its functions, bytes of constants)``: the op types of the graph that makes
     ``dataset``, read from the graph it lives in (the datasets' map/filter functions included),
     and how many bytes its constants hold; nothing is run."""
+    from tpushim import _tfprivate
+
     top, inner, seen, functions, constants = set(), set(), set(), [], 0
     stack = [_tfprivate.dataset_variant_op(dataset)]
     graph = stack[0].graph if stack[0] is not None else None
@@ -234,7 +244,12 @@ def _function_names(node_def):
 
 
 def _check_dataset_ops(report, dataset, name):
-    top, inner, constants = _dataset_ops(dataset)
+    report_pipeline_ops(report, name, *_dataset_ops(dataset))
+
+
+def report_pipeline_ops(report, name, top, inner, constants):
+    """The findings for an input pipeline's op types (``top``: its graph's, ``inner``: those in
+    its functions) and the bytes of constants it holds."""
     if constants > LARGE_INPUT_CONSTANTS:
         report.add(
             "large-input-constants",
@@ -284,7 +299,7 @@ def check_batch(report, global_batch, num_cores, where):
     the next multiple of the cores, the padding's share of the work wasted) or too small."""
     report.note_checked(f"batch size for {num_cores} cores")
     if global_batch % num_cores:
-        problem, fix = _estimator.indivisible_batch(global_batch, num_cores)
+        problem, fix = _tpu_batch.indivisible_batch(global_batch, num_cores)
         report.add("batch-indivisible", "warning", where, problem, fix)
     per_core = -(-global_batch // num_cores)
     if per_core < MIN_PER_CORE_BATCH:

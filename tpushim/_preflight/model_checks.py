@@ -6,9 +6,13 @@ import re
 
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _model_fn, _summaries, _tfprivate, _validation
+from tpushim import _versions
 from tpushim._errors import TPUShimError
 from tpushim._preflight.report import summary
+
+# tpushim's TPU path (_model_fn, _validation, _tfprivate, ...) imports tensorflow_estimator, which
+# TensorFlow >= 2.16 lacks: those are imported where a check needs them, so that the XLA check and
+# HOST_ONLY_OPS serve the preflight on tpushim's estimator engine too (engine_checks).
 
 HOST_ONLY_OPS = {
     "PyFunc": "a Python function (tf.py_function / tf.numpy_function)",
@@ -42,6 +46,8 @@ _XLA_UNSUPPORTED = re.compile(
 def check_conversion(report, keras_model, custom_objects):
     """What the conversion itself would refuse (subclassed model, optimizer, metrics, a loss TPU
     cores cannot split), as the conversion checks it; returns whether it would convert."""
+    from tpushim import _loss_kinds, _validation
+
     report.note_checked("conversion")
     for kind, check in _validation.VALIDATION_STEPS:
         try:
@@ -89,11 +95,8 @@ def check_xla(report, keras_model, custom_objects, features, labels):
         clone.set_weights(keras_model.get_weights())
     except ValueError:
         pass  # an unbuilt subclassed model (e.g. a WideDeepModel) has none yet; the compile needs none
-    clone.compile(
-        loss=keras_model.loss,
-        loss_weights=_tfprivate.compile_args(keras_model).get("loss_weights"),
-    )
-    inputs, targets, _ = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)
+    clone.compile(loss=keras_model.loss, loss_weights=_loss_weights(keras_model))
+    inputs, targets, _ = _estimator_io(clone, features, labels)
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
     targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
     structure = (inputs, targets)
@@ -113,6 +116,28 @@ def check_xla(report, keras_model, custom_objects, features, labels):
         train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
     except Exception as e:
         _report_xla_error(report, keras_model, e, _graph_def(train_step, specs))
+
+
+def _estimator_io(model, features, labels):
+    """``(inputs, targets, sample weights)`` as the estimator hands features and labels to Keras."""
+    if _versions.uses_engine():
+        from tpushim._legacy import _keras
+
+        return _keras.keras_io(model, features, labels)
+    from tpushim import _tfprivate
+
+    return _tfprivate.convert_estimator_io_to_keras(model, features, labels)
+
+
+def _loss_weights(keras_model):
+    """The ``loss_weights`` the model was compiled with (None: none)."""
+    if _versions.uses_engine():
+        from tpushim._legacy import _tfprivate as engine_private
+
+        return engine_private.compile_args(keras_model).get("loss_weights")
+    from tpushim import _tfprivate
+
+    return _tfprivate.compile_args(keras_model).get("loss_weights")
 
 
 def _graph_def(function, args):
@@ -235,7 +260,7 @@ def _xla_compile_in_graph(keras_model, custom_objects, features, labels, traced)
         with tf.keras.utils.custom_object_scope(custom_objects or {}):
             clone = tf.keras.models.clone_model(keras_model)
         clone.compile(loss=keras_model.loss)  # Keras's v1 training: loss_functions, per output
-        structure = _tfprivate.convert_estimator_io_to_keras(clone, features, labels)[:2]
+        structure = _estimator_io(clone, features, labels)[:2]
         flat = [tf.convert_to_tensor(a) for a in tf.nest.flatten(structure)]
 
         @tf.function(jit_compile=True)
@@ -258,6 +283,8 @@ def _xla_compile_in_graph(keras_model, custom_objects, features, labels, traced)
 def check_host_only_ops(report, keras_model, custom_objects, features, labels):
     """Host-only ops (summaries, prints, Python functions) inside the TPU train computation, as
     tpushim's model_fn builds it."""
+    from tpushim import _model_fn, _summaries
+
     report.note_checked("host-only ops in the model")
     graph = tf.Graph()
     with graph.as_default():
