@@ -47,9 +47,6 @@ class Column:
     kind: str
     key: str
 
-    def describe(self):
-        return f"{self.column.name} ({'ids' if self.kind == 'embedding' else 'dense'})"
-
 
 @dataclasses.dataclass(frozen=True)
 class Layer:

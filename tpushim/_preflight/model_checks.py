@@ -79,9 +79,9 @@ def check_feature_columns(report, keras_model):
             "feature-columns-on-host",
             "info",
             f"layer {layer.name!r}",
-            f"{layer.describe()}: its lookups, hashing and crosses (LookupTableFindV2, "
-            f"SparseCross... have no XLA kernel) run on the TPU host, the rest of the model on "
-            f"the TPU, and the raw features it reads are not sent to the TPU",
+            f"{layer.describe()}: their ops with no XLA kernel (LookupTableFindV2, SparseCross, "
+            f"...) run on the TPU host, the rest of the model on the TPU; the raw features only "
+            f"that layer reads (strings too) are not sent to the TPU",
             "nothing to do; an exported model still takes the raw features",
         )
 
