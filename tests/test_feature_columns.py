@@ -115,7 +115,10 @@ def _model(family, vocab_file, optimizer=None):
         key: tf.keras.Input((1,), name=key, dtype=tf.as_dtype(value.dtype))
         for key, value in features.items()
     }
-    x = tf.keras.layers.DenseFeatures(_columns(family, vocab_file))(inputs)
+    # "+v1": tf.compat.v1.keras.layers.DenseFeatures (variable scopes), as TF1-style scripts use.
+    family, v1 = family.removesuffix("+v1"), family.endswith("+v1")
+    layer = tf.compat.v1.keras.layers.DenseFeatures if v1 else tf.keras.layers.DenseFeatures
+    x = layer(_columns(family, vocab_file))(inputs)
     x = tf.keras.layers.Dense(6, activation="relu")(x)
     out = tf.keras.layers.Dense(1, name="price")(x)
     model = tf.keras.Model(inputs, out)
@@ -147,7 +150,7 @@ def _serve(estimator, export_dir, features):
     return serve(**{k: tf.constant(v) for k, v in features.items()})["price"].numpy()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "hash_crossed+v1"])
 def test_cpu_mode_equals_stock_and_moves_the_weight_free_part(tmp_path, family, caplog):
     vocab = _vocab_file(tmp_path)
     caplog.set_level(logging.INFO, logger="tpushim")
