@@ -24,6 +24,9 @@ function computes the same blocks itself.
 What cannot move (a column of a kind listed nowhere above, a layer fed by another layer's
 output, a shared embedding) refuses conversion with the layer and the column named, before any
 checkpoint is written.
+
+One concern, both halves of one split: what the host computes and what the model reads of it
+must agree column by column, so they live together.
 """
 
 import contextlib
