@@ -58,8 +58,10 @@ def test_op_without_xla_kernel_names_the_layer():
     assert "FAIL" in str(report) and "xla-unsupported-op at layer 'strs'" in str(report)
 
 
-# Feature columns inside the model: a vocabulary lookup and a crossed column. XLA stops at the
-# lookup table's handle (it takes it for an uninitialised variable) before naming any op.
+# Feature columns inside the model: a vocabulary lookup and a crossed column, in a DenseFeatures
+# layer of a sub-model (tpushim moves only a top-level layer's lookups to the input pipeline:
+# tests/test_feature_columns.py). XLA stops at the lookup table's handle (it takes it for an
+# uninitialised variable) before naming any op.
 FEATURE_COLUMNS = """
 import json
 import numpy as np
@@ -74,7 +76,8 @@ inputs = {
     "color": tf.keras.Input((1,), name="color", dtype=tf.string),
     "shape": tf.keras.Input((1,), name="shape", dtype=tf.int64),
 }
-hidden = tf.keras.layers.DenseFeatures(columns, name="columns")(inputs)
+dense_features = tf.keras.layers.DenseFeatures(columns, name="dense_features")
+hidden = tf.keras.Model(inputs, dense_features(inputs), name="columns")(inputs)
 model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
 model.compile(tf.keras.optimizers.legacy.SGD(0.1), "binary_crossentropy")
 features = {"color": np.array([["red"], ["blue"]] * 8), "shape": np.array([[1], [2]] * 8)}
@@ -105,8 +108,28 @@ def test_xla_findings_name_the_op_and_the_layer_where_xla_does_not(v1):
     }, findings
     messages = " ".join(message for _, _, message in findings)
     # the feature column, in the node's name
-    assert "(model/columns/color_X_shape_indicator/SparseCross)" in messages
+    assert "columns/dense_features/color_X_shape_indicator/SparseCross)" in messages
     assert "RET_CHECK" not in messages
+
+
+@pytest.mark.parametrize("v1", [False, True], ids=["eager", "disable_v2_behavior"])
+def test_feature_columns_of_a_top_level_layer_are_moved_not_errors(v1):
+    """Issue 34, item 6: the same layer at the model's top level: its lookups and crosses run in
+    the input pipeline (one INFO finding), and the step the TPU runs compiles with XLA."""
+    code = FEATURE_COLUMNS.replace(
+        'hidden = tf.keras.Model(inputs, dense_features(inputs), name="columns")(inputs)',
+        "hidden = dense_features(inputs)",
+    )
+    if v1:
+        code = "import tensorflow as tf; tf.compat.v1.disable_v2_behavior()\n" + code
+    proc = procs.python(code=code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    findings = json.loads(proc.stdout.split("FINDINGS ", 1)[1])
+    codes = {code for code, _, _ in findings}
+    assert ("feature-columns-on-host", "layer 'dense_features'") in {(c, w) for c, w, _ in findings}
+    assert not codes & {"xla-unsupported-op", "xla-compile", "string-input", "preflight-failed"}, (
+        findings
+    )
 
 
 def _sequence_model():

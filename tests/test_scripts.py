@@ -35,6 +35,8 @@ LEGACY = [
     "keyed_outputs_constant_loss.py",
     # an Estimator rebuilt around the converted one's model_fn, with its own model_dir and config
     "text_rebuilt_estimator.py",
+    # DenseFeatures inside the model: vocabulary lists, crosses, bucketizing, hashed embeddings
+    "boston_feature_columns_in_model.py",
 ]
 #: What else the converted run must log, per script.
 LOGGED = {
@@ -43,6 +45,7 @@ LOGGED = {
         "tf.estimator.Estimator(model_fn=<converted estimator>.model_fn) -> "
         "TPUShimEstimator(use_tpu=False)"
     ),
+    "boston_feature_columns_in_model.py": "; feature columns: layer 'dense_features': 9 columns'",
 }
 #: Errors the preflight may report for a script (what a TPU cannot take); none for the others.
 ALLOWED_ERRORS = {
@@ -71,6 +74,10 @@ EXPECTED_FINDINGS = {
     "keyed_outputs_constant_loss.py": {
         ("string-input", "error", "feature 'key'"),
         ("string-input", "error", "label 'key_out'"),
+    },
+    # the lookups and crosses (no XLA kernel) run on the TPU host; no string reaches the TPU
+    "boston_feature_columns_in_model.py": {
+        ("feature-columns-on-host", "info", "layer 'dense_features'"),
     },
     "multi_input_lists_strings.py": {
         ("string-input", "error", "feature [2]"),

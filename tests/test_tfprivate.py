@@ -478,3 +478,40 @@ def test_a_control_input_added_to_an_op_already_made():
         before = tf.timestamp()
         _tfprivate.add_control_input(read.op, before.op)
         assert before.op in read.op.control_inputs
+
+
+def test_dense_features_internals():
+    """What tpushim/_feature_columns.py reads of a DenseFeatures layer and its columns."""
+    fc = tf.feature_column
+    town = fc.categorical_column_with_hash_bucket("town", 4)
+    columns = [fc.numeric_column("rm"), fc.embedding_column(town, 2)]
+    inputs = {
+        "rm": tf.keras.Input((1,), name="rm"),
+        "town": tf.keras.Input((1,), name="town", dtype=tf.string),
+    }
+    layer = tf.keras.layers.DenseFeatures(columns)
+    model = tf.keras.Model(inputs, layer(inputs))
+    assert isinstance(layer, _tfprivate.dense_features_class())
+    assert isinstance(
+        tf.compat.v1.keras.layers.DenseFeatures(columns), _tfprivate.dense_features_class()
+    )
+    own = _tfprivate.dense_features_columns(layer)
+    assert [c.name for c in own] == ["rm", "town_embedding"]  # sorted by name, as concatenated
+    table = _tfprivate.dense_features_variable(layer, own[1], "embedding_weights")
+    assert table.shape == (4, 2)
+    assert [i.name for i in _tfprivate.input_layers(model)] == model.input_names
+    classes = _tfprivate.feature_column_classes()
+    assert isinstance(own[1], classes.EmbeddingColumn)
+    assert isinstance(town, classes.SINGLE_KEY_CATEGORICAL)
+    cache = _tfprivate.feature_transformation_cache({"town": tf.constant([["a"]])})
+    assert own[1].categorical_column.get_sparse_tensors(cache, None).id_tensor.values.shape == [1]
+    # The layer's call is replaced only while the context is active, and only in it.
+    seen, own_call = [], _tfprivate.dense_features_class().call
+    with _tfprivate.dense_features_call_replaced(lambda *a: seen.append(a) or tf.zeros([1, 3])):
+        assert layer.call({"rm": tf.constant([[1.0]]), "town": tf.constant([["a"]])}).shape == (
+            1,
+            3,
+        )
+    assert len(seen) == 1
+    assert layer.call({"rm": tf.constant([[1.0]]), "town": tf.constant([["a"]])}).shape == (1, 3)
+    assert _tfprivate.dense_features_class().call is own_call

@@ -699,13 +699,9 @@ def _build(arguments, settings, tpu):
             "(its weights are not carried over). The model you passed is unchanged.",
             type(keras_model).__name__,
         )
+    model_inputs = _shapes.ModelInputs.of(keras_model)
     estimator = make_estimator(
-        model_fn,
-        tpu_run_config,
-        settings,
-        tpu,
-        warm_start_path,
-        model_inputs=_shapes.ModelInputs.of(keras_model),
+        model_fn, tpu_run_config, settings, tpu, warm_start_path, model_inputs=model_inputs
     )
     estimator._tpushim_settings = settings  # an Estimator rebuilt around it converts its config
     description = (
@@ -717,6 +713,11 @@ def _build(arguments, settings, tpu):
             f" [TPU from {tpu.source}]"
             if tpu is not None
             else f" [mode cpu from {settings.sources.get('mode')}: the TPU code path on CPU]"
+        )
+        + (
+            f"; feature columns: {model_inputs.feature_split.describe()}"
+            if model_inputs is not None and model_inputs.feature_split is not None
+            else ""
         )
     )
     _log.conversion(description, settings.quiet)  # on stderr too when logging is not configured

@@ -21,7 +21,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _arrays, _batching, _observe, _shapes, _source
+from tpushim import _arrays, _batching, _feature_columns, _observe, _shapes, _source
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -289,15 +289,20 @@ def adapt(
         return result
     result = _batching.without_float64(result)
     result = _shapes.with_declared_shapes(result, model_inputs)
+    split = getattr(model_inputs, "feature_split", None)
     if context is None:
-        return _batching.fit_batches(result, global_batch, mode).prefetch(tf.data.AUTOTUNE)
-    index, count = shard if shard is not None else deployment(context)
-    return _batching.tpu_batches(
-        result,
-        global_batch,
-        params["batch_size"],
-        mode,
-        count,
-        index,
-        tpu_batch=tpu_batch,
-    ).prefetch(tf.data.AUTOTUNE)
+        result = _batching.fit_batches(result, global_batch, mode)
+    else:
+        index, count = shard if shard is not None else deployment(context)
+        result = _batching.tpu_batches(
+            result,
+            global_batch,
+            params["batch_size"],
+            mode,
+            count,
+            index,
+            tpu_batch=tpu_batch,
+        )
+    if split is not None:  # the feature columns' weight-free part, on the host
+        result = result.map(lambda *element: _feature_columns.on_element(split, element))
+    return result.prefetch(tf.data.AUTOTUNE)

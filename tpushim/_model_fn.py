@@ -17,10 +17,13 @@ differs where a TPU needs it to:
 * Checkpoints through ``scaffold_fn``: TPUEstimator ignores ``scaffold`` on a TPU.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from tpushim import (
     _batchnorm,
+    _feature_columns,
     _loss_kinds,
     _losses,
     _padding,
@@ -290,6 +293,9 @@ def make_model_fn(
     except (NotImplementedError, AttributeError):
         optimizer_config = None
 
+    # DenseFeatures layers whose weight-free part the input pipeline computes (refused here, before
+    # any checkpoint is written, where that cannot be done).
+    split = _feature_columns.plan(keras_model)
     plans = []  # the model's LossPlan, once known (a subclassed model's: at its first TRAIN call)
 
     def loss_plan(features):
@@ -305,6 +311,10 @@ def make_model_fn(
         graph = tf.compat.v1.get_default_graph()
         summaries_before = len(graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES))
         features, padding_weight = _padding.split_padding(features)
+        moved = contextlib.nullcontext()
+        if split is not None and isinstance(features, dict):
+            features, blocks = split.model_features(features)
+            moved = _feature_columns.device_layers(split, blocks)
         # EVAL reads it too, where a custom scalar loss is combined over padding or shards.
         plan = (
             loss_plan(features)
@@ -314,23 +324,24 @@ def make_model_fn(
         )
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
             labels = _padding.labels_for_padded_training(keras_model, labels)
-        model = _tfprivate.clone_and_build_model(
-            mode=mode,
-            keras_model=keras_model,
-            custom_objects=custom_objects,
-            features=features,
-            labels=labels,
-            optimizer_config=optimizer_config,
-            # A TRAIN step never reads the metrics; compiled in, their update ops would sit in the
-            # TPU computation as dead (stateful) ops.
-            compile_metrics=mode != ModeKeys.TRAIN,
-            # BatchNormalization's batch statistics over the real rows of a padded batch.
-            batchnorm_call=(
-                _batchnorm.real_rows_call(padding_weight, cross_replica=use_tpu)
-                if mode == ModeKeys.TRAIN
-                else None
-            ),
-        )
+        with moved:
+            model = _tfprivate.clone_and_build_model(
+                mode=mode,
+                keras_model=keras_model,
+                custom_objects=custom_objects,
+                features=features,
+                labels=labels,
+                optimizer_config=optimizer_config,
+                # A TRAIN step never reads the metrics; compiled in, their update ops would sit in the
+                # TPU computation as dead (stateful) ops.
+                compile_metrics=mode != ModeKeys.TRAIN,
+                # BatchNormalization's batch statistics over the real rows of a padded batch.
+                batchnorm_call=(
+                    _batchnorm.real_rows_call(padding_weight, cross_replica=use_tpu)
+                    if mode == ModeKeys.TRAIN
+                    else None
+                ),
+            )
         predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = eval_metrics = host_call = training_hooks = None
         if mode == ModeKeys.TRAIN:

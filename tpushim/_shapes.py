@@ -24,10 +24,13 @@ class ModelInputs:
     Attributes:
       names: the model's input names (``keras_model.input_names``).
       shapes: each input's ``tf.TensorShape``, the batch dimension included.
+      feature_split: the :class:`tpushim._feature_columns.Split` of its ``DenseFeatures``
+        layers (what the input pipeline computes for them), or None.
     """
 
     names: tuple
     shapes: tuple
+    feature_split: object = None
 
     @classmethod
     def of(cls, keras_model) -> Optional["ModelInputs"]:
@@ -36,7 +39,23 @@ class ModelInputs:
         inputs = getattr(keras_model, "inputs", None)
         if not inputs:
             return None
-        return cls(tuple(keras_model.input_names), tuple(tf.TensorShape(t.shape) for t in inputs))
+        return cls(
+            tuple(keras_model.input_names),
+            tuple(tf.TensorShape(t.shape) for t in inputs),
+            _feature_split(keras_model),
+        )
+
+
+def _feature_split(keras_model):
+    """The model's feature column :class:`~tpushim._feature_columns.Split`; None where there is
+    none or it cannot be made (the conversion refuses that model, saying why)."""
+    from tpushim import _feature_columns
+    from tpushim._errors import ConversionError
+
+    try:
+        return _feature_columns.plan(keras_model)
+    except ConversionError:
+        return None
 
 
 def _features_of(spec):

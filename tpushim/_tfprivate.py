@@ -174,6 +174,92 @@ def batchnorm_call_replaced(replacement):
         _batchnorm_call.reset(token)
 
 
+# --- DenseFeatures layers: the columns Keras reads, and their call replaced while tpushim builds a
+# clone (tpushim/_feature_columns.py) ---------------------------------------------------------------
+
+_dense_features_call = contextvars.ContextVar("tpushim_dense_features_call", default=None)
+
+
+def dense_features_class():
+    """The base class of Keras 2's ``DenseFeatures`` layers (``tf.compat.v1.keras.layers`` and
+    ``tf.keras.layers``: the v2 layer subclasses the v1 one and keeps its ``call``)."""
+    try:
+        from keras.src.feature_column import dense_features as module  # Keras >= 2.13
+    except ImportError:
+        from keras.feature_column import dense_features as module  # Keras 2.12
+    return module.DenseFeatures
+
+
+def dense_features_columns(layer):
+    """A ``DenseFeatures`` layer's feature columns, in the order it concatenates them."""
+    return layer._feature_columns
+
+
+def dense_features_variable(layer, column, name):
+    """The variable ``name`` a ``DenseFeatures`` layer made for ``column`` (one of its own)."""
+    return layer._state_manager.get_variable(column, name)
+
+
+def input_layers(keras_model):
+    """A functional model's InputLayers, in its inputs' order."""
+    return keras_model._input_layers
+
+
+def feature_column_classes():
+    """The feature column classes tpushim tells apart (tensorflow/python/feature_column)."""
+    import types
+
+    from tensorflow.python.feature_column import feature_column_v2 as fc
+
+    return types.SimpleNamespace(
+        CrossedColumn=fc.CrossedColumn,
+        WeightedCategoricalColumn=fc.WeightedCategoricalColumn,
+        BucketizedColumn=fc.BucketizedColumn,
+        EmbeddingColumn=fc.EmbeddingColumn,
+        SequenceCategoricalColumn=fc.SequenceCategoricalColumn,
+        SINGLE_KEY_CATEGORICAL=(
+            fc.VocabularyListCategoricalColumn,
+            fc.VocabularyFileCategoricalColumn,
+            fc.HashedCategoricalColumn,
+            fc.IdentityCategoricalColumn,
+        ),
+        WEIGHT_FREE_DENSE=(fc.NumericColumn, fc.BucketizedColumn, fc.IndicatorColumn),
+    )
+
+
+def feature_transformation_cache(features):
+    """A feature column ``FeatureTransformationCache`` over ``features`` (what DenseFeatures makes)."""
+    import tensorflow as tf
+
+    return tf.__internal__.feature_column.FeatureTransformationCache(features)
+
+
+@contextlib.contextmanager
+def dense_features_call_replaced(replacement):
+    """While active, in this thread (context), a ``DenseFeatures`` layer's ``call(features, ...)``
+    is ``replacement(layer, own_call, features, cols_to_output_tensors, training)`` (as
+    :func:`batchnorm_call_replaced` does for BatchNormalization); Keras reads the call's
+    signature, which stays the layer's own."""
+    base = dense_features_class()
+    own = base.call
+
+    def call(self, features, cols_to_output_tensors=None, training=None):
+        active = _dense_features_call.get()
+        bound = own.__get__(self, type(self))
+        if active is None:
+            return bound(features, cols_to_output_tensors, training)
+        return active(self, bound, features, cols_to_output_tensors, training)
+
+    token = _dense_features_call.set(replacement)
+    base.call = call
+    try:
+        yield
+    finally:
+        if base.__dict__.get("call") is call:
+            base.call = own
+        _dense_features_call.reset(token)
+
+
 def batchnorm_training_value(layer, training):
     """True, False or None (not known while building): whether a BatchNormalization layer uses
     batch statistics in this call, as Keras decides (the learning phase; a frozen layer never)."""

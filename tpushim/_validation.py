@@ -10,7 +10,7 @@ import os
 
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _model_fn, _tfprivate
+from tpushim import _feature_columns, _loss_kinds, _model_fn, _tfprivate
 from tpushim._errors import ConversionError
 
 
@@ -97,6 +97,8 @@ VALIDATION_STEPS = (
     ("metric", _check_metrics),
     # Every loss term a sum or a mean over the examples: what TPU shards can split exactly.
     ("loss", _loss_kinds.check),
+    # DenseFeatures layers: their weight-free part can move to the input pipeline (the host).
+    ("feature-columns", lambda keras_model, custom_objects: _feature_columns.plan(keras_model)),
 )
 
 

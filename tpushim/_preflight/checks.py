@@ -69,6 +69,8 @@ def check_model(
     if batch is None and batch_size:
         input_checks.check_batch(report, batch_size, num_cores, "setting batch_size")
     input_checks.check_loop(report, iterations_per_loop, steps)
+    if convertible:
+        model_checks.check_feature_columns(report, keras_model)
     if convertible and batch is not None and "dynamic-shape" not in report.codes():
         features, labels = batch
         with progress.phase("host-only ops in the model", report):

@@ -132,14 +132,18 @@ def _check_result(report, input_fn, result, model_inputs=None):
                 "shape in the input pipeline (e.g. decode_jpeg(..., channels=3))",
             )
         spec = _shapes.declared_spec(spec, model_inputs)
-    _check_element_spec(report, spec)
+    split = getattr(model_inputs, "feature_split", None)
+    _check_element_spec(report, spec, split.raw_keys if split is not None else ())
     if not isinstance(result, tf.data.Dataset):
         return None
     _check_dataset_ops(report, result, name)
     return _batching.declared_batch_size(result)
 
 
-def _check_element_spec(report, spec):
+def _check_element_spec(report, spec, host_keys=()):
+    """``host_keys``: features only feature columns read, which the input pipeline turns into
+    numbers (:mod:`tpushim._feature_columns`): strings among them never reach a TPU."""
+    host_paths = {repr(key) for key in host_keys}
     features_spec, labels_spec = (
         spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, None)
     )
@@ -170,7 +174,7 @@ def _check_element_spec(report, spec):
                     "nothing to do; to save the host the cast, produce float32 in the "
                     "input pipeline: dataset.map(lambda x, y: (tf.cast(x, tf.float32), y))",
                 )
-            if tensor_spec.dtype == tf.string:
+            if tensor_spec.dtype == tf.string and not (role == "feature" and path in host_paths):
                 report.add(
                     "string-input",
                     "error",

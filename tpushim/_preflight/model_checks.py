@@ -2,6 +2,7 @@
 (rung 3 of the proof ladder), and does its TPU computation hold host-only ops. Each adds findings
 to a :class:`~tpushim._preflight.report.Report`, naming the layer where it can."""
 
+import contextlib
 import re
 
 import tensorflow as tf
@@ -10,9 +11,10 @@ from tpushim import _versions
 from tpushim._errors import TPUShimError
 from tpushim._preflight.report import summary
 
-# tpushim's TPU path (_model_fn, _validation, _tfprivate, ...) imports tensorflow_estimator, which
-# TensorFlow >= 2.16 lacks: those are imported where a check needs them, so that the XLA check and
-# HOST_ONLY_OPS serve the preflight on tpushim's estimator engine too (engine_checks).
+# tpushim's TPU path (_model_fn, _validation, _tfprivate, _feature_columns, ...) imports
+# tensorflow_estimator, which TensorFlow >= 2.16 lacks: those are imported where a check needs
+# them, so that the XLA check and HOST_ONLY_OPS serve the preflight on tpushim's estimator engine
+# too (engine_checks).
 
 HOST_ONLY_OPS = {
     "PyFunc": "a Python function (tf.py_function / tf.numpy_function)",
@@ -67,6 +69,56 @@ def check_conversion(report, keras_model, custom_objects):
     return True
 
 
+def check_feature_columns(report, keras_model):
+    """What the conversion moves of the model's ``DenseFeatures`` layers to the input pipeline
+    (:mod:`tpushim._feature_columns`), one INFO per layer: their ops with no XLA kernel never
+    reach the TPU."""
+    split = _plan(keras_model)
+    for layer in split.layers if split is not None else ():
+        report.add(
+            "feature-columns-on-host",
+            "info",
+            f"layer {layer.name!r}",
+            f"{layer.describe()}: their ops with no XLA kernel (LookupTableFindV2, SparseCross, "
+            f"...) run on the TPU host, the rest of the model on the TPU; the raw features only "
+            f"that layer reads (strings too) are not sent to the TPU",
+            "nothing to do; an exported model still takes the raw features",
+        )
+
+
+def _split_for_xla(keras_model, features):
+    """(features, blocks, context) for compiling the step as tpushim's model_fn gives it: the
+    feature columns' weight-free part computed here (the input pipeline's on a TPU)."""
+    split = _plan(keras_model)
+    if split is None or not isinstance(features, dict):
+        return features, {}, lambda blocks: contextlib.nullcontext()
+    features, blocks = split.model_features(tf.nest.map_structure(tf.convert_to_tensor, features))
+    from tpushim import _feature_columns
+
+    return features, blocks, lambda blocks: _feature_columns.device_layers(split, blocks)
+
+
+def _clone(keras_model, custom_objects):
+    """A clone of the model to compile; the raw inputs only moved feature columns read take the
+    float placeholder tpushim's model_fn gives them (a string input would be cast to)."""
+    split = _plan(keras_model)
+    input_tensors = None
+    if split is not None:  # only on the TPUEstimator path (TensorFlow <= 2.15)
+        from tpushim import _feature_columns, _tfprivate
+    if split is not None and split.stand_ins and _tfprivate.is_graph_network(keras_model):
+        input_tensors = [
+            tf.keras.Input((1,), name=name)
+            if name in split.stand_ins
+            else tf.keras.Input(tensor.shape[1:], dtype=tensor.dtype, name=name)
+            for name, tensor in zip(keras_model.input_names, keras_model.inputs)
+        ]
+    with (
+        tf.keras.utils.custom_object_scope(custom_objects or {}),
+        _feature_columns.shapes_only(split) if input_tensors else contextlib.nullcontext(),
+    ):
+        return tf.keras.models.clone_model(keras_model, input_tensors=input_tensors)
+
+
 def _layer_of(node_name, keras_model):
     names = {layer.name for layer in keras_model.layers}
     parts = node_name.split("/")
@@ -89,22 +141,22 @@ def check_xla(report, keras_model, custom_objects, features, labels):
         except Exception as e:
             _report_xla_error(report, keras_model, e, traced[0] if traced else None)
         return
-    with tf.keras.utils.custom_object_scope(custom_objects or {}):
-        clone = tf.keras.models.clone_model(keras_model)
+    clone = _clone(keras_model, custom_objects)
     try:
         clone.set_weights(keras_model.get_weights())
     except ValueError:
         pass  # an unbuilt subclassed model (e.g. a WideDeepModel) has none yet; the compile needs none
     clone.compile(loss=keras_model.loss, loss_weights=_loss_weights(keras_model))
+    features, blocks, moved = _split_for_xla(keras_model, features)
     inputs, targets, _ = _estimator_io(clone, features, labels)
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
     targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
-    structure = (inputs, targets)
+    structure = (inputs, targets, blocks)
 
     @tf.function(jit_compile=True)
     def train_step(*flat):  # flat: experimental_get_compiler_ir takes no nested TensorSpecs
-        x, y = tf.nest.pack_sequence_as(structure, flat)
-        with tf.GradientTape() as tape:
+        x, y, b = tf.nest.pack_sequence_as(structure, flat)
+        with tf.GradientTape() as tape, moved(b):
             predictions = clone(x, training=True)
             loss = clone.compiled_loss(y, predictions, regularization_losses=clone.losses)
         return loss, tape.gradient(loss, clone.trainable_variables)
@@ -138,6 +190,16 @@ def _loss_weights(keras_model):
     from tpushim import _tfprivate
 
     return _tfprivate.compile_args(keras_model).get("loss_weights")
+
+
+def _plan(keras_model):
+    """The feature-column split of the conversion (None: none; there is none on tpushim's estimator
+    engine, TensorFlow >= 2.16, which has no TPU path yet)."""
+    if _versions.uses_engine():
+        return None
+    from tpushim import _feature_columns
+
+    return _feature_columns.plan(keras_model)
 
 
 def _graph_def(function, args):
@@ -257,16 +319,20 @@ def _xla_compile_in_graph(keras_model, custom_objects, features, labels, traced)
     ``jit_compile`` function on the batch's values and run once, which compiles it. The traced
     step's GraphDef is appended to ``traced``."""
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        with tf.keras.utils.custom_object_scope(custom_objects or {}):
-            clone = tf.keras.models.clone_model(keras_model)
+        clone = _clone(keras_model, custom_objects)
         clone.compile(loss=keras_model.loss)  # Keras's v1 training: loss_functions, per output
-        structure = _estimator_io(clone, features, labels)[:2]
+        features, blocks, moved = _split_for_xla(keras_model, features)
+        if blocks:  # the feature columns' lookup tables, made in this graph
+            sess.run(tf.compat.v1.tables_initializer())
+            blocks = sess.run(blocks)
+            features = sess.run(features)
+        structure = (*_estimator_io(clone, features, labels)[:2], blocks)
         flat = [tf.convert_to_tensor(a) for a in tf.nest.flatten(structure)]
 
         @tf.function(jit_compile=True)
         def train_step(*flat):
-            x, y = tf.nest.pack_sequence_as(structure, flat)
-            with tf.GradientTape() as tape:
+            x, y, b = tf.nest.pack_sequence_as(structure, flat)
+            with tf.GradientTape() as tape, moved(b):
                 predictions = clone(x, training=True)
                 if isinstance(predictions, dict):
                     predictions = [predictions[n] for n in clone.output_names]

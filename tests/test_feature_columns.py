@@ -1,0 +1,360 @@
+"""Feature columns inside the model (``DenseFeatures``), on a TPU: the weight-free part runs in the
+input pipeline, the embedding weights stay in the model (tpushim/_feature_columns.py).
+
+Each family of columns -- vocabulary list and file, hash bucket, crossed, bucketized, identity,
+weighted, indicator, embedding (mean, sqrtn, sum, max_norm), numeric -- is compared with stock:
+cpu mode (weights, evaluate() with a short last batch, predict(), the exported SavedModel fed raw
+features), TPUEstimator's graph on a faked 8-core TPU system (no lookup, cross or string in the
+TPU computation; the host's input pipeline runs), and 8 emulated shards with numbers. A layer
+whose lookups feed a weight tpushim cannot move is refused, naming the layer and the column.
+"""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from tpushim import _versions
+
+if _versions.uses_engine():
+    pytest.skip("the TPUEstimator path exists on TensorFlow <= 2.15", allow_module_level=True)
+
+import replicas
+import tensorflow as tf
+import tfcases
+
+import tpushim
+from tpushim import _feature_columns
+from tpushim._errors import ConversionError
+from tpushim._preflight import faketpu
+
+pytestmark = pytest.mark.slow  # trains estimators: outside the fast tier
+
+fc = tf.feature_column
+N = 72
+RAW = ("chas", "rad", "town", "zone", "town_w", "rm", "age")
+#: Ops with no XLA kernel the feature columns make (what the preflight used to name).
+HOST_OPS = {
+    "LookupTableFindV2",
+    "SparseCross",
+    "SparseCrossHashed",
+    "StringToHashBucketFast",
+    "SparseFillEmptyRows",
+    "SparseSegmentMean",
+    "SparseSegmentSum",
+    "SparseSegmentSqrtN",
+}
+
+
+def _data(n=N, seed=3):
+    rng = np.random.RandomState(seed)
+    features = {
+        "rm": rng.uniform(4, 9, [n, 1]).astype("float32"),
+        "age": rng.uniform(0, 100, [n, 1]).astype("float32"),
+        "chas": rng.choice(["yes", "no"], [n, 1]),
+        "rad": rng.choice(["1", "2", "3", "4", "24", "unknown"], [n, 1]),
+        "town": rng.choice([f"town{i}" for i in range(12)], [n, 1]),
+        "zone": rng.randint(0, 4, [n, 1]).astype("int64"),
+        "town_w": rng.uniform(-0.2, 2.0, [n, 1]).astype("float32"),  # weights <= 0 are dropped
+    }
+    price = features["rm"] * 3 + (features["chas"] == "yes") * 4 - features["age"] / 30
+    return features, price.astype("float32")
+
+
+def _columns(family, vocab_file):
+    """One family of feature columns (every family mixes weight-free and embedded columns)."""
+    age = fc.bucketized_column(fc.numeric_column("age"), [20.0, 40.0, 60.0, 80.0])
+    chas = fc.categorical_column_with_vocabulary_list("chas", ["yes", "no"])
+    if family == "vocabulary":
+        rad_file = fc.categorical_column_with_vocabulary_file("rad", vocab_file, num_oov_buckets=1)
+        towns = fc.categorical_column_with_vocabulary_list("town", [f"town{i}" for i in range(5)])
+        return [
+            fc.numeric_column("rm"),
+            fc.indicator_column(chas),
+            fc.embedding_column(rad_file, 3),  # mean
+            fc.indicator_column(towns),  # town5... -> -1: no id
+            fc.embedding_column(towns, 2, combiner="sqrtn"),  # rows with no id: zeros
+        ]
+    if family == "hash_crossed":
+        town = fc.categorical_column_with_hash_bucket("town", 16)
+        return [
+            fc.numeric_column("rm"),
+            fc.embedding_column(town, 3, combiner="sqrtn"),
+            fc.indicator_column(fc.crossed_column([chas, "rad"], 20)),
+            fc.embedding_column(fc.crossed_column([age, "chas"], 10), 2, combiner="sum"),
+        ]
+    if family == "bucketized_identity_weighted":
+        town = fc.categorical_column_with_vocabulary_list("town", [f"town{i}" for i in range(8)])
+        return [
+            age,
+            fc.numeric_column("rm"),
+            fc.embedding_column(age, 2, max_norm=0.05),
+            fc.indicator_column(fc.categorical_column_with_identity("zone", 4)),
+            fc.embedding_column(fc.categorical_column_with_identity("zone", 4), 2),
+            fc.embedding_column(fc.weighted_categorical_column(town, "town_w"), 2, combiner="sum"),
+        ]
+    raise ValueError(family)
+
+
+FAMILIES = ["vocabulary", "hash_crossed", "bucketized_identity_weighted"]
+
+
+def _vocab_file(tmp_path):
+    path = tmp_path / "rad_vocab.txt"
+    path.write_text("1\n2\n3\n4\n24\n")
+    return str(path)
+
+
+def _model(family, vocab_file, optimizer=None):
+    """A Boston-housing regressor: raw features in, DenseFeatures first, as public scripts write it."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    features, _ = _data(1)
+    inputs = {
+        key: tf.keras.Input((1,), name=key, dtype=tf.as_dtype(value.dtype))
+        for key, value in features.items()
+    }
+    # "+v1": tf.compat.v1.keras.layers.DenseFeatures (variable scopes), as TF1-style scripts use.
+    family, v1 = family.removesuffix("+v1"), family.endswith("+v1")
+    layer = tf.compat.v1.keras.layers.DenseFeatures if v1 else tf.keras.layers.DenseFeatures
+    x = layer(_columns(family, vocab_file))(inputs)
+    x = tf.keras.layers.Dense(6, activation="relu")(x)
+    out = tf.keras.layers.Dense(1, name="price")(x)
+    model = tf.keras.Model(inputs, out)
+    model.compile(optimizer or tf.keras.optimizers.Adam(0.05), "mse", metrics=["mae"])
+    return model
+
+
+def _dataset(rows, batch, repeat=False, labels=True):
+    features, price = _data()
+    features = {k: v[rows] for k, v in features.items()}
+    ds = tf.data.Dataset.from_tensor_slices((features, price[rows]) if labels else features)
+    ds = ds.batch(batch)
+    return ds.repeat() if repeat else ds
+
+
+def _serve(estimator, export_dir, features):
+    """The exported SavedModel, fed raw features: its predictions."""
+
+    def receiver():
+        raw = {
+            k: tf.compat.v1.placeholder(tf.as_dtype(v.dtype), [None, 1], name=k)
+            for k, v in features.items()
+        }
+        return tf.estimator.export.ServingInputReceiver(raw, raw)
+
+    path = estimator.export_saved_model(str(export_dir), receiver)
+    loaded = tf.saved_model.load(path)
+    serve = loaded.signatures["serving_default"]
+    return serve(**{k: tf.constant(v) for k, v in features.items()})["price"].numpy()
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "hash_crossed+v1"])
+def test_cpu_mode_equals_stock_and_moves_the_weight_free_part(tmp_path, family, caplog):
+    vocab = _vocab_file(tmp_path)
+    caplog.set_level(logging.INFO, logger="tpushim")
+    stock, shim = tfcases.compare(
+        tmp_path,
+        lambda: _model(family, vocab),
+        lambda: _dataset(np.arange(48), 16, repeat=True),
+        lambda: _dataset(np.arange(48, 70), 16),  # a short last batch: padded, weighted out
+        lambda: _dataset(np.arange(48, 58), 4, labels=False),
+        steps=6,
+    )
+    assert "feature columns: layer 'dense_features'" in caplog.text  # the conversion line
+    # What the TPU would run (the model) holds none of the lookups: they are in the input's map.
+    graph = tf.compat.v1.GraphDef()
+    from google.protobuf import text_format
+
+    with open(os.path.join(shim[0].model_dir, "graph.pbtxt")) as f:
+        text_format.Parse(f.read(), graph)
+    in_model = {n.op for n in graph.node if n.name.startswith("dense_features/")}
+    assert in_model and not in_model & HOST_OPS, in_model
+    # Exported, both take the raw features and serve the same predictions.
+    features, _ = _data()
+    rows = {k: v[:9] for k, v in features.items()}
+    np.testing.assert_allclose(
+        _serve(shim[0], tmp_path / "shim_export", rows),
+        _serve(stock[0], tmp_path / "stock_export", rows),
+        atol=tfcases.TOL,
+        rtol=0,
+    )
+
+
+def test_negative_control_ids_with_no_weight_counted_differ_from_stock(tmp_path, monkeypatch):
+    """The comparison sees what stock drops: rows whose town is in no vocabulary (id -1, weight
+    0 in the block) counted as id 0 fail it."""
+    vocab = _vocab_file(tmp_path)
+    own = _feature_columns._embedded
+
+    def counting_all(column, table, ids, weights):
+        return own(column, table, ids, tf.ones_like(weights))
+
+    monkeypatch.setattr(_feature_columns, "_embedded", counting_all)
+    with pytest.raises(AssertionError):
+        tfcases.compare(
+            tmp_path,
+            lambda: _model("vocabulary", vocab),
+            lambda: _dataset(np.arange(48), 16, repeat=True),
+            steps=2,
+        )
+
+
+def _tpu_computation_ops(build):
+    """Op types of the TPU computation: the nodes TPU replication marks, and the functions they
+    run (the training loop's body), through every function those call."""
+    graph = build.graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph.library.function}
+    nodes = [n for n in graph.node if "_tpu_replicate" in n.attr]
+    ops, seen = set(), set()
+    while nodes:
+        node = nodes.pop()
+        ops.add(node.op)
+        for attr in node.attr.values():
+            name = attr.func.name
+            if name in functions and name not in seen:
+                seen.add(name)
+                nodes.extend(functions[name].node_def)
+    return ops
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_faked_tpu_system_gets_ids_not_strings_and_no_lookups(tmp_path, family):
+    vocab = _vocab_file(tmp_path)
+    with faketpu.faked_tpu_system() as tpu:
+        est = tfcases.convert(
+            tmp_path / "model", lambda: _model(family, vocab), patch=tfcases.on_faked_tpu(tpu, 2)
+        )
+        train = tpu.build(
+            lambda: est.train(lambda: _dataset(np.arange(48), 16, repeat=True), steps=4)
+        )
+        predict = tpu.build(
+            lambda: list(est.predict(lambda: _dataset(np.arange(48, 58), 16, labels=False)))
+        )
+    for build in (train, predict):
+        ops = _tpu_computation_ops(build)
+        assert "MatMul" in ops and not ops & HOST_OPS, ops & HOST_OPS
+        for node in build.nodes("InfeedEnqueueTuple"):
+            assert tf.string not in [tf.as_dtype(t) for t in node.attr["dtypes"].list.type]
+        assert all(None not in shape for shapes in build.infeed_shapes() for shape in shapes)
+    assert len(train.nodes("TPUReplicateMetadata")) == 1
+    # The host runs the lookups: each core's ids are those of its rows (2 rows per core).
+    batches = train.host_input(0, max_batches=8)
+    assert len(batches) == 8 and all(b[0].shape[0] == 2 for b in batches)
+
+
+def _host_batch(model, features, labels):
+    """The global batch as the input pipeline hands it to the TPU: blocks, not raw features."""
+    split = _feature_columns.plan(model)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        host = split.host(tf.nest.map_structure(tf.constant, features))
+        sess.run(tf.compat.v1.tables_initializer())
+        return sess.run(host), labels
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eight_shards_train_like_stock_on_the_global_batch(tmp_path, family):
+    vocab = _vocab_file(tmp_path)
+    steps = 2
+    features, labels = _data(replicas.GLOBAL * steps)
+    model = _model(family, vocab, tf.keras.optimizers.legacy.Adam(0.05))
+    init = model.get_weights()
+    stock = tf.compat.v1.keras.estimator.model_to_estimator(
+        keras_model=model,
+        model_dir=str(tmp_path / "stock"),
+        config=tf.estimator.RunConfig(tf_random_seed=7),
+    )
+    stock.train(
+        lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(replicas.GLOBAL),
+        steps=steps,
+    )
+    ref = tfcases.checkpoint_values(stock.model_dir)
+    assert ref.pop("global_step") == steps
+    emu_model = replicas.tpu_model(
+        lambda: _model(family, vocab, tf.keras.optimizers.legacy.Adam(0.05))
+    )
+    rows = lambda s: {k: v[s] for k, v in features.items()}
+    first = _host_batch(emu_model, rows(slice(0, replicas.GLOBAL)), labels[: replicas.GLOBAL])
+    emu = replicas.Emulation(emu_model, tf.estimator.ModeKeys.TRAIN, first)
+    try:
+        emu.load_weights(init)
+        for step in range(steps):
+            part = slice(step * replicas.GLOBAL, (step + 1) * replicas.GLOBAL)
+            emu.train(_host_batch(emu_model, rows(part), labels[part]))
+        names = emu.var_names()
+        assert sorted(ref) == sorted(names)
+        assert replicas.max_diff(init, [ref[n] for n in emu.weight_names()]) > 1e-2
+        want = [ref[n] for n in names]
+        for values in emu.sess.run(emu.vars):  # every replica's weights and Adam slots
+            for name, got, value in zip(names, values, want):
+                np.testing.assert_allclose(
+                    got, value, rtol=tfcases.TOL, atol=tfcases.TOL, err_msg=name
+                )
+    finally:
+        emu.close()
+
+
+class _Scaled(tf.keras.layers.Layer):
+    """A trainable layer in front of DenseFeatures: its output feeds a bucketized column."""
+
+    def build(self, shape):
+        self.scale = self.add_weight("scale", shape=[], initializer="ones")
+
+    def call(self, x):
+        return x * self.scale
+
+
+def test_lookup_behind_a_trainable_weight_is_refused_naming_the_layer(tmp_path):
+    inputs = {"age": tf.keras.Input((1,), name="age")}
+    scaled = {"age": _Scaled(name="scaled")(inputs["age"])}
+    column = fc.bucketized_column(fc.numeric_column("age"), [20.0, 40.0])
+    x = tf.keras.layers.DenseFeatures([column], name="age_features")(scaled)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
+    model.compile("sgd", "mse")
+    with pytest.raises(
+        ConversionError, match=r"layer 'age_features'.*reads the output of layer 'scaled'"
+    ):
+        tfcases.convert(tmp_path / "model", model, patch={"mode": "cpu"})
+    assert not os.path.exists(tmp_path / "model")  # refused before anything was written
+
+
+def test_shared_embedding_is_refused_naming_the_layer_and_column(tmp_path):
+    with tf.Graph().as_default():  # shared embeddings exist in graph mode only
+        chas = fc.categorical_column_with_vocabulary_list("chas", ["yes", "no"])
+        rad = fc.categorical_column_with_vocabulary_list("rad", ["yes", "no"])
+        shared = fc.shared_embeddings([chas, rad], 2)
+        inputs = {k: tf.keras.Input((1,), name=k, dtype=tf.string) for k in ("chas", "rad")}
+        x = tf.keras.layers.DenseFeatures(shared, name="shared_features")(inputs)
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
+        model.compile("sgd", "mse")
+        with pytest.raises(
+            ConversionError, match="layer 'shared_features', column 'chas_shared_embedding'"
+        ):
+            tfcases.convert(tmp_path / "model", model, patch={"mode": "cpu"})
+    assert not os.path.exists(tmp_path / "model")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_preflight_reports_the_move_as_info_and_compiles_the_rest(tmp_path, family):
+    """Before, the preflight named the lookups and crosses (xla-unsupported-op) and the string
+    features (string-input) as errors; now the step it compiles with XLA is the TPU's."""
+    model = _model(family, _vocab_file(tmp_path), tf.keras.optimizers.legacy.Adam(0.05))
+    report = tpushim.check(model, lambda: _dataset(np.arange(48), 16, repeat=True))
+    found = {(f.code, f.severity, f.where) for f in report.findings}
+    assert ("feature-columns-on-host", "info", "layer 'dense_features'") in found, report
+    assert not [f for f in report.findings if f.severity == "error"], report
+    assert "XLA compile of the training step" in report.checked
+
+
+def test_preflight_names_the_layer_it_cannot_split(tmp_path):
+    inputs = {"age": tf.keras.Input((1,), name="age")}
+    scaled = {"age": _Scaled(name="scaled")(inputs["age"])}
+    column = fc.bucketized_column(fc.numeric_column("age"), [20.0, 40.0])
+    x = tf.keras.layers.DenseFeatures([column], name="age_features")(scaled)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
+    model.compile("sgd", "mse")
+    report = tpushim.check(model)
+    errors = [f for f in report.findings if f.severity == "error"]
+    assert [f.code for f in errors] == ["unconvertible-feature-columns"], report
+    assert "layer 'age_features'" in errors[0].message
