@@ -3,8 +3,11 @@
 Loading patches (honouring ``TPUSHIM_*``; a ``tpushim.patch(...)`` made before is kept as it is),
 shows tpushim's conversion lines in cell output, and registers ``%tpushim``. Names bound to a
 ``model_to_estimator`` function before the extension loaded are reported with whether they will
-convert: every public spelling calls ``keras_lib.model_to_estimator`` at call time, which is what
-tpushim wraps, so they do -- except a name bound to that private function itself before patching.
+convert: on TensorFlow <= 2.15 every public spelling calls ``keras_lib.model_to_estimator`` at
+call time, which is what tpushim wraps, so they do. A name bound to a function tpushim wraps, before
+it wrapped it (the private ``keras_lib.model_to_estimator`` on 2.15; every spelling on 2.16+, where
+tf_keras's own function raises NotImplementedError), is rebound to tpushim's wrapper, and a line
+says so: the wrapper passes calls through unchanged once unpatched.
 """
 
 import sys
@@ -14,7 +17,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from tpushim import _console, _settings
 from tpushim._errors import ConfigurationError
-from tpushim._patch import KERAS_LIB, is_ours, is_patched, patch, unpatch
+from tpushim._patch import is_ours, is_patched, patch, targets, unpatch
 from tpushim._status import status
 from tpushim._versions import guard_warning_silenced
 
@@ -104,20 +107,26 @@ def bound_names(user_ns):
     return found
 
 
+def wrapper_of(value):
+    """tpushim's wrapper of ``value`` when ``value`` is a model_to_estimator function tpushim wraps
+    now (bound before it was wrapped, it bypasses the wrapper), else None."""
+    for module_name, attribute, kind in targets():
+        current = getattr(sys.modules.get(module_name), attribute, None)
+        if kind == "convert" and is_ours(current) and value is current.__wrapped__:
+            return current
+    return None
+
+
 def will_convert(value):
     """(True or False, why) for a function the user bound before patching."""
-    keras_lib = sys.modules.get(KERAS_LIB)
-    current = getattr(keras_lib, "model_to_estimator", None) if keras_lib else None
     if not is_patched():
         return False, "tpushim is not patched in this kernel"
     if is_ours(value):
         return True, "it is tpushim's wrapper itself"
-    if getattr(value, "__module__", "") == KERAS_LIB and (
-        current is None or value is getattr(current, "__wrapped__", None)
-    ):
+    if wrapper_of(value) is not None:
         return False, (
-            f"it is the private {KERAS_LIB}.model_to_estimator, bound before the patch; "
-            f"bind it again now, or use tf.keras.estimator.model_to_estimator"
+            "it is the very function tpushim wraps, bound before the patch; bind it again now, "
+            "or use tf.keras.estimator.model_to_estimator"
         )
     return True, (
         "it calls keras_lib.model_to_estimator at call time, and tpushim wraps that "
@@ -151,6 +160,15 @@ def load_ipython_extension(ipython):
     if state.get("unsupported"):
         print(f"tpushim: {state['unsupported']}")
     for name, value in bound_names(ipython.user_ns).items():
+        wrapper = wrapper_of(value) if state["patched"] else None
+        if wrapper is not None:  # the notebook's own name would bypass the patch: point it at it
+            ipython.user_ns[name] = wrapper
+            print(
+                f"tpushim: `{name}` was bound to {_describe(value)} before %load_ext tpushim; "
+                f"tpushim rebound it to its wrapper of that function, so it converts "
+                f"(%{MAGIC_NAME} unpatch makes it stock's again)."
+            )
+            continue
         converts, why = will_convert(value)
         print(
             f"tpushim: `{name}` was bound to {_describe(value)} before %load_ext tpushim; it "
