@@ -59,12 +59,19 @@ def test_extension_in_a_real_ipython_session(tmp_path):
             f"`{name}` was bound to {keras_package}.estimator.model_to_estimator_v2 before "
             f"%load_ext tpushim; it will still convert"
         ) in loaded, name
-    assert (  # the function tpushim wraps, bound before: the notebook's name is pointed at the wrapper
-        "`private_m2e` was bound to tensorflow_estimator.python.estimator.keras_lib."
-        "model_to_estimator before %load_ext tpushim; tpushim rebound it to its wrapper"
-    ) in loaded
+    assert (
+        (  # the function tpushim wraps, bound before: the notebook's name is pointed at the wrapper
+            "`private_m2e` was bound to tensorflow_estimator.python.estimator.keras_lib."
+            "model_to_estimator before %load_ext tpushim; tpushim rebound it to its wrapper"
+        )
+        in loaded
+    )
     assert "patched:     yes" in status and "mode:        auto (from default)" in status
-    assert "mode:        cpu (from argument)" in cpu and "CONVERTED True" in cpu and "PRIVATE True" in cpu
+    assert (
+        "mode:        cpu (from argument)" in cpu
+        and "CONVERTED True" in cpu
+        and "PRIVATE True" in cpu
+    )
     assert "tpushim: model_to_estimator -> TPUEstimator(use_tpu=False" in proc.stderr
     assert "tpushim unpatched: model_to_estimator is the stock one again" in off
     assert "STOCK False" in off
