@@ -175,11 +175,12 @@ def _check(options, argv):
     args = parser.parse_args(own + (["-m", module] if module is not None else []))
     if module is None and not target:
         return _stop("check: give the script (or -m MODULE) to check")
-    if _versions.uses_engine():  # no TPU code path to check on TensorFlow >= 2.16 yet
+    if _versions.uses_engine():  # the preflight checks TPUEstimator's path, not on 2.16+
         return _stop(
-            "check: the preflight runs the TPU code path, which tpushim does not have on "
-            "TensorFlow >= 2.16 yet (#33). Run the script with `python -m tpushim SCRIPT` "
-            "(tpushim's estimator, stock 2.15's numbers), or check it on TensorFlow <= 2.15."
+            "check: the preflight runs TPUEstimator's TPU code path, which TensorFlow >= 2.16 "
+            "does not have (there the strategy engine runs the TPU path; its preflight is not "
+            "there yet, #33). Run the script with `python -m tpushim --mode cpu SCRIPT` (the "
+            "strategy engine on this machine's devices), or check it on TensorFlow <= 2.15."
         )
     # cpu mode: the TPU code path, run on CPU.
     stopped = _patch_before_running(options, module, target, "check: ", mode="cpu")

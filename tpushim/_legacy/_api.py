@@ -19,7 +19,8 @@ _INSTEAD = {
     "LinearClassifier": "a tf.keras model converted with tf.keras.estimator.model_to_estimator",
     "LinearRegressor": "a tf.keras model converted with tf.keras.estimator.model_to_estimator",
     "BoostedTreesClassifier": "TensorFlow Decision Forests",
-    "tpu": "TensorFlow <= 2.15 for TPUEstimator (tpushim's TPU path on TensorFlow >= 2.16 is #33)",
+    "tpu": "TensorFlow <= 2.15 for TPUEstimator (on TensorFlow >= 2.16 tpushim's TPU path is the "
+    "strategy engine: model_to_estimator under tpushim with a TPU, mode='cpu' or engine='strategy')",
 }
 
 
