@@ -265,3 +265,27 @@ def test_estimators_made_from_the_engines_are_stocks_and_said_so(tmp_path, caplo
     assert said[1].startswith(
         "tf.estimator.Estimator(model_fn=<the strategy engine's estimator>.model_fn) -> stock"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"steps": 1, "max_steps": 2}, "Can not provide both steps and max_steps."),
+        ({"steps": 0}, "Must specify steps > 0, given: 0"),
+        ({"max_steps": -1}, "Must specify max_steps > 0, given: -1"),
+    ],
+)
+def test_train_step_arguments_checked_as_stock(tmp_path, kwargs, message):
+    """One check of train()'s step arguments for both engines (tpushim/_legacy/_estimator.py's),
+    with stock's errors, before the input_fn is called or anything is written."""
+    import re
+
+    import tfcases
+
+    stock = tfcases.convert(tmp_path / "stock", patch={"mode": "off"})
+    engine = tfcases.convert(tmp_path / "engine", patch={"mode": "cpu", "engine": "strategy"})
+    for estimator in (stock, engine):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            estimator.train(lambda: pytest.fail("input_fn called"), **kwargs)
+    assert not list((tmp_path / "engine").glob("model.ckpt-*"))

@@ -590,12 +590,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             )
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
-        if steps is not None and max_steps is not None:
-            raise ValueError("Can not provide both steps and max_steps.")
-        if steps is not None and steps <= 0:
-            raise ValueError(f"Must specify steps > 0, given: {steps}")
-        if max_steps is not None and max_steps <= 0:
-            raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+        from tpushim._legacy._estimator import check_train_steps  # one check for both engines
+
+        check_train_steps(steps, max_steps)
         self._no_hooks(hooks, "hooks")
         listeners = list(saving_listeners or ())
         run = _Run(self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir)
