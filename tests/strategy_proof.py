@@ -11,12 +11,20 @@ values' scale), for the engine as it is and for two broken engines (negative con
 (for a SUM loss, ``averaged``: its sum divided by the replicas). Also: stock's estimator reading
 the engine's model_dir, and a model XLA cannot compile (the step is compiled with XLA).
 
+On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
+``python strategy_proof.py --record tests/reference/strategy_tf215.json`` in a TF 2.15 venv, and
+tpushim's own estimator engine (stock 2.15's path) reads the engine's checkpoints.
+
 A helper run by tests/test_strategy_replicas.py, not a test module.
 """
 
+import importlib.util
 import json
 import os
 import sys
+
+if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
 
 import tensorflow as tf
 
@@ -69,16 +77,90 @@ def predict_input():
     return tf.data.Dataset.from_tensor_slices(X).batch(BATCH)
 
 
-def run(estimator):
-    estimator.train(train_input, steps=STEPS)
+def _features_dataset():
+    return tf.data.Dataset.from_tensor_slices(({"hidden_input": X}, Y)).batch(BATCH)
+
+
+def _queue_input():
+    x, y = tf.compat.v1.train.slice_input_producer([X, Y], shuffle=False)
+    return tf.compat.v1.train.batch([x, y], BATCH)  # one thread: stock's order
+
+
+def numpy_input_fn():
+    # tf.estimator's names exist on TensorFlow >= 2.16 only while tpushim is on.
+    with tpushim.patched(mode="off", quiet=True):
+        inputs = tf.compat.v1.estimator.inputs
+    return inputs.numpy_input_fn(
+        {"hidden_input": X}, Y, batch_size=BATCH, num_epochs=1, shuffle=False
+    )
+
+
+#: Every legacy input_fn style, run by the engine without rewrite (each trains STEPS steps).
+INPUT_STYLES = {
+    "tensors": lambda: ({"hidden_input": tf.constant(X[:BATCH])}, tf.constant(Y[:BATCH])),
+    "one_shot": lambda: tf.compat.v1.data.make_one_shot_iterator(_features_dataset()).get_next(),
+    "queue": _queue_input,
+    "numpy": lambda: numpy_input_fn()(),  # noqa: PLW0108  (made at call time, as scripts do)
+}
+
+
+def run(estimator, train=None):
+    estimator.train(train or train_input, steps=STEPS)
     metrics = {k: float(v) for k, v in estimator.evaluate(train_input).items()}
     predictions = np.array([p["out"] for p in estimator.predict(predict_input)])
-    values = {
+    return metrics, predictions, variable_values(estimator)
+
+
+def variable_values(estimator):
+    return {
         n: np.asarray(estimator.get_variable_value(n), np.float64)
         for n in estimator.get_variable_names()
         if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
     }
-    return metrics, predictions, values
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORD = os.path.join(HERE, "reference", "strategy_tf215.json")
+NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+
+
+def stock_estimator(keras_model, model_dir):
+    """Stock's estimator (on TensorFlow >= 2.16: tpushim's estimator engine, stock 2.15's path)."""
+    with tpushim.patched(mode="off", quiet=True):
+        return tf.keras.estimator.model_to_estimator(keras_model=keras_model, model_dir=model_dir)
+
+
+def stock_run(kind, root, style=None):
+    if NO_STOCK:
+        with open(RECORD) as f:
+            recorded = json.load(f)[style or kind]
+        return (
+            recorded["metrics"],
+            np.array(recorded["predictions"], np.float64),
+            {n: np.array(v, np.float64) for n, v in recorded["values"].items()},
+        )
+    if style is not None:
+        estimator = stock_estimator(model(kind), os.path.join(root, style, "stock"))
+        return run(estimator, INPUT_STYLES[style])
+    return run(stock_estimator(model(kind), os.path.join(root, kind, "stock")))
+
+
+def record(path, root):
+    """Stock's numbers for every kind, as JSON (run on TensorFlow 2.15)."""
+    out = {"tensorflow": tf.__version__}
+    for kind in [*LOSSES, *INPUT_STYLES]:
+        if kind in LOSSES:
+            metrics, predictions, values = stock_run(kind, root)
+        else:
+            metrics, predictions, values = stock_run("mean", root, kind)
+        out[kind] = {
+            "metrics": metrics,
+            "predictions": predictions.tolist(),
+            "values": {n: v.tolist() for n, v in values.items()},
+        }
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
 
 
 def differences(ours, stock):
@@ -87,9 +169,14 @@ def differences(ours, stock):
         return float(np.max(np.abs(a - b)) / max(1.0, float(np.max(np.abs(b)))))
 
     (m1, p1, v1), (m2, p2, v2) = ours, stock
-    return {
+    out = {
         "names_equal": sorted(v1) == sorted(v2),
         "weights": max(rel(v1[n], v2[n]) for n in v2 if n in v1),
+    }
+    if m1 is None:  # trained only
+        return out
+    return {
+        **out,
         "metrics": max(rel(m1[k], m2[k]) for k in m2),
         "metric_keys_equal": sorted(m1) == sorted(m2),
         "predictions": rel(p1, p2) if p1.shape == p2.shape else float("inf"),
@@ -120,13 +207,14 @@ def broken(kind):
 
 
 def main(root):
-    out = {"replicas": None}
+    out = {
+        "replicas": None,
+        "tensorflow": tf.__version__,
+        "stock_from": RECORD if NO_STOCK else "live",
+        "inputs": {},
+    }
     for kind in LOSSES:
-        stock = run(
-            tf.keras.estimator.model_to_estimator(
-                keras_model=model(kind), model_dir=os.path.join(root, kind, "stock")
-            )
-        )
+        stock = stock_run(kind, root)
         eight_dir = os.path.join(root, kind, "eight")
         eight = engine(model(kind), eight_dir)
         out["replicas"] = eight.strategy.num_replicas_in_sync
@@ -135,7 +223,7 @@ def main(root):
             "one": differences(run(engine(model(kind), os.path.join(root, kind, "one"), 1)), stock),
         }
         # Stock's estimator reads the engine's checkpoints: the same evaluation.
-        reader = tf.keras.estimator.model_to_estimator(keras_model=model(kind), model_dir=eight_dir)
+        reader = stock_estimator(model(kind), eight_dir)
         read = {k: float(v) for k, v in reader.evaluate(train_input).items()}
         out[kind]["stock_reads_engine"] = max(
             abs(read[k] - v) / max(1.0, abs(v)) for k, v in stock[0].items()
@@ -147,6 +235,15 @@ def main(root):
         finally:
             _strategy.replica_loss = original
         out[kind]["control"] = differences(control, stock)
+
+    # Every legacy input_fn style, on 8 replicas, against stock (a mean loss): the weights and
+    # slots it trains (evaluation and prediction read Datasets, proven above).
+    for style, input_fn in INPUT_STYLES.items():
+        eight = engine(model("mean"), os.path.join(root, style, "eight"))
+        eight.train(input_fn, steps=STEPS)
+        out["inputs"][style] = differences(
+            (None, None, variable_values(eight)), stock_run("mean", root, style)
+        )
 
     # XLA: the step is compiled with jit_compile, so an op XLA cannot compile fails the step.
     keras_model = model("mean")
@@ -169,4 +266,7 @@ def main(root):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--record":
+        record(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])

@@ -6,7 +6,7 @@ choice from the environment alone. The strategy engine's numbers are tests/test_
 import pytest
 
 import tpushim
-from tpushim import _decision, _engines, _settings
+from tpushim import _decision, _engines, _settings, _versions
 from tpushim._detect import TPUSpec
 from tpushim._errors import ConfigurationError
 
@@ -98,6 +98,9 @@ def test_decision_names_the_engine(mode, tpu, action, returns):
     assert returns in decision.returns
 
 
+@pytest.mark.skipif(
+    _versions.uses_engine(), reason="TensorFlow >= 2.16: the strategy engine whatever the runtime"
+)
 def test_decision_on_a_pjrt_runtime(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     decision = _decision.decide(settings(), TPU)
@@ -140,7 +143,23 @@ def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tm
     subclassed.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
     tf1 = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
     tf1.compile(tf.compat.v1.train.GradientDescentOptimizer(0.1), loss="mse")
-    for model, why in ((subclassed, "subclassed"), (tf1, "Keras optimizers")):
+    activity = tf.keras.Sequential(
+        [tf.keras.layers.Dense(1, input_shape=(2,), activity_regularizer="l2", name="act")]
+    )
+    activity.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+    masked = tf.keras.Sequential(
+        [
+            tf.keras.layers.Masking(0.0, input_shape=(3, 2)),
+            tf.keras.layers.Dense(1, name="out"),
+        ]
+    )
+    masked.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+    for model, why in (
+        (subclassed, "subclassed"),
+        (tf1, "Keras optimizers"),
+        (activity, "losses a layer adds from its inputs yet \\(activity_regularizer"),
+        (masked, "masked outputs yet \\(a Keras mask from Masking or mask_zero reaches output out"),
+    ):
         with (
             tpushim.patched(mode="cpu", engine="strategy", quiet=True),
             pytest.raises(tpushim.ConversionError, match=why),
@@ -246,3 +265,27 @@ def test_estimators_made_from_the_engines_are_stocks_and_said_so(tmp_path, caplo
     assert said[1].startswith(
         "tf.estimator.Estimator(model_fn=<the strategy engine's estimator>.model_fn) -> stock"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"steps": 1, "max_steps": 2}, "Can not provide both steps and max_steps."),
+        ({"steps": 0}, "Must specify steps > 0, given: 0"),
+        ({"max_steps": -1}, "Must specify max_steps > 0, given: -1"),
+    ],
+)
+def test_train_step_arguments_checked_as_stock(tmp_path, kwargs, message):
+    """One check of train()'s step arguments for both engines (tpushim/_legacy/_estimator.py's),
+    with stock's errors, before the input_fn is called or anything is written."""
+    import re
+
+    import tfcases
+
+    stock = tfcases.convert(tmp_path / "stock", patch={"mode": "off"})
+    engine = tfcases.convert(tmp_path / "engine", patch={"mode": "cpu", "engine": "strategy"})
+    for estimator in (stock, engine):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            estimator.train(lambda: pytest.fail("input_fn called"), **kwargs)
+    assert not list((tmp_path / "engine").glob("model.ckpt-*"))

@@ -1,8 +1,12 @@
 """Rung 2b for the strategy engine (tpushim/_strategy.py): 8 replicas on 8 logical CPU devices
 equal 1 replica and the stock estimator, for a mean, a SUM and a custom one-number loss, with an
 indivisible global batch and a short last batch; negative controls fail; stock's estimator reads
-the engine's checkpoints; the step is compiled with XLA. The devices must be made before
-TensorFlow initialises, so it all runs in one subprocess (tests/strategy_proof.py)."""
+the engine's checkpoints; the step is compiled with XLA; every legacy input_fn style trains as
+stock's. The devices must be made before TensorFlow initialises, so it all runs in one
+subprocess (tests/strategy_proof.py).
+
+On every TensorFlow: on 2.12-2.15 against the stock estimator run beside it, on >= 2.16 (no
+stock estimator) against stock TensorFlow 2.15's numbers, tests/reference/strategy_tf215.json."""
 
 import json
 import os
@@ -12,13 +16,14 @@ import pytest
 
 TOLERANCE = 1e-5
 KINDS = ("mean", "sum", "custom")
+STYLES = ("tensors", "one_shot", "queue", "numpy")
 
 
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("strategy")
     here = os.path.dirname(os.path.abspath(__file__))
-    result = procs.python([os.path.join(here, "strategy_proof.py"), root], timeout=900)
+    result = procs.python([os.path.join(here, "strategy_proof.py"), root], timeout=1500)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, result.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT ") :])
@@ -29,6 +34,14 @@ pytestmark = pytest.mark.slow
 
 def test_runs_on_eight_replicas(proof):
     assert proof["replicas"] == 8
+
+
+def test_stock_is_stock_tensorflow_215(proof):
+    if proof["stock_from"] == "live":  # the stock estimator beside the engine
+        assert proof["tensorflow"].split(".")[:2] <= ["2", "15"]
+    else:
+        with open(proof["stock_from"], encoding="utf-8") as f:
+            assert json.load(f)["tensorflow"].startswith("2.15.")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -57,3 +70,12 @@ def test_step_is_compiled_with_xla(proof):
     error = proof["xla_error"]
     assert error is not None, "a model with a host-only op trained: the step was not XLA-compiled"
     assert "XLA" in error or "compil" in error, error
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_every_input_fn_style_on_eight_replicas(proof, style):
+    """(features, labels) tensors, a one-shot iterator's, a queue's, numpy_input_fn's: unchanged,
+    on 8 replicas, trained as stock trains on them (the weights and slots after STEPS steps)."""
+    got = proof["inputs"][style]
+    assert got["names_equal"]  # stock's checkpoint names
+    assert got["weights"] < TOLERANCE, got  # every weight and optimizer slot

@@ -244,22 +244,6 @@ def test_too_late_for_legacy_keras_refuses_clearly():
     assert "Fix: call tpushim.patch() before the script first uses tf.keras" in proc.stdout
 
 
-@pytest.mark.parametrize("mode", ["cpu", "tpu"])
-def test_tpu_modes_refuse_until_the_strategy_engine(mode):
-    code = (
-        "import tpushim; tpushim.patch(mode=%r)\nimport tensorflow as tf\n"
-        "m = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])\n"
-        "m.compile('sgd', 'mse')\n"
-        "try:\n    tf.keras.estimator.model_to_estimator(keras_model=m)\n"
-        "except tpushim.ConversionError as e:\n    print('refused:', e)\n" % mode
-    )
-    proc = procs.python(code=code, env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "refused: The TPU path on TensorFlow >= 2.16 needs the strategy engine (#33)" in (
-        proc.stdout
-    )
-
-
 def test_info_says_what_a_call_returns_and_check_runs_on_the_engine(tmp_path):
     (tmp_path / "prog.py").write_text("print('RAN')\n")
     env = {"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""}

@@ -13,7 +13,7 @@ from tpushim import _observe, _padding, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
-ModeKeys = tf.estimator.ModeKeys
+ModeKeys = _tfprivate.ModeKeys
 
 
 def _batch_dim(dataset):

@@ -51,14 +51,15 @@ def choose(settings, environ=None, tf_version=None):
     Args:
       settings: the resolved :class:`tpushim._settings.Settings`.
       environ: the environment (default ``os.environ``).
-      tf_version: TensorFlow's version string (default: the imported TensorFlow's, if any).
+      tf_version: TensorFlow's version string (default: the imported TensorFlow's, else the
+        installed one's).
     """
     if settings.engine != "auto":
         return settings.engine, f"engine {settings.engine} from {settings.sources.get('engine')}"
-    if tf_version is None:
-        import sys
+    if tf_version is None:  # the imported TensorFlow's, else the installed one's (not imported)
+        from tpushim import _versions
 
-        tf_version = getattr(sys.modules.get("tensorflow"), "__version__", None)
+        tf_version = _versions._tf_version_cheaply()
     version = _major_minor(tf_version)
     if version is not None and version >= NO_ESTIMATOR_FROM:
         return STRATEGY, f"TensorFlow {tf_version} has no TPUEstimator"

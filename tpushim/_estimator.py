@@ -746,17 +746,7 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         arguments["export_outputs"],
     )
     estimator = _strategy.StrategyEstimator(model_fn, config, warm_start_path, plan)
-    description = (
-        "the strategy engine: "
-        + (
-            f"tf.distribute.TPUStrategy on TPU {tpu.describe()} [TPU from {tpu.source}]"
-            if tpu is not None
-            else "tf.distribute.MirroredStrategy over this machine's devices "
-            f"[mode cpu from {settings.sources.get('mode')}]"
-        )
-        + f", global batch {settings.batch_size or 'from input'}"
-        + f", steps_per_execution {plan.steps_per_execution} [engine: {why}]"
-    )
+    description = _strategy.describe(plan, settings, tpu, why)
     _log.conversion(description, settings.quiet)
     _observe.converted(
         _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)

@@ -603,23 +603,32 @@ def _convert_call(wrapped, instance, args, kwargs):
 
 
 def _engine_call(wrapped, args, kwargs, settings):
-    """tf_keras's model_to_estimator on TensorFlow >= 2.16: tpushim's engine (stock's path).
-
-    The TPU path there needs the strategy engine (#33): modes that ask for it stop clearly.
-    """
-    from tpushim import _decision, _detect
+    """tf_keras's model_to_estimator on TensorFlow >= 2.16: tpushim's estimator engine (stock's
+    path), or, for the TPU code path, the strategy engine built on it (TPUEstimator does not
+    exist there: ``engine=tpuestimator`` stops, naming why)."""
+    from tpushim import _decision, _detect, _engines
 
     arguments = _arguments_by_name(wrapped, args, kwargs)
     tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
     decision = _decision.decide(settings, tpu)
-    if decision.action != _decision.STOCK:
-        from tpushim._errors import ConversionError
+    if decision.action == _decision.NO_TPU:
+        from tpushim._errors import NoTPUError
 
-        raise ConversionError(
-            "The TPU path on TensorFlow >= 2.16 needs the strategy engine (#33), which is not "
-            f"there yet ({decision.why}). Run with mode='auto' and no TPU (tpushim's estimator "
-            "on CPU/GPU, stock 2.15's numbers), or use TensorFlow <= 2.15 for TPUEstimator."
-        )
+        raise NoTPUError(decision.why)
+    if decision.action != _decision.STOCK:
+        engine, why = _engines.choose(settings)
+        if engine != _engines.STRATEGY:
+            from tpushim._errors import ConversionError
+
+            raise ConversionError(
+                f"engine={engine} (from {settings.sources.get('engine')}): TensorFlow "
+                f"{sys.modules['tensorflow'].__version__} has no TPUEstimator (tf.estimator was removed in 2.16). "
+                "Use engine='strategy' or 'auto' (TPUSHIM_ENGINE), which trains the Keras model "
+                "under tf.distribute.TPUStrategy, or TensorFlow <= 2.15 for TPUEstimator."
+            )
+        from tpushim import _strategy
+
+        return _strategy.build_on_engine(arguments, settings, decision.tpu, why)
     from tpushim._legacy import _keras
 
     v2 = getattr(wrapped, "__name__", "") == "model_to_estimator_v2"

@@ -26,6 +26,7 @@ def status() -> Status:
     with _patch.STATE.lock:  # one consistent picture while another thread patches
         settings = _patch.current_settings() or _settings.resolve()
         tpu = _detect.find_tpu(settings)
+        decision = _decision.decide(settings, tpu)
         return {
             "patched": _patch.is_patched(),
             "mode": settings.mode,
@@ -36,7 +37,7 @@ def status() -> Status:
             "iterations_per_loop": settings.iterations_per_loop,
             "quiet": settings.quiet,
             "applied": _patch.applied(),
-            "decision": _engine_decision(_decision.decide(settings, tpu).as_dict()),
+            "decision": _engine_decision(decision.as_dict(), decision.engine),
             "unsupported": _patch.version_problem(),
             "versions": _versions.installed(),
             "estimator_api": estimator_api(),
@@ -53,22 +54,25 @@ def estimator_api():
         }
     return {
         "provider": "tpushim",
-        "tpu_path": False,
+        "tpu_path": True,
         "says": "tpushim's estimator engine (TensorFlow >= 2.16 has no tf.estimator: "
-        "tf.compat.v1 graphs and sessions, on CPU/GPU); TPU path: none on TensorFlow >= 2.16 "
-        "yet (#33)",
+        "tf.compat.v1 graphs and sessions, on CPU/GPU); TPU path: the tf.distribute strategy "
+        "engine (TPUStrategy)",
     }
 
 
-def _engine_decision(decision):
-    """On TensorFlow >= 2.16 a call takes tpushim's estimator engine, or stops (no TPU path: #33)."""
+def _engine_decision(decision, engine):
+    """On TensorFlow >= 2.16 a call takes tpushim's estimator engine, the strategy engine (the
+    TPU path), or stops (``engine=tpuestimator``: there is no TPUEstimator there)."""
     if not _versions.uses_engine():
         return decision
     if decision["action"] == "stock":
         returns = "tpushim's estimator (TensorFlow >= 2.16 has none; stock 2.15's path and numbers)"
+    elif engine == "strategy":
+        return decision
     else:
         returns = (
-            "an error, tpushim.ConversionError: the TPU path on TensorFlow >= 2.16 needs the "
-            "strategy engine (#33)"
+            "an error, tpushim.ConversionError: engine=tpuestimator, and TensorFlow >= 2.16 has "
+            "no TPUEstimator (use engine strategy or auto)"
         )
     return dict(decision, returns=returns)

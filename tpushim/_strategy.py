@@ -29,12 +29,12 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _input_fn, _loss_kinds, _padding, _settings, _tfprivate
+from tpushim import _input_fn, _loss_kinds, _padding, _settings, _source, _tfprivate
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
 
-ModeKeys = tf.estimator.ModeKeys
+ModeKeys = _tfprivate.ModeKeys
 SUM = tf.distribute.ReduceOp.SUM
 Reduction = tf.keras.losses.Reduction
 
@@ -118,6 +118,33 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
         raise ConversionError(
             f"the strategy engine trains with Keras optimizers; {type(optimizer).__name__} is not "
             "one. Compile the model with a tf.keras optimizer, or use engine='tpuestimator'."
+        )
+    adding = [
+        layer.name
+        for layer in _tfprivate.all_layers(keras_model)
+        if _tfprivate.layer_input_losses(layer)
+    ]
+    if adding:
+        # Keras averages such a loss over each replica's own rows, padding rows included, so
+        # the replicas' sum is not stock's on the global batch: refused rather than wrong.
+        raise ConversionError(
+            "the strategy engine does not take losses a layer adds from its inputs yet "
+            f"(activity_regularizer, model.add_loss of a tensor: {', '.join(adding)}). Use a "
+            "weight regularizer or a loss on an output instead, or engine='tpuestimator' "
+            "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
+        )
+    masked = [
+        name
+        for name, mask in zip(keras_model.output_names, _tfprivate.output_masks(keras_model))
+        if mask is not None
+    ]
+    if masked:
+        # Stock's loss averages a masked output over the batch's unmasked elements; the engine
+        # does not split that over replicas yet: refused rather than trained to other numbers.
+        raise ConversionError(
+            "the strategy engine does not take masked outputs yet (a Keras mask from Masking or "
+            f"mask_zero reaches output {', '.join(masked)}). Stop the mask before the output, "
+            "or use engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
         )
     kinds = _loss_kinds.plan(keras_model, custom_objects).outputs
     warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
@@ -227,17 +254,85 @@ def batch_size_of(dataset):
     raise ConversionError("the input_fn's dataset is empty: there is no batch to read.")
 
 
+def _graph_input(input_fn, mode, config):
+    """An input_fn that returns tensors (a queue's, ``numpy_input_fn``'s on TensorFlow <= 2.15,
+    constants, random ops, anything that needs a graph), run as stock runs it: called in a graph
+    of its own seeded as stock's (graph seed, global step and its read first: stock's op seeds),
+    each batch one ``session.run`` of its tensors in a ``MonitoredSession`` (queue runners, tables,
+    initializers as stock's), until the input runs out. Returns (Dataset, first batch's size).
+
+    The Dataset reads that one session: it is iterated once (one train/evaluate/predict call).
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.random.set_random_seed(config.tf_random_seed)
+        tf.compat.v1.train.create_global_step(graph)
+        if mode == ModeKeys.TRAIN:
+            _tfprivate.global_step_read()
+        with tf.compat.v1.device("/cpu:0"):
+            result = _input_fn.check_result(
+                input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
+            )
+        if isinstance(result, tf.data.Dataset):
+            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+        if isinstance(result, list):
+            result = tuple(result)
+        session = tf.compat.v1.train.MonitoredSession(
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+        )
+    spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), result)
+
+    def run():
+        with graph.as_default():
+            try:
+                return None if session.should_stop() else session.run(result)
+            except tf.errors.OutOfRangeError:
+                return None
+
+    first = run()
+    if first is None:
+        session.close()
+        raise ConversionError("the input_fn's tensors gave no batch: the input is empty.")
+
+    def batches():
+        batch = first
+        try:
+            while batch is not None:
+                yield batch
+                batch = run()
+        finally:  # also when a call stops early (its steps done): the queue runners stop
+            session.close()
+
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    return dataset, int(tf.nest.flatten(first)[0].shape[0])
+
+
 def distributed_input(strategy, input_fn, mode, config, batch_size):
     """The user's input as the strategy's replicas read it: every global batch (short ones
-    too) padded to a multiple of the replicas, split in order. Returns (dataset, global batch)."""
-    result = _input_fn.call(input_fn, mode, {}, config)
-    if not isinstance(result, tf.data.Dataset):
-        raise ConversionError(
-            "the strategy engine reads input_fns that return a tf.data.Dataset (yet); "
-            f"{getattr(input_fn, '__name__', input_fn)!r} returned tensors. Return the dataset "
-            "instead of its iterator's get_next(), or use engine='tpuestimator'."
+    too) padded to a multiple of the replicas, split in order. Returns (dataset, global batch).
+
+    A Dataset (or an iterator's tensors traced back to theirs, :mod:`tpushim._source`) is read
+    eagerly. Any other input_fn -- (features, labels) tensors, queues, ``numpy_input_fn`` /
+    ``pandas_input_fn`` on TensorFlow <= 2.15 -- is called again in a graph of its own and run
+    there as stock runs it (:func:`_graph_input`): tensors met eagerly say nothing of what stock's
+    next ``session.run`` would give (a queue's next batch, a random op's next draw).
+    """
+    size = batch_size
+    try:
+        result = _input_fn.call(input_fn, mode, {}, config)
+    except Exception as e:  # a graph-only input (queues, placeholders): run in a graph below
+        logger.debug("input_fn failed eagerly (%s); calling it in a graph", e)
+        result = None
+    if isinstance(result, tf.data.Dataset):
+        size = size or batch_size_of(result)
+    else:
+        logger.info(
+            "the strategy engine runs input_fn %r in a graph of its own, as stock does: it "
+            "returns tensors, not a tf.data.Dataset",
+            getattr(input_fn, "__name__", input_fn),
         )
-    size = batch_size or batch_size_of(result)
+        result, first = _graph_input(input_fn, mode, config)
+        size = size or first
     replicas = strategy.num_replicas_in_sync
     padded = -(-size // replicas) * replicas
     dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()
@@ -461,7 +556,7 @@ def _metrics_model(plan):
     return model
 
 
-class StrategyEstimator(tf.estimator.Estimator):
+class StrategyEstimator(_tfprivate.EstimatorBase):
     """The stock Estimator whose ``train``, ``evaluate`` and ``predict`` run the Keras model under
     a ``tf.distribute`` strategy (see the module's docstring for why it subclasses Estimator)."""
 
@@ -495,12 +590,9 @@ class StrategyEstimator(tf.estimator.Estimator):
             )
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
-        if steps is not None and max_steps is not None:
-            raise ValueError("Can not provide both steps and max_steps.")
-        if steps is not None and steps <= 0:
-            raise ValueError(f"Must specify steps > 0, given: {steps}")
-        if max_steps is not None and max_steps <= 0:
-            raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+        from tpushim._legacy._estimator import check_train_steps  # one check for both engines
+
+        check_train_steps(steps, max_steps)
         self._no_hooks(hooks, "hooks")
         listeners = list(saving_listeners or ())
         run = _Run(self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir)
@@ -621,3 +713,110 @@ class StrategyEstimator(tf.estimator.Estimator):
 
 def _as_dict_or_one(values, names):
     return values[0] if len(values) == 1 else dict(zip(names, values))
+
+
+# --- the conversion ------------------------------------------------------------------------------
+
+
+def describe(plan, settings, tpu, why):
+    """The conversion line's description of this engine's estimator: where it runs and why."""
+    return (
+        "the strategy engine: "
+        + (
+            f"tf.distribute.TPUStrategy on TPU {tpu.describe()} [TPU from {tpu.source}]"
+            if tpu is not None
+            else "tf.distribute.MirroredStrategy over this machine's devices "
+            f"[mode cpu from {settings.sources.get('mode')}]"
+        )
+        + f", global batch {settings.batch_size or 'from input'}"
+        + f", steps_per_execution {plan.steps_per_execution} [engine: {why}]"
+    )
+
+
+def build_on_engine(arguments, settings, tpu, why):
+    """The strategy engine's estimator on TensorFlow >= 2.16 (no tensorflow_estimator): built on
+    tpushim's own Estimator (:mod:`tpushim._legacy`) as on 2.12-2.15 it is built on stock's, with
+    that engine's Keras model_fn (export) and warm-start checkpoint, which are stock 2.15's.
+
+    Args:
+      arguments: the ``model_to_estimator`` call's arguments by name.
+      settings: the resolved :class:`tpushim._settings.Settings`.
+      tpu: the :class:`tpushim._detect.TPUSpec` to run on, or None (cpu mode).
+      why: why the strategy engine runs (:func:`tpushim._engines.choose`).
+    """
+    from tpushim import _detect, _log, _observe
+    from tpushim._legacy import _keras as engine_keras
+
+    with _observe.converting(arguments) as arguments:
+        keras_model = arguments["keras_model"]
+        if keras_model is not None and arguments["keras_model_path"]:
+            raise ValueError(
+                "Please specity either `keras_model` or `keras_model_path`, but not both."
+            )
+        if keras_model is None:
+            path = arguments["keras_model_path"]
+            if not path:
+                raise ValueError("Either `keras_model` or `keras_model_path` needs to be provided.")
+            if path.startswith("gs://") or "storage.googleapis.com" in path:
+                raise ConversionError(
+                    f"tpushim loads keras_model_path from local or mounted paths; copy {path} "
+                    "locally first (gsutil cp) and pass that path."
+                )
+            keras_model = tf.keras.models.load_model(
+                path, custom_objects=arguments["custom_objects"]
+            )
+        custom_objects = arguments["custom_objects"]
+        engine_keras._assert_valid_model(keras_model, custom_objects)
+        checkpoint_format = arguments["checkpoint_format"]
+        if checkpoint_format not in (None, "checkpoint", "saver"):
+            raise ValueError(
+                f'Checkpoint format must be one of "checkpoint" or "saver". Got {checkpoint_format}'
+            )
+        if not getattr(keras_model, "optimizer", None):
+            raise ValueError(
+                "The given keras model has not been compiled yet. Please compile the model with "
+                "`model.compile()` before calling `model_to_estimator()`."
+            )
+        optimizer = keras_model.optimizer
+        if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer) and isinstance(
+            optimizer, tf.keras.optimizers.Optimizer
+        ):  # as stock: a new-style optimizer becomes its legacy twin (estimators need one)
+            optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
+        cluster = _detect.cluster_resolver(tpu) if tpu is not None else None
+        plan = make_plan(
+            keras_model,
+            optimizer,
+            custom_objects,
+            settings,
+            lambda: tpu_strategy(cluster) if cluster is not None else cpu_strategy(),
+        )
+        if cluster is not None:  # a TPU that does not answer fails now, before anything is written
+            _detect.check_tpu_answers(cluster, tpu.source)
+        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
+            arguments["config"], arguments["model_dir"]
+        )
+        if optimizer is not keras_model.optimizer:
+            logger.warning(
+                "converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
+                "model_to_estimator does.",
+                type(keras_model.optimizer).__name__,
+            )
+            keras_model.optimizer = optimizer
+        save_object_ckpt = checkpoint_format != "saver"
+        model_fn = engine_keras._model_fn_for(
+            keras_model,
+            custom_objects,
+            save_object_ckpt,
+            arguments["metric_names_map"],
+            arguments["export_outputs"],
+        )
+        warm_start_path = engine_keras._save_first_checkpoint(
+            keras_model, custom_objects, config, save_object_ckpt
+        )
+        estimator = StrategyEstimator(model_fn, config, warm_start_path, plan)
+        description = describe(plan, settings, tpu, why)
+        _log.conversion(description, settings.quiet)
+        _observe.converted(
+            _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
+        )
+        return estimator

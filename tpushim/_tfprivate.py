@@ -13,25 +13,67 @@ import sys
 import threading
 
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
-from tensorflow_estimator.python.estimator import estimator as estimator_lib
-from tensorflow_estimator.python.estimator import extenders, keras_lib
-from tensorflow_estimator.python.estimator.export import export_lib  # noqa: F401  (re-exported)
-from tensorflow_estimator.python.estimator.tpu import (  # noqa: F401  (re-exported)
-    tpu_config,
-    tpu_context,
-    tpu_estimator,
-)
 
-# keras_lib helpers, reused so that tpushim clones, feeds and warm-starts exactly as stock does.
-convert_estimator_io_to_keras = keras_lib._convert_estimator_io_to_keras
-# Stock's check that a subclassed model rebuilds from its config (its errors and texts, verbatim).
-assert_valid_model = keras_lib._assert_valid_model
-any_weight_initialized = keras_lib._any_weight_initialized
-FormattedKeyError = keras_lib.FormattedKeyError
-DEFAULT_SERVING_KEY = keras_lib._DEFAULT_SERVING_KEY
-maybe_overwrite_model_dir_and_session_config = (
-    estimator_lib.maybe_overwrite_model_dir_and_session_config
-)
+try:
+    from tensorflow_estimator.python.estimator import estimator as estimator_lib
+    from tensorflow_estimator.python.estimator import extenders, keras_lib
+    from tensorflow_estimator.python.estimator.export import export_lib
+    from tensorflow_estimator.python.estimator.tpu import (
+        tpu_config,
+        tpu_context,
+        tpu_estimator,
+    )
+except ImportError:
+    # TensorFlow >= 2.16: no tensorflow_estimator. Only the strategy engine's modules import this
+    # file there (tpushim._legacy gives the estimator); their Keras names come from tf_keras.
+    ON_TF_KERAS = True
+    estimator_lib = extenders = keras_lib = export_lib = None
+    tpu_config = tpu_context = tpu_estimator = None
+else:
+    ON_TF_KERAS = False
+
+if keras_lib is not None:
+    # keras_lib helpers, reused so that tpushim clones, feeds and warm-starts exactly as stock does.
+    convert_estimator_io_to_keras = keras_lib._convert_estimator_io_to_keras
+    # Stock's check that a subclassed model rebuilds from its config (its errors, verbatim).
+    assert_valid_model = keras_lib._assert_valid_model
+    any_weight_initialized = keras_lib._any_weight_initialized
+    FormattedKeyError = keras_lib.FormattedKeyError
+    DEFAULT_SERVING_KEY = keras_lib._DEFAULT_SERVING_KEY
+    maybe_overwrite_model_dir_and_session_config = (
+        estimator_lib.maybe_overwrite_model_dir_and_session_config
+    )
+    from tensorflow_estimator.python.estimator.mode_keys import ModeKeys  # tf.estimator.ModeKeys
+
+    EstimatorBase = estimator_lib.EstimatorV2  # tf.estimator.Estimator
+else:  # tpushim's own engine's twins (tpushim/_legacy/_keras.py wrote them from stock's)
+    from tpushim._legacy import _config as _legacy_config
+    from tpushim._legacy import _estimator as _legacy_estimator
+    from tpushim._legacy import _keras as _legacy_keras
+
+    convert_estimator_io_to_keras = _legacy_keras._keras_io
+    assert_valid_model = _legacy_keras._assert_valid_model
+    any_weight_initialized = _legacy_keras._any_weight_initialized
+    DEFAULT_SERVING_KEY = _legacy_keras._SERVING_KEY
+    maybe_overwrite_model_dir_and_session_config = (
+        _legacy_config.overwrite_model_dir_and_session_config
+    )
+    ModeKeys = _legacy_config.ModeKeys
+    EstimatorBase = _legacy_estimator.Estimator  # tf.estimator.Estimator there, with tpushim on
+
+
+def _keras(module):
+    """Keras 2's private module ``module`` (e.g. ``engine.training_utils_v1``): in ``keras.src``
+    (Keras 2.13-2.15), ``keras`` (Keras 2.12), or ``tf_keras.src`` (TensorFlow >= 2.16, where
+    ``keras`` is Keras 3)."""
+    import importlib
+
+    if ON_TF_KERAS:
+        return importlib.import_module(f"tf_keras.src.{module}")
+    try:
+        return importlib.import_module(f"keras.src.{module}")  # Keras >= 2.13 keeps it in keras.src
+    except ImportError:
+        return importlib.import_module(f"keras.{module}")  # Keras 2.12
 
 
 def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt):
@@ -137,10 +179,7 @@ _batchnorm_call = contextvars.ContextVar("tpushim_batchnorm_call", default=None)
 
 def batchnorm_base_class():
     """The base class of every Keras 2 BatchNormalization layer (v1, v2, SyncBatchNormalization)."""
-    try:
-        from keras.src.layers.normalization import batch_normalization as module  # Keras >= 2.13
-    except ImportError:
-        from keras.layers.normalization import batch_normalization as module  # Keras 2.12
+    module = _keras("layers.normalization.batch_normalization")
     return module.BatchNormalizationBase
 
 
@@ -382,19 +421,13 @@ def num_shards_in_replica_context():
 
 def keras_v1_tf_optimizer_class():
     """Keras's wrapper for a tf.compat.v1.train optimizer (``model.compile(optimizer=tf1_opt)``)."""
-    try:
-        from keras.src.optimizers import optimizer_v1  # Keras >= 2.13 keeps its code in keras.src
-    except ImportError:
-        from keras.optimizers import optimizer_v1  # Keras 2.12
+    optimizer_v1 = _keras("optimizers.optimizer_v1")
     return optimizer_v1.TFOptimizer
 
 
 def losses_utils():
     """Keras's ``losses_utils`` module (``compute_weighted_loss``, ``ReductionV2``)."""
-    try:
-        from keras.src.utils import losses_utils as module  # Keras >= 2.13
-    except ImportError:
-        from keras.utils import losses_utils as module  # Keras 2.12
+    module = _keras("utils.losses_utils")
     return module
 
 
@@ -468,10 +501,7 @@ def settle_sample_weights(model):
 
 def call_metric_function(metric_fn, y_true, y_pred, weights=None, mask=None):
     """Keras's v1-graph metric call: an output's mask weighs the metric, times any weights."""
-    try:
-        from keras.src.engine import training_utils_v1  # Keras >= 2.13
-    except ImportError:
-        from keras.engine import training_utils_v1  # Keras 2.12
+    training_utils_v1 = _keras("engine.training_utils_v1")
     return training_utils_v1.call_metric_function(
         metric_fn, y_true, y_pred, weights=weights, mask=mask
     )
@@ -574,7 +604,11 @@ def object_checkpoint_keys(keras_model):
 def replace_enqueue_data(make_wrapper):
     """Sets ``make_wrapper(original)`` as ``feeding_functions._enqueue_data``, which fills
     numpy_input_fn's / pandas_input_fn's queues (both look it up by attribute at call time);
-    returns a function that restores the original (unless someone replaced the wrapper since)."""
+    returns a function that restores the original (unless someone replaced the wrapper since).
+    On TensorFlow >= 2.16 tpushim's own input_fns (tpushim/_legacy/_inputs.py) have no such
+    function: nothing is replaced."""
+    if ON_TF_KERAS:
+        return lambda: None
     from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module
 
     original = module._enqueue_data
@@ -618,10 +652,7 @@ def dataset_variant_op(dataset):
 def prepare_loss_functions(loss, output_names):
     """The per-output Loss objects a v1-graph clone compiles ``loss`` into (Keras wraps every
     function in a ``LossFunctionWrapper`` with reduction AUTO), in ``output_names``' order."""
-    try:
-        from keras.src.engine import training_utils_v1  # Keras >= 2.13
-    except ImportError:
-        from keras.engine import training_utils_v1  # Keras 2.12
+    training_utils_v1 = _keras("engine.training_utils_v1")
     return training_utils_v1.prepare_loss_functions(loss, output_names)
 
 
@@ -640,19 +671,13 @@ def keras_loss_modules():
 
 def loss_function_wrapper_class():
     """Keras's ``LossFunctionWrapper``: a Loss around a function (``fn``)."""
-    try:
-        from keras.src.losses import LossFunctionWrapper  # Keras >= 2.13
-    except ImportError:
-        from keras.losses import LossFunctionWrapper  # Keras 2.12
+    LossFunctionWrapper = _keras("losses").LossFunctionWrapper
     return LossFunctionWrapper
 
 
 def add_loss_layer_class():
     """The layer ``model.add_loss(symbolic tensor)`` becomes in a functional model."""
-    try:
-        from keras.src.engine.base_layer import AddLoss  # Keras >= 2.13
-    except ImportError:
-        from keras.engine.base_layer import AddLoss  # Keras 2.12
+    AddLoss = _keras("engine.base_layer").AddLoss
     return AddLoss
 
 
@@ -705,10 +730,7 @@ def added_losses(model):
 def reachable_from(inputs, targets):
     """The tensors and ops of ``targets`` that depend on ``inputs`` (a graph walk, as Keras's
     ``get_losses_for`` does it)."""
-    try:
-        from keras.src.utils import tf_utils as keras_tf_utils  # Keras >= 2.13
-    except ImportError:
-        from keras.utils import tf_utils as keras_tf_utils  # Keras 2.12
+    keras_tf_utils = _keras("utils.tf_utils")
     return keras_tf_utils.get_reachable_from_inputs(inputs, targets)
 
 
@@ -734,10 +756,7 @@ class keras_random_state_kept:
     def __enter__(self):
         import random
 
-        try:
-            from keras.src import backend  # Keras >= 2.13
-        except ImportError:
-            from keras import backend  # Keras 2.12
+        backend = _keras("backend")
         _random_state_lock.acquire()
         self._generator = getattr(backend._SEED_GENERATOR, "generator", None)
         self._states = (
@@ -871,7 +890,9 @@ silence_own_deprecation_warnings()
 
 # Stock's Keras model_fn: the strategy engine's estimator keeps it as its model_fn, so that what
 # the base Estimator builds from it (export_saved_model, add_metrics) is stock's.
-create_keras_model_fn = keras_lib._create_keras_model_fn
+create_keras_model_fn = (
+    keras_lib._create_keras_model_fn if keras_lib is not None else _legacy_keras._model_fn_for
+)
 
 
 def create_optimizer_slots(optimizer, variables):

@@ -62,7 +62,8 @@ _INSTEAD = {
     "build_raw_supervised_input_receiver_fn": (
         "export.build_raw_serving_input_receiver_fn (tpushim exports the PREDICT graph only)"
     ),
-    "tpu": "TensorFlow <= 2.15 for TPUEstimator (tpushim's TPU path on TensorFlow >= 2.16 is #33)",
+    "tpu": "TensorFlow <= 2.15 for TPUEstimator (on TensorFlow >= 2.16 tpushim's TPU path is the "
+    "strategy engine: model_to_estimator under tpushim with a TPU, mode='cpu' or engine='strategy')",
 }
 
 

@@ -99,6 +99,17 @@ def _warm_start_settings(warm_start_from):
     )
 
 
+def check_train_steps(steps, max_steps):
+    """``train()``'s step arguments, checked as stock checks them (its texts); the strategy
+    engine's ``train()`` (tpushim/_strategy.py) checks them here too."""
+    if steps is not None and max_steps is not None:
+        raise ValueError("Can not provide both steps and max_steps.")
+    if steps is not None and steps <= 0:
+        raise ValueError(f"Must specify steps > 0, given: {steps}")
+    if max_steps is not None and max_steps <= 0:
+        raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+
+
 class Estimator:
     """tf.estimator.Estimator on TensorFlow >= 2.16 (tpushim's engine; one local process)."""
 
@@ -211,12 +222,7 @@ class Estimator:
             return self
 
     def _train(self, input_fn, hooks, steps, max_steps, saving_listeners):
-        if steps is not None and max_steps is not None:
-            raise ValueError("Can not provide both steps and max_steps.")
-        if steps is not None and steps <= 0:
-            raise ValueError(f"Must specify steps > 0, given: {steps}")
-        if max_steps is not None and max_steps <= 0:
-            raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+        check_train_steps(steps, max_steps)
         if max_steps is not None and max_steps <= _global_step_saved(self._model_dir):
             tf.compat.v1.logging.info("Skipping training since max_steps has already saved.")
             return self
