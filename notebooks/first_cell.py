@@ -14,7 +14,7 @@ ESTIMATOR_PYTHON = (3, 12)  # TensorFlow <= 2.15 (estimators, TPUEstimator) has 
 SUPPORTED_TF = ((2, 12), (2, 16))  # estimators end with TensorFlow 2.15
 TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]  # numpy 2 breaks TensorFlow <= 2.15
 # Python 3.12/3.13: TensorFlow 2.16-2.21 and tf-keras (Keras 2) of its minor; tpushim brings the
-# estimator API itself there (CPU/GPU; no TPU path on TensorFlow >= 2.16 yet).
+# estimator API itself there; its TPU path there is the strategy engine (TPUStrategy).
 ENGINE_TF = ((2, 16), (2, 22))
 ENGINE_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 # Where else to run, kept apart: Colab's own menu, and Google Cloud (a TPU VM you create).
@@ -128,8 +128,9 @@ def check_runtime():
     if python >= ESTIMATOR_PYTHON:
         return True, line + (
             ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy "
-            "script on CPU/GPU with stock 2.15's numbers; its TPU path does not run there yet: "
-            f"for a TPU, a runtime with Python 3.11. {ON_COLAB}"
+            "script on CPU/GPU with stock 2.15's numbers; its TPU path there is the strategy "
+            "engine (TPUStrategy), proven on emulated replicas and not yet run on a real TPU: "
+            f"for TPUEstimator's proven path, a runtime with Python 3.11. {ON_COLAB}"
         )
     return True, line + (
         ". The cells below say whether TensorFlow reaches a TPU here; without one they run "

@@ -89,8 +89,9 @@ ENGINE_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 #: What the cell says of TensorFlow >= 2.16 (Python 3.12/3.13): what runs, what does not yet.
 ON_ENGINE = (
     ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy script "
-    "on CPU/GPU with stock 2.15's numbers; its TPU path does not run there yet: for a TPU, a "
-    "runtime with Python 3.11. On Colab: Runtime > Change runtime type > Runtime version: one "
+    "on CPU/GPU with stock 2.15's numbers; its TPU path there is the strategy engine "
+    "(TPUStrategy), proven on emulated replicas and not yet run on a real TPU: for "
+    "TPUEstimator's proven path, a runtime with Python 3.11. On Colab: Runtime > Change runtime type > Runtime version: one "
     "with Python 3.11."
 )
 

@@ -145,7 +145,7 @@ def _run_notebook(name, tmp_path, monkeypatch, env=None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tpu", [None, "local"], ids=["no-tpu", "tpu-vm-runtime"])
-def test_colab_quickstart_runs_on_the_engine_and_says_no_tpu_path_yet(tmp_path, monkeypatch, tpu):
+def test_colab_quickstart_runs_the_strategy_engine_on_the_cpu(tmp_path, monkeypatch, tpu):
     out, _, _ = _run_notebook(
         "colab_quickstart.ipynb", tmp_path, monkeypatch, env={"TPUSHIM_TPU": tpu} if tpu else None
     )
@@ -153,14 +153,15 @@ def test_colab_quickstart_runs_on_the_engine_and_says_no_tpu_path_yet(tmp_path, 
         r"^ready: Python 3\.1[23], TensorFlow 2\.(1[6-9]|2[01])\.\d+, tf-keras 2\.\d+\.\d+, "
         r"tpushim \S+: this runtime runs the notebook\. On TensorFlow >= 2\.16 tpushim brings the "
         r"estimator API itself and runs the legacy script on CPU/GPU with stock 2\.15's numbers; "
-        r"its TPU path does not run there yet",
+        r"its TPU path there is the strategy engine",
         out,
         re.M,
     ), out[:2000]
     assert "skipped:" not in out  # every cell ran
-    assert "tpushim mode: off" in out
-    assert re.search(r"Can TensorFlow \S+ use a TPU here\? not through tpushim yet", out)
-    assert "estimator: Estimator" in out  # tpushim's engine (TPUShimEstimator on 2.15)
+    # No TPU here: cpu mode at once, or (a faked local TPU) once TensorFlow shows no TPU devices.
+    assert ("tpushim mode: cpu" if tpu is None else "tpushim mode: auto") in out
+    assert re.search(r"Can TensorFlow \S+ use a TPU here\? (no TPU on this runtime|NO: )", out)
+    assert "estimator: StrategyEstimator" in out  # the TPU path on 2.16+ (TPUShimEstimator on 2.15)
     accuracy = float(re.search(r"'accuracy': ([0-9.]+)", out).group(1))
     assert accuracy > 0.9
     assert f"exported to {tmp_path}" in out and "served predictions:" in out
@@ -211,8 +212,8 @@ def test_run_summary_says_the_engine_and_times_each_call(tmp_path):
     summary = proc.stderr[proc.stderr.index("tpushim run summary:") :]
     assert re.search(
         r"estimator 1: model_to_estimator -> tpushim's EstimatorV2 on TensorFlow 2\.\d+\.\d+ with "
-        r"tf-keras 2\.\d+\.\d+: stock 2\.15's path on CPU/GPU \(tpushim's engine\); no TPU path "
-        r"on TensorFlow >= 2\.16 yet",
+        r"tf-keras 2\.\d+\.\d+: stock 2\.15's path on CPU/GPU \(tpushim's engine\); the TPU path "
+        r"there is the strategy engine \(mode cpu / tpu\)",
         summary,
     ), summary
     assert re.search(r"train\(\) +[0-9.]+ s  40 steps, [0-9.]+ steps/s", summary), summary
@@ -221,20 +222,20 @@ def test_run_summary_says_the_engine_and_times_each_call(tmp_path):
     assert re.search(r"train\(\) +CPU/GPU \(tpushim's engine\) +[0-9.]+ +40 ", summary), summary
 
 
-def test_info_names_the_engine_tf_keras_and_no_tpu_path_yet(tmp_path):
+def test_info_names_the_engine_tf_keras_and_the_tpu_path(tmp_path):
     info = procs.python(["-m", "tpushim", "info"], env=ENV, cwd=tmp_path)
     assert info.returncode == 0, info.stderr[-3000:]
     first, engine = info.stdout.splitlines()[:2]
     assert re.match(r"tpushim \S+: TensorFlow 2\.\d+\.\d+, Keras \S+, tf-keras 2\.\d+\.\d+ ", first)
     assert engine == (
         "estimator:   tpushim's estimator engine (TensorFlow >= 2.16 has no tf.estimator: "
-        "tf.compat.v1 graphs and sessions, on CPU/GPU); TPU path: none on TensorFlow >= 2.16 "
-        "yet (#33)"
+        "tf.compat.v1 graphs and sessions, on CPU/GPU); TPU path: the tf.distribute strategy "
+        "engine (TPUStrategy)"
     )
     as_json = json.loads(
         procs.python(["-m", "tpushim", "info", "--json"], env=ENV, cwd=tmp_path).stdout
     )
     assert as_json["estimator_api"]["provider"] == "tpushim"
-    assert as_json["estimator_api"]["tpu_path"] is False
+    assert as_json["estimator_api"]["tpu_path"] is True
     versions = as_json["versions"]
     assert versions["tf_keras"].split(".")[:2] == versions["tensorflow"].split(".")[:2]

@@ -51,7 +51,7 @@ else:  # tpushim's own engine's twins (tpushim/_legacy/_keras.py wrote them from
     from tpushim._legacy import _estimator as _legacy_estimator
     from tpushim._legacy import _keras as _legacy_keras
 
-    convert_estimator_io_to_keras = _legacy_keras._keras_io
+    convert_estimator_io_to_keras = _legacy_keras.keras_io
     assert_valid_model = _legacy_keras._assert_valid_model
     any_weight_initialized = _legacy_keras._any_weight_initialized
     DEFAULT_SERVING_KEY = _legacy_keras._SERVING_KEY

@@ -312,8 +312,8 @@ def conversion(estimator, arguments, settings, v2):
         model_fn=estimator._model_fn,
         description=(
             f"tpushim's {v2} on TensorFlow {tf.__version__} with tf-keras "
-            f"{_tf_keras_version()}: stock 2.15's path on {RUNS_ON}; no TPU path on "
-            f"TensorFlow >= 2.16 yet"
+            f"{_tf_keras_version()}: stock 2.15's path on {RUNS_ON}; the TPU path there is "
+            f"the strategy engine (mode cpu / tpu)"
         ),
     )
 
