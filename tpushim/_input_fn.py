@@ -287,10 +287,17 @@ def adapt(
         # On CPU TPUEstimator takes tensors as Estimator does; cpu mode says what a TPU would do.
         logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
         return result
+    # An input whose batches are all full (its graph says so) needs no padding machinery.
+    none_short = False
+    if _batching.might_pad(result, global_batch):
+        with graph_session() as session:
+            none_short = _batching.none_short(result, session)
     result = _batching.without_float64(result)
     result = _shapes.with_declared_shapes(result, model_inputs)
     if context is None:
-        return _batching.fit_batches(result, global_batch, mode).prefetch(tf.data.AUTOTUNE)
+        return _batching.fit_batches(result, global_batch, mode, none_short=none_short).prefetch(
+            tf.data.AUTOTUNE
+        )
     index, count = shard if shard is not None else deployment(context)
     return _batching.tpu_batches(
         result,
@@ -300,4 +307,5 @@ def adapt(
         count,
         index,
         tpu_batch=tpu_batch,
+        none_short=none_short,
     ).prefetch(tf.data.AUTOTUNE)
