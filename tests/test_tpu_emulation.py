@@ -159,7 +159,8 @@ def test_negative_control_summed_gradients_fail(stock_training, monkeypatch):
 
 
 def _bn_model(synchronized=False, conv=False):
-    """Dense (or a 1x1 Conv2D: BatchNormalization's fused kernel) -> BatchNormalization -> softmax."""
+    """Dense (or a 1x1 Conv2D: BatchNormalization's fused kernel) -> BatchNormalization -> softmax.
+    ``conv="axis1"``: the fused layer normalises axis 1 (the kernel's NCHW layout)."""
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     hidden = (
@@ -176,7 +177,7 @@ def _bn_model(synchronized=False, conv=False):
                 tf.keras.layers.experimental.SyncBatchNormalization
                 if synchronized
                 else tf.keras.layers.BatchNormalization
-            )(momentum=0.5, name="bn"),
+            )(momentum=0.5, axis=1 if conv == "axis1" else -1, name="bn"),
             tf.keras.layers.Flatten(),
             tf.keras.layers.Dense(3, activation="softmax", name="probs"),
         ]
@@ -265,7 +266,9 @@ def _padded_global_batch(x, y):
 
 
 @pytest.mark.parametrize("rows", [SHORT_REAL, GLOBAL], ids=["short", "full"])
-@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv-fused"])
+@pytest.mark.parametrize(
+    "conv", [False, True, "axis1"], ids=["dense", "conv-fused", "conv-fused-channels-first"]
+)
 def test_batchnorm_on_a_padded_short_batch_uses_each_shards_real_rows(tmp_path, conv, rows):
     """A short batch padded over the shards (issue 24, item 1): each replica's moving statistics
     are those of its own real rows (unchanged on a shard of padding only), and the weights move
