@@ -10,9 +10,11 @@ measures and its goals): ``startup`` (bench_startup), ``wrapper`` (bench_wrapper
 tests' replica harness ``tests/replicas.py``), ``pods`` (bench_pods: each host's input on faked
 TPU systems of 1, 2 and 4 hosts), ``scale`` (bench_scale, in-memory arrays at real size, one
 process per run), ``padding`` (bench_padding: a TPU host's pipeline with padded batches), ``bn`` (bench_bn:
-BatchNormalization-heavy Keras applications on a finite input, cpu mode against stock), ``tf216``
-(bench_tf216: tpushim's estimator engine on TensorFlow >= 2.16 against stock 2.15, two
-interpreters: ``--tf216-python``). All of them write one table (benchlib.Table).
+BatchNormalization-heavy Keras applications on a finite input, cpu mode against stock, the TPU
+step against a hand-written one, the preflight against the script; its parts ``bn-step`` and
+``bn-check`` run alone), ``tf216`` (bench_tf216: tpushim's estimator engine on TensorFlow >= 2.16
+against stock 2.15, two interpreters: ``--tf216-python``). All of them write one table
+(benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
 rest) and a ``spread`` column, the range of the per-round ratios (or differences): a goal is judged
@@ -63,6 +65,8 @@ SECTIONS = {
     "bn": bench_bn.run,
     "tf216": bench_tf216.run,
 }
+#: parts of a section ``--only`` also takes (never run by default: their section runs them)
+PARTS = {"bn-step": bench_bn.run_step, "bn-check": bench_bn.run_check}
 
 
 def parse_args(argv):
@@ -73,7 +77,7 @@ def parse_args(argv):
     parser.add_argument(
         "--only",
         default=",".join(SECTIONS),
-        help=f"comma-separated sections: {', '.join(SECTIONS)}",
+        help=f"comma-separated sections: {', '.join(SECTIONS)} (or parts: {', '.join(PARTS)})",
     )
     parser.add_argument(
         "--rounds",
@@ -101,9 +105,11 @@ def parse_args(argv):
     )
     args = parser.parse_args(argv)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(args.sections) - set(SECTIONS)
+    unknown = set(args.sections) - set(SECTIONS) - set(PARTS)
     if unknown or not args.sections:
-        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+        parser.error(
+            f"unknown sections {sorted(unknown)}; choose from {', '.join([*SECTIONS, *PARTS])}"
+        )
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
@@ -118,8 +124,9 @@ def main(argv=None):
     table, report = benchlib.Table(), {}
     start = time.perf_counter()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    for name in sorted(args.sections, key=list(SECTIONS).index):
-        SECTIONS[name](table, args, report)
+    runs = {**SECTIONS, **PARTS}
+    for name in sorted(args.sections, key=list(runs).index):
+        runs[name](table, args, report)
     elapsed = time.perf_counter() - start
     tf_version = (
         sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "not imported"

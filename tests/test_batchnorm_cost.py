@@ -3,18 +3,24 @@
 A finite training input is padded: every batch carries a padding weight. Its BatchNormalization
 layers must cost what stock's cost -- one computation per layer, no conditional, no second set of
 moments -- so the graph cannot grow back: the cpu-mode TRAIN graph of a padded batch against
-stock's TRAIN graph for the same model, counted with the bodies of every function.
-The numbers themselves are compared with stock in tests/test_legacy_input.py.
+stock's TRAIN graph for the same model, counted with the bodies of every function; on a TPU,
+the replicated train step of a padded batch against a hand-written TPUEstimator model_fn's
+(``drop_remainder=True``), a handful of ops per layer; and an input whose batches are all full
+is not padded at all.
+The numbers themselves are compared with stock in tests/test_legacy_input.py (cpu mode) and
+tests/test_tpu_emulation.py (8 emulated shards).
 """
 
 import collections
+import types
 
 import numpy as np
 import pytest
+import replicas
 import tensorflow as tf
 import tfcases
 
-from tpushim import _model_fn, _padding
+from tpushim import _input_fn, _model_fn, _padding
 
 ModeKeys = tf.estimator.ModeKeys
 BATCH = 8
@@ -123,3 +129,116 @@ def test_a_short_batch_with_adam_trains_batchnorm_as_stock(tmp_path):
     shim = tfcases.run("cpu", build, train, train, None, tmp_path / "c", steps=3)
     assert len([k for k in stock[3] if "moving_" in k]) == 6
     tfcases.assert_same(stock, shim)
+
+
+# --- the TPU train step ----------------------------------------------------------------------
+
+
+def _conv_bn_model(blocks):
+    """Conv2D -> BatchNormalization (fused) -> ReLU ``blocks`` times, then a softmax head."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((6, 6, 3))
+    h = x
+    for _ in range(blocks):
+        h = tf.keras.layers.Conv2D(4, 3, padding="same", use_bias=False)(h)
+        h = tf.keras.layers.ReLU()(tf.keras.layers.BatchNormalization(momentum=0.5)(h))
+    h = tf.keras.layers.GlobalAveragePooling2D()(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(3, activation="softmax")(h))
+
+
+def _tpu_step(blocks, contender):
+    """(live ops in the replicate cluster, Counter of their types) of one TPU train step (8
+    replicas of BATCH rows, built, never run): a hand-written TPUEstimator model_fn (the Keras
+    model, its loss, CrossShardOptimizer, the layers' updates: what ``drop_remainder=True`` runs)
+    or tpushim's model_fn fed a padded batch (a finite input)."""
+    tf.keras.backend.clear_session()
+    if contender == "shim":
+        model = _conv_bn_model(blocks)
+        model.compile(
+            tf.compat.v1.train.GradientDescentOptimizer(0.01), "sparse_categorical_crossentropy"
+        )
+        model_fn = _model_fn.make_model_fn(model)
+
+    def computation():
+        features = tf.zeros([BATCH, 6, 6, 3])
+        labels = tf.zeros([BATCH, 1], tf.int64)
+        if contender == "hand":
+            model = _conv_bn_model(blocks)
+            loss = tf.keras.losses.SparseCategoricalCrossentropy()(
+                labels, model(features, training=True)
+            )
+            optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(0.01)
+            )
+            minimize = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
+            train_op = tf.group(minimize, *model.get_updates_for(features))
+            loss = tf.compat.v1.tpu.cross_replica_sum(loss) / float(replicas.REPLICAS)
+        else:
+            weight = tf.constant([1.0] * (BATCH - 3) + [0.0] * 3)
+            spec = model_fn(
+                {_padding.FEATURES_KEY: features, _padding.PADDING_KEY: weight},
+                labels,
+                ModeKeys.TRAIN,
+                params={"use_tpu": True, "batch_size": BATCH},
+            )
+            loss, train_op = spec.loss, spec.train_op
+        with tf.control_dependencies([train_op]):
+            return tf.identity(loss)
+
+    graph, outputs = replicas.replicate(computation)
+    live = replicas.live_ops([t for replica in outputs for t in replica])
+    ops = [op for op in replicas.cluster_ops(graph) if op in live]
+    return len(ops), collections.Counter(op.type for op in ops)
+
+
+#: what a fused BatchNormalization layer may add to a padded TPU step, and the step once: the
+#: real rows' weights, scale and decay the layers share, the loss's padding weight
+PER_LAYER, ONCE = 8, 60
+
+
+def test_a_padded_tpu_step_adds_a_handful_of_ops_per_batchnorm_layer():
+    """The TPU train step of a padded batch (a finite input) is the hand-written step's plus at
+    most PER_LAYER ops per fused BatchNormalization layer (a weighted sum, a centring and scalings,
+    forward and backward) plus ONCE: no conditional, no second set of moments, Keras's kernels
+    once per layer each way. (Before issue 36's second round: 101 ops a layer.)"""
+    steps = {(c, blocks): _tpu_step(blocks, c) for c in ("hand", "shim") for blocks in (1, 4)}
+    extra = {blocks: steps["shim", blocks][0] - steps["hand", blocks][0] for blocks in (1, 4)}
+    per_layer = (extra[4] - extra[1]) / 3
+    assert per_layer <= PER_LAYER, (per_layer, extra)
+    assert extra[1] - per_layer <= ONCE, extra
+    shim, hand = steps["shim", 4][1], steps["hand", 4][1]
+    for op_type in CONTROL_FLOW + ("FusedBatchNormV3", "FusedBatchNormGradV3"):
+        assert shim[op_type] == hand[op_type], (op_type, shim[op_type], hand[op_type])
+    assert hand["FusedBatchNormV3"] == 4
+
+
+# --- an input of full batches ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rows, batches, padded",
+    [
+        (24, lambda d: d.batch(8), False),  # every batch full: the graph's cardinalities say so
+        (12, lambda d: d.repeat(2).batch(8), False),
+        (20, lambda d: d.shuffle(20).batch(8), True),  # a short last batch
+        (24, lambda d: d.batch(8).repeat(2), True),  # the graph does not say (kept padded)
+        (24, lambda d: d.filter(lambda x, y: True).batch(8), True),  # unknown cardinality
+    ],
+    ids=["full", "repeated-full", "short", "batch-then-repeat", "filtered"],
+)
+def test_only_an_input_that_may_make_a_short_batch_is_padded(rows, batches, padded):
+    """``from_tensor_slices`` of 24 rows by 8 makes no short batch: tpushim feeds its batches as
+    they are (a static shape, no padding weight), so the step is stock's -- no padding machinery
+    in the loss or the BatchNormalization layers. Where a short batch may come, or the graph
+    does not say, the batches carry a padding weight as before."""
+    x = np.zeros((rows, 2), np.float32)
+    y = np.zeros((rows, 1), np.int64)
+    with tf.Graph().as_default():
+        dataset = batches(tf.data.Dataset.from_tensor_slices((x, y)))
+        # cpu mode (global batches), and one TPU host's pieces for 2 cores
+        tpu = {"batch_size": 4, "context": types.SimpleNamespace(current_host=0, num_hosts=1)}
+        for params, rows_fed in (({}, 8), (tpu, 4)):
+            adapted = _input_fn.adapt(dataset, ModeKeys.TRAIN, 8, params)
+            features, labels = adapted.element_spec
+            assert isinstance(features, dict) == padded, params
+            assert labels.shape.as_list() == [rows_fed, 1]

@@ -54,6 +54,21 @@ def test_other_private_names():
     assert _tfprivate.fn_args(lambda params, mode: None) == ("params", "mode")
 
 
+def test_control_flow_context():
+    """None at the top of a graph; a TPU computation being built has one of its own (the
+    BatchNormalization layers of a TPU step share tensors only within one context)."""
+    with tf.Graph().as_default() as graph:
+        assert _tfprivate.control_flow_context(graph) is None
+        seen = []
+
+        def computation():
+            seen.append(_tfprivate.control_flow_context(graph))
+            return tf.constant(1.0)
+
+        tf.compat.v1.tpu.replicate(computation, inputs=[[]])
+        assert seen and seen[0] is not None
+
+
 def test_compiled_clone_exposes_what_the_model_fn_reads():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])
     model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse", metrics=["mae"])

@@ -159,7 +159,8 @@ def test_negative_control_summed_gradients_fail(stock_training, monkeypatch):
 
 
 def _bn_model(synchronized=False, conv=False):
-    """Dense (or a 1x1 Conv2D: BatchNormalization's fused kernel) -> BatchNormalization -> softmax."""
+    """Dense (or a 1x1 Conv2D: BatchNormalization's fused kernel) -> BatchNormalization -> softmax.
+    ``conv="axis1"``: the fused layer normalises axis 1 (the kernel's NCHW layout)."""
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     hidden = (
@@ -176,7 +177,7 @@ def _bn_model(synchronized=False, conv=False):
                 tf.keras.layers.experimental.SyncBatchNormalization
                 if synchronized
                 else tf.keras.layers.BatchNormalization
-            )(momentum=0.5, name="bn"),
+            )(momentum=0.5, axis=1 if conv == "axis1" else -1, name="bn"),
             tf.keras.layers.Flatten(),
             tf.keras.layers.Dense(3, activation="softmax", name="probs"),
         ]
@@ -264,17 +265,22 @@ def _padded_global_batch(x, y):
         return sess.run(tf.compat.v1.data.make_one_shot_iterator(fitted).get_next())
 
 
-@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv-fused"])
-def test_batchnorm_on_a_padded_short_batch_uses_each_shards_real_rows(tmp_path, conv):
+@pytest.mark.parametrize("rows", [SHORT_REAL, GLOBAL], ids=["short", "full"])
+@pytest.mark.parametrize(
+    "conv", [False, True, "axis1"], ids=["dense", "conv-fused", "conv-fused-channels-first"]
+)
+def test_batchnorm_on_a_padded_short_batch_uses_each_shards_real_rows(tmp_path, conv, rows):
     """A short batch padded over the shards (issue 24, item 1): each replica's moving statistics
     are those of its own real rows (unchanged on a shard of padding only), and the weights move
-    by the gradient of the real rows, each weighing the same."""
-    x, y = tfcases.data(n=SHORT_REAL)
+    by the gradient of the real rows, each weighing the same. A full batch of a padded input
+    (weights of one, the same graph) is each shard's own batch (#36)."""
+    x, y = tfcases.data(n=rows)
     batch = _padded_global_batch(x, y)
-    assert int(batch[0][_padding.PADDING_KEY].sum()) == SHORT_REAL
-    slices = [slice(r * PER, min((r + 1) * PER, SHORT_REAL)) for r in range(REPLICAS)]
+    assert int(batch[0][_padding.PADDING_KEY].sum()) == rows
+    slices = [slice(r * PER, min((r + 1) * PER, rows)) for r in range(REPLICAS)]
     real = [max(0, s.stop - s.start) for s in slices]
-    init, _, per_slice = _stock_one_step_per_slice(tmp_path, x, y, slices[:4], conv=conv)
+    used = sum(1 for n in real if n)
+    init, _, per_slice = _stock_one_step_per_slice(tmp_path, x, y, slices[:used], conv=conv)
     names, replicas = _emulated_one_step(lambda: _bn_model(conv=conv), batch)
     moving = [i for i, n in enumerate(names) if "moving_" in n]
     trainable = [i for i, n in enumerate(names) if "moving_" not in n]
@@ -282,7 +288,7 @@ def test_batchnorm_on_a_padded_short_batch_uses_each_shards_real_rows(tmp_path, 
         want = per_slice[r] if real[r] else init
         assert max_diff([replicas[r][i] for i in moving], [want[i] for i in moving]) < TOL, r
         step = [
-            init[i] + sum(real[s] / SHORT_REAL * (per_slice[s][i] - init[i]) for s in range(4))
+            init[i] + sum(real[s] / rows * (per_slice[s][i] - init[i]) for s in range(used))
             for i in trainable
         ]
         assert max_diff([replicas[r][i] for i in trainable], step) < TOL, r

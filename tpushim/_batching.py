@@ -155,6 +155,29 @@ def rows_held(dataset, session):
     return rows // size * size if drop_remainder else rows
 
 
+def might_pad(dataset, batch_size):
+    """True when :func:`fit_batches` pads ``dataset``'s batches of ``batch_size`` unless told that
+    none is short: batched by that size without a static batch dimension, and the graph's shape
+    alone does not say every batch is full (see :func:`none_short`)."""
+    return (
+        _batch_dim(dataset) is None
+        and _declared_batch(dataset) == batch_size
+        and not _batches_always_full(dataset)
+    )
+
+
+def none_short(dataset, session):
+    """True when a finite Dataset that ends in ``batch(B)`` holds a multiple of B examples, read
+    from its graph's cardinalities (no data read): every batch it makes is full, so a TPU needs no
+    padding for it (``from_tensor_slices`` of 24 rows by 8). False where the graph does not say."""
+    batching = batching_of(dataset)
+    try:
+        rows = rows_held(dataset, session) if batching is not None else None
+    except tf.errors.OpError:  # a value the graph cannot give without data (a placeholder)
+        return False
+    return rows is not None and rows % batching[1] == 0
+
+
 def too_few_rows(rows, declared, batch_size):
     """The refusal of a finite training input that holds fewer examples than one global batch:
     a TPU takes only full batches, so it would train 0 steps where stock trains every batch.
@@ -176,7 +199,7 @@ def _rebatch(dataset, batch_size, drop_remainder):
     return dataset.unbatch().batch(batch_size, drop_remainder=drop_remainder)
 
 
-def fit_batches(dataset, batch_size, mode, padded_to=None):
+def fit_batches(dataset, batch_size, mode, padded_to=None, none_short=False):
     """The user's Dataset in batches of exactly ``batch_size`` (static shapes), as stock batches it.
 
     * already static and that size: as it is;
@@ -190,14 +213,15 @@ def fit_batches(dataset, batch_size, mode, padded_to=None):
 
     With ``padded_to`` (a TPU's global batch when ``batch_size`` does not divide among its cores)
     every batch, full or short, is padded to ``padded_to`` rows: each step is still one of
-    stock's batches.
+    stock's batches. ``none_short``: the input is known to make no short batch (see
+    :func:`none_short`): its batches get their static shape, no padding weight.
     """
     padded_to = padded_to or batch_size
     static = _batch_dim(dataset)
     if static == batch_size:
         full = dataset
     elif static is None and _declared_batch(dataset) == batch_size:
-        if not _batches_always_full(dataset):
+        if not none_short and not _batches_always_full(dataset):
             _observe.note(
                 "padding",
                 "short batches padded to %d rows, the padding weighted out of losses and metrics",
@@ -219,7 +243,9 @@ def fit_batches(dataset, batch_size, mode, padded_to=None):
     return full if padded_to == batch_size else full.map(_padding.pad_batch(padded_to))
 
 
-def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0, tpu_batch=None):
+def tpu_batches(
+    dataset, global_batch, batch_size, mode, num_hosts=1, host=0, tpu_batch=None, none_short=False
+):
     """One TPU input pipeline's input: the global batches stock would see (:func:`fit_batches`)
     cut, in order, into the ``batch_size`` pieces TPUEstimator feeds each core (PER_HOST_V2) or
     host (V1); invocation ``host`` of ``num_hosts`` (one per host, or one feeding every host with
@@ -227,10 +253,10 @@ def tpu_batches(dataset, global_batch, batch_size, mode, num_hosts=1, host=0, tp
     batches. In EVAL every batch carries a padding weight and zero-weight batches follow forever,
     so no host runs dry before the last of the steps tpushim computes. ``tpu_batch``: the global
     batch the TPU runs when stock's does not divide among its cores, each of stock's batches
-    padded to it (zero-weight rows).
+    padded to it (zero-weight rows). ``none_short``: as :func:`fit_batches`.
     """
     tpu_batch = tpu_batch or global_batch
-    dataset = fit_batches(dataset, global_batch, mode, padded_to=tpu_batch)
+    dataset = fit_batches(dataset, global_batch, mode, padded_to=tpu_batch, none_short=none_short)
     if mode == ModeKeys.EVAL and not _padding.has_padding(dataset):
         dataset = dataset.map(_padding.pad_batch(tpu_batch))  # all real: weights of one
     if batch_size != tpu_batch:

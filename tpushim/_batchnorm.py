@@ -71,15 +71,82 @@ def real_rows_call(padding_weight, cross_replica):
 
 class _ShardRows:
     """A shard's real rows, as every layer of its step reads them: ``rows`` ([batch], 1 for a
-    real row, 0 for padding), their number ``n``, ``has_rows`` (not a shard of padding only),
-    and ``scale``: ``sqrt(batch / n)``, 1 where ``n`` is 0 (see :func:`_fused`)."""
+    real row, 0 for padding), their number ``n`` and ``has_rows`` (not a shard of padding only).
+
+    What the fused layers of a step share (:meth:`step`, :meth:`per_row`) is made once, by the
+    first layer that needs it, and read by the others: per layer, only what depends on the layer.
+    """
 
     def __init__(self, padding_weight):
         self.rows = tf.cast(tf.greater(padding_weight, 0), tf.float32)
         self.n = tf.reduce_sum(self.rows)
         self.has_rows = tf.greater(self.n, 0)
-        batch = tf.cast(tf.size(self.rows), tf.float32)
-        self.scale = tf.where(self.has_rows, tf.sqrt(batch / tf.maximum(self.n, 1.0)), 1.0)
+        self._made = {}
+
+    def _once(self, key, make):
+        # Made in one graph (a function's) or control-flow context (a loop, a branch, the TPU
+        # computation), a tensor is usable only inside it.
+        graph = tf.compat.v1.get_default_graph()
+        key = (key, graph, _tfprivate.control_flow_context(graph))
+        if key not in self._made:
+            with tf.name_scope("tpushim_real_rows"):
+                self._made[key] = make()
+        return self._made[key]
+
+    def _weighed(self, dtype):
+        """``(weight, n, batch, fraction, c, 1 / c)``: ``weight`` [batch] 1 for a real row and 0
+        for padding -- all 1 on a shard of padding only, whose statistics then stay finite and
+        count nowhere --, ``n`` its sum, ``fraction`` ``n / batch``, ``c`` ``sqrt(batch / n)``."""
+
+        def make():
+            rows = tf.cast(self.rows, dtype)
+            weight = rows + (1.0 - tf.cast(self.has_rows, dtype))
+            n = tf.reduce_sum(weight)
+            batch = tf.compat.dimension_value(rows.shape[0])  # static on a TPU
+            if batch is None:
+                batch = tf.cast(tf.size(rows), dtype)
+            fraction = n / batch
+            return weight, n, batch, fraction, tf.math.rsqrt(fraction), tf.sqrt(fraction)
+
+        return self._once(("weighed", dtype), make)
+
+    def step(self, dtype, ndims):
+        """``(real, padding, scaled, fraction, 1 / c)`` of the step's rows (see
+        :meth:`_weighed`) for ``ndims``-D inputs, the first three shaped to broadcast over a row:
+        the weight, 1 - the weight, and ``c`` times the weight."""
+
+        def make():
+            weight, _, _, fraction, c, inverse_c = self._weighed(dtype)
+            real = tf.reshape(weight, [-1] + [1] * (ndims - 1))
+            return real, 1.0 - real, c * real, fraction, inverse_c
+
+        return self._once(("step", dtype, ndims), make)
+
+    def per_row(self, dtype, per_row):
+        """``(weights, variance factor)`` for layers with ``per_row`` elements of a channel per
+        row: each row's weight in the real elements' mean, and what turns the fused kernel's
+        variance into stock's on the real rows (see :func:`_fused`)."""
+
+        def make():
+            weight, n, batch, _, _, _ = self._weighed(dtype)
+            count = n * per_row  # the real elements of each channel
+            elements = batch * per_row
+            # The kernel's Bessel correction is over all rows' elements: undone, then made over
+            # the real ones (the same float on both sides where every row is real: 1).
+            factor = ((elements - 1.0) * count) / (elements * tf.maximum(count - 1.0, 1.0))
+            return weight / count, factor
+
+        return self._once(("per_row", dtype, per_row), make)
+
+    def decay(self, momentum, dtype):
+        """Keras's decay of a fused layer (``1 - momentum`` computed on a tensor), 0 on a shard of
+        padding only (its moving statistics stay)."""
+
+        def make():
+            decay = tf.cast(1.0 - tf.convert_to_tensor(momentum), dtype)
+            return decay * tf.cast(self.has_rows, dtype)
+
+        return self._once(("decay", momentum, dtype), make)
 
 
 def _first_rows_call(padding_weight):
@@ -190,56 +257,127 @@ def _train_on_real_rows(layer, inputs, shard, mask, cross_replica):
 
 def _fused(layer, inputs, x, shard, axes):
     """A fused layer (4-D / 5-D inputs) on a TPU shard: Keras's fused kernel, fed the batch so
-    that its statistics over all rows are those of the real rows.
+    that its statistics over all rows are those of the real rows, with a gradient of its own.
 
-    With ``n`` real rows of ``N`` and ``m`` the real rows' mean, the kernel gets ``c * (x - m)``
-    for a real row and 0 for a padding row, ``c = sqrt(N / n)``, and ``gamma / c``: its mean is
-    0, its variance the real rows' (``c**2 * n / N`` of it), so its output on a real row is
-    ``gamma * (x - m) / sqrt(variance + epsilon) + beta`` -- for every ``x``, so the gradient
-    (through ``m`` too) is that of the real rows' normalisation. (Centred, the kernel's variance
-    loses nothing to a large mean: XLA computes it as ``E[x^2] - E[x]^2``.) The moving mean
-    moves towards ``m`` plus the kernel's mean (0 but for rounding), the moving variance towards
-    the variance with Bessel's correction over the real elements, as the kernel reports it for
+    With ``n`` real rows of ``N`` and ``m`` the real rows' mean (one weighted sum), the kernel gets
+    ``c * (x - m)`` for a real row and 0 for a padding row, ``c = sqrt(N / n)``, and ``gamma / c``:
+    its mean is 0, its variance the real rows' (``c**2 * n / N`` of it), so its output on a real
+    row is ``gamma * (x - m) / sqrt(variance + epsilon) + beta``. Its gradient
+    (:func:`_fused_gradient`) is the real rows' normalisation's, by Keras's gradient kernel; a
+    padding row gets none. The moving mean moves towards ``m``, the moving variance towards the
+    variance with Bessel's correction over the real elements, as the kernel reports it for
     stock's short batch. A full batch's numbers are Keras's within rounding.
+
+    Per layer this adds to Keras's own ops one weighted sum, a centring and a scaling (and
+    ``gamma / c``) forward, and a weighted sum, an add and three scalings backward; what the
+    layers share (the rows' weights, the scale, the decay) is made once per step.
     """
-    gamma = layer.gamma if layer.gamma is not None else tf.ones(layer.moving_mean.shape)
-    beta = layer.beta if layer.beta is not None else tf.zeros(layer.moving_mean.shape)
+    dtype = x.dtype
     ndims = x.shape.rank
-    spatial = "DHW"[-(ndims - 2) :]
     first = layer.axis[0] in (1, -ndims + 1)
-    real = tf.reshape(shard.rows > 0, [-1] + [1] * (ndims - 1))
-    n, has_rows = tf.cast(shard.n, x.dtype), shard.has_rows  # (no rows: the moving statistics stay)
-    c = tf.cast(shard.scale, x.dtype)
-    per_row = 1.0
+    spatial = "DHW"[-(ndims - 2) :]
+    per_row = 1
     for i in axes[1:]:
         per_row *= x.shape[i]
-    count = n * per_row  # the real elements of each channel
-    # Selected, not multiplied: whatever a padding row holds (even inf or NaN) counts for nothing.
-    mean = tf.math.divide_no_nan(tf.reduce_sum(tf.where(real, x, 0.0), axes, keepdims=True), count)
-    outputs, kernel_mean, kernel_variance = tf.compat.v1.nn.fused_batch_norm(
-        tf.where(real, x - mean, 0.0) * c,
-        gamma / c,
+    real, padding, scaled, fraction, inverse_c = shard.step(dtype, ndims)
+    weights, factor = shard.per_row(dtype, per_row)
+    gamma = tf.convert_to_tensor(
+        layer.gamma if layer.gamma is not None else tf.ones(layer.moving_mean.shape, dtype)
+    )
+    beta = tf.convert_to_tensor(
+        layer.beta if layer.beta is not None else tf.zeros(layer.moving_mean.shape, dtype)
+    )
+    mean = tf.einsum(_channel_sum(ndims, first), weights, x)  # [channels]
+    centred = x - (tf.reshape(mean, [-1] + [1] * (ndims - 2)) if first else mean)
+    outputs, _, kernel_variance = tf.compat.v1.nn.fused_batch_norm(
+        centred * scaled,
+        gamma * inverse_c,
         beta,
         epsilon=layer.epsilon,
         is_training=True,
         data_format=("NC" + spatial) if first else ("N" + spatial + "C"),
     )
+    graph = tf.compat.v1.get_default_graph()
+    with graph.gradient_override_map({"IdentityN": _FUSED_GRADIENT}):
+        outputs = tf.identity_n(
+            [
+                outputs,
+                x,
+                gamma,
+                beta,
+                weights,
+                real,
+                padding,
+                fraction,
+                inverse_c,
+            ]
+        )[0]
     outputs = tf.cast(outputs, inputs.dtype)
     outputs.set_shape(inputs.shape)
-    # The kernel's Bessel correction is over all N rows' elements: undone, then made over the
-    # real ones. (Both products are the same float where every row is real: a factor of 1.)
-    elements = tf.cast(tf.shape(x)[0], x.dtype) * per_row
-    factor = tf.math.divide_no_nan(
-        (elements - 1.0) * count, elements * tf.maximum(count - 1.0, 1.0)
-    )
-    # Keras's decay for a fused layer, in graph mode: 1 - momentum computed on a tensor.
-    decay = 1.0 - tf.convert_to_tensor(layer.momentum)
-    batch_mean = tf.reshape(mean, layer.moving_mean.shape) + kernel_mean / c
-    layer.add_update(_moving_average(layer.moving_mean, batch_mean, decay, has_rows))
-    layer.add_update(
-        _moving_average(layer.moving_variance, kernel_variance * factor, decay, has_rows)
-    )
+    decay = shard.decay(layer.momentum, layer.moving_mean.dtype.base_dtype)
+    layer.add_update(_gated_moving_average(layer.moving_mean, mean, decay))
+    layer.add_update(_gated_moving_average(layer.moving_variance, kernel_variance * factor, decay))
     return outputs
+
+
+_FUSED_GRADIENT = "TpushimRealRowsFusedBatchNorm"
+
+
+def _channel_sum(ndims, first):
+    """The einsum of a weighted sum over rows and positions: ``[batch] x [batch, ...] ->
+    [channels]``."""
+    dims = "abcd"[: ndims - 1]
+    return f"n,n{dims}->{dims[0] if first else dims[-1]}"
+
+
+def _fused_gradient(op, dy, *unused):
+    """The gradient of :func:`_fused`'s output: ``(x, gamma, beta)``'s, by Keras's gradient kernel.
+
+    With ``mu`` the real rows' mean of ``dy`` (a padding row's ``dy`` is 0: nothing it feeds
+    counts), the kernel gets ``dy`` on the real rows and ``mu`` on the padding rows, so its means
+    over all rows are the real rows' means (``mu``; and, the padding rows' normalised values being
+    0, ``mean(dy * normalised) / c``), and ``gamma`` for the scale: its ``x`` gradient is then
+    that of the real rows' normalisation, ``gamma / sigma * (dy - mu - xhat * mean(dy * xhat))``
+    (kept on the real rows only); its scale and offset gradients are ``c`` and ``N / n`` times
+    the real rows'.
+    """
+    del unused
+    kernel = op.inputs[0].op
+    _, x, gamma, _, weights, real, padding, fraction, inverse_c = op.inputs
+    nones = [None] * 5
+    if dy is None:
+        return [None, None, None, None] + nones
+    data_format = kernel.get_attr("data_format").decode()
+    ndims = x.shape.rank
+    first = data_format.startswith("NC")
+    mu = tf.einsum(_channel_sum(ndims, first), weights, dy)
+    if first:
+        mu = tf.reshape(mu, [-1] + [1] * (ndims - 2))
+    dx, dscale, doffset, _, _ = tf.raw_ops.FusedBatchNormGradV3(
+        y_backprop=dy + padding * mu,
+        x=kernel.inputs[0],
+        scale=gamma,
+        reserve_space_1=kernel.outputs[3],
+        reserve_space_2=kernel.outputs[4],
+        reserve_space_3=kernel.outputs[5],
+        epsilon=kernel.get_attr("epsilon"),
+        data_format=data_format,
+        is_training=True,
+    )
+    return [None, dx * real, dscale * inverse_c, doffset * fraction] + nones
+
+
+try:
+    tf.RegisterGradient(_FUSED_GRADIENT)(_fused_gradient)
+except KeyError:  # registered already (the module imported again)
+    pass
+
+
+def _gated_moving_average(variable, value, decay):
+    """Keras's moving-average update (``_assign_moving_average``), ``decay`` 0 for none."""
+    delta = (variable - tf.cast(value, variable.dtype.base_dtype)) * decay
+    with tf.compat.v1.colocate_with(variable):
+        return tf.compat.v1.assign_sub(variable, delta, name="AssignMovingAvg")
 
 
 def _moving_average(variable, value, decay, has_rows):

@@ -287,11 +287,16 @@ def adapt(
         # On CPU TPUEstimator takes tensors as Estimator does; cpu mode says what a TPU would do.
         logger.warning("%s Running it as it is on CPU.", tensors_error(input_fn, result))
         return result
+    # An input whose batches are all full (its graph says so) needs no padding machinery.
+    none_short = False
+    if _batching.might_pad(result, global_batch):
+        with graph_session() as session:
+            none_short = _batching.none_short(result, session)
     result = _batching.without_float64(result)
     result = _shapes.with_declared_shapes(result, model_inputs)
     split = getattr(model_inputs, "feature_split", None)
     if context is None:
-        result = _batching.fit_batches(result, global_batch, mode)
+        result = _batching.fit_batches(result, global_batch, mode, none_short=none_short)
     else:
         index, count = shard if shard is not None else deployment(context)
         result = _batching.tpu_batches(
@@ -302,6 +307,7 @@ def adapt(
             count,
             index,
             tpu_batch=tpu_batch,
+            none_short=none_short,
         )
     if split is not None:  # the feature columns' weight-free part, on the host
         result = result.map(lambda *element: _feature_columns.on_element(split, element))

@@ -419,6 +419,12 @@ def num_shards_in_replica_context():
     return tpu_function.get_tpu_context().number_of_shards
 
 
+def control_flow_context(graph):
+    """The control-flow context ops are being built in (a loop, a cond branch, a TPU replicate
+    computation): tensors made in one are usable only inside it. None at the top of a graph."""
+    return graph._get_control_flow_context()
+
+
 def keras_v1_tf_optimizer_class():
     """Keras's wrapper for a tf.compat.v1.train optimizer (``model.compile(optimizer=tf1_opt)``)."""
     optimizer_v1 = _keras("optimizers.optimizer_v1")
