@@ -13,10 +13,21 @@ core knows none of them: the recorder is an observer (:mod:`tpushim._observe`, t
 extension point).
 """
 
-from tpushim._preflight.checks import check
-from tpushim._preflight.recorder import Recorder, recording
 from tpushim._preflight.report import Finding, Report, last_frame, summary
 from tpushim._settings import DEFAULT_CORES
+
+#: Imported when first asked for (PEP 562): they import the TPUEstimator path (tensorflow_estimator,
+#: absent on TensorFlow >= 2.16), which the report and progress modules do not need.
+_LAZY = {"check": "checks", "Recorder": "recorder", "recording": "recorder"}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = [
     "DEFAULT_CORES",
