@@ -67,6 +67,7 @@ def test_calling_may_replace_the_call_and_notes_belong_to_it():
 
 
 @pytest.mark.slow  # trains an estimator
+@pytest.mark.tpuestimator
 def test_a_cpu_mode_run_in_the_order_observers_hear_it(tmp_path):
     x, y = tfcases.data()
     listener = Listener(cap_train_steps=2)
