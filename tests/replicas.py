@@ -22,12 +22,16 @@ from unittest import mock
 
 import numpy as np
 import tensorflow as tf
+import tfcases
+from conftest import tpuestimator_import
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 
-from tpushim import _losses, _model_fn, _validation
+_losses, _model_fn, _validation = (
+    tpuestimator_import(f"tpushim.{m}") for m in ("_losses", "_model_fn", "_validation")
+)
 
-ModeKeys = tf.estimator.ModeKeys
+ModeKeys = tfcases.ModeKeys
 REPLICAS = 8
 PER = 4  # rows per replica
 GLOBAL = REPLICAS * PER

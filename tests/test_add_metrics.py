@@ -7,14 +7,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
-from tensorflow.estimator import add_metrics as bound_before_patch
-from tensorflow_estimator.python.estimator import estimator as estimator_lib
-from tensorflow_estimator.python.estimator import extenders
+from conftest import tpuestimator_import
+
+bound_before_patch = tpuestimator_import("tensorflow.estimator", "add_metrics")
+
+estimator_lib = tpuestimator_import("tensorflow_estimator.python.estimator", "estimator")
+extenders = tpuestimator_import("tensorflow_estimator.python.estimator", "extenders")
 
 import tpushim
 from tpushim import _settings
-from tpushim._estimator import TPUShimEstimator
-from tpushim._preflight import faketpu, recording
+
+TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
+recording = tpuestimator_import("tpushim._preflight", "recording")
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
@@ -40,6 +45,7 @@ def added_metrics(labels, predictions, features, config):
     }
 
 
+@pytest.mark.tpuestimator
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
 def test_every_spelling_keeps_the_converted_estimator(spelling, tmp_path, tpushim_log):
     tpushim.patch(mode="cpu", batch_size=16, iterations_per_loop=7)
@@ -74,6 +80,7 @@ def test_every_setting_has_a_carried_case():
     assert set(CARRIED) == set(_settings.ENV_VARS), "add the new setting to CARRIED"
 
 
+@pytest.mark.tpuestimator
 @pytest.mark.parametrize("name", sorted(_settings.ENV_VARS))
 def test_add_metrics_keeps_every_setting(name, tmp_path):
     value, carried = CARRIED[name]
@@ -100,6 +107,7 @@ def test_add_metrics_keeps_every_setting(name, tmp_path):
         assert carried(converted) != carried(default)
 
 
+@pytest.mark.tpuestimator
 def test_added_metrics_equal_stocks(tmp_path):
     """Trained, then evaluated on 52 rows in batches of 8 (the last one padded): every metric,
     added or compiled, equals stock's add_metrics estimator's; training is untouched."""
@@ -128,6 +136,7 @@ def test_added_metrics_equal_stocks(tmp_path):
         np.testing.assert_allclose(shim_weights[name], value, atol=tfcases.TOL, err_msg=name)
 
 
+@pytest.mark.tpuestimator
 def test_other_estimators_and_bad_metric_fns_get_stocks_add_metrics(tmp_path):
     tpushim.patch(mode="cpu")
     plain = tf.estimator.Estimator(
@@ -141,6 +150,7 @@ def test_other_estimators_and_bad_metric_fns_get_stocks_add_metrics(tmp_path):
         tf.estimator.add_metrics(converted, lambda labels, params: {})  # stock's check and text
 
 
+@pytest.mark.tpuestimator
 def test_added_metrics_run_on_the_tpu_host(tmp_path):
     """On a faked 8-core TPU system the evaluation with added metrics builds: the model's step
     replicated, the added metrics' tensors outfed with tpushim's own, the metrics on the host."""
@@ -170,6 +180,7 @@ def test_added_metrics_run_on_the_tpu_host(tmp_path):
     assert host_metric and not any("_tpu_replicate" in n.attr for n in host_metric)
 
 
+@pytest.mark.tpuestimator
 def test_preflight_hears_the_added_metrics_estimators_calls(tmp_path):
     """The estimator add_metrics returns is the conversion's: the preflight caps its training and
     checks its input (here a global batch of 100 on 8 cores)."""

@@ -11,14 +11,22 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 
 import tpushim
-from tpushim import _arrays, _errors, _input_fn, _source, _tfprivate
-from tpushim._preflight import faketpu
+from tpushim import _errors
 
-ModeKeys = tf.estimator.ModeKeys
-numpy_input_fn = tf.compat.v1.estimator.inputs.numpy_input_fn
-pandas_input_fn = tf.compat.v1.estimator.inputs.pandas_input_fn
+_arrays = tpuestimator_import("tpushim._arrays")
+_input_fn = tpuestimator_import("tpushim._input_fn")
+_source = tpuestimator_import("tpushim._source")
+_tfprivate = tpuestimator_import("tpushim._tfprivate")
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
+
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
+
+ModeKeys = tfcases.ModeKeys
+numpy_input_fn = tfcases.ESTIMATOR.inputs.numpy_input_fn
+pandas_input_fn = tfcases.ESTIMATOR.inputs.pandas_input_fn
 SMALL, LARGE = 1000, 100_000
 FEATURES = 32  # 100,000 rows: 12.8 MB a graph would hold if the arrays were in it
 GRAPH_SLACK = 4096  # bytes: the row count is written in a few shapes, nothing grows with it

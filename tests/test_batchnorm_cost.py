@@ -19,10 +19,15 @@ import pytest
 import replicas
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 
-from tpushim import _input_fn, _model_fn, _padding
+_input_fn = tpuestimator_import("tpushim._input_fn")
+_model_fn = tpuestimator_import("tpushim._model_fn")
+_padding = tpuestimator_import("tpushim._padding")
 
-ModeKeys = tf.estimator.ModeKeys
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
+
+ModeKeys = tfcases.ModeKeys
 BATCH = 8
 #: op types a conditional or a gradient through one brings (If's gradient: Optional* ops)
 CONTROL_FLOW = ("If", "StatelessIf", "Case", "Switch", "Merge", "While", "StatelessWhile")

@@ -43,6 +43,7 @@ def _bench(*args, timeout=120):
 
 
 @pytest.mark.slow  # a TensorFlow subprocess that trains
+@pytest.mark.tpuestimator
 def test_quick_graph_section_prints_the_table_and_exits_1_exactly_when_a_goal_is_missed():
     proc = _bench("--quick", "--only", "graph")
     names, rows = _table(proc.stdout)

@@ -53,6 +53,7 @@ def cases(tmp_path, **env):
     return out
 
 
+@pytest.mark.tpuestimator
 def test_the_one_line_route_says_what_it_converted(tmp_path):
     out = cases(tmp_path)
     assert out["stock"] == []  # nothing changed, nothing said
@@ -64,6 +65,7 @@ def test_the_one_line_route_says_what_it_converted(tmp_path):
     assert [line.split(" -> ")[0] for line in conversions] == ["LOGGED tpushim: model_to_estimator"]
 
 
+@pytest.mark.tpuestimator
 def test_variables_hide_the_line_or_show_debug_lines(tmp_path):
     quiet = cases(tmp_path, TPUSHIM_QUIET="1")
     assert quiet["cpu"] == [] and quiet["stock"] == []
@@ -102,6 +104,7 @@ tf.compat.v1.train.StepCounterHook(every_n_steps=1)
 """
 
 
+@pytest.mark.tpuestimator
 def test_tensorflow_deprecation_warnings_of_tpushims_calls_only_are_silenced(tmp_path):
     """TensorFlow warns once per deprecated name, from the first caller: tpushim's own calls
     print nothing and use up no warning, so the script's own lines are exactly stock's."""

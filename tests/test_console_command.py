@@ -11,8 +11,9 @@ import sys
 import procs
 import pytest
 
-from tpushim import _cli
+from tpushim import _cli, _versions
 
+ENGINE = _versions.uses_engine()  # TensorFlow >= 2.16: tpushim's estimator engine
 pytestmark = pytest.mark.slow  # TensorFlow subprocesses
 
 #: The entry point pip installed beside this interpreter (``pip install -e .`` makes it).
@@ -47,11 +48,17 @@ def tpushim(*args, cwd):
 
 def test_the_console_command_runs_a_script_and_its_three_commands(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
-    run = tpushim("--mode", "cpu", "train.py", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "TRAINED" in run.stdout
-    assert "model_to_estimator -> TPUEstimator(use_tpu=False" in run.stderr
-    assert "tpushim run summary:" in run.stderr
+    if ENGINE:  # no TPU path there yet (#33): tpushim's estimator, which converts nothing to sum up
+        run = tpushim("train.py", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "TRAINED" in run.stdout
+        assert "model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16" in run.stderr
+    else:
+        run = tpushim("--mode", "cpu", "train.py", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "TRAINED" in run.stdout
+        assert "model_to_estimator -> TPUEstimator(use_tpu=False" in run.stderr
+        assert "tpushim run summary:" in run.stderr
 
     lines = tpushim("info", cwd=tmp_path)
     assert "(tpushim SCRIPT patches the script it runs)" in lines.stdout  # as it was called
@@ -60,8 +67,12 @@ def test_the_console_command_runs_a_script_and_its_three_commands(tmp_path):
     assert json.loads(info.stdout)["mode"] == "auto"
 
     check = tpushim("check", "train.py", cwd=tmp_path)
-    assert check.returncode == 0, check.stderr[-3000:]
-    assert "TRAINED" in check.stdout and "tpushim check: OK" in check.stdout
+    if ENGINE:  # the preflight runs the TPU path: not there yet, said before the script runs
+        assert check.returncode == 2 and "TRAINED" not in check.stdout, check.stderr[-3000:]
+        assert "check: the preflight runs the TPU code path" in check.stderr
+    else:
+        assert check.returncode == 0, check.stderr[-3000:]
+        assert "TRAINED" in check.stdout and "tpushim check: OK" in check.stdout
 
     demo = tpushim("demo", cwd=tmp_path)
     assert demo.returncode == 0, demo.stderr[-3000:]

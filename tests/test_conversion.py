@@ -7,13 +7,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
-from tensorflow_estimator.python.estimator.tpu import tpu_config
+from conftest import tpuestimator_import
+
+tpu_config = tpuestimator_import("tensorflow_estimator.python.estimator.tpu", "tpu_config")
 
 import tpushim
-from tpushim._estimator import TPUShimEstimator, indivisible_batch
-from tpushim._preflight import faketpu
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+TPUShimEstimator, indivisible_batch = tpuestimator_import(
+    "tpushim._estimator", "TPUShimEstimator", "indivisible_batch"
+)
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
 
 
 def test_warm_start_from_trained_keras_model(tmp_path):

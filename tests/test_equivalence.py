@@ -9,7 +9,11 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+# cpu mode's TPUEstimator against stock: the TPU path throughout.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
 
 
 @pytest.mark.parametrize("spelling", ["v2", "v1"])

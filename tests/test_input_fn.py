@@ -7,16 +7,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
-from tensorflow_estimator.python.estimator.tpu import tpu_config
+from conftest import tpuestimator_import
+
+tpu_config = tpuestimator_import("tensorflow_estimator.python.estimator.tpu", "tpu_config")
 
 import tpushim
-from tpushim import _input_fn, _padding
-from tpushim._estimator import TPUShimEstimator
-from tpushim._preflight import faketpu as _faketpu
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+_input_fn = tpuestimator_import("tpushim._input_fn")
+_padding = tpuestimator_import("tpushim._padding")
+TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
+_faketpu = tpuestimator_import("tpushim._preflight.faketpu")
 
-ModeKeys = tf.estimator.ModeKeys
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
+
+ModeKeys = tfcases.ModeKeys
 N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8: the last eval/predict batch is short
 
 

@@ -10,13 +10,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
-from tensorflow_estimator.python.estimator import util as estimator_util
+from conftest import tpuestimator_import
 
-from tpushim import _batching, _padding, _shapes
+estimator_util = tpuestimator_import("tensorflow_estimator.python.estimator", "util")
 
-ModeKeys = tf.estimator.ModeKeys
+_batching = tpuestimator_import("tpushim._batching")
+_padding = tpuestimator_import("tpushim._padding")
+_shapes = tpuestimator_import("tpushim._shapes")
+
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
+
+ModeKeys = tfcases.ModeKeys
 TRAIN = ModeKeys.TRAIN
-numpy_input_fn = tf.compat.v1.estimator.inputs.numpy_input_fn
+numpy_input_fn = tfcases.ESTIMATOR.inputs.numpy_input_fn
 
 
 # --- 5. features and labels as Python lists ----------------------------------------------------

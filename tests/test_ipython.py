@@ -6,7 +6,7 @@ import tfcases
 from IPython.core.error import UsageError
 
 import tpushim
-from tpushim import _console, _ipython, _settings
+from tpushim import _console, _ipython, _settings, _versions
 
 SESSION = """\
 import tensorflow as tf
@@ -34,6 +34,7 @@ print("MAGIC LEFT", "tpushim" in get_ipython().magics_manager.magics["line"])
 
 
 @pytest.mark.slow  # a TensorFlow subprocess that trains
+@pytest.mark.tpuestimator
 def test_extension_in_a_real_ipython_session(tmp_path):
     script = tmp_path / "session.ipy"
     script.write_text(SESSION)
@@ -113,14 +114,23 @@ def test_magic_options_and_errors(shell, capsys):
 def test_load_keeps_an_earlier_patch_and_honours_the_environment(shell, capsys, monkeypatch):
     tpushim.patch(mode="cpu")
     shell.run_line_magic("load_ext", "tpushim")
-    assert "TPUEstimator(use_tpu=False)" in capsys.readouterr().out
+    assert (
+        "an error, tpushim.ConversionError: the TPU path on TensorFlow >= 2.16 needs the "
+        "strategy engine (#33)"  # no TPU path there yet
+        if _versions.uses_engine()
+        else "TPUEstimator(use_tpu=False)"
+    ) in capsys.readouterr().out
     assert tpushim.status()["mode_source"] == "argument"
     shell.run_line_magic("unload_ext", "tpushim")
     assert not tpushim.is_patched()
 
     monkeypatch.setenv("TPUSHIM_MODE", "off")
     shell.run_line_magic("load_ext", "tpushim")
-    assert "the stock estimator (mode off, from TPUSHIM_MODE=off)" in capsys.readouterr().out
+    assert (
+        "tpushim's estimator (TensorFlow >= 2.16 has none; stock 2.15's path and numbers)"
+        if _versions.uses_engine()  # no stock estimator there: tpushim's takes its place
+        else "the stock estimator (mode off, from TPUSHIM_MODE=off)"
+    ) in capsys.readouterr().out
     shell.run_line_magic("unload_ext", "tpushim")
 
     monkeypatch.setenv("TPUSHIM_MODE", "fast")
@@ -183,11 +193,16 @@ def test_magic_quiet_hides_the_conversion_lines(shell, capsys):
     capsys.readouterr()
 
 
+#: Whether the hint to try mode cpu is offered: not on TensorFlow >= 2.16 (no TPU path yet, #33).
+HINT = not _versions.uses_engine()
+
+
 def test_magic_hints_are_the_magic_and_unpatch_confirms(shell, capsys):
     shell.run_line_magic("load_ext", "tpushim")
     loaded = capsys.readouterr().out
-    # No TPU, mode auto: the hint a notebook user can type, not the command line's.
-    assert "%tpushim --mode cpu runs the TPU code path on CPU" in loaded
+    # No TPU, mode auto: the hint a notebook user can type, not the command line's. (None on
+    # TensorFlow >= 2.16: mode cpu has no TPU path to run there yet, #33.)
+    assert ("%tpushim --mode cpu runs the TPU code path on CPU" in loaded) is HINT
     shell.run_line_magic("tpushim", "unpatch")
     out = capsys.readouterr().out
     assert out.splitlines() == [
@@ -199,10 +214,10 @@ def test_magic_hints_are_the_magic_and_unpatch_confirms(shell, capsys):
     shell.run_line_magic("tpushim", "")
     status = capsys.readouterr().out
     assert "(%tpushim patch patches this kernel)" in status
-    assert "%tpushim --mode cpu runs the TPU code path" in status
+    assert ("%tpushim --mode cpu runs the TPU code path" in status) is HINT
     assert "python -m tpushim" not in status and " --mode cpu" not in status.replace(
         "%tpushim --", ""
     )
     info = _console.format_status(tpushim.status())  # the command line keeps its own spelling
     assert "(python -m tpushim SCRIPT patches the script it runs)" in info
-    assert "; --mode cpu runs the TPU code path" in info
+    assert ("; --mode cpu runs the TPU code path" in info) is HINT

@@ -8,14 +8,19 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 
-from tpushim import _padding, _source
+_padding = tpuestimator_import("tpushim._padding")
+_source = tpuestimator_import("tpushim._source")
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
 
-ModeKeys = tf.estimator.ModeKeys
+ModeKeys = tfcases.ModeKeys
 N, B = tfcases.N, tfcases.BATCH  # 52 examples, batches of 8
-numpy_input_fn = tf.compat.v1.estimator.inputs.numpy_input_fn
+numpy_input_fn = tfcases.ESTIMATOR.inputs.numpy_input_fn
 TPU_CONTEXT = types.SimpleNamespace(num_hosts=1, current_host=0)  # what adapt() sees on a TPU
 
 

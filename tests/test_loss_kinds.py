@@ -8,12 +8,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 
 import tpushim
-from tpushim import _loss_kinds, _model_fn, _padding
+
+_loss_kinds = tpuestimator_import("tpushim._loss_kinds")
+_model_fn = tpuestimator_import("tpushim._model_fn")
+_padding = tpuestimator_import("tpushim._padding")
 from tpushim._errors import ConversionError
 
-ModeKeys = tf.estimator.ModeKeys
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
+
+ModeKeys = tfcases.ModeKeys
 
 
 # -- the kinds, on values ----------------------------------------------------------------------

@@ -14,14 +14,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 from replicas import Assigner
-from tensorflow_estimator.python.estimator import keras_lib
 
-from tpushim import _model_fn, _padding
+keras_lib = tpuestimator_import("tensorflow_estimator.python.estimator", "keras_lib")
 
-pytestmark = pytest.mark.slow  # a Keras evaluate and two compiles of ~60 metrics per family
+_model_fn = tpuestimator_import("tpushim._model_fn")
+_padding = tpuestimator_import("tpushim._padding")
 
-ModeKeys = tf.estimator.ModeKeys
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # a Keras evaluate and two compiles of ~60 metrics per family
+
+ModeKeys = tfcases.ModeKeys
 ROWS, BATCH = 20, 8  # batches of 8, 8 and 4 (padded to 8)
 TOL = 1e-5
 

@@ -8,13 +8,16 @@ import time
 import pytest
 import tensorflow as tf
 import tfcases
-from tensorflow_estimator.python.estimator import keras_lib
-from tensorflow_estimator.python.estimator.tpu import tpu_config
+from conftest import tpuestimator_import
+
+keras_lib = tpuestimator_import("tensorflow_estimator.python.estimator", "keras_lib")
+tpu_config = tpuestimator_import("tensorflow_estimator.python.estimator.tpu", "tpu_config")
 
 import tpushim
-from tpushim import _detect, _settings
-from tpushim._estimator import TPUShimEstimator
-from tpushim._preflight import faketpu as _faketpu
+from tpushim import _detect, _settings, _versions
+
+TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
+_faketpu = tpuestimator_import("tpushim._preflight.faketpu")
 
 
 def free_port():
@@ -27,6 +30,13 @@ def free_port():
 def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
     tpushim.patch()
     est = tfcases.convert(tmp_path)
+    if _versions.uses_engine():  # no estimators there: tpushim's, as stock 2.15's (no TPU path yet)
+        assert type(est) is tf.estimator.Estimator  # tpushim's tf.estimator while patched
+        assert (
+            "model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16 (no TPU configured; "
+            "stock 2.15's path)"
+        ) in tpushim_log.text
+        return
     assert type(est) is tf.estimator.Estimator
     assert (
         "-> stock EstimatorV2 (no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU)"
@@ -34,6 +44,7 @@ def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
     )
 
 
+@pytest.mark.tpuestimator
 def test_cpu_mode_log_line(tmp_path, tpushim_log):
     tpushim.patch(mode="cpu", batch_size=16, iterations_per_loop=20)
     est = tfcases.convert(tmp_path)
@@ -44,6 +55,7 @@ def test_cpu_mode_log_line(tmp_path, tpushim_log):
     ) in tpushim_log.text
 
 
+@pytest.mark.tpuestimator
 def test_off_mode_and_kill_switch_beats_argument(tmp_path, monkeypatch):
     tpushim.patch(mode="off")
     assert type(tfcases.convert(tmp_path / "a")) is tf.estimator.Estimator
@@ -136,6 +148,7 @@ def test_garbage_arguments_raise(kwargs, expected):
         tpushim.patched(**kwargs)
 
 
+@pytest.mark.tpuestimator
 def test_numpy_integers_are_integers(tmp_path, tpushim_log):
     import numpy as np
 
@@ -217,6 +230,7 @@ def test_detection_from_tpu_vm_device_files(monkeypatch, tmp_path):
     assert (spec.target, spec.source) == ("local", f"TPU VM ({tmp_path / 'accel0'})")
 
 
+@pytest.mark.tpuestimator
 def test_detection_from_run_config_cluster():
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://127.0.0.1:1")
     config = tpu_config.RunConfig(cluster=resolver)
@@ -225,6 +239,7 @@ def test_detection_from_run_config_cluster():
     assert _detect.find_tpu(_settings.resolve(), tf.estimator.RunConfig()) is None
 
 
+@pytest.mark.tpuestimator
 def test_detection_from_run_config_master(tmp_path, tpushim_log):
     with _faketpu.faked_tpu_system() as tpu:  # the conversion asks the TPU for its devices
         config = tpu_config.RunConfig(master=tpu.master)
@@ -256,6 +271,7 @@ class RecordingListener(tfcases.LoopbackListener):
             count += 1
 
 
+@pytest.mark.tpuestimator
 def test_tpu_name_address_gives_tpu_estimator_once_the_tpu_answers(
     monkeypatch, tmp_path, tpushim_log
 ):
@@ -322,6 +338,7 @@ HTTP_404 = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\
 @pytest.mark.parametrize(
     "answer,deadline", [(None, None), (HTTP_404, 3)], ids=["never-answers", "http-404"]
 )
+@pytest.mark.tpuestimator
 def test_an_address_that_is_not_a_tpu_fails_the_conversion_before_anything_is_written(
     monkeypatch, tmp_path, answer, deadline
 ):
@@ -347,6 +364,7 @@ def test_an_address_that_is_not_a_tpu_fails_the_conversion_before_anything_is_wr
     assert not model_dir.exists() or not os.listdir(model_dir)  # no keras/ warm start
 
 
+@pytest.mark.tpuestimator
 def test_a_tensorflow_server_without_tpu_devices_is_not_a_tpu(monkeypatch, tmp_path):
     # A real TensorFlow worker (job tpu_worker, as on a TPU node) that has only a CPU.
     port = free_port()
@@ -367,6 +385,7 @@ def test_a_tensorflow_server_without_tpu_devices_is_not_a_tpu(monkeypatch, tmp_p
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.tpuestimator
 def test_tpu_mode_without_tpu_fails_fast_with_how_to(tmp_path):
     tpushim.patch(mode="tpu")
     start = time.monotonic()
@@ -395,6 +414,7 @@ def test_bare_name_lookup_is_bounded(silent_metadata_server):
 
 
 @pytest.mark.parametrize("mode", ["auto", "tpu"])
+@pytest.mark.tpuestimator
 def test_unreachable_bare_name_is_a_clear_error_not_a_hang(
     silent_metadata_server, monkeypatch, tmp_path, mode
 ):
@@ -410,6 +430,7 @@ def test_unreachable_bare_name_is_a_clear_error_not_a_hang(
 
 
 @pytest.mark.parametrize("mode", ["auto", "tpu", "cpu"])
+@pytest.mark.tpuestimator
 def test_unreachable_tpu_address_is_a_clear_error_within_seconds_in_every_mode(
     monkeypatch, tmp_path, mode
 ):
@@ -444,6 +465,7 @@ def _uncompiled():
     ],
     ids=["uncompiled", "optimizer-without-legacy-twin"],
 )
+@pytest.mark.tpuestimator
 def test_checks_that_need_no_network_run_before_the_tpu_is_resolved(
     silent_metadata_server, monkeypatch, tmp_path, bad, error, message
 ):
@@ -464,6 +486,7 @@ def test_checks_that_need_no_network_run_before_the_tpu_is_resolved(
     assert silent_metadata_server.new_connections() >= 1
 
 
+@pytest.mark.tpuestimator
 def test_tpu_is_probed_once_per_estimator(tmp_path):
     """tpushim asks a grpc:// TPU before the conversion writes anything, not before every call."""
     x, y = tfcases.data()

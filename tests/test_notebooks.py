@@ -48,6 +48,7 @@ def test_committed_without_outputs(path):
 
 
 @pytest.mark.parametrize("tpu", [None, "local"], ids=["no-tpu", "tpu-vm-without-tpu-support"])
+@pytest.mark.tpuestimator
 def test_colab_quickstart_on_cpu(tmp_path, monkeypatch, tpu):
     # With TPUSHIM_TPU=local: a TPU VM runtime as a TensorFlow without TPU support sees it (a TPU
     # configured, no TPU device), as on a Colab TPU runtime after pip installed TensorFlow 2.15.
@@ -73,6 +74,7 @@ def test_colab_quickstart_on_cpu(tmp_path, monkeypatch, tpu):
     assert f"exported to {tmp_path}" in out and "served predictions:" in out
 
 
+@pytest.mark.tpuestimator
 def test_migrate_legacy_cnn_on_cpu(tmp_path, monkeypatch):
     out, err, images = execute("migrate_legacy_cnn.ipynb", tmp_path, monkeypatch)
     keras_package = (

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _observe, _versions
+from tpushim import _observe
 
 
 class Listener:
@@ -67,6 +67,7 @@ def test_calling_may_replace_the_call_and_notes_belong_to_it():
 
 
 @pytest.mark.slow  # trains an estimator
+@pytest.mark.tpuestimator
 def test_a_cpu_mode_run_in_the_order_observers_hear_it(tmp_path):
     x, y = tfcases.data()
     listener = Listener(cap_train_steps=2)
@@ -93,9 +94,7 @@ def test_a_cpu_mode_run_in_the_order_observers_hear_it(tmp_path):
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-2")
 
 
-@pytest.mark.skipif(
-    _versions.uses_engine(), reason="the TPU path (mode cpu) is not there on TensorFlow >= 2.16 yet"
-)
+@pytest.mark.tpuestimator
 def test_converting_may_replace_the_arguments_hears_refusals_and_cannot_be_skipped(tmp_path):
     """``converting`` sees the call's arguments before anything is written and may replace them
     (the preflight's scratch model_dir); ``refused`` hears the error a conversion raises; a

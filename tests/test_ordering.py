@@ -16,7 +16,18 @@ import json
 import procs
 import pytest
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+from tpushim import _versions
+
+pytestmark = [
+    pytest.mark.slow,  # trains estimators or runs scripts: outside the fast tier
+    pytest.mark.xfail(
+        _versions.uses_engine(),
+        strict=True,
+        reason="#32: the probe reads tensorflow_estimator's keras_lib and mode tpu's NoTPUError "
+        "(TensorFlow <= 2.15); on 2.16+ tpushim wraps tf_keras's functions, and a name bound "
+        "before patch() does not convert there yet (tests/test_patch.py)",
+    ),
+]
 
 CHILD = r"""
 import json, sys, types

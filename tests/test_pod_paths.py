@@ -6,11 +6,17 @@ import os
 
 import pytest
 import tensorflow as tf
+from conftest import tpuestimator_import
 
 import tpushim
-from tpushim import _pods, _settings, _tfprivate
+from tpushim import _settings
 
-TRAIN, EVAL, PREDICT = (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL, "infer")
+_pods = tpuestimator_import("tpushim._pods")
+_tfprivate = tpuestimator_import("tpushim._tfprivate")
+
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
+
+TRAIN, EVAL, PREDICT = "train", "eval", "infer"  # tf.estimator.ModeKeys' values
 
 
 @pytest.fixture

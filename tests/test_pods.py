@@ -12,11 +12,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 
 import tpushim
-from tpushim._preflight import faketpu
 
-pytestmark = pytest.mark.slow  # builds TPUEstimator graphs and runs every host's pipeline
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # builds TPUEstimator graphs and runs every host's pipeline
 
 GLOBAL = 32  # divides among 32 cores (4 hosts): 1 row per core there, 2 on 2 hosts
 ITERATIONS = 4

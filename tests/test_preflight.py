@@ -7,7 +7,11 @@ import tfcases
 
 import tpushim
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+# The preflight runs the TPU path (cpu mode's TPUEstimator); `tpushim check` refuses on 2.16+.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
 
 X, Y = tfcases.data(n=128)
 

@@ -19,7 +19,8 @@ import tensorflow as tf
 
 import tpushim
 
-pytestmark = pytest.mark.slow  # runs scripts
+# The preflight runs the TPU path (cpu mode's TPUEstimator); `tpushim check` refuses on 2.16+.
+pytestmark = [pytest.mark.slow, pytest.mark.tpuestimator]  # runs scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 

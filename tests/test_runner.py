@@ -10,7 +10,7 @@ import procs
 import pytest
 
 import tpushim
-from tpushim import _cli, _console, _log, _settings
+from tpushim import _cli, _console, _log, _settings, _versions
 
 PROBE = """\
 import json, sys
@@ -100,7 +100,13 @@ def test_module_runs_as_python_dash_m_runs_it(tmp_path):
         (["--batch-size", "0", "info"], "batch_size must be a positive integer"),
         (["-m"], "argument -m: expected one argument"),
         (["check"], "give the script (or -m MODULE) to check"),
-        (["check", "--cores", "4", "missing.py"], "check: can't open file 'missing.py'"),
+        (
+            ["check", "--cores", "4", "missing.py"],
+            # no preflight on TensorFlow >= 2.16 yet: that is said first (also exit 2)
+            "check: the preflight runs the TPU code path, which tpushim does not have"
+            if _versions.uses_engine()
+            else "check: can't open file 'missing.py'",
+        ),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(tmp_path, args, message):
@@ -184,8 +190,18 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     proc = procs.python(["-m", "tpushim", "demo"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "1. stock    model_to_estimator -> stock EstimatorV2 (tpushim mode off" in out
-    assert "2. tpushim  model_to_estimator -> TPUEstimator(" in out
+    if _versions.uses_engine():  # no stock estimator, no TPU path yet: tpushim's engine twice
+        assert (
+            "1. stock    model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16 "
+            "(tpushim mode off"
+        ) in out
+        assert (
+            "2. tpushim  model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16" in out
+        )
+        assert "its numbers equal stock TensorFlow 2.15's (tested)" in out
+    else:
+        assert "1. stock    model_to_estimator -> stock EstimatorV2 (tpushim mode off" in out
+        assert "2. tpushim  model_to_estimator -> TPUEstimator(" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
     for metric in ("accuracy", "loss", "global_step"):
         stock, shim, diff = rows[metric][:3]
@@ -194,8 +210,12 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
             rows[metric],
         )
     assert rows["global_step"][0] == "300"
-    assert "results equal within 1e-05" in out
-    assert "WARNING" not in proc.stderr  # TensorFlow's noise is kept down
+    if not _versions.uses_engine():
+        assert "results equal within 1e-05" in out
+    # TensorFlow's noise is kept down. TensorFlow >= 2.16 prints absl's start-up line from C++
+    # before anything reads TF_CPP_MIN_LOG_LEVEL: not that one.
+    absl = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+    assert "WARNING" not in proc.stderr.replace(absl, "")
 
 
 RUNNER, CHECK = _cli.RUNNER_VALUE_FLAGS, _cli.CHECK_VALUE_FLAGS

@@ -9,7 +9,12 @@ import procs
 import pytest
 import tfcases
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+# cpu mode and the preflight against stock: the TPU path. On TensorFlow >= 2.16 every script
+# runs against stock 2.15's recorded numbers in tests/test_tf216_engine.py.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")

@@ -3,12 +3,18 @@
 import threading
 
 import numpy as np
+import pytest
 import tensorflow as tf
-from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions
+import tfcases
+from conftest import tpuestimator_import
 
-from tpushim import _source
-
-ModeKeys = tf.estimator.ModeKeys
+feeding_functions = tpuestimator_import(
+    "tensorflow_estimator.python.estimator.inputs.queues", "feeding_functions"
+)
+_source = tpuestimator_import("tpushim._source")
+ModeKeys = tfcases.ModeKeys
+#: Source recovery adapts an input_fn for the TPU path (cpu mode's TPUEstimator).
+pytestmark = pytest.mark.tpuestimator
 
 
 def _originals():

@@ -18,13 +18,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 from replicas import GLOBAL, REPLICAS, Emulation, tpu_model
 
 import tpushim
-from tpushim import _losses, _step_losses
-from tpushim._preflight import faketpu
 
-ModeKeys = tf.estimator.ModeKeys
+_losses = tpuestimator_import("tpushim._losses")
+_step_losses = tpuestimator_import("tpushim._step_losses")
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
+
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
+
+ModeKeys = tfcases.ModeKeys
 LINE = re.compile(r"^loss = (\S+), step = (\d+)(?: \((\d+\.\d{3}) sec\))?$")
 
 

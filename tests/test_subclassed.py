@@ -14,17 +14,22 @@ import pytest
 import replicas
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 from replicas import PER, REPLICAS
 
 import tpushim
-from tpushim import _model_fn
-from tpushim._estimator import TPUShimEstimator
-from tpushim._preflight import faketpu
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+_model_fn = tpuestimator_import("tpushim._model_fn")
+TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
 
-ModeKeys = tf.estimator.ModeKeys
-numpy_io = tf.compat.v1.estimator.inputs
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
+
+ModeKeys = tfcases.ModeKeys
+numpy_io = tfcases.ESTIMATOR.inputs
 
 
 class SimpleModel(tf.keras.Model):

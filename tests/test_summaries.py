@@ -9,11 +9,16 @@ import pytest
 import replicas
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 from tensorflow.python.ops import summary_ops_v2
 
 import tpushim
-from tpushim import _losses, _summaries
-from tpushim._preflight import faketpu
+
+_losses = tpuestimator_import("tpushim._losses")
+_summaries = tpuestimator_import("tpushim._summaries")
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
+
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
 
 TOL = 1e-5
 

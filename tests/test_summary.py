@@ -47,6 +47,7 @@ def test_summary_lines_from_observed_events():
 
 
 @pytest.mark.slow  # trains an estimator
+@pytest.mark.tpuestimator
 def test_runner_prints_the_summary_unless_quiet(tmp_path, capsys):
     script = tmp_path / "legacy.py"
     script.write_text(SCRIPT.format(model_dir=str(tmp_path / "model")))
@@ -133,6 +134,7 @@ def test_what_ended_a_run_and_the_per_call_table():
 
 
 @pytest.mark.slow  # runs a script
+@pytest.mark.tpuestimator
 def test_a_train_call_that_raised_is_named_in_the_summary(tmp_path, capsys):
     # An input_fn that fails inside train(): the call that never returned is named, and what
     # ended the run. (A TPU that does not answer now fails at model_to_estimator, before any call.)
@@ -159,6 +161,7 @@ def test_a_train_call_that_raised_is_named_in_the_summary(tmp_path, capsys):
 
 
 @pytest.mark.slow  # trains an estimator
+@pytest.mark.tpuestimator
 def test_summary_flag_and_variable_add_the_table(tmp_path, capsys, monkeypatch):
     script = tmp_path / "legacy.py"
     script.write_text(SCRIPT.format(model_dir=str(tmp_path / "model")))

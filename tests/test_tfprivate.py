@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
-from tensorflow_estimator.python.estimator import keras_lib
+from conftest import tpuestimator_import
 
-from tpushim import _tfprivate
+keras_lib = tpuestimator_import("tensorflow_estimator.python.estimator", "keras_lib")
+
+_tfprivate = tpuestimator_import("tpushim._tfprivate")
+
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
 
 
 @pytest.mark.parametrize(

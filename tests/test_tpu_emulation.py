@@ -15,14 +15,24 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 from replicas import GLOBAL, PER, REPLICAS, Assigner, Emulation, max_diff, shard, tpu_model
-from tensorflow_estimator.python.estimator import keras_lib
 
-from tpushim import _batching, _batchnorm, _extenders, _losses, _model_fn, _padding
+keras_lib = tpuestimator_import("tensorflow_estimator.python.estimator", "keras_lib")
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+_batching = tpuestimator_import("tpushim._batching")
+_batchnorm = tpuestimator_import("tpushim._batchnorm")
+_extenders = tpuestimator_import("tpushim._extenders")
+_losses = tpuestimator_import("tpushim._losses")
+_model_fn = tpuestimator_import("tpushim._model_fn")
+_padding = tpuestimator_import("tpushim._padding")
 
-ModeKeys = tf.estimator.ModeKeys
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
+
+ModeKeys = tfcases.ModeKeys
 TOL = 1e-5
 
 

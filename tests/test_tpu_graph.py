@@ -4,12 +4,16 @@ import pytest
 import replicas
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 from replicas import PER as PER_REPLICA
 from replicas import REPLICAS
 
-from tpushim import _model_fn, _padding
+_model_fn = tpuestimator_import("tpushim._model_fn")
+_padding = tpuestimator_import("tpushim._padding")
 
-ModeKeys = tf.estimator.ModeKeys
+pytestmark = pytest.mark.tpuestimator  # the TPU path (cpu mode's TPUEstimator) throughout
+
+ModeKeys = tfcases.ModeKeys
 
 
 def _features():

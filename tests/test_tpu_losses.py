@@ -16,13 +16,20 @@ break one aggregation at a time and must be caught.
 import numpy as np
 import pytest
 import tensorflow as tf
+import tfcases
+from conftest import tpuestimator_import
 from replicas import GLOBAL, Assigner, Emulation, max_diff, tpu_model
 
-from tpushim import _batching, _losses, _padding
+_batching = tpuestimator_import("tpushim._batching")
+_losses = tpuestimator_import("tpushim._losses")
+_padding = tpuestimator_import("tpushim._padding")
 
-pytestmark = pytest.mark.slow  # trains estimators: outside the fast tier
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators: outside the fast tier
 
-ModeKeys = tf.estimator.ModeKeys
+ModeKeys = tfcases.ModeKeys
 TOL = 1e-5
 STEPS = 2
 SUM = tf.keras.losses.Reduction.SUM

@@ -14,11 +14,16 @@ import pytest
 import replicas
 import tensorflow as tf
 import tfcases
+from conftest import tpuestimator_import
 
 import tpushim
-from tpushim._preflight import faketpu
 
-pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
+faketpu = tpuestimator_import("tpushim._preflight.faketpu")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tpuestimator,
+]  # trains estimators or runs scripts: outside the fast tier
 
 N = 100  # not a multiple of the global batch: the last eval batch is partial
 GLOBAL = 64

@@ -48,6 +48,7 @@ def _run(tmp_path, mode):
     return json.loads(line[len("RESULT ") :])
 
 
+@pytest.mark.tpuestimator
 def test_disable_v2_behavior_script_stock_equals_cpu(tmp_path):
     stock, shim = _run(tmp_path, "off"), _run(tmp_path, "cpu")
     assert set(stock) == set(shim)
@@ -75,6 +76,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.tpuestimator
 def test_preflight_xla_check_under_disable_v2_behavior(tmp_path):
     """No eager context to ask XLA for its IR: the step is compiled in a graph instead -- no false
     'xla-compile' error on a clean model, the unsupported op named on a bad one."""

@@ -11,6 +11,16 @@ tf.get_logger().setLevel("ERROR")
 TF_VERSION = tuple(int(p) for p in tf.__version__.split(".")[:2])
 KERAS_VERSION = tuple(int(p) for p in __import__("keras").__version__.split(".")[:2])
 
+#: ``tf.compat.v1.estimator``; on TensorFlow >= 2.16 (none there) the namespace tpushim installs as
+#: it while patched, for the names a test module binds at import (ModeKeys, numpy_input_fn).
+if hasattr(tf.compat.v1, "estimator"):
+    ESTIMATOR = tf.compat.v1.estimator
+else:
+    from tpushim._legacy import _api
+
+    ESTIMATOR = _api.build("tf.compat.v1.estimator")
+ModeKeys = ESTIMATOR.ModeKeys
+
 N = 52  # examples: not divisible by the batch size (8), so eval/predict pad the last batch
 BATCH = 8
 TOL = 1e-5
@@ -135,10 +145,13 @@ def convert(model_dir, model=None, spelling="v2", patch=None, **kwargs):
         ``{"mode": "off"}``: stock); None converts under whatever the caller patched.
       kwargs: ``model_to_estimator``'s other arguments.
     """
-    to_estimator = {
-        "v2": tf.keras.estimator.model_to_estimator,
-        "v1": tf.compat.v1.keras.estimator.model_to_estimator,
-    }[spelling]
+
+    def to_estimator(**kwargs):  # looked up once patched, as a script that patches at its top
+        return {
+            "v2": lambda: tf.keras.estimator.model_to_estimator,
+            "v1": lambda: tf.compat.v1.keras.estimator.model_to_estimator,
+        }[spelling]()(**kwargs)
+
     if "keras_model" not in kwargs and "keras_model_path" not in kwargs:
         model = sequential if model is None else model
         kwargs["keras_model"] = model if isinstance(model, tf.keras.Model) else model()
@@ -168,7 +181,7 @@ def run(
     convert_kwargs=None,
 ):
     """Converts with tpushim in ``mode`` ('off' = stock), trains, evaluates and predicts."""
-    kwargs = {"config": tf.estimator.RunConfig(tf_random_seed=7), **(convert_kwargs or {})}
+    kwargs = {"config": ESTIMATOR.RunConfig(tf_random_seed=7), **(convert_kwargs or {})}
     estimator = convert(model_dir, build_model, spelling, {"mode": mode}, **kwargs)
     if steps:
         estimator.train(train_fn, steps=steps)

@@ -107,13 +107,17 @@ def dist_version(module_name, dist_names):
     """Version of the installed distribution that provides ``module_name``, read from its metadata
     (nothing is imported), or None. The dist-info beside the module wins: a second TensorFlow
     distribution elsewhere on the path is not the one ``import`` would load."""
-    from importlib import metadata  # slow: failure path only
     from importlib.machinery import PathFinder
 
     module_spec = PathFinder.find_spec(module_name)
     if module_spec is None:
         return None
     location = (list(module_spec.submodule_search_locations or ()) or [module_spec.origin or ""])[0]
+    found = _dist_info_version(os.path.dirname(location), dist_names)
+    if found:
+        return found
+    from importlib import metadata  # slow (email, socket, typing): where the above finds none
+
     for name in dist_names:
         for dist in metadata.distributions(name=name, path=[os.path.dirname(location)]):
             return dist.version
@@ -121,6 +125,35 @@ def dist_version(module_name, dist_names):
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def _dist_info_version(directory, dist_names):
+    """The version in ``NAME-VERSION.dist-info/METADATA`` in ``directory`` for the first of
+    ``dist_names`` installed there, or None: what importlib.metadata reads, without importing it
+    (``patch()`` reads TensorFlow's version this way on 2.16+ before TensorFlow is imported)."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return None
+    by_name = {}
+    for entry in entries:
+        if entry.endswith(".dist-info"):
+            dist = entry[: -len(".dist-info")].rpartition("-")[0]
+            by_name.setdefault(dist.lower().replace("-", "_").replace(".", "_"), entry)
+    for name in dist_names:
+        entry = by_name.get(name.lower().replace("-", "_").replace(".", "_"))
+        if entry is None:
+            continue
+        try:
+            with open(os.path.join(directory, entry, "METADATA"), encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():  # the headers end: no Version line
+                        break
+        except OSError:
             pass
     return None
 

@@ -259,8 +259,9 @@ def model_to_estimator(
         keras_model = tf.keras.models.load_model(keras_model_path)
     if checkpoint_format in (None, "checkpoint"):
         if not (keras_model._is_graph_network or isinstance(keras_model, tf.keras.Sequential)):
-            raise ValueError(
+            raise ValueError(  # stock's text, then how to get past it (as on the TPU path)
                 "Object-based checkpoints are currently not supported with subclassed models."
+                " Pass checkpoint_format='saver' to model_to_estimator."
             )
         save_object_ckpt = True
     elif checkpoint_format == "saver":
