@@ -11,8 +11,8 @@ from tpushim import _patch, _versions
 
 keras_lib = tpuestimator_import("tensorflow_estimator.python.estimator", "keras_lib")
 ORIGINAL = keras_lib.model_to_estimator
-#: TensorFlow >= 2.16 has no TPU path yet (#33): there the conversions that fail as stock's fail
-#: on tpushim's own estimator (mode auto), with stock's errors; mode cpu would refuse first.
+#: TensorFlow >= 2.16 has no stock estimator: there the conversions that fail as stock's fail on
+#: tpushim's own estimator (mode auto), with stock's errors; mode cpu is the strategy engine there.
 STOCKS = {"mode": "auto"} if _versions.uses_engine() else {"mode": "cpu"}
 TPU = pytest.mark.tpuestimator
 
@@ -117,15 +117,6 @@ CASES = {
         "Name one with tpushim.patch(tpu=...) or TPUSHIM_TPU",
     ),
 }
-if _versions.uses_engine():  # no TPU path there yet: mode tpu stops at that, TPU or not
-    CASES["mode tpu without a TPU"] = (
-        CASES["mode tpu without a TPU"][0],
-        tpushim.ConversionError,
-        "The TPU path on TensorFlow >= 2.16 needs the strategy engine (#33)",
-        "Run with mode='auto' and no TPU",
-    )
-
-
 #: The cases of the TPU path (its refusals, cpu mode's input adaptation): TensorFlow <= 2.15 only.
 TPU_CASES = {
     "unaggregatable optimizer",

@@ -115,9 +115,8 @@ def test_load_keeps_an_earlier_patch_and_honours_the_environment(shell, capsys, 
     tpushim.patch(mode="cpu")
     shell.run_line_magic("load_ext", "tpushim")
     assert (
-        "an error, tpushim.ConversionError: the TPU path on TensorFlow >= 2.16 needs the "
-        "strategy engine (#33)"  # no TPU path there yet
-        if _versions.uses_engine()
+        "the strategy engine (tf.distribute.MirroredStrategy over this machine's devices)"
+        if _versions.uses_engine()  # the TPU path there
         else "TPUEstimator(use_tpu=False)"
     ) in capsys.readouterr().out
     assert tpushim.status()["mode_source"] == "argument"

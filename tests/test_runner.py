@@ -100,13 +100,7 @@ def test_module_runs_as_python_dash_m_runs_it(tmp_path):
         (["--batch-size", "0", "info"], "batch_size must be a positive integer"),
         (["-m"], "argument -m: expected one argument"),
         (["check"], "give the script (or -m MODULE) to check"),
-        (
-            ["check", "--cores", "4", "missing.py"],
-            # no preflight on TensorFlow >= 2.16 yet: that is said first (also exit 2)
-            "check: the preflight runs the TPU code path, which tpushim does not have"
-            if _versions.uses_engine()
-            else "check: can't open file 'missing.py'",
-        ),
+        (["check", "--cores", "4", "missing.py"], "check: can't open file 'missing.py'"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(tmp_path, args, message):

@@ -17,7 +17,7 @@ from tpushim import _patch, _versions
 
 TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
 
-ENGINE = _versions.uses_engine()  # TensorFlow >= 2.16: tpushim's estimator engine, no TPU path yet
+ENGINE = _versions.uses_engine()  # TensorFlow >= 2.16: tpushim's estimator and strategy engines
 ORIGINAL = tf.keras.estimator.model_to_estimator if ENGINE else keras_lib.model_to_estimator
 
 
@@ -31,18 +31,19 @@ def untouched():
 
 def is_shim(convert):
     """Whether ``convert()`` takes the TPU path: it returns tpushim's TPUEstimator, or on
-    TensorFlow >= 2.16 (no TPU path there yet) refuses with #33's error. Else it is stock's:
-    its estimator, or on 2.16+ tpushim's estimator (mode off) or stock's NotImplementedError
-    (unpatched: no estimators there)."""
+    TensorFlow >= 2.16 the strategy engine's estimator. Else it is stock's: its estimator, or on
+    2.16+ tpushim's estimator (mode off) or stock's NotImplementedError (unpatched: no
+    estimators there)."""
     try:
         est = convert()
-    except tpushim.ConversionError as e:
-        assert ENGINE and "needs the strategy engine (#33)" in str(e), e
-        return True
     except NotImplementedError:
         assert ENGINE
         return False
-    return False if ENGINE else isinstance(est, TPUShimEstimator)
+    if ENGINE:
+        from tpushim._strategy import StrategyEstimator
+
+        return isinstance(est, StrategyEstimator)
+    return isinstance(est, TPUShimEstimator)
 
 
 def settings_here():

@@ -186,7 +186,7 @@ def test_estimator_surface_on_one_device(tmp_path):
     features_only = tfcases.dataset_input_fn(x)
 
     def run(patch, model_dir):
-        config = tf.estimator.RunConfig(tf_random_seed=7)
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)  # tf.estimator's (2.16+: tpushim's)
         estimator = tfcases.convert(model_dir, patch=patch, config=config)
         estimator.train(train, steps=6)
         return (
@@ -201,23 +201,24 @@ def test_estimator_surface_on_one_device(tmp_path):
     assert isinstance(engine[0], _strategy.StrategyEstimator)
     tfcases.assert_same(stock, engine)
 
+    estimator_api = tfcases.ESTIMATOR  # tf.estimator (on TensorFlow >= 2.16: tpushim's)
     estimators = {}
     for name, patch in (
         ("stock", {"mode": "off"}),
         ("engine", {"mode": "cpu", "engine": "strategy"}),
     ):
         estimator = tfcases.convert(tmp_path / f"te-{name}", patch=dict(patch, quiet=True))
-        metrics, _ = tf.estimator.train_and_evaluate(
+        metrics, _ = estimator_api.train_and_evaluate(
             estimator,
-            tf.estimator.TrainSpec(train, max_steps=6),
-            tf.estimator.EvalSpec(train, steps=None, throttle_secs=0),
+            estimator_api.TrainSpec(train, max_steps=6),
+            estimator_api.EvalSpec(train, steps=None, throttle_secs=0),
         )
         estimators[name] = (estimator, metrics)
     for key, value in estimators["stock"][1].items():
         np.testing.assert_allclose(estimators["engine"][1][key], value, atol=1e-5, err_msg=key)
 
     engine_estimator = estimators["engine"][0]
-    serving = tf.estimator.export.build_raw_serving_input_receiver_fn(
+    serving = estimator_api.export.build_raw_serving_input_receiver_fn(
         {"hidden_input": tf.zeros([1, 4])}
     )
     path = engine_estimator.export_saved_model(str(tmp_path / "export"), serving)
@@ -251,7 +252,7 @@ def test_estimators_made_from_the_engines_are_stocks_and_said_so(tmp_path, caplo
                 model_fn=converted.model_fn, model_dir=str(tmp_path / "r")
             )
     for made in (added, rebuilt):
-        assert isinstance(made, tf.compat.v1.estimator.Estimator)
+        assert isinstance(made, tfcases.ESTIMATOR.Estimator)
         assert not isinstance(made, _strategy.StrategyEstimator)
     said = [
         r.getMessage()

@@ -192,6 +192,8 @@ def run(
 
 def stock_metric_names(metrics, output_names):
     """Stock's metric names with Keras 2's growing output prefix undone (see stable_metric_name)."""
+    if len(output_names) <= 1:  # nothing to undo (and _model_fn is the TPUEstimator path's)
+        return dict(metrics)
     from tpushim._model_fn import stable_metric_name
 
     return {stable_metric_name(k, output_names): v for k, v in metrics.items()}

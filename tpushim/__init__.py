@@ -99,15 +99,7 @@ def check(
       a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``,
       ``report.exit_code``; it renders as a table in a notebook.
     """
-    from tpushim import _versions
-
-    if _versions.uses_engine():  # as `tpushim check` says it (the checks need the TPU path)
-        raise ConversionError(
-            "tpushim.check() runs the TPU code path, which tpushim does not have on TensorFlow "
-            ">= 2.16 yet (#33): check the model on TensorFlow <= 2.15, or train it as it is "
-            "(tpushim's estimator, stock 2.15's numbers)."
-        )
-    from tpushim._preflight import check as run_check
+    from tpushim._preflight import check as run_check  # on TF >= 2.16: its engine's checks
 
     return run_check(
         keras_model,

@@ -50,18 +50,7 @@ def _on_the_strategy_engine(estimator, called):
     it does not take an estimator made from it yet, so stock's is built (never silently)."""
     from tpushim import _strategy  # only where a converted estimator is involved
 
-    if not isinstance(estimator, _strategy.StrategyEstimator):
-        return False
-    why = "the strategy engine does not take an estimator made from its model_fn yet"
-    logger.warning(
-        "%s -> stock Estimator, which runs stock's model_fn "
-        "(on a TPU nothing would run on it): %s. Use the converted estimator itself, or "
-        "engine='tpuestimator'.",
-        called,
-        why,
-    )
-    _observe.bypassed(estimator, f"{called}: {why}")
-    return True
+    return _strategy.said_stock_around(estimator, called)
 
 
 def rewrap_call(cls, args, kwargs):

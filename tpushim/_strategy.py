@@ -820,3 +820,23 @@ def build_on_engine(arguments, settings, tpu, why):
             _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
         )
         return estimator
+
+
+def said_stock_around(estimator, called):
+    """True, said in one line and told to observers, when ``estimator`` is the strategy engine's
+    and ``called`` (an ``add_metrics`` or an estimator constructor) builds stock's estimator
+    around it: the engine does not take an estimator made from its model_fn yet (never silent)."""
+    if not isinstance(estimator, StrategyEstimator):
+        return False
+    from tpushim import _observe
+
+    why = "the strategy engine does not take an estimator made from its model_fn yet"
+    logger.warning(
+        "%s -> stock Estimator, which runs stock's model_fn "
+        "(on a TPU nothing would run on it): %s. Use the converted estimator itself, or "
+        "engine='tpuestimator'.",
+        called,
+        why,
+    )
+    _observe.bypassed(estimator, f"{called}: {why}")
+    return True

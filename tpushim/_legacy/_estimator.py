@@ -48,6 +48,26 @@ class _DatasetInitializerHook(tf.compat.v1.train.SessionRunHook):
         session.run(self._initializer)
 
 
+def _say_if_around_the_strategy_engine(cls, model_fn):
+    """An estimator built around the strategy engine's estimator's ``model_fn`` (alone or in a
+    ``functools.partial``) is stock's: said in one line (tpushim._strategy.said_stock_around)."""
+    import functools
+    import sys
+
+    strategy = sys.modules.get("tpushim._strategy")  # no strategy estimator before it is imported
+    if strategy is None or issubclass(cls, strategy.StrategyEstimator):
+        return
+    function = model_fn.func if isinstance(model_fn, functools.partial) else model_fn
+    code = getattr(function, "__code__", None)
+    if code is None or code.co_name != "public_model_fn" or function.__module__ != __name__:
+        return
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
+    strategy.said_stock_around(
+        cells.get("self"),
+        "tf.estimator.Estimator(model_fn=<the strategy engine's estimator>.model_fn)",
+    )
+
+
 def parse_input_fn_result(result):
     """(features, labels, hooks) from what an input_fn returned: a Dataset or its elements."""
     hooks = []
@@ -114,6 +134,7 @@ class Estimator:
     """tf.estimator.Estimator on TensorFlow >= 2.16 (tpushim's engine; one local process)."""
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None, warm_start_from=None):
+        _say_if_around_the_strategy_engine(type(self), model_fn)
         self._config = overwrite_model_dir_and_session_config(config, model_dir)
         self._model_dir = self._config.model_dir
         tf.io.gfile.makedirs(self._model_dir)

@@ -312,6 +312,13 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
 def add_metrics(estimator, metric_fn):
     """An Estimator like ``estimator`` whose evaluation adds ``metric_fn``'s metrics."""
     import inspect
+    import sys
+
+    strategy = sys.modules.get("tpushim._strategy")
+    if strategy is not None:  # around the strategy engine's estimator: stock's, said in one line
+        strategy.said_stock_around(
+            estimator, "tf.estimator.add_metrics(<the strategy engine's estimator>, metric_fn)"
+        )
 
     from tpushim._legacy._config import ModeKeys
     from tpushim._legacy._estimator import Estimator
