@@ -290,8 +290,12 @@ def adapt(
     # An input whose batches are all full (its graph says so) needs no padding machinery.
     none_short = False
     if _batching.might_pad(result, global_batch):
-        with graph_session() as session:
-            none_short = _batching.none_short(result, session)
+        try:
+            with graph_session() as session:
+                none_short = _batching.none_short(result, session)
+        except tf.errors.OpError:  # not readable here (e.g. a lookup table placed on a TPU host's
+            pass  # job): the padding machinery stays, which is right for any input, only dearer
+
     result = _batching.without_float64(result)
     result = _shapes.with_declared_shapes(result, model_inputs)
     split = getattr(model_inputs, "feature_split", None)
