@@ -26,6 +26,7 @@ from tpushim import (
     _observe,
     _padding,
     _pods,
+    _run_clock,
     _run_config,
     _shapes,
     _step_losses,
@@ -396,7 +397,11 @@ class TPUShimEstimator(TPUEstimator):
                     max_steps=call.max_steps,
                     saving_listeners=saving_listeners,
                 )
-            clock, wait, start = _RunClock(), _input_wait.InputWaitHook(), time.monotonic()
+            clock, wait, start = (
+                _run_clock.RunClock(),
+                _input_wait.InputWaitHook(),
+                time.monotonic(),
+            )
             super().train(
                 input_fn,
                 hooks=[*(hooks or ()), clock, wait],
@@ -494,37 +499,6 @@ class _DeferredHooks(tf.compat.v1.train.SessionRunHook):
     def end(self, session):
         for hook in self.hooks:
             hook.end(session)
-
-
-class _RunClock(tf.compat.v1.train.SessionRunHook):
-    """The global steps a training call ran and how long its first session run took (on a TPU,
-    the first loop of ``iterations_per_loop`` steps, compilation included)."""
-
-    def __init__(self):
-        self.steps = self.first_run = None
-        self._step = self._start = self._first_step = None
-
-    def begin(self):
-        self._step = tf.compat.v1.train.get_global_step()
-
-    def before_run(self, run_context):
-        del run_context
-        if self._first_step is not None:
-            return None
-        # The step is fetched with the first run, not read alone when the session starts: a
-        # separate read there makes StepCounterHook warn that the global step stalled.
-        self._start = time.monotonic()
-        return tf.compat.v1.train.SessionRunArgs(self._step)
-
-    def after_run(self, run_context, run_values):
-        del run_context
-        if self._first_step is None:
-            self._first_step = int(run_values.results)
-            self.first_run = time.monotonic() - self._start
-
-    def end(self, session):
-        if self._first_step is not None:
-            self.steps = int(session.run(self._step)) - self._first_step
 
 
 def _finite(result):

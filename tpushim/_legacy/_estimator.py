@@ -15,7 +15,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _observe
+from tpushim import _observe, _run_clock
 from tpushim._legacy import _tfprivate
 from tpushim._legacy._config import EstimatorSpec, ModeKeys, overwrite_model_dir_and_session_config
 
@@ -236,7 +236,7 @@ class Estimator:
         with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
             if not _observe.has_observers():
                 return self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
-            clock, start = _RunClock(), time.monotonic()
+            clock, start = _run_clock.RunClock(), time.monotonic()
             hooks = [*(hooks or ()), clock]
             self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
             _observe.finished(call, time.monotonic() - start, clock.steps, clock.first_run)
@@ -492,36 +492,6 @@ class Estimator:
 
 
 EstimatorV2 = Estimator
-
-
-class _RunClock(tf.compat.v1.train.SessionRunHook):
-    """The global steps a training call ran and how long its first session run took, for the
-    run summary (as tpushim/_estimator.py's, which does not import on TensorFlow >= 2.16)."""
-
-    def __init__(self):
-        self.steps = self.first_run = None
-        self._step = self._start = self._first_step = None
-
-    def begin(self):
-        self._step = tf.compat.v1.train.get_global_step()
-
-    def before_run(self, run_context):
-        del run_context
-        if self._first_step is not None:
-            return None
-        # Fetched with the first run: a separate read makes StepCounterHook warn of a stall.
-        self._start = time.monotonic()
-        return tf.compat.v1.train.SessionRunArgs(self._step)
-
-    def after_run(self, run_context, run_values):
-        del run_context
-        if self._first_step is None:
-            self._first_step = int(run_values.results)
-            self.first_run = time.monotonic() - self._start
-
-    def end(self, session):
-        if self._first_step is not None:
-            self.steps = int(session.run(self._step)) - self._first_step
 
 
 def _global_step_saved(model_dir):
