@@ -16,7 +16,6 @@ nothing of the user's written. Imports no tensorflow_estimator.
 
 import contextlib
 import dataclasses
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -121,15 +120,7 @@ class EngineRecorder:
         """The conversion's model_dir (given, or its RunConfig's) replaced by a scratch copy."""
         from tpushim._legacy import _config
 
-        config, given = arguments.get("config"), arguments.get("model_dir")
-        in_config = config.model_dir if isinstance(config, _config.RunConfig) else None
-        if given is not None and in_config is not None and os.fspath(given) != in_config:
-            return None  # the conversion refuses two model_dirs before writing anything
-        scratch = self._dirs.model_dir(given or in_config)
-        replaced = dict(arguments, model_dir=scratch)
-        if in_config:
-            replaced["config"] = config.replace(model_dir=scratch)
-        return replaced
+        return self._dirs.conversion_arguments(arguments, _config.RunConfig)
 
     def refused(self, arguments, error):
         self._refusals.append((arguments, error))

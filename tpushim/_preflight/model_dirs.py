@@ -102,6 +102,20 @@ class ScratchDirs:
             self.left += [os.fspath(model_dir), key]
         return self._copies[key]
 
+    def conversion_arguments(self, arguments, config_class):
+        """A conversion's ``arguments`` with its model_dir (given, or its RunConfig's: a
+        ``config_class``) replaced by the scratch copy; None where both name one and they differ
+        (the conversion refuses two model_dirs before writing anything)."""
+        config, given = arguments.get("config"), arguments.get("model_dir")
+        in_config = config.model_dir if isinstance(config, config_class) else None
+        if given is not None and in_config is not None and os.fspath(given) != in_config:
+            return None
+        scratch = self.model_dir(given or in_config)
+        replaced = dict(arguments, model_dir=scratch)
+        if in_config:
+            replaced["config"] = config.replace(model_dir=scratch)
+        return replaced
+
     def export_dir(self, export_dir_base):
         """The scratch folder an export to ``export_dir_base`` is written to instead."""
         key = ("export", _normalised(export_dir_base))

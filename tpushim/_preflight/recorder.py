@@ -8,7 +8,6 @@ written. A conversion tpushim refuses is reported as :func:`tpushim.check` repor
 
 import contextlib
 import dataclasses
-import os
 from typing import Optional
 
 import tensorflow as tf
@@ -112,17 +111,8 @@ class Recorder:
     def converting(self, arguments):
         """Before each conversion: its model_dir replaced by a scratch copy (the same one for
         every conversion naming it), in both places a call may name it."""
-        config, given = arguments.get("config"), arguments.get("model_dir")
-        in_config = (
-            config.model_dir if isinstance(config, tf.estimator.RunConfig) else None
-        )  # stock refuses any other config before writing anything
-        if given is not None and in_config is not None and os.fspath(given) != in_config:
-            return None  # stock's ValueError (two model_dirs) follows, before anything is written
-        scratch = self._dirs.model_dir(given or in_config)
-        replaced = dict(arguments, model_dir=scratch)
-        if in_config:
-            replaced["config"] = config.replace(model_dir=scratch)
-        return replaced
+        # Stock refuses any other config, and two model_dirs, before writing anything.
+        return self._dirs.conversion_arguments(arguments, tf.estimator.RunConfig)
 
     def refused(self, arguments, error):
         """Told of a conversion that raised: reported as :func:`tpushim.check` reports it."""
