@@ -9,7 +9,7 @@ import logging
 
 import tensorflow as tf
 
-from tpushim import _observe, _padding, _tfprivate
+from tpushim import _batch_math, _observe, _padding, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
@@ -150,7 +150,7 @@ def rows_held(dataset, session):
         return None
     rows_variant, size, drop_remainder = batching
     rows = int(session.run(tf.raw_ops.DatasetCardinality(input_dataset=rows_variant)))
-    if rows < 0 or (rows // size if drop_remainder else -(-rows // size)) != cardinality:
+    if rows < 0 or _batch_math.batches_of(rows, size, drop_remainder) != cardinality:
         return None  # ops after the batch change the count: the graph does not say
     return rows // size * size if drop_remainder else rows
 
@@ -183,7 +183,11 @@ def too_few_rows(rows, declared, batch_size):
     a TPU takes only full batches, so it would train 0 steps where stock trains every batch.
     Refused rather than warned: a run that trains nothing and returns normally leaves an
     untrained model that looks trained, and the warning would be one line among TensorFlow's."""
-    batches = f"{-(-rows // declared)} steps of {declared}" if declared else "its batches"
+    batches = (
+        f"{_batch_math.batches_of(rows, declared)} steps of {declared}"
+        if declared
+        else "its batches"
+    )
     return (
         f"train(): the training input holds {rows} examples (stock trains them in {batches}), "
         f"fewer than the global batch size {batch_size} tpushim was given: a TPU takes only "

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tpushim import (
     _arrays,
+    _batch_math,
     _batching,
     _detect,
     _engines,
@@ -34,8 +35,8 @@ from tpushim import (
     _tfprivate,
     _validation,
 )
+from tpushim._batch_math import batch_choices, indivisible_batch  # noqa: F401  (their old home)
 from tpushim._errors import ConversionError
-from tpushim._tpu_batch import batch_choices, indivisible_batch  # noqa: F401  (their old home)
 
 logger = logging.getLogger("tpushim")
 
@@ -223,7 +224,7 @@ class TPUShimEstimator(TPUEstimator):
             shards = ctx.num_replicas
         if not shards or size % shards == 0:
             return size
-        padded = -(-size // shards) * shards
+        padded = _batch_math.padded_batch(size, shards)
         _observe.note("batch-padding", "%s; %s.", *indivisible_batch(size, shards))
         return padded
 
@@ -522,8 +523,9 @@ def tpu_eval_steps(facts, global_batch, steps):
         return steps
     # Batched by the eval batch size, each of the input's batches is one step (a short one
     # padded); re-batched, the examples fill ceil(examples / global_batch) steps.
-    held = facts.batches if facts.declared == global_batch else -(-facts.examples // global_batch)
-    held = max(1, held)
+    held = _batch_math.eval_batches_held(
+        facts.examples, facts.batches, facts.declared, global_batch
+    )
     if steps is not None and steps > held:
         logger.info(
             "evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "

@@ -21,7 +21,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _arrays, _batching, _feature_columns, _observe, _shapes, _source
+from tpushim import _arrays, _batch_math, _batching, _feature_columns, _observe, _shapes, _source
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -195,7 +195,7 @@ def _count(result, session, count_unknown):
         rows_variant, size, drop_remainder = batching
         rows = int(session.run(tf.raw_ops.DatasetCardinality(input_dataset=rows_variant)))
         if rows >= 0:
-            batches = rows // size if drop_remainder else -(-rows // size)
+            batches = _batch_math.batches_of(rows, size, drop_remainder)
             if batches == cardinality:
                 return batches, batches * size if drop_remainder else rows
     if cardinality < 0 and not count_unknown:

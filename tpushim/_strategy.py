@@ -29,7 +29,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _input_fn, _loss_kinds, _padding, _settings, _source, _tfprivate
+from tpushim import _batch_math, _input_fn, _loss_kinds, _padding, _settings, _source, _tfprivate
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -334,7 +334,7 @@ def distributed_input(strategy, input_fn, mode, config, batch_size):
         result, first = _graph_input(input_fn, mode, config)
         size = size or first
     replicas = strategy.num_replicas_in_sync
-    padded = -(-size // replicas) * replicas
+    padded = _batch_math.padded_batch(size, replicas)
     dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     distributed = strategy.distribute_datasets_from_function(lambda ctx: dataset, options)

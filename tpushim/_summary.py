@@ -162,7 +162,7 @@ def _padding_cell(kind, text):
     return _PADDING[kind] + (f" {share.group(1)}" if share else "")
 
 
-#: The wasted share in the note of a batch the cores do not divide (_estimator.indivisible_batch).
+#: The wasted share in the note of a batch the cores do not divide (_batch_math.indivisible_batch).
 _SHARE = re.compile(r"(\d+(?:\.\d+)?%) of every step")
 
 

@@ -5,7 +5,7 @@ tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _settings, _shapes, _tpu_batch
+from tpushim import _batch_math, _settings, _shapes
 from tpushim._errors import TPUShimError
 
 # tpushim's TPU path (_input_fn, _batching, _tfprivate) imports tensorflow_estimator, which
@@ -303,9 +303,9 @@ def check_batch(report, global_batch, num_cores, where):
     the next multiple of the cores, the padding's share of the work wasted) or too small."""
     report.note_checked(f"batch size for {num_cores} cores")
     if global_batch % num_cores:
-        problem, fix = _tpu_batch.indivisible_batch(global_batch, num_cores)
+        problem, fix = _batch_math.indivisible_batch(global_batch, num_cores)
         report.add("batch-indivisible", "warning", where, problem, fix)
-    per_core = -(-global_batch // num_cores)
+    per_core = _batch_math.per_shard(global_batch, num_cores)
     if per_core < MIN_PER_CORE_BATCH:
         report.add(
             "batch-small",
