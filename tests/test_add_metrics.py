@@ -3,6 +3,8 @@ tpushim's estimator (same config, settings and batch handling), whose added metr
 add_metrics estimator's, are built on a TPU's host, and whose calls the preflight hears. The
 8-shard emulation of the added metrics is in tests/test_tpu_emulation.py."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -56,7 +58,7 @@ def test_every_spelling_keeps_the_converted_estimator(spelling, tmp_path, tpushi
     assert isinstance(added, TPUShimEstimator), type(added)
     assert added.model_dir == converted.model_dir
     assert added.config.tpu_config == converted.config.tpu_config  # iterations_per_loop 7, ...
-    assert added._tpushim_fixed_batch == 16 and added._tpushim_use_tpu is False
+    assert added._tpushim_plan.batch_size == 16 and added._tpushim_use_tpu is False
     assert "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)" in tpushim_log.text
 
 
@@ -66,13 +68,13 @@ CARRIED = {
     "mode": ("cpu", lambda est: est._tpushim_use_tpu),
     "tpu": (
         "faked",
-        lambda est: (est._tpushim_use_tpu, est.config.master, est._tpushim_tpu_source),
+        lambda est: (est._tpushim_use_tpu, est.config.master, est._tpushim_plan.tpu_source),
     ),
-    "batch_size": (24, lambda est: est._tpushim_fixed_batch),
+    "batch_size": (24, lambda est: est._tpushim_plan.batch_size),
     "iterations_per_loop": (7, lambda est: est.config.tpu_config.iterations_per_loop),
     "quiet": (True, None),  # the conversion's own line: nothing for the estimator to carry
-    "pod_input": ("files", lambda est: est._tpushim_pod_input),
-    "engine": ("tpuestimator", lambda est: est._tpushim_settings.engine),
+    "pod_input": ("files", lambda est: est._tpushim_plan.pod_input),
+    "engine": ("tpuestimator", lambda est: est._tpushim_plan.settings.engine),
 }
 
 
@@ -105,6 +107,34 @@ def test_add_metrics_keeps_every_setting(name, tmp_path):
     assert carried(added) == carried(converted)
     if default is not None:
         assert carried(converted) != carried(default)
+
+
+@pytest.mark.tpuestimator
+def test_add_metrics_and_a_rebuilt_estimator_take_the_conversion_plan_whole(tmp_path):
+    """Issue 33 item 6: the conversion's facts are one value (tpushim._plan.ConversionPlan) that an
+    estimator made from a converted one takes as it is -- so none of them can be dropped, as
+    pod_input once was when each was an attribute of its own. Every field is set here; a field
+    added to the plan is covered without changing this test."""
+    with faketpu.faked_tpu_system() as tpu:
+        tpushim.patch(tpu=tpu.master, batch_size=24, pod_input="files", iterations_per_loop=7)
+        try:
+            converted = tf.keras.estimator.model_to_estimator(
+                keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
+            )
+            added = tf.estimator.add_metrics(converted, added_metrics)
+            rebuilt = tf.estimator.Estimator(
+                model_fn=converted.model_fn, model_dir=str(tmp_path / "rebuilt")
+            )
+        finally:
+            tpushim.unpatch()
+    plan = converted._tpushim_plan
+    unset = [f.name for f in dataclasses.fields(plan) if getattr(plan, f.name) is None]
+    assert not unset, f"the conversion left {unset} unset: this test would not see them dropped"
+    assert plan.pod_input == "files" and plan.batch_size == 24 and plan.tpu.source
+    assert added._tpushim_plan is plan
+    # The rebuilt Estimator's call gave no warm_start_from: as stock, it warm-starts from none.
+    assert rebuilt._tpushim_plan == dataclasses.replace(plan, warm_start=None)
+    assert rebuilt._tpushim_plan.pod_input == "files"
 
 
 @pytest.mark.tpuestimator

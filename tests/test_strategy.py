@@ -290,3 +290,27 @@ def test_train_step_arguments_checked_as_stock(tmp_path, kwargs, message):
         with pytest.raises(ValueError, match=re.escape(message)):
             estimator.train(lambda: pytest.fail("input_fn called"), **kwargs)
     assert not list((tmp_path / "engine").glob("model.ckpt-*"))
+
+
+@pytest.mark.slow
+def test_the_engine_takes_the_conversion_plan(tmp_path):
+    """Issue 33 item 6: the strategy engine's Plan is built from the conversion plan both engines
+    take (tpushim._plan.ConversionPlan): its batch size, steps per execution and loss kinds are
+    the plan's, and the plan holds the conversion's settings, TPU (none: cpu mode) and the
+    warm-start checkpoint the estimator starts from."""
+    import tfcases
+
+    from tpushim import _plan, _strategy
+
+    patch = {"mode": "cpu", "engine": "strategy", "quiet": True}
+    converted = tfcases.convert(tmp_path, patch=dict(patch, batch_size=8, iterations_per_loop=3))
+    assert isinstance(converted, _strategy.StrategyEstimator)
+    plan = converted._tpushim_plan
+    conversion = plan.conversion
+    assert isinstance(conversion, _plan.ConversionPlan)
+    assert conversion.settings.engine == "strategy" and conversion.tpu is None
+    assert (plan.batch_size, plan.steps_per_execution) == (8, 3)
+    assert (conversion.batch_size, conversion.iterations_per_loop) == (8, 3)
+    assert plan.loss_kinds is conversion.loss_plan.outputs
+    assert conversion.warm_start == converted._warm_start_settings.ckpt_to_initialize_from
+    assert conversion.warm_start.startswith(str(tmp_path))

@@ -8,6 +8,7 @@ writes the warm-start checkpoint of the Keras weights exactly as stock does, and
 """
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -23,9 +24,11 @@ from tpushim import (
     _input_fn,
     _input_wait,
     _log,
+    _loss_kinds,
     _model_fn,
     _observe,
     _padding,
+    _plan,
     _pods,
     _run_clock,
     _run_config,
@@ -81,15 +84,7 @@ class TPUShimEstimator(TPUEstimator):
     invocation's result instead of calling again.
     """
 
-    def __init__(
-        self,
-        *args,
-        tpushim_batch_size=None,
-        tpushim_tpu_source=None,
-        tpushim_model_inputs=None,
-        tpushim_pod_input="auto",
-        **kwargs,
-    ):
+    def __init__(self, *args, tpushim_plan=None, **kwargs):
         if getattr(self, "_tpushim_made", False):
             # Built by Estimator(model_fn=<converted>.model_fn) (tpushim._extenders.rewrap_call),
             # whose class this is a subclass of: Python calls __init__ again with its arguments.
@@ -98,7 +93,10 @@ class TPUShimEstimator(TPUEstimator):
         config = kwargs.get("config", args[2] if len(args) > 2 else None)
         # TPUEstimator turns it into loops; tpushim logs the loss at stock's steps (_step_losses).
         self._tpushim_log_every = getattr(config, "log_step_count_steps", None)
-        size = tpushim_batch_size or 1  # a placeholder: each call fixes its own
+        # What the conversion fixed, one value (:mod:`tpushim._plan`): an estimator made from this
+        # one (add_metrics, a rebuilt Estimator: rewrapped) takes it whole.
+        self._tpushim_plan = tpushim_plan or _plan.ConversionPlan()
+        size = self._tpushim_plan.batch_size or 1  # a placeholder: each call fixes its own
         super().__init__(
             *args,
             train_batch_size=size,
@@ -110,17 +108,12 @@ class TPUShimEstimator(TPUEstimator):
         # constructed one holds placeholders, and each call validates the one it fixes.
         _tfprivate.skip_batch_validation(self._tpushim_constructed_ctx)
         self._tpushim_model_fn = kwargs.get("model_fn")  # tpushim's, before TPUEstimator wraps it
-        self._tpushim_fixed_batch = tpushim_batch_size
-        self._tpushim_model_inputs = tpushim_model_inputs  # _shapes.ModelInputs, or None
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
         self._tpushim_eval_on_tpu = kwargs.get("eval_on_tpu", True)
         if not self._tpushim_use_tpu:
             _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
-        self._tpushim_tpu_source = tpushim_tpu_source
-        self._tpushim_pod_input = tpushim_pod_input
         self._tpushim_reached = False  # the TPU accepted a connection (_reach_tpu_once)
         self._tpushim_reach_lock = threading.Lock()
-        self._tpushim_settings = None  # the conversion's Settings (build() sets them)
         self._tpushim_made = True
 
     def _assert_members_are_not_overridden(self):
@@ -182,7 +175,9 @@ class TPUShimEstimator(TPUEstimator):
         thread = self._tpushim_thread
         if thread.ctx is None or config is not thread.config:
             thread.config = config
-            self._fix_call_batch_size(mode, thread.sizes.get(mode, self._tpushim_fixed_batch or 1))
+            self._fix_call_batch_size(
+                mode, thread.sizes.get(mode, self._tpushim_plan.batch_size or 1)
+            )
 
     # -- before TPUEstimator builds anything ---------------------------------------------------
     def _reach_tpu_once(self):
@@ -195,7 +190,7 @@ class TPUShimEstimator(TPUEstimator):
             return
         with self._tpushim_reach_lock:
             if not self._tpushim_reached:
-                _detect.check_reachable(self.config.master, self._tpushim_tpu_source)
+                _detect.check_reachable(self.config.master, self._tpushim_plan.tpu_source)
                 self._tpushim_reached = True
 
     def _on_tpu(self, mode):
@@ -210,8 +205,8 @@ class TPUShimEstimator(TPUEstimator):
 
     def _global_batch(self, facts):
         """The global batch size of a call: tpushim's setting, else the one the input gives."""
-        if self._tpushim_fixed_batch is not None:
-            return self._tpushim_fixed_batch
+        if self._tpushim_plan.batch_size is not None:
+            return self._tpushim_plan.batch_size
         return facts.batch_size
 
     def _tpu_batch(self, mode, size):
@@ -309,7 +304,7 @@ class TPUShimEstimator(TPUEstimator):
                 input_fn,
                 shard,
                 tpu_batch=tpu_batch,
-                model_inputs=self._tpushim_model_inputs,
+                model_inputs=self._tpushim_plan.model_inputs,
             )
 
         return super()._call_input_fn(tpushim_input_fn, mode, input_context)
@@ -319,7 +314,7 @@ class TPUShimEstimator(TPUEstimator):
         for input a TPU cannot be fed from (tensors: adapt says so)."""
         if not isinstance(first, tf.data.Dataset):
             return None
-        setting = self._tpushim_pod_input
+        setting = self._tpushim_plan.pod_input
         graph = _pods.analyse(first, _pods.needs_files(mode, setting))
         path = _pods.decide(graph, mode, setting, invocations)
         _observe.note(
@@ -371,8 +366,8 @@ class TPUShimEstimator(TPUEstimator):
     def _user_params(self, context):
         """The params the user's input_fn is called with (see :class:`_input_fn.UserParams`)."""
         params = _input_fn.UserParams()
-        if self._tpushim_fixed_batch is not None:
-            params["batch_size"] = self._tpushim_fixed_batch
+        if self._tpushim_plan.batch_size is not None:
+            params["batch_size"] = self._tpushim_plan.batch_size
         if context is not None:
             params["context"] = context
         return params
@@ -543,12 +538,16 @@ _SAME = object()
 
 
 def rewrapped(estimator, wrap, config=_SAME, warm_start_from=_SAME, params=None):
-    """A TPUShimEstimator like ``estimator`` -- config, TPU, settings, batch size, warm start, the
-    model's input shapes -- around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``, an
-    Estimator rebuilt around its model_fn: :mod:`tpushim._extenders`); ``config``,
-    ``warm_start_from`` and ``params`` replace its own where given. Observers hear of it as made
-    from ``estimator`` (:func:`_observe.derived`)."""
+    """A TPUShimEstimator like ``estimator`` -- config, warm start, and its whole conversion plan
+    (:class:`tpushim._plan.ConversionPlan`: TPU, settings, batch size, the model's input shapes)
+    -- around ``wrap(its model_fn)`` (``tf.estimator.add_metrics``, an Estimator rebuilt around
+    its model_fn: :mod:`tpushim._extenders`); ``config``, ``warm_start_from`` and ``params``
+    replace its own where given. Observers hear of it as made from ``estimator``
+    (:func:`_observe.derived`)."""
     model_fn = wrap(estimator._tpushim_model_fn)
+    plan = estimator._tpushim_plan
+    if warm_start_from is not _SAME:
+        plan = dataclasses.replace(plan, warm_start=warm_start_from)
     twin = TPUShimEstimator(
         model_fn=model_fn,
         config=estimator.config if config is _SAME else config,
@@ -559,14 +558,10 @@ def rewrapped(estimator, wrap, config=_SAME, warm_start_from=_SAME, params=None)
             else warm_start_from
         ),
         export_to_tpu=False,
-        tpushim_batch_size=estimator._tpushim_fixed_batch,
         eval_on_tpu=estimator._tpushim_eval_on_tpu,
         params=dict(params or {}),
-        tpushim_tpu_source=estimator._tpushim_tpu_source,
-        tpushim_model_inputs=estimator._tpushim_model_inputs,
-        tpushim_pod_input=estimator._tpushim_pod_input,
+        tpushim_plan=plan,
     )
-    twin._tpushim_settings = estimator._tpushim_settings
     _observe.derived(twin, estimator, model_fn)
     return twin
 
@@ -613,6 +608,7 @@ def _build(arguments, settings, tpu):
         keras_model, arguments["checkpoint_format"]
     )
     optimizer = _validation.validate(keras_model, custom_objects)
+    loss_plan = _loss_kinds.plan(keras_model, custom_objects)  # validate() made it: cached
     engine, engine_why = _engines.choose(settings)
     if engine == _engines.STRATEGY:  # its own refusals, before anything is written
         plan = _strategy.make_plan(
@@ -676,10 +672,14 @@ def _build(arguments, settings, tpu):
             type(keras_model).__name__,
         )
     model_inputs = _shapes.ModelInputs.of(keras_model)
-    estimator = make_estimator(
-        model_fn, tpu_run_config, settings, tpu, warm_start_path, model_inputs=model_inputs
+    plan = _plan.ConversionPlan(
+        settings=settings,
+        tpu=tpu,
+        model_inputs=model_inputs,
+        warm_start=warm_start_path,
+        loss_plan=loss_plan,
     )
-    estimator._tpushim_settings = settings  # an Estimator rebuilt around it converts its config
+    estimator = make_estimator(model_fn, tpu_run_config, plan)
     description = (
         f"TPUEstimator(use_tpu={tpu is not None}"
         + (f", tpu={tpu.describe()}" if tpu is not None else "")
@@ -721,6 +721,7 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
+    plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
     estimator = _strategy.StrategyEstimator(model_fn, config, warm_start_path, plan)
     description = _strategy.describe(plan, settings, tpu, why)
     _log.conversion(description, settings.quiet)
@@ -730,24 +731,20 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
     return estimator
 
 
-def make_estimator(model_fn, run_config, settings, tpu, warm_start_from=None, model_inputs=None):
-    """The :class:`TPUShimEstimator` for a model_fn tpushim made: on ``tpu`` (a
-    :class:`tpushim._detect.TPUSpec` whose cluster ``run_config`` carries), or on CPU when None.
-    ``model_inputs``: the Keras model's :class:`tpushim._shapes.ModelInputs`, whose shapes the
-    input's features take where theirs are less known (:mod:`tpushim._shapes`)."""
-    use_tpu = tpu is not None
+def make_estimator(model_fn, run_config, plan):
+    """The :class:`TPUShimEstimator` for a model_fn tpushim made, with the conversion's ``plan``
+    (a :class:`tpushim._plan.ConversionPlan`): on its TPU (whose cluster ``run_config``
+    carries), or on CPU when it has none; warm-started from its checkpoint."""
+    use_tpu = plan.tpu is not None
     return TPUShimEstimator(
         model_fn=model_fn,
         config=run_config,
         use_tpu=use_tpu,
-        warm_start_from=warm_start_from,
+        warm_start_from=plan.warm_start,
         export_to_tpu=False,
-        tpushim_batch_size=settings.batch_size,
-        tpushim_pod_input=settings.pod_input,
         # Quiet cpu mode: without these TPUEstimator logs 'eval_on_tpu ignored because use_tpu
         # is False.' and Estimator 'params are not passed' about tpushim's own construction.
         eval_on_tpu=use_tpu,
         params={},
-        tpushim_tpu_source=tpu.source if use_tpu else None,
-        tpushim_model_inputs=model_inputs,
+        tpushim_plan=plan,
     )

@@ -92,7 +92,7 @@ def rewrap_call(cls, args, kwargs):
         )
     elif bound_args or set(bound_keywords) - {"config", "params"}:
         why = "the functools.partial around the model_fn binds its inputs"
-    elif estimator._tpushim_settings is None:
+    elif estimator._tpushim_plan.settings is None:
         why = "the converted estimator was not made by model_to_estimator"
     if why is not None:
         logger.warning(
@@ -112,7 +112,7 @@ def rewrap_call(cls, args, kwargs):
             dirs.get("config"), dirs.get("model_dir")
         )
         config = _run_config.to_tpu_run_config(
-            config, estimator._tpushim_settings, estimator.config.cluster
+            config, estimator._tpushim_plan.settings, estimator.config.cluster
         )
         made = _estimator.rewrapped(
             estimator,

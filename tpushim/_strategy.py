@@ -23,13 +23,14 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 :mod:`tpushim._padding`) weigh 0 everywhere.
 """
 
+import dataclasses
 import logging
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _batch_math, _input_fn, _loss_kinds, _padding, _settings, _source, _tfprivate
+from tpushim import _batch_math, _input_fn, _loss_kinds, _padding, _plan, _source, _tfprivate
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -74,6 +75,9 @@ class Plan:
       jit_compile: check, where the strategy is not a TPU's, that a replica's training step
         compiles with XLA (on a TPU, TPUStrategy compiles every step with XLA itself).
       make_strategy: a function returning the strategy (built at the first call).
+      conversion: the :class:`tpushim._plan.ConversionPlan` both engines take (settings, TPU,
+        loss plan, warm start): ``batch_size``, ``steps_per_execution`` and ``loss_kinds`` are
+        read from it; its TPU and warm start are added once the conversion has them.
     """
 
     def __init__(
@@ -146,19 +150,23 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
             f"mask_zero reaches output {', '.join(masked)}). Stop the mask before the output, "
             "or use engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
         )
-    kinds = _loss_kinds.plan(keras_model, custom_objects).outputs
+    conversion = _plan.ConversionPlan(
+        settings=settings, loss_plan=_loss_kinds.plan(keras_model, custom_objects)
+    )
     warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
-    return Plan(
+    plan = Plan(
         keras_model,
         optimizer,
         custom_objects,
-        kinds,
+        conversion.loss_plan.outputs,
         warm,
-        settings.batch_size,
-        settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP,
+        conversion.batch_size,
+        conversion.iterations_per_loop,
         True,
         make_strategy,
     )
+    plan.conversion = conversion
+    return plan
 
 
 # --- the loss of one replica --------------------------------------------------------------------
@@ -813,6 +821,7 @@ def build_on_engine(arguments, settings, tpu, why):
         warm_start_path = engine_keras._save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )
+        plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
         estimator = StrategyEstimator(model_fn, config, warm_start_path, plan)
         description = describe(plan, settings, tpu, why)
         _log.conversion(description, settings.quiet)

@@ -6,7 +6,7 @@ import os
 
 import tensorflow as tf
 
-from tpushim import _detect, _estimator, _run_config, _scratch, _shapes
+from tpushim import _detect, _estimator, _plan, _run_config, _scratch, _shapes
 from tpushim._errors import TPUShimError
 from tpushim._preflight import faketpu, progress
 
@@ -63,9 +63,11 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
                     twin = _estimator.make_estimator(
                         conversion.model_fn,
                         _run_config.to_tpu_run_config(config, conversion.settings, cluster),
-                        conversion.settings,
-                        spec,
-                        model_inputs=_shapes.ModelInputs.of(conversion.keras_model),
+                        _plan.ConversionPlan(
+                            settings=conversion.settings,
+                            tpu=spec,
+                            model_inputs=_shapes.ModelInputs.of(conversion.keras_model),
+                        ),
                     )
                     replay = replay_input_fn(input_call)
                     _build_one(report, tpu, twin, event, replay, call.steps, num_cores, name)
