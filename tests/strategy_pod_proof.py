@@ -174,7 +174,7 @@ def exact_checks(files):
             else:  # each host's copy with a seed of its own: the copies disagree
                 unpinned = host_input(input_fn, hosts, seed, pod_input=pod_input)
                 unpinned.__class__ = Unpinned
-                unpinned._graphs.clear()
+                unpinned._first = None  # every copy, host 0's too, built anew
                 result["unpinned_every_once"] = every_once(fed(unpinned, 16)[0], 64, 3)
             out[f"{hosts} {name} {seed}"] = result
         # evaluate(): 70 examples in batches of 12, the last partial, each evaluated once.

@@ -107,11 +107,16 @@ def _keep(indices):
     return keep
 
 
+def _declared(dataset):
+    """The batch size a Dataset's elements declare, or None."""
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    return int(first.shape[0]) if first.shape.rank and first.shape[0] is not None else None
+
+
 def batch_size_of(dataset):
     """The batch size a Dataset's elements declare, else that of its first element."""
-    first = tf.nest.flatten(dataset.element_spec)[0]
-    if first.shape.rank and first.shape[0] is not None:
-        return int(first.shape[0])
+    if _declared(dataset) is not None:
+        return _declared(dataset)
     for element in dataset.take(1):
         return int(tf.shape(tf.nest.flatten(element)[0])[0])
     raise ConversionError("the input_fn's dataset is empty: there is no batch to read.")
@@ -179,6 +184,14 @@ def _graph_input(input_fn, mode, config):
     return dataset, int(tf.nest.flatten(first)[0].shape[0])
 
 
+def _eager(graph, dataset):
+    """A Dataset built in ``graph``, made on the eager runtime from its GraphDef."""
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+        definition = session.run(_tfprivate.serialized_dataset(dataset))
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=definition)
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
+
+
 class HostInput:
     """One call's input on a pod: :meth:`__call__` is the dataset function TPUStrategy calls
     once per host (``distribute_datasets_from_function``), returning that host's share.
@@ -197,10 +210,19 @@ class HostInput:
         # Unseeded, each call still differs from the last, as stock's do; its copies agree.
         self.seed = random.SystemRandom().randrange(1, 2**31 - 1) if seed is None else seed
         self._graphs = {}  # host -> its copy's graph (a py_function in the pipeline lives there)
-        graph, dataset = self._build()
+        graph, dataset = self._first = self._build()
         with graph.as_default():  # it reads the file list and cardinality in a session of it
             found = _pods.analyse(dataset, _pods.needs_files(mode, pod_input))
+        self.size = batch_size or _declared(dataset) or batch_size_of(_eager(graph, dataset))
+        self.padded = -(-self.size // self.replicas) * self.replicas
         self.path = _pods.decide(found, mode, pod_input, len(feeds))
+        if self.path.name == "files" and 0 in self._host_rows():
+            self.path = _pods.Path(
+                "exact",
+                f"{self.path.why}; but with a global batch of {self.size} on "
+                f"{self.replicas} replicas a host would feed padding only: the exact path instead",
+                fallback=True,
+            )
         _observe.note(
             "pod",
             "%s() on %d TPU hosts: %s path: %s",
@@ -211,18 +233,6 @@ class HostInput:
         )
         if "WARNING" in self.path.why:
             logger.warning("%s() on %d TPU hosts: %s", _EVENTS[mode], len(feeds), self.path.why)
-        self._first = (graph, dataset)
-        self.size = batch_size or batch_size_of(self._eager(0))
-        self.padded = -(-self.size // self.replicas) * self.replicas
-        if self.path.name == "files" and 0 in self._host_rows():
-            self._graphs.clear()  # host 0's copy was made to read only its files
-            self.path = _pods.Path(
-                "exact",
-                f"{self.path.why}; but with a global batch of {self.size} on "
-                f"{self.replicas} replicas a host would feed padding only: the exact path instead",
-                fallback=True,
-            )
-            logger.info("%s() on %d TPU hosts: %s", _EVENTS[mode], len(feeds), self.path.why)
 
     def _host_rows(self):
         """Per host, the real rows of one board's padded global batch its replicas hold."""
@@ -242,20 +252,15 @@ class HostInput:
             )
         return graph, dataset
 
-    def _eager(self, host):
+    def _copy(self, host):
         """Host ``host``'s copy, made to follow the path, as an eager Dataset."""
-        if host in self._graphs:
-            graph, dataset = self._graphs[host]
-        else:
+        if host not in self._graphs:
             graph, dataset = self._first if self._first is not None else self._build()
             self._first = None
             with graph.as_default():
                 _pods.prepare(dataset, self.path, host)
             self._graphs[host] = (graph, dataset)
-        with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
-            definition = session.run(_tfprivate.serialized_dataset(dataset))
-        variant = tf.raw_ops.DatasetFromGraph(graph_def=definition)
-        return tf.data.experimental.from_variant(variant, dataset.element_spec)
+        return _eager(*self._graphs[host])
 
     def __call__(self, context):
         """Host ``context.input_pipeline_id``'s pieces, one per replica it feeds per step."""
@@ -266,7 +271,7 @@ class HostInput:
             )
         host = context.input_pipeline_id
         piece = context.get_per_replica_batch_size(self.padded)
-        dataset = self._eager(host)
+        dataset = self._copy(host)
         if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
             dataset = dataset.map(_padding.pad_batch(self.padded))
             dataset = dataset.map(_split(self.replicas, piece)).map(_keep(self.feeds[host]))
