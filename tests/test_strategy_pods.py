@@ -12,6 +12,7 @@ import os
 import procs
 import pytest
 import tensorflow as tf
+import tfcases
 
 from tpushim import _padding, _strategy_input
 from tpushim._errors import ConversionError
@@ -152,3 +153,11 @@ def test_files_path_where_a_host_would_feed_only_padding_takes_the_exact_path(
             if w > 0
         ]
     assert sorted(fed) == list(range(40))
+
+
+@pytest.mark.parametrize("pod_input", ["auto", "exact", "files"])
+def test_pod_input_setting_reaches_the_strategy_engine(tmp_path, pod_input):
+    """The setting TPUEstimator's pods read (``patch(pod_input=)``) is the strategy engine's too."""
+    patch = {"mode": "cpu", "engine": "strategy", "quiet": True, "pod_input": pod_input}
+    estimator = tfcases.convert(tmp_path, patch=patch)
+    assert estimator._tpushim_plan.pod_input == pod_input
