@@ -27,9 +27,12 @@ import tensorflow as tf
 
 from tpushim import _input_fn, _tfprivate
 
-ModeKeys = tf.estimator.ModeKeys
-#: TPUConfig's input configuration in which host 0's one pipeline feeds every core, in order.
-SLICED = _tfprivate.tpu_config.InputPipelineConfig.SLICED
+ModeKeys = _tfprivate.ModeKeys  # tf.estimator's (TensorFlow >= 2.16: tpushim's own engine's)
+#: TPUConfig's input configuration in which host 0's one pipeline feeds every core, in order
+#: (None on TensorFlow >= 2.16, which has no TPUEstimator: there only the strategy engine reads it).
+SLICED = (
+    _tfprivate.tpu_config.InputPipelineConfig.SLICED if _tfprivate.tpu_config is not None else None
+)
 
 # Dataset ops that read records from the files named by their first input (tf.data's auto-shard
 # knows the same ones as readers).
@@ -343,6 +346,8 @@ def decide(graph, mode, pod_input, hosts):
 
 def _files_obstacle(graph, mode, hosts):
     """What keeps each host from reading only its own files, or None."""
+    if mode == ModeKeys.PREDICT:  # the strategy engine's hosts each feed their cores
+        return "a prediction reads every example once, in order"
     if mode != ModeKeys.TRAIN:
         return "an evaluation reads every example once, in order"
     if graph.not_files is not None:

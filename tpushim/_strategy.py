@@ -30,8 +30,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _batch_math, _input_fn, _loss_kinds, _padding, _plan, _source, _tfprivate
+from tpushim import _loss_kinds, _padding, _plan, _tfprivate
 from tpushim._errors import ConversionError
+from tpushim._strategy_input import batch_size_of, distributed_input  # noqa: F401  (its names)
 
 logger = logging.getLogger("tpushim")
 
@@ -78,6 +79,8 @@ class Plan:
       conversion: the :class:`tpushim._plan.ConversionPlan` both engines take (settings, TPU,
         loss plan, warm start): ``batch_size``, ``steps_per_execution`` and ``loss_kinds`` are
         read from it; its TPU and warm start are added once the conversion has them.
+      pod_input: how a pod's hosts read the input (``auto``, ``exact``, ``files``:
+        :mod:`tpushim._strategy_input`).
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Plan:
         steps_per_execution,
         jit_compile,
         make_strategy,
+        pod_input="auto",
     ):
         self.keras_model = keras_model
         self.optimizer = optimizer
@@ -101,6 +105,7 @@ class Plan:
         self.steps_per_execution = steps_per_execution
         self.jit_compile = jit_compile
         self.make_strategy = make_strategy
+        self.pod_input = pod_input
 
 
 def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
@@ -164,6 +169,7 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
         conversion.iterations_per_loop,
         True,
         make_strategy,
+        settings.pod_input,
     )
     plan.conversion = conversion
     return plan
@@ -235,118 +241,7 @@ def global_rows(pad):
     return tf.distribute.get_replica_context().all_reduce(SUM, tf.reduce_sum(pad))
 
 
-# --- the input, split over replicas -------------------------------------------------------------
-
-
-def _split(replicas):
-    """A Dataset map: each padded global batch as ``replicas`` consecutive slices (unbatched
-    after, replica r reads slice r: a single input pipeline hands its elements to the replicas
-    in order)."""
-
-    def split(*element):
-        element = element[0] if len(element) == 1 else element
-        return tf.nest.map_structure(
-            lambda x: tf.reshape(x, [replicas, -1] + x.shape.as_list()[1:]), element
-        )
-
-    return split
-
-
-def batch_size_of(dataset):
-    """The batch size a Dataset's elements declare, else that of its first element."""
-    first = tf.nest.flatten(dataset.element_spec)[0]
-    if first.shape.rank and first.shape[0] is not None:
-        return int(first.shape[0])
-    for element in dataset.take(1):
-        return int(tf.shape(tf.nest.flatten(element)[0])[0])
-    raise ConversionError("the input_fn's dataset is empty: there is no batch to read.")
-
-
-def _graph_input(input_fn, mode, config):
-    """An input_fn that returns tensors (a queue's, ``numpy_input_fn``'s on TensorFlow <= 2.15,
-    constants, random ops, anything that needs a graph), run as stock runs it: called in a graph
-    of its own seeded as stock's (graph seed, global step and its read first: stock's op seeds),
-    each batch one ``session.run`` of its tensors in a ``MonitoredSession`` (queue runners, tables,
-    initializers as stock's), until the input runs out. Returns (Dataset, first batch's size).
-
-    The Dataset reads that one session: it is iterated once (one train/evaluate/predict call).
-    """
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.random.set_random_seed(config.tf_random_seed)
-        tf.compat.v1.train.create_global_step(graph)
-        if mode == ModeKeys.TRAIN:
-            _tfprivate.global_step_read()
-        with tf.compat.v1.device("/cpu:0"):
-            result = _input_fn.check_result(
-                input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
-            )
-        if isinstance(result, tf.data.Dataset):
-            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
-        if isinstance(result, list):
-            result = tuple(result)
-        session = tf.compat.v1.train.MonitoredSession(
-            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
-        )
-    spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), result)
-
-    def run():
-        with graph.as_default():
-            try:
-                return None if session.should_stop() else session.run(result)
-            except tf.errors.OutOfRangeError:
-                return None
-
-    first = run()
-    if first is None:
-        session.close()
-        raise ConversionError("the input_fn's tensors gave no batch: the input is empty.")
-
-    def batches():
-        batch = first
-        try:
-            while batch is not None:
-                yield batch
-                batch = run()
-        finally:  # also when a call stops early (its steps done): the queue runners stop
-            session.close()
-
-    dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
-    return dataset, int(tf.nest.flatten(first)[0].shape[0])
-
-
-def distributed_input(strategy, input_fn, mode, config, batch_size):
-    """The user's input as the strategy's replicas read it: every global batch (short ones
-    too) padded to a multiple of the replicas, split in order. Returns (dataset, global batch).
-
-    A Dataset (or an iterator's tensors traced back to theirs, :mod:`tpushim._source`) is read
-    eagerly. Any other input_fn -- (features, labels) tensors, queues, ``numpy_input_fn`` /
-    ``pandas_input_fn`` on TensorFlow <= 2.15 -- is called again in a graph of its own and run
-    there as stock runs it (:func:`_graph_input`): tensors met eagerly say nothing of what stock's
-    next ``session.run`` would give (a queue's next batch, a random op's next draw).
-    """
-    size = batch_size
-    try:
-        result = _input_fn.call(input_fn, mode, {}, config)
-    except Exception as e:  # a graph-only input (queues, placeholders): run in a graph below
-        logger.debug("input_fn failed eagerly (%s); calling it in a graph", e)
-        result = None
-    if isinstance(result, tf.data.Dataset):
-        size = size or batch_size_of(result)
-    else:
-        logger.info(
-            "the strategy engine runs input_fn %r in a graph of its own, as stock does: it "
-            "returns tensors, not a tf.data.Dataset",
-            getattr(input_fn, "__name__", input_fn),
-        )
-        result, first = _graph_input(input_fn, mode, config)
-        size = size or first
-    replicas = strategy.num_replicas_in_sync
-    padded = _batch_math.padded_batch(size, replicas)
-    dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()
-    options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
-    distributed = strategy.distribute_datasets_from_function(lambda ctx: dataset, options)
-    return distributed, dataset.element_spec
+# --- the input, as the replicas read it: tpushim/_strategy_input.py --------------------------
 
 
 def _unpack(element):
@@ -585,8 +480,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         return self._tpushim_strategy
 
     def _input(self, input_fn, mode):
+        plan = self._tpushim_plan
         return distributed_input(
-            self.strategy, input_fn, mode, self.config, self._tpushim_plan.batch_size
+            self.strategy, input_fn, mode, self.config, plan.batch_size, plan.pod_input
         )
 
     @staticmethod

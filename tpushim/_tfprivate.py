@@ -911,3 +911,27 @@ def track_estimator_step(model, step):
     """Adds ``step`` to the model's object graph under the name keras_lib's checkpoints give the
     global step (an eager variable; :func:`track_global_step` takes the graph's)."""
     model._track_trackable(step, "estimator_global_step")
+
+
+def input_replicas(strategy, options):
+    """Per input pipeline (one per TPU host), the replicas it feeds, as indices into the
+    strategy's replica order: each input worker feeds the TPU devices of its host
+    (``TPUExtended._get_input_workers``), and ``worker_devices`` lists every replica's device in
+    replica order. None where this TensorFlow keeps neither."""
+    extended = strategy.extended
+    try:
+        workers = extended._get_input_workers(options)
+        devices = list(extended.worker_devices)
+        return tuple(
+            tuple(devices.index(d) for d in workers.compute_devices_for_worker(w))
+            for w in range(workers.num_workers)
+        )
+    except (AttributeError, ValueError, TypeError):
+        return None
+
+
+def serialized_dataset(dataset):
+    """The GraphDef (a string tensor, in ``dataset``'s graph) of a Dataset built in a graph: read
+    by a session, ``tf.raw_ops.DatasetFromGraph`` makes the same Dataset eagerly (how tf.data
+    moves a pipeline between hosts and to its service)."""
+    return dataset._as_serialized_graph()

@@ -1,0 +1,379 @@
+"""Pods on the strategy engine, run as its own process (8 logical CPU devices must be made before
+TensorFlow initialises): ``python strategy_pod_proof.py DIR`` prints one JSON object.
+
+Each host's input is the function TPUStrategy calls once per host
+(``distribute_datasets_from_function``), called here for every host id with a real
+``tf.distribute.InputContext(num_input_pipelines=H, input_pipeline_id=h,
+num_replicas_in_sync=8)``; host h feeds replicas ``[h*8/H, (h+1)*8/H)``. Every example's id
+travels in feature 0. Reported, for 2 and 4 hosts:
+
+* the exact path: each step's rows, per replica (padding weighted out), pooled over the hosts,
+  against one board's (the same input on one host, the same seed), and every example fed once per
+  epoch; also for unseeded input (every host's copy must still agree) and an evaluation with a
+  partial last batch;
+* the files path: the files each host reads (whole files of its own, on no other host), every
+  example once per global epoch, and records parsed per record fed (the exact path's, H, beside);
+* negative controls: host 1 feeding host 0's share (the checks above must fail);
+* training on the engine with 8 replicas on a faked 2-host pod, every host feeding its share
+  (``_strategy_input.emulated_hosts``): weights, evaluation and predictions against the stock
+  estimator's (on TensorFlow >= 2.16: stock 2.15's numbers, recorded by ``--record FILE DIR`` in a
+  TF 2.15 venv), and with host 1 feeding host 0's share (a negative control).
+
+A helper run by tests/test_strategy_pods.py, not a test module.
+"""
+
+import collections
+import importlib.util
+import json
+import os
+import sys
+
+if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
+
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+tf.config.threading.set_inter_op_parallelism_threads(32)  # see strategy_proof.py
+
+import numpy as np
+
+import tpushim
+from tpushim import _padding, _strategy_input
+
+REPLICAS = 8
+SIZES = (12, 4, 11, 5, 10, 6, 9, 7)  # 64 records in files of unequal size: even by size on 2, 4
+EVAL_SIZES = (12, 4, 11, 5, 10, 6, 9, 13)  # 70: the last eval batch of 12 is partial
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORD = os.path.join(HERE, "reference", "strategy_pods_tf215.json")
+NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+PARSED = collections.Counter()  # records parsed, by id (the parse function counts them)
+
+
+def write(directory, sizes):
+    os.makedirs(directory)
+    paths, start = [], 0
+    for k, size in enumerate(sizes):
+        paths.append(os.path.join(directory, f"part-{k}.tfrecord"))
+        with tf.io.TFRecordWriter(paths[-1]) as writer:
+            for i in range(start, start + size):
+                writer.write(str(i).encode())
+        start += size
+    return paths
+
+
+def _count(ids):
+    PARSED.update(int(i) for i in ids.numpy().reshape([-1]))
+    return ids
+
+
+def parse(record):
+    i = tf.strings.to_number(record, tf.float32)
+    i = tf.py_function(_count, [i], tf.float32)  # a host-side op, as input pipelines have
+    i.set_shape([])
+    return tf.stack([i, 0.5, 0.5, 0.5]), tf.cast(i, tf.int64) % 3
+
+
+def inputs(paths, batch, repeat=True, shuffle_buffer=1000):
+    pattern = os.path.join(os.path.dirname(paths[0]), "*.tfrecord")
+    again = (lambda ds: ds.repeat()) if repeat else (lambda ds: ds)
+    return {
+        "no shuffle": lambda: again(tf.data.TFRecordDataset(paths).map(parse)).batch(batch),
+        "shuffle": lambda: again(
+            tf.data.TFRecordDataset(paths).map(parse).shuffle(shuffle_buffer)
+        ).batch(batch),
+        "list_files": lambda: again(
+            tf.data.Dataset.list_files(pattern)  # shuffles the file names by default
+            .interleave(tf.data.TFRecordDataset, cycle_length=2)
+            .map(parse)
+        ).batch(batch),
+        "files shuffled": lambda: (
+            tf.data.Dataset.list_files(pattern)
+            .interleave(tf.data.TFRecordDataset, cycle_length=2)
+            .map(parse)
+            .shuffle(shuffle_buffer)
+            .repeat()
+            .batch(batch)
+        ),
+    }
+
+
+class Config:
+    def __init__(self, seed):
+        self.tf_random_seed = seed
+        self.session_config = None
+
+
+def host_input(input_fn, hosts, seed, mode="train", pod_input="auto"):
+    feeds = _strategy_input._blocks(REPLICAS, hosts)
+    return _strategy_input.HostInput(input_fn, mode, Config(seed), None, feeds, pod_input)
+
+
+class Unpinned(_strategy_input.HostInput):
+    """A negative control: every host's copy built with a seed drawn for it alone."""
+
+    def _build(self):
+        self.seed = np.random.randint(1, 2**31 - 1)
+        return super()._build()
+
+
+def fed(pod, steps, who=lambda h: h):
+    """Per step, per replica, the real ids it is fed, and per host the ids it fed;
+    ``who(h)``: the pipeline id host h's function is called with (a negative control changes it)."""
+    hosts = len(pod.feeds)
+    per_host = []
+    for h in range(hosts):
+        context = tf.distribute.InputContext(hosts, who(h), REPLICAS)
+        pieces = []
+        for element in pod(context).take(steps * len(pod.feeds[h])):
+            features = element[0]
+            ids = features[_padding.FEATURES_KEY][:, 0].numpy()
+            weight = features[_padding.PADDING_KEY].numpy()
+            pieces.append([int(i) for i, w in zip(ids, weight) if w > 0])
+        per_host.append(pieces)
+    per_step = []
+    for s in range(steps):
+        step = []
+        for h in range(hosts):
+            k = len(pod.feeds[h])
+            step += per_host[h][s * k : (s + 1) * k]
+        per_step.append(step)
+    return per_step, [sorted({i for p in pieces for i in p}) for pieces in per_host]
+
+
+def every_once(per_step, n, epochs):
+    ids = sorted(i for step in per_step for replica in step for i in replica)
+    return ids == sorted(list(range(n)) * epochs)
+
+
+def exact_checks(files):
+    out = {}
+    # 12 rows a step: padded to 16 for 8 replicas; 16 steps of 12 are 3 epochs of 64.
+    cases = [
+        ("no shuffle", 1, "auto"),
+        ("shuffle", 1, "exact"),
+        ("shuffle", None, "exact"),
+        ("list_files", None, "exact"),
+        ("list_files", 3, "exact"),
+    ]
+    for hosts in (2, 4):
+        for name, seed, pod_input in cases:
+            input_fn = inputs(files["train"], 12)[name]
+            pod = host_input(input_fn, hosts, seed, pod_input=pod_input)
+            steps, _ = fed(pod, 16)
+            result = {"path": pod.path.name, "every_once": every_once(steps, 64, 3)}
+            result["real_rows"] = sorted({sum(len(r) for r in step) for step in steps})
+            if seed is not None:
+                board, _ = fed(host_input(input_fn, 1, seed, pod_input=pod_input), 16)
+                result["equals_one_board"] = steps == board
+            control, _ = fed(pod, 16, who=lambda h: 0 if h == 1 else h)
+            result["control_every_once"] = every_once(control, 64, 3)
+            if seed is not None:
+                result["control_equals_one_board"] = control == board
+            else:  # each host's copy with a seed of its own: the copies disagree
+                unpinned = host_input(input_fn, hosts, seed, pod_input=pod_input)
+                unpinned.__class__ = Unpinned
+                unpinned._first = None  # every copy, host 0's too, built anew
+                result["unpinned_every_once"] = every_once(fed(unpinned, 16)[0], 64, 3)
+            out[f"{hosts} {name} {seed}"] = result
+        # evaluate(): 70 examples in batches of 12, the last partial, each evaluated once.
+        input_fn = inputs(files["eval"], 12, repeat=False)["list_files"]
+        pod = host_input(input_fn, hosts, None, mode="eval")
+        steps, _ = fed(pod, 6)
+        out[f"{hosts} evaluate"] = {
+            "path": pod.path.name,
+            "every_once": every_once(steps, 70, 1),
+            "real_rows": [sum(len(r) for r in step) for step in steps],
+        }
+    return out
+
+
+def files_checks(files):
+    out = {}
+    starts = np.cumsum((0, *SIZES))
+    owner = {i: k for k in range(len(SIZES)) for i in range(starts[k], starts[k + 1])}
+    for hosts in (2, 4):
+        input_fn = inputs(files["train"], 16, shuffle_buffer=16)["files shuffled"]
+        pod = host_input(input_fn, hosts, None)
+        steps, per_host = fed(pod, 4 * 4)  # 16 steps of 16 rows: 4 global epochs
+        host_files = [sorted({owner[i] for i in ids}) for ids in per_host]
+        whole = all(
+            ids == sorted(i for k in fs for i in range(starts[k], starts[k + 1]))
+            for ids, fs in zip(per_host, host_files)
+        )
+        mine = [sorted(os.path.basename(p) for p in share) for share in pod.path.shares]
+        control, control_hosts = fed(pod, 16, who=lambda h: 0 if h == 1 else h)
+        result = {
+            "path": pod.path.name,
+            "whole_files": whole,
+            "reads_its_share": [
+                [f"part-{k}.tfrecord" for k in fs] == share for fs, share in zip(host_files, mine)
+            ],
+            "files_on_two_hosts": sum(len(f) for f in host_files)
+            - len({k for f in host_files for k in f}),
+            "every_once_per_epoch": every_once(steps[:4], 64, 1) and every_once(steps, 64, 4),
+            "real_rows": sorted({sum(len(r) for r in step) for step in steps}),
+            "control_every_once_per_epoch": every_once(control, 64, 4),
+            "control_files_on_two_hosts": len(control_hosts[0])
+            + len(control_hosts[1])
+            - len({*control_hosts[0], *control_hosts[1]}),
+        }
+        # Records parsed per record fed, over a longer run (read-ahead: shuffle buffer, batch).
+        for name, pod_input in (("files", "auto"), ("exact", "exact")):
+            pod = host_input(input_fn, hosts, None, pod_input=pod_input)
+            PARSED.clear()
+            steps, _ = fed(pod, 200)
+            rows = sum(len(r) for step in steps for r in step)
+            result[f"parsed_per_fed_{name}"] = sum(PARSED.values()) / rows
+        out[str(hosts)] = result
+    return out
+
+
+# --- training on the engine: 8 replicas, a faked 2-host pod ---------------------------------------
+
+ROWS, BATCH, STEPS = 45, 10, 5
+rng = np.random.RandomState(0)
+X = rng.randn(ROWS, 4).astype(np.float32)
+Y = (X[:, :1] * 2 - X[:, 1:2] + 0.1 * rng.randn(ROWS, 1)).astype(np.float32)
+
+
+def model():
+    tf.keras.utils.set_random_seed(1)
+    m = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(5, input_shape=(4,), activation="tanh", name="hidden"),
+            tf.keras.layers.Dense(1, name="out"),
+        ]
+    )
+    m.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), loss="mse", metrics=["mae"])
+    return m
+
+
+def train_input():  # shuffled (seeded by tf_random_seed): stock's batches only if each host agrees
+    return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(100).batch(BATCH)
+
+
+def eval_input():
+    return tf.data.Dataset.from_tensor_slices((X, Y)).batch(BATCH)
+
+
+def predict_input():
+    return tf.data.Dataset.from_tensor_slices(X).batch(BATCH)
+
+
+def config(model_dir):
+    with tpushim.patched(mode="off", quiet=True):
+        return tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=7)
+
+
+def run(estimator):
+    estimator.train(train_input, steps=STEPS)
+    metrics = {k: float(v) for k, v in estimator.evaluate(eval_input).items()}
+    predictions = np.array([p["out"] for p in estimator.predict(predict_input)])
+    values = {
+        n: np.asarray(estimator.get_variable_value(n), np.float64)
+        for n in estimator.get_variable_names()
+        if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    }
+    return metrics, predictions, values
+
+
+def stock_run(root):
+    if NO_STOCK:
+        with open(RECORD) as f:
+            recorded = json.load(f)
+        return (
+            recorded["metrics"],
+            np.array(recorded["predictions"], np.float64),
+            {n: np.array(v, np.float64) for n, v in recorded["values"].items()},
+        )
+    directory = os.path.join(root, "stock")
+    with tpushim.patched(mode="off", quiet=True):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=model(), config=config(directory)
+        )
+    return run(estimator)
+
+
+def engine_run(root, name):
+    directory = os.path.join(root, name)
+    with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=model(), config=config(directory)
+        )
+    with _strategy_input.emulated_hosts(2):
+        out = run(estimator)
+    return out, estimator.strategy.num_replicas_in_sync
+
+
+def differences(ours, stock):
+    def rel(a, b):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return float(np.max(np.abs(a - b)) / max(1.0, float(np.max(np.abs(b)))))
+
+    (m1, p1, v1), (m2, p2, v2) = ours, stock
+    return {
+        "names_equal": sorted(v1) == sorted(v2),
+        "weights": max(rel(v1[n], v2[n]) for n in v2),
+        "metrics": max(rel(m1[k], m2[k]) for k in m2),
+        "predictions": rel(p1, p2) if p1.shape == p2.shape else float("inf"),
+    }
+
+
+def training(root):
+    stock = stock_run(root)
+    ours, replicas = engine_run(root, "pod")
+    original = _strategy_input.HostInput.__call__
+
+    def host_one_feeds_host_zeros_share(self, context):
+        if context.input_pipeline_id == 1:
+            context = tf.distribute.InputContext(context.num_input_pipelines, 0, REPLICAS)
+        return original(self, context)
+
+    _strategy_input.HostInput.__call__ = host_one_feeds_host_zeros_share
+    try:
+        control, _ = engine_run(root, "control")
+    finally:
+        _strategy_input.HostInput.__call__ = original
+    return {
+        "replicas": replicas,
+        "pod": differences(ours, stock),
+        "control": differences(control, stock),
+    }
+
+
+def record(path, root):
+    metrics, predictions, values = stock_run(root)
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "tensorflow": tf.__version__,
+                "metrics": metrics,
+                "predictions": predictions.tolist(),
+                "values": {n: v.tolist() for n, v in values.items()},
+            },
+            f,
+            indent=1,
+            sort_keys=True,
+        )
+        f.write("\n")
+
+
+def main(root):
+    files = {
+        "train": write(os.path.join(root, "train"), SIZES),
+        "eval": write(os.path.join(root, "eval"), EVAL_SIZES),
+    }
+    out = {"tensorflow": tf.__version__, "stock_from": RECORD if NO_STOCK else "live"}
+    out["exact"] = exact_checks(files)
+    out["files"] = files_checks(files)
+    out["training"] = training(root)
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--record":
+        record(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])

@@ -1,0 +1,344 @@
+"""The strategy engine's input: the user's input_fn as the strategy's replicas read it, each
+global batch (a short last batch too) padded to a multiple of the replicas and split in order,
+from one input pipeline or, on a TPU of several hosts, from each host's own.
+
+On a pod, TPUStrategy calls the dataset function of ``distribute_datasets_from_function`` once
+per host, with a ``tf.distribute.InputContext`` naming it; each host's pipeline feeds the
+replicas whose TPU cores are on that host. The two paths of the TPUEstimator path's pods
+(:mod:`tpushim._pods`, whose analysis, decision and file shares this module takes as they are)
+hold here too:
+
+* **exact**: every host runs the user's whole pipeline and keeps the pieces of each global batch
+  its replicas train on, so each step's global batch is one board's (stock's, seeded);
+* **files**: shuffled, endless training input read from files: each host reads only its own files
+  (cut before the reader, parse and map), and feeds its replicas from them.
+
+Each host's copy is built as stock builds its input -- the input_fn called in a graph of its own,
+seeded as stock's (the user's ``tf_random_seed``, else a seed drawn once per call, so that every
+host's copy shuffles alike) -- made to follow the path there (:func:`tpushim._pods.prepare`),
+and brought to the eager runtime by its GraphDef (``DatasetFromGraph``, as tf.data moves a
+pipeline to another host).
+"""
+
+import contextlib
+import logging
+import random
+
+import tensorflow as tf
+
+from tpushim import _batch_math, _input_fn, _observe, _padding, _pods, _source, _tfprivate
+from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
+
+ModeKeys = _tfprivate.ModeKeys
+_EVENTS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate", ModeKeys.PREDICT: "predict"}
+
+
+class _Emulation:
+    """Hosts emulated on a strategy of one input pipeline (see :func:`emulated_hosts`)."""
+
+    def __init__(self):
+        self.hosts = None
+
+    def reset(self):
+        self.hosts = None
+
+
+EMULATION = _Emulation()
+
+
+@contextlib.contextmanager
+def emulated_hosts(hosts):
+    """Within it, a strategy of one input pipeline (a MirroredStrategy on CPU) is fed as
+    TPUStrategy feeds a pod of ``hosts`` hosts: every host's pipeline is built by the function
+    TPUStrategy would call, with a real ``tf.distribute.InputContext(hosts, h, replicas)``, host
+    ``h`` feeding replicas ``[h*R/hosts, (h+1)*R/hosts)``, and the hosts' pieces are pooled in
+    replica order. The seam the CPU proof of pods uses (no TPU system answers here); nothing in
+    tpushim sets it."""
+    before = EMULATION.hosts
+    EMULATION.hosts = hosts
+    try:
+        yield
+    finally:
+        EMULATION.hosts = before
+
+
+def _blocks(replicas, hosts):
+    if replicas % hosts:
+        raise ConversionError(f"{replicas} replicas cannot be split evenly over {hosts} hosts.")
+    each = replicas // hosts
+    return tuple(tuple(range(h * each, (h + 1) * each)) for h in range(hosts))
+
+
+def input_feeds(strategy, options):
+    """Per input pipeline (a host), the replicas it feeds, in the order it feeds them."""
+    replicas = strategy.num_replicas_in_sync
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        feeds = _tfprivate.input_replicas(strategy, options)
+        return feeds or _blocks(replicas, strategy.extended.num_hosts)
+    if EMULATION.hosts:
+        return _blocks(replicas, EMULATION.hosts)
+    return (tuple(range(replicas)),)
+
+
+def _split(replicas, piece=-1):
+    """A Dataset map: each padded global batch as ``replicas`` consecutive slices of ``piece``
+    rows (unbatched after, replica r reads slice r: a pipeline hands its elements to the
+    replicas it feeds in order)."""
+
+    def split(*element):
+        element = element[0] if len(element) == 1 else element
+        return tf.nest.map_structure(
+            lambda x: tf.reshape(x, [replicas, piece] + x.shape.as_list()[1:]), element
+        )
+
+    return split
+
+
+def _keep(indices):
+    """A Dataset map: of each split global batch, the slices ``indices`` (a host's replicas)."""
+    indices = list(indices)
+
+    def keep(*element):
+        element = element[0] if len(element) == 1 else element
+        return tf.nest.map_structure(lambda x: tf.gather(x, indices), element)
+
+    return keep
+
+
+def _declared(dataset):
+    """The batch size a Dataset's elements declare, or None."""
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    return int(first.shape[0]) if first.shape.rank and first.shape[0] is not None else None
+
+
+def batch_size_of(dataset):
+    """The batch size a Dataset's elements declare, else that of its first element."""
+    if _declared(dataset) is not None:
+        return _declared(dataset)
+    for element in dataset.take(1):
+        return int(tf.shape(tf.nest.flatten(element)[0])[0])
+    raise ConversionError("the input_fn's dataset is empty: there is no batch to read.")
+
+
+@contextlib.contextmanager
+def _stock_graph(mode, seed):
+    """A graph of its own, as stock's estimator builds its input in: graph seed, global step and
+    (training) its read made first -- stock's op seeds -- and the input_fn's ops on the CPU."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.random.set_random_seed(seed)
+        tf.compat.v1.train.create_global_step(graph)
+        if mode == ModeKeys.TRAIN:
+            _tfprivate.global_step_read()
+        with tf.compat.v1.device("/cpu:0"):
+            yield graph
+
+
+def _graph_input(input_fn, mode, config):
+    """An input_fn that returns tensors (a queue's, ``numpy_input_fn``'s on TensorFlow <= 2.15,
+    constants, random ops, anything that needs a graph), run as stock runs it: called in a graph
+    of its own seeded as stock's (:func:`_stock_graph`), each batch one ``session.run`` of its
+    tensors in a ``MonitoredSession`` (queue runners, tables, initializers as stock's), until the
+    input runs out. Returns (Dataset, first batch's size).
+
+    The Dataset reads that one session: it is iterated once (one train/evaluate/predict call).
+    """
+    with _stock_graph(mode, config.tf_random_seed) as graph:
+        result = _input_fn.check_result(
+            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
+        )
+    with graph.as_default():
+        if isinstance(result, tf.data.Dataset):
+            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+        if isinstance(result, list):
+            result = tuple(result)
+        session = tf.compat.v1.train.MonitoredSession(
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+        )
+    spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), result)
+
+    def run():
+        with graph.as_default():
+            try:
+                return None if session.should_stop() else session.run(result)
+            except tf.errors.OutOfRangeError:
+                return None
+
+    first = run()
+    if first is None:
+        session.close()
+        raise ConversionError("the input_fn's tensors gave no batch: the input is empty.")
+
+    def batches():
+        batch = first
+        try:
+            while batch is not None:
+                yield batch
+                batch = run()
+        finally:  # also when a call stops early (its steps done): the queue runners stop
+            session.close()
+
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    return dataset, int(tf.nest.flatten(first)[0].shape[0])
+
+
+def _eager(graph, dataset):
+    """A Dataset built in ``graph``, made on the eager runtime from its GraphDef."""
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+        definition = session.run(_tfprivate.serialized_dataset(dataset))
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=definition)
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
+
+
+class HostInput:
+    """One call's input on a pod: :meth:`__call__` is the dataset function TPUStrategy calls
+    once per host (``distribute_datasets_from_function``), returning that host's share.
+
+    Attributes:
+      feeds: per host, the replicas it feeds (:func:`input_feeds`).
+      path: the :class:`tpushim._pods.Path` the call's input takes.
+      padded: the global batch padded to a multiple of the replicas.
+      seed: the graph seed every host's copy is built with.
+    """
+
+    def __init__(self, input_fn, mode, config, batch_size, feeds, pod_input):
+        self.input_fn, self.mode, self.config, self.feeds = input_fn, mode, config, feeds
+        self.replicas = sum(len(f) for f in feeds)
+        seed = config.tf_random_seed
+        # Unseeded, each call still differs from the last, as stock's do; its copies agree.
+        self.seed = random.SystemRandom().randrange(1, 2**31 - 1) if seed is None else seed
+        self._graphs = {}  # host -> its copy's graph (a py_function in the pipeline lives there)
+        graph, dataset = self._first = self._build()
+        with graph.as_default():  # it reads the file list and cardinality in a session of it
+            found = _pods.analyse(dataset, _pods.needs_files(mode, pod_input))
+        self.size = batch_size or _declared(dataset) or batch_size_of(_eager(graph, dataset))
+        self.padded = _batch_math.padded_batch(self.size, self.replicas)
+        self.path = _pods.decide(found, mode, pod_input, len(feeds))
+        if self.path.name == "files" and 0 in self._host_rows():
+            self.path = _pods.Path(
+                "exact",
+                f"{self.path.why}; but with a global batch of {self.size} on "
+                f"{self.replicas} replicas a host would feed padding only: the exact path instead",
+                fallback=True,
+            )
+        _observe.note(
+            "pod",
+            "%s() on %d TPU hosts: %s path: %s",
+            _EVENTS[mode],
+            len(feeds),
+            self.path.name,
+            self.path.why,
+        )
+        if "WARNING" in self.path.why:
+            logger.warning("%s() on %d TPU hosts: %s", _EVENTS[mode], len(feeds), self.path.why)
+
+    def _host_rows(self):
+        """Per host, the real rows of one board's padded global batch its replicas hold."""
+        piece = self.padded // self.replicas
+        return [sum(min(max(self.size - r * piece, 0), piece) for r in feed) for feed in self.feeds]
+
+    def _build(self):
+        """A copy of the user's pipeline, in a graph of its own seeded as stock's."""
+        with _stock_graph(self.mode, self.seed) as graph:
+            dataset = _input_fn.call(self.input_fn, self.mode, {}, self.config)
+        if not isinstance(dataset, tf.data.Dataset):
+            raise ConversionError(
+                "on a TPU of several hosts the strategy engine needs the input_fn to return a "
+                "tf.data.Dataset (or an iterator's tensors): each host runs its own input "
+                "pipeline, and tensors are read by Python in this process. Return the Dataset "
+                "the tensors come from."
+            )
+        return graph, dataset
+
+    def _copy(self, host):
+        """Host ``host``'s copy, made to follow the path, as an eager Dataset."""
+        if host not in self._graphs:
+            graph, dataset = self._first if self._first is not None else self._build()
+            self._first = None
+            with graph.as_default():
+                _pods.prepare(dataset, self.path, host)
+            self._graphs[host] = (graph, dataset)
+        return _eager(*self._graphs[host])
+
+    def __call__(self, context):
+        """Host ``context.input_pipeline_id``'s pieces, one per replica it feeds per step."""
+        if context.num_input_pipelines != len(self.feeds):
+            raise ConversionError(
+                f"the strategy asks for {context.num_input_pipelines} input pipelines; tpushim "
+                f"expected one per host ({len(self.feeds)})."
+            )
+        host = context.input_pipeline_id
+        piece = context.get_per_replica_batch_size(self.padded)
+        dataset = self._copy(host)
+        if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
+            dataset = dataset.map(_padding.pad_batch(self.padded))
+            dataset = dataset.map(_split(self.replicas, piece)).map(_keep(self.feeds[host]))
+            return dataset.unbatch()
+        # Its own files: this host's rows of each global batch, laid out as one board's (the
+        # padding rows of an indivisible batch at the replicas that hold them there).
+        mine = len(self.feeds[host])
+        dataset = dataset.unbatch().batch(self._host_rows()[host], drop_remainder=True)
+        dataset = dataset.map(_padding.pad_batch(mine * piece)).map(_split(mine, piece))
+        return dataset.unbatch()
+
+    def pooled(self):
+        """Every host's pieces in replica order, as one pipeline (:func:`emulated_hosts`)."""
+        hosts = [
+            self(tf.distribute.InputContext(len(self.feeds), h, self.replicas)).batch(
+                len(feed), drop_remainder=True
+            )
+            for h, feed in enumerate(self.feeds)
+        ]
+        return (
+            tf.data.Dataset.zip(tuple(hosts))
+            .map(lambda *parts: tf.nest.map_structure(lambda *x: tf.concat(x, 0), *parts))
+            .unbatch()
+        )
+
+
+def distributed_input(strategy, input_fn, mode, config, batch_size, pod_input="auto"):
+    """The user's input as the strategy's replicas read it: every global batch (short ones
+    too) padded to a multiple of the replicas, split in order. Returns (dataset, element spec).
+
+    On one input pipeline, a Dataset (or an iterator's tensors traced back to theirs,
+    :mod:`tpushim._source`) is read eagerly. Any other input_fn -- (features, labels) tensors,
+    queues, ``numpy_input_fn`` / ``pandas_input_fn`` on TensorFlow <= 2.15 -- is called again in
+    a graph of its own and run there as stock runs it (:func:`_graph_input`): tensors met eagerly
+    say nothing of what stock's next ``session.run`` would give (a queue's next batch, a random
+    op's next draw). On several hosts each reads its share (:class:`HostInput`).
+    """
+    options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+    feeds = input_feeds(strategy, options)
+    if len(feeds) > 1:
+        pod = HostInput(input_fn, mode, config, batch_size, feeds, pod_input)
+        if isinstance(strategy, tf.distribute.TPUStrategy):
+            spec = pod(tf.distribute.InputContext(len(feeds), 0, pod.replicas)).element_spec
+            return strategy.distribute_datasets_from_function(pod, options), spec
+        dataset = pod.pooled()
+        return (
+            strategy.distribute_datasets_from_function(lambda ctx: dataset, options),
+            dataset.element_spec,
+        )
+    size = batch_size
+    try:
+        result = _input_fn.call(input_fn, mode, {}, config)
+    except Exception as e:  # a graph-only input (queues, placeholders): run in a graph below
+        logger.debug("input_fn failed eagerly (%s); calling it in a graph", e)
+        result = None
+    if isinstance(result, tf.data.Dataset):
+        size = size or batch_size_of(result)
+    else:
+        logger.info(
+            "the strategy engine runs input_fn %r in a graph of its own, as stock does: it "
+            "returns tensors, not a tf.data.Dataset",
+            getattr(input_fn, "__name__", input_fn),
+        )
+        result, first = _graph_input(input_fn, mode, config)
+        size = size or first
+    replicas = strategy.num_replicas_in_sync
+    padded = _batch_math.padded_batch(size, replicas)
+    dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()
+    distributed = strategy.distribute_datasets_from_function(lambda ctx: dataset, options)
+    return distributed, dataset.element_spec
