@@ -4,6 +4,7 @@ import functools
 import inspect
 import json
 import logging
+import sys
 import threading
 import types
 
@@ -265,6 +266,10 @@ def test_status_reports_versions_and_tpu(monkeypatch):
     assert (status["mode"], status["mode_source"]) == ("cpu", "argument")
     assert (status["tpu"], status["tpu_source"]) == ("grpc://127.0.0.1:1", "TPU_NAME")
     assert status["versions"]["tensorflow"] == tf.__version__
+    # The Keras tf.keras is: Keras 2 (tf-keras on TensorFlow >= 2.16), not Keras 3 installed beside it.
+    keras_of_tf_keras = sys.modules[tf.keras.Model.__module__.split(".")[0]]  # keras or tf_keras
+    assert status["versions"]["keras"] == keras_of_tf_keras.__version__
+    assert status["versions"]["keras"].startswith("2.")
     if ENGINE:  # tf.keras is tf_keras there; tpushim's engine, the strategy engine its TPU path
         assert status["versions"]["tensorflow_estimator"] is None
         assert set(status["applied"]) == {f"{m}.{a}" for m, a, _ in _patch.targets()}
@@ -276,7 +281,6 @@ def test_status_reports_versions_and_tpu(monkeypatch):
             f"the TPU code path on CPU/GPU (TensorFlow {tf.__version__} has no TPUEstimator)"
         )
         return
-    assert status["versions"]["keras"].startswith("2.")
     assert status["versions"]["tensorflow_estimator"]
     assert status["applied"] == {
         "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True,
