@@ -13,8 +13,13 @@ Measured: steps/s of ``train()`` (all steps over all train() calls' wall time: g
 session creation and checkpoints included, as a user waits for them), and the steady rate
 (steps after the first session run over the time they took: per-step cost alone), and where
 the rest goes: setup (train() called to its first step done: graph, session, restore) and end
-(its last step to its return: the final checkpoint), summed over train() calls. Goal:
-tpushim on 2.21 >= 0.95x stock 2.15's train() steps/s, per case.
+(its last step to its return: the final checkpoint), summed over train() calls; the set-up's CPU
+time on the calling thread (graph building is Python there: steadier than wall time on shared
+cores), and the time CPython's full (generation 2) garbage collections took inside train() with
+how many rounds had one (a full collection walks every object the process holds, ~0.15-0.3 s
+after TensorFlow's import; where the count of allocations makes one fall, inside train() or
+before it, differs between TensorFlow releases and scripts). Goal: tpushim on 2.21 >= 0.95x stock
+2.15's train() steps/s, per case.
 """
 
 import json
@@ -82,6 +87,8 @@ def _run(python, target, patch):
         result["steps"],
         result["setup_seconds"],
         result["end_seconds"],
+        result["setup_cpu_seconds"],
+        result["full_gc_seconds"],
     )
 
 
@@ -129,11 +136,14 @@ def run(table, opts, report):
         steady = {name: [r[1] for r in values] for name, values in runs.items()}
         setup = {name: [r[3] for r in values] for name, values in runs.items()}
         end = {name: [r[4] for r in values] for name, values in runs.items()}
+        setup_cpu = {name: [r[5] for r in values] for name, values in runs.items()}
+        full_gc = {name: [r[6] for r in values] for name, values in runs.items()}
         report["tf216"][case] = runs
         paired = benchlib.Paired(rates, "stock 2.15")
         paired_steady = benchlib.Paired(steady, "stock 2.15")
         paired_setup = benchlib.Paired(setup, "stock 2.15")
         paired_end = benchlib.Paired(end, "stock 2.15")
+        paired_setup_cpu = benchlib.Paired(setup_cpu, "stock 2.15")
         noise = paired.ratios("stock 2.15 again")
         noise = (min(noise), max(noise)) if noise else None
         for name, _ in contenders:
@@ -170,6 +180,21 @@ def run(table, opts, report):
                     f"{paired_what.ratio(name):.3f}x" if name != "stock 2.15" else "",
                     spread=paired_what.spread(name),
                 )
+            table.add(
+                "tf216",
+                f"{case}: setup CPU s (main thread)",
+                name,
+                f"{benchlib.median(setup_cpu[name]):.2f}",
+                f"{paired_setup_cpu.ratio(name):.3f}x" if name != "stock 2.15" else "",
+                spread=paired_setup_cpu.spread(name),
+            )
+            table.add(
+                "tf216",
+                f"{case}: full GC s in train()",
+                name,
+                f"{benchlib.median(full_gc[name]):.2f}",
+                spread=f"in {sum(1 for v in full_gc[name] if v > 0)}/{len(full_gc[name])} rounds",
+            )
     table.notes.append(
         f"tf216: {reps} round(s) per case, each contender a fresh process per round, order "
         f"rotating; medians of the per-round ratios. stock: {stock} (TensorFlow "
@@ -181,6 +206,7 @@ def run(table, opts, report):
 
 
 def _drive(target, workdir, patch):
+    import gc
     import time
 
     if patch:
@@ -201,7 +227,21 @@ def _drive(target, workdir, patch):
         "steady_seconds": 0.0,
         "setup_seconds": 0.0,  # train() called -> first step done (graph, session, restore)
         "end_seconds": 0.0,  # last step done -> train() returned (final checkpoint)
+        # The set-up's CPU time on the calling thread (graph building is Python there): steadier
+        # than wall time on shared cores, where other processes take the CPU.
+        "setup_cpu_seconds": 0.0,
+        "full_gc_seconds": 0.0,  # CPython's full (generation 2) collections inside train()
     }
+    in_train, gc_started = [False], [None]
+
+    def full_gc(phase, info):
+        if info["generation"] == 2 and in_train[0]:
+            if phase == "start":
+                gc_started[0] = time.perf_counter()
+            elif gc_started[0] is not None:
+                record["full_gc_seconds"] += time.perf_counter() - gc_started[0]
+
+    gc.callbacks.append(full_gc)
 
     class Clock(tf.compat.v1.train.SessionRunHook):
         def __init__(self):
@@ -211,15 +251,20 @@ def _drive(target, workdir, patch):
             self.steps += 1
             self.last = time.perf_counter()
             if self.first_done is None:
-                self.first_done = self.last
+                self.first_done, self.first_cpu = self.last, time.thread_time()
 
     def train(self, input_fn, hooks=None, *args, **kwargs):
-        clock, start = Clock(), time.perf_counter()
-        result = original(self, input_fn, [*(hooks or ()), clock], *args, **kwargs)
+        clock, start, start_cpu = Clock(), time.perf_counter(), time.thread_time()
+        in_train[0] = True
+        try:
+            result = original(self, input_fn, [*(hooks or ()), clock], *args, **kwargs)
+        finally:
+            in_train[0] = False
         end = time.perf_counter()
         record["seconds"] += end - start
         if clock.steps:
             record["setup_seconds"] += clock.first_done - start
+            record["setup_cpu_seconds"] += clock.first_cpu - start_cpu
             record["end_seconds"] += end - clock.last
         record["steps"] += clock.steps
         if clock.steps > 1:

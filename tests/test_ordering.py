@@ -9,6 +9,12 @@ call that goes through tpushim raises ``NoTPUError`` at once, one that does not 
 ``keras_lib.model_to_estimator`` is the very function keras_lib defined (or one wrapper around it)
 and whether any public name was replaced; likewise for ``tf.estimator.add_metrics``' module (the second
 target). Real conversions per spelling are tests/test_patch.py's and tests/test_add_metrics.py's.
+
+On TensorFlow >= 2.16 (tpushim's estimator engine) the same matrix runs on what is wrapped there:
+tf_keras's ``model_to_estimator`` functions, which stock raises NotImplementedError from (bare
+``keras`` is Keras 3 there, and has no estimator; ``tf.estimator`` exists only while tpushim is on,
+so no name of it can be bound before). The public attributes are tpushim's wrappers exactly while
+patched, and the functions themselves delegate to tpushim exactly then (names bound before convert).
 """
 
 import json
@@ -18,40 +24,37 @@ import pytest
 
 from tpushim import _versions
 
-pytestmark = [
-    pytest.mark.slow,  # trains estimators or runs scripts: outside the fast tier
-    pytest.mark.xfail(
-        _versions.uses_engine(),
-        strict=True,
-        reason="#32: the probe reads tensorflow_estimator's keras_lib and mode tpu's NoTPUError "
-        "(TensorFlow <= 2.15); on 2.16+ tpushim wraps tf_keras's functions, and a name bound "
-        "before patch() does not convert there yet (tests/test_patch.py)",
-    ),
-]
+pytestmark = pytest.mark.slow  # runs TensorFlow subprocesses: outside the fast tier
+
+ENGINE = _versions.uses_engine()
 
 CHILD = r"""
 import json, sys, types
 import tpushim
-from tpushim import _detect, _patch
+from tpushim import _detect, _patch, _versions
 _detect.DEVICE_GLOBS = ()  # no TPU VM device files on any machine this runs on: mode tpu has no TPU
-KERAS_LIB = _patch.KERAS_LIB
-state = {"names": None, "original": None, "scope": None}
+ENGINE = _versions.uses_engine()
+# What tpushim wraps: keras_lib's function (<= 2.15), tf_keras's v2 function (>= 2.16).
+KERAS_LIB, TARGET = ("tf_keras.src.estimator", "model_to_estimator_v2") if ENGINE else (_patch.KERAS_LIB, _patch.TARGET)
+state = {"names": None, "original": None, "own code": None, "scope": None}
 
 
 def do_import():
-    import tensorflow as tf, keras
+    import tensorflow as tf
     from tensorflow.keras.estimator import model_to_estimator as bound_v2
     from tensorflow.compat.v1.keras.estimator import model_to_estimator as bound_v1
-    from tensorflow.estimator import add_metrics  # imports extenders, add_metrics' module
-    state["add_metrics"] = add_metrics
     state["spellings"] = {
         "tf.keras.estimator": lambda: tf.keras.estimator.model_to_estimator,
         "tf.compat.v1.keras.estimator": lambda: tf.compat.v1.keras.estimator.model_to_estimator,
         "tf.compat.v2.keras.estimator": lambda: tf.compat.v2.keras.estimator.model_to_estimator,
-        "keras.estimator": lambda: keras.estimator.model_to_estimator,
         "bound: from tensorflow.keras.estimator import": lambda: bound_v2,
         "bound: from tensorflow.compat.v1.keras.estimator import": lambda: bound_v1,
     }
+    if not ENGINE:  # bare keras is Keras 3 on >= 2.16 (no estimator); tf.estimator is tpushim's
+        import keras
+        from tensorflow.estimator import add_metrics  # imports extenders, add_metrics' module
+        state["add_metrics"] = add_metrics
+        state["spellings"]["keras.estimator"] = lambda: keras.estimator.model_to_estimator
     state["names"] = {k: get() for k, get in state["spellings"].items()}
 
 
@@ -67,19 +70,38 @@ def probe():
             through[name] = "tpushim"
         except ValueError as e:
             through[name] = "stock" if "Either `keras_model`" in str(e) else repr(e)
-    current = sys.modules[KERAS_LIB].model_to_estimator  # imported by the first call above
+        except NotImplementedError as e:  # tf_keras's own function on >= 2.16
+            through[name] = "stock" if ENGINE and "not available in your installation" in str(e) else repr(e)
+    current = getattr(sys.modules[KERAS_LIB], TARGET)  # imported by the first call above
     wrapped = _patch.is_ours(current)
     inner = current.__wrapped__ if wrapped else current
-    if state["original"] is None:  # keras_lib's own function, the first time we see it
+    if state["original"] is None:  # the function itself, the first time we see it
         assert type(inner) is types.FunctionType and inner.__module__ == KERAS_LIB, inner
         state["original"] = inner
+    # Its own code (not tpushim's trampoline), the very code object each time.
+    own = inner.__code__.co_filename == sys.modules[KERAS_LIB].__file__
+    if own and state["own code"] is None:
+        state["own code"] = inner.__code__
     import tensorflow as tf
+    record = {"through": through, "keras_lib": "wrapper" if wrapped else "original",
+              "one layer around the very original": inner is state["original"],
+              "own code": own and inner.__code__ is state["own code"]}
+    if ENGINE:  # the public attributes are tpushim's wrappers while patched (the names bound before: never)
+        def kind(value):
+            if _patch.is_ours(value):
+                return "wrapper" if type(value.__wrapped__) is types.FunctionType else "other"
+            return "function" if type(value) is types.FunctionType and value.__module__ == KERAS_LIB else "other"
+        public = {kind(get()) for k, get in state["spellings"].items() if not k.startswith("bound")}
+        record["public names"] = "replaced" if public == {"wrapper"} else "unchanged" if public == {"function"} else repr(public)
+        record["bound names unchanged"] = all(get() is state["names"][k] for k, get in state["spellings"].items() if k.startswith("bound"))
+        record["tf.estimator"] = "tpushim's" if _patch.is_ours(getattr(tf, "estimator", None)) else (
+            "absent" if not hasattr(tf, "estimator") else "other")
+        return record
     estimator_lib = sys.modules[_patch.EXTENDERS].estimator_lib  # add_metrics' view of it
-    return {"through": through, "keras_lib": "wrapper" if wrapped else "original",
-            "extenders": "wrapper" if _patch.is_ours(estimator_lib) else "original",
-            "add_metrics name unchanged": tf.estimator.add_metrics is state["add_metrics"],
-            "one layer around the very original": inner is state["original"],
-            "public names unchanged": all(get() is state["names"][k] for k, get in state["spellings"].items())}
+    record.update({"extenders": "wrapper" if _patch.is_ours(estimator_lib) else "original",
+                   "add_metrics name unchanged": tf.estimator.add_metrics is state["add_metrics"],
+                   "public names unchanged": all(get() is state["names"][k] for k, get in state["spellings"].items())})
+    return record
 
 
 def enter():
@@ -89,7 +111,7 @@ def enter():
 
 STEPS = {"import": do_import, "patch": lambda: tpushim.patch(mode="tpu"), "unpatch": tpushim.unpatch,
          "enter": enter, "exit": lambda: state["scope"].__exit__(None, None, None),
-         "reset": lambda: (_patch.reset(), state.update(original=None))}
+         "reset": lambda: (_patch.reset(), state.update(original=None, **{"own code": None}))}
 for step in sys.argv[1:]:
     STEPS[step]()
     print(json.dumps({"step": step, **probe()}))
@@ -139,11 +161,18 @@ def check(records):
             continue
         expected = "tpushim" if wanted else "stock"
         assert set(record["through"].values()) == {expected}, (where, record["through"])
-        assert len(record["through"]) == 6, record
+        assert len(record["through"]) == (5 if ENGINE else 6), record
         assert record["keras_lib"] == ("wrapper" if wanted else "original"), where
+        assert record["one layer around the very original"], where
+        if ENGINE:  # the function's own code exactly while unpatched (it delegates while patched)
+            assert record["own code"] is not wanted, where
+            assert record["public names"] == ("replaced" if wanted else "unchanged"), where
+            assert record["bound names unchanged"], where
+            assert record["tf.estimator"] == ("tpushim's" if wanted else "absent"), where
+            continue
+        assert record["own code"], where
         assert record["extenders"] == ("wrapper" if wanted else "original"), where
         assert record["add_metrics name unchanged"], where
-        assert record["one layer around the very original"], where
         assert record["public names unchanged"], where
 
 

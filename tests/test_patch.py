@@ -1,7 +1,10 @@
 """Patching core: every spelling converts; lazy, idempotent, thread-safe and reversible."""
 
 import functools
+import inspect
 import json
+import logging
+import sys
 import threading
 import types
 
@@ -263,6 +266,10 @@ def test_status_reports_versions_and_tpu(monkeypatch):
     assert (status["mode"], status["mode_source"]) == ("cpu", "argument")
     assert (status["tpu"], status["tpu_source"]) == ("grpc://127.0.0.1:1", "TPU_NAME")
     assert status["versions"]["tensorflow"] == tf.__version__
+    # The Keras tf.keras is: Keras 2 (tf-keras on TensorFlow >= 2.16), not Keras 3 installed beside it.
+    keras_of_tf_keras = sys.modules[tf.keras.Model.__module__.split(".")[0]]  # keras or tf_keras
+    assert status["versions"]["keras"] == keras_of_tf_keras.__version__
+    assert status["versions"]["keras"].startswith("2.")
     if ENGINE:  # tf.keras is tf_keras there; tpushim's engine, the strategy engine its TPU path
         assert status["versions"]["tensorflow_estimator"] is None
         assert set(status["applied"]) == {f"{m}.{a}" for m, a, _ in _patch.targets()}
@@ -274,7 +281,6 @@ def test_status_reports_versions_and_tpu(monkeypatch):
             f"the TPU code path on CPU/GPU (TensorFlow {tf.__version__} has no TPUEstimator)"
         )
         return
-    assert status["versions"]["keras"].startswith("2.")
     assert status["versions"]["tensorflow_estimator"]
     assert status["applied"] == {
         "tensorflow_estimator.python.estimator.keras_lib.model_to_estimator": True,
@@ -322,17 +328,77 @@ def test_status_is_typed_by_the_status_typeddict_and_typing_stays_unimported():
     assert after["decision"] == ["action", "returns", "why"]
 
 
-@pytest.mark.xfail(
-    ENGINE,
-    strict=True,
-    raises=NotImplementedError,
-    reason="#32: on TensorFlow >= 2.16 a name bound before patch() is tf_keras's own function, "
-    "which tpushim replaces in its modules but not in place: it still raises tf_keras's "
-    "NotImplementedError (possible only where the script set TF_USE_LEGACY_KERAS itself)",
-)
 def test_a_name_bound_before_patch_converts_in_the_default_mode(tmp_path):
     from tensorflow.keras.estimator import model_to_estimator  # bound before patch()
 
     tpushim.patch()
     est = model_to_estimator(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
     assert type(est) is EstimatorV2
+
+
+def _stock_refusal():
+    """What stock's function does with no model: NotImplementedError on TensorFlow >= 2.16 (no
+    estimator there), ValueError (no keras_model) before."""
+    return pytest.raises(NotImplementedError if ENGINE else ValueError)
+
+
+@pytest.mark.parametrize("name", sorted(BOUND_BEFORE_PATCH))
+def test_a_name_bound_before_patch_converts_wherever_it_is_held_then_reverts(name, tmp_path):
+    """Every spelling, bound before patch() and held in a closure (no module namespace): on
+    TensorFlow >= 2.16 tf_keras's own function, which delegates to tpushim while patched only."""
+    fn, version = BOUND_BEFORE_PATCH[name]
+
+    def held_in_a_closure(f):
+        def call(**kwargs):
+            return f(**kwargs)  # f: a closure cell, in no module's namespace
+
+        return call
+
+    call = held_in_a_closure(fn)
+    code, signature = getattr(fn, "__code__", None), inspect.signature(fn)
+    for _ in range(2):  # patched twice: the same again
+        tpushim.patch()
+        est = call(keras_model=tfcases.sequential(), model_dir=str(tmp_path / "a"))
+        assert type(est) is (EstimatorV2 if version == "v2" else EstimatorV1)
+        assert inspect.signature(fn) == signature  # the parameters stay visible while it delegates
+        tpushim.unpatch()
+        assert getattr(fn, "__code__", None) is code  # the very code object again
+        assert "__signature__" not in vars(fn)
+        with _stock_refusal():
+            call(keras_model=None)
+
+
+def test_a_name_bound_before_a_scope_converts_inside_it_in_its_thread_only(tmp_path, caplog):
+    """``patched()``: the function bound before converts inside the scope; another thread's call
+    meanwhile is stock's (no recursion through tpushim's wrapper), and so is any call after it."""
+    fn, _ = BOUND_BEFORE_PATCH["from tensorflow.keras.estimator import"]
+    logging.getLogger("tpushim").setLevel(logging.INFO)
+    caplog.set_level(logging.INFO, logger="tpushim")
+    other = {}
+
+    def other_thread():
+        try:
+            fn(keras_model=None)
+        except Exception as e:  # the type is what is checked
+            other["raised"] = type(e)
+
+    with tpushim.patched():
+        est = fn(keras_model=tfcases.sequential(), model_dir=str(tmp_path))
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert type(est) is EstimatorV2
+    assert other["raised"] is (NotImplementedError if ENGINE else ValueError)
+    with _stock_refusal():
+        fn(keras_model=None)
+    said = [
+        r.getMessage() for r in caplog.records if "bound to it before the patch" in r.getMessage()
+    ]
+    if ENGINE:  # one line names the function that delegated
+        assert said == [
+            "tpushim: tf_keras.src.estimator.model_to_estimator_v2 was called through a name "
+            "bound to it before the patch; tpushim makes that function itself call its wrapper "
+            "while patched, so it converts (unpatch restores it)"
+        ]
+    else:  # every spelling calls keras_lib's function at call time: nothing delegates
+        assert said == []

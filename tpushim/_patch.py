@@ -68,7 +68,9 @@ TARGETS = (
 #: ``tensorflow`` module), and tf_keras's ``model_to_estimator`` functions -- which raise
 #: NotImplementedError there -- wrapped in every module that holds them: ``tf.keras.estimator``
 #: (tf_keras.api._v2), ``tf.compat.v1.keras.estimator`` (api._v1), ``tf.compat.v2.keras...``,
-#: ``from tensorflow.keras.estimator import ...`` and tf_keras's own. Bare ``keras`` is Keras 3
+#: ``from tensorflow.keras.estimator import ...`` and ``from tensorflow.compat.v1.keras.estimator
+#: import ...`` (each import makes a module of that name, a copy of the api module's names), and
+#: tf_keras's own. Bare ``keras`` is Keras 3
 #: there, which has no estimator: that spelling is not provided.
 ENGINE_TARGETS = (
     ("tensorflow", "estimator", "namespace"),
@@ -80,6 +82,7 @@ ENGINE_TARGETS = (
     ("tf_keras.api._v2.keras.estimator", "model_to_estimator", "convert"),
     ("tf_keras.api._v1.keras.estimator", "model_to_estimator", "convert"),
     ("tensorflow.keras.estimator", "model_to_estimator", "convert"),
+    ("tensorflow.compat.v1.keras.estimator", "model_to_estimator", "convert"),
 )
 
 
@@ -98,6 +101,9 @@ class _State:
         self.scope_layers = contextvars.ContextVar("tpushim_scope_layers", default=())
         # Built with the first wrapper of each kind; kept by reset() (old wrappers use them).
         self.wrapper_types = {}
+        # TensorFlow >= 2.16: {key: _Delegation} of the original functions that call tpushim's
+        # wrapper now (see _delegate); kept by _clear(), emptied by _sync() as it restores them.
+        self.delegations = {}
         self._clear()
 
     def _clear(self):
@@ -290,6 +296,129 @@ def _remove(module, attribute):
         setattr(holder, name, staticmethod(original) if isinstance(holder, type) else original)
 
 
+# --- names bound before the patch (TensorFlow >= 2.16) --------------------------------------------
+#
+# On TensorFlow <= 2.15 every public spelling calls keras_lib.model_to_estimator at call time, so
+# a name bound before patch() converts. On 2.16+ the spellings ARE tf_keras's functions (which
+# raise NotImplementedError there): ``from tensorflow.keras.estimator import model_to_estimator``
+# run before patch() keeps tf_keras's own function, which the wrappers in tf_keras's modules do
+# not reach. While the wrappers are on, each such original function's code is swapped for a
+# trampoline that calls tpushim's wrapper logic, and swapped back when they come off. Why the
+# function itself and not the names bound to it: every reference converts, wherever it is held
+# (a module's global, a function's local or closure, a default argument, a list, another
+# library's wrapper), as on 2.15; it costs one attribute store per function (no scan of
+# sys.modules); and it is undone exactly, by restoring the very code object.
+
+
+class _Delegation:
+    """One original function that delegates while the wrappers are on: made once per process."""
+
+    def __init__(self, function, key):
+        import inspect
+        import types
+
+        self.function = function
+        self.own_code = function.__code__
+        self.trampoline = _trampoline_code(function, key)
+        # The function as it was, for what the wrapper passes through to and reads the
+        # signature of (the original itself would call the trampoline again).
+        self.pristine = types.FunctionType(
+            function.__code__,
+            function.__globals__,
+            function.__name__,
+            function.__defaults__,
+            function.__closure__,
+        )
+        self.pristine.__kwdefaults__ = function.__kwdefaults__
+        self.pristine.__qualname__ = function.__qualname__
+        self.pristine.__module__ = function.__module__
+        self.pristine.__doc__ = function.__doc__
+        # inspect.signature reads the code: the trampoline's (*args, **kwargs) would hide the
+        # original's parameters, so they are pinned while it delegates (where none was pinned).
+        self.signature = None if "__signature__" in vars(function) else inspect.signature(function)
+        self.said = False  # one log line each time it starts delegating
+
+    def on(self):
+        if self.function.__code__ is self.own_code:
+            if self.signature is not None:
+                self.function.__signature__ = self.signature
+            self.function.__code__ = self.trampoline
+            self.said = False
+
+    def off(self):
+        if self.function.__code__ is self.trampoline:  # only while it is still ours
+            self.function.__code__ = self.own_code
+            if self.signature is not None:
+                vars(self.function).pop("__signature__", None)
+
+
+def _trampoline(*args, **kwargs):
+    """The code a delegating original runs: the import keeps its module's namespace untouched."""
+    from tpushim._patch import _delegated_call
+
+    return _delegated_call("__tpushim_delegation_key__", args, kwargs)
+
+
+_TRAMPOLINE_KEY = "__tpushim_delegation_key__"
+#: Every function that ever delegated, by key (module.qualname): its :class:`_Delegation`.
+_DELEGATIONS = {}
+
+
+def _trampoline_code(function, key):
+    code = _trampoline.__code__
+    consts = tuple(key if c == _TRAMPOLINE_KEY else c for c in code.co_consts)
+    names = {"co_name": function.__code__.co_name}
+    if hasattr(code, "co_qualname"):  # Python >= 3.11: what tracebacks show
+        names["co_qualname"] = function.__code__.co_qualname
+    return code.replace(co_consts=consts, **names)
+
+
+def _delegate(wanted):
+    """TensorFlow >= 2.16: makes every original ``convert`` function delegate to tpushim's
+    wrapper while ``wanted``, and restores its own code otherwise (lock held)."""
+    if not wanted:
+        for key in list(STATE.delegations):
+            STATE.delegations.pop(key).off()
+        return
+    for module_name, attribute, kind in targets():
+        module = sys.modules.get(module_name)
+        if kind != "convert" or module is None:
+            continue
+        function = _current(module, attribute)
+        if is_ours(function):
+            function = function.__wrapped__
+        key = f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', '')}"
+        if key in STATE.delegations or type(function) is not type(_trampoline):
+            continue
+        if function.__closure__ is not None:  # a trampoline cannot take its closure's cells
+            _logger().debug(
+                "%s has a closure: a name bound to it before the patch does not convert", key
+            )
+            continue
+        delegation = _DELEGATIONS.get(key)
+        if delegation is None or delegation.function is not function:
+            delegation = _DELEGATIONS[key] = _Delegation(function, key)
+        delegation.on()
+        STATE.delegations[key] = delegation
+
+
+def _delegated_call(key, args, kwargs):
+    """A call to an original function while it delegates: tpushim's wrapper logic, around the
+    function as it was."""
+    delegation = _DELEGATIONS[key]
+    if key not in STATE.delegations:  # restored meanwhile: the call is stock's
+        return delegation.pristine(*args, **kwargs)
+    if not delegation.said:
+        delegation.said = True
+        _logger().info(
+            "tpushim: %s was called through a name bound to it before the patch; tpushim "
+            "makes that function itself call its wrapper while patched, so it converts "
+            "(unpatch restores it)",
+            key,
+        )
+    return _convert_call(delegation.pristine, None, args, kwargs)
+
+
 def _on_import(module):
     """Post-import hook for tensorflow (the version guard sees its real version) and each
     target's module."""
@@ -317,6 +446,8 @@ def _sync():
                 _apply(module, attribute, kind)
             else:
                 _remove(module, attribute)
+    if STATE.delegations or (wanted and _versions.uses_engine()):
+        _delegate(wanted)
 
 
 def applied():

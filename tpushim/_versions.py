@@ -216,7 +216,12 @@ def version_problem_now():
 
 def installed():
     """``{"tensorflow", "keras", "tensorflow_estimator", "tf_keras", "tpushim": version}`` (None: not
-    installed)."""
+    installed).
+
+    ``keras`` is the version of the Keras a script's ``tf.keras`` is: on TensorFlow >= 2.16 with
+    ``TF_USE_LEGACY_KERAS`` on (tpushim sets it when it patches) that is tf-keras (Keras 2), not
+    the ``keras`` package (Keras 3), which such a script never uses as ``tf.keras``.
+    """
     out = {"tpushim": version.__version__}
     for key, dists in (
         ("tensorflow", TF_DISTS),
@@ -228,6 +233,8 @@ def installed():
         out[key] = (getattr(module, "__version__", None) if module else None) or dist_version(
             key, dists
         )
+    if out["tf_keras"] and uses_engine() and _legacy_keras_on():
+        out["keras"] = out["tf_keras"]  # without tf-keras, the Keras there is (3) is named
     return out
 
 
