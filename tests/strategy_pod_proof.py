@@ -296,13 +296,15 @@ def stock_run(root):
     return run(estimator)
 
 
-def engine_run(root, name):
+def engine_run(root, name, hosts=2):
     directory = os.path.join(root, name)
     with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
         estimator = tf.keras.estimator.model_to_estimator(
             keras_model=model(), config=config(directory)
         )
-    with _strategy_input.emulated_hosts(2):
+    if hosts is None:  # one input pipeline: one board
+        return run(estimator), estimator.strategy.num_replicas_in_sync
+    with _strategy_input.emulated_hosts(hosts):
         out = run(estimator)
     return out, estimator.strategy.num_replicas_in_sync
 
@@ -324,6 +326,7 @@ def differences(ours, stock):
 def training(root):
     stock = stock_run(root)
     ours, replicas = engine_run(root, "pod")
+    board, _ = engine_run(root, "board", hosts=None)  # the shuffle seeded as stock's on one host
     original = _strategy_input.HostInput.__call__
 
     def host_one_feeds_host_zeros_share(self, context):
@@ -339,6 +342,7 @@ def training(root):
     return {
         "replicas": replicas,
         "pod": differences(ours, stock),
+        "board": differences(board, stock),
         "control": differences(control, stock),
     }
 

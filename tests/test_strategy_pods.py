@@ -92,6 +92,16 @@ def test_training_on_a_faked_pod_equals_stock(proof):
     assert result["control"]["weights"] > 1e-3  # the negative control
 
 
+@pytest.mark.slow
+def test_training_on_one_board_follows_stocks_seeded_shuffle(proof):
+    """One input pipeline, the same shuffled input seeded by tf_random_seed: the engine builds it
+    as stock does (a graph of its own, stock's op seeds), so its batches, and so its weights,
+    evaluate() and predict(), are stock's (built eagerly, the shuffle's order was not)."""
+    board = proof["training"]["board"]
+    assert board["names_equal"]
+    assert max(board["weights"], board["metrics"], board["predictions"]) < TOLERANCE, board
+
+
 # --- fast: what the engine refuses on a pod ---------------------------------------------------------
 
 

@@ -192,6 +192,34 @@ def _eager(graph, dataset):
     return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
+TENSORS = "tensors"  # _seeded's answer for an input_fn that returns tensors, not a Dataset
+
+
+def _seeded(input_fn, mode, config):
+    """The input_fn's Dataset built as stock builds it -- in a graph of its own seeded with the
+    user's ``tf_random_seed`` (stock's op seeds, :func:`_stock_graph`) -- on the eager runtime: a
+    shuffle then gives stock's order, as it does not when built eagerly. None where the pipeline
+    cannot move so (a resource made outside the input_fn): the eager Dataset is read then;
+    :data:`TENSORS` where the input_fn returns tensors (run by :func:`_graph_input`)."""
+    try:
+        with _stock_graph(mode, config.tf_random_seed) as graph:
+            dataset = _input_fn.call(input_fn, mode, {}, config)
+        if not isinstance(dataset, tf.data.Dataset):
+            return TENSORS
+        copy = _eager(graph, dataset)
+    except Exception as e:  # any failure: the eager Dataset, as before
+        logger.info(
+            "the strategy engine reads input_fn %r as built eagerly, not seeded as stock's "
+            "(its pipeline does not move from a graph of its own: %s): a shuffle's order is not "
+            "stock's",
+            getattr(input_fn, "__name__", input_fn),
+            e,
+        )
+        return None
+    copy._tpushim_graph = graph  # a py_function in the pipeline lives as long as its graph
+    return copy
+
+
 class HostInput:
     """One call's input on a pod: :meth:`__call__` is the dataset function TPUStrategy calls
     once per host (``distribute_datasets_from_function``), returning that host's share.
@@ -322,11 +350,15 @@ def distributed_input(strategy, input_fn, mode, config, batch_size, pod_input="a
             dataset.element_spec,
         )
     size = batch_size
-    try:
-        result = _input_fn.call(input_fn, mode, {}, config)
-    except Exception as e:  # a graph-only input (queues, placeholders): run in a graph below
-        logger.debug("input_fn failed eagerly (%s); calling it in a graph", e)
-        result = None
+    # Seeded, the Dataset is built as stock builds it (a shuffle in stock's order); one call of
+    # the input_fn either way, two where it returns tensors (as before: eagerly, then in a graph).
+    result = _seeded(input_fn, mode, config) if config.tf_random_seed is not None else None
+    if result is None:
+        try:
+            result = _input_fn.call(input_fn, mode, {}, config)
+        except Exception as e:  # a graph-only input (queues, placeholders): run in a graph below
+            logger.debug("input_fn failed eagerly (%s); calling it in a graph", e)
+            result = None
     if isinstance(result, tf.data.Dataset):
         size = size or batch_size_of(result)
     else:
