@@ -258,6 +258,9 @@ class Recorder:
         model_inputs = _shapes.ModelInputs.of(conversion.keras_model)
         train = recorded.first("train")
         batch = None
+        # The host-only-ops check reads the ops the TPU train graph's model_fn makes, where that
+        # graph is built: one build of the model_fn for training instead of two.
+        host_only_later = []
         with failure_as_finding(report):
             if train is not None and train[1] is not None:
                 with progress.phase("input pipeline of train()", report):
@@ -278,6 +281,7 @@ class Recorder:
                 train[0].steps if train else None,
                 settings.iterations_per_loop,
                 conversion.arguments.get("custom_objects"),
+                host_only_later=host_only_later if tpu_graphs else None,
             )
         for call, input_call in recorded.calls:
             if input_call is not None and (train is None or call.input_fn is not train[0].input_fn):
@@ -294,6 +298,7 @@ class Recorder:
                         model_inputs,
                     )
         pod_checks.check_pod_inputs(report, recorded, num_cores)
+        train_ops = []
         if tpu_graphs:
             first_calls = {}
             for call, input_call in recorded.calls:
@@ -306,7 +311,11 @@ class Recorder:
                     first_calls,
                     num_cores,
                     getattr(conversion.keras_model, "name", "model"),
+                    train_ops=train_ops if host_only_later else None,
                 )
+        for host_only in host_only_later:  # built here where the TPU train graph did not build it
+            with failure_as_finding(report):
+                host_only(train_ops[0] if train_ops else None)
 
 
 @contextlib.contextmanager
