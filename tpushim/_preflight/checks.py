@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tpushim import _settings, _shapes, _versions
-from tpushim._preflight import input_checks, model_checks, progress
+from tpushim._preflight import engine_checks, input_checks, model_checks, progress
 from tpushim._preflight.report import Report
 
 
@@ -93,7 +93,23 @@ def check_model(
         else:
             host_only_later.append(host_only)
         with progress.phase("XLA compile of the training step", report):
-            model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+            plan = _strategy_plan(report, keras_model, custom_objects)
+            if plan is None:
+                model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+            else:
+                engine_checks.check_strategy_step(report, plan, features, labels, num_cores)
+
+
+def _strategy_plan(report, keras_model, custom_objects):
+    """The strategy engine's plan where the settings in force choose that engine on this
+    TensorFlow (``engine='strategy'``, a PJRT runtime: :func:`tpushim._engines.choose`), else
+    None; None with a finding where that engine would refuse the model."""
+    from tpushim import _engines, _patch
+
+    settings = _patch.current_settings() or _settings.resolve()
+    if _engines.choose(settings)[0] != _engines.STRATEGY:
+        return None
+    return engine_checks.strategy_plan(report, keras_model, custom_objects, settings)
 
 
 def _host_only_check(report, keras_model, custom_objects, features, labels):
