@@ -258,12 +258,13 @@ class Recorder:
         if _on_strategy_engine(conversion):
             # Its calls are not observed (no input recorded), and TPUEstimator's TPU graphs are
             # not its TPU path: the model checks alone, and a note saying what was not checked.
+            name = getattr(conversion.keras_model, "name", "model")
+            why = _engines.choose(settings)[1]
             report.notes.append(
-                f"model {getattr(conversion.keras_model, 'name', 'model')!r} was converted to "
-                f"the strategy engine ({_engines.choose(settings)[1]}): the check does not record that engine's "
-                f"train/evaluate/predict calls yet, so their input, the XLA compile of its "
-                f"step and TPU graphs were not checked here; tpushim.check(model, input_fn) "
-                f"under the same settings checks its step"
+                f"model {name!r} was converted to the strategy engine ({why}): the check does "
+                f"not record that engine's train/evaluate/predict calls yet, so their input, "
+                f"the XLA compile of its step and TPU graphs were not checked here; "
+                f"tpushim.check(model, input_fn) under the same settings checks its step"
             )
             with failure_as_finding(report):
                 check_model(
