@@ -511,6 +511,67 @@ def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
     assert not (tmp_path / "model").exists()
 
 
+def _host_only_layers():
+    """Layers holding each kind of host-only op: a histogram summary (a warning), tf.print and
+    a Python function (errors), and a scalar summary (carried by the host call: no finding)."""
+
+    def summarised(make):
+        return lambda x: tf.identity(x) if make(x) is not None else x
+
+    return (
+        tf.keras.layers.Lambda(
+            summarised(lambda x: tf.compat.v1.summary.histogram("acts", x)), name="histogram"
+        ),
+        tf.keras.layers.Lambda(
+            summarised(lambda x: tf.compat.v1.summary.scalar("m", tf.reduce_mean(x))),
+            name="scalar",
+        ),
+        tf.keras.layers.Lambda(
+            lambda x: tf.identity(x) if tf.compat.v1.Print(x, [x]) is not None else x,
+            name="printed",
+        ),
+        tf.keras.layers.Lambda(
+            lambda x: (
+                x + tf.ensure_shape(tf.numpy_function(np.zeros_like, [x], tf.float32), x.shape)
+            ),
+            name="python",
+        ),
+    )
+
+
+def test_a_scripts_host_only_ops_read_from_its_tpu_train_graph(tmp_path, monkeypatch):
+    """The script's check reads the host-only ops from the TPU train graph's model_fn (no second
+    build of the model_fn for training) and finds what building it again finds, in place."""
+    from tpushim import _model_fn, _preflight
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    x, y = tfcases.data(n=64)
+    tpushim.patch(mode="cpu")
+    with _preflight.recording() as recorder:
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(extra_layers=_host_only_layers()),
+            model_dir=str(tmp_path / "model"),
+        )
+        est.train(tfcases.dataset_input_fn(x, y, batch=32), steps=1)
+    built = []
+    make_model_fn = _model_fn.make_model_fn
+    monkeypatch.setattr(
+        _model_fn, "make_model_fn", lambda *a, **k: built.append(1) or make_model_fn(*a, **k)
+    )
+    shared = recorder.report()
+    assert built == [] and "TPU graphs for 8 cores (1 host)" in shared.checked
+    alone = recorder.report(tpu_graphs=False)  # no TPU graph: the model_fn built for the check
+    assert built == [1]
+    host_only = [f for f in alone.findings if f.code == "host-only-op"]
+    assert [(f.severity, f.where) for f in host_only] == [
+        ("warning", "layer 'histogram' (op HistogramSummary)"),
+        ("error", "layer 'printed' (op Print)"),
+        ("error", "layer 'python' (op PyFunc)"),
+    ]
+    assert [f for f in shared.findings if f.code != "tpu-graph"] == alone.findings
+    assert shared.checked[: len(alone.checked)] == alone.checked
+
+
 def test_tpu_graph_error_from_the_users_tpu_config(tmp_path):
     from tensorflow_estimator.python.estimator.tpu import tpu_config
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tpushim import _settings, _shapes, _versions
-from tpushim._preflight import input_checks, model_checks, progress
+from tpushim._preflight import engine_checks, input_checks, model_checks, progress
 from tpushim._preflight.report import Report
 
 
@@ -59,10 +59,24 @@ def check(
 
 
 def check_model(
-    report, keras_model, batch, batch_size, num_cores, steps, iterations_per_loop, custom_objects
+    report,
+    keras_model,
+    batch,
+    batch_size,
+    num_cores,
+    steps,
+    iterations_per_loop,
+    custom_objects,
+    host_only_later=None,
 ):
     """The checks of the model (conversion, host-only ops, XLA) on ``batch`` (features, labels:
-    numpy, shaped as the input's; None when no input was checked) and of the settings."""
+    numpy, shaped as the input's; None when no input was checked) and of the settings.
+
+    ``host_only_later``: a list, or None. Where given, the host-only-ops check is not run here
+    but appended to it, as a function of the model_fn's training ops (None: build them) that
+    puts its findings where they would have been: a script's check runs it once the TPU train
+    graph has built those ops (:func:`tpushim._preflight.graph_checks.model_fn_ops`).
+    """
     name = getattr(keras_model, "name", "model")
     with progress.phase(f"conversion of model {name!r}", report):
         convertible = model_checks.check_conversion(report, keras_model, custom_objects)
@@ -73,10 +87,47 @@ def check_model(
         model_checks.check_feature_columns(report, keras_model)
     if convertible and batch is not None and "dynamic-shape" not in report.codes():
         features, labels = batch
-        with progress.phase("host-only ops in the model", report):
-            model_checks.check_host_only_ops(report, keras_model, custom_objects, features, labels)
+        host_only = _host_only_check(report, keras_model, custom_objects, features, labels)
+        if host_only_later is None:
+            host_only(None)
+        else:
+            host_only_later.append(host_only)
         with progress.phase("XLA compile of the training step", report):
-            model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+            plan = _strategy_plan(report, keras_model, custom_objects)
+            if plan is None:
+                model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+            else:
+                engine_checks.check_strategy_step(report, plan, features, labels, num_cores)
+
+
+def _strategy_plan(report, keras_model, custom_objects):
+    """The strategy engine's plan where the settings in force choose that engine on this
+    TensorFlow (``engine='strategy'``, a PJRT runtime: :func:`tpushim._engines.choose`), else
+    None; None with a finding where that engine would refuse the model."""
+    from tpushim import _engines, _patch
+
+    settings = _patch.current_settings() or _settings.resolve()
+    if _engines.choose(settings)[0] != _engines.STRATEGY:
+        return None
+    return engine_checks.strategy_plan(report, keras_model, custom_objects, settings)
+
+
+def _host_only_check(report, keras_model, custom_objects, features, labels):
+    """The host-only-ops check as a function of the model_fn's training ops (None: built), which
+    inserts its findings here, at the report's end as it is now, whenever it runs."""
+    report.note_checked("host-only ops in the model")  # in the order the checks are listed
+    position = len(report.findings)
+
+    def run(ops):
+        found = Report()
+        with progress.phase("host-only ops in the model", found):
+            model_checks.check_host_only_ops(
+                found, keras_model, custom_objects, features, labels, ops
+            )
+        new = [f for f in found.findings if f not in report.findings]
+        report.findings[position:position] = new
+
+    return run
 
 
 def _name(input_fn):

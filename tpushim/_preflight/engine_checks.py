@@ -7,7 +7,12 @@ still found on CPU: the input each train/evaluate/predict call built (static sha
 Python in the pipeline, read from the graph the input_fn built, nothing read from it), the batch
 against the TPU's cores, host-only ops in the model's training graph (the conversion's own
 model_fn, built on a batch of zeros shaped as the input's), and the training step compiled with
-XLA (``jit_compile=True`` on CPU: the check a TPU compile would fail). What needs TPUEstimator --
+XLA (``jit_compile=True`` on CPU: the check a TPU compile would fail) -- the strategy engine's
+step (:mod:`tpushim._strategy`, tpushim's TPU path there: one replica's share of the padded
+global batch, its share of the loss, its gradients; a note names the engine), or, where that
+engine would refuse the model (an error finding says why), the model's own step. The same
+strategy checks serve :func:`tpushim.check` on TensorFlow <= 2.15 where the settings choose
+that engine (``engine='strategy'``, a PJRT runtime). What needs TPUEstimator --
 its TPU graphs on a faked TPU system, how a pod's hosts would read the input, the conversion's
 TPU model_fn -- is named in one note as not run. The script runs as on 2.15's preflight: steps
 capped, model_dirs and exports moved to scratch copies (:mod:`~tpushim._preflight.model_dirs`),
@@ -288,7 +293,79 @@ def _report_one(report, recorded, num_cores, batch_size):
     with progress.phase("host-only ops in the model", report), failure_as_finding(report):
         _check_host_only_ops(report, conversion, features, labels)
     with progress.phase("XLA compile of the training step", report), failure_as_finding(report):
-        model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+        plan = strategy_plan(
+            report, keras_model, custom_objects, conversion.settings or _settings.resolve()
+        )
+        if plan is None:  # the engine would refuse the model (a finding says why): the model's step
+            model_checks.check_xla(report, keras_model, custom_objects, features, labels)
+        else:
+            check_strategy_step(report, plan, features, labels, num_cores)
+
+
+def strategy_plan(report, keras_model, custom_objects, settings):
+    """The strategy engine's plan of this model (:func:`tpushim._strategy.make_plan`), where
+    that engine is tpushim's TPU path (TensorFlow >= 2.16, a PJRT runtime, ``engine='strategy'``).
+    None, with an error finding, where the engine would refuse the model (it checks that before
+    anything is written, as here)."""
+    from tpushim import _strategy
+    from tpushim._errors import ConversionError
+
+    optimizer = getattr(keras_model, "optimizer", None)
+    if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer) and isinstance(
+        optimizer, tf.keras.optimizers.Optimizer
+    ):  # as the conversion does (stock's too): a new-style optimizer trains as its legacy twin
+        optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
+    try:
+        return _strategy.make_plan(
+            keras_model,
+            optimizer,
+            custom_objects,
+            settings,
+            _strategy.cpu_strategy,
+        )
+    except ConversionError as e:
+        report.add(
+            "strategy-engine-refuses",
+            "error",
+            f"model {keras_model.name!r}",
+            f"tpushim's TPU path here is the strategy engine (tf.distribute), which would "
+            f"refuse this model: {e}",
+            "see the message",
+        )
+        return None
+
+
+def check_strategy_step(report, plan, features, labels, num_cores):
+    """The strategy engine's training step (forward, the replica's share of the loss, gradients)
+    for ``num_cores`` replicas compiled with XLA on CPU (:func:`tpushim._strategy.check_xla`,
+    as the engine checks it off a TPU), on one replica's share of the global batch (padded to a
+    multiple of the replicas, as the engine pads it): the findings name the op and the layer as
+    for the model's step, and a note says which engine they are for."""
+    from tpushim import _padding, _strategy
+    from tpushim._errors import ConversionError
+
+    report.note_checked("XLA compile of the training step")
+    size = int(tf.nest.flatten(features)[0].shape[0])
+    rows = -(-size // num_cores)  # each replica's rows of the padded global batch
+
+    def spec(array):
+        tensor_spec = tf.TensorSpec.from_tensor(tf.convert_to_tensor(array))
+        return tf.TensorSpec([rows, *tensor_spec.shape[1:]], tensor_spec.dtype)
+
+    padded = {
+        _padding.FEATURES_KEY: tf.nest.map_structure(spec, features),
+        _padding.PADDING_KEY: tf.TensorSpec([rows], tf.float32),
+    }
+    element = padded if labels is None else (padded, tf.nest.map_structure(spec, labels))
+    report.notes.append(
+        f"the XLA compile of the training step is the strategy engine's (tpushim's TPU path "
+        f"here, not TPUEstimator): one replica's step of {num_cores}, {rows} rows each "
+        f"(the global batch of {size} split, padded to a multiple of {num_cores})"
+    )
+    try:
+        _strategy.check_xla(plan, element, num_cores)
+    except ConversionError as e:
+        model_checks._report_xla_error(report, plan.keras_model, e.__cause__ or e)
 
 
 def _check_host_only_ops(report, conversion, features, labels):

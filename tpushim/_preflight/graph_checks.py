@@ -5,6 +5,7 @@ while building is what a TPU run would raise before its first step."""
 import os
 
 import tensorflow as tf
+import wrapt
 
 from tpushim import _detect, _estimator, _plan, _run_config, _scratch, _shapes
 from tpushim._errors import TPUShimError
@@ -30,7 +31,7 @@ def faked_system_shape(num_cores):
     return 1, num_cores
 
 
-def check_tpu_graphs(report, conversion, calls, num_cores, name):
+def check_tpu_graphs(report, conversion, calls, num_cores, name, train_ops=None):
     """Builds the TPU graph of each call for a faked TPU system of ``num_cores`` cores.
 
     Args:
@@ -40,6 +41,10 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
       calls: ``{event: (Call, InputCall)}``, the script's first call of each of :data:`EVENTS`.
       num_cores: the TPU's cores.
       name: the model's name, for the findings.
+
+      train_ops: a list, or None: where given, the ops the model_fn makes for the TPU train
+        graph are appended to it (:func:`model_fn_ops`), for the host-only-ops check to read
+        instead of building the model_fn again.
 
     The input is a replay of what each call's input_fn built (:func:`replay_input_fn`): the
     user's input_fn is not called again. Builds in a scratch model_dir made here and removed
@@ -61,7 +66,9 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
                         model_dir=os.path.join(scratch, event)
                     )
                     twin = _estimator.make_estimator(
-                        conversion.model_fn,
+                        model_fn_ops(conversion.model_fn, train_ops)
+                        if event == "train" and train_ops is not None
+                        else conversion.model_fn,
                         _run_config.to_tpu_run_config(config, conversion.settings, cluster),
                         _plan.ConversionPlan(
                             settings=conversion.settings,
@@ -73,6 +80,30 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name):
                     _build_one(report, tpu, twin, event, replay, call.steps, num_cores, name)
         finally:
             tf.compat.v1.summary.FileWriterCache.clear()  # its event files are in the scratch folder
+
+
+def model_fn_ops(model_fn, sink):
+    """``model_fn``, which appends to ``sink`` the ops its first successful TRAIN call made (in
+    the graph it was called in: inside a TPU graph, the replicated step's), as one list.
+
+    Why: the host-only-ops check reads the ops of the model_fn's training graph; the TPU train
+    graph builds that model_fn already (a Keras clone and its training function, seconds for an
+    image model), so the check reads them from there instead of building them again. Its
+    signature is ``model_fn``'s (wrapt): the estimator passes what it takes, by name.
+    """
+
+    @wrapt.decorator
+    def recording(wrapped, instance, args, kwargs):
+        del instance
+        mode = kwargs.get("mode", args[2] if len(args) > 2 else None)
+        graph = tf.compat.v1.get_default_graph()
+        before = len(graph.get_operations())
+        spec = wrapped(*args, **kwargs)
+        if mode == tf.estimator.ModeKeys.TRAIN and not sink:
+            sink.append(graph.get_operations()[before:])
+        return spec
+
+    return recording(model_fn)
 
 
 def replay_input_fn(input_call):

@@ -346,21 +346,31 @@ def _xla_compile_in_graph(keras_model, custom_objects, features, labels, traced)
         sess.run(outputs)
 
 
-def check_host_only_ops(report, keras_model, custom_objects, features, labels):
+def check_host_only_ops(report, keras_model, custom_objects, features, labels, ops=None):
     """Host-only ops (summaries, prints, Python functions) inside the TPU train computation, as
-    tpushim's model_fn builds it."""
+    tpushim's model_fn builds it.
+
+    ``ops``: the ops that model_fn made for training where a build of it is at hand already (the
+    TPU train graph's, :func:`tpushim._preflight.graph_checks.model_fn_ops`); else it is built
+    here, on the batch (``features``, ``labels``).
+    """
     from tpushim import _model_fn, _summaries
 
     report.note_checked("host-only ops in the model")
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.train.get_or_create_global_step()
-        feats = tf.nest.map_structure(tf.constant, features)
-        labs = tf.nest.map_structure(tf.constant, labels) if labels is not None else None
-        _model_fn.make_model_fn(keras_model, custom_objects)(
-            feats, labs, tf.estimator.ModeKeys.TRAIN, params={"use_tpu": False, "batch_size": None}
-        )
-    for op in graph.get_operations():
+    if ops is None:
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.compat.v1.train.get_or_create_global_step()
+            feats = tf.nest.map_structure(tf.constant, features)
+            labs = tf.nest.map_structure(tf.constant, labels) if labels is not None else None
+            _model_fn.make_model_fn(keras_model, custom_objects)(
+                feats,
+                labs,
+                tf.estimator.ModeKeys.TRAIN,
+                params={"use_tpu": False, "batch_size": None},
+            )
+        ops = graph.get_operations()
+    for op in ops:
         what = HOST_ONLY_OPS.get(op.type)
         if what and not _summaries.carried(op):  # scalar summaries reach TensorBoard by host call
             report.add(

@@ -12,7 +12,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _input_fn, _observe, _settings, _shapes
+from tpushim import _engines, _input_fn, _observe, _settings, _shapes
 from tpushim._errors import TPUShimError
 from tpushim._preflight import (
     graph_checks,
@@ -255,9 +255,35 @@ class Recorder:
     def _report_one(report, recorded, num_cores, tpu_graphs):
         conversion = recorded.conversion
         settings = conversion.settings
+        if _on_strategy_engine(conversion):
+            # Its calls are not observed (no input recorded), and TPUEstimator's TPU graphs are
+            # not its TPU path: the model checks alone, and a note saying what was not checked.
+            name = getattr(conversion.keras_model, "name", "model")
+            why = _engines.choose(settings)[1]
+            report.notes.append(
+                f"model {name!r} was converted to the strategy engine ({why}): the check does "
+                f"not record that engine's train/evaluate/predict calls yet, so their input, "
+                f"the XLA compile of its step and TPU graphs were not checked here; "
+                f"tpushim.check(model, input_fn) under the same settings checks its step"
+            )
+            with failure_as_finding(report):
+                check_model(
+                    report,
+                    conversion.keras_model,
+                    None,
+                    settings.batch_size,
+                    num_cores,
+                    None,
+                    settings.iterations_per_loop,
+                    conversion.arguments.get("custom_objects"),
+                )
+            return
         model_inputs = _shapes.ModelInputs.of(conversion.keras_model)
         train = recorded.first("train")
         batch = None
+        # The host-only-ops check reads the ops the TPU train graph's model_fn makes, where that
+        # graph is built: one build of the model_fn for training instead of two.
+        host_only_later = []
         with failure_as_finding(report):
             if train is not None and train[1] is not None:
                 with progress.phase("input pipeline of train()", report):
@@ -278,6 +304,7 @@ class Recorder:
                 train[0].steps if train else None,
                 settings.iterations_per_loop,
                 conversion.arguments.get("custom_objects"),
+                host_only_later=host_only_later if tpu_graphs else None,
             )
         for call, input_call in recorded.calls:
             if input_call is not None and (train is None or call.input_fn is not train[0].input_fn):
@@ -294,6 +321,7 @@ class Recorder:
                         model_inputs,
                     )
         pod_checks.check_pod_inputs(report, recorded, num_cores)
+        train_ops = []
         if tpu_graphs:
             first_calls = {}
             for call, input_call in recorded.calls:
@@ -306,7 +334,18 @@ class Recorder:
                     first_calls,
                     num_cores,
                     getattr(conversion.keras_model, "name", "model"),
+                    train_ops=train_ops if host_only_later else None,
                 )
+        for host_only in host_only_later:  # built here where the TPU train graph did not build it
+            with failure_as_finding(report):
+                host_only(train_ops[0] if train_ops else None)
+
+
+def _on_strategy_engine(conversion):
+    """True when the conversion made the strategy engine's estimator (``engine='strategy'``)."""
+    from tpushim import _strategy
+
+    return isinstance(conversion.estimator, _strategy.StrategyEstimator)
 
 
 @contextlib.contextmanager
