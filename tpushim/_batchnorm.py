@@ -78,7 +78,10 @@ class _ShardRows:
     """
 
     def __init__(self, padding_weight):
-        self.rows = tf.cast(tf.greater(padding_weight, 0), tf.float32)
+        # The weight itself (pad_batch makes it 1 or 0): XLA copies each elementwise op between
+        # the weight and a layer into every fusion that reads it -- a compare and a cast here
+        # were some 1,800 instructions of MobileNetV2's step.
+        self.rows = tf.cast(padding_weight, tf.float32)
         self.n = tf.reduce_sum(self.rows)
         self.has_rows = tf.greater(self.n, 0)
         self._made = {}
@@ -95,30 +98,30 @@ class _ShardRows:
 
     def _weighed(self, dtype):
         """``(weight, n, batch, fraction, c, 1 / c)``: ``weight`` [batch] 1 for a real row and 0
-        for padding -- all 1 on a shard of padding only, whose statistics then stay finite and
-        count nowhere --, ``n`` its sum, ``fraction`` ``n / batch``, ``c`` ``sqrt(batch / n)``."""
+        for padding, ``n`` its sum (1 on a shard of padding only: its mean is 0, the kernel's
+        input all 0, every number finite, and its decay 0), ``fraction`` ``n / batch``, ``c``
+        ``sqrt(batch / n)``."""
 
         def make():
-            rows = tf.cast(self.rows, dtype)
-            weight = rows + (1.0 - tf.cast(self.has_rows, dtype))
-            n = tf.reduce_sum(weight)
-            batch = tf.compat.dimension_value(rows.shape[0])  # static on a TPU
+            weight = tf.cast(self.rows, dtype)
+            n = tf.maximum(tf.cast(self.n, dtype), 1.0)
+            batch = tf.compat.dimension_value(weight.shape[0])  # static on a TPU
             if batch is None:
-                batch = tf.cast(tf.size(rows), dtype)
+                batch = tf.cast(tf.size(weight), dtype)
             fraction = n / batch
             return weight, n, batch, fraction, tf.math.rsqrt(fraction), tf.sqrt(fraction)
 
         return self._once(("weighed", dtype), make)
 
     def step(self, dtype, ndims):
-        """``(real, padding, scaled, fraction, 1 / c)`` of the step's rows (see
+        """``(real, is_real, scaled, fraction, 1 / c)`` of the step's rows (see
         :meth:`_weighed`) for ``ndims``-D inputs, the first three shaped to broadcast over a row:
-        the weight, 1 - the weight, and ``c`` times the weight."""
+        the weight, whether it is 1 (a bool), and ``c`` times the weight."""
 
         def make():
             weight, _, _, fraction, c, inverse_c = self._weighed(dtype)
             real = tf.reshape(weight, [-1] + [1] * (ndims - 1))
-            return real, 1.0 - real, c * real, fraction, inverse_c
+            return real, tf.greater(real, 0), c * real, fraction, inverse_c
 
         return self._once(("step", dtype, ndims), make)
 
@@ -269,7 +272,7 @@ def _fused(layer, inputs, x, shard, axes):
     stock's short batch. A full batch's numbers are Keras's within rounding.
 
     Per layer this adds to Keras's own ops one weighted sum, a centring and a scaling (and
-    ``gamma / c``) forward, and a weighted sum, an add and three scalings backward; what the
+    ``gamma / c``) forward, and a weighted sum, a select and three scalings backward; what the
     layers share (the rows' weights, the scale, the decay) is made once per step.
     """
     dtype = x.dtype
@@ -279,7 +282,7 @@ def _fused(layer, inputs, x, shard, axes):
     per_row = 1
     for i in axes[1:]:
         per_row *= x.shape[i]
-    real, padding, scaled, fraction, inverse_c = shard.step(dtype, ndims)
+    real, is_real, scaled, fraction, inverse_c = shard.step(dtype, ndims)
     weights, factor = shard.per_row(dtype, per_row)
     gamma = tf.convert_to_tensor(
         layer.gamma if layer.gamma is not None else tf.ones(layer.moving_mean.shape, dtype)
@@ -307,7 +310,7 @@ def _fused(layer, inputs, x, shard, axes):
                 beta,
                 weights,
                 real,
-                padding,
+                is_real,
                 fraction,
                 inverse_c,
             ]
@@ -333,8 +336,8 @@ def _channel_sum(ndims, first):
 def _fused_gradient(op, dy, *unused):
     """The gradient of :func:`_fused`'s output: ``(x, gamma, beta)``'s, by Keras's gradient kernel.
 
-    With ``mu`` the real rows' mean of ``dy`` (a padding row's ``dy`` is 0: nothing it feeds
-    counts), the kernel gets ``dy`` on the real rows and ``mu`` on the padding rows, so its means
+    With ``mu`` the real rows' mean of ``dy``, the kernel gets ``dy`` on the real rows and ``mu``
+    on the padding rows (selected: whatever a padding row's ``dy`` holds), so its means
     over all rows are the real rows' means (``mu``; and, the padding rows' normalised values being
     0, ``mean(dy * normalised) / c``), and ``gamma`` for the scale: its ``x`` gradient is then
     that of the real rows' normalisation, ``gamma / sigma * (dy - mu - xhat * mean(dy * xhat))``
@@ -343,7 +346,7 @@ def _fused_gradient(op, dy, *unused):
     """
     del unused
     kernel = op.inputs[0].op
-    _, x, gamma, _, weights, real, padding, fraction, inverse_c = op.inputs
+    _, x, gamma, _, weights, real, is_real, fraction, inverse_c = op.inputs
     nones = [None] * 5
     if dy is None:
         return [None, None, None, None] + nones
@@ -354,7 +357,7 @@ def _fused_gradient(op, dy, *unused):
     if first:
         mu = tf.reshape(mu, [-1] + [1] * (ndims - 2))
     dx, dscale, doffset, _, _ = tf.raw_ops.FusedBatchNormGradV3(
-        y_backprop=dy + padding * mu,
+        y_backprop=tf.where(is_real, dy, mu),
         x=kernel.inputs[0],
         scale=gamma,
         reserve_space_1=kernel.outputs[3],
