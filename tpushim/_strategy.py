@@ -39,13 +39,24 @@ SUM = tf.distribute.ReduceOp.SUM
 Reduction = tf.keras.losses.Reduction
 
 _TPU_STRATEGIES = {}  # master -> TPUStrategy: a TPU system is initialised once per process
+_CPU_STRATEGIES = {}  # device names -> MirroredStrategy (see cpu_strategy)
 
 
 def cpu_strategy():
     """TPUStrategy's data-parallel semantics here: a MirroredStrategy over every GPU, else every
-    logical CPU device (8 of them where ``tf.config.set_logical_device_configuration`` made 8)."""
-    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-    return tf.distribute.MirroredStrategy([d.name for d in devices])
+    logical CPU device (8 of them where ``tf.config.set_logical_device_configuration`` made 8).
+
+    One per process and device set, as the TPU's: each strategy numbers its collective ops from
+    1, and TensorFlow keeps the shape of each (group, instance) it has run, so a second strategy
+    whose calls trace in another order (train twice, where the first evaluated) reuses a number
+    with another shape and fails ("Shape mismatch in the collective instance")."""
+    names = tuple(
+        d.name
+        for d in tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    )
+    if names not in _CPU_STRATEGIES:
+        _CPU_STRATEGIES[names] = tf.distribute.MirroredStrategy(list(names))
+    return _CPU_STRATEGIES[names]
 
 
 def tpu_strategy(resolver):
