@@ -719,7 +719,9 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
-    estimator = _strategy.StrategyEstimator(model_fn, config, warm_start_path, plan)
+    estimator = _strategy.StrategyEstimator(
+        model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt
+    )
     description = _strategy.describe(plan, settings, tpu, why)
     _log.conversion(description, settings.quiet)
     _observe.converted(
