@@ -64,7 +64,7 @@ def _calls(tmp_path, slow):
 
 
 @pytest.mark.slow  # trains estimators
-@pytest.mark.tpuestimator  # cpu mode; the strategy engine (2.16+) tells observers nothing yet
+@pytest.mark.tpuestimator  # cpu mode; the strategy engine (2.16+) does not time its input
 def test_a_slow_input_waits_a_larger_share_of_each_call_than_a_fast_one(tmp_path):
     slow, slow_summary = _calls(tmp_path / "slow", slow=True)
     fast, _ = _calls(tmp_path / "fast", slow=False)
@@ -83,7 +83,7 @@ def test_a_slow_input_waits_a_larger_share_of_each_call_than_a_fast_one(tmp_path
 
 
 @pytest.mark.slow  # trains estimators
-@pytest.mark.tpuestimator  # cpu mode; the strategy engine (2.16+) tells observers nothing yet
+@pytest.mark.tpuestimator  # cpu mode; the strategy engine (2.16+) does not time its input
 def test_measuring_the_input_wait_leaves_cpu_modes_numbers_stocks(tmp_path):
     # Dropout draws masks from op seeds: the timing ops are made when the session starts, after
     # the model, so observing changes no seed, nor any number.

@@ -182,3 +182,27 @@ def test_summary_flag_and_variable_add_the_table(tmp_path, capsys, monkeypatch):
         assert "TPUSHIM_SUMMARY='tabel' is not a yes/no value" in capsys.readouterr().err
     finally:
         _console.hide_conversions()
+
+
+@pytest.mark.parametrize(
+    "description,ran_on",
+    [
+        ("TPUEstimator(use_tpu=True, tpu=grpc://127.0.0.1:1, X)", "TPU"),
+        ("TPUEstimator(use_tpu=False, X)", "TPU path on CPU"),
+        ("the strategy engine: tf.distribute.TPUStrategy on TPU grpc://127.0.0.1:1, X", "TPU"),
+        (
+            "the strategy engine: tf.distribute.MirroredStrategy over this machine's devices, X",
+            "TPU path on CPU",
+        ),
+    ],
+)
+def test_the_table_says_where_each_engine_ran(description, ran_on):
+    summary = _summary.Summary(table=True)
+    estimator = object()
+    summary.converted(types.SimpleNamespace(estimator=estimator, description=description))
+    call = _observe.Call("train", estimator, None, 5)
+    summary.finished(call, 1.0, 5, 0.5)
+    lines = summary.format().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["call", "ran"])
+    row = lines[header + 1]  # the table's row: its second column says where the call ran
+    assert row.strip().split("  ")[1] == ran_on, row

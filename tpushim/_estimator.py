@@ -722,7 +722,9 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         arguments["export_outputs"],
     )
     plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
-    estimator = _strategy.StrategyEstimator(model_fn, config, warm_start_path, plan)
+    estimator = _strategy.StrategyEstimator(
+        model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt
+    )
     description = _strategy.describe(plan, settings, tpu, why)
     _log.conversion(description, settings.quiet)
     _observe.converted(

@@ -2,7 +2,7 @@
 under a ``tf.distribute`` strategy in TF2 (``tf.function`` on the eager runtime), where
 TPUEstimator (TF1 sessions) cannot run: PJRT TPU runtimes and TensorFlow >= 2.16.
 
-One concern, the engine's run of a call, in about 600 lines: building the clone in the strategy's
+One concern, the engine's run of a call, in about 900 lines: building the clone in the strategy's
 scope, the per-replica loss, the step, the input split over replicas, and stock-format
 checkpoints depend on one another (the loss is normalised by the rows the input split carries,
 the checkpoint names are the clone's object graph), so they stay together.
@@ -26,11 +26,12 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 import dataclasses
 import logging
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _padding, _plan, _tfprivate
+from tpushim import _loss_kinds, _observe, _padding, _plan, _step_events, _tfprivate
 from tpushim._errors import ConversionError
 from tpushim._strategy_input import batch_size_of, distributed_input  # noqa: F401  (its names)
 
@@ -41,13 +42,24 @@ SUM = tf.distribute.ReduceOp.SUM
 Reduction = tf.keras.losses.Reduction
 
 _TPU_STRATEGIES = {}  # master -> TPUStrategy: a TPU system is initialised once per process
+_CPU_STRATEGIES = {}  # device names -> MirroredStrategy (see cpu_strategy)
 
 
 def cpu_strategy():
     """TPUStrategy's data-parallel semantics here: a MirroredStrategy over every GPU, else every
-    logical CPU device (8 of them where ``tf.config.set_logical_device_configuration`` made 8)."""
-    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-    return tf.distribute.MirroredStrategy([d.name for d in devices])
+    logical CPU device (8 of them where ``tf.config.set_logical_device_configuration`` made 8).
+
+    One per process and device set, as the TPU's: each strategy numbers its collective ops from
+    1, and TensorFlow keeps the shape of each (group, instance) it has run, so a second strategy
+    whose calls trace in another order (train twice, where the first evaluated) reuses a number
+    with another shape and fails ("Shape mismatch in the collective instance")."""
+    names = tuple(
+        d.name
+        for d in tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    )
+    if names not in _CPU_STRATEGIES:
+        _CPU_STRATEGIES[names] = tf.distribute.MirroredStrategy(list(names))
+    return _CPU_STRATEGIES[names]
 
 
 def tpu_strategy(resolver):
@@ -341,17 +353,15 @@ class _Run:
                 variable.assign(value)
         self.restored = latest
 
-    def save(self):
-        """Writes ``model.ckpt-STEP`` as stock names it, and points ``checkpoint`` at it."""
+    def save(self, kept):
+        """Writes ``model.ckpt-STEP`` as stock names it, and lists it in ``checkpoint`` as
+        stock's Saver does (``kept``: a :class:`tpushim._step_events.Kept`)."""
         step = int(self.step.numpy())
-        prefix = os.path.join(self.model_dir, f"model.ckpt-{step}")
-        path = self.checkpoint.write(prefix)
-        state = tf.train.get_checkpoint_state(self.model_dir)
-        previous = list(state.all_model_checkpoint_paths) if state else []
-        tf.compat.v1.train.update_checkpoint_state(
-            self.model_dir, path, all_model_checkpoint_paths=[*previous, path]
+        tf.compat.v1.logging.info(
+            "Saving checkpoints for %d into %s.", step, os.path.join(self.model_dir, "model.ckpt")
         )
-        logger.info("Saving checkpoints for %d into %s.", step, prefix)
+        path = self.checkpoint.write(os.path.join(self.model_dir, f"model.ckpt-{step}"))
+        kept.saved(path)
         return path
 
     # -- the replica functions ----------------------------------------------------------------
@@ -372,7 +382,7 @@ class _Run:
 
     def train_function(self):
         """A ``tf.function`` running up to ``n`` steps from ``iterator``; returns (steps run,
-        the last step's global loss)."""
+        each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`)."""
 
         def replica_step(element):
             features, labels, pad = _unpack(element)
@@ -383,15 +393,20 @@ class _Run:
 
         @tf.function
         def run(iterator, n):
-            ran, last = tf.constant(0, tf.int64), tf.constant(np.nan, tf.float32)
+            ran = tf.constant(0, tf.int64)
+            losses = tf.TensorArray(
+                tf.float32, size=0, dynamic_size=True, element_shape=tf.TensorShape([])
+            )  # its shape known: a call that finds the input exhausted stacks none
             for _ in tf.range(n):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
                 per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
-                last = self.strategy.reduce(SUM, per_replica, axis=None)
+                losses = losses.write(
+                    tf.cast(ran, tf.int32), self.strategy.reduce(SUM, per_replica, axis=None)
+                )
                 ran += 1
-            return ran, last
+            return ran, losses.stack()
 
         return run
 
@@ -463,10 +478,17 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     """The stock Estimator whose ``train``, ``evaluate`` and ``predict`` run the Keras model under
     a ``tf.distribute`` strategy (see the module's docstring for why it subclasses Estimator)."""
 
-    def __init__(self, model_fn, config, warm_start_from, plan):
+    def __init__(self, model_fn, config, warm_start_from, plan, object_checkpoints=True):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
         self._tpushim_plan = plan
         self._tpushim_strategy = None
+        # The checkpoints stock keeps: its Keras estimator's object-based Saver keeps 5, whatever
+        # keep_checkpoint_max says; a name-based one (the v1 spelling) keep_checkpoint_max.
+        self._tpushim_keep = (
+            _step_events.OBJECT_CHECKPOINTS_KEPT
+            if object_checkpoints
+            else self.config.keep_checkpoint_max
+        )
 
     def _assert_members_are_not_overridden(self):
         # Estimator forbids overriding train/evaluate/predict; this engine replaces exactly those.
@@ -494,6 +516,17 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             )
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        # Observers (the run summary, the preflight) hear of the call and may cap its steps.
+        with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
+            started = time.monotonic()
+            ran, first = self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
+            # The input is read inside the tf.function (not timed: the summary shows "-").
+            _observe.input_waited(call, None)
+            _observe.finished(call, time.monotonic() - started, ran, first)
+            return self
+
+    def _train(self, input_fn, hooks, steps, max_steps, saving_listeners):
+        """Trains as stock; returns (steps run, the first tf.function call's seconds)."""
         from tpushim._legacy._estimator import check_train_steps  # one check for both engines
 
         check_train_steps(steps, max_steps)
@@ -506,9 +539,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             logging.getLogger("tensorflow").info(
                 "Skipping training since max_steps has already saved."
             )
-            return self
+            return 0, None
+        config = self.config
+        events = _step_events.StepEvents(config, self.model_dir)
+        kept = _step_events.Kept(self.model_dir, self._tpushim_keep)
         for listener in listeners:
             listener.begin()
+        # CheckpointSaverHook's timer: the step and time of the last save (the next one falls
+        # save_checkpoints_steps after it, or save_checkpoints_secs after it, at a call's end).
+        saved = {"step": start, "at": time.monotonic()}
 
         def save():
             # CheckpointSaverListeners as stock's saver calls them (train_and_evaluate evaluates
@@ -516,12 +555,16 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             step = int(run.step.numpy())
             for listener in listeners:
                 listener.before_save(None, step)
-            run.save()
+            run.save(kept)
+            events.checkpoint(step)
+            saved.update(step=step, at=time.monotonic())
             return any([listener.after_save(None, step) for listener in listeners])
 
         stopped = False
         if not run.restored:
             stopped = save()  # stock's model.ckpt-0
+        else:  # stock saves the restored step again (the same values): said, not rewritten
+            events.checkpoint(start)
         stop = start + int(steps) if steps is not None else last
         dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
         strategy = self.strategy
@@ -529,32 +572,53 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             check_xla(self._tpushim_plan, element_spec, strategy.num_replicas_in_sync)
         iterator = iter(dataset)
         loop = run.train_function()
-        every = self.config.save_checkpoints_steps
+        every = config.save_checkpoints_steps
+        every_secs = config.save_checkpoints_secs
         per_call = self._tpushim_plan.steps_per_execution
-        step = start
-        while not stopped and (stop is None or step < stop):
-            n = per_call if stop is None else min(per_call, stop - step)
-            if every:
-                n = min(n, every - step % every)  # a checkpoint falls at the end of a call
-            ran, loss = loop(iterator, tf.constant(n, tf.int64))
-            step = int(run.step.numpy())
-            if int(ran):
-                logger.info("loss = %s, step = %d", float(loss), step)
-            if np.isnan(float(loss)) and int(ran):
-                raise tf.compat.v1.train.NanLossDuringTrainingError
-            if every and step % every == 0 and int(ran):
-                stopped = save()
-            if int(ran) < n:  # the input ran out
-                break
-        if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
-            self.model_dir, f"model.ckpt-{step}"
-        ):
-            save()
+        step, first = start, None
+        try:
+            while not stopped and (stop is None or step < stop):
+                n = per_call if stop is None else min(per_call, stop - step)
+                if every:  # a checkpoint falls at the end of a call
+                    n = min(n, max(saved["step"] + every - step, 1))
+                began = time.monotonic()
+                ran, losses = loop(iterator, tf.constant(n, tf.int64))
+                ended = time.monotonic()
+                first = ended - began if first is None else first
+                ran, losses = int(ran), losses.numpy()
+                label, step = step, int(run.step.numpy())
+                # Stock's hooks after each step; at a save step the checkpoint comes first.
+                times = _step_events.step_times(began, ended, ran)
+                for k in range(ran - 1):
+                    events.step(losses[k], label + k, times[k])
+                if ran:
+                    if (every and step >= saved["step"] + every) or (
+                        every_secs and ended - saved["at"] >= every_secs
+                    ):
+                        stopped = save()
+                    events.step(losses[ran - 1], label + ran - 1, times[-1])
+                if ran < n:  # the input ran out
+                    break
+            if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
+                self.model_dir, f"model.ckpt-{step}"
+            ):
+                save()
+        finally:
+            events.close()
+        events.end()
         for listener in listeners:
             listener.end(None, step)
-        return self
+        return step - start, first
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
+        with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
+            started = time.monotonic()
+            results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
+            _observe.input_waited(call, None)
+            _observe.finished(call, time.monotonic() - started)
+            return results
+
+    def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
         self._no_hooks(hooks, "hooks")
         run = _Run(
             self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir, checkpoint_path
@@ -578,13 +642,13 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             metrics_model.compiled_metrics.update_state(
                 _as_dict_or_one(labels, names), _as_dict_or_one(outputs, names)
             )
-        results = {
-            m.name: np.float32(m.result().numpy())
-            for m in metrics_model.compiled_metrics.metrics
-            if m.name != "loss"
-        }
-        results["loss"] = np.float32(np.mean(losses)) if losses else np.float32(np.nan)
+        # In stock's order: the loss, the metrics, the global step.
+        results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
+        for m in metrics_model.compiled_metrics.metrics:
+            if m.name != "loss":
+                results[m.name] = np.float32(m.result().numpy())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
+        _step_events.write_evaluation(self.eval_dir(name), results, checkpoint_path or run.restored)
         return results
 
     def predict(
@@ -595,6 +659,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         checkpoint_path=None,
         yield_single_examples=True,
     ):
+        with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
+            started = time.monotonic()
+            yield from self._predict(
+                input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+            )
+            _observe.input_waited(call, None)
+            _observe.finished(call, time.monotonic() - started)
+
+    def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         self._no_hooks(hooks, "hooks")
         run = _Run(
             self._tpushim_plan, self.strategy, ModeKeys.PREDICT, self.model_dir, checkpoint_path
@@ -648,7 +721,7 @@ def build_on_engine(arguments, settings, tpu, why):
       tpu: the :class:`tpushim._detect.TPUSpec` to run on, or None (cpu mode).
       why: why the strategy engine runs (:func:`tpushim._engines.choose`).
     """
-    from tpushim import _detect, _log, _observe
+    from tpushim import _detect, _log
     from tpushim._legacy import _keras as engine_keras
 
     with _observe.converting(arguments) as arguments:
@@ -718,7 +791,9 @@ def build_on_engine(arguments, settings, tpu, why):
             keras_model, custom_objects, config, save_object_ckpt
         )
         plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
-        estimator = StrategyEstimator(model_fn, config, warm_start_path, plan)
+        estimator = StrategyEstimator(
+            model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt
+        )
         description = describe(plan, settings, tpu, why)
         _log.conversion(description, settings.quiet)
         _observe.converted(
@@ -733,8 +808,6 @@ def said_stock_around(estimator, called):
     around it: the engine does not take an estimator made from its model_fn yet (never silent)."""
     if not isinstance(estimator, StrategyEstimator):
         return False
-    from tpushim import _observe
-
     why = "the strategy engine does not take an estimator made from its model_fn yet"
     logger.warning(
         "%s -> stock Estimator, which runs stock's model_fn "

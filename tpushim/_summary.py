@@ -42,7 +42,9 @@ class _Estimator:
         description = self.conversion.description
         if description.startswith("tpushim's"):  # TensorFlow >= 2.16: tpushim's estimator engine
             return ENGINE_PATH
-        return "TPU" if "use_tpu=True" in description else "TPU path on CPU"
+        if "use_tpu=True" in description or "TPUStrategy" in description:
+            return "TPU"
+        return "TPU path on CPU"
 
 
 class Summary:

@@ -1,0 +1,236 @@
+"""What the strategy engine writes and says around its steps, against the stock estimator's from
+the same runs: ``python strategy_events_proof.py DIR`` prints one JSON object (run as its own
+process: the 8 logical devices must be made before TensorFlow initialises).
+
+Cases, each run by stock and by the engine on 8 logical CPU devices with steps_per_execution 3
+(so a tf.function call spans stock's logging and summary steps):
+
+* ``schedule``: two train() calls (7 steps, then 3), log_step_count_steps 3, save_summary_steps
+  2, save_checkpoints_steps 4, then evaluate(): the log lines (``loss = L, step = S``,
+  ``global_step/sec``, saves), the events in model_dir and model_dir/eval, the checkpoint state;
+* ``nan``: a NaN in the 4th batch: the error, the lines, the events, the checkpoints after it;
+* ``keep``: a checkpoint every step over two calls (keep_checkpoint_max 2, which stock's Keras
+  estimator does not read: it keeps 5);
+* ``secs``: save_checkpoints_secs instead of steps (a tiny interval: a save after every call,
+  steps_per_execution 1, so after every step as stock's).
+
+On TensorFlow >= 2.16 stock is stock TensorFlow 2.15's, recorded by
+``python strategy_events_proof.py --record tests/reference/strategy_events_tf215.json DIR``.
+A helper run by tests/test_strategy_events.py, not a test module.
+"""
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import sys
+
+if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+tf.config.threading.set_inter_op_parallelism_threads(32)  # as strategy_proof.py: no starvation
+
+import numpy as np
+
+import tpushim
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORD = os.path.join(HERE, "reference", "strategy_events_tf215.json")
+NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+
+ROWS, BATCH = 60, 6
+CASES = ("schedule", "nan", "keep", "secs")
+
+
+def data(nan_batch=None):
+    rng = np.random.RandomState(0)
+    x = rng.randn(ROWS, 4).astype(np.float32)
+    y = (x[:, :1] * 2 - x[:, 1:2]).astype(np.float32)
+    if nan_batch is not None:
+        x[BATCH * nan_batch + 1, 0] = np.nan
+    return x, y
+
+
+def model():
+    tf.keras.utils.set_random_seed(1)
+    m = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(3, input_shape=(4,), activation="tanh", name="hidden"),
+            tf.keras.layers.Dense(1, name="out"),
+        ]
+    )
+    m.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse", metrics=["mae"])
+    return m
+
+
+class Lines(logging.Handler):
+    """TensorFlow's log lines stock's hooks write, as (kind, step, value)."""
+
+    PATTERNS = (
+        ("loss", re.compile(r"^loss = (\S+), step = (\d+)")),
+        ("rate", re.compile(r"^global_step/sec: ")),
+        ("save", re.compile(r"^Saving checkpoints for (\d+) ")),
+        ("nan", re.compile(r"^Model diverged with loss = NaN")),
+        ("final", re.compile(r"^Loss for final step: (\S+)\.$")),
+        ("eval", re.compile(r"^Saving dict for global step (\d+): ")),
+    )
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def emit(self, record):
+        text = record.getMessage()
+        for kind, pattern in self.PATTERNS:
+            found = pattern.search(text)
+            if not found:
+                continue
+            groups = found.groups()
+            if kind == "loss":
+                self.seen.append([kind, int(groups[1]), float(groups[0])])
+            elif kind in ("save", "eval"):
+                self.seen.append([kind, int(groups[0]), None])
+            elif kind == "final":
+                self.seen.append([kind, None, float(groups[0])])
+            else:
+                self.seen.append([kind, None, None])
+
+
+def events(directory):
+    """Every event file's records in ``directory`` (not below), in order, as
+    [kind, step, tag or path, value]; graphs and the file version left out."""
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if not name.startswith("events.out.tfevents"):
+            continue
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+            what = event.WhichOneof("what")
+            if what == "summary":
+                for value in event.summary.value:
+                    if value.HasField("simple_value"):
+                        out.append(["scalar", event.step, value.tag, value.simple_value])
+                    else:
+                        text = tf.make_ndarray(value.tensor).item().decode()
+                        out.append(["text", event.step, value.tag, os.path.basename(text)])
+            elif what == "session_log":
+                log = event.session_log
+                path = os.path.basename(log.checkpoint_path) if log.checkpoint_path else ""
+                out.append(["session_log", event.step, int(log.status), path])
+    return out
+
+
+def checkpoints(model_dir):
+    state = tf.train.get_checkpoint_state(model_dir)
+    listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths]
+    return {"latest": os.path.basename(state.model_checkpoint_path), "listed": listed}
+
+
+def estimator(model_dir, config, stock):
+    if stock:
+        with tpushim.patched(mode="off", quiet=True):
+            return tf.keras.estimator.model_to_estimator(
+                keras_model=model(), model_dir=model_dir, config=config
+            )
+    spe = 1 if config.save_checkpoints_secs else 3
+    with tpushim.patched(mode="cpu", engine="strategy", iterations_per_loop=spe, quiet=True):
+        return tf.keras.estimator.model_to_estimator(
+            keras_model=model(), model_dir=model_dir, config=config
+        )
+
+
+def run_config(**kwargs):
+    estimator_api = tf.estimator if hasattr(tf, "estimator") else None
+    if estimator_api is None:
+        with tpushim.patched(mode="off", quiet=True):
+            estimator_api = tf.estimator
+    return estimator_api.RunConfig(tf_random_seed=3, **kwargs)
+
+
+def case(name, root, stock):
+    model_dir = os.path.join(root, name, "stock" if stock else "engine")
+    lines = Lines()
+    tf_logger = logging.getLogger("tensorflow")
+    tf_logger.addHandler(lines)
+    tf_logger.setLevel(logging.INFO)
+    out = {"error": None}
+    try:
+        if name == "schedule":
+            config = run_config(
+                log_step_count_steps=3, save_summary_steps=2, save_checkpoints_steps=4
+            )
+            x, y = data()
+        elif name == "nan":
+            config = run_config(
+                log_step_count_steps=3, save_summary_steps=2, save_checkpoints_steps=4
+            )
+            x, y = data(nan_batch=3)
+        elif name == "keep":
+            config = run_config(save_checkpoints_steps=1, keep_checkpoint_max=2)
+            x, y = data()
+        else:
+            config = run_config(save_checkpoints_secs=1e-6, save_checkpoints_steps=None)
+            x, y = data()
+
+        def input_fn():
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+        e = estimator(model_dir, config, stock)
+        try:
+            if name in ("schedule", "nan"):
+                e.train(input_fn, steps=7)
+                e.train(input_fn, steps=3)
+                e.evaluate(input_fn)
+            elif name == "keep":
+                e.train(input_fn, steps=4)
+                e.train(input_fn, steps=4)
+            else:
+                e.train(input_fn, steps=6)
+        except Exception as error:  # the NaN case's: compared with stock's
+            out["error"] = type(error).__name__
+            out["message"] = str(error)[:2000]
+    finally:
+        tf_logger.removeHandler(lines)
+    out["lines"] = lines.seen
+    # Stock's writers flush every 120 s, and not when a hook raises: closed before reading.
+    tf.compat.v1.summary.FileWriterCache.clear()
+    out["events"] = events(model_dir)
+    eval_dir = os.path.join(model_dir, "eval")
+    out["eval_events"] = events(eval_dir) if os.path.isdir(eval_dir) else []
+    out["checkpoints"] = checkpoints(model_dir)
+    out["files"] = sorted(
+        n[: -len(".index")] for n in os.listdir(model_dir) if n.endswith(".index")
+    )
+    return out
+
+
+def stock_cases(root):
+    if NO_STOCK:
+        with open(RECORD, encoding="utf-8") as f:
+            return json.load(f)
+    return {"tensorflow": tf.__version__, **{name: case(name, root, True) for name in CASES}}
+
+
+def main(root):
+    stock = stock_cases(root)
+    out = {
+        "tensorflow": tf.__version__,
+        "stock_tensorflow": stock["tensorflow"],
+        "stock": {name: stock[name] for name in CASES},
+        "engine": {name: case(name, root, False) for name in CASES},
+    }
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--record":
+        recorded = stock_cases(sys.argv[3])
+        with open(sys.argv[2], "w", encoding="utf-8") as f:
+            json.dump(recorded, f, indent=1, sort_keys=True)
+            f.write("\n")
+    else:
+        main(sys.argv[1])

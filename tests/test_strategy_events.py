@@ -1,0 +1,147 @@
+"""Around the strategy engine's steps (tpushim/_step_events.py): stock's log lines at stock's
+steps with each step's global loss, the NaN check at the NaN step with stock's checkpoints after
+it, the TensorBoard events stock writes in model_dir and model_dir/eval (tags, steps, values),
+and the checkpoints stock keeps (``save_checkpoints_steps`` counted from the last save,
+``save_checkpoints_secs``, the 5 an object-based Keras estimator keeps), each against the stock
+estimator's from the same run, on 8 logical CPU devices with steps_per_execution 3.
+
+On 2.12-2.15 against the stock estimator run beside it (tests/strategy_events_proof.py), on
+>= 2.16 against stock TensorFlow 2.15's, tests/reference/strategy_events_tf215.json.
+"""
+
+import json
+import math
+import os
+
+import procs
+import pytest
+
+pytestmark = pytest.mark.slow
+TOLERANCE = 1e-5
+CASES = ("schedule", "nan", "keep", "secs")
+
+
+@pytest.fixture(scope="module")
+def proof(tmp_path_factory):
+    root = tmp_path_factory.mktemp("events")
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = procs.python([os.path.join(here, "strategy_events_proof.py"), root], timeout=1500)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, result.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _both(engine, stock):
+    """Both sides in full (pytest shortens a message that is not a string)."""
+    return f"engine {json.dumps(engine)}\nstock  {json.dumps(stock)}"
+
+
+def _close(a, b):
+    if a is None or b is None:
+        return a is b
+    if math.isnan(b):
+        return math.isnan(a)
+    return abs(a - b) <= TOLERANCE * max(1.0, abs(b))
+
+
+def _saved_again(lines, i):
+    """Whether line ``i`` is stock's save of the step the previous call ended at."""
+    return i > 0 and lines[i][0] == "save" and lines[i - 1][0] == "final"
+
+
+def test_stock_is_stock_tensorflow_215(proof):
+    assert proof["stock_tensorflow"].split(".")[:2] <= ["2", "15"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_log_lines_as_stocks(proof, case):
+    """``loss = L, step = S`` at the call's first step and every log_step_count_steps (S the
+    global step before the step, L that step's global loss), ``global_step/sec`` between them,
+    the saves, the NaN line, ``Loss for final step``, the evaluation's line: in stock's order."""
+    stock, engine = proof["stock"][case]["lines"], proof["engine"][case]["lines"]
+    # Stock saves the restored step again when a second call starts (the same values); the
+    # engine does not rewrite a checkpoint an earlier call wrote (its event is written).
+    stock = [line for i, line in enumerate(stock) if not _saved_again(stock, i)]
+    assert [line[:2] for line in engine] == [line[:2] for line in stock], _both(engine, stock)
+    for got, want in zip(engine, stock):
+        assert _close(got[2], want[2]), (got, want)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_training_events_as_stocks(proof, case):
+    """model_dir's events in stock's order: CHECKPOINT and START session logs, the loss
+    (``loss_1``) every save_summary_steps with the step's global loss, ``global_step/sec``."""
+    stock, engine = proof["stock"][case]["events"], proof["engine"][case]["events"]
+    assert [e[:3] for e in engine] == [e[:3] for e in stock], _both(engine, stock)
+    for got, want in zip(engine, stock):
+        if got[2] == "global_step/sec":
+            assert got[3] > 0  # a rate: timing, not compared
+        else:
+            assert got[3] == want[3] or _close(got[3], want[3]), (got, want)
+
+
+@pytest.mark.parametrize("case", ["schedule", "nan"])
+def test_evaluation_events_as_stocks(proof, case):
+    """model_dir/eval: the metrics at the global step, and the evaluated checkpoint's path."""
+    stock, engine = proof["stock"][case]["eval_events"], proof["engine"][case]["eval_events"]
+    assert [e[:3] for e in engine] == [e[:3] for e in stock], _both(engine, stock)
+    for got, want in zip(engine, stock):
+        assert got[3] == want[3] or _close(got[3], want[3]), (got, want)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_errors_and_checkpoint_state_as_stocks(proof, case):
+    """The NaN step raises stock's error, with stock's checkpoints listed after it; every case's
+    ``checkpoint`` file lists stock's checkpoints (5 kept, whatever keep_checkpoint_max says)."""
+    stock, engine = proof["stock"][case], proof["engine"][case]
+    assert engine["error"] == stock["error"], engine.get("message")
+    assert engine["checkpoints"] == stock["checkpoints"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_checkpoint_files_kept(proof, case):
+    """Stock's files; a checkpoint an earlier train() call wrote stays on disk (no longer
+    listed): tpushim deletes only what it wrote in the same call."""
+    stock, engine = proof["stock"][case]["files"], proof["engine"][case]["files"]
+    if case == "keep":  # the first call wrote 0-4; the second keeps 4-8 listed, as stock
+        assert engine == [f"model.ckpt-{i}" for i in range(9)]
+        assert set(stock) == {f"model.ckpt-{i}" for i in range(4, 9)}
+    else:
+        assert engine == stock
+
+
+def test_observers_hear_the_engines_calls(tmp_path):
+    """The run summary (and the preflight, which caps a call's steps) observe the strategy
+    engine's train/evaluate/predict as TPUEstimator's: the steps run, the first tf.function
+    call's time; its input wait is not timed (read inside the tf.function: "-")."""
+    import dataclasses
+
+    import tfcases
+
+    from tpushim import _observe, _summary
+
+    class Capping:
+        def calling(self, call):
+            return dataclasses.replace(call, steps=3) if call.steps else None
+
+    x, y = tfcases.data()
+    summary = _summary.Summary(table=True)
+    with _observe.observing(summary), _observe.observing(Capping()):
+        estimator = tfcases.convert(
+            tmp_path,
+            patch={"mode": "cpu", "engine": "strategy", "iterations_per_loop": 7, "quiet": True},
+        )
+        estimator.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=8)
+        # 7 batches, 7 steps per call: the second call finds the input exhausted (no step).
+        estimator.train(tfcases.dataset_input_fn(x, y))
+        estimator.evaluate(tfcases.dataset_input_fn(x, y))
+        assert len(list(estimator.predict(tfcases.dataset_input_fn(x)))) == len(x)
+    assert estimator.latest_checkpoint().endswith("model.ckpt-10")  # 3 (the cap), then 7
+    lines = summary.format().splitlines()
+    trains = [line for line in lines if line.strip().startswith("train()") and " s " in line]
+    assert "3 steps" in trains[0] and "(first session run" in trains[0], lines
+    assert "7 steps" in trains[1], lines
+    rows = [line.split() for line in lines if line.strip().startswith(("evaluate()", "predict()"))]
+    assert len(rows) == 4, lines  # a summary line and a table row each
+    table = [line for line in lines if line.strip().startswith("train()") and "TPU path" in line]
+    assert table and table[0].rstrip().endswith("-"), lines  # input wait: not measured
