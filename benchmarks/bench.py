@@ -13,7 +13,9 @@ process per run), ``padding`` (bench_padding: a TPU host's pipeline with padded 
 BatchNormalization-heavy Keras applications on a finite input, cpu mode against stock, the TPU
 step against a hand-written one, the preflight against the script; its parts ``bn-step`` and
 ``bn-check`` run alone), ``tf216`` (bench_tf216: tpushim's estimator engine on TensorFlow >= 2.16
-against stock 2.15, two interpreters: ``--tf216-python``). All of them write one table
+against stock 2.15, two interpreters: ``--tf216-python``), ``strategy`` (bench_strategy: the
+strategy engine's ``train()`` against a hand-written Keras ``fit`` under the same
+MirroredStrategy on 8 logical CPU devices). All of them write one table
 (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
@@ -47,6 +49,7 @@ import bench_padding
 import bench_pods
 import bench_scale
 import bench_startup
+import bench_strategy
 import bench_tf216
 import bench_training
 import bench_wrapper
@@ -64,6 +67,7 @@ SECTIONS = {
     "padding": bench_padding.run,
     "bn": bench_bn.run,
     "tf216": bench_tf216.run,
+    "strategy": bench_strategy.run,
 }
 #: parts of a section ``--only`` also takes (never run by default: their section runs them)
 PARTS = {"bn-step": bench_bn.run_step, "bn-check": bench_bn.run_check}

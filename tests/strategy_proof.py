@@ -1,14 +1,20 @@
 """Rung 2b for the strategy engine, run as its own process (the logical devices must be made
 before TensorFlow initialises): ``python strategy_proof.py DIR`` prints one JSON object.
 
-For a mean loss, a SUM loss and a custom one-number loss, 45 examples in global batches of 10
+For a mean loss, a SUM loss, a custom one-number loss, sample weights (``{"features",
+"sample_weights"}`` features), a masked output (a ``Masking`` layer's mask reaching a
+[batch, 3, 1] output, a wholly masked row copied into every padding row) and losses layers add
+from their inputs (an activity regularizer, a layer's ``add_loss`` of a sum over the batch, with
+a weight regularizer), 45 examples in global batches of 10
 (a short last batch of 5; 10 does not divide among 8 replicas, so every batch is padded to 16):
 the stock estimator, the strategy engine on 8 logical CPU devices and on 1, each trained 5 steps
 (every example once, the short batch last), evaluated and asked to predict. Reported: the largest
 difference to stock of every checkpoint value, eval metric and prediction (relative to the
 values' scale), for the engine as it is and for two broken engines (negative controls):
 ``summed`` -- each replica's gradient that of its own slice's mean, summed over the replicas
-(for a SUM loss, ``averaged``: its sum divided by the replicas). Also: stock's estimator reading
+(for a SUM loss, ``averaged``: its sum divided by the replicas), and for the last three
+``local`` -- each replica's loss its own (its rows', weights', unmasked elements' mean: no sum
+over the replicas). Also: stock's estimator reading
 the engine's model_dir, and a model XLA cannot compile (the step is compiled with XLA).
 
 On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
@@ -56,8 +62,89 @@ LOSSES = {
 }
 
 
+# Sample weights, masked outputs and losses a layer adds from its inputs, on the same 45 rows in
+# batches of 10: each replica's share of stock's global loss (weights, unmasked elements and
+# input losses counted over the global batch's real rows, whatever each replica holds).
+W = rng.uniform(0.0, 2.0, ROWS).astype(np.float32)
+SEQ = rng.randn(ROWS, 3, 2).astype(np.float32)
+SEQ[rng.uniform(size=(ROWS, 3)) < 0.35] = 0.0  # masked time steps (Masking(0.0))
+SEQ[0] = 0.0  # a row wholly masked: the first row, copied into padding rows
+SEQ_Y = (SEQ[..., :1] * 1.5 - SEQ[..., 1:] + 0.1 * rng.randn(ROWS, 3, 1)).astype(np.float32)
+MORE = ("weighted", "masked", "activity")
+
+
+def _more_model(kind):
+    sgd = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+    if kind == "weighted":  # stock's {"features", "sample_weights"} features
+        m = tf.keras.Sequential(
+            [
+                tf.keras.layers.Dense(5, input_shape=(4,), activation="tanh", name="hidden"),
+                tf.keras.layers.Dense(1, name="out"),
+            ]
+        )
+        m.compile(sgd, loss="mse", metrics=["mae"], weighted_metrics=["mse"])
+        return m
+    if kind == "masked":  # a Masking layer's mask reaches the [batch, 3, 1] output
+        m = tf.keras.Sequential(
+            [
+                tf.keras.layers.Masking(0.0, input_shape=(3, 2), name="masking"),
+                tf.keras.layers.Dense(5, activation="tanh", name="hidden"),
+                tf.keras.layers.Dense(1, name="out"),
+            ]
+        )
+        m.compile(sgd, loss="mse", metrics=["mae"])
+        return m
+    # Losses added from the inputs: a built-in activity regularizer (a mean over the batch) and
+    # a layer's add_loss of a sum over the batch; with a weight regularizer (batch-free). (Stock
+    # cannot clone a functional model given model.add_loss(tensor): Keras 2 fails to clone its
+    # TFOpLambda layers; a layer's add_loss is the form stock trains.)
+    x = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(
+        5,
+        activation="tanh",
+        activity_regularizer=tf.keras.regularizers.l2(0.05),
+        kernel_regularizer=tf.keras.regularizers.l2(0.01),
+        name="hidden",
+    )(x)
+    h = Penalty(0.02, name="penalty")(h)
+    m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="out")(h))
+    m.compile(sgd, loss="mse", metrics=["mae"])
+    return m
+
+
+@tf.keras.utils.register_keras_serializable(package="tpushim_strategy_proof")
+class Penalty(tf.keras.layers.Layer):
+    """A layer adding a loss computed from its inputs (``self.add_loss``): a sum over the batch."""
+
+    def __init__(self, rate, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = rate
+
+    def call(self, x):
+        self.add_loss(self.rate * tf.reduce_sum(tf.abs(x)))
+        return tf.identity(x)  # Keras 2 cannot clone a layer returning its input tensor itself
+
+    def get_config(self):
+        return dict(super().get_config(), rate=self.rate)
+
+
+def _more_inputs(kind):
+    if kind == "weighted":
+        train = (({"features": X, "sample_weights": W}, Y), X)
+    elif kind == "masked":
+        train = ((SEQ, SEQ_Y), SEQ)
+    else:
+        train = ((X, Y), X)
+    return (
+        lambda: tf.data.Dataset.from_tensor_slices(train[0]).batch(BATCH),
+        lambda: tf.data.Dataset.from_tensor_slices(train[1]).batch(BATCH),
+    )
+
+
 def model(kind):
     tf.keras.utils.set_random_seed(1)
+    if kind in MORE:
+        return _more_model(kind)
     loss, rate = LOSSES[kind]
     m = tf.keras.Sequential(
         [
@@ -104,10 +191,11 @@ INPUT_STYLES = {
 }
 
 
-def run(estimator, train=None):
-    estimator.train(train or train_input, steps=STEPS)
-    metrics = {k: float(v) for k, v in estimator.evaluate(train_input).items()}
-    predictions = np.array([p["out"] for p in estimator.predict(predict_input)])
+def run(estimator, train=None, kind=None):
+    train_fn, predict_fn = _more_inputs(kind) if kind in MORE else (train_input, predict_input)
+    estimator.train(train or train_fn, steps=STEPS)
+    metrics = {k: float(v) for k, v in estimator.evaluate(train_fn).items()}
+    predictions = np.array([p["out"] for p in estimator.predict(predict_fn)])
     return metrics, predictions, variable_values(estimator)
 
 
@@ -142,14 +230,14 @@ def stock_run(kind, root, style=None):
     if style is not None:
         estimator = stock_estimator(model(kind), os.path.join(root, style, "stock"))
         return run(estimator, INPUT_STYLES[style])
-    return run(stock_estimator(model(kind), os.path.join(root, kind, "stock")))
+    return run(stock_estimator(model(kind), os.path.join(root, kind, "stock")), kind=kind)
 
 
 def record(path, root):
     """Stock's numbers for every kind, as JSON (run on TensorFlow 2.15)."""
     out = {"tensorflow": tf.__version__}
-    for kind in [*LOSSES, *INPUT_STYLES]:
-        if kind in LOSSES:
+    for kind in [*LOSSES, *MORE, *INPUT_STYLES]:
+        if kind in LOSSES or kind in MORE:
             metrics, predictions, values = stock_run(kind, root)
         else:
             metrics, predictions, values = stock_run("mean", root, kind)
@@ -163,7 +251,15 @@ def record(path, root):
         f.write("\n")
 
 
-def differences(ours, stock):
+def _weighted_mse(predictions):
+    """Keras's model.evaluate value of the weighted_metrics "mse" of kind "weighted" on stock's
+    predictions: stock's estimator reports weighted_metrics unweighted, and tpushim weighs them
+    (as its TPUEstimator path does), so that key is compared with this."""
+    errors = (np.asarray(predictions, np.float64).reshape(-1) - Y.reshape(-1)) ** 2
+    return float(np.sum(errors * W) / np.sum(W))
+
+
+def differences(ours, stock, kind=None):
     def rel(a, b):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         return float(np.max(np.abs(a - b)) / max(1.0, float(np.max(np.abs(b)))))
@@ -175,9 +271,10 @@ def differences(ours, stock):
     }
     if m1 is None:  # trained only
         return out
+    weighted = {"mse": _weighted_mse(p2)} if kind == "weighted" else {}
     return {
         **out,
-        "metrics": max(rel(m1[k], m2[k]) for k in m2),
+        "metrics": max(rel(m1[k], weighted.get(k, m2[k])) for k in m2),
         "metric_keys_equal": sorted(m1) == sorted(m2),
         "predictions": rel(p1, p2) if p1.shape == p2.shape else float("inf"),
         "rows": int(p1.shape[0]),
@@ -199,7 +296,7 @@ def broken(kind):
     original = _strategy.replica_loss
 
     def wrong(*args):
-        replicas = args[6]
+        replicas = args[5]
         loss = original(*args)
         return loss / replicas if kind == "sum" else loss * replicas
 
@@ -213,28 +310,39 @@ def main(root):
         "stock_from": RECORD if NO_STOCK else "live",
         "inputs": {},
     }
-    for kind in LOSSES:
+    for kind in [*LOSSES, *MORE]:
         stock = stock_run(kind, root)
         eight_dir = os.path.join(root, kind, "eight")
         eight = engine(model(kind), eight_dir)
         out["replicas"] = eight.strategy.num_replicas_in_sync
+        one_dir = os.path.join(root, kind, "one")
         out[kind] = {
-            "eight": differences(run(eight), stock),
-            "one": differences(run(engine(model(kind), os.path.join(root, kind, "one"), 1)), stock),
+            "eight": differences(run(eight, kind=kind), stock, kind),
+            "one": differences(run(engine(model(kind), one_dir, 1), kind=kind), stock, kind),
         }
         # Stock's estimator reads the engine's checkpoints: the same evaluation.
         reader = stock_estimator(model(kind), eight_dir)
-        read = {k: float(v) for k, v in reader.evaluate(train_input).items()}
+        evaluate_input = _more_inputs(kind)[0] if kind in MORE else train_input
+        read = {k: float(v) for k, v in reader.evaluate(evaluate_input).items()}
         out[kind]["stock_reads_engine"] = max(
             abs(read[k] - v) / max(1.0, abs(v)) for k, v in stock[0].items()
         )
         original, wrong = broken(kind)
         _strategy.replica_loss = wrong
         try:
-            control = run(engine(model(kind), os.path.join(root, kind, "control")))
+            control = run(engine(model(kind), os.path.join(root, kind, "control")), kind=kind)
         finally:
             _strategy.replica_loss = original
-        out[kind]["control"] = differences(control, stock)
+        out[kind]["control"] = differences(control, stock, kind)
+        if kind in MORE:  # each replica's own mean: its rows', weights', unmasked elements' count
+            summed, _strategy.all_reduce_sum = _strategy.all_reduce_sum, lambda x: x
+            try:
+                local = run(engine(model(kind), os.path.join(root, kind, "local")), kind=kind)
+                out[kind]["local"] = differences(local, stock, kind)
+            except tf.compat.v1.train.NanLossDuringTrainingError:  # a replica of padding alone
+                out[kind]["local"] = {"weights": float("inf"), "nan": True}
+            finally:
+                _strategy.all_reduce_sum = summed
 
     # Every legacy input_fn style, on 8 replicas, against stock (a mean loss): the weights and
     # slots it trains (evaluation and prediction read Datasets, proven above).

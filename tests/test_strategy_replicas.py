@@ -1,6 +1,7 @@
 """Rung 2b for the strategy engine (tpushim/_strategy.py): 8 replicas on 8 logical CPU devices
-equal 1 replica and the stock estimator, for a mean, a SUM and a custom one-number loss, with an
-indivisible global batch and a short last batch; negative controls fail; stock's estimator reads
+equal 1 replica and the stock estimator, for a mean, a SUM and a custom one-number loss, sample
+weights, a masked output and losses layers add from their inputs, with an indivisible global
+batch and a short last batch; negative controls fail; stock's estimator reads
 the engine's checkpoints; the step is compiled with XLA; every legacy input_fn style trains as
 stock's. The devices must be made before TensorFlow initialises, so it all runs in one
 subprocess (tests/strategy_proof.py).
@@ -15,7 +16,8 @@ import procs
 import pytest
 
 TOLERANCE = 1e-5
-KINDS = ("mean", "sum", "custom")
+KINDS = ("mean", "sum", "custom", "weighted", "masked", "activity")
+GLOBAL = ("weighted", "masked", "activity")  # a replica's share needs the global batch's counts
 STYLES = ("tensors", "one_shot", "queue", "numpy")
 
 
@@ -64,6 +66,13 @@ def test_stock_reads_the_engine_checkpoints(proof, kind):
 def test_negative_control_gradients_combined_wrongly(proof, kind):
     # mean and custom: each replica's own mean, summed; SUM: the replicas' sums averaged.
     assert proof[kind]["control"]["weights"] > 1e-3, proof[kind]["control"]
+
+
+@pytest.mark.parametrize("kind", GLOBAL)
+def test_negative_control_each_replica_its_own_loss(proof, kind):
+    # Each replica's loss normalised by its own rows, weights or unmasked elements (no sum over
+    # the replicas): the padded replicas then weigh as much as the full ones.
+    assert proof[kind]["local"]["weights"] > 1e-3, proof[kind]["local"]
 
 
 def test_step_is_compiled_with_xla(proof):

@@ -534,3 +534,26 @@ def test_dense_features_internals():
     assert len(seen) == 1
     assert layer.call({"rm": tf.constant([[1.0]]), "town": tf.constant([["a"]])}).shape == (1, 3)
     assert _tfprivate.dense_features_class().call is own_call
+
+
+def test_restore_v2_classes_after_a_clone_in_a_graph():
+    """A functional model cloned in a graph (the loss plan's scratch clone) swaps Keras's
+    ``Functional`` bases to their v1 twins for every instance: the user's eager model's
+    ``get_weights`` then fails until they are swapped back."""
+    x = tf.keras.Input((3,), name="x")
+    h = tf.keras.layers.Dense(2, activity_regularizer="l2", name="h")(x)
+    model = tf.keras.Model(x, tf.keras.layers.Dense(1)(h))
+    with tf.Graph().as_default():
+        tf.keras.models.clone_model(
+            model, input_tensors=tf.compat.v1.placeholder(tf.float32, [None, 3])
+        )
+    with pytest.raises(AttributeError):
+        model.get_weights()
+    _tfprivate.restore_v2_classes(model)
+    assert len(model.get_weights()) == 4
+
+
+def test_standardize_sample_weights_maps_them_per_output():
+    assert _tfprivate.standardize_sample_weights(None, ["a", "b"]) == [None, None]
+    w = np.ones(3)
+    assert _tfprivate.standardize_sample_weights({"b": w}, ["a", "b"])[1] is w

@@ -578,8 +578,8 @@ def test_eight_shards_train_a_padded_short_batch_like_stock(tmp_path):
 def test_negative_control_padding_counted_per_shard_fails(tmp_path, monkeypatch):
     """Real rows counted per shard (no cross-shard sum) weigh a short batch's rows unevenly (and,
     as the mean divides by the global count of rows, the full batches' too)."""
-    real = _losses._Totals.resolve
-    monkeypatch.setattr(_losses._Totals, "resolve", lambda self, cross_replica: real(self, False))
+    real = _losses.Totals.resolve
+    monkeypatch.setattr(_losses.Totals, "resolve", lambda self, cross_replica: real(self, False))
     diffs = _short_batch_training(tmp_path)
     assert diffs[1] > 100 * TOL, diffs
 

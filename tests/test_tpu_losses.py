@@ -413,8 +413,8 @@ def test_negative_control_sums_not_scaled_by_the_shards_fail(stock_runs, case, m
 @pytest.mark.parametrize("case", ["masked-sequence", "padded-two-outputs-weighted"])
 def test_negative_control_counts_and_weights_of_one_shard_fail(stock_runs, case, monkeypatch):
     """Element counts and sample-weight sums of each shard alone, not of the global batch."""
-    real = _losses._Totals.resolve
-    monkeypatch.setattr(_losses._Totals, "resolve", lambda self, cross_replica: real(self, False))
+    real = _losses.Totals.resolve
+    monkeypatch.setattr(_losses.Totals, "resolve", lambda self, cross_replica: real(self, False))
     weights, _ = _differences(stock_runs, case)
     assert weights > 100 * TOL, weights
 

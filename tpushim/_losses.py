@@ -30,7 +30,7 @@ REPORTED_SUM = "tpushim_reported_loss"  # the shards' losses, for the loss the s
 TOTALS_SUM = "tpushim_loss_totals"  # counts and weight sums, where a term needs the global ones
 
 
-class _Totals:
+class Totals:
     """Scalars summed over all shards in ONE cross_replica_sum: counts and weight sums, which
     depend on the batch only, so all are known before any term is combined."""
 
@@ -44,9 +44,13 @@ class _Totals:
         return lambda dtype: tf.cast(self._values[index], dtype)
 
     def resolve(self, cross_replica):
+        """``cross_replica``: False (one shard), True (a TPU's ``cross_replica_sum``) or a
+        function summing a tensor over the replicas (a ``tf.distribute`` replica context's)."""
         if self._parts:
             stacked = tf.stack(self._parts)
-            if cross_replica:
+            if callable(cross_replica):
+                stacked = cross_replica(stacked)
+            elif cross_replica:
                 stacked = tf.compat.v1.tpu.cross_replica_sum(stacked, name=TOTALS_SUM)
             self._values = tf.stop_gradient(stacked)
 
@@ -214,7 +218,7 @@ def training_loss(model, plan, padding_weight, shards, cross_replica):
         loss = model.total_loss
     else:
         with tf.name_scope("tpushim_shard_loss"):  # not 'loss': stock's summary tag stays free
-            loss = _shard_loss(
+            loss = shard_loss(
                 endpoints, kinds, masks, added, degrees, padding_weight, shards, cross_replica
             )
     if not cross_replica:
@@ -238,8 +242,12 @@ def _needs_global(endpoints, kinds, masks, added, degrees):
     return any(degrees.get(id(t), 0) != 0 for t in added)
 
 
-def _shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_replica):
-    totals = _Totals()
+def shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_replica, totals=None):
+    """``L_s``: the terms of shard s's loss, whose mean over the ``shards`` is the global batch's
+    (see the module's docstring); ``cross_replica`` as :meth:`Totals.resolve` takes it. The
+    strategy engine calls it too, with its own endpoints and ``totals`` holding its own counts
+    (:mod:`tpushim._strategy`): every count of the step summed in one collective."""
+    totals = totals or Totals()
     terms = [
         (endpoint.loss_weight, _output_term(endpoint, mask, kind, pad, totals, shards))
         for endpoint, kind, mask in zip(endpoints, kinds, masks)
@@ -263,7 +271,7 @@ def global_output_loss(endpoint, kind, padding_weight, cross_replica):
     """
     shards = (_tfprivate.num_shards_in_replica_context() or 1) if cross_replica else 1
     mask = getattr(endpoint.output, "_keras_mask", None)
-    totals = _Totals()
+    totals = Totals()
     term = _output_term(endpoint, mask, kind, padding_weight, totals, shards)
     totals.resolve(cross_replica)
     value = term()

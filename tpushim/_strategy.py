@@ -27,11 +27,12 @@ import dataclasses
 import logging
 import os
 import time
+import types
 
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _observe, _padding, _plan, _step_events, _tfprivate
+from tpushim import _loss_kinds, _losses, _observe, _padding, _plan, _step_events, _tfprivate
 from tpushim._errors import ConversionError
 from tpushim._strategy_input import batch_size_of, distributed_input  # noqa: F401  (its names)
 
@@ -81,6 +82,8 @@ class Plan:
       optimizer: its optimizer as stock trains it (Keras's legacy optimizer).
       custom_objects: as given to ``model_to_estimator``.
       loss_kinds: output name -> ``ROWS`` or a degree (:func:`tpushim._loss_kinds.plan`).
+      added_degrees: (layer name, index) -> degree of each loss a layer adds from its inputs
+        (absent: 0, a mean).
       warm_start: the trainable weights' values at conversion (stock warm-starts the trainable
         variables from the Keras weights), or None.
       batch_size: the global batch size, or None (read from the input).
@@ -101,6 +104,7 @@ class Plan:
         optimizer,
         custom_objects,
         loss_kinds,
+        added_degrees,
         warm_start,
         batch_size,
         steps_per_execution,
@@ -112,6 +116,7 @@ class Plan:
         self.optimizer = optimizer
         self.custom_objects = custom_objects or {}
         self.loss_kinds = loss_kinds
+        self.added_degrees = added_degrees
         self.warm_start = warm_start
         self.batch_size = batch_size
         self.steps_per_execution = steps_per_execution
@@ -145,37 +150,32 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
         for layer in _tfprivate.all_layers(keras_model)
         if _tfprivate.layer_input_losses(layer)
     ]
-    if adding:
-        # Keras averages such a loss over each replica's own rows, padding rows included, so
-        # the replicas' sum is not stock's on the global batch: refused rather than wrong.
+    normalizing = [
+        layer.name
+        for layer in _tfprivate.all_layers(keras_model)
+        if isinstance(layer, tf.keras.layers.BatchNormalization)
+    ]
+    if adding and normalizing:
+        # An input loss is evaluated per row (a replica's rows and padding differ in number);
+        # BatchNormalization on one row would normalise by that row's own moments (and update
+        # its moving statistics once per row): refused rather than trained to other numbers.
         raise ConversionError(
-            "the strategy engine does not take losses a layer adds from its inputs yet "
-            f"(activity_regularizer, model.add_loss of a tensor: {', '.join(adding)}). Use a "
-            "weight regularizer or a loss on an output instead, or engine='tpuestimator' "
+            "the strategy engine cannot take a loss a layer adds from its inputs "
+            f"(activity_regularizer, model.add_loss of a tensor: {', '.join(adding)}) in a model "
+            f"with BatchNormalization ({', '.join(normalizing)}) yet. Use a weight regularizer or "
+            "a loss on an output instead, or engine='tpuestimator' "
             "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
         )
-    masked = [
-        name
-        for name, mask in zip(keras_model.output_names, _tfprivate.output_masks(keras_model))
-        if mask is not None
-    ]
-    if masked:
-        # Stock's loss averages a masked output over the batch's unmasked elements; the engine
-        # does not split that over replicas yet: refused rather than trained to other numbers.
-        raise ConversionError(
-            "the strategy engine does not take masked outputs yet (a Keras mask from Masking or "
-            f"mask_zero reaches output {', '.join(masked)}). Stop the mask before the output, "
-            "or use engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
-        )
-    conversion = _plan.ConversionPlan(
-        settings=settings, loss_plan=_loss_kinds.plan(keras_model, custom_objects)
-    )
+    loss_plan = _loss_kinds.plan(keras_model, custom_objects)
+    _tfprivate.restore_v2_classes(keras_model)  # the plan may clone it in a graph
+    conversion = _plan.ConversionPlan(settings=settings, loss_plan=loss_plan)
     warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
     plan = Plan(
         keras_model,
         optimizer,
         custom_objects,
-        conversion.loss_plan.outputs,
+        loss_plan.outputs,
+        loss_plan.added or {},
         warm,
         conversion.batch_size,
         conversion.iterations_per_loop,
@@ -204,62 +204,159 @@ def _loss_objects(keras_model, custom_objects):
     return list(zip(names, losses, weights))
 
 
-def _rows_weight(pad, values):
-    return tf.reshape(pad, [-1] + [1] * (values.shape.rank - 1))
+class _Endpoint:
+    """One output's loss as :func:`tpushim._losses.shard_loss` reads a Keras training endpoint:
+    the TPU path's arithmetic, on the strategy engine's eager tensors."""
+
+    def __init__(self, name, loss_fn, loss_weight, y_true, y_pred, sample_weight):
+        self.output_name, self.loss_fn, self.loss_weight = name, loss_fn, loss_weight
+        self.output, self.sample_weight = y_pred, sample_weight
+        self.training_target = types.SimpleNamespace(target=y_true)
 
 
-def _term(loss_obj, kind, y_true, y_pred, pad, rows):
-    """Replica's share of one output's loss on the global batch of ``rows`` real rows."""
-    if kind == _loss_kinds.ROWS:
-        values = tf.cast(loss_obj.call(y_true, y_pred), tf.float32)
-        weighted = tf.reduce_sum(values * _rows_weight(pad, values))
-        if loss_obj.reduction == Reduction.SUM:
-            return weighted
-        per_row = float(np.prod(values.shape.as_list()[1:] or [1]))
-        return weighted / (rows * per_row)  # AUTO / SUM_OVER_BATCH_SIZE: a mean over elements
-    # One number for the batch, T(n) = n**(p-1) * sum of per-row values: evaluated per row.
-    per_row = tf.vectorized_map(
-        lambda pair: tf.cast(loss_obj.call(pair[0][None], pair[1][None]), tf.float32),
-        (y_true, y_pred),
-    )
-    return rows ** float(kind - 1) * tf.reduce_sum(per_row * pad)
+def all_reduce_sum(value):
+    """``value`` summed over the replicas (the replica context's all-reduce)."""
+    return tf.distribute.get_replica_context().all_reduce(SUM, value)
 
 
-def replica_loss(terms, kinds, outputs, labels, pad, rows, replicas, model_losses):
+def replica_loss(
+    terms,
+    kinds,
+    outputs,
+    labels,
+    pad,
+    replicas,
+    model_losses,
+    sample_weights=None,
+    input_losses=(),
+    sum_replicas=all_reduce_sum,
+):
     """``L_r``: the sum over replicas of these is stock's training loss on the global batch.
+
+    The outputs' terms are the TPU path's ``L_s`` (:func:`tpushim._losses.shard_loss`: padding
+    rows weigh 0, a mean divides by the global batch's real rows or unmasked elements, a sample
+    weight and a mask weigh as Keras weighs them, a custom one-number loss is evaluated per row
+    and scaled by its degree), whose mean over the replicas is stock's: ``L_r = L_s / S``.
 
     Args:
       terms: ``(output name, Loss object or None, weight)`` per output (:func:`_loss_objects`).
       kinds: output name -> kind (:class:`Plan`).
-      outputs, labels: the replica's model outputs and labels (lists, in output order).
+      outputs, labels: the replica's model outputs and labels (lists, in output order); an
+        output's Keras mask is its ``_keras_mask``.
       pad: the replica's [rows] padding weights.
-      rows: real rows in the global batch (all replicas).
       replicas: replicas in sync.
-      model_losses: the model's added losses (weight regularizers: stock adds them once).
+      model_losses: the model's weight regularizers (stock adds them once).
+      sample_weights: per output, the replica's sample weights or None.
+      input_losses: ``(degree, [rows] values)`` per loss a layer adds from its inputs, each row's
+        value that of a batch of that row alone (:meth:`_Run.input_losses`).
+      sum_replicas: sums a tensor over the replicas (the identity on one replica alone).
     """
-    total = tf.constant(0.0)
-    for (name, loss_obj, weight), y_pred, y_true in zip(terms, outputs, labels):
+    sample_weights = sample_weights or [None] * len(terms)
+    endpoints, term_kinds, masks = [], [], []
+    for (name, loss_obj, weight), y_pred, y_true, sample_weight in zip(
+        terms, outputs, labels, sample_weights
+    ):
         if loss_obj is None:
             continue
-        term = _term(loss_obj, kinds.get(name, _loss_kinds.ROWS), y_true, y_pred, pad, rows)
-        total += weight * term
+        endpoints.append(_Endpoint(name, loss_obj, weight, y_true, y_pred, sample_weight))
+        term_kinds.append(kinds.get(name, _loss_kinds.ROWS))
+        masks.append(getattr(y_pred, "_keras_mask", None))
+    totals = _losses.Totals()  # the rows' count and the terms' counts: one collective
+    real_rows = totals.add(tf.reduce_sum(pad))
+    total = _losses.shard_loss(
+        endpoints, term_kinds, masks, [], {}, pad, replicas, sum_replicas, totals
+    ) / float(replicas)
+    total = tf.cast(total, tf.float32)
     for added in model_losses:
         total += tf.cast(added, tf.float32) / replicas
+    rows = real_rows(tf.float32)
+    # The loss reads the counts' collective even where no term needs it (a SUM loss): every
+    # step's collectives, in one chain, issued in the same order on every device.
+    with tf.control_dependencies([rows]):
+        total = tf.identity(total)
+    if input_losses:  # T(n rows) = n**(degree - 1) * the sum of its rows' values, n global
+        for degree, values in input_losses:
+            total += rows ** float(degree - 1) * tf.reduce_sum(tf.cast(values, tf.float32) * pad)
     return total
 
 
 def global_rows(pad):
     """Real rows of the global batch, summed over the replicas (each replica holds a slice)."""
-    return tf.distribute.get_replica_context().all_reduce(SUM, tf.reduce_sum(pad))
+    return all_reduce_sum(tf.reduce_sum(pad))
 
 
 # --- the input, as the replicas read it: tpushim/_strategy_input.py --------------------------
 
 
-def _unpack(element):
-    """(features, labels or None, padding weight) of a padded element."""
+def _unpack(element, names):
+    """(features, labels or None, padding weight, per output sample weights or None) of a
+    padded element: ``{"features", "sample_weights"}`` features as keras_lib splits them."""
     features, labels = element if isinstance(element, tuple) else (element, None)
-    return features[_padding.FEATURES_KEY], labels, features[_padding.PADDING_KEY]
+    pad, features = features[_padding.PADDING_KEY], features[_padding.FEATURES_KEY]
+    weights = None
+    if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
+        features, weights = features["features"], features["sample_weights"]
+        weights = _tfprivate.standardize_sample_weights(weights, names)
+    return features, labels, pad, weights
+
+
+def _called(model, features, training):
+    """The model's outputs (a list), its weight regularizers, and whether its layers added
+    losses from their inputs in this call."""
+    outputs = _as_list(model(features, training=training))
+    adds = any(_tfprivate.layer_call_losses(layer) for layer in _tfprivate.all_layers(model))
+    return outputs, _tfprivate.weight_regularizers(model), adds
+
+
+def input_losses(model, features, training, degrees):
+    """``(degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
+    a call of ``model``): each row's value that of the model called on that row alone, so
+    padding rows weigh 0 and a replica's rows add up to the global batch's term whatever their
+    number (Keras's own value is a mean over the replica's rows, padding included)."""
+    keys = [
+        (layer.name, i)
+        for layer in _tfprivate.all_layers(model)
+        for i, _ in enumerate(_tfprivate.layer_call_losses(layer))
+    ]
+
+    def per_row(row):
+        model(tf.nest.map_structure(lambda x: x[None], row), training=training)
+        return [
+            tf.reshape(tf.cast(t, tf.float32), [])
+            for layer in _tfprivate.all_layers(model)
+            for t in _tfprivate.layer_call_losses(layer)
+        ]
+
+    # tf.map_fn, not tf.vectorized_map: regularizers use ops pfor cannot vectorise (L2Loss), and
+    # its while-loop fallback does not compile with XLA; map_fn's static row count does.
+    values = tf.map_fn(per_row, features, fn_output_signature=[tf.float32] * len(keys))
+    return [(degrees.get(key, 0), v) for key, v in zip(keys, values)]
+
+
+def _loss_of(plan, terms, model, features, labels, pad, weights, training, replicas, summed):
+    """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
+    outputs, regularizers, adds = _called(model, features, training)
+    added = input_losses(model, features, training, plan.added_degrees) if adds else ()
+    loss = replica_loss(
+        terms,
+        plan.loss_kinds,
+        outputs,
+        _labels_list(labels, model.output_names),
+        pad,
+        replicas,
+        regularizers,
+        weights,
+        added,
+        summed,
+    )
+    return loss, outputs
+
+
+def _mask_or_empty(output):
+    """An output's Keras mask, or an empty tensor where it has none (a replica's results are
+    tensors)."""
+    mask = getattr(output, "_keras_mask", None)
+    return tf.zeros([0], tf.bool) if mask is None else mask
 
 
 def _as_list(x):
@@ -288,18 +385,10 @@ def check_xla(plan, element_spec, replicas):
     terms = _loss_objects(plan.keras_model, plan.custom_objects)
 
     def step(element):
-        features, labels, pad = _unpack(element)
+        features, labels, pad, weights = _unpack(element, model.output_names)
         with tf.GradientTape() as tape:
-            outputs = _as_list(model(features, training=True))
-            loss = replica_loss(
-                terms,
-                plan.loss_kinds,
-                outputs,
-                _labels_list(labels, model.output_names),
-                pad,
-                tf.reduce_sum(pad),
-                replicas,
-                model.losses,
+            loss, _ = _loss_of(
+                plan, terms, model, features, labels, pad, weights, True, replicas, lambda x: x
             )
         return loss, tape.gradient(loss, model.trainable_variables)
 
@@ -365,29 +454,30 @@ class _Run:
         return path
 
     # -- the replica functions ----------------------------------------------------------------
-    def _forward_and_gradients(self, features, labels, pad, rows):
-        with tf.GradientTape() as tape:
-            outputs = _as_list(self.model(features, training=True))
-            loss = replica_loss(
-                self.terms,
-                self.plan.loss_kinds,
-                outputs,
-                _labels_list(labels, self.model.output_names),
-                pad,
-                rows,
-                self.strategy.num_replicas_in_sync,
-                self.model.losses,
-            )
-        return loss, tape.gradient(loss, self.model.trainable_variables)
+    def _loss(self, element, training):
+        features, labels, pad, weights = _unpack(element, self.model.output_names)
+        loss, outputs = _loss_of(
+            self.plan,
+            self.terms,
+            self.model,
+            features,
+            labels,
+            pad,
+            weights,
+            training,
+            self.strategy.num_replicas_in_sync,
+            all_reduce_sum,
+        )
+        return loss, outputs, labels, pad, weights
 
     def train_function(self):
         """A ``tf.function`` running up to ``n`` steps from ``iterator``; returns (steps run,
         each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`)."""
 
         def replica_step(element):
-            features, labels, pad = _unpack(element)
-            rows = global_rows(pad)
-            loss, grads = self._forward_and_gradients(features, labels, pad, rows)
+            with tf.GradientTape() as tape:
+                loss = self._loss(element, True)[0]
+            grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
             return loss
 
@@ -412,42 +502,28 @@ class _Run:
 
     def eval_function(self):
         """A ``tf.function`` of one global batch: (global loss, per replica (outputs, labels,
-        padding weight))."""
-
-        def forward(features, labels, pad, rows):
-            outputs = _as_list(self.model(features, training=False))
-            labels = _labels_list(labels, self.model.output_names)
-            loss = replica_loss(
-                self.terms,
-                self.plan.loss_kinds,
-                outputs,
-                labels,
-                pad,
-                rows,
-                self.strategy.num_replicas_in_sync,
-                self.model.losses,
-            )
-            return loss, outputs, labels
+        padding weight, sample weights, masks)); an output without a mask has an empty one."""
 
         def replica_step(element):
-            features, labels, pad = _unpack(element)
-            loss, outputs, labels = forward(features, labels, pad, global_rows(pad))
-            return loss, outputs, labels, pad
+            loss, outputs, labels, pad, weights = self._loss(element, False)
+            labels = _labels_list(labels, self.model.output_names)
+            masks = [_mask_or_empty(o) for o in outputs]
+            weights = [
+                tf.ones_like(pad) if w is None else w for w in weights or [None] * len(outputs)
+            ]
+            return loss, outputs, labels, pad, weights, masks
 
         @tf.function
         def run(element):
-            loss, outputs, labels, pad = self.strategy.run(replica_step, args=(element,))
-            return self.strategy.reduce(SUM, loss, axis=None), outputs, labels, pad
+            loss, *rest = self.strategy.run(replica_step, args=(element,))
+            return (self.strategy.reduce(SUM, loss, axis=None), *rest)
 
         return run
 
     def predict_function(self):
-        def forward(features):
-            return _as_list(self.model(features, training=False))
-
         def replica_step(element):
-            features, _, pad = _unpack(element)
-            return forward(features), pad
+            features, _, pad, _ = _unpack(element, self.model.output_names)
+            return _as_list(self.model(features, training=False)), pad
 
         return tf.function(lambda element: self.strategy.run(replica_step, args=(element,)))
 
@@ -631,16 +707,22 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         for i, element in enumerate(dataset):
             if steps is not None and i >= steps:
                 break
-            loss, outputs, labels, pad = forward(element)
+            loss, *per_replica = forward(element)
             losses.append(float(loss))
-            outputs, labels, pad = run.gathered((outputs, labels, pad))
+            outputs, labels, pad, weights, masks = run.gathered(tuple(per_replica))
             # Keras weighs only weighted_metrics by a sample weight: padding rows are left out.
             real = pad > 0
-            outputs, labels = tf.nest.map_structure(
-                lambda x: tf.boolean_mask(x, real), (outputs, labels)
+            outputs, labels, weights, masks = tf.nest.map_structure(
+                lambda x: tf.boolean_mask(x, real) if x.shape[0] else x,
+                (outputs, labels, weights, masks),
             )
+            for output, mask in zip(outputs, masks):
+                if mask.shape[0]:  # Keras's metrics read an output's mask from the output
+                    output._keras_mask = mask
             metrics_model.compiled_metrics.update_state(
-                _as_dict_or_one(labels, names), _as_dict_or_one(outputs, names)
+                _as_dict_or_one(labels, names),
+                _as_dict_or_one(outputs, names),
+                _as_dict_or_one(weights, names),
             )
         # In stock's order: the loss, the metrics, the global step.
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}

@@ -698,6 +698,19 @@ def layer_input_losses(layer):
     return list(layer._losses)
 
 
+def layer_call_losses(layer):
+    """The losses a layer added from its inputs in its latest call eagerly or in a
+    ``tf.function`` (Keras keeps them per thread, apart from its construction's, which
+    :func:`layer_input_losses` gives; cleared at each outermost call)."""
+    return list(layer._eager_losses)
+
+
+def weight_regularizers(model):
+    """The model's weight regularization terms, evaluated now (Keras's callable losses)."""
+    values = [fn() for layer in all_layers(model) for fn in layer._callable_losses]
+    return [value for value in values if value is not None]
+
+
 def clone_for_inspection(keras_model, custom_objects, input_tensors=None):
     """An uncompiled clone in the current (scratch) graph, built as the model_fn's clone is
     (keras_lib's cloning): a functional model on fresh placeholders; a subclassed model called
@@ -726,6 +739,28 @@ def clone_for_inspection(keras_model, custom_objects, input_tensors=None):
 def output_masks(model):
     """Per output, the Keras mask a compiled clone weights its loss with (None: no mask)."""
     return [getattr(output, "_keras_mask", None) for output in model.outputs]
+
+
+def restore_v2_classes(keras_model):
+    """Undoes what a clone in a graph does to an eager model's classes: Keras makes a model or
+    layer in a graph by swapping its class's bases to their v1 twins in place
+    (``version_utils.swap_class``), for every instance of the class, the user's eager model too,
+    until the next one is made eagerly (whose v1 ``get_weights`` then fails, for one). Swaps them
+    back, as Keras's own next eager construction would."""
+    version_utils = _keras("utils.version_utils")
+    model_classes = (_keras("engine.training").Model, _keras("engine.training_v1").Model)
+    layer_classes = (_keras("engine.base_layer").Layer, _keras("engine.base_layer_v1").Layer)
+    for layer in all_layers(keras_model):
+        classes = model_classes if isinstance(layer, model_classes[0]) else layer_classes
+        version_utils.swap_class(type(layer), *classes, True)
+
+
+def standardize_sample_weights(sample_weights, output_names):
+    """``{"features", "sample_weights"}`` features' weights as one entry per output (None: no
+    weight), as keras_lib maps them (``training_utils_v1.standardize_sample_weights``)."""
+    return _keras("engine.training_utils_v1").standardize_sample_weights(
+        sample_weights, output_names
+    )
 
 
 def added_losses(model):

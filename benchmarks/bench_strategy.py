@@ -1,0 +1,174 @@
+"""The strategy engine against a hand-written Keras ``fit`` under the same strategy (issue 33).
+
+Both train the same model (an MLP, legacy SGD + momentum, mse), on the same data, global batch
+and ``steps_per_execution``, under a ``tf.distribute.MirroredStrategy`` over the same 8 logical
+CPU devices: the engine through ``train()`` of the converted estimator (``tpushim.patched(
+mode="cpu", engine="strategy")``), Keras through ``model.fit(dataset, steps_per_epoch=...)`` on
+a model built and compiled in the strategy's scope, the Dataset ``batch(B).repeat()``. The
+logical devices must be made before TensorFlow initialises, so each run is a fresh process
+(this file, run as a driver); contenders per round, the order rotating: fit, fit again (the
+fit-against-fit row: the noise), the engine.
+
+Measured: steady steps/s -- the steps after the first ``tf.function`` call of the run over the
+time they took (tracing, the engine's XLA check, checkpoints and Keras's set-up excluded: the
+per-step cost alone), timed around each of the engine's loop calls and between Keras's
+``on_train_batch_end`` calls (once per ``steps_per_execution`` steps). Goal (issue 33): the
+engine >= 0.95x fit's steady steps/s. Also the whole call (``train()`` / ``fit()`` wall time)
+as steps/s, without a goal: the engine writes stock's checkpoints and compiles an XLA check.
+
+On this 2-core machine shared with other work the numbers are noisy: the fit-again row's spread
+says how much.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import benchlib
+
+GOAL = 0.95
+ROWS, FEATURES, BATCH, PER_EXECUTION = 4096, 32, 64, 10
+
+
+def _run(kind, steps):
+    """One driver run: ``(steady steps/s, whole-call steps/s)``."""
+    with tempfile.TemporaryDirectory(prefix="bench_strategy_") as workdir:
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), kind, workdir, str(steps)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=benchlib.clean_env({"PYTHONPATH": benchlib.REPO}),
+            cwd=workdir,
+            timeout=1200,
+        )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{kind} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result = json.loads(lines[-1][len("BENCH ") :])
+    return result["steady"], result["whole"]
+
+
+def run(table, opts, report):
+    reps = benchlib.rounds(opts, full=5, quick=1)
+    steps = 100 if opts.quick else 400
+    contenders = [("Keras fit", "fit"), ("Keras fit again", "fit"), ("tpushim engine", "engine")]
+    runs = benchlib.interleaved(contenders, reps, lambda kind: _run(kind, steps))
+    report["strategy"] = runs
+    steady = benchlib.Paired({n: [r[0] for r in v] for n, v in runs.items()}, "Keras fit")
+    whole = benchlib.Paired({n: [r[1] for r in v] for n, v in runs.items()}, "Keras fit")
+    noise = steady.ratios("Keras fit again")
+    noise = (min(noise), max(noise)) if noise else None
+    case = f"MLP, 8 replicas, batch {BATCH}, steps_per_execution {PER_EXECUTION}"
+    for name, _ in contenders:
+        engine = name.startswith("tpushim")
+        table.add(
+            "strategy",
+            f"{case}: steady steps/s ({steps} steps)",
+            name,
+            f"{benchlib.median(steady.values[name]):.1f}",
+            f"{steady.ratio(name):.3f}x" if name != "Keras fit" else "",
+            goal=f">= {GOAL}x" if engine else "",
+            ok=(steady.ratio(name) >= GOAL) if engine else None,
+            spread=steady.spread(name),
+            noise=noise,
+        )
+        table.add(
+            "strategy",
+            f"{case}: whole train()/fit() steps/s",
+            name,
+            f"{benchlib.median(whole.values[name]):.1f}",
+            f"{whole.ratio(name):.3f}x" if name != "Keras fit" else "",
+            spread=whole.spread(name),
+        )
+    table.notes.append(
+        f"strategy: {reps} round(s), each contender a fresh process per round (8 logical CPU "
+        "devices), order rotating; medians of the per-round ratios."
+    )
+
+
+# -- the driver: one run, in its own process --------------------------------------------------
+
+
+def _model(tf, **compile_kwargs):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(64, activation="relu", input_shape=(FEATURES,), name="h1"),
+            tf.keras.layers.Dense(64, activation="relu", name="h2"),
+            tf.keras.layers.Dense(1, name="out"),
+        ]
+    )
+    model.compile(tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9), loss="mse", **compile_kwargs)
+    return model
+
+
+def _drive(kind, workdir, steps):
+    import time
+
+    import numpy as np
+
+    tf = benchlib.tf()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+    tf.config.threading.set_inter_op_parallelism_threads(32)  # as tests/strategy_proof.py
+    rng = np.random.RandomState(0)
+    x = rng.randn(ROWS, FEATURES).astype(np.float32)
+    y = x[:, :1] - 0.5 * x[:, 1:2]
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+
+    calls = []  # (steps, seconds) per tf.function call / per steps_per_execution
+    if kind == "fit":
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+        with tf.distribute.MirroredStrategy(devices).scope():
+            model = _model(tf, steps_per_execution=PER_EXECUTION)
+
+        class Clock(tf.keras.callbacks.Callback):
+            last = None
+
+            def on_train_batch_end(self, batch, logs=None):
+                now = time.perf_counter()
+                if self.last is not None:
+                    calls.append((PER_EXECUTION, now - self.last))
+                self.last = now
+
+        start = time.perf_counter()
+        model.fit(input_fn(), epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Clock()])
+    else:
+        import tpushim
+        from tpushim import _strategy
+
+        original = _strategy._Run.train_function
+
+        def train_function(self):
+            loop = original(self)
+
+            def timed(iterator, n):
+                t = time.perf_counter()
+                ran, loss = loop(iterator, n)
+                calls.append((int(ran), time.perf_counter() - t))
+                return ran, loss
+
+            return timed
+
+        _strategy._Run.train_function = train_function
+        with tpushim.patched(
+            mode="cpu", engine="strategy", iterations_per_loop=PER_EXECUTION, quiet=True
+        ):
+            estimator = tf.keras.estimator.model_to_estimator(
+                keras_model=_model(tf), model_dir=os.path.join(workdir, "model")
+            )
+        start = time.perf_counter()
+        estimator.train(input_fn, steps=steps)
+        calls = calls[1:]  # the first call traces
+    whole = steps / (time.perf_counter() - start)
+    steady = sum(n for n, _ in calls) / sum(s for _, s in calls)
+    print("BENCH " + json.dumps({"steady": steady, "whole": whole}), flush=True)
+
+
+if __name__ == "__main__":
+    _drive(sys.argv[1], sys.argv[2], int(sys.argv[3]))
