@@ -15,7 +15,9 @@ step against a hand-written one, the preflight against the script; its parts ``b
 ``bn-check`` run alone), ``tf216`` (bench_tf216: tpushim's estimator engine on TensorFlow >= 2.16
 against stock 2.15, two interpreters: ``--tf216-python``), ``strategy`` (bench_strategy: the
 strategy engine's ``train()`` against a hand-written Keras ``fit`` under the same
-MirroredStrategy on 8 logical CPU devices). All of them write one table
+MirroredStrategy on 8 logical CPU devices), ``strategy-pods`` (bench_strategy_pods: one
+emulated host's input on the strategy engine, tpushim's ``HostInput`` against a hand-written
+``distribute_datasets_from_function``). All of them write one table
 (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
@@ -50,6 +52,7 @@ import bench_pods
 import bench_scale
 import bench_startup
 import bench_strategy
+import bench_strategy_pods
 import bench_tf216
 import bench_training
 import bench_wrapper
@@ -68,6 +71,7 @@ SECTIONS = {
     "bn": bench_bn.run,
     "tf216": bench_tf216.run,
     "strategy": bench_strategy.run,
+    "strategy-pods": bench_strategy_pods.run,
 }
 #: parts of a section ``--only`` also takes (never run by default: their section runs them)
 PARTS = {"bn-step": bench_bn.run_step, "bn-check": bench_bn.run_check}

@@ -135,3 +135,31 @@ def test_exit_status_is_1_when_a_goal_is_missed_noise_or_not(
     assert row["spread"] == f"{min(shim):.3f}..{max(shim):.3f}" and row["ok"] == verdict
     assert next(r for r in rows if r["contender"] == "stock again")["spread"] == "0.900..1.100"
     assert f"goals missed: {status}" in out
+
+
+def test_strategy_pods_section_compares_the_same_per_replica_batches_on_each_path(bench, tmp_path):
+    import bench_pods
+    import bench_strategy_pods as section
+    import benchlib
+
+    tf = benchlib.tf()
+    assert bench.SECTIONS["strategy-pods"] is section.run
+    bench_pods._write_records(str(tmp_path), 8, 6, image=16)
+    pattern, parse, batch, hosts = str(tmp_path / "*.tfrecord"), bench_pods._decode(8), 16, 2
+    functions = {
+        "hand": section.hand_written(pattern, parse, batch),
+        "files": section.host_input(
+            section.legacy_input_fn(pattern, parse, batch), hosts, "auto", batch
+        ),
+        "exact": section.host_input(
+            section.legacy_input_fn(pattern, parse, batch), hosts, "exact", batch
+        ),
+    }
+    # The rows measure what they are named for: tpushim's files path and exact path.
+    assert functions["files"].path.name == "files" and functions["exact"].path.name == "exact"
+    for name, function in functions.items():
+        for host in range(hosts):
+            dataset = function(tf.distribute.InputContext(hosts, host, section.REPLICAS))
+            for element in dataset.take(3):  # per-replica batches of the same images
+                images = tf.nest.flatten(element)[0]
+                assert images.shape == (batch // section.REPLICAS, 8, 8, 3), (name, host)
