@@ -10,7 +10,7 @@ from tpushim import _detect, _engines, _patch, _settings, _versions
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if (
-    _versions.uses_engine()
+    _versions.uses_own_estimator()
     and os.environ.get(_versions.LEGACY_KERAS) not in _versions.LEGACY_KERAS_ON
 ):
     # TensorFlow >= 2.16: the suite's models are Keras 2 (tf_keras), as tpushim.patch() makes a
@@ -26,7 +26,7 @@ TPUESTIMATOR_REASON = (
 
 
 def pytest_collection_modifyitems(config, items):
-    if not _versions.uses_engine():
+    if not _versions.uses_own_estimator():
         return
     skip = pytest.mark.skip(reason=TPUESTIMATOR_REASON)
     for item in items:
@@ -121,7 +121,7 @@ def tpuestimator_import(module, *names):
     :class:`TPUEstimatorOnly` stand-ins on TensorFlow >= 2.16."""
     import importlib
 
-    if _versions.uses_engine():
+    if _versions.uses_own_estimator():
         found = [TPUEstimatorOnly(f"{module}.{n}") for n in names] or [TPUEstimatorOnly(module)]
     else:
         imported = importlib.import_module(module)

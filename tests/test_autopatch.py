@@ -107,7 +107,7 @@ def test_an_error_while_patching_is_said_again_at_the_first_conversion(tmp_path)
         [script, tmp_path / "model"],
         env={"TPUSHIM_AUTOPATCH": "1", "TPUSHIM_BATCH_SIZE": "abc", "TF_USE_LEGACY_KERAS": ""},
     )
-    if _versions.uses_engine():
+    if _versions.uses_own_estimator():
         # Unpatched on TensorFlow >= 2.16 is stock 2.16+: tf.keras is Keras 3 (tpushim did not
         # set TF_USE_LEGACY_KERAS), which fails the legacy script before any model_to_estimator
         # call. The start-up warning says why tpushim is not on.

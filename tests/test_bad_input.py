@@ -13,7 +13,7 @@ keras_lib = tpuestimator_import("tensorflow_estimator.python.estimator", "keras_
 ORIGINAL = keras_lib.model_to_estimator
 #: TensorFlow >= 2.16 has no stock estimator: there the conversions that fail as stock's fail on
 #: tpushim's own estimator (mode auto), with stock's errors; mode cpu is the strategy engine there.
-STOCKS = {"mode": "auto"} if _versions.uses_engine() else {"mode": "cpu"}
+STOCKS = {"mode": "auto"} if _versions.uses_own_estimator() else {"mode": "cpu"}
 TPU = pytest.mark.tpuestimator
 
 
@@ -142,7 +142,7 @@ def test_bad_input(case, tmp_path, monkeypatch):
     assert not (model_dir / "keras").exists() or case.startswith("input_fn")
     if isinstance(info.value, tpushim.ConfigurationError):
         assert not tpushim.is_patched()
-        if _versions.uses_engine():  # tpushim's tf.estimator names were not installed
+        if _versions.uses_own_estimator():  # tpushim's tf.estimator names were not installed
             assert not hasattr(tf, "estimator")
         else:
             assert keras_lib.model_to_estimator is ORIGINAL

@@ -13,7 +13,7 @@ import pytest
 
 from tpushim import _cli, _versions
 
-ENGINE = _versions.uses_engine()  # TensorFlow >= 2.16: tpushim's estimator engine
+ENGINE = _versions.uses_own_estimator()  # TensorFlow >= 2.16: tpushim's estimator engine
 pytestmark = pytest.mark.slow  # TensorFlow subprocesses
 
 #: The entry point pip installed beside this interpreter (``pip install -e .`` makes it).

@@ -92,7 +92,9 @@ def test_status_carries_the_decision_a_call_would_act_on(monkeypatch, env, patch
     assert status["decision"]["returns"].startswith(
         {
             # TensorFlow >= 2.16 has no estimators: tpushim's own takes stock's place
-            "stock": "tpushim's estimator" if _versions.uses_engine() else "the stock estimator",
+            "stock": "tpushim's estimator"
+            if _versions.uses_own_estimator()
+            else "the stock estimator",
             "tpu": "TPUEstimator on TPU grpc://127.0.0.1:1 (from TPU_NAME)",
             "cpu": "TPUEstimator(use_tpu=False)",
             "no-tpu": "an error, tpushim.NoTPUError",

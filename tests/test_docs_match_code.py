@@ -26,7 +26,7 @@ def test_status_page_shows_every_key_status_has():
     with tpushim.patched(mode="cpu"):
         status = tpushim.status()
     assert sorted(example) == sorted(status)
-    if _versions.uses_engine():  # the example is 2.15's; the table names 2.16's keys too
+    if _versions.uses_own_estimator():  # the example is 2.15's; the table names 2.16's keys too
         assert all(f"`{key}`" in page for key in status["applied"]), status["applied"]
         assert len(status["applied"]) == 10
     else:

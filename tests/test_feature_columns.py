@@ -17,7 +17,7 @@ import pytest
 
 from tpushim import _versions
 
-if _versions.uses_engine():
+if _versions.uses_own_estimator():
     pytest.skip("the TPUEstimator path exists on TensorFlow <= 2.15", allow_module_level=True)
 
 import replicas

@@ -44,7 +44,9 @@ TRAIN_SCRIPT = textwrap.dedent("""
 """)
 
 
-if _versions.uses_engine():  # no TPU path there yet (#33): tpushim's estimator engine is tested
+if (
+    _versions.uses_own_estimator()
+):  # no TPU path there yet (#33): tpushim's estimator engine is tested
     TRAIN_SCRIPT = TRAIN_SCRIPT.replace('tpushim.patch(mode="cpu")', 'tpushim.patch(mode="auto")')
 
 
@@ -108,7 +110,7 @@ NETWORK_PROBE = textwrap.dedent("""
         tpushim.status()
     print("EVENTS", events)
 """)
-if _versions.uses_engine():  # mode cpu has no TPU path to run there yet (#33)
+if _versions.uses_own_estimator():  # mode cpu has no TPU path to run there yet (#33)
     NETWORK_PROBE = NETWORK_PROBE.replace(
         'for mode in ("auto", "cpu"):', 'for mode in ("auto", "off"):'
     )

@@ -116,7 +116,7 @@ def test_load_keeps_an_earlier_patch_and_honours_the_environment(shell, capsys, 
     shell.run_line_magic("load_ext", "tpushim")
     assert (
         "the strategy engine (tf.distribute.MirroredStrategy over this machine's devices)"
-        if _versions.uses_engine()  # the TPU path there
+        if _versions.uses_own_estimator()  # the TPU path there
         else "TPUEstimator(use_tpu=False)"
     ) in capsys.readouterr().out
     assert tpushim.status()["mode_source"] == "argument"
@@ -127,7 +127,7 @@ def test_load_keeps_an_earlier_patch_and_honours_the_environment(shell, capsys, 
     shell.run_line_magic("load_ext", "tpushim")
     assert (
         "tpushim's estimator (TensorFlow >= 2.16 has none; stock 2.15's path and numbers)"
-        if _versions.uses_engine()  # no stock estimator there: tpushim's takes its place
+        if _versions.uses_own_estimator()  # no stock estimator there: tpushim's takes its place
         else "the stock estimator (mode off, from TPUSHIM_MODE=off)"
     ) in capsys.readouterr().out
     shell.run_line_magic("unload_ext", "tpushim")
@@ -193,7 +193,7 @@ def test_magic_quiet_hides_the_conversion_lines(shell, capsys):
 
 
 #: Whether the hint to try mode cpu is offered: not on TensorFlow >= 2.16 (no TPU path yet, #33).
-HINT = not _versions.uses_engine()
+HINT = not _versions.uses_own_estimator()
 
 
 def test_magic_hints_are_the_magic_and_unpatch_confirms(shell, capsys):

@@ -8,7 +8,7 @@ import pytest
 from tpushim import _versions
 
 pytestmark = pytest.mark.skipif(
-    not _versions.uses_engine(), reason="tpushim's estimator engine: TensorFlow >= 2.16"
+    not _versions.uses_own_estimator(), reason="tpushim's estimator engine: TensorFlow >= 2.16"
 )
 
 SESSION = """\

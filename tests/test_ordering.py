@@ -26,14 +26,14 @@ from tpushim import _versions
 
 pytestmark = pytest.mark.slow  # runs TensorFlow subprocesses: outside the fast tier
 
-ENGINE = _versions.uses_engine()
+ENGINE = _versions.uses_own_estimator()
 
 CHILD = r"""
 import json, sys, types
 import tpushim
 from tpushim import _detect, _patch, _versions
 _detect.DEVICE_GLOBS = ()  # no TPU VM device files on any machine this runs on: mode tpu has no TPU
-ENGINE = _versions.uses_engine()
+ENGINE = _versions.uses_own_estimator()
 # What tpushim wraps: keras_lib's function (<= 2.15), tf_keras's v2 function (>= 2.16).
 KERAS_LIB, TARGET = ("tf_keras.src.estimator", "model_to_estimator_v2") if ENGINE else (_patch.KERAS_LIB, _patch.TARGET)
 state = {"names": None, "original": None, "own code": None, "scope": None}

@@ -40,7 +40,7 @@ def codes(report):
 
 def check(keras_model, engine="strategy"):
     # On TensorFlow >= 2.16 the strategy engine is the only TPU path (engine="auto" picks it).
-    with tpushim.patched(engine=None if _versions.uses_engine() else engine):
+    with tpushim.patched(engine=None if _versions.uses_own_estimator() else engine):
         return tpushim.check(keras_model, input_fn)
 
 
@@ -77,7 +77,7 @@ def test_what_only_the_strategy_engine_refuses_is_an_error():
     assert not any(n.startswith(ENGINE_NOTE) for n in report.notes)
 
 
-@pytest.mark.skipif(_versions.uses_engine(), reason="TensorFlow >= 2.16 has no TPUEstimator")
+@pytest.mark.skipif(_versions.uses_own_estimator(), reason="TensorFlow >= 2.16 has no TPUEstimator")
 @pytest.mark.tpuestimator
 def test_negative_control_on_tpuestimator_nothing_of_the_strategy_engine():
     report = check(model(activity_regularizer="l2", normalize=True), engine="tpuestimator")
@@ -85,7 +85,9 @@ def test_negative_control_on_tpuestimator_nothing_of_the_strategy_engine():
     assert not any(n.startswith(ENGINE_NOTE) for n in report.notes)
 
 
-@pytest.mark.skipif(_versions.uses_engine(), reason="the script's check on 2.16+: test_tf216_tools")
+@pytest.mark.skipif(
+    _versions.uses_own_estimator(), reason="the script's check on 2.16+: test_tf216_tools"
+)
 @pytest.mark.tpuestimator
 def test_a_scripts_conversion_to_the_strategy_engine_says_what_was_not_checked(tmp_path):
     # Its calls are not recorded: no TPUEstimator TPU graph is claimed, a note says so.

@@ -184,7 +184,9 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     proc = procs.python(["-m", "tpushim", "demo"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    if _versions.uses_engine():  # no stock estimator, no TPU path yet: tpushim's engine twice
+    if (
+        _versions.uses_own_estimator()
+    ):  # no stock estimator, no TPU path yet: tpushim's engine twice
         assert (
             "1. stock    model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16 "
             "(tpushim mode off"
@@ -204,7 +206,7 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
             rows[metric],
         )
     assert rows["global_step"][0] == "300"
-    if not _versions.uses_engine():
+    if not _versions.uses_own_estimator():
         assert "results equal within 1e-05" in out
     # TensorFlow's noise is kept down. TensorFlow >= 2.16 prints absl's start-up line from C++
     # before anything reads TF_CPP_MIN_LOG_LEVEL: not that one.

@@ -17,7 +17,9 @@ from tpushim import _patch, _versions
 
 TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
 
-ENGINE = _versions.uses_engine()  # TensorFlow >= 2.16: tpushim's estimator and strategy engines
+ENGINE = (
+    _versions.uses_own_estimator()
+)  # TensorFlow >= 2.16: tpushim's estimator and strategy engines
 ORIGINAL = tf.keras.estimator.model_to_estimator if ENGINE else keras_lib.model_to_estimator
 
 

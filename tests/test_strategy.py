@@ -99,7 +99,8 @@ def test_decision_names_the_engine(mode, tpu, action, returns):
 
 
 @pytest.mark.skipif(
-    _versions.uses_engine(), reason="TensorFlow >= 2.16: the strategy engine whatever the runtime"
+    _versions.uses_own_estimator(),
+    reason="TensorFlow >= 2.16: the strategy engine whatever the runtime",
 )
 def test_decision_on_a_pjrt_runtime(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "TPU")

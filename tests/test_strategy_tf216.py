@@ -17,7 +17,7 @@ from tpushim import _versions
 
 pytestmark = [
     pytest.mark.skipif(
-        not _versions.uses_engine(),
+        not _versions.uses_own_estimator(),
         reason="TensorFlow < 2.16 installed: tests/test_strategy.py covers the engine there",
     ),
     pytest.mark.slow,  # a subprocess

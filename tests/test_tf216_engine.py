@@ -20,7 +20,7 @@ import pytest
 from tpushim import _versions
 
 pytestmark = pytest.mark.skipif(
-    not _versions.uses_engine(),
+    not _versions.uses_own_estimator(),
     reason="TensorFlow < 2.16 installed: tf.estimator is stock's there (tests/test_scripts.py)",
 )
 

@@ -175,7 +175,7 @@ def _check(options, argv):
     args = parser.parse_args(own + (["-m", module] if module is not None else []))
     if module is None and not target:
         return _stop("check: give the script (or -m MODULE) to check")
-    engine = _versions.uses_engine()
+    engine = _versions.uses_own_estimator()
     # TensorFlow >= 2.16: tpushim's estimator engine (mode off: no TPU is looked for, nothing
     # reaches one); else cpu mode: the TPU code path, run on CPU.
     stopped = _patch_before_running(

@@ -88,7 +88,7 @@ ENGINE_TARGETS = (
 
 def targets():
     """The table in effect: :data:`ENGINE_TARGETS` on TensorFlow >= 2.16, else :data:`TARGETS`."""
-    return ENGINE_TARGETS if _versions.uses_engine() else TARGETS
+    return ENGINE_TARGETS if _versions.uses_own_estimator() else TARGETS
 
 
 class _State:
@@ -446,7 +446,7 @@ def _sync():
                 _apply(module, attribute, kind)
             else:
                 _remove(module, attribute)
-    if STATE.delegations or (wanted and _versions.uses_engine()):
+    if STATE.delegations or (wanted and _versions.uses_own_estimator()):
         _delegate(wanted)
 
 
@@ -698,7 +698,7 @@ def _convert_call(wrapped, instance, args, kwargs):
     settings = current_settings()
     if settings is None:  # patched for another thread's scope only
         return wrapped(*args, **kwargs)
-    if _versions.uses_engine():
+    if _versions.uses_own_estimator():
         return _engine_call(wrapped, args, kwargs, settings)
     arguments = _arguments_by_name(wrapped, args, kwargs)
     from tpushim import _decision, _detect  # not at start-up

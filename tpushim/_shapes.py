@@ -53,7 +53,7 @@ def _feature_split(keras_model):
     tensorflow_estimator."""
     from tpushim import _versions
 
-    if _versions.uses_engine():
+    if _versions.uses_own_estimator():
         return None
     from tpushim import _feature_columns
     from tpushim._errors import ConversionError

@@ -46,7 +46,7 @@ def status() -> Status:
 
 def estimator_api():
     """Who provides the estimator API here and whether a TPU path exists (``estimator_api``)."""
-    if not _versions.uses_engine():
+    if not _versions.uses_own_estimator():
         return {
             "provider": "tensorflow_estimator",
             "tpu_path": True,
@@ -64,7 +64,7 @@ def estimator_api():
 def _engine_decision(decision, engine):
     """On TensorFlow >= 2.16 a call takes tpushim's estimator engine, the strategy engine (the
     TPU path), or stops (``engine=tpuestimator``: there is no TPUEstimator there)."""
-    if not _versions.uses_engine():
+    if not _versions.uses_own_estimator():
         return decision
     if decision["action"] == "stock":
         returns = "tpushim's estimator (TensorFlow >= 2.16 has none; stock 2.15's path and numbers)"

@@ -170,7 +170,7 @@ def installed_versions(read_metadata=False):
         return getattr(sys.modules.get(name), "__version__", None) if name in sys.modules else None
 
     tf_version, keras_version = imported("tensorflow"), imported("keras")
-    if tf_version is None and uses_engine():  # TensorFlow >= 2.16, not imported yet
+    if tf_version is None and uses_own_estimator():  # TensorFlow >= 2.16, not imported yet
         tf_version = _tf_version_cheaply()
     if read_metadata:
         tf_version = tf_version or dist_version("tensorflow", TF_DISTS)
@@ -233,7 +233,7 @@ def installed():
         out[key] = (getattr(module, "__version__", None) if module else None) or dist_version(
             key, dists
         )
-    if out["tf_keras"] and uses_engine() and _legacy_keras_on():
+    if out["tf_keras"] and uses_own_estimator() and _legacy_keras_on():
         out["keras"] = out["tf_keras"]  # without tf-keras, the Keras there is (3) is named
     return out
 
@@ -278,8 +278,10 @@ def _tf_version_cheaply():
     return _installed_tf[0]
 
 
-def uses_engine():
-    """True where TensorFlow >= 2.16 is imported or installed: tpushim's own estimator engine."""
+def uses_own_estimator():
+    """True where TensorFlow >= 2.16 is imported or installed: tf.estimator is gone, and tpushim
+    runs on its own Estimator (:mod:`tpushim._legacy`). Not the ``engine`` setting (which picks
+    TPUEstimator or the strategy engine for the TPU path)."""
     tf_v = _version_tuple(_tf_version_cheaply())
     return tf_v is not None and ENGINE_TF <= tf_v < SUPPORTED_TF[1]
 
@@ -295,7 +297,7 @@ def legacy_keras_problem():
     sets it (one log line says so) before that. Where a ``keras`` of TensorFlow's already resolved
     to Keras 3, it is too late, and the message says how to start instead.
     """
-    if not uses_engine() or _legacy_keras_on():
+    if not uses_own_estimator() or _legacy_keras_on():
         return None
     tf_module = sys.modules.get("tensorflow")
     if tf_module is not None:

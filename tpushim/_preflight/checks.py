@@ -34,7 +34,9 @@ def check(
     Returns:
       A :class:`Report`; ``report.ok`` is False when something would fail on a TPU.
     """
-    if _versions.uses_engine():  # TensorFlow >= 2.16: no TPUEstimator, tpushim's estimator engine
+    if (
+        _versions.uses_own_estimator()
+    ):  # TensorFlow >= 2.16: no TPUEstimator, tpushim's estimator engine
         from tpushim._preflight import engine_checks
 
         return engine_checks.check(keras_model, input_fn, batch_size, num_cores, custom_objects)

@@ -172,7 +172,7 @@ def check_xla(report, keras_model, custom_objects, features, labels):
 
 def _estimator_io(model, features, labels):
     """``(inputs, targets, sample weights)`` as the estimator hands features and labels to Keras."""
-    if _versions.uses_engine():
+    if _versions.uses_own_estimator():
         from tpushim._legacy import _keras
 
         return _keras.keras_io(model, features, labels)
@@ -183,7 +183,7 @@ def _estimator_io(model, features, labels):
 
 def _loss_weights(keras_model):
     """The ``loss_weights`` the model was compiled with (None: none)."""
-    if _versions.uses_engine():
+    if _versions.uses_own_estimator():
         from tpushim._legacy import _tfprivate as engine_private
 
         return engine_private.compile_args(keras_model).get("loss_weights")
@@ -195,7 +195,7 @@ def _loss_weights(keras_model):
 def _plan(keras_model):
     """The feature-column split of the conversion (None: none; there is none on tpushim's estimator
     engine, TensorFlow >= 2.16, which has no TPU path yet)."""
-    if _versions.uses_engine():
+    if _versions.uses_own_estimator():
         return None
     from tpushim import _feature_columns
 

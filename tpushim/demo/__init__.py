@@ -172,7 +172,7 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
         with patched(**settings):
             # TensorFlow >= 2.16: both runs take tpushim's estimator engine (no stock one there);
             # its TPU path there, the strategy engine, is proven in tests/test_strategy_replicas.py.
-            mode = "auto" if status()["tpu"] or _versions.uses_engine() else "cpu"
+            mode = "auto" if status()["tpu"] or _versions.uses_own_estimator() else "cpu"
     _quiet_tensorflow()
     from tpushim.demo import legacy_mlp
 
