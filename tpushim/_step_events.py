@@ -1,6 +1,7 @@
-"""What stock's training hooks do with each step, for the strategy engine (TF2: no session, no
-hooks): the loss line, the NaN check, ``global_step/sec``, the loss summary and the checkpoints it
-keeps, at stock's steps and in stock's order; and the evaluation's events in ``model_dir/eval``.
+"""What stock's training hooks do with each step, for the strategy engine (TF2: no session): the
+loss line, the NaN check, ``global_step/sec``, the loss summary and the checkpoints it keeps, at
+stock's steps and in stock's order; the evaluation's events in ``model_dir/eval``; and the user's
+own SessionRunHooks (:class:`SessionHooks`), called at stock's steps.
 
 Stock's Estimator runs one step per ``session.run``; after it its hooks run in this order
 (``MonitoredTrainingSession`` puts the chief's first): ``CheckpointSaverHook`` (a checkpoint at a
@@ -80,9 +81,11 @@ class StepEvents:
             step,
         )
 
-    def step(self, loss, label, at):
+    def step(self, loss, label, at, hooks=None):
         """One step's hooks: ``label`` is the global step before it (LoggingTensorHook's), ``at``
-        when it ended (time.monotonic()). Raises stock's error at a NaN loss."""
+        when it ended (time.monotonic()); the user's (a :class:`SessionHooks`) run where stock
+        runs them, after the summary. Raises stock's error at a NaN loss; returns whether a
+        user's hook requested stop."""
         after = label + 1
         self.last_loss = loss
         if self._count_every is not None:
@@ -102,6 +105,7 @@ class StepEvents:
                 )
             self._writer.add_summary(_scalar(LOSS_TAG, loss), after)
             self._summarized = after
+        stop = hooks.after(label) if hooks is not None else False
         if math.isnan(loss):
             self._writer.flush()
             tf.compat.v1.logging.error(_step_losses.NAN_MESSAGE)
@@ -111,9 +115,10 @@ class StepEvents:
         if self._log_every is None or (
             self._logged is not None and iteration < self._logged + self._log_every
         ):
-            return
+            return stop
         _step_losses._log_line(loss, label, None if self._logged is None else at - self._logged_at)
         self._logged, self._logged_at = iteration, at
+        return stop
 
     def end(self):
         """The call returned: stock's last line, and the events on disk."""
@@ -191,3 +196,168 @@ def write_evaluation(eval_dir, results, checkpoint_path):
     )
     out.add_summary(path_summary, step)
     out.flush()
+
+
+# --- the user's SessionRunHooks ------------------------------------------------------------------
+
+#: Hooks that need the model's TF1 graph or session, with what does their work on this engine.
+_REFUSED = {
+    "ProfilerHook": "traces the ops of a session.run; profile the engine's steps with "
+    "tf.profiler.experimental.start(logdir) / stop() around train() instead",
+    "CheckpointSaverHook": "saves a session's variables; the engine saves on RunConfig's "
+    "save_checkpoints_steps / save_checkpoints_secs: set those, and pass "
+    "CheckpointSaverListeners as train(saving_listeners=...)",
+    "SummarySaverHook": "writes summary ops of the model's graph; the engine writes the loss "
+    "every save_summary_steps as stock",
+    "NanTensorHook": "watches a tensor of the model's graph; the engine checks the loss for NaN "
+    "at every step as stock",
+    "FeedFnHook": "feeds placeholders of the model's graph",
+    "FinalOpsHook": "runs ops of the model's graph",
+}
+
+
+def _hook_name(hook):
+    name = type(hook).__name__
+    return "the early-stopping hook" if name == "_StopOnPredicateHook" else name
+
+
+def _refused(hook, why, error=None):
+    from tpushim._errors import ConversionError
+
+    detail = f" ({type(error).__name__}: {str(error)[:500]})" if error is not None else ""
+    return ConversionError(
+        f"the strategy engine cannot run {_hook_name(hook)}: it {why}{detail}. The engine runs "
+        "no TF1 session: a hook sees one holding only the global step "
+        "(tf.compat.v1.train.get_global_step()). Remove the hook, or use "
+        "engine='tpuestimator' where TPUEstimator runs."
+    )
+
+
+def _overrides(hook, *names):
+    base = tf.compat.v1.train.SessionRunHook
+    return any(getattr(type(hook), n) is not getattr(base, n) for n in names)
+
+
+class SessionHooks:
+    """The user's ``SessionRunHook``\\ s, run by stock's protocol at each step of the engine.
+
+    They get a TF1 graph and session of their own holding the global step, set to the engine's
+    step around each call (``before_run`` fetches read the step before it, ``after_run`` sees the
+    step after it, as in stock's ``session.run``): stock's stop, early-stopping and counter hooks
+    run unchanged, and so does a hook of the user's that fetches the global step. A hook that
+    needs the model's graph or session fails in its ``begin``, ``after_create_session`` or first
+    ``before_run``, which :meth:`start` calls before anything is written: that is a
+    ConversionError naming the hook. See docs/reference/hooks.md for the schedule.
+
+    Args:
+      hooks: the ``hooks=`` of train/evaluate/predict.
+      step: the global step the call starts at.
+    """
+
+    def __init__(self, hooks, step):
+        hooks = list(hooks)
+        for hook in hooks:  # stock's check, verbatim
+            if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
+                raise TypeError(f"All hooks must be SessionRunHook instances, given: {hook}")
+        for hook in hooks:
+            if type(hook).__name__ in _REFUSED:
+                raise _refused(hook, _REFUSED[type(hook).__name__])
+        self._hooks = hooks
+        self._graph = tf.Graph()
+        with self._graph.as_default():
+            self._step = tf.compat.v1.train.get_or_create_global_step()
+            for hook in hooks:
+                try:
+                    hook.begin()
+                except Exception as error:
+                    raise _refused(hook, "needs the model's graph in begin()", error) from error
+            self._value = tf.compat.v1.placeholder(tf.int64, [])
+            self._assign = self._step.assign(self._value)
+            init = [
+                tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer(),
+            ]
+        self._graph.finalize()  # as stock's Scaffold, after begin()
+        self._session = tf.compat.v1.Session(graph=self._graph)
+        self._session.run(init)
+        self._at = None
+        self._set(step)
+        coordinator = tf.compat.v1.train.Coordinator()
+        for hook in hooks:
+            try:
+                hook.after_create_session(self._session, coordinator)
+            except Exception as error:
+                raise _refused(hook, "uses the model's session", error) from error
+        self._pending = None
+        self.before(step)  # the first step's fetches, checked before anything is written
+
+    def _set(self, step):
+        if self._at != step:
+            self._session.run(self._assign, {self._value: step})
+            self._at = step
+
+    def per_call(self, step, n):
+        """How many of the next ``n`` steps one ``tf.function`` call may run so that a hook's
+        ``request_stop()`` falls at the call's last step: up to a StopAtStepHook's last step, or
+        an early-stopping hook's next check; one step when a hook may stop at any step."""
+        from tpushim import _tfprivate
+
+        for hook in self._hooks:
+            last = _tfprivate.stop_at_step_last(hook)
+            timer, on_clock = _tfprivate.early_stopping_timer(hook)
+            if last is not None:
+                n = min(n, max(last - step, 1))
+            elif timer is not None and not on_clock:
+                # It checks after a step whose step before it triggers its timer.
+                n = next((k + 1 for k in range(n) if timer.should_trigger_for_step(step + k)), n)
+            elif isinstance(hook, tf.compat.v1.train.StepCounterHook):
+                continue  # counts, never stops
+            elif isinstance(hook, tf.compat.v1.train.LoggingTensorHook):
+                continue
+            elif _overrides(hook, "before_run", "after_run"):
+                return 1  # a stop we cannot foresee: stock's step, one step per call
+        return n
+
+    def before(self, step):
+        """Each hook's ``before_run`` for the step after ``step``, its fetches read."""
+        if self._pending is not None:  # already called for this step
+            return
+        self._set(step)
+        context = tf.compat.v1.train.SessionRunContext(
+            tf.compat.v1.train.SessionRunArgs(None), self._session
+        )
+        values = []
+        for hook in self._hooks:
+            try:
+                args = hook.before_run(context)
+                if args is not None and args.feed_dict:
+                    raise ValueError(f"it feeds {list(args.feed_dict)[:3]}")
+                results = (
+                    None
+                    if args is None or args.fetches is None
+                    else self._session.run(args.fetches)
+                )
+            except Exception as error:
+                raise _refused(hook, "fetches tensors of the model's graph", error) from error
+            values.append(tf.compat.v1.train.SessionRunValues(results, None, None))
+        self._pending = (step, context, values)
+
+    def after(self, step, advance=True):
+        """Each hook's ``after_run`` for the step after ``step`` (``advance``: a training step,
+        the global step one more); True when one requested stop."""
+        self.before(step)  # no-op when already called
+        _, context, values = self._pending
+        self._pending = None
+        self._set(step + 1 if advance else step)
+        for hook, value in zip(self._hooks, values):
+            hook.after_run(context, value)
+        return context.stop_requested
+
+    def end(self, step):
+        """The training ended at ``step`` without an error: each hook's ``end``."""
+        self._set(step)
+        for hook in self._hooks:
+            hook.end(self._session)
+
+    def close(self):
+        self._session.close()

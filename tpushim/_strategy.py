@@ -583,14 +583,6 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             self.strategy, input_fn, mode, self.config, plan.batch_size, plan.pod_input
         )
 
-    @staticmethod
-    def _no_hooks(hooks, what):
-        if hooks:
-            raise ConversionError(
-                f"the strategy engine cannot run SessionRunHooks ({what}: TF1 sessions are what it "
-                "avoids); remove them, or use engine='tpuestimator' where TPUEstimator runs."
-            )
-
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         # Observers (the run summary, the preflight) hear of the call and may cap its steps.
         with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
@@ -606,7 +598,6 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         from tpushim._legacy._estimator import check_train_steps  # one check for both engines
 
         check_train_steps(steps, max_steps)
-        self._no_hooks(hooks, "hooks")
         listeners = list(saving_listeners or ())
         run = _Run(self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir)
         start = int(run.step.numpy())
@@ -616,6 +607,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 "Skipping training since max_steps has already saved."
             )
             return 0, None
+        # The user's hooks begin, and see their first step, before anything is written.
+        user_hooks = _step_events.SessionHooks(hooks, start) if hooks else None
+        try:
+            return self._train_steps(run, input_fn, user_hooks, start, steps, last, listeners)
+        finally:
+            if user_hooks is not None:
+                user_hooks.close()
+
+    def _train_steps(self, run, input_fn, user_hooks, start, steps, last, listeners):
         config = self.config
         events = _step_events.StepEvents(config, self.model_dir)
         kept = _step_events.Kept(self.model_dir, self._tpushim_keep)
@@ -657,6 +657,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 n = per_call if stop is None else min(per_call, stop - step)
                 if every:  # a checkpoint falls at the end of a call
                     n = min(n, max(saved["step"] + every - step, 1))
+                if user_hooks is not None:  # a hook's stop falls at the end of a call
+                    n = user_hooks.per_call(step, n)
                 began = time.monotonic()
                 ran, losses = loop(iterator, tf.constant(n, tf.int64))
                 ended = time.monotonic()
@@ -665,20 +667,25 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 label, step = step, int(run.step.numpy())
                 # Stock's hooks after each step; at a save step the checkpoint comes first.
                 times = _step_events.step_times(began, ended, ran)
-                for k in range(ran - 1):
-                    events.step(losses[k], label + k, times[k])
-                if ran:
-                    if (every and step >= saved["step"] + every) or (
-                        every_secs and ended - saved["at"] >= every_secs
+                for k in range(ran):
+                    if user_hooks is not None:
+                        user_hooks.before(label + k)  # before the step's checkpoint, as stock's
+                    if k == ran - 1 and (
+                        (every and step >= saved["step"] + every)
+                        or (every_secs and ended - saved["at"] >= every_secs)
                     ):
                         stopped = save()
-                    events.step(losses[ran - 1], label + ran - 1, times[-1])
+                    stopped = events.step(losses[k], label + k, times[k], user_hooks) or stopped
                 if ran < n:  # the input ran out
+                    if user_hooks is not None:  # stock's last session.run: before_run, then
+                        user_hooks.before(step)  # OutOfRangeError
                     break
             if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
                 self.model_dir, f"model.ckpt-{step}"
             ):
                 save()
+            if user_hooks is not None:
+                user_hooks.end(step)  # after the last checkpoint, as stock's hooks' end()
         finally:
             events.close()
         events.end()
@@ -695,18 +702,29 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             return results
 
     def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
-        self._no_hooks(hooks, "hooks")
         run = _Run(
             self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir, checkpoint_path
         )
+        user_hooks = _step_events.SessionHooks(hooks, int(run.step.numpy())) if hooks else None
+        try:
+            return self._evaluate_batches(run, input_fn, steps, user_hooks, checkpoint_path, name)
+        finally:
+            if user_hooks is not None:
+                user_hooks.close()
+
+    def _evaluate_batches(self, run, input_fn, steps, user_hooks, checkpoint_path, name):
         dataset, _ = self._input(input_fn, ModeKeys.EVAL)
         forward = run.eval_function()
         metrics_model = _metrics_model(self._tpushim_plan)
         names = run.model.output_names
         losses = []
+        ran_out = True
         for i, element in enumerate(dataset):
             if steps is not None and i >= steps:
+                ran_out = False
                 break
+            if user_hooks is not None:
+                user_hooks.before(int(run.step.numpy()))
             loss, *per_replica = forward(element)
             losses.append(float(loss))
             outputs, labels, pad, weights, masks = run.gathered(tuple(per_replica))
@@ -724,6 +742,13 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 _as_dict_or_one(outputs, names),
                 _as_dict_or_one(weights, names),
             )
+            if user_hooks is not None and user_hooks.after(int(run.step.numpy()), False):
+                ran_out = False
+                break  # a hook's request_stop(): stock's evaluation ends there too
+        if user_hooks is not None:
+            if ran_out:  # stock's last session.run: before_run, then OutOfRangeError
+                user_hooks.before(int(run.step.numpy()))
+            user_hooks.end(int(run.step.numpy()))
         # In stock's order: the loss, the metrics, the global step.
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
         for m in metrics_model.compiled_metrics.metrics:
@@ -750,24 +775,44 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             _observe.finished(call, time.monotonic() - started)
 
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
-        self._no_hooks(hooks, "hooks")
         run = _Run(
             self._tpushim_plan, self.strategy, ModeKeys.PREDICT, self.model_dir, checkpoint_path
         )
+        step = int(run.step.numpy())
+        user_hooks = _step_events.SessionHooks(hooks, step) if hooks else None
+        try:
+            yield from self._predict_batches(
+                run, input_fn, predict_keys, user_hooks, yield_single_examples
+            )
+            if user_hooks is not None:
+                user_hooks.end(step)
+        finally:
+            if user_hooks is not None:
+                user_hooks.close()
+
+    def _predict_batches(self, run, input_fn, predict_keys, user_hooks, yield_single_examples):
         dataset, _ = self._input(input_fn, ModeKeys.PREDICT)
         forward = run.predict_function()
         names = run.model.output_names
+        step = int(run.step.numpy())
         for element in dataset:
+            if user_hooks is not None:
+                user_hooks.before(step)
             outputs, pad = run.gathered(forward(element))
             real = pad.numpy() > 0
             batch = {n: o.numpy()[real] for n, o in zip(names, outputs)}
             if predict_keys:
                 batch = {k: v for k, v in batch.items() if k in predict_keys}
+            stop = user_hooks is not None and user_hooks.after(step, False)
             if not yield_single_examples:
                 yield batch
-                continue
-            for i in range(int(real.sum())):
-                yield {k: v[i] for k, v in batch.items()}
+            else:
+                for i in range(int(real.sum())):
+                    yield {k: v[i] for k, v in batch.items()}
+            if stop:  # stock's predict() ends after the batch a hook stopped at
+                return
+        if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
+            user_hooks.before(step)
 
 
 def _as_dict_or_one(values, names):

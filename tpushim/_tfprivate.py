@@ -970,3 +970,26 @@ def serialized_dataset(dataset):
     by a session, ``tf.raw_ops.DatasetFromGraph`` makes the same Dataset eagerly (how tf.data
     moves a pipeline between hosts and to its service)."""
     return dataset._as_serialized_graph()
+
+
+# --- SessionRunHooks on the strategy engine (tpushim/_step_events.py foresees their stops) -------
+
+
+def stop_at_step_last(hook):
+    """The step a ``tf.compat.v1.train.StopAtStepHook`` stops at (known after its
+    ``after_create_session``), or None for any other hook."""
+    import tensorflow as tf
+
+    if isinstance(hook, tf.compat.v1.train.StopAtStepHook):
+        return hook._last_step
+    return None
+
+
+def early_stopping_timer(hook):
+    """The ``SecondOrStepTimer`` on which ``tf.estimator.experimental``'s early-stopping hook
+    (``_StopOnPredicateHook``, stock's or tpushim's engine's) checks its predicate, and whether it
+    runs on a clock (``run_every_secs``); (None, None) for any other hook."""
+    if type(hook).__name__ != "_StopOnPredicateHook":
+        return None, None
+    timer = hook._timer
+    return timer, timer._every_secs is not None

@@ -1,0 +1,182 @@
+"""The user's SessionRunHooks on the strategy engine (tpushim/_step_events.py, SessionHooks):
+stock's stop, early-stopping and counter hooks and hand-written ones called at stock's steps,
+training stopped at stock's step with stock's weights, against the stock estimator on 8 logical
+CPU devices with steps_per_execution 3 (tests/strategy_hooks_proof.py; on >= 2.16 against stock
+TensorFlow 2.15's, tests/reference/strategy_hooks_tf215.json); the hooks that need the model's
+graph or session refused before anything is written; how many steps a tf.function call runs
+beside each kind of hook.
+"""
+
+import json
+import os
+
+import procs
+import pytest
+import tensorflow as tf
+import tfcases
+
+import tpushim
+
+TOLERANCE = 1e-5
+CASES = ("stop_at", "request_stop", "early", "early_steps", "clock", "counter", "eval_predict")
+
+
+@pytest.fixture(scope="module")
+def proof(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hooks")
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = procs.python([os.path.join(here, "strategy_hooks_proof.py"), root], timeout=1500)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, result.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.slow
+def test_stock_is_stock_tensorflow_215(proof):
+    assert proof["stock_tensorflow"].split(".")[:2] <= ["2", "15"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_hooks_called_and_stopped_as_stocks(proof, case):
+    """Every hook call (begin, after_create_session, before_run, after_run with the global step
+    its fetch read, end) in stock's order, the step each train() call ended at, the hooks' lines
+    and TensorBoard steps, the evaluations' losses and predictions' counts."""
+    stock, engine = proof["stock"][case], proof["engine"][case]
+    assert engine["calls"] == stock["calls"]
+    assert engine["ended"] == stock["ended"]
+    assert engine.get("counter") == stock.get("counter")
+    assert [line[0] for line in engine["lines"]] == [line[0] for line in stock["lines"]]
+    for got, want in zip(engine["lines"], stock["lines"]):
+        # Stock's early-stopping hook reads the global step in the session.run that increments
+        # it (a race: one more, at times); the engine reads it before the step, as stock's
+        # StopAtStepHook's read.
+        assert got[1] == want[1] or (case == "early" and got[1] == want[1] - 1), (got, want)
+    for key in ("evals", "eval"):
+        got, want = engine.get(key), stock.get(key)
+        assert (got is None) == (want is None)
+        for a, b in zip(tf.nest.flatten(got or []), tf.nest.flatten(want or [])):
+            assert abs(a - b) <= TOLERANCE * max(1.0, abs(b)), (key, got, want)
+    assert engine.get("predicted") == stock.get("predicted")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_weights_as_stocks(proof, case):
+    stock, engine = proof["stock"][case]["weights"], proof["engine"][case]["weights"]
+    assert sorted(engine) == sorted(stock) and engine
+    for name, want in stock.items():
+        diff = abs(tf.constant(engine[name]) - tf.constant(want))
+        assert float(tf.reduce_max(diff)) <= TOLERANCE, name
+
+
+class _Fetching(tf.compat.v1.train.SessionRunHook):
+    """Fetches a tensor of a graph of its own (as a hook holding a model tensor would)."""
+
+    def __init__(self):
+        with tf.Graph().as_default():
+            self.tensor = tf.constant(1.0)
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self.tensor)
+
+
+class _SessionUser(tf.compat.v1.train.SessionRunHook):
+    def after_create_session(self, session, coord):
+        session.run(session.graph.get_tensor_by_name("hidden/kernel:0"))
+
+
+def _refused_hooks(where):
+    with tf.Graph().as_default():  # its writer is made with it (a TF1 script's graph mode)
+        profiler = tf.compat.v1.train.ProfilerHook(save_steps=1, output_dir=where)
+    return {
+        "ProfilerHook": profiler,
+        "CheckpointSaverHook": tf.compat.v1.train.CheckpointSaverHook(where, save_steps=1),
+        "SummarySaverHook": tf.compat.v1.train.SummarySaverHook(
+            save_steps=1, output_dir=where, summary_op=["summary"]
+        ),
+        "NanTensorHook": tf.compat.v1.train.NanTensorHook("loss"),
+        "LoggingTensorHook": tf.compat.v1.train.LoggingTensorHook(
+            {"w": "hidden/kernel:0"}, every_n_iter=1
+        ),
+        "_Fetching": _Fetching(),
+        "_SessionUser": _SessionUser(),
+    }
+
+
+@pytest.mark.slow
+def test_hooks_needing_the_graph_refused_before_anything_is_written(tmp_path):
+    """Each hook that needs the model's graph or session: a ConversionError naming it, in
+    train, evaluate and predict, before a checkpoint or event is written (model_dir as the
+    conversion left it); a hook that is no SessionRunHook: stock's TypeError."""
+    x, y = tfcases.data()
+    model_dir = tmp_path / "m"
+    estimator = tfcases.convert(
+        model_dir, patch={"mode": "cpu", "engine": "strategy", "quiet": True}
+    )
+    before = sorted(os.listdir(model_dir)) if model_dir.exists() else []
+    for name, hook in _refused_hooks(str(tmp_path / "elsewhere")).items():
+        with pytest.raises(tpushim.ConversionError, match=f"cannot run {name}"):
+            estimator.train(tfcases.dataset_input_fn(x, y), hooks=[hook], steps=2)
+        now = sorted(os.listdir(model_dir)) if model_dir.exists() else []
+        assert now == before, name
+    with pytest.raises(TypeError, match="All hooks must be SessionRunHook instances"):
+        estimator.train(tfcases.dataset_input_fn(x, y), hooks=["not a hook"], steps=2)
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=2)
+    written = sorted(os.listdir(model_dir))
+    for name, hook in _refused_hooks(str(tmp_path / "elsewhere")).items():
+        with pytest.raises(tpushim.ConversionError, match=f"cannot run {name}"):
+            estimator.evaluate(tfcases.dataset_input_fn(x, y), hooks=[hook])
+        with pytest.raises(tpushim.ConversionError, match=f"cannot run {name}"):
+            next(estimator.predict(tfcases.dataset_input_fn(x), hooks=[hook]))
+        assert sorted(os.listdir(model_dir)) == written, name
+
+
+class _Stopping(tf.compat.v1.train.SessionRunHook):
+    def after_run(self, run_context, run_values):
+        run_context.request_stop()
+
+
+class _BeginEnd(tf.compat.v1.train.SessionRunHook):
+    def begin(self):
+        pass
+
+    def end(self, session):
+        pass
+
+
+@pytest.mark.slow
+def test_steps_per_call_beside_each_hook(tmp_path):
+    """A call runs steps_per_execution steps unless a hook may stop within it: up to a
+    StopAtStepHook's last step, up to an early-stopping hook's next check on steps; one step
+    beside a hook that may stop at any step (a hand-written after_run, a check on a clock)."""
+    from tpushim import _step_events
+
+    estimator = tfcases.convert(
+        tmp_path, patch={"mode": "cpu", "engine": "strategy", "quiet": True}
+    )
+    api = tf.estimator if hasattr(tf, "estimator") else None
+    if api is None:
+        with tpushim.patched(mode="off", quiet=True):
+            api = tf.estimator
+
+    def early(**every):
+        return api.experimental.make_early_stopping_hook(estimator, lambda: False, **every)
+
+    def per_call(hook, step, n=8, start=0):
+        return _step_events.SessionHooks([hook], start).per_call(step, n)
+
+    assert per_call(tf.compat.v1.train.StopAtStepHook(last_step=5), 0) == 5
+    assert per_call(tf.compat.v1.train.StopAtStepHook(last_step=5), 3, n=3) == 2
+    assert per_call(tf.compat.v1.train.StopAtStepHook(num_steps=4), 10, start=10) == 4
+    assert per_call(early(run_every_secs=None, run_every_steps=3), 0) == 1  # its first check
+    hook = early(run_every_secs=None, run_every_steps=3)
+    hooks = _step_events.SessionHooks([hook], 0)
+    hooks.after(0)  # checked after step 1 (the step before it: 0); next after 3 -> 4
+    assert hooks.per_call(1, 8) == 3
+    assert per_call(early(run_every_secs=60, run_every_steps=None), 0) == 1
+    assert per_call(_Stopping(), 0) == 1
+    assert per_call(_BeginEnd(), 0) == 8
+    assert per_call(tf.compat.v1.train.StepCounterHook(every_n_steps=2, output_dir=None), 0) == 8
+    logging_hook = tf.compat.v1.train.LoggingTensorHook({"s": "global_step"}, every_n_iter=1)
+    assert per_call(logging_hook, 0) == 8
