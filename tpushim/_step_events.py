@@ -225,6 +225,8 @@ def _refused(hook, why, error=None):
     from tpushim._errors import ConversionError
 
     detail = f" ({type(error).__name__}: {str(error)[:500]})" if error is not None else ""
+    if isinstance(hook, tf.compat.v1.train.LoggingTensorHook):
+        detail += "; the engine logs the loss every RunConfig(log_step_count_steps=...) as stock"
     return ConversionError(
         f"the strategy engine cannot run {_hook_name(hook)}: it {why}{detail}. The engine runs "
         "no TF1 session: a hook sees one holding only the global step "
@@ -279,17 +281,20 @@ class SessionHooks:
             ]
         self._graph.finalize()  # as stock's Scaffold, after begin()
         self._session = tf.compat.v1.Session(graph=self._graph)
-        self._session.run(init)
-        self._at = None
-        self._set(step)
-        coordinator = tf.compat.v1.train.Coordinator()
-        for hook in hooks:
-            try:
-                hook.after_create_session(self._session, coordinator)
-            except Exception as error:
-                raise _refused(hook, "uses the model's session", error) from error
-        self._pending = None
-        self.before(step)  # the first step's fetches, checked before anything is written
+        try:
+            self._session.run(init)
+            self._at = self._pending = None
+            self._set(step)
+            coordinator = tf.compat.v1.train.Coordinator()
+            for hook in hooks:
+                try:
+                    hook.after_create_session(self._session, coordinator)
+                except Exception as error:
+                    raise _refused(hook, "uses the model's session", error) from error
+            self.before(step)  # the first step's fetches, checked before anything is written
+        except BaseException:
+            self._session.close()
+            raise
 
     def _set(self, step):
         if self._at != step:
