@@ -180,3 +180,39 @@ def test_steps_per_call_beside_each_hook(tmp_path):
     assert per_call(tf.compat.v1.train.StepCounterHook(every_n_steps=2, output_dir=None), 0) == 8
     logging_hook = tf.compat.v1.train.LoggingTensorHook({"s": "global_step"}, every_n_iter=1)
     assert per_call(logging_hook, 0) == 8
+
+
+class _StopAt(tf.compat.v1.train.SessionRunHook):
+    """Fetches nothing; stops in its ``at``-th after_run."""
+
+    def __init__(self, at):
+        self.at, self.seen = at, 0
+
+    def after_run(self, run_context, run_values):
+        self.seen += 1
+        if self.seen == self.at:
+            run_context.request_stop()
+
+
+@pytest.mark.slow
+def test_stop_falls_at_its_step_because_calls_end_there(tmp_path, monkeypatch):
+    """Negative control: with steps_per_execution 3, a StopAtStepHook(last_step=5) and a hook
+    stopping in its 4th after_run stop at steps 5 and 4 only because calls end there; calls of
+    3 steps regardless of the hooks (TPUEstimator's once-per-loop check) overshoot to 6."""
+    from tpushim import _step_events
+
+    x, y = tfcases.data()
+
+    def stopped_at(name, hook):
+        estimator = tfcases.convert(
+            tmp_path / name,
+            patch={"mode": "cpu", "engine": "strategy", "iterations_per_loop": 3, "quiet": True},
+        )
+        estimator.train(tfcases.dataset_input_fn(x, y, repeat=True), hooks=[hook], steps=20)
+        return int(estimator.latest_checkpoint().rsplit("-", 1)[1])
+
+    assert stopped_at("last", tf.compat.v1.train.StopAtStepHook(last_step=5)) == 5
+    assert stopped_at("own", _StopAt(4)) == 4
+    monkeypatch.setattr(_step_events.SessionHooks, "per_call", lambda self, step, n: n)
+    assert stopped_at("last_per_loop", tf.compat.v1.train.StopAtStepHook(last_step=5)) == 6
+    assert stopped_at("own_per_loop", _StopAt(4)) == 6
