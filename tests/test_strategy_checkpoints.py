@@ -1,0 +1,270 @@
+"""The strategy engine's checkpoints are stock's, in both of model_to_estimator's formats
+(tpushim/_strategy_checkpoint.py): ``checkpoint_format='checkpoint'`` (object-based) and
+``'saver'`` (name-based, stock's graph names).
+
+Against the estimator model_to_estimator returns unpatched: stock's on TensorFlow 2.15, tpushim's
+own on >= 2.16 (tpushim/_legacy), and on every TensorFlow against what stock 2.15 wrote, recorded
+in tests/reference/strategy_checkpoints_tf215.json (``python tests/test_strategy_checkpoints.py
+--record`` on TensorFlow 2.15). Stock's Estimator continues the engine's run and the engine
+continues stock's, with stock's numbers; warm starts and export read the engine's checkpoints as
+stock's.
+"""
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+TOL = 1e-5
+FORMATS = ("checkpoint", "saver")
+STOCK = {"mode": "off"}
+ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
+HERE = os.path.dirname(os.path.abspath(__file__))
+REFERENCE = os.path.join(HERE, "reference", "strategy_checkpoints_tf215.json")
+
+pytestmark = pytest.mark.slow
+
+
+def _model():
+    import tensorflow as tf
+    import tfcases
+
+    # Adam: its bias correction reads the global step, so a run that lost its step differs.
+    return tfcases.sequential(optimizer=tf.keras.optimizers.legacy.Adam(0.01))
+
+
+def _estimator(patch, model_dir, fmt):
+    import tfcases
+
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    return tfcases.convert(model_dir, _model, patch=patch, checkpoint_format=fmt, config=config)
+
+
+def _train(patch, model_dir, fmt, steps=3):
+    import tfcases
+
+    x, y = tfcases.data()
+    estimator = _estimator(patch, model_dir, fmt)
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=steps)
+    return estimator
+
+
+def _evaluate(estimator):
+    import tfcases
+
+    x, y = tfcases.data()
+    return estimator.evaluate(tfcases.dataset_input_fn(x, y))
+
+
+def _assert_close(got, want, what):
+    assert set(got) == set(want), what
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, atol=TOL, rtol=0, err_msg=f"{what}: {key}")
+
+
+def written(model_dir):
+    """What a checkpoint reader sees of model_dir: the latest checkpoint's keys and shapes, the
+    graph names an object-based one records, and the paths ``checkpoint`` lists (model_dir
+    written as ``MODEL_DIR``)."""
+    import tensorflow as tf
+    from tensorflow.python.training import saver
+
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    keys = {name: list(shape) for name, shape in tf.train.list_variables(latest)}
+    try:
+        full_names = saver.object_graph_key_mapping(latest)
+    except tf.errors.NotFoundError:
+        full_names = None
+    with open(os.path.join(model_dir, "checkpoint"), encoding="utf-8") as f:
+        listed = re.findall(r'^all_model_checkpoint_paths: "(.*)"$', f.read(), re.MULTILINE)
+    listed = [p.replace(str(model_dir), "MODEL_DIR") for p in listed]
+    return {"keys": keys, "full_names": full_names, "listed": listed}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_engines_checkpoints_are_stocks(tmp_path, fmt):
+    """Keys, shapes, the graph names an object-based checkpoint records, the ``checkpoint`` file,
+    and every value after 3 steps: stock's; ``tf.train.load_variable`` with stock's names."""
+    import tensorflow as tf
+    import tfcases
+
+    _train(STOCK, tmp_path / "stock", fmt)
+    _train(ENGINE, tmp_path / "engine", fmt)
+    stock, engine = written(tmp_path / "stock"), written(tmp_path / "engine")
+    assert engine == stock
+    with open(REFERENCE, encoding="utf-8") as f:
+        assert engine == json.load(f)[fmt]  # stock TensorFlow 2.15's
+    _assert_close(
+        tfcases.checkpoint_values(tmp_path / "engine"),
+        tfcases.checkpoint_values(tmp_path / "stock"),
+        fmt,
+    )
+    if fmt == "saver":
+        for name in ("hidden/kernel", "training/Adam/probs/bias/m", "global_step"):
+            np.testing.assert_allclose(
+                tf.train.load_variable(str(tmp_path / "engine"), name),
+                tf.train.load_variable(str(tmp_path / "stock"), name),
+                atol=TOL,
+            )
+
+
+def _functional_rmsprop():
+    import tensorflow as tf
+
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((4,), name="x")
+    hidden = tf.keras.layers.Dense(6, activation="tanh", name="h")(inputs)
+    outputs = tf.keras.layers.Dense(3, activation="softmax", name="out")(hidden)
+    model = tf.keras.Model(inputs, outputs)
+    model.compile(
+        tf.keras.optimizers.legacy.RMSprop(0.01, momentum=0.5), "sparse_categorical_crossentropy"
+    )
+    return model
+
+
+def _batchnorm_sgd():
+    import tensorflow as tf
+    import tfcases
+
+    return tfcases.sequential(extra_layers=[tf.keras.layers.BatchNormalization(name="bn")])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("build", [_functional_rmsprop, _batchnorm_sgd])
+def test_other_models_and_optimizers(tmp_path, fmt, build):
+    """A functional model with RMSprop (momentum and rms slots) and a Sequential with
+    BatchNormalization (moving statistics) and SGD + momentum: stock's keys, names and values."""
+    import tfcases
+
+    x, y = tfcases.data()
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        estimator = tfcases.convert(
+            tmp_path / name, build, patch=patch, checkpoint_format=fmt, config=config
+        )
+        estimator.train(tfcases.dataset_input_fn(x, y), steps=2)
+    assert written(tmp_path / "engine") == written(tmp_path / "stock")
+    _assert_close(
+        tfcases.checkpoint_values(tmp_path / "engine"),
+        tfcases.checkpoint_values(tmp_path / "stock"),
+        fmt,
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_switching_engines_mid_training_keeps_the_run(tmp_path, fmt):
+    """3 steps on one estimator, 3 more on the other in the same model_dir: the weights, slots,
+    step and evaluation of stock's 3 + 3."""
+    import tfcases
+
+    runs = {}
+    for name, first, second in (
+        ("stock", STOCK, STOCK),
+        ("stock_then_engine", STOCK, ENGINE),
+        ("engine_then_stock", ENGINE, STOCK),
+    ):
+        model_dir = tmp_path / name
+        _train(first, model_dir, fmt)
+        after_three = tfcases.checkpoint_values(model_dir)
+        estimator = _train(second, model_dir, fmt)
+        runs[name] = (tfcases.checkpoint_values(model_dir), _evaluate(estimator), after_three)
+    want_values, want_metrics, three = runs["stock"]
+    assert not np.allclose(  # control: the second call trained on
+        want_values[next(k for k in want_values if "kernel" in k)],
+        three[next(k for k in three if "kernel" in k)],
+        atol=1e-3,
+    )
+    for name in ("stock_then_engine", "engine_then_stock"):
+        values, metrics, _ = runs[name]
+        _assert_close(values, want_values, f"{name} weights")
+        _assert_close(metrics, want_metrics, f"{name} evaluate")
+        assert metrics["global_step"] == 6
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_warm_start_from_the_engines_checkpoint(tmp_path, fmt):
+    """``WarmStartSettings(model_dir, vars_to_warm_start=[".*"])`` (every global variable: the
+    optimizer's slots and the global step too) from the engine's model_dir warm-starts an
+    Estimator as from stock's."""
+    import tfcases
+
+    x, y = tfcases.data()
+    results = {}
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        _train(patch, tmp_path / name, fmt)
+        fresh = _estimator(STOCK, tmp_path / f"fresh-{name}", fmt)
+        warm = tfcases.ESTIMATOR.Estimator(
+            model_fn=fresh.model_fn,
+            model_dir=str(tmp_path / f"warm-{name}"),
+            warm_start_from=tfcases.ESTIMATOR.WarmStartSettings(
+                str(tmp_path / name), vars_to_warm_start=[".*"]
+            ),
+        )
+        warm.train(tfcases.dataset_input_fn(x, y), steps=1)
+        results[name] = tfcases.checkpoint_values(tmp_path / f"warm-{name}")
+    _assert_close(results["engine"], results["stock"], "warm-started, then 1 step")
+    step = [v for k, v in results["engine"].items() if "global_step" in k]
+    assert [int(s) for s in step] == [4]  # the engine's step 3, warm-started, then one more
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_serves_stocks_outputs(tmp_path, fmt):
+    """``export_saved_model`` from the engine's estimator: a SavedModel serving what stock's,
+    exported from stock's checkpoint of the same run, serves."""
+    import tensorflow as tf
+    import tfcases
+
+    x, _ = tfcases.data()
+    served = {}
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        estimator = _train(patch, tmp_path / name, fmt)
+        receiver = tfcases.ESTIMATOR.export.build_raw_serving_input_receiver_fn(
+            {"hidden_input": tf.zeros([1, 4])}
+        )
+        path = estimator.export_saved_model(str(tmp_path / f"export-{name}"), receiver)
+        signature = tf.saved_model.load(path).signatures["serving_default"]
+        served[name] = {k: v.numpy() for k, v in signature(hidden_input=tf.constant(x)).items()}
+    _assert_close(served["engine"], served["stock"], "served")
+
+
+def test_a_name_based_checkpoint_of_another_optimizer_is_refused_by_name(tmp_path):
+    """Continuing a name-based model_dir whose checkpoint lacks this optimizer's slots fails as
+    stock's Saver does (NotFoundError), naming them, and writes nothing."""
+    import tensorflow as tf
+    import tfcases
+
+    x, y = tfcases.data()
+    model_dir = tmp_path / "m"
+    sgd = tfcases.convert(model_dir, tfcases.sequential, patch=STOCK, checkpoint_format="saver")
+    sgd.train(tfcases.dataset_input_fn(x, y), steps=2)
+    before = sorted(os.listdir(model_dir))
+    engine = _estimator(ENGINE, model_dir, "saver")
+    with pytest.raises(tf.errors.NotFoundError, match="training/Adam/hidden/bias/m"):
+        engine.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert sorted(os.listdir(model_dir)) == before
+
+
+def record():
+    """Writes what stock TensorFlow 2.15 writes (tests/reference/strategy_checkpoints_tf215.json)."""
+    import tempfile
+
+    import tensorflow as tf
+
+    assert tf.__version__.startswith("2.15."), tf.__version__
+    out = {"tensorflow": tf.__version__}
+    with tempfile.TemporaryDirectory() as root:
+        for fmt in FORMATS:
+            _train(STOCK, os.path.join(root, fmt), fmt)
+            out[fmt] = written(os.path.join(root, fmt))
+    with open(REFERENCE, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
+    sys.path.insert(0, HERE)
+    record()
