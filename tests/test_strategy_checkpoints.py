@@ -22,6 +22,7 @@ TOL = 1e-5
 FORMATS = ("checkpoint", "saver")
 STOCK = {"mode": "off"}
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
+RUNS = (("stock", STOCK), ("engine", ENGINE))
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = os.path.join(HERE, "reference", "strategy_checkpoints_tf215.json")
 
@@ -86,13 +87,16 @@ def written(model_dir):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_engines_checkpoints_are_stocks(tmp_path, fmt):
-    """Keys, shapes, the graph names an object-based checkpoint records, the ``checkpoint`` file,
-    and every value after 3 steps: stock's; ``tf.train.load_variable`` with stock's names."""
+    """After 3 steps, stock's: keys and shapes, the graph names an object-based checkpoint
+    records, the ``checkpoint`` file, every value; ``tf.train.load_variable`` with stock's names.
+    Read as stock's: ``WarmStartSettings(model_dir, vars_to_warm_start=[".*"])`` (every global
+    variable: the optimizer's slots and the global step too) warm-starts an Estimator to what it
+    does from stock's, and ``export_saved_model`` serves stock's outputs."""
     import tensorflow as tf
     import tfcases
 
-    _train(STOCK, tmp_path / "stock", fmt)
-    _train(ENGINE, tmp_path / "engine", fmt)
+    x, y = tfcases.data()
+    estimators = {name: _train(patch, tmp_path / name, fmt) for name, patch in RUNS}
     stock, engine = written(tmp_path / "stock"), written(tmp_path / "engine")
     assert engine == stock
     with open(REFERENCE, encoding="utf-8") as f:
@@ -109,6 +113,29 @@ def test_the_engines_checkpoints_are_stocks(tmp_path, fmt):
                 tf.train.load_variable(str(tmp_path / "stock"), name),
                 atol=TOL,
             )
+
+    warm, served = {}, {}
+    for name, estimator in estimators.items():
+        fresh = _estimator(STOCK, tmp_path / f"fresh-{name}", fmt)
+        warmed = tfcases.ESTIMATOR.Estimator(
+            model_fn=fresh.model_fn,
+            model_dir=str(tmp_path / f"warm-{name}"),
+            warm_start_from=tfcases.ESTIMATOR.WarmStartSettings(
+                str(tmp_path / name), vars_to_warm_start=[".*"]
+            ),
+        )
+        warmed.train(tfcases.dataset_input_fn(x, y), steps=1)
+        warm[name] = tfcases.checkpoint_values(tmp_path / f"warm-{name}")
+        receiver = tfcases.ESTIMATOR.export.build_raw_serving_input_receiver_fn(
+            {"hidden_input": tf.zeros([1, 4])}
+        )
+        path = estimator.export_saved_model(str(tmp_path / f"export-{name}"), receiver)
+        signature = tf.saved_model.load(path).signatures["serving_default"]
+        served[name] = {k: v.numpy() for k, v in signature(hidden_input=tf.constant(x)).items()}
+    _assert_close(warm["engine"], warm["stock"], "warm-started, then 1 step")
+    step = [v for k, v in warm["engine"].items() if "global_step" in k]
+    assert [int(s) for s in step] == [4]  # the engine's step 3, warm-started, then one more
+    _assert_close(served["engine"], served["stock"], "served")
 
 
 def _functional_rmsprop():
@@ -133,16 +160,18 @@ def _batchnorm_sgd():
     return tfcases.sequential(extra_layers=[tf.keras.layers.BatchNormalization(name="bn")])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("build", [_functional_rmsprop, _batchnorm_sgd])
-def test_other_models_and_optimizers(tmp_path, fmt, build):
-    """A functional model with RMSprop (momentum and rms slots) and a Sequential with
-    BatchNormalization (moving statistics) and SGD + momentum: stock's keys, names and values."""
+@pytest.mark.parametrize(
+    "build,fmt", [(_functional_rmsprop, "saver"), (_batchnorm_sgd, "checkpoint")]
+)
+def test_other_models_and_optimizers(tmp_path, build, fmt):
+    """A functional model with RMSprop (momentum and rms slots), name-based, and a Sequential with
+    BatchNormalization (moving statistics) and SGD + momentum, object-based: stock's keys, names
+    and values."""
     import tfcases
 
     x, y = tfcases.data()
     config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
-    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+    for name, patch in RUNS:
         estimator = tfcases.convert(
             tmp_path / name, build, patch=patch, checkpoint_format=fmt, config=config
         )
@@ -183,52 +212,6 @@ def test_switching_engines_mid_training_keeps_the_run(tmp_path, fmt):
         _assert_close(values, want_values, f"{name} weights")
         _assert_close(metrics, want_metrics, f"{name} evaluate")
         assert metrics["global_step"] == 6
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_warm_start_from_the_engines_checkpoint(tmp_path, fmt):
-    """``WarmStartSettings(model_dir, vars_to_warm_start=[".*"])`` (every global variable: the
-    optimizer's slots and the global step too) from the engine's model_dir warm-starts an
-    Estimator as from stock's."""
-    import tfcases
-
-    x, y = tfcases.data()
-    results = {}
-    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
-        _train(patch, tmp_path / name, fmt)
-        fresh = _estimator(STOCK, tmp_path / f"fresh-{name}", fmt)
-        warm = tfcases.ESTIMATOR.Estimator(
-            model_fn=fresh.model_fn,
-            model_dir=str(tmp_path / f"warm-{name}"),
-            warm_start_from=tfcases.ESTIMATOR.WarmStartSettings(
-                str(tmp_path / name), vars_to_warm_start=[".*"]
-            ),
-        )
-        warm.train(tfcases.dataset_input_fn(x, y), steps=1)
-        results[name] = tfcases.checkpoint_values(tmp_path / f"warm-{name}")
-    _assert_close(results["engine"], results["stock"], "warm-started, then 1 step")
-    step = [v for k, v in results["engine"].items() if "global_step" in k]
-    assert [int(s) for s in step] == [4]  # the engine's step 3, warm-started, then one more
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_export_serves_stocks_outputs(tmp_path, fmt):
-    """``export_saved_model`` from the engine's estimator: a SavedModel serving what stock's,
-    exported from stock's checkpoint of the same run, serves."""
-    import tensorflow as tf
-    import tfcases
-
-    x, _ = tfcases.data()
-    served = {}
-    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
-        estimator = _train(patch, tmp_path / name, fmt)
-        receiver = tfcases.ESTIMATOR.export.build_raw_serving_input_receiver_fn(
-            {"hidden_input": tf.zeros([1, 4])}
-        )
-        path = estimator.export_saved_model(str(tmp_path / f"export-{name}"), receiver)
-        signature = tf.saved_model.load(path).signatures["serving_default"]
-        served[name] = {k: v.numpy() for k, v in signature(hidden_input=tf.constant(x)).items()}
-    _assert_close(served["engine"], served["stock"], "served")
 
 
 def test_a_name_based_checkpoint_of_another_optimizer_is_refused_by_name(tmp_path):
