@@ -26,7 +26,31 @@ RUNS = (("stock", STOCK), ("engine", ENGINE))
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = os.path.join(HERE, "reference", "strategy_checkpoints_tf215.json")
 
-pytestmark = pytest.mark.slow
+
+def test_private_names_the_checkpoints_use():
+    """Stock's graph names by object path (tpushim/_tfprivate.py), for a model with one layer."""
+    import tensorflow as tf
+
+    from tpushim import _tfprivate
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,), name="out")])
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), "mse")
+    names, unmatched = _tfprivate.stock_checkpoint_names(model, None)
+    slot = ".OPTIMIZER_SLOT/optimizer/momentum"
+    assert names == {
+        "estimator_global_step": "global_step",
+        "layer_with_weights-0/kernel": "out/kernel",
+        "layer_with_weights-0/bias": "out/bias",
+        f"layer_with_weights-0/kernel/{slot}": "training/SGD/out/kernel/momentum",
+        f"layer_with_weights-0/bias/{slot}": "training/SGD/out/bias/momentum",
+        "optimizer/decay": "training/SGD/decay",
+        "optimizer/learning_rate": "training/SGD/learning_rate",
+        "optimizer/momentum": "training/SGD/momentum",
+    }
+    assert unmatched == []
+    step = tf.Variable(0, dtype=tf.int64)
+    _tfprivate.track_estimator_step(model, step)
+    assert _tfprivate.checkpoint_variables(model)["estimator_global_step"] is step
 
 
 def _model():
@@ -85,6 +109,7 @@ def written(model_dir):
     return {"keys": keys, "full_names": full_names, "listed": listed}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_engines_checkpoints_are_stocks(tmp_path, fmt):
     """After 3 steps, stock's: keys and shapes, the graph names an object-based checkpoint
@@ -160,6 +185,7 @@ def _batchnorm_sgd():
     return tfcases.sequential(extra_layers=[tf.keras.layers.BatchNormalization(name="bn")])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "build,fmt", [(_functional_rmsprop, "saver"), (_batchnorm_sgd, "checkpoint")]
 )
@@ -184,6 +210,7 @@ def test_other_models_and_optimizers(tmp_path, build, fmt):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_switching_engines_mid_training_keeps_the_run(tmp_path, fmt):
     """3 steps on one estimator, 3 more on the other in the same model_dir: the weights, slots,
@@ -214,6 +241,7 @@ def test_switching_engines_mid_training_keeps_the_run(tmp_path, fmt):
         assert metrics["global_step"] == 6
 
 
+@pytest.mark.slow
 def test_a_name_based_checkpoint_of_another_optimizer_is_refused_by_name(tmp_path):
     """Continuing a name-based model_dir whose checkpoint lacks this optimizer's slots fails as
     stock's Saver does (NotFoundError), naming them, and writes nothing."""
