@@ -214,28 +214,35 @@ def test_other_models_and_optimizers(tmp_path, build, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_switching_engines_mid_training_keeps_the_run(tmp_path, fmt):
     """3 steps on one estimator, 3 more on the other in the same model_dir: the weights, slots,
-    step and evaluation of stock's 3 + 3."""
+    step and evaluation of stock's 3 + 3. Where TPUEstimator runs (TensorFlow <= 2.15), also
+    from tpushim's TPUEstimator path to the strategy engine and back (a TPU v3 run continued on
+    a v5e, and back)."""
     import tfcases
 
+    from tpushim import _versions
+
+    switches = [("stock", STOCK), ("engine", ENGINE)]
+    if not _versions.uses_own_estimator():
+        switches.append(("tpuestimator", {"mode": "cpu", "engine": "tpuestimator", "quiet": True}))
+    pairs = [("stock", "stock")]
+    pairs += [(a, b) for a, _ in switches for b, _ in switches if "engine" in (a, b) and a != b]
+    patches = dict(switches)
     runs = {}
-    for name, first, second in (
-        ("stock", STOCK, STOCK),
-        ("stock_then_engine", STOCK, ENGINE),
-        ("engine_then_stock", ENGINE, STOCK),
-    ):
+    for first, second in pairs:
+        name = f"{first}_then_{second}"
         model_dir = tmp_path / name
-        _train(first, model_dir, fmt)
+        _train(patches[first], model_dir, fmt)
         after_three = tfcases.checkpoint_values(model_dir)
-        estimator = _train(second, model_dir, fmt)
+        estimator = _train(patches[second], model_dir, fmt)
         runs[name] = (tfcases.checkpoint_values(model_dir), _evaluate(estimator), after_three)
-    want_values, want_metrics, three = runs["stock"]
+    want_values, want_metrics, three = runs.pop("stock_then_stock")
     assert not np.allclose(  # control: the second call trained on
         want_values[next(k for k in want_values if "kernel" in k)],
         three[next(k for k in three if "kernel" in k)],
         atol=1e-3,
     )
-    for name in ("stock_then_engine", "engine_then_stock"):
-        values, metrics, _ = runs[name]
+    assert len(runs) == 2 * (len(switches) - 1)
+    for name, (values, metrics, _) in runs.items():
         _assert_close(values, want_values, f"{name} weights")
         _assert_close(metrics, want_metrics, f"{name} evaluate")
         assert metrics["global_step"] == 6
