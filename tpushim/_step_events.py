@@ -154,16 +154,21 @@ class Kept:
         self._max = max_to_keep if max_to_keep and max_to_keep > 0 else None
         self._written = set()
 
-    def saved(self, path):
-        """Lists ``path`` (just written) as the latest checkpoint; drops the oldest."""
+    def saved(self, path, relative=False):
+        """Lists ``path`` (just written) as the latest checkpoint; drops the oldest. ``relative``:
+        the list names checkpoints in model_dir relative to it, as a name-based Saver writes it
+        (an object-based one writes them whole)."""
         state = tf.train.get_checkpoint_state(self._model_dir)
         paths = [p for p in (state.all_model_checkpoint_paths if state else []) if p != path]
         paths.append(path)
         self._written.add(path)
         dropped = paths[: -self._max] if self._max else []
         kept = paths[-self._max :] if self._max else paths
+        if relative:
+            inside = self._model_dir.rstrip("/") + "/"
+            kept = [p[len(inside) :] if p.startswith(inside) else p for p in kept]
         tf.compat.v1.train.update_checkpoint_state(
-            self._model_dir, path, all_model_checkpoint_paths=kept
+            self._model_dir, kept[-1], all_model_checkpoint_paths=kept
         )
         for old in dropped:
             if old in self._written:

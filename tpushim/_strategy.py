@@ -11,9 +11,9 @@ Why the result subclasses the stock ``tf.estimator.Estimator``: a script reads `
 ``config``, ``latest_checkpoint()``, ``get_variable_value()``; ``train_and_evaluate`` calls
 ``train``/``evaluate``; ``export_saved_model`` builds stock's Keras model_fn and restores the
 latest checkpoint. Those all come from the base class unchanged, because the checkpoints this
-engine writes are the stock estimator's (the Keras model's object graph plus
-``estimator_global_step``, written by ``model.save_weights`` in stock's warm start too). Only
-``train``, ``evaluate`` and ``predict`` are replaced.
+engine writes are the stock estimator's, in the format ``checkpoint_format`` asked for, with
+stock's keys and names (:mod:`tpushim._strategy_checkpoint`). Only ``train``, ``evaluate`` and
+``predict`` are replaced.
 
 Gradients: replica r differentiates ``L_r``, its rows' share of stock's loss on the global
 batch (a mean's sum over its rows divided by the global batch's real rows; a sum as it is; a
@@ -32,7 +32,16 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _losses, _observe, _padding, _plan, _step_events, _tfprivate
+from tpushim import (
+    _loss_kinds,
+    _losses,
+    _observe,
+    _padding,
+    _plan,
+    _step_events,
+    _strategy_checkpoint,
+    _tfprivate,
+)
 from tpushim._errors import ConversionError
 from tpushim._strategy_input import batch_size_of, distributed_input  # noqa: F401  (its names)
 
@@ -96,6 +105,8 @@ class Plan:
         read from it; its TPU and warm start are added once the conversion has them.
       pod_input: how a pod's hosts read the input (``auto``, ``exact``, ``files``:
         :mod:`tpushim._strategy_input`).
+      name_based_checkpoints: write stock's name-based checkpoints (``checkpoint_format='saver'``)
+        rather than object-based ones (:mod:`tpushim._strategy_checkpoint`); set by the estimator.
     """
 
     def __init__(
@@ -123,6 +134,7 @@ class Plan:
         self.jit_compile = jit_compile
         self.make_strategy = make_strategy
         self.pod_input = pod_input
+        self.name_based_checkpoints = False  # the estimator's checkpoint_format is 'saver'
 
 
 def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
@@ -426,15 +438,21 @@ class _Run:
                 self.optimizer = type(user).from_config(user.get_config())
                 self.optimizer.iterations = self.step  # as keras_lib binds it
                 self.model.optimizer = self.optimizer
-                # Slots exist before a restore: every value is restored at once.
-                _tfprivate.create_optimizer_slots(self.optimizer, self.model.trainable_variables)
+                # Slots exist before a restore: every value is restored at once. Named as
+                # stock's graph names them: checkpoints record the names.
+                with _strategy_checkpoint.optimizer_scope(plan):
+                    _tfprivate.create_optimizer_slots(
+                        self.optimizer, self.model.trainable_variables
+                    )
             _tfprivate.track_estimator_step(self.model, self.step)
         self.terms = _loss_objects(plan.keras_model, plan.custom_objects)
-        self.checkpoint = tf.train.Checkpoint(self.model)
+        self.checkpoints = _strategy_checkpoint.Checkpoints(
+            plan, self.model, plan.name_based_checkpoints, writes=mode == ModeKeys.TRAIN
+        )
         self.model_dir = model_dir
         latest = checkpoint_path or tf.train.latest_checkpoint(model_dir)
         if latest:
-            self.checkpoint.read(latest).expect_partial()
+            self.checkpoints.read(latest)
         elif mode != ModeKeys.TRAIN:
             raise ValueError(f"Could not find trained model in model_dir: {model_dir}.")
         elif plan.warm_start is not None:
@@ -443,14 +461,14 @@ class _Run:
         self.restored = latest
 
     def save(self, kept):
-        """Writes ``model.ckpt-STEP`` as stock names it, and lists it in ``checkpoint`` as
-        stock's Saver does (``kept``: a :class:`tpushim._step_events.Kept`)."""
+        """Writes ``model.ckpt-STEP`` as stock names it, in stock's format, and lists it in
+        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._step_events.Kept`)."""
         step = int(self.step.numpy())
         tf.compat.v1.logging.info(
             "Saving checkpoints for %d into %s.", step, os.path.join(self.model_dir, "model.ckpt")
         )
-        path = self.checkpoint.write(os.path.join(self.model_dir, f"model.ckpt-{step}"))
-        kept.saved(path)
+        path = self.checkpoints.write(os.path.join(self.model_dir, f"model.ckpt-{step}"))
+        kept.saved(path, relative=self.checkpoints.name_based)  # stock's Saver's paths
         return path
 
     # -- the replica functions ----------------------------------------------------------------
@@ -557,6 +575,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     def __init__(self, model_fn, config, warm_start_from, plan, object_checkpoints=True):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
         self._tpushim_plan = plan
+        plan.name_based_checkpoints = not object_checkpoints  # stock's 'saver' format
         self._tpushim_strategy = None
         # The checkpoints stock keeps: its Keras estimator's object-based Saver keeps 5, whatever
         # keep_checkpoint_max says; a name-based one (the v1 spelling) keep_checkpoint_max.

@@ -993,3 +993,40 @@ def early_stopping_timer(hook):
         return None, None
     timer = hook._timer
     return timer, timer._every_secs is not None
+
+
+# --- the strategy engine's checkpoints in stock's names (tpushim/_strategy_checkpoint.py) --------
+
+
+def checkpoint_variables(root):
+    """{object path: variable} of every variable a ``tf.train.Checkpoint(root)`` saves, optimizer
+    slots included, each at the path that makes its key (``layer_with_weights-0/kernel``, then
+    ``/.ATTRIBUTES/VARIABLE_VALUE``): TensorFlow's own traversal for a checkpoint."""
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import graph_view
+    from tensorflow.python.checkpoint import util as checkpoint_util
+
+    objects = checkpoint_util.objects_ids_and_slot_variables_and_paths(
+        graph_view.ObjectGraphView(root)
+    )[4]
+    return {path: obj for obj, path in objects.items() if isinstance(obj, tf.Variable)}
+
+
+def stock_checkpoint_names(keras_model, custom_objects):
+    """Stock's training graph, built as keras_lib's ``_save_first_checkpoint`` builds it (the
+    clone with the global step as its optimizer's iterations, then Keras's train function):
+    ({object path: the variable's name there}, names of variables stock's Saver saves that have
+    no object path)."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.create_global_step()
+        if keras_lib is not None:
+            model = clone_and_build_model(ModeKeys.TRAIN, keras_model, custom_objects)
+        else:
+            model = _legacy_keras._clone(ModeKeys.TRAIN, keras_model, custom_objects)
+        model._make_train_function()  # creates the optimizer's slots and hyperparameters
+        track_estimator_step(model, step)  # keras_lib's object-based checkpoints track it so
+        names = {path: v.op.name for path, v in checkpoint_variables(model).items()}
+        unmatched = {v.op.name for v in tf.compat.v1.global_variables()} - set(names.values())
+    return names, sorted(unmatched)

@@ -1,0 +1,145 @@
+"""The strategy engine's checkpoints, in the format stock's Keras estimator writes.
+
+``model_to_estimator(checkpoint_format=...)`` picks one of two (keras_lib):
+
+- ``'checkpoint'`` (``tf.keras.estimator``'s default): object-based. Keys follow the Keras
+  model's object graph (``layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE``, the global
+  step as ``estimator_global_step``), and each records the variable's name in stock's training
+  graph (``hidden/kernel``, ``training/SGD/hidden/kernel/momentum``): warm starts and name-based
+  Savers find values by it. ``checkpoint`` lists absolute paths.
+- ``'saver'`` (``tf.compat.v1.keras.estimator``'s default): name-based. Keys are those graph
+  names; ``checkpoint`` lists paths relative to model_dir.
+
+The engine runs eagerly and has no such graph, so the names are read from one, built once per
+conversion as stock builds it (:func:`tpushim._tfprivate.stock_checkpoint_names`), and matched
+with the engine's variables by their object-graph path, which the two models share (they are
+clones of one model with one optimizer class). The optimizer's variables are created under the
+name scope stock's graph gave them, so object-based checkpoints record stock's names too.
+
+A checkpoint is read by what it holds, whatever format the estimator writes: a run continues from
+stock's model_dir, or from one the other engine or another TPU wrote, in either format.
+"""
+
+import contextlib
+import weakref
+
+import tensorflow as tf
+
+from tpushim import _tfprivate
+from tpushim._errors import ConversionError
+
+#: The key that marks an object-based checkpoint (TensorFlow's ``OBJECT_GRAPH_PROTO_KEY``).
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+_STOCK_NAMES = weakref.WeakKeyDictionary()  # plan -> stock_checkpoint_names(...): one graph each
+
+
+def stock_names(plan):
+    """({object path: stock's variable name}, stock's saved names with no object path) for the
+    plan's model (a :class:`tpushim._strategy.Plan`), built at the first need."""
+    if plan not in _STOCK_NAMES:
+        _STOCK_NAMES[plan] = _tfprivate.stock_checkpoint_names(
+            plan.keras_model, plan.custom_objects
+        )
+    return _STOCK_NAMES[plan]
+
+
+def optimizer_scope(plan):
+    """The name scope to create the optimizer's variables in: the one stock's graph gives them
+    (``training/SGD/``), read from its names of the optimizer's own variables (object paths
+    ``optimizer/NAME``); no scope where they have no common one."""
+    names, _ = stock_names(plan)
+    scopes = {
+        name[: -len(path.split("/", 1)[1])]
+        for path, name in names.items()
+        if path.startswith("optimizer/")
+        and path.count("/") == 1
+        and name.endswith("/" + path.split("/", 1)[1])
+    }
+    return tf.name_scope(scopes.pop()) if len(scopes) == 1 else contextlib.nullcontext()
+
+
+def is_object_based(path):
+    """Whether the checkpoint at ``path`` (a prefix) is object-based."""
+    return tf.train.load_checkpoint(path).has_tensor(OBJECT_GRAPH_KEY)
+
+
+class Checkpoints:
+    """Reads and writes one run's model (its optimizer and global step tracked) as stock does.
+
+    Args:
+      plan: the conversion's :class:`tpushim._strategy.Plan`.
+      model: the run's Keras model, built under the strategy.
+      name_based: write stock's ``'saver'`` format (else ``'checkpoint'``).
+    """
+
+    def __init__(self, plan, model, name_based, writes):
+        self._plan, self._model, self.name_based = plan, model, name_based
+        self._object = tf.train.Checkpoint(model)
+        if name_based and writes:  # refused before anything is trained or written
+            self._check_names()
+
+    def _by_name(self):
+        """{stock's name: the run's variable} for every variable the run has."""
+        names, _ = stock_names(self._plan)
+        return {
+            names[path]: variable
+            for path, variable in _tfprivate.checkpoint_variables(self._model).items()
+            if path in names
+        }
+
+    def read(self, path):
+        """Restores every variable of the run from ``path``, in either format."""
+        if is_object_based(path):
+            self._object.read(path).expect_partial()
+            return
+        reader = tf.train.load_checkpoint(path)
+        variables = self._by_name()
+        missing = sorted(name for name in variables if not reader.has_tensor(name))
+        if missing:
+            raise tf.errors.NotFoundError(
+                None,
+                None,
+                f"Restoring from checkpoint {path} failed: it has no value for "
+                f"{', '.join(missing)} (names in stock's training graph). Was it written for "
+                "another model or optimizer? Train in a new model_dir, or restore the "
+                "checkpoint this model_dir was trained with.",
+            )
+        for name, variable in variables.items():
+            variable.assign(reader.get_tensor(name))
+
+    def _check_names(self):
+        """Raises unless stock's saved names and the run's variables match one to one."""
+        names, unmatched = stock_names(self._plan)
+        ours = _tfprivate.checkpoint_variables(self._model)
+        missing = sorted(set(unmatched) | {names[p] for p in names if p not in ours})
+        extra = sorted(path for path in ours if path not in names)
+        problems = []
+        if missing:
+            problems.append(f"stock saves {', '.join(missing)}, which it has no variable for")
+        if extra:
+            problems.append(f"it has {', '.join(extra)}, which stock does not save")
+        if problems:
+            raise ConversionError(
+                "the strategy engine cannot write stock's name-based checkpoint "
+                f"(checkpoint_format='saver') for this model: {'; '.join(problems)}. Convert "
+                "with checkpoint_format='checkpoint' (object-based), or use "
+                "engine='tpuestimator' where TPUEstimator runs."
+            )
+
+    def write(self, prefix):
+        """Writes the run's variables at ``prefix``; returns the checkpoint's path."""
+        if not self.name_based:
+            return self._object.write(prefix)
+        variables = self._by_name()
+        ordered = sorted(variables)
+        # A Saver takes no distributed variable in eager mode; SaveV2 is what a Saver runs.
+        tensors = [tf.convert_to_tensor(variables[name]) for name in ordered]
+        with tf.device("CPU:0"):
+            tf.raw_ops.SaveV2(
+                prefix=prefix,
+                tensor_names=ordered,
+                shape_and_slices=[""] * len(ordered),
+                tensors=tensors,
+            )
+        return prefix
