@@ -152,10 +152,13 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
             "it (tf.compat.v1.disable_v2_behavior() or disable_eager_execution()). Remove that "
             "call, or use engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
         )
-    if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+    if isinstance(optimizer, _tfprivate.keras_v1_tf_optimizer_class()):
+        check_tf1_optimizer(optimizer.optimizer)
+    elif not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
         raise ConversionError(
-            f"the strategy engine trains with Keras optimizers; {type(optimizer).__name__} is not "
-            "one. Compile the model with a tf.keras optimizer, or use engine='tpuestimator'."
+            f"the strategy engine trains with Keras optimizers and tf.compat.v1.train ones; "
+            f"{type(optimizer).__name__} is neither. Compile the model with a tf.keras optimizer, "
+            "or use engine='tpuestimator'."
         )
     adding = [
         layer.name
@@ -197,6 +200,65 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     )
     plan.conversion = conversion
     return plan
+
+
+def check_tf1_optimizer(optimizer):
+    """Refuses, before anything is written, a ``tf.compat.v1.train`` optimizer the engine cannot
+    train with exactly as stock does.
+
+    Stock builds each call's graph and evaluates the optimizer's hyperparameters in it, with the
+    estimator's global step as ``tf.compat.v1.train.get_global_step()``: a tensor or variable
+    made eagerly before the conversion fails there ("Attempting to capture an EagerTensor"), a
+    callable computing the rate from that global step trains (the engine binds its own step
+    the same way: :func:`bind_global_step`). So each hyperparameter is evaluated here as stock
+    would, in a fresh graph with a global step. An optimizer that replaces ``apply_gradients``
+    (``SyncReplicasOptimizer``, ``CrossShardOptimizer``, a clipping wrapper) combines gradients
+    across workers or TPU shards itself: under ``tf.distribute`` it would do so twice, or not.
+    """
+    name = f"tf.compat.v1.train optimizer {type(optimizer).__name__}"
+    fix = (
+        "Compile the model with a Keras optimizer (tf.keras.optimizers.legacy.SGD / Adam ...; "
+        "a decaying rate as a tf.keras.optimizers.schedules.LearningRateSchedule, which steps "
+        "with the estimator's global step), or use engine='tpuestimator' "
+        "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
+    )
+    if type(optimizer).apply_gradients is not tf.compat.v1.train.Optimizer.apply_gradients:
+        raise ConversionError(
+            f"the strategy engine cannot train with {name}: it replaces apply_gradients, and "
+            "tf.distribute sums the replicas' gradients in the base class's apply_gradients. " + fix
+        )
+    for hyper, value in _tfprivate.tf1_optimizer_hyperparameters(optimizer):
+        with tf.Graph().as_default() as graph:
+            tf.compat.v1.train.create_global_step()
+            try:
+                tf.convert_to_tensor(value() if callable(value) else value)
+            except Exception as e:  # what stock's graph would raise, whatever it is
+                raise ConversionError(
+                    f"the strategy engine cannot train with {name}: its {hyper} "
+                    f"({type(value).__name__}) cannot be evaluated in the estimator's graph, so "
+                    f"the stock estimator cannot train with it either ({type(e).__name__}: "
+                    f"{str(e)[:200]}); a tensor made before the conversion (a "
+                    "tf.compat.v1.train.exponential_decay of a global step made eagerly) "
+                    "is fixed at that value. " + fix
+                ) from e
+            made = [
+                v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            ]
+        if made != ["global_step"]:
+            raise ConversionError(
+                f"the strategy engine cannot train with {name}: its {hyper} makes variables "
+                f"({', '.join(made[1:])}) each time it is evaluated. " + fix
+            )
+
+
+def bind_global_step(step):
+    """Makes ``step`` what ``tf.compat.v1.train.get_global_step()`` returns in the
+    ``tf.function`` being traced, as the estimator's global step is in stock's model_fn graph: a
+    ``tf.compat.v1.train`` optimizer's rate computed from the global step (a callable around
+    ``tf.compat.v1.train.exponential_decay``) then steps once per global step."""
+    graph = tf.compat.v1.get_default_graph()
+    del graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_STEP)[:]
+    graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP, step)
 
 
 # --- the loss of one replica --------------------------------------------------------------------
@@ -418,6 +480,28 @@ def check_xla(plan, element_spec, replicas):
 # --- one call's model, under the strategy -------------------------------------------------------
 
 
+def _optimizer(user, step, model, plan):
+    """The clone's optimizer as keras_lib's clone makes it, with ``step`` as its iterations,
+    set on ``model`` (tracked as ``optimizer``), its slots made: a Keras optimizer from its
+    config; a ``tf.compat.v1.train`` one (Keras's ``TFOptimizer``) a fresh copy of the user's,
+    wrapped again with ``step`` as its global step (stock reuses the user's object in each new
+    graph, where its variables are new; eagerly they would be the last call's)."""
+    if isinstance(user, _tfprivate.keras_v1_tf_optimizer_class()):
+        inner = _tfprivate.fresh_tf1_optimizer(user.optimizer)
+        optimizer = _tfprivate.keras_tf_optimizer(inner, step)
+        model.optimizer = optimizer
+        # Slots exist before a restore: every value is restored at once.
+        _tfprivate.create_tf1_optimizer_slots(inner, model.trainable_variables)
+        return optimizer
+    optimizer = type(user).from_config(user.get_config())
+    optimizer.iterations = step  # as keras_lib binds it
+    model.optimizer = optimizer
+    # Named as stock's graph names them: checkpoints record the names.
+    with _strategy_checkpoint.optimizer_scope(plan):
+        _tfprivate.create_optimizer_slots(optimizer, model.trainable_variables)
+    return optimizer
+
+
 class _Run:
     """The clone, its optimizer and global step, built in the strategy's scope for one call."""
 
@@ -434,16 +518,7 @@ class _Run:
             )
             self.optimizer = None
             if mode == ModeKeys.TRAIN:
-                user = plan.optimizer
-                self.optimizer = type(user).from_config(user.get_config())
-                self.optimizer.iterations = self.step  # as keras_lib binds it
-                self.model.optimizer = self.optimizer
-                # Slots exist before a restore: every value is restored at once. Named as
-                # stock's graph names them: checkpoints record the names.
-                with _strategy_checkpoint.optimizer_scope(plan):
-                    _tfprivate.create_optimizer_slots(
-                        self.optimizer, self.model.trainable_variables
-                    )
+                self.optimizer = _optimizer(plan.optimizer, self.step, self.model, plan)
             _tfprivate.track_estimator_step(self.model, self.step)
         self.terms = _loss_objects(plan.keras_model, plan.custom_objects)
         self.checkpoints = _strategy_checkpoint.Checkpoints(
@@ -509,6 +584,7 @@ class _Run:
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
+                bind_global_step(self.step)
                 per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
                 losses = losses.write(
                     tf.cast(ran, tf.int32), self.strategy.reduce(SUM, per_replica, axis=None)

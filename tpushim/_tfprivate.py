@@ -942,6 +942,53 @@ def create_optimizer_slots(optimizer, variables):
     optimizer._create_all_weights(variables)
 
 
+def fresh_tf1_optimizer(optimizer):
+    """A copy of a ``tf.compat.v1.train`` optimizer with its hyperparameters and none of its
+    state (slots, non-slot variables such as Adam's ``beta1_power``, checkpoint dependencies):
+    stock builds each call's graph afresh, so the user's optimizer never carries one call's
+    variables into the next (in eager mode the optimizer would reuse them). The base class's
+    ``__init__`` is what resets that state; a subclass's own attributes are its hyperparameters."""
+    import tensorflow as tf
+
+    base = tf.compat.v1.train.Optimizer
+    fresh = object.__new__(type(optimizer))
+    # Trackable's own bookkeeping (``_self_*``) is left out: it is made afresh on first use.
+    fresh.__dict__.update({k: v for k, v in vars(optimizer).items() if not k.startswith("_self_")})
+    base.__init__(fresh, optimizer._use_locking, optimizer._name)
+    return fresh
+
+
+def keras_tf_optimizer(tf1_optimizer, iterations):
+    """Keras's ``TFOptimizer`` around ``tf1_optimizer`` with ``iterations`` as its global step, as
+    keras_lib's clone makes it (``clone_and_build_model(optimizer_iterations=global_step)``): it
+    tracks the optimizer as ``optimizer`` and the step as ``global_step``."""
+    return keras_v1_tf_optimizer_class()(tf1_optimizer, iterations)
+
+
+def create_tf1_optimizer_slots(optimizer, variables):
+    """Creates a ``tf.compat.v1.train`` optimizer's slots and non-slot variables for
+    ``variables`` now (its ``apply_gradients`` would on the first step), so a checkpoint restores
+    them at once."""
+    optimizer._create_slots(list(variables))
+
+
+def tf1_optimizer_hyperparameters(optimizer):
+    """``(name, value)`` of a ``tf.compat.v1.train`` optimizer's hyperparameters that stock
+    evaluates in its model_fn's graph (a tensor, a variable or a callable: the optimizer's
+    ``_call_if_callable``); plain numbers are left out. Names without their underscore."""
+    import tensorflow as tf
+
+    return [
+        (name.lstrip("_"), value)
+        for name, value in vars(optimizer).items()
+        if not name.startswith("_self_")
+        and name not in ("_slots", "_non_slot_dict", "_deferred_slot_restorations")
+        # what ``_prepare`` made of them at the last apply (replaced at the next): not inputs
+        and not name.endswith(("_t", "_tensor"))
+        and (isinstance(value, (tf.Tensor, tf.Variable)) or callable(value))
+    ]
+
+
 def track_estimator_step(model, step):
     """Adds ``step`` to the model's object graph under the name keras_lib's checkpoints give the
     global step (an eager variable; :func:`track_global_step` takes the graph's)."""
