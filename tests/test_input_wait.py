@@ -11,13 +11,14 @@ import tfcases
 from tpushim import _observe, _summary
 
 PAUSE = 0.1  # seconds each batch of the slow input takes to make
+STRATEGY_PAUSE = 0.25  # the same on the strategy engine: see its test
 
 
-def _input_fn(x, y=None, slow=False, repeat=False):
-    """Batches of 8 rows; ``slow``: each batch waits ``PAUSE`` in a ``tf.py_function``."""
+def _input_fn(x, y=None, slow=False, repeat=False, seconds=PAUSE):
+    """Batches of 8 rows; ``slow``: each batch waits ``seconds`` in a ``tf.py_function``."""
 
     def pause():
-        time.sleep(PAUSE)
+        time.sleep(seconds)
         return 0.0
 
     def slowed(*batch):
@@ -52,19 +53,20 @@ class Waits:
         }
 
 
-def _calls(tmp_path, slow):
+def _calls(tmp_path, slow, engine=None, seconds=PAUSE):
     x, y = tfcases.data()
     waits, summary = Waits(), _summary.Summary(table=True)
+    patch = {"mode": "cpu"} if engine is None else {"mode": "cpu", "engine": engine, "quiet": True}
     with _observe.observing(waits), _observe.observing(summary):
-        est = tfcases.convert(tmp_path, patch={"mode": "cpu"})
-        est.train(_input_fn(x, y, slow, repeat=True), steps=8)
-        est.evaluate(_input_fn(x, y, slow))
-        assert len(list(est.predict(_input_fn(x, slow=slow)))) == len(x)
+        est = tfcases.convert(tmp_path, patch=patch)
+        est.train(_input_fn(x, y, slow, repeat=True, seconds=seconds), steps=8)
+        est.evaluate(_input_fn(x, y, slow, seconds=seconds))
+        assert len(list(est.predict(_input_fn(x, slow=slow, seconds=seconds)))) == len(x)
     return waits, summary
 
 
 @pytest.mark.slow  # trains estimators
-@pytest.mark.tpuestimator  # cpu mode; the strategy engine (2.16+) does not time its input
+@pytest.mark.tpuestimator  # cpu mode; the strategy engine's: the test below
 def test_a_slow_input_waits_a_larger_share_of_each_call_than_a_fast_one(tmp_path):
     slow, slow_summary = _calls(tmp_path / "slow", slow=True)
     fast, _ = _calls(tmp_path / "fast", slow=False)
@@ -83,7 +85,29 @@ def test_a_slow_input_waits_a_larger_share_of_each_call_than_a_fast_one(tmp_path
 
 
 @pytest.mark.slow  # trains estimators
-@pytest.mark.tpuestimator  # cpu mode; the strategy engine (2.16+) does not time its input
+def test_the_strategy_engines_input_wait_holds_a_slow_inputs_pauses(tmp_path):
+    # Its training loop's reads are timed inside its tf.function, evaluation's and prediction's
+    # batches in Python. Its calls' set-up (tracing, the XLA check, checkpoints) outweighs 8
+    # batches, and tf.data makes the next batches while it runs: the pauses are compared
+    # with the wait, not shares. Each call makes 7 or 8 batches, pausing STRATEGY_PAUSE for
+    # each; up to 2 or 3 of them are made ahead (prefetched while the call traces its function).
+    slow, slow_summary = _calls(tmp_path / "slow", True, "strategy", STRATEGY_PAUSE)
+    fast, _ = _calls(tmp_path / "fast", False, "strategy")
+    assert [event for event, _ in slow.waits] == ["train", "evaluate", "predict"]
+    print("input waits: slow", slow.waits, "fast", fast.waits, "calls", slow.calls)
+    for (event, wait), (_, fast_wait), (_, seconds) in zip(slow.waits, fast.waits, slow.calls):
+        assert 0 < fast_wait < 0.5 * STRATEGY_PAUSE, (event, fast.waits)
+        assert wait - fast_wait > 3 * STRATEGY_PAUSE and wait < seconds, (event, slow.waits)
+    table = slow_summary.format()
+    for (event, wait), (_, seconds) in zip(slow.waits, slow.calls):
+        row = next(
+            line for line in table.splitlines() if line.split()[:3] == [f"{event}()", "TPU", "path"]
+        )
+        assert row.endswith(f"{wait:.2f} s {100 * wait / seconds:.0f}%"), row
+
+
+@pytest.mark.slow  # trains estimators
+@pytest.mark.tpuestimator  # cpu mode (the strategy engine's loop is timed, observed or not)
 def test_measuring_the_input_wait_leaves_cpu_modes_numbers_stocks(tmp_path):
     # Dropout draws masks from op seeds: the timing ops are made when the session starts, after
     # the model, so observing changes no seed, nor any number.

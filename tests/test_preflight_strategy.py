@@ -1,9 +1,15 @@
 """The preflight of the strategy engine (#33): where a conversion would run on it (TensorFlow >=
 2.16, or ``engine='strategy'`` on 2.12-2.15), ``tpushim.check`` compiles that engine's training
 step for 8 replicas with XLA on CPU and reports what the engine itself would refuse, saying
-which engine the findings are for. Runs in-process on every TensorFlow (tiny models)."""
+which engine the findings are for; ``python -m tpushim check script.py`` gives a script's model and
+input the same findings. Runs on every TensorFlow (tiny models; the scripts' checks in a
+subprocess, as a user runs them)."""
+
+import json
+import os
 
 import numpy as np
+import procs
 import pytest
 import tensorflow as tf
 
@@ -90,7 +96,8 @@ def test_negative_control_on_tpuestimator_nothing_of_the_strategy_engine():
 )
 @pytest.mark.tpuestimator
 def test_a_scripts_conversion_to_the_strategy_engine_says_what_was_not_checked(tmp_path):
-    # Its calls are not recorded: no TPUEstimator TPU graph is claimed, a note says so.
+    # No train/evaluate/predict call: the model alone is checked; no TPUEstimator TPU graph is
+    # claimed, a note says so.
     from tpushim import _preflight
 
     with tpushim.patched(mode="cpu", engine="strategy"), _preflight.recording() as recorder:
@@ -99,3 +106,124 @@ def test_a_scripts_conversion_to_the_strategy_engine_says_what_was_not_checked(t
     assert not [c for c in report.checked if c.startswith("TPU graphs")], report.checked
     assert "conversion" in report.checked and report.ok
     assert any("converted to the strategy engine" in n for n in report.notes), report.notes
+
+
+# -- a script's check on the strategy engine ------------------------------------------------------
+# A legacy script as found: a compiled functional model, model_to_estimator with a RunConfig, a
+# train input_fn batched by 30 (indivisible by 8), train then evaluate. The check runs it as a
+# user does (python -m tpushim check script.py), on the strategy engine: TPUSHIM_ENGINE=strategy
+# on 2.15, the TPU path itself on 2.21. Its findings must be those tpushim.check(model, input_fn)
+# gives for the same model and input under the same engine.
+SCRIPT_MODEL = """
+import sys
+import json
+
+import numpy as np
+import tensorflow as tf
+
+x = np.random.RandomState(0).rand(64, 4).astype("float32")
+y = (x.sum(axis=1, keepdims=True) > 2).astype("float32")
+inputs = tf.keras.Input((4,), name="x")
+hidden = tf.keras.layers.Dense(8, name="dense"{regularizer})(inputs)
+hidden = tf.keras.layers.Lambda({layer}, name="odd")(hidden)
+{normalize}
+outputs = tf.keras.layers.Dense(1, activation="sigmoid", name="out")(hidden)
+model = tf.keras.Model(inputs, outputs)
+model.compile(tf.keras.optimizers.legacy.SGD(0.1), "binary_crossentropy")
+
+
+def train_input_fn():
+    return tf.data.Dataset.from_tensor_slices(({{"x": x}}, y)).batch(30).repeat()
+"""
+SCRIPT_RUN = """
+config = tf.estimator.RunConfig(model_dir=sys.argv[1]{seed})
+est = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
+est.train(train_input_fn, steps=20)
+print("RESULT", est.evaluate(train_input_fn, steps=2)["loss"])
+"""
+AS_STRING = "lambda t: t + 0.0 * tf.strings.to_number(tf.strings.as_string(t))"
+
+
+def _script(tmp_path, layer="lambda t: t * 2", seed="", refused=False):
+    model_code = SCRIPT_MODEL.format(
+        layer=layer,
+        regularizer=', activity_regularizer="l2"' if refused else "",
+        normalize='hidden = tf.keras.layers.BatchNormalization(name="bn")(hidden)'
+        if refused
+        else "",
+    )
+    (tmp_path / "train.py").write_text(model_code + SCRIPT_RUN.format(seed=seed))
+    return model_code
+
+
+def _check_script(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PYTHONPATH": root, "TF_USE_LEGACY_KERAS": "", "TPUSHIM_ENGINE": "strategy"}
+    proc = procs.python(
+        ["-m", "tpushim", "check", "--json", "train.py", tmp_path / "model"],
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr[-4000:]
+    return json.loads(proc.stdout), proc
+
+
+def _api(model_code):
+    """tpushim.check of the script's model and train input_fn, under the strategy engine."""
+    namespace = {}
+    tf.keras.backend.clear_session()
+    exec(model_code, namespace)
+    with tpushim.patched(engine="strategy"):
+        report = tpushim.check(namespace["model"], namespace["train_input_fn"])
+    return report
+
+
+def _findings(found):
+    return sorted((f["code"], f["where"]) for f in found)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layer, seed", [(AS_STRING, ""), ("lambda t: t * 2", ", tf_random_seed=3")], ids=["xla", "ok"]
+)
+def test_a_scripts_check_on_the_strategy_engine_checks_its_input_and_step(tmp_path, layer, seed):
+    # Unseeded, the engine reads the input_fn's Dataset as built eagerly; seeded, as built in a
+    # graph of its own: either is checked.
+    model_code = _script(tmp_path, layer, seed)
+    report, proc = _check_script(tmp_path)
+    for checked in ("input pipeline", "batch size for 8 cores", XLA):
+        assert checked in report["checked"], report
+    assert not [c for c in report["checked"] if c.startswith("TPU graphs")], report["checked"]
+    notes = [n for n in report["notes"] if n.startswith(ENGINE_NOTE)]
+    # 30 rows: padded to 32 for 8 replicas, 4 rows each.
+    assert len(notes) == 1 and "one replica's step of 8, 4 rows each" in notes[0], report["notes"]
+    api = json.loads(_api(model_code).to_json())
+    assert _findings(report["findings"]) == _findings(api["findings"]), (report, api)
+    codes = {f["code"] for f in report["findings"]}
+    assert {"batch-indivisible", "batch-small", "no-prefetch"} <= codes
+    if layer == AS_STRING:
+        assert ("xla-unsupported-op", "layer 'odd' (op AsString)") in _findings(
+            report["findings"]
+        ), report
+        assert report["exit_code"] == 1 and proc.returncode == 1
+        # The engine's own compile does not end the script first: evaluate() ran and its input
+        # was checked too.
+        assert "RESULT" in proc.stderr + proc.stdout
+    else:
+        assert not any(c.startswith("xla-") for c in codes) and proc.returncode == 0, report
+
+
+@pytest.mark.slow
+def test_a_scripts_model_the_strategy_engine_refuses_is_the_apis_finding(tmp_path):
+    model_code = _script(tmp_path, refused=True)
+    report, proc = _check_script(tmp_path)
+    assert proc.returncode == 1 and not report["ok"], report
+    refused = [f for f in report["findings"] if f["code"] == "strategy-engine-refuses"]
+    assert len(refused) == 1 and "activity_regularizer" in refused[0]["message"], report
+    assert refused[0]["where"] == "model 'model'"
+    assert not [f for f in report["findings"] if f["code"].startswith("conversion-")], report
+    api = [f for f in _api(model_code).findings if f.code == "strategy-engine-refuses"]
+    assert [(f.where, f.message[:200]) for f in api] == [
+        (refused[0]["where"], refused[0]["message"][:200])
+    ]

@@ -14,7 +14,20 @@ added.
 On a TPU the batch is read by TPUEstimator's infeed threads, concurrently with the TPU's loop, and
 what the TPU waits for is in its infeed queue: that wait is the Cloud TPU profiler's to show
 (its input pipeline analysis), not measured here.
+
+The strategy engine (:mod:`tpushim._strategy`) reads its input inside the training loop's
+``tf.function``, on the host, one step at a time: each step's read of the distributed iterator
+(``get_next_as_optional``) is bracketed by two ``tf.timestamp`` ops there (:func:`next_input`),
+and their difference summed into a host variable -- the time the loop waited for the step's
+batch before it could run the step (the previous step has returned: the loop's body runs once
+its last iteration's results are in). Those ops are added whether or not anyone observes, so the
+function observed is the one run unobserved (an op seed follows the graph's op count). Evaluation
+and prediction iterate the input in Python: each ``next()`` is timed (:func:`timed`).
 """
+
+import contextlib
+import threading
+import time
 
 import tensorflow as tf
 
@@ -72,3 +85,81 @@ class InputWaitHook(tf.compat.v1.train.SessionRunHook):
         del run_context
         if self._wait is not None:
             self.seconds += float(run_values.results)
+
+
+# --- the strategy engine ------------------------------------------------------------------------
+
+_local = threading.local()  # the StrategyWait of the call this thread is in
+
+
+class StrategyWait:
+    """The input wait of one strategy engine call: a host variable the training loop adds each
+    step's wait to, and the seconds Python waited for evaluation and prediction batches."""
+
+    def __init__(self):
+        with tf.init_scope():  # eager, on the host: not one of the strategy's variables
+            self.variable = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.eager = 0.0
+
+    @property
+    def seconds(self):
+        """The seconds the call waited for its input."""
+        return float(self.variable.numpy()) + self.eager
+
+
+@contextlib.contextmanager
+def strategy_timing():
+    """Within it, this thread's strategy engine call adds its input wait to the yielded
+    :class:`StrategyWait`."""
+    outer = getattr(_local, "wait", None)
+    _local.wait = wait = StrategyWait()
+    try:
+        yield wait
+    finally:
+        _local.wait = outer
+
+
+def next_input(iterator):
+    """``iterator.get_next_as_optional()`` inside a ``tf.function``, its wait added to the
+    active :class:`StrategyWait` (the same ops without one: the function is the same)."""
+    wait = getattr(_local, "wait", None)
+    with tf.name_scope("tpushim_input_wait"):
+        before = tf.timestamp()
+    with tf.control_dependencies([before]):
+        optional = iterator.get_next_as_optional()
+    with tf.name_scope("tpushim_input_wait"), tf.control_dependencies([optional.has_value()]):
+        waited = tf.timestamp() - before
+        if wait is not None:
+            wait.variable.assign_add(waited)
+        else:
+            tf.identity(waited)
+    return optional
+
+
+class _Timed:
+    """A distributed dataset whose iteration times each ``next()`` into a :class:`StrategyWait`."""
+
+    def __init__(self, dataset, wait):
+        self._dataset, self._wait = dataset, wait
+
+    def __iter__(self):
+        iterator = iter(self._dataset)
+        while True:
+            began = time.monotonic()
+            try:
+                element = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._wait.eager += time.monotonic() - began
+            yield element
+
+    def __getattr__(self, name):
+        return getattr(self._dataset, name)
+
+
+def timed(dataset):
+    """``dataset`` (a distributed dataset iterated in Python), each ``next()`` timed into the
+    active :class:`StrategyWait`; ``dataset`` itself where there is none."""
+    wait = getattr(_local, "wait", None)
+    return dataset if wait is None else _Timed(dataset, wait)

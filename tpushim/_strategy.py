@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpushim import (
+    _input_wait,
     _loss_kinds,
     _losses,
     _observe,
@@ -581,7 +582,7 @@ class _Run:
                 tf.float32, size=0, dynamic_size=True, element_shape=tf.TensorShape([])
             )  # its shape known: a call that finds the input exhausted stacks none
             for _ in tf.range(n):
-                optional = iterator.get_next_as_optional()
+                optional = _input_wait.next_input(iterator)  # timed (the run summary)
                 if not optional.has_value():
                     break
                 bind_global_step(self.step)
@@ -674,17 +675,21 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _input(self, input_fn, mode):
         plan = self._tpushim_plan
-        return distributed_input(
+        dataset, spec = distributed_input(
             self.strategy, input_fn, mode, self.config, plan.batch_size, plan.pod_input
         )
+        # Evaluation and prediction read it in Python: each batch's wait timed (the run summary).
+        return (dataset if mode == ModeKeys.TRAIN else _input_wait.timed(dataset)), spec
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         # Observers (the run summary, the preflight) hear of the call and may cap its steps.
         with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
             started = time.monotonic()
-            ran, first = self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
-            # The input is read inside the tf.function (not timed: the summary shows "-").
-            _observe.input_waited(call, None)
+            with _input_wait.strategy_timing() as wait:  # observed or not: the same function
+                ran, first = self._train(
+                    input_fn, hooks, call.steps, call.max_steps, saving_listeners
+                )
+            _observe.input_waited(call, wait.seconds)
             _observe.finished(call, time.monotonic() - started, ran, first)
             return self
 
@@ -791,8 +796,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
             started = time.monotonic()
-            results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
-            _observe.input_waited(call, None)
+            with _input_wait.strategy_timing() as wait:
+                results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
+            _observe.input_waited(call, wait.seconds)
             _observe.finished(call, time.monotonic() - started)
             return results
 
@@ -863,10 +869,11 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     ):
         with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
             started = time.monotonic()
-            yield from self._predict(
-                input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
-            )
-            _observe.input_waited(call, None)
+            with _input_wait.strategy_timing() as wait:
+                yield from self._predict(
+                    input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+                )
+            _observe.input_waited(call, wait.seconds)
             _observe.finished(call, time.monotonic() - started)
 
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):

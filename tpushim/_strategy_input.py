@@ -181,6 +181,7 @@ def _graph_input(input_fn, mode, config):
             session.close()
 
     dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    dataset._tpushim_graph = graph  # where the input_fn's ops are (the preflight reads them)
     return dataset, int(tf.nest.flatten(first)[0].shape[0])
 
 
@@ -369,6 +370,16 @@ def distributed_input(strategy, input_fn, mode, config, batch_size, pod_input="a
         )
         result, first = _graph_input(input_fn, mode, config)
         size = size or first
+    if _observe.has_observers():  # the preflight checks what the input_fn built
+        _observe.input_called(
+            _observe.InputCall(
+                _observe.current_call(),
+                mode,
+                result,
+                _input_fn.InputFacts(size, _declared(result)),
+                size,
+            )
+        )
     replicas = strategy.num_replicas_in_sync
     padded = _batch_math.padded_batch(size, replicas)
     dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()

@@ -70,6 +70,7 @@ def check_model(
     iterations_per_loop,
     custom_objects,
     host_only_later=None,
+    settings=None,
 ):
     """The checks of the model (conversion, host-only ops, XLA) on ``batch`` (features, labels:
     numpy, shaped as the input's; None when no input was checked) and of the settings.
@@ -78,6 +79,9 @@ def check_model(
     but appended to it, as a function of the model_fn's training ops (None: build them) that
     puts its findings where they would have been: a script's check runs it once the TPU train
     graph has built those ops (:func:`tpushim._preflight.graph_checks.model_fn_ops`).
+
+    ``settings``: those that choose the engine whose step is compiled (a script's conversion's;
+    None: the settings in force).
     """
     name = getattr(keras_model, "name", "model")
     with progress.phase(f"conversion of model {name!r}", report):
@@ -95,20 +99,20 @@ def check_model(
         else:
             host_only_later.append(host_only)
         with progress.phase("XLA compile of the training step", report):
-            plan = _strategy_plan(report, keras_model, custom_objects)
+            plan = _strategy_plan(report, keras_model, custom_objects, settings)
             if plan is None:
                 model_checks.check_xla(report, keras_model, custom_objects, features, labels)
             else:
                 engine_checks.check_strategy_step(report, plan, features, labels, num_cores)
 
 
-def _strategy_plan(report, keras_model, custom_objects):
+def _strategy_plan(report, keras_model, custom_objects, settings=None):
     """The strategy engine's plan where the settings in force choose that engine on this
     TensorFlow (``engine='strategy'``, a PJRT runtime: :func:`tpushim._engines.choose`), else
     None; None with a finding where that engine would refuse the model."""
     from tpushim import _engines, _patch
 
-    settings = _patch.current_settings() or _settings.resolve()
+    settings = settings or _patch.current_settings() or _settings.resolve()
     if _engines.choose(settings)[0] != _engines.STRATEGY:
         return None
     return engine_checks.strategy_plan(report, keras_model, custom_objects, settings)

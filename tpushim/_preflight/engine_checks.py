@@ -195,9 +195,11 @@ class EngineRecorder:
         return report
 
 
-def _read_input(result):
-    """An :class:`_Input` from the default graph, which the input_fn built ``result`` in."""
-    graph_def = tf.compat.v1.get_default_graph().as_graph_def()
+def _read_input(result, graph_def=None):
+    """An :class:`_Input` from ``graph_def``, else the default graph, which the input_fn built
+    ``result`` in."""
+    if graph_def is None:
+        graph_def = tf.compat.v1.get_default_graph().as_graph_def()
     top = {node.op for node in graph_def.node}
     inner = {node.op for f in graph_def.library.function for node in f.node_def}
     constants = sum(
@@ -206,6 +208,24 @@ def _read_input(result):
         if node.op == "Const"
     )
     return _Input(result, top, inner, constants, _declared_batch(graph_def))
+
+
+def read_strategy_input(input_call):
+    """An :class:`_Input` of what an input_fn call of the strategy engine built (an
+    :class:`tpushim._observe.InputCall`: a Dataset on the eager runtime, or one of the graph the
+    engine built it in, ``_tpushim_graph``): its ops read from that graph, else from the eager
+    Dataset's own GraphDef (how tf.data serializes a pipeline); nothing is run."""
+    from tpushim import _tfprivate
+
+    result = input_call.result
+    graph = getattr(result, "_tpushim_graph", None)
+    if graph is not None:
+        graph_def = graph.as_graph_def()
+    else:
+        graph_def = tf.compat.v1.GraphDef.FromString(_tfprivate.serialized_dataset(result).numpy())
+    recorded = _read_input(result, graph_def)
+    recorded.batch_size = input_call.global_batch  # the engine's: declared, else its first batch's
+    return recorded
 
 
 def _declared_batch(graph_def):
@@ -246,8 +266,8 @@ def _check_input(report, call, recorded_input, batch_size, num_cores, model_inpu
     result = recorded_input.result
     spec = _element_spec(result)
     if isinstance(result, tf.data.Dataset):
-        spec = _shapes.declared_spec(spec, model_inputs)
-    input_checks._check_element_spec(report, spec)
+        spec = input_checks.completed_spec(report, spec, model_inputs)
+    input_checks._check_element_spec(report, spec, input_checks.host_keys(model_inputs))
     input_checks.report_pipeline_ops(
         report,
         name,

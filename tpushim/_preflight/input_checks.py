@@ -119,25 +119,36 @@ def _check_result(report, input_fn, result, model_inputs=None):
             "return a tf.data.Dataset",
         )
     spec = _element_spec(result)
-    if isinstance(result, tf.data.Dataset):  # tpushim completes a Dataset's shapes from the model
-        for c in _shapes.completions(spec, model_inputs):
-            report.add(
-                "shape-from-model",
-                "info",
-                c.where,
-                f"shape {c.found} is completed to the shape {tuple(c.declared.as_list())} the "
-                f"model's input {c.input_name!r} declares; tpushim checks that every element "
-                f"has it",
-                "nothing to do; to fail earlier on an element of another shape, give it that "
-                "shape in the input pipeline (e.g. decode_jpeg(..., channels=3))",
-            )
-        spec = _shapes.declared_spec(spec, model_inputs)
-    split = getattr(model_inputs, "feature_split", None)
-    _check_element_spec(report, spec, split.raw_keys if split is not None else ())
+    if isinstance(result, tf.data.Dataset):
+        spec = completed_spec(report, spec, model_inputs)
+    _check_element_spec(report, spec, host_keys(model_inputs))
     if not isinstance(result, tf.data.Dataset):
         return None
     _check_dataset_ops(report, result, name)
     return _batching.declared_batch_size(result)
+
+
+def completed_spec(report, spec, model_inputs):
+    """A Dataset's element spec with the shapes tpushim completes from the model's inputs, each
+    completion an info finding (tpushim checks every element has that shape)."""
+    for c in _shapes.completions(spec, model_inputs):
+        report.add(
+            "shape-from-model",
+            "info",
+            c.where,
+            f"shape {c.found} is completed to the shape {tuple(c.declared.as_list())} the "
+            f"model's input {c.input_name!r} declares; tpushim checks that every element "
+            f"has it",
+            "nothing to do; to fail earlier on an element of another shape, give it that "
+            "shape in the input pipeline (e.g. decode_jpeg(..., channels=3))",
+        )
+    return _shapes.declared_spec(spec, model_inputs)
+
+
+def host_keys(model_inputs):
+    """The features only feature columns read (the input pipeline turns them into numbers)."""
+    split = getattr(model_inputs, "feature_split", None)
+    return split.raw_keys if split is not None else ()
 
 
 def _check_element_spec(report, spec, host_keys=()):

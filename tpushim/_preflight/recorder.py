@@ -15,6 +15,7 @@ import tensorflow as tf
 from tpushim import _engines, _input_fn, _observe, _settings, _shapes
 from tpushim._errors import TPUShimError
 from tpushim._preflight import (
+    engine_checks,
     graph_checks,
     input_checks,
     model_checks,
@@ -57,6 +58,7 @@ class Recorder:
     def __init__(self):
         self._conversions: list[_Recorded] = []
         self._refusals: list = []  # (the conversion's arguments, the error it raised)
+        self._refusal_settings: dict = {}  # id(error) -> the settings its conversion ran with
         self._dirs = model_dirs.ScratchDirs()
 
     def close(self):
@@ -115,12 +117,21 @@ class Recorder:
         return self._dirs.conversion_arguments(arguments, tf.estimator.RunConfig)
 
     def refused(self, arguments, error):
-        """Told of a conversion that raised: reported as :func:`tpushim.check` reports it."""
+        """Told of a conversion that raised: reported as :func:`tpushim.check` reports it (under
+        the settings the conversion ran with: they choose the engine)."""
+        from tpushim import _patch
+
         self._refusals.append((arguments, error))
+        self._refusal_settings[id(error)] = _patch.current_settings()
 
     def converted(self, conversion):
         """Told of each conversion."""
         self._dirs.redirect_exports(conversion.estimator)
+        if _on_strategy_engine(conversion):
+            # The engine compiles its step with XLA before it trains off a TPU, and an op XLA
+            # cannot compile would end the script there: the report compiles that step for the
+            # cores checked (naming the layer) and the script runs on to its other calls.
+            conversion.estimator._tpushim_plan.jit_compile = False
         self._conversions.append(_Recorded(conversion))
 
     def derived(self, estimator, source, model_fn):
@@ -163,6 +174,12 @@ class Recorder:
         needs its length, and the replay of it in the TPU graph check reproduces that length."""
         owner = self._owner(input_call.call.estimator) if input_call.call else None
         if owner is None:
+            return
+        if _on_strategy_engine(owner.conversion):  # read when reported (engine_checks)
+            for i, (call, recorded) in enumerate(owner.calls):
+                if recorded is None and call.input_fn is input_call.call.input_fn:
+                    owner.calls[i] = (call, input_call)
+                    return
             return
         if input_call.mode == "eval" and input_call.facts.examples is None:
             with contextlib.suppress(Exception):  # its input checks report what went wrong
@@ -219,6 +236,18 @@ class Recorder:
             with failure_as_finding(report):
                 model_checks.check_conversion(report, keras_model, arguments.get("custom_objects"))
         found = [f for f in report.findings[before:] if f.code.startswith("unconvertible-")]
+        settings = self._refusal_settings.get(id(error))
+        if (
+            not found
+            and keras_model is not None
+            and settings is not None
+            and _engines.choose(settings)[0] == _engines.STRATEGY
+        ):  # what that engine refuses, as tpushim.check says it
+            with failure_as_finding(report):
+                engine_checks.strategy_plan(
+                    report, keras_model, arguments.get("custom_objects"), settings
+                )
+            found = [f for f in report.findings[before:] if f.code == "strategy-engine-refuses"]
         if found:
             report.findings[report.findings.index(found[0])] = dataclasses.replace(
                 found[0], message=and_unchecked(found[0].message)
@@ -256,27 +285,7 @@ class Recorder:
         conversion = recorded.conversion
         settings = conversion.settings
         if _on_strategy_engine(conversion):
-            # Its calls are not observed (no input recorded), and TPUEstimator's TPU graphs are
-            # not its TPU path: the model checks alone, and a note saying what was not checked.
-            name = getattr(conversion.keras_model, "name", "model")
-            why = _engines.choose(settings)[1]
-            report.notes.append(
-                f"model {name!r} was converted to the strategy engine ({why}): the check does "
-                f"not record that engine's train/evaluate/predict calls yet, so their input, "
-                f"the XLA compile of its step and TPU graphs were not checked here; "
-                f"tpushim.check(model, input_fn) under the same settings checks its step"
-            )
-            with failure_as_finding(report):
-                check_model(
-                    report,
-                    conversion.keras_model,
-                    None,
-                    settings.batch_size,
-                    num_cores,
-                    None,
-                    settings.iterations_per_loop,
-                    conversion.arguments.get("custom_objects"),
-                )
+            _report_strategy(report, recorded, num_cores)
             return
         model_inputs = _shapes.ModelInputs.of(conversion.keras_model)
         train = recorded.first("train")
@@ -339,6 +348,55 @@ class Recorder:
         for host_only in host_only_later:  # built here where the TPU train graph did not build it
             with failure_as_finding(report):
                 host_only(train_ops[0] if train_ops else None)
+
+
+def _report_strategy(report, recorded, num_cores):
+    """A conversion to the strategy engine: the checks :func:`tpushim.check` runs on its model
+    and input, on what the script's input_fns built -- each call's input (dtypes, static shapes,
+    pipeline ops, the batch against the cores), the model's conversion, host-only ops and the
+    engine's training step compiled with XLA for ``num_cores`` replicas on the first training
+    input. TPUEstimator's TPU graphs are not this engine's TPU path: a note says so."""
+    conversion = recorded.conversion
+    settings = conversion.settings
+    keras_model = conversion.keras_model
+    name = getattr(keras_model, "name", "model")
+    report.notes.append(
+        f"model {name!r} was converted to the strategy engine "
+        f"({_engines.choose(settings)[1]}): its input and its training step are checked as "
+        f"tpushim.check(model, input_fn) checks them; TPUEstimator's TPU graphs (not that "
+        f"engine's TPU path) and how a pod's hosts would read the input were not checked"
+    )
+    model_inputs = _shapes.ModelInputs.of(keras_model)
+    train, train_batch = recorded.first("train"), None
+    for call, input_call in recorded.calls:
+        if input_call is None:
+            continue
+        with (
+            progress.phase(f"input pipeline of {call.event}()", report),
+            failure_as_finding(report),
+        ):
+            batch = engine_checks._check_input(
+                report,
+                call,
+                engine_checks.read_strategy_input(input_call),
+                settings.batch_size,
+                num_cores,
+                model_inputs,
+            )
+            if train is not None and call is train[0]:
+                train_batch = batch
+    with failure_as_finding(report):
+        check_model(
+            report,
+            keras_model,
+            train_batch,
+            settings.batch_size,
+            num_cores,
+            train[0].steps if train else None,
+            settings.iterations_per_loop,
+            conversion.arguments.get("custom_objects"),
+            settings=settings,
+        )
 
 
 def _on_strategy_engine(conversion):
