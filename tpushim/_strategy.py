@@ -32,7 +32,16 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _losses, _observe, _padding, _plan, _step_events, _tfprivate
+from tpushim import (
+    _loss_kinds,
+    _losses,
+    _observe,
+    _padding,
+    _plan,
+    _step_events,
+    _strategy_metrics,
+    _tfprivate,
+)
 from tpushim._errors import ConversionError
 from tpushim._strategy_input import batch_size_of, distributed_input  # noqa: F401  (its names)
 
@@ -500,17 +509,22 @@ class _Run:
 
         return run
 
-    def eval_function(self):
+    def eval_function(self, parts=()):
         """A ``tf.function`` of one global batch: (global loss, per replica (outputs, labels,
-        padding weight, sample weights, masks)); an output without a mask has an empty one."""
+        padding weight, sample weights, masks)); an output without a mask has an empty one.
+        ``parts`` (``features``, ``labels``): per replica also {part: as the input gave it}, for
+        the metric_fns ``tf.estimator.add_metrics`` added (:mod:`tpushim._strategy_metrics`)."""
 
         def replica_step(element):
             loss, outputs, labels, pad, weights = self._loss(element, False)
+            given = {"features": _given_features(element), "labels": labels}
             labels = _labels_list(labels, self.model.output_names)
             masks = [_mask_or_empty(o) for o in outputs]
             weights = [
                 tf.ones_like(pad) if w is None else w for w in weights or [None] * len(outputs)
             ]
+            if parts:
+                return loss, outputs, labels, pad, weights, masks, {p: given[p] for p in parts}
             return loss, outputs, labels, pad, weights, masks
 
         @tf.function
@@ -535,6 +549,13 @@ class _Run:
         )
 
 
+def _given_features(element):
+    """An element's features as the input_fn gave them (stock's ``{"features",
+    "sample_weights"}`` too), without tpushim's padding weight."""
+    features = element[0] if isinstance(element, tuple) else element
+    return features[_padding.FEATURES_KEY]
+
+
 def _metrics_model(plan):
     """An undistributed copy of the user's model compiled as the user compiled it: its compiled
     metrics (Keras's names and kinds) are updated on the host with each gathered batch."""
@@ -553,6 +574,9 @@ def _metrics_model(plan):
 class StrategyEstimator(_tfprivate.EstimatorBase):
     """The stock Estimator whose ``train``, ``evaluate`` and ``predict`` run the Keras model under
     a ``tf.distribute`` strategy (see the module's docstring for why it subclasses Estimator)."""
+
+    #: The metric_fns ``tf.estimator.add_metrics`` added to its evaluation, in order (:func:`add_metrics`).
+    _tpushim_metric_fns = ()
 
     def __init__(self, model_fn, config, warm_start_from, plan, object_checkpoints=True):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
@@ -700,7 +724,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir, checkpoint_path
         )
         dataset, _ = self._input(input_fn, ModeKeys.EVAL)
-        forward = run.eval_function()
+        added = _strategy_metrics.Added(self._tpushim_metric_fns, self.config)
+        parts = _strategy_metrics.wanted(self._tpushim_metric_fns)
+        forward = run.eval_function(parts)
         metrics_model = _metrics_model(self._tpushim_plan)
         names = run.model.output_names
         losses = []
@@ -709,9 +735,13 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 break
             loss, *per_replica = forward(element)
             losses.append(float(loss))
+            given = run.gathered(per_replica.pop()) if parts else {}
             outputs, labels, pad, weights, masks = run.gathered(tuple(per_replica))
             # Keras weighs only weighted_metrics by a sample weight: padding rows are left out.
             real = pad > 0
+            if self._tpushim_metric_fns:  # stock's predictions: the outputs by name
+                given["predictions"] = dict(zip(names, outputs))
+                added.update(_strategy_metrics.real_rows(given, real.numpy()))
             outputs, labels, weights, masks = tf.nest.map_structure(
                 lambda x: tf.boolean_mask(x, real) if x.shape[0] else x,
                 (outputs, labels, weights, masks),
@@ -729,6 +759,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         for m in metrics_model.compiled_metrics.metrics:
             if m.name != "loss":
                 results[m.name] = np.float32(m.result().numpy())
+        results.update(
+            added.results()
+        )  # stock's add_metrics: an added name replaces a compiled one
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
         _step_events.write_evaluation(self.eval_dir(name), results, checkpoint_path or run.restored)
         return results
@@ -884,17 +917,47 @@ def build_on_engine(arguments, settings, tpu, why):
         return estimator
 
 
+def add_metrics(estimator, metric_fn, model_fn):
+    """The strategy engine's estimator ``tf.estimator.add_metrics(estimator, metric_fn)`` returns:
+    ``estimator`` (its conversion, config, model_dir, warm start) whose evaluation also computes
+    ``metric_fn``'s metrics as stock's does (:mod:`tpushim._strategy_metrics`).
+
+    Args:
+      estimator: a :class:`StrategyEstimator` (one add_metrics made, too: the metrics add up).
+      metric_fn: the user's, its arguments checked by ``add_metrics`` (stock's check).
+      model_fn: the model_fn stock's ``add_metrics`` made (the estimator's, with the metrics in
+        EVAL mode): the new estimator's, so that what a script builds from it is stock's.
+    """
+    added = StrategyEstimator(
+        model_fn,
+        estimator.config,
+        _tfprivate.warm_start_settings(estimator),
+        estimator._tpushim_plan,
+    )
+    added._tpushim_keep = estimator._tpushim_keep
+    added._tpushim_strategy = estimator._tpushim_strategy
+    added._tpushim_metric_fns = (*estimator._tpushim_metric_fns, metric_fn)
+    _observe.derived(added, estimator, model_fn)
+    logger.info(
+        "tf.estimator.add_metrics -> the strategy engine's estimator with the metrics of %s",
+        getattr(metric_fn, "__name__", metric_fn),
+    )
+    return added
+
+
 def said_stock_around(estimator, called):
     """True, said in one line and told to observers, when ``estimator`` is the strategy engine's
-    and ``called`` (an ``add_metrics`` or an estimator constructor) builds stock's estimator
-    around it: the engine does not take an estimator made from its model_fn yet (never silent)."""
+    and ``called`` (an estimator constructor) builds stock's estimator around its model_fn: the
+    engine does not take an estimator made from its model_fn (never silent)."""
     if not isinstance(estimator, StrategyEstimator):
         return False
-    why = "the strategy engine does not take an estimator made from its model_fn yet"
+    why = "the strategy engine does not take an estimator made from its model_fn"
     logger.warning(
         "%s -> stock Estimator, which runs stock's model_fn "
-        "(on a TPU nothing would run on it): %s. Use the converted estimator itself, or "
-        "engine='tpuestimator'.",
+        "(on a TPU nothing would run on it): %s. To add metrics, use "
+        "tf.estimator.add_metrics(<the converted estimator>, metric_fn), which keeps the engine; "
+        "for another model_dir or config, give them to model_to_estimator; or use "
+        "engine='tpuestimator' where TPUEstimator runs.",
         called,
         why,
     )
