@@ -188,3 +188,38 @@ def test_a_metric_named_loss_is_refused_as_stock_refuses_it(tmp_path):
     added.train(tfcases.dataset_input_fn(x, y), steps=1)
     with pytest.raises(ValueError, match='Metric with name "loss" is not allowed'):
         added.evaluate(tfcases.dataset_input_fn(x, y))
+
+
+def test_only_the_tensors_the_metrics_read_come_to_the_host():
+    """Built once on the input's specs: a feature no metric reads (here 784 floats a row) is
+    neither gathered from the replicas nor fed; what is read updates stock's metric code."""
+    import tensorflow as tf
+
+    from tpushim import _strategy_metrics
+
+    def metric_fn(labels, predictions, features):
+        return {
+            "mean_b": tf.compat.v1.metrics.mean(features["b"]),
+            "auc": tf.compat.v1.metrics.auc(labels, predictions["out"]),
+        }
+
+    def spec(*shape):
+        return tf.TensorSpec(shape, tf.float32)
+
+    added = _strategy_metrics.added(
+        [metric_fn],
+        None,
+        {"other": spec(2, 1), "out": spec(2, 1)},
+        {"features": {"a": spec(2, 784), "b": spec(2)}, "labels": spec(2, 1)},
+    )
+    assert added.used == {"features": [1], "labels": [0], "predictions": [1]}
+    added.update(
+        {
+            "features": [np.array([1.0, 3.0], np.float32)],
+            "labels": [np.array([[0.0], [1.0]], np.float32)],
+            "predictions": [np.array([[0.2], [0.9]], np.float32)],
+        }
+    )
+    results = added.results()
+    assert results["mean_b"] == 2.0 and results["auc"] > 0.99
+    assert _strategy_metrics.added((), None, {}, {}) is None

@@ -509,22 +509,24 @@ class _Run:
 
         return run
 
-    def eval_function(self, parts=()):
+    def eval_function(self, parts=None):
         """A ``tf.function`` of one global batch: (global loss, per replica (outputs, labels,
         padding weight, sample weights, masks)); an output without a mask has an empty one.
-        ``parts`` (``features``, ``labels``): per replica also {part: as the input gave it}, for
-        the metric_fns ``tf.estimator.add_metrics`` added (:mod:`tpushim._strategy_metrics`)."""
+        ``parts``: {``features`` or ``labels``: positions}: per replica also those of the
+        tensors the input gave (``tf.nest.flatten`` order), for the metric_fns
+        ``tf.estimator.add_metrics`` added (:mod:`tpushim._strategy_metrics`)."""
 
         def replica_step(element):
             loss, outputs, labels, pad, weights = self._loss(element, False)
-            given = {"features": _given_features(element), "labels": labels}
+            given = {p: tf.nest.flatten(v) for p, v in given_parts(element).items()}
             labels = _labels_list(labels, self.model.output_names)
             masks = [_mask_or_empty(o) for o in outputs]
             weights = [
                 tf.ones_like(pad) if w is None else w for w in weights or [None] * len(outputs)
             ]
-            if parts:
-                return loss, outputs, labels, pad, weights, masks, {p: given[p] for p in parts}
+            if parts is not None:
+                chosen = {p: [given[p][i] for i in positions] for p, positions in parts.items()}
+                return loss, outputs, labels, pad, weights, masks, chosen
             return loss, outputs, labels, pad, weights, masks
 
         @tf.function
@@ -549,11 +551,11 @@ class _Run:
         )
 
 
-def _given_features(element):
-    """An element's features as the input_fn gave them (stock's ``{"features",
-    "sample_weights"}`` too), without tpushim's padding weight."""
-    features = element[0] if isinstance(element, tuple) else element
-    return features[_padding.FEATURES_KEY]
+def given_parts(element):
+    """{"features", "labels"} of a padded element (or its spec) as the input_fn gave them
+    (stock's ``{"features", "sample_weights"}`` features too), without the padding weight."""
+    features, labels = element if isinstance(element, tuple) else (element, None)
+    return {"features": features[_padding.FEATURES_KEY], "labels": labels}
 
 
 def _metrics_model(plan):
@@ -723,24 +725,32 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         run = _Run(
             self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir, checkpoint_path
         )
-        dataset, _ = self._input(input_fn, ModeKeys.EVAL)
-        added = _strategy_metrics.Added(self._tpushim_metric_fns, self.config)
-        parts = _strategy_metrics.wanted(self._tpushim_metric_fns)
-        forward = run.eval_function(parts)
-        metrics_model = _metrics_model(self._tpushim_plan)
+        dataset, element_spec = self._input(input_fn, ModeKeys.EVAL)
         names = run.model.output_names
+        added = _strategy_metrics.added(
+            self._tpushim_metric_fns,
+            self.config,
+            {n: tf.TensorSpec(o.shape, o.dtype) for n, o in zip(names, run.model.outputs)},
+            given_parts(element_spec),
+        )
+        if added is None:
+            forward = run.eval_function()
+        else:  # only what the metrics read comes to the host
+            forward = run.eval_function({p: u for p, u in added.used.items() if p != "predictions"})
+        metrics_model = _metrics_model(self._tpushim_plan)
         losses = []
         for i, element in enumerate(dataset):
             if steps is not None and i >= steps:
                 break
             loss, *per_replica = forward(element)
             losses.append(float(loss))
-            given = run.gathered(per_replica.pop()) if parts else {}
+            given = run.gathered(per_replica.pop()) if added is not None else {}
             outputs, labels, pad, weights, masks = run.gathered(tuple(per_replica))
             # Keras weighs only weighted_metrics by a sample weight: padding rows are left out.
             real = pad > 0
-            if self._tpushim_metric_fns:  # stock's predictions: the outputs by name
-                given["predictions"] = dict(zip(names, outputs))
+            if added is not None:  # stock's predictions: the outputs by name
+                predictions = tf.nest.flatten(dict(zip(names, outputs)))
+                given["predictions"] = [predictions[i] for i in added.used["predictions"]]
                 added.update(_strategy_metrics.real_rows(given, real.numpy()))
             outputs, labels, weights, masks = tf.nest.map_structure(
                 lambda x: tf.boolean_mask(x, real) if x.shape[0] else x,
@@ -759,9 +769,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         for m in metrics_model.compiled_metrics.metrics:
             if m.name != "loss":
                 results[m.name] = np.float32(m.result().numpy())
-        results.update(
-            added.results()
-        )  # stock's add_metrics: an added name replaces a compiled one
+        if added is not None:  # stock's add_metrics: an added name replaces a compiled one
+            results.update(added.results())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
         _step_events.write_evaluation(self.eval_dir(name), results, checkpoint_path or run.restored)
         return results

@@ -22,61 +22,56 @@ import tensorflow as tf
 
 from tpushim import _tfprivate
 
-#: The arguments ``tf.estimator.add_metrics`` lets a ``metric_fn`` take (its own check has run).
-ARGUMENTS = ("labels", "predictions", "features", "config")
 
+def added(metric_fns, config, predictions, given):
+    """The :class:`Added` of ``metric_fns`` (None where there are none).
 
-def wanted(metric_fns):
-    """The parts of each batch (``features``, ``labels``) the ``metric_fn``s read."""
-    names = {name for fn in metric_fns for name in _tfprivate.fn_args(fn)}
-    return tuple(part for part in ("features", "labels") if part in names)
+    Args:
+      predictions: {output name: its ``tf.TensorSpec``} (stock's Keras predictions).
+      given: {"features", "labels"}: a replica's element spec of each, as the input gave them.
+    """
+    if not metric_fns:
+        return None
+    takes = {name for fn in metric_fns for name in _tfprivate.fn_args(fn)}
+    specs = {part: given[part] for part in ("features", "labels") if part in takes}
+    return Added(metric_fns, config, dict(specs, predictions=predictions))
 
 
 def real_rows(structure, real):
-    """``structure``'s tensors, only the rows where ``real`` (a [rows] bool array) holds."""
+    """``structure``'s arrays, only the rows where ``real`` (a [rows] bool array) holds."""
     return tf.nest.map_structure(lambda x: np.asarray(x)[real], structure)
 
 
 class Added:
     """The ``metric_fn``s of one evaluation, in the order they were added (a later one's metric
-    replaces an earlier one's of the same name, as stock's chained ``add_metrics`` do)."""
+    replaces an earlier one's of the same name, as stock's chained ``add_metrics`` do), built at
+    once in a graph of their own.
 
-    def __init__(self, metric_fns, config):
-        self._fns, self._config = tuple(metric_fns), config
-        self._session = None
+    Attributes:
+      used: per part (``predictions``, ``features``, ``labels``), the positions (in
+        ``tf.nest.flatten`` order) of the tensors the metrics read: only those come to the host.
+    """
 
-    def update(self, batch):
-        """Runs every metric's update op on ``batch``: ``{"predictions", "labels", "features"}``
-        of one step's real rows (numpy arrays, in the structures the model_fn gets)."""
-        batch = tf.nest.map_structure(np.asarray, batch)
-        if self._session is None:
-            self._build(batch)
-        leaves = tf.nest.flatten(batch)
-        self._session.run(self._updates, dict(zip(self._placeholders, leaves)))
-
-    def results(self):
-        """{name: value} of every added metric (none when no step ran)."""
-        if self._session is None:
-            return {}
-        try:
-            return self._session.run(self._values)
-        finally:
-            self._session.close()
-
-    def _build(self, batch):
+    def __init__(self, metric_fns, config, specs):
+        """``specs``: per part, the ``tf.TensorSpec``s of a replica's batch (as the model_fn gets
+        them: predictions by output name); a part no ``metric_fn`` takes is not passed."""
         graph = tf.Graph()
         with graph.as_default():
-            self._placeholders = [
-                tf.compat.v1.placeholder(
-                    tf.as_dtype(leaf.dtype) if leaf.dtype != object else tf.string,
-                    [None, *leaf.shape[1:]],
-                )
-                for leaf in tf.nest.flatten(batch)
-            ]
-            inputs = tf.nest.pack_sequence_as(batch, self._placeholders)
-            inputs["config"] = self._config
+            placeholders = {
+                part: [
+                    tf.compat.v1.placeholder(
+                        spec.dtype, None if spec.shape.rank is None else [None, *spec.shape[1:]]
+                    )
+                    for spec in tf.nest.flatten(structure)
+                ]
+                for part, structure in specs.items()
+            }
+            inputs = {
+                part: tf.nest.pack_sequence_as(specs[part], placeholders[part]) for part in specs
+            }
+            inputs["config"] = config
             metrics = {}
-            for metric_fn in self._fns:
+            for metric_fn in metric_fns:
                 args = _tfprivate.fn_args(metric_fn)
                 added = metric_fn(**{k: v for k, v in inputs.items() if k in args})
                 # Stock's checks and texts; Keras Metric objects become (result, update_op).
@@ -94,5 +89,29 @@ class Added:
                 tf.compat.v1.tables_initializer(),
             ]
         graph.finalize()
+        self.used = {
+            part: [i for i, p in enumerate(flat) if p.consumers()]
+            for part, flat in placeholders.items()
+        }
+        self._placeholders = {
+            part: [placeholders[part][i] for i in used] for part, used in self.used.items()
+        }
         self._session = tf.compat.v1.Session(graph=graph)
         self._session.run(initialize)
+
+    def update(self, batch):
+        """Runs every metric's update op on ``batch``: per part, one step's real rows of the
+        tensors :attr:`used` names (arrays, in that order)."""
+        feed = {
+            placeholder: np.asarray(value)
+            for part, values in batch.items()
+            for placeholder, value in zip(self._placeholders[part], values)
+        }
+        self._session.run(self._updates, feed)
+
+    def results(self):
+        """{name: value} of every added metric (as stock's, after the last step's update)."""
+        try:
+            return self._session.run(self._values)
+        finally:
+            self._session.close()
