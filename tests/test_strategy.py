@@ -230,47 +230,6 @@ def test_estimator_surface_on_one_device(tmp_path):
 
 
 @pytest.mark.slow
-def test_estimators_made_from_the_engines_are_stocks_and_said_so(tmp_path, caplog):
-    """add_metrics around the strategy engine's estimator, or an Estimator rebuilt around its
-    model_fn, is stock's estimator (the engine does not take them yet): said in one line each,
-    never silently."""
-    import logging
-
-    import tensorflow as tf
-    import tfcases
-
-    from tpushim import _strategy
-
-    def metric_fn(labels, predictions):
-        del labels
-        return {"mean_prediction": tf.compat.v1.metrics.mean(predictions["dense"])}
-
-    with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
-        converted = tfcases.convert(tmp_path / "m")
-        assert isinstance(converted, _strategy.StrategyEstimator)
-        with caplog.at_level(logging.WARNING, logger="tpushim"):
-            added = tf.estimator.add_metrics(converted, metric_fn)
-            rebuilt = tf.estimator.Estimator(
-                model_fn=converted.model_fn, model_dir=str(tmp_path / "r")
-            )
-    for made in (added, rebuilt):
-        assert isinstance(made, tfcases.ESTIMATOR.Estimator)
-        assert not isinstance(made, _strategy.StrategyEstimator)
-    said = [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "tpushim" and r.levelno >= logging.WARNING
-    ]
-    assert len(said) == 2, said
-    assert said[0].startswith(
-        "tf.estimator.add_metrics(<the strategy engine's estimator>, metric_fn) -> stock Estimator"
-    )
-    assert said[1].startswith(
-        "tf.estimator.Estimator(model_fn=<the strategy engine's estimator>.model_fn) -> stock"
-    )
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "kwargs,message",
     [

@@ -36,21 +36,20 @@ def add_metrics_call(args, kwargs):
     None for any other call."""
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     parts = _tfprivate.add_metrics_parts(model_fn)
-    if parts is not None and _on_the_strategy_engine(
-        parts[0], "tf.estimator.add_metrics(<the strategy engine's estimator>, metric_fn)"
-    ):
-        return None
+    if parts is not None and _on_the_strategy_engine(parts[0]):
+        from tpushim import _strategy
+
+        return _strategy.add_metrics(*parts, model_fn)
     if parts is None or not isinstance(parts[0], _estimator.TPUShimEstimator):
         return None
     return add_metrics(*parts)
 
 
-def _on_the_strategy_engine(estimator, called):
-    """True, said in one line and told to observers, when ``estimator`` is the strategy engine's:
-    it does not take an estimator made from it yet, so stock's is built (never silently)."""
+def _on_the_strategy_engine(estimator):
+    """Whether ``estimator`` is the strategy engine's (:mod:`tpushim._strategy`)."""
     from tpushim import _strategy  # only where a converted estimator is involved
 
-    return _strategy.said_stock_around(estimator, called)
+    return isinstance(estimator, _strategy.StrategyEstimator)
 
 
 def rewrap_call(cls, args, kwargs):
@@ -67,11 +66,14 @@ def rewrap_call(cls, args, kwargs):
     """
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     found = _tfprivate.estimator_of_model_fn(model_fn)
-    if found is not None and _on_the_strategy_engine(
-        found[0],
-        f"{_tfprivate.estimator_classes().get(cls, cls.__name__)}"
-        "(model_fn=<the strategy engine's estimator>.model_fn)",
-    ):
+    if found is not None and _on_the_strategy_engine(found[0]):
+        from tpushim import _strategy
+
+        _strategy.said_stock_around(
+            found[0],
+            f"{_tfprivate.estimator_classes().get(cls, cls.__name__)}"
+            "(model_fn=<the strategy engine's estimator>.model_fn)",
+        )
         return None
     if found is None or not isinstance(found[0], _estimator.TPUShimEstimator):
         if not issubclass(cls, _estimator.TPUShimEstimator):

@@ -41,6 +41,7 @@ from tpushim import (
     _plan,
     _step_events,
     _strategy_checkpoint,
+    _strategy_metrics,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
@@ -595,17 +596,24 @@ class _Run:
 
         return run
 
-    def eval_function(self):
+    def eval_function(self, parts=None):
         """A ``tf.function`` of one global batch: (global loss, per replica (outputs, labels,
-        padding weight, sample weights, masks)); an output without a mask has an empty one."""
+        padding weight, sample weights, masks)); an output without a mask has an empty one.
+        ``parts``: {``features`` or ``labels``: positions}: per replica also those of the
+        tensors the input gave (``tf.nest.flatten`` order), for the metric_fns
+        ``tf.estimator.add_metrics`` added (:mod:`tpushim._strategy_metrics`)."""
 
         def replica_step(element):
             loss, outputs, labels, pad, weights = self._loss(element, False)
+            given = {p: tf.nest.flatten(v) for p, v in given_parts(element).items()}
             labels = _labels_list(labels, self.model.output_names)
             masks = [_mask_or_empty(o) for o in outputs]
             weights = [
                 tf.ones_like(pad) if w is None else w for w in weights or [None] * len(outputs)
             ]
+            if parts is not None:
+                chosen = {p: [given[p][i] for i in positions] for p, positions in parts.items()}
+                return loss, outputs, labels, pad, weights, masks, chosen
             return loss, outputs, labels, pad, weights, masks
 
         @tf.function
@@ -630,6 +638,13 @@ class _Run:
         )
 
 
+def given_parts(element):
+    """{"features", "labels"} of a padded element (or its spec) as the input_fn gave them
+    (stock's ``{"features", "sample_weights"}`` features too), without the padding weight."""
+    features, labels = element if isinstance(element, tuple) else (element, None)
+    return {"features": features[_padding.FEATURES_KEY], "labels": labels}
+
+
 def _metrics_model(plan):
     """An undistributed copy of the user's model compiled as the user compiled it: its compiled
     metrics (Keras's names and kinds) are updated on the host with each gathered batch."""
@@ -648,6 +663,9 @@ def _metrics_model(plan):
 class StrategyEstimator(_tfprivate.EstimatorBase):
     """The stock Estimator whose ``train``, ``evaluate`` and ``predict`` run the Keras model under
     a ``tf.distribute`` strategy (see the module's docstring for why it subclasses Estimator)."""
+
+    #: The metric_fns ``tf.estimator.add_metrics`` added to its evaluation, in order (:func:`add_metrics`).
+    _tpushim_metric_fns = ()
 
     def __init__(self, model_fn, config, warm_start_from, plan, object_checkpoints=True):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
@@ -814,10 +832,19 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 user_hooks.close()
 
     def _evaluate_batches(self, run, input_fn, steps, user_hooks, checkpoint_path, name):
-        dataset, _ = self._input(input_fn, ModeKeys.EVAL)
-        forward = run.eval_function()
-        metrics_model = _metrics_model(self._tpushim_plan)
+        dataset, element_spec = self._input(input_fn, ModeKeys.EVAL)
         names = run.model.output_names
+        added = _strategy_metrics.added(
+            self._tpushim_metric_fns,
+            self.config,
+            {n: tf.TensorSpec(o.shape, o.dtype) for n, o in zip(names, run.model.outputs)},
+            given_parts(element_spec),
+        )
+        if added is None:
+            forward = run.eval_function()
+        else:  # only what the metrics read comes to the host
+            forward = run.eval_function({p: u for p, u in added.used.items() if p != "predictions"})
+        metrics_model = _metrics_model(self._tpushim_plan)
         losses = []
         ran_out = True
         for i, element in enumerate(dataset):
@@ -828,9 +855,14 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 user_hooks.before(int(run.step.numpy()))
             loss, *per_replica = forward(element)
             losses.append(float(loss))
+            given = run.gathered(per_replica.pop()) if added is not None else {}
             outputs, labels, pad, weights, masks = run.gathered(tuple(per_replica))
             # Keras weighs only weighted_metrics by a sample weight: padding rows are left out.
             real = pad > 0
+            if added is not None:  # stock's predictions: the outputs by name
+                predictions = tf.nest.flatten(dict(zip(names, outputs)))
+                given["predictions"] = [predictions[i] for i in added.used["predictions"]]
+                added.update(_strategy_metrics.real_rows(given, real.numpy()))
             outputs, labels, weights, masks = tf.nest.map_structure(
                 lambda x: tf.boolean_mask(x, real) if x.shape[0] else x,
                 (outputs, labels, weights, masks),
@@ -855,6 +887,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         for m in metrics_model.compiled_metrics.metrics:
             if m.name != "loss":
                 results[m.name] = np.float32(m.result().numpy())
+        if added is not None:  # stock's add_metrics: an added name replaces a compiled one
+            results.update(added.results())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
         _step_events.write_evaluation(self.eval_dir(name), results, checkpoint_path or run.restored)
         return results
@@ -1031,17 +1065,47 @@ def build_on_engine(arguments, settings, tpu, why):
         return estimator
 
 
+def add_metrics(estimator, metric_fn, model_fn):
+    """The strategy engine's estimator ``tf.estimator.add_metrics(estimator, metric_fn)`` returns:
+    ``estimator`` (its conversion, config, model_dir, warm start) whose evaluation also computes
+    ``metric_fn``'s metrics as stock's does (:mod:`tpushim._strategy_metrics`).
+
+    Args:
+      estimator: a :class:`StrategyEstimator` (one add_metrics made, too: the metrics add up).
+      metric_fn: the user's, its arguments checked by ``add_metrics`` (stock's check).
+      model_fn: the model_fn stock's ``add_metrics`` made (the estimator's, with the metrics in
+        EVAL mode): the new estimator's, so that what a script builds from it is stock's.
+    """
+    added = StrategyEstimator(
+        model_fn,
+        estimator.config,
+        _tfprivate.warm_start_settings(estimator),
+        estimator._tpushim_plan,
+    )
+    added._tpushim_keep = estimator._tpushim_keep
+    added._tpushim_strategy = estimator._tpushim_strategy
+    added._tpushim_metric_fns = (*estimator._tpushim_metric_fns, metric_fn)
+    _observe.derived(added, estimator, model_fn)
+    logger.info(
+        "tf.estimator.add_metrics -> the strategy engine's estimator with the metrics of %s",
+        getattr(metric_fn, "__name__", metric_fn),
+    )
+    return added
+
+
 def said_stock_around(estimator, called):
     """True, said in one line and told to observers, when ``estimator`` is the strategy engine's
-    and ``called`` (an ``add_metrics`` or an estimator constructor) builds stock's estimator
-    around it: the engine does not take an estimator made from its model_fn yet (never silent)."""
+    and ``called`` (an estimator constructor) builds stock's estimator around its model_fn: the
+    engine does not take an estimator made from its model_fn (never silent)."""
     if not isinstance(estimator, StrategyEstimator):
         return False
-    why = "the strategy engine does not take an estimator made from its model_fn yet"
+    why = "the strategy engine does not take an estimator made from its model_fn"
     logger.warning(
         "%s -> stock Estimator, which runs stock's model_fn "
-        "(on a TPU nothing would run on it): %s. Use the converted estimator itself, or "
-        "engine='tpuestimator'.",
+        "(on a TPU nothing would run on it): %s. To add metrics, use "
+        "tf.estimator.add_metrics(<the converted estimator>, metric_fn), which keeps the engine; "
+        "for another model_dir or config, give them to model_to_estimator; or use "
+        "engine='tpuestimator' where TPUEstimator runs.",
         called,
         why,
     )

@@ -568,7 +568,14 @@ def leaf_paths(structure):
 def validate_eval_metric_ops(eval_metric_ops):
     """Stock's checks of ``eval_metric_ops`` (its errors, verbatim); Keras ``Metric`` objects
     become ``(result, update_op)`` and their variables local metric variables, as
-    ``EstimatorSpec`` makes them."""
+    ``EstimatorSpec`` makes them (TensorFlow >= 2.16: tpushim's own ``EstimatorSpec``'s)."""
+    if keras_lib is None:
+        import tensorflow as tf
+
+        spec = _legacy_config.EstimatorSpec(
+            mode=ModeKeys.EVAL, loss=tf.constant(0.0), eval_metric_ops=eval_metric_ops
+        )
+        return spec.eval_metric_ops
     from tensorflow_estimator.python.estimator import model_fn as model_fn_lib
 
     return model_fn_lib._validate_eval_metric_ops(eval_metric_ops)

@@ -314,12 +314,6 @@ def add_metrics(estimator, metric_fn):
     import inspect
     import sys
 
-    strategy = sys.modules.get("tpushim._strategy")
-    if strategy is not None:  # around the strategy engine's estimator: stock's, said in one line
-        strategy.said_stock_around(
-            estimator, "tf.estimator.add_metrics(<the strategy engine's estimator>, metric_fn)"
-        )
-
     from tpushim._legacy._config import ModeKeys
     from tpushim._legacy._estimator import Estimator
 
@@ -344,6 +338,10 @@ def add_metrics(estimator, metric_fn):
         }
         added = metric_fn(**{k: v for k, v in available.items() if k in names})
         return spec._replace(eval_metric_ops=dict(spec.eval_metric_ops or {}, **added))
+
+    strategy = sys.modules.get("tpushim._strategy")  # none made before it is imported
+    if strategy is not None and isinstance(estimator, strategy.StrategyEstimator):
+        return strategy.add_metrics(estimator, metric_fn, new_model_fn)  # keeps the engine
 
     derived = Estimator(
         model_fn=new_model_fn,

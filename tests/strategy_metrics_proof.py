@@ -1,0 +1,176 @@
+"""``tf.estimator.add_metrics`` on the strategy engine, run as its own process (the logical devices
+must be made before TensorFlow initialises): ``python strategy_metrics_proof.py DIR`` prints one
+JSON object.
+
+A binary classifier with a compiled ``accuracy``, 45 examples in global batches of 10 (a short
+last batch of 5; every batch padded to 16 for 8 replicas), dict features; three metric_fns added
+one after another, the signatures stock takes: ``(labels, predictions)`` returning
+``tf.compat.v1.metrics`` pairs, ``(labels, predictions, features)`` returning Keras ``Metric``
+objects (one weighted by a feature) and a pair, and ``(config, predictions, features, labels)``
+returning an ``accuracy`` that replaces the compiled one. Trained 5 steps and evaluated, by stock's
+estimator and by the strategy engine on 8 logical CPU devices; reported: the metrics' keys and the
+largest difference to stock. On TensorFlow 2.15 also stock's add_metrics estimator evaluating the
+engine's checkpoint (the same checkpoint: the same numbers). Negative control: the engine with the
+padding rows kept in the added metrics' rows.
+
+On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
+``python strategy_metrics_proof.py --record tests/reference/strategy_metrics_tf215.json DIR`` in
+a TF 2.15 venv.
+
+A helper run by tests/test_strategy_metrics.py, not a test module.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+
+if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
+
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+# As tests/strategy_proof.py: the replicas' sums must not wait on a pool of 2 threads.
+tf.config.threading.set_inter_op_parallelism_threads(32)
+
+import numpy as np
+
+import tpushim
+from tpushim import _strategy, _strategy_metrics
+
+ROWS, BATCH, STEPS = 45, 10, 5
+rng = np.random.RandomState(0)
+X = rng.randn(ROWS, 4).astype(np.float32)
+Y = ((X[:, :1] - X[:, 1:2] + 0.5 * rng.randn(ROWS, 1)) > 0).astype(np.float32)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORD = os.path.join(HERE, "reference", "strategy_metrics_tf215.json")
+NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+
+
+def model():
+    tf.keras.utils.set_random_seed(1)
+    x = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(5, activation="tanh", name="hidden")(x)
+    m = tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="out")(h))
+    m.compile(
+        tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+    )
+    return m
+
+
+def input_fn():
+    return tf.data.Dataset.from_tensor_slices(({"x": X}, Y)).batch(BATCH)
+
+
+def v1_metrics(labels, predictions):
+    p = predictions["out"]
+    return {
+        "auc": tf.compat.v1.metrics.auc(labels, p),
+        "precision": tf.compat.v1.metrics.precision(labels, p > 0.5),
+        "mean_abs": tf.compat.v1.metrics.mean_absolute_error(labels, p),
+    }
+
+
+def keras_metrics(labels, predictions, features):
+    auc = tf.keras.metrics.AUC(name="keras_auc")
+    auc.update_state(labels, predictions["out"], sample_weight=tf.abs(features["x"][:, :1]))
+    recall = tf.keras.metrics.Recall(name="keras_recall")
+    recall.update_state(labels, predictions["out"])
+    return {
+        "keras_auc": auc,
+        "keras_recall": recall,
+        "mean_feature": tf.compat.v1.metrics.mean(features["x"][:, 0]),
+    }
+
+
+def with_config(config, predictions, features, labels):
+    assert config.model_dir and features["x"] is not None and labels is not None
+    return {"accuracy": tf.compat.v1.metrics.mean(predictions["out"])}  # replaces the compiled
+
+
+def added(estimator):
+    add = estimator_api().add_metrics
+    for metric_fn in (v1_metrics, keras_metrics, with_config):
+        estimator = add(estimator, metric_fn)
+    return estimator
+
+
+def estimator_api():
+    """tf.estimator (on TensorFlow >= 2.16 it exists while tpushim is patched: tpushim's own)."""
+    if NO_STOCK:
+        from tpushim._legacy import _api
+
+        return _api.build("tf.estimator")
+    return tf.estimator
+
+
+def convert(model_dir, **patch):
+    with tpushim.patched(quiet=True, **patch):
+        converted = tf.keras.estimator.model_to_estimator(keras_model=model(), model_dir=model_dir)
+        return added(converted)
+
+
+def evaluate(estimator):
+    return {k: float(v) for k, v in estimator.evaluate(input_fn).items()}
+
+
+def stock(root):
+    if NO_STOCK:
+        with open(RECORD) as f:
+            return json.load(f)["metrics"]
+    estimator = convert(os.path.join(root, "stock"), mode="off")
+    estimator.train(input_fn, steps=STEPS)
+    return evaluate(estimator)
+
+
+def difference(ours, theirs):
+    return max(abs(ours[k] - v) / max(1.0, abs(v)) for k, v in theirs.items() if k in ours)
+
+
+def main(root):
+    expected = stock(root)
+    engine_dir = os.path.join(root, "engine")
+    engine = convert(engine_dir, mode="cpu", engine="strategy")
+    engine.train(input_fn, steps=STEPS)
+    ours = evaluate(engine)
+    out = {
+        "tensorflow": tf.__version__,
+        "stock_from": RECORD if NO_STOCK else "live",
+        "engine": type(engine).__name__,
+        "replicas": engine.strategy.num_replicas_in_sync,
+        "keys": sorted(ours),
+        "stock_keys": sorted(expected),
+        "difference": difference(ours, expected),
+    }
+    if not NO_STOCK:  # stock's add_metrics estimator on the engine's checkpoint
+        reader = convert(engine_dir, mode="off")
+        out["same_checkpoint"] = difference(ours, evaluate(reader))
+    real_rows = _strategy_metrics.real_rows
+    _strategy_metrics.real_rows = lambda structure, real: structure  # padding rows kept
+    try:
+        out["control"] = difference(evaluate(engine), expected)
+    finally:
+        _strategy_metrics.real_rows = real_rows
+    assert isinstance(engine, _strategy.StrategyEstimator)
+    print("RESULT " + json.dumps(out))
+
+
+def record(path, root):
+    """Stock's numbers, as JSON (run on TensorFlow 2.15)."""
+    with open(path, "w") as f:
+        json.dump(
+            {"tensorflow": tf.__version__, "metrics": stock(root)}, f, indent=1, sort_keys=True
+        )
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--record":
+        record(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])
