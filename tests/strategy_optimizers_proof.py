@@ -148,7 +148,7 @@ def xla_apply(plan):
     error."""
     keras_model = tf.keras.models.clone_model(plan.keras_model)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    optimizer = _strategy._optimizer(plan.optimizer, step, keras_model)
+    optimizer = _strategy._optimizer(plan.optimizer, step, keras_model, plan)
     loss_fn = _strategy._loss_objects(plan.keras_model, plan.custom_objects)[0][1]
 
     def one_step(x, y):

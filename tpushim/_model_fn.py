@@ -133,37 +133,6 @@ def _metric_plan(model, metric_names_map):
     return plan
 
 
-#: Activations whose output Keras's crossentropies read the logits of, by the op's type.
-_LOGITS_OPS = {"Sigmoid": tf.math.sigmoid, "Softmax": tf.nn.softmax}
-
-
-def _logits(output):
-    """(how, logits) Keras's crossentropies would read from this output, or (None, None).
-
-    A Keras activation leaves its input on the output as ``_keras_logits``, and an output made by
-    a Sigmoid or Softmax op has its input: Keras's crossentropy metrics (and the ``crossentropy``
-    alias) compute from those logits, not from the probabilities (``backend._get_logits``).
-    """
-    if hasattr(output, "_keras_logits"):
-        return "keras_logits", output._keras_logits
-    if output.op.type in _LOGITS_OPS:
-        return output.op.type, output.op.inputs[0]
-    return None, None
-
-
-def _with_logits(y_pred, how, logits):
-    """``y_pred`` as metric_fn gets it (padding dropped, or outfed from a TPU: a new tensor),
-    made to carry ``logits`` as the model's output carried them (see :func:`_logits`)."""
-    if how == "keras_logits":
-        if not hasattr(y_pred, "_keras_logits"):
-            y_pred = tf.identity(y_pred)
-            y_pred._keras_logits = logits
-        return y_pred
-    if y_pred.op.type == how:
-        return y_pred
-    return _LOGITS_OPS[how](logits)
-
-
 def _eval_metrics(model, metric_names_map, padding_weight):
     """(metric_fn, tensors) computing every compiled metric, per output, as stock names them.
 
@@ -184,7 +153,7 @@ def _eval_metrics(model, metric_names_map, padding_weight):
         output = endpoint.output
         tensors[f"y_true_{index}"] = endpoint.training_target.target
         tensors[f"y_pred_{index}"] = output
-        how, logits = _logits(output)
+        how, logits = _tfprivate.output_logits(output)
         if how is not None:
             logits_how[index] = how
             tensors[f"logits_{index}"] = logits
@@ -205,7 +174,9 @@ def _eval_metrics(model, metric_names_map, padding_weight):
             metric = _clone_metric(metric)
             y_pred = tensors[f"y_pred_{index}"]
             if index in logits_how:
-                y_pred = _with_logits(y_pred, logits_how[index], tensors[f"logits_{index}"])
+                y_pred = _tfprivate.with_output_logits(
+                    y_pred, logits_how[index], tensors[f"logits_{index}"]
+                )
             # Keras's own call: the output's mask weighs the metric (times any sample weight).
             update_op = _tfprivate.update_op(
                 _tfprivate.call_metric_function(

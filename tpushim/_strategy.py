@@ -611,10 +611,14 @@ class _Run:
             weights = [
                 tf.ones_like(pad) if w is None else w for w in weights or [None] * len(outputs)
             ]
+            # What Keras's crossentropy metrics read besides the values (known at the trace).
+            read = [_tfprivate.output_logits(o) for o in outputs]
+            self.logits_how = [how for how, _ in read]
+            logits = [tf.zeros([0]) if how is None else lg for how, lg in read]
             if parts is not None:
                 chosen = {p: [given[p][i] for i in positions] for p, positions in parts.items()}
-                return loss, outputs, labels, pad, weights, masks, chosen
-            return loss, outputs, labels, pad, weights, masks
+                return loss, outputs, labels, pad, weights, masks, logits, chosen
+            return loss, outputs, labels, pad, weights, masks, logits
 
         @tf.function
         def run(element):
@@ -658,6 +662,32 @@ def _metrics_model(plan):
             loss_weights=args.get("loss_weights"),
         )
     return model
+
+
+def _metrics_update(metrics_model, names, logits_how, has_mask):
+    """A ``tf.function`` updating ``metrics_model``'s compiled metrics with one gathered batch's
+    real rows, the outputs carrying what stock's graph outputs carry to Keras's metrics: their
+    Keras mask and their logits (a softmax or sigmoid output's crossentropy metrics are computed
+    from its logits in stock's graph; an eager tensor would lose them). In a graph, as stock's
+    metrics run, so an op's type can be read too."""
+
+    @tf.function(reduce_retracing=True)
+    def update(labels, outputs, logits, weights, masks):
+        carried = []
+        for output, how, lg, mask, masked in zip(outputs, logits_how, logits, masks, has_mask):
+            if how is not None:
+                output = _tfprivate.with_output_logits(output, how, lg)
+            if masked:  # Keras's metrics read an output's mask from the output
+                output = tf.identity(output) if how is None else output
+                output._keras_mask = mask
+            carried.append(output)
+        metrics_model.compiled_metrics.update_state(
+            _as_dict_or_one(labels, names),
+            _as_dict_or_one(carried, names),
+            _as_dict_or_one(weights, names),
+        )
+
+    return update
 
 
 class StrategyEstimator(_tfprivate.EstimatorBase):
@@ -845,6 +875,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         else:  # only what the metrics read comes to the host
             forward = run.eval_function({p: u for p, u in added.used.items() if p != "predictions"})
         metrics_model = _metrics_model(self._tpushim_plan)
+        update = None  # made at the first batch
         losses = []
         ran_out = True
         for i, element in enumerate(dataset):
@@ -856,25 +887,21 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             loss, *per_replica = forward(element)
             losses.append(float(loss))
             given = run.gathered(per_replica.pop()) if added is not None else {}
-            outputs, labels, pad, weights, masks = run.gathered(tuple(per_replica))
+            outputs, labels, pad, weights, masks, logits = run.gathered(tuple(per_replica))
             # Keras weighs only weighted_metrics by a sample weight: padding rows are left out.
             real = pad > 0
             if added is not None:  # stock's predictions: the outputs by name
                 predictions = tf.nest.flatten(dict(zip(names, outputs)))
                 given["predictions"] = [predictions[i] for i in added.used["predictions"]]
                 added.update(_strategy_metrics.real_rows(given, real.numpy()))
-            outputs, labels, weights, masks = tf.nest.map_structure(
+            outputs, labels, weights, masks, logits = tf.nest.map_structure(
                 lambda x: tf.boolean_mask(x, real) if x.shape[0] else x,
-                (outputs, labels, weights, masks),
+                (outputs, labels, weights, masks, logits),
             )
-            for output, mask in zip(outputs, masks):
-                if mask.shape[0]:  # Keras's metrics read an output's mask from the output
-                    output._keras_mask = mask
-            metrics_model.compiled_metrics.update_state(
-                _as_dict_or_one(labels, names),
-                _as_dict_or_one(outputs, names),
-                _as_dict_or_one(weights, names),
-            )
+            if update is None:
+                has_mask = [bool(mask.shape[0]) for mask in masks]
+                update = _metrics_update(metrics_model, names, run.logits_how, has_mask)
+            update(labels, outputs, logits, weights, masks)
             if user_hooks is not None and user_hooks.after(int(run.step.numpy()), False):
                 ran_out = False
                 break  # a hook's request_stop(): stock's evaluation ends there too

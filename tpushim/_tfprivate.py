@@ -1084,3 +1084,40 @@ def stock_checkpoint_names(keras_model, custom_objects):
         names = {path: v.op.name for path, v in checkpoint_variables(model).items()}
         unmatched = {v.op.name for v in tf.compat.v1.global_variables()} - set(names.values())
     return names, sorted(unmatched)
+
+
+# --- what Keras's crossentropy metrics read from an output besides its values -----------------
+
+#: Activations whose output Keras's crossentropies read the logits of, by the op's type.
+LOGITS_OPS = ("Sigmoid", "Softmax")
+
+
+def output_logits(output):
+    """(how, logits) Keras's crossentropies would read from this output, or (None, None).
+
+    A Keras activation leaves its input on the output as ``_keras_logits``, and an output made by
+    a Sigmoid or Softmax op has its input (read in a graph only): Keras's crossentropy metrics
+    (and the ``crossentropy`` alias) compute from those logits, not from the probabilities
+    (``backend._get_logits``).
+    """
+    if hasattr(output, "_keras_logits"):
+        return "keras_logits", output._keras_logits
+    if hasattr(output, "op") and output.op.type in LOGITS_OPS:
+        return output.op.type, output.op.inputs[0]
+    return None, None
+
+
+def with_output_logits(y_pred, how, logits):
+    """``y_pred`` as a metric gets it (padding dropped, gathered from replicas, or outfed from a
+    TPU: a new tensor), made to carry ``logits`` as the model's output carried them (see
+    :func:`output_logits`). An op's type is read in a graph only: there it is rebuilt."""
+    import tensorflow as tf
+
+    if how == "keras_logits":
+        if not hasattr(y_pred, "_keras_logits"):
+            y_pred = tf.identity(y_pred)
+            y_pred._keras_logits = logits
+        return y_pred
+    if y_pred.op.type == how:
+        return y_pred
+    return {"Sigmoid": tf.math.sigmoid, "Softmax": tf.nn.softmax}[how](logits)
