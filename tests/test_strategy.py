@@ -327,3 +327,31 @@ def test_crossentropy_metrics_read_the_outputs_logits_as_stocks(tmp_path, activa
     assert set(results["engine"]) == set(results["stock"])
     for key, value in results["stock"].items():
         np.testing.assert_allclose(results["engine"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+def test_a_model_with_dict_outputs_as_stocks(tmp_path):
+    """A functional model built with ``outputs={...}`` (two inputs, two outputs, per-output
+    metrics, a metric object, loss weights): the engine called it and got a dict, which its
+    losses read as one output ("Expected any non-tensor type"), and reused the user's metric
+    object, whose variables live in the conversion's graph. Weights, metrics (stock's names) and
+    predictions equal stock's."""
+    import tfcases
+
+    features, labels = tfcases.two_in_two_out_data()
+    train = tfcases.dataset_input_fn(features, labels)  # a short last batch
+
+    def run(patch, model_dir):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(model_dir, tfcases.two_in_two_out(), patch=patch, config=config)
+        estimator.train(train, steps=3)
+        return (
+            estimator,
+            estimator.evaluate(train),
+            list(estimator.predict(tfcases.dataset_input_fn(features))),
+            tfcases.checkpoint_values(model_dir),
+        )
+
+    stock = run({"mode": "off"}, tmp_path / "stock")
+    engine = run({"mode": "cpu", "engine": "strategy", "quiet": True}, tmp_path / "engine")
+    tfcases.assert_same(stock, engine)

@@ -379,7 +379,7 @@ def _unpack(element, names):
 def _called(model, features, training):
     """The model's outputs (a list), its weight regularizers, and whether its layers added
     losses from their inputs in this call."""
-    outputs = _as_list(model(features, training=training))
+    outputs = _outputs_list(model(features, training=training))
     adds = any(_tfprivate.layer_call_losses(layer) for layer in _tfprivate.all_layers(model))
     return outputs, _tfprivate.weight_regularizers(model), adds
 
@@ -437,6 +437,12 @@ def _mask_or_empty(output):
 
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _outputs_list(outputs):
+    """A model call's outputs as a list in ``model.outputs`` order: a dict of outputs (a
+    functional model built with ``outputs={...}``) flattened as Keras flattens it (sorted keys)."""
+    return tf.nest.flatten(outputs) if isinstance(outputs, dict) else _as_list(outputs)
 
 
 def _labels_list(labels, names):
@@ -630,7 +636,7 @@ class _Run:
     def predict_function(self):
         def replica_step(element):
             features, _, pad, _ = _unpack(element, self.model.output_names)
-            return _as_list(self.model(features, training=False)), pad
+            return _outputs_list(self.model(features, training=False)), pad
 
         return tf.function(lambda element: self.strategy.run(replica_step, args=(element,)))
 
@@ -657,8 +663,8 @@ def _metrics_model(plan):
         args = _tfprivate.compile_args(plan.keras_model)
         model.compile(
             loss=args.get("loss"),
-            metrics=args.get("metrics"),
-            weighted_metrics=args.get("weighted_metrics"),
+            metrics=_tfprivate.clone_metrics(args.get("metrics")),
+            weighted_metrics=_tfprivate.clone_metrics(args.get("weighted_metrics")),
             loss_weights=args.get("loss_weights"),
         )
     return model

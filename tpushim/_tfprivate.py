@@ -675,6 +675,13 @@ def compile_args(keras_model):
         return keras_model._get_compile_args()
 
 
+def clone_metrics(metrics):
+    """Keras's ``clone_metrics`` (as ``clone_and_build_model`` compiles its clone): each Metric
+    object a fresh one from its config (a user's object may hold variables of another graph);
+    strings and functions as they are; lists and dicts kept."""
+    return _keras("metrics.base_metric").clone_metrics(metrics)
+
+
 def keras_loss_modules():
     """The modules Keras's built-in losses live in (``tf.keras.losses``' functions and classes)."""
     import tensorflow as tf
