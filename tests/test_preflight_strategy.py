@@ -99,3 +99,36 @@ def test_a_scripts_conversion_to_the_strategy_engine_says_what_was_not_checked(t
     assert not [c for c in report.checked if c.startswith("TPU graphs")], report.checked
     assert "conversion" in report.checked and report.ok
     assert any("converted to the strategy engine" in n for n in report.notes), report.notes
+
+
+class Subclassed(tf.keras.Model):
+    """A subclassed model (no build of its own): the strategy engine takes it as stock does."""
+
+    def __init__(self, odd=False, **kwargs):
+        super().__init__(**kwargs)
+        self.odd = odd
+        self.hidden = tf.keras.layers.Dense(8)
+        self.out = tf.keras.layers.Dense(1)
+
+    def call(self, x):
+        h = self.hidden(x)
+        if self.odd:  # a host-only op XLA cannot compile
+            h = h + 0.0 * tf.strings.to_number(tf.strings.as_string(h))
+        return self.out(h)
+
+    def get_config(self):
+        return {"odd": self.odd}
+
+
+def test_a_subclassed_model_compiles_as_the_strategy_engines_step():
+    clean = Subclassed()
+    clean.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    report = check(clean)
+    assert report.ok and codes(report) == [], report  # no strategy-engine-refuses
+    assert XLA in report.checked
+    assert any(n.startswith(ENGINE_NOTE) for n in report.notes), report.notes
+    odd = Subclassed(odd=True)
+    odd.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    report = check(odd)
+    found = [f.code for f in report.findings if f.code != "batch-indivisible"]
+    assert found == ["xla-unsupported-op"], report
