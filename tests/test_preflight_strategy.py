@@ -227,3 +227,34 @@ def test_a_scripts_model_the_strategy_engine_refuses_is_the_apis_finding(tmp_pat
     assert [(f.where, f.message[:200]) for f in api] == [
         (refused[0]["where"], refused[0]["message"][:200])
     ]
+class Subclassed(tf.keras.Model):
+    """A subclassed model (no build of its own): the strategy engine takes it as stock does."""
+
+    def __init__(self, odd=False, **kwargs):
+        super().__init__(**kwargs)
+        self.odd = odd
+        self.hidden = tf.keras.layers.Dense(8)
+        self.out = tf.keras.layers.Dense(1)
+
+    def call(self, x):
+        h = self.hidden(x)
+        if self.odd:  # a host-only op XLA cannot compile
+            h = h + 0.0 * tf.strings.to_number(tf.strings.as_string(h))
+        return self.out(h)
+
+    def get_config(self):
+        return {"odd": self.odd}
+
+
+def test_a_subclassed_model_compiles_as_the_strategy_engines_step():
+    clean = Subclassed()
+    clean.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    report = check(clean)
+    assert report.ok and codes(report) == [], report  # no strategy-engine-refuses
+    assert XLA in report.checked
+    assert any(n.startswith(ENGINE_NOTE) for n in report.notes), report.notes
+    odd = Subclassed(odd=True)
+    odd.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    report = check(odd)
+    found = [f.code for f in report.findings if f.code != "batch-indivisible"]
+    assert found == ["xla-unsupported-op"], report

@@ -132,16 +132,6 @@ def test_private_names_the_engine_uses(tmp_path):
 def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tmp_path):
     import tensorflow as tf
 
-    class Subclassed(tf.keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.dense = tf.keras.layers.Dense(1)
-
-        def call(self, x):
-            return self.dense(x)
-
-    subclassed = Subclassed()
-    subclassed.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
     tf1 = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
     # A rate made eagerly: stock's graph cannot read it (tests/test_strategy_optimizers.py).
     tf1.compile(tf.compat.v1.train.GradientDescentOptimizer(tf.constant(0.1)), loss="mse")
@@ -157,6 +147,7 @@ def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tm
     for model, why in (
         (subclassed, "subclassed"),
         (tf1, "GradientDescentOptimizer: its learning_rate"),
+        (tf1, "Keras optimizers"),
         (
             activity,
             "inputs \\(activity_regularizer, .*: act\\) in a model with BatchNormalization \\(bn\\)",
@@ -170,6 +161,45 @@ def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tm
                 keras_model=model, model_dir=str(tmp_path / "m"), checkpoint_format="saver"
             )
         assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_a_subclassed_model_is_refused_where_stock_refuses_it(tmp_path):
+    """Stock's two refusals of a subclassed model, in its words, before anything is written:
+    object-based checkpoints (its default format), and a model that does not rebuild from its
+    config. With ``checkpoint_format='saver'`` the engine takes it (tests/strategy_subclassed_
+    proof.py trains it against stock)."""
+    import tensorflow as tf
+
+    class Subclassed(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    class NoConfig(Subclassed):
+        def get_config(self):
+            raise NotImplementedError
+
+    def convert(model, where, **kwargs):
+        model.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+        with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
+            return tf.keras.estimator.model_to_estimator(
+                keras_model=model, model_dir=str(tmp_path / where), **kwargs
+            )
+
+    with pytest.raises(ValueError, match="Object-based checkpoints are currently not supported"):
+        convert(Subclassed(), "a")
+    with pytest.raises(
+        ValueError, match=r"must implement `Model\.get_config` and `Model\.from_config`"
+    ):
+        convert(NoConfig(), "b", checkpoint_format="saver")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    estimator = convert(Subclassed(), "c", checkpoint_format="saver")
+    assert type(estimator).__name__ == "StrategyEstimator"
+    assert not (tmp_path / "c" / "keras").exists()  # no warm start, as stock
 
 
 @pytest.mark.slow

@@ -710,7 +710,7 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         keras_model, arguments["checkpoint_format"]
     )
     warm_start_path = None
-    if config.is_chief:
+    if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
         warm_start_path = _tfprivate.save_first_checkpoint(
             keras_model, arguments["custom_objects"], config, save_object_ckpt
         )

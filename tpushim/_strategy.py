@@ -142,12 +142,6 @@ class Plan:
 def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     """The :class:`Plan` of one conversion; refuses what the engine cannot run yet, before
     anything is written."""
-    if not _tfprivate.is_graph_network(keras_model):
-        raise ConversionError(
-            "the strategy engine converts functional and Sequential Keras models only (yet); "
-            f"{type(keras_model).__name__} is subclassed. Use engine='tpuestimator' "
-            "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
-        )
     if not tf.executing_eagerly():
         raise ConversionError(
             "the strategy engine runs on TensorFlow 2's eager runtime, and this program disabled "
@@ -186,13 +180,18 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)
     _tfprivate.restore_v2_classes(keras_model)  # the plan may clone it in a graph
     conversion = _plan.ConversionPlan(settings=settings, loss_plan=loss_plan)
-    warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
+    warm = None
+    if _tfprivate.is_graph_network(keras_model):
+        warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
+    elif _tfprivate.is_subclassed(keras_model):
+        said_subclassed(keras_model)
     plan = Plan(
         keras_model,
         optimizer,
         custom_objects,
         loss_plan.outputs,
-        loss_plan.added or {},
+        # A subclassed model's losses are planned once it is built (:func:`clone`).
+        None if _tfprivate.is_subclassed(keras_model) else loss_plan.added or {},
         warm,
         conversion.batch_size,
         conversion.iterations_per_loop,
@@ -263,13 +262,86 @@ def bind_global_step(step):
     graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP, step)
 
 
+def said_subclassed(keras_model):
+    """What stock does with a subclassed model, said: its estimator starts from a freshly
+    initialised copy (no warm start), and calls none of the model's own step methods."""
+    if keras_model.built:
+        logger.warning(
+            "%s is a subclassed Keras model that already has weights; as the stock "
+            "model_to_estimator, the estimator starts from a freshly initialised copy "
+            "(its weights are not carried over). The model you passed is unchanged.",
+            type(keras_model).__name__,
+        )
+    steps = _tfprivate.overrides_step(keras_model)
+    if steps:
+        logger.warning(
+            "%s overrides %s; as the stock model_to_estimator, the estimator trains, evaluates "
+            "and predicts with the model's call, compiled loss, metrics and optimizer, and never "
+            "calls %s.",
+            type(keras_model).__name__,
+            " and ".join(steps),
+            "them" if len(steps) > 1 else "it",
+        )
+
+
+def features_spec(element_spec):
+    """The features of a replica's element (:func:`_unpack`'s), as specs."""
+    features = element_spec[0] if isinstance(element_spec, tuple) else element_spec
+    features = features[_padding.FEATURES_KEY]
+    if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
+        features = features["features"]
+    return features
+
+
+def clone(plan, features=None):
+    """A copy of the user's model, uncompiled: a graph network cloned, a subclassed model made
+    as stock makes it (:func:`tpushim._tfprivate.subclassed_clone`: fresh weights, stock's
+    variable names) and built by a call on zeros shaped as ``features`` (a replica's feature
+    specs), its outputs named as stock's (``output_1``, ...). In the current scope."""
+    keras_model = plan.keras_model
+    with tf.keras.utils.custom_object_scope(plan.custom_objects):
+        if not _tfprivate.is_subclassed(keras_model):
+            return tf.keras.models.clone_model(keras_model)
+        model = _tfprivate.subclassed_clone(keras_model)
+    zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), features)
+    outputs = model(zeros, training=False)
+    model.output_names = _tfprivate.generic_output_names(tf.nest.flatten(outputs))
+    if plan.added_degrees is None:  # the loss plan, once the model's outputs exist
+        plan.loss_kinds, plan.added_degrees = _subclassed_loss_plan(plan, model, outputs, features)
+    return model
+
+
+def _subclassed_loss_plan(plan, model, outputs, features):
+    """(output name -> kind, added loss -> degree) of a subclassed model, from its built copy
+    ``model`` and the ``outputs`` of its first call; losses its layers add from their inputs
+    are classified on a copy in a graph (:func:`tpushim._loss_kinds.plan_subclassed`)."""
+    names = model.output_names
+    args = _tfprivate.compile_args(plan.keras_model)
+    with tf.keras.utils.custom_object_scope(plan.custom_objects):
+        loss_fns = _tfprivate.prepare_loss_functions(args.get("loss"), names)
+    flat = tf.nest.flatten(outputs)
+    kinds = _loss_kinds.classify_outputs(
+        names,
+        loss_fns,
+        [[None, *o.shape.as_list()[1:]] for o in flat],
+        [o.dtype for o in flat],
+        args.get("loss_weights"),
+    )
+    if not any(_tfprivate.layer_call_losses(layer) for layer in _tfprivate.all_layers(model)):
+        return kinds, {}
+    loss_plan = _loss_kinds.plan_subclassed(plan.keras_model, plan.custom_objects, features)
+    _tfprivate.restore_v2_classes(plan.keras_model)  # planned in a graph
+    return kinds, loss_plan.added or {}
+
+
 # --- the loss of one replica --------------------------------------------------------------------
 
 
-def _loss_objects(keras_model, custom_objects):
-    """Per output, the Loss object stock's clone compiles (None: no loss), and its weight."""
+def _loss_objects(keras_model, custom_objects, names=None):
+    """Per output (``names``: the model's), the Loss object stock's clone compiles (None: no
+    loss), and its weight."""
     args = _tfprivate.compile_args(keras_model)
-    names = keras_model.output_names
+    names = names or keras_model.output_names
     with tf.keras.utils.custom_object_scope(custom_objects):
         losses = _tfprivate.prepare_loss_functions(args.get("loss"), names)
     weights = args.get("loss_weights")
@@ -462,9 +534,8 @@ def check_xla(plan, element_spec, replicas):
     MirroredStrategy's multi-device step hung now and then on CPU (about 1 run in 4 on 8 logical
     devices, TF 2.15), so the replicated step itself runs uncompiled off a TPU.
     """
-    with tf.keras.utils.custom_object_scope(plan.custom_objects):
-        model = tf.keras.models.clone_model(plan.keras_model)
-    terms = _loss_objects(plan.keras_model, plan.custom_objects)
+    model = clone(plan, features_spec(element_spec))
+    terms = _loss_objects(plan.keras_model, plan.custom_objects, model.output_names)
 
     def step(element):
         features, labels, pad, weights = _unpack(element, model.output_names)
@@ -513,10 +584,10 @@ def _optimizer(user, step, model, plan):
 class _Run:
     """The clone, its optimizer and global step, built in the strategy's scope for one call."""
 
-    def __init__(self, plan, strategy, mode, model_dir, checkpoint_path=None):
+    def __init__(self, plan, strategy, mode, model_dir, checkpoint_path=None, features=None):
         self.plan, self.strategy, self.mode = plan, strategy, mode
         with strategy.scope(), tf.keras.utils.custom_object_scope(plan.custom_objects):
-            self.model = tf.keras.models.clone_model(plan.keras_model)
+            self.model = clone(plan, features)  # features: a subclassed model is built on them
             self.step = tf.Variable(
                 0,
                 dtype=tf.int64,
@@ -528,7 +599,7 @@ class _Run:
             if mode == ModeKeys.TRAIN:
                 self.optimizer = _optimizer(plan.optimizer, self.step, self.model, plan)
             _tfprivate.track_estimator_step(self.model, self.step)
-        self.terms = _loss_objects(plan.keras_model, plan.custom_objects)
+        self.terms = _loss_objects(plan.keras_model, plan.custom_objects, self.model.output_names)
         self.checkpoints = _strategy_checkpoint.Checkpoints(
             plan, self.model, plan.name_based_checkpoints, writes=mode == ModeKeys.TRAIN
         )
@@ -655,11 +726,11 @@ def given_parts(element):
     return {"features": features[_padding.FEATURES_KEY], "labels": labels}
 
 
-def _metrics_model(plan):
+def _metrics_model(plan, features=None):
     """An undistributed copy of the user's model compiled as the user compiled it: its compiled
     metrics (Keras's names and kinds) are updated on the host with each gathered batch."""
+    model = clone(plan, features)
     with tf.keras.utils.custom_object_scope(plan.custom_objects):
-        model = tf.keras.models.clone_model(plan.keras_model)
         args = _tfprivate.compile_args(plan.keras_model)
         model.compile(
             loss=args.get("loss"),
@@ -735,6 +806,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # Evaluation and prediction read it in Python: each batch's wait timed (the run summary).
         return (dataset if mode == ModeKeys.TRAIN else _input_wait.timed(dataset)), spec
 
+    def _input_first(self, input_fn, mode):
+        """A subclassed model's clone is built on the input's shapes, so its input is made
+        before its :class:`_Run` (``input``: (dataset, element spec), ``features``: a replica's
+        feature specs); a graph network's after (both None), as before."""
+        if not _tfprivate.is_subclassed(self._tpushim_plan.keras_model):
+            return types.SimpleNamespace(input=None, features=None)
+        made = self._input(input_fn, mode)
+        return types.SimpleNamespace(input=made, features=features_spec(made[1]))
+
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         # Observers (the run summary, the preflight) hear of the call and may cap its steps.
         with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
@@ -753,7 +833,10 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
         check_train_steps(steps, max_steps)
         listeners = list(saving_listeners or ())
-        run = _Run(self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir)
+        early = self._input_first(input_fn, ModeKeys.TRAIN)
+        run = _Run(
+            self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir, None, early.features
+        )
         start = int(run.step.numpy())
         last = int(max_steps) if max_steps is not None else None
         if last is not None and start >= last:
@@ -796,7 +879,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         else:  # stock saves the restored step again (the same values): said, not rewritten
             events.checkpoint(start)
         stop = start + int(steps) if steps is not None else last
-        dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
+        dataset, element_spec = early.input or self._input(input_fn, ModeKeys.TRAIN)
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             check_xla(self._tpushim_plan, element_spec, strategy.num_replicas_in_sync)
@@ -857,18 +940,26 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             return results
 
     def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
+        early = self._input_first(input_fn, ModeKeys.EVAL)
         run = _Run(
-            self._tpushim_plan, self.strategy, ModeKeys.EVAL, self.model_dir, checkpoint_path
+            self._tpushim_plan,
+            self.strategy,
+            ModeKeys.EVAL,
+            self.model_dir,
+            checkpoint_path,
+            early.features,
         )
         user_hooks = _step_events.SessionHooks(hooks, int(run.step.numpy())) if hooks else None
         try:
-            return self._evaluate_batches(run, input_fn, steps, user_hooks, checkpoint_path, name)
+            return self._evaluate_batches(
+                run, early, input_fn, steps, user_hooks, checkpoint_path, name
+            )
         finally:
             if user_hooks is not None:
                 user_hooks.close()
 
-    def _evaluate_batches(self, run, input_fn, steps, user_hooks, checkpoint_path, name):
-        dataset, element_spec = self._input(input_fn, ModeKeys.EVAL)
+    def _evaluate_batches(self, run, early, input_fn, steps, user_hooks, checkpoint_path, name):
+        dataset, element_spec = early.input or self._input(input_fn, ModeKeys.EVAL)
         names = run.model.output_names
         added = _strategy_metrics.added(
             self._tpushim_metric_fns,
@@ -880,7 +971,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             forward = run.eval_function()
         else:  # only what the metrics read comes to the host
             forward = run.eval_function({p: u for p, u in added.used.items() if p != "predictions"})
-        metrics_model = _metrics_model(self._tpushim_plan)
+        metrics_model = _metrics_model(self._tpushim_plan, early.features)
+        # A subclassed model's metrics are compiled for its outputs' own structure (a list).
+        metric_names = None if early.features is not None else names
         update = None  # made at the first batch
         losses = []
         ran_out = True
@@ -906,7 +999,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             )
             if update is None:
                 has_mask = [bool(mask.shape[0]) for mask in masks]
-                update = _metrics_update(metrics_model, names, run.logits_how, has_mask)
+                update = _metrics_update(metrics_model, metric_names, run.logits_how, has_mask)
             update(labels, outputs, logits, weights, masks)
             if user_hooks is not None and user_hooks.after(int(run.step.numpy()), False):
                 ran_out = False
@@ -944,14 +1037,20 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             _observe.finished(call, time.monotonic() - started)
 
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
+        early = self._input_first(input_fn, ModeKeys.PREDICT)
         run = _Run(
-            self._tpushim_plan, self.strategy, ModeKeys.PREDICT, self.model_dir, checkpoint_path
+            self._tpushim_plan,
+            self.strategy,
+            ModeKeys.PREDICT,
+            self.model_dir,
+            checkpoint_path,
+            early.features,
         )
         step = int(run.step.numpy())
         user_hooks = _step_events.SessionHooks(hooks, step) if hooks else None
         try:
             yield from self._predict_batches(
-                run, input_fn, predict_keys, user_hooks, yield_single_examples
+                run, early, input_fn, predict_keys, user_hooks, yield_single_examples
             )
             if user_hooks is not None:
                 user_hooks.end(step)
@@ -959,8 +1058,10 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             if user_hooks is not None:
                 user_hooks.close()
 
-    def _predict_batches(self, run, input_fn, predict_keys, user_hooks, yield_single_examples):
-        dataset, _ = self._input(input_fn, ModeKeys.PREDICT)
+    def _predict_batches(
+        self, run, early, input_fn, predict_keys, user_hooks, yield_single_examples
+    ):
+        dataset, _ = early.input or self._input(input_fn, ModeKeys.PREDICT)
         forward = run.predict_function()
         names = run.model.output_names
         step = int(run.step.numpy())
@@ -985,7 +1086,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
 
 def _as_dict_or_one(values, names):
-    return values[0] if len(values) == 1 else dict(zip(names, values))
+    if len(values) == 1:
+        return values[0]
+    return list(values) if names is None else dict(zip(names, values))
 
 
 # --- the conversion ------------------------------------------------------------------------------
@@ -1045,6 +1148,12 @@ def build_on_engine(arguments, settings, tpu, why):
             raise ValueError(
                 f'Checkpoint format must be one of "checkpoint" or "saver". Got {checkpoint_format}'
             )
+        if checkpoint_format != "saver" and _tfprivate.is_subclassed(keras_model):
+            raise ValueError(
+                "Object-based checkpoints are currently not supported with "
+                "subclassed models."  # stock's text, then how to get past it
+                " Pass checkpoint_format='saver' to model_to_estimator."
+            )
         if not getattr(keras_model, "optimizer", None):
             raise ValueError(
                 "The given keras model has not been compiled yet. Please compile the model with "
@@ -1083,9 +1192,11 @@ def build_on_engine(arguments, settings, tpu, why):
             arguments["metric_names_map"],
             arguments["export_outputs"],
         )
-        warm_start_path = engine_keras._save_first_checkpoint(
-            keras_model, custom_objects, config, save_object_ckpt
-        )
+        warm_start_path = None
+        if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
+            warm_start_path = engine_keras._save_first_checkpoint(
+                keras_model, custom_objects, config, save_object_ckpt
+            )
         plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
         estimator = StrategyEstimator(
             model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt

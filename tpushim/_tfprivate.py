@@ -323,6 +323,53 @@ def is_subclassed(keras_model):
     return not (keras_model._is_graph_network or isinstance(keras_model, tf.keras.Sequential))
 
 
+def subclassed_clone(keras_model):
+    """A fresh copy of a subclassed model, made as stock's model_fn makes it (Keras's cloning:
+    ``cls.from_config(model.get_config())``, unbuilt), its layers named as in stock's fresh
+    graph (``dense``, ``dense_1``, ...) so its variables get stock's names under the model's;
+    the names Keras gives the user's later layers are left as they were."""
+    import collections
+
+    import tensorflow as tf
+
+    # A clone made in a graph (stock's, the loss plan's) leaves the class on its v1 bases:
+    # the copy is an eager model, as Keras's next eager construction would make it.
+    restore_v2_classes(keras_model)
+    backend = _keras("backend")
+    uids = backend.PER_GRAPH_OBJECT_NAME_UIDS
+    # Keras numbers names per graph: layers' in the default graph's map, models' in its own
+    # graph's (get_uid); stock's clone is made in a fresh graph, where both start from 0.
+    graphs = {tf.compat.v1.get_default_graph(), backend.get_graph()}
+    kept = {graph: uids.get(graph) for graph in graphs}
+    for graph in graphs:
+        uids[graph] = collections.defaultdict(int)
+    try:
+        return keras_model.__class__.from_config(keras_model.get_config())
+    finally:
+        for graph, map_ in kept.items():
+            if map_ is None:
+                del uids[graph]
+            else:
+                uids[graph] = map_
+
+
+def generic_output_names(outputs):
+    """The names stock's clone gives a subclassed model's outputs (``output_1``, ...)."""
+    return _keras("engine.training_utils_v1").generic_output_names(outputs)
+
+
+def overrides_step(keras_model):
+    """The names of ``train_step`` / ``test_step`` / ``predict_step`` the model's class
+    overrides (stock's estimator calls none of them: it builds its own graph from the model)."""
+    import tensorflow as tf
+
+    return [
+        name
+        for name in ("train_step", "test_step", "predict_step")
+        if getattr(type(keras_model), name) is not getattr(tf.keras.Model, name)
+    ]
+
+
 def restore_subclassed_model_state(keras_model):
     """Undoes the in-place reset Keras applies to a subclassed model it cannot clone from its
     config, as stock's model_fn does after building (the user's model keeps its layers/optimizer)."""
@@ -765,8 +812,10 @@ def restore_v2_classes(keras_model):
     model_classes = (_keras("engine.training").Model, _keras("engine.training_v1").Model)
     layer_classes = (_keras("engine.base_layer").Layer, _keras("engine.base_layer_v1").Layer)
     for layer in all_layers(keras_model):
-        classes = model_classes if isinstance(layer, model_classes[0]) else layer_classes
-        version_utils.swap_class(type(layer), *classes, True)
+        if isinstance(layer, model_classes[0]):
+            version_utils.swap_class(type(layer), *model_classes, True)
+        # A model's too: the v1 swap reaches Model's own base Layer (a subclassed model's clone).
+        version_utils.swap_class(type(layer), *layer_classes, True)
 
 
 def standardize_sample_weights(sample_weights, output_names):
