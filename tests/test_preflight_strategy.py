@@ -227,6 +227,8 @@ def test_a_scripts_model_the_strategy_engine_refuses_is_the_apis_finding(tmp_pat
     assert [(f.where, f.message[:200]) for f in api] == [
         (refused[0]["where"], refused[0]["message"][:200])
     ]
+
+
 class Subclassed(tf.keras.Model):
     """A subclassed model (no build of its own): the strategy engine takes it as stock does."""
 

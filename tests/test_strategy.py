@@ -145,9 +145,7 @@ def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tm
     )
     activity.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
     for model, why in (
-        (subclassed, "subclassed"),
         (tf1, "GradientDescentOptimizer: its learning_rate"),
-        (tf1, "Keras optimizers"),
         (
             activity,
             "inputs \\(activity_regularizer, .*: act\\) in a model with BatchNormalization \\(bn\\)",

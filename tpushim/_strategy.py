@@ -847,12 +847,14 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # The user's hooks begin, and see their first step, before anything is written.
         user_hooks = _step_events.SessionHooks(hooks, start) if hooks else None
         try:
-            return self._train_steps(run, input_fn, user_hooks, start, steps, last, listeners)
+            return self._train_steps(
+                run, early, input_fn, user_hooks, start, steps, last, listeners
+            )
         finally:
             if user_hooks is not None:
                 user_hooks.close()
 
-    def _train_steps(self, run, input_fn, user_hooks, start, steps, last, listeners):
+    def _train_steps(self, run, early, input_fn, user_hooks, start, steps, last, listeners):
         config = self.config
         events = _step_events.StepEvents(config, self.model_dir)
         kept = _step_events.Kept(self.model_dir, self._tpushim_keep)
