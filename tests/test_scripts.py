@@ -127,6 +127,30 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
 
 
 @pytest.mark.parametrize("script", LEGACY)
+def test_script_unchanged_on_the_strategy_engine_equals_stock(script, tmp_path):
+    """The same scripts on the strategy engine (``--engine strategy``; #33): stock's RESULT, or
+    the refusal tests/engine_scripts.py names, raised before anything is written."""
+    import engine_scripts
+
+    path = os.path.join(SCRIPTS, script)
+    workdir = tmp_path / "shim"
+    args = ["-m", "tpushim", "--mode", "cpu", "--engine", "strategy", path, workdir]
+    proc = procs.python(args, env={"PYTHONPATH": ROOT}, cwd=tmp_path, timeout=600)
+    if script in engine_scripts.REFUSED:
+        assert engine_scripts.refused_as_said(script, proc.returncode, proc.stderr), proc.stderr[
+            -3000:
+        ]
+        return
+    shim = _result(proc.stdout)
+    assert proc.returncode == 0 and shim, proc.stderr[-4000:]
+    assert "the strategy engine" in proc.stderr  # converted to the engine, not stock
+    stock = _stock(script, tmp_path)
+    assert set(shim) == set(stock)
+    for key, value in stock.items():
+        assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
+
+
+@pytest.mark.parametrize("script", LEGACY)
 def test_preflight_sees_through_legacy_input_and_builds_their_tpu_graphs(script, tmp_path):
     proc = procs.python(
         ["-m", "tpushim", "check", "--json", os.path.join(SCRIPTS, script), tmp_path / "work"],

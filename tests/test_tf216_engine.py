@@ -78,6 +78,28 @@ def test_script_under_the_runner_equals_stock_2_15(script, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("script", _script_names())
+def test_script_on_the_strategy_engine_equals_stock_2_15(script, tmp_path):
+    """``--mode cpu`` on 2.16+ is the strategy engine (the TPU path there; #33): every script
+    gives stock 2.15's numbers, or the refusal tests/engine_scripts.py names."""
+    import engine_scripts
+
+    proc = procs.python(
+        ["-m", "tpushim", "--mode", "cpu", os.path.join(SCRIPTS, script), tmp_path],
+        env={"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""},
+        cwd=tmp_path,
+        timeout=600,
+    )
+    if script in engine_scripts.REFUSED:
+        assert engine_scripts.refused_as_said(script, proc.returncode, proc.stderr), proc.stderr[
+            -3000:
+        ]
+        return
+    assert "the strategy engine" in proc.stderr, proc.stderr[-3000:]
+    assert _differences(_result(proc), REFERENCE[script]) == {}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "patch,env",
     [

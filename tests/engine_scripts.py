@@ -1,0 +1,19 @@
+"""The legacy scripts of tests/scripts/ on the strategy engine (issue 33): which it refuses, and
+in which words. Every other script gives stock's RESULT on it (tests/test_scripts.py on 2.15 with
+``--engine strategy``, tests/test_tf216_engine.py on 2.16+ where ``--mode cpu`` takes it)."""
+
+#: script -> the words of the engine's ConversionError (it refuses before anything is written).
+REFUSED = {
+    # tf.compat.v1.disable_v2_behavior(): the engine runs on TensorFlow 2's eager runtime
+    "census_numpy_tf1.py": "disabled it (tf.compat.v1.disable_v2_behavior()",
+    "text_vocab_file_lookup.py": "disabled it (tf.compat.v1.disable_v2_behavior()",
+    "review_lookups_batch_100.py": "disabled it (tf.compat.v1.disable_v2_behavior()",
+    # a string output (the key passed through): no TPU computes strings
+    "keyed_outputs_constant_loss.py": "does not compile with XLA",
+}
+
+
+def refused_as_said(script, returncode, stderr):
+    """True when ``script`` is one the engine refuses and the run ended in that refusal."""
+    words = REFUSED.get(script)
+    return words is not None and returncode != 0 and "ConversionError" in stderr and words in stderr
