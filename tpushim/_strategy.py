@@ -337,6 +337,8 @@ def _loss_of(plan, terms, model, features, labels, pad, weights, training, repli
     """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
     outputs, regularizers, adds = _called(model, features, training)
     added = input_losses(model, features, training, plan.added_degrees) if adds else ()
+    # [batch] labels (a pandas Series') for a [batch, 1] output: one loss per row, as padding needs.
+    labels = _padding.labels_for_padded_training(model, labels)
     loss = replica_loss(
         terms,
         plan.loss_kinds,
@@ -636,13 +638,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             saved.update(step=step, at=time.monotonic())
             return any([listener.after_save(None, step) for listener in listeners])
 
+        # The input first, as stock calls its input_fn first: an input refused (tensors on a
+        # pod) refuses before model.ckpt-0 is written.
+        dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
         stopped = False
         if not run.restored:
             stopped = save()  # stock's model.ckpt-0
         else:  # stock saves the restored step again (the same values): said, not rewritten
             events.checkpoint(start)
         stop = start + int(steps) if steps is not None else last
-        dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             check_xla(self._tpushim_plan, element_spec, strategy.num_replicas_in_sync)
@@ -716,6 +720,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 lambda x: tf.boolean_mask(x, real) if x.shape[0] else x,
                 (outputs, labels, weights, masks),
             )
+            outputs = [_as_stock_reads(o, y) for o, y in zip(outputs, labels)]
             for output, mask in zip(outputs, masks):
                 if mask.shape[0]:  # Keras's metrics read an output's mask from the output
                     output._keras_mask = mask
@@ -768,6 +773,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 continue
             for i in range(int(real.sum())):
                 yield {k: v[i] for k, v in batch.items()}
+
+
+def _as_stock_reads(output, labels):
+    """A [batch, 1] output as [batch] where its labels are [batch] (a pandas Series'): stock's
+    Keras metrics squeeze it and reduce the batch to one value (each batch counts once), where
+    the compiled metrics here would expand the labels and count every row."""
+    if labels.shape.rank == 1 and output.shape.rank == 2 and output.shape[-1] == 1:
+        return tf.squeeze(output, -1)
+    return output
 
 
 def _as_dict_or_one(values, names):
