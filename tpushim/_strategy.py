@@ -618,6 +618,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 "Skipping training since max_steps has already saved."
             )
             return 0, None
+        # The input first, as stock calls its input_fn first: an input refused (tensors on a
+        # pod) refuses before anything is written (events, model.ckpt-0).
+        dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
         config = self.config
         events = _step_events.StepEvents(config, self.model_dir)
         kept = _step_events.Kept(self.model_dir, self._tpushim_keep)
@@ -638,9 +641,6 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             saved.update(step=step, at=time.monotonic())
             return any([listener.after_save(None, step) for listener in listeners])
 
-        # The input first, as stock calls its input_fn first: an input refused (tensors on a
-        # pod) refuses before model.ckpt-0 is written.
-        dataset, element_spec = self._input(input_fn, ModeKeys.TRAIN)
         stopped = False
         if not run.restored:
             stopped = save()  # stock's model.ckpt-0
