@@ -485,6 +485,8 @@ def _loss_of(plan, terms, model, features, labels, pad, weights, training, repli
     """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
     outputs, regularizers, adds = _called(model, features, training)
     added = input_losses(model, features, training, plan.added_degrees) if adds else ()
+    # [batch] labels (a pandas Series') for a [batch, 1] output: one loss per row, as padding needs.
+    labels = _padding.labels_for_padded_training(model, labels)
     loss = replica_loss(
         terms,
         plan.loss_kinds,
@@ -751,7 +753,12 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
     @tf.function(reduce_retracing=True)
     def update(labels, outputs, logits, weights, masks):
         carried = []
-        for output, how, lg, mask, masked in zip(outputs, logits_how, logits, masks, has_mask):
+        for output, label, how, lg, mask, masked in zip(
+            outputs, labels, logits_how, logits, masks, has_mask
+        ):
+            read = _as_stock_reads(output, label)
+            if read is not output:  # squeezed, as stock's metric squeezes it: no logits then
+                output, how = read, None
             if how is not None:
                 output = _tfprivate.with_output_logits(output, how, lg)
             if masked:  # Keras's metrics read an output's mask from the output
@@ -844,17 +851,18 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 "Skipping training since max_steps has already saved."
             )
             return 0, None
+        # The input first, as stock calls its input_fn first: an input refused (tensors on a
+        # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
+        made = early.input or self._input(input_fn, ModeKeys.TRAIN)
         # The user's hooks begin, and see their first step, before anything is written.
         user_hooks = _step_events.SessionHooks(hooks, start) if hooks else None
         try:
-            return self._train_steps(
-                run, early, input_fn, user_hooks, start, steps, last, listeners
-            )
+            return self._train_steps(run, made, user_hooks, start, steps, last, listeners)
         finally:
             if user_hooks is not None:
                 user_hooks.close()
 
-    def _train_steps(self, run, early, input_fn, user_hooks, start, steps, last, listeners):
+    def _train_steps(self, run, made, user_hooks, start, steps, last, listeners):
         config = self.config
         events = _step_events.StepEvents(config, self.model_dir)
         kept = _step_events.Kept(self.model_dir, self._tpushim_keep)
@@ -881,7 +889,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         else:  # stock saves the restored step again (the same values): said, not rewritten
             events.checkpoint(start)
         stop = start + int(steps) if steps is not None else last
-        dataset, element_spec = early.input or self._input(input_fn, ModeKeys.TRAIN)
+        dataset, element_spec = made
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             check_xla(self._tpushim_plan, element_spec, strategy.num_replicas_in_sync)
@@ -1085,6 +1093,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 return
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
+
+
+def _as_stock_reads(output, labels):
+    """A [batch, 1] output as [batch] where its labels are [batch] (a pandas Series'): stock's
+    Keras metrics squeeze it and reduce the batch to one value (each batch counts once), where
+    the compiled metrics here would expand the labels and count every row."""
+    if labels.shape.rank == 1 and output.shape.rank == 2 and output.shape[-1] == 1:
+        return tf.squeeze(output, -1)
+    return output
 
 
 def _as_dict_or_one(values, names):

@@ -26,7 +26,7 @@ import random
 
 import tensorflow as tf
 
-from tpushim import _batch_math, _input_fn, _observe, _padding, _pods, _source, _tfprivate
+from tpushim import _arrays, _batch_math, _input_fn, _observe, _padding, _pods, _source, _tfprivate
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -137,8 +137,8 @@ def _stock_graph(mode, seed):
 
 
 def _graph_input(input_fn, mode, config):
-    """An input_fn that returns tensors (a queue's, ``numpy_input_fn``'s on TensorFlow <= 2.15,
-    constants, random ops, anything that needs a graph), run as stock runs it: called in a graph
+    """An input_fn that returns tensors (a queue's, ``numpy_input_fn``'s unseeded, constants,
+    random ops, anything that needs a graph), run as stock runs it: called in a graph
     of its own seeded as stock's (:func:`_stock_graph`), each batch one ``session.run`` of its
     tensors in a ``MonitoredSession`` (queue runners, tables, initializers as stock's), until the
     input runs out. Returns (Dataset, first batch's size).
@@ -188,7 +188,10 @@ def _graph_input(input_fn, mode, config):
 def _eager(graph, dataset):
     """A Dataset built in ``graph``, made on the eager runtime from its GraphDef."""
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
-        definition = session.run(_tfprivate.serialized_dataset(dataset))
+        serialized = _tfprivate.serialized_dataset(dataset)
+        # numpy_input_fn / pandas_input_fn rows (tpushim._arrays): their arrays are fed here and
+        # travel in the definition, as they would to another host.
+        definition = session.run(serialized, feed_dict=_arrays.feeds_for(serialized, graph))
     variant = tf.raw_ops.DatasetFromGraph(graph_def=definition)
     return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
@@ -219,6 +222,32 @@ def _seeded(input_fn, mode, config):
         return None
     copy._tpushim_graph = graph  # a py_function in the pipeline lives as long as its graph
     return copy
+
+
+def _pod_tensors_error(input_fn, graph):
+    """The refusal of tensors on a pod, naming the input style and the Dataset to return."""
+    name = getattr(input_fn, "__name__", input_fn)
+    if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+        style = (
+            "queue-based input (tf.compat.v1.train.string_input_producer, "
+            "slice_input_producer, batch, shuffle_batch: queues filled by threads)"
+        )
+        fix = (
+            "tf.data.TextLineDataset(files).map(parse).batch(B) for files read by a "
+            "TextLineReader (TFRecordDataset for a TFRecordReader), "
+            "tf.data.Dataset.from_tensor_slices(arrays).batch(B) for slice_input_producer, "
+            "dataset.shuffle(buffer, seed) for shuffle_batch"
+        )
+    else:
+        style = "(features, labels) tensors computed in the input_fn (constants, random ops)"
+        fix = "tf.data.Dataset.from_tensor_slices((features, labels)).batch(B)"
+    return ConversionError(
+        f"input_fn {name!r} returns {style}, and on a TPU of several hosts the strategy engine "
+        "cannot feed them: each host runs its own input pipeline on its own CPU, while tensors "
+        "are run by a session in this Python process, which the other hosts cannot reach. "
+        f"Return a tf.data.Dataset instead ({fix}); an iterator's get_next() over a Dataset "
+        "and numpy_input_fn / pandas_input_fn are taken as they are. Nothing was written."
+    )
 
 
 class HostInput:
@@ -273,12 +302,7 @@ class HostInput:
         with _stock_graph(self.mode, self.seed) as graph:
             dataset = _input_fn.call(self.input_fn, self.mode, {}, self.config)
         if not isinstance(dataset, tf.data.Dataset):
-            raise ConversionError(
-                "on a TPU of several hosts the strategy engine needs the input_fn to return a "
-                "tf.data.Dataset (or an iterator's tensors): each host runs its own input "
-                "pipeline, and tensors are read by Python in this process. Return the Dataset "
-                "the tensors come from."
-            )
+            raise _pod_tensors_error(self.input_fn, graph)
         return graph, dataset
 
     def _copy(self, host):
@@ -331,9 +355,10 @@ def distributed_input(strategy, input_fn, mode, config, batch_size, pod_input="a
     """The user's input as the strategy's replicas read it: every global batch (short ones
     too) padded to a multiple of the replicas, split in order. Returns (dataset, element spec).
 
-    On one input pipeline, a Dataset (or an iterator's tensors traced back to theirs,
-    :mod:`tpushim._source`) is read eagerly. Any other input_fn -- (features, labels) tensors,
-    queues, ``numpy_input_fn`` / ``pandas_input_fn`` on TensorFlow <= 2.15 -- is called again in
+    On one input pipeline, a Dataset (or an iterator's tensors traced back to theirs, and with
+    ``tf_random_seed`` set ``numpy_input_fn`` / ``pandas_input_fn`` rows, :mod:`tpushim._source`)
+    is read eagerly. Any other input_fn -- (features, labels) tensors, queues, an unseeded
+    ``numpy_input_fn`` / ``pandas_input_fn`` -- is called again in
     a graph of its own and run there as stock runs it (:func:`_graph_input`): tensors met eagerly
     say nothing of what stock's next ``session.run`` would give (a queue's next batch, a random
     op's next draw). On several hosts each reads its share (:class:`HostInput`).

@@ -665,18 +665,23 @@ def replace_enqueue_data(make_wrapper):
     """Sets ``make_wrapper(original)`` as ``feeding_functions._enqueue_data``, which fills
     numpy_input_fn's / pandas_input_fn's queues (both look it up by attribute at call time);
     returns a function that restores the original (unless someone replaced the wrapper since).
-    On TensorFlow >= 2.16 tpushim's own input_fns (tpushim/_legacy/_inputs.py) have no such
-    function: nothing is replaced."""
+    On TensorFlow >= 2.16 the same for tpushim's own input_fns (tpushim/_legacy/_inputs.py):
+    their ``_enqueue``, which takes the arguments of the same names (no ``seed``, ``pad_value``)."""
     if ON_TF_KERAS:
-        return lambda: None
-    from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module
+        from tpushim._legacy import _inputs as module
 
-    original = module._enqueue_data
-    wrapper = module._enqueue_data = make_wrapper(original)
+        name = "_enqueue"
+    else:
+        from tensorflow_estimator.python.estimator.inputs.queues import feeding_functions as module
+
+        name = "_enqueue_data"
+    original = getattr(module, name)
+    wrapper = make_wrapper(original)
+    setattr(module, name, wrapper)
 
     def restore():
-        if module._enqueue_data is wrapper:
-            module._enqueue_data = original
+        if getattr(module, name) is wrapper:
+            setattr(module, name, original)
 
     return restore
 
