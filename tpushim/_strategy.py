@@ -598,6 +598,8 @@ class _Run:
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
             self.optimizer = None
+            if features is not None:  # stock's graph builds a subclassed model on them too
+                plan.features_spec = features
             if mode == ModeKeys.TRAIN:
                 self.optimizer = _optimizer(plan.optimizer, self.step, self.model, plan)
             _tfprivate.track_estimator_step(self.model, self.step)
@@ -974,7 +976,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         added = _strategy_metrics.added(
             self._tpushim_metric_fns,
             self.config,
-            {n: tf.TensorSpec(o.shape, o.dtype) for n, o in zip(names, run.model.outputs)},
+            # (a subclassed model has no symbolic outputs: its metric_fns see no output specs)
+            {n: tf.TensorSpec(o.shape, o.dtype) for n, o in zip(names, run.model.outputs or ())},
             given_parts(element_spec),
         )
         if added is None:

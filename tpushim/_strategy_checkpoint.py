@@ -39,7 +39,7 @@ def stock_names(plan):
     plan's model (a :class:`tpushim._strategy.Plan`), built at the first need."""
     if plan not in _STOCK_NAMES:
         _STOCK_NAMES[plan] = _tfprivate.stock_checkpoint_names(
-            plan.keras_model, plan.custom_objects
+            plan.keras_model, plan.custom_objects, getattr(plan, "features_spec", None)
         )
     return _STOCK_NAMES[plan]
 

@@ -1127,19 +1127,24 @@ def checkpoint_variables(root):
     return {path: obj for obj, path in objects.items() if isinstance(obj, tf.Variable)}
 
 
-def stock_checkpoint_names(keras_model, custom_objects):
+def stock_checkpoint_names(keras_model, custom_objects, features=None):
     """Stock's training graph, built as keras_lib's ``_save_first_checkpoint`` builds it (the
     clone with the global step as its optimizer's iterations, then Keras's train function):
     ({object path: the variable's name there}, names of variables stock's Saver saves that have
-    no object path)."""
+    no object path). ``features``: the input's feature specs, on which stock's model_fn builds a
+    subclassed model (a graph network is built on its own inputs)."""
     import tensorflow as tf
 
     with tf.Graph().as_default():
         step = tf.compat.v1.train.create_global_step()
+        if features is not None:
+            features = tf.nest.map_structure(
+                lambda s: tf.compat.v1.placeholder(s.dtype, [None, *s.shape[1:]]), features
+            )
         if keras_lib is not None:
-            model = clone_and_build_model(ModeKeys.TRAIN, keras_model, custom_objects)
+            model = clone_and_build_model(ModeKeys.TRAIN, keras_model, custom_objects, features)
         else:
-            model = _legacy_keras._clone(ModeKeys.TRAIN, keras_model, custom_objects)
+            model = _legacy_keras._clone(ModeKeys.TRAIN, keras_model, custom_objects, features)
         model._make_train_function()  # creates the optimizer's slots and hyperparameters
         track_estimator_step(model, step)  # keras_lib's object-based checkpoints track it so
         names = {path: v.op.name for path, v in checkpoint_variables(model).items()}
