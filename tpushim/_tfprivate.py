@@ -1149,6 +1149,7 @@ def stock_checkpoint_names(keras_model, custom_objects, features=None):
         track_estimator_step(model, step)  # keras_lib's object-based checkpoints track it so
         names = {path: v.op.name for path, v in checkpoint_variables(model).items()}
         unmatched = {v.op.name for v in tf.compat.v1.global_variables()} - set(names.values())
+    restore_v2_classes(keras_model)  # the clone in a graph swapped the eager classes' bases
     return names, sorted(unmatched)
 
 
