@@ -538,6 +538,26 @@ def check_xla(plan, element_spec, replicas):
     """
     model = clone(plan, features_spec(element_spec))
     terms = _loss_objects(plan.keras_model, plan.custom_objects, model.output_names)
+    lookups = _tfprivate.feature_column_layers(model)
+    if lookups:
+        raise ConversionError(
+            "the training step cannot run on a TPU: the model's feature-column layers "
+            f"({', '.join(lookups)}) look up, hash or cross their features with ops no TPU "
+            "step compiles, and the strategy engine does not move them to the host yet (the "
+            "TPUEstimator path does). Apply the feature columns in the input_fn "
+            "(tf.keras.layers.DenseFeatures in Dataset.map) and feed the model numbers, use "
+            "engine='tpuestimator' where TPUEstimator runs, or train without tpushim "
+            "(TPUSHIM_MODE=off)."
+        )
+
+    strings = _string_parts(element_spec)
+    if strings:
+        raise ConversionError(
+            f"the training step cannot run on a TPU: its input carries strings ({strings}), and "
+            "no TPU computes strings (XLA has no string type). Turn them into numbers in the "
+            "input_fn (a lookup or tf.strings.to_number in Dataset.map), or train without "
+            "tpushim (TPUSHIM_MODE=off)."
+        )
 
     def step(element):
         features, labels, pad, weights = _unpack(element, model.output_names)
@@ -556,6 +576,31 @@ def check_xla(plan, element_spec, replicas):
             f"with jit_compile=True): {str(e)[:1500]}. Replace the op it names with TensorFlow "
             "ops XLA supports, or train without tpushim (TPUSHIM_MODE=off)."
         ) from e
+
+
+def _paths(value, path=""):
+    """(path, leaf) of a nest of dicts, lists and tuples: "text", "a/b", "[0]"."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, f"{path}/{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _paths(item, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def _string_parts(element_spec):
+    """Where a padded element's spec holds strings: "feature 'text', label 'key'" ("" if none)."""
+    features, labels = element_spec if isinstance(element_spec, tuple) else (element_spec, None)
+    found = []
+    for part, value in (("feature", features[_padding.FEATURES_KEY]), ("label", labels)):
+        if value is None:
+            continue
+        for path, spec in _paths(value):
+            if spec.dtype == tf.string:
+                found.append(f"{part} {path!r}" if path else part)
+    return ", ".join(found)
 
 
 # --- one call's model, under the strategy -------------------------------------------------------
@@ -856,6 +901,10 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # The input first, as stock calls its input_fn first: an input refused (tensors on a
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
+        strategy = self.strategy
+        if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
+            # What a TPU could not compile is refused before anything is written.
+            check_xla(self._tpushim_plan, made[1], strategy.num_replicas_in_sync)
         # The user's hooks begin, and see their first step, before anything is written.
         user_hooks = _step_events.SessionHooks(hooks, start) if hooks else None
         try:
@@ -891,10 +940,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         else:  # stock saves the restored step again (the same values): said, not rewritten
             events.checkpoint(start)
         stop = start + int(steps) if steps is not None else last
-        dataset, element_spec = made
-        strategy = self.strategy
-        if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
-            check_xla(self._tpushim_plan, element_spec, strategy.num_replicas_in_sync)
+        dataset, _ = made
         iterator = iter(dataset)
         loop = run.train_function()
         every = config.save_checkpoints_steps

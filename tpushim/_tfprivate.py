@@ -1188,3 +1188,33 @@ def with_output_logits(y_pred, how, logits):
     if y_pred.op.type == how:
         return y_pred
     return {"Sigmoid": tf.math.sigmoid, "Softmax": tf.nn.softmax}[how](logits)
+
+
+def feature_column_layers(keras_model):
+    """Names of the model's ``DenseFeatures`` layers with a column that looks up or hashes its
+    feature (a vocabulary table, string hashing, a cross): ops no TPU step compiles."""
+    from tensorflow.python.feature_column import feature_column_v2 as fc
+
+    dense_features = _keras("feature_column.dense_features").DenseFeatures
+    lookups = (
+        fc.VocabularyListCategoricalColumn,
+        fc.VocabularyFileCategoricalColumn,
+        fc.HashedCategoricalColumn,
+        fc.CrossedColumn,
+    )
+
+    def sources(column):
+        yield column
+        for parent in getattr(column, "parents", None) or ():
+            yield from sources(parent)
+
+    return [
+        layer.name
+        for layer in all_layers(keras_model)
+        if isinstance(layer, dense_features)
+        and any(
+            isinstance(source, lookups)
+            for column in dense_features_columns(layer)
+            for source in sources(column)
+        )
+    ]
