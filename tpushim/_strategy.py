@@ -406,6 +406,10 @@ def replica_loss(
     ):
         if loss_obj is None:
             continue
+        # [batch] labels for a [batch, 1] output as [batch, 1], as the TPU path feeds them when
+        # it pads: Keras would reduce the loss to one value inside the loss function, leaving
+        # no per-row loss to weigh padding out of; per row, the mean is stock's.
+        y_true = _padding.row_labels(y_true, y_pred)
         endpoints.append(_Endpoint(name, loss_obj, weight, y_true, y_pred, sample_weight))
         term_kinds.append(kinds.get(name, _loss_kinds.ROWS))
         masks.append(getattr(y_pred, "_keras_mask", None))
