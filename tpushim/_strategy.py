@@ -762,13 +762,26 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
                 output = tf.identity(output) if how is None else output
                 output._keras_mask = mask
             carried.append(output)
+        _tfprivate.build_compiled_metrics(
+            metrics_model, _as_dict_or_one(labels, names), _as_dict_or_one(carried, names)
+        )
         metrics_model.compiled_metrics.update_state(
-            _as_dict_or_one(labels, names),
+            _as_dict_or_one([_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)], names),
             _as_dict_or_one(carried, names),
             _as_dict_or_one(weights, names),
         )
 
     return update
+
+
+def _as_in_stocks_graph(label, output):
+    """A [batch] label of a [batch, 1] output without a static rank, so Keras's metrics container
+    does not expand it to [batch, 1] as it does in ``model.evaluate``: stock's graph hands it to
+    each metric as it is, and a metric reducing the last axis (``mae``) then gives one value per
+    batch, which stock averages over the batches."""
+    if _padding.row_labels(label, output) is label:
+        return label
+    return tf.compat.v1.placeholder_with_default(label, shape=None)
 
 
 class StrategyEstimator(_tfprivate.EstimatorBase):
