@@ -105,7 +105,7 @@ def split_padding(features):
 # --- weight ----------------------------------------------------------------------------------
 
 
-def _row_labels(label, output):
+def row_labels(label, output):
     """Labels [batch] for an output [batch, 1] as [batch, 1]: Keras would reduce the loss over the
     batch inside the loss function (stock's loss is then the batch mean), leaving no per-row loss
     to weight padding out of; per row, the mean is the same."""
@@ -121,7 +121,7 @@ def _row_labels(label, output):
 
 
 def labels_for_padded_training(keras_model, labels):
-    """The labels of a padded TRAIN batch, with one loss per row for every output (see _row_labels)."""
+    """The labels of a padded TRAIN batch, with one loss per row for every output (see row_labels)."""
     if not keras_model.outputs:
         # A subclassed model's outputs are known only once cloned: a [batch] label becomes
         # [batch, 1], which every built-in loss reads as the same rows.
@@ -135,11 +135,11 @@ def labels_for_padded_training(keras_model, labels):
         )
     outputs = dict(zip(keras_model.output_names, keras_model.outputs))
     if isinstance(labels, dict):
-        return {k: _row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}
+        return {k: row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}
     if isinstance(labels, (list, tuple)) and len(labels) == len(keras_model.outputs):
-        return type(labels)(_row_labels(label, o) for label, o in zip(labels, keras_model.outputs))
+        return type(labels)(row_labels(label, o) for label, o in zip(labels, keras_model.outputs))
     if len(keras_model.outputs) == 1:
-        return _row_labels(labels, keras_model.outputs[0])
+        return row_labels(labels, keras_model.outputs[0])
     return labels
 
 
@@ -169,7 +169,7 @@ def eval_loss(model, padding_weight, cross_replica=False, kinds=None):
             )
             continue
         y_pred = endpoint.output
-        y_true = _row_labels(endpoint.training_target.target, y_pred)
+        y_true = row_labels(endpoint.training_target.target, y_pred)
         per_sample = endpoint.loss_fn.call(y_true, y_pred)
         rows = (
             tf.ones(tf.shape(per_sample)[:1], per_sample.dtype)

@@ -406,6 +406,10 @@ def replica_loss(
     ):
         if loss_obj is None:
             continue
+        # [batch] labels for a [batch, 1] output as [batch, 1], as the TPU path feeds them when
+        # it pads: Keras would reduce the loss to one value inside the loss function, leaving
+        # no per-row loss to weigh padding out of; per row, the mean is stock's.
+        y_true = _padding.row_labels(y_true, y_pred)
         endpoints.append(_Endpoint(name, loss_obj, weight, y_true, y_pred, sample_weight))
         term_kinds.append(kinds.get(name, _loss_kinds.ROWS))
         masks.append(getattr(y_pred, "_keras_mask", None))
@@ -800,25 +804,33 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
     @tf.function(reduce_retracing=True)
     def update(labels, outputs, logits, weights, masks):
         carried = []
-        for output, label, how, lg, mask, masked in zip(
-            outputs, labels, logits_how, logits, masks, has_mask
-        ):
-            read = _as_stock_reads(output, label)
-            if read is not output:  # squeezed, as stock's metric squeezes it: no logits then
-                output, how = read, None
+        for output, how, lg, mask, masked in zip(outputs, logits_how, logits, masks, has_mask):
             if how is not None:
                 output = _tfprivate.with_output_logits(output, how, lg)
             if masked:  # Keras's metrics read an output's mask from the output
                 output = tf.identity(output) if how is None else output
                 output._keras_mask = mask
             carried.append(output)
+        _tfprivate.build_compiled_metrics(
+            metrics_model, _as_dict_or_one(labels, names), _as_dict_or_one(carried, names)
+        )
         metrics_model.compiled_metrics.update_state(
-            _as_dict_or_one(labels, names),
+            _as_dict_or_one([_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)], names),
             _as_dict_or_one(carried, names),
             _as_dict_or_one(weights, names),
         )
 
     return update
+
+
+def _as_in_stocks_graph(label, output):
+    """A [batch] label of a [batch, 1] output without a static rank, so Keras's metrics container
+    does not expand it to [batch, 1] as it does in ``model.evaluate``: stock's graph hands it to
+    each metric as it is, and a metric reducing the last axis (``mae``) then gives one value per
+    batch, which stock averages over the batches."""
+    if _padding.row_labels(label, output) is label:
+        return label
+    return tf.compat.v1.placeholder_with_default(label, shape=None)
 
 
 class StrategyEstimator(_tfprivate.EstimatorBase):
@@ -1142,15 +1154,6 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 return
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
-
-
-def _as_stock_reads(output, labels):
-    """A [batch, 1] output as [batch] where its labels are [batch] (a pandas Series'): stock's
-    Keras metrics squeeze it and reduce the batch to one value (each batch counts once), where
-    the compiled metrics here would expand the labels and count every row."""
-    if labels.shape.rank == 1 and output.shape.rank == 2 and output.shape[-1] == 1:
-        return tf.squeeze(output, -1)
-    return output
 
 
 def _as_dict_or_one(values, names):

@@ -501,6 +501,14 @@ def compiled_user_metrics(keras_model):
     )
 
 
+def build_compiled_metrics(keras_model, y_true, y_pred):
+    """Builds the model's compiled metrics container on these labels and outputs (Keras resolves
+    ``"accuracy"`` and the crossentropies by their shapes), as its first ``update_state`` would."""
+    compiled = keras_model.compiled_metrics
+    if not compiled._built:
+        compiled.build(y_pred, compiled._conform_to_outputs(y_pred, y_true))
+
+
 def set_metric_name(metric, name):
     """Gives a rebuilt metric the unique name Keras gave the original (``from_config`` does not)."""
     metric._name = name
