@@ -1,0 +1,79 @@
+"""BatchNormalization on the strategy engine's padded batches: the batch statistics (and the
+moving mean and variance) over each replica's real rows, as stock's over its short batch."""
+
+import pytest
+
+ROWS, BATCH = 20, 8  # a short last batch of 4, padded on the engine
+
+
+def _data(kind, seed=0):
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    shape = (ROWS, 4) if kind == "dense" else (ROWS, 4, 4, 2)
+    x = (rng.randn(*shape) * 2 + 1).astype("float32")
+    return x, rng.randint(0, 3, size=(ROWS, 1)).astype("int64")
+
+
+def _model(kind):
+    """A classifier with BatchNormalization on 2-D inputs (not fused) or 4-D ones (fused), with
+    momentum 0.5 so that the moving statistics move visibly."""
+    import tensorflow as tf
+
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    if kind == "dense":
+        layers = [
+            tf.keras.layers.Dense(6, input_shape=(4,), name="hidden"),
+            tf.keras.layers.BatchNormalization(momentum=0.5, name="norm"),
+        ]
+    else:
+        layers = [
+            tf.keras.layers.Conv2D(3, 2, input_shape=(4, 4, 2), name="conv"),
+            tf.keras.layers.BatchNormalization(momentum=0.5, name="norm"),
+            tf.keras.layers.Flatten(),
+        ]
+    model = tf.keras.Sequential(
+        [*layers, tf.keras.layers.Dense(3, activation="softmax", name="probs")]
+    )
+    model.compile(
+        tf.keras.optimizers.legacy.SGD(0.1),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dense", "conv"])
+def test_a_short_batch_normalizes_over_its_real_rows_as_stock(tmp_path, kind):
+    """20 examples in batches of 8, trained 6 steps (two epochs: each ends on a short batch of
+    4, which the engine pads): weights (the moving mean and variance included), metrics and
+    predictions equal stock's (on TensorFlow >= 2.16: tpushim's own estimator engine, stock
+    2.15's path). The padding rows entered the batch statistics before."""
+    import tensorflow as tf
+    import tfcases
+
+    x, y = _data(kind)
+
+    def train():  # the short batch ends every epoch
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+
+    once = tfcases.dataset_input_fn(x, y, batch=BATCH)
+
+    def run(patch, model_dir):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(model_dir, _model(kind), patch=patch, config=config)
+        estimator.train(train, steps=6)
+        return (
+            estimator,
+            estimator.evaluate(once),
+            list(estimator.predict(tfcases.dataset_input_fn(x, batch=BATCH))),
+            tfcases.checkpoint_values(model_dir),
+        )
+
+    stock = run({"mode": "off"}, tmp_path / "stock")
+    engine = run({"mode": "cpu", "engine": "strategy", "quiet": True}, tmp_path / "engine")
+    moving = [k for k in stock[3] if "moving_mean" in k]
+    assert moving, sorted(stock[3])  # the moving statistics are among the weights compared
+    tfcases.assert_same(stock, engine)
