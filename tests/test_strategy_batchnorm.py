@@ -10,7 +10,7 @@ def _data(kind, seed=0):
     import numpy as np
 
     rng = np.random.RandomState(seed)
-    shape = (ROWS, 4) if kind == "dense" else (ROWS, 4, 4, 2)
+    shape = (ROWS, 4) if kind != "conv" else (ROWS, 4, 4, 2)
     x = (rng.randn(*shape) * 2 + 1).astype("float32")
     return x, rng.randint(0, 3, size=(ROWS, 1)).astype("int64")
 
@@ -22,10 +22,14 @@ def _model(kind):
 
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
-    if kind == "dense":
+    norm = tf.keras.layers.experimental.SyncBatchNormalization
+    if kind != "conv":
         layers = [
             tf.keras.layers.Dense(6, input_shape=(4,), name="hidden"),
-            tf.keras.layers.BatchNormalization(momentum=0.5, name="norm"),
+            # The class, not synchronized=True: Keras's get_config drops that (stock's clone too).
+            (norm if kind == "synchronized" else tf.keras.layers.BatchNormalization)(
+                momentum=0.5, name="norm"
+            ),
         ]
     else:
         layers = [
@@ -45,7 +49,7 @@ def _model(kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["dense", "conv"])
+@pytest.mark.parametrize("kind", ["dense", "conv", "synchronized"])
 def test_a_short_batch_normalizes_over_its_real_rows_as_stock(tmp_path, kind):
     """20 examples in batches of 8, trained 6 steps (two epochs: each ends on a short batch of
     4, which the engine pads): weights (the moving mean and variance included), metrics and
@@ -77,3 +81,43 @@ def test_a_short_batch_normalizes_over_its_real_rows_as_stock(tmp_path, kind):
     moving = [k for k in stock[3] if "moving_mean" in k]
     assert moving, sorted(stock[3])  # the moving statistics are among the weights compared
     tfcases.assert_same(stock, engine)
+
+
+@pytest.fixture(scope="module")
+def eight(tmp_path_factory):
+    import json
+    import os
+
+    import procs
+
+    root = tmp_path_factory.mktemp("batchnorm")
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = procs.python([os.path.join(here, "strategy_batchnorm_proof.py"), root], timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, result.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.slow
+def test_synchronized_on_eight_replicas_as_stock(eight):
+    """SyncBatchNormalization on 8 replicas (tests/strategy_batchnorm_proof.py: batches of 12
+    padded to 16, a short one of 8 leaving 4 replicas padding only): its sums across the
+    replicas are over the global batch's real rows, stock's statistics: weights (moving mean and
+    variance included), metrics and predictions equal stock's."""
+    assert eight["replicas"] == 8
+    got = eight["synchronized"]
+    assert got["names_equal"] and got["moving"], got
+    assert got["weights"] < 1e-5, got
+    assert got["metrics"] < 1e-5, got
+    assert got["predictions"] < 1e-5, got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dense", "conv"])
+def test_padding_rows_change_nothing_on_eight_replicas(eight, kind):
+    """Each replica normalises over its own real rows: the engine trained on padding rows of
+    other values has the same weights (moving statistics included). Negative control: with
+    Keras's own BatchNormalization call the padding rows move them."""
+    got = eight["padding"][kind]
+    assert got["engine"] < 1e-6, got
+    assert got["keras"] > 1e-2, got
