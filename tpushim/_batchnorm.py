@@ -37,18 +37,23 @@ from tpushim import _tfprivate
 from tpushim._errors import ConversionError
 
 
-def real_rows_call(padding_weight, cross_replica):
+def real_rows_call(padding_weight, cross_replica, replica_sum=None):
     """The call of a TRAIN clone's BatchNormalization layers (for
     :func:`tpushim._tfprivate.clone_and_build_model`), or None where Keras's own is right.
 
     Args:
       padding_weight: the batch's [batch] padding weight, or None for a batch without padding.
-      cross_replica: the model_fn builds one shard of a TPU computation.
+      cross_replica: the model_fn builds one shard of a TPU computation (or the strategy engine
+        one replica's step: the same arithmetic, per replica).
+      replica_sum: a tensor summed across the shards (a synchronized layer's sums); None for
+        ``tf.compat.v1.tpu.cross_replica_sum`` (the strategy engine: its replica context's
+        all-reduce).
     """
     if padding_weight is None and not cross_replica:
         return None
     if not cross_replica:
         return _first_rows_call(padding_weight)
+    replica_sum = replica_sum or tf.compat.v1.tpu.cross_replica_sum
     # The shard's rows, made once for every layer of the step.
     shard = None if padding_weight is None else _ShardRows(padding_weight)
 
@@ -64,7 +69,7 @@ def real_rows_call(padding_weight, cross_replica):
             return own_call(inputs, training=training, mask=mask)
         # Fused, Keras ignores a mask (with a warning); not fused, it weighs rows by it.
         mask = None if layer.fused else mask
-        return _train_on_real_rows(layer, inputs, shard, mask, synced)
+        return _train_on_real_rows(layer, inputs, shard, mask, synced and replica_sum)
 
     return call
 
@@ -417,8 +422,8 @@ def _moments(layer, x, weight, axes, cross_replica):
             tf.reduce_sum(tf.square(y), axes, keepdims=True),
             count,
         ]
-        if cross_replica:
-            sums = tf.unstack(tf.compat.v1.tpu.cross_replica_sum(tf.stack(sums)))
+        if cross_replica:  # the sum across shards
+            sums = tf.unstack(cross_replica(tf.stack(sums)))
         total, squares, count = sums
         mean = tf.math.divide_no_nan(total, count)
         return mean, tf.math.divide_no_nan(squares, count) - tf.square(mean), count

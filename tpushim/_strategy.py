@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpushim import (
+    _batchnorm,
     _input_wait,
     _loss_kinds,
     _losses,
@@ -367,6 +368,16 @@ def all_reduce_sum(value):
     return tf.distribute.get_replica_context().all_reduce(SUM, value)
 
 
+def real_rows(element):
+    """Inside :func:`tpushim._tfprivate.batchnorm_call_hooked`, while a replica's training step
+    calls the model: its BatchNormalization layers' batch statistics over the replica's real rows
+    (:mod:`tpushim._batchnorm`, as a TPUEstimator shard's; a synchronized layer's summed across
+    the replicas), not the padding rows."""
+    features = element[0] if isinstance(element, tuple) else element
+    pad = features[_padding.PADDING_KEY]
+    return _tfprivate.batchnorm_call_using(_batchnorm.real_rows_call(pad, True, all_reduce_sum))
+
+
 def replica_loss(
     terms,
     kinds,
@@ -565,7 +576,7 @@ def check_xla(plan, element_spec, replicas):
 
     def step(element):
         features, labels, pad, weights = _unpack(element, model.output_names)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, real_rows(element):
             loss, _ = _loss_of(
                 plan, terms, model, features, labels, pad, weights, True, replicas, lambda x: x
             )
@@ -573,7 +584,8 @@ def check_xla(plan, element_spec, replicas):
 
     sample = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
     try:
-        tf.function(step, jit_compile=True).experimental_get_compiler_ir(sample)(stage="hlo")
+        with _tfprivate.batchnorm_call_hooked():
+            tf.function(step, jit_compile=True).experimental_get_compiler_ir(sample)(stage="hlo")
     except (ValueError, tf.errors.OpError) as e:
         raise ConversionError(
             "the training step does not compile with XLA, as a TPU compiles it (compiled here "
@@ -700,7 +712,7 @@ class _Run:
         each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`)."""
 
         def replica_step(element):
-            with tf.GradientTape() as tape:
+            with tf.GradientTape() as tape, real_rows(element):
                 loss = self._loss(element, True)[0]
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
@@ -717,7 +729,8 @@ class _Run:
                 if not optional.has_value():
                     break
                 bind_global_step(self.step)
-                per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
+                with _tfprivate.batchnorm_call_hooked():  # at the trace
+                    per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
                 losses = losses.write(
                     tf.cast(ran, tf.int32), self.strategy.reduce(SUM, per_replica, axis=None)
                 )

@@ -193,6 +193,15 @@ def batchnorm_call_replaced(replacement):
     get Keras's own ``call``: a context variable says whose block it is. Blocks do not overlap
     (callers hold the clone lock).
     """
+    with batchnorm_call_hooked(), batchnorm_call_using(replacement):
+        yield
+
+
+@contextlib.contextmanager
+def batchnorm_call_hooked():
+    """While active, a BatchNormalization layer's ``call`` is the replacement
+    :func:`batchnorm_call_using` set in the calling thread, Keras's own where none is set (a
+    strategy's replica threads each set theirs inside one hooked block of the main thread)."""
     base = batchnorm_base_class()
     own = base.call
 
@@ -203,13 +212,22 @@ def batchnorm_call_replaced(replacement):
             return bound(inputs, training=training, mask=mask)
         return active(self, bound, inputs, training, mask)
 
-    token = _batchnorm_call.set(replacement)
     base.call = call
     try:
         yield
     finally:
         if base.__dict__.get("call") is call:  # only ours: someone may have replaced it since
             base.call = own
+
+
+@contextlib.contextmanager
+def batchnorm_call_using(replacement):
+    """In this thread (context), inside :func:`batchnorm_call_hooked`: BatchNormalization's call is
+    ``replacement`` (see :func:`batchnorm_call_replaced`)."""
+    token = _batchnorm_call.set(replacement)
+    try:
+        yield
+    finally:
         _batchnorm_call.reset(token)
 
 
