@@ -15,7 +15,8 @@ step against a hand-written one, the preflight against the script; its parts ``b
 ``bn-check`` run alone), ``tf216`` (bench_tf216: tpushim's estimator engine on TensorFlow >= 2.16
 against stock 2.15, two interpreters: ``--tf216-python``), ``strategy`` (bench_strategy: the
 strategy engine's ``train()`` against a hand-written Keras ``fit`` under the same
-MirroredStrategy on 8 logical CPU devices), ``strategy-pods`` (bench_strategy_pods: one
+MirroredStrategy on 8 logical CPU devices; ``strategy-activity``: a model with activity regularizers, the
+engine against itself before they were read from its forward pass), ``strategy-pods`` (bench_strategy_pods: one
 emulated host's input on the strategy engine, tpushim's ``HostInput`` against a hand-written
 ``distribute_datasets_from_function``). All of them write one table
 (benchlib.Table).
@@ -71,6 +72,7 @@ SECTIONS = {
     "bn": bench_bn.run,
     "tf216": bench_tf216.run,
     "strategy": bench_strategy.run,
+    "strategy-activity": bench_strategy.run_activity,
     "strategy-pods": bench_strategy_pods.run,
 }
 #: parts of a section ``--only`` also takes (never run by default: their section runs them)

@@ -133,17 +133,51 @@ def run(table, opts, report):
 # -- the driver: one run, in its own process --------------------------------------------------
 
 
-def _model(tf, **compile_kwargs):
+def _model(tf, activity=False, **compile_kwargs):
     tf.keras.utils.set_random_seed(0)
+    regularizer = {"activity_regularizer": tf.keras.regularizers.l2(1e-4)} if activity else {}
     model = tf.keras.Sequential(
         [
-            tf.keras.layers.Dense(64, activation="relu", input_shape=(FEATURES,), name="h1"),
-            tf.keras.layers.Dense(64, activation="relu", name="h2"),
+            tf.keras.layers.Dense(
+                64, activation="relu", input_shape=(FEATURES,), name="h1", **regularizer
+            ),
+            tf.keras.layers.Dense(64, activation="relu", name="h2", **regularizer),
             tf.keras.layers.Dense(1, name="out"),
         ]
     )
     model.compile(tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9), loss="mse", **compile_kwargs)
     return model
+
+
+def run_activity(table, opts, report):
+    """Section ``strategy-activity``: a model with two activity regularizers, the engine reading
+    them from its forward pass (per row, padding masked) against the engine as it was before
+    (the model run again on each row alone) and Keras ``fit`` (the mean over the replica's
+    rows, no padding to leave out)."""
+    reps = benchlib.rounds(opts, full=3, quick=1)
+    steps = 60 if opts.quick else 200
+    contenders = [
+        ("Keras fit", "fit-activity"),
+        ("engine, each row run alone (before)", "engine-activity-rows"),
+        ("tpushim engine", "engine-activity"),
+    ]
+    runs = benchlib.interleaved(contenders, reps, lambda kind: _run(kind, steps))
+    report["strategy-activity"] = runs
+    steady = benchlib.Paired({n: [r[0] for r in v] for n, v in runs.items()}, "Keras fit")
+    case = f"MLP + 2 activity regularizers, 8 replicas, batch {BATCH}"
+    for name, _ in contenders:
+        table.add(
+            "strategy-activity",
+            f"{case}: steady steps/s ({steps} steps)",
+            name,
+            f"{benchlib.median(steady.values[name]):.1f}",
+            f"{steady.ratio(name):.3f}x" if name != "Keras fit" else "",
+            spread=steady.spread(name),
+        )
+    table.notes.append(
+        f"strategy-activity: {reps} round(s), each contender a fresh process per round (8 "
+        "logical CPU devices), order rotating; medians of the per-round ratios against fit."
+    )
 
 
 def _drive(kind, workdir, steps, pairs=0):
@@ -162,11 +196,12 @@ def _drive(kind, workdir, steps, pairs=0):
     def input_fn():
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
 
+    activity = "activity" in kind
     calls = []  # (steps, seconds) per tf.function call / per steps_per_execution
-    if kind == "fit":
+    if kind.startswith("fit"):
         devices = [d.name for d in tf.config.list_logical_devices("CPU")]
         with tf.distribute.MirroredStrategy(devices).scope():
-            model = _model(tf, steps_per_execution=PER_EXECUTION)
+            model = _model(tf, activity, steps_per_execution=PER_EXECUTION)
 
         class Clock(tf.keras.callbacks.Callback):
             last = None
@@ -197,11 +232,14 @@ def _drive(kind, workdir, steps, pairs=0):
             return timed
 
         _strategy._Run.train_function = train_function
+        if kind.endswith("-rows"):  # as before: every input loss by running each row alone
+            called = _strategy._called
+            _strategy._called = lambda *args: (*called(*args)[:3], {})
         with tpushim.patched(
             mode="cpu", engine="strategy", iterations_per_loop=PER_EXECUTION, quiet=True
         ):
             estimator = tf.keras.estimator.model_to_estimator(
-                keras_model=_model(tf), model_dir=os.path.join(workdir, "model")
+                keras_model=_model(tf, activity), model_dir=os.path.join(workdir, "model")
             )
         if kind == "timing":  # train() calls alternating: the read timed, then plain
             timed_read = _input_wait.next_input

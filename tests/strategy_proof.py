@@ -14,7 +14,11 @@ values' scale), for the engine as it is and for two broken engines (negative con
 ``summed`` -- each replica's gradient that of its own slice's mean, summed over the replicas
 (for a SUM loss, ``averaged``: its sum divided by the replicas), and for the last three
 ``local`` -- each replica's loss its own (its rows', weights', unmasked elements' mean: no sum
-over the replicas). Also: stock's estimator reading
+over the replicas). Activity regularizers beside SyncBatchNormalization and BatchNormalization
+("synced", "normalized": 48 rows in full global batches of 16), with two more controls: each
+input loss from the model run on each row alone (BatchNormalization on one row: ``per_row``),
+and the input losses counted on the padding rows (``unmasked``, kind "activity"). Also: stock's
+estimator reading
 the engine's model_dir, and a model XLA cannot compile (the step is compiled with XLA).
 
 On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
@@ -70,10 +74,63 @@ SEQ = rng.randn(ROWS, 3, 2).astype(np.float32)
 SEQ[rng.uniform(size=(ROWS, 3)) < 0.35] = 0.0  # masked time steps (Masking(0.0))
 SEQ[0] = 0.0  # a row wholly masked: the first row, copied into padding rows
 SEQ_Y = (SEQ[..., :1] * 1.5 - SEQ[..., 1:] + 0.1 * rng.randn(ROWS, 3, 1)).astype(np.float32)
-MORE = ("weighted", "masked", "activity")
+# Activity regularizers in models with BatchNormalization, on 48 rows in full global batches of
+# 16 (2 rows a replica): before and after the normalisation, built-in and custom (a function
+# Keras calls on the layer's output). "synced" normalises with SyncBatchNormalization (the
+# global batch's moments on every replica: stock's on 8 replicas too), "normalized" with
+# BatchNormalization (each replica its own rows' moments: stock's on 1 replica).
+NORMAL_ROWS, NORMAL_BATCH = 48, 16
+NX = rng.randn(NORMAL_ROWS, 4).astype(np.float32)
+NY = (NX[:, :1] * 2 - NX[:, 1:2] + 0.1 * rng.randn(NORMAL_ROWS, 1)).astype(np.float32)
+NORMALIZED = ("synced", "normalized")
+MORE = ("weighted", "masked", "activity", *NORMALIZED)
+
+
+@tf.keras.utils.register_keras_serializable(package="tpushim_strategy_proof")
+class AbsoluteActivity(tf.keras.regularizers.Regularizer):
+    """A custom activity regularizer (Keras divides its value by the batch size). (A plain
+    function is not one stock trains: its v1 clone gets the function's name, not the function.)"""
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def __call__(self, x):
+        return self.rate * tf.reduce_sum(tf.abs(x))
+
+    def get_config(self):
+        return {"rate": self.rate}
+
+
+def _normalized_model(kind):
+    normalization = (
+        tf.keras.layers.experimental.SyncBatchNormalization
+        if kind == "synced"
+        else tf.keras.layers.BatchNormalization
+    )
+    x = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(
+        5,
+        activation="tanh",
+        activity_regularizer=tf.keras.regularizers.l2(0.05),
+        kernel_regularizer=tf.keras.regularizers.l2(0.01),
+        name="hidden",
+    )(x)
+    h = normalization(name="bn")(h)
+    h = tf.keras.layers.Dense(
+        3,
+        activation="tanh",
+        activity_regularizer=tf.keras.regularizers.l1_l2(0.02, 0.03),
+        name="after",
+    )(h)
+    h = tf.keras.layers.Dense(3, activity_regularizer=AbsoluteActivity(0.01), name="custom")(h)
+    m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="out")(h))
+    m.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), loss="mse", metrics=["mae"])
+    return m
 
 
 def _more_model(kind):
+    if kind in NORMALIZED:
+        return _normalized_model(kind)
     sgd = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
     if kind == "weighted":  # stock's {"features", "sample_weights"} features
         m = tf.keras.Sequential(
@@ -133,11 +190,14 @@ def _more_inputs(kind):
         train = (({"features": X, "sample_weights": W}, Y), X)
     elif kind == "masked":
         train = ((SEQ, SEQ_Y), SEQ)
+    elif kind in NORMALIZED:
+        train = ((NX, NY), NX)
     else:
         train = ((X, Y), X)
+    batch = NORMAL_BATCH if kind in NORMALIZED else BATCH
     return (
-        lambda: tf.data.Dataset.from_tensor_slices(train[0]).batch(BATCH),
-        lambda: tf.data.Dataset.from_tensor_slices(train[1]).batch(BATCH),
+        lambda: tf.data.Dataset.from_tensor_slices(train[0]).batch(batch),
+        lambda: tf.data.Dataset.from_tensor_slices(train[1]).batch(batch),
     )
 
 
@@ -303,6 +363,38 @@ def broken(kind):
     return original, wrong
 
 
+def _per_row_forward(model, features, training):
+    """``_strategy._called`` as before activity regularizers were read from the forward pass:
+    every input loss from the model run on each row alone."""
+    outputs, regularizers, adds, _ = _CALLED(model, features, training)
+    return outputs, regularizers, adds, {}
+
+
+_CALLED = _strategy._called
+
+
+def _unmasked(kind, root, stock):
+    """The input losses evaluated on every row of the padded batch, padding rows included."""
+    original = _strategy.replica_loss
+
+    def wrong(*args):
+        args = list(args)
+        added, pad = args[8], args[4]
+        args[8] = ()
+        loss = original(*args)
+        rows = _strategy.global_rows(pad)
+        for degree, values in added:
+            loss += rows ** float(degree - 1) * tf.reduce_sum(tf.cast(values, tf.float32))
+        return loss
+
+    _strategy.replica_loss = wrong
+    try:
+        control = run(engine(model(kind), os.path.join(root, kind, "unmasked")), kind=kind)
+    finally:
+        _strategy.replica_loss = original
+    return differences(control, stock, kind)
+
+
 def main(root):
     out = {
         "replicas": None,
@@ -334,6 +426,15 @@ def main(root):
         finally:
             _strategy.replica_loss = original
         out[kind]["control"] = differences(control, stock, kind)
+        if kind == "normalized":  # each input loss from a forward pass on each row alone
+            _strategy._called = _per_row_forward
+            try:
+                per_row = engine(model(kind), os.path.join(root, kind, "per_row"), 1)
+                out[kind]["per_row"] = differences(run(per_row, kind=kind), stock, kind)
+            finally:
+                _strategy._called = _CALLED
+        if kind == "activity":  # the input losses' padding rows counted
+            out[kind]["unmasked"] = _unmasked(kind, root, stock)
         if kind in MORE:  # each replica's own mean: its rows', weights', unmasked elements' count
             summed, _strategy.all_reduce_sum = _strategy.all_reduce_sum, lambda x: x
             try:

@@ -28,7 +28,9 @@ def model(layer=None, normalize=False, **dense):
     hidden = tf.keras.layers.Dense(8, name="dense", **dense)(inputs)
     if normalize:
         hidden = tf.keras.layers.BatchNormalization(name="bn")(hidden)
-    if layer is not None:
+    if isinstance(layer, tf.keras.layers.Layer):
+        hidden = layer(hidden)
+    elif layer is not None:
         hidden = tf.keras.layers.Lambda(layer, name="odd")(hidden)
     m = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="out")(hidden))
     m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
@@ -67,16 +69,27 @@ def test_an_op_xla_cannot_compile_in_the_strategy_step_names_the_layer():
     assert any(n.startswith(ENGINE_NOTE) for n in report.notes)
 
 
+@tf.keras.utils.register_keras_serializable(package="tpushim_test_preflight_strategy")
+class CallLoss(tf.keras.layers.Layer):
+    """Adds a loss from its inputs in its call (``self.add_loss``)."""
+
+    def call(self, x):
+        self.add_loss(tf.reduce_mean(tf.abs(x)))
+        return x + 0.0
+
+
 def test_what_only_the_strategy_engine_refuses_is_an_error():
-    # An activity regularizer in a model with BatchNormalization: TPUEstimator's path takes it,
-    # the strategy engine refuses it (tpushim/_strategy.make_plan) before anything is written:
-    # the check says so. Without BatchNormalization the engine takes it: no finding.
-    assert codes(check(model(activity_regularizer="l2"))) == []
-    report = check(model(activity_regularizer="l2", normalize=True))
+    # A loss a layer adds in its call in a model with BatchNormalization: TPUEstimator's path
+    # takes it, the strategy engine refuses it (tpushim/_strategy.make_plan) before anything is
+    # written: the check says so. An activity regularizer beside BatchNormalization, or the
+    # call's loss without it, the engine takes: no finding.
+    assert codes(check(model(activity_regularizer="l2", normalize=True))) == []
+    assert codes(check(model(CallLoss(name="adds")))) == []
+    report = check(model(CallLoss(name="adds"), normalize=True))
     assert not report.ok
     refused = [f for f in report.findings if f.code == "strategy-engine-refuses"]
-    assert len(refused) == 1 and "activity_regularizer" in refused[0].message, report
-    assert "BatchNormalization" in refused[0].message
+    assert len(refused) == 1 and "add_loss" in refused[0].message, report
+    assert "adds" in refused[0].message and "BatchNormalization" in refused[0].message
     assert refused[0].where.startswith("model ")
     # The model's own step is still compiled (it compiles): the other findings as before.
     assert XLA in report.checked and codes(report) == ["strategy-engine-refuses"]
@@ -86,7 +99,7 @@ def test_what_only_the_strategy_engine_refuses_is_an_error():
 @pytest.mark.skipif(_versions.uses_own_estimator(), reason="TensorFlow >= 2.16 has no TPUEstimator")
 @pytest.mark.tpuestimator
 def test_negative_control_on_tpuestimator_nothing_of_the_strategy_engine():
-    report = check(model(activity_regularizer="l2", normalize=True), engine="tpuestimator")
+    report = check(model(CallLoss(name="adds"), normalize=True), engine="tpuestimator")
     assert report.ok and codes(report) == [] and XLA in report.checked, report
     assert not any(n.startswith(ENGINE_NOTE) for n in report.notes)
 

@@ -128,17 +128,33 @@ def test_private_names_the_engine_uses(tmp_path):
     assert callable(_tfprivate.create_keras_model_fn)
 
 
+def _call_loss_layer():
+    import tensorflow as tf
+
+    class CallLoss(tf.keras.layers.Layer):
+        """Adds a loss from its inputs in its call (``self.add_loss``)."""
+
+        def call(self, x):
+            self.add_loss(tf.reduce_mean(tf.abs(x)))
+            return x + 0.0
+
+    return CallLoss
+
+
 @pytest.mark.slow
 def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tmp_path):
     import tensorflow as tf
 
+    CallLoss = _call_loss_layer()
     tf1 = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
     # A rate made eagerly: stock's graph cannot read it (tests/test_strategy_optimizers.py).
     tf1.compile(tf.compat.v1.train.GradientDescentOptimizer(tf.constant(0.1)), loss="mse")
-    # An input loss is evaluated per row: BatchNormalization would see one row's moments.
+    # A loss a layer adds in its call is evaluated on each row alone: BatchNormalization would
+    # see one row's moments (an activity regularizer is read from the forward pass: taken).
     activity = tf.keras.Sequential(
         [
-            tf.keras.layers.Dense(2, input_shape=(2,), activity_regularizer="l2", name="act"),
+            tf.keras.layers.Dense(2, input_shape=(2,), name="act"),
+            CallLoss(name="adds"),
             tf.keras.layers.BatchNormalization(name="bn"),
             tf.keras.layers.Dense(1),
         ]
@@ -148,7 +164,8 @@ def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tm
         (tf1, "GradientDescentOptimizer: its learning_rate"),
         (
             activity,
-            "inputs \\(activity_regularizer, .*: act\\) in a model with BatchNormalization \\(bn\\)",
+            "in its call from its inputs \\(add_loss, .*: adds\\) in a model with "
+            "BatchNormalization \\(bn\\) yet.*activity_regularizer",
         ),
     ):
         with (
@@ -430,3 +447,37 @@ def test_what_no_tpu_step_compiles_is_refused_in_words_before_anything_is_writte
         ):
             estimator.train(input_fn, steps=1)
         assert sorted(p.name for p in model_dir.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.slow
+def test_input_losses_beside_batchnormalization_which_the_engine_takes(tmp_path):
+    """Activity regularizers are read from the model's own forward pass, so BatchNormalization
+    (and SyncBatchNormalization) beside them is taken; a loss added in a layer's call beside a
+    SyncBatchNormalization is refused as beside a BatchNormalization (numbers:
+    tests/test_strategy_replicas.py)."""
+    import tensorflow as tf
+
+    def model(normalization, *middle):
+        m = tf.keras.Sequential(
+            [
+                tf.keras.layers.Dense(2, input_shape=(2,), activity_regularizer="l2", name="act"),
+                *middle,
+                normalization(name="bn"),
+                tf.keras.layers.Dense(1, activity_regularizer="l1"),
+            ]
+        )
+        m.compile(tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+        return m
+
+    sync = tf.keras.layers.experimental.SyncBatchNormalization
+    with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
+        for i, normalization in enumerate((tf.keras.layers.BatchNormalization, sync)):
+            tf.keras.estimator.model_to_estimator(
+                keras_model=model(normalization), model_dir=str(tmp_path / f"m{i}")
+            )
+        with pytest.raises(tpushim.ConversionError, match="adds\\) in a model with Batch"):
+            tf.keras.estimator.model_to_estimator(
+                keras_model=model(sync, _call_loss_layer()(name="adds")),
+                model_dir=str(tmp_path / "refused"),
+            )
+    assert not (tmp_path / "refused").exists()

@@ -1,7 +1,8 @@
 """Rung 2b for the strategy engine (tpushim/_strategy.py): 8 replicas on 8 logical CPU devices
 equal 1 replica and the stock estimator, for a mean, a SUM and a custom one-number loss, sample
 weights, a masked output and losses layers add from their inputs, with an indivisible global
-batch and a short last batch; negative controls fail; stock's estimator reads
+batch and a short last batch, and activity regularizers beside (Sync)BatchNormalization on full
+batches; negative controls fail; stock's estimator reads
 the engine's checkpoints; the step is compiled with XLA; every legacy input_fn style trains as
 stock's. The devices must be made before TensorFlow initialises, so it all runs in one
 subprocess (tests/strategy_proof.py).
@@ -16,8 +17,12 @@ import procs
 import pytest
 
 TOLERANCE = 1e-5
-KINDS = ("mean", "sum", "custom", "weighted", "masked", "activity")
-GLOBAL = ("weighted", "masked", "activity")  # a replica's share needs the global batch's counts
+KINDS = ("mean", "sum", "custom", "weighted", "masked", "activity", "synced")
+GLOBAL = ("weighted", "masked", "activity", "synced")  # a replica's share: the global counts
+# Activity regularizers beside SyncBatchNormalization ("synced", above: 8 replicas and 1) and
+# BatchNormalization, whose moments are a replica's own rows' (stock's on 1 replica), in full
+# global batches of 16.
+ONE_REPLICA = ("normalized",)
 STYLES = ("tensors", "one_shot", "queue", "numpy")
 
 
@@ -46,12 +51,15 @@ def test_stock_is_stock_tensorflow_215(proof):
             assert json.load(f)["tensorflow"].startswith("2.15.")
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("replicas", ["eight", "one"])
+@pytest.mark.parametrize(
+    "kind,replicas",
+    [(k, r) for k in KINDS for r in ("eight", "one")] + [(k, "one") for k in ONE_REPLICA],
+)
 def test_engine_equals_stock(proof, kind, replicas):
     got = proof[kind][replicas]
     assert got["names_equal"] and got["metric_keys_equal"]  # stock's checkpoint names, metric keys
-    assert got["rows"] == 45  # every example predicted once, padding dropped
+    # every example predicted once, padding dropped
+    assert got["rows"] == (48 if kind in ("synced", *ONE_REPLICA) else 45)
     assert got["weights"] < TOLERANCE, got  # every weight and optimizer slot
     assert got["metrics"] < TOLERANCE, got
     assert got["predictions"] < TOLERANCE, got
@@ -73,6 +81,18 @@ def test_negative_control_each_replica_its_own_loss(proof, kind):
     # Each replica's loss normalised by its own rows, weights or unmasked elements (no sum over
     # the replicas): the padded replicas then weigh as much as the full ones.
     assert proof[kind]["local"]["weights"] > 1e-3, proof[kind]["local"]
+
+
+@pytest.mark.parametrize("kind", ONE_REPLICA)
+def test_negative_control_input_losses_from_each_row_run_alone(proof, kind):
+    # Each activity regularizer's loss from the model run on each row alone (as the engine took
+    # input losses before): BatchNormalization then normalises by that one row.
+    assert proof[kind]["per_row"]["weights"] > 1e-3, proof[kind]["per_row"]
+
+
+def test_negative_control_input_losses_counted_on_padding_rows(proof):
+    # The input losses' per-row values summed over every row of the padded batch.
+    assert proof["activity"]["unmasked"]["weights"] > 1e-3, proof["activity"]["unmasked"]
 
 
 def test_step_is_compiled_with_xla(proof):

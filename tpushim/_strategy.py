@@ -26,6 +26,7 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 import dataclasses
 import logging
 import os
+import threading
 import time
 import types
 
@@ -157,26 +158,30 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
             f"{type(optimizer).__name__} is neither. Compile the model with a tf.keras optimizer, "
             "or use engine='tpuestimator'."
         )
+    # A loss a layer adds in its call (add_loss) is evaluated by running the model on each row
+    # alone, where BatchNormalization would normalise by that row's own moments (and update its
+    # moving statistics once per row): refused rather than trained to other numbers. An
+    # activity regularizer is read from the model's own forward pass (:func:`input_losses`).
     adding = [
         layer.name
         for layer in _tfprivate.all_layers(keras_model)
-        if _tfprivate.layer_input_losses(layer)
+        if len(_tfprivate.layer_input_losses(layer)) > _tfprivate.activity_loss_count(layer)
     ]
     normalizing = [
         layer.name
         for layer in _tfprivate.all_layers(keras_model)
-        if isinstance(layer, tf.keras.layers.BatchNormalization)
+        if isinstance(layer, _tfprivate.batchnorm_base_class())
     ]
     if adding and normalizing:
-        # An input loss is evaluated per row (a replica's rows and padding differ in number);
-        # BatchNormalization on one row would normalise by that row's own moments (and update
-        # its moving statistics once per row): refused rather than trained to other numbers.
         raise ConversionError(
-            "the strategy engine cannot take a loss a layer adds from its inputs "
-            f"(activity_regularizer, model.add_loss of a tensor: {', '.join(adding)}) in a model "
-            f"with BatchNormalization ({', '.join(normalizing)}) yet. Use a weight regularizer or "
-            "a loss on an output instead, or engine='tpuestimator' "
-            "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
+            "the strategy engine cannot take a loss a layer adds in its call from its inputs "
+            f"(add_loss, model.add_loss of a tensor: {', '.join(adding)}) in a model with "
+            f"BatchNormalization ({', '.join(normalizing)}) yet: it evaluates such a loss on "
+            "each example alone, where BatchNormalization would normalise by that example "
+            "alone. Compute it as an activity_regularizer of the layer whose output it reads "
+            "(taken from the model's own forward pass), or use a weight regularizer or a loss "
+            "on an output, or engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where "
+            "TPUEstimator runs."
         )
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)
     _tfprivate.restore_v2_classes(keras_model)  # the plan may clone it in a graph
@@ -463,43 +468,123 @@ def _unpack(element, names):
     return features, labels, pad, weights
 
 
+class _ActivityRecorder:
+    """A layer's activity regularizer that also notes each output it is called on, with the
+    index the loss Keras then adds from it takes among the layer's call losses: the engine
+    reads those outputs, from the model's own forward pass, to evaluate the loss per row.
+
+    Per thread: a MirroredStrategy runs each replica's function in a thread of its own, and
+    they take turns at every all-reduce (a SyncBatchNormalization's among them)."""
+
+    def __init__(self, layer, regularizer):
+        self.layer, self.regularizer, self._local = layer, regularizer, threading.local()
+
+    @property
+    def outputs(self):
+        if not hasattr(self._local, "outputs"):
+            self._local.outputs = []
+        return self._local.outputs
+
+    def __call__(self, output):
+        self.outputs.append((len(_tfprivate.layer_call_losses(self.layer)), output))
+        return self.regularizer(output)
+
+
+def _recorders(model):
+    """The :class:`_ActivityRecorder` of every layer of ``model`` with an activity regularizer
+    (installed on the engine's own clone at the first call)."""
+    found = []
+    for layer in _tfprivate.all_layers(model):
+        regularizer = getattr(layer, "activity_regularizer", None)
+        if regularizer is None:
+            continue
+        if not isinstance(regularizer, _ActivityRecorder):
+            regularizer = _ActivityRecorder(layer, regularizer)
+            layer.activity_regularizer = regularizer
+        found.append(regularizer)
+    return found
+
+
 def _called(model, features, training):
-    """The model's outputs (a list), its weight regularizers, and whether its layers added
-    losses from their inputs in this call."""
+    """The model's outputs (a list), its weight regularizers, whether its layers added losses
+    from their inputs in this call, and (layer name, index) -> (activity regularizer, the
+    output it regularized) for those an activity regularizer added."""
+    recorders = _recorders(model)
+    for recorder in recorders:
+        recorder.outputs.clear()
     outputs = _outputs_list(model(features, training=training))
     adds = any(_tfprivate.layer_call_losses(layer) for layer in _tfprivate.all_layers(model))
-    return outputs, _tfprivate.weight_regularizers(model), adds
+    activity = {
+        (recorder.layer.name, index): (recorder.regularizer, output)
+        for recorder in recorders
+        for index, output in recorder.outputs
+    }
+    return outputs, _tfprivate.weight_regularizers(model), adds, activity
 
 
-def input_losses(model, features, training, degrees):
+_BUILTIN_ACTIVITY = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
+
+
+def _per_row_activity(regularizer, output):
+    """[rows] values of an activity regularizer's term, each row's that of a batch of that row
+    alone: ``regularizer(row) / 1``, as Keras divides by the batch size."""
+    output = tf.cast(output, tf.float32)
+    if type(regularizer) in _BUILTIN_ACTIVITY:  # sums over a row's elements: no loop
+        axes = list(range(1, output.shape.rank))
+        value = tf.zeros(tf.shape(output)[:1])
+        if getattr(regularizer, "l1", 0.0):
+            value += float(regularizer.l1) * tf.reduce_sum(tf.abs(output), axes)
+        if getattr(regularizer, "l2", 0.0):
+            value += float(regularizer.l2) * tf.reduce_sum(tf.square(output), axes)
+        return value
+    return tf.map_fn(
+        lambda row: tf.reshape(tf.cast(regularizer(row[None]), tf.float32), []),
+        output,
+        fn_output_signature=tf.float32,
+    )
+
+
+def input_losses(model, features, training, degrees, activity=None):
     """``(degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
     a call of ``model``): each row's value that of the model called on that row alone, so
     padding rows weigh 0 and a replica's rows add up to the global batch's term whatever their
-    number (Keras's own value is a mean over the replica's rows, padding included)."""
+    number (Keras's own value is a mean over the replica's rows, padding included).
+
+    An activity regularizer's term is read from ``activity`` (:func:`_called`): the regularizer
+    applied to each row of the output the call itself regularized, so BatchNormalization before
+    it keeps the call's batch moments and no second forward pass is run. Any other term
+    (``add_loss`` in a call) comes from running the model on each row alone."""
+    activity = activity or {}
     keys = [
         (layer.name, i)
         for layer in _tfprivate.all_layers(model)
         for i, _ in enumerate(_tfprivate.layer_call_losses(layer))
     ]
+    values = {key: _per_row_activity(*activity[key]) for key in keys if key in activity}
+    rest = [key for key in keys if key not in values]
+    if rest:
 
-    def per_row(row):
-        model(tf.nest.map_structure(lambda x: x[None], row), training=training)
-        return [
-            tf.reshape(tf.cast(t, tf.float32), [])
-            for layer in _tfprivate.all_layers(model)
-            for t in _tfprivate.layer_call_losses(layer)
-        ]
+        def per_row(row):
+            model(tf.nest.map_structure(lambda x: x[None], row), training=training)
+            return [
+                tf.reshape(tf.cast(t, tf.float32), [])
+                for layer in _tfprivate.all_layers(model)
+                for i, t in enumerate(_tfprivate.layer_call_losses(layer))
+                if (layer.name, i) in rest
+            ]
 
-    # tf.map_fn, not tf.vectorized_map: regularizers use ops pfor cannot vectorise (L2Loss), and
-    # its while-loop fallback does not compile with XLA; map_fn's static row count does.
-    values = tf.map_fn(per_row, features, fn_output_signature=[tf.float32] * len(keys))
-    return [(degrees.get(key, 0), v) for key, v in zip(keys, values)]
+        # tf.map_fn, not tf.vectorized_map: regularizers use ops pfor cannot vectorise
+        # (L2Loss), and its while-loop fallback does not compile with XLA; map_fn's static row
+        # count does.
+        rows = tf.map_fn(per_row, features, fn_output_signature=[tf.float32] * len(rest))
+        values.update(zip(rest, rows))
+    return [(degrees.get(key, 0), values[key]) for key in keys]
 
 
 def _loss_of(plan, terms, model, features, labels, pad, weights, training, replicas, summed):
     """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
-    outputs, regularizers, adds = _called(model, features, training)
-    added = input_losses(model, features, training, plan.added_degrees) if adds else ()
+    outputs, regularizers, adds, activity = _called(model, features, training)
+    added = input_losses(model, features, training, plan.added_degrees, activity) if adds else ()
     # [batch] labels (a pandas Series') for a [batch, 1] output: one loss per row, as padding needs.
     labels = _padding.labels_for_padded_training(model, labels)
     loss = replica_loss(

@@ -790,6 +790,16 @@ def layer_input_losses(layer):
     return list(layer._losses)
 
 
+def activity_loss_count(layer):
+    """How many of a graph network layer's input losses (:func:`layer_input_losses`) its
+    activity regularizer added: one per output of each of its calls in the model's graph."""
+    if getattr(layer, "activity_regularizer", None) is None:
+        return 0
+    import tensorflow as tf
+
+    return sum(len(tf.nest.flatten(node.outputs)) for node in layer._inbound_nodes)
+
+
 def layer_call_losses(layer):
     """The losses a layer added from its inputs in its latest call eagerly or in a
     ``tf.function`` (Keras keeps them per thread, apart from its construction's, which
