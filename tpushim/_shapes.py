@@ -33,16 +33,17 @@ class ModelInputs:
     feature_split: object = None
 
     @classmethod
-    def of(cls, keras_model) -> Optional["ModelInputs"]:
+    def of(cls, keras_model, feature_split=True) -> Optional["ModelInputs"]:
         """What ``keras_model`` declares; None for a model that declares no inputs (subclassed,
-        or a Sequential given no input shape)."""
+        or a Sequential given no input shape). ``feature_split=False``: the shapes only (the
+        strategy engine, which splits no feature columns)."""
         inputs = getattr(keras_model, "inputs", None)
         if not inputs:
             return None
         return cls(
             tuple(keras_model.input_names),
             tuple(tf.TensorShape(t.shape) for t in inputs),
-            _feature_split(keras_model),
+            _feature_split(keras_model) if feature_split else None,
         )
 
 

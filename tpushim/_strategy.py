@@ -41,6 +41,7 @@ from tpushim import (
     _observe,
     _padding,
     _plan,
+    _shapes,
     _step_events,
     _strategy_checkpoint,
     _strategy_metrics,
@@ -965,7 +966,16 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     def _input(self, input_fn, mode):
         plan = self._tpushim_plan
         dataset, spec = distributed_input(
-            self.strategy, input_fn, mode, self.config, plan.batch_size, plan.pod_input
+            self.strategy,
+            input_fn,
+            mode,
+            self.config,
+            plan.batch_size,
+            plan.pod_input,
+            # Shape-from-model, as the TPU path's (a subclassed model declares no inputs).
+            None
+            if _tfprivate.is_subclassed(plan.keras_model)
+            else _shapes.ModelInputs.of(plan.keras_model, feature_split=False),
         )
         # Evaluation and prediction read it in Python: each batch's wait timed (the run summary).
         return (dataset if mode == ModeKeys.TRAIN else _input_wait.timed(dataset)), spec

@@ -26,7 +26,18 @@ import random
 
 import tensorflow as tf
 
-from tpushim import _arrays, _batch_math, _input_fn, _observe, _padding, _pods, _source, _tfprivate
+from tpushim import (
+    _arrays,
+    _batch_math,
+    _batching,
+    _input_fn,
+    _observe,
+    _padding,
+    _pods,
+    _shapes,
+    _source,
+    _tfprivate,
+)
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -82,6 +93,15 @@ def input_feeds(strategy, options):
     return (tuple(range(replicas)),)
 
 
+def _pieces(x, replicas, piece):
+    """The shape ``[replicas, piece, ...]`` of ``x`` split: a dimension the input leaves unknown
+    (one the model does not declare) read per batch, the known ones static."""
+    dims = x.shape.as_list()[1:]
+    if None not in dims:
+        return [replicas, piece] + dims
+    return [replicas, piece] + [tf.shape(x)[i + 1] if d is None else d for i, d in enumerate(dims)]
+
+
 def _split(replicas, piece=-1):
     """A Dataset map: each padded global batch as ``replicas`` consecutive slices of ``piece``
     rows (unbatched after, replica r reads slice r: a pipeline hands its elements to the
@@ -89,9 +109,7 @@ def _split(replicas, piece=-1):
 
     def split(*element):
         element = element[0] if len(element) == 1 else element
-        return tf.nest.map_structure(
-            lambda x: tf.reshape(x, [replicas, piece] + x.shape.as_list()[1:]), element
-        )
+        return tf.nest.map_structure(lambda x: tf.reshape(x, _pieces(x, replicas, piece)), element)
 
     return split
 
@@ -108,15 +126,43 @@ def _keep(indices):
 
 
 def _declared(dataset):
-    """The batch size a Dataset's elements declare, or None."""
+    """The batch size a Dataset's elements declare, else the one its graph's batch op declares
+    (a copy built in a graph, :func:`_seeded`), or None."""
     first = tf.nest.flatten(dataset.element_spec)[0]
-    return int(first.shape[0]) if first.shape.rank and first.shape[0] is not None else None
+    if first.shape.rank and first.shape[0] is not None:
+        return int(first.shape[0])
+    return getattr(dataset, "_tpushim_declared", None)
+
+
+def _graph_declared(dataset):
+    """The batch size the last batch op of an eager Dataset's pipeline declares, read from its
+    GraphDef (imported into a graph of its own) as the TPUEstimator path reads it; None where
+    the graph does not say."""
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(_tfprivate.serialized_dataset(dataset).numpy())
+    (retval,) = [node for node in graph_def.node if node.op == "_Retval"]
+    graph_def.node.remove(retval)
+    output = retval.input[0] if ":" in retval.input[0] else f"{retval.input[0]}:0"
+    with tf.Graph().as_default():
+        (variant,) = tf.graph_util.import_graph_def(graph_def, return_elements=[output], name="")
+        return _batching.declared_batch_size(
+            tf.data.experimental.from_variant(variant, dataset.element_spec)
+        )
 
 
 def batch_size_of(dataset):
-    """The batch size a Dataset's elements declare, else that of its first element."""
+    """The batch size a Dataset's elements or its pipeline's batch op declare, else that of its
+    first element (read: a one-shot input, a generator over a Python iterator, loses that
+    batch)."""
     if _declared(dataset) is not None:
         return _declared(dataset)
+    try:
+        size = _graph_declared(dataset)
+    except Exception as e:  # a pipeline that does not serialize: its first batch is read
+        logger.debug("the input's batch op not read from its graph (%s)", e)
+        size = None
+    if size:
+        return size
     for element in dataset.take(1):
         return int(tf.shape(tf.nest.flatten(element)[0])[0])
     raise ConversionError("the input_fn's dataset is empty: there is no batch to read.")
@@ -221,6 +267,9 @@ def _seeded(input_fn, mode, config):
         )
         return None
     copy._tpushim_graph = graph  # a py_function in the pipeline lives as long as its graph
+    # Its batch op's size, read from the graph as the TPUEstimator path reads it: no batch read
+    # (a generator over a one-shot iterator would lose it).
+    copy._tpushim_declared = _batching.declared_batch_size(dataset)
     return copy
 
 
@@ -259,10 +308,13 @@ class HostInput:
       path: the :class:`tpushim._pods.Path` the call's input takes.
       padded: the global batch padded to a multiple of the replicas.
       seed: the graph seed every host's copy is built with.
+      model_inputs: the model's :class:`tpushim._shapes.ModelInputs` (the shapes it declares
+        complete the features'), or None.
     """
 
-    def __init__(self, input_fn, mode, config, batch_size, feeds, pod_input):
+    def __init__(self, input_fn, mode, config, batch_size, feeds, pod_input, model_inputs=None):
         self.input_fn, self.mode, self.config, self.feeds = input_fn, mode, config, feeds
+        self.model_inputs = model_inputs
         self.replicas = sum(len(f) for f in feeds)
         seed = config.tf_random_seed
         # Unseeded, each call still differs from the last, as stock's do; its copies agree.
@@ -271,7 +323,11 @@ class HostInput:
         graph, dataset = self._first = self._build()
         with graph.as_default():  # it reads the file list and cardinality in a session of it
             found = _pods.analyse(dataset, _pods.needs_files(mode, pod_input))
-        self.size = batch_size or _declared(dataset) or batch_size_of(_eager(graph, dataset))
+        self.size = (
+            batch_size
+            or _batching.declared_batch_size(dataset)
+            or batch_size_of(_eager(graph, dataset))
+        )
         self.padded = _batch_math.padded_batch(self.size, self.replicas)
         self.path = _pods.decide(found, mode, pod_input, len(feeds))
         if self.path.name == "files" and 0 in self._host_rows():
@@ -324,7 +380,7 @@ class HostInput:
             )
         host = context.input_pipeline_id
         piece = context.get_per_replica_batch_size(self.padded)
-        dataset = self._copy(host)
+        dataset = _shapes.with_declared_shapes(self._copy(host), self.model_inputs)
         if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
             dataset = dataset.map(_padding.pad_batch(self.padded))
             dataset = dataset.map(_split(self.replicas, piece)).map(_keep(self.feeds[host]))
@@ -351,9 +407,15 @@ class HostInput:
         )
 
 
-def distributed_input(strategy, input_fn, mode, config, batch_size, pod_input="auto"):
+def distributed_input(
+    strategy, input_fn, mode, config, batch_size, pod_input="auto", model_inputs=None
+):
     """The user's input as the strategy's replicas read it: every global batch (short ones
     too) padded to a multiple of the replicas, split in order. Returns (dataset, element spec).
+
+    A feature whose shape the model (``model_inputs``, a :class:`tpushim._shapes.ModelInputs`)
+    declares more fully than the input -- ``decode_jpeg`` without a channel count for an
+    ``Input((224, 224, 3))`` -- is given the declared shape, as on the TPUEstimator path.
 
     On one input pipeline, a Dataset (or an iterator's tensors traced back to theirs, and with
     ``tf_random_seed`` set ``numpy_input_fn`` / ``pandas_input_fn`` rows, :mod:`tpushim._source`)
@@ -366,7 +428,7 @@ def distributed_input(strategy, input_fn, mode, config, batch_size, pod_input="a
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     feeds = input_feeds(strategy, options)
     if len(feeds) > 1:
-        pod = HostInput(input_fn, mode, config, batch_size, feeds, pod_input)
+        pod = HostInput(input_fn, mode, config, batch_size, feeds, pod_input, model_inputs)
         if isinstance(strategy, tf.distribute.TPUStrategy):
             spec = pod(tf.distribute.InputContext(len(feeds), 0, pod.replicas)).element_spec
             return strategy.distribute_datasets_from_function(pod, options), spec
@@ -407,6 +469,7 @@ def distributed_input(strategy, input_fn, mode, config, batch_size, pod_input="a
         )
     replicas = strategy.num_replicas_in_sync
     padded = _batch_math.padded_batch(size, replicas)
+    result = _shapes.with_declared_shapes(result, model_inputs)
     dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()
     distributed = strategy.distribute_datasets_from_function(lambda ctx: dataset, options)
     return distributed, dataset.element_spec
