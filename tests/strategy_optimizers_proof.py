@@ -114,8 +114,8 @@ def stepped_per_replica(replicas):
     def bind_per_replica(step):
         bind(tf.convert_to_tensor(step) * replicas)
 
-    def optimizer_per_replica(user, step, keras_model):
-        optimizer = make(user, step, keras_model)
+    def optimizer_per_replica(user, step, keras_model, plan):
+        optimizer = make(user, step, keras_model, plan)
         rate = getattr(optimizer, "_hyper", {}).get("learning_rate")
         if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
             optimizer._set_hyper("learning_rate", _PerReplica(rate, replicas))

@@ -160,8 +160,16 @@ AS_STRING = "lambda t: t + 0.0 * tf.strings.to_number(tf.strings.as_string(t))"
 def _script(tmp_path, layer="lambda t: t * 2", seed="", refused=False):
     model_code = SCRIPT_MODEL.format(
         layer=layer,
-        regularizer=', activity_regularizer="l2"' if refused else "",
-        normalize='hidden = tf.keras.layers.BatchNormalization(name="bn")(hidden)'
+        regularizer="",
+        # A loss a layer adds in its call, beside BatchNormalization: what the engine refuses.
+        normalize=(
+            "class AddsLoss(tf.keras.layers.Layer):\n"
+            "    def call(self, x):\n"
+            "        self.add_loss(tf.reduce_mean(tf.square(x)))\n"
+            "        return x\n\n\n"
+            'hidden = AddsLoss(name="adds")(hidden)\n'
+            'hidden = tf.keras.layers.BatchNormalization(name="bn")(hidden)'
+        )
         if refused
         else "",
     )

@@ -566,7 +566,10 @@ def input_losses(model, features, training, degrees, activity=None):
     if rest:
 
         def per_row(row):
-            model(tf.nest.map_structure(lambda x: x[None], row), training=training)
+            # One row alone: the replica's padding weight does not fit it (a model that has
+            # BatchNormalization is refused this path: make_plan).
+            with _tfprivate.batchnorm_call_using(None):
+                model(tf.nest.map_structure(lambda x: x[None], row), training=training)
             return [
                 tf.reshape(tf.cast(t, tf.float32), [])
                 for layer in _tfprivate.all_layers(model)
