@@ -45,3 +45,14 @@ def python(args=(), *, code=None, env=None, cwd=None, timeout=240, interpreter_f
         text=True,
         timeout=timeout,
     )
+
+
+def proof(script, root, timeout=1500):
+    """The last ``RESULT {json}`` line a proof script (``script ROOT``) printed, as a dict: how
+    the strategy engine's proofs run in a process of their own (8 logical devices)."""
+    import json
+
+    result = python([script, root], timeout=timeout)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, result.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])

@@ -7,7 +7,6 @@ graph or session refused before anything is written; how many steps a tf.functio
 beside each kind of hook.
 """
 
-import json
 import os
 
 import procs
@@ -25,10 +24,7 @@ CASES = ("stop_at", "request_stop", "early", "early_steps", "clock", "counter", 
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("hooks")
     here = os.path.dirname(os.path.abspath(__file__))
-    result = procs.python([os.path.join(here, "strategy_hooks_proof.py"), root], timeout=1500)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, result.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return procs.proof(os.path.join(here, "strategy_hooks_proof.py"), root)
 
 
 @pytest.mark.slow

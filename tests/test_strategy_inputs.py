@@ -41,10 +41,7 @@ POD_STYLES = ("one_shot", "numpy", "numpy_shuffled", "pandas")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
     here = os.path.dirname(os.path.abspath(__file__))
-    result = procs.python([os.path.join(here, "strategy_input_proof.py"), root], timeout=1500)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, result.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return procs.proof(os.path.join(here, "strategy_input_proof.py"), root)
 
 
 def _assert_stocks(got, style):

@@ -6,7 +6,6 @@ its share. The proof runs in one subprocess (tests/strategy_pod_proof.py: 8 logi
 On every TensorFlow: on 2.12-2.15 against the stock estimator run beside it, on >= 2.16 against
 stock TensorFlow 2.15's numbers, tests/reference/strategy_pods_tf215.json."""
 
-import json
 import os
 
 import procs
@@ -24,10 +23,7 @@ TOLERANCE = 1e-5
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("pods")
     here = os.path.dirname(os.path.abspath(__file__))
-    result = procs.python([os.path.join(here, "strategy_pod_proof.py"), root], timeout=1500)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, result.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return procs.proof(os.path.join(here, "strategy_pod_proof.py"), root)
 
 
 SEEDED = ["no shuffle 1", "shuffle 1", "list_files 3"]

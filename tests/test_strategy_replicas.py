@@ -30,10 +30,7 @@ STYLES = ("tensors", "one_shot", "queue", "numpy")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("strategy")
     here = os.path.dirname(os.path.abspath(__file__))
-    result = procs.python([os.path.join(here, "strategy_proof.py"), root], timeout=1500)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, result.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return procs.proof(os.path.join(here, "strategy_proof.py"), root)
 
 
 pytestmark = pytest.mark.slow

@@ -25,10 +25,7 @@ pytestmark = pytest.mark.slow
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("subclassed")
     here = os.path.dirname(os.path.abspath(__file__))
-    result = procs.python([os.path.join(here, "strategy_subclassed_proof.py"), root], timeout=1500)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, result.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return procs.proof(os.path.join(here, "strategy_subclassed_proof.py"), root)
 
 
 def test_runs_on_eight_replicas_against_stock_215(proof):
