@@ -19,7 +19,7 @@ def env_without_tpu(**overrides):
     return env
 
 
-def python(args=(), *, code=None, env=None, cwd=None, timeout=240, interpreter_flags=()):
+def python(args=(), *, code=None, env=None, cwd=None, timeout=900, interpreter_flags=()):
     """Runs ``python [interpreter_flags] ARGS`` (or ``python -c CODE`` with ``code``, dedented).
 
     Args:
@@ -27,7 +27,8 @@ def python(args=(), *, code=None, env=None, cwd=None, timeout=240, interpreter_f
       code: source for ``-c``, placed before ``args`` (which then become its ``sys.argv[1:]``).
       env: variables set on top of :func:`env_without_tpu`.
       cwd: the working directory.
-      timeout: seconds before the test fails with ``TimeoutExpired``.
+      timeout: seconds before the test fails with ``TimeoutExpired``: a guard against a hung
+        process, not a speed limit (CI runs the suite on 2 busy cores; speed is benchmarks').
       interpreter_flags: e.g. ``("-S",)``, before everything else.
     Returns:
       the ``subprocess.CompletedProcess`` with ``stdout`` and ``stderr`` as text.

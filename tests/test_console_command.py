@@ -41,7 +41,7 @@ def tpushim(*args, cwd):
         env=procs.env_without_tpu(),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,
         check=False,
     )
 

@@ -51,7 +51,7 @@ def test_the_docs_site_builds_strictly(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr  # a broken link, anchor or nav entry fails it

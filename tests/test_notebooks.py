@@ -23,7 +23,7 @@ def execute(name, tmp_path, monkeypatch, env=None):
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     NotebookClient(
         notebook,
-        timeout=240,
+        timeout=900,
         kernel_name="python3",
         resources={"metadata": {"path": str(tmp_path)}},
     ).execute()

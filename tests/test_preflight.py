@@ -349,7 +349,7 @@ LEGACY = os.path.join(ROOT, "tests", "scripts", "legacy_text_classifier.py")
 
 def _check_cli(*args, **env):
     return procs.python(
-        ["-m", "tpushim", "check", *args], env=dict(env, PYTHONPATH=ROOT), timeout=300
+        ["-m", "tpushim", "check", *args], env=dict(env, PYTHONPATH=ROOT), timeout=900
     )
 
 

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this check
 
 def _run(*args, tmp):
     """``python ARGS`` with this checkout's tpushim and ``tmp`` as the temporary directory."""
-    return procs.python(args, env={"PYTHONPATH": ROOT, "TMPDIR": str(tmp)}, timeout=300)
+    return procs.python(args, env={"PYTHONPATH": ROOT, "TMPDIR": str(tmp)}, timeout=900)
 
 
 def _files(root):

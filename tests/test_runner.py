@@ -181,7 +181,7 @@ def test_info_reports_without_importing_tensorflow(tmp_path):
 
 @pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
-    proc = procs.python(["-m", "tpushim", "demo"], cwd=tmp_path, timeout=300)
+    proc = procs.python(["-m", "tpushim", "demo"], cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     if (

@@ -42,7 +42,7 @@ print("RESULT " + json.dumps({k: float(v) for k, v in metrics.items() if k != "g
 def _run(tmp_path, mode):
     script = tmp_path / "legacy_v1.py"
     script.write_text(SCRIPT)
-    out = procs.python([script, mode, tmp_path / mode], env={"PYTHONPATH": ROOT}, timeout=300)
+    out = procs.python([script, mode, tmp_path / mode], env={"PYTHONPATH": ROOT}, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [line_ for line_ in out.stdout.splitlines() if line_.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT ") :])
@@ -82,7 +82,7 @@ def test_preflight_xla_check_under_disable_v2_behavior(tmp_path):
     'xla-compile' error on a clean model, the unsupported op named on a bad one."""
     script = tmp_path / "preflight_v1.py"
     script.write_text(PREFLIGHT)
-    out = procs.python([script], env={"PYTHONPATH": ROOT}, timeout=300)
+    out = procs.python([script], env={"PYTHONPATH": ROOT}, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(
         [line_ for line_ in out.stdout.splitlines() if line_.startswith("RESULT ")][-1][7:]

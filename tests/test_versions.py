@@ -59,7 +59,7 @@ def run_isolated(args, site, cwd, env=None):
     return procs.python(
         args,
         cwd=cwd,
-        timeout=60,
+        timeout=300,
         interpreter_flags=("-S",),
         env={
             "TF_USE_LEGACY_KERAS": "",
