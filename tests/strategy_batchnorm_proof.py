@@ -11,7 +11,12 @@ epochs; each ends on a batch of 8, whose last 4 replicas hold padding only):
 * ``padding``, per layer kind (2-D ``dense``, 4-D ``conv``: fused): each replica normalises over
   its own real rows, so the padding rows' values change nothing: the largest weight difference
   between the engine on the input as padded and on padding rows of other values, for the engine
-  as it is and (``keras``, the negative control) for Keras's own BatchNormalization call.
+  as it is and (``keras``, the negative control) for Keras's own BatchNormalization call; also
+  for every variant (``variants``: renorm, momenta and epsilons, nested, TimeDistributed, frozen,
+  ``training=False``, fused or not, channels first; ``ghost``: ``virtual_batch_size``);
+* ``per_replica``, per layer kind: plain BatchNormalization against the TPUEstimator path's
+  proven per-replica semantics (see :func:`per_replica`), and stock's evaluation and prediction
+  from the weights the engine saved.
 
 A helper run by tests/test_strategy_batchnorm.py, not a test module.
 """
@@ -19,6 +24,7 @@ A helper run by tests/test_strategy_batchnorm.py, not a test module.
 import importlib.util
 import json
 import os
+import shutil
 import sys
 
 if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
@@ -36,17 +42,23 @@ import tfcases
 from tpushim import _batchnorm, _padding
 
 ROWS, BATCH, STEPS = 20, 12, 4
+REPLICAS, PER = 8, 2  # a global batch padded to 16: 2 rows a replica
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
+#: the variants of BatchNormalization, one model each (tests/tfcases.py)
+MODELS = {"variants": tfcases.batchnorm_variants, "ghost": tfcases.ghost_batchnorm}
 
 
 def data(kind):
     rng = np.random.RandomState(0)
-    shape = (ROWS, 4) if kind != "conv" else (ROWS, 4, 4, 2)
+    shape = {"conv": (4, 4, 2), "variants": tfcases.BATCHNORM_VARIANTS_SHAPE}.get(kind, (4,))
+    shape = (ROWS, *shape)
     x = (rng.randn(*shape) * 2 + 1).astype("float32")
     return x, rng.randint(0, 3, size=(ROWS, 1)).astype("int64")
 
 
 def model(kind):
+    if kind in MODELS:
+        return MODELS[kind]()
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     norm = tf.keras.layers.experimental.SyncBatchNormalization
@@ -112,6 +124,72 @@ def other_padding(pad_batch):
     return make
 
 
+def checkpoint_keys(m):
+    """{variable: its key in an object-based checkpoint} (``layer_with_weights-I/NAME``)."""
+    keys = {}
+    for i, layer in enumerate(layer for layer in m.layers if layer.weights):
+        for w in layer.weights:
+            name = w.name.split("/")[-1].split(":")[0]
+            keys[w.ref()] = f"layer_with_weights-{i}/{name}/.ATTRIBUTES/VARIABLE_VALUE"
+    return keys
+
+
+def per_replica(kind, root):
+    """Plain BatchNormalization on 8 replicas against the TPUEstimator path's proven semantics
+    (docs/contributing/proof.md, rung 2b): replica r's moving mean and variance are a single
+    Keras model's stepped on replica r's real rows alone (unchanged on a replica of padding
+    only), the trainable weights move by the replicas' SGD steps weighted by their real rows.
+    The reference is Keras's own ``train_on_batch`` on each replica's slice; the checkpoint holds
+    the mean of the replicas' moving statistics (on-read variables, TPUStrategy's aggregation)."""
+    x, y = data(kind)
+    model_dir = os.path.join(root, "per-replica", kind)
+    _, metrics, predictions, got = run(kind, model_dir, ENGINE, evaluate=True)
+    # Evaluation and prediction from those weights: stock's, on a copy of the model_dir.
+    shutil.copytree(model_dir, model_dir + "-stock")
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    stock = tfcases.convert(model_dir + "-stock", model(kind), patch={"mode": "off"}, config=config)
+    stock_metrics = stock.evaluate(tfcases.dataset_input_fn(x, y, batch=BATCH))
+    stock_predictions = list(stock.predict(tfcases.dataset_input_fn(x, batch=BATCH)))
+    ref = model(kind)
+    keys = checkpoint_keys(ref)
+    norm = ref.get_layer("norm")
+    moving = [norm.moving_mean, norm.moving_variance]
+    trainable = list(ref.trainable_weights)
+    weights = [w.numpy() for w in trainable]
+    replicas = [[v.numpy() for v in moving] for _ in range(REPLICAS)]
+    for step in range(STEPS):
+        start = (step % 2) * BATCH
+        rows = min(BATCH, ROWS - start)
+        step_weights = [w.copy() for w in weights]
+        for r in range(REPLICAS):
+            lo, hi = start + PER * r, min(start + PER * (r + 1), start + rows)
+            if hi <= lo:  # padding only
+                continue
+            for v, value in zip(trainable + moving, weights + replicas[r]):
+                v.assign(value)
+            ref.train_on_batch(x[lo:hi], y[lo:hi])
+            replicas[r] = [v.numpy() for v in moving]
+            for i, v in enumerate(trainable):
+                step_weights[i] += (hi - lo) / rows * (v.numpy() - weights[i])
+        weights = step_weights
+    want = {keys[v.ref()]: w for v, w in zip(trainable, weights)}
+    mean = {keys[v.ref()]: np.mean([r[i] for r in replicas], 0) for i, v in enumerate(moving)}
+    first = {keys[v.ref()]: replicas[0][i] for i, v in enumerate(moving)}
+    return {
+        "metrics": max(abs(float(stock_metrics[k]) - float(metrics[k])) for k in stock_metrics),
+        "predictions": max(
+            float(np.max(np.abs(a[k] - b[k])))
+            for a, b in zip(stock_predictions, predictions)
+            for k in a
+        ),
+        "trainable": largest(want, got),
+        "moving": largest(mean, got),
+        # Negative control: one replica's statistics (replica 0's) are not what was saved.
+        "replica_0": largest(first, got),
+        "replicas_differ": largest(first, {k: replicas[1][i] for i, k in enumerate(first)}),
+    }
+
+
 def main(root):
     out = {"replicas": len(tf.config.list_logical_devices("CPU")), "tensorflow": tf.__version__}
     stock = run("synchronized", os.path.join(root, "sync-stock"), {"mode": "off"}, True)
@@ -130,9 +208,10 @@ def main(root):
     }
     out["padding"] = {}
     pad_batch, real_rows_call = _padding.pad_batch, _batchnorm.real_rows_call
-    for kind in ("dense", "conv"):
+    for kind in ("dense", "conv", *MODELS):
         got = {}
-        for variant in ("engine", "keras"):
+        # The negative control on the plain layers only: the variants' run is the engine's.
+        for variant in ("engine", "keras") if kind not in MODELS else ("engine",):
             if variant == "keras":  # Keras's own call: the padding rows in the statistics
                 _batchnorm.real_rows_call = lambda *args: None
             try:
@@ -146,6 +225,7 @@ def main(root):
                 _batchnorm.real_rows_call = real_rows_call
             got[variant] = largest(padded, other)
         out["padding"][kind] = got
+    out["per_replica"] = {kind: per_replica(kind, root) for kind in ("dense", "conv")}
     print("RESULT " + json.dumps(out))
 
 

@@ -292,13 +292,21 @@ def _sequences():
 
 
 @pytest.mark.parametrize(
-    "build", [_every_batchnorm, _ghost_batchnorm, _masked_batchnorm], ids=["kinds", "ghost", "mask"]
+    "build",
+    [_every_batchnorm, _ghost_batchnorm, _masked_batchnorm, tfcases.batchnorm_variants],
+    ids=["kinds", "ghost", "mask", "variants"],
 )
 def test_batchnorm_statistics_leave_padding_out_as_stock(tmp_path, build):
     """52 rows in batch(16).repeat(): every 4th batch has 4 rows, padded to 16. Every moving mean
     and variance (fused: with Bessel's correction), every weight, metric and prediction equals
-    stock's, whose BatchNormalization sees the 4 rows alone."""
+    stock's, whose BatchNormalization sees the 4 rows alone. ``variants``: a layer under
+    TimeDistributed (its batch of rows x steps: before, the padding rows' steps were taken for
+    real rows), renorm with clipping, momenta and epsilons, nested, frozen, ``training=False``,
+    fused or not, channels first."""
     x, y = _sequences() if build is _masked_batchnorm else tfcases.data()
+    if build is tfcases.batchnorm_variants:
+        x, y = tfcases.data(dim=12)
+        x = x.reshape((-1, *tfcases.BATCHNORM_VARIANTS_SHAPE))
     finite = tfcases.dataset_input_fn(x, y, batch=16)
     tfcases.compare(
         tmp_path,

@@ -49,6 +49,65 @@ def sequential(optimizer=None, metrics=("accuracy",), extra_layers=()):
     return model
 
 
+#: a row of :func:`batchnorm_variants`' input: 3 steps of 4 numbers
+BATCHNORM_VARIANTS_SHAPE = (3, 4)
+
+
+def batchnorm_variants():
+    """One functional model with a BatchNormalization of each kind on a branch of its own (momenta
+    below 1 so that the moving statistics move): renorm with clipping and its own momentum;
+    another momentum and epsilon without centre, and without scale (fused); a model nested in
+    the model; under ``TimeDistributed`` (its rows folded into the batch); frozen
+    (``trainable=False``: the moving statistics, none updated); called with ``training=False``;
+    fused by request and not fused on 4-D inputs; normalising axis 1 (channels first)."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    layers = tf.keras.layers
+    bn = layers.BatchNormalization
+    x = tf.keras.Input(BATCHNORM_VARIANTS_SHAPE)
+    h = layers.Dense(6, name="hidden")(layers.Flatten()(x))
+    steps = layers.TimeDistributed(layers.Dense(5), name="steps")(x)
+    image = layers.Conv2D(3, 2, name="conv")(layers.Reshape((3, 4, 1))(x))  # [2, 3, 3]
+    nested = tf.keras.Sequential([bn(momentum=0.5, name="inner")], name="nested")
+    branches = [
+        bn(
+            momentum=0.5,
+            renorm=True,
+            renorm_momentum=0.7,
+            name="renorm",
+            renorm_clipping={"rmax": 1.2, "rmin": 0.8, "dmax": 0.2},
+        )(h),
+        bn(momentum=0.9, epsilon=0.5, center=False, name="eps")(h),
+        nested(h),
+        layers.TimeDistributed(bn(momentum=0.5, name="timed"), name="each_step")(steps),
+        bn(momentum=0.5, trainable=False, name="frozen")(h),
+        bn(momentum=0.5, name="inference")(h, training=False),
+        bn(momentum=0.8, epsilon=0.1, scale=False, fused=True, name="fused")(image),
+        bn(momentum=0.5, fused=False, name="unfused")(image),
+        bn(axis=1, momentum=0.5, name="channels_first")(layers.Permute((3, 1, 2))(image)),
+    ]
+    out = layers.Concatenate()([layers.Flatten()(b) for b in branches])
+    model = tf.keras.Model(x, layers.Dense(3, activation="softmax", name="probs")(out))
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy", ["acc"])
+    return model
+
+
+def ghost_batchnorm():
+    """Ghost batches (``virtual_batch_size=2``): an unbuilt Sequential, as Keras's own config of a
+    built such layer cannot be cloned (its axis is saved shifted), by stock neither."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(6),
+            tf.keras.layers.BatchNormalization(momentum=0.5, virtual_batch_size=2),
+            tf.keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy", ["acc"])
+    return model
+
+
 OPTIMIZERS = {
     "keras-sgd-momentum": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9),
     "keras-adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),

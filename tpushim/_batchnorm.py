@@ -54,8 +54,18 @@ def real_rows_call(padding_weight, cross_replica, replica_sum=None):
     if not cross_replica:
         return _first_rows_call(padding_weight)
     replica_sum = replica_sum or tf.compat.v1.tpu.cross_replica_sum
-    # The shard's rows, made once for every layer of the step.
-    shard = None if padding_weight is None else _ShardRows(padding_weight)
+    # The shard's rows, made once for every layer of the step (and per fold: see _fold).
+    shards = {} if padding_weight is None else {1: _ShardRows(padding_weight)}
+
+    def shard_of(layer, inputs):
+        if padding_weight is None:
+            return None
+        fold = _fold(layer, padding_weight, inputs)
+        if not isinstance(fold, int):
+            return _ShardRows(tf.repeat(padding_weight, fold))
+        if fold not in shards:
+            shards[fold] = _ShardRows(tf.repeat(padding_weight, fold))
+        return shards[fold]
 
     def call(layer, own_call, inputs, training, mask):
         synced = getattr(layer, "synchronized", False)
@@ -69,6 +79,7 @@ def real_rows_call(padding_weight, cross_replica, replica_sum=None):
             return own_call(inputs, training=training, mask=mask)
         # Fused, Keras ignores a mask (with a warning); not fused, it weighs rows by it.
         mask = None if layer.fused else mask
+        shard = shard_of(layer, inputs)
         return _train_on_real_rows(layer, inputs, shard, mask, synced and replica_sum)
 
     return call
@@ -157,6 +168,24 @@ class _ShardRows:
         return self._once(("decay", momentum, dtype), make)
 
 
+def _fold(layer, padding_weight, inputs):
+    """How many of the layer's input rows each row of the batch makes: 1, or where a wrapper
+    folded a dimension into the batch (``TimeDistributed`` reshapes ``[batch, T, ...]`` to
+    ``[batch * T, ...]``, row by row) ``T``, each of a row's ``T`` rows real or padding as the
+    row is. An int where both sizes are static, else a tensor."""
+    batch = tf.compat.dimension_value(padding_weight.shape[0])
+    rows = tf.compat.dimension_value(inputs.shape[0])
+    if batch is None or rows is None:
+        return tf.shape(inputs)[0] // tf.shape(padding_weight)[0]
+    if rows % batch:
+        raise ConversionError(
+            f"BatchNormalization layer {layer.name!r} is called on {rows} rows, which a batch "
+            f"of {batch} rows cannot make: tpushim cannot tell its padding rows from its real "
+            "ones. Call it on the batch's rows (or a wrapper's TimeDistributed reshape of them)."
+        )
+    return rows // batch
+
+
 def _first_rows_call(padding_weight):
     """Off a TPU (cpu mode: shapes may vary): Keras's own call on the batch's real rows -- its
     first ones, as :func:`tpushim._padding.pad_batch` packs them -- which is stock's computation on
@@ -168,10 +197,12 @@ def _first_rows_call(padding_weight):
     def call(layer, own_call, inputs, training, mask):
         if _tfprivate.batchnorm_training_value(layer, training) is not True:
             return own_call(inputs, training=training, mask=mask)
+        fold = _fold(layer, padding_weight, inputs)
+        first = real if isinstance(fold, int) and fold == 1 else real * fold
         outputs = own_call(
-            inputs[:real], training=training, mask=None if mask is None else mask[:real]
+            inputs[:first], training=training, mask=None if mask is None else mask[:first]
         )
-        padding = tf.stop_gradient(tf.cast(inputs[real:], outputs.dtype))
+        padding = tf.stop_gradient(tf.cast(inputs[first:], outputs.dtype))
         padded = tf.concat([outputs, padding], 0)
         padded.set_shape(inputs.shape)
         return padded

@@ -300,6 +300,13 @@ def features_spec(element_spec):
     return features
 
 
+def _built_on_input(keras_model):
+    """Whether the model's clone is built on the input's shapes, as stock's model_fn builds it: a
+    subclassed model, or a Sequential declaring no input shape (``virtual_batch_size`` needs
+    one: Keras's config of a built such layer cannot be cloned, by stock neither)."""
+    return _tfprivate.is_subclassed(keras_model) or not keras_model.built
+
+
 def clone(plan, features=None):
     """A copy of the user's model, uncompiled: a graph network cloned, a subclassed model made
     as stock makes it (:func:`tpushim._tfprivate.subclassed_clone`: fresh weights, stock's
@@ -308,7 +315,10 @@ def clone(plan, features=None):
     keras_model = plan.keras_model
     with tf.keras.utils.custom_object_scope(plan.custom_objects):
         if not _tfprivate.is_subclassed(keras_model):
-            return tf.keras.models.clone_model(keras_model)
+            model = tf.keras.models.clone_model(keras_model)
+            if _built_on_input(keras_model):  # an unbuilt Sequential: built as stock's, below
+                model(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), features))
+            return model
         model = _tfprivate.subclassed_clone(keras_model)
     zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), features)
     outputs = model(zeros, training=False)
@@ -987,7 +997,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         """A subclassed model's clone is built on the input's shapes, so its input is made
         before its :class:`_Run` (``input``: (dataset, element spec), ``features``: a replica's
         feature specs); a graph network's after (both None), as before."""
-        if not _tfprivate.is_subclassed(self._tpushim_plan.keras_model):
+        if not _built_on_input(self._tpushim_plan.keras_model):
             return types.SimpleNamespace(input=None, features=None)
         made = self._input(input_fn, mode)
         return types.SimpleNamespace(input=made, features=features_spec(made[1]))
