@@ -29,14 +29,17 @@ TPUESTIMATOR_REASON = (
 #: the engine): marked ``strategy_proof``. Issue 33 asks them of TensorFlow 2.15 and the newest;
 #: CI runs them there, and leaves them out on the oldest release, whose whole suite it also runs.
 STRATEGY_PROOFS = {
+    "test_strategy_batchnorm.py",
     "test_strategy_checkpoints.py",
     "test_strategy_events.py",
     "test_strategy_hooks.py",
+    "test_strategy_input_reads.py",
     "test_strategy_inputs.py",
     "test_strategy_metrics.py",
     "test_strategy_optimizers.py",
     "test_strategy_pods.py",
     "test_strategy_replicas.py",
+    "test_strategy_row_labels.py",
     "test_strategy_subclassed.py",
 }
 STRATEGY_SCRIPT_TESTS = {"test_script_unchanged_on_the_strategy_engine_equals_stock"}
