@@ -24,6 +24,7 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -1377,7 +1378,11 @@ def build_on_engine(arguments, settings, tpu, why):
         warm_start_path = None
         if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
             warm_start_path = engine_keras._save_first_checkpoint(
-                keras_model, custom_objects, config, save_object_ckpt
+                keras_model,
+                custom_objects,
+                config,
+                save_object_ckpt,
+                on_graph=functools.partial(_strategy_checkpoint.remember, plan),
             )
         plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
         estimator = StrategyEstimator(
