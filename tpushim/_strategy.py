@@ -30,6 +30,7 @@ import os
 import threading
 import time
 import types
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -684,6 +685,18 @@ def check_xla(plan, element_spec, replicas):
         ) from e
 
 
+_XLA_CHECKED = weakref.WeakKeyDictionary()  # plan -> [(element spec, replicas)] that compiled
+
+
+def check_xla_once(plan, element_spec, replicas):
+    """:func:`check_xla`, once per conversion and input shape: a later ``train()`` call's step
+    is the same computation (for MobileNetV2 the check costs about what tracing the step does)."""
+    checked = _XLA_CHECKED.setdefault(plan, [])
+    if (element_spec, replicas) not in checked:
+        check_xla(plan, element_spec, replicas)
+        checked.append((element_spec, replicas))
+
+
 def _paths(value, path=""):
     """(path, leaf) of a nest of dicts, lists and tuples: "text", "a/b", "[0]"."""
     if isinstance(value, dict):
@@ -1028,7 +1041,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             # What a TPU could not compile is refused before anything is written.
-            check_xla(self._tpushim_plan, made[1], strategy.num_replicas_in_sync)
+            check_xla_once(self._tpushim_plan, made[1], strategy.num_replicas_in_sync)
         # The user's hooks begin, and see their first step, before anything is written.
         user_hooks = _step_events.SessionHooks(hooks, start) if hooks else None
         try:
