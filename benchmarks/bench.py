@@ -18,7 +18,10 @@ strategy engine's ``train()`` against a hand-written Keras ``fit`` under the sam
 MirroredStrategy on 8 logical CPU devices; ``strategy-activity``: a model with activity regularizers, the
 engine against itself before they were read from its forward pass), ``strategy-pods`` (bench_strategy_pods: one
 emulated host's input on the strategy engine, tpushim's ``HostInput`` against a hand-written
-``distribute_datasets_from_function``). All of them write one table
+``distribute_datasets_from_function``), ``strategy-images`` (bench_strategy_images: MobileNetV2
+and ResNet50 converted and trained for 2 steps on the strategy engine against the stock
+estimator, and against the engine before it read stock's checkpoint names from the
+conversion's graph). All of them write one table
 (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
@@ -53,6 +56,7 @@ import bench_pods
 import bench_scale
 import bench_startup
 import bench_strategy
+import bench_strategy_images
 import bench_strategy_pods
 import bench_tf216
 import bench_training
@@ -74,6 +78,7 @@ SECTIONS = {
     "strategy": bench_strategy.run,
     "strategy-activity": bench_strategy.run_activity,
     "strategy-pods": bench_strategy_pods.run,
+    "strategy-images": bench_strategy_images.run,
 }
 #: parts of a section ``--only`` also takes (never run by default: their section runs them)
 PARTS = {"bn-step": bench_bn.run_step, "bn-check": bench_bn.run_check}

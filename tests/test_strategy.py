@@ -450,6 +450,28 @@ def test_what_no_tpu_step_compiles_is_refused_in_words_before_anything_is_writte
 
 
 @pytest.mark.slow
+def test_the_xla_check_runs_once_per_conversion_and_input_shape(tmp_path, monkeypatch):
+    """The training step's XLA check (for MobileNetV2 it costs about what tracing the step does)
+    runs at a conversion's first train() call and not again at the next one on the same input;
+    an input of another shape is checked."""
+    import tfcases
+
+    from tpushim import _strategy
+
+    checked, check = [], _strategy.check_xla
+    monkeypatch.setattr(_strategy, "check_xla", lambda *a: checked.append(a[1]) or check(*a))
+    x, y = tfcases.data()
+    engine = {"mode": "cpu", "engine": "strategy", "quiet": True}
+    estimator = tfcases.convert(tmp_path / "m", tfcases.sequential, patch=engine)
+    counts = []
+    for batch in (4, 4, 2):
+        estimator.train(tfcases.dataset_input_fn(x, y, batch=batch), steps=1)
+        counts.append(len(checked))
+    assert counts == [1, 1, 2]
+    assert checked[0] != checked[1]  # control: the shapes differ
+
+
+@pytest.mark.slow
 def test_input_losses_beside_batchnormalization_which_the_engine_takes(tmp_path):
     """Activity regularizers are read from the model's own forward pass, so BatchNormalization
     (and SyncBatchNormalization) beside them is taken; a loss added in a layer's call beside a

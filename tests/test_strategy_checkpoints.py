@@ -53,6 +53,62 @@ def test_private_names_the_checkpoints_use():
     assert _tfprivate.checkpoint_variables(model)["estimator_global_step"] is step
 
 
+OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "nadam", "ftrl", "schedule", "named", "tf1")
+
+
+def _optimizer(name):
+    """Keras optimizers with every kind of variable (slots, hyperparameters, a schedule, Nadam's
+    momentum cache, a name of its own) and a ``tf.compat.v1.train`` one (Keras's TFOptimizer)."""
+    import tensorflow as tf
+
+    legacy = tf.keras.optimizers.legacy
+    return {
+        "sgd": lambda: legacy.SGD(0.1),
+        "momentum": lambda: legacy.SGD(0.1, momentum=0.9, nesterov=True),
+        "adam": lambda: legacy.Adam(amsgrad=True),
+        "rmsprop": lambda: legacy.RMSprop(momentum=0.5, centered=True),
+        "nadam": legacy.Nadam,
+        "ftrl": legacy.Ftrl,
+        "schedule": lambda: legacy.Adam(
+            tf.keras.optimizers.schedules.ExponentialDecay(0.1, 9, 0.9)
+        ),
+        "named": lambda: legacy.Adagrad(name="mine"),
+        "tf1": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+    }[name]()
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_stocks_names_without_its_gradients(monkeypatch, optimizer):
+    """Stock's names are those of Keras's whole train function, for a model with nested, frozen,
+    BatchNormalization and two output layers; built without gradients for a Keras optimizer
+    (its get_gradients refused), with them for a ``tf.compat.v1.train`` one."""
+    import tensorflow as tf
+
+    from tpushim import _tfprivate
+
+    layers = tf.keras.layers
+    inputs = tf.keras.Input((4,), name="x")
+    hidden = layers.BatchNormalization(name="bn")(layers.Dense(6, name="h")(inputs))
+    inner = tf.keras.Sequential(
+        [layers.Dense(3, name="d"), layers.Dense(3, name="frozen", trainable=False)], name="inner"
+    )
+    outputs = [layers.Dense(2, name="o1")(inner(hidden)), layers.Dense(1, name="o2")(hidden)]
+    model = tf.keras.Model(inputs, outputs)
+    model.compile(_optimizer(optimizer), ["sparse_categorical_crossentropy", "mse"])
+    with monkeypatch.context() as whole:  # the names as Keras's train function makes them
+        whole.setattr(_tfprivate, "make_train_variables", lambda m: m._make_train_function())
+        want = _tfprivate.stock_checkpoint_names(model, None)
+    if optimizer != "tf1":
+
+        def refused(*args, **kwargs):
+            raise AssertionError("stock's names were read from a graph with gradients")
+
+        monkeypatch.setattr(tf.keras.optimizers.legacy.Optimizer, "get_gradients", refused)
+    assert _tfprivate.stock_checkpoint_names(model, None) == want
+    made = [name for name in want[0].values() if name.startswith("training/")]
+    assert made and not [name for name in made if "frozen" in name]  # the optimizer's, compared
+
+
 def _model():
     import tensorflow as tf
     import tfcases
@@ -189,12 +245,19 @@ def _batchnorm_sgd():
 @pytest.mark.parametrize(
     "build,fmt", [(_functional_rmsprop, "saver"), (_batchnorm_sgd, "checkpoint")]
 )
-def test_other_models_and_optimizers(tmp_path, build, fmt):
+def test_other_models_and_optimizers(tmp_path, monkeypatch, build, fmt):
     """A functional model with RMSprop (momentum and rms slots), name-based, and a Sequential with
     BatchNormalization (moving statistics) and SGD + momentum, object-based: stock's keys, names
-    and values."""
+    and values. The engine reads stock's names from the graph its conversion builds for the
+    warm-start checkpoint (stock's training graph), building no second one."""
     import tfcases
 
+    from tpushim import _tfprivate
+
+    def second_graph(*args):
+        raise AssertionError("stock's training graph was built again for its names")
+
+    monkeypatch.setattr(_tfprivate, "stock_checkpoint_names", second_graph)
     x, y = tfcases.data()
     config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
     for name, patch in RUNS:

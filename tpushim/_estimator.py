@@ -9,6 +9,7 @@ writes the warm-start checkpoint of the Keras weights exactly as stock does, and
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from tpushim import (
     _shapes,
     _step_losses,
     _strategy,
+    _strategy_checkpoint,
     _tfprivate,
     _validation,
 )
@@ -712,7 +714,12 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
     warm_start_path = None
     if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
         warm_start_path = _tfprivate.save_first_checkpoint(
-            keras_model, arguments["custom_objects"], config, save_object_ckpt
+            keras_model,
+            arguments["custom_objects"],
+            config,
+            save_object_ckpt,
+            # Stock's training graph, built here: the engine's checkpoint names come from it.
+            on_graph=functools.partial(_strategy_checkpoint.remember, plan),
         )
     model_fn = _tfprivate.create_keras_model_fn(
         keras_model,

@@ -24,11 +24,13 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
 import time
 import types
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -693,6 +695,18 @@ def check_xla(plan, element_spec, replicas):
         ) from e
 
 
+_XLA_CHECKED = weakref.WeakKeyDictionary()  # plan -> [(element spec, replicas)] that compiled
+
+
+def check_xla_once(plan, element_spec, replicas):
+    """:func:`check_xla`, once per conversion and input shape: a later ``train()`` call's step
+    is the same computation (for MobileNetV2 the check costs about what tracing the step does)."""
+    checked = _XLA_CHECKED.setdefault(plan, [])
+    if (element_spec, replicas) not in checked:
+        check_xla(plan, element_spec, replicas)
+        checked.append((element_spec, replicas))
+
+
 def _paths(value, path=""):
     """(path, leaf) of a nest of dicts, lists and tuples: "text", "a/b", "[0]"."""
     if isinstance(value, dict):
@@ -1037,7 +1051,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             # What a TPU could not compile is refused before anything is written.
-            check_xla(self._tpushim_plan, made[1], strategy.num_replicas_in_sync)
+            check_xla_once(self._tpushim_plan, made[1], strategy.num_replicas_in_sync)
         # The user's hooks begin, and see their first step, before anything is written.
         user_hooks = _step_events.SessionHooks(hooks, start) if hooks else None
         try:
@@ -1387,7 +1401,11 @@ def build_on_engine(arguments, settings, tpu, why):
         warm_start_path = None
         if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
             warm_start_path = engine_keras._save_first_checkpoint(
-                keras_model, custom_objects, config, save_object_ckpt
+                keras_model,
+                custom_objects,
+                config,
+                save_object_ckpt,
+                on_graph=functools.partial(_strategy_checkpoint.remember, plan),
             )
         plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
         estimator = StrategyEstimator(

@@ -10,11 +10,13 @@
 - ``'saver'`` (``tf.compat.v1.keras.estimator``'s default): name-based. Keys are those graph
   names; ``checkpoint`` lists paths relative to model_dir.
 
-The engine runs eagerly and has no such graph, so the names are read from one, built once per
-conversion as stock builds it (:func:`tpushim._tfprivate.stock_checkpoint_names`), and matched
-with the engine's variables by their object-graph path, which the two models share (they are
-clones of one model with one optimizer class). The optimizer's variables are created under the
-name scope stock's graph gave them, so object-based checkpoints record stock's names too.
+The engine runs eagerly and has no such graph, so the names are read from one: the graph the
+conversion builds for stock's warm-start checkpoint (``model_dir/keras``), or else one built at
+the first need as stock builds it, its optimizer's variables made without gradients
+(:func:`tpushim._tfprivate.stock_checkpoint_names`). They are matched with the engine's
+variables by their object-graph path, which the two models share (they are clones of one model
+with one optimizer class). The optimizer's variables are created under the name scope stock's
+graph gave them, so object-based checkpoints record stock's names too.
 
 A checkpoint is read by what it holds, whatever format the estimator writes: a run continues from
 stock's model_dir, or from one the other engine or another TPU wrote, in either format.
@@ -42,6 +44,13 @@ def stock_names(plan):
             plan.keras_model, plan.custom_objects, getattr(plan, "features_spec", None)
         )
     return _STOCK_NAMES[plan]
+
+
+def remember(plan, model, step):
+    """Keeps the names of stock's training graph that the conversion built (``model``, its clone
+    there, and ``step``, its global step: keras_lib's first checkpoint's graph, the graph
+    :func:`stock_names` would build again) for the plan's model."""
+    _STOCK_NAMES[plan] = _tfprivate.graph_checkpoint_names(model, step)
 
 
 def optimizer_scope(plan):

@@ -76,9 +76,11 @@ def _keras(module):
         return importlib.import_module(f"keras.{module}")  # Keras 2.12
 
 
-def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt):
+def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt, on_graph=None):
     """keras_lib's ``_save_first_checkpoint`` (the Keras weights in ``model_dir/keras``, the warm
     start), step by step as stock, with every variable of its graph initialised before the save.
+    ``on_graph``: called with the clone and the global step in that graph (stock's training
+    graph) after the save, where it was built: the strategy engine reads its checkpoint names there.
 
     Keras initialises the variables it knows of: the model's and those its optimizer lists. A
     ``tf.compat.v1.train`` optimizer that wraps another (a gradient-clipping wrapper delegating
@@ -123,6 +125,8 @@ def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt)
                 model.save_weights(latest_path)
             else:
                 tf.compat.v1.train.Saver().save(sess, latest_path)
+        if on_graph is not None:
+            on_graph(model, tf.compat.v1.train.get_global_step())
     return latest_path
 
 
@@ -1165,10 +1169,10 @@ def checkpoint_variables(root):
 
 def stock_checkpoint_names(keras_model, custom_objects, features=None):
     """Stock's training graph, built as keras_lib's ``_save_first_checkpoint`` builds it (the
-    clone with the global step as its optimizer's iterations, then Keras's train function):
-    ({object path: the variable's name there}, names of variables stock's Saver saves that have
-    no object path). ``features``: the input's feature specs, on which stock's model_fn builds a
-    subclassed model (a graph network is built on its own inputs)."""
+    clone with the global step as its optimizer's iterations, then the variables of Keras's
+    train function): ({object path: the variable's name there}, names of variables stock's Saver
+    saves that have no object path). ``features``: the input's feature specs, on which stock's
+    model_fn builds a subclassed model (a graph network is built on its own inputs)."""
     import tensorflow as tf
 
     with tf.Graph().as_default():
@@ -1181,11 +1185,47 @@ def stock_checkpoint_names(keras_model, custom_objects, features=None):
             model = clone_and_build_model(ModeKeys.TRAIN, keras_model, custom_objects, features)
         else:
             model = _legacy_keras._clone(ModeKeys.TRAIN, keras_model, custom_objects, features)
-        model._make_train_function()  # creates the optimizer's slots and hyperparameters
-        track_estimator_step(model, step)  # keras_lib's object-based checkpoints track it so
-        names = {path: v.op.name for path, v in checkpoint_variables(model).items()}
-        unmatched = {v.op.name for v in tf.compat.v1.global_variables()} - set(names.values())
+        make_train_variables(model)
+        names = graph_checkpoint_names(model, step)
     restore_v2_classes(keras_model)  # the clone in a graph swapped the eager classes' bases
+    return names
+
+
+def make_train_variables(model):
+    """Creates in a compiled clone's graph the variables Keras's train function creates (the
+    optimizer's slots and hyperparameters), as it names them, without its gradients and updates
+    where the optimizer allows: a Keras optimizer whose ``get_updates`` and ``apply_gradients``
+    are the base class's creates them all in ``apply_gradients``, by ``_create_all_weights`` of
+    the trainable weights under ``training/`` and its own name scope (optimizer_v2.py). Any other
+    (a loss-scale wrapper, a ``tf.compat.v1.train`` optimizer) gets the whole train function."""
+    import tensorflow as tf
+
+    base = _keras("optimizers.legacy.optimizer_v2").OptimizerV2
+    optimizer = model.optimizer
+    kind = type(optimizer)
+    if not (
+        isinstance(optimizer, base)
+        and all(
+            getattr(kind, name) is getattr(base, name)
+            for name in ("get_updates", "get_gradients", "apply_gradients")
+        )
+    ):
+        model._make_train_function()
+        return
+    # _make_train_function's scopes: "training", then apply_gradients' own.
+    with tf.compat.v1.name_scope("training"), tf.name_scope(optimizer._name), tf.init_scope():
+        optimizer._create_all_weights(model._collected_trainable_weights)
+
+
+def graph_checkpoint_names(model, step):
+    """({object path: name in the graph}, names of the graph's global variables with no object
+    path) of a clone in stock's training graph, ``step`` (the graph's global step) tracked as
+    keras_lib's object-based checkpoints track it."""
+    import tensorflow as tf
+
+    track_estimator_step(model, step)
+    names = {path: v.op.name for path, v in checkpoint_variables(model).items()}
+    unmatched = {v.op.name for v in tf.compat.v1.global_variables()} - set(names.values())
     return names, sorted(unmatched)
 
 

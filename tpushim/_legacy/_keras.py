@@ -191,8 +191,9 @@ def _keras_metrics(model, metric_names_map):
     return {m.name: m for m in compiled}
 
 
-def _save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt):
-    """The user's weights as ``model_dir/keras/keras_model.ckpt``, where the estimator starts."""
+def _save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt, on_graph=None):
+    """The user's weights as ``model_dir/keras/keras_model.ckpt``, where the estimator starts.
+    ``on_graph``: as :func:`tpushim._tfprivate.save_first_checkpoint`'s."""
     keras_dir = os.path.join(config.model_dir, "keras")
     latest = tf.train.latest_checkpoint(keras_dir)
     if latest:
@@ -216,6 +217,8 @@ def _save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt
                 model.save_weights(path)
             else:
                 tf.compat.v1.train.Saver().save(session, path)
+        if on_graph is not None:
+            on_graph(model, tf.compat.v1.train.get_global_step())
     return path
 
 
