@@ -132,6 +132,8 @@ def test_a_lookup_of_a_trainable_layers_output_is_refused_naming_it(tmp_path):
         model.compile("sgd", "mse")
         return model
 
-    with pytest.raises(ConversionError, match=r"layer 'sign_id' .*from layer 'sign'.*dataset.map"):
+    with pytest.raises(
+        ConversionError, match=r"layer 'sign_id' .*from the output of layer 'sign'.*dataset.map"
+    ):
         tfcases.convert(tmp_path / "m", build, patch={"mode": "cpu", "engine": "strategy"})
     assert not (tmp_path / "m").exists() or not list((tmp_path / "m").iterdir())

@@ -109,16 +109,17 @@ def plan(keras_model, custom_objects=None):
     for layer, inputs, outputs, _ in nodes:
         if isinstance(layer, dense_features):
             continue
-        strings = any(t.dtype == tf.string for t in inputs + outputs)
-        if not (strings or isinstance(layer, lookups)):
+        takes = any(t.dtype == tf.string for t in inputs)
+        makes = any(t.dtype == tf.string for t in outputs)
+        if not (takes or makes or isinstance(layer, lookups)):
             continue
+        does = "takes strings" if takes else "makes strings" if makes else "looks up"
         for tensor in inputs:
             producer = tensor._keras_history.layer
             if not isinstance(producer, tf.keras.layers.InputLayer) and producer.name not in host:
                 raise _refuse(
                     layer,
-                    f"it {'takes strings' if strings else 'looks up'} from layer "
-                    f"{producer.name!r}, which runs on the TPU",
+                    f"it {does} from the output of layer {producer.name!r}, which runs on the TPU",
                 )
         if layer.trainable_weights:
             raise _refuse(layer, "it has trainable weights")
