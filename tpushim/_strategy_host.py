@@ -21,6 +21,9 @@ On the replicas the engine's clone runs its graph from the fed frontier (the hos
 nodes are skipped): the clone keeps every layer, so its variables, names and checkpoints are
 stock's. What cannot move (a lookup that reads a trainable layer's output, a host layer with
 trainable weights) is refused at conversion, naming the layer and the fix.
+
+One concern, both halves of one split (as :mod:`tpushim._feature_columns`): what the host feeds
+and what the replicas read of it must agree tensor by tensor, so they live together.
 """
 
 import dataclasses
