@@ -8,12 +8,6 @@ REFUSED = {
     "census_numpy_tf1.py": "disabled it (tf.compat.v1.disable_v2_behavior()",
     "text_vocab_file_lookup.py": "disabled it (tf.compat.v1.disable_v2_behavior()",
     "review_lookups_batch_100.py": "disabled it (tf.compat.v1.disable_v2_behavior()",
-    # strings in the input (a key passed through; a string feature the model parses): no TPU
-    # computes strings
-    "keyed_outputs_constant_loss.py": "its input carries strings (feature 'key', label 'key_out')",
-    "multi_input_lists_strings.py": "its input carries strings (feature '[2]', feature '[3]')",
-    # vocabulary lookups in a DenseFeatures layer: moved to the host by the TPUEstimator path only
-    "boston_feature_columns_in_model.py": "feature-column layers (dense_features)",
 }
 
 

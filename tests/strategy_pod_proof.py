@@ -14,6 +14,8 @@ travels in feature 0. Reported, for 2 and 4 hosts:
 * the files path: the files each host reads (whole files of its own, on no other host), every
   example once per global epoch, and records parsed per record fed (the exact path's, H, beside);
 * negative controls: host 1 feeding host 0's share (the checks above must fail);
+* strings and lookups (a key passed through, a StringLookup) on 8 replicas, a faked 2-host pod
+  and one board: numbers and keys against stock's, and the host layers' copies per pipeline;
 * training on the engine with 8 replicas on a faked 2-host pod, every host feeding its share
   (``_strategy_input.emulated_hosts``): weights, evaluation and predictions against the stock
   estimator's (on TensorFlow >= 2.16: stock 2.15's numbers, recorded by ``--record FILE DIR`` in a
@@ -347,8 +349,118 @@ def training(root):
     }
 
 
+# --- strings and lookups on a faked 2-host pod (tpushim/_strategy_host.py) -------------------
+
+CITIES = ["oslo", "lima", "pune"]
+KEYS = np.array([[f"row-{i}"] for i in range(ROWS)])
+CITY = np.array([[CITIES[i % 3]] for i in range(ROWS)])
+
+
+def strings_model():
+    """A key passed through to an output (its loss weighed 0) and a StringLookup: run on each
+    host, the replicas see numbers only."""
+    tf.keras.utils.set_random_seed(1)
+    x = tf.keras.Input((4,), name="x")
+    key = tf.keras.Input((1,), dtype=tf.string, name="key")
+    city = tf.keras.Input((1,), dtype=tf.string, name="city")
+    ids = tf.keras.layers.StringLookup(vocabulary=CITIES, name="city_id")(city)
+    vec = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(4, 2, name="city_vec")(ids))
+    hidden = tf.keras.layers.Dense(5, activation="tanh", name="hidden")(
+        tf.keras.layers.Concatenate()([x, vec])
+    )
+    out = tf.keras.layers.Dense(1, name="out")(hidden)
+    key_out = tf.keras.layers.Lambda(tf.identity, name="key_out")(key)
+    m = tf.keras.Model([x, key, city], {"out": out, "key_out": key_out})
+    m.compile(
+        tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+        loss={"out": "mse", "key_out": lambda y_true, y_pred: tf.constant(0.0)},
+        loss_weights={"out": 1.0, "key_out": 0.0},
+        metrics={"out": ["mae"]},
+    )
+    return m
+
+
+def _strings_data(labels=True):
+    features = {"x": X, "key": KEYS, "city": CITY}
+    return tf.data.Dataset.from_tensor_slices(
+        (features, {"out": Y, "key_out": KEYS}) if labels else features
+    )
+
+
+def strings_run(estimator):
+    estimator.train(lambda: _strings_data().shuffle(100).batch(BATCH), steps=STEPS)
+    metrics = {
+        k: float(v) for k, v in estimator.evaluate(lambda: _strings_data().batch(BATCH)).items()
+    }
+    predicted = list(estimator.predict(lambda: _strings_data(False).batch(BATCH)))
+    values = {
+        n: np.asarray(estimator.get_variable_value(n), np.float64)
+        for n in estimator.get_variable_names()
+        if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    }
+    keys = [p["key_out"][0].decode() for p in predicted]
+    return (metrics, np.array([p["out"] for p in predicted]), values), keys
+
+
+def strings_stock(root):
+    if NO_STOCK:
+        with open(RECORD) as f:
+            recorded = json.load(f)["strings"]
+        return (
+            recorded["metrics"],
+            np.array(recorded["predictions"], np.float64),
+            {n: np.array(v, np.float64) for n, v in recorded["values"].items()},
+        ), recorded["keys"]
+    with tpushim.patched(mode="off", quiet=True):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=strings_model(), config=config(os.path.join(root, "strings_stock"))
+        )
+    return strings_run(estimator)
+
+
+def strings(root):
+    """8 replicas on a faked 2-host pod and on one board: numbers and keys against stock's, and
+    the host layers' copies made (one per host's pipeline per call)."""
+    from tpushim import _strategy_host
+
+    stock, stock_keys = strings_stock(root)
+    copies = []
+    original = _strategy_host._copy
+
+    def counted(part):
+        copies.append(part)
+        return original(part)
+
+    out = {}
+    _strategy_host._copy = counted
+    try:
+        for name, hosts in (("pod", 2), ("board", None)):
+            with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
+                estimator = tf.keras.estimator.model_to_estimator(
+                    keras_model=strings_model(),
+                    config=config(os.path.join(root, "strings_" + name)),
+                )
+            del copies[:]
+            if hosts is None:
+                ours, keys = strings_run(estimator)
+            else:
+                with _strategy_input.emulated_hosts(hosts):
+                    ours, keys = strings_run(estimator)
+            out[name] = dict(
+                differences(ours, stock),
+                keys_equal=keys == stock_keys,
+                keys=len(keys),
+                copies=len(copies),
+                replicas=estimator.strategy.num_replicas_in_sync,
+            )
+    finally:
+        _strategy_host._copy = original
+    return out
+
+
 def record(path, root):
     metrics, predictions, values = stock_run(root)
+    (s_metrics, s_predictions, s_values), s_keys = strings_stock(root)
     with open(path, "w") as f:
         json.dump(
             {
@@ -356,6 +468,12 @@ def record(path, root):
                 "metrics": metrics,
                 "predictions": predictions.tolist(),
                 "values": {n: v.tolist() for n, v in values.items()},
+                "strings": {
+                    "metrics": s_metrics,
+                    "predictions": s_predictions.tolist(),
+                    "values": {n: v.tolist() for n, v in s_values.items()},
+                    "keys": s_keys,
+                },
             },
             f,
             indent=1,
@@ -373,6 +491,7 @@ def main(root):
     out["exact"] = exact_checks(files)
     out["files"] = files_checks(files)
     out["training"] = training(root)
+    out["strings"] = strings(root)
     print("RESULT " + json.dumps(out))
 
 

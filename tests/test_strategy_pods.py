@@ -89,6 +89,20 @@ def test_training_on_a_faked_pod_equals_stock(proof):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("where", ["pod", "board"])
+def test_strings_and_lookups_run_on_each_host_as_stock(proof, where):
+    """A key passed through to an output and a StringLookup (tpushim/_strategy_host.py), 8
+    replicas on a faked 2-host pod and on one board: weights, evaluate() and predict() equal the
+    stock estimator's within 1e-5, every key comes back in its row, and each host's pipeline made
+    its own copy of the host layers (train, evaluate, predict: 3 per pipeline)."""
+    result = proof["strings"][where]
+    assert result["replicas"] == 8 and result["names_equal"], result
+    assert max(result["weights"], result["metrics"], result["predictions"]) < TOLERANCE, result
+    assert result["keys_equal"] and result["keys"] == 45
+    assert result["copies"] == 3 * (2 if where == "pod" else 1)
+
+
+@pytest.mark.slow
 def test_training_on_one_board_follows_stocks_seeded_shuffle(proof):
     """One input pipeline, the same shuffled input seeded by tf_random_seed: the engine builds it
     as stock does (a graph of its own, stock's op seeds), so its batches, and so its weights,

@@ -353,6 +353,12 @@ def _device_call(split, blocks):
     return call
 
 
+def layer_output(split, blocks, layer, training=None):
+    """A moved layer's output computed from ``blocks`` (the features the input pipeline made),
+    with ``layer``'s own embedding variables: what its call gives under :func:`device_layers`."""
+    return _device_call(split, blocks)(layer, None, None, None, training)
+
+
 @contextlib.contextmanager
 def device_layers(split, blocks):
     """While active, the moved ``DenseFeatures`` layers of a clone read ``blocks`` (the features

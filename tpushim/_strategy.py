@@ -46,6 +46,8 @@ from tpushim import (
     _shapes,
     _step_events,
     _strategy_checkpoint,
+    _strategy_host,
+    _strategy_input,
     _strategy_metrics,
     _tfprivate,
 )
@@ -114,6 +116,7 @@ class Plan:
         :mod:`tpushim._strategy_input`).
       name_based_checkpoints: write stock's name-based checkpoints (``checkpoint_format='saver'``)
         rather than object-based ones (:mod:`tpushim._strategy_checkpoint`); set by the estimator.
+      host: the :class:`tpushim._strategy_host.HostPart` (strings, lookups), or None.
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class Plan:
         self.make_strategy = make_strategy
         self.pod_input = pod_input
         self.name_based_checkpoints = False  # the estimator's checkpoint_format is 'saver'
+        self.host = None  # strings and lookups run on the host (:mod:`tpushim._strategy_host`)
 
 
 def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
@@ -186,6 +190,8 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
             "on an output, or engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where "
             "TPUEstimator runs."
         )
+    # Strings and lookups run on the host (refused here, naming the layer, where they cannot).
+    host = _strategy_host.plan(keras_model, custom_objects)
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)
     _tfprivate.restore_v2_classes(keras_model)  # the plan may clone it in a graph
     conversion = _plan.ConversionPlan(settings=settings, loss_plan=loss_plan)
@@ -209,6 +215,9 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
         settings.pod_input,
     )
     plan.conversion = conversion
+    plan.host = host
+    if host is not None:
+        logger.info("the strategy engine's host part: %s", host.describe())
     return plan
 
 
@@ -320,6 +329,8 @@ def clone(plan, features=None):
             model = tf.keras.models.clone_model(keras_model)
             if _built_on_input(keras_model):  # an unbuilt Sequential: built as stock's, below
                 model(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), features))
+            if plan.host is not None:  # run from the host's tensors (_strategy_host)
+                _strategy_host.install(plan.host, model)
             return model
         model = _tfprivate.subclassed_clone(keras_model)
     zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), features)
@@ -356,7 +367,7 @@ def _subclassed_loss_plan(plan, model, outputs, features):
 # --- the loss of one replica --------------------------------------------------------------------
 
 
-def _loss_objects(keras_model, custom_objects, names=None):
+def _loss_objects(keras_model, custom_objects, names=None, host_outputs=None):
     """Per output (``names``: the model's), the Loss object stock's clone compiles (None: no
     loss), and its weight."""
     args = _tfprivate.compile_args(keras_model)
@@ -368,7 +379,8 @@ def _loss_objects(keras_model, custom_objects, names=None):
         weights = [1.0] * len(names)
     elif isinstance(weights, dict):
         weights = [weights.get(name, 1.0) for name in names]
-    return list(zip(names, losses, weights))
+    host = host_outputs or ()  # computed on the host, weighing 0 (_strategy_host)
+    return [(n, None if n in host else loss, w) for n, loss, w in zip(names, losses, weights)]
 
 
 class _Endpoint:
@@ -641,6 +653,10 @@ def _labels_list(labels, names):
     return _as_list(labels)
 
 
+def _outs(plan):
+    return plan.host.outputs if plan.host is not None else ()
+
+
 # --- XLA, where no TPU compiles the step ---------------------------------------------------------
 
 
@@ -653,8 +669,8 @@ def check_xla(plan, element_spec, replicas):
     devices, TF 2.15), so the replicated step itself runs uncompiled off a TPU.
     """
     model = clone(plan, features_spec(element_spec))
-    terms = _loss_objects(plan.keras_model, plan.custom_objects, model.output_names)
-    lookups = _tfprivate.feature_column_layers(model)
+    terms = _loss_objects(plan.keras_model, plan.custom_objects, model.output_names, _outs(plan))
+    lookups = _tfprivate.feature_column_layers(model) if plan.host is None else ()
     if lookups:
         raise ConversionError(
             "the training step cannot run on a TPU: the model's feature-column layers "
@@ -777,7 +793,9 @@ class _Run:
             if mode == ModeKeys.TRAIN:
                 self.optimizer = _optimizer(plan.optimizer, self.step, self.model, plan)
             _tfprivate.track_estimator_step(self.model, self.step)
-        self.terms = _loss_objects(plan.keras_model, plan.custom_objects, self.model.output_names)
+        self.terms = _loss_objects(
+            plan.keras_model, plan.custom_objects, self.model.output_names, _outs(plan)
+        )
         self.checkpoints = _strategy_checkpoint.Checkpoints(
             plan, self.model, plan.name_based_checkpoints, writes=mode == ModeKeys.TRAIN
         )
@@ -785,9 +803,9 @@ class _Run:
         latest = checkpoint_path or tf.train.latest_checkpoint(model_dir)
         if latest:
             self.checkpoints.read(latest)
-        elif mode != ModeKeys.TRAIN:
+        elif mode != ModeKeys.TRAIN and plan.warm_start is None:
             raise ValueError(f"Could not find trained model in model_dir: {model_dir}.")
-        elif plan.warm_start is not None:
+        elif plan.warm_start is not None:  # as stock evaluates before training: warm-started
             for variable, value in zip(self.model.trainable_variables, plan.warm_start):
                 variable.assign(value)
         self.restored = latest
@@ -920,6 +938,16 @@ def _metrics_model(plan, features=None):
     return model
 
 
+def _per_output_lists(keras_model):
+    """True where the model's metrics are compiled as a list per output (``[["mae"],
+    ["accuracy"]]``): Keras matches those to a list of outputs, not to a dict."""
+    args = _tfprivate.compile_args(keras_model)
+    return any(
+        isinstance(given, (list, tuple)) and any(isinstance(m, (list, tuple)) for m in given)
+        for given in (args.get("metrics"), args.get("weighted_metrics"))
+    )
+
+
 def _metrics_update(metrics_model, names, logits_how, has_mask):
     """A ``tf.function`` updating ``metrics_model``'s compiled metrics with one gathered batch's
     real rows, the outputs carrying what stock's graph outputs carry to Keras's metrics: their
@@ -1003,9 +1031,12 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             None
             if _tfprivate.is_subclassed(plan.keras_model)
             else _shapes.ModelInputs.of(plan.keras_model, feature_split=False),
+            plan.host,
         )
         # Evaluation and prediction read it in Python: each batch's wait timed (the run summary).
-        return (dataset if mode == ModeKeys.TRAIN else _input_wait.timed(dataset)), spec
+        if mode == ModeKeys.TRAIN or isinstance(dataset, _strategy_input.WithHostOutputs):
+            return dataset, spec
+        return _input_wait.timed(dataset), spec
 
     def _input_first(self, input_fn, mode):
         """A subclassed model's clone is built on the input's shapes, so its input is made
@@ -1180,6 +1211,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         metrics_model = _metrics_model(self._tpushim_plan, early.features)
         # A subclassed model's metrics are compiled for its outputs' own structure (a list).
         metric_names = None if early.features is not None else names
+        if _per_output_lists(self._tpushim_plan.keras_model):
+            metric_names = None  # metrics=[[...], [...]] are matched to a list of outputs
         update = None  # made at the first batch
         losses = []
         ran_out = True
@@ -1222,7 +1255,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         if added is not None:  # stock's add_metrics: an added name replaces a compiled one
             results.update(added.results())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
-        _step_events.write_evaluation(self.eval_dir(name), results, checkpoint_path or run.restored)
+        evaluated = checkpoint_path or run.restored or self._tpushim_plan.conversion.warm_start
+        _step_events.write_evaluation(self.eval_dir(name), results, evaluated)
         return results
 
     def predict(
@@ -1272,11 +1306,14 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         names = run.model.output_names
         step = int(run.step.numpy())
         for element in dataset:
+            outs = {}
+            if isinstance(dataset, _strategy_input.WithHostOutputs):
+                element, outs = element  # the outputs the host made (a key passed through)
             if user_hooks is not None:
                 user_hooks.before(step)
             outputs, pad = run.gathered(forward(element))
             real = pad.numpy() > 0
-            batch = {n: o.numpy()[real] for n, o in zip(names, outputs)}
+            batch = {n: outs.get(n, o).numpy()[real] for n, o in zip(names, outputs)}
             if predict_keys:
                 batch = {k: v for k, v in batch.items() if k in predict_keys}
             stop = user_hooks is not None and user_hooks.after(step, False)

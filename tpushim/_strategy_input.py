@@ -36,6 +36,7 @@ from tpushim import (
     _pods,
     _shapes,
     _source,
+    _strategy_host,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
@@ -312,9 +313,11 @@ class HostInput:
         complete the features'), or None.
     """
 
-    def __init__(self, input_fn, mode, config, batch_size, feeds, pod_input, model_inputs=None):
+    def __init__(
+        self, input_fn, mode, config, batch_size, feeds, pod_input, model_inputs=None, host=None
+    ):
         self.input_fn, self.mode, self.config, self.feeds = input_fn, mode, config, feeds
-        self.model_inputs = model_inputs
+        self.model_inputs, self.host = model_inputs, host
         self.replicas = sum(len(f) for f in feeds)
         seed = config.tf_random_seed
         # Unseeded, each call still differs from the last, as stock's do; its copies agree.
@@ -381,6 +384,8 @@ class HostInput:
         host = context.input_pipeline_id
         piece = context.get_per_replica_batch_size(self.padded)
         dataset = _shapes.with_declared_shapes(self._copy(host), self.model_inputs)
+        if self.host is not None:  # strings and lookups, by this host's own copy of them
+            dataset = dataset.map(_strategy_host.element_function(self.host, self.mode))
         if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
             dataset = dataset.map(_padding.pad_batch(self.padded))
             dataset = dataset.map(_split(self.replicas, piece)).map(_keep(self.feeds[host]))
@@ -408,7 +413,7 @@ class HostInput:
 
 
 def distributed_input(
-    strategy, input_fn, mode, config, batch_size, pod_input="auto", model_inputs=None
+    strategy, input_fn, mode, config, batch_size, pod_input="auto", model_inputs=None, host=None
 ):
     """The user's input as the strategy's replicas read it: every global batch (short ones
     too) padded to a multiple of the replicas, split in order. Returns (dataset, element spec).
@@ -424,11 +429,18 @@ def distributed_input(
     a graph of its own and run there as stock runs it (:func:`_graph_input`): tensors met eagerly
     say nothing of what stock's next ``session.run`` would give (a queue's next batch, a random
     op's next draw). On several hosts each reads its share (:class:`HostInput`).
+
+    ``host``: the model's :class:`tpushim._strategy_host.HostPart`, computed in each pipeline;
+    where it makes outputs, ``predict`` gets a :class:`WithHostOutputs` instead.
     """
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     feeds = input_feeds(strategy, options)
+    outputs = host is not None and host.outputs and mode == ModeKeys.PREDICT
     if len(feeds) > 1:
-        pod = HostInput(input_fn, mode, config, batch_size, feeds, pod_input, model_inputs)
+        pod = HostInput(input_fn, mode, config, batch_size, feeds, pod_input, model_inputs, host)
+        if outputs:  # fed from this process (see WithHostOutputs)
+            made = WithHostOutputs(strategy, pod.pooled().batch(pod.replicas, drop_remainder=True))
+            return made, made.element_spec
         if isinstance(strategy, tf.distribute.TPUStrategy):
             spec = pod(tf.distribute.InputContext(len(feeds), 0, pod.replicas)).element_spec
             return strategy.distribute_datasets_from_function(pod, options), spec
@@ -470,6 +482,35 @@ def distributed_input(
     replicas = strategy.num_replicas_in_sync
     padded = _batch_math.padded_batch(size, replicas)
     result = _shapes.with_declared_shapes(result, model_inputs)
-    dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas)).unbatch()
+    if host is not None:  # strings and lookups, on the host
+        result = result.map(_strategy_host.element_function(host, mode))
+    dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas))
+    if outputs:
+        made = WithHostOutputs(strategy, dataset)
+        return made, made.element_spec
+    dataset = dataset.unbatch()
     distributed = strategy.distribute_datasets_from_function(lambda ctx: dataset, options)
     return distributed, dataset.element_spec
+
+
+class WithHostOutputs:
+    """``predict()``'s input where the host makes outputs (a key passed through): each split
+    global batch read here, its host outputs kept here and the rest handed to the replicas
+    (``experimental_distribute_values_from_function``), so strings never reach them. Yields
+    (per-replica element, {output name: rows in replica order}). On a pod, this process reads
+    every host's pipeline (as TPUEstimator's predict feeds every core from one host)."""
+
+    def __init__(self, strategy, dataset):
+        self.strategy, self.dataset = strategy, dataset
+        self.element_spec = dataset.element_spec
+
+    def __iter__(self):
+        for element in self.dataset:
+            features, outs = _strategy_host.carried(element[_padding.FEATURES_KEY])
+            element = dict(element, **{_padding.FEATURES_KEY: features})
+            per_replica = self.strategy.experimental_distribute_values_from_function(
+                lambda ctx, element=element: tf.nest.map_structure(
+                    lambda x: x[ctx.replica_id_in_sync_group], element
+                )
+            )
+            yield per_replica, _strategy_host.padded_outputs(outs)

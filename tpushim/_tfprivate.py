@@ -244,11 +244,7 @@ _dense_features_call = contextvars.ContextVar("tpushim_dense_features_call", def
 def dense_features_class():
     """The base class of Keras 2's ``DenseFeatures`` layers (``tf.compat.v1.keras.layers`` and
     ``tf.keras.layers``: the v2 layer subclasses the v1 one and keeps its ``call``)."""
-    try:
-        from keras.src.feature_column import dense_features as module  # Keras >= 2.13
-    except ImportError:
-        from keras.feature_column import dense_features as module  # Keras 2.12
-    return module.DenseFeatures
+    return _keras("feature_column.dense_features").DenseFeatures
 
 
 def dense_features_columns(layer):
@@ -259,6 +255,90 @@ def dense_features_columns(layer):
 def dense_features_variable(layer, column, name):
     """The variable ``name`` a ``DenseFeatures`` layer made for ``column`` (one of its own)."""
     return layer._state_manager.get_variable(column, name)
+
+
+def lookup_layer_classes():
+    """Keras 2's preprocessing layers that look up or hash (a vocabulary table, string hashing):
+    ops no TPU step compiles (the strategy engine runs them on the host, _strategy_host)."""
+    return (
+        _keras("layers.preprocessing.index_lookup").IndexLookup,
+        _keras("layers.preprocessing.hashing").Hashing,
+        _keras("layers.preprocessing.text_vectorization").TextVectorization,
+    )
+
+
+def functional_nodes(keras_model):
+    """A functional model's call nodes (not its inputs), in the order its call runs them:
+    ``(layer, input KerasTensors, output KerasTensors, node)``."""
+    import tensorflow as tf
+
+    found = []
+    for depth in sorted(keras_model._nodes_by_depth, reverse=True):
+        for node in keras_model._nodes_by_depth[depth]:
+            if not node.is_input:
+                found.append(
+                    (
+                        node.layer,
+                        tf.nest.flatten(node.keras_inputs),
+                        tf.nest.flatten(node.outputs),
+                        node,
+                    )
+                )
+    return found
+
+
+def input_tensor_name(keras_tensor):
+    """The name of the InputLayer a model input KerasTensor comes from."""
+    return keras_tensor._keras_history.layer.name
+
+
+def run_functional_from(keras_model, inputs, seeded, skip, replace, fill):
+    """A functional model's call (what ``Functional._run_internal_graph`` runs) from chosen
+    values: ``inputs`` (input name -> value, conformed as Keras conforms them; an input absent
+    is not fed) and ``seeded`` ((KerasTensor, value) pairs, taken as that tensor's value).
+    A node for which ``skip(layer)`` is true is not run. ``replace(node)`` returns a function computing that node's outputs
+    instead of its layer, or None; ``fill(tensor)`` gives a model output nothing computed.
+    Nodes whose inputs are not all known are skipped, as Keras skips them."""
+    import tensorflow as tf
+
+    counts = keras_model._tensor_usage_count
+    values = {}
+    for x in keras_model.inputs:
+        name = input_tensor_name(x)
+        if name in inputs:
+            y = keras_model._conform_to_reference_input(inputs[name], ref_input=x)
+            values[str(id(x))] = [y] * counts[str(id(x))]
+    for x, y in seeded:
+        values[str(id(x))] = [y] * max(counts.get(str(id(x)), 1), 1)
+    for layer, _, _, node in functional_nodes(keras_model):
+        if skip(layer):
+            continue
+        instead = replace(node)
+        if instead is not None:
+            outputs = instead()
+        elif any(i not in values for i in node.flat_input_ids):
+            continue
+        else:
+            args, kwargs = node.map_arguments(values)
+            outputs = layer(*args, **kwargs)
+        for x_id, y in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+            values[x_id] = [y] * counts[x_id]
+    outputs = []
+    for x in keras_model.outputs:
+        x_id = str(id(x))
+        outputs.append(values[x_id].pop() if values.get(x_id) else fill(x))
+    return tf.nest.pack_sequence_as(keras_model._nested_outputs, outputs)
+
+
+def replace_functional_run(keras_model, run):
+    """Makes ``run(inputs, training, mask)`` the functional model's ``_run_internal_graph`` (on
+    this object only: tpushim's own clone); ``run`` gets Keras's own as ``own``."""
+    own = keras_model._run_internal_graph
+
+    def replaced(inputs, training=None, mask=None):
+        return run(inputs, training, mask, own)
+
+    keras_model._run_internal_graph = replaced
 
 
 def input_layers(keras_model):

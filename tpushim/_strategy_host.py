@@ -1,0 +1,347 @@
+"""The strategy engine's host part: what a functional Keras model does with strings and lookups,
+run in the input pipeline (on each TPU host's CPU) so that the replicated step sees numbers only.
+
+A legacy model may take strings: a key passed through to an output, a number parsed from text, a
+city looked up by a ``StringLookup``, feature columns in a ``DenseFeatures`` layer. No TPU
+computes strings, and lookups and hashing have no XLA kernel. None of that holds a trainable
+weight, so it can run where the input pipeline runs, as the TPUEstimator path runs feature
+columns (:mod:`tpushim._feature_columns`). :func:`plan` reads the model once, at conversion:
+
+* a **host layer** reads or makes strings, or is a lookup or hashing layer; it must read only
+  the model's inputs or other host layers, and hold no trainable weight;
+* the tensors of host layers that other layers read (the **frontier**) are computed per batch in
+  the input pipeline by a copy of the host layers made for that pipeline (one per host on a
+  pod), and fed to the replicas as features; the model inputs only host layers read are not fed;
+* a ``DenseFeatures`` layer's weight-free part is computed there too (its embedding weights
+  stay on the replicas), as :mod:`tpushim._feature_columns` splits it;
+* a model output a host layer makes (a key passed through) is not computed by the replicas:
+  its loss must weigh 0, and ``predict()`` gives it from the input pipeline, row by row.
+
+On the replicas the engine's clone runs its graph from the fed frontier (the host layers'
+nodes are skipped): the clone keeps every layer, so its variables, names and checkpoints are
+stock's. What cannot move (a lookup that reads a trainable layer's output, a host layer with
+trainable weights) is refused at conversion, naming the layer and the fix.
+
+One concern, both halves of one split (as :mod:`tpushim._feature_columns`): what the host feeds
+and what the replicas read of it must agree tensor by tensor, so they live together.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tpushim import _feature_columns, _tfprivate
+from tpushim._errors import ConversionError
+
+HOST_PREFIX = "tpushim_host/"  # a frontier tensor fed to the replicas
+OUT_PREFIX = "tpushim_out/"  # a model output the host computes (predict only)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPart:
+    """What runs on the host (see the module's docstring).
+
+    Attributes:
+      layers: names of the host layers.
+      frontier: (key, user model KerasTensor) per host tensor another layer reads.
+      outputs: names of the model outputs the host computes.
+      host_inputs: input name -> declared shape, of the inputs only the host reads.
+      input_names: the model's input names, in order.
+      feature_split: the :class:`tpushim._feature_columns.Split` of its DenseFeatures layers.
+      template: the host layers as a model (host inputs -> {key: tensor}), or None.
+      custom_objects: as given to ``model_to_estimator`` (a copy of the template needs them).
+    """
+
+    layers: frozenset
+    frontier: tuple
+    outputs: tuple
+    host_inputs: dict
+    input_names: tuple
+    feature_split: object
+    template: object
+    custom_objects: dict
+
+    def describe(self):
+        parts = []
+        if self.layers:
+            parts.append(f"layers {', '.join(sorted(self.layers))} run on the host")
+        if self.feature_split is not None:
+            parts.append(self.feature_split.describe())
+        return "; ".join(parts)
+
+
+def _refuse(layer, why):
+    return ConversionError(
+        f"the strategy engine cannot run layer {layer.name!r} ({type(layer).__name__}) on a "
+        f"TPU: {why}. No TPU computes strings or looks up a vocabulary (XLA has no kernel "
+        "for them), so the engine runs such layers on the host, in the input pipeline; that "
+        "needs them to read only the model's inputs (or other such layers) and to hold no "
+        "trainable weight. Do that work in the input_fn (dataset.map) and feed the model its "
+        "numbers, or train without tpushim (TPUSHIM_MODE=off)."
+    )
+
+
+def _node_keys(keras_model):
+    """KerasTensor id -> a key naming it by layer name, the node's rank among that layer's
+    nodes in the model, and the output's index: the same in the model and in a clone of it."""
+    nodes = _tfprivate.functional_nodes(keras_model)
+    ours = {id(node) for _, _, _, node in nodes}
+    keys = {}
+    for layer, _, outputs, node in nodes:
+        rank = [id(n) for n in layer.inbound_nodes if id(n) in ours].index(id(node))
+        for i, tensor in enumerate(outputs):
+            keys[id(tensor)] = f"{HOST_PREFIX}{layer.name}/{rank}/{i}"
+    return keys
+
+
+def plan(keras_model, custom_objects=None):
+    """The :class:`HostPart` of ``keras_model``, or None when nothing needs the host (or it is
+    not a functional model: a subclassed model's strings stay refused).
+
+    Raises:
+      ConversionError: a layer that must run on the host and cannot (see the module's
+        docstring), or a loss on an output the host computes that does not weigh 0.
+    """
+    if not _tfprivate.is_graph_network(keras_model):
+        return None
+    split = _feature_columns.plan(keras_model)
+    dense_features = _tfprivate.dense_features_class()
+    lookups = _tfprivate.lookup_layer_classes()
+    nodes = _tfprivate.functional_nodes(keras_model)
+    host = set()
+    for layer, inputs, outputs, _ in nodes:
+        if isinstance(layer, dense_features):
+            continue
+        takes = any(t.dtype == tf.string for t in inputs)
+        makes = any(t.dtype == tf.string for t in outputs)
+        if not (takes or makes or isinstance(layer, lookups)):
+            continue
+        does = "takes strings" if takes else "makes strings" if makes else "looks up"
+        for tensor in inputs:
+            producer = tensor._keras_history.layer
+            if not isinstance(producer, tf.keras.layers.InputLayer) and producer.name not in host:
+                raise _refuse(
+                    layer,
+                    f"it {does} from the output of layer {producer.name!r}, which runs on the TPU",
+                )
+        if layer.trainable_weights:
+            raise _refuse(layer, "it has trainable weights")
+        host.add(layer.name)
+    if not host and split is None:
+        return None
+    keys = _node_keys(keras_model)
+    frontier, seen, read_by = [], set(), {}
+    for layer, inputs, _, _ in nodes:
+        for tensor in inputs:
+            read_by.setdefault(id(tensor), set()).add(layer.name)
+        if layer.name in host:
+            continue
+        for tensor in inputs:
+            producer = tensor._keras_history.layer
+            if producer.name in host and id(tensor) not in seen:
+                seen.add(id(tensor))
+                frontier.append((keys[id(tensor)], tensor))
+    moved = {layer.name for layer in split.layers} if split is not None else set()
+    host_inputs = {}
+    for tensor in keras_model.inputs:
+        readers = read_by.get(id(tensor), set())
+        if readers and readers <= host | moved:
+            host_inputs[_tfprivate.input_tensor_name(tensor)] = tensor.shape.as_list()
+    outputs = tuple(
+        name
+        for name, tensor in zip(keras_model.output_names, keras_model.outputs)
+        if tensor._keras_history.layer.name in host
+    )
+    _check_output_losses(keras_model, outputs)
+    template = None
+    if host:
+        read = {id(t): _tfprivate.input_tensor_name(t) for t in keras_model.inputs}
+        used = {
+            read[id(t)]: t
+            for layer, inputs, _, _ in nodes
+            if layer.name in host
+            for t in inputs
+            if id(t) in read
+        }
+        out = {key: tensor for key, tensor in frontier}
+        for name, tensor in zip(keras_model.output_names, keras_model.outputs):
+            if name in outputs:
+                out[OUT_PREFIX + name] = tensor
+        template = tf.keras.Model(inputs=used, outputs=out)
+    return HostPart(
+        frozenset(host),
+        tuple(frontier),
+        outputs,
+        host_inputs,
+        tuple(keras_model.input_names),
+        split,
+        template,
+        dict(custom_objects or {}),
+    )
+
+
+def _check_output_losses(keras_model, outputs):
+    """Refuses a loss that weighs anything on an output the host computes (the replicas do
+    not compute it, and no gradient reaches it: it holds no trainable weight)."""
+    if not outputs:
+        return
+    args = _tfprivate.compile_args(keras_model)
+    names = keras_model.output_names
+    losses = args.get("loss")
+    weights = args.get("loss_weights")
+    for name in outputs:
+        i = names.index(name)
+        loss = losses.get(name) if isinstance(losses, dict) else losses
+        if isinstance(losses, (list, tuple)):
+            loss = losses[i]
+        if loss is None:
+            continue
+        weight = 1.0
+        if isinstance(weights, dict):
+            weight = weights.get(name, 1.0)
+        elif isinstance(weights, (list, tuple)):
+            weight = weights[i]
+        if weight != 0:
+            raise ConversionError(
+                f"the strategy engine computes output {name!r} on the host (it is made from "
+                f"strings), so it cannot weigh its loss into training ({weight}): give it a "
+                "loss_weights of 0 (a key passed through needs no loss), or train without "
+                "tpushim (TPUSHIM_MODE=off)."
+            )
+
+
+# --- the host: in the input pipeline -----------------------------------------------------------
+
+
+def _by_name(part, features):
+    """The features by model input name (a list or tuple by position, one tensor to a model of
+    one input), as keras_lib matches them."""
+    if isinstance(features, dict):
+        return dict(features)
+    if isinstance(features, (list, tuple)):
+        return dict(zip(part.input_names, features))
+    return {part.input_names[0]: features}
+
+
+def _copy(part):
+    """This pipeline's own copy of the host layers (their tables made where it runs)."""
+    if part.template is None:
+        return None
+    with tf.keras.utils.custom_object_scope(part.custom_objects):
+        model = tf.keras.models.clone_model(part.template)
+    lookups = _tfprivate.lookup_layer_classes()
+    for own, copy in zip(part.template.layers, model.layers):
+        # An adapted vocabulary is not in a lookup layer's config: given to the copy.
+        if isinstance(own, lookups[:1]) and not own.get_config().get("vocabulary"):
+            copy.set_vocabulary(own.get_vocabulary())
+    return model
+
+
+def element_function(part, mode):
+    """A ``Dataset.map`` function (applied to each global batch before padding): the features
+    with the host's tensors added (``predict``: the outputs it makes too), the inputs only the
+    host reads given a zero stand-in, and labels of those outputs a zero per row."""
+    model = _copy(part)
+    predict = mode == _tfprivate.ModeKeys.PREDICT
+
+    def features_of(features):
+        if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
+            return dict(features, features=features_of(features["features"]))
+        named = _by_name(part, features)
+        # A string feature no input takes is not fed (Keras ignores it; no TPU takes it).
+        out = {
+            k: v
+            for k, v in named.items()
+            if k not in part.host_inputs and (k in part.input_names or v.dtype != tf.string)
+        }
+        rows = tf.shape(tf.nest.flatten(features)[0])[0]
+        if model is not None:
+            given = model({n: named[n] for n in model.input_names}, training=False)
+            for key, value in given.items():
+                if predict or not key.startswith(OUT_PREFIX):
+                    out[key] = value
+        if part.feature_split is not None:
+            blocks = part.feature_split.host(named)
+            out.update({k: v for k, v in blocks.items() if k.startswith(_feature_columns.PREFIX)})
+        for name, shape in part.host_inputs.items():  # the model's input check wants them
+            out[name] = tf.zeros(tf.concat([[rows], [d or 1 for d in shape[1:]]], 0), tf.float32)
+        return out
+
+    def labels_of(labels):
+        if not part.outputs or labels is None:
+            return labels
+        rows = tf.shape(tf.nest.flatten(labels)[0])[0]
+        if isinstance(labels, dict):
+            return {k: tf.zeros([rows]) if k in part.outputs else v for k, v in labels.items()}
+        return labels
+
+    def host(*element):
+        element = element[0] if len(element) == 1 else element
+        if isinstance(element, tuple) and len(element) == 2:
+            return features_of(element[0]), labels_of(element[1])
+        return features_of(element)
+
+    return host
+
+
+def carried(features):
+    """(features without the host's outputs, the host's outputs by output name)."""
+    kept = {k: v for k, v in features.items() if not k.startswith(OUT_PREFIX)}
+    outs = {k[len(OUT_PREFIX) :]: v for k, v in features.items() if k.startswith(OUT_PREFIX)}
+    return kept, outs
+
+
+# --- the replicas: the clone's graph from the fed tensors -------------------------------------
+
+
+def _from_host(part, inputs):
+    """True for features the host made (:func:`element_function`), not raw ones."""
+    if not isinstance(inputs, dict) or any(key not in inputs for key, _ in part.frontier):
+        return False
+    return all(
+        name in inputs and inputs[name].dtype != tf.string for name in part.host_inputs
+    ) and (part.feature_split is None or any(k.startswith(_feature_columns.PREFIX) for k in inputs))
+
+
+def install(part, clone):
+    """Makes ``clone`` (the engine's own copy of the model) run its graph from the host's
+    tensors when its features carry them, skipping the host layers."""
+    keys = _node_keys(clone)
+    by_key = {}
+    for _layer, _, outputs, _ in _tfprivate.functional_nodes(clone):
+        for tensor in outputs:
+            by_key[keys[id(tensor)]] = tensor
+    fed_keys = [key for key, _ in part.frontier]
+    split = part.feature_split
+    moved = {layer.name for layer in split.layers} if split is not None else set()
+
+    def run(inputs, training, mask, own):
+        if not _from_host(part, inputs):
+            return own(inputs, training, mask)
+        fed = {k: v for k, v in inputs.items() if k not in part.host_inputs}
+        seeded = [(by_key[key], inputs[key]) for key in fed_keys]
+        blocks = {k: v for k, v in inputs.items() if k.startswith(_feature_columns.PREFIX)}
+        rows = tf.shape(tf.nest.flatten(inputs)[0])[0]
+
+        def replace(node):
+            if node.layer.name not in moved:
+                return None
+            return lambda: _feature_columns.layer_output(split, blocks, node.layer, training)
+
+        return _tfprivate.run_functional_from(
+            clone,
+            fed,
+            seeded,
+            lambda layer: layer.name in part.layers,
+            replace,
+            lambda tensor: tf.zeros([rows]),
+        )
+
+    _tfprivate.replace_functional_run(clone, run)
+    return clone
+
+
+def padded_outputs(outs):
+    """The host's outputs of a split global batch ([replicas, piece, ...]) as rows in replica
+    order (the gathered outputs' order)."""
+    return {k: tf.reshape(v, tf.concat([[-1], tf.shape(v)[2:]], 0)) for k, v in outs.items()}
