@@ -259,6 +259,44 @@ def _output_evaluator(loss_fn, output_shape, output_dtype):
     return evaluate
 
 
+_row_label_kinds = weakref.WeakKeyDictionary()  # loss function -> its kind on [batch] labels
+
+
+def row_label_kind(where, loss_fn, output_shape, output_dtype):
+    """The degree of an output's loss given [batch] labels for its [batch, 1] output, where it
+    is one number for the batch: Keras squeezes the output to [batch] first, so a loss that
+    reduces the last axis (``mse``, ``binary_crossentropy``) reduces the batch itself, whatever
+    the loss's reduction (a SUM loss's sum of one number is that number: a mean over the rows,
+    degree 0; a loss summing the last axis, ``kl_divergence``, sums the rows, degree 1).
+    Evaluated eagerly on synthetic rows, once per loss function.
+
+    Raises:
+      LossSplitError: neither a sum nor a mean over the rows (e.g. ``cosine_similarity``).
+    """
+    if loss_fn in _row_label_kinds:
+        return _row_label_kinds[loss_fn]
+    output_shape = list(output_shape)
+
+    def evaluate(draw):
+        rng = np.random.RandomState(draw)
+        y_pred = _synthetic(output_shape, output_dtype, _ROWS, draw, rng)
+        y_true = _synthetic(output_shape[:-1], output_dtype, _ROWS, draw, rng)
+        with tf.init_scope():  # eager, also while a step is traced
+            out = [
+                np.asarray(loss_fn.call(tf.constant(y_true[rows]), tf.constant(y_pred[rows])))
+                for rows in (slice(0, _ROWS), *_PARTS)
+            ]
+        return out[0], out[1:]
+
+    fix = (
+        "give the labels the output's shape, [batch, 1] (labels[:, None] in the input_fn), "
+        "which Keras reads one loss per example, or " + _FIX_FUNCTION
+    )
+    kind = _classify(f"{where} on [batch] labels for its [batch, 1] output", evaluate, fix)
+    _row_label_kinds[loss_fn] = kind
+    return kind
+
+
 def _zero_weighted(weight):
     """Whether a ``loss_weights`` entry is a plain 0 (a variable may change: it is not)."""
     return isinstance(weight, (int, float, np.number)) and float(weight) == 0.0
