@@ -103,7 +103,7 @@ def _loss(name):
     }[name]
 
 
-def _family_model(loss):
+def _family_model(loss, weighted_metrics=True):
     import tensorflow as tf
 
     tf.keras.backend.clear_session()
@@ -119,7 +119,11 @@ def _family_model(loss):
         ]
     )
     metrics = ["accuracy"] if loss == "scce" else ["accuracy", "mae"]
-    model.compile(tf.keras.optimizers.legacy.SGD(0.5), _loss(loss), metrics=metrics)
+    # each row weighed, as model.evaluate weighs them
+    weighted = ["mse"] if loss == "custom" and weighted_metrics else None
+    model.compile(
+        tf.keras.optimizers.legacy.SGD(0.5), _loss(loss), metrics=metrics, weighted_metrics=weighted
+    )
     return model
 
 
@@ -136,10 +140,12 @@ def _family_data(loss, labels, weights):
     return (x if weights is None else {"features": x, "sample_weights": w}), y
 
 
-def _family_run(model_dir, patch, loss, labels, weights):
+def _family_run(model_dir, patch, loss, labels, weights, weighted_metrics=True):
     features, y = _family_data(loss, labels, weights)
     config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
-    estimator = tfcases.convert(model_dir, lambda: _family_model(loss), patch=patch, config=config)
+    estimator = tfcases.convert(
+        model_dir, lambda: _family_model(loss, weighted_metrics), patch=patch, config=config
+    )
     # a short last batch of 4 in training and evaluation
     estimator.train(tfcases.dataset_input_fn(features, y), steps=7)
     metrics = estimator.evaluate(tfcases.dataset_input_fn(features, y))
@@ -167,7 +173,16 @@ def test_every_loss_kind_with_sample_weights_as_stock(tmp_path, loss, labels, we
         tmp_path / "engine", {"mode": "cpu", "engine": "strategy"}, loss, labels, weights
     )
     assert len(engine[2]) == tfcases.N
-    tfcases.assert_same(stock, engine, TOLERANCE)
+    if loss != "custom":
+        tfcases.assert_same(stock, engine, TOLERANCE)
+        return
+    # weighted_metrics: weighted by tpushim (docs/reference/differences.md), as Keras's
+    # model.evaluate weighs them: each row's squared error, on stock's predictions.
+    tfcases.assert_same(stock, engine, TOLERANCE, skip=("mse",))
+    features, y = _family_data(loss, labels, weights)
+    w = features["sample_weights"]
+    errors = (np.array([p["p"][0] for p in stock[2]]) - y.reshape(-1)) ** 2
+    np.testing.assert_allclose(engine[1]["mse"], np.sum(w * errors) / np.sum(w), atol=TOLERANCE)
 
 
 def test_a_sum_loss_read_per_row_is_caught(tmp_path, monkeypatch):
@@ -211,3 +226,43 @@ def test_weights_on_a_one_number_loss_are_refused_before_anything_is_written(tmp
         getattr(estimator, call)(tfcases.dataset_input_fn(features, y), steps=1)
     after = sorted(os.listdir(model_dir)) if model_dir.exists() else []
     assert after == before
+
+
+TPUESTIMATOR = pytest.mark.skipif(
+    tfcases.TF_VERSION >= (2, 16), reason="no TPUEstimator on TensorFlow >= 2.16"
+)
+
+
+@TPUESTIMATOR
+@pytest.mark.parametrize(
+    "loss,labels,weights",
+    [("sum", "batch", None), ("kld", "batch", None), ("custom", "batch", "batch")],
+)
+def test_the_tpuestimator_path_as_stock(tmp_path, loss, labels, weights):
+    """The same family on the TPUEstimator path in cpu mode (its padded short batch): a SUM
+    loss and kl_divergence on [batch] labels were read per row there too. (Without
+    weighted_metrics: a weighted "mse" on [batch] labels still fails to build on that path.)"""
+    stock = _family_run(tmp_path / "stock", {"mode": "off"}, loss, labels, weights, False)
+    patch = {"mode": "cpu", "engine": "tpuestimator"}
+    shim = _family_run(tmp_path / "shim", patch, loss, labels, weights, False)
+    assert isinstance(shim[0], tfcases.ESTIMATOR.tpu.TPUEstimator)
+    tfcases.assert_same(stock, shim, TOLERANCE)
+
+
+@TPUESTIMATOR
+def test_the_tpuestimator_path_refuses_weights_on_a_one_number_loss(tmp_path):
+    from tpushim._errors import ConversionError
+
+    features, y = _family_data("mse", "batch", "batch")
+    estimator = tfcases.convert(
+        tmp_path, lambda: _family_model("mse"), patch={"mode": "cpu", "engine": "tpuestimator"}
+    )
+    with pytest.raises(ConversionError, match=r"\[batch, 1\] \(labels\[:, None\]"):
+        estimator.train(tfcases.dataset_input_fn(features, y), steps=1)
+    assert not tf_checkpoint_written(tmp_path)
+
+
+def tf_checkpoint_written(model_dir):
+    import tensorflow as tf
+
+    return tf.train.latest_checkpoint(str(model_dir)) is not None

@@ -281,11 +281,17 @@ def row_label_kind(where, loss_fn, output_shape, output_dtype):
         rng = np.random.RandomState(draw)
         y_pred = _synthetic(output_shape, output_dtype, _ROWS, draw, rng)
         y_true = _synthetic(output_shape[:-1], output_dtype, _ROWS, draw, rng)
-        with tf.init_scope():  # eager, also while a step is traced
-            out = [
-                np.asarray(loss_fn.call(tf.constant(y_true[rows]), tf.constant(y_pred[rows])))
-                for rows in (slice(0, _ROWS), *_PARTS)
-            ]
+        parts = [(y_true[rows], y_pred[rows]) for rows in (slice(0, _ROWS), *_PARTS)]
+        with tf.init_scope():  # eager, also while a step is traced (the strategy engine)
+            eager = tf.executing_eagerly()
+            if eager:
+                out = [np.asarray(loss_fn.call(tf.constant(t), tf.constant(p))) for t, p in parts]
+        if not eager:  # in a model_fn's graph (the TPUEstimator path): a graph of its own
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                t = tf.compat.v1.placeholder(y_true.dtype, [None])
+                p = tf.compat.v1.placeholder(y_pred.dtype, [None, *y_pred.shape[1:]])
+                value = loss_fn.call(t, p)
+                out = [sess.run(value, {t: a, p: b}) for a, b in parts]
         return out[0], out[1:]
 
     fix = (

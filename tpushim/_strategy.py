@@ -970,11 +970,20 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
         _tfprivate.build_compiled_metrics(
             metrics_model, _as_dict_or_one(labels, names), _as_dict_or_one(carried, names)
         )
-        metrics_model.compiled_metrics.update_state(
-            _as_dict_or_one([_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)], names),
-            _as_dict_or_one(carried, names),
-            _as_dict_or_one(weights, names),
-        )
+        as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
+        update = metrics_model.compiled_metrics.update_state
+        outputs, weights = _as_dict_or_one(carried, names), _as_dict_or_one(weights, names)
+        if all(a is y for a, y in zip(as_stock, labels)):
+            update(_as_dict_or_one(labels, names), outputs, weights)
+            return
+        # [batch] labels of a [batch, 1] output: weighted_metrics weigh each row, as Keras's
+        # model.evaluate reads them ([batch, 1]; stock's estimator leaves them unweighted),
+        # the others as stock's graph (one value per batch where they reduce the last axis).
+        with _tfprivate.compiled_metrics_only(metrics_model, weighted=False):
+            update(_as_dict_or_one(as_stock, names), outputs, weights)
+        rows = [_padding.row_labels(y, o) for y, o in zip(labels, carried)]
+        with _tfprivate.compiled_metrics_only(metrics_model, weighted=True):
+            update(_as_dict_or_one(rows, names), outputs, weights)
 
     return update
 
