@@ -19,7 +19,9 @@ over the replicas). Activity regularizers beside SyncBatchNormalization and Batc
 input loss from the model run on each row alone (BatchNormalization on one row: ``per_row``),
 and the input losses counted on the padding rows (``unmasked``, kind "activity"). Also: stock's
 estimator reading
-the engine's model_dir, and a model XLA cannot compile (the step is compiled with XLA).
+the engine's model_dir, and a model XLA cannot compile (the step is compiled with XLA). [batch]
+labels for the [batch, 1] output (``ROW_LABELS``, 8 replicas and 1): a SUM loss (one number for
+the batch, the rows' mean) and a per-example custom loss with sample weights.
 
 On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
 ``python strategy_proof.py --record tests/reference/strategy_tf215.json`` in a TF 2.15 venv, and
@@ -84,6 +86,13 @@ NX = rng.randn(NORMAL_ROWS, 4).astype(np.float32)
 NY = (NX[:, :1] * 2 - NX[:, 1:2] + 0.1 * rng.randn(NORMAL_ROWS, 1)).astype(np.float32)
 NORMALIZED = ("synced", "normalized")
 MORE = ("weighted", "masked", "activity", *NORMALIZED)
+#: [batch] labels for the [batch, 1] output: Keras squeezes the output, so a SUM mse is one number
+#: for the batch (the rows' mean); a per-example loss with sample weights weighs each row.
+ROW_LABELS = ("row_sum", "row_weighted")
+
+
+def absolute_error(y_true, y_pred):  # one value per example
+    return tf.abs(y_true - y_pred)
 
 
 @tf.keras.utils.register_keras_serializable(package="tpushim_strategy_proof")
@@ -186,7 +195,11 @@ class Penalty(tf.keras.layers.Layer):
 
 
 def _more_inputs(kind):
-    if kind == "weighted":
+    if kind == "row_sum":
+        train = ((X, Y[:, 0]), X)
+    elif kind == "row_weighted":
+        train = (({"features": X, "sample_weights": W}, Y[:, 0]), X)
+    elif kind == "weighted":
         train = (({"features": X, "sample_weights": W}, Y), X)
     elif kind == "masked":
         train = ((SEQ, SEQ_Y), SEQ)
@@ -205,14 +218,22 @@ def model(kind):
     tf.keras.utils.set_random_seed(1)
     if kind in MORE:
         return _more_model(kind)
-    loss, rate = LOSSES[kind]
+    loss, rate = {"row_sum": LOSSES["sum"], "row_weighted": (absolute_error, 0.1)}.get(
+        kind, LOSSES.get(kind)
+    )
     m = tf.keras.Sequential(
         [
             tf.keras.layers.Dense(5, input_shape=(4,), activation="tanh", name="hidden"),
             tf.keras.layers.Dense(1, name="out"),
         ]
     )
-    m.compile(tf.keras.optimizers.legacy.SGD(rate, momentum=0.9), loss=loss, metrics=["mae"])
+    weighted = ["mse"] if kind == "row_weighted" else None
+    m.compile(
+        tf.keras.optimizers.legacy.SGD(rate, momentum=0.9),
+        loss=loss,
+        metrics=["mae"],
+        weighted_metrics=weighted,
+    )
     return m
 
 
@@ -252,7 +273,8 @@ INPUT_STYLES = {
 
 
 def run(estimator, train=None, kind=None):
-    train_fn, predict_fn = _more_inputs(kind) if kind in MORE else (train_input, predict_input)
+    more = kind in MORE or kind in ROW_LABELS
+    train_fn, predict_fn = _more_inputs(kind) if more else (train_input, predict_input)
     estimator.train(train or train_fn, steps=STEPS)
     metrics = {k: float(v) for k, v in estimator.evaluate(train_fn).items()}
     predictions = np.array([p["out"] for p in estimator.predict(predict_fn)])
@@ -296,8 +318,8 @@ def stock_run(kind, root, style=None):
 def record(path, root):
     """Stock's numbers for every kind, as JSON (run on TensorFlow 2.15)."""
     out = {"tensorflow": tf.__version__}
-    for kind in [*LOSSES, *MORE, *INPUT_STYLES]:
-        if kind in LOSSES or kind in MORE:
+    for kind in [*LOSSES, *MORE, *ROW_LABELS, *INPUT_STYLES]:
+        if kind in LOSSES or kind in MORE or kind in ROW_LABELS:
             metrics, predictions, values = stock_run(kind, root)
         else:
             metrics, predictions, values = stock_run("mean", root, kind)
@@ -312,7 +334,8 @@ def record(path, root):
 
 
 def _weighted_mse(predictions):
-    """Keras's model.evaluate value of the weighted_metrics "mse" of kind "weighted" on stock's
+    """Keras's model.evaluate value of the weighted_metrics "mse" of kind "weighted" (and
+    "row_weighted", its [batch] labels read per row as model.evaluate reads them) on stock's
     predictions: stock's estimator reports weighted_metrics unweighted, and tpushim weighs them
     (as its TPUEstimator path does), so that key is compared with this."""
     errors = (np.asarray(predictions, np.float64).reshape(-1) - Y.reshape(-1)) ** 2
@@ -331,7 +354,7 @@ def differences(ours, stock, kind=None):
     }
     if m1 is None:  # trained only
         return out
-    weighted = {"mse": _weighted_mse(p2)} if kind == "weighted" else {}
+    weighted = {"mse": _weighted_mse(p2)} if kind in ("weighted", "row_weighted") else {}
     return {
         **out,
         "metrics": max(rel(m1[k], weighted.get(k, m2[k])) for k in m2),
@@ -444,6 +467,15 @@ def main(root):
                 out[kind]["local"] = {"weights": float("inf"), "nan": True}
             finally:
                 _strategy.all_reduce_sum = summed
+
+    for kind in ROW_LABELS:  # [batch] labels: the engine on 8 replicas and 1 (no controls)
+        stock = stock_run(kind, root)
+        eight = engine(model(kind), os.path.join(root, kind, "eight"))
+        one = engine(model(kind), os.path.join(root, kind, "one"), 1)
+        out[kind] = {
+            "eight": differences(run(eight, kind=kind), stock, kind),
+            "one": differences(run(one, kind=kind), stock, kind),
+        }
 
     # Every legacy input_fn style, on 8 replicas, against stock (a mean loss): the weights and
     # slots it trains (evaluation and prediction read Datasets, proven above).

@@ -23,6 +23,8 @@ GLOBAL = ("weighted", "masked", "activity", "synced")  # a replica's share: the 
 # BatchNormalization, whose moments are a replica's own rows' (stock's on 1 replica), in full
 # global batches of 16.
 ONE_REPLICA = ("normalized",)
+# [batch] labels for the [batch, 1] output: a SUM loss, and a per-example loss with sample weights.
+ROW_LABELS = ("row_sum", "row_weighted")
 STYLES = ("tensors", "one_shot", "queue", "numpy")
 
 
@@ -50,7 +52,8 @@ def test_stock_is_stock_tensorflow_215(proof):
 
 @pytest.mark.parametrize(
     "kind,replicas",
-    [(k, r) for k in KINDS for r in ("eight", "one")] + [(k, "one") for k in ONE_REPLICA],
+    [(k, r) for k in (*KINDS, *ROW_LABELS) for r in ("eight", "one")]
+    + [(k, "one") for k in ONE_REPLICA],
 )
 def test_engine_equals_stock(proof, kind, replicas):
     got = proof[kind][replicas]

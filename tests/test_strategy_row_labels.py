@@ -5,8 +5,15 @@ pads) to weigh padding rows out; its host metrics read them as stock's graph doe
 reducing the last axis, ``mae``, gives one value per batch, averaged over the batches). Training
 on a short last batch then equals stock's within 1e-5, as do the eval loss, every metric and the
 predictions: a regression output beside a softmax one, and a sigmoid output with
-accuracy / crossentropy / mae / AUC. On TensorFlow >= 2.16 "stock" is tpushim's own Estimator
-(tpushim/_legacy), proven equal to stock 2.15 elsewhere."""
+accuracy / crossentropy / mae / AUC.
+
+With sample weights and every loss kind: Keras squeezes the [batch, 1] output to [batch], so a
+loss reducing the last axis (mse, binary crossentropy, a SUM loss, KL divergence) is one number
+for the batch -- the rows' mean or sum whatever the loss's reduction -- which stock cannot weigh
+per example (its first step fails: the engine refuses it before anything is written), while a
+per-example custom loss and sparse categorical crossentropy weigh each row. [batch, 1] labels
+with weights too. On TensorFlow >= 2.16 "stock" is tpushim's own Estimator (tpushim/_legacy),
+proven equal to stock 2.15 elsewhere."""
 
 import numpy as np
 import pytest
@@ -75,3 +82,187 @@ def test_batch_labels_for_a_batch_by_one_output_as_stock(tmp_path, case):
         else {"loss", "accuracy", "binary_crossentropy", "mae", "auc"}
     )
     assert expected <= set(engine[1])
+
+
+def absolute_error(y_true, y_pred):  # one value per example: Keras weighs each row
+    import tensorflow as tf
+
+    return tf.abs(y_true - y_pred)
+
+
+def _loss(name):
+    import tensorflow as tf
+
+    return {
+        "mse": "mse",
+        "bce": "binary_crossentropy",
+        "sum": tf.keras.losses.MeanSquaredError(reduction="sum"),
+        "kld": "kl_divergence",  # sums the last axis: on [batch] labels, the batch (degree 1)
+        "custom": absolute_error,
+        "scce": "sparse_categorical_crossentropy",
+    }[name]
+
+
+def _family_model(loss, weighted_metrics=True):
+    import tensorflow as tf
+
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    classes = 3 if loss == "scce" else 1
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((4,), name="x"),
+            tf.keras.layers.Dense(5, activation="tanh"),
+            tf.keras.layers.Dense(
+                classes, activation="softmax" if classes > 1 else "sigmoid", name="p"
+            ),
+        ]
+    )
+    metrics = ["accuracy"] if loss == "scce" else ["accuracy", "mae"]
+    # each row weighed, as model.evaluate weighs them
+    weighted = ["mse"] if loss == "custom" and weighted_metrics else None
+    model.compile(
+        tf.keras.optimizers.legacy.SGD(0.5), _loss(loss), metrics=metrics, weighted_metrics=weighted
+    )
+    return model
+
+
+def _family_data(loss, labels, weights):
+    """Features (``{"features", "sample_weights"}`` with weights), labels [52] or [52, 1]."""
+    rng = np.random.RandomState(5)
+    x = rng.rand(tfcases.N, 4).astype("float32")
+    if loss == "scce":
+        y = np.minimum(x[:, 0] * 3, 2).astype("int64")
+    else:
+        y = (x[:, 0] + rng.rand(tfcases.N) > 1.0).astype("float32")
+    y = y if labels == "batch" else y[:, None]
+    w = rng.uniform(0.2, 2.0, tfcases.N).astype("float32")
+    return (x if weights is None else {"features": x, "sample_weights": w}), y
+
+
+def _family_run(model_dir, patch, loss, labels, weights, weighted_metrics=True):
+    features, y = _family_data(loss, labels, weights)
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    estimator = tfcases.convert(
+        model_dir, lambda: _family_model(loss, weighted_metrics), patch=patch, config=config
+    )
+    # a short last batch of 4 in training and evaluation
+    estimator.train(tfcases.dataset_input_fn(features, y), steps=7)
+    metrics = estimator.evaluate(tfcases.dataset_input_fn(features, y))
+    x = features if weights is None else features["features"]
+    predictions = list(estimator.predict(tfcases.dataset_input_fn(x)))
+    return estimator, metrics, predictions, tfcases.checkpoint_values(model_dir)
+
+
+#: (loss, labels, sample weights) that stock trains: weights only where the loss is per example.
+FAMILY = [
+    ("mse", "batch", None),
+    ("bce", "batch", None),
+    ("sum", "batch", None),
+    ("kld", "batch", None),
+    ("custom", "batch", "batch"),
+    ("scce", "batch", "batch"),
+    ("sum", "batch_by_one", "batch"),
+]
+
+
+@pytest.mark.parametrize("loss,labels,weights", FAMILY)
+def test_every_loss_kind_with_sample_weights_as_stock(tmp_path, loss, labels, weights):
+    stock = _family_run(tmp_path / "stock", {"mode": "off"}, loss, labels, weights)
+    engine = _family_run(
+        tmp_path / "engine", {"mode": "cpu", "engine": "strategy"}, loss, labels, weights
+    )
+    assert len(engine[2]) == tfcases.N
+    if loss != "custom":
+        tfcases.assert_same(stock, engine, TOLERANCE)
+        return
+    # weighted_metrics: weighted by tpushim (docs/reference/differences.md), as Keras's
+    # model.evaluate weighs them: each row's squared error, on stock's predictions.
+    tfcases.assert_same(stock, engine, TOLERANCE, skip=("mse",))
+    features, y = _family_data(loss, labels, weights)
+    w = features["sample_weights"]
+    errors = (np.array([p["p"][0] for p in stock[2]]) - y.reshape(-1)) ** 2
+    np.testing.assert_allclose(engine[1]["mse"], np.sum(w * errors) / np.sum(w), atol=TOLERANCE)
+
+
+def test_a_sum_loss_read_per_row_is_caught(tmp_path, monkeypatch):
+    """Negative control: the engine as it was, reading [batch] labels as [batch, 1] for every
+    loss, sums a SUM loss over the rows where stock takes their mean."""
+    from tpushim import _padding, _strategy
+
+    stock = _family_run(tmp_path / "stock", {"mode": "off"}, "sum", "batch", None)
+    monkeypatch.setattr(
+        _strategy,
+        "row_label_term",
+        lambda name, loss, kind, y_true, y_pred, weight: (
+            _padding.row_labels(y_true, y_pred),
+            kind,
+        ),
+    )
+    engine = _family_run(
+        tmp_path / "engine", {"mode": "cpu", "engine": "strategy"}, "sum", "batch", None
+    )
+    with pytest.raises(AssertionError):
+        tfcases.assert_same(stock, engine, TOLERANCE)
+
+
+@pytest.mark.parametrize("loss", ["mse", "sum"])
+@pytest.mark.parametrize("call", ["train", "evaluate"])
+def test_weights_on_a_one_number_loss_are_refused_before_anything_is_written(tmp_path, loss, call):
+    """Stock's first step fails on them ("Can not squeeze dim[0]"): refused, naming the fix."""
+    import os
+
+    from tpushim._errors import ConversionError
+
+    features, y = _family_data(loss, "batch", "batch")
+    model_dir = tmp_path / "engine"
+    estimator = tfcases.convert(
+        model_dir, lambda: _family_model(loss), patch={"mode": "cpu", "engine": "strategy"}
+    )
+    if call == "evaluate":  # trained on [batch, 1] labels, evaluated on [batch] ones
+        estimator.train(tfcases.dataset_input_fn(features, y[:, None]), steps=1)
+    before = sorted(os.listdir(model_dir)) if model_dir.exists() else []
+    with pytest.raises(ConversionError, match=r"\[batch, 1\] \(labels\[:, None\]"):
+        getattr(estimator, call)(tfcases.dataset_input_fn(features, y), steps=1)
+    after = sorted(os.listdir(model_dir)) if model_dir.exists() else []
+    assert after == before
+
+
+TPUESTIMATOR = pytest.mark.skipif(
+    tfcases.TF_VERSION >= (2, 16), reason="no TPUEstimator on TensorFlow >= 2.16"
+)
+
+
+@TPUESTIMATOR
+@pytest.mark.parametrize(
+    "loss,labels,weights",
+    [("sum", "batch", None), ("kld", "batch", None), ("custom", "batch", "batch")],
+)
+def test_the_tpuestimator_path_as_stock(tmp_path, loss, labels, weights):
+    """The same family on the TPUEstimator path in cpu mode (its padded short batch): a SUM
+    loss and kl_divergence on [batch] labels were read per row there too. (Without
+    weighted_metrics: a weighted "mse" on [batch] labels still fails to build on that path.)"""
+    stock = _family_run(tmp_path / "stock", {"mode": "off"}, loss, labels, weights, False)
+    patch = {"mode": "cpu", "engine": "tpuestimator"}
+    shim = _family_run(tmp_path / "shim", patch, loss, labels, weights, False)
+    assert isinstance(shim[0], tfcases.ESTIMATOR.tpu.TPUEstimator)
+    tfcases.assert_same(stock, shim, TOLERANCE)
+
+
+@TPUESTIMATOR
+def test_the_tpuestimator_path_refuses_weights_on_a_one_number_loss(tmp_path):
+    from tpushim._errors import ConversionError
+
+    features, y = _family_data("mse", "batch", "batch")
+    estimator = tfcases.convert(
+        tmp_path, lambda: _family_model("mse"), patch={"mode": "cpu", "engine": "tpuestimator"}
+    )
+    with pytest.raises(ConversionError, match=r"\[batch, 1\] \(labels\[:, None\]"):
+        estimator.train(tfcases.dataset_input_fn(features, y), steps=1)
+    assert not tf_checkpoint_written(tmp_path)
+
+
+def tf_checkpoint_written(model_dir):
+    import tensorflow as tf
+
+    return tf.train.latest_checkpoint(str(model_dir)) is not None

@@ -259,6 +259,50 @@ def _output_evaluator(loss_fn, output_shape, output_dtype):
     return evaluate
 
 
+_row_label_kinds = weakref.WeakKeyDictionary()  # loss function -> its kind on [batch] labels
+
+
+def row_label_kind(where, loss_fn, output_shape, output_dtype):
+    """The degree of an output's loss given [batch] labels for its [batch, 1] output, where it
+    is one number for the batch: Keras squeezes the output to [batch] first, so a loss that
+    reduces the last axis (``mse``, ``binary_crossentropy``) reduces the batch itself, whatever
+    the loss's reduction (a SUM loss's sum of one number is that number: a mean over the rows,
+    degree 0; a loss summing the last axis, ``kl_divergence``, sums the rows, degree 1).
+    Evaluated eagerly on synthetic rows, once per loss function.
+
+    Raises:
+      LossSplitError: neither a sum nor a mean over the rows (e.g. ``cosine_similarity``).
+    """
+    if loss_fn in _row_label_kinds:
+        return _row_label_kinds[loss_fn]
+    output_shape = list(output_shape)
+
+    def evaluate(draw):
+        rng = np.random.RandomState(draw)
+        y_pred = _synthetic(output_shape, output_dtype, _ROWS, draw, rng)
+        y_true = _synthetic(output_shape[:-1], output_dtype, _ROWS, draw, rng)
+        parts = [(y_true[rows], y_pred[rows]) for rows in (slice(0, _ROWS), *_PARTS)]
+        with tf.init_scope():  # eager, also while a step is traced (the strategy engine)
+            eager = tf.executing_eagerly()
+            if eager:
+                out = [np.asarray(loss_fn.call(tf.constant(t), tf.constant(p))) for t, p in parts]
+        if not eager:  # in a model_fn's graph (the TPUEstimator path): a graph of its own
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                t = tf.compat.v1.placeholder(y_true.dtype, [None])
+                p = tf.compat.v1.placeholder(y_pred.dtype, [None, *y_pred.shape[1:]])
+                value = loss_fn.call(t, p)
+                out = [sess.run(value, {t: a, p: b}) for a, b in parts]
+        return out[0], out[1:]
+
+    fix = (
+        "give the labels the output's shape, [batch, 1] (labels[:, None] in the input_fn), "
+        "which Keras reads one loss per example, or " + _FIX_FUNCTION
+    )
+    kind = _classify(f"{where} on [batch] labels for its [batch, 1] output", evaluate, fix)
+    _row_label_kinds[loss_fn] = kind
+    return kind
+
+
 def _zero_weighted(weight):
     """Whether a ``loss_weights`` entry is a plain 0 (a variable may change: it is not)."""
     return isinstance(weight, (int, float, np.number)) and float(weight) == 0.0

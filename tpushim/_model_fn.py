@@ -18,6 +18,7 @@ differs where a TPU needs it to:
 """
 
 import contextlib
+import dataclasses
 
 import tensorflow as tf
 
@@ -247,6 +248,24 @@ def _scaffold_fn(model):
     return scaffold_fn
 
 
+def _refuse_weighted_one_number(features, names, one_number):
+    """Sample weights on a loss that [batch] labels make one number for the batch
+    (:func:`tpushim._padding.one_number_outputs`): stock's first step fails on them ("Can not
+    squeeze dim[0]"), so they are refused, naming the fix, before anything is written."""
+    if not (isinstance(features, dict) and set(features) == {"features", "sample_weights"}):
+        return
+    weights = _tfprivate.standardize_sample_weights(features["sample_weights"], names)
+    for name, weight in zip(names, weights):
+        if name in one_number and weight is not None:
+            raise ConversionError(
+                f"output {name!r} has [batch] labels for its [batch, 1] output and sample "
+                "weights: Keras squeezes the output to [batch], so its loss is one number for "
+                "the whole batch, which no per-example weight can weigh; the stock estimator "
+                'fails on it too ("Can not squeeze dim[0], expected a dimension of 1"). Give '
+                "the labels the output's shape, [batch, 1] (labels[:, None] in the input_fn)."
+            )
+
+
 def make_model_fn(
     keras_model,
     custom_objects=None,
@@ -293,8 +312,16 @@ def make_model_fn(
             or (mode == ModeKeys.EVAL and (use_tpu or padding_weight is not None))
             else None
         )
+        if plan is not None and labels is not None:
+            # [batch] labels making an output's loss one number for the batch: its degree
+            one_number = _padding.one_number_outputs(keras_model, labels, custom_objects)
+            if one_number:
+                _refuse_weighted_one_number(features, keras_model.output_names, one_number)
+                plan = dataclasses.replace(plan, outputs={**plan.outputs, **one_number})
+        else:
+            one_number = {}
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
-            labels = _padding.labels_for_padded_training(keras_model, labels)
+            labels = _padding.labels_for_padded_training(keras_model, labels, keep=one_number)
         with moved:
             model = _tfprivate.clone_and_build_model(
                 mode=mode,

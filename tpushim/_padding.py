@@ -120,8 +120,44 @@ def row_labels(label, output):
     return label
 
 
-def labels_for_padded_training(keras_model, labels):
-    """The labels of a padded TRAIN batch, with one loss per row for every output (see row_labels)."""
+def one_number_outputs(keras_model, labels, custom_objects=None):
+    """output name -> the degree of its loss (:func:`tpushim._loss_kinds.row_label_kind`), for
+    each output whose [batch] labels of its [batch, 1] output make that loss one number for the
+    batch (Keras squeezes the output first: ``mse``, a SUM loss), as stock's graph computes it;
+    probed in a graph of its own. Its labels stay [batch]: read per row, a SUM loss would sum
+    the rows where stock takes their mean."""
+    if not keras_model.outputs or labels is None:
+        return {}
+    names = keras_model.output_names
+    if isinstance(labels, dict):
+        given = [labels.get(n) for n in names]
+    elif isinstance(labels, (list, tuple)) and len(labels) == len(names):
+        given = list(labels)
+    elif len(names) == 1:
+        given = [labels]
+    else:
+        return {}
+    args = _tfprivate.compile_args(keras_model)
+    with tf.keras.utils.custom_object_scope(custom_objects or {}):
+        loss_fns = _tfprivate.prepare_loss_functions(args.get("loss"), names)
+    found = {}
+    for name, loss_fn, output, label in zip(names, loss_fns, keras_model.outputs, given):
+        if loss_fn is None or not tf.is_tensor(label) or row_labels(label, output) is label:
+            continue
+        with tf.Graph().as_default():
+            y_true = tf.compat.v1.placeholder(label.dtype, [None])
+            y_pred = tf.compat.v1.placeholder(output.dtype, [None, *output.shape[1:]])
+            rank = loss_fn.call(y_true, y_pred).shape.rank
+        if rank == 0:
+            where = f"loss of output {name!r} ({getattr(loss_fn, 'name', type(loss_fn).__name__)})"
+            shape = [None, *output.shape.as_list()[1:]]
+            found[name] = _loss_kinds.row_label_kind(where, loss_fn, shape, output.dtype)
+    return found
+
+
+def labels_for_padded_training(keras_model, labels, keep=()):
+    """The labels of a padded TRAIN batch, with one loss per row for every output (see row_labels)
+    but those named in ``keep`` (:func:`one_number_outputs`)."""
     if not keras_model.outputs:
         # A subclassed model's outputs are known only once cloned: a [batch] label becomes
         # [batch, 1], which every built-in loss reads as the same rows.
@@ -134,12 +170,16 @@ def labels_for_padded_training(keras_model, labels):
             labels,
         )
     outputs = dict(zip(keras_model.output_names, keras_model.outputs))
+    outputs = {k: o for k, o in outputs.items() if k not in keep}
     if isinstance(labels, dict):
         return {k: row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}
     if isinstance(labels, (list, tuple)) and len(labels) == len(keras_model.outputs):
-        return type(labels)(row_labels(label, o) for label, o in zip(labels, keras_model.outputs))
+        return type(labels)(
+            row_labels(label, outputs[n]) if n in outputs else label
+            for label, n in zip(labels, keras_model.output_names)
+        )
     if len(keras_model.outputs) == 1:
-        return row_labels(labels, keras_model.outputs[0])
+        return row_labels(labels, keras_model.outputs[0]) if outputs else labels
     return labels
 
 

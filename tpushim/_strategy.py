@@ -447,12 +447,10 @@ def replica_loss(
     ):
         if loss_obj is None:
             continue
-        # [batch] labels for a [batch, 1] output as [batch, 1], as the TPU path feeds them when
-        # it pads: Keras would reduce the loss to one value inside the loss function, leaving
-        # no per-row loss to weigh padding out of; per row, the mean is stock's.
-        y_true = _padding.row_labels(y_true, y_pred)
+        kind = kinds.get(name, _loss_kinds.ROWS)
+        y_true, kind = row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight)
         endpoints.append(_Endpoint(name, loss_obj, weight, y_true, y_pred, sample_weight))
-        term_kinds.append(kinds.get(name, _loss_kinds.ROWS))
+        term_kinds.append(kind)
         masks.append(getattr(y_pred, "_keras_mask", None))
     totals = _losses.Totals()  # the rows' count and the terms' counts: one collective
     real_rows = totals.add(tf.reduce_sum(pad))
@@ -471,6 +469,62 @@ def replica_loss(
         for degree, values in input_losses:
             total += rows ** float(degree - 1) * tf.reduce_sum(tf.cast(values, tf.float32) * pad)
     return total
+
+
+def _weighted_row_labels(name, loss_obj):
+    # Stock's weighted_loss squeezes the [batch] weights to the loss's rank and fails at its
+    # first step ("Can not squeeze dim[0], expected a dimension of 1, got 8").
+    return ConversionError(
+        f"output {name!r} has [batch] labels for its [batch, 1] output and sample weights: "
+        f"Keras squeezes the output to [batch], so its loss "
+        f"({getattr(loss_obj, 'name', type(loss_obj).__name__)}) is one number for the "
+        "whole batch, which no per-example weight can weigh; the stock estimator fails on "
+        'it too ("Can not squeeze dim[0], expected a dimension of 1"). Give the labels '
+        "the output's shape, [batch, 1] (labels[:, None] in the input_fn)."
+    )
+
+
+def check_row_labels(model, terms, element_spec):
+    """Refuses, before anything is written, sample weights on a loss that [batch] labels of a
+    [batch, 1] output make one number for the batch (:func:`row_label_term`)."""
+    _, labels, _, weights = _unpack(element_spec, model.output_names)
+    if labels is None or weights is None or not model.outputs:
+        return
+    labels = _labels_list(labels, model.output_names)
+    for (name, loss_obj, _), output, label, weight in zip(terms, model.outputs, labels, weights):
+        if loss_obj is None or weight is None or not isinstance(label, tf.TensorSpec):
+            continue
+        y_true = tf.zeros([2] + [d or 1 for d in label.shape.as_list()[1:]], label.dtype)
+        y_pred = tf.zeros([2] + [d or 1 for d in output.shape.as_list()[1:]], output.dtype)
+        if _padding.row_labels(y_true, y_pred) is y_true:
+            continue
+        if loss_obj.call(y_true, y_pred).shape.rank == 0:
+            raise _weighted_row_labels(name, loss_obj)
+
+
+def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
+    """(labels, kind) of an output's loss term as stock's graph computes it, for [batch] labels
+    of a [batch, 1] output: Keras squeezes the output to [batch] before the loss function.
+
+    A loss giving one value per row there (``lambda t, p: tf.abs(t - p)``) reads the labels as
+    [batch, 1] (the same rows; padding weighs them out). One that reduces the last axis
+    (``mse``, ``binary_crossentropy``, a SUM loss) gives one number for the batch: a term of
+    the degree its value has on [batch] labels (:func:`tpushim._loss_kinds.row_label_kind`),
+    evaluated per real row; a SUM loss is then the rows' mean, as stock's. Such a number times
+    per-example sample weights is refused, as stock fails on it.
+    """
+    if _padding.row_labels(y_true, y_pred) is y_true or kind in (
+        _loss_kinds.CONSTANT,
+        _loss_kinds.UNWEIGHTED,
+    ):
+        return _padding.row_labels(y_true, y_pred), kind
+    if loss_obj.call(y_true, y_pred).shape.rank != 0:  # one value per row
+        return _padding.row_labels(y_true, y_pred), kind
+    if sample_weight is not None:  # refused before the trace: check_row_labels
+        raise _weighted_row_labels(name, loss_obj)
+    shape = [None, *y_pred.shape.as_list()[1:]]
+    where = f"loss of output {name!r} ({getattr(loss_obj, 'name', type(loss_obj).__name__)})"
+    return y_true, _loss_kinds.row_label_kind(where, loss_obj, shape, y_pred.dtype)
 
 
 def global_rows(pad):
@@ -613,8 +667,8 @@ def _loss_of(plan, terms, model, features, labels, pad, weights, training, repli
     """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
     outputs, regularizers, adds, activity = _called(model, features, training)
     added = input_losses(model, features, training, plan.added_degrees, activity) if adds else ()
-    # [batch] labels (a pandas Series') for a [batch, 1] output: one loss per row, as padding needs.
-    labels = _padding.labels_for_padded_training(model, labels)
+    if not model.outputs:  # subclassed: a [batch] label as [batch, 1] (graph networks: per
+        labels = _padding.labels_for_padded_training(model, labels)  # output, replica_loss)
     loss = replica_loss(
         terms,
         plan.loss_kinds,
@@ -968,11 +1022,20 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
         _tfprivate.build_compiled_metrics(
             metrics_model, _as_dict_or_one(labels, names), _as_dict_or_one(carried, names)
         )
-        metrics_model.compiled_metrics.update_state(
-            _as_dict_or_one([_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)], names),
-            _as_dict_or_one(carried, names),
-            _as_dict_or_one(weights, names),
-        )
+        as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
+        update = metrics_model.compiled_metrics.update_state
+        outputs, weights = _as_dict_or_one(carried, names), _as_dict_or_one(weights, names)
+        if all(a is y for a, y in zip(as_stock, labels)):
+            update(_as_dict_or_one(labels, names), outputs, weights)
+            return
+        # [batch] labels of a [batch, 1] output: weighted_metrics weigh each row, as Keras's
+        # model.evaluate reads them ([batch, 1]; stock's estimator leaves them unweighted),
+        # the others as stock's graph (one value per batch where they reduce the last axis).
+        with _tfprivate.compiled_metrics_only(metrics_model, weighted=False):
+            update(_as_dict_or_one(as_stock, names), outputs, weights)
+        rows = [_padding.row_labels(y, o) for y, o in zip(labels, carried)]
+        with _tfprivate.compiled_metrics_only(metrics_model, weighted=True):
+            update(_as_dict_or_one(rows, names), outputs, weights)
 
     return update
 
@@ -1079,6 +1142,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # The input first, as stock calls its input_fn first: an input refused (tensors on a
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
+        check_row_labels(run.model, run.terms, made[1])
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             # What a TPU could not compile is refused before anything is written.
@@ -1196,6 +1260,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _evaluate_batches(self, run, early, input_fn, steps, user_hooks, checkpoint_path, name):
         dataset, element_spec = early.input or self._input(input_fn, ModeKeys.EVAL)
+        check_row_labels(run.model, run.terms, element_spec)
         names = run.model.output_names
         added = _strategy_metrics.added(
             self._tpushim_metric_fns,

@@ -611,6 +611,23 @@ def build_compiled_metrics(keras_model, y_true, y_pred):
         compiled.build(y_pred, compiled._conform_to_outputs(y_pred, y_true))
 
 
+@contextlib.contextmanager
+def compiled_metrics_only(keras_model, weighted):
+    """While open, the model's built compiled metrics container updates only its weighted
+    metrics (``weighted``) or only its other ones, so each kind can be given its own labels."""
+    compiled = keras_model.compiled_metrics
+    saved = compiled._metrics, compiled._weighted_metrics
+    hidden = [[] for _ in saved[0]]
+    if weighted:
+        compiled._metrics = hidden
+    else:
+        compiled._weighted_metrics = hidden
+    try:
+        yield
+    finally:
+        compiled._metrics, compiled._weighted_metrics = saved
+
+
 def set_metric_name(metric, name):
     """Gives a rebuilt metric the unique name Keras gave the original (``from_config`` does not)."""
     metric._name = name
