@@ -768,14 +768,15 @@ class _Run:
                 variable.assign(value)
         self.restored = latest
 
-    def save(self, kept):
+    def save(self, kept, meta=None):
         """Writes ``model.ckpt-STEP`` as stock names it, in stock's format, and lists it in
-        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._step_events.Kept`)."""
+        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._step_events.Kept`;
+        ``meta``: the bytes of its ``.meta``, or None)."""
         step = int(self.step.numpy())
         tf.compat.v1.logging.info(
             "Saving checkpoints for %d into %s.", step, os.path.join(self.model_dir, "model.ckpt")
         )
-        path = self.checkpoints.write(os.path.join(self.model_dir, f"model.ckpt-{step}"))
+        path = self.checkpoints.write(os.path.join(self.model_dir, f"model.ckpt-{step}"), meta)
         kept.saved(path, relative=self.checkpoints.name_based)  # stock's Saver's paths
         return path
 
@@ -1038,7 +1039,20 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _train_steps(self, run, made, user_hooks, start, steps, last, listeners):
         config = self.config
-        events = _step_events.StepEvents(config, self.model_dir)
+        # Stock's graph in the events, and where RunConfig's checkpoint_save_graph_def says
+        # (True by default) in graph.pbtxt and model.ckpt-N.meta: the one graph built per
+        # conversion for the checkpoints' names (_strategy_checkpoint.stock_meta_graph).
+        plan = self._tpushim_plan
+        meta_bytes, graph_text = None, None
+        if getattr(config, "checkpoint_save_graph_def", True):
+            meta_bytes, graph_text = _strategy_checkpoint.stock_graph_files(plan)
+        events = _step_events.StepEvents(
+            config,
+            self.model_dir,
+            _strategy_checkpoint.stock_graph(plan),
+            _strategy_checkpoint.stock_meta_graph(plan),
+            graph_text,
+        )
         kept = _step_events.Kept(self.model_dir, self._tpushim_keep)
         for listener in listeners:
             listener.begin()
@@ -1052,7 +1066,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             step = int(run.step.numpy())
             for listener in listeners:
                 listener.before_save(None, step)
-            run.save(kept)
+            run.save(kept, meta_bytes)
             events.checkpoint(step)
             saved.update(step=step, at=time.monotonic())
             return any([listener.after_save(None, step) for listener in listeners])

@@ -11,7 +11,7 @@
   names; ``checkpoint`` lists paths relative to model_dir.
 
 The engine runs eagerly and has no such graph, so the names are read from one, built once per
-conversion as stock builds it (:func:`tpushim._tfprivate.stock_checkpoint_names`), and matched
+conversion as stock builds it (:func:`tpushim._tfprivate.stock_training_graph`), and matched
 with the engine's variables by their object-graph path, which the two models share (they are
 clones of one model with one optimizer class). The optimizer's variables are created under the
 name scope stock's graph gave them, so object-based checkpoints record stock's names too.
@@ -31,17 +31,53 @@ from tpushim._errors import ConversionError
 #: The key that marks an object-based checkpoint (TensorFlow's ``OBJECT_GRAPH_PROTO_KEY``).
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
-_STOCK_NAMES = weakref.WeakKeyDictionary()  # plan -> stock_checkpoint_names(...): one graph each
+_STOCK_GRAPHS = weakref.WeakKeyDictionary()  # plan -> stock_training_graph(...): one graph each
+
+
+def _stock(plan):
+    if plan not in _STOCK_GRAPHS:
+        _STOCK_GRAPHS[plan] = _tfprivate.stock_training_graph(
+            plan.keras_model,
+            plan.custom_objects,
+            getattr(plan, "features_spec", None),
+            object_based=not getattr(plan, "name_based_checkpoints", False),
+        )
+    return _STOCK_GRAPHS[plan]
 
 
 def stock_names(plan):
     """({object path: stock's variable name}, stock's saved names with no object path) for the
     plan's model (a :class:`tpushim._strategy.Plan`), built at the first need."""
-    if plan not in _STOCK_NAMES:
-        _STOCK_NAMES[plan] = _tfprivate.stock_checkpoint_names(
-            plan.keras_model, plan.custom_objects, getattr(plan, "features_spec", None)
-        )
-    return _STOCK_NAMES[plan]
+    return _stock(plan)[:2]
+
+
+def stock_graph(plan):
+    """That graph itself (a ``tf.Graph``), for the events' writer (see :func:`stock_meta_graph`)."""
+    return _stock(plan)[2]
+
+
+_GRAPH_FILES = weakref.WeakKeyDictionary()  # plan -> (.meta bytes, graph.pbtxt text)
+
+
+def stock_graph_files(plan):
+    """(the bytes of every ``model.ckpt-N.meta``, the text of ``graph.pbtxt``) of
+    :func:`stock_meta_graph`, made once per conversion: each train() call writes them again."""
+    if plan not in _GRAPH_FILES:
+        from google.protobuf import text_format
+
+        meta = stock_meta_graph(plan)
+        text = text_format.MessageToString(meta.graph_def)  # as tf.io.write_graph formats it
+        _GRAPH_FILES[plan] = (meta.SerializeToString(), text)
+    return _GRAPH_FILES[plan]
+
+
+def stock_meta_graph(plan):
+    """Stock's training graph of the plan's model as a MetaGraphDef whose Saver restores the
+    checkpoints this engine writes (``import_meta_graph``): not the graph of stock's whole
+    model_fn (no input pipeline, loss or train op of the Estimator's), but the model, its
+    optimizer and the global step under stock's names, with the Saver stock's Keras estimator
+    has. ``graph.pbtxt``, the events' graph and every ``model.ckpt-N.meta`` hold it."""
+    return _stock(plan)[3]
 
 
 def optimizer_scope(plan):
@@ -127,8 +163,17 @@ class Checkpoints:
                 "engine='tpuestimator' where TPUEstimator runs."
             )
 
-    def write(self, prefix):
-        """Writes the run's variables at ``prefix``; returns the checkpoint's path."""
+    def write(self, prefix, meta=None):
+        """Writes the run's variables at ``prefix``, and ``meta`` (serialized MetaGraphDef
+        bytes, or None) as ``prefix.meta``, as stock's Saver does; returns the checkpoint's
+        path."""
+        path = self._write(prefix)
+        if meta is not None:
+            with tf.io.gfile.GFile(path + ".meta", "wb") as f:
+                f.write(meta)
+        return path
+
+    def _write(self, prefix):
         if not self.name_based:
             return self._object.write(prefix)
         variables = self._by_name()

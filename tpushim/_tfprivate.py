@@ -1169,9 +1169,18 @@ def stock_checkpoint_names(keras_model, custom_objects, features=None):
     ({object path: the variable's name there}, names of variables stock's Saver saves that have
     no object path). ``features``: the input's feature specs, on which stock's model_fn builds a
     subclassed model (a graph network is built on its own inputs)."""
-    import tensorflow as tf
+    return stock_training_graph(keras_model, custom_objects, features)[:2]
 
-    with tf.Graph().as_default():
+
+def stock_training_graph(keras_model, custom_objects, features=None, object_based=True):
+    """:func:`stock_checkpoint_names`'s two values, then that graph (its model, optimizer and
+    global step) and its MetaGraphDef carrying the Saver stock's Keras estimator restores with
+    (keras_lib's: an object-based one over the model's saveables, or the Scaffold's default
+    name-based one): what ``graph.pbtxt``, the events' graph and ``model.ckpt-N.meta`` hold."""
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import graph_view
+
+    with tf.Graph().as_default() as graph:
         step = tf.compat.v1.train.create_global_step()
         if features is not None:
             features = tf.nest.map_structure(
@@ -1185,8 +1194,14 @@ def stock_checkpoint_names(keras_model, custom_objects, features=None):
         track_estimator_step(model, step)  # keras_lib's object-based checkpoints track it so
         names = {path: v.op.name for path, v in checkpoint_variables(model).items()}
         unmatched = {v.op.name for v in tf.compat.v1.global_variables()} - set(names.values())
+        if object_based:
+            saveables = graph_view.ObjectGraphView(model).frozen_saveable_objects()
+            saver = tf.compat.v1.train.Saver(var_list=saveables, sharded=True)
+        else:
+            saver = tf.compat.v1.train.Saver(sharded=True, save_relative_paths=True)
+        meta = tf.compat.v1.train.export_meta_graph(graph=graph, saver_def=saver.as_saver_def())
     restore_v2_classes(keras_model)  # the clone in a graph swapped the eager classes' bases
-    return names, sorted(unmatched)
+    return names, sorted(unmatched), graph, meta
 
 
 # --- what Keras's crossentropy metrics read from an output besides its values -----------------
