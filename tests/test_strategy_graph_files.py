@@ -114,3 +114,55 @@ def test_no_graph_files_where_stock_writes_none(tmp_path):
     assert engine == _files(tmp_path / "stock")
     assert not [name for name in engine if name == "graph.pbtxt" or name.endswith(".meta")]
     assert _records(tmp_path / "engine") == _records(tmp_path / "stock")
+
+
+def _probed():
+    """tfcases' model with a layer making ``tf.compat.v1.summary`` ops in its call (a scalar and
+    a histogram of its input), and its custom_objects."""
+    import tensorflow as tf
+    import tfcases
+
+    class Probe(tf.keras.layers.Layer):
+        def call(self, inputs):
+            tf.compat.v1.summary.scalar("mean", tf.reduce_mean(inputs))
+            tf.compat.v1.summary.histogram("values", inputs)
+            return inputs
+
+    return tfcases.sequential(extra_layers=[Probe(name="probe")]), {"Probe": Probe}
+
+
+def test_model_summaries_left_out_and_said_once(tmp_path, caplog):
+    """A model making v1 summaries in its call: stock writes them every save_summary_steps
+    (``probe/mean_1``, ``probe/values``); the engine trains it with stock's numbers and every other
+    record of stock's, leaves those out, and says so once for all its calls."""
+    import logging
+
+    import tfcases
+
+    x, y = tfcases.data()
+    logging.getLogger("tpushim").setLevel(logging.WARNING)
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7, save_summary_steps=1)
+    results = {}
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        model, custom_objects = _probed()
+        estimator = tfcases.convert(
+            tmp_path / name, model, patch=patch, config=config, custom_objects=custom_objects
+        )
+        with caplog.at_level(logging.WARNING, logger="tpushim"):
+            estimator.train(tfcases.dataset_input_fn(x, y), steps=2)
+            estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+            results[name] = estimator.evaluate(tfcases.dataset_input_fn(x, y))
+            list(estimator.predict(tfcases.dataset_input_fn(x)))
+    said = [r.getMessage() for r in caplog.records if "summaries itself" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "scalar 'mean'" in said[0] and "histogram 'values'" in said[0], said
+    for key, value in results["stock"].items():
+        np.testing.assert_allclose(results["engine"][key], value, atol=TOL, err_msg=key)
+    import tensorflow as tf
+
+    tf.compat.v1.summary.FileWriterCache.clear()
+    stock = _records(tmp_path / "stock")
+    model_tags = {"probe/mean_1", "probe/values"}  # as stock names them
+    summaries = {tag for kind, _, tag in stock if kind == "summary"}
+    assert model_tags <= summaries, summaries  # stock's
+    assert _records(tmp_path / "engine") == [r for r in stock if r[2] not in model_tags]

@@ -23,6 +23,7 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 :mod:`tpushim._padding`) weigh 0 everywhere.
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -632,6 +633,29 @@ def _labels_list(labels, names):
 # --- XLA, where no TPU compiles the step ---------------------------------------------------------
 
 
+_SAID_SUMMARIES = set()  # ids of the plans whose model's summaries were said left out
+
+
+@contextlib.contextmanager
+def model_summaries_left_out(plan):
+    """Around a trace of the model's call: the ``tf.compat.v1.summary`` ops it makes are left out
+    (stock writes them every save_summary_steps; their string ops no TPU step compiles), said
+    once per conversion with their names."""
+    skipped = set()
+    with _tfprivate.v1_summaries_skipped(skipped):
+        yield
+    if skipped and id(plan) not in _SAID_SUMMARIES:
+        _SAID_SUMMARIES.add(id(plan))
+        named = ", ".join(f"{kind} {name!r}" for kind, name in sorted(skipped))
+        logger.warning(
+            "tpushim: the model makes summaries itself (tf.compat.v1.summary: %s): the strategy "
+            "engine does not write them (stock writes them every save_summary_steps): a TPU step "
+            "computes no strings, which those ops make. Return the value as a model output and "
+            "summarize it in a hook, or use engine='tpuestimator' where TPUEstimator runs.",
+            named,
+        )
+
+
 def check_xla(plan, element_spec, replicas):
     """Compiles one replica's training step (forward, loss, gradients) with XLA, as a TPU would,
     without running it: an op XLA cannot compile raises here, naming it.
@@ -673,7 +697,7 @@ def check_xla(plan, element_spec, replicas):
 
     sample = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
     try:
-        with _tfprivate.batchnorm_call_hooked():
+        with _tfprivate.batchnorm_call_hooked(), model_summaries_left_out(plan):
             tf.function(step, jit_compile=True).experimental_get_compiler_ir(sample)(stage="hlo")
     except (ValueError, tf.errors.OpError) as e:
         raise ConversionError(
@@ -819,7 +843,7 @@ class _Run:
                 if not optional.has_value():
                     break
                 bind_global_step(self.step)
-                with _tfprivate.batchnorm_call_hooked():  # at the trace
+                with _tfprivate.batchnorm_call_hooked(), model_summaries_left_out(self.plan):
                     per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
                 losses = losses.write(
                     tf.cast(ran, tf.int32), self.strategy.reduce(SUM, per_replica, axis=None)
@@ -855,7 +879,8 @@ class _Run:
 
         @tf.function
         def run(element):
-            loss, *rest = self.strategy.run(replica_step, args=(element,))
+            with model_summaries_left_out(self.plan):  # at the trace
+                loss, *rest = self.strategy.run(replica_step, args=(element,))
             return (self.strategy.reduce(SUM, loss, axis=None), *rest)
 
         return run
@@ -865,7 +890,12 @@ class _Run:
             features, _, pad, _ = _unpack(element, self.model.output_names)
             return _outputs_list(self.model(features, training=False)), pad
 
-        return tf.function(lambda element: self.strategy.run(replica_step, args=(element,)))
+        @tf.function
+        def run(element):
+            with model_summaries_left_out(self.plan):  # at the trace
+                return self.strategy.run(replica_step, args=(element,))
+
+        return run
 
     def gathered(self, per_replica):
         """The replicas' values, concatenated in replica order (the global batch's rows)."""

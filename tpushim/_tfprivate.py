@@ -221,6 +221,30 @@ def batchnorm_call_hooked():
 
 
 @contextlib.contextmanager
+def v1_summaries_skipped(skipped):
+    """While active, TensorFlow's v1 summary functions (``tf.compat.v1.summary.scalar``,
+    ``histogram``, ``image``, ``audio``, ``text``, ``tensor_summary``) make no op, in every
+    thread (a strategy's replica threads too): their ``skip_summary`` check, the one a
+    strategy's replicas after the first take, answers True. Each call's (function, name) is
+    added to the set ``skipped``."""
+    from tensorflow.python.distribute import summary_op_util
+
+    own = summary_op_util.skip_summary
+
+    def skip():
+        caller = sys._getframe(1)
+        skipped.add((caller.f_code.co_name, str(caller.f_locals.get("name"))))
+        return True
+
+    summary_op_util.skip_summary = skip
+    try:
+        yield
+    finally:
+        if summary_op_util.skip_summary is skip:  # only ours: someone may have replaced it since
+            summary_op_util.skip_summary = own
+
+
+@contextlib.contextmanager
 def batchnorm_call_using(replacement):
     """In this thread (context), inside :func:`batchnorm_call_hooked`: BatchNormalization's call is
     ``replacement`` (see :func:`batchnorm_call_replaced`)."""
