@@ -96,11 +96,12 @@ class StepEvents:
             step,
         )
 
-    def step(self, loss, label, at, hooks=None):
+    def step(self, loss, label, at, hooks=None, scalars=None):
         """One step's hooks: ``label`` is the global step before it (LoggingTensorHook's), ``at``
         when it ended (time.monotonic()); the user's (a :class:`SessionHooks`) run where stock
-        runs them, after the summary. Raises stock's error at a NaN loss; returns whether a
-        user's hook requested stop."""
+        runs them, after the summary; ``scalars``: [(tag, value)] of the model's own scalar
+        summaries, written before the loss in one record, as stock's merged summary. Raises
+        stock's error at a NaN loss; returns whether a user's hook requested stop."""
         after = label + 1
         self.last_loss = loss
         if self._count_every is not None:
@@ -118,7 +119,10 @@ class StepEvents:
                 self._writer.add_session_log(
                     tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START), after
                 )
-            self._writer.add_summary(_scalar(LOSS_TAG, loss), after)
+            summary = tf.compat.v1.Summary()
+            for tag, value in [*(scalars or ()), (LOSS_TAG, loss)]:
+                summary.value.add(tag=tag, simple_value=value)
+            self._writer.add_summary(summary, after)
             self._summarized = after
         stop = hooks.after(label) if hooks is not None else False
         if math.isnan(loss):

@@ -633,16 +633,18 @@ def _labels_list(labels, names):
 # --- XLA, where no TPU compiles the step ---------------------------------------------------------
 
 
-_SAID_SUMMARIES = set()  # ids of the plans whose model's summaries were said left out
+_SAID_SUMMARIES = set()  # ids of the plans whose model's summaries were said left out (and why)
 
 
 @contextlib.contextmanager
-def model_summaries_left_out(plan):
+def model_summaries_left_out(plan, on_scalar=lambda name, tensor: True):
     """Around a trace of the model's call: the ``tf.compat.v1.summary`` ops it makes are left out
-    (stock writes them every save_summary_steps; their string ops no TPU step compiles), said
-    once per conversion with their names."""
+    (their string ops no TPU step compiles). A scalar's (name, tensor) goes to ``on_scalar``
+    (by default taken and dropped: stock's evaluation and prediction write none); the others,
+    which stock writes every save_summary_steps, are said once per conversion with their
+    names."""
     skipped = set()
-    with _tfprivate.v1_summaries_skipped(skipped):
+    with _tfprivate.v1_summaries_skipped(skipped, on_scalar):
         yield
     if skipped and id(plan) not in _SAID_SUMMARIES:
         _SAID_SUMMARIES.add(id(plan))
@@ -650,8 +652,9 @@ def model_summaries_left_out(plan):
         logger.warning(
             "tpushim: the model makes summaries itself (tf.compat.v1.summary: %s): the strategy "
             "engine does not write them (stock writes them every save_summary_steps): a TPU step "
-            "computes no strings, which those ops make. Return the value as a model output and "
-            "summarize it in a hook, or use engine='tpuestimator' where TPUEstimator runs.",
+            "computes no strings, which those ops make; it writes a model's one-number "
+            "tf.compat.v1.summary.scalar. Summarize a scalar, or use engine='tpuestimator' where "
+            "TPUEstimator runs.",
             named,
         )
 
@@ -823,33 +826,55 @@ class _Run:
 
     def train_function(self):
         """A ``tf.function`` running up to ``n`` steps from ``iterator``; returns (steps run,
-        each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`)."""
+        each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`;
+        each step's values of the model's one-number ``tf.compat.v1.summary.scalar`` calls,
+        averaged over the replicas as the TPU path's host call averages them, in one vector:
+        ``self.scalar_count`` a step, known once traced)."""
+        recording = threading.local()  # a replica's scalars, in its own thread
+        self.scalar_count = 0
+
+        def on_scalar(name, tensor):
+            values = getattr(recording, "values", None)
+            if values is None or tensor is None or tensor.shape.num_elements() != 1:
+                return False
+            values.append(tf.reshape(tf.cast(tensor, tf.float32), []))
+            return True
 
         def replica_step(element):
-            with tf.GradientTape() as tape, real_rows(element):
-                loss = self._loss(element, True)[0]
+            recording.values = []
+            try:
+                with tf.GradientTape() as tape, real_rows(element):
+                    loss = self._loss(element, True)[0]
+            finally:
+                scalars, recording.values = recording.values, None
+            self.scalar_count = len(scalars)  # (here: an attribute set in the loop is a tensor)
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-            return loss
+            return loss, scalars
 
         @tf.function
         def run(iterator, n):
             ran = tf.constant(0, tf.int64)
-            losses = tf.TensorArray(
-                tf.float32, size=0, dynamic_size=True, element_shape=tf.TensorShape([])
-            )  # its shape known: a call that finds the input exhausted stacks none
+            losses, scalars = (
+                tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[])
+                for _ in range(2)
+            )  # their shape known: a call that finds the input exhausted stacks none
             for _ in tf.range(n):
                 optional = _input_wait.next_input(iterator)  # timed (the run summary)
                 if not optional.has_value():
                     break
                 bind_global_step(self.step)
-                with _tfprivate.batchnorm_call_hooked(), model_summaries_left_out(self.plan):
-                    per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
+                hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
+                with hooked, model_summaries_left_out(self.plan, on_scalar):
+                    loss, values = self.strategy.run(replica_step, args=(optional.get_value(),))
                 losses = losses.write(
-                    tf.cast(ran, tf.int32), self.strategy.reduce(SUM, per_replica, axis=None)
+                    tf.cast(ran, tf.int32), self.strategy.reduce(SUM, loss, axis=None)
                 )
+                for k, value in enumerate(values):
+                    mean = self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+                    scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
                 ran += 1
-            return ran, losses.stack()
+            return ran, losses.stack(), scalars.stack()
 
         return run
 
@@ -1076,6 +1101,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         meta_bytes, graph_text = None, None
         if getattr(config, "checkpoint_save_graph_def", True):
             meta_bytes, graph_text = _strategy_checkpoint.stock_graph_files(plan)
+        tags = _strategy_checkpoint.stock_scalar_tags(plan)  # the model's scalars' tags
         events = _step_events.StepEvents(
             config,
             self.model_dir,
@@ -1122,10 +1148,11 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 if user_hooks is not None:  # a hook's stop falls at the end of a call
                     n = user_hooks.per_call(step, n)
                 began = time.monotonic()
-                ran, losses = loop(iterator, tf.constant(n, tf.int64))
+                ran, losses, scalars = loop(iterator, tf.constant(n, tf.int64))
                 ended = time.monotonic()
                 first = ended - began if first is None else first
                 ran, losses = int(ran), losses.numpy()
+                scalars = scalars.numpy().reshape(ran, -1) if ran else None
                 label, step = step, int(run.step.numpy())
                 # Stock's hooks after each step; at a save step the checkpoint comes first.
                 times = _step_events.step_times(began, ended, ran)
@@ -1137,7 +1164,21 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                         or (every_secs and ended - saved["at"] >= every_secs)
                     ):
                         stopped = save()
-                    stopped = events.step(losses[k], label + k, times[k], user_hooks) or stopped
+                    given = None
+                    if scalars is not None and run.scalar_count == len(tags):
+                        given = list(zip(tags, scalars[k].tolist()))
+                    elif scalars is not None and (id(plan), "tags") not in _SAID_SUMMARIES:
+                        _SAID_SUMMARIES.add((id(plan), "tags"))
+                        logger.warning(
+                            "tpushim: the model made %d tf.compat.v1.summary.scalar calls in "
+                            "the engine's step and %d in stock's graph (%s): not written.",
+                            run.scalar_count,
+                            len(tags),
+                            ", ".join(tags),
+                        )
+                    stopped = (
+                        events.step(losses[k], label + k, times[k], user_hooks, given) or stopped
+                    )
                 if ran < n:  # the input ran out
                     if user_hooks is not None:  # stock's last session.run: before_run, then
                         user_hooks.before(step)  # OutOfRangeError

@@ -56,6 +56,11 @@ def stock_graph(plan):
     return _stock(plan)[2]
 
 
+def stock_scalar_tags(plan):
+    """The tags stock gives the model's own ``tf.compat.v1.summary.scalar`` calls, in order."""
+    return _stock(plan)[4]
+
+
 _GRAPH_FILES = weakref.WeakKeyDictionary()  # plan -> (.meta bytes, graph.pbtxt text)
 
 

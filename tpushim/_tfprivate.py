@@ -221,19 +221,27 @@ def batchnorm_call_hooked():
 
 
 @contextlib.contextmanager
-def v1_summaries_skipped(skipped):
+def v1_summaries_skipped(skipped, on_scalar=None):
     """While active, TensorFlow's v1 summary functions (``tf.compat.v1.summary.scalar``,
     ``histogram``, ``image``, ``audio``, ``text``, ``tensor_summary``) make no op, in every
     thread (a strategy's replica threads too): their ``skip_summary`` check, the one a
-    strategy's replicas after the first take, answers True. Each call's (function, name) is
-    added to the set ``skipped``."""
+    strategy's replicas after the first take, answers True. A ``scalar`` call's (name, tensor)
+    goes to ``on_scalar`` where given; each call it does not take (returns falsy for) adds its
+    (function, name) to the set ``skipped``."""
     from tensorflow.python.distribute import summary_op_util
 
     own = summary_op_util.skip_summary
 
     def skip():
         caller = sys._getframe(1)
-        skipped.add((caller.f_code.co_name, str(caller.f_locals.get("name"))))
+        kind, name = caller.f_code.co_name, caller.f_locals.get("name")
+        if (
+            kind == "scalar"
+            and on_scalar is not None
+            and on_scalar(name, caller.f_locals["tensor"])
+        ):
+            return True
+        skipped.add((kind, str(name)))
         return True
 
     summary_op_util.skip_summary = skip
@@ -1200,7 +1208,8 @@ def stock_training_graph(keras_model, custom_objects, features=None, object_base
     """:func:`stock_checkpoint_names`'s two values, then that graph (its model, optimizer and
     global step) and its MetaGraphDef carrying the Saver stock's Keras estimator restores with
     (keras_lib's: an object-based one over the model's saveables, or the Scaffold's default
-    name-based one): what ``graph.pbtxt``, the events' graph and ``model.ckpt-N.meta`` hold."""
+    name-based one): what ``graph.pbtxt``, the events' graph and ``model.ckpt-N.meta`` hold;
+    last, the tags of the model's own v1 scalar summaries there, in the order it made them."""
     import tensorflow as tf
     from tensorflow.python.checkpoint import graph_view
 
@@ -1224,8 +1233,13 @@ def stock_training_graph(keras_model, custom_objects, features=None, object_base
         else:
             saver = tf.compat.v1.train.Saver(sharded=True, save_relative_paths=True)
         meta = tf.compat.v1.train.export_meta_graph(graph=graph, saver_def=saver.as_saver_def())
+        scalars = [  # the tags of the model's own scalar summaries, in the order it made them
+            tf.get_static_value(t.op.inputs[0]).item().decode()
+            for t in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+            if t.op.type == "ScalarSummary" and tf.get_static_value(t.op.inputs[0]) is not None
+        ]
     restore_v2_classes(keras_model)  # the clone in a graph swapped the eager classes' bases
-    return names, sorted(unmatched), graph, meta
+    return names, sorted(unmatched), graph, meta, scalars
 
 
 # --- what Keras's crossentropy metrics read from an output besides its values -----------------
