@@ -719,7 +719,9 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
             config,
             save_object_ckpt,
             # Stock's training graph, built here: the engine's checkpoint names come from it.
-            on_graph=functools.partial(_strategy_checkpoint.remember, plan),
+            on_graph=functools.partial(
+                _strategy_checkpoint.remember, plan, object_based=save_object_ckpt
+            ),
         )
     model_fn = _tfprivate.create_keras_model_fn(
         keras_model,

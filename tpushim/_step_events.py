@@ -18,8 +18,11 @@ does, before its step's other hooks.
 Events are written with the v1 ``FileWriter`` stock's hooks use (``FileWriterCache``: one file
 per directory per process), as ``simple_value`` scalars under stock's tags: ``loss_1`` (stock's
 ``loss`` summary, made unique next to Keras's ``loss`` name scope), ``global_step/sec``, and
-``SessionLog`` START / CHECKPOINT records. Not written: stock's graph and meta graph (the engine
-builds no TF1 graph) and summaries a model makes itself.
+``SessionLog`` START / CHECKPOINT records; the graph and meta graph (and ``graph.pbtxt``) where
+stock's CheckpointSaverHook writes them, of the graph
+:func:`tpushim._strategy_checkpoint.stock_meta_graph` builds; a model's own one-number
+``tf.compat.v1.summary.scalar`` values in the loss's record, under stock's tags. Not written: its
+other v1 summaries (string ops a TPU step cannot compile: ``_strategy.model_summaries_left_out``).
 """
 
 import logging
@@ -34,6 +37,7 @@ from tpushim import _step_losses
 #: Stock's tag for the training loss of a Keras model's estimator (see the module docstring).
 LOSS_TAG = "loss_1"
 STEPS_PER_SEC_TAG = "global_step/sec"  # StepCounterHook's
+GRAPH_FILE = "graph.pbtxt"  # CheckpointSaverHook's
 #: The checkpoints stock's Keras estimator keeps: its object-based Saver's default max_to_keep
 #: (keras_lib ignores ``keep_checkpoint_max`` there; a name-based one honours it).
 OBJECT_CHECKPOINTS_KEPT = 5
@@ -41,9 +45,11 @@ OBJECT_CHECKPOINTS_KEPT = 5
 _tf_log = logging.getLogger("tensorflow")
 
 
-def writer(directory):
-    """Stock's summary writer for ``directory`` (``FileWriterCache``: shared in the process)."""
-    with tf.Graph().as_default():  # the v1 writer refuses to be made in eager mode
+def writer(directory, graph=None):
+    """Stock's summary writer for ``directory`` (``FileWriterCache``: shared in the process); made
+    in ``graph`` (a tf.Graph), it records that graph first, as stock's records its own."""
+    # The v1 writer refuses to be made in eager mode.
+    with (graph if graph is not None else tf.Graph()).as_default():
         return tf.compat.v1.summary.FileWriterCache.get(directory)
 
 
@@ -57,14 +63,23 @@ class StepEvents:
     Args:
       config: the estimator's RunConfig.
       model_dir: where the events go.
+      graph: the tf.Graph a new writer records first, or None.
+      meta: the MetaGraphDef recorded at the call's start (and its graph), or None.
+      graph_text: ``graph.pbtxt``'s text (``meta``'s graph), or None: no file.
     """
 
-    def __init__(self, config, model_dir):
+    def __init__(self, config, model_dir, graph=None, meta=None, graph_text=None):
         self._log_every = config.log_step_count_steps  # None: no lines (stock's)
         self._count_every = _every(config.log_step_count_steps)
         self._summary_every = _every(config.save_summary_steps)
         self._model_dir = model_dir
-        self._writer = writer(model_dir)
+        self._writer = writer(model_dir, graph)
+        if meta is not None:  # CheckpointSaverHook's, at each call's start
+            if graph_text is not None:
+                with tf.io.gfile.GFile(os.path.join(model_dir, GRAPH_FILE), "w") as f:
+                    f.write(graph_text)
+            self._writer.add_graph(None, graph_def=meta.graph_def)
+            self._writer.add_meta_graph(meta)
         self._iteration = 0  # LoggingTensorHook's count of this call's steps
         self._logged = self._logged_at = None
         self._counted = None  # StepCounterHook's timer: (step, time) last triggered
@@ -81,11 +96,12 @@ class StepEvents:
             step,
         )
 
-    def step(self, loss, label, at, hooks=None):
+    def step(self, loss, label, at, hooks=None, scalars=None):
         """One step's hooks: ``label`` is the global step before it (LoggingTensorHook's), ``at``
         when it ended (time.monotonic()); the user's (a :class:`SessionHooks`) run where stock
-        runs them, after the summary. Raises stock's error at a NaN loss; returns whether a
-        user's hook requested stop."""
+        runs them, after the summary; ``scalars``: [(tag, value)] of the model's own scalar
+        summaries, written before the loss in one record, as stock's merged summary. Raises
+        stock's error at a NaN loss; returns whether a user's hook requested stop."""
         after = label + 1
         self.last_loss = loss
         if self._count_every is not None:
@@ -103,7 +119,10 @@ class StepEvents:
                 self._writer.add_session_log(
                     tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START), after
                 )
-            self._writer.add_summary(_scalar(LOSS_TAG, loss), after)
+            summary = tf.compat.v1.Summary()
+            for tag, value in [*(scalars or ()), (LOSS_TAG, loss)]:
+                summary.value.add(tag=tag, simple_value=value)
+            self._writer.add_summary(summary, after)
             self._summarized = after
         stop = hooks.after(label) if hooks is not None else False
         if math.isnan(loss):

@@ -23,6 +23,7 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 :mod:`tpushim._padding`) weigh 0 everywhere.
 """
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -714,6 +715,32 @@ def _outs(plan):
 # --- XLA, where no TPU compiles the step ---------------------------------------------------------
 
 
+_SAID_SUMMARIES = set()  # ids of the plans whose model's summaries were said left out (and why)
+
+
+@contextlib.contextmanager
+def model_summaries_left_out(plan, on_scalar=lambda name, tensor: True):
+    """Around a trace of the model's call: the ``tf.compat.v1.summary`` ops it makes are left out
+    (their string ops no TPU step compiles). A scalar's (name, tensor) goes to ``on_scalar``
+    (by default taken and dropped: stock's evaluation and prediction write none); the others,
+    which stock writes every save_summary_steps, are said once per conversion with their
+    names."""
+    skipped = set()
+    with _tfprivate.v1_summaries_skipped(skipped, on_scalar):
+        yield
+    if skipped and id(plan) not in _SAID_SUMMARIES:
+        _SAID_SUMMARIES.add(id(plan))
+        named = ", ".join(f"{kind} {name!r}" for kind, name in sorted(skipped))
+        logger.warning(
+            "tpushim: the model makes summaries itself (tf.compat.v1.summary: %s): the strategy "
+            "engine does not write them (stock writes them every save_summary_steps): a TPU step "
+            "computes no strings, which those ops make; it writes a model's one-number "
+            "tf.compat.v1.summary.scalar. Summarize a scalar, or use engine='tpuestimator' where "
+            "TPUEstimator runs.",
+            named,
+        )
+
+
 def check_xla(plan, element_spec, replicas):
     """Compiles one replica's training step (forward, loss, gradients) with XLA, as a TPU would,
     without running it: an op XLA cannot compile raises here, naming it.
@@ -755,7 +782,7 @@ def check_xla(plan, element_spec, replicas):
 
     sample = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
     try:
-        with _tfprivate.batchnorm_call_hooked():
+        with _tfprivate.batchnorm_call_hooked(), model_summaries_left_out(plan):
             tf.function(step, jit_compile=True).experimental_get_compiler_ir(sample)(stage="hlo")
     except (ValueError, tf.errors.OpError) as e:
         raise ConversionError(
@@ -864,14 +891,15 @@ class _Run:
                 variable.assign(value)
         self.restored = latest
 
-    def save(self, kept):
+    def save(self, kept, meta=None):
         """Writes ``model.ckpt-STEP`` as stock names it, in stock's format, and lists it in
-        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._step_events.Kept`)."""
+        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._step_events.Kept`;
+        ``meta``: the bytes of its ``.meta``, or None)."""
         step = int(self.step.numpy())
         tf.compat.v1.logging.info(
             "Saving checkpoints for %d into %s.", step, os.path.join(self.model_dir, "model.ckpt")
         )
-        path = self.checkpoints.write(os.path.join(self.model_dir, f"model.ckpt-{step}"))
+        path = self.checkpoints.write(os.path.join(self.model_dir, f"model.ckpt-{step}"), meta)
         kept.saved(path, relative=self.checkpoints.name_based)  # stock's Saver's paths
         return path
 
@@ -894,33 +922,55 @@ class _Run:
 
     def train_function(self):
         """A ``tf.function`` running up to ``n`` steps from ``iterator``; returns (steps run,
-        each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`)."""
+        each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`;
+        each step's values of the model's one-number ``tf.compat.v1.summary.scalar`` calls,
+        averaged over the replicas as the TPU path's host call averages them, in one vector:
+        ``self.scalar_count`` a step, known once traced)."""
+        recording = threading.local()  # a replica's scalars, in its own thread
+        self.scalar_count = 0
+
+        def on_scalar(name, tensor):
+            values = getattr(recording, "values", None)
+            if values is None or tensor is None or tensor.shape.num_elements() != 1:
+                return False
+            values.append(tf.reshape(tf.cast(tensor, tf.float32), []))
+            return True
 
         def replica_step(element):
-            with tf.GradientTape() as tape, real_rows(element):
-                loss = self._loss(element, True)[0]
+            recording.values = []
+            try:
+                with tf.GradientTape() as tape, real_rows(element):
+                    loss = self._loss(element, True)[0]
+            finally:
+                scalars, recording.values = recording.values, None
+            self.scalar_count = len(scalars)  # (here: an attribute set in the loop is a tensor)
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-            return loss
+            return loss, scalars
 
         @tf.function
         def run(iterator, n):
             ran = tf.constant(0, tf.int64)
-            losses = tf.TensorArray(
-                tf.float32, size=0, dynamic_size=True, element_shape=tf.TensorShape([])
-            )  # its shape known: a call that finds the input exhausted stacks none
+            losses, scalars = (
+                tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[])
+                for _ in range(2)
+            )  # their shape known: a call that finds the input exhausted stacks none
             for _ in tf.range(n):
                 optional = _input_wait.next_input(iterator)  # timed (the run summary)
                 if not optional.has_value():
                     break
                 bind_global_step(self.step)
-                with _tfprivate.batchnorm_call_hooked():  # at the trace
-                    per_replica = self.strategy.run(replica_step, args=(optional.get_value(),))
+                hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
+                with hooked, model_summaries_left_out(self.plan, on_scalar):
+                    loss, values = self.strategy.run(replica_step, args=(optional.get_value(),))
                 losses = losses.write(
-                    tf.cast(ran, tf.int32), self.strategy.reduce(SUM, per_replica, axis=None)
+                    tf.cast(ran, tf.int32), self.strategy.reduce(SUM, loss, axis=None)
                 )
+                for k, value in enumerate(values):
+                    mean = self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+                    scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
                 ran += 1
-            return ran, losses.stack()
+            return ran, losses.stack(), scalars.stack()
 
         return run
 
@@ -950,7 +1000,8 @@ class _Run:
 
         @tf.function
         def run(element):
-            loss, *rest = self.strategy.run(replica_step, args=(element,))
+            with model_summaries_left_out(self.plan):  # at the trace
+                loss, *rest = self.strategy.run(replica_step, args=(element,))
             return (self.strategy.reduce(SUM, loss, axis=None), *rest)
 
         return run
@@ -960,7 +1011,12 @@ class _Run:
             features, _, pad, _ = _unpack(element, self.model.output_names)
             return _outputs_list(self.model(features, training=False)), pad
 
-        return tf.function(lambda element: self.strategy.run(replica_step, args=(element,)))
+        @tf.function
+        def run(element):
+            with model_summaries_left_out(self.plan):  # at the trace
+                return self.strategy.run(replica_step, args=(element,))
+
+        return run
 
     def gathered(self, per_replica):
         """The replicas' values, concatenated in replica order (the global batch's rows)."""
@@ -1157,7 +1213,21 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _train_steps(self, run, made, user_hooks, start, steps, last, listeners):
         config = self.config
-        events = _step_events.StepEvents(config, self.model_dir)
+        # Stock's graph in the events, and where RunConfig's checkpoint_save_graph_def says
+        # (True by default) in graph.pbtxt and model.ckpt-N.meta: the one graph built per
+        # conversion for the checkpoints' names (_strategy_checkpoint.stock_meta_graph).
+        plan = self._tpushim_plan
+        meta_bytes, graph_text = None, None
+        if getattr(config, "checkpoint_save_graph_def", True):
+            meta_bytes, graph_text = _strategy_checkpoint.stock_graph_files(plan)
+        tags = _strategy_checkpoint.stock_scalar_tags(plan)  # the model's scalars' tags
+        events = _step_events.StepEvents(
+            config,
+            self.model_dir,
+            _strategy_checkpoint.stock_graph(plan),
+            _strategy_checkpoint.stock_meta_graph(plan),
+            graph_text,
+        )
         kept = _step_events.Kept(self.model_dir, self._tpushim_keep)
         for listener in listeners:
             listener.begin()
@@ -1171,7 +1241,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             step = int(run.step.numpy())
             for listener in listeners:
                 listener.before_save(None, step)
-            run.save(kept)
+            run.save(kept, meta_bytes)
             events.checkpoint(step)
             saved.update(step=step, at=time.monotonic())
             return any([listener.after_save(None, step) for listener in listeners])
@@ -1197,10 +1267,11 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 if user_hooks is not None:  # a hook's stop falls at the end of a call
                     n = user_hooks.per_call(step, n)
                 began = time.monotonic()
-                ran, losses = loop(iterator, tf.constant(n, tf.int64))
+                ran, losses, scalars = loop(iterator, tf.constant(n, tf.int64))
                 ended = time.monotonic()
                 first = ended - began if first is None else first
                 ran, losses = int(ran), losses.numpy()
+                scalars = scalars.numpy().reshape(ran, -1) if ran else None
                 label, step = step, int(run.step.numpy())
                 # Stock's hooks after each step; at a save step the checkpoint comes first.
                 times = _step_events.step_times(began, ended, ran)
@@ -1212,7 +1283,21 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                         or (every_secs and ended - saved["at"] >= every_secs)
                     ):
                         stopped = save()
-                    stopped = events.step(losses[k], label + k, times[k], user_hooks) or stopped
+                    given = None
+                    if scalars is not None and run.scalar_count == len(tags):
+                        given = list(zip(tags, scalars[k].tolist()))
+                    elif scalars is not None and (id(plan), "tags") not in _SAID_SUMMARIES:
+                        _SAID_SUMMARIES.add((id(plan), "tags"))
+                        logger.warning(
+                            "tpushim: the model made %d tf.compat.v1.summary.scalar calls in "
+                            "the engine's step and %d in stock's graph (%s): not written.",
+                            run.scalar_count,
+                            len(tags),
+                            ", ".join(tags),
+                        )
+                    stopped = (
+                        events.step(losses[k], label + k, times[k], user_hooks, given) or stopped
+                    )
                 if ran < n:  # the input ran out
                     if user_hooks is not None:  # stock's last session.run: before_run, then
                         user_hooks.before(step)  # OutOfRangeError
@@ -1507,7 +1592,9 @@ def build_on_engine(arguments, settings, tpu, why):
                 custom_objects,
                 config,
                 save_object_ckpt,
-                on_graph=functools.partial(_strategy_checkpoint.remember, plan),
+                on_graph=functools.partial(
+                    _strategy_checkpoint.remember, plan, object_based=save_object_ckpt
+                ),
             )
         plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
         estimator = StrategyEstimator(

@@ -13,10 +13,10 @@
 The engine runs eagerly and has no such graph, so the names are read from one: the graph the
 conversion builds for stock's warm-start checkpoint (``model_dir/keras``), or else one built at
 the first need as stock builds it, its optimizer's variables made without gradients
-(:func:`tpushim._tfprivate.stock_checkpoint_names`). They are matched with the engine's
-variables by their object-graph path, which the two models share (they are clones of one model
-with one optimizer class). The optimizer's variables are created under the name scope stock's
-graph gave them, so object-based checkpoints record stock's names too.
+(:func:`tpushim._tfprivate.stock_training_graph`). They are matched
+with the engine's variables by their object-graph path, which the two models share (they are
+clones of one model with one optimizer class). The optimizer's variables are created under the
+name scope stock's graph gave them, so object-based checkpoints record stock's names too.
 
 A checkpoint is read by what it holds, whatever format the estimator writes: a run continues from
 stock's model_dir, or from one the other engine or another TPU wrote, in either format.
@@ -33,24 +33,65 @@ from tpushim._errors import ConversionError
 #: The key that marks an object-based checkpoint (TensorFlow's ``OBJECT_GRAPH_PROTO_KEY``).
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
-_STOCK_NAMES = weakref.WeakKeyDictionary()  # plan -> stock_checkpoint_names(...): one graph each
+_STOCK_GRAPHS = weakref.WeakKeyDictionary()  # plan -> stock_training_graph(...): one graph each
+
+
+def _stock(plan):
+    if plan not in _STOCK_GRAPHS:
+        _STOCK_GRAPHS[plan] = _tfprivate.stock_training_graph(
+            plan.keras_model,
+            plan.custom_objects,
+            getattr(plan, "features_spec", None),
+            object_based=not getattr(plan, "name_based_checkpoints", False),
+        )
+    return _STOCK_GRAPHS[plan]
 
 
 def stock_names(plan):
     """({object path: stock's variable name}, stock's saved names with no object path) for the
     plan's model (a :class:`tpushim._strategy.Plan`), built at the first need."""
-    if plan not in _STOCK_NAMES:
-        _STOCK_NAMES[plan] = _tfprivate.stock_checkpoint_names(
-            plan.keras_model, plan.custom_objects, getattr(plan, "features_spec", None)
-        )
-    return _STOCK_NAMES[plan]
+    return _stock(plan)[:2]
 
 
-def remember(plan, model, step):
-    """Keeps the names of stock's training graph that the conversion built (``model``, its clone
-    there, and ``step``, its global step: keras_lib's first checkpoint's graph, the graph
-    :func:`stock_names` would build again) for the plan's model."""
-    _STOCK_NAMES[plan] = _tfprivate.graph_checkpoint_names(model, step)
+def stock_graph(plan):
+    """That graph itself (a ``tf.Graph``), for the events' writer (see :func:`stock_meta_graph`)."""
+    return _stock(plan)[2]
+
+
+def stock_scalar_tags(plan):
+    """The tags stock gives the model's own ``tf.compat.v1.summary.scalar`` calls, in order."""
+    return _stock(plan)[4]
+
+
+_GRAPH_FILES = weakref.WeakKeyDictionary()  # plan -> (.meta bytes, graph.pbtxt text)
+
+
+def stock_graph_files(plan):
+    """(the bytes of every ``model.ckpt-N.meta``, the text of ``graph.pbtxt``) of
+    :func:`stock_meta_graph`, made once per conversion: each train() call writes them again."""
+    if plan not in _GRAPH_FILES:
+        from google.protobuf import text_format
+
+        meta = stock_meta_graph(plan)
+        text = text_format.MessageToString(meta.graph_def)  # as tf.io.write_graph formats it
+        _GRAPH_FILES[plan] = (meta.SerializeToString(), text)
+    return _GRAPH_FILES[plan]
+
+
+def stock_meta_graph(plan):
+    """Stock's training graph of the plan's model as a MetaGraphDef whose Saver restores the
+    checkpoints this engine writes (``import_meta_graph``): not the graph of stock's whole
+    model_fn (no input pipeline, loss or train op of the Estimator's), but the model, its
+    optimizer and the global step under stock's names, with the Saver stock's Keras estimator
+    has. ``graph.pbtxt``, the events' graph and every ``model.ckpt-N.meta`` hold it."""
+    return _stock(plan)[3]
+
+
+def remember(plan, model, step, object_based):
+    """Keeps what :func:`_stock` would build again from the stock training graph the conversion
+    built (``model``, its clone there, and ``step``, its global step: keras_lib's first
+    checkpoint's graph) for the plan's model; ``object_based``: the estimator's checkpoints are."""
+    _STOCK_GRAPHS[plan] = _tfprivate.graph_facts(model, step, object_based)
 
 
 def optimizer_scope(plan):
@@ -136,8 +177,17 @@ class Checkpoints:
                 "engine='tpuestimator' where TPUEstimator runs."
             )
 
-    def write(self, prefix):
-        """Writes the run's variables at ``prefix``; returns the checkpoint's path."""
+    def write(self, prefix, meta=None):
+        """Writes the run's variables at ``prefix``, and ``meta`` (serialized MetaGraphDef
+        bytes, or None) as ``prefix.meta``, as stock's Saver does; returns the checkpoint's
+        path."""
+        path = self._write(prefix)
+        if meta is not None:
+            with tf.io.gfile.GFile(path + ".meta", "wb") as f:
+                f.write(meta)
+        return path
+
+    def _write(self, prefix):
         if not self.name_based:
             return self._object.write(prefix)
         variables = self._by_name()

@@ -225,6 +225,38 @@ def batchnorm_call_hooked():
 
 
 @contextlib.contextmanager
+def v1_summaries_skipped(skipped, on_scalar=None):
+    """While active, TensorFlow's v1 summary functions (``tf.compat.v1.summary.scalar``,
+    ``histogram``, ``image``, ``audio``, ``text``, ``tensor_summary``) make no op, in every
+    thread (a strategy's replica threads too): their ``skip_summary`` check, the one a
+    strategy's replicas after the first take, answers True. A ``scalar`` call's (name, tensor)
+    goes to ``on_scalar`` where given; each call it does not take (returns falsy for) adds its
+    (function, name) to the set ``skipped``."""
+    from tensorflow.python.distribute import summary_op_util
+
+    own = summary_op_util.skip_summary
+
+    def skip():
+        caller = sys._getframe(1)
+        kind, name = caller.f_code.co_name, caller.f_locals.get("name")
+        if (
+            kind == "scalar"
+            and on_scalar is not None
+            and on_scalar(name, caller.f_locals["tensor"])
+        ):
+            return True
+        skipped.add((kind, str(name)))
+        return True
+
+    summary_op_util.skip_summary = skip
+    try:
+        yield
+    finally:
+        if summary_op_util.skip_summary is skip:  # only ours: someone may have replaced it since
+            summary_op_util.skip_summary = own
+
+
+@contextlib.contextmanager
 def batchnorm_call_using(replacement):
     """In this thread (context), inside :func:`batchnorm_call_hooked`: BatchNormalization's call is
     ``replacement`` (see :func:`batchnorm_call_replaced`)."""
@@ -1266,10 +1298,21 @@ def checkpoint_variables(root):
 
 def stock_checkpoint_names(keras_model, custom_objects, features=None):
     """Stock's training graph, built as keras_lib's ``_save_first_checkpoint`` builds it (the
-    clone with the global step as its optimizer's iterations, then the variables of Keras's
-    train function): ({object path: the variable's name there}, names of variables stock's Saver
-    saves that have no object path). ``features``: the input's feature specs, on which stock's
-    model_fn builds a subclassed model (a graph network is built on its own inputs)."""
+    clone with the global step as its optimizer's iterations, then the variables of Keras's train
+    function): ({object path: the variable's name there}, names of variables stock's Saver saves that have
+    no object path). ``features``: the input's feature specs, on which stock's model_fn builds a
+    subclassed model (a graph network is built on its own inputs)."""
+    return stock_training_graph(keras_model, custom_objects, features)[:2]
+
+
+def stock_training_graph(keras_model, custom_objects, features=None, object_based=True):
+    """:func:`stock_checkpoint_names`'s two values, then that graph (its model, optimizer and
+    global step) and its MetaGraphDef carrying the Saver stock's Keras estimator restores with
+    (keras_lib's: an object-based one over the model's saveables, or the Scaffold's default
+    name-based one): what ``graph.pbtxt``, the events' graph and ``model.ckpt-N.meta`` hold;
+    last, the tags of the model's own v1 scalar summaries there, in the order it made them
+    (:func:`graph_facts`). Built with its optimizer's variables, not its gradients, where the
+    optimizer allows (:func:`make_train_variables`)."""
     import tensorflow as tf
 
     with tf.Graph().as_default():
@@ -1283,9 +1326,35 @@ def stock_checkpoint_names(keras_model, custom_objects, features=None):
         else:
             model = _legacy_keras._clone(ModeKeys.TRAIN, keras_model, custom_objects, features)
         make_train_variables(model)
-        names = graph_checkpoint_names(model, step)
+        facts = graph_facts(model, step, object_based)
     restore_v2_classes(keras_model)  # the clone in a graph swapped the eager classes' bases
-    return names
+    return facts
+
+
+def graph_facts(model, step, object_based):
+    """In the graph of a clone ``model`` in stock's training graph (``step``: its global step):
+    :func:`graph_checkpoint_names`'s two values, the graph, its MetaGraphDef carrying the Saver
+    stock's Keras estimator restores with (keras_lib's: an object-based one over the model's
+    saveables, or the Scaffold's default name-based one), and the tags of the model's own v1
+    scalar summaries there, in the order it made them."""
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import graph_view
+
+    graph = step.graph
+    with graph.as_default():
+        names, unmatched = graph_checkpoint_names(model, step)
+        if object_based:
+            saveables = graph_view.ObjectGraphView(model).frozen_saveable_objects()
+            saver = tf.compat.v1.train.Saver(var_list=saveables, sharded=True)
+        else:
+            saver = tf.compat.v1.train.Saver(sharded=True, save_relative_paths=True)
+        meta = tf.compat.v1.train.export_meta_graph(graph=graph, saver_def=saver.as_saver_def())
+        scalars = [  # the tags of the model's own scalar summaries, in the order it made them
+            tf.get_static_value(t.op.inputs[0]).item().decode()
+            for t in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+            if t.op.type == "ScalarSummary" and tf.get_static_value(t.op.inputs[0]) is not None
+        ]
+    return names, unmatched, graph, meta, scalars
 
 
 def make_train_variables(model):

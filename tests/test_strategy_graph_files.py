@@ -1,0 +1,179 @@
+"""What the strategy engine writes to model_dir for a user's tools, against the estimator
+model_to_estimator returns unpatched (stock's on TensorFlow 2.15, tpushim's own on >= 2.16) from
+the same two train() calls: the files (``graph.pbtxt``, a ``.meta`` beside every checkpoint,
+``checkpoint``, the events), the events' records by kind, step and tag (the graphs included),
+and what ``tf.train.latest_checkpoint`` and ``tf.compat.v1.train.import_meta_graph`` read back.
+RunConfig's ``checkpoint_save_graph_def=False`` leaves the graph files out on both.
+"""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+STOCK = {"mode": "off"}
+ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
+TOL = 1e-5
+
+
+def _train(model_dir, patch, fmt, **config):
+    import tensorflow as tf
+    import tfcases
+
+    x, y = tfcases.data()
+    run_config = tfcases.ESTIMATOR.RunConfig(
+        tf_random_seed=7, save_summary_steps=1, save_checkpoints_steps=2, **config
+    )
+    estimator = tfcases.convert(model_dir, patch=patch, checkpoint_format=fmt, config=run_config)
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=3)
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+    tf.compat.v1.summary.FileWriterCache.clear()  # stock's writers flush every 120 s
+    return estimator
+
+
+def _files(model_dir):
+    """model_dir's files, a checkpoint's data shards as one name (stock's Saver shards by
+    device), an events file's time and host left out."""
+    names = {re.sub(r"\.data-\d+-of-\d+$", ".data", name) for name in os.listdir(model_dir)}
+    return sorted(re.sub(r"^(events\.out\.tfevents)\..*", r"\1", n) for n in names)
+
+
+def _records(model_dir):
+    """The events' records in order as (kind, step, tag): every kind, graphs included."""
+    import tensorflow as tf
+
+    out = []
+    for name in sorted(n for n in os.listdir(model_dir) if n.startswith("events.out.tfevents")):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(model_dir, name)):
+            what = event.WhichOneof("what")
+            if what == "summary":
+                out += [(what, event.step, v.tag) for v in event.summary.value]
+            elif what == "session_log":
+                out.append((what, event.step, int(event.session_log.status)))
+            else:
+                out.append((what, event.step, None))
+    return out
+
+
+def _imported(checkpoint):
+    """{variable name: value} of ``checkpoint`` restored through its ``.meta``, as a TF1 user's
+    tool reads it: ``import_meta_graph``, then the Saver it returns."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        saver = tf.compat.v1.train.import_meta_graph(checkpoint + ".meta")
+        saver.restore(session, checkpoint)
+        variables = tf.compat.v1.global_variables()
+        return dict(zip([v.op.name for v in variables], session.run(variables)))
+
+
+def _graph_variables(model_dir):
+    import tensorflow as tf
+    from google.protobuf import text_format
+
+    graph = tf.compat.v1.GraphDef()
+    with open(os.path.join(model_dir, "graph.pbtxt"), encoding="utf-8") as f:
+        text_format.Parse(f.read(), graph)
+    return sorted(n.name for n in graph.node if n.op in ("VarHandleOp", "VariableV2"))
+
+
+@pytest.mark.parametrize("fmt", ["checkpoint", "saver"])
+def test_model_dir_as_stocks(tmp_path, fmt):
+    """Stock's files and event records; graph.pbtxt holds stock's variables; each checkpoint's
+    ``.meta`` restores it through ``import_meta_graph`` with every variable stock's restores,
+    to the values the checkpoint holds (which equal stock's)."""
+    import tensorflow as tf
+
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        _train(tmp_path / name, patch, fmt)
+    stock, engine = str(tmp_path / "stock"), str(tmp_path / "engine")
+    assert _files(engine) == _files(stock)
+    assert "graph.pbtxt" in _files(engine) and "model.ckpt-4.meta" in _files(engine)
+    assert _records(engine) == _records(stock)
+    assert _graph_variables(engine) == _graph_variables(stock)
+    latest = tf.train.latest_checkpoint(engine)
+    assert latest == os.path.join(engine, "model.ckpt-4")
+    got = _imported(latest)
+    want = _imported(tf.train.latest_checkpoint(stock))
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, atol=TOL, err_msg=key)
+    reader = tf.train.load_checkpoint(latest)
+    if fmt == "saver":  # the Saver's values are the checkpoint's own
+        for key, value in got.items():
+            np.testing.assert_array_equal(value, reader.get_tensor(key), err_msg=key)
+
+
+def test_no_graph_files_where_stock_writes_none(tmp_path):
+    """``RunConfig(checkpoint_save_graph_def=False)``: no graph.pbtxt, no ``.meta``, as stock."""
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        _train(tmp_path / name, patch, "checkpoint", checkpoint_save_graph_def=False)
+    engine = _files(tmp_path / "engine")
+    assert engine == _files(tmp_path / "stock")
+    assert not [name for name in engine if name == "graph.pbtxt" or name.endswith(".meta")]
+    assert _records(tmp_path / "engine") == _records(tmp_path / "stock")
+
+
+def _probed():
+    """tfcases' model with a layer making ``tf.compat.v1.summary`` ops in its call (a scalar and
+    a histogram of its input), and its custom_objects."""
+    import tensorflow as tf
+    import tfcases
+
+    class Probe(tf.keras.layers.Layer):
+        def call(self, inputs):
+            tf.compat.v1.summary.scalar("mean", tf.reduce_mean(inputs))
+            tf.compat.v1.summary.histogram("values", inputs)
+            return inputs
+
+    return tfcases.sequential(extra_layers=[Probe(name="probe")]), {"Probe": Probe}
+
+
+def test_model_summaries_as_stocks(tmp_path, caplog):
+    """A model making v1 summaries in its call: stock writes them every save_summary_steps
+    (``probe/mean_1``, ``probe/values``). The engine trains it with stock's numbers and writes
+    every record of stock's, the scalar's values within 1e-5 of stock's, but the histogram
+    (strings no TPU step computes): it says so once for all its calls, naming it."""
+    import logging
+
+    import tensorflow as tf
+    import tfcases
+
+    x, y = tfcases.data()
+    logging.getLogger("tpushim").setLevel(logging.WARNING)
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7, save_summary_steps=2)
+    results = {}
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        model, custom_objects = _probed()
+        estimator = tfcases.convert(
+            tmp_path / name, model, patch=patch, config=config, custom_objects=custom_objects
+        )
+        with caplog.at_level(logging.WARNING, logger="tpushim"):
+            estimator.train(tfcases.dataset_input_fn(x, y), steps=3)
+            estimator.train(tfcases.dataset_input_fn(x, y), steps=2)
+            results[name] = estimator.evaluate(tfcases.dataset_input_fn(x, y))
+            list(estimator.predict(tfcases.dataset_input_fn(x)))
+    said = [r.getMessage() for r in caplog.records if "summaries itself" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "histogram 'values'" in said[0] and "'mean'" not in said[0], said
+    for key, value in results["stock"].items():
+        np.testing.assert_allclose(results["engine"][key], value, atol=TOL, err_msg=key)
+    tf.compat.v1.summary.FileWriterCache.clear()
+    stock = _records(tmp_path / "stock")
+    assert {"probe/mean_1", "probe/values"} <= {tag for kind, _, tag in stock if kind == "summary"}
+    assert _records(tmp_path / "engine") == [r for r in stock if r[2] != "probe/values"]
+    values = {}
+    for name in ("stock", "engine"):
+        values[name] = [
+            (event.step, v.simple_value)
+            for path in sorted((tmp_path / name).glob("events.out.tfevents.*"))
+            for event in tf.compat.v1.train.summary_iterator(str(path))
+            for v in event.summary.value
+            if v.tag == "probe/mean_1"
+        ]
+    assert [s for s, _ in values["engine"]] == [s for s, _ in values["stock"]] == [1, 3, 4]
+    np.testing.assert_allclose(
+        [v for _, v in values["engine"]], [v for _, v in values["stock"]], atol=TOL
+    )
