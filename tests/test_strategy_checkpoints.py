@@ -257,7 +257,7 @@ def test_other_models_and_optimizers(tmp_path, monkeypatch, build, fmt):
     def second_graph(*args):
         raise AssertionError("stock's training graph was built again for its names")
 
-    monkeypatch.setattr(_tfprivate, "stock_checkpoint_names", second_graph)
+    monkeypatch.setattr(_tfprivate, "stock_training_graph", second_graph)
     x, y = tfcases.data()
     config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
     for name, patch in RUNS:
