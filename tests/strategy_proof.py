@@ -19,9 +19,10 @@ over the replicas). Activity regularizers beside SyncBatchNormalization and Batc
 input loss from the model run on each row alone (BatchNormalization on one row: ``per_row``),
 and the input losses counted on the padding rows (``unmasked``, kind "activity"). Also: stock's
 estimator reading
-the engine's model_dir, and a model XLA cannot compile (the step is compiled with XLA). [batch]
-labels for the [batch, 1] output (``ROW_LABELS``, 8 replicas and 1): a SUM loss (one number for
-the batch, the rows' mean) and a per-example custom loss with sample weights.
+the engine's model_dir, a model XLA cannot compile (the step is compiled with XLA), and a
+program in graph mode (``in_a_graph``: as ``disable_v2_behavior()`` makes it) on 8 replicas.
+[batch] labels for the [batch, 1] output (``ROW_LABELS``, 8 replicas and 1): a SUM loss (one
+number for the batch, the rows' mean) and a per-example custom loss with sample weights.
 
 On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
 ``python strategy_proof.py --record tests/reference/strategy_tf215.json`` in a TF 2.15 venv, and
@@ -300,6 +301,19 @@ def stock_estimator(keras_model, model_dir):
         return tf.keras.estimator.model_to_estimator(keras_model=keras_model, model_dir=model_dir)
 
 
+def in_a_graph(make_estimator, model_dir):
+    """The "mean" model as a program that disabled v2 behaviour has it: built, converted,
+    trained, evaluated and asked to predict in a graph of its own, its weights initialised in
+    its Keras session (where stock starts, and the engine too); the graph its own after."""
+    graph = tf.Graph()
+    with graph.as_default():
+        keras_model = model("mean")
+        keras_model.get_weights()  # initialised in the program's Keras session
+        result = run(make_estimator(keras_model, model_dir))
+        assert not tf.executing_eagerly() and tf.compat.v1.get_default_graph() is graph
+    return result
+
+
 def stock_run(kind, root, style=None):
     if NO_STOCK:
         with open(RECORD) as f:
@@ -309,6 +323,8 @@ def stock_run(kind, root, style=None):
             np.array(recorded["predictions"], np.float64),
             {n: np.array(v, np.float64) for n, v in recorded["values"].items()},
         )
+    if kind == "graph":
+        return in_a_graph(stock_estimator, os.path.join(root, "graph", "stock"))
     if style is not None:
         estimator = stock_estimator(model(kind), os.path.join(root, style, "stock"))
         return run(estimator, INPUT_STYLES[style])
@@ -318,8 +334,8 @@ def stock_run(kind, root, style=None):
 def record(path, root):
     """Stock's numbers for every kind, as JSON (run on TensorFlow 2.15)."""
     out = {"tensorflow": tf.__version__}
-    for kind in [*LOSSES, *MORE, *ROW_LABELS, *INPUT_STYLES]:
-        if kind in LOSSES or kind in MORE or kind in ROW_LABELS:
+    for kind in [*LOSSES, *MORE, *ROW_LABELS, *INPUT_STYLES, "graph"]:
+        if kind in LOSSES or kind in MORE or kind in ROW_LABELS or kind == "graph":
             metrics, predictions, values = stock_run(kind, root)
         else:
             metrics, predictions, values = stock_run("mean", root, kind)
@@ -503,6 +519,12 @@ def main(root):
         out["xla_error"] = None
     except Exception as e:  # the error XLA gives for an op it cannot compile
         out["xla_error"] = f"{type(e).__name__}: {e}"[:2000]
+
+    # A program in graph mode (disable_v2_behavior), last: the engine's calls on the eager
+    # runtime, its model's Keras classes left v1 for the program after them.
+    out["graph"] = differences(
+        in_a_graph(engine, os.path.join(root, "graph", "eight")), stock_run("graph", root)
+    )
     print("RESULT " + json.dumps(out))
 
 

@@ -108,3 +108,14 @@ def test_every_input_fn_style_on_eight_replicas(proof, style):
     got = proof["inputs"][style]
     assert got["names_equal"]  # stock's checkpoint names
     assert got["weights"] < TOLERANCE, got  # every weight and optimizer slot
+
+
+def test_a_graph_mode_program_on_eight_replicas(proof):
+    """A program in graph mode (as ``disable_v2_behavior()`` makes it; #33): its model built and
+    its calls made in its own graph, trained, evaluated and predicted on 8 replicas on the
+    engine's eager runtime: stock's weights and slots, metrics and predictions."""
+    got = proof["graph"]
+    assert got["names_equal"] and got["metric_keys_equal"] and got["rows"] == 45, got
+    assert got["weights"] < TOLERANCE, got
+    assert got["metrics"] < TOLERANCE, got
+    assert got["predictions"] < TOLERANCE, got

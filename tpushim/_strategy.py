@@ -152,12 +152,7 @@ class Plan:
 def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     """The :class:`Plan` of one conversion; refuses what the engine cannot run yet, before
     anything is written."""
-    if not tf.executing_eagerly():
-        raise ConversionError(
-            "the strategy engine runs on TensorFlow 2's eager runtime, and this program disabled "
-            "it (tf.compat.v1.disable_v2_behavior() or disable_eager_execution()). Remove that "
-            "call, or use engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs."
-        )
+    graph_mode = not tf.executing_eagerly()
     if isinstance(optimizer, _tfprivate.keras_v1_tf_optimizer_class()):
         check_tf1_optimizer(optimizer.optimizer)
     elif not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
@@ -194,11 +189,18 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     # Strings and lookups run on the host (refused here, naming the layer, where they cannot).
     host = _strategy_host.plan(keras_model, custom_objects)
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)
-    _tfprivate.restore_v2_classes(keras_model)  # the plan may clone it in a graph
+    # The plan may clone it in a graph (a model made in one, by a program that disabled v2
+    # behaviour, keeps its v1 classes).
+    _tfprivate.restore_v2_classes(keras_model, v1=graph_mode)
     conversion = _plan.ConversionPlan(settings=settings, loss_plan=loss_plan)
     warm = None
     if _tfprivate.is_graph_network(keras_model):
-        warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
+        if not graph_mode:
+            warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
+        elif _tfprivate.any_weight_initialized(keras_model):  # read in the program's session
+            warm = tf.compat.v1.keras.backend.batch_get_value(keras_model.trainable_weights)
+        # else stock starts from its first checkpoint's freshly initialised clone: read from it
+        # once written (:func:`warm_from_first_checkpoint`), the program's variables untouched.
     elif _tfprivate.is_subclassed(keras_model):
         said_subclassed(keras_model)
     plan = Plan(
@@ -219,7 +221,20 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     plan.host = host
     if host is not None:
         logger.info("the strategy engine's host part: %s", host.describe())
+    plan.graph_mode = graph_mode
+    # Its metrics as stock names them (the program's v1 names), where the eager copy's differ.
+    plan.metric_names = _tfprivate.v1_metric_names(keras_model) if graph_mode else None
     return plan
+
+
+def warm_from_first_checkpoint(plan, path):
+    """A program that disabled v2 behaviour and never initialised its model's variables: stock
+    warm-starts from the clone its first checkpoint (``path``) initialised, seeded with the
+    config's ``tf_random_seed``; the engine starts from those values too."""
+    if plan.graph_mode and plan.warm_start is None and path is not None:
+        plan.warm_start = _tfprivate.first_checkpoint_values(
+            plan.keras_model, plan.custom_objects, path
+        )
 
 
 def check_tf1_optimizer(optimizer):
@@ -1166,9 +1181,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         made = self._input(input_fn, mode)
         return types.SimpleNamespace(input=made, features=features_spec(made[1]))
 
+    def _runtime(self):
+        return runtime(self._tpushim_plan)
+
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         # Observers (the run summary, the preflight) hear of the call and may cap its steps.
-        with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
+        with (
+            self._runtime(),
+            _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call,
+        ):
             started = time.monotonic()
             with _input_wait.strategy_timing() as wait:  # observed or not: the same function
                 ran, first = self._train(
@@ -1316,7 +1337,10 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         return step - start, first
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
-        with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
+        with (
+            self._runtime(),
+            _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call,
+        ):
             started = time.monotonic()
             with _input_wait.strategy_timing() as wait:
                 results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
@@ -1399,9 +1423,12 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             user_hooks.end(int(run.step.numpy()))
         # In stock's order: the loss, the metrics, the global step.
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
-        for m in metrics_model.compiled_metrics.metrics:
-            if m.name != "loss":
-                results[m.name] = np.float32(m.result().numpy())
+        compiled = [m for m in metrics_model.compiled_metrics.metrics if m.name != "loss"]
+        stock_names = getattr(self._tpushim_plan, "metric_names", None)
+        if stock_names is None or len(stock_names) != len(compiled):
+            stock_names = [m.name for m in compiled]
+        for stock_name, m in zip(stock_names, compiled):
+            results[stock_name] = np.float32(m.result().numpy())
         if added is not None:  # stock's add_metrics: an added name replaces a compiled one
             results.update(added.results())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
@@ -1416,6 +1443,18 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         hooks=None,
         checkpoint_path=None,
         yield_single_examples=True,
+    ):
+        # Each prediction computed in the engine's runtime, the caller's code between two in
+        # its own (a program's graph mode).
+        yield from _each_resumed_in(
+            self._runtime,
+            self._predict_observed(
+                input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+            ),
+        )
+
+    def _predict_observed(
+        self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
     ):
         with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
             started = time.monotonic()
@@ -1476,6 +1515,41 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 return
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
+
+
+def runtime(plan):
+    """Where the engine runs ``plan``'s calls: on the eager runtime, also for a program that
+    disabled it (:func:`tpushim._tfprivate.eager_runtime`; its graph mode back after a call)."""
+    if getattr(plan, "graph_mode", False):
+        return _eager_runtime(plan.keras_model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _eager_runtime(keras_model):
+    """The eager runtime for a program that disabled it, left as that program had it: its
+    graph mode back, and its model's v1 classes (the eager clones swapped them to v2)."""
+    try:
+        with _tfprivate.eager_runtime():
+            yield
+    finally:
+        _tfprivate.restore_v2_classes(keras_model, v1=True)
+
+
+def _each_resumed_in(context, generator):
+    """``generator``'s items, each computed within a fresh ``context()`` left before it is
+    yielded: the caller's code between two predictions runs in its own world (its graph mode)."""
+    try:
+        while True:
+            with context():
+                try:
+                    item = next(generator)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        with context():
+            generator.close()
 
 
 def _as_dict_or_one(values, names):
@@ -1597,6 +1671,7 @@ def build_on_engine(arguments, settings, tpu, why):
                 ),
             )
         plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
+        warm_from_first_checkpoint(plan, warm_start_path)
         estimator = StrategyEstimator(
             model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt
         )

@@ -179,8 +179,42 @@ def _stock_graph(mode, seed):
         tf.compat.v1.train.create_global_step(graph)
         if mode == ModeKeys.TRAIN:
             _tfprivate.global_step_read()
-        with tf.compat.v1.device("/cpu:0"):
+        # The program's own TensorShape for its input_fn (a program that disabled v2 behaviour).
+        with tf.compat.v1.device("/cpu:0"), _tfprivate.programs_shapes():
             yield graph
+    if _tfprivate.for_graph_program():
+        _refuse_graph_lookups(graph)
+
+
+#: The ops of a lookup table (tf.lookup's tables; a feature column's vocabulary makes one).
+_TABLE_OPS = {
+    "HashTable",
+    "HashTableV2",
+    "MutableHashTable",
+    "MutableHashTableV2",
+    "MutableHashTableOfTensors",
+    "MutableHashTableOfTensorsV2",
+    "MutableDenseHashTable",
+    "MutableDenseHashTableV2",
+}
+
+
+def _refuse_graph_lookups(graph):
+    """Refuses, before anything is written, an input_fn of a program that disabled v2 behaviour
+    whose graph makes lookup tables: the engine reads such a pipeline on the eager runtime, where
+    a table made and initialised in the input_fn's graph (its initializer in
+    TABLE_INITIALIZERS, run by stock's session) does not follow it."""
+    tables = [op.name for op in graph.get_operations() if op.type in _TABLE_OPS]
+    if tables:
+        raise ConversionError(
+            f"the strategy engine cannot yet read an input_fn that looks up values in lookup "
+            f"tables ({', '.join(tables[:4])}: tf.lookup tables, a vocabulary feature column) "
+            "in a program that disabled v2 behaviour (tf.compat.v1.disable_v2_behavior()): "
+            "the tables live in the input_fn's graph and are initialised by stock's session, "
+            "which the engine's eager runtime does not run. Use engine='tpuestimator' "
+            "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs, or remove that call. "
+            "Nothing was written."
+        )
 
 
 def _graph_input(input_fn, mode, config):
@@ -258,6 +292,8 @@ def _seeded(input_fn, mode, config):
         if not isinstance(dataset, tf.data.Dataset):
             return TENSORS
         copy = _eager(graph, dataset)
+    except ConversionError:
+        raise
     except Exception as e:  # any failure: the eager Dataset, as before
         logger.info(
             "the strategy engine reads input_fn %r as built eagerly, not seeded as stock's "
@@ -455,7 +491,8 @@ def distributed_input(
     result = _seeded(input_fn, mode, config) if config.tf_random_seed is not None else None
     if result is None:
         try:
-            result = _input_fn.call(input_fn, mode, {}, config)
+            with _tfprivate.programs_shapes():
+                result = _input_fn.call(input_fn, mode, {}, config)
         except Exception as e:  # a graph-only input (queues, placeholders): run in a graph below
             logger.debug("input_fn failed eagerly (%s); calling it in a graph", e)
             result = None

@@ -976,20 +976,21 @@ def output_masks(model):
     return [getattr(output, "_keras_mask", None) for output in model.outputs]
 
 
-def restore_v2_classes(keras_model):
+def restore_v2_classes(keras_model, v1=False):
     """Undoes what a clone in a graph does to an eager model's classes: Keras makes a model or
     layer in a graph by swapping its class's bases to their v1 twins in place
     (``version_utils.swap_class``), for every instance of the class, the user's eager model too,
     until the next one is made eagerly (whose v1 ``get_weights`` then fails, for one). Swaps them
-    back, as Keras's own next eager construction would."""
+    back, as Keras's own next eager construction would. ``v1``: the other way, for a model made
+    in a graph (a program that disabled v2 behaviour) after a clone made eagerly."""
     version_utils = _keras("utils.version_utils")
     model_classes = (_keras("engine.training").Model, _keras("engine.training_v1").Model)
     layer_classes = (_keras("engine.base_layer").Layer, _keras("engine.base_layer_v1").Layer)
     for layer in all_layers(keras_model):
         if isinstance(layer, model_classes[0]):
-            version_utils.swap_class(type(layer), *model_classes, True)
+            version_utils.swap_class(type(layer), *model_classes, not v1)
         # A model's too: the v1 swap reaches Model's own base Layer (a subclassed model's clone).
-        version_utils.swap_class(type(layer), *layer_classes, True)
+        version_utils.swap_class(type(layer), *layer_classes, not v1)
 
 
 def standardize_sample_weights(sample_weights, output_names):
@@ -1460,3 +1461,76 @@ def feature_column_layers(keras_model):
             for source in sources(column)
         )
     ]
+
+
+_PROGRAM_SHAPES = []  # the program's TensorShape behaviour, per eager_runtime entered
+
+
+@contextlib.contextmanager
+def eager_runtime():
+    """A context in which TensorFlow executes eagerly although the program disabled it
+    (``tf.compat.v1.disable_v2_behavior()``), with TF2's TensorShape (``shape[0]`` an int, as
+    the engine reads it): ``context.eager_mode()`` and the v2 TensorShape switch, both as the
+    program had them on exit. The program's other v1 behaviours stay; its own code (an
+    input_fn) sees its TensorShape again within :func:`programs_shapes`."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import tensor_shape
+
+    before = tensor_shape._TENSORSHAPE_V2_OVERRIDE
+    _PROGRAM_SHAPES.append(before)
+    tensor_shape._TENSORSHAPE_V2_OVERRIDE = True
+    try:
+        with context.eager_mode():
+            yield
+    finally:
+        tensor_shape._TENSORSHAPE_V2_OVERRIDE = before
+        _PROGRAM_SHAPES.pop()
+
+
+def for_graph_program():
+    """True within :func:`eager_runtime`: the engine runs for a program that disabled v2
+    behaviour."""
+    return bool(_PROGRAM_SHAPES)
+
+
+@contextlib.contextmanager
+def programs_shapes():
+    """Within :func:`eager_runtime`, the program's own TensorShape behaviour (``Dimension``s
+    where it disabled v2 behaviour: ``shape[1].value``), for its code; elsewhere nothing."""
+    from tensorflow.python.framework import tensor_shape
+
+    if not _PROGRAM_SHAPES:
+        yield
+        return
+    inside = tensor_shape._TENSORSHAPE_V2_OVERRIDE
+    tensor_shape._TENSORSHAPE_V2_OVERRIDE = _PROGRAM_SHAPES[-1]
+    try:
+        yield
+    finally:
+        tensor_shape._TENSORSHAPE_V2_OVERRIDE = inside
+
+
+def first_checkpoint_values(keras_model, custom_objects, path):
+    """The trainable weights' values in the warm-start checkpoint at ``path`` (stock's first
+    checkpoint, :func:`save_first_checkpoint`'s, either format), read into a clone built as
+    stock builds it, in a graph and session of its own (the program's Keras session untouched).
+    """
+    import tensorflow as tf
+
+    clone = keras_lib._clone_and_build_model if keras_lib is not None else _legacy_keras._clone
+    with tf.Graph().as_default():
+        tf.compat.v1.train.create_global_step()
+        model = clone(ModeKeys.TRAIN, keras_model, custom_objects)
+        model._make_train_function()  # the optimizer's variables, as in the checkpoint
+        with tf.compat.v1.Session() as session:
+            # Saver reads a name-based checkpoint, and an object-based one by its object graph.
+            tf.compat.v1.train.Saver().restore(session, path)
+            return session.run(model.trainable_weights)
+
+
+def v1_metric_names(keras_model):
+    """The names of a model's compiled metrics as stock's estimator names them when the model
+    was compiled in a graph (Keras's v1 training: ``acc`` for ``'accuracy'`` once v2 behaviour
+    is disabled), in Keras's order; None where the model keeps none."""
+    functions = getattr(keras_model, "_compile_metric_functions", None)
+    return None if functions is None else [m.name for m in functions]

@@ -383,7 +383,8 @@ def check_strategy_step(report, plan, features, labels, num_cores):
         f"(the global batch of {size} split, padded to a multiple of {num_cores})"
     )
     try:
-        _strategy.check_xla(plan, element, num_cores)
+        with _strategy.runtime(plan):  # eagerly, as the engine runs (a graph-mode script too)
+            _strategy.check_xla(plan, element, num_cores)
     except ConversionError as e:
         model_checks._report_xla_error(report, plan.keras_model, e.__cause__ or e)
 
