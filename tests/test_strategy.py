@@ -491,3 +491,31 @@ def test_input_losses_beside_batchnormalization_which_the_engine_takes(tmp_path)
                 model_dir=str(tmp_path / "refused"),
             )
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow
+def test_metric_objects_named_as_stocks_calls_name_them(tmp_path):
+    """Stock's every train() and evaluate() compiles a clone with the user's metric objects,
+    and Keras prefixes a shared object's name with its output's each time (its first checkpoint's
+    clone too): ``reg_reg_root_mean_squared_error`` at an evaluate() before training, one more
+    prefix at each later call. The engine's keys follow stock's, call by call."""
+    import tfcases
+
+    features, labels = tfcases.two_in_two_out_data()
+    train = tfcases.dataset_input_fn(features, labels)
+
+    def keys(patch, model_dir):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(model_dir, tfcases.two_in_two_out(), patch=patch, config=config)
+        seen = [sorted(estimator.evaluate(train, steps=1))]  # before any training, as stock
+        estimator.train(train, steps=1)
+        seen.append(sorted(estimator.evaluate(train, steps=1)))
+        estimator.train(train, steps=1)
+        seen.append(sorted(estimator.evaluate(train, steps=1)))
+        seen.append(sorted(estimator.evaluate(train, steps=1)))
+        return seen
+
+    stock = keys({"mode": "off"}, tmp_path / "stock")
+    engine = keys({"mode": "cpu", "engine": "strategy", "quiet": True}, tmp_path / "engine")
+    assert "reg_" * 7 + "root_mean_squared_error" in stock[-1]  # stock's names grow
+    assert engine == stock

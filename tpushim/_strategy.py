@@ -1220,6 +1220,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
         check_row_labels(run.model, run.terms, made[1])
+        # Stock's model_fn compiles a clone here, naming the user's metric objects once more.
+        _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             # What a TPU could not compile is refused before anything is written.
@@ -1349,6 +1351,13 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             return results
 
     def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
+        results = self._evaluate_named(input_fn, steps, hooks, checkpoint_path, name)
+        # Stock's model_fn compiled a clone for this evaluation, naming the user's metric
+        # objects once more (the engine's metrics model named its copies so: see _metrics_model).
+        _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
+        return results
+
+    def _evaluate_named(self, input_fn, steps, hooks, checkpoint_path, name):
         early = self._input_first(input_fn, ModeKeys.EVAL)
         run = _Run(
             self._tpushim_plan,

@@ -886,6 +886,31 @@ def compile_args(keras_model):
         return keras_model._get_compile_args()
 
 
+def name_metric_objects_as_a_compile(keras_model):
+    """Names the Metric objects a multi-output model was compiled with as one more compile of a
+    clone names them: Keras prefixes a shared object's name with its output's (training_v1's
+    ``_set_per_output_metric_attributes``), so each of stock's train and evaluate model_fn calls
+    adds one prefix (``reg_reg_reg_root_mean_squared_error`` at a first evaluate() after a first
+    train()), and stock's evaluate() reports that name. Metrics given per output (a dict, or a
+    list per output) only; strings and functions are made afresh each time."""
+    args = compile_args(keras_model)
+    names = list(keras_model.output_names or ())
+    if len(names) < 2:
+        return
+    Metric = _keras("metrics.base_metric").Metric
+    for given in (args.get("metrics"), args.get("weighted_metrics")):
+        if isinstance(given, dict):
+            pairs = given.items()
+        elif isinstance(given, (list, tuple)) and all(isinstance(m, (list, tuple)) for m in given):
+            pairs = zip(names, given)
+        else:
+            continue
+        for output, metrics in pairs:
+            for metric in metrics if isinstance(metrics, (list, tuple)) else [metrics]:
+                if isinstance(metric, Metric):
+                    metric._name = f"{output}_{metric._name}"
+
+
 def clone_metrics(metrics):
     """Keras's ``clone_metrics`` (as ``clone_and_build_model`` compiles its clone): each Metric
     object a fresh one from its config (a user's object may hold variables of another graph);
