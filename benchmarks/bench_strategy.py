@@ -58,6 +58,26 @@ def _timing(steps, pairs):
     return json.loads(lines[-1][len("BENCH ") :])
 
 
+def _paired(steps, pairs):
+    """``[(fit, engine, fit)]`` steady steps/s, from ONE driver process (the engine's strategy
+    training a Keras model compiled in its scope, ``fit()`` and ``train()`` calls alternating:
+    the machine's load drifts alike for the engine and both its neighbours)."""
+    with tempfile.TemporaryDirectory(prefix="bench_strategy_") as workdir:
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "paired", workdir, str(steps), str(pairs)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=benchlib.clean_env({"PYTHONPATH": benchlib.REPO}),
+            cwd=workdir,
+            timeout=1800,
+        )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"paired failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("BENCH ") :])
+
+
 def _run(kind, steps):
     """One driver run: ``(steady steps/s, whole-call steps/s)``."""
     with tempfile.TemporaryDirectory(prefix="bench_strategy_") as workdir:
@@ -109,6 +129,22 @@ def run(table, opts, report):
             f"{whole.ratio(name):.3f}x" if name != "Keras fit" else "",
             spread=whole.spread(name),
         )
+    triples = _paired(steps, 2 * reps)
+    report["strategy-paired"] = triples
+    ratios = sorted(engine * 2 / (before + after) for before, engine, after in triples)
+    noise = sorted(after / before for before, _, after in triples)
+    ratio = benchlib.median(ratios)
+    table.add(
+        "strategy",
+        f"{case}: steady steps/s, one process, train() between two fit() calls "
+        f"({len(triples)} triples of {steps} steps)",
+        "tpushim engine",
+        f"{benchlib.median([e for _, e, _ in triples]):.1f}",
+        f"{ratio:.3f}x",
+        goal=f">= {GOAL}x",
+        ok=ratio >= GOAL,
+        spread=f"{ratios[0]:.3f}..{ratios[-1]:.3f} (fit/fit {noise[0]:.3f}..{noise[-1]:.3f})",
+    )
     pairs = _timing(steps, 2 * reps)
     report["strategy-timing"] = pairs
     ratios = sorted(timed / plain for timed, plain in pairs)
@@ -225,9 +261,9 @@ def _drive(kind, workdir, steps, pairs=0):
 
             def timed(iterator, n):
                 t = time.perf_counter()
-                ran, loss = loop(iterator, n)
-                calls.append((int(ran), time.perf_counter() - t))
-                return ran, loss
+                out = loop(iterator, n)  # (steps run, their losses, ...)
+                calls.append((int(out[0]), time.perf_counter() - t))
+                return out
 
             return timed
 
@@ -241,6 +277,46 @@ def _drive(kind, workdir, steps, pairs=0):
             estimator = tf.keras.estimator.model_to_estimator(
                 keras_model=_model(tf, activity), model_dir=os.path.join(workdir, "model")
             )
+        if kind == "paired":  # one process: fit() and train() calls alternating
+            with _strategy.cpu_strategy().scope():  # the engine's own strategy (one a process)
+                fitted = _model(tf, steps_per_execution=PER_EXECUTION)
+            dataset = input_fn()
+            fit_calls = []
+
+            class Clock(tf.keras.callbacks.Callback):
+                last = None
+
+                def on_train_begin(self, logs=None):
+                    self.last = None
+
+                def on_train_batch_end(self, batch, logs=None):
+                    now = time.perf_counter()
+                    if self.last is not None:
+                        fit_calls.append((PER_EXECUTION, now - self.last))
+                    self.last = now
+
+            def fit_rate():
+                fit_calls.clear()
+                fitted.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Clock()])
+                used = fit_calls[1:]  # as the engine's: the first call of each run left out
+                return sum(n for n, _ in used) / sum(s for _, s in used)
+
+            def engine_rate():
+                calls.clear()
+                estimator.train(input_fn, steps=steps)
+                used = calls[1:]  # each train() traces its loop first
+                return sum(n for n, _ in used) / sum(s for _, s in used)
+
+            fit_rate(), engine_rate()  # warm: tracing, checkpoints, the XLA check
+            results = []  # (fit, engine, fit) per pair: the engine against its two neighbours
+            last = fit_rate()
+            for _ in range(pairs):
+                engine = engine_rate()
+                after = fit_rate()
+                results.append((last, engine, after))
+                last = after
+            print("BENCH " + json.dumps(results), flush=True)
+            return
         if kind == "timing":  # train() calls alternating: the read timed, then plain
             timed_read = _input_wait.next_input
 

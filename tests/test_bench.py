@@ -4,6 +4,7 @@ The graph section is the one run for real: its counts are exact (no timing noise
 with the tests' replica harness, so a smoke run of it checks the runner end to end in seconds.
 """
 
+import json
 import os
 import re
 import sys
@@ -163,3 +164,15 @@ def test_strategy_pods_section_compares_the_same_per_replica_batches_on_each_pat
             for element in dataset.take(3):  # per-replica batches of the same images
                 images = tf.nest.flatten(element)[0]
                 assert images.shape == (batch // section.REPLICAS, 8, 8, 3), (name, host)
+
+
+@pytest.mark.slow  # a TensorFlow subprocess on 8 logical devices
+def test_strategy_section_driver_measures_fit_and_the_engine_in_one_process(tmp_path):
+    # The driver wraps the engine's training loop to time it: a change to what the loop returns
+    # must not break the benchmark unseen (it did once: (steps, losses) became three values).
+    script = os.path.join(REPO, "benchmarks", "bench_strategy.py")
+    proc = procs.python([script, "paired", str(tmp_path), "40", "1"], cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")][-1]
+    [(before, engine, after)] = json.loads(line[len("BENCH ") :])
+    assert before > 0 and engine > 0 and after > 0
