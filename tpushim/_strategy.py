@@ -53,7 +53,6 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._errors import ConversionError
-from tpushim._model_fn import mapped_metric_names
 from tpushim._strategy_input import batch_size_of, distributed_input  # noqa: F401  (its names)
 
 logger = logging.getLogger("tpushim")
@@ -233,7 +232,9 @@ def check_metric_names_map(plan):
     """Stock's errors for a ``metric_names_map`` whose keys are not the names stock's model_fn
     gives the model's compiled metrics (raised by its train() and evaluate() calls alike)."""
     if getattr(plan, "metric_names_map", None):
-        mapped_metric_names(_strategy_checkpoint.stock_metric_names(plan), plan.metric_names_map)
+        _strategy_metrics.mapped_metric_names(
+            _strategy_checkpoint.stock_metric_names(plan), plan.metric_names_map
+        )
 
 
 def warm_from_first_checkpoint(plan, path):
@@ -1462,7 +1463,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         if stock_names is None or len(stock_names) != len(compiled):
             stock_names = [m.name for m in compiled]
         # model_to_estimator's metric_names_map, checked as stock before anything is written
-        mapped = mapped_metric_names(
+        mapped = _strategy_metrics.mapped_metric_names(
             stock_names, getattr(self._tpushim_plan, "metric_names_map", None)
         )
         for stock_name, m in zip(mapped, compiled):
