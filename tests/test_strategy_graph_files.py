@@ -200,6 +200,8 @@ def test_eval_events_as_stocks(tmp_path):
     import tensorflow as tf
     import tfcases
 
+    from tpushim import _versions
+
     x, y = tfcases.data()
     config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
     for name, patch in (("stock", STOCK), ("engine", ENGINE)):
@@ -212,5 +214,6 @@ def test_eval_events_as_stocks(tmp_path):
     assert _records(engine) == _records(stock)
     assert [r[2] for r in _records(stock) if r[0] == "summary"][:2] == ["accuracy", "loss"]
     weights = {"global_step", "hidden/kernel", "hidden/bias", "probs/kernel", "probs/bias"}
-    assert weights <= _event_graph_variables(stock)
+    if not _versions.uses_own_estimator():  # tpushim's own estimator (>= 2.16) records none
+        assert weights <= _event_graph_variables(stock)
     assert weights <= _event_graph_variables(engine)
