@@ -12,7 +12,12 @@ Cases, each run by stock and by the engine on 8 logical CPU devices with steps_p
 * ``keep``: a checkpoint every step over two calls (keep_checkpoint_max 2, which stock's Keras
   estimator does not read: it keeps 5);
 * ``secs``: save_checkpoints_secs instead of steps (a tiny interval: a save after every call,
-  steps_per_execution 1, so after every step as stock's).
+  steps_per_execution 1, so after every step as stock's);
+* ``summaries``: ``schedule``'s calls on a model whose layer makes a
+  ``tf.compat.v1.summary.scalar`` of its input's mean (stock's tag ``probe/mean_1``): the global
+  batch of 6 is one row on each of 6 replicas and padding on 2. Negative control
+  (``summaries_control``, the engine only): each replica weighing 1 in the scalar's mean, so the
+  padding replicas count.
 
 On TensorFlow >= 2.16 stock is stock TensorFlow 2.15's, recorded by
 ``python strategy_events_proof.py --record tests/reference/strategy_events_tf215.json DIR``.
@@ -38,13 +43,14 @@ tf.config.threading.set_inter_op_parallelism_threads(32)  # as strategy_proof.py
 import numpy as np
 
 import tpushim
+from tpushim import _strategy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_events_tf215.json")
 NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
 
 ROWS, BATCH = 60, 6
-CASES = ("schedule", "nan", "keep", "secs")
+CASES = ("schedule", "nan", "keep", "secs", "summaries")
 
 
 def data(nan_batch=None):
@@ -56,11 +62,20 @@ def data(nan_batch=None):
     return x, y
 
 
-def model():
+class Probe(tf.keras.layers.Layer):
+    """A layer making a v1 scalar summary of its input's mean (stock writes it in training)."""
+
+    def call(self, inputs):
+        tf.compat.v1.summary.scalar("mean", tf.reduce_mean(inputs))
+        return inputs
+
+
+def model(probe=False):
     tf.keras.utils.set_random_seed(1)
     m = tf.keras.Sequential(
         [
             tf.keras.layers.Dense(3, input_shape=(4,), activation="tanh", name="hidden"),
+            *([Probe(name="probe")] if probe else []),
             tf.keras.layers.Dense(1, name="out"),
         ]
     )
@@ -130,17 +145,16 @@ def checkpoints(model_dir):
     return {"latest": os.path.basename(state.model_checkpoint_path), "listed": listed}
 
 
-def estimator(model_dir, config, stock):
+def estimator(model_dir, config, stock, probe=False):
+    given = {"keras_model": model(probe), "model_dir": model_dir, "config": config}
+    if probe:
+        given["custom_objects"] = {"Probe": Probe}
     if stock:
         with tpushim.patched(mode="off", quiet=True):
-            return tf.keras.estimator.model_to_estimator(
-                keras_model=model(), model_dir=model_dir, config=config
-            )
+            return tf.keras.estimator.model_to_estimator(**given)
     spe = 1 if config.save_checkpoints_secs else 3
     with tpushim.patched(mode="cpu", engine="strategy", iterations_per_loop=spe, quiet=True):
-        return tf.keras.estimator.model_to_estimator(
-            keras_model=model(), model_dir=model_dir, config=config
-        )
+        return tf.keras.estimator.model_to_estimator(**given)
 
 
 def run_config(**kwargs):
@@ -159,7 +173,7 @@ def case(name, root, stock):
     tf_logger.setLevel(logging.INFO)
     out = {"error": None}
     try:
-        if name == "schedule":
+        if name in ("schedule", "summaries", "summaries_control"):
             config = run_config(
                 log_step_count_steps=3, save_summary_steps=2, save_checkpoints_steps=4
             )
@@ -179,9 +193,9 @@ def case(name, root, stock):
         def input_fn():
             return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
 
-        e = estimator(model_dir, config, stock)
+        e = estimator(model_dir, config, stock, probe=name.startswith("summaries"))
         try:
-            if name in ("schedule", "nan"):
+            if name in ("schedule", "nan", "summaries", "summaries_control"):
                 e.train(input_fn, steps=7)
                 e.train(input_fn, steps=3)
                 e.evaluate(input_fn)
@@ -223,6 +237,12 @@ def main(root):
         "stock": {name: stock[name] for name in CASES},
         "engine": {name: case(name, root, False) for name in CASES},
     }
+    weight = _strategy.scalar_weight
+    _strategy.scalar_weight = lambda element: tf.constant(1.0)  # every replica counts
+    try:
+        out["engine"]["summaries_control"] = case("summaries_control", root, False)
+    finally:
+        _strategy.scalar_weight = weight
     print("RESULT " + json.dumps(out))
 
 

@@ -13,6 +13,11 @@ largest difference to stock. On TensorFlow 2.15 also stock's add_metrics estimat
 engine's checkpoint (the same checkpoint: the same numbers). Negative control: the engine with the
 padding rows kept in the added metrics' rows.
 
+``metric_names_map`` (a model_to_estimator argument): a model compiled with two metrics converted
+with a map renaming both, trained and evaluated by both (the keys and numbers); and two wrong maps
+(a compiled name missing, a key no metric has): stock's errors at train(), the engine's, and
+whether the engine's train() wrote anything before raising.
+
 On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
 ``python strategy_metrics_proof.py --record tests/reference/strategy_metrics_tf215.json DIR`` in
 a TF 2.15 venv.
@@ -50,7 +55,7 @@ RECORD = os.path.join(HERE, "reference", "strategy_metrics_tf215.json")
 NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
 
 
-def model():
+def model(metrics=("accuracy",)):
     tf.keras.utils.set_random_seed(1)
     x = tf.keras.Input((4,), name="x")
     h = tf.keras.layers.Dense(5, activation="tanh", name="hidden")(x)
@@ -58,9 +63,44 @@ def model():
     m.compile(
         tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
         loss="binary_crossentropy",
-        metrics=["accuracy"],
+        metrics=list(metrics),
     )
     return m
+
+
+MAPPED_METRICS = ("accuracy", "mae")
+NAMES_MAP = {"accuracy": "my_accuracy", "mae": "my_mae"}
+WRONG_MAPS = {
+    "missing": {"accuracy": "my_accuracy"},
+    "extra": {**NAMES_MAP, "auc": "my_auc"},
+}
+
+
+def mapped(root, name, names_map=None, **patch):
+    """metric_names_map: the evaluation's {key: value} after training, or the train() error as
+    {"error": its text, "wrote": the files train() added to model_dir before raising}."""
+    model_dir = os.path.join(root, name)
+    with tpushim.patched(quiet=True, **patch):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=model(MAPPED_METRICS),
+            model_dir=model_dir,
+            metric_names_map=names_map or NAMES_MAP,
+        )
+    before = {os.path.join(d, f) for d, _, fs in os.walk(model_dir) for f in fs}
+    try:
+        estimator.train(input_fn, steps=STEPS)
+    except ValueError as error:
+        after = {os.path.join(d, f) for d, _, fs in os.walk(model_dir) for f in fs}
+        return {"error": str(error), "wrote": sorted(after - before)}
+    return evaluate(estimator)
+
+
+def names_map_cases(root, **patch):
+    which = "stock" if patch.get("mode") == "off" else "engine"
+    out = {"mapped": mapped(root, f"mapped_{which}", **patch)}
+    for case, names_map in WRONG_MAPS.items():
+        out[case] = mapped(root, f"{case}_{which}", names_map, **patch)
+    return out
 
 
 def input_fn():
@@ -119,10 +159,12 @@ def evaluate(estimator):
     return {k: float(v) for k, v in estimator.evaluate(input_fn).items()}
 
 
-def stock(root):
+def stock(root, part="metrics"):
     if NO_STOCK:
         with open(RECORD) as f:
-            return json.load(f)["metrics"]
+            return json.load(f)[part]
+    if part == "names_map":
+        return names_map_cases(root, mode="off")
     estimator = convert(os.path.join(root, "stock"), mode="off")
     estimator.train(input_fn, steps=STEPS)
     return evaluate(estimator)
@@ -157,6 +199,10 @@ def main(root):
     finally:
         _strategy_metrics.real_rows = real_rows
     assert isinstance(engine, _strategy.StrategyEstimator)
+    out["names_map"] = {
+        "stock": stock(root, "names_map"),
+        "engine": names_map_cases(root, mode="cpu", engine="strategy"),
+    }
     print("RESULT " + json.dumps(out))
 
 
@@ -164,7 +210,14 @@ def record(path, root):
     """Stock's numbers, as JSON (run on TensorFlow 2.15)."""
     with open(path, "w") as f:
         json.dump(
-            {"tensorflow": tf.__version__, "metrics": stock(root)}, f, indent=1, sort_keys=True
+            {
+                "tensorflow": tf.__version__,
+                "metrics": stock(root),
+                "names_map": stock(root, "names_map"),
+            },
+            f,
+            indent=1,
+            sort_keys=True,
         )
         f.write("\n")
 

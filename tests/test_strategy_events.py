@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
-CASES = ("schedule", "nan", "keep", "secs")
+CASES = ("schedule", "nan", "keep", "secs", "summaries")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,25 @@ def test_training_events_as_stocks(proof, case):
             assert got[3] == want[3] or _close(got[3], want[3]), (got, want)
 
 
-@pytest.mark.parametrize("case", ["schedule", "nan"])
+def _probe(events):
+    return [e for e in events if e[2] == "probe/mean_1"]
+
+
+def test_model_scalars_on_8_replicas_as_stocks(proof):
+    """The model's own v1 scalar (its input's mean) at stock's steps with the global batch's
+    value, on 8 replicas with 2 of padding (the other events: test_training_events_as_stocks).
+    Negative control: each replica weighing the same, the padding replicas' mean counts."""
+    stock = _probe(proof["stock"]["summaries"]["events"])
+    engine = _probe(proof["engine"]["summaries"]["events"])
+    control = _probe(proof["engine"]["summaries_control"]["events"])
+    assert [e[1] for e in stock] == [1, 3, 5, 7, 8, 10], stock
+    assert [e[:3] for e in engine] == [e[:3] for e in stock] == [e[:3] for e in control]
+    for got, want in zip(engine, stock):
+        assert _close(got[3], want[3]), (got, want)
+    assert max(abs(c[3] - w[3]) for c, w in zip(control, stock)) > 1e-3, (control, stock)
+
+
+@pytest.mark.parametrize("case", ["schedule", "nan", "summaries"])
 def test_evaluation_events_as_stocks(proof, case):
     """model_dir/eval: the metrics at the global step, and the evaluated checkpoint's path."""
     stock, engine = proof["stock"][case]["eval_events"], proof["engine"][case]["eval_events"]

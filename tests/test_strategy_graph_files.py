@@ -177,3 +177,43 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     np.testing.assert_allclose(
         [v for _, v in values["engine"]], [v for _, v in values["stock"]], atol=TOL
     )
+
+
+def _event_graph_variables(directory):
+    """The variables of the first graph recorded in ``directory``'s events."""
+    import tensorflow as tf
+
+    for name in sorted(n for n in os.listdir(directory) if n.startswith("events.out.tfevents")):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+            if event.WhichOneof("what") == "graph_def":
+                graph = tf.compat.v1.GraphDef()
+                graph.ParseFromString(event.graph_def)
+                return {n.name for n in graph.node if n.op in ("VarHandleOp", "VariableV2")}
+    return set()
+
+
+def test_eval_events_as_stocks(tmp_path):
+    """model_dir/eval after two evaluate() calls: stock's records in stock's order (the metrics
+    sorted by name, then the checkpoint's path), and a graph holding the model's weights under
+    stock's names and the global step, as stock's evaluation graph does (the engine's is the
+    training events' graph: no metric or eval_step variables, the optimizer's instead)."""
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _versions
+
+    x, y = tfcases.data()
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    for name, patch in (("stock", STOCK), ("engine", ENGINE)):
+        estimator = tfcases.convert(tmp_path / name, patch=patch, config=config)
+        estimator.train(tfcases.dataset_input_fn(x, y), steps=2)
+        for _ in range(2):
+            estimator.evaluate(tfcases.dataset_input_fn(x, y))
+    tf.compat.v1.summary.FileWriterCache.clear()
+    stock, engine = tmp_path / "stock" / "eval", tmp_path / "engine" / "eval"
+    assert _records(engine) == _records(stock)
+    assert [r[2] for r in _records(stock) if r[0] == "summary"][:2] == ["accuracy", "loss"]
+    weights = {"global_step", "hidden/kernel", "hidden/bias", "probs/kernel", "probs/bias"}
+    if not _versions.uses_own_estimator():  # tpushim's own estimator (>= 2.16) records none
+        assert weights <= _event_graph_variables(stock)
+    assert weights <= _event_graph_variables(engine)

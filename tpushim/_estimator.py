@@ -731,6 +731,7 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         arguments["export_outputs"],
     )
     plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
+    plan.metric_names_map = arguments["metric_names_map"]
     _strategy.warm_from_first_checkpoint(plan, warm_start_path)
     estimator = _strategy.StrategyEstimator(
         model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt

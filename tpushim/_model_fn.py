@@ -33,6 +33,7 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._errors import ConversionError
+from tpushim._strategy_metrics import mapped_metric_names
 
 ModeKeys = tf.estimator.ModeKeys
 
@@ -111,27 +112,8 @@ def _metric_plan(model, metric_names_map):
             for metric in metrics.values():
                 name = stable_metric_name(metric.name, model.output_names)
                 plan.append((name, index, is_weighted, metric))
-    names = [name for name, _, _, _ in plan]
-    if metric_names_map:
-        # Stock keras_lib's checks and texts, verbatim.
-        custom_map_keys = set(metric_names_map.keys())
-        expected_keys = set(names)
-        unknown = expected_keys.difference(custom_map_keys)
-        if unknown:
-            raise ValueError(
-                "Invalid `metric_names_map`. "
-                f'The following keras model metric names:"{list(unknown)}" do not exist in '
-                "the `metric_names_map` dictionary"
-            )
-        extra = custom_map_keys.difference(expected_keys)
-        if extra:
-            raise ValueError(
-                "Invalid `metric_names_map`. "
-                "There are unexpected keys in the `metric_names_map` "
-                f"dictionary. Expected keys: {list(expected_keys)}, Received: {list(extra)}"
-            )
-        plan = [(metric_names_map[name], i, w, m) for name, i, w, m in plan]
-    return plan
+    names = mapped_metric_names([name for name, _, _, _ in plan], metric_names_map)
+    return [(name, i, w, m) for name, (_, i, w, m) in zip(names, plan)]
 
 
 def _eval_metrics(model, metric_names_map, padding_weight):

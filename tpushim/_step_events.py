@@ -195,21 +195,24 @@ class Kept:
                     tf.io.gfile.remove(name)
 
 
-def write_evaluation(eval_dir, results, checkpoint_path):
+def write_evaluation(eval_dir, results, checkpoint_path, graph=None):
     """Stock's evaluation events in ``eval_dir`` (``model_dir/eval``): the metrics at the global
-    step, and the evaluated checkpoint's path, with stock's lines."""
+    step, and the evaluated checkpoint's path, with stock's lines. ``graph``: what a new writer
+    records first, as stock's records its evaluation graph (the engine gives the graph of the
+    training events: stock's model and global step, not stock's whole evaluation model_fn)."""
     step = int(results[tf.compat.v1.GraphKeys.GLOBAL_STEP])
     shown = ", ".join(
         f"{key} = {results[key]}" for key in sorted(results) if results[key] is not None
     )
     tf.compat.v1.logging.info("Saving dict for global step %d: %s", step, shown)
     summary = tf.compat.v1.Summary()
-    for key, value in results.items():
+    # In stock's order: its evaluation's dict holds the metrics sorted by name.
+    for key, value in sorted(results.items(), key=lambda item: item[0]):
         if key == tf.compat.v1.GraphKeys.GLOBAL_STEP or value is None:
             continue
         if isinstance(value, (np.floating, float, np.integer, int)):
             summary.value.add(tag=key, simple_value=float(value))
-    out = writer(eval_dir)
+    out = writer(eval_dir, graph)
     out.add_summary(summary, step)
     tf.compat.v1.logging.info(
         "Saving 'checkpoint_path' summary for global step %d: %s", step, checkpoint_path

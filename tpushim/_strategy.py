@@ -118,6 +118,7 @@ class Plan:
       name_based_checkpoints: write stock's name-based checkpoints (``checkpoint_format='saver'``)
         rather than object-based ones (:mod:`tpushim._strategy_checkpoint`); set by the estimator.
       host: the :class:`tpushim._strategy_host.HostPart` (strings, lookups), or None.
+      metric_names_map: model_to_estimator's (None: stock's names), set by the conversion.
     """
 
     def __init__(
@@ -225,6 +226,15 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     # Its metrics as stock names them (the program's v1 names), where the eager copy's differ.
     plan.metric_names = _tfprivate.v1_metric_names(keras_model) if graph_mode else None
     return plan
+
+
+def check_metric_names_map(plan):
+    """Stock's errors for a ``metric_names_map`` whose keys are not the names stock's model_fn
+    gives the model's compiled metrics (raised by its train() and evaluate() calls alike)."""
+    if getattr(plan, "metric_names_map", None):
+        _strategy_metrics.mapped_metric_names(
+            _strategy_checkpoint.stock_metric_names(plan), plan.metric_names_map
+        )
 
 
 def warm_from_first_checkpoint(plan, path):
@@ -412,6 +422,12 @@ class _Endpoint:
 def all_reduce_sum(value):
     """``value`` summed over the replicas (the replica context's all-reduce)."""
     return tf.distribute.get_replica_context().all_reduce(SUM, value)
+
+
+def scalar_weight(element):
+    """A replica's weight in the mean of a model's scalar summary: its real rows."""
+    features = element[0] if isinstance(element, tuple) else element
+    return tf.reduce_sum(tf.cast(features[_padding.PADDING_KEY], tf.float32))
 
 
 def real_rows(element):
@@ -939,8 +955,10 @@ class _Run:
         """A ``tf.function`` running up to ``n`` steps from ``iterator``; returns (steps run,
         each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`;
         each step's values of the model's one-number ``tf.compat.v1.summary.scalar`` calls,
-        averaged over the replicas as the TPU path's host call averages them, in one vector:
-        ``self.scalar_count`` a step, known once traced)."""
+        averaged over the replicas weighted by their real rows, in one vector:
+        ``self.scalar_count`` a step, known once traced). Stock's value of a mean over the
+        global batch's rows where each replica's rows are all real or all padding (padding
+        rows come last: only a short batch's last real replica may hold both)."""
         recording = threading.local()  # a replica's scalars, in its own thread
         self.scalar_count = 0
 
@@ -961,7 +979,10 @@ class _Run:
             self.scalar_count = len(scalars)  # (here: an attribute set in the loop is a tensor)
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-            return loss, scalars
+            rows = scalar_weight(element)
+            # A replica of padding rows only weighs nothing (its value may be NaN).
+            weighted = [tf.where(rows > 0, v * rows, 0.0) for v in scalars]
+            return loss, weighted, rows
 
         @tf.function
         def run(iterator, n):
@@ -977,12 +998,15 @@ class _Run:
                 bind_global_step(self.step)
                 hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
                 with hooked, model_summaries_left_out(self.plan, on_scalar):
-                    loss, values = self.strategy.run(replica_step, args=(optional.get_value(),))
+                    loss, values, rows = self.strategy.run(
+                        replica_step, args=(optional.get_value(),)
+                    )
                 losses = losses.write(
                     tf.cast(ran, tf.int32), self.strategy.reduce(SUM, loss, axis=None)
                 )
+                real = self.strategy.reduce(SUM, rows, axis=None) if values else None
                 for k, value in enumerate(values):
-                    mean = self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+                    mean = self.strategy.reduce(SUM, value, axis=None) / real
                     scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
                 ran += 1
             return ran, losses.stack(), scalars.stack()
@@ -1220,6 +1244,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
         check_row_labels(run.model, run.terms, made[1])
+        check_metric_names_map(self._tpushim_plan)  # stock's model_fn checks it at train() too
         # Stock's model_fn compiles a clone here, naming the user's metric objects once more.
         _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
         strategy = self.strategy
@@ -1359,6 +1384,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _evaluate_named(self, input_fn, steps, hooks, checkpoint_path, name):
         early = self._input_first(input_fn, ModeKeys.EVAL)
+        check_metric_names_map(self._tpushim_plan)
         run = _Run(
             self._tpushim_plan,
             self.strategy,
@@ -1436,13 +1462,22 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         stock_names = getattr(self._tpushim_plan, "metric_names", None)
         if stock_names is None or len(stock_names) != len(compiled):
             stock_names = [m.name for m in compiled]
-        for stock_name, m in zip(stock_names, compiled):
+        # model_to_estimator's metric_names_map, checked as stock before anything is written
+        mapped = _strategy_metrics.mapped_metric_names(
+            stock_names, getattr(self._tpushim_plan, "metric_names_map", None)
+        )
+        for stock_name, m in zip(mapped, compiled):
             results[stock_name] = np.float32(m.result().numpy())
         if added is not None:  # stock's add_metrics: an added name replaces a compiled one
             results.update(added.results())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = int(run.step.numpy())
         evaluated = checkpoint_path or run.restored or self._tpushim_plan.conversion.warm_start
-        _step_events.write_evaluation(self.eval_dir(name), results, evaluated)
+        _step_events.write_evaluation(
+            self.eval_dir(name),
+            results,
+            evaluated,
+            _strategy_checkpoint.stock_graph(self._tpushim_plan),
+        )
         return results
 
     def predict(
@@ -1680,6 +1715,7 @@ def build_on_engine(arguments, settings, tpu, why):
                 ),
             )
         plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
+        plan.metric_names_map = arguments["metric_names_map"]
         warm_from_first_checkpoint(plan, warm_start_path)
         estimator = StrategyEstimator(
             model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt

@@ -63,6 +63,12 @@ def stock_scalar_tags(plan):
     return _stock(plan)[4]
 
 
+def stock_metric_names(plan):
+    """The names stock's model_fn gives the model's compiled metrics (keras_lib's
+    ``_compile_metric_functions``: the keys ``metric_names_map`` must hold), in Keras's order."""
+    return _stock(plan)[5]
+
+
 _GRAPH_FILES = weakref.WeakKeyDictionary()  # plan -> (.meta bytes, graph.pbtxt text)
 
 

@@ -1336,8 +1336,8 @@ def stock_training_graph(keras_model, custom_objects, features=None, object_base
     global step) and its MetaGraphDef carrying the Saver stock's Keras estimator restores with
     (keras_lib's: an object-based one over the model's saveables, or the Scaffold's default
     name-based one): what ``graph.pbtxt``, the events' graph and ``model.ckpt-N.meta`` hold;
-    last, the tags of the model's own v1 scalar summaries there, in the order it made them
-    (:func:`graph_facts`). Built with its optimizer's variables, not its gradients, where the
+    then the tags of the model's own v1 scalar summaries there, in the order it made them, and
+    its compiled metrics' names (:func:`graph_facts`). Built with its optimizer's variables, not its gradients, where the
     optimizer allows (:func:`make_train_variables`)."""
     import tensorflow as tf
 
@@ -1361,8 +1361,9 @@ def graph_facts(model, step, object_based):
     """In the graph of a clone ``model`` in stock's training graph (``step``: its global step):
     :func:`graph_checkpoint_names`'s two values, the graph, its MetaGraphDef carrying the Saver
     stock's Keras estimator restores with (keras_lib's: an object-based one over the model's
-    saveables, or the Scaffold's default name-based one), and the tags of the model's own v1
-    scalar summaries there, in the order it made them."""
+    saveables, or the Scaffold's default name-based one), the tags of the model's own v1
+    scalar summaries there, in the order it made them, and the names stock's model_fn gives
+    the clone's compiled metrics (``metric_names_map``'s keys), in Keras's order."""
     import tensorflow as tf
     from tensorflow.python.checkpoint import graph_view
 
@@ -1380,7 +1381,8 @@ def graph_facts(model, step, object_based):
             for t in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
             if t.op.type == "ScalarSummary" and tf.get_static_value(t.op.inputs[0]) is not None
         ]
-    return names, unmatched, graph, meta, scalars
+    metrics = [m.name for m in getattr(model, "_compile_metric_functions", None) or ()]
+    return names, unmatched, graph, meta, scalars, metrics
 
 
 def make_train_variables(model):
