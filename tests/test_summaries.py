@@ -127,6 +127,45 @@ def test_host_call_writes_on_summary_saver_hooks_schedule(tmp_path):
         assert abs(written["activation_mean"][step] - (step + 0.5)) < TOL
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+def test_host_call_weighs_each_shards_scalar_by_its_real_rows(tmp_path, weighted):
+    """A short last batch on a pod leaves whole shards of padding rows: the model's scalar is
+    the shards' values weighted by their real rows (3, 1 and 0 here; the padding shard's value,
+    a mean over no real rows, NaN), as the strategy engine's replicas are. Negative control:
+    the plain mean over the shards (``weighted`` False) is not that."""
+    with tf.Graph().as_default():
+        host_fn, tensors = _summaries.host_call(
+            tf.constant(0, tf.int64),
+            tf.constant(0.0),
+            "loss_1",
+            [("activation_mean", tf.constant(0.0))],
+            str(tmp_path),
+            1,
+            rows=tf.constant(3.0) if weighted else None,
+        )
+        assert ("rows" in tensors) == weighted
+        shards = 3
+        step = tf.compat.v1.placeholder(tf.int64, [shards])
+        loss = tf.compat.v1.placeholder(tf.float32, [shards])
+        value = tf.compat.v1.placeholder(tf.float32, [shards])
+        rows = {"rows": tf.constant([3.0, 1.0, 0.0])} if weighted else {}
+        op = host_fn(step=step, loss=loss, carried_0=value, **rows)
+        with tf.compat.v1.Session() as sess:
+            sess.run(
+                [
+                    summary_ops_v2.summary_writer_initializer_op(),
+                    tf.compat.v1.local_variables_initializer(),
+                ]
+            )
+            sess.run(
+                op, {step: [1] * shards, loss: [0.5] * shards, value: [2.0, 6.0, float("nan")]}
+            )
+            sess.run(tf.compat.v2.summary.flush())
+    written = events(tmp_path)["activation_mean"][1]
+    expected = (3 * 2.0 + 1 * 6.0) / 4
+    assert (abs(written - expected) < TOL) == weighted, written
+
+
 def test_host_call_schedule_breaks_when_the_last_step_is_not_kept(tmp_path, monkeypatch):
     """Negative control: writing at every step is caught by the schedule's assertion above."""
     real = _summaries.host_call

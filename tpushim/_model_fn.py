@@ -200,9 +200,9 @@ def _export_outputs(model, predictions, export_outputs):
     return final
 
 
-def _training_host_call(graph, summaries_before, train_op, loss, config):
+def _training_host_call(graph, summaries_before, train_op, loss, config, padding_weight=None):
     """The TPU train step's host call: stock's training summaries at stock's steps (see
-    :mod:`tpushim._summaries`)."""
+    :mod:`tpushim._summaries`); a model's scalars weighted by each shard's real rows."""
     with tf.control_dependencies([train_op]):  # the step stock labels this step's summaries with
         step = tf.identity(tf.compat.v1.train.get_global_step())
     return _summaries.host_call(
@@ -212,6 +212,7 @@ def _training_host_call(graph, summaries_before, train_op, loss, config):
         _summaries.take_scalar_summaries(graph, summaries_before),
         config.model_dir,
         config.save_summary_steps,
+        None if padding_weight is None else tf.reduce_sum(tf.cast(padding_weight, tf.float32)),
     )
 
 
@@ -352,7 +353,9 @@ def make_model_fn(
                     _tfprivate.make_train_function(model)
             train_op = model.train_function.updates_op
             if use_tpu and config is not None and config.save_summary_steps:
-                host_call = _training_host_call(graph, summaries_before, train_op, loss, config)
+                host_call = _training_host_call(
+                    graph, summaries_before, train_op, loss, config, padding_weight
+                )
                 training_hooks = [_summaries.DropLoopLossSummary()]
             if iterations:
                 train_op = tf.group(train_op, _step_losses.record(loss, before, iterations))

@@ -52,7 +52,7 @@ def take_scalar_summaries(graph, before):
     return taken
 
 
-def host_call(step, loss, tag, carried, model_dir, every_steps):
+def host_call(step, loss, tag, carried, model_dir, every_steps, rows=None):
     """A TPUEstimatorSpec ``host_call`` writing the loss and the carried scalars as stock does.
 
     Args:
@@ -62,6 +62,9 @@ def host_call(step, loss, tag, carried, model_dir, every_steps):
       carried: ``[(tag, value)]`` of the model's scalar summaries (:func:`take_scalar_summaries`).
       model_dir: where the event files go.
       every_steps: the RunConfig's ``save_summary_steps``.
+      rows: the shard's real rows (its padding weights' sum) where the input is padded: a
+        carried scalar is then each shard's value weighted by its real rows, so a shard holding
+        only padding rows counts for nothing (None: every shard's rows are real).
     Returns:
       ``(host_fn, tensors)``: each tensor with a leading dimension of 1, which TPUEstimator
       concatenates over the shards.
@@ -71,8 +74,18 @@ def host_call(step, loss, tag, carried, model_dir, every_steps):
     for i, (summary_tag, value) in enumerate(carried):
         tensors[f"carried_{i}"] = tf.reshape(tf.cast(value, tf.float32), [1])
         tags[f"carried_{i}"] = summary_tag
+    if rows is not None and carried:
+        tensors["rows"] = tf.reshape(tf.cast(rows, tf.float32), [1])
 
-    def host_fn(step, loss, **values):
+    def mean(value, rows=None):
+        if rows is None:
+            return tf.reduce_mean(value)
+        # Each shard's value weighted by its real rows: a shard of padding only weighs nothing,
+        # whatever it computed (a mean over no rows is NaN).
+        weighted = tf.where(rows > 0, value * rows, tf.zeros_like(value))
+        return tf.reduce_sum(weighted) / tf.reduce_sum(rows)
+
+    def host_fn(step, loss, rows=None, **values):
         step = step[0]
         # SummarySaverHook's schedule: the first step of the session, then every `every_steps`
         # steps after the step last written.
@@ -90,11 +103,12 @@ def host_call(step, loss, tag, carried, model_dir, every_steps):
             writer.as_default(),
             tf.compat.v2.summary.record_if(due),
         ):
-            # Every shard reports the global loss; a model's scalar is averaged over the shards
-            # (the global batch's value for a mean over examples).
+            # Every shard reports the global loss; a model's scalar is averaged over the shards,
+            # each weighted by its real rows (the global batch's value for a mean over examples,
+            # as the strategy engine's replicas are: _strategy.scalar_weight).
             written = [tf.compat.v2.summary.scalar(tag, loss[0], step=step)]
             written += [
-                tf.compat.v2.summary.scalar(tags[k], tf.reduce_mean(v), step=step)
+                tf.compat.v2.summary.scalar(tags[k], mean(v, rows), step=step)
                 for k, v in sorted(values.items())
             ]
         with tf.control_dependencies(written):
