@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _strategy
+from tpushim import _strategy, _strategy_input
 from tpushim._errors import ConversionError
 
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
@@ -145,15 +145,103 @@ def test_warm_start_from_the_weights_in_the_programs_session(tmp_path):
     )
 
 
+WORDS = ["good", "bad", "fine", "awful"]
+
+
+def lookup_input_fns(vocabulary_file):
+    """Input_fns that look up in tables of the input_fn's graph, as the legacy scripts do: a
+    vocabulary file's table in a ``Dataset.map`` (an initializable iterator, its initializer in
+    TABLE_INITIALIZERS) and a hash table outside any Dataset, whose ids ``from_tensor_slices``
+    holds. Stock's session initialises both; the engine's own session (see
+    tpushim._strategy_input._initialise_tables) must, or it looks up in empty tables."""
+    x, y = tfcases.data()
+    rng = np.random.RandomState(3)
+    words = [str(w) for w in rng.choice(WORDS + ["unknown"], len(x))]
+    classes = ["c0", "c1", "c2"]
+    names = [classes[int(c)] for c in y[:, 0]]
+
+    def make(labels, repeat=False, iterator=False):
+        def input_fn():
+            vocabulary = tf.lookup.StaticVocabularyTable(
+                tf.lookup.TextFileInitializer(
+                    str(vocabulary_file),
+                    tf.string,
+                    tf.lookup.TextFileIndex.WHOLE_LINE,
+                    tf.int64,
+                    tf.lookup.TextFileIndex.LINE_NUMBER,
+                ),
+                num_oov_buckets=1,
+            )
+            classes_table = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(classes, [0, 1, 2], value_dtype=tf.int64),
+                default_value=-1,
+            )
+
+            def features(x, word):
+                shift = tf.cast(vocabulary.lookup(word), tf.float32) * 0.5
+                return x + shift
+
+            ids = classes_table.lookup(tf.constant(names))[:, None]  # outside any Dataset
+            if labels:
+                ds = tf.data.Dataset.from_tensor_slices(((x, words), ids))
+                ds = ds.map(lambda xw, label: (features(*xw), label))
+            else:
+                ds = tf.data.Dataset.from_tensor_slices((x, words)).map(features)
+            if repeat:
+                ds = ds.shuffle(len(x), seed=1).repeat()
+            ds = ds.batch(tfcases.BATCH)
+            if not iterator:
+                return ds
+            it = tf.compat.v1.data.make_initializable_iterator(ds)
+            tf.compat.v1.add_to_collection(
+                tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, it.initializer
+            )
+            return it.get_next()
+
+        return input_fn
+
+    return make(True, repeat=True), make(True, iterator=True), make(False)
+
+
+def vocabulary(path, words=WORDS):
+    path.write_text("\n".join(words) + "\n")
+    return path
+
+
 @pytest.mark.slow
-def test_lookup_tables_in_a_graph_programs_input_fn_are_refused_in_words(tmp_path):
-    """A table made in the input_fn's graph (stock's session initialises it) is refused, naming
-    the lookup, before any checkpoint of the call is written."""
+def test_lookup_tables_in_a_graph_programs_input_fn_equal_stock(tmp_path):
+    """Tables made in the input_fn's graph (a vocabulary file looked up in Dataset.map, a hash
+    table outside it): the engine initialises them in a session of its own before the pipeline
+    moves to its eager runtime, and its numbers are stock's (a shuffle's order too)."""
+    compare(tmp_path, sequential, *lookup_input_fns(vocabulary(tmp_path / "vocab.txt")))
+
+
+@pytest.mark.slow
+def test_negative_control_an_uninitialised_or_other_table_is_told_apart(tmp_path, monkeypatch):
+    """The proof above is not vacuous: the engine with tables left uninitialised fails, and a
+    table of other keys (the vocabulary's lines swapped) gives other numbers than stock's."""
+    fns = lookup_input_fns(vocabulary(tmp_path / "vocab.txt"))
+    stock = in_a_graph(STOCK, tmp_path / "stock", sequential, *fns)
+    swapped = lookup_input_fns(vocabulary(tmp_path / "swapped.txt", WORDS[::-1]))
+    other = in_a_graph(ENGINE, tmp_path / "other", sequential, *swapped)
+    with pytest.raises(AssertionError):
+        tfcases.assert_same(stock, other)
+    monkeypatch.setattr(_strategy_input, "_initialise_tables", lambda graph, session: None)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="Table not initialized"):
+        in_a_graph(ENGINE, tmp_path / "uninitialised", sequential, *fns)
+
+
+@pytest.mark.slow
+def test_a_table_the_engines_session_cannot_initialise_is_refused_in_words(tmp_path):
+    """A table initialised from a variable of the input_fn's graph (stock's session initialises
+    the variable first; the engine's does not): refused, naming the table, before any
+    checkpoint of the call is written."""
     x, y = tfcases.data()
 
     def input_fn():
+        values = tf.compat.v1.Variable([0, 1], name="values", use_resource=True)
         table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(["a", "b"], [0, 1]), default_value=-1
+            tf.lookup.KeyValueTensorInitializer(["a", "b"], values.read_value()), default_value=-1
         )
         shift = tf.cast(table.lookup(tf.constant("b")), tf.float32)
         return tf.data.Dataset.from_tensor_slices((x + shift, y)).batch(8)
@@ -162,7 +250,7 @@ def test_lookup_tables_in_a_graph_programs_input_fn_are_refused_in_words(tmp_pat
         model = sequential()
         config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
         estimator = tfcases.convert(tmp_path / "m", model, patch=ENGINE, config=config)
-        with pytest.raises(ConversionError, match="looks up values in lookup tables"):
+        with pytest.raises(ConversionError, match="cannot initialise the lookup tables"):
             estimator.train(input_fn, steps=2)
         assert not tf.executing_eagerly()
     assert tf.train.latest_checkpoint(str(tmp_path / "m")) is None
