@@ -216,6 +216,30 @@ def test_lookup_tables_in_a_graph_programs_input_fn_equal_stock(tmp_path):
     compare(tmp_path, sequential, *lookup_input_fns(vocabulary(tmp_path / "vocab.txt")))
 
 
+def eagerly(patch, model_dir, train_fn, eval_fn, predict_fn):
+    """As :func:`in_a_graph`, in a TF2 program (eager)."""
+    tf.keras.utils.set_random_seed(0)
+    model = sequential()
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    estimator = tfcases.convert(model_dir, model, patch=patch, config=config)
+    estimator.train(train_fn, steps=6)
+    metrics = estimator.evaluate(eval_fn)
+    predictions = list(estimator.predict(predict_fn))
+    return estimator, metrics, predictions, tfcases.checkpoint_values(model_dir)
+
+
+@pytest.mark.slow
+def test_lookup_tables_in_a_tf2_programs_seeded_input_fn_equal_stock(tmp_path):
+    """The same input_fns in a TF2 program: with ``tf_random_seed`` the engine builds the
+    input_fn in a graph of its own (stock's shuffle order), whose tables its first step found
+    uninitialised ("Table not initialized") before the engine initialised them."""
+    fns = lookup_input_fns(vocabulary(tmp_path / "vocab.txt"))
+    stock = eagerly(STOCK, tmp_path / "stock", *fns)
+    engine = eagerly(ENGINE, tmp_path / "engine", *fns)
+    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    tfcases.assert_same(stock, engine)
+
+
 @pytest.mark.slow
 def test_negative_control_an_uninitialised_or_other_table_is_told_apart(tmp_path, monkeypatch):
     """The proof above is not vacuous: the engine with tables left uninitialised fails, and a

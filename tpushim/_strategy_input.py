@@ -184,6 +184,14 @@ def _stock_graph(mode, seed):
             yield graph
 
 
+def _what_failed(error):
+    """An OpError's own words: its last line but the node it names (TF's graph execution
+    errors begin with where the op was defined)."""
+    lines = [line.strip() for line in error.message.splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith("[[")]
+    return (said[-1] if said else error.message)[:300]
+
+
 def _initialise_tables(graph, session):
     """Runs the graph's ``TABLE_INITIALIZERS`` in ``session``, as stock's Scaffold runs them
     before its dataset initializer: a lookup table the input_fn made (tf.lookup, a vocabulary
@@ -199,13 +207,16 @@ def _initialise_tables(graph, session):
     if not initializers:
         return
     try:
-        session.run(initializers, feed_dict=_arrays.feeds_for(initializers, graph))
+        for op in initializers:  # in the order the input_fn made them: a table before the
+            # iterator over the Dataset that looks up in it (which scripts register there too)
+            session.run(op, feed_dict=_arrays.feeds_for(op, graph))
     except tf.errors.OpError as e:
         raise ConversionError(
             "the strategy engine cannot initialise the lookup tables the input_fn makes "
             f"({', '.join(op.name for op in initializers[:4])}: tf.lookup tables, a vocabulary "
             "feature column) in a session of its own, where it reads the input pipeline with "
-            f"them: {e.message.splitlines()[0]}. Initialise a table from values the input_fn "
+            "them (it initialises the input_fn's tables, not its variables or placeholders): "
+            f"{_what_failed(e)}. Initialise a table from values the input_fn "
             "holds (a vocabulary file or list, constants), or use engine='tpuestimator' "
             "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs. Nothing was written."
         ) from None
