@@ -119,6 +119,68 @@ def test_functional_with_numpy_input_and_a_tf1_optimizer_in_a_graph_equals_stock
     compare(tmp_path, functional_tf1_optimizer, fn(labels, None), fn(labels, 1), fn(None, 1))
 
 
+def reading_dimensions():
+    """A Lambda and a loss function that read a shape's ``.value``, as TF1 code does: where the
+    program disabled v2 behaviour its shapes hold Dimensions, also in the engine's clone."""
+
+    def halves(t):
+        n = t.shape[1].value
+        return tf.concat([t[:, : n // 2] * 2.0, tf.reduce_mean(t[:, n // 2 :], 1, True)], 1)
+
+    def loss(y_true, y_pred):
+        classes = y_pred.shape[-1].value
+        scale = float(classes) / 3.0
+        return tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred) * scale
+
+    x = tf.keras.Input((4,), name="x")
+    probs = tf.keras.layers.Dense(3, activation="softmax", name="probs")(
+        tf.keras.layers.Lambda(halves, name="halves")(x)
+    )
+    model = tf.keras.Model(x, probs)
+    model.compile(
+        tf.keras.optimizers.legacy.SGD(0.1), loss, metrics=["sparse_categorical_accuracy"]
+    )
+    return model
+
+
+@pytest.fixture
+def v1_shapes():
+    """The program's TensorShape as ``disable_v2_behavior()`` makes it (Dimensions), for one
+    test (it is a process-wide switch)."""
+    tf.compat.v1.disable_v2_tensorshape()
+    try:
+        yield
+    finally:
+        tf.compat.v1.enable_v2_tensorshape()
+
+
+@pytest.mark.slow
+def test_a_lambda_and_a_loss_reading_dimensions_equal_stock(tmp_path, v1_shapes):
+    """The engine's eager clone runs a graph program's Lambda functions and loss functions with
+    the program's TensorShape (``shape[1].value``), as stock's graph does."""
+    x, y = tfcases.data()
+    compare(
+        tmp_path,
+        reading_dimensions,
+        tfcases.dataset_input_fn(x, y, repeat=True),
+        tfcases.dataset_input_fn(x, y),
+        tfcases.dataset_input_fn(x),
+    )
+
+
+@pytest.mark.slow
+def test_negative_control_a_lambda_seeing_the_engines_shapes_fails(
+    tmp_path, v1_shapes, monkeypatch
+):
+    """Without :func:`tpushim._tfprivate.in_programs_shapes` the Lambda reads an int."""
+    from tpushim import _tfprivate
+
+    monkeypatch.setattr(_tfprivate, "in_programs_shapes", lambda fn: fn)
+    x, y = tfcases.data()
+    with pytest.raises(AttributeError, match="has no attribute 'value'"):
+        in_a_graph(ENGINE, tmp_path, reading_dimensions, *[tfcases.dataset_input_fn(x, y)] * 3)
+
+
 @pytest.mark.slow
 def test_warm_start_from_the_weights_in_the_programs_session(tmp_path):
     """Weights the program set in its Keras session are where both start (stock reads them from
