@@ -3,12 +3,7 @@ in which words. Every other script gives stock's RESULT on it (tests/test_script
 ``--engine strategy``, tests/test_tf216_engine.py on 2.16+ where ``--mode cpu`` takes it)."""
 
 #: script -> the words of the engine's ConversionError (it refuses before anything is written).
-REFUSED = {
-    # lookup tables made in the input_fn's graph by a program that disabled v2 behaviour (its
-    # calls run on the eager runtime, where the tables stock's session initialises do not follow)
-    "text_vocab_file_lookup.py": "looks up values in lookup tables",
-    "review_lookups_batch_100.py": "looks up values in lookup tables",
-}
+REFUSED = {}
 
 
 def refused_as_said(script, returncode, stderr):

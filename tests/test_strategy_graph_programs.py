@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _strategy
+from tpushim import _strategy, _strategy_input
 from tpushim._errors import ConversionError
 
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
@@ -119,6 +119,68 @@ def test_functional_with_numpy_input_and_a_tf1_optimizer_in_a_graph_equals_stock
     compare(tmp_path, functional_tf1_optimizer, fn(labels, None), fn(labels, 1), fn(None, 1))
 
 
+def reading_dimensions():
+    """A Lambda and a loss function that read a shape's ``.value``, as TF1 code does: where the
+    program disabled v2 behaviour its shapes hold Dimensions, also in the engine's clone."""
+
+    def halves(t):
+        n = t.shape[1].value
+        return tf.concat([t[:, : n // 2] * 2.0, tf.reduce_mean(t[:, n // 2 :], 1, True)], 1)
+
+    def loss(y_true, y_pred):
+        classes = y_pred.shape[-1].value
+        scale = float(classes) / 3.0
+        return tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred) * scale
+
+    x = tf.keras.Input((4,), name="x")
+    probs = tf.keras.layers.Dense(3, activation="softmax", name="probs")(
+        tf.keras.layers.Lambda(halves, name="halves")(x)
+    )
+    model = tf.keras.Model(x, probs)
+    model.compile(
+        tf.keras.optimizers.legacy.SGD(0.1), loss, metrics=["sparse_categorical_accuracy"]
+    )
+    return model
+
+
+@pytest.fixture
+def v1_shapes():
+    """The program's TensorShape as ``disable_v2_behavior()`` makes it (Dimensions), for one
+    test (it is a process-wide switch)."""
+    tf.compat.v1.disable_v2_tensorshape()
+    try:
+        yield
+    finally:
+        tf.compat.v1.enable_v2_tensorshape()
+
+
+@pytest.mark.slow
+def test_a_lambda_and_a_loss_reading_dimensions_equal_stock(tmp_path, v1_shapes):
+    """The engine's eager clone runs a graph program's Lambda functions and loss functions with
+    the program's TensorShape (``shape[1].value``), as stock's graph does."""
+    x, y = tfcases.data()
+    compare(
+        tmp_path,
+        reading_dimensions,
+        tfcases.dataset_input_fn(x, y, repeat=True),
+        tfcases.dataset_input_fn(x, y),
+        tfcases.dataset_input_fn(x),
+    )
+
+
+@pytest.mark.slow
+def test_negative_control_a_lambda_seeing_the_engines_shapes_fails(
+    tmp_path, v1_shapes, monkeypatch
+):
+    """Without :func:`tpushim._tfprivate.in_programs_shapes` the Lambda reads an int."""
+    from tpushim import _tfprivate
+
+    monkeypatch.setattr(_tfprivate, "in_programs_shapes", lambda fn: fn)
+    x, y = tfcases.data()
+    with pytest.raises(AttributeError, match="has no attribute 'value'"):
+        in_a_graph(ENGINE, tmp_path, reading_dimensions, *[tfcases.dataset_input_fn(x, y)] * 3)
+
+
 @pytest.mark.slow
 def test_warm_start_from_the_weights_in_the_programs_session(tmp_path):
     """Weights the program set in its Keras session are where both start (stock reads them from
@@ -145,15 +207,127 @@ def test_warm_start_from_the_weights_in_the_programs_session(tmp_path):
     )
 
 
+WORDS = ["good", "bad", "fine", "awful"]
+
+
+def lookup_input_fns(vocabulary_file):
+    """Input_fns that look up in tables of the input_fn's graph, as the legacy scripts do: a
+    vocabulary file's table in a ``Dataset.map`` (an initializable iterator, its initializer in
+    TABLE_INITIALIZERS) and a hash table outside any Dataset, whose ids ``from_tensor_slices``
+    holds. Stock's session initialises both; the engine's own session (see
+    tpushim._strategy_input._initialise_tables) must, or it looks up in empty tables."""
+    x, y = tfcases.data()
+    rng = np.random.RandomState(3)
+    words = [str(w) for w in rng.choice(WORDS + ["unknown"], len(x))]
+    classes = ["c0", "c1", "c2"]
+    names = [classes[int(c)] for c in y[:, 0]]
+
+    def make(labels, repeat=False, iterator=False):
+        def input_fn():
+            vocabulary = tf.lookup.StaticVocabularyTable(
+                tf.lookup.TextFileInitializer(
+                    str(vocabulary_file),
+                    tf.string,
+                    tf.lookup.TextFileIndex.WHOLE_LINE,
+                    tf.int64,
+                    tf.lookup.TextFileIndex.LINE_NUMBER,
+                ),
+                num_oov_buckets=1,
+            )
+            classes_table = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(classes, [0, 1, 2], value_dtype=tf.int64),
+                default_value=-1,
+            )
+
+            def features(x, word):
+                shift = tf.cast(vocabulary.lookup(word), tf.float32) * 0.5
+                return x + shift
+
+            ids = classes_table.lookup(tf.constant(names))[:, None]  # outside any Dataset
+            if labels:
+                ds = tf.data.Dataset.from_tensor_slices(((x, words), ids))
+                ds = ds.map(lambda xw, label: (features(*xw), label))
+            else:
+                ds = tf.data.Dataset.from_tensor_slices((x, words)).map(features)
+            if repeat:
+                ds = ds.shuffle(len(x), seed=1).repeat()
+            ds = ds.batch(tfcases.BATCH)
+            if not iterator:
+                return ds
+            it = tf.compat.v1.data.make_initializable_iterator(ds)
+            tf.compat.v1.add_to_collection(
+                tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, it.initializer
+            )
+            return it.get_next()
+
+        return input_fn
+
+    return make(True, repeat=True), make(True, iterator=True), make(False)
+
+
+def vocabulary(path, words=WORDS):
+    path.write_text("\n".join(words) + "\n")
+    return path
+
+
 @pytest.mark.slow
-def test_lookup_tables_in_a_graph_programs_input_fn_are_refused_in_words(tmp_path):
-    """A table made in the input_fn's graph (stock's session initialises it) is refused, naming
-    the lookup, before any checkpoint of the call is written."""
+def test_lookup_tables_in_a_graph_programs_input_fn_equal_stock(tmp_path):
+    """Tables made in the input_fn's graph (a vocabulary file looked up in Dataset.map, a hash
+    table outside it): the engine initialises them in a session of its own before the pipeline
+    moves to its eager runtime, and its numbers are stock's (a shuffle's order too)."""
+    compare(tmp_path, sequential, *lookup_input_fns(vocabulary(tmp_path / "vocab.txt")))
+
+
+def eagerly(patch, model_dir, train_fn, eval_fn, predict_fn):
+    """As :func:`in_a_graph`, in a TF2 program (eager)."""
+    tf.keras.utils.set_random_seed(0)
+    model = sequential()
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    estimator = tfcases.convert(model_dir, model, patch=patch, config=config)
+    estimator.train(train_fn, steps=6)
+    metrics = estimator.evaluate(eval_fn)
+    predictions = list(estimator.predict(predict_fn))
+    return estimator, metrics, predictions, tfcases.checkpoint_values(model_dir)
+
+
+@pytest.mark.slow
+def test_lookup_tables_in_a_tf2_programs_seeded_input_fn_equal_stock(tmp_path):
+    """The same input_fns in a TF2 program: with ``tf_random_seed`` the engine builds the
+    input_fn in a graph of its own (stock's shuffle order), whose tables its first step found
+    uninitialised ("Table not initialized") before the engine initialised them."""
+    fns = lookup_input_fns(vocabulary(tmp_path / "vocab.txt"))
+    stock = eagerly(STOCK, tmp_path / "stock", *fns)
+    engine = eagerly(ENGINE, tmp_path / "engine", *fns)
+    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    tfcases.assert_same(stock, engine)
+
+
+@pytest.mark.slow
+def test_negative_control_an_uninitialised_or_other_table_is_told_apart(tmp_path, monkeypatch):
+    """The proof above is not vacuous: the engine with tables left uninitialised fails, and a
+    table of other keys (the vocabulary's lines swapped) gives other numbers than stock's."""
+    fns = lookup_input_fns(vocabulary(tmp_path / "vocab.txt"))
+    stock = in_a_graph(STOCK, tmp_path / "stock", sequential, *fns)
+    swapped = lookup_input_fns(vocabulary(tmp_path / "swapped.txt", WORDS[::-1]))
+    other = in_a_graph(ENGINE, tmp_path / "other", sequential, *swapped)
+    with pytest.raises(AssertionError):
+        tfcases.assert_same(stock, other)
+    monkeypatch.setattr(_strategy_input, "_initialise_tables", lambda graph, session: None)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="Table not initialized"):
+        in_a_graph(ENGINE, tmp_path / "uninitialised", sequential, *fns)
+
+
+@pytest.mark.slow
+def test_a_table_the_engines_session_cannot_initialise_is_refused_in_words(tmp_path):
+    """A table initialised from a variable of the input_fn's graph (stock's session initialises
+    the variable first; the engine's does not): refused, naming the table, before any
+    checkpoint of the call is written."""
     x, y = tfcases.data()
 
     def input_fn():
+        values = tf.compat.v1.Variable([0, 1], name="values", use_resource=True)
         table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(["a", "b"], [0, 1]), default_value=-1
+            tf.lookup.KeyValueTensorInitializer(["a", "b"], values.read_value()), default_value=-1
         )
         shift = tf.cast(table.lookup(tf.constant("b")), tf.float32)
         return tf.data.Dataset.from_tensor_slices((x + shift, y)).batch(8)
@@ -162,7 +336,7 @@ def test_lookup_tables_in_a_graph_programs_input_fn_are_refused_in_words(tmp_pat
         model = sequential()
         config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
         estimator = tfcases.convert(tmp_path / "m", model, patch=ENGINE, config=config)
-        with pytest.raises(ConversionError, match="looks up values in lookup tables"):
+        with pytest.raises(ConversionError, match="cannot initialise the lookup tables"):
             estimator.train(input_fn, steps=2)
         assert not tf.executing_eagerly()
     assert tf.train.latest_checkpoint(str(tmp_path / "m")) is None

@@ -352,7 +352,9 @@ def clone(plan, features=None):
     keras_model = plan.keras_model
     with tf.keras.utils.custom_object_scope(plan.custom_objects):
         if not _tfprivate.is_subclassed(keras_model):
-            model = tf.keras.models.clone_model(keras_model)
+            # A Lambda of a graph program's model reads its shapes as the program's graph does.
+            own = _tfprivate.for_graph_program() and _tfprivate.clone_layer_in_programs_shapes
+            model = tf.keras.models.clone_model(keras_model, clone_function=own or None)
             if _built_on_input(keras_model):  # an unbuilt Sequential: built as stock's, below
                 model(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), features))
             if plan.host is not None:  # run from the host's tensors (_strategy_host)
@@ -405,6 +407,8 @@ def _loss_objects(keras_model, custom_objects, names=None, host_outputs=None):
         weights = [1.0] * len(names)
     elif isinstance(weights, dict):
         weights = [weights.get(name, 1.0) for name in names]
+    if _tfprivate.for_graph_program():  # its shape[-1].value, as the program's graph sees
+        losses = [None if x is None else _tfprivate.loss_in_programs_shapes(x) for x in losses]
     host = host_outputs or ()  # computed on the host, weighing 0 (_strategy_host)
     return [(n, None if n in host else loss, w) for n, loss, w in zip(names, losses, weights)]
 

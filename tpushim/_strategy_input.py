@@ -182,39 +182,44 @@ def _stock_graph(mode, seed):
         # The program's own TensorShape for its input_fn (a program that disabled v2 behaviour).
         with tf.compat.v1.device("/cpu:0"), _tfprivate.programs_shapes():
             yield graph
-    if _tfprivate.for_graph_program():
-        _refuse_graph_lookups(graph)
 
 
-#: The ops of a lookup table (tf.lookup's tables; a feature column's vocabulary makes one).
-_TABLE_OPS = {
-    "HashTable",
-    "HashTableV2",
-    "MutableHashTable",
-    "MutableHashTableV2",
-    "MutableHashTableOfTensors",
-    "MutableHashTableOfTensorsV2",
-    "MutableDenseHashTable",
-    "MutableDenseHashTableV2",
-}
+def _what_failed(error):
+    """An OpError's own words: its last line but the node it names (TF's graph execution
+    errors begin with where the op was defined)."""
+    lines = [line.strip() for line in error.message.splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith("[[")]
+    return (said[-1] if said else error.message)[:300]
 
 
-def _refuse_graph_lookups(graph):
-    """Refuses, before anything is written, an input_fn of a program that disabled v2 behaviour
-    whose graph makes lookup tables: the engine reads such a pipeline on the eager runtime, where
-    a table made and initialised in the input_fn's graph (its initializer in
-    TABLE_INITIALIZERS, run by stock's session) does not follow it."""
-    tables = [op.name for op in graph.get_operations() if op.type in _TABLE_OPS]
-    if tables:
+def _initialise_tables(graph, session):
+    """Runs the graph's ``TABLE_INITIALIZERS`` in ``session``, as stock's Scaffold runs them
+    before its dataset initializer: a lookup table the input_fn made (tf.lookup, a vocabulary
+    feature column; in a ``Dataset.map`` or outside it) then holds its keys when the pipeline is
+    serialized, and travels in the definition with them (on a pod, to every host's copy).
+
+    Raises:
+      ConversionError: an initializer that does not run in a session of the engine's own (one
+        that reads a variable or a placeholder of the program's): stock's session could run it,
+        the engine's copy would look up in an empty table.
+    """
+    initializers = graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+    if not initializers:
+        return
+    try:
+        for op in initializers:  # in the order the input_fn made them: a table before the
+            # iterator over the Dataset that looks up in it (which scripts register there too)
+            session.run(op, feed_dict=_arrays.feeds_for(op, graph))
+    except tf.errors.OpError as e:
         raise ConversionError(
-            f"the strategy engine cannot yet read an input_fn that looks up values in lookup "
-            f"tables ({', '.join(tables[:4])}: tf.lookup tables, a vocabulary feature column) "
-            "in a program that disabled v2 behaviour (tf.compat.v1.disable_v2_behavior()): "
-            "the tables live in the input_fn's graph and are initialised by stock's session, "
-            "which the engine's eager runtime does not run. Use engine='tpuestimator' "
-            "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs, or remove that call. "
-            "Nothing was written."
-        )
+            "the strategy engine cannot initialise the lookup tables the input_fn makes "
+            f"({', '.join(op.name for op in initializers[:4])}: tf.lookup tables, a vocabulary "
+            "feature column) in a session of its own, where it reads the input pipeline with "
+            "them (it initialises the input_fn's tables, not its variables or placeholders): "
+            f"{_what_failed(e)}. Initialise a table from values the input_fn "
+            "holds (a vocabulary file or list, constants), or use engine='tpuestimator' "
+            "(TPUSHIM_ENGINE=tpuestimator) where TPUEstimator runs. Nothing was written."
+        ) from None
 
 
 def _graph_input(input_fn, mode, config):
@@ -269,6 +274,7 @@ def _graph_input(input_fn, mode, config):
 def _eager(graph, dataset):
     """A Dataset built in ``graph``, made on the eager runtime from its GraphDef."""
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+        _initialise_tables(graph, session)
         serialized = _tfprivate.serialized_dataset(dataset)
         # numpy_input_fn / pandas_input_fn rows (tpushim._arrays): their arrays are fed here and
         # travel in the definition, as they would to another host.

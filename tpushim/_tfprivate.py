@@ -8,6 +8,7 @@ few names only the tooling reaches (the faked TPU system's) live in tpushim/_pre
 
 import contextlib
 import contextvars
+import functools
 import os
 import sys
 import threading
@@ -1535,6 +1536,44 @@ def programs_shapes():
         yield
     finally:
         tensor_shape._TENSORSHAPE_V2_OVERRIDE = inside
+
+
+def in_programs_shapes(fn):
+    """``fn`` run within :func:`programs_shapes`: the program's own code (a ``Lambda``'s
+    function, a loss function) sees the TensorShape its program had (``shape[1].value``) where
+    the engine's eager clone calls it; elsewhere ``fn`` as it is."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with programs_shapes():
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def clone_layer_in_programs_shapes(layer):
+    """``tf.keras.models.clone_model``'s ``clone_function`` for the engine's clone of a graph
+    program's model: each layer copied from its config as Keras copies it, a ``Lambda``'s
+    function run as the program built it (:func:`in_programs_shapes`: its ``shape[1].value``
+    reads a Dimension), from the clone's first call on."""
+    copy = layer.__class__.from_config(layer.get_config())
+    if type(copy).__name__ == "Lambda" and callable(getattr(copy, "function", None)):
+        copy.function = in_programs_shapes(copy.function)
+    return copy
+
+
+def loss_in_programs_shapes(loss):
+    """A copy of a compiled Loss object whose own code (a wrapped function, a subclass's
+    ``call``) runs as the program built it (:func:`in_programs_shapes`); the user's object is
+    not changed."""
+    import copy
+
+    own = copy.copy(loss)
+    if callable(getattr(own, "fn", None)):  # LossFunctionWrapper: a function given to compile
+        own.fn = in_programs_shapes(own.fn)
+    else:  # a Loss subclass: its call
+        own.call = in_programs_shapes(own.call)
+    return own
 
 
 def first_checkpoint_values(keras_model, custom_objects, path):
