@@ -349,3 +349,25 @@ def record():
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     sys.path.insert(0, HERE)
     record()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_relative_model_dir_as_stocks(tmp_path, monkeypatch, fmt):
+    """A model_dir relative to the working directory (a script's ``model_dir="runs/x"``): the
+    ``checkpoint`` file lists what stock's lists, and two train() calls then evaluate() continue
+    from the latest checkpoint, as stock's do. The engine once listed its checkpoints relative
+    twice over (``../../model.ckpt-3``): the second train() and evaluate() found none and
+    started again from the Keras weights, at step 0, without an error."""
+    monkeypatch.chdir(tmp_path)
+    results, listed = {}, {}
+    for name, patch in RUNS:
+        model_dir = os.path.join(name, "model")  # relative
+        estimator = _train(patch, model_dir, fmt, steps=2)
+        _train(patch, model_dir, fmt, steps=2)
+        results[name] = _evaluate(estimator)
+        with open(os.path.join(model_dir, "checkpoint"), encoding="utf-8") as f:
+            listed[name] = f.read().replace(name, "NAME")
+    assert listed["engine"] == listed["stock"]
+    assert results["engine"]["global_step"] == results["stock"]["global_step"] == 4
+    _assert_close(results["engine"], results["stock"], f"relative model_dir, {fmt}")

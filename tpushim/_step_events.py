@@ -183,7 +183,9 @@ class Kept:
         self._written.add(path)
         dropped = paths[: -self._max] if self._max else []
         kept = paths[-self._max :] if self._max else paths
-        if relative:
+        # A relative model_dir's paths TensorFlow writes relative to it itself (stock's Saver
+        # hands them on as they are): taking model_dir off them first listed them "../../".
+        if relative and os.path.isabs(self._model_dir):
             inside = self._model_dir.rstrip("/") + "/"
             kept = [p[len(inside) :] if p.startswith(inside) else p for p in kept]
         tf.compat.v1.train.update_checkpoint_state(
