@@ -519,3 +519,102 @@ def test_metric_objects_named_as_stocks_calls_name_them(tmp_path):
     engine = keys({"mode": "cpu", "engine": "strategy", "quiet": True}, tmp_path / "engine")
     assert "reg_" * 7 + "root_mean_squared_error" in stock[-1]  # stock's names grow
     assert engine == stock
+
+
+def _custom_sparse_loss(y_true, y_pred):  # a user's own loss: Keras cannot tell its kind
+    import tensorflow as tf
+
+    return tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "loss,units,metrics",
+    [
+        # stock: categorical accuracy (a user's loss and 3 units say nothing of sparse labels);
+        # its categorical crossentropy fails on these labels
+        (_custom_sparse_loss, 3, ["accuracy", "acc"]),
+        ("sparse_categorical_crossentropy", 3, ["accuracy", "acc", "crossentropy", "ce"]),
+        ("binary_crossentropy", 1, ["accuracy", "acc", "crossentropy", "ce"]),  # one unit
+    ],
+    ids=["custom-loss", "sparse-loss", "one-unit"],
+)
+def test_accuracy_and_crossentropy_by_names_resolved_as_stocks(tmp_path, loss, units, metrics):
+    """``metrics=["accuracy", "acc", "crossentropy", "ce"]``: stock's model_fn compiles its clone
+    in a graph, where Keras picks each one's function by the output's last dimension and the loss
+    alone (a user's loss on 3 classes: categorical, whatever the labels), not by the labels'
+    shape as an eager compile does (sparse for [batch, 1] labels): the engine's values are
+    stock's, even where stock's function is not the one the labels call for."""
+    import numpy as np
+    import tensorflow as tf
+    import tfcases
+
+    x, y = tfcases.data()
+    if units == 1:
+        y = (y > 0).astype("float32")
+    train = tfcases.dataset_input_fn(x, y)
+
+    def build():
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential(
+            [
+                tf.keras.layers.Dense(8, activation="relu", input_shape=(4,), name="hidden"),
+                tf.keras.layers.Dense(units, activation="sigmoid" if units == 1 else "softmax"),
+            ]
+        )
+        model.compile("adam", loss, metrics=metrics)
+        return model
+
+    results = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("engine", {"mode": "cpu", "engine": "strategy", "quiet": True}),
+    ):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(tmp_path / name, build(), patch=patch, config=config)
+        estimator.train(train, steps=3)
+        results[name] = estimator.evaluate(train)
+    assert set(results["engine"]) == set(results["stock"])
+    for key, value in results["stock"].items():
+        np.testing.assert_allclose(results["engine"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+def test_accuracy_by_name_on_two_outputs_resolved_per_output_as_stocks(tmp_path):
+    """One ``"accuracy"`` for two outputs named out of alphabetical order (``zeta``: 3 units and
+    a user's loss, stock's pick categorical; ``alpha``: one unit, binary): each output its own
+    pick, as stock's."""
+    import numpy as np
+    import tensorflow as tf
+    import tfcases
+
+    x, y = tfcases.data()
+    labels = {"zeta": y, "alpha": (y > 0).astype("float32")}
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices((x, labels)).batch(tfcases.BATCH)
+
+    def build():
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(0)
+        inputs = tf.keras.Input((4,), name="hidden_input")
+        hidden = tf.keras.layers.Dense(8, activation="relu")(inputs)
+        zeta = tf.keras.layers.Dense(3, activation="softmax", name="zeta")(hidden)
+        alpha = tf.keras.layers.Dense(1, activation="sigmoid", name="alpha")(hidden)
+        model = tf.keras.Model(inputs, [zeta, alpha])
+        model.compile("adam", {"zeta": _custom_sparse_loss, "alpha": "mse"}, metrics=["accuracy"])
+        return model
+
+    results = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("engine", {"mode": "cpu", "engine": "strategy", "quiet": True}),
+    ):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(tmp_path / name, build(), patch=patch, config=config)
+        estimator.train(input_fn, steps=3)
+        results[name] = estimator.evaluate(input_fn)
+    assert set(results["engine"]) == set(results["stock"])
+    for key, value in results["stock"].items():
+        np.testing.assert_allclose(results["engine"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)

@@ -1091,17 +1091,7 @@ def _metrics_model(plan, features=None):
     return model
 
 
-def _per_output_lists(keras_model):
-    """True where the model's metrics are compiled as a list per output (``[["mae"],
-    ["accuracy"]]``): Keras matches those to a list of outputs, not to a dict."""
-    args = _tfprivate.compile_args(keras_model)
-    return any(
-        isinstance(given, (list, tuple)) and any(isinstance(m, (list, tuple)) for m in given)
-        for given in (args.get("metrics"), args.get("weighted_metrics"))
-    )
-
-
-def _metrics_update(metrics_model, names, logits_how, has_mask):
+def _metrics_update(metrics_model, logits_how, has_mask):
     """A ``tf.function`` updating ``metrics_model``'s compiled metrics with one gathered batch's
     real rows, the outputs carrying what stock's graph outputs carry to Keras's metrics: their
     Keras mask and their logits (a softmax or sigmoid output's crossentropy metrics are computed
@@ -1119,22 +1109,22 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
                 output._keras_mask = mask
             carried.append(output)
         _tfprivate.build_compiled_metrics(
-            metrics_model, _as_dict_or_one(labels, names), _as_dict_or_one(carried, names)
+            metrics_model, _one_or_list(labels), _one_or_list(carried)
         )
         as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
         update = metrics_model.compiled_metrics.update_state
-        outputs, weights = _as_dict_or_one(carried, names), _as_dict_or_one(weights, names)
+        outputs, weights = _one_or_list(carried), _one_or_list(weights)
         if all(a is y for a, y in zip(as_stock, labels)):
-            update(_as_dict_or_one(labels, names), outputs, weights)
+            update(_one_or_list(labels), outputs, weights)
             return
         # [batch] labels of a [batch, 1] output: weighted_metrics weigh each row, as Keras's
         # model.evaluate reads them ([batch, 1]; stock's estimator leaves them unweighted),
         # the others as stock's graph (one value per batch where they reduce the last axis).
         with _tfprivate.compiled_metrics_only(metrics_model, weighted=False):
-            update(_as_dict_or_one(as_stock, names), outputs, weights)
+            update(_one_or_list(as_stock), outputs, weights)
         rows = [_padding.row_labels(y, o) for y, o in zip(labels, carried)]
         with _tfprivate.compiled_metrics_only(metrics_model, weighted=True):
-            update(_as_dict_or_one(rows, names), outputs, weights)
+            update(_one_or_list(rows), outputs, weights)
 
     return update
 
@@ -1422,10 +1412,6 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         else:  # only what the metrics read comes to the host
             forward = run.eval_function({p: u for p, u in added.used.items() if p != "predictions"})
         metrics_model = _metrics_model(self._tpushim_plan, early.features)
-        # A subclassed model's metrics are compiled for its outputs' own structure (a list).
-        metric_names = None if early.features is not None else names
-        if _per_output_lists(self._tpushim_plan.keras_model):
-            metric_names = None  # metrics=[[...], [...]] are matched to a list of outputs
         update = None  # made at the first batch
         losses = []
         ran_out = True
@@ -1451,7 +1437,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             )
             if update is None:
                 has_mask = [bool(mask.shape[0]) for mask in masks]
-                update = _metrics_update(metrics_model, metric_names, run.logits_how, has_mask)
+                update = _metrics_update(metrics_model, run.logits_how, has_mask)
             update(labels, outputs, logits, weights, masks)
             if user_hooks is not None and user_hooks.after(int(run.step.numpy()), False):
                 ran_out = False
@@ -1600,10 +1586,11 @@ def _each_resumed_in(context, generator):
             generator.close()
 
 
-def _as_dict_or_one(values, names):
-    if len(values) == 1:
-        return values[0]
-    return list(values) if names is None else dict(zip(names, values))
+def _one_or_list(values):
+    """One output's value, or a list in the model's output order: Keras's metrics container zips
+    it with its output names (a dict it would order by name: a model whose outputs are not named
+    in alphabetical order had its metrics' names swapped, zeta_accuracy holding alpha's)."""
+    return values[0] if len(values) == 1 else list(values)
 
 
 # --- the conversion ------------------------------------------------------------------------------

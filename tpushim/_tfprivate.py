@@ -637,11 +637,42 @@ def compiled_user_metrics(keras_model):
 
 
 def build_compiled_metrics(keras_model, y_true, y_pred):
-    """Builds the model's compiled metrics container on these labels and outputs (Keras resolves
-    ``"accuracy"`` and the crossentropies by their shapes), as its first ``update_state`` would."""
+    """Builds the model's compiled metrics container on these labels and outputs, as its first
+    ``update_state`` would, but with ``"accuracy"``, ``"acc"``, ``"crossentropy"`` and ``"ce"``
+    resolved as stock's model_fn resolves them: it compiles its clone in a graph, where Keras
+    (v1) picks the function by the output's last dimension and the output's loss alone
+    (``get_metric_function``), not by the labels' shape as an eager compile does. They differ
+    for a loss Keras cannot name (a user's function on 3 units: categorical, even for [batch, 1]
+    labels, where the eager pick is sparse)."""
+    import tensorflow as tf
+
     compiled = keras_model.compiled_metrics
-    if not compiled._built:
+    if compiled._built:
+        return
+    training_utils_v1 = _keras("engine.training_utils_v1")
+    names = keras_model.output_names
+    losses = prepare_loss_functions(compile_args(keras_model).get("loss"), names)
+    if isinstance(y_pred, dict):  # (tf.nest would order a dict's outputs by name)
+        outputs = [y_pred.get(name) for name in names]
+    else:
+        outputs = tf.nest.flatten(y_pred)
+    loss_of = {id(output): loss for output, loss in zip(outputs, losses)}
+    eager_pick = compiled._get_metric_object
+
+    def stocks_pick(metric, y_t, y_p):
+        by_name = isinstance(metric, str) and metric in ("accuracy", "acc", "crossentropy", "ce")
+        if by_name and id(y_p) in loss_of:
+            picked = training_utils_v1.get_metric_function(
+                metric, output_shape=y_p.shape, loss_fn=loss_of[id(y_p)]
+            )
+            return _keras("metrics").MeanMetricWrapper(picked, name=metric)
+        return eager_pick(metric, y_t, y_p)
+
+    compiled._get_metric_object = stocks_pick
+    try:
         compiled.build(y_pred, compiled._conform_to_outputs(y_pred, y_true))
+    finally:
+        del compiled._get_metric_object  # the class's own again
 
 
 @contextlib.contextmanager
