@@ -352,9 +352,19 @@ def clone(plan, features=None):
     zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), features)
     outputs = model(zeros, training=False)
     model.output_names = _tfprivate.generic_output_names(tf.nest.flatten(outputs))
+    _BUILT_OUTPUTS[model] = [tf.TensorSpec(o.shape, o.dtype) for o in tf.nest.flatten(outputs)]
     if plan.added_degrees is None:  # the loss plan, once the model's outputs exist
         plan.loss_kinds, plan.added_degrees = _subclassed_loss_plan(plan, model, outputs, features)
     return model
+
+
+_BUILT_OUTPUTS = weakref.WeakKeyDictionary()  # a subclassed clone -> its outputs' specs
+
+
+def output_specs(model):
+    """The outputs of ``model`` (the engine's clone): a graph network's own, a subclassed
+    model's specs from the call that built it (:func:`clone`)."""
+    return model.outputs or _BUILT_OUTPUTS.get(model, [])
 
 
 def _subclassed_loss_plan(plan, model, outputs, features):
@@ -500,14 +510,19 @@ def _weighted_row_labels(name, loss_obj):
     )
 
 
-def check_row_labels(model, terms, element_spec):
-    """Refuses, before anything is written, sample weights on a loss that [batch] labels of a
-    [batch, 1] output make one number for the batch (:func:`row_label_term`)."""
+def check_row_labels(model, terms, element_spec, compiled):
+    """Refuses, before anything is written, sample weights stock's graph refuses (stock's error:
+    :func:`tpushim._padding.check_sample_weight_shapes`; ``compiled``: the user's model), and
+    sample weights on a loss that [batch] labels of a [batch, 1] output make one number for the
+    batch (:func:`row_label_term`)."""
     _, labels, _, weights = _unpack(element_spec, model.output_names)
-    if labels is None or weights is None or not model.outputs:
+    if weights is not None:
+        _padding.check_sample_weight_shapes(compiled, weights, model.output_names)
+    outputs = output_specs(model)
+    if labels is None or weights is None or not outputs:
         return
     labels = _labels_list(labels, model.output_names)
-    for (name, loss_obj, _), output, label, weight in zip(terms, model.outputs, labels, weights):
+    for (name, loss_obj, _), output, label, weight in zip(terms, outputs, labels, weights):
         if loss_obj is None or weight is None or not isinstance(label, tf.TensorSpec):
             continue
         y_true = tf.zeros([2] + [d or 1 for d in label.shape.as_list()[1:]], label.dtype)
@@ -683,8 +698,6 @@ def _loss_of(plan, terms, model, features, labels, pad, weights, training, repli
     """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
     outputs, regularizers, adds, activity = _called(model, features, training)
     added = input_losses(model, features, training, plan.added_degrees, activity) if adds else ()
-    if not model.outputs:  # subclassed: a [batch] label as [batch, 1] (graph networks: per
-        labels = _padding.labels_for_padded_training(model, labels)  # output, replica_loss)
     loss = replica_loss(
         terms,
         plan.loss_kinds,
@@ -1219,7 +1232,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # The input first, as stock calls its input_fn first: an input refused (tensors on a
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
-        check_row_labels(run.model, run.terms, made[1])
+        check_row_labels(run.model, run.terms, made[1], self._tpushim_plan.keras_model)
         # Stock's model_fn compiles a clone here, naming the user's metric objects once more.
         _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
         strategy = self.strategy
@@ -1378,7 +1391,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _evaluate_batches(self, run, early, input_fn, steps, user_hooks, checkpoint_path, name):
         dataset, element_spec = early.input or self._input(input_fn, ModeKeys.EVAL)
-        check_row_labels(run.model, run.terms, element_spec)
+        check_row_labels(run.model, run.terms, element_spec, self._tpushim_plan.keras_model)
         names = run.model.output_names
         added = _strategy_metrics.added(
             self._tpushim_metric_fns,
