@@ -12,7 +12,10 @@ loss reducing the last axis (mse, binary crossentropy, a SUM loss, KL divergence
 for the batch -- the rows' mean or sum whatever the loss's reduction -- which stock cannot weigh
 per example (its first step fails: the engine refuses it before anything is written), while a
 per-example custom loss and sparse categorical crossentropy weigh each row. [batch, 1] labels
-with weights too. On TensorFlow >= 2.16 "stock" is tpushim's own Estimator (tpushim/_legacy),
+with weights too. The same on a subclassed model (its output's shape known once it is called),
+and on the TPUEstimator path in cpu mode (weighted_metrics weighing each row). Sample weights
+stock's graph refuses ([batch, 1], [batch, k]) are refused by both paths with stock's error
+before anything is written. On TensorFlow >= 2.16 "stock" is tpushim's own Estimator (tpushim/_legacy),
 proven equal to stock 2.15 elsewhere."""
 
 import numpy as np
