@@ -1086,7 +1086,7 @@ def _per_output_lists(keras_model):
     )
 
 
-def _metrics_update(metrics_model, names, logits_how, has_mask):
+def _metrics_update(metrics_model, names, logits_how, has_mask, has_weight=None):
     """A ``tf.function`` updating ``metrics_model``'s compiled metrics with one gathered batch's
     real rows, the outputs carrying what stock's graph outputs carry to Keras's metrics: their
     Keras mask and their logits (a softmax or sigmoid output's crossentropy metrics are computed
@@ -1108,6 +1108,7 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
         )
         as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
         update = metrics_model.compiled_metrics.update_state
+        per_output = list(weights)
         outputs, weights = _as_dict_or_one(carried, names), _as_dict_or_one(weights, names)
         if all(a is y for a, y in zip(as_stock, labels)):
             update(_as_dict_or_one(labels, names), outputs, weights)
@@ -1117,7 +1118,16 @@ def _metrics_update(metrics_model, names, logits_how, has_mask):
         # the others as stock's graph (one value per batch where they reduce the last axis).
         with _tfprivate.compiled_metrics_only(metrics_model, weighted=False):
             update(_as_dict_or_one(as_stock, names), outputs, weights)
-        rows = [_padding.row_labels(y, o) for y, o in zip(labels, carried)]
+        # (an output without sample weights: as stock's graph, unweighted)
+        weighed = has_weight or [True] * len(labels)
+        rows = [
+            _padding.row_labels(y, o) if w else a
+            for y, o, a, w in zip(labels, carried, as_stock, weighed)
+        ]
+        if not all(weighed):
+            weights = _as_dict_or_one(
+                [w if given else None for w, given in zip(per_output, weighed)], names
+            )
         with _tfprivate.compiled_metrics_only(metrics_model, weighted=True):
             update(_as_dict_or_one(rows, names), outputs, weights)
 
@@ -1434,7 +1444,11 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             )
             if update is None:
                 has_mask = [bool(mask.shape[0]) for mask in masks]
-                update = _metrics_update(metrics_model, metric_names, run.logits_how, has_mask)
+                given = _unpack(element_spec, names)[3] or [None] * len(masks)
+                has_weight = [w is not None for w in given]
+                update = _metrics_update(
+                    metrics_model, metric_names, run.logits_how, has_mask, has_weight
+                )
             update(labels, outputs, logits, weights, masks)
             if user_hooks is not None and user_hooks.after(int(run.step.numpy()), False):
                 ran_out = False
