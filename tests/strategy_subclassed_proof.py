@@ -17,7 +17,9 @@ weights. The models: ``plain`` (no build of its own, never called before convers
 them), ``multi`` (dict features as legacy scripts feed them, two outputs, dict labels
 ``output_1`` / ``output_2``), ``bn`` (BatchNormalization and a training-flag branch; 40 rows,
 4 full batches, 1 replica only: see ``ONE``), ``stepped`` (a custom ``train_step`` stock never
-calls). Variables are compared by their path below the model's own name (Keras numbers a
+calls), ``rows`` ([batch] labels of its [batch, 1] output and a SUM mse: Keras squeezes the
+output, so the loss is one number for the batch, the rows' mean). Variables are compared by
+their path below the model's own name (Keras numbers a
 model's name by the models made before it in the process). Negative control: the engine
 warm-started from the built model's weights (``built`` against stock must then differ).
 
@@ -46,18 +48,18 @@ import numpy as np
 from tensorflow.python.training import saver as saver_lib
 
 import tpushim
-from tpushim import _strategy
+from tpushim import _padding, _strategy
 
 ROWS, BATCH, STEPS = 45, 10, 5
 rng = np.random.RandomState(0)
 X = rng.randn(ROWS, 4).astype(np.float32)
 Y = (X[:, :1] * 2 - X[:, 1:2] + 0.1 * rng.randn(ROWS, 1)).astype(np.float32)
 C = (X[:, 2:3] > 0).astype(np.int64)
-KINDS = ("plain", "built", "multi", "bn", "stepped")
-EIGHT = ("plain", "built", "multi", "stepped")  # run on 8 replicas
+KINDS = ("plain", "built", "multi", "bn", "stepped", "rows")
+EIGHT = ("plain", "built", "multi", "stepped", "rows")  # run on 8 replicas
 # Run on 1 replica. bn is not run on 8: each replica normalises by its own rows' moments
 # (Keras's BatchNormalization under a MirroredStrategy), stock by the global batch's.
-ONE = ("plain", "multi", "bn")
+ONE = ("plain", "multi", "bn", "rows")
 
 
 def _init(seed):  # seeded: stock's fresh graph and the engine draw the same start
@@ -130,6 +132,9 @@ def model(kind):
         )
         return m
     m = {"bn": Normalized, "stepped": Stepped}.get(kind, Plain)()
+    if kind == "rows":  # [batch] labels: the squeezed output's SUM mse is one number, a mean
+        m.compile(sgd, loss=tf.keras.losses.MeanSquaredError(reduction="sum"), metrics=["mae"])
+        return m
     m.compile(sgd, loss="mse", metrics=["mae"])
     if kind == "built":
         m(X[:2])
@@ -153,8 +158,9 @@ def inputs(kind):
             lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH),
             lambda: tf.data.Dataset.from_tensor_slices(features).batch(BATCH),
         )
+    labels = Y[:, 0] if kind == "rows" else Y  # rows: [batch] labels, a [batch, 1] output
     return (
-        lambda: tf.data.Dataset.from_tensor_slices((X, Y)).batch(BATCH),
+        lambda: tf.data.Dataset.from_tensor_slices((X, labels)).batch(BATCH),
         lambda: tf.data.Dataset.from_tensor_slices(X).batch(BATCH),
     )
 
@@ -283,6 +289,17 @@ def main(root):
         out["built"]["control"] = differences(run(control, "built"), stocks["built"])
     finally:
         _strategy.Plan.__init__ = original
+    # Negative control: [batch] labels read per row (as [batch, 1]), the SUM loss then a sum.
+    term = _strategy.row_label_term
+    _strategy.row_label_term = lambda name, loss, kind, y_true, y_pred, weight: (
+        _padding.row_labels(y_true, y_pred),
+        kind,
+    )
+    try:
+        control = engine(model("rows"), os.path.join(root, "rows", "control"))
+        out["rows"]["control"] = differences(run(control, "rows"), stocks["rows"])
+    finally:
+        _strategy.row_label_term = term
     print("RESULT " + json.dumps(out))
 
 

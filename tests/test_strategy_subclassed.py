@@ -15,8 +15,8 @@ import procs
 import pytest
 
 TOLERANCE = 1e-5
-KINDS = ("plain", "built", "multi", "stepped")
-ONE = ("plain", "multi", "bn")
+KINDS = ("plain", "built", "multi", "stepped", "rows")
+ONE = ("plain", "multi", "bn", "rows")
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,9 @@ def _same(got):
 def test_eight_replicas_equal_stock(proof, kind):
     """plain: no build of its own, never called; built: called (and its weights moved) before
     conversion, and stock starts from fresh weights all the same; multi: dict features, two
-    outputs, dict labels; stepped: a custom train_step, which stock never calls."""
+    outputs, dict labels; stepped: a custom train_step, which stock never calls; rows: [batch]
+    labels of its [batch, 1] output with a SUM loss (one number for the batch: the rows' mean,
+    its output's shape known once the model is called)."""
     _same(proof[kind]["eight"])
     assert proof[kind]["eight"]["rows"] == 45  # every example predicted once, padding dropped
 
@@ -67,3 +69,8 @@ def test_the_users_model_is_unchanged(proof, kind):
 
 def test_negative_control_warm_started_from_the_users_weights(proof):
     assert proof["built"]["control"]["weights"] > 1e-3, proof["built"]["control"]
+
+
+def test_negative_control_batch_labels_read_per_row(proof):
+    """rows with its [batch] labels read as [batch, 1]: the SUM loss sums the rows."""
+    assert proof["rows"]["control"]["weights"] > 1e-3, proof["rows"]["control"]

@@ -7,7 +7,8 @@ Compared: every replica's weights (within 1e-5) and the loss every replica repor
 and SUM), custom functions returning one value per example or a summed or averaged scalar, custom
 Loss classes, loss_weights, per-output sample weights, terms that need no kind (a constant
 loss, an output weighted 0 or without a loss, a loss reading only the labels), a masked sequence output, padded short
-batches, and added losses (weight and activity regularizers, batch-dependent ``add_loss``). Also
+batches, [batch] labels of a [batch, 1] output (a SUM mse and kl_divergence: one number for the
+batch), and added losses (weight and activity regularizers, batch-dependent ``add_loss``). Also
 evaluation: the loss every shard reports for a padded global batch (custom one-number losses,
 terms that need no kind) against stock's EVAL model_fn on the real rows. The negative controls
 break one aggregation at a time and must be caught.
@@ -247,6 +248,28 @@ def _passing_through_data(n, seed=0):
     return rng.rand(n, 4).astype("float32"), labels
 
 
+def row_labels(loss):
+    """A [batch, 1] output trained on [batch] labels: Keras squeezes the output to [batch], so a
+    loss reducing the last axis is one number for the batch (a SUM mse: the rows' mean;
+    kl_divergence: their sum)."""
+
+    def build():
+        _seeded()
+        x = tf.keras.Input((4,), name="x")
+        h = tf.keras.layers.Dense(6, activation="tanh", name="h")(x)
+        y = tf.keras.layers.Dense(1, activation="sigmoid", name="y")(h)
+        model = tf.keras.Model(x, y)
+        model.compile(tf.keras.optimizers.legacy.SGD(0.5, momentum=0.5), loss=loss)
+        return model
+
+    return build
+
+
+def _row_labels_data(n, seed=0):
+    rng = np.random.RandomState(seed)
+    return rng.rand(n, 4).astype("float32"), rng.uniform(0.1, 0.9, n).astype("float32")  # [n]
+
+
 def _sequence_data(n, seed=0):
     rng = np.random.RandomState(seed)
     x = rng.uniform(0.5, 1.0, (n, 5, 2)).astype("float32")
@@ -270,12 +293,19 @@ CASES = {
     "no-loss": (passing_through(None, 1.0), _passing_through_data),
     "mse-weighted-0": (passing_through("mse", 0.0), _passing_through_data),
     "labels-only-mean": (passing_through(_labels_mean, 0.5), _passing_through_data),
+    "row-labels-sum": (
+        row_labels(tf.keras.losses.MeanSquaredError(reduction=SUM)),
+        _row_labels_data,
+    ),
+    "row-labels-kld": (row_labels("kl_divergence"), _row_labels_data),
 }
 PADDED = {  # batch(GLOBAL).repeat() over 45 rows: the second step is stock's short batch of 13
     "padded-two-outputs-weighted": "two-outputs-weighted",
     "padded-three-outputs": "three-outputs",
     "padded-constant-weighted-1": "constant-weighted-1",
     "padded-labels-only-mean": "labels-only-mean",
+    "padded-row-labels-sum": "row-labels-sum",
+    "padded-row-labels-kld": "row-labels-kld",
 }
 
 
@@ -458,10 +488,21 @@ def test_negative_control_a_labels_only_loss_taken_for_a_constant_fails(stock_ru
     assert losses > 100 * TOL, losses
 
 
+@pytest.mark.parametrize("case", ["row-labels-sum", "row-labels-kld", "padded-row-labels-sum"])
+def test_negative_control_batch_labels_read_per_row_fail(stock_runs, case, monkeypatch):
+    """[batch] labels of a [batch, 1] output read as one loss per row (as before the loss's
+    one-number kind was read from them): a SUM mse sums the rows where stock takes their mean,
+    kl_divergence averages them where stock sums."""
+    monkeypatch.setattr(_padding, "one_number_outputs", lambda *a, **k: {})
+    weights, losses = _differences(stock_runs, case)
+    assert max(weights, losses) > 100 * TOL, (weights, losses)
+
+
 # -- evaluation on 8 shards: custom one-number losses and terms that need no kind (#34) --------
 
 EVAL_CASES = ["custom-mean-scalar", "custom-summed-scalar", "constant-weighted-1"]
 EVAL_CASES += ["constant-zero-weighted-0", "labels-only-mean", "no-loss"]
+EVAL_CASES += ["row-labels-sum", "row-labels-kld"]  # [batch] labels: one number for the batch
 
 
 def _eval_batches(case):
@@ -527,6 +568,12 @@ def _eval_differences(stock_runs, case):
 @pytest.mark.parametrize("case", EVAL_CASES)
 def test_eight_shards_evaluate_the_loss_like_stock_with_padding_shards(stock_runs, case):
     assert _eval_differences(stock_runs, case) < TOL
+
+
+def test_negative_control_an_eval_loss_of_batch_labels_read_per_row_fails(stock_runs, monkeypatch):
+    """kl_divergence of [batch] labels read per row in evaluation: the rows' mean, not sum."""
+    monkeypatch.setattr(_padding, "one_number_outputs", lambda *a, **k: {})
+    assert _eval_differences(stock_runs, "row-labels-kld") > 100 * TOL
 
 
 def test_negative_control_a_custom_scalar_eval_loss_of_each_shard_alone_fails(

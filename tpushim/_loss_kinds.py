@@ -77,10 +77,14 @@ class LossPlan:
       added: (layer name, index in its input losses) -> degree, for the losses a layer adds
         from its inputs; absent: a mean (degree 0). None: not known yet (a subclassed model's
         outputs and losses exist once it is called: :func:`plan_subclassed`, in the model_fn).
+      output_specs: a subclassed model's output name -> ``tf.TensorSpec`` of that output (batch
+        size None), from :func:`plan_subclassed`'s call; None for a graph network (its own
+        ``outputs``).
     """
 
     outputs: dict
     added: dict = None
+    output_specs: dict = None
 
 
 # --- what is known without evaluating anything ------------------------------------------------
@@ -450,7 +454,11 @@ def plan_subclassed(keras_model, custom_objects, features):
     with _tfprivate.keras_random_state_kept(), tf.Graph().as_default():
         try:
             clone, _ = _scratch_clone(keras_model, custom_objects, features)
-            outputs = classify_outputs(*_output_specs(clone, custom_objects, keras_model))
+            names, loss_fns, shapes, dtypes, weights = _output_specs(
+                clone, custom_objects, keras_model
+            )
+            outputs = classify_outputs(names, loss_fns, shapes, dtypes, weights)
+            specs = {n: tf.TensorSpec([None, *s[1:]], d) for n, s, d in zip(names, shapes, dtypes)}
         finally:
             _tfprivate.restore_subclassed_model_state(keras_model)
     with _tfprivate.keras_random_state_kept():
@@ -458,7 +466,7 @@ def plan_subclassed(keras_model, custom_objects, features):
             added = classify_added(keras_model, custom_objects, features)
         finally:
             _tfprivate.restore_subclassed_model_state(keras_model)
-    return LossPlan(outputs=outputs, added=added)
+    return LossPlan(outputs=outputs, added=added, output_specs=specs)
 
 
 # --- the plan, once per compiled model ---------------------------------------------------------

@@ -160,13 +160,17 @@ def _eval_metrics(model, metric_names_map, padding_weight):
                 y_pred = _tfprivate.with_output_logits(
                     y_pred, logits_how[index], tensors[f"logits_{index}"]
                 )
+            y_true = tensors[f"y_true_{index}"]
+            weights = tensors.get(f"sample_weight_{index}") if weighted else None
+            if weights is not None:  # [batch] labels of a [batch, 1] output: each row weighed,
+                y_true = _padding.row_labels(y_true, y_pred)  # as model.evaluate weighs them
             # Keras's own call: the output's mask weighs the metric (times any sample weight).
             update_op = _tfprivate.update_op(
                 _tfprivate.call_metric_function(
                     metric.update_state,
-                    tensors[f"y_true_{index}"],
+                    y_true,
                     y_pred,
-                    weights=tensors.get(f"sample_weight_{index}") if weighted else None,
+                    weights=weights,
                     mask=tensors.get(f"mask_{index}"),
                 )
             )
@@ -231,13 +235,15 @@ def _scaffold_fn(model):
     return scaffold_fn
 
 
-def _refuse_weighted_one_number(features, names, one_number):
-    """Sample weights on a loss that [batch] labels make one number for the batch
+def _refuse_weighted_one_number(keras_model, features, names, one_number):
+    """Sample weights stock's graph refuses (:func:`tpushim._padding.check_sample_weight_shapes`:
+    stock's error), and sample weights on a loss that [batch] labels make one number for the batch
     (:func:`tpushim._padding.one_number_outputs`): stock's first step fails on them ("Can not
     squeeze dim[0]"), so they are refused, naming the fix, before anything is written."""
     if not (isinstance(features, dict) and set(features) == {"features", "sample_weights"}):
         return
     weights = _tfprivate.standardize_sample_weights(features["sample_weights"], names)
+    _padding.check_sample_weight_shapes(keras_model, weights, names)
     for name, weight in zip(names, weights):
         if name in one_number and weight is not None:
             raise ConversionError(
@@ -247,6 +253,27 @@ def _refuse_weighted_one_number(features, names, one_number):
                 'fails on it too ("Can not squeeze dim[0], expected a dimension of 1"). Give '
                 "the labels the output's shape, [batch, 1] (labels[:, None] in the input_fn)."
             )
+
+
+def _weights_of_any_batch(features, labels):
+    """EVAL's sample weights with an unknown batch size where some labels are [batch]: Keras
+    compiles a weighted metric of a [batch, 1] output's [batch] labels as one value for the
+    batch, then squeezes the weights to its rank, which a static batch size refuses while
+    building ("Can not squeeze dim[0]"; stock's input has none). The clone's own metric ops are
+    never run: :func:`_eval_metrics` weighs each row."""
+    if not (isinstance(features, dict) and set(features) == {"features", "sample_weights"}):
+        return features
+    if not any(tf.is_tensor(y) and y.shape.rank == 1 for y in tf.nest.flatten(labels)):
+        return features
+    weights = tf.nest.map_structure(
+        lambda w: (
+            tf.compat.v1.placeholder_with_default(w, [None, *w.shape[1:]])
+            if tf.is_tensor(w) and w.shape.rank
+            else w
+        ),
+        features["sample_weights"],
+    )
+    return {"features": features["features"], "sample_weights": weights}
 
 
 def make_model_fn(
@@ -297,14 +324,19 @@ def make_model_fn(
         )
         if plan is not None and labels is not None:
             # [batch] labels making an output's loss one number for the batch: its degree
-            one_number = _padding.one_number_outputs(keras_model, labels, custom_objects)
+            # (a subclassed model's outputs: from its plan's call)
+            specs = plan.output_specs
+            one_number = _padding.one_number_outputs(keras_model, labels, custom_objects, specs)
+            names = keras_model.output_names or list(specs or ())
+            _refuse_weighted_one_number(keras_model, features, names, one_number)
             if one_number:
-                _refuse_weighted_one_number(features, keras_model.output_names, one_number)
                 plan = dataclasses.replace(plan, outputs={**plan.outputs, **one_number})
         else:
-            one_number = {}
+            one_number, specs = {}, None
         if mode == ModeKeys.TRAIN and padding_weight is not None and labels is not None:
-            labels = _padding.labels_for_padded_training(keras_model, labels, keep=one_number)
+            labels = _padding.labels_for_padded_training(keras_model, labels, one_number, specs)
+        if mode == ModeKeys.EVAL:
+            features = _weights_of_any_batch(features, labels)
         with moved:
             model = _tfprivate.clone_and_build_model(
                 mode=mode,

@@ -120,15 +120,56 @@ def row_labels(label, output):
     return label
 
 
-def one_number_outputs(keras_model, labels, custom_objects=None):
+def _weight_modes(sample_weight_mode, names):
+    """output name -> ``compile(sample_weight_mode=...)``'s entry (None, "temporal", ...)."""
+    if isinstance(sample_weight_mode, dict):
+        return {n: sample_weight_mode.get(n) for n in names}
+    if isinstance(sample_weight_mode, (list, tuple)) and len(sample_weight_mode) == len(names):
+        return dict(zip(names, sample_weight_mode))
+    return {n: sample_weight_mode for n in names}
+
+
+def check_sample_weight_shapes(keras_model, weights, names):
+    """Raises stock's error, before anything is written, for a sample weight whose shape Keras's
+    graph refuses (training_v1's ``populate_sample_weight``: [batch] per output, [batch, time]
+    where ``sample_weight_mode`` is "temporal"; a [batch, 1] or [batch, k] weight fails there).
+
+    Args:
+      weights: per output (``names``), its sample weight (a tensor or ``tf.TensorSpec``) or None.
+    """
+    modes = _weight_modes(_tfprivate.compile_args(keras_model).get("sample_weight_mode"), names)
+    for name, weight in zip(names, weights):
+        if weight is None or weight.shape.rank is None:
+            continue
+        expected = [None, None] if modes.get(name) == "temporal" else [None]
+        if not weight.shape.is_compatible_with(expected):
+            # as stock's input gives it: any batch size
+            shape = tf.TensorShape([None, *weight.shape[1:]]) if weight.shape.rank else weight.shape
+            raise ValueError(
+                f"Received sample weight with shape {shape}. Expected shape {expected}."
+            )
+
+
+def _outputs_of(keras_model, output_specs=None):
+    """output name -> its output (a tensor or ``tf.TensorSpec``): a graph network's own, a
+    subclassed model's from ``output_specs`` (:class:`tpushim._loss_kinds.LossPlan`'s); {} if
+    neither is known."""
+    if keras_model.outputs:
+        return dict(zip(keras_model.output_names, keras_model.outputs))
+    return dict(output_specs or {})
+
+
+def one_number_outputs(keras_model, labels, custom_objects=None, output_specs=None):
     """output name -> the degree of its loss (:func:`tpushim._loss_kinds.row_label_kind`), for
     each output whose [batch] labels of its [batch, 1] output make that loss one number for the
     batch (Keras squeezes the output first: ``mse``, a SUM loss), as stock's graph computes it;
     probed in a graph of its own. Its labels stay [batch]: read per row, a SUM loss would sum
-    the rows where stock takes their mean."""
-    if not keras_model.outputs or labels is None:
+    the rows where stock takes their mean. ``output_specs``: a subclassed model's outputs
+    (:func:`_outputs_of`)."""
+    known = _outputs_of(keras_model, output_specs)
+    if not known or labels is None:
         return {}
-    names = keras_model.output_names
+    names = list(known)
     if isinstance(labels, dict):
         given = [labels.get(n) for n in names]
     elif isinstance(labels, (list, tuple)) and len(labels) == len(names):
@@ -141,7 +182,7 @@ def one_number_outputs(keras_model, labels, custom_objects=None):
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
         loss_fns = _tfprivate.prepare_loss_functions(args.get("loss"), names)
     found = {}
-    for name, loss_fn, output, label in zip(names, loss_fns, keras_model.outputs, given):
+    for name, loss_fn, output, label in zip(names, loss_fns, known.values(), given):
         if loss_fn is None or not tf.is_tensor(label) or row_labels(label, output) is label:
             continue
         with tf.Graph().as_default():
@@ -155,31 +196,21 @@ def one_number_outputs(keras_model, labels, custom_objects=None):
     return found
 
 
-def labels_for_padded_training(keras_model, labels, keep=()):
+def labels_for_padded_training(keras_model, labels, keep=(), output_specs=None):
     """The labels of a padded TRAIN batch, with one loss per row for every output (see row_labels)
-    but those named in ``keep`` (:func:`one_number_outputs`)."""
-    if not keras_model.outputs:
-        # A subclassed model's outputs are known only once cloned: a [batch] label becomes
-        # [batch, 1], which every built-in loss reads as the same rows.
-        return tf.nest.map_structure(
-            lambda label: (
-                tf.expand_dims(label, -1)
-                if tf.is_tensor(label) and label.shape.rank == 1
-                else label
-            ),
-            labels,
-        )
-    outputs = dict(zip(keras_model.output_names, keras_model.outputs))
-    outputs = {k: o for k, o in outputs.items() if k not in keep}
+    but those named in ``keep`` (:func:`one_number_outputs`); ``output_specs`` as there."""
+    known = _outputs_of(keras_model, output_specs)
+    names = list(known)
+    outputs = {k: o for k, o in known.items() if k not in keep}
     if isinstance(labels, dict):
         return {k: row_labels(v, outputs[k]) if k in outputs else v for k, v in labels.items()}
-    if isinstance(labels, (list, tuple)) and len(labels) == len(keras_model.outputs):
+    if isinstance(labels, (list, tuple)) and len(labels) == len(names):
         return type(labels)(
             row_labels(label, outputs[n]) if n in outputs else label
-            for label, n in zip(labels, keras_model.output_names)
+            for label, n in zip(labels, names)
         )
-    if len(keras_model.outputs) == 1:
-        return row_labels(labels, keras_model.outputs[0]) if outputs else labels
+    if len(names) == 1:
+        return row_labels(labels, known[names[0]]) if outputs else labels
     return labels
 
 

@@ -364,9 +364,19 @@ def clone(plan, features=None):
     zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), features)
     outputs = model(zeros, training=False)
     model.output_names = _tfprivate.generic_output_names(tf.nest.flatten(outputs))
+    _BUILT_OUTPUTS[model] = [tf.TensorSpec(o.shape, o.dtype) for o in tf.nest.flatten(outputs)]
     if plan.added_degrees is None:  # the loss plan, once the model's outputs exist
         plan.loss_kinds, plan.added_degrees = _subclassed_loss_plan(plan, model, outputs, features)
     return model
+
+
+_BUILT_OUTPUTS = weakref.WeakKeyDictionary()  # a subclassed clone -> its outputs' specs
+
+
+def output_specs(model):
+    """The outputs of ``model`` (the engine's clone): a graph network's own, a subclassed
+    model's specs from the call that built it (:func:`clone`)."""
+    return model.outputs or _BUILT_OUTPUTS.get(model, [])
 
 
 def _subclassed_loss_plan(plan, model, outputs, features):
@@ -520,14 +530,19 @@ def _weighted_row_labels(name, loss_obj):
     )
 
 
-def check_row_labels(model, terms, element_spec):
-    """Refuses, before anything is written, sample weights on a loss that [batch] labels of a
-    [batch, 1] output make one number for the batch (:func:`row_label_term`)."""
+def check_row_labels(model, terms, element_spec, compiled):
+    """Refuses, before anything is written, sample weights stock's graph refuses (stock's error:
+    :func:`tpushim._padding.check_sample_weight_shapes`; ``compiled``: the user's model), and
+    sample weights on a loss that [batch] labels of a [batch, 1] output make one number for the
+    batch (:func:`row_label_term`)."""
     _, labels, _, weights = _unpack(element_spec, model.output_names)
-    if labels is None or weights is None or not model.outputs:
+    if weights is not None:
+        _padding.check_sample_weight_shapes(compiled, weights, model.output_names)
+    outputs = output_specs(model)
+    if labels is None or weights is None or not outputs:
         return
     labels = _labels_list(labels, model.output_names)
-    for (name, loss_obj, _), output, label, weight in zip(terms, model.outputs, labels, weights):
+    for (name, loss_obj, _), output, label, weight in zip(terms, outputs, labels, weights):
         if loss_obj is None or weight is None or not isinstance(label, tf.TensorSpec):
             continue
         y_true = tf.zeros([2] + [d or 1 for d in label.shape.as_list()[1:]], label.dtype)
@@ -703,8 +718,6 @@ def _loss_of(plan, terms, model, features, labels, pad, weights, training, repli
     """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
     outputs, regularizers, adds, activity = _called(model, features, training)
     added = input_losses(model, features, training, plan.added_degrees, activity) if adds else ()
-    if not model.outputs:  # subclassed: a [batch] label as [batch, 1] (graph networks: per
-        labels = _padding.labels_for_padded_training(model, labels)  # output, replica_loss)
     loss = replica_loss(
         terms,
         plan.loss_kinds,
@@ -1091,7 +1104,7 @@ def _metrics_model(plan, features=None):
     return model
 
 
-def _metrics_update(metrics_model, logits_how, has_mask):
+def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
     """A ``tf.function`` updating ``metrics_model``'s compiled metrics with one gathered batch's
     real rows, the outputs carrying what stock's graph outputs carry to Keras's metrics: their
     Keras mask and their logits (a softmax or sigmoid output's crossentropy metrics are computed
@@ -1113,6 +1126,7 @@ def _metrics_update(metrics_model, logits_how, has_mask):
         )
         as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
         update = metrics_model.compiled_metrics.update_state
+        per_output = list(weights)
         outputs, weights = _one_or_list(carried), _one_or_list(weights)
         if all(a is y for a, y in zip(as_stock, labels)):
             update(_one_or_list(labels), outputs, weights)
@@ -1122,7 +1136,14 @@ def _metrics_update(metrics_model, logits_how, has_mask):
         # the others as stock's graph (one value per batch where they reduce the last axis).
         with _tfprivate.compiled_metrics_only(metrics_model, weighted=False):
             update(_one_or_list(as_stock), outputs, weights)
-        rows = [_padding.row_labels(y, o) for y, o in zip(labels, carried)]
+        # (an output without sample weights: as stock's graph, unweighted)
+        weighed = has_weight or [True] * len(labels)
+        rows = [
+            _padding.row_labels(y, o) if w else a
+            for y, o, a, w in zip(labels, carried, as_stock, weighed)
+        ]
+        if not all(weighed):
+            weights = _one_or_list([w if given else None for w, given in zip(per_output, weighed)])
         with _tfprivate.compiled_metrics_only(metrics_model, weighted=True):
             update(_one_or_list(rows), outputs, weights)
 
@@ -1237,7 +1258,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # The input first, as stock calls its input_fn first: an input refused (tensors on a
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
-        check_row_labels(run.model, run.terms, made[1])
+        check_row_labels(run.model, run.terms, made[1], self._tpushim_plan.keras_model)
         check_metric_names_map(self._tpushim_plan)  # stock's model_fn checks it at train() too
         # Stock's model_fn compiles a clone here, naming the user's metric objects once more.
         _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
@@ -1398,7 +1419,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _evaluate_batches(self, run, early, input_fn, steps, user_hooks, checkpoint_path, name):
         dataset, element_spec = early.input or self._input(input_fn, ModeKeys.EVAL)
-        check_row_labels(run.model, run.terms, element_spec)
+        check_row_labels(run.model, run.terms, element_spec, self._tpushim_plan.keras_model)
         names = run.model.output_names
         added = _strategy_metrics.added(
             self._tpushim_metric_fns,
@@ -1437,7 +1458,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             )
             if update is None:
                 has_mask = [bool(mask.shape[0]) for mask in masks]
-                update = _metrics_update(metrics_model, run.logits_how, has_mask)
+                given = _unpack(element_spec, names)[3] or [None] * len(masks)
+                has_weight = [w is not None for w in given]
+                update = _metrics_update(metrics_model, run.logits_how, has_mask, has_weight)
             update(labels, outputs, logits, weights, masks)
             if user_hooks is not None and user_hooks.after(int(run.step.numpy()), False):
                 ran_out = False
