@@ -464,7 +464,8 @@ def test_the_xla_check_traces_the_users_model_itself_and_still_refuses(tmp_path,
     """The XLA check of a built graph network traces the user's model as it is (no clone: for
     ResNet50 a clone cost as much as lowering the step), leaves its weights as they were, and
     still refuses an op XLA cannot compile (tf.numpy_function) before anything is written; a
-    subclassed model is cloned (control: the check does clone where it must)."""
+    subclassed model and one with an activity regularizer are cloned (control: the check does
+    clone where it must)."""
     import numpy as np
     import tensorflow as tf
     import tfcases
@@ -520,6 +521,14 @@ def test_the_xla_check_traces_the_users_model_itself_and_still_refuses(tmp_path,
     )
     estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
     assert clones[2] == 1
+    # An activity regularizer: the step records it in the regularizer's place, so on a clone.
+    regularized = tfcases.sequential(
+        extra_layers=[tf.keras.layers.Dense(4, activity_regularizer="l2", name="act")]
+    )
+    estimator = tfcases.convert(tmp_path / "activity", regularized, patch=engine)
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert clones[3] == 1
+    assert type(regularized.get_layer("act").activity_regularizer) is tf.keras.regularizers.L2
 
 
 @pytest.mark.slow

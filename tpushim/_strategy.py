@@ -813,9 +813,13 @@ def _as_is(plan):
     """The user's model, where :func:`check_xla` traces the same step on it as on a clone: a
     built graph network (no subclassed or unbuilt one, which a clone builds on the input), no
     layer run on the host (a clone's, :mod:`tpushim._strategy_host`), its variables eager ones
-    (not a graph-mode program's). Else None."""
+    (not a graph-mode program's), no activity regularizer (the step installs a recorder in its
+    place: :func:`_recorders`, on a clone only). Else None."""
     keras_model = plan.keras_model
     if _built_on_input(keras_model) or plan.host is not None or not tf.executing_eagerly():
+        return None
+    layers = _tfprivate.all_layers(keras_model)
+    if any(getattr(layer, "activity_regularizer", None) is not None for layer in layers):
         return None
     if any(getattr(v, "_in_graph_mode", True) for v in keras_model.weights):
         return None
