@@ -460,6 +460,78 @@ def test_the_xla_check_runs_once_per_conversion_and_input_shape(tmp_path, monkey
 
 
 @pytest.mark.slow
+def test_the_xla_check_traces_the_users_model_itself_and_still_refuses(tmp_path, monkeypatch):
+    """The XLA check of a built graph network traces the user's model as it is (no clone: for
+    ResNet50 a clone cost as much as lowering the step), leaves its weights as they were, and
+    still refuses an op XLA cannot compile (tf.numpy_function) before anything is written; a
+    subclassed model and one with an activity regularizer are cloned (control: the check does
+    clone where it must)."""
+    import numpy as np
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _strategy
+
+    real_clone, cloned = _strategy.clone, []
+
+    def clone(plan, features=None):
+        cloned.append(plan.keras_model)
+        return real_clone(plan, features)
+
+    monkeypatch.setattr(_strategy, "clone", clone)
+    check, clones = _strategy.check_xla, []
+
+    def counted(*args):
+        before = len(cloned)
+        try:
+            check(*args)
+        finally:
+            clones.append(len(cloned) - before)
+
+    monkeypatch.setattr(_strategy, "check_xla", counted)
+    x, y = tfcases.data()
+    engine = {"mode": "cpu", "engine": "strategy", "quiet": True}
+    keras_model = tfcases.sequential()
+    weights = [w.numpy() for w in keras_model.weights]
+    estimator = tfcases.convert(tmp_path / "as_is", keras_model, patch=engine)
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert clones == [0]
+    assert all(np.array_equal(a, w.numpy()) for a, w in zip(weights, keras_model.weights))
+
+    host_only = tf.keras.Sequential(
+        [
+            tf.keras.layers.Lambda(
+                lambda t: tf.reshape(tf.numpy_function(np.tanh, [t], tf.float32), [-1, 4]),
+                input_shape=(4,),
+            ),
+            tf.keras.layers.Dense(3),
+        ]
+    )
+    host_only.compile(tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy")
+    model_dir = tmp_path / "host_only"
+    estimator = tfcases.convert(model_dir, host_only, patch=engine)
+    before = sorted(p.name for p in model_dir.rglob("*"))
+    with pytest.raises(tpushim.ConversionError, match="does not compile with XLA"):
+        estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert clones == [0, 0]
+    assert sorted(p.name for p in model_dir.rglob("*")) == before
+
+    estimator = tfcases.convert(
+        tmp_path / "subclassed", tfcases.subclassed(), patch=engine, checkpoint_format="saver"
+    )
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert clones[2] == 1
+    # An activity regularizer: the step records it in the regularizer's place, so on a clone.
+    regularized = tfcases.sequential(
+        extra_layers=[tf.keras.layers.Dense(4, activity_regularizer="l2", name="act")]
+    )
+    estimator = tfcases.convert(tmp_path / "activity", regularized, patch=engine)
+    estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+    assert clones[3] == 1
+    assert type(regularized.get_layer("act").activity_regularizer) is tf.keras.regularizers.L2
+
+
+@pytest.mark.slow
 def test_input_losses_beside_batchnormalization_which_the_engine_takes(tmp_path):
     """Activity regularizers are read from the model's own forward pass, so BatchNormalization
     (and SyncBatchNormalization) beside them is taken; a loss added in a layer's call beside a

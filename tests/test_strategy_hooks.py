@@ -212,3 +212,50 @@ def test_stop_falls_at_its_step_because_calls_end_there(tmp_path, monkeypatch):
     monkeypatch.setattr(_step_events.SessionHooks, "per_call", lambda self, step, n: n)
     assert stopped_at("last_per_loop", tf.compat.v1.train.StopAtStepHook(last_step=5)) == 6
     assert stopped_at("own_per_loop", _StopAt(4)) == 6
+
+
+class _StepReader(tf.compat.v1.train.SessionRunHook):
+    """Fetches the global step in before_run; records what after_run got."""
+
+    def __init__(self, calls):
+        self.calls, self.seen = calls, []
+
+    def begin(self):
+        self._step = tf.compat.v1.train.get_global_step()
+
+    def before_run(self, run_context):
+        self.calls.append("before_run")
+        return tf.compat.v1.train.SessionRunArgs({"step": self._step})
+
+    def after_run(self, run_context, run_values):
+        self.seen.append(run_values.results)
+
+
+def test_hooks_fetches_read_in_one_session_run_per_step():
+    """As stock's MonitoredSession: every hook's before_run first, then one session.run reading
+    all their fetches (a hook fetching nothing gets None); a hook whose fetches are of another
+    graph is still named beside a good one."""
+    from tpushim import _step_events
+
+    calls = []
+    readers = [_StepReader(calls), _StepReader(calls), _StepReader(calls)]
+    hooks = _step_events.SessionHooks([*readers, _StopAt(99)], 7)  # step 7's before_run
+    hooks.after(7)
+    real_run = hooks._session.run
+
+    def run(fetches, *args, **kwargs):
+        calls.append("run")
+        return real_run(fetches, *args, **kwargs)
+
+    hooks._session.run = run
+    try:
+        for step in (8, 9):
+            calls.clear()
+            hooks.before(step)
+            assert calls == ["before_run"] * 3 + ["run"]  # before: 3 runs, one per hook
+            hooks.after(step)
+        assert all(r.seen == [{"step": 7}, {"step": 8}, {"step": 9}] for r in readers)
+    finally:
+        hooks.close()
+    with pytest.raises(tpushim.ConversionError, match="cannot run _Fetching"):
+        _step_events.SessionHooks([_StepReader([]), _Fetching()], 0)

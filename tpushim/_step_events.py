@@ -360,21 +360,40 @@ class SessionHooks:
         context = tf.compat.v1.train.SessionRunContext(
             tf.compat.v1.train.SessionRunArgs(None), self._session
         )
-        values = []
-        for hook in self._hooks:
+        fetches = {}  # hook position -> its fetches: one session.run for all, as stock's
+        for i, hook in enumerate(self._hooks):
             try:
                 args = hook.before_run(context)
                 if args is not None and args.feed_dict:
                     raise ValueError(f"it feeds {list(args.feed_dict)[:3]}")
-                results = (
-                    None
-                    if args is None or args.fetches is None
-                    else self._session.run(args.fetches)
-                )
             except Exception as error:
                 raise _refused(hook, "fetches tensors of the model's graph", error) from error
-            values.append(tf.compat.v1.train.SessionRunValues(results, None, None))
+            if args is not None and args.fetches is not None:
+                fetches[i] = args.fetches
+        results = self._fetched(fetches) if fetches else {}
+        values = [
+            tf.compat.v1.train.SessionRunValues(results.get(i), None, None)
+            for i in range(len(self._hooks))
+        ]
         self._pending = (step, context, values)
+
+    def _fetched(self, fetches):
+        """{hook position: its fetches' values}, read in one ``session.run`` (stock's
+        MonitoredSession merges the hooks' fetches so); where that fails, the hook whose
+        fetches fail alone is named."""
+        try:
+            return self._session.run(fetches)
+        except Exception as error:
+            for i, fetch in fetches.items():
+                try:
+                    self._session.run(fetch)
+                except Exception as own:
+                    raise _refused(
+                        self._hooks[i], "fetches tensors of the model's graph", own
+                    ) from own
+            raise _refused(
+                self._hooks[next(iter(fetches))], "fetches tensors of the model's graph", error
+            ) from error
 
     def after(self, step, advance=True):
         """Each hook's ``after_run`` for the step after ``step`` (``advance``: a training step,

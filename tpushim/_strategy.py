@@ -793,11 +793,13 @@ def check_xla(plan, element_spec, replicas):
     """Compiles one replica's training step (forward, loss, gradients) with XLA, as a TPU would,
     without running it: an op XLA cannot compile raises here, naming it.
 
-    On a copy of the model outside the strategy: XLA-compiled functions inside a
-    MirroredStrategy's multi-device step hung now and then on CPU (about 1 run in 4 on 8 logical
-    devices, TF 2.15), so the replicated step itself runs uncompiled off a TPU.
+    Outside the strategy: XLA-compiled functions inside a MirroredStrategy's multi-device step
+    hung now and then on CPU (about 1 run in 4 on 8 logical devices, TF 2.15), so the replicated
+    step itself runs uncompiled off a TPU. On the user's model itself where it can be traced as
+    it is (:func:`_as_is`: the step is compiled, never run, so nothing is written to it), else on
+    a copy (cloning ResNet50 cost as much as lowering its step to HLO).
     """
-    model = clone(plan, features_spec(element_spec))
+    model = _as_is(plan) or clone(plan, features_spec(element_spec))
     terms = _loss_objects(plan.keras_model, plan.custom_objects, model.output_names, _outs(plan))
     lookups = _tfprivate.feature_column_layers(model) if plan.host is None else ()
     if lookups:
@@ -838,6 +840,23 @@ def check_xla(plan, element_spec, replicas):
             f"with jit_compile=True): {str(e)[:1500]}. Replace the op it names with TensorFlow "
             "ops XLA supports, or train without tpushim (TPUSHIM_MODE=off)."
         ) from e
+
+
+def _as_is(plan):
+    """The user's model, where :func:`check_xla` traces the same step on it as on a clone: a
+    built graph network (no subclassed or unbuilt one, which a clone builds on the input), no
+    layer run on the host (a clone's, :mod:`tpushim._strategy_host`), its variables eager ones
+    (not a graph-mode program's), no activity regularizer (the step installs a recorder in its
+    place: :func:`_recorders`, on a clone only). Else None."""
+    keras_model = plan.keras_model
+    if _built_on_input(keras_model) or plan.host is not None or not tf.executing_eagerly():
+        return None
+    layers = _tfprivate.all_layers(keras_model)
+    if any(getattr(layer, "activity_regularizer", None) is not None for layer in layers):
+        return None
+    if any(getattr(v, "_in_graph_mode", True) for v in keras_model.weights):
+        return None
+    return keras_model
 
 
 _XLA_CHECKED = weakref.WeakKeyDictionary()  # plan -> [(element spec, replicas)] that compiled
