@@ -29,9 +29,7 @@ says how much.
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import benchlib
 
@@ -42,58 +40,19 @@ ROWS, FEATURES, BATCH, PER_EXECUTION = 4096, 32, 64, 10
 
 def _timing(steps, pairs):
     """``[(timed steady steps/s, plain steady steps/s)]``, from one driver process."""
-    with tempfile.TemporaryDirectory(prefix="bench_strategy_") as workdir:
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "timing", workdir, str(steps), str(pairs)],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=benchlib.clean_env({"PYTHONPATH": benchlib.REPO}),
-            cwd=workdir,
-            timeout=1800,
-        )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"timing failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("BENCH ") :])
+    return benchlib.drive(__file__, "timing", steps, pairs)
 
 
 def _paired(steps, pairs):
     """``[(fit, engine, fit)]`` steady steps/s, from ONE driver process (the engine's strategy
     training a Keras model compiled in its scope, ``fit()`` and ``train()`` calls alternating:
     the machine's load drifts alike for the engine and both its neighbours)."""
-    with tempfile.TemporaryDirectory(prefix="bench_strategy_") as workdir:
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "paired", workdir, str(steps), str(pairs)],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=benchlib.clean_env({"PYTHONPATH": benchlib.REPO}),
-            cwd=workdir,
-            timeout=1800,
-        )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"paired failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("BENCH ") :])
+    return benchlib.drive(__file__, "paired", steps, pairs)
 
 
 def _run(kind, steps):
     """One driver run: ``(steady steps/s, whole-call steps/s)``."""
-    with tempfile.TemporaryDirectory(prefix="bench_strategy_") as workdir:
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), kind, workdir, str(steps)],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=benchlib.clean_env({"PYTHONPATH": benchlib.REPO}),
-            cwd=workdir,
-            timeout=1200,
-        )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{kind} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    result = json.loads(lines[-1][len("BENCH ") :])
+    result = benchlib.drive(__file__, kind, steps, timeout=1200)
     return result["steady"], result["whole"]
 
 
@@ -216,7 +175,7 @@ def run_activity(table, opts, report):
     )
 
 
-def _drive(kind, workdir, steps, pairs=0):
+def _drive(workdir, kind, steps, pairs=0):
     import time
 
     import numpy as np
@@ -254,20 +213,7 @@ def _drive(kind, workdir, steps, pairs=0):
         import tpushim
         from tpushim import _input_wait, _strategy
 
-        original = _strategy._Run.train_function
-
-        def train_function(self):
-            loop = original(self)
-
-            def timed(iterator, n):
-                t = time.perf_counter()
-                out = loop(iterator, n)  # (steps run, their losses, ...)
-                calls.append((int(out[0]), time.perf_counter() - t))
-                return out
-
-            return timed
-
-        _strategy._Run.train_function = train_function
+        benchlib.time_engine_loop(lambda result, seconds: calls.append((int(result[0]), seconds)))
         if kind.endswith("-rows"):  # as before: every input loss by running each row alone
             called = _strategy._called
             _strategy._called = lambda *args: (*called(*args)[:3], {})
@@ -343,4 +289,4 @@ def _drive(kind, workdir, steps, pairs=0):
 
 
 if __name__ == "__main__":
-    _drive(sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:]))
+    _drive(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:]))

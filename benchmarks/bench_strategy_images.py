@@ -22,9 +22,7 @@ stock's wall time.
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import benchlib
@@ -44,20 +42,7 @@ PARTS = (("names", "stock's names"), ("xla", "XLA check"), ("first", "first loop
 
 def _run(kind, name):
     """One driver run: ``{"total": s, "convert": s, "train": s, and the engine's parts}``."""
-    with tempfile.TemporaryDirectory(prefix="bench_strategy_images_") as workdir:
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), kind, name, workdir],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=benchlib.clean_env({"PYTHONPATH": benchlib.REPO}),
-            cwd=workdir,
-            timeout=1800,
-        )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{kind} {name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("BENCH ") :])
+    return benchlib.drive(__file__, kind, name)
 
 
 def run(table, opts, report):
@@ -133,7 +118,7 @@ def _timed(module, attr, times, key):
     setattr(module, attr, timed)
 
 
-def _drive(kind, name, workdir):
+def _drive(workdir, kind, name):
     import numpy as np
 
     tf = benchlib.tf()
@@ -167,23 +152,12 @@ def _drive(kind, name, workdir):
         _timed(_tfprivate, "stock_checkpoint_names", times, "names")
         _timed(_strategy_checkpoint, "remember", times, "names")
         _timed(_strategy, "check_xla", times, "xla")
-        original = _strategy._Run.train_function
 
-        def train_function(self):
-            loop = original(self)
+        def first_call(result, seconds):
+            if not times.get("called"):
+                times["first"], times["called"] = seconds, 1
 
-            def timed(*args):
-                began = time.perf_counter()
-                try:
-                    return loop(*args)
-                finally:
-                    if not times.get("called"):
-                        times["first"] = time.perf_counter() - began
-                        times["called"] = 1
-
-            return timed
-
-        _strategy._Run.train_function = train_function
+        benchlib.time_engine_loop(first_call)
         with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
             estimator = tf.keras.estimator.model_to_estimator(
                 keras_model=model, model_dir=model_dir, config=config

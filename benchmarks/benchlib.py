@@ -1,10 +1,12 @@
 """What every benchmark section shares: the one table writer, paired statistics, the clean
 environment, and the models, data and estimator makers each contender gets identically."""
 
+import json
 import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +115,50 @@ def interleaved(contenders, reps, measure):
         for name, arg in contenders[shift:] + contenders[:shift]:
             values[name].append(measure(arg))
     return values
+
+
+def drive(script, *args, timeout=1800):
+    """One run of a benchmark's driver in a fresh process: ``python SCRIPT WORKDIR ARGS`` (in a
+    new temporary directory, WORKDIR, removed after; the clean environment; the repository on
+    ``PYTHONPATH``). Returns the JSON of the last ``BENCH `` line it printed; raises, with its
+    stderr's tail, if it failed or printed none."""
+    name = os.path.splitext(os.path.basename(script))[0]
+    with tempfile.TemporaryDirectory(prefix=f"{name}_") as workdir:
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(script), workdir, *map(str, args)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=clean_env({"PYTHONPATH": REPO}),
+            cwd=workdir,
+            timeout=timeout,
+        )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
+    if proc.returncode != 0 or not lines:
+        what = " ".join(map(str, args))
+        raise RuntimeError(f"{name} {what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("BENCH ") :])
+
+
+def time_engine_loop(record):
+    """The strategy engine's training loop timed in this process (a driver's): after each call
+    of the loop's ``tf.function``, ``record(its result, seconds)`` (its first call traces)."""
+    from tpushim import _strategy
+
+    original = _strategy._Run.train_function
+
+    def train_function(self):
+        loop = original(self)
+
+        def timed(*args):
+            start = time.perf_counter()
+            result = loop(*args)
+            record(result, time.perf_counter() - start)
+            return result
+
+        return timed
+
+    _strategy._Run.train_function = train_function
 
 
 # -- TensorFlow side: models, data, estimators ------------------------------------------------------

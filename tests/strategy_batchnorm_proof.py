@@ -21,28 +21,20 @@ epochs; each ends on a batch of 8, whose last 4 replicas hold padding only):
 A helper run by tests/test_strategy_batchnorm.py, not a test module.
 """
 
-import importlib.util
 import json
 import os
 import shutil
 import sys
 
-if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-tf.config.threading.set_inter_op_parallelism_threads(32)  # as strategy_proof.py: no starved pool
-
+import eight_devices  # first: 8 logical CPU devices, before TensorFlow initialises
 import numpy as np
+import tensorflow as tf
 import tfcases
 
 from tpushim import _batchnorm, _padding
 
 ROWS, BATCH, STEPS = 20, 12, 4
-REPLICAS, PER = 8, 2  # a global batch padded to 16: 2 rows a replica
+REPLICAS, PER = eight_devices.REPLICAS, 2  # a global batch padded to 16: 2 rows a replica
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
 #: the variants of BatchNormalization, one model each (tests/tfcases.py)
 MODELS = {"variants": tfcases.batchnorm_variants, "ghost": tfcases.ghost_batchnorm}

@@ -29,29 +29,21 @@ at, and the weights. On TensorFlow >= 2.16 stock is stock TensorFlow 2.15's, rec
 A helper run by tests/test_strategy_hooks.py, not a test module.
 """
 
-import importlib.util
 import json
 import logging
 import os
 import re
 import sys
 
-if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-tf.config.threading.set_inter_op_parallelism_threads(32)  # as strategy_proof.py: no starvation
-
+import eight_devices  # first: 8 logical CPU devices, before TensorFlow initialises
 import numpy as np
+import tensorflow as tf
 
 import tpushim
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_hooks_tf215.json")
-NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+NO_STOCK = eight_devices.NO_STOCK
 
 ROWS, BATCH = 60, 6
 CASES = ("stop_at", "request_stop", "early", "early_steps", "clock", "counter", "eval_predict")

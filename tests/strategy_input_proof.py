@@ -24,23 +24,15 @@ A helper run by tests/test_strategy_inputs.py, not a test module.
 """
 
 import collections
-import importlib.util
 import itertools
 import json
 import os
 import sys
 
-if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-tf.config.threading.set_inter_op_parallelism_threads(32)  # see tests/strategy_proof.py
-
+import eight_devices  # first: 8 logical CPU devices, before TensorFlow initialises
 import numpy as np
 import pandas as pd
+import tensorflow as tf
 
 import tpushim
 
@@ -249,7 +241,7 @@ def variable_values(estimator):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_inputs_tf215.json")
-NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+NO_STOCK = eight_devices.NO_STOCK
 
 
 def convert(style, model_dir, patch):
@@ -271,13 +263,7 @@ def stock_run(style, root):
 
 def _stock_run(style, root):
     if NO_STOCK:
-        with open(RECORD) as f:
-            recorded = json.load(f)[style]
-        return (
-            recorded["metrics"],
-            np.array(recorded["predictions"], np.float64),
-            {n: np.array(v, np.float64) for n, v in recorded["values"].items()},
-        )
+        return eight_devices.recorded(RECORD, style)
     estimator = convert(style, os.path.join(root, style, "stock"), {"mode": "off"})
     return run(estimator, style, root)
 

@@ -25,22 +25,13 @@ a TF 2.15 venv.
 A helper run by tests/test_strategy_metrics.py, not a test module.
 """
 
-import importlib.util
 import json
 import os
 import sys
 
-if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-# As tests/strategy_proof.py: the replicas' sums must not wait on a pool of 2 threads.
-tf.config.threading.set_inter_op_parallelism_threads(32)
-
+import eight_devices  # first: 8 logical CPU devices, before TensorFlow initialises
 import numpy as np
+import tensorflow as tf
 
 import tpushim
 from tpushim import _strategy, _strategy_metrics
@@ -52,7 +43,7 @@ Y = ((X[:, :1] - X[:, 1:2] + 0.5 * rng.randn(ROWS, 1)) > 0).astype(np.float32)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_metrics_tf215.json")
-NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+NO_STOCK = eight_devices.NO_STOCK
 
 
 def model(metrics=("accuracy",)):

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 
-import strategy_proof as proof  # first: it makes the 8 logical devices
+import strategy_proof as proof  # first: it imports eight_devices (the 8 logical devices)
 import tensorflow as tf
 
 from tpushim import _strategy
@@ -75,13 +75,7 @@ RECORD = os.path.join(proof.HERE, "reference", "strategy_optimizers_tf215.json")
 
 def stock_run(kind, root):
     if proof.NO_STOCK:
-        with open(RECORD) as f:
-            recorded = json.load(f)[kind]
-        return (
-            recorded["metrics"],
-            proof.np.array(recorded["predictions"], proof.np.float64),
-            {n: proof.np.array(v, proof.np.float64) for n, v in recorded["values"].items()},
-        )
+        return proof.eight_devices.recorded(RECORD, kind)
     return proof.run(proof.stock_estimator(model(kind), os.path.join(root, kind, "stock")))
 
 
@@ -136,11 +130,9 @@ def patched_train(replacements, estimator):
             setattr(_strategy, name, value)
 
 
-def trained(estimator):
-    """(None, None, checkpoint values) after STEPS training steps: the optimizer decides these;
-    evaluation and prediction are the engine's whatever it trained with."""
-    estimator.train(proof.train_input, steps=proof.STEPS)
-    return None, None, proof.variable_values(estimator)
+#: (None, None, checkpoint values) after STEPS training steps: the optimizer decides these;
+#: evaluation and prediction are the engine's whatever it trained with.
+trained = proof.trained
 
 
 def xla_apply(plan):

@@ -10,12 +10,13 @@ a weight regularizer), 45 examples in global batches of 10
 the stock estimator, the strategy engine on 8 logical CPU devices and on 1, each trained 5 steps
 (every example once, the short batch last), evaluated and asked to predict. Reported: the largest
 difference to stock of every checkpoint value, eval metric and prediction (relative to the
-values' scale), for the engine as it is and for two broken engines (negative controls):
-``summed`` -- each replica's gradient that of its own slice's mean, summed over the replicas
+values' scale), for the engine as it is, and of every checkpoint value (trained alone: what
+their assertions read) for two broken engines (negative controls): ``summed`` -- each replica's gradient that of its own slice's mean, summed over the replicas
 (for a SUM loss, ``averaged``: its sum divided by the replicas), and for the last three
 ``local`` -- each replica's loss its own (its rows', weights', unmasked elements' mean: no sum
 over the replicas). Activity regularizers beside SyncBatchNormalization and BatchNormalization
-("synced", "normalized": 48 rows in full global batches of 16), with two more controls: each
+("synced", "normalized": 48 rows in full global batches of 16; "normalized" is stock's on 1
+replica, so it runs on 1 replica only, ``ONE_ONLY``), with two more controls: each
 input loss from the model run on each row alone (BatchNormalization on one row: ``per_row``),
 and the input losses counted on the padding rows (``unmasked``, kind "activity"). Also: stock's
 estimator reading
@@ -31,23 +32,13 @@ tpushim's own estimator engine (stock 2.15's path) reads the engine's checkpoint
 A helper run by tests/test_strategy_replicas.py, not a test module.
 """
 
-import importlib.util
 import json
 import os
 import sys
 
-if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-# Eight devices' ops run at once, some waiting on the others' (the replicas' sums): with the
-# inter-op pool of a 2-core machine they can all be waiting and none running.
-tf.config.threading.set_inter_op_parallelism_threads(32)
-
+import eight_devices  # first: 8 logical CPU devices, before TensorFlow initialises
 import numpy as np
+import tensorflow as tf
 
 import tpushim
 from tpushim import _strategy
@@ -86,6 +77,8 @@ NORMAL_ROWS, NORMAL_BATCH = 48, 16
 NX = rng.randn(NORMAL_ROWS, 4).astype(np.float32)
 NY = (NX[:, :1] * 2 - NX[:, 1:2] + 0.1 * rng.randn(NORMAL_ROWS, 1)).astype(np.float32)
 NORMALIZED = ("synced", "normalized")
+#: run on 1 replica only (with its negative control there): "normalized" is stock's on 1 replica
+ONE_ONLY = ("normalized",)
 MORE = ("weighted", "masked", "activity", *NORMALIZED)
 #: [batch] labels for the [batch, 1] output: Keras squeezes the output, so a SUM mse is one number
 #: for the batch (the rows' mean); a per-example loss with sample weights weighs each row.
@@ -273,13 +266,24 @@ INPUT_STYLES = {
 }
 
 
-def run(estimator, train=None, kind=None):
+def _inputs(kind):
     more = kind in MORE or kind in ROW_LABELS
-    train_fn, predict_fn = _more_inputs(kind) if more else (train_input, predict_input)
+    return _more_inputs(kind) if more else (train_input, predict_input)
+
+
+def run(estimator, train=None, kind=None):
+    train_fn, predict_fn = _inputs(kind)
     estimator.train(train or train_fn, steps=STEPS)
     metrics = {k: float(v) for k, v in estimator.evaluate(train_fn).items()}
     predictions = np.array([p["out"] for p in estimator.predict(predict_fn)])
     return metrics, predictions, variable_values(estimator)
+
+
+def trained(estimator, train=None, kind=None):
+    """``(None, None, checkpoint values)`` after :func:`run`'s training alone: what a negative
+    control's assertion (its weights) and an input style's (weights and slots) read."""
+    estimator.train(train or _inputs(kind)[0], steps=STEPS)
+    return None, None, variable_values(estimator)
 
 
 def variable_values(estimator):
@@ -292,7 +296,7 @@ def variable_values(estimator):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_tf215.json")
-NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+NO_STOCK = eight_devices.NO_STOCK
 
 
 def stock_estimator(keras_model, model_dir):
@@ -314,20 +318,14 @@ def in_a_graph(make_estimator, model_dir):
     return result
 
 
-def stock_run(kind, root, style=None):
+def stock_run(kind, root, style=None, train_only=False):
     if NO_STOCK:
-        with open(RECORD) as f:
-            recorded = json.load(f)[style or kind]
-        return (
-            recorded["metrics"],
-            np.array(recorded["predictions"], np.float64),
-            {n: np.array(v, np.float64) for n, v in recorded["values"].items()},
-        )
+        return eight_devices.recorded(RECORD, style or kind)
     if kind == "graph":
         return in_a_graph(stock_estimator, os.path.join(root, "graph", "stock"))
     if style is not None:
         estimator = stock_estimator(model(kind), os.path.join(root, style, "stock"))
-        return run(estimator, INPUT_STYLES[style])
+        return (trained if train_only else run)(estimator, INPUT_STYLES[style])
     return run(stock_estimator(model(kind), os.path.join(root, kind, "stock")), kind=kind)
 
 
@@ -428,7 +426,7 @@ def _unmasked(kind, root, stock):
 
     _strategy.replica_loss = wrong
     try:
-        control = run(engine(model(kind), os.path.join(root, kind, "unmasked")), kind=kind)
+        control = trained(engine(model(kind), os.path.join(root, kind, "unmasked")), kind=kind)
     finally:
         _strategy.replica_loss = original
     return differences(control, stock, kind)
@@ -444,13 +442,21 @@ def main(root):
     for kind in [*LOSSES, *MORE]:
         stock = stock_run(kind, root)
         eight_dir = os.path.join(root, kind, "eight")
-        eight = engine(model(kind), eight_dir)
-        out["replicas"] = eight.strategy.num_replicas_in_sync
+        out[kind] = {}
+        if kind not in ONE_ONLY:
+            eight = engine(model(kind), eight_dir)
+            out["replicas"] = eight.strategy.num_replicas_in_sync
+            out[kind]["eight"] = differences(run(eight, kind=kind), stock, kind)
         one_dir = os.path.join(root, kind, "one")
-        out[kind] = {
-            "eight": differences(run(eight, kind=kind), stock, kind),
-            "one": differences(run(engine(model(kind), one_dir, 1), kind=kind), stock, kind),
-        }
+        out[kind]["one"] = differences(run(engine(model(kind), one_dir, 1), kind=kind), stock, kind)
+        if kind in ONE_ONLY:  # each input loss from a forward pass on each row alone
+            _strategy._called = _per_row_forward
+            try:
+                per_row = engine(model(kind), os.path.join(root, kind, "per_row"), 1)
+                out[kind]["per_row"] = differences(trained(per_row, kind=kind), stock, kind)
+            finally:
+                _strategy._called = _CALLED
+            continue
         # Stock's estimator reads the engine's checkpoints: the same evaluation.
         reader = stock_estimator(model(kind), eight_dir)
         evaluate_input = _more_inputs(kind)[0] if kind in MORE else train_input
@@ -461,23 +467,16 @@ def main(root):
         original, wrong = broken(kind)
         _strategy.replica_loss = wrong
         try:
-            control = run(engine(model(kind), os.path.join(root, kind, "control")), kind=kind)
+            control = trained(engine(model(kind), os.path.join(root, kind, "control")), kind=kind)
         finally:
             _strategy.replica_loss = original
         out[kind]["control"] = differences(control, stock, kind)
-        if kind == "normalized":  # each input loss from a forward pass on each row alone
-            _strategy._called = _per_row_forward
-            try:
-                per_row = engine(model(kind), os.path.join(root, kind, "per_row"), 1)
-                out[kind]["per_row"] = differences(run(per_row, kind=kind), stock, kind)
-            finally:
-                _strategy._called = _CALLED
         if kind == "activity":  # the input losses' padding rows counted
             out[kind]["unmasked"] = _unmasked(kind, root, stock)
         if kind in MORE:  # each replica's own mean: its rows', weights', unmasked elements' count
             summed, _strategy.all_reduce_sum = _strategy.all_reduce_sum, lambda x: x
             try:
-                local = run(engine(model(kind), os.path.join(root, kind, "local")), kind=kind)
+                local = trained(engine(model(kind), os.path.join(root, kind, "local")), kind=kind)
                 out[kind]["local"] = differences(local, stock, kind)
             except tf.compat.v1.train.NanLossDuringTrainingError:  # a replica of padding alone
                 out[kind]["local"] = {"weights": float("inf"), "nan": True}
@@ -499,7 +498,7 @@ def main(root):
         eight = engine(model("mean"), os.path.join(root, style, "eight"))
         eight.train(input_fn, steps=STEPS)
         out["inputs"][style] = differences(
-            (None, None, variable_values(eight)), stock_run("mean", root, style)
+            (None, None, variable_values(eight)), stock_run("mean", root, style, train_only=True)
         )
 
     # XLA: the step is compiled with jit_compile, so an op XLA cannot compile fails the step.

@@ -30,21 +30,13 @@ TF 2.15 venv.
 A helper run by tests/test_strategy_subclassed.py, not a test module.
 """
 
-import importlib.util
 import json
 import os
 import sys
 
-if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras is tf_keras there
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-tf.config.threading.set_inter_op_parallelism_threads(32)  # see strategy_proof.py
-
+import eight_devices  # first: 8 logical CPU devices, before TensorFlow initialises
 import numpy as np
+import tensorflow as tf
 from tensorflow.python.training import saver as saver_lib
 
 import tpushim
@@ -165,9 +157,13 @@ def inputs(kind):
     )
 
 
-def run(estimator, kind):
+def run(estimator, kind, train_only=False):
+    """(metrics, predictions, model values); ``train_only``: (None, None, model values), what a
+    negative control's assertion (its weights) reads."""
     train_fn, predict_fn = inputs(kind)
     estimator.train(train_fn, steps=STEPS if kind != "bn" else 4)
+    if train_only:
+        return None, None, model_values(estimator.model_dir)
     metrics = {k: float(v) for k, v in estimator.evaluate(train_fn).items()}
     outputs = ("output_1", "output_2") if kind == "multi" else ("output_1",)
     predictions = [
@@ -198,19 +194,13 @@ def model_values(model_dir):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_subclassed_tf215.json")
-NO_STOCK = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 16)
+NO_STOCK = eight_devices.NO_STOCK
 CONFIG = dict(checkpoint_format="saver")
 
 
 def stock_run(kind, root):
     if NO_STOCK:
-        with open(RECORD) as f:
-            recorded = json.load(f)[kind]
-        return (
-            recorded["metrics"],
-            np.array(recorded["predictions"], np.float64),
-            {n: np.array(v, np.float64) for n, v in recorded["values"].items()},
-        )
+        return eight_devices.recorded(RECORD, kind)
     with tpushim.patched(mode="off", quiet=True):
         estimator = tf.keras.estimator.model_to_estimator(
             keras_model=model(kind), model_dir=os.path.join(root, kind, "stock"), **CONFIG
@@ -248,10 +238,15 @@ def differences(ours, stock):
         return float(np.max(np.abs(a - b)) / max(1.0, float(np.max(np.abs(b)))))
 
     (m1, p1, v1), (m2, p2, v2) = ours, stock
-    return {
+    out = {
         "names_equal": sorted(v1) == sorted(v2),
         "names": sorted(v1),
         "weights": max(rel(v1[n], v2[n]) for n in v2 if n in v1) if set(v1) & set(v2) else 1.0,
+    }
+    if m1 is None:  # trained only
+        return out
+    return {
+        **out,
         "metrics": max(rel(m1[k], m2[k]) for k in m2),
         "metric_keys_equal": sorted(m1) == sorted(m2),
         "predictions": rel(p1, p2) if p1.shape == p2.shape else float("inf"),
@@ -286,7 +281,7 @@ def main(root):
     _strategy.Plan.__init__ = warm
     try:
         control = engine(model("built"), os.path.join(root, "built", "control"))
-        out["built"]["control"] = differences(run(control, "built"), stocks["built"])
+        out["built"]["control"] = differences(run(control, "built", True), stocks["built"])
     finally:
         _strategy.Plan.__init__ = original
     # Negative control: [batch] labels read per row (as [batch, 1]), the SUM loss then a sum.

@@ -171,7 +171,7 @@ def test_strategy_section_driver_measures_fit_and_the_engine_in_one_process(tmp_
     # The driver wraps the engine's training loop to time it: a change to what the loop returns
     # must not break the benchmark unseen (it did once: (steps, losses) became three values).
     script = os.path.join(REPO, "benchmarks", "bench_strategy.py")
-    proc = procs.python([script, "paired", str(tmp_path), "40", "1"], cwd=str(tmp_path))
+    proc = procs.python([script, str(tmp_path), "paired", "40", "1"], cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")][-1]
     [(before, engine, after)] = json.loads(line[len("BENCH ") :])

@@ -21,21 +21,13 @@ STOCK = {"mode": "off"}
 
 
 def sequential():
-    model = tf.keras.Sequential(
-        [
-            tf.keras.layers.Dense(8, activation="relu", input_shape=(4,), name="hidden"),
-            tf.keras.layers.Dense(3, activation="softmax", name="probs"),
-        ]
-    )
-    model.compile(
-        optimizer=tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
-    return model
+    return tfcases.sequential(clear_session=False)
 
 
 def functional_tf1_optimizer():
+    """tfcases.two_in_two_out("tf1-momentum") less its RootMeanSquaredError object: in a
+    program's graph stock names that metric reg_reg_reg_reg_root_mean_squared_error, the engine
+    reg_root_mean_squared_error (not matched yet)."""
     a = tf.keras.Input((4,), name="a")
     b = tf.keras.Input((2,), name="b")
     h = tf.keras.layers.Dense(6, activation="tanh", name="h")(tf.keras.layers.Concatenate()([a, b]))
@@ -43,7 +35,7 @@ def functional_tf1_optimizer():
     reg = tf.keras.layers.Dense(1, name="reg")(h)
     model = tf.keras.Model({"a": a, "b": b}, {"cls": cls, "reg": reg})
     model.compile(
-        optimizer=tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
+        optimizer=tfcases.OPTIMIZERS["tf1-momentum"](),
         loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
         loss_weights={"cls": 1.0, "reg": 0.5},
         metrics={"cls": ["accuracy"], "reg": ["mae"]},
@@ -92,18 +84,22 @@ def compare(tmp_path, build, train_fn, eval_fn, predict_fn, before=None):
     return stock, engine
 
 
-@pytest.mark.slow
-def test_sequential_with_dataset_input_in_a_graph_equals_stock(tmp_path):
-    """Weights never initialised in the program's session: stock starts from its first
-    checkpoint's clone (seeded with tf_random_seed), and so does the engine."""
+def compare_sequential(tmp_path, before=None):
+    """:func:`compare` for the Sequential model on Dataset input (train repeated)."""
     x, y = tfcases.data()
-    compare(
-        tmp_path,
-        sequential,
+    train, once, features = (
         tfcases.dataset_input_fn(x, y, repeat=True),
         tfcases.dataset_input_fn(x, y),
         tfcases.dataset_input_fn(x),
     )
+    return compare(tmp_path, sequential, train, once, features, before)
+
+
+@pytest.mark.slow
+def test_sequential_with_dataset_input_in_a_graph_equals_stock(tmp_path):
+    """Weights never initialised in the program's session: stock starts from its first
+    checkpoint's clone (seeded with tf_random_seed), and so does the engine."""
+    compare_sequential(tmp_path)
 
 
 @pytest.mark.slow
@@ -185,20 +181,12 @@ def test_negative_control_a_lambda_seeing_the_engines_shapes_fails(
 def test_warm_start_from_the_weights_in_the_programs_session(tmp_path):
     """Weights the program set in its Keras session are where both start (stock reads them from
     that session into its first checkpoint), not a fresh clone's."""
-    x, y = tfcases.data()
 
     def set_weights(model):
         rng = np.random.RandomState(11)
         model.set_weights([rng.uniform(-0.5, 0.5, w.shape) for w in model.get_weights()])
 
-    compare(
-        tmp_path,
-        sequential,
-        tfcases.dataset_input_fn(x, y, repeat=True),
-        tfcases.dataset_input_fn(x, y),
-        tfcases.dataset_input_fn(x),
-        before=set_weights,
-    )
+    compare_sequential(tmp_path, before=set_weights)
     rng = np.random.RandomState(11)
     first = rng.uniform(-0.5, 0.5, (4, 8)).astype(np.float32)
     start = tf.train.load_checkpoint(str(tmp_path / "engine" / "model.ckpt-0"))

@@ -31,8 +31,10 @@ def data(n=N, dim=4, classes=3, seed=0):
     return rng.rand(n, dim).astype("float32"), rng.randint(0, classes, size=(n, 1)).astype("int64")
 
 
-def sequential(optimizer=None, metrics=("accuracy",), extra_layers=()):
-    tf.keras.backend.clear_session()
+def sequential(optimizer=None, metrics=("accuracy",), extra_layers=(), clear_session=True):
+    """``clear_session``: False in a program's own graph (it resets the default graph)."""
+    if clear_session:
+        tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential(
         [
