@@ -45,6 +45,44 @@ STRATEGY_PROOFS = {
 STRATEGY_SCRIPT_TESTS = {"test_script_unchanged_on_the_strategy_engine_equals_stock"}
 
 
+#: Modules whose tests share a module- or session-scoped fixture (a proof's subprocess, an
+#: emulated TPU system's run): pytest-xdist's default scheduling hands a module's tests out in
+#: chunks, and a module split between two workers runs its fixture in each (a proof twice).
+#: Each of these goes to one worker whole (tests/test_suite_scheduling.py keeps the list complete).
+SHARED_FIXTURE_MODULES = {
+    "test_arrays.py",
+    "test_pods.py",
+    "test_rewrap.py",
+    "test_strategy_batchnorm.py",
+    "test_strategy_events.py",
+    "test_strategy_hooks.py",
+    "test_strategy_inputs.py",
+    "test_strategy_metrics.py",
+    "test_strategy_optimizers.py",
+    "test_strategy_pods.py",
+    "test_strategy_replicas.py",
+    "test_strategy_subclassed.py",
+    "test_strategy_tf216.py",
+    "test_tpu_emulation.py",
+    "test_tpu_losses.py",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``-n``'s default ("load") scheduling, but a module of :data:`SHARED_FIXTURE_MODULES` one
+    unit of work (xdist's scope scheduling, every other test a scope of its own)."""
+    if config.getoption("dist") != "load":
+        return None  # a --dist the caller chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return path if os.path.basename(path) in SHARED_FIXTURE_MODULES else nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in STRATEGY_PROOFS or item.originalname in STRATEGY_SCRIPT_TESTS:

@@ -1,0 +1,44 @@
+"""The suite's own scheduling (tests/conftest.py): every module whose tests share a module- or
+session-scoped fixture runs whole on one pytest-xdist worker, so the fixture (a strategy proof's
+subprocess, minutes of CPU) runs once per suite, not once per worker its tests landed on."""
+
+import os
+import re
+
+import conftest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_every_module_with_a_shared_fixture_is_kept_whole():
+    shared = set()
+    for name in os.listdir(HERE):
+        if name.startswith("test_") and name.endswith(".py"):
+            with open(os.path.join(HERE, name), encoding="utf-8") as f:
+                if re.search(r"""scope=["'](module|session)["']""", f.read()):
+                    shared.add(name)
+    assert shared == conftest.SHARED_FIXTURE_MODULES
+
+
+def test_a_shared_fixture_modules_tests_are_one_unit_of_work():
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Config:
+        def getoption(self, name):
+            return {"dist": "load"}[name]
+
+        def getvalue(self, name):
+            return {"tx": ["2*popen"]}[name]
+
+    scheduler = conftest.pytest_xdist_make_scheduler(Config(), log=None)
+    assert isinstance(scheduler, LoadScopeScheduling)
+    split = scheduler._split_scope
+    assert split("tests/test_strategy_replicas.py::test_a[8]") == "tests/test_strategy_replicas.py"
+    assert split("tests/test_strategy_replicas.py::test_b") == "tests/test_strategy_replicas.py"
+    assert split("tests/test_patch.py::test_a") == "tests/test_patch.py::test_a"
+    assert conftest.pytest_xdist_make_scheduler(_Chosen(), log=None) is None
+
+
+class _Chosen:  # a caller's own --dist
+    def getoption(self, name):
+        return "loadfile"
