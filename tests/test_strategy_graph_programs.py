@@ -243,9 +243,13 @@ def lookup_input_fns(vocabulary_file):
             if not iterator:
                 return ds
             it = tf.compat.v1.data.make_initializable_iterator(ds)
-            tf.compat.v1.add_to_collection(
-                tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, it.initializer
-            )
+            # After the tables' own initializers: stock's scaffold runs the collection as one
+            # group, in no order, and the iterator's pipeline reads the hash table's output (a
+            # race stock lost in a CI run: "Table not initialized").
+            tables = tf.compat.v1.GraphKeys.TABLE_INITIALIZERS
+            with tf.control_dependencies(tf.compat.v1.get_collection(tables)):
+                initializer = tf.group(it.initializer)
+            tf.compat.v1.add_to_collection(tables, initializer)
             return it.get_next()
 
         return input_fn
