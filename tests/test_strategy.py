@@ -360,18 +360,7 @@ def test_crossentropy_metrics_read_the_outputs_logits_as_stocks(tmp_path, activa
         )
         return model
 
-    results = {}
-    for name, patch in (
-        ("stock", {"mode": "off"}),
-        ("engine", {"mode": "cpu", "engine": "strategy", "quiet": True}),
-    ):
-        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
-        estimator = tfcases.convert(tmp_path / name, build(), patch=patch, config=config)
-        estimator.train(train, steps=4)
-        results[name] = estimator.evaluate(train)
-    assert set(results["engine"]) == set(results["stock"])
-    for key, value in results["stock"].items():
-        np.testing.assert_allclose(results["engine"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    _evaluated_as_stocks(tmp_path, build, train, steps=4)
 
 
 @pytest.mark.slow
@@ -617,7 +606,6 @@ def test_accuracy_and_crossentropy_by_names_resolved_as_stocks(tmp_path, loss, u
     alone (a user's loss on 3 classes: categorical, whatever the labels), not by the labels'
     shape as an eager compile does (sparse for [batch, 1] labels): the engine's values are
     stock's, even where stock's function is not the one the labels call for."""
-    import numpy as np
     import tensorflow as tf
     import tfcases
 
@@ -638,18 +626,7 @@ def test_accuracy_and_crossentropy_by_names_resolved_as_stocks(tmp_path, loss, u
         model.compile("adam", loss, metrics=metrics)
         return model
 
-    results = {}
-    for name, patch in (
-        ("stock", {"mode": "off"}),
-        ("engine", {"mode": "cpu", "engine": "strategy", "quiet": True}),
-    ):
-        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
-        estimator = tfcases.convert(tmp_path / name, build(), patch=patch, config=config)
-        estimator.train(train, steps=3)
-        results[name] = estimator.evaluate(train)
-    assert set(results["engine"]) == set(results["stock"])
-    for key, value in results["stock"].items():
-        np.testing.assert_allclose(results["engine"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    _evaluated_as_stocks(tmp_path, build, train, steps=3)
 
 
 @pytest.mark.slow
@@ -657,7 +634,6 @@ def test_accuracy_by_name_on_two_outputs_resolved_per_output_as_stocks(tmp_path)
     """One ``"accuracy"`` for two outputs named out of alphabetical order (``zeta``: 3 units and
     a user's loss, stock's pick categorical; ``alpha``: one unit, binary): each output its own
     pick, as stock's."""
-    import numpy as np
     import tensorflow as tf
     import tfcases
 
@@ -678,6 +654,15 @@ def test_accuracy_by_name_on_two_outputs_resolved_per_output_as_stocks(tmp_path)
         model.compile("adam", {"zeta": _custom_sparse_loss, "alpha": "mse"}, metrics=["accuracy"])
         return model
 
+    _evaluated_as_stocks(tmp_path, build, input_fn, steps=3)
+
+
+def _evaluated_as_stocks(tmp_path, build, input_fn, steps):
+    """The model ``build()`` makes, converted by stock and onto the engine (one device), each
+    trained ``steps`` steps and evaluated on ``input_fn``: the same keys and values."""
+    import numpy as np
+    import tfcases
+
     results = {}
     for name, patch in (
         ("stock", {"mode": "off"}),
@@ -685,7 +670,7 @@ def test_accuracy_by_name_on_two_outputs_resolved_per_output_as_stocks(tmp_path)
     ):
         config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
         estimator = tfcases.convert(tmp_path / name, build(), patch=patch, config=config)
-        estimator.train(input_fn, steps=3)
+        estimator.train(input_fn, steps=steps)
         results[name] = estimator.evaluate(input_fn)
     assert set(results["engine"]) == set(results["stock"])
     for key, value in results["stock"].items():
