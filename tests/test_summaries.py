@@ -83,18 +83,25 @@ def test_cpu_mode_event_files_match_stocks(tmp_path):
 # -- the TPU host call, run on CPU ----------------------------------------------------------------
 
 
+def _host_call(model_dir, every_steps, rows=None):
+    """The host call of a train step with the loss tag ``loss_1`` and one model scalar,
+    ``activation_mean`` (its tensors: placeholders stand in for what the shards send)."""
+    return _summaries.host_call(
+        tf.constant(0, tf.int64),
+        tf.constant(0.0),
+        "loss_1",
+        [("activation_mean", tf.constant(0.0))],
+        str(model_dir),
+        every_steps,
+        **({} if rows is None else {"rows": rows}),
+    )
+
+
 def _run_host_call(model_dir, sessions, every_steps=3):
     """The host call of a train step over 2 shards, run for each session's steps (a train()
     call each): returns what it wrote."""
     with tf.Graph().as_default():
-        host_fn, tensors = _summaries.host_call(
-            tf.constant(0, tf.int64),
-            tf.constant(0.0),
-            "loss_1",
-            [("activation_mean", tf.constant(0.0))],
-            str(model_dir),
-            every_steps,
-        )
+        host_fn, tensors = _host_call(model_dir, every_steps)
         assert {k: v.shape.as_list() for k, v in tensors.items()} == {
             "step": [1],
             "loss": [1],
@@ -134,15 +141,7 @@ def test_host_call_weighs_each_shards_scalar_by_its_real_rows(tmp_path, weighted
     a mean over no real rows, NaN), as the strategy engine's replicas are. Negative control:
     the plain mean over the shards (``weighted`` False) is not that."""
     with tf.Graph().as_default():
-        host_fn, tensors = _summaries.host_call(
-            tf.constant(0, tf.int64),
-            tf.constant(0.0),
-            "loss_1",
-            [("activation_mean", tf.constant(0.0))],
-            str(tmp_path),
-            1,
-            rows=tf.constant(3.0) if weighted else None,
-        )
+        host_fn, tensors = _host_call(tmp_path, 1, rows=tf.constant(3.0) if weighted else None)
         assert ("rows" in tensors) == weighted
         shards = 3
         step = tf.compat.v1.placeholder(tf.int64, [shards])
