@@ -266,8 +266,8 @@ def _drive(workdir, kind, steps, pairs=0):
         if kind == "timing":  # train() calls alternating: the read timed, then plain
             timed_read = _input_wait.next_input
 
-            def plain_read(iterator):
-                return iterator.get_next_as_optional()
+            def plain_read(iterator, checked=True):
+                return iterator.get_next_as_optional() if checked else next(iterator)
 
             estimator.train(input_fn, steps=PER_EXECUTION)  # warm: checkpoints, the XLA check
             results = []

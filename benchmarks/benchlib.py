@@ -147,8 +147,8 @@ def time_engine_loop(record):
 
     original = _strategy._Run.train_function
 
-    def train_function(self):
-        loop = original(self)
+    def train_function(self, *args, **kwargs):
+        loop = original(self, *args, **kwargs)
 
         def timed(*args):
             start = time.perf_counter()

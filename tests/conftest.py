@@ -40,6 +40,7 @@ STRATEGY_PROOFS = {
     "test_strategy_pods.py",
     "test_strategy_replicas.py",
     "test_strategy_row_labels.py",
+    "test_strategy_step.py",
     "test_strategy_subclassed.py",
 }
 STRATEGY_SCRIPT_TESTS = {"test_script_unchanged_on_the_strategy_engine_equals_stock"}
@@ -61,6 +62,7 @@ SHARED_FIXTURE_MODULES = {
     "test_strategy_optimizers.py",
     "test_strategy_pods.py",
     "test_strategy_replicas.py",
+    "test_strategy_step.py",
     "test_strategy_subclassed.py",
     "test_strategy_tf216.py",
     "test_tpu_emulation.py",

@@ -100,8 +100,8 @@ def largest(a, b):
 def other_padding(pad_batch):
     """pad_batch whose padding rows hold other values (100 + 7 x: finite, far from the data)."""
 
-    def make(batch_size):
-        pad = pad_batch(batch_size)
+    def make(batch_size, **counting):
+        pad = pad_batch(batch_size, **counting)
 
         def padded(*element):
             features, labels = pad(*element)

@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _strategy
+from tpushim import _padding, _strategy
 
 ROWS, BATCH, STEPS = 45, 10, 5
 rng = np.random.RandomState(0)
@@ -474,14 +474,16 @@ def main(root):
         if kind == "activity":  # the input losses' padding rows counted
             out[kind]["unmasked"] = _unmasked(kind, root, stock)
         if kind in MORE:  # each replica's own mean: its rows', weights', unmasked elements' count
+            # (nor the global batch's real rows the input carries: each replica counts its own)
             summed, _strategy.all_reduce_sum = _strategy.all_reduce_sum, lambda x: x
+            carried, _padding.global_rows = _padding.global_rows, lambda features: None
             try:
                 local = trained(engine(model(kind), os.path.join(root, kind, "local")), kind=kind)
                 out[kind]["local"] = differences(local, stock, kind)
             except tf.compat.v1.train.NanLossDuringTrainingError:  # a replica of padding alone
                 out[kind]["local"] = {"weights": float("inf"), "nan": True}
             finally:
-                _strategy.all_reduce_sum = summed
+                _strategy.all_reduce_sum, _padding.global_rows = summed, carried
 
     for kind in ROW_LABELS:  # [batch] labels: the engine on 8 replicas and 1 (no controls)
         stock = stock_run(kind, root)

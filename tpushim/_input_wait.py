@@ -17,7 +17,7 @@ what the TPU waits for is in its infeed queue: that wait is the Cloud TPU profil
 
 The strategy engine (:mod:`tpushim._strategy`) reads its input inside the training loop's
 ``tf.function``, on the host, one step at a time: each step's read of the distributed iterator
-(``get_next_as_optional``) is bracketed by two ``tf.timestamp`` ops there (:func:`next_input`),
+(``next``, or ``get_next_as_optional`` where the input's length is unknown) is bracketed by two ``tf.timestamp`` ops there (:func:`next_input`),
 and their difference summed into a host variable -- the time the loop waited for the step's
 batch before it could run the step (the previous step has returned: the loop's body runs once
 its last iteration's results are in). Those ops are added whether or not anyone observes, so the
@@ -119,21 +119,23 @@ def strategy_timing():
         _local.wait = outer
 
 
-def next_input(iterator):
-    """``iterator.get_next_as_optional()`` inside a ``tf.function``, its wait added to the
-    active :class:`StrategyWait` (the same ops without one: the function is the same)."""
+def next_input(iterator, checked=True):
+    """``iterator.get_next_as_optional()`` inside a ``tf.function`` (``checked`` False: the
+    element itself, ``next(iterator)``, where the caller knows one is left), its wait added to
+    the active :class:`StrategyWait` (the same ops without one: the function is the same)."""
     wait = getattr(_local, "wait", None)
     with tf.name_scope("tpushim_input_wait"):
         before = tf.timestamp()
     with tf.control_dependencies([before]):
-        optional = iterator.get_next_as_optional()
-    with tf.name_scope("tpushim_input_wait"), tf.control_dependencies([optional.has_value()]):
+        read = iterator.get_next_as_optional() if checked else next(iterator)
+    after = [read.has_value()] if checked else tf.nest.flatten(read, expand_composites=True)
+    with tf.name_scope("tpushim_input_wait"), tf.control_dependencies(after):
         waited = tf.timestamp() - before
         if wait is not None:
             wait.variable.assign_add(waited)
         else:
             tf.identity(waited)
-    return optional
+    return read
 
 
 class _Timed:

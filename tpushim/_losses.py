@@ -32,27 +32,46 @@ TOTALS_SUM = "tpushim_loss_totals"  # counts and weight sums, where a term needs
 
 class Totals:
     """Scalars summed over all shards in ONE cross_replica_sum: counts and weight sums, which
-    depend on the batch only, so all are known before any term is combined."""
+    depend on the batch only, so all are known before any term is combined.
 
-    def __init__(self):
-        self._parts, self._values = [], None
+    ``global_rows``: the global batch's real rows where the input already carries them (the
+    strategy engine's, :mod:`tpushim._strategy_input`), else None. A count that is those rows
+    times a static number is then known without the collective, and where every scalar is
+    known so, the step issues none: one all-reduce (a rendezvous of every replica) fewer a step.
+    """
 
-    def add(self, value):
-        """Registers a scalar; returns a function giving its sum over the shards."""
+    def __init__(self, global_rows=None):
+        self.global_rows = global_rows
+        self._parts, self._known, self._values = [], [], None
+
+    def add(self, value, known=None):
+        """Registers a scalar (``known``: its sum over the shards, where that is known without
+        summing); returns a function giving its sum over the shards."""
         self._parts.append(tf.cast(value, tf.float32))
+        self._known.append(None if known is None else tf.cast(known, tf.float32))
         index = len(self._parts) - 1
         return lambda dtype: tf.cast(self._values[index], dtype)
+
+    def rows_times(self, elements):
+        """The global real rows times ``elements`` (a static count), or None if not known."""
+        if self.global_rows is None or elements is None:
+            return None
+        return self.global_rows * float(elements)
 
     def resolve(self, cross_replica):
         """``cross_replica``: False (one shard), True (a TPU's ``cross_replica_sum``) or a
         function summing a tensor over the replicas (a ``tf.distribute`` replica context's)."""
-        if self._parts:
-            stacked = tf.stack(self._parts)
-            if callable(cross_replica):
-                stacked = cross_replica(stacked)
-            elif cross_replica:
-                stacked = tf.compat.v1.tpu.cross_replica_sum(stacked, name=TOTALS_SUM)
-            self._values = tf.stop_gradient(stacked)
+        if not self._parts:
+            return
+        if cross_replica and all(k is not None for k in self._known):
+            self._values = tf.stop_gradient(tf.stack(self._known))
+            return
+        stacked = tf.stack(self._parts)
+        if callable(cross_replica):
+            stacked = cross_replica(stacked)
+        elif cross_replica:
+            stacked = tf.compat.v1.tpu.cross_replica_sum(stacked, name=TOTALS_SUM)
+        self._values = tf.stop_gradient(stacked)
 
 
 def _weighted(values, weights):
@@ -125,7 +144,9 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
         numerator = tf.reduce_sum(weighted)
         if not mean:
             return lambda: shards * numerator
-        count = totals.add(tf.reduce_sum(_weighted(tf.ones_like(weighted), counted)))
+        elements = weighted.shape[1:].num_elements() if mask is None else None
+        known = totals.rows_times(elements) if pad is not None else None
+        count = totals.add(tf.reduce_sum(_weighted(tf.ones_like(weighted), counted)), known)
         return lambda: shards * tf.math.divide_no_nan(numerator, count(numerator.dtype))
 
     degree, rows = (0 if kind == _loss_kinds.CONSTANT else kind), None
@@ -140,7 +161,7 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
         per_row = tf.reshape(per_row, [tf.shape(per_row)[0], -1])
         per_row = tf.reduce_mean(per_row, 1) if mean else tf.reduce_sum(per_row, 1)
         value = tf.reduce_sum(per_row * tf.cast(pad, per_row.dtype))
-        rows = totals.add(tf.reduce_sum(tf.cast(pad, tf.float32)))
+        rows = totals.add(tf.reduce_sum(tf.cast(pad, tf.float32)), totals.global_rows)
         if weights is not None:
             weights, counted = _times(weights, pad), _times(counted, pad)
     if weights is None:  # Keras reduces the value itself: a mean or sum of its elements

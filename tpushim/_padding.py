@@ -19,13 +19,20 @@ from tpushim import _loss_kinds, _losses, _tfprivate
 
 PADDING_KEY = "__tpushim_padding_weight__"
 FEATURES_KEY = "__tpushim_features__"
+#: The strategy engine's: the global batch's real rows, one copy per row (:func:`pad_batch`).
+ROWS_KEY = "__tpushim_global_rows__"
 
 
 # --- pack ------------------------------------------------------------------------------------
 
 
-def pad_batch(batch_size):
+def pad_batch(batch_size, counted=False, global_count=None):
     """A ``Dataset.map`` function: each batch padded to ``batch_size`` rows, with its padding weight.
+
+    ``counted`` (the strategy engine's): the features also carry the global batch's real rows
+    (``global_count`` where every global batch holds that many, else this batch's own), one
+    copy per row under :data:`ROWS_KEY`, so that each replica reads the global count from its
+    own slice (:func:`global_rows`) and its loss needs no all-reduce to count them.
 
     The padding rows are copies of the batch's first row: values the model already accepts, of
     every dtype (an empty string, a zero id or a zero in a log may not be accepted: a model's
@@ -48,14 +55,26 @@ def pad_batch(batch_size):
         weight = tf.pad(tf.ones([real], tf.float32), [[0, missing]])
         weight.set_shape([batch_size])
         padded = tf.nest.map_structure(pad_one, element)
+        made = {PADDING_KEY: weight}
+        if counted:
+            count = tf.cast(real, tf.float32) if global_count is None else float(global_count)
+            made[ROWS_KEY] = tf.fill([batch_size], count)
         if (
             isinstance(padded, tuple) and len(padded) == 2
         ):  # (features, labels), as Estimator reads it
             features, labels = padded
-            return {FEATURES_KEY: features, PADDING_KEY: weight}, labels
-        return {FEATURES_KEY: padded, PADDING_KEY: weight}
+            return {FEATURES_KEY: features, **made}, labels
+        return {FEATURES_KEY: padded, **made}
 
     return pad
+
+
+def global_rows(features):
+    """The global batch's real rows a replica's padded features carry, or None (see
+    :func:`pad_batch`'s ``counted``)."""
+    if isinstance(features, dict) and ROWS_KEY in features:
+        return features[ROWS_KEY][0]
+    return None
 
 
 def has_padding(dataset):

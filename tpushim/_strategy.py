@@ -438,6 +438,17 @@ def all_reduce_sum(value):
     return tf.distribute.get_replica_context().all_reduce(SUM, value)
 
 
+def host_sum(strategy, per_replica):
+    """A per-replica value summed on the host, outside the replicas' step: what a
+    ``TPUStrategy``'s ``reduce`` does (each core's value copied to the host and added). Another
+    strategy's ``reduce`` all-reduces (a MirroredStrategy's: every replica's collective, a
+    rendezvous of them all, for one number it then reads on one device); here its values are
+    copied and added alike."""
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return strategy.reduce(SUM, per_replica, axis=None)
+    return tf.add_n(list(strategy.experimental_local_results(per_replica)))
+
+
 def scalar_weight(element):
     """A replica's weight in the mean of a model's scalar summary: its real rows."""
     features = element[0] if isinstance(element, tuple) else element
@@ -465,6 +476,7 @@ def replica_loss(
     sample_weights=None,
     input_losses=(),
     sum_replicas=all_reduce_sum,
+    known_rows=None,
 ):
     """``L_r``: the sum over replicas of these is stock's training loss on the global batch.
 
@@ -485,6 +497,8 @@ def replica_loss(
       input_losses: ``(degree, [rows] values)`` per loss a layer adds from its inputs, each row's
         value that of a batch of that row alone (:meth:`_Run.input_losses`).
       sum_replicas: sums a tensor over the replicas (the identity on one replica alone).
+      known_rows: the global batch's real rows where the input carries them
+        (:func:`known_rows`), else None: counted by ``sum_replicas``.
     """
     sample_weights = sample_weights or [None] * len(terms)
     endpoints, term_kinds, masks = [], [], []
@@ -498,8 +512,9 @@ def replica_loss(
         endpoints.append(_Endpoint(name, loss_obj, weight, y_true, y_pred, sample_weight))
         term_kinds.append(kind)
         masks.append(getattr(y_pred, "_keras_mask", None))
-    totals = _losses.Totals()  # the rows' count and the terms' counts: one collective
-    real_rows = totals.add(tf.reduce_sum(pad))
+    # The rows' count and the terms' counts: one collective, none where the input says them all.
+    totals = _losses.Totals(known_rows)
+    real_rows = totals.add(tf.reduce_sum(pad), known_rows)
     total = _losses.shard_loss(
         endpoints, term_kinds, masks, [], {}, pad, replicas, sum_replicas, totals
     ) / float(replicas)
@@ -584,6 +599,12 @@ def global_rows(pad):
 
 
 # --- the input, as the replicas read it: tpushim/_strategy_input.py --------------------------
+
+
+def known_rows(element):
+    """The global batch's real rows a replica's element carries (:func:`tpushim._padding.
+    pad_batch`'s ``counted``: every input the engine makes), or None: then an all-reduce."""
+    return _padding.global_rows(element[0] if isinstance(element, tuple) else element)
 
 
 def _unpack(element, names):
@@ -714,8 +735,11 @@ def input_losses(model, features, training, degrees, activity=None):
     return [(degrees.get(key, 0), values[key]) for key in keys]
 
 
-def _loss_of(plan, terms, model, features, labels, pad, weights, training, replicas, summed):
-    """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``."""
+def _loss_of(
+    plan, terms, model, features, labels, pad, weights, training, replicas, summed, rows=None
+):
+    """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``
+    (``rows``: the global batch's real rows the element carries, :func:`known_rows`)."""
     outputs, regularizers, adds, activity = _called(model, features, training)
     added = input_losses(model, features, training, plan.added_degrees, activity) if adds else ()
     loss = replica_loss(
@@ -729,6 +753,7 @@ def _loss_of(plan, terms, model, features, labels, pad, weights, training, repli
         weights,
         added,
         summed,
+        rows,
     )
     return loss, outputs
 
@@ -826,7 +851,17 @@ def check_xla(plan, element_spec, replicas):
         features, labels, pad, weights = _unpack(element, model.output_names)
         with tf.GradientTape() as tape, real_rows(element):
             loss, _ = _loss_of(
-                plan, terms, model, features, labels, pad, weights, True, replicas, lambda x: x
+                plan,
+                terms,
+                model,
+                features,
+                labels,
+                pad,
+                weights,
+                True,
+                replicas,
+                lambda x: x,
+                known_rows(element),
             )
         return loss, tape.gradient(loss, model.trainable_variables)
 
@@ -984,11 +1019,13 @@ class _Run:
             training,
             self.strategy.num_replicas_in_sync,
             all_reduce_sum,
+            known_rows(element),
         )
         return loss, outputs, labels, pad, weights
 
-    def train_function(self):
-        """A ``tf.function`` running up to ``n`` steps from ``iterator``; returns (steps run,
+    def train_function(self, checked=True):
+        """A ``tf.function`` running up to ``n`` steps from ``iterator`` (``checked``: it may hold
+        fewer, each step asks; else the caller knows it holds ``n``); returns (steps run,
         each step's global loss: stock's hooks see every step's, :mod:`tpushim._step_events`;
         each step's values of the model's one-number ``tf.compat.v1.summary.scalar`` calls,
         averaged over the replicas weighted by their real rows, in one vector:
@@ -1020,34 +1057,45 @@ class _Run:
             weighted = [tf.where(rows > 0, v * rows, 0.0) for v in scalars]
             return loss, weighted, rows
 
-        @tf.function
-        def run(iterator, n):
+        def step(element, ran, losses, scalars):
+            bind_global_step(self.step)
+            hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
+            with hooked, model_summaries_left_out(self.plan, on_scalar):
+                loss, values, rows = self.strategy.run(replica_step, args=(element,))
+            losses = losses.write(tf.cast(ran, tf.int32), host_sum(self.strategy, loss))
+            real = host_sum(self.strategy, rows) if values else None
+            for k, value in enumerate(values):
+                mean = host_sum(self.strategy, value) / real
+                scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
+            return ran + 1, losses, scalars
+
+        def start():
             ran = tf.constant(0, tf.int64)
             losses, scalars = (
                 tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[])
                 for _ in range(2)
             )  # their shape known: a call that finds the input exhausted stacks none
+            return ran, losses, scalars
+
+        @tf.function
+        def run_checked(iterator, n):  # each step asks whether a batch is left
+            ran, losses, scalars = start()
             for _ in tf.range(n):
                 optional = _input_wait.next_input(iterator)  # timed (the run summary)
                 if not optional.has_value():
                     break
-                bind_global_step(self.step)
-                hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
-                with hooked, model_summaries_left_out(self.plan, on_scalar):
-                    loss, values, rows = self.strategy.run(
-                        replica_step, args=(optional.get_value(),)
-                    )
-                losses = losses.write(
-                    tf.cast(ran, tf.int32), self.strategy.reduce(SUM, loss, axis=None)
-                )
-                real = self.strategy.reduce(SUM, rows, axis=None) if values else None
-                for k, value in enumerate(values):
-                    mean = self.strategy.reduce(SUM, value, axis=None) / real
-                    scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
-                ran += 1
+                ran, losses, scalars = step(optional.get_value(), ran, losses, scalars)
             return ran, losses.stack(), scalars.stack()
 
-        return run
+        @tf.function
+        def run(iterator, n):  # the caller knows that n batches are left
+            ran, losses, scalars = start()
+            for _ in tf.range(n):
+                element = _input_wait.next_input(iterator, checked=False)  # timed
+                ran, losses, scalars = step(element, ran, losses, scalars)
+            return ran, losses.stack(), scalars.stack()
+
+        return run_checked if checked else run
 
     def eval_function(self, parts=None):
         """A ``tf.function`` of one global batch: (global loss, per replica (outputs, labels,
@@ -1077,7 +1125,7 @@ class _Run:
         def run(element):
             with model_summaries_left_out(self.plan):  # at the trace
                 loss, *rest = self.strategy.run(replica_step, args=(element,))
-            return (self.strategy.reduce(SUM, loss, axis=None), *rest)
+            return (host_sum(self.strategy, loss), *rest)
 
         return run
 
@@ -1212,7 +1260,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _input(self, input_fn, mode):
         plan = self._tpushim_plan
-        dataset, spec = distributed_input(
+        made = distributed_input(
             self.strategy,
             input_fn,
             mode,
@@ -1226,14 +1274,14 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             plan.host,
         )
         # Evaluation and prediction read it in Python: each batch's wait timed (the run summary).
-        if mode == ModeKeys.TRAIN or isinstance(dataset, _strategy_input.WithHostOutputs):
-            return dataset, spec
-        return _input_wait.timed(dataset), spec
+        if mode == ModeKeys.TRAIN or isinstance(made.dataset, _strategy_input.WithHostOutputs):
+            return made
+        return made._replace(dataset=_input_wait.timed(made.dataset))
 
     def _input_first(self, input_fn, mode):
         """A subclassed model's clone is built on the input's shapes, so its input is made
-        before its :class:`_Run` (``input``: (dataset, element spec), ``features``: a replica's
-        feature specs); a graph network's after (both None), as before."""
+        before its :class:`_Run` (``input``: a :class:`tpushim._strategy_input.Made`,
+        ``features``: a replica's feature specs); a graph network's after (both None)."""
         if not _built_on_input(self._tpushim_plan.keras_model):
             return types.SimpleNamespace(input=None, features=None)
         made = self._input(input_fn, mode)
@@ -1334,9 +1382,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         else:  # stock saves the restored step again (the same values): said, not rewritten
             events.checkpoint(start)
         stop = start + int(steps) if steps is not None else last
-        dataset, _ = made
-        iterator = iter(dataset)
-        loop = run.train_function()
+        iterator = iter(made.dataset)
+        left = made.steps  # the batches left where known: each call reads no further
+        loop = run.train_function(checked=left is None)
         every = config.save_checkpoints_steps
         every_secs = config.save_checkpoints_secs
         per_call = self._tpushim_plan.steps_per_execution
@@ -1349,7 +1397,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 if user_hooks is not None:  # a hook's stop falls at the end of a call
                     n = user_hooks.per_call(step, n)
                 began = time.monotonic()
-                ran, losses, scalars = loop(iterator, tf.constant(n, tf.int64))
+                reads = n if left is None else min(n, left)  # fewer: the input ends in this call
+                ran, losses, scalars = loop(iterator, tf.constant(reads, tf.int64))
+                left = None if left is None else left - int(ran)
                 ended = time.monotonic()
                 first = ended - began if first is None else first
                 ran, losses = int(ran), losses.numpy()
@@ -1437,7 +1487,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
                 user_hooks.close()
 
     def _evaluate_batches(self, run, early, input_fn, steps, user_hooks, checkpoint_path, name):
-        dataset, element_spec = early.input or self._input(input_fn, ModeKeys.EVAL)
+        dataset, element_spec, _ = early.input or self._input(input_fn, ModeKeys.EVAL)
         check_row_labels(run.model, run.terms, element_spec, self._tpushim_plan.keras_model)
         names = run.model.output_names
         added = _strategy_metrics.added(
@@ -1566,7 +1616,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     def _predict_batches(
         self, run, early, input_fn, predict_keys, user_hooks, yield_single_examples
     ):
-        dataset, _ = early.input or self._input(input_fn, ModeKeys.PREDICT)
+        dataset = (early.input or self._input(input_fn, ModeKeys.PREDICT)).dataset
         forward = run.predict_function()
         names = run.model.output_names
         step = int(run.step.numpy())

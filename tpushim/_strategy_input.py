@@ -20,8 +20,10 @@ and brought to the eager runtime by its GraphDef (``DatasetFromGraph``, as tf.da
 pipeline to another host).
 """
 
+import collections
 import contextlib
 import logging
+import math
 import random
 
 import tensorflow as tf
@@ -58,6 +60,25 @@ class _Emulation:
 
 
 EMULATION = _Emulation()
+
+
+class Made(collections.namedtuple("Made", ["dataset", "spec", "steps"])):
+    """The input as the replicas read it (:func:`distributed_input`): the distributed dataset,
+    a replica's element spec, and the global batches it holds where TensorFlow knows it
+    (``Dataset.cardinality``; ``math.inf`` for a repeated input), else None. Where known, the
+    training loop reads each batch with ``next`` and stops itself at the end, instead of asking
+    every step whether a batch is left (``get_next_as_optional``: 0.8 ms a step of 8 replicas on
+    2 CPU cores, where Keras's ``fit`` steps take 5 ms)."""
+
+    __slots__ = ()
+
+
+def _steps(dataset):
+    """The elements of ``dataset`` (one a global batch), ``math.inf`` or None (unknown)."""
+    count = int(dataset.cardinality())
+    if count == tf.data.INFINITE_CARDINALITY:
+        return math.inf
+    return None if count < 0 else count
 
 
 @contextlib.contextmanager
@@ -429,14 +450,18 @@ class HostInput:
         if self.host is not None:  # strings and lookups, by this host's own copy of them
             dataset = dataset.map(_strategy_host.element_function(self.host, self.mode))
         if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
-            dataset = dataset.map(_padding.pad_batch(self.padded))
+            dataset = dataset.map(_padding.pad_batch(self.padded, counted=True))
             dataset = dataset.map(_split(self.replicas, piece)).map(_keep(self.feeds[host]))
             return dataset.unbatch()
         # Its own files: this host's rows of each global batch, laid out as one board's (the
         # padding rows of an indivisible batch at the replicas that hold them there).
         mine = len(self.feeds[host])
         dataset = dataset.unbatch().batch(self._host_rows()[host], drop_remainder=True)
-        dataset = dataset.map(_padding.pad_batch(mine * piece)).map(_split(mine, piece))
+        # Each global batch holds self.size real rows (every host's batch is whole).
+        dataset = dataset.map(
+            _padding.pad_batch(mine * piece, counted=True, global_count=self.size)
+        )
+        dataset = dataset.map(_split(mine, piece))
         return dataset.unbatch()
 
     def pooled(self):
@@ -458,7 +483,7 @@ def distributed_input(
     strategy, input_fn, mode, config, batch_size, pod_input="auto", model_inputs=None, host=None
 ):
     """The user's input as the strategy's replicas read it: every global batch (short ones
-    too) padded to a multiple of the replicas, split in order. Returns (dataset, element spec).
+    too) padded to a multiple of the replicas, split in order. Returns a :class:`Made`.
 
     A feature whose shape the model (``model_inputs``, a :class:`tpushim._shapes.ModelInputs`)
     declares more fully than the input -- ``decode_jpeg`` without a channel count for an
@@ -482,14 +507,16 @@ def distributed_input(
         pod = HostInput(input_fn, mode, config, batch_size, feeds, pod_input, model_inputs, host)
         if outputs:  # fed from this process (see WithHostOutputs)
             made = WithHostOutputs(strategy, pod.pooled().batch(pod.replicas, drop_remainder=True))
-            return made, made.element_spec
+            return Made(made, made.element_spec, None)
+        # Each host's end is its own (its files): every step asks whether a batch is left.
         if isinstance(strategy, tf.distribute.TPUStrategy):
             spec = pod(tf.distribute.InputContext(len(feeds), 0, pod.replicas)).element_spec
-            return strategy.distribute_datasets_from_function(pod, options), spec
+            return Made(strategy.distribute_datasets_from_function(pod, options), spec, None)
         dataset = pod.pooled()
-        return (
+        return Made(
             strategy.distribute_datasets_from_function(lambda ctx: dataset, options),
             dataset.element_spec,
+            None,
         )
     size = batch_size
     # Seeded, the Dataset is built as stock builds it (a shuffle in stock's order); one call of
@@ -527,13 +554,14 @@ def distributed_input(
     result = _shapes.with_declared_shapes(result, model_inputs)
     if host is not None:  # strings and lookups, on the host
         result = result.map(_strategy_host.element_function(host, mode))
-    dataset = result.map(_padding.pad_batch(padded)).map(_split(replicas))
+    dataset = result.map(_padding.pad_batch(padded, counted=True)).map(_split(replicas))
     if outputs:
         made = WithHostOutputs(strategy, dataset)
-        return made, made.element_spec
+        return Made(made, made.element_spec, None)
+    steps = _steps(dataset)
     dataset = dataset.unbatch()
     distributed = strategy.distribute_datasets_from_function(lambda ctx: dataset, options)
-    return distributed, dataset.element_spec
+    return Made(distributed, dataset.element_spec, steps)
 
 
 class WithHostOutputs:
