@@ -1173,13 +1173,22 @@ def _metrics_model(plan, features=None):
 
 def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
     """A ``tf.function`` updating ``metrics_model``'s compiled metrics with one gathered batch's
-    real rows, the outputs carrying what stock's graph outputs carry to Keras's metrics: their
+    real rows (those whose padding weight ``pad`` is not 0; an output without a mask or logits
+    has an empty one), the outputs carrying what stock's graph outputs carry to Keras's metrics: their
     Keras mask and their logits (a softmax or sigmoid output's crossentropy metrics are computed
     from its logits in stock's graph; an eager tensor would lose them). In a graph, as stock's
     metrics run, so an op's type can be read too."""
 
     @tf.function(reduce_retracing=True)
-    def update(labels, outputs, logits, weights, masks):
+    def update(labels, outputs, logits, weights, masks, pad):
+        real = pad > 0  # the rows kept, in the function: eagerly, a dozen ops' dispatch a batch
+        labels, outputs, weights = (
+            [tf.boolean_mask(x, real) for x in xs] for xs in (labels, outputs, weights)
+        )
+        logits = [
+            lg if how is None else tf.boolean_mask(lg, real) for lg, how in zip(logits, logits_how)
+        ]
+        masks = [tf.boolean_mask(m, real) if masked else m for m, masked in zip(masks, has_mask)]
         carried = []
         for output, how, lg, mask, masked in zip(outputs, logits_how, logits, masks, has_mask):
             if how is not None:
@@ -1515,22 +1524,18 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             losses.append(float(loss))
             given = run.gathered(per_replica.pop()) if added is not None else {}
             outputs, labels, pad, weights, masks, logits = run.gathered(tuple(per_replica))
-            # Keras weighs only weighted_metrics by a sample weight: padding rows are left out.
-            real = pad > 0
+            # Keras weighs only weighted_metrics by a sample weight: padding rows are left out
+            # (by the update, which keeps the rows whose padding weight is not 0).
             if added is not None:  # stock's predictions: the outputs by name
                 predictions = tf.nest.flatten(dict(zip(names, outputs)))
                 given["predictions"] = [predictions[i] for i in added.used["predictions"]]
-                added.update(_strategy_metrics.real_rows(given, real.numpy()))
-            outputs, labels, weights, masks, logits = tf.nest.map_structure(
-                lambda x: tf.boolean_mask(x, real) if x.shape[0] else x,
-                (outputs, labels, weights, masks, logits),
-            )
+                added.update(_strategy_metrics.real_rows(given, pad.numpy() > 0))
             if update is None:
                 has_mask = [bool(mask.shape[0]) for mask in masks]
                 given = _unpack(element_spec, names)[3] or [None] * len(masks)
                 has_weight = [w is not None for w in given]
                 update = _metrics_update(metrics_model, run.logits_how, has_mask, has_weight)
-            update(labels, outputs, logits, weights, masks)
+            update(labels, outputs, logits, weights, masks, pad)
             if user_hooks is not None and user_hooks.after(int(run.step.numpy()), False):
                 ran_out = False
                 break  # a hook's request_stop(): stock's evaluation ends there too
