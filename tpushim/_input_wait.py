@@ -17,10 +17,10 @@ what the TPU waits for is in its infeed queue: that wait is the Cloud TPU profil
 
 The strategy engine (:mod:`tpushim._strategy`) reads its input inside the training loop's
 ``tf.function``, on the host, one step at a time: each step's read of the distributed iterator
-(``next``, or ``get_next_as_optional`` where the input's length is unknown) is bracketed by two ``tf.timestamp`` ops there (:func:`next_input`),
-and their difference summed into a host variable -- the time the loop waited for the step's
-batch before it could run the step (the previous step has returned: the loop's body runs once
-its last iteration's results are in). Those ops are added whether or not anyone observes, so the
+(``next``, or ``get_next_as_optional`` where the input's length is unknown) is bracketed by two
+``tf.timestamp`` ops there (:func:`next_input`), and their difference summed into a host
+variable -- the time the loop waited for the step's batch before it could run the step (the
+previous step has returned: the loop's body runs once its last iteration's results are in). Those ops are added whether or not anyone observes, so the
 function observed is the one run unobserved (an op seed follows the graph's op count). Evaluation
 and prediction iterate the input in Python: each ``next()`` is timed (:func:`timed`).
 """

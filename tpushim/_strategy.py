@@ -1174,8 +1174,8 @@ def _metrics_model(plan, features=None):
 def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
     """A ``tf.function`` updating ``metrics_model``'s compiled metrics with one gathered batch's
     real rows (those whose padding weight ``pad`` is not 0; an output without a mask or logits
-    has an empty one), the outputs carrying what stock's graph outputs carry to Keras's metrics: their
-    Keras mask and their logits (a softmax or sigmoid output's crossentropy metrics are computed
+    has an empty one), the outputs carrying what stock's graph outputs carry to Keras's
+    metrics: their Keras mask and their logits (a softmax or sigmoid output's crossentropy metrics are computed
     from its logits in stock's graph; an eager tensor would lose them). In a graph, as stock's
     metrics run, so an op's type can be read too."""
 
