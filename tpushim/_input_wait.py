@@ -20,9 +20,10 @@ The strategy engine (:mod:`tpushim._strategy`) reads its input inside the traini
 (``next``, or ``get_next_as_optional`` where the input's length is unknown) is bracketed by two
 ``tf.timestamp`` ops there (:func:`next_input`), and their difference summed into a host
 variable -- the time the loop waited for the step's batch before it could run the step (the
-previous step has returned: the loop's body runs once its last iteration's results are in). Those ops are added whether or not anyone observes, so the
-function observed is the one run unobserved (an op seed follows the graph's op count). Evaluation
-and prediction iterate the input in Python: each ``next()`` is timed (:func:`timed`).
+previous step has returned: the loop's body runs once its last iteration's results are in).
+Those ops are added whether or not anyone observes, so the function observed is the one run
+unobserved (an op seed follows the graph's op count). Evaluation and prediction iterate the
+input in Python: each ``next()`` is timed (:func:`timed`).
 """
 
 import contextlib
