@@ -412,3 +412,42 @@ def tf_checkpoint_written(model_dir):
     import tensorflow as tf
 
     return tf.train.latest_checkpoint(str(model_dir)) is not None
+
+
+def _temporal_model():
+    tf = tfcases.tf
+    tf.keras.utils.set_random_seed(1)
+    m = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(5, input_shape=(3, 2), activation="tanh", name="hidden"),
+            tf.keras.layers.Dense(1, name="out"),
+        ]
+    )
+    m.compile("sgd", loss="mse", sample_weight_mode="temporal")
+    return m
+
+
+@pytest.mark.parametrize("engine", ["strategy", "tpuestimator"])
+def test_temporal_sample_weights_are_refused_as_stock_refuses_them(tmp_path, engine):
+    """A model compiled with ``sample_weight_mode="temporal"`` and [batch, time] weights: stock's
+    estimator compiles its clone without the mode and fails building its step; both paths refuse
+    them with stock's error, before anything is written (what 8 replicas would do with them is
+    then never asked)."""
+    import os
+
+    if engine == "tpuestimator" and tfcases.TF_VERSION >= (2, 16):
+        pytest.skip("no TPUEstimator on TensorFlow >= 2.16")
+    rng = np.random.RandomState(0)
+    x = rng.randn(20, 3, 2).astype(np.float32)
+    features = {"features": x, "sample_weights": rng.uniform(0, 2, (20, 3)).astype(np.float32)}
+    input_fn = tfcases.dataset_input_fn(features, x[..., :1])
+    errors = {}
+    for name, patch in (("stock", {"mode": "off"}), (engine, {"mode": "cpu", "engine": engine})):
+        estimator = tfcases.convert(tmp_path / name, _temporal_model, patch=patch)
+        before = sorted(os.listdir(tmp_path / name))  # the conversion's keras/ warm start
+        with pytest.raises(ValueError) as raised:
+            estimator.train(input_fn, steps=1)
+        errors[name] = str(raised.value)
+        assert sorted(os.listdir(tmp_path / name)) == before
+    assert errors["stock"] == "Received sample weight with shape (None, 3). Expected shape [None]."
+    assert errors[engine] == errors["stock"]

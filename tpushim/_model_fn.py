@@ -235,7 +235,7 @@ def _scaffold_fn(model):
     return scaffold_fn
 
 
-def _refuse_weighted_one_number(keras_model, features, names, one_number):
+def _refuse_weighted_one_number(features, names, one_number):
     """Sample weights stock's graph refuses (:func:`tpushim._padding.check_sample_weight_shapes`:
     stock's error), and sample weights on a loss that [batch] labels make one number for the batch
     (:func:`tpushim._padding.one_number_outputs`): stock's first step fails on them ("Can not
@@ -243,7 +243,7 @@ def _refuse_weighted_one_number(keras_model, features, names, one_number):
     if not (isinstance(features, dict) and set(features) == {"features", "sample_weights"}):
         return
     weights = _tfprivate.standardize_sample_weights(features["sample_weights"], names)
-    _padding.check_sample_weight_shapes(keras_model, weights, names)
+    _padding.check_sample_weight_shapes(weights)
     for name, weight in zip(names, weights):
         if name in one_number and weight is not None:
             raise ConversionError(
@@ -328,7 +328,7 @@ def make_model_fn(
             specs = plan.output_specs
             one_number = _padding.one_number_outputs(keras_model, labels, custom_objects, specs)
             names = keras_model.output_names or list(specs or ())
-            _refuse_weighted_one_number(keras_model, features, names, one_number)
+            _refuse_weighted_one_number(features, names, one_number)
             if one_number:
                 plan = dataclasses.replace(plan, outputs={**plan.outputs, **one_number})
         else:

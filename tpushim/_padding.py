@@ -139,34 +139,23 @@ def row_labels(label, output):
     return label
 
 
-def _weight_modes(sample_weight_mode, names):
-    """output name -> ``compile(sample_weight_mode=...)``'s entry (None, "temporal", ...)."""
-    if isinstance(sample_weight_mode, dict):
-        return {n: sample_weight_mode.get(n) for n in names}
-    if isinstance(sample_weight_mode, (list, tuple)) and len(sample_weight_mode) == len(names):
-        return dict(zip(names, sample_weight_mode))
-    return {n: sample_weight_mode for n in names}
-
-
-def check_sample_weight_shapes(keras_model, weights, names):
+def check_sample_weight_shapes(weights):
     """Raises stock's error, before anything is written, for a sample weight whose shape Keras's
-    graph refuses (training_v1's ``populate_sample_weight``: [batch] per output, [batch, time]
-    where ``sample_weight_mode`` is "temporal"; a [batch, 1] or [batch, k] weight fails there).
+    graph refuses (training_v1's ``populate_sample_weight``): [batch] per output only. Stock
+    compiles its clone with the model's ``_get_compile_args()``, which carry no
+    ``sample_weight_mode``: a model compiled ``sample_weight_mode="temporal"`` fails there on its
+    [batch, time] weights too, as a [batch, 1] or [batch, k] weight does.
 
     Args:
-      weights: per output (``names``), its sample weight (a tensor or ``tf.TensorSpec``) or None.
+      weights: per output, its sample weight (a tensor or ``tf.TensorSpec``) or None.
     """
-    modes = _weight_modes(_tfprivate.compile_args(keras_model).get("sample_weight_mode"), names)
-    for name, weight in zip(names, weights):
+    for weight in weights:
         if weight is None or weight.shape.rank is None:
             continue
-        expected = [None, None] if modes.get(name) == "temporal" else [None]
-        if not weight.shape.is_compatible_with(expected):
+        if not weight.shape.is_compatible_with([None]):
             # as stock's input gives it: any batch size
             shape = tf.TensorShape([None, *weight.shape[1:]]) if weight.shape.rank else weight.shape
-            raise ValueError(
-                f"Received sample weight with shape {shape}. Expected shape {expected}."
-            )
+            raise ValueError(f"Received sample weight with shape {shape}. Expected shape [None].")
 
 
 def _outputs_of(keras_model, output_specs=None):

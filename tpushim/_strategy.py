@@ -545,14 +545,14 @@ def _weighted_row_labels(name, loss_obj):
     )
 
 
-def check_row_labels(model, terms, element_spec, compiled):
+def check_row_labels(model, terms, element_spec):
     """Refuses, before anything is written, sample weights stock's graph refuses (stock's error:
-    :func:`tpushim._padding.check_sample_weight_shapes`; ``compiled``: the user's model), and
-    sample weights on a loss that [batch] labels of a [batch, 1] output make one number for the
-    batch (:func:`row_label_term`)."""
+    :func:`tpushim._padding.check_sample_weight_shapes`), and sample weights on a loss that
+    [batch] labels of a [batch, 1] output make one number for the batch
+    (:func:`row_label_term`)."""
     _, labels, _, weights = _unpack(element_spec, model.output_names)
     if weights is not None:
-        _padding.check_sample_weight_shapes(compiled, weights, model.output_names)
+        _padding.check_sample_weight_shapes(weights)
     outputs = output_specs(model)
     if labels is None or weights is None or not outputs:
         return
@@ -1334,7 +1334,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # The input first, as stock calls its input_fn first: an input refused (tensors on a
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
-        check_row_labels(run.model, run.terms, made[1], self._tpushim_plan.keras_model)
+        check_row_labels(run.model, run.terms, made.spec)
         check_metric_names_map(self._tpushim_plan)  # stock's model_fn checks it at train() too
         # Stock's model_fn compiles a clone here, naming the user's metric objects once more.
         _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
@@ -1497,7 +1497,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _evaluate_batches(self, run, early, input_fn, steps, user_hooks, checkpoint_path, name):
         dataset, element_spec, _ = early.input or self._input(input_fn, ModeKeys.EVAL)
-        check_row_labels(run.model, run.terms, element_spec, self._tpushim_plan.keras_model)
+        check_row_labels(run.model, run.terms, element_spec)
         names = run.model.output_names
         added = _strategy_metrics.added(
             self._tpushim_metric_fns,
