@@ -361,12 +361,12 @@ def check_strategy_step(report, plan, features, labels, num_cores):
     as the engine checks it off a TPU), on one replica's share of the global batch (padded to a
     multiple of the replicas, as the engine pads it): the findings name the op and the layer as
     for the model's step, and a note says which engine they are for."""
-    from tpushim import _padding, _strategy
+    from tpushim import _batch_math, _padding, _strategy
     from tpushim._errors import ConversionError
 
     report.note_checked("XLA compile of the training step")
     size = int(tf.nest.flatten(features)[0].shape[0])
-    rows = -(-size // num_cores)  # each replica's rows of the padded global batch
+    rows = _batch_math.ceil_div(size, num_cores)  # each replica's rows of the padded batch
 
     def spec(array):
         tensor_spec = tf.TensorSpec.from_tensor(tf.convert_to_tensor(array))
