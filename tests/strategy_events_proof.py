@@ -18,6 +18,9 @@ Cases, each run by stock and by the engine on 8 logical CPU devices with steps_p
   batch of 6 is one row on each of 6 replicas and padding on 2. Negative control
   (``summaries_control``, the engine only): each replica weighing 1 in the scalar's mean, so the
   padding replicas count.
+* ``reported_control`` (the engine only): ``schedule``'s calls with replica 0's loss reported
+  as the step's (times the replicas, as a TPU's shard 0's loss would be): the logged and written
+  losses must then differ from stock's.
 
 On TensorFlow >= 2.16 stock is stock TensorFlow 2.15's, recorded by
 ``python strategy_events_proof.py --record tests/reference/strategy_events_tf215.json DIR``.
@@ -165,7 +168,7 @@ def case(name, root, stock):
     tf_logger.setLevel(logging.INFO)
     out = {"error": None}
     try:
-        if name in ("schedule", "summaries", "summaries_control"):
+        if name in ("schedule", "summaries", "summaries_control", "reported_control"):
             config = run_config(
                 log_step_count_steps=3, save_summary_steps=2, save_checkpoints_steps=4
             )
@@ -187,7 +190,7 @@ def case(name, root, stock):
 
         e = estimator(model_dir, config, stock, probe=name.startswith("summaries"))
         try:
-            if name in ("schedule", "nan", "summaries", "summaries_control"):
+            if name in ("schedule", "nan", "summaries", "summaries_control", "reported_control"):
                 e.train(input_fn, steps=7)
                 e.train(input_fn, steps=3)
                 e.evaluate(input_fn)
@@ -235,6 +238,15 @@ def main(root):
         out["engine"]["summaries_control"] = case("summaries_control", root, False)
     finally:
         _strategy.scalar_weight = weight
+    host_sum = _strategy.host_sum
+    # replica 0's loss as the step's: its share of the global loss times the replicas
+    _strategy.host_sum = lambda strategy, value: (
+        strategy.experimental_local_results(value)[0] * strategy.num_replicas_in_sync
+    )
+    try:
+        out["engine"]["reported_control"] = case("reported_control", root, False)
+    finally:
+        _strategy.host_sum = host_sum
     print("RESULT " + json.dumps(out))
 
 

@@ -77,6 +77,24 @@ def test_training_events_as_stocks(proof, case):
             assert got[3] == want[3] or _close(got[3], want[3]), (got, want)
 
 
+def test_negative_control_replica_0s_loss_reported(proof):
+    """The step's loss taken from replica 0 alone (scaled to the global batch, as a TPU's shard
+    0's loss would be): the logged ``loss = L`` lines and the written ``loss_1`` leave stock's."""
+    stock, control = proof["stock"]["schedule"], proof["engine"]["reported_control"]
+
+    def logged(run):
+        return [line[2] for line in run["lines"] if line[0] == "loss"]
+
+    def written(run):
+        return [event[3] for event in run["events"] if event[2] == "loss_1"]
+
+    lines = list(zip(logged(control), logged(stock)))
+    scalars = list(zip(written(control), written(stock)))
+    assert lines and scalars
+    assert max(abs(g - w) for g, w in lines) > 1e-3, lines
+    assert max(abs(g - w) for g, w in scalars) > 1e-3, scalars
+
+
 def _probe(events):
     return [e for e in events if e[2] == "probe/mean_1"]
 
