@@ -14,10 +14,10 @@ a padded batch, every BatchNormalization layer training on batch statistics leav
 
   - not fused (2-D inputs, ``fused=False``): mean and variance over the real rows, moving
     averages of both (``tf.nn.moments``' arithmetic);
-  - fused (4-D / 5-D inputs by default): the same normalisation, by Keras's fused kernel fed a
-    batch centred and rescaled so that its variance is the real rows' (see :func:`_fused`); the moving
-    variance moves towards the variance with Bessel's correction over the real elements, as the
-    fused kernel reports it;
+  - fused (4-D / 5-D inputs by default): the normalisation Keras's fused kernel computes,
+    written out over the real rows (see :func:`_fused`: what XLA compiles of it is the size of
+    Keras's own step); the moving variance moves towards the variance with Bessel's correction
+    over the real elements, as the fused kernel reports it;
   - synchronized (``SyncBatchNormalization``, ``synchronized=True``): ``E[x^2] - E[x]^2`` from
     sums, as Keras computes it, added across shards: every shard normalises over the global
     batch's real rows -- stock's statistics on its whole batch;
@@ -89,7 +89,7 @@ class _ShardRows:
     """A shard's real rows, as every layer of its step reads them: ``rows`` ([batch], 1 for a
     real row, 0 for padding), their number ``n`` and ``has_rows`` (not a shard of padding only).
 
-    What the fused layers of a step share (:meth:`step`, :meth:`per_row`) is made once, by the
+    What the fused layers of a step share (:meth:`per_row`, :meth:`decay`) is made once, by the
     first layer that needs it, and read by the others: per layer, only what depends on the layer.
     """
 
@@ -112,50 +112,24 @@ class _ShardRows:
                 self._made[key] = make()
         return self._made[key]
 
-    def _weighed(self, dtype):
-        """``(weight, n, batch, fraction, c, 1 / c)``: ``weight`` [batch] 1 for a real row and 0
-        for padding, ``n`` its sum (1 on a shard of padding only: its mean is 0, the kernel's
-        input all 0, every number finite, and its decay 0), ``fraction`` ``n / batch``, ``c``
-        ``sqrt(batch / n)``."""
+    def per_row(self, dtype, ndims, per_row):
+        """``(real, weights, 1 / count, bessel)`` for ``ndims``-D layers with ``per_row``
+        elements of a channel per row, ``count`` the real elements of a channel (``n`` real rows
+        times ``per_row``; ``n`` 1 on a shard of padding only: its mean is 0, its variance 0,
+        every number finite, and its decay 0): ``real`` 1 for a real row and 0 for padding,
+        ``weights`` each row's weight in the real elements' mean (``real / count``), both shaped
+        to broadcast over a row, and ``bessel`` ``count / (count - 1)``, Bessel's correction
+        over the real elements (as the fused kernel reports the variance of stock's short
+        batch)."""
 
         def make():
             weight = tf.cast(self.rows, dtype)
-            n = tf.maximum(tf.cast(self.n, dtype), 1.0)
-            batch = tf.compat.dimension_value(weight.shape[0])  # static on a TPU
-            if batch is None:
-                batch = tf.cast(tf.size(weight), dtype)
-            fraction = n / batch
-            return weight, n, batch, fraction, tf.math.rsqrt(fraction), tf.sqrt(fraction)
-
-        return self._once(("weighed", dtype), make)
-
-    def step(self, dtype, ndims):
-        """``(real, is_real, scaled, fraction, 1 / c)`` of the step's rows (see
-        :meth:`_weighed`) for ``ndims``-D inputs, the first three shaped to broadcast over a row:
-        the weight, whether it is 1 (a bool), and ``c`` times the weight."""
-
-        def make():
-            weight, _, _, fraction, c, inverse_c = self._weighed(dtype)
+            count = tf.maximum(tf.cast(self.n, dtype), 1.0) * per_row
             real = tf.reshape(weight, [-1] + [1] * (ndims - 1))
-            return real, tf.greater(real, 0), c * real, fraction, inverse_c
+            bessel = count / tf.maximum(count - 1.0, 1.0)
+            return real, real / count, 1.0 / count, bessel
 
-        return self._once(("step", dtype, ndims), make)
-
-    def per_row(self, dtype, per_row):
-        """``(weights, variance factor)`` for layers with ``per_row`` elements of a channel per
-        row: each row's weight in the real elements' mean, and what turns the fused kernel's
-        variance into stock's on the real rows (see :func:`_fused`)."""
-
-        def make():
-            weight, n, batch, _, _, _ = self._weighed(dtype)
-            count = n * per_row  # the real elements of each channel
-            elements = batch * per_row
-            # The kernel's Bessel correction is over all rows' elements: undone, then made over
-            # the real ones (the same float on both sides where every row is real: 1).
-            factor = ((elements - 1.0) * count) / (elements * tf.maximum(count - 1.0, 1.0))
-            return weight / count, factor
-
-        return self._once(("per_row", dtype, per_row), make)
+        return self._once(("per_row", dtype, ndims, per_row), make)
 
     def decay(self, momentum, dtype):
         """Keras's decay of a fused layer (``1 - momentum`` computed on a tensor), 0 on a shard of
@@ -295,115 +269,112 @@ def _train_on_real_rows(layer, inputs, shard, mask, cross_replica):
 
 
 def _fused(layer, inputs, x, shard, axes):
-    """A fused layer (4-D / 5-D inputs) on a TPU shard: Keras's fused kernel, fed the batch so
-    that its statistics over all rows are those of the real rows, with a gradient of its own.
+    """A fused layer (4-D / 5-D inputs) on a TPU shard: the normalisation Keras's fused kernel
+    computes, written out over the shard's real rows, with the kernel's gradient written out too.
 
-    With ``n`` real rows of ``N`` and ``m`` the real rows' mean (one weighted sum), the kernel gets
-    ``c * (x - m)`` for a real row and 0 for a padding row, ``c = sqrt(N / n)``, and ``gamma / c``:
-    its mean is 0, its variance the real rows' (``c**2 * n / N`` of it), so its output on a real
-    row is ``gamma * (x - m) / sqrt(variance + epsilon) + beta``. Its gradient
-    (:func:`_fused_gradient`) is the real rows' normalisation's, by Keras's gradient kernel; a
-    padding row gets none. The moving mean moves towards ``m``, the moving variance towards the
-    variance with Bessel's correction over the real elements, as the kernel reports it for
-    stock's short batch. A full batch's numbers are Keras's within rounding.
+    With ``count`` the real elements of a channel and ``m`` their mean (a weighted sum), ``d`` is
+    ``x - m`` on a real row and 0 on a padding row, the variance ``sum(d**2) / count`` and the
+    output ``gamma * d / sqrt(variance + epsilon) + beta`` (``beta`` on a padding row, finite
+    whatever the row held). Its gradient (:func:`_fused_gradient`) is the real rows'
+    normalisation's; a padding row gets none. The moving mean moves towards ``m``, the moving
+    variance towards the variance with Bessel's correction over the real elements, as the kernel
+    reports it for stock's short batch. A full batch's numbers are Keras's within rounding.
 
-    Per layer this adds to Keras's own ops one weighted sum, a centring and a scaling (and
-    ``gamma / c``) forward, and a weighted sum, a select and three scalings backward; what the
-    layers share (the rows' weights, the scale, the decay) is made once per step.
+    Keras's kernel itself cannot take the padded batch: it reduces over every row, and a padding
+    row holds whatever the layers before made of it. Fed a batch centred and rescaled so that
+    its statistics were the real rows' (issue 36's second and third rounds), the step held fewer
+    TensorFlow ops, but XLA expands the kernel and its gradient into reductions of their own and
+    copied the centring into each: MobileNetV2's step compiled in 1.56x the hand-written's time.
+    Written out, this is what XLA makes of the kernel, and the step compiles in about the
+    hand-written's time (see docs/contributing/benchmarks.md).
     """
     dtype = x.dtype
     ndims = x.shape.rank
-    first = layer.axis[0] in (1, -ndims + 1)
-    spatial = "DHW"[-(ndims - 2) :]
     per_row = 1
     for i in axes[1:]:
         per_row *= x.shape[i]
-    real, is_real, scaled, fraction, inverse_c = shard.step(dtype, ndims)
-    weights, factor = shard.per_row(dtype, per_row)
-    gamma = tf.convert_to_tensor(
-        layer.gamma if layer.gamma is not None else tf.ones(layer.moving_mean.shape, dtype)
-    )
-    beta = tf.convert_to_tensor(
-        layer.beta if layer.beta is not None else tf.zeros(layer.moving_mean.shape, dtype)
-    )
-    mean = tf.einsum(_channel_sum(ndims, first), weights, x)  # [channels]
-    centred = x - (tf.reshape(mean, [-1] + [1] * (ndims - 2)) if first else mean)
-    outputs, _, kernel_variance = tf.compat.v1.nn.fused_batch_norm(
-        centred * scaled,
-        gamma * inverse_c,
-        beta,
-        epsilon=layer.epsilon,
-        is_training=True,
-        data_format=("NC" + spatial) if first else ("N" + spatial + "C"),
-    )
+    real, weights, inverse_count, bessel = shard.per_row(dtype, ndims, per_row)
+    # Channels last (Keras's default) broadcast as they are: statistics of shape [channels], no
+    # reshapes; channels first keep their reduced dimensions.
+    last = axes == list(range(ndims - 1))
+    keep = [1 if i in axes else x.shape[i] for i in range(ndims)]
+    gamma, beta = layer.gamma, layer.beta
+    if not last:
+        gamma = None if gamma is None else tf.reshape(gamma, keep)
+        beta = None if beta is None else tf.reshape(beta, keep)
+    axes = tf.constant(axes)  # one constant for the layer's four sums
+    mean = tf.reduce_sum(x * weights, axes, keepdims=not last)
+    centred = (x - mean) * real
+    variance = tf.reduce_sum(tf.square(centred), axes, keepdims=not last) * inverse_count
+    inverse = tf.math.rsqrt(variance + layer.epsilon)
+    scale = inverse if gamma is None else inverse * gamma
+    outputs = centred * scale
+    if beta is not None:
+        outputs = outputs + beta
+    none = tf.zeros([])  # in place of a missing gamma or beta: no gradient
     graph = tf.compat.v1.get_default_graph()
     with graph.gradient_override_map({"IdentityN": _FUSED_GRADIENT}):
         outputs = tf.identity_n(
             [
                 outputs,
                 x,
-                gamma,
-                beta,
-                weights,
+                none if gamma is None else gamma,
+                none if beta is None else beta,
+                centred,
+                inverse,
+                scale,
                 real,
-                is_real,
-                fraction,
-                inverse_c,
+                inverse_count,
             ]
         )[0]
     outputs = tf.cast(outputs, inputs.dtype)
     outputs.set_shape(inputs.shape)
     decay = shard.decay(layer.momentum, layer.moving_mean.dtype.base_dtype)
+    variance = variance * bessel
+    if not last:
+        mean = tf.reshape(mean, layer.moving_mean.shape)
+        variance = tf.reshape(variance, layer.moving_mean.shape)
     layer.add_update(_gated_moving_average(layer.moving_mean, mean, decay))
-    layer.add_update(_gated_moving_average(layer.moving_variance, kernel_variance * factor, decay))
+    layer.add_update(_gated_moving_average(layer.moving_variance, variance, decay))
     return outputs
 
 
-_FUSED_GRADIENT = "TpushimRealRowsFusedBatchNorm"
-
-
-def _channel_sum(ndims, first):
-    """The einsum of a weighted sum over rows and positions: ``[batch] x [batch, ...] ->
-    [channels]``."""
-    dims = "abcd"[: ndims - 1]
-    return f"n,n{dims}->{dims[0] if first else dims[-1]}"
+_FUSED_GRADIENT = "TpushimRealRowsBatchNorm"
 
 
 def _fused_gradient(op, dy, *unused):
-    """The gradient of :func:`_fused`'s output: ``(x, gamma, beta)``'s, by Keras's gradient kernel.
+    """The gradient of :func:`_fused`'s output: ``(x, gamma, beta)``'s, as Keras's gradient
+    kernel computes them, over the real rows.
 
-    With ``mu`` the real rows' mean of ``dy``, the kernel gets ``dy`` on the real rows and ``mu``
-    on the padding rows (selected: whatever a padding row's ``dy`` holds), so its means
-    over all rows are the real rows' means (``mu``; and, the padding rows' normalised values being
-    0, ``mean(dy * normalised) / c``), and ``gamma`` for the scale: its ``x`` gradient is then
-    that of the real rows' normalisation, ``gamma / sigma * (dy - mu - xhat * mean(dy * xhat))``
-    (kept on the real rows only); its scale and offset gradients are ``c`` and ``N / n`` times
-    the real rows'.
+    With ``g`` the output's gradient on the real rows (0 on the padding rows), ``xhat = d / s``
+    (``s = sqrt(variance + epsilon)``): beta's is ``sum(g)``, gamma's ``sum(g * xhat)``, and
+    ``x``'s ``gamma / s * (g - sum(g) / count - xhat * sum(g * xhat) / count)`` on a real row,
+    0 on a padding row (``d`` is 0 there). Sums over every axis but the channels'.
     """
     del unused
-    kernel = op.inputs[0].op
-    _, x, gamma, _, weights, real, is_real, fraction, inverse_c = op.inputs
-    nones = [None] * 5
+    _, x, gamma, beta, centred, inverse, scale, real, inverse_count = op.inputs
     if dy is None:
-        return [None, None, None, None] + nones
-    data_format = kernel.get_attr("data_format").decode()
+        return [None] * 9
     ndims = x.shape.rank
-    first = data_format.startswith("NC")
-    mu = tf.einsum(_channel_sum(ndims, first), weights, dy)
-    if first:
-        mu = tf.reshape(mu, [-1] + [1] * (ndims - 2))
-    dx, dscale, doffset, _, _ = tf.raw_ops.FusedBatchNormGradV3(
-        y_backprop=tf.where(is_real, dy, mu),
-        x=kernel.inputs[0],
-        scale=gamma,
-        reserve_space_1=kernel.outputs[3],
-        reserve_space_2=kernel.outputs[4],
-        reserve_space_3=kernel.outputs[5],
-        epsilon=kernel.get_attr("epsilon"),
-        data_format=data_format,
-        is_training=True,
+    if inverse.shape.rank == 1:  # channels last: [channels]
+        axes, keep = tf.constant(list(range(ndims - 1))), False
+    else:  # reduced dimensions kept (a channel of 1 summed over: the same)
+        axes, keep = tf.constant([i for i in range(ndims) if inverse.shape[i] == 1]), True
+    given = dy * real
+    offset_grad = tf.reduce_sum(given, axes, keepdims=keep)
+    dot = tf.reduce_sum(given * centred, axes, keepdims=keep)
+    scale_grad = dot * inverse
+    x_grad = scale * (
+        given
+        - real * (offset_grad * inverse_count)
+        - centred * (scale_grad * inverse * inverse_count)
     )
-    return [None, dx * real, dscale * inverse_c, doffset * fraction] + nones
+    return [
+        None,
+        x_grad,
+        None if gamma.shape.rank == 0 else scale_grad,
+        None if beta.shape.rank == 0 else offset_grad,
+    ] + [None] * 5
 
 
 try:
