@@ -275,8 +275,10 @@ def _fused(layer, inputs, x, shard, axes):
     With ``count`` the real elements of a channel and ``m`` their mean (a weighted sum), ``d`` is
     ``x - m`` on a real row and 0 on a padding row, the variance ``sum(d**2) / count`` and the
     output ``gamma * d / sqrt(variance + epsilon) + beta`` (``beta`` on a padding row, finite
-    whatever the row held). Its gradient (:func:`_fused_gradient`) is the real rows'
-    normalisation's; a padding row gets none. The moving mean moves towards ``m``, the moving
+    whatever the row held). Its gradient is the real rows' normalisation's; a padding row gets
+    none. In a graph's ``tf.gradients`` (TPUEstimator's model_fn) it is :func:`_fused_gradient`,
+    written out; a ``GradientTape`` (the strategy engine's step) does not read a graph's
+    gradient override, and takes the same gradient by differentiating the ops above. The moving mean moves towards ``m``, the moving
     variance towards the variance with Bessel's correction over the real elements, as the kernel
     reports it for stock's short batch. A full batch's numbers are Keras's within rounding.
 
