@@ -278,9 +278,10 @@ def _fused(layer, inputs, x, shard, axes):
     whatever the row held). Its gradient is the real rows' normalisation's; a padding row gets
     none. In a graph's ``tf.gradients`` (TPUEstimator's model_fn) it is :func:`_fused_gradient`,
     written out; a ``GradientTape`` (the strategy engine's step) does not read a graph's
-    gradient override, and takes the same gradient by differentiating the ops above. The moving mean moves towards ``m``, the moving
-    variance towards the variance with Bessel's correction over the real elements, as the kernel
-    reports it for stock's short batch. A full batch's numbers are Keras's within rounding.
+    gradient override, and takes the same gradient by differentiating the ops above. The
+    moving mean moves towards ``m``, the moving variance towards the variance with Bessel's
+    correction over the real elements, as the kernel reports it for stock's short batch. A full
+    batch's numbers are Keras's within rounding.
 
     Keras's kernel itself cannot take the padded batch: it reduces over every row, and a padding
     row holds whatever the layers before made of it. Fed a batch centred and rescaled so that
