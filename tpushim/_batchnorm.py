@@ -314,15 +314,15 @@ def _fused(layer, inputs, x, shard, axes):
     outputs = centred * scale
     if beta is not None:
         outputs = outputs + beta
-    none = tf.zeros([])  # in place of a missing gamma or beta: no gradient
     graph = tf.compat.v1.get_default_graph()
     with graph.gradient_override_map({"IdentityN": _FUSED_GRADIENT}):
         outputs = tf.identity_n(
             [
                 outputs,
                 x,
-                none if gamma is None else gamma,
-                none if beta is None else beta,
+                # in place of a missing gamma or beta, a scalar: no gradient
+                tf.zeros([]) if gamma is None else gamma,
+                tf.zeros([]) if beta is None else beta,
                 centred,
                 inverse,
                 scale,
