@@ -378,7 +378,11 @@ def classify_added(keras_model, custom_objects, features=None):
         _known_mean(layer) for _, layer, _ in _layer_terms(_tfprivate.all_layers(keras_model))
     ):
         return {}
-    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
+    with (
+        _tfprivate.keras_classes_kept(keras_model),
+        tf.Graph().as_default() as graph,
+        tf.compat.v1.Session(graph=graph) as sess,
+    ):
         clone, inputs = _scratch_clone(keras_model, custom_objects, features)
         terms = {
             key: _tfprivate.layer_input_losses(layer)[i]
@@ -451,7 +455,11 @@ def _output_specs(model, custom_objects, compiled=None):
 def plan_subclassed(keras_model, custom_objects, features):
     """The :class:`LossPlan` of a subclassed model, whose outputs and losses exist only once it
     is called: from a scratch clone on placeholders shaped like ``features`` (the model_fn's)."""
-    with _tfprivate.keras_random_state_kept(), tf.Graph().as_default():
+    with (
+        _tfprivate.keras_random_state_kept(),
+        _tfprivate.keras_classes_kept(keras_model),
+        tf.Graph().as_default(),
+    ):
         try:
             clone, _ = _scratch_clone(keras_model, custom_objects, features)
             names, loss_fns, shapes, dtypes, weights = _output_specs(

@@ -974,6 +974,25 @@ def all_layers(keras_model):
     return list(keras_model._flatten_layers(include_self=True, recursive=True))
 
 
+@contextlib.contextmanager
+def keras_classes_kept(keras_model):
+    """The classes of ``keras_model`` and its layers left as they were by a clone made in a
+    graph: making a layer in a graph swaps its class's bases to Keras's v1 ``Layer`` and
+    ``Model`` (Keras's ``LayerVersionSelector``), and a v1 class refuses a model built as v2
+    (``get_weights``: "no attribute '_compile_time_distribution_strategy'"). Stock makes its
+    first graph clone after it has read the weights; tpushim's scratch clones come before."""
+    classes = {
+        cls for layer in all_layers(keras_model) for cls in type(layer).__mro__ if cls is not object
+    }
+    kept = [(cls, cls.__bases__) for cls in classes]
+    try:
+        yield
+    finally:
+        for cls, bases in kept:
+            if cls.__bases__ != bases:
+                cls.__bases__ = bases
+
+
 def layer_input_losses(layer):
     """The losses a layer added from what it was called on (activity regularizers, ``add_loss``
     of a tensor): its own, not its sublayers'; weight regularizers are kept apart (callables)."""
