@@ -65,10 +65,11 @@ def check_tpu_graphs(report, conversion, calls, num_cores, name, train_ops=None)
                     config = conversion.estimator.config.replace(
                         model_dir=os.path.join(scratch, event)
                     )
+                    model_fn = saver_left_out(conversion.model_fn)
                     twin = _estimator.make_estimator(
-                        model_fn_ops(conversion.model_fn, train_ops)
+                        model_fn_ops(model_fn, train_ops)
                         if event == "train" and train_ops is not None
-                        else conversion.model_fn,
+                        else model_fn,
                         _run_config.to_tpu_run_config(config, conversion.settings, cluster),
                         _plan.ConversionPlan(
                             settings=conversion.settings,
@@ -104,6 +105,35 @@ def model_fn_ops(model_fn, sink):
         return spec
 
     return recording(model_fn)
+
+
+class _SaverLeftOut:
+    """The Scaffold's saver in the preflight's TPU graphs: building it is left out."""
+
+    def build(self):
+        pass
+
+
+def saver_left_out(model_fn):
+    """``model_fn``, whose TPUEstimatorSpec's ``scaffold_fn`` makes a Scaffold with no saver built.
+
+    Why: the saver's ops (a save and a restore for every variable, optimizer slots included) are
+    a second of graph building per TPU graph for an image model, and they check nothing the
+    cpu-mode run has not: TPUEstimator calls ``scaffold_fn`` on the host, outside the TPU
+    computation, and tpushim's makes the same saver from the same variables on a TPU as in cpu
+    mode, where the script's own run built it (and saved with it). The rest of the Scaffold
+    (its init, ready and local-init ops) is still built when the faked session starts.
+    """
+
+    @wrapt.decorator
+    def leaving_out(wrapped, instance, args, kwargs):
+        del instance
+        spec = wrapped(*args, **kwargs)
+        if getattr(spec, "scaffold_fn", None) is None:
+            return spec
+        return spec._replace(scaffold_fn=lambda: tf.compat.v1.train.Scaffold(saver=_SaverLeftOut()))
+
+    return leaving_out(model_fn)
 
 
 def replay_input_fn(input_call):
