@@ -158,6 +158,28 @@ class ScratchDirs:
             text = text.replace(folder, path)
         return text
 
+    @contextlib.contextmanager
+    def graph_text_left_out(self):
+        """While active, the ``graph.pbtxt`` a training run writes into one of these scratch
+        model_dirs (stock's CheckpointSaverHook: the whole graph as text, about a second for an
+        image model) is not written: the folder is removed when the check ends, unread. The
+        events, checkpoints and their ``.meta`` graphs are written as in the script's own run;
+        anything written anywhere else (the script's own ``tf.io.write_graph``) too."""
+        from tensorflow.python.training import training_util
+
+        write_graph = training_util.write_graph
+
+        def left_out(graph_or_graph_def, logdir, name, as_text=True):
+            if name == "graph.pbtxt" and _normalised(logdir) in map(_normalised, self._scratch):
+                return None
+            return write_graph(graph_or_graph_def, logdir, name, as_text)
+
+        training_util.write_graph = left_out
+        try:
+            yield
+        finally:
+            training_util.write_graph = write_graph
+
     def close(self):
         """Removes every scratch folder (only those: :mod:`tpushim._scratch`)."""
         tf.compat.v1.summary.FileWriterCache.clear()  # event writers open in them

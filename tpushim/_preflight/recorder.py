@@ -109,6 +109,11 @@ class Recorder:
             None,
         )
 
+    def graph_text_left_out(self):
+        """:meth:`~tpushim._preflight.model_dirs.ScratchDirs.graph_text_left_out` of the scratch
+        model_dirs."""
+        return self._dirs.graph_text_left_out()
+
     # -- observing (see tpushim._observe) ---------------------------------------------------------
     def converting(self, arguments):
         """Before each conversion: its model_dir replaced by a scratch copy (the same one for
@@ -410,5 +415,9 @@ def _on_strategy_engine(conversion):
 def recording():
     """While active, tpushim's estimators report to (and are capped by) a new :class:`Recorder`,
     which it yields."""
-    with _observe.observing(Recorder()) as recorder, contextlib.closing(recorder):
+    with (
+        _observe.observing(Recorder()) as recorder,
+        contextlib.closing(recorder),
+        recorder.graph_text_left_out(),
+    ):
         yield recorder
