@@ -1,5 +1,8 @@
 """TPU preflight: one model or input that triggers each finding, and one that does not."""
 
+import contextlib
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -338,7 +341,6 @@ def test_check_leaves_the_users_model_untouched():
 # --- python -m tpushim check ------------------------------------------------------------------
 
 import json
-import os
 import re
 
 import procs
@@ -509,6 +511,134 @@ def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
     # Built in a scratch folder of its own, removed afterwards; the script's model_dir untouched.
     assert not [p for p in os.listdir(scratch) if p.startswith("tpushim-check-")]
     assert not (tmp_path / "model").exists()
+
+
+class _AddsLoss(tf.keras.layers.Layer):
+    """Adds a loss from what it is called on (Keras keeps it until the model's next call)."""
+
+    def call(self, x):
+        self.add_loss(tf.reduce_mean(x))
+        return tf.identity(x)
+
+
+def _checked_after_a_conversion(tmp_path, model, tpu_graphs=False):
+    x, y = tfcases.data(n=64)
+    tpushim.patch(mode="cpu")
+    from tpushim import _preflight
+
+    with _preflight.recording() as recorder:
+        est = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=str(tmp_path))
+        est.train(tfcases.dataset_input_fn(x, y, batch=32), steps=1)
+    return recorder.report(tpu_graphs=tpu_graphs)
+
+
+def test_the_xla_check_traces_the_users_model_itself_after_a_conversion(tmp_path, monkeypatch):
+    """A script's XLA check traces its step on the user's model, not a clone (a third of the
+    check for MobileNetV2): after model_to_estimator (which leaves Keras's classes v1), with a
+    loss container of its own. The model is left as it was: weights, its compiled loss unbuilt,
+    the losses its last call added. Without the classes made v2 again the trace fails; without
+    the call losses kept the model holds the trace's tensors (the controls)."""
+    from tpushim import _tfprivate
+    from tpushim._preflight import model_checks
+
+    def no_clone(*args):
+        raise AssertionError("cloned")
+
+    monkeypatch.setattr(model_checks, "_clone", no_clone)
+    model = tfcases.sequential(extra_layers=(_AddsLoss(name="adds_loss"),))
+    x, _ = tfcases.data(n=4)
+    model(x)  # an eager call: its loss is the layer's until the model's next call
+    before = [w.copy() for w in model.get_weights()]
+    losses = model.losses
+    report = _checked_after_a_conversion(tmp_path / "kept", model)
+    assert report.ok and "XLA compile of the training step" in report.checked
+    assert [id(t) for t in model.losses] == [id(t) for t in losses]
+    assert not model.compiled_loss._built
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+    monkeypatch.setattr(_tfprivate, "call_losses_kept", lambda model: contextlib.nullcontext())
+    model = tfcases.sequential(extra_layers=(_AddsLoss(name="adds_loss"),))
+    model(x)
+    report = _checked_after_a_conversion(tmp_path / "not-kept", model)
+    assert report.ok, [(f.code, f.message) for f in report.findings if f.severity == "error"]
+    assert [t.graph for t in model.losses] != [None]  # a tensor of the trace's graph
+
+    monkeypatch.setattr(_tfprivate, "as_v2_classes", lambda model: None)
+    model = tfcases.sequential()
+    finding = next(
+        f
+        for f in _checked_after_a_conversion(tmp_path / "v1", model).findings
+        if f.code == "xla-compile"
+    )
+    assert "Please check the implementation of" in finding.message  # Keras: "invalid state"
+
+
+def test_the_checked_run_writes_no_graph_text_into_its_scratch_model_dir(tmp_path, monkeypatch):
+    """graph.pbtxt (the training graph as text, about a second for an image model) is left out
+    of the scratch model_dir the check removes unread; the checkpoints, their .meta graphs and
+    the events are written, and a graph.pbtxt anywhere else too."""
+    from tensorflow.python.training import training_util
+
+    from tpushim import _preflight
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    write_graph = training_util.write_graph
+    x, y = tfcases.data(n=64)
+    tpushim.patch(mode="cpu")
+    with _preflight.recording():
+        est = tf.keras.estimator.model_to_estimator(
+            keras_model=tfcases.sequential(), model_dir=str(tmp_path / "model")
+        )
+        est.train(tfcases.dataset_input_fn(x, y, batch=32), steps=1)
+        written = set(os.listdir(est.model_dir))
+        training_util.write_graph(tf.Graph(), str(tmp_path / "elsewhere"), "graph.pbtxt")
+    assert "graph.pbtxt" not in written and "model.ckpt-1.meta" in written
+    assert any(f.startswith("events.out.tfevents") for f in written)
+    assert os.path.exists(tmp_path / "elsewhere" / "graph.pbtxt")
+    assert training_util.write_graph is write_graph
+
+
+def _tpu_graphs_built(tmp_path, monkeypatch):
+    """(graph, scaffold) of each TPU graph the preflight builds for ``_record_calls``'s script."""
+    from tpushim._preflight import faketpu
+
+    built = []
+    session_starts = faketpu.FakedTPU.session_starts
+
+    def recording(self, scaffold, hooks):
+        built.append((tf.compat.v1.get_default_graph(), scaffold))
+        return session_starts(self, scaffold, hooks)
+
+    monkeypatch.setattr(faketpu.FakedTPU, "session_starts", recording)
+    report = _record_calls(tmp_path / "model").report(num_cores=8)
+    assert report.ok and "tpu-graph" not in report.codes()
+    return built
+
+
+SAVER_OPS = {"SaveV2", "RestoreV2", "MergeV2Checkpoints"}
+
+
+def test_the_tpu_graphs_leave_out_the_checkpoint_saver(tmp_path, monkeypatch):
+    """Each TPU graph (train, evaluate, predict) is TPUEstimator's but for the checkpoint saver
+    (a save and a restore of every variable, a second per graph for an image model): tpushim's
+    scaffold_fn makes it on the host from the same variables as in the cpu-mode run, which built
+    it and saved with it. The rest of the Scaffold is built; without the left-out saver the
+    graphs hold the saver's ops (the control)."""
+    from tpushim._preflight import graph_checks
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    built = _tpu_graphs_built(tmp_path / "left-out", monkeypatch)
+    assert len(built) == 3
+    for graph, scaffold in built:
+        types = {op.type for op in graph.get_operations()}
+        assert "TPUReplicateMetadata" in types and not types & SAVER_OPS
+        assert scaffold.init_op is not None and scaffold.ready_op is not None
+    monkeypatch.setattr(graph_checks, "saver_left_out", lambda model_fn: model_fn)
+    control = _tpu_graphs_built(tmp_path / "control", monkeypatch)
+    assert [bool({op.type for op in g.get_operations()} & SAVER_OPS) for g, _ in control] == [
+        True
+    ] * 3
 
 
 def _host_only_layers():

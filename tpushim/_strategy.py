@@ -883,15 +883,21 @@ def _as_is(plan):
     layer run on the host (a clone's, :mod:`tpushim._strategy_host`), its variables eager ones
     (not a graph-mode program's), no activity regularizer (the step installs a recorder in its
     place: :func:`_recorders`, on a clone only). Else None."""
-    keras_model = plan.keras_model
-    if _built_on_input(keras_model) or plan.host is not None or not tf.executing_eagerly():
+    if plan.host is not None or not traceable_as_is(plan.keras_model):
         return None
+    return plan.keras_model
+
+
+def traceable_as_is(keras_model):
+    """Whether an XLA check may trace its step on ``keras_model`` itself instead of a clone
+    (:func:`_as_is`, and the TPUEstimator path's :func:`tpushim._preflight.model_checks.check_xla`):
+    a built graph network with eager variables and no activity regularizer."""
+    if _built_on_input(keras_model) or not tf.executing_eagerly():
+        return False
     layers = _tfprivate.all_layers(keras_model)
     if any(getattr(layer, "activity_regularizer", None) is not None for layer in layers):
-        return None
-    if any(getattr(v, "_in_graph_mode", True) for v in keras_model.weights):
-        return None
-    return keras_model
+        return False
+    return not any(getattr(v, "_in_graph_mode", True) for v in keras_model.weights)
 
 
 _XLA_CHECKED = weakref.WeakKeyDictionary()  # plan -> [(element spec, replicas)] that compiled

@@ -975,6 +975,19 @@ def all_layers(keras_model):
 
 
 @contextlib.contextmanager
+def call_losses_kept(keras_model):
+    """Each layer's losses from its last call (``add_loss`` of a tensor in ``call``) as they were
+    before, after a trace of the model in a ``tf.function``: calling the model clears them and
+    keeps the trace's, tensors of a graph that is never run."""
+    kept = [(layer, layer._eager_losses) for layer in all_layers(keras_model)]
+    try:
+        yield
+    finally:
+        for layer, losses in kept:
+            layer._eager_losses = losses
+
+
+@contextlib.contextmanager
 def keras_classes_kept(keras_model):
     """The classes of ``keras_model`` and its layers left as they were by a clone made in a
     graph: making a layer in a graph swaps its class's bases to Keras's v1 ``Layer`` and
@@ -991,6 +1004,22 @@ def keras_classes_kept(keras_model):
         for cls, bases in kept:
             if cls.__bases__ != bases:
                 cls.__bases__ = bases
+
+
+def as_v2_classes(keras_model):
+    """The classes of ``keras_model`` and its layers made Keras's v2 ones again, as making one
+    of each in eager mode makes them (Keras's ``LayerVersionSelector``: it swaps a class's
+    bases between the v1 and v2 ``Layer`` and ``Model`` for the mode it is made in). A
+    conversion leaves them v1 (``model_to_estimator`` clones the model in a graph), and a v1
+    class refuses a model built as v2 ("Your Layer or Model is in an invalid state"); cloning
+    the model in eager mode would swap them back the same way."""
+    version_utils = _keras("utils.version_utils")
+    models = (_keras("engine.training").Model, _keras("engine.training_v1").Model)
+    layers = (_keras("engine.base_layer").Layer, _keras("engine.base_layer_v1").Layer)
+    for layer in all_layers(keras_model):
+        if isinstance(layer, models):  # a Model's class swaps its Model base, then its Layer base
+            version_utils.swap_class(type(layer), *models, use_v2=True)
+        version_utils.swap_class(type(layer), *layers, use_v2=True)
 
 
 def layer_input_losses(layer):
