@@ -521,6 +521,41 @@ def test_the_xla_check_traces_the_users_model_itself_and_still_refuses(tmp_path,
 
 
 @pytest.mark.slow
+def test_the_xla_checks_trace_leaves_the_users_call_losses(tmp_path, monkeypatch):
+    """Traced as it is, the user's model keeps the losses its last call added (Keras clears them
+    at a call and would keep the trace's, tensors of a graph never run); control: without
+    ``call_losses_kept`` it holds the trace's."""
+    import contextlib
+
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _tfprivate
+
+    class AddsLoss(tf.keras.layers.Layer):
+        def call(self, inputs):
+            self.add_loss(0.1 * tf.reduce_mean(tf.square(inputs)))
+            return inputs
+
+    x, y = tfcases.data(n=48)  # full batches: a loss from the inputs is refused on padded ones
+    engine = {"mode": "cpu", "engine": "strategy", "quiet": True}
+
+    def train(name):
+        model = tfcases.sequential(extra_layers=(AddsLoss(name="adds"),))
+        model(x[:4])
+        losses = model.losses
+        estimator = tfcases.convert(tmp_path / name, model, patch=engine)
+        estimator.train(tfcases.dataset_input_fn(x, y), steps=1)
+        return losses, model.losses
+
+    before, after = train("kept")
+    assert [id(t) for t in after] == [id(t) for t in before] and len(after) == 1
+    monkeypatch.setattr(_tfprivate, "call_losses_kept", lambda model: contextlib.nullcontext())
+    before, after = train("control")
+    assert [id(t) for t in after] != [id(t) for t in before]
+
+
+@pytest.mark.slow
 def test_input_losses_beside_batchnormalization_which_the_engine_takes(tmp_path):
     """Activity regularizers are read from the model's own forward pass, so BatchNormalization
     (and SyncBatchNormalization) beside them is taken; a loss added in a layer's call beside a

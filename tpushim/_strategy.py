@@ -867,7 +867,11 @@ def check_xla(plan, element_spec, replicas):
 
     sample = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
     try:
-        with _tfprivate.batchnorm_call_hooked(), model_summaries_left_out(plan):
+        with (
+            _tfprivate.batchnorm_call_hooked(),
+            model_summaries_left_out(plan),
+            _tfprivate.call_losses_kept(model),  # the user's model, traced as it is
+        ):
             tf.function(step, jit_compile=True).experimental_get_compiler_ir(sample)(stage="hlo")
     except (ValueError, tf.errors.OpError) as e:
         raise ConversionError(
