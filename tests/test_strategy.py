@@ -299,6 +299,55 @@ def test_train_step_arguments_checked_as_stock(tmp_path, kwargs, message):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "engine",
+    ["strategy", pytest.param("tpuestimator", marks=pytest.mark.tpuestimator)],
+)
+@pytest.mark.parametrize("spelling,ran", [("v2", [3, 4, 6, 7]), ("v1", [3, 3, 5, 7])])
+def test_float_steps_run_to_their_ceiling_as_stock(tmp_path, engine, spelling, ran):
+    """Legacy scripts compute ``max_steps = epochs * rows / batch`` (1578.9): stock's
+    StopAtStepHook stops at the first global step at or past it, so a float runs to its ceiling,
+    for ``max_steps``, ``steps`` and train_and_evaluate's ``TrainSpec.max_steps`` alike; the
+    weights are stock's."""
+    import numpy as np
+    import tfcases
+
+    x, y = tfcases.data()
+    train = tfcases.dataset_input_fn(x, y, repeat=True)
+    runs = {}
+    for name, patch in (("stock", {"mode": "off"}), ("shim", {"mode": "cpu", "engine": engine})):
+        model_dir = tmp_path / name
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        estimator = tfcases.convert(
+            model_dir, spelling=spelling, patch=dict(patch, quiet=True), config=config
+        )
+        steps = []
+
+        def saved():  # the step of the last checkpoint, from its name (model.ckpt-N)
+            steps.append(int(estimator.latest_checkpoint().rsplit("-", 1)[1]))
+
+        estimator.train(train, max_steps=2.5)
+        saved()
+        # Past it already: skipped from a name-based checkpoint (v1); from an object-based one
+        # (v2) stock's skip reads no global step (0), and its StopAtStepHook stops after one.
+        estimator.train(train, max_steps=2.5)
+        saved()
+        estimator.train(train, steps=1.2)
+        saved()
+        tfcases.ESTIMATOR.train_and_evaluate(
+            estimator,
+            tfcases.ESTIMATOR.TrainSpec(train, max_steps=6.1),
+            tfcases.ESTIMATOR.EvalSpec(train, steps=1.5, throttle_secs=0),
+        )
+        saved()
+        runs[name] = steps, tfcases.checkpoint_values(model_dir)
+    assert runs["stock"][0] == ran
+    assert runs["shim"][0] == runs["stock"][0]
+    for key, value in runs["stock"][1].items():
+        np.testing.assert_allclose(runs["shim"][1][key], value, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
 def test_the_engine_takes_the_conversion_plan(tmp_path):
     """Issue 33 item 6: the strategy engine's Plan is built from the conversion plan both engines
     take (tpushim._plan.ConversionPlan): its batch size, steps per execution and loss kinds are

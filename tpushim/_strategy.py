@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -1326,7 +1327,8 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _train(self, input_fn, hooks, steps, max_steps, saving_listeners):
         """Trains as stock; returns (steps run, the first tf.function call's seconds)."""
-        from tpushim._legacy._estimator import check_train_steps  # one check for both engines
+        # One check for both engines, and stock's read of the saved step.
+        from tpushim._legacy._estimator import check_train_steps, global_step_saved
 
         check_train_steps(steps, max_steps)
         listeners = list(saving_listeners or ())
@@ -1335,12 +1337,18 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             self._tpushim_plan, self.strategy, ModeKeys.TRAIN, self.model_dir, None, early.features
         )
         start = int(run.step.numpy())
-        last = int(max_steps) if max_steps is not None else None
+        # StopAtStepHook stops at the first global step >= max_steps (or start + steps): a float
+        # from `epochs * rows / batch` runs to its ceiling, as stock's does.
+        last = math.ceil(max_steps) if max_steps is not None else None
         if last is not None and start >= last:
-            logging.getLogger("tensorflow").info(
-                "Skipping training since max_steps has already saved."
-            )
-            return 0, None
+            if max_steps <= global_step_saved(self.model_dir):
+                logging.getLogger("tensorflow").info(
+                    "Skipping training since max_steps has already saved."
+                )
+                return 0, None
+            # Stock's skip reads 0 from an object-based checkpoint (no `global_step` name in
+            # it): it trains, and its StopAtStepHook stops after the one step it runs.
+            last = start + 1
         # The input first, as stock calls its input_fn first: an input refused (tensors on a
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
@@ -1400,7 +1408,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             stopped = save()  # stock's model.ckpt-0
         else:  # stock saves the restored step again (the same values): said, not rewritten
             events.checkpoint(start)
-        stop = start + int(steps) if steps is not None else last
+        stop = start + math.ceil(steps) if steps is not None else last
         iterator = iter(made.dataset)
         left = made.steps  # the batches left where known: each call reads no further
         loop = run.train_function(checked=left is None)

@@ -244,7 +244,7 @@ class Estimator:
 
     def _train(self, input_fn, hooks, steps, max_steps, saving_listeners):
         check_train_steps(steps, max_steps)
-        if max_steps is not None and max_steps <= _global_step_saved(self._model_dir):
+        if max_steps is not None and max_steps <= global_step_saved(self._model_dir):
             tf.compat.v1.logging.info("Skipping training since max_steps has already saved.")
             return self
         hooks = list(hooks or [])
@@ -494,7 +494,7 @@ class Estimator:
 EstimatorV2 = Estimator
 
 
-def _global_step_saved(model_dir):
+def global_step_saved(model_dir):
     """The global step of model_dir's newest checkpoint; 0 where it has none or names it
     otherwise (an object-based checkpoint), as stock reads it."""
     try:
