@@ -371,3 +371,36 @@ def test_a_relative_model_dir_as_stocks(tmp_path, monkeypatch, fmt):
     assert listed["engine"] == listed["stock"]
     assert results["engine"]["global_step"] == results["stock"]["global_step"] == 4
     _assert_close(results["engine"], results["stock"], f"relative model_dir, {fmt}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_earlier_calls_checkpoints_rotated_as_stocks(tmp_path, fmt):
+    """A checkpoint every step over three train() calls, as a preemptible TPU's restarts make
+    them: model_dir's files are stock's (the ``checkpoint`` state's list beyond its keep, an
+    earlier call's included, deleted with its index, data and ``.meta``), and a file beside them
+    that the state does not list (the user's) stays, as stock's Saver leaves it."""
+    import tensorflow as tf
+    import tfcases
+
+    x, y = tfcases.data()
+    files = {}
+    for name, patch in RUNS:
+        model_dir = tmp_path / name
+        config = tfcases.ESTIMATOR.RunConfig(
+            tf_random_seed=7, save_checkpoints_steps=1, keep_checkpoint_max=2
+        )
+        model_dir.mkdir()
+        (model_dir / "model.ckpt-0.notes").write_text("the user's")
+        for _ in range(3):
+            estimator = tfcases.convert(
+                model_dir, _model, patch=patch, checkpoint_format=fmt, config=config
+            )
+            estimator.train(tfcases.dataset_input_fn(x, y), steps=2)
+        tf.compat.v1.summary.FileWriterCache.clear()
+        # (stock's sharded Saver writes a data file per device: their count is not compared)
+        names = {re.sub(r"data-\d+-of-\d+$", "data", n) for n in os.listdir(model_dir)}
+        files[name] = sorted(n for n in names if "tfevents" not in n)
+    assert files["engine"] == files["stock"], (files["engine"], files["stock"])
+    assert "model.ckpt-0.notes" in files["stock"]
+    assert sum(n.endswith(".index") for n in files["stock"]) == {"saver": 2, "checkpoint": 5}[fmt]

@@ -144,14 +144,51 @@ def test_errors_and_checkpoint_state_as_stocks(proof, case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_checkpoint_files_kept(proof, case):
-    """Stock's files; a checkpoint an earlier train() call wrote stays on disk (no longer
-    listed): tpushim deletes only what it wrote in the same call."""
+    """Stock's files: the checkpoints the state lists beyond keep_checkpoint_max deleted, an
+    earlier train() call's too (``keep``: the first call wrote 0-4, the second keeps 4-8, as
+    stock), so a run restarted again and again keeps 5, not 5 more at every restart."""
     stock, engine = proof["stock"][case]["files"], proof["engine"][case]["files"]
-    if case == "keep":  # the first call wrote 0-4; the second keeps 4-8 listed, as stock
-        assert engine == [f"model.ckpt-{i}" for i in range(9)]
+    if case == "keep":
         assert set(stock) == {f"model.ckpt-{i}" for i in range(4, 9)}
-    else:
-        assert engine == stock
+    assert engine == stock
+
+
+def test_log_lines_print_the_loss_as_stocks(tmp_path):
+    """``loss = 471.87808, step = 0``: the loss as LoggingTensorHook prints a float32 (str(),
+    its shortest digits), not its float64 digits (``471.8780822753906``), beside stock's lines."""
+    import logging
+    import re
+
+    import numpy as np
+    import tfcases
+
+    x, y = tfcases.data()
+    lines = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("engine", {"mode": "cpu", "engine": "strategy"}),
+    ):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7, log_step_count_steps=2)
+        estimator = tfcases.convert(tmp_path / name, patch=dict(patch, quiet=True), config=config)
+        seen = []
+        handler = logging.Handler()
+        handler.emit = lambda record, seen=seen: seen.append(record.getMessage())
+        logger = logging.getLogger("tensorflow")
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            estimator.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=5)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        lines[name] = [m for m in seen if m.startswith("loss = ")]
+    loss = re.compile(r"^loss = (\S+), step = \d+")
+    assert len(lines["engine"]) == len(lines["stock"]) == 3, lines
+    for got, want in zip(lines["engine"], lines["stock"]):
+        text, stock_text = loss.match(got).group(1), loss.match(want).group(1)
+        assert text == str(np.float32(text)), (got, want)
+        assert abs(float(text) - float(stock_text)) <= 1e-5 * max(1.0, abs(float(stock_text)))
 
 
 def test_observers_hear_the_engines_calls(tmp_path):

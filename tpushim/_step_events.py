@@ -163,15 +163,16 @@ class Kept:
     """The checkpoints a train() call keeps, as stock's Saver: the last ``max_to_keep`` of the
     checkpoint state's list (earlier calls' included) listed in ``model_dir/checkpoint``.
 
-    Files of a checkpoint that falls out of the list are deleted only where this call wrote it
-    (stock deletes earlier calls' too; tpushim never deletes what it did not make in the same
-    call): an earlier call's stays on disk, no longer listed.
+    A checkpoint that falls out of the list is deleted as stock's Saver deletes it (its index,
+    data and ``.meta`` files), an earlier call's too: stock recovers the state's list when it
+    restores, and the user asked for the rotation (``keep_checkpoint_max``); a preemptible TPU
+    restarting often would otherwise add ``max_to_keep`` files at every restart. Only checkpoints
+    the state lists are ever deleted, never another file.
     """
 
     def __init__(self, model_dir, max_to_keep):
         self._model_dir = model_dir
         self._max = max_to_keep if max_to_keep and max_to_keep > 0 else None
-        self._written = set()
 
     def saved(self, path, relative=False):
         """Lists ``path`` (just written) as the latest checkpoint; drops the oldest. ``relative``:
@@ -180,7 +181,6 @@ class Kept:
         state = tf.train.get_checkpoint_state(self._model_dir)
         paths = [p for p in (state.all_model_checkpoint_paths if state else []) if p != path]
         paths.append(path)
-        self._written.add(path)
         dropped = paths[: -self._max] if self._max else []
         kept = paths[-self._max :] if self._max else paths
         # A relative model_dir's paths TensorFlow writes relative to it itself (stock's Saver
@@ -191,10 +191,8 @@ class Kept:
         tf.compat.v1.train.update_checkpoint_state(
             self._model_dir, kept[-1], all_model_checkpoint_paths=kept
         )
-        for old in dropped:
-            if old in self._written:
-                for name in tf.io.gfile.glob(old + ".*"):
-                    tf.io.gfile.remove(name)
+        for old in dropped:  # stock's Saver._MaybeDeleteOldCheckpoints
+            tf.compat.v1.train.remove_checkpoint(old)
 
 
 def write_evaluation(eval_dir, results, checkpoint_path, graph=None):

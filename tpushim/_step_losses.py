@@ -146,7 +146,8 @@ def _log_line(loss, step, elapsed):
     original = np.get_printoptions()
     np.set_printoptions(suppress=True)
     try:
-        stats = f"loss = {loss}, step = {step}"
+        # str(), as LoggingTensorHook's "%s" (format() prints a float32's float64 digits)
+        stats = f"loss = {loss!s}, step = {step!s}"
         if elapsed is None:
             tf.compat.v1.logging.info("%s", stats)
         else:
