@@ -759,3 +759,38 @@ def _evaluated_as_stocks(tmp_path, build, input_fn, steps):
     assert set(results["engine"]) == set(results["stock"])
     for key, value in results["stock"].items():
         np.testing.assert_allclose(results["engine"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong", ["features", "labels"])
+def test_input_keys_that_miss_the_models_are_refused_with_stocks_error(tmp_path, wrong):
+    """An input_fn whose feature (or label) keys do not cover the model's inputs (outputs):
+    stock's KeyError, verbatim, from train(), evaluate() and predict(), before anything is
+    written (it was reported as a step that "does not compile with XLA", the cause buried)."""
+    import tfcases
+
+    features, labels = tfcases.two_in_two_out_data()
+    if wrong == "features":
+        features = {"a": features["a"], "bb": features["b"]}
+    else:
+        labels = {"cls": labels["cls"], "r": labels["reg"]}
+    input_fn = tfcases.dataset_input_fn(features, labels)
+    raised = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("engine", {"mode": "cpu", "engine": "strategy"}),
+    ):
+        estimator = tfcases.convert(
+            tmp_path / name, tfcases.two_in_two_out, patch=dict(patch, quiet=True)
+        )
+        calls = [lambda: estimator.train(input_fn, steps=1), lambda: estimator.evaluate(input_fn)]
+        if wrong == "features":
+            calls.append(lambda: list(estimator.predict(tfcases.dataset_input_fn(features))))
+        raised[name] = []
+        for call in calls:
+            with pytest.raises(KeyError) as caught:
+                call()
+            raised[name].append(str(caught.value))
+    assert raised["engine"] == raised["stock"]
+    assert "does not cover requested" in raised["stock"][0]
+    assert not list((tmp_path / "engine").glob("model.ckpt-*"))

@@ -546,6 +546,27 @@ def _weighted_row_labels(name, loss_obj):
     )
 
 
+def check_input_keys(plan, model, element_spec):
+    """Refuses, before anything is written or traced, features (and labels) whose keys do not
+    cover the model's inputs (outputs), with stock's error: keras_lib's
+    ``_convert_estimator_io_to_keras``, run on placeholders of the input's specs (a trace of the
+    step would bury it in its own error). A model fed by layers on the host takes their outputs:
+    their check is the host's."""
+    if plan.host is not None:
+        return
+    features, labels, _, _ = _unpack(element_spec, model.output_names)
+    with tf.Graph().as_default():
+        features, labels = (
+            None
+            if part is None
+            else tf.nest.map_structure(
+                lambda spec: tf.compat.v1.placeholder(spec.dtype, spec.shape), part
+            )
+            for part in (features, labels)
+        )
+        _tfprivate.convert_estimator_io_to_keras(model, features, labels)
+
+
 def check_row_labels(model, terms, element_spec):
     """Refuses, before anything is written, sample weights stock's graph refuses (stock's error:
     :func:`tpushim._padding.check_sample_weight_shapes`), and sample weights on a loss that
@@ -1352,6 +1373,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # The input first, as stock calls its input_fn first: an input refused (tensors on a
         # pod) refuses before anything is written (events, model.ckpt-0), hooks begun.
         made = early.input or self._input(input_fn, ModeKeys.TRAIN)
+        check_input_keys(self._tpushim_plan, run.model, made.spec)
         check_row_labels(run.model, run.terms, made.spec)
         check_metric_names_map(self._tpushim_plan)  # stock's model_fn checks it at train() too
         # Stock's model_fn compiles a clone here, naming the user's metric objects once more.
@@ -1515,6 +1537,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
 
     def _evaluate_batches(self, run, early, input_fn, steps, user_hooks, checkpoint_path, name):
         dataset, element_spec, _ = early.input or self._input(input_fn, ModeKeys.EVAL)
+        check_input_keys(self._tpushim_plan, run.model, element_spec)
         check_row_labels(run.model, run.terms, element_spec)
         names = run.model.output_names
         added = _strategy_metrics.added(
@@ -1639,7 +1662,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     def _predict_batches(
         self, run, early, input_fn, predict_keys, user_hooks, yield_single_examples
     ):
-        dataset = (early.input or self._input(input_fn, ModeKeys.PREDICT)).dataset
+        made = early.input or self._input(input_fn, ModeKeys.PREDICT)
+        check_input_keys(self._tpushim_plan, run.model, made.spec)
+        dataset = made.dataset
         forward = run.predict_function()
         names = run.model.output_names
         step = int(run.step.numpy())
