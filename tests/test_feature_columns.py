@@ -126,10 +126,16 @@ def _model(family, vocab_file, optimizer=None):
     return model
 
 
-def _dataset(rows, batch, repeat=False, labels=True):
+def _dataset(rows, batch, repeat=False, labels=True, scale=1.0):
+    """``repeat="first"``: repeated before batching (no short batch); ``scale``: the prices' unit
+    (Ftrl's accumulators, sums of squared gradients, stay within float32's resolution of 1e-5 at
+    a tenth)."""
     features, price = _data()
     features = {k: v[rows] for k, v in features.items()}
+    price = price * np.float32(scale)
     ds = tf.data.Dataset.from_tensor_slices((features, price[rows]) if labels else features)
+    if repeat == "first":
+        return ds.repeat().batch(batch)
     ds = ds.batch(batch)
     return ds.repeat() if repeat else ds
 
@@ -358,3 +364,152 @@ def test_preflight_names_the_layer_it_cannot_split(tmp_path):
     errors = [f for f in report.findings if f.severity == "error"]
     assert [f.code for f in errors] == ["unconvertible-feature-columns"], report
     assert "layer 'age_features'" in errors[0].message
+
+
+# --- BatchNormalization right after the moved layer (issue 48) ------------------------------------
+
+
+def _bn_model(vocab_file, optimizer, synchronized=False, activity=False):
+    """DenseFeatures (numeric, vocabulary-list and crossed indicators, embeddings), then
+    BatchNormalization right after it, then Dense layers, as the Boston-housing scripts write it.
+    Momentum 0.5: the moving statistics move visibly in a few steps. ``activity``: an activity
+    regularizer on the Dense layer after the normalisation (a loss computed from the moved
+    layer's output)."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    features, _ = _data(1)
+    inputs = {
+        key: tf.keras.Input((1,), name=key, dtype=tf.as_dtype(value.dtype))
+        for key, value in features.items()
+    }
+    x = tf.keras.layers.DenseFeatures(_columns("hash_crossed", vocab_file))(inputs)
+    # SyncBatchNormalization: BatchNormalization(synchronized=True) leaves the flag out of its
+    # config, so no estimator's clone is synchronized (see test_tpu_emulation.py).
+    bn = tf.keras.layers.experimental.SyncBatchNormalization if synchronized else None
+    x = (bn or tf.keras.layers.BatchNormalization)(momentum=0.5, name="bn")(x)
+    regularizer = tf.keras.regularizers.l2(0.05) if activity else None
+    x = tf.keras.layers.Dense(4, activation="relu", activity_regularizer=regularizer)(x)
+    out = tf.keras.layers.Dense(1, name="price")(x)
+    model = tf.keras.Model(inputs, out)
+    model.compile(optimizer, "mse", metrics=["mae"])
+    return model
+
+
+BN_OPTIMIZERS = {
+    "ftrl": lambda: tf.keras.optimizers.Ftrl(0.5),
+    "adam": lambda: tf.keras.optimizers.Adam(0.05),
+}
+
+
+@pytest.mark.tpuestimator
+@pytest.mark.parametrize(
+    "optimizer, train_rows, eval_rows, activity",
+    [
+        ("ftrl", 40, 22, False),  # training's third batch and evaluation's second: padded
+        # repeat().batch(), full evaluation: an activity loss over padding is refused in training
+        ("adam", 48, 16, True),
+        ("ftrl", 48, 16, False),  # full batches only: no padding anywhere
+    ],
+    ids=["ftrl-short", "adam-activity-full", "ftrl-full"],
+)
+def test_batchnorm_right_after_the_columns_equals_stock(
+    tmp_path, optimizer, train_rows, eval_rows, activity
+):
+    """The moved layer's output read from the input pipeline's blocks still depends on the
+    clone's inputs: Keras's train function keeps the normalisation's moving-average updates (and
+    the total loss an activity regularizer after it), which it keeps only where they are
+    reachable from the model's inputs. Before, the moving mean and variance never moved, and
+    evaluate() and predict() normalised with their initial values (issue 48: Ftrl, 129.1 where
+    stock gives 336.8), while the trained weights equalled stock's."""
+    vocab = _vocab_file(tmp_path)
+    rows = np.arange(train_rows, train_rows + eval_rows)
+    stock, _ = tfcases.compare(
+        tmp_path,
+        lambda: _bn_model(vocab, BN_OPTIMIZERS[optimizer](), activity=activity),
+        lambda: _dataset(np.arange(train_rows), 16, "first" if activity else True, scale=0.1),
+        lambda: _dataset(rows, 16, scale=0.1),
+        lambda: _dataset(rows, 4 if eval_rows % 16 else 8, labels=False),
+        steps=4,
+    )
+    # Stock's statistics moved from where they start (0 and 1): equal to stock's is not "unmoved".
+    mean = next(v for k, v in stock[3].items() if "/moving_mean/" in k)
+    variance = next(v for k, v in stock[3].items() if "/moving_variance/" in k)
+    assert np.abs(mean).max() > 1e-2 and np.abs(variance - 1).max() > 1e-2
+
+
+def _blocks_of_rows(model, rows):
+    """(host blocks, labels) of ``rows`` of :func:`_data` as numpy: what the TPU is fed."""
+    features, labels = _data()
+    return _host_batch(model, {k: v[rows] for k, v in features.items()}, labels[rows])
+
+
+@pytest.mark.tpuestimator
+def test_tpu_train_step_updates_the_moving_statistics(tmp_path):
+    """The TPU train step, replicated over 8 cores (built, not run), runs the normalisation's
+    moving-average updates: they are live in the computation that produces the step's loss."""
+    model = replicas.tpu_model(
+        lambda: _bn_model(_vocab_file(tmp_path), tf.keras.optimizers.legacy.Adam(0.05))
+    )
+    features, labels = _blocks_of_rows(model, slice(0, replicas.PER))
+    _, _, outputs = replicas.replicated_model_fn(
+        model,
+        tfcases.ModeKeys.TRAIN,
+        lambda: {k: tf.constant(v) for k, v in features.items()},
+        lambda: tf.constant(labels),
+        replicas.train_step_outputs,
+    )
+    live = replicas.live_ops([t for replica in outputs for t in replica])
+    updates = [
+        op for op in live if op.type == "AssignSubVariableOp" and "bn/AssignMovingAvg" in op.name
+    ]
+    assert len(updates) == 2, sorted(op.name for op in live if "bn/" in op.name)
+
+
+@pytest.mark.tpuestimator
+def test_eight_shards_synchronized_batchnorm_after_the_columns_train_like_stock(tmp_path):
+    """8 emulated shards fed the host's blocks in global batches of 32 over 45 rows (the second
+    batch 13 real rows: shards 4-7 padding only), a synchronized BatchNormalization right after
+    the moved layer: every replica's variables -- weights, moving mean and variance, Adam's
+    slots -- equal stock's on the whole global batch after each step."""
+    from tpushim import _batching, _padding
+
+    vocab = _vocab_file(tmp_path)
+    build = lambda: _bn_model(vocab, tf.keras.optimizers.legacy.Adam(0.05), synchronized=True)
+    rows = 45
+    features, labels = _data()
+    features = {k: v[:rows] for k, v in features.items()}
+    model = build()
+    init = model.get_weights()
+    stock = tf.compat.v1.keras.estimator.model_to_estimator(
+        keras_model=model,
+        model_dir=str(tmp_path / "stock"),
+        config=tf.estimator.RunConfig(tf_random_seed=7, save_checkpoints_steps=1),
+    )
+    raw = lambda: tf.data.Dataset.from_tensor_slices((features, labels[:rows]))
+    stock.train(lambda: raw().batch(replicas.GLOBAL).repeat(), steps=3)
+    emu_model = replicas.tpu_model(build)
+    blocks, _ = _host_batch(emu_model, features, labels[:rows])
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        dataset = tf.data.Dataset.from_tensor_slices((blocks, labels[:rows]))
+        fitted = _batching.fit_batches(
+            dataset.batch(replicas.GLOBAL).repeat(), replicas.GLOBAL, tfcases.ModeKeys.TRAIN
+        )
+        nxt = tf.compat.v1.data.make_one_shot_iterator(fitted).get_next()
+        batches = [sess.run(nxt) for _ in range(3)]
+    assert [int(b[0][_padding.PADDING_KEY].sum()) for b in batches] == [32, 13, 32]
+    emu = replicas.Emulation(emu_model, tfcases.ModeKeys.TRAIN, batches[0])
+    try:
+        emu.load_weights(init)
+        names = emu.var_names()
+        assert any("moving_mean" in n for n in names)
+        for step, batch in enumerate(batches, 1):
+            emu.train(batch)
+            ref = tfcases.checkpoint_values(os.path.join(stock.model_dir, f"model.ckpt-{step}"))
+            want = [ref[n] for n in names]
+            for values in emu.sess.run(emu.vars):
+                for name, got, value in zip(names, values, want):
+                    np.testing.assert_allclose(
+                        got, value, rtol=tfcases.TOL, atol=tfcases.TOL, err_msg=f"{step} {name}"
+                    )
+    finally:
+        emu.close()

@@ -348,9 +348,26 @@ def _device_call(split, blocks):
                             blocks[col.key + "/weights"],
                         )
                     )
-        return tf.concat(outputs, -1)
+        return _tied_to_inputs(tf.concat(outputs, -1), features)
 
     return call
+
+
+def _tied_to_inputs(output, features):
+    """``output`` (read from the blocks) as a function of the layer's own inputs, as stock's is.
+
+    Keras 1-style graph models keep a layer's update or loss only where it is reachable from the
+    model's inputs (``get_updates_for(model.inputs)``, ``get_losses_for``): the train function
+    collects them so, and so does tpushim's loss. Read from the blocks alone, the moved layer's
+    output hangs off no model input, and every update and loss after it would be dropped -- a
+    BatchNormalization's moving mean and variance never moved, an activity regularizer never
+    added. One ``IdentityN`` over the output and the inputs makes that path again (no
+    arithmetic: its first output is ``output`` itself).
+    """
+    inputs = [t for t in tf.nest.flatten(features, expand_composites=True) if tf.is_tensor(t)]
+    if not inputs:  # layer_output (the strategy engine's replicas: their functions run them all)
+        return output
+    return tf.identity_n([output, *inputs], name="tied_to_inputs")[0]
 
 
 def layer_output(split, blocks, layer, training=None):
