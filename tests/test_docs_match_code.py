@@ -101,3 +101,26 @@ def test_the_wheel_names_the_project_urls():
 def test_the_typed_choices_are_public_without_importing_typing_at_start_up():
     assert tpushim.Mode is _types.Mode and tpushim.PodInput is _types.PodInput
     assert {"Mode", "PodInput", "Status"} <= set(tpushim.__all__)
+
+
+def test_what_users_read_cites_no_issue_numbers():
+    """An issue number (#33) means nothing outside this repository: no string in the package
+    that a user may read (a message, a note, a line) cites one; docstrings and comments may, and
+    ``owner/repo#N`` names a public issue anyone can open."""
+    cites = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tpushim", "**", "*.py"), recursive=True)):
+        tree = ast.parse(read(path))
+        docstrings = {
+            id(node.value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        }
+        cites += [
+            f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and re.search(r"(^|[^&\w/])#\d{2,}\b|\bissue \d+", node.value)
+        ]
+    assert cites == []

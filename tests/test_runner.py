@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import sys
 import textwrap
 
@@ -144,6 +145,20 @@ def test_help_explains_modes_variables_and_commands(tmp_path):
         "belongs to it",
     ):
         assert text in proc.stdout, text
+    # What cpu mode runs, true on every TensorFlow (--help imports none to find out).
+    assert (
+        "\n  cpu    the TPU code path on CPU/GPU, to try a conversion: TPUEstimator(use_tpu=False) "
+        "on\n         TF <= 2.15, the strategy engine on TF >= 2.16\n"
+    ) in proc.stdout, proc.stdout
+    assert "configured (TPUEstimator on TensorFlow <= 2.15, the strategy engine on >= 2.16)" in (
+        proc.stdout
+    )
+    light = procs.python(
+        code="import sys\nfrom tpushim._cli import main\ntry:\n    main(['--help'])\n"
+        "except SystemExit:\n    pass\nprint('imported', 'tensorflow' in sys.modules)",
+        cwd=tmp_path,
+    )
+    assert light.stdout.endswith("imported False\n"), light.stdout[-300:] + light.stderr
     # Every variable of the settings table is listed (it once left TPUSHIM_POD_INPUT out).
     variables = proc.stdout.split("environment variables:")[1]
     for var in (*_settings.ENV_VARS.values(), _settings.LOG_LEVEL_VAR, _settings.SUMMARY_VAR):
@@ -212,6 +227,36 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     # before anything reads TF_CPP_MIN_LOG_LEVEL: not that one.
     absl = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
     assert "WARNING" not in proc.stderr.replace(absl, "")
+
+
+@pytest.mark.slow  # a TensorFlow subprocess that trains
+def test_cpu_mode_demo_says_which_engine_ran(tmp_path):
+    """``--mode cpu demo``: the closing line names the engine its conversion line names (on
+    TensorFlow 2.21 it once said "tpushim returned the stock estimator ...: both runs are stock"
+    under a strategy-engine line)."""
+    proc = procs.python(["-m", "tpushim", "--mode", "cpu", "demo"], cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "both runs are stock" not in out
+    verdict = next(line for line in out.splitlines() if line.startswith("cpu mode runs "))
+    if _versions.uses_own_estimator():
+        assert "2. tpushim  model_to_estimator -> the strategy engine: " in out
+        assert re.fullmatch(
+            r"cpu mode runs the strategy engine \(the TPU path on TensorFlow >= 2\.16\) on CPU: "
+            r"results equal within 1e-05 \(largest difference [0-9.e+-]+\)\. Run 1 is "
+            r"tpushim's estimator engine, stock 2\.15's path: TensorFlow >= 2\.16 has no stock "
+            r"estimator\.",
+            verdict,
+        ), verdict
+    else:
+        assert "2. tpushim  model_to_estimator -> TPUEstimator(use_tpu=False" in out
+        assert re.fullmatch(
+            r"cpu mode runs the TPU code path on CPU: results equal within 1e-05 \(largest "
+            r"difference [0-9.e+-]+\)\.",
+            verdict,
+        ), verdict
+    # The conversion lines are the table's: not again on stderr, in absl's format or ours.
+    assert "model_to_estimator ->" not in proc.stderr, proc.stderr[-3000:]
 
 
 RUNNER, CHECK = _cli.RUNNER_VALUE_FLAGS, _cli.CHECK_VALUE_FLAGS

@@ -285,3 +285,60 @@ def test_the_stand_ins_crash_a_command_the_guard_lets_through(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ImportError: the fake TensorFlow was imported" in proc.stderr
     assert "tpushim does not support" not in proc.stderr
+
+
+#: A ``sitecustomize`` that makes ``import tf_keras`` fail as where tf-keras is not installed
+#: (its files stay on disk: the environment is faked, TensorFlow is not).
+NO_TF_KERAS = """
+import sys
+
+class NoTfKeras:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tf_keras" or name.startswith("tf_keras."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoTfKeras())
+"""
+
+
+def test_without_tf_keras_patch_names_the_install_and_leaves_tf_keras_alone(tmp_path):
+    """Real TensorFlow, tf_keras unimportable: on 2.16+ ``patch()`` warns with the install that
+    fixes it and does not set TF_USE_LEGACY_KERAS (which made the script die later, at its first
+    ``tf.keras.layers.Input``, with ``ImportError: Keras cannot be imported``)."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(NO_TF_KERAS)
+    code = (
+        "import os, warnings\nimport tpushim\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always'); tpushim.patch()\n"
+        "print('patched', tpushim.is_patched(), os.environ.get('TF_USE_LEGACY_KERAS') or None)\n"
+        "for w in caught: print('WARNING', w.message)\n"
+        "import tensorflow as tf\ntf.keras.layers.Input((2,))\nprint('Input ok')\n"
+    )
+    proc = procs.python(
+        code=code, env={"PYTHONPATH": os.pathsep.join([str(shim), ROOT]), "TF_USE_LEGACY_KERAS": ""}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Input ok" in proc.stdout
+    if not _versions.uses_own_estimator():  # TensorFlow <= 2.15 has its own Keras 2
+        assert "patched True None" in proc.stdout and "WARNING" not in proc.stdout
+        return
+    tf_version = _versions.installed_versions(read_metadata=True)[0]
+    minor = ".".join(tf_version.split(".")[:2])
+    assert "patched False None" in proc.stdout, proc.stdout
+    warned = [line for line in proc.stdout.splitlines() if line.startswith("WARNING")]
+    assert len(warned) == 1, proc.stdout
+    assert (
+        f"tpushim does not support TensorFlow {tf_version} with Keras 3."  # the Keras there is
+    ) in warned[0]
+    assert (
+        "TensorFlow 2.16 and later run legacy Keras scripts through tf_keras (Keras 2), which is "
+        "not installed"
+    ) in warned[0]
+    assert warned[0].endswith(
+        f'Nothing was patched. Fix: pip install "tf-keras~={minor}.0"  (each tf-keras release '
+        "pins its TensorFlow minor)"
+    ), warned[0]
+    assert "tpushim set TF_USE_LEGACY_KERAS" not in proc.stderr

@@ -302,8 +302,10 @@ Patches tf.keras.estimator.model_to_estimator (every spelling of it), then runs 
 '__main__', and its exit code and exceptions come through unchanged. `-m MODULE` runs a module as
 `python -m MODULE` would. Everything after SCRIPT or MODULE belongs to it.
 
-The converted model_to_estimator returns a TPUEstimator when a TPU is configured, and the stock
-estimator otherwise; each conversion prints one line on stderr saying what it returned and why."""
+The converted model_to_estimator returns an estimator that trains on the TPU when one is
+configured (TPUEstimator on TensorFlow <= 2.15, the strategy engine on >= 2.16), and the stock
+estimator otherwise (tpushim's own on TensorFlow >= 2.16, which has none); each conversion prints
+one line on stderr saying what it returned and why."""
 
 _EPILOG = """\
 commands:
@@ -311,8 +313,9 @@ commands:
   (a script named like a command: give its path, e.g. ./info)
 
 modes (--mode, TPUSHIM_MODE):
-  auto   a TPUEstimator when a TPU is configured, else the stock estimator (default)
-  cpu    TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU, to try a conversion
+  auto   the TPU path when a TPU is configured, else the stock estimator (default)
+  cpu    the TPU code path on CPU/GPU, to try a conversion: TPUEstimator(use_tpu=False) on
+         TF <= 2.15, the strategy engine on TF >= 2.16
   tpu    require a TPU; model_to_estimator raises tpushim.NoTPUError when none is configured
   off    never convert
 

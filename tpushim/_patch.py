@@ -214,12 +214,21 @@ def is_ours(obj):
     return any(isinstance(obj, t) for t in tuple(STATE.wrapper_types.values()))
 
 
-def _check_versions():
+def _check_versions(layers=None):
     """Runs the version guard (lock held): remembers its verdict and warns once per process.
 
-    On TensorFlow >= 2.16 it first makes ``tf.keras`` tf_keras, or refuses where that is too late.
+    On TensorFlow >= 2.16 it first makes ``tf.keras`` tf_keras, or refuses where that is too late;
+    the line that says so is hidden where the settings of ``layers`` (a ``patch()`` or scope's,
+    default: those in effect here) are quiet.
     """
-    STATE.version_problem = _versions.legacy_keras_problem() or _versions.version_problem_now()
+
+    def quiet():
+        if layers is None:
+            return (current_settings() or _settings.resolve(())).quiet
+        return _settings.resolve(layers).quiet
+
+    # The guard first: TF_USE_LEGACY_KERAS is set, and said, only where tpushim then patches.
+    STATE.version_problem = _versions.version_problem_now() or _versions.legacy_keras_problem(quiet)
     if STATE.version_problem and not STATE.warned:
         STATE.warned = (
             True  # one warning, on one channel (logging users see it through captureWarnings)
@@ -531,7 +540,7 @@ def patch(
 
         _log.show(level)
     with STATE.lock:
-        if _check_versions():
+        if _check_versions((layer,)):
             return
         if STATE.process_layer is not None and STATE.process_layer != layer:
             _logger().info(
@@ -610,7 +619,8 @@ class patched:
     def __enter__(self) -> patched:
         _settings.check_environment()  # strict: a bad variable raises before the scope opens
         with STATE.lock:
-            _check_versions()
+            outer = (STATE.process_layer,) if STATE.process_layer is not None else ()
+            _check_versions(outer + STATE.scope_layers.get() + (self._layer,))
             STATE.open_scopes += 1
             _sync()
         token = STATE.scope_layers.set(STATE.scope_layers.get() + (self._layer,))
@@ -760,13 +770,16 @@ def _engine_call(wrapped, args, kwargs, settings):
         from tpushim import _strategy
 
         return _strategy.build_on_engine(arguments, settings, decision.tpu, why)
+    from tpushim import _log
     from tpushim._legacy import _keras
 
     v2 = getattr(wrapped, "__name__", "") == "model_to_estimator_v2"
-    _logger().info(
-        "model_to_estimator -> tpushim's %s on TensorFlow >= 2.16 (%s)",
-        "EstimatorV2" if v2 else "Estimator",
-        "no TPU configured; stock 2.15's path" if settings.mode == "auto" else decision.why,
+    # Said as a TPU path's line is (not only logged): stock's estimator is gone, this is tpushim's.
+    _log.conversion(
+        f"tpushim's {'EstimatorV2' if v2 else 'Estimator'} on TensorFlow >= 2.16 ("
+        + ("no TPU configured; stock 2.15's path" if settings.mode == "auto" else decision.why)
+        + ")",
+        settings.quiet,
     )
     from tpushim import _observe
 

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 
+import tensorflow as tf
 from tensorflow.python.tpu import tpu_function  # number of shards inside a replicated computation
 
 try:
@@ -63,10 +64,16 @@ else:  # tpushim's own engine's twins (tpushim/_legacy/_keras.py wrote them from
     EstimatorBase = _legacy_estimator.Estimator  # tf.estimator.Estimator there, with tpushim on
 
 
+@tf.autograph.experimental.do_not_convert
 def _keras(module):
     """Keras 2's private module ``module`` (e.g. ``engine.training_utils_v1``): in ``keras.src``
     (Keras 2.13-2.15), ``keras`` (Keras 2.12), or ``tf_keras.src`` (TensorFlow >= 2.16, where
-    ``keras`` is Keras 3)."""
+    ``keras`` is Keras 3).
+
+    Not converted by AutoGraph: the strategy engine's step (a ``tf.function``) reaches it through
+    the loss helpers, and AutoGraph would follow ``importlib.import_module`` into the frozen
+    ``_gcd_import`` and warn that it cannot (once per trace) -- there is nothing to convert.
+    """
     import importlib
 
     if ON_TF_KERAS:

@@ -190,7 +190,7 @@ def installed_versions(read_metadata=False):
     ).strip().lower() in ("1", "true", "yes"):
         tf_keras_version = imported("tf_keras") or (
             dist_version("tf_keras", ("tf-keras", "tf-keras-nightly"))
-            if read_metadata or tf_v is not None
+            if (read_metadata or tf_v is not None) and tf_keras_importable()
             else None
         )
     return tf_version, keras_version, has_estimator, tf_keras_version
@@ -290,14 +290,29 @@ def _legacy_keras_on():
     return os.environ.get(LEGACY_KERAS) in LEGACY_KERAS_ON
 
 
-def legacy_keras_problem():
+def tf_keras_importable():
+    """Whether ``import tf_keras`` would find it (``sys.meta_path``'s finders asked; nothing is
+    imported): only then does ``TF_USE_LEGACY_KERAS=1`` leave TensorFlow a Keras to load."""
+    if "tf_keras" in sys.modules:
+        return True
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("tf_keras") is not None
+    except (ImportError, ValueError):  # a finder that refuses it
+        return False
+
+
+def legacy_keras_problem(quiet=lambda: False):
     """Makes ``tf.keras`` tf_keras (Keras 2) on TensorFlow >= 2.16; None, or why it cannot.
 
     ``TF_USE_LEGACY_KERAS`` is read by TensorFlow when ``tf.keras`` is first touched: tpushim
-    sets it (one log line says so) before that. Where a ``keras`` of TensorFlow's already resolved
-    to Keras 3, it is too late, and the message says how to start instead.
+    sets it (one line says so, unless ``quiet()``) before that. Where a ``keras`` of TensorFlow's
+    already resolved to Keras 3, it is too late, and the message says how to start instead. Where
+    tf_keras cannot be imported, nothing is set (``tf.keras`` stays the Keras there is, instead of
+    failing at its first use): the version guard then says what to install.
     """
-    if not uses_own_estimator() or _legacy_keras_on():
+    if not uses_own_estimator() or _legacy_keras_on() or not tf_keras_importable():
         return None
     tf_module = sys.modules.get("tensorflow")
     if tf_module is not None:
@@ -314,11 +329,11 @@ def legacy_keras_problem():
                 f"TPUSHIM_AUTOPATCH=1 or {LEGACY_KERAS}=1 in the environment."
             )
     os.environ[LEGACY_KERAS] = "1"
-    import logging
+    from tpushim import _log
 
-    logging.getLogger("tpushim").info(
-        "tpushim set %s=1: tf.keras is tf_keras (Keras 2) on TensorFlow %s",
-        LEGACY_KERAS,
-        _tf_version_cheaply(),
+    _log.news(
+        f"tpushim set {LEGACY_KERAS}=1: tf.keras is tf_keras (Keras 2) on TensorFlow "
+        f"{_tf_version_cheaply()}, and tf.estimator is tpushim's while it is patched",
+        quiet(),
     )
     return None

@@ -32,7 +32,8 @@ from tpushim._preflight.report import Report, failure_as_finding, script_frame, 
 #: What the preflight on TensorFlow <= 2.15 checks that needs TPUEstimator, said in one note.
 NOT_RUN = (
     "not run on TensorFlow {version} (no TPUEstimator there; tpushim's TPU path for TensorFlow "
-    ">= 2.16 is the strategy engine, #33): TPUEstimator's TPU graphs on a faked TPU system "
+    ">= 2.16 is the strategy engine, checked instead for its input, host-only ops and XLA): "
+    "TPUEstimator's TPU graphs on a faked TPU system "
     "(infeed, one CrossReplicaSum per variable, outfeed, evaluation steps), how a pod's hosts "
     "would read the input, and the conversion checks of tpushim's TPU model_fn (loss kinds a "
     "TPU's cores split, metrics as metric_fn, iterations_per_loop)"

@@ -37,15 +37,20 @@ class _Lines(logging.Handler):
 
 @contextlib.contextmanager
 def _conversion_lines():
+    from tpushim import _log
+
     logger = logging.getLogger("tpushim")
-    handler, level = _Lines(), logger.level
+    handler, level, propagate = _Lines(), logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    if not _log.configured():  # the table shows them: not again on stderr (absl's root handler)
+        logger.propagate = False
     try:
         yield handler.lines
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _quiet_tensorflow():
@@ -63,13 +68,36 @@ def _quiet_tensorflow():
         pass
 
 
+class _Engines:
+    """An observer (:mod:`tpushim._observe`): which engine each conversion returned."""
+
+    def __init__(self):
+        self.engines = []
+
+    def converted(self, conversion):
+        self.engines.append(_engine(conversion.estimator))
+
+
+def _engine(estimator):
+    """``"tpuestimator"`` or ``"strategy"`` (the TPU path's engines), or ``"own"`` (tpushim's
+    Estimator on TensorFlow >= 2.16, stock 2.15's path): what a conversion returned."""
+    from tpushim import _engines, _strategy
+
+    if isinstance(estimator, _strategy.StrategyEstimator):
+        return _engines.STRATEGY
+    return "own" if _versions.uses_own_estimator() else _engines.TPUESTIMATOR
+
+
 def _train_once(scope):
+    from tpushim import _observe
     from tpushim.demo import legacy_mlp
 
     start = time.perf_counter()
+    engines = _Engines()
     with (
         _scratch.scratch_folder("tpushim_demo_", "tpushim_demo_model") as model_dir,
         _conversion_lines() as lines,
+        _observe.observing(engines),
         scope,
         warnings.catch_warnings(),
     ):
@@ -77,6 +105,8 @@ def _train_once(scope):
         results, predictions = legacy_mlp.train_and_evaluate(model_dir)
     return {
         "line": lines[-1] if lines else "(no conversion line: model_to_estimator was not patched)",
+        # What model_to_estimator returned: "stock", "own", "tpuestimator" or "strategy".
+        "engine": engines.engines[-1] if engines.engines else "stock",
         "results": {k: float(v) for k, v in results.items()},
         "predictions": predictions,
         "seconds": time.perf_counter() - start,
@@ -119,15 +149,18 @@ def report(stock, shim):
     return out, worst
 
 
-def _verdict(shim, mode, worst, batch_size):
-    """(the closing line, whether the results are as they must be)."""
-    if "on TensorFlow >= 2.16" in shim["line"]:
+def _verdict(stock, shim, mode, worst, batch_size):
+    """(the closing line, whether the results are as they must be), from what each run's
+    ``model_to_estimator`` returned."""
+    from tpushim import _engines
+
+    if shim["engine"] == "own":
         return (
             "TensorFlow >= 2.16 has no stock estimator: both runs took tpushim's estimator "
             "engine, stock 2.15's path; its numbers equal stock TensorFlow 2.15's (tested).",
             True,
         )
-    if "TPUEstimator(" not in shim["line"]:
+    if shim["engine"] == "stock":
         return (
             "tpushim returned the stock estimator (its line says why): both runs are stock.",
             True,
@@ -139,9 +172,20 @@ def _verdict(shim, mode, worst, batch_size):
         )
     if mode == "cpu":
         equal = worst <= CPU_TOLERANCE
+        path = (
+            "cpu mode runs the TPU code path on CPU"
+            if shim["engine"] == _engines.TPUESTIMATOR
+            else "cpu mode runs the strategy engine (the TPU path on TensorFlow >= 2.16) on CPU"
+        )
+        against = (
+            " Run 1 is tpushim's estimator engine, stock 2.15's path: TensorFlow >= 2.16 has no "
+            "stock estimator."
+            if stock["engine"] == "own"
+            else ""
+        )
         return (
-            f"cpu mode runs the TPU code path on CPU: results {'equal' if equal else 'DIFFERENT'} "
-            f"within {CPU_TOLERANCE:g} (largest difference {worst:.2g})."
+            f"{path}: results {'equal' if equal else 'DIFFERENT'} within {CPU_TOLERANCE:g} "
+            f"(largest difference {worst:.2g}).{against}"
         ), equal
     return (
         "On a TPU, float32 matrix multiplies run in bfloat16 passes by default, so small "
@@ -168,8 +212,9 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
         ).items()
         if v is not None
     }
-    if mode is None:
-        with patched(**settings):
+    # Before TensorFlow: on TensorFlow >= 2.16 the scope makes tf.keras Keras 2 and says so.
+    with patched(**settings):
+        if mode is None:
             # TensorFlow >= 2.16: both runs take tpushim's estimator engine (no stock one there);
             # its TPU path there, the strategy engine, is proven in tests/test_strategy_replicas.py.
             mode = "auto" if status()["tpu"] or _versions.uses_own_estimator() else "cpu"
@@ -185,7 +230,7 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
     stock = _train_once(patched(mode="off"))
     shim = _train_once(patched(mode=mode, **settings))
     lines, worst = report(stock, shim)
-    verdict, as_expected = _verdict(shim, mode, worst, batch_size)
+    verdict, as_expected = _verdict(stock, shim, mode, worst, batch_size)
     print(
         "\n".join(
             lines
