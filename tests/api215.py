@@ -188,7 +188,79 @@ out["errors"] = errors
 print("RESULT " + json.dumps(out))
 """
 
-SCENARIOS = {"shuffle": SHUFFLE, "exporters": EXPORTERS}
+# RunConfig(train_distribute=, eval_distribute=) with a strategy of one replica (a CPU machine:
+# MirroredStrategy() takes CPU:0 alone), and TF_CONFIG as a job launcher sets it for one process
+# (a cluster of one "chief"): train(), evaluate(), train_and_evaluate() (whose chief trains and
+# returns None: evaluation is an evaluator task's); clusters stock refuses, with its errors.
+DISTRIBUTE = """
+import json, os, random, sys
+{patch}
+import numpy as np, tensorflow as tf
+
+def model():
+    random.seed(0); np.random.seed(0); tf.random.set_seed(0)
+    m = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(4,)),
+                             tf.keras.layers.Dense(1)])
+    m.compile(tf.keras.optimizers.SGD(0.05), "mse", metrics=["mae"])
+    return m
+
+rng = np.random.RandomState(0)
+x = rng.normal(size=(100, 4)).astype("float32")
+y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32") + 0.1).astype("float32")
+train = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+test = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+
+def numbers(est):
+    out = {{k: float(v) for k, v in est.evaluate(test).items()}}
+    out["predictions"] = [float(next(iter(p.values()))[0]) for p in est.predict(test)][:5]
+    return out
+
+def run(name, **config):
+    model_dir = os.path.join(sys.argv[1], name)
+    conf = tf.estimator.RunConfig(tf_random_seed=1, model_dir=model_dir, **config)
+    est = tf.keras.estimator.model_to_estimator(model(), config=conf)
+    return conf, est, model_dir
+
+out = {{}}
+_, est, _ = run("plain")
+est.train(train, steps=10)
+out["plain"] = numbers(est)
+conf, est, _ = run("one_replica", train_distribute=tf.distribute.MirroredStrategy(),
+                   eval_distribute=tf.distribute.MirroredStrategy())
+est.train(train, steps=10)
+out["one_replica"] = numbers(est)
+
+os.environ["TF_CONFIG"] = json.dumps({{"cluster": {{"chief": ["localhost:2222"]}},
+                                       "task": {{"type": "chief", "index": 0}}}})
+conf, est, _ = run("chief")
+out["chief_config"] = [conf.task_type, conf.task_id, conf.is_chief, conf.master,
+                       conf.num_worker_replicas, conf.num_ps_replicas,
+                       conf.cluster_spec.as_dict()]
+est.train(train, steps=10)
+out["chief"] = numbers(est)
+conf, est, model_dir = run("chief_tae")
+returned = tf.estimator.train_and_evaluate(
+    est, tf.estimator.TrainSpec(train, max_steps=10), tf.estimator.EvalSpec(test, throttle_secs=0))
+out["chief_tae"] = dict(returned=repr(returned),
+                        evaluated=os.path.isdir(os.path.join(model_dir, "eval")),
+                        step=int(tf.train.latest_checkpoint(model_dir).rsplit("-", 1)[1]))
+errors = {{}}
+for name, cluster, task in (
+    ("workers_only", {{"worker": ["localhost:1", "localhost:2"]}}, {{"type": "worker", "index": 0}}),
+    ("two_chiefs", {{"chief": ["localhost:1", "localhost:2"]}}, {{"type": "chief", "index": 0}}),
+    ("no_cluster_chief", None, {{"type": "chief", "index": 0}}),
+):
+    os.environ["TF_CONFIG"] = json.dumps(dict(task=task, **({{"cluster": cluster}} if cluster else {{}})))
+    try:
+        tf.estimator.RunConfig()
+        errors[name] = None
+    except ValueError as e:
+        errors[name] = str(e)
+out["errors"] = errors
+print("RESULT " + json.dumps(out))
+"""
+
+SCENARIOS = {"shuffle": SHUFFLE, "exporters": EXPORTERS, "distribute": DISTRIBUTE}
 
 
 def run(name, workdir, patch="", python=sys.executable, env=None):
@@ -209,6 +281,25 @@ def run(name, workdir, patch="", python=sys.executable, env=None):
     if proc.returncode or not lines:
         raise AssertionError(f"scenario {name} failed:\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def close(got, want, rel=1e-4):
+    """``got`` equals ``want``: the same structure, floats within ``rel`` (another TF release)."""
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and set(got) == set(want)
+            and all(close(got[k], want[k], rel) for k in want)
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(close(a, b, rel) for a, b in zip(got, want))
+        )
+    if isinstance(want, float):
+        return abs(got - want) <= rel * abs(want) + 1e-6
+    return got == want
 
 
 def estimator_names():

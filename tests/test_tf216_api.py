@@ -36,23 +36,7 @@ PATCH = "import tpushim; tpushim.patch()"
 ENV = {"TF_USE_LEGACY_KERAS": ""}
 
 
-def _close(got, want, rel=1e-4):
-    """``got`` equals ``want``: the same structure, floats within ``rel`` (another TF release)."""
-    if isinstance(want, dict):
-        return (
-            isinstance(got, dict)
-            and set(got) == set(want)
-            and all(_close(got[k], want[k], rel) for k in want)
-        )
-    if isinstance(want, list):
-        return (
-            isinstance(got, list)
-            and len(got) == len(want)
-            and all(_close(a, b, rel) for a, b in zip(got, want))
-        )
-    if isinstance(want, float):
-        return abs(got - want) <= rel * abs(want) + 1e-6
-    return got == want
+_close = api215.close
 
 
 @pytest.mark.slow
@@ -186,10 +170,11 @@ for key, make in dict(
         out[key] = "accepted"
     except NotImplementedError as e:
         out[key] = str(e)
-os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": ["localhost:1"]},
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"]},
                                       "task": {"type": "worker", "index": 0}})
 try:
-    tf.estimator.RunConfig()
+    tf.keras.estimator.model_to_estimator(
+        tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))]), model_dir=sys.argv[1])
     out["TF_CONFIG"] = "accepted"
 except NotImplementedError as e:
     out["TF_CONFIG"] = str(e)
@@ -198,8 +183,10 @@ print("RESULT " + json.dumps(out))
 
 
 def test_a_distribution_strategy_or_a_cluster_is_refused_by_name_before_anything_runs(tmp_path):
-    # Stock 2.15 trains under the strategy; tpushim's engine cannot: it says so, naming the
-    # argument and what to do, instead of training on one device as if the strategy were there.
+    # A strategy of two replicas, or a cluster of two tasks: stock 2.15 trains over them;
+    # tpushim's engine cannot (one graph, one process): it says so, naming the argument and what
+    # to do, instead of training on one device as if the strategy were there. (One replica and a
+    # cluster of one chief train, with stock's numbers: tests/test_run_config_distribute.py.)
     model_dir = tmp_path / "model"
     proc = procs.python([model_dir], code=DISTRIBUTE, env={"PYTHONPATH": ROOT, **ENV})
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -208,9 +195,12 @@ def test_a_distribution_strategy_or_a_cluster_is_refused_by_name_before_anything
     for key in ("train_distribute", "eval_distribute", "replace"):
         name = "train_distribute" if key == "replace" else key
         assert got[key].startswith(
-            f"RunConfig({name}=MirroredStrategy) is not supported by tpushim's estimator engine"
+            f"RunConfig({name}=MirroredStrategy) over 2 replicas is not supported by tpushim's "
+            "estimator engine"
         ), got[key]
-        assert "Leave it unset" in got[key] and "TensorFlow <= 2.15" in got[key]
-    assert got["TF_CONFIG"].startswith("TF_CONFIG (a cluster of tf.estimator workers)")
+        assert "strategy one device" in got[key] and "TensorFlow <= 2.15" in got[key]
+    assert got["TF_CONFIG"].startswith(
+        "TF_CONFIG names a cluster of tf.estimator tasks (1 chief, 1 worker; this process: worker 0)"
+    ), got["TF_CONFIG"]
     assert "unset TF_CONFIG" in got["TF_CONFIG"]
     assert not model_dir.exists()

@@ -610,6 +610,7 @@ def _build(arguments, settings, tpu):
         keras_model, arguments["checkpoint_format"]
     )
     optimizer = _validation.validate(keras_model, custom_objects)
+    _validation.check_cluster(arguments["config"])
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)  # validate() made it: cached
     engine, engine_why = _engines.choose(settings)
     if engine == _engines.STRATEGY:  # its own refusals, before anything is written

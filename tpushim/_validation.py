@@ -108,6 +108,27 @@ def validate(keras_model, custom_objects):
     return results["optimizer"]
 
 
+def check_cluster(config):
+    """Refuses, before anything is written, a RunConfig that a ``train_distribute`` strategy and
+    a cluster in TF_CONFIG put in tf.estimator's distribute-coordinator mode (TensorFlow <=
+    2.15): that mode copies the estimator into every task and runs the strategy across them,
+    which neither engine can honour (stock 2.15 itself fails there for a MirroredStrategy). On
+    TensorFlow >= 2.16 tpushim's RunConfig refuses such a cluster itself, naming TF_CONFIG."""
+    if not getattr(config, "_distribute_coordinator_mode", None):
+        return
+    strategy = getattr(config, "train_distribute", None) or getattr(config, "eval_distribute", None)
+    jobs = config.cluster_spec.as_dict() if config.cluster_spec else {}
+    shown = ", ".join(f"{len(tasks)} {job}" for job, tasks in sorted(jobs.items())) or "a cluster"
+    raise ConversionError(
+        f"RunConfig(train_distribute={type(strategy).__name__}) with a cluster in TF_CONFIG "
+        f"({shown}) runs tf.estimator's distribute coordinator, which copies the estimator into "
+        "every task: tpushim cannot convert for it (a TPU replicates the model over its cores "
+        "itself, one process per TPU host, with no TF_CONFIG). Unset TF_CONFIG, or leave "
+        "train_distribute out of RunConfig, to convert; or train without tpushim "
+        "(TPUSHIM_MODE=off)."
+    )
+
+
 def saves_object_checkpoints(keras_model, checkpoint_format):
     """True for object-based (tf.train.Checkpoint) checkpoints, False for Saver ones; as stock."""
     if checkpoint_format in (None, "checkpoint"):

@@ -7,9 +7,13 @@ what a run writes and when, and a script's numbers and model_dir should not chan
 
 import collections
 import copy
+import json
+import logging
 import os
 
 import tensorflow as tf
+
+logger = logging.getLogger("tpushim")
 
 
 class ModeKeys:
@@ -69,13 +73,8 @@ class RunConfig:
             )
         if values["model_dir"] is not None:
             values["model_dir"] = os.fspath(values["model_dir"])
-        _refuse_distribution(values)
-        if os.environ.get("TF_CONFIG", "").strip() not in ("", "{}"):
-            raise NotImplementedError(
-                "TF_CONFIG (a cluster of tf.estimator workers) is not supported by tpushim's "
-                "estimator engine on TensorFlow >= 2.16: unset TF_CONFIG to train in this one "
-                "process, or run the cluster with TensorFlow <= 2.15 (Python <= 3.11)."
-            )
+        _check_distribution(values)
+        self.__dict__.update(_task_from_tf_config())
         for key, value in values.items():
             setattr(self, "_" + key, value)
 
@@ -84,24 +83,15 @@ class RunConfig:
             return self.__dict__["_" + name]
         raise AttributeError(f"'RunConfig' object has no attribute {name!r}")
 
-    # One local process: what a RunConfig without TF_CONFIG reports.
-    master = ""
-    evaluation_master = ""
-    is_chief = True
-    num_ps_replicas = 0
-    num_worker_replicas = 1
-    task_type = "worker"
-    task_id = 0
-    global_id_in_cluster = 0
+    # One local process (set per instance from TF_CONFIG: _task_from_tf_config).
     service = None
-    cluster_spec = tf.train.ClusterSpec({})
 
     def replace(self, **kwargs):
         """A copy with these properties replaced (tf.estimator.RunConfig.replace)."""
         unknown = set(kwargs) - set(_DEFAULTS)
         if unknown:
             raise ValueError(f"{sorted(unknown)} are not allowed to be replaced.")
-        _refuse_distribution(kwargs)
+        _check_distribution(kwargs)
         new = copy.copy(self)
         for key, value in kwargs.items():
             setattr(new, "_" + key, value)
@@ -111,18 +101,92 @@ class RunConfig:
         return "RunConfig(%s)" % ", ".join(f"{k}={getattr(self, k)!r}" for k in _DEFAULTS)
 
 
-def _refuse_distribution(values):
-    """A tf.distribute strategy in RunConfig: refused by name, before anything runs (the engine
-    trains in one graph on TensorFlow's default placement, never silently without it)."""
-    for key in ("train_distribute", "eval_distribute", "experimental_distribute"):
-        if values.get(key) is not None:
-            raise NotImplementedError(
-                f"RunConfig({key}={type(values[key]).__name__}) is not supported by tpushim's "
-                "estimator engine on TensorFlow >= 2.16. Leave it unset: the model then trains "
-                "in one graph placed by TensorFlow's default placement (on the first GPU where "
-                "the machine has one, as stock tf.estimator without a strategy), or run this "
-                "script with TensorFlow <= 2.15 (Python <= 3.11) to train with the strategy."
+def _check_distribution(values):
+    """A tf.distribute strategy in RunConfig, as this engine honours it: one replica on one
+    worker (``MirroredStrategy()`` on a machine with at most one GPU, ``OneDeviceStrategy``, a
+    one-worker ``MultiWorkerMirroredStrategy``) computes what one graph computes, so the model
+    trains in one graph with stock's numbers (placed by TensorFlow's default placement); more
+    replicas are refused by name, before anything runs (never trained on one device as if the
+    strategy were there)."""
+    if values.get("experimental_distribute") is not None:
+        raise NotImplementedError(
+            "RunConfig(experimental_distribute=...) is not supported by tpushim's estimator "
+            "engine on TensorFlow >= 2.16. Leave it unset, or run this script with TensorFlow "
+            "<= 2.15 (Python <= 3.11)."
+        )
+    for key in ("train_distribute", "eval_distribute"):
+        strategy = values.get(key)
+        if strategy is None:
+            continue
+        replicas = getattr(strategy, "num_replicas_in_sync", None)
+        name = type(strategy).__name__
+        if replicas == 1:
+            logger.info(
+                "tpushim: RunConfig(%s=%s) has one replica: trained in one graph, with the "
+                "numbers the strategy gives (TensorFlow's default placement).",
+                key,
+                name,
             )
+            continue
+        raise NotImplementedError(
+            f"RunConfig({key}={name}) over {replicas} replicas is not supported by tpushim's "
+            "estimator engine on TensorFlow >= 2.16, which trains in one graph. Give the "
+            "strategy one device (MirroredStrategy(devices=['/gpu:0'])) or leave it unset (the "
+            "model then trains in one graph placed by TensorFlow's default placement, on the "
+            "first GPU where the machine has one), or run this script with TensorFlow <= 2.15 "
+            "(Python <= 3.11) to train over every replica."
+        )
+
+
+# RunConfig's values for one local process (a TF_CONFIG without a cluster, or none).
+_LOCAL_TASK = {
+    "master": "",
+    "evaluation_master": "",
+    "is_chief": True,
+    "num_ps_replicas": 0,
+    "num_worker_replicas": 1,
+    "task_type": "worker",
+    "task_id": 0,
+    "global_id_in_cluster": 0,
+    "cluster_spec": tf.train.ClusterSpec({}),
+}
+
+
+def _task_from_tf_config():
+    """This process's task, from TF_CONFIG as tf.estimator.RunConfig reads it (stock's errors,
+    verbatim). A cluster of one node, a chief (what a job launcher sets for one process), runs
+    here as stock runs it: locally, as the chief. A larger cluster is refused by name: this
+    engine trains in one process."""
+    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    cluster = tf_config.get("cluster") or {}
+    task = tf_config.get("task") or {}
+    if not cluster:
+        if task.get("type", "worker") != "worker":
+            raise ValueError('If "cluster" is not set in TF_CONFIG, task type must be WORKER.')
+        if int(task.get("index", 0)) != 0:
+            raise ValueError('If "cluster" is not set in TF_CONFIG, task index must be 0.')
+        return dict(
+            _LOCAL_TASK,
+            master=tf_config.get("session_master", ""),
+            evaluation_master=tf_config.get("eval_session_master", ""),
+        )
+    spec = tf.train.ClusterSpec(cluster)
+    if "master" not in spec.jobs:  # stock's checks of a cluster with a chief
+        if "chief" not in spec.jobs:
+            raise ValueError('If "cluster" is set in TF_CONFIG, it must have one "chief" node.')
+        if len(spec.job_tasks("chief")) > 1:
+            raise ValueError('The "cluster" in TF_CONFIG must have only one "chief" node.')
+    nodes = {job: len(spec.job_tasks(job)) for job in spec.jobs}
+    if nodes == {"chief": 1} and task.get("type") == "chief" and int(task.get("index", -1)) == 0:
+        return dict(_LOCAL_TASK, task_type="chief", cluster_spec=spec)
+    shown = ", ".join(f"{count} {job}" for job, count in sorted(nodes.items()))
+    raise NotImplementedError(
+        f"TF_CONFIG names a cluster of tf.estimator tasks ({shown}; this process: "
+        f"{task.get('type')} {task.get('index')}), which tpushim's estimator engine on "
+        "TensorFlow >= 2.16 cannot run: it trains in one process. To train here, unset "
+        'TF_CONFIG or leave this process alone in it as the "chief"; to run the cluster, use '
+        "TensorFlow <= 2.15 (Python <= 3.11)."
+    )
 
 
 def overwrite_model_dir_and_session_config(config, model_dir):

@@ -6,6 +6,7 @@ evaluation.
 """
 
 import collections
+import logging
 import os
 
 import tensorflow as tf
@@ -290,15 +291,29 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     """Trains and evaluates on one machine, as tf.estimator's local path does.
 
     Returns:
-      ``(the last evaluation's metrics, the export paths)``.
+      ``(the last evaluation's metrics, the export paths)``; None for the chief of a TF_CONFIG
+      cluster, as stock's distributed path returns.
     """
-    if os.environ.get("TF_CONFIG", "").strip() not in ("", "{}"):
-        raise NotImplementedError(
-            "train_and_evaluate with TF_CONFIG (a cluster) is not supported by tpushim on "
-            "TensorFlow >= 2.16: run it in one process."
-        )
     if not isinstance(train_spec, TrainSpec) or not isinstance(eval_spec, EvalSpec):
         raise TypeError("train_and_evaluate takes a TrainSpec and an EvalSpec.")
+    if estimator.config.cluster_spec:
+        # A cluster of one chief (RunConfig refuses any other): stock's distributed path, whose
+        # chief trains while evaluation is an evaluator task's (this cluster has none).
+        logging.getLogger("tpushim").warning(
+            "tpushim: TF_CONFIG makes this process the chief of a cluster without an "
+            "evaluator: train_and_evaluate trains and neither evaluates nor exports, as "
+            "tf.estimator's does (unset TF_CONFIG to evaluate here)."
+        )
+        tf.compat.v1.logging.info(
+            "Skip starting Tensorflow server as there is only one node in the cluster."
+        )
+        estimator.train(
+            train_spec.input_fn,
+            max_steps=train_spec.max_steps,
+            hooks=list(train_spec.hooks),
+            saving_listeners=list(train_spec.saving_listeners),
+        )
+        return None
     listener = _EvaluateOnCheckpoints(estimator, eval_spec, train_spec.max_steps)
     estimator.train(
         train_spec.input_fn,
