@@ -332,3 +332,88 @@ def test_a_table_the_engines_session_cannot_initialise_is_refused_in_words(tmp_p
             estimator.train(input_fn, steps=2)
         assert not tf.executing_eagerly()
     assert tf.train.latest_checkpoint(str(tmp_path / "m")) is None
+
+
+V1_SCRIPT = """
+import json, os, random, sys
+import numpy as np
+{patch}
+import tensorflow as tf
+tf.compat.v1.disable_v2_behavior()
+random.seed(0); np.random.seed(0); tf.compat.v1.set_random_seed(0)
+x = np.random.RandomState(0).normal(size=(300, 4)); y = (x.sum(1) > 0).astype("int64")
+inputs = tf.keras.layers.Input(shape=(4,), name="x")
+# (seeded initializers: in a graph-mode program Keras's unseeded ones differ run to run)
+init = tf.keras.initializers.GlorotUniform
+hidden = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=init(1))(inputs)
+output = tf.keras.layers.Dense(1, activation="sigmoid", kernel_initializer=init(2))(hidden)
+model = tf.keras.Model(inputs, output)
+model.compile(tf.compat.v1.train.AdamOptimizer(0.01), "binary_crossentropy", metrics=["accuracy"])
+model_dir = sys.argv[1]
+estimator = tf.compat.v1.keras.estimator.model_to_estimator(keras_model=model, model_dir=model_dir)
+
+def input_fn(repeat):
+    def make():
+        dataset = tf.compat.v1.data.Dataset.from_tensor_slices(({{"x": x}}, y))
+        dataset = dataset.repeat() if repeat else dataset
+        return tf.compat.v1.data.make_one_shot_iterator(dataset.batch(100)).get_next()
+    return make
+
+estimator.train(input_fn(True), steps=5)
+metrics = estimator.evaluate(input_fn(False))
+
+def serving():
+    rows = tf.compat.v1.placeholder(tf.float64, [None, 4])
+    return tf.estimator.export.ServingInputReceiver({{"x": rows}}, {{"x": rows}})
+
+path = estimator.export_savedmodel(os.path.join(model_dir, "export"), serving)
+with tf.compat.v1.Session(graph=tf.Graph()) as session:
+    meta = tf.compat.v1.saved_model.load(session, ["serve"], path)
+    signature = meta.signature_def["serving_default"]
+    served = session.run(signature.outputs[next(iter(signature.outputs))].name,
+                         {{signature.inputs["x"].name: x[:5]}})
+out = {{k: float(v) for k, v in metrics.items()}}
+out["served"] = [float(v) for v in np.ravel(served)]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_a_v1_api_script_exports_with_export_savedmodel_as_stock(tmp_path):
+    """``disable_v2_behavior()``, ``tf.compat.v1.keras.estimator.model_to_estimator``, a one-shot
+    iterator's batches of 100 and ``estimator.export_savedmodel(...)``: through the v1 API stock
+    returns a v1 Estimator, whose deprecated export exports; the engine's did not
+    (``AttributeError: Estimator.export_savedmodel has been deprecated``). Its metrics and the
+    SavedModel's outputs are stock's; ``tpushim check`` of the script passes on the engine (its
+    reading of the eager input failed in a graph-mode program: "Attempting to capture an
+    EagerTensor")."""
+    import json
+
+    import procs
+
+    from tpushim import _versions
+
+    results = {}
+    for name, patch in (  # stock: tf.estimator (on TensorFlow >= 2.16 tpushim's, stock 2.15's)
+        ("stock", "import tpushim; tpushim.patch()" if _versions.uses_own_estimator() else ""),
+        ("engine", "import tpushim; tpushim.patch(mode='cpu', engine='strategy', quiet=True)"),
+    ):
+        proc = procs.python(
+            [tmp_path / name], code=V1_SCRIPT.format(patch=patch), env={"TF_USE_LEGACY_KERAS": ""}
+        )
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+        results[name] = json.loads(lines[-1][len("RESULT ") :])
+    assert set(results["engine"]) == set(results["stock"])
+    for key, value in results["stock"].items():
+        np.testing.assert_allclose(results["engine"][key], value, atol=1e-5, err_msg=key)
+
+    script = tmp_path / "v1_script.py"
+    script.write_text(V1_SCRIPT.format(patch=""))
+    proc = procs.python(
+        ["-m", "tpushim", "--engine", "strategy", "check", script, tmp_path / "checked"],
+        env={"TF_USE_LEGACY_KERAS": ""},
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "preflight-failed" not in proc.stdout
+    assert not (tmp_path / "checked").exists()

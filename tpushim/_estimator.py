@@ -735,7 +735,12 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
     plan.metric_names_map = arguments["metric_names_map"]
     _strategy.warm_from_first_checkpoint(plan, warm_start_path)
     estimator = _strategy.StrategyEstimator(
-        model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt
+        model_fn,
+        config,
+        warm_start_path,
+        plan,
+        object_checkpoints=save_object_ckpt,
+        v1_api=not arguments["use_v2_estimator"],
     )
     description = _strategy.describe(plan, settings, tpu, why)
     _log.conversion(description, settings.quiet)

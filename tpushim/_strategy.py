@@ -1275,9 +1275,12 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     #: The metric_fns ``tf.estimator.add_metrics`` added to its evaluation, in order (:func:`add_metrics`).
     _tpushim_metric_fns = ()
 
-    def __init__(self, model_fn, config, warm_start_from, plan, object_checkpoints=True):
+    def __init__(
+        self, model_fn, config, warm_start_from, plan, object_checkpoints=True, v1_api=False
+    ):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
         self._tpushim_plan = plan
+        self._tpushim_v1_api = v1_api  # made through tf.compat.v1's model_to_estimator
         plan.name_based_checkpoints = not object_checkpoints  # stock's 'saver' format
         self._tpushim_strategy = None
         # The checkpoints stock keeps: its Keras estimator's object-based Saver keeps 5, whatever
@@ -1291,6 +1294,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     def _assert_members_are_not_overridden(self):
         # Estimator forbids overriding train/evaluate/predict; this engine replaces exactly those.
         pass
+
+    def export_savedmodel(self, export_dir_base, serving_input_receiver_fn, **kwargs):
+        """Through tf.compat.v1's model_to_estimator stock returns a v1 Estimator, whose
+        deprecated ``export_savedmodel`` exports (a v1 script calls it); through the v2 one,
+        stock's EstimatorV2 refuses it with its own error (2.12 - 2.15)."""
+        base = _tfprivate.EstimatorBase
+        if self._tpushim_v1_api and _tfprivate.estimator_lib is not None:
+            base = _tfprivate.estimator_lib.Estimator  # the v1 class, EstimatorV2's base
+        return base.export_savedmodel(self, export_dir_base, serving_input_receiver_fn, **kwargs)
 
     @property
     def strategy(self):
@@ -1849,7 +1861,13 @@ def build_on_engine(arguments, settings, tpu, why):
         plan.metric_names_map = arguments["metric_names_map"]
         warm_from_first_checkpoint(plan, warm_start_path)
         estimator = StrategyEstimator(
-            model_fn, config, warm_start_path, plan, object_checkpoints=save_object_ckpt
+            model_fn,
+            config,
+            warm_start_path,
+            plan,
+            object_checkpoints=save_object_ckpt,
+            # (on TF >= 2.16 one Estimator class: its export_savedmodel exports either way)
+            v1_api=not arguments.get("use_v2_estimator", True),
         )
         description = describe(plan, settings, tpu, why)
         _log.conversion(description, settings.quiet)
@@ -1877,6 +1895,7 @@ def add_metrics(estimator, metric_fn, model_fn):
         estimator._tpushim_plan,
     )
     added._tpushim_keep = estimator._tpushim_keep
+    added._tpushim_v1_api = estimator._tpushim_v1_api
     added._tpushim_strategy = estimator._tpushim_strategy
     added._tpushim_metric_fns = (*estimator._tpushim_metric_fns, metric_fn)
     _observe.derived(added, estimator, model_fn)
