@@ -19,13 +19,22 @@ travels in feature 0. Reported, for 2 and 4 hosts:
 * training on the engine with 8 replicas on a faked 2-host pod, every host feeding its share
   (``_strategy_input.emulated_hosts``): weights, evaluation and predictions against the stock
   estimator's (on TensorFlow >= 2.16: stock 2.15's numbers, recorded by ``--record FILE DIR`` in a
-  TF 2.15 venv), and with host 1 feeding host 0's share (a negative control).
+  TF 2.15 venv), and with host 1 feeding host 0's share (a negative control);
+* training on the files path, 8 replicas on 2 and 4 emulated hosts each reading only its own
+  files, against one board (the same model, files and seed on one input pipeline), and with each
+  host's rows counted as its own batch's, not the global batch's (a negative control: every
+  host's gradient hosts x one board's).
+
+``--tpu-strategy DIR`` (a process of its own): ``distributed_input`` on a real
+``tf.distribute.TPUStrategy`` for a faked TPU system of 2 and 4 hosts (:func:`tpu_strategy_pods`).
 
 A helper run by tests/test_strategy_pods.py, not a test module.
 """
 
 import collections
+import contextlib
 import json
+import logging
 import os
 import sys
 
@@ -347,6 +356,104 @@ def training(root):
     }
 
 
+# --- training on the files path: 2 and 4 hosts, each reading only its own files -----------------
+
+#: Every step one whole epoch of the files (64 records, each host's share of them even by size
+#: on 2 and 4 hosts): the shares' own shuffles cannot change a step's rows, so one board's weights
+#: are the pod's to float rounding. Two steps: a step's gradient and the next's, through momentum.
+FILES_BATCH, FILES_STEPS = 64, 2
+
+
+def parse_xy(record):
+    """A record's id as 4 features (the same on any host) and a regression label."""
+    i = tf.strings.to_number(record, tf.float32)
+    x = tf.stack([tf.sin(i), tf.cos(0.7 * i), i / 64.0 - 0.5, tf.sin(1.3 * i + 1.0)])
+    return x, 2.0 * x[:1] - x[1:2] + 0.1 * x[3:]
+
+
+def files_input(paths):
+    """Shuffled, endless input read from files (``list_files``): the files path, on a pod."""
+    pattern = os.path.join(os.path.dirname(paths[0]), "*.tfrecord")
+
+    def input_fn():
+        return (
+            tf.data.Dataset.list_files(pattern)
+            .interleave(tf.data.TFRecordDataset, cycle_length=2)
+            .map(parse_xy)
+            .shuffle(FILES_BATCH)
+            .repeat()
+            .batch(FILES_BATCH)
+        )
+
+    return input_fn
+
+
+class _Paths(logging.Handler):
+    """The path each pod call's input took (the engine's INFO line)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "TPU hosts:" in message:
+            self.lines.append(message)
+
+
+def files_run(root, name, paths, hosts):
+    """Weights after FILES_STEPS steps of the engine: on ``hosts`` emulated hosts (None: one
+    board), and the path line of each pod call."""
+    with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=model(), config=config(os.path.join(root, name))
+        )
+    logger = logging.getLogger("tpushim")
+    handler, level = _Paths(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with _strategy_input.emulated_hosts(hosts) if hosts else contextlib.nullcontext():
+            estimator.train(files_input(paths), steps=FILES_STEPS)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    values = {
+        n: np.asarray(estimator.get_variable_value(n), np.float64)
+        for n in estimator.get_variable_names()
+        if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    }
+    return (None, None, values), handler.lines
+
+
+def files_training(root, paths):
+    """8 replicas trained on the files path of 2 and 4 emulated hosts against one board (the
+    same model, files and seed on one input pipeline); and, the negative control, each host's
+    rows counted as its own batch's (the global count left out: every host's gradient hosts x
+    one board's)."""
+    board, _ = files_run(root, "files_board", paths, None)
+    original = _padding.pad_batch
+
+    def own_count(batch_size, counted=False, global_count=None):
+        return original(batch_size, counted)
+
+    out = {}
+    for hosts in (2, 4):
+        ours, lines = files_run(root, f"files_pod{hosts}", paths, hosts)
+        _padding.pad_batch = own_count
+        try:
+            control, control_lines = files_run(root, f"files_control{hosts}", paths, hosts)
+        finally:
+            _padding.pad_batch = original
+        out[str(hosts)] = {
+            "paths": [line.split(": ")[1] for line in lines],
+            "pod": differences(ours, board),
+            "control_paths": [line.split(": ")[1] for line in control_lines],
+            "control": differences(control, board),
+        }
+    return out
+
+
 # --- strings and lookups on a faked 2-host pod (tpushim/_strategy_host.py) -------------------
 
 CITIES = ["oslo", "lima", "pune"]
@@ -456,6 +563,65 @@ def strings(root):
     return out
 
 
+# --- distributed_input's pod branch on a real TPUStrategy (a process of its own) -------------
+
+
+def tpu_strategy_pods(root):
+    """``distributed_input`` on a ``tf.distribute.TPUStrategy`` for a faked TPU system of 2 and
+    4 hosts (tpushim/_preflight/faketpu.py answers TensorFlow's TPU system query), its hosts
+    in-process servers on loopback (``tf.config.experimental_connect_to_cluster``: each host's
+    pipeline is made on its host's CPU, which must exist): the contexts TPUStrategy calls the
+    dataset function with, the path, and the specs. Its TPU cores exist nowhere, so the
+    distributed dataset is not read (its iterators fetch to them). Run by ``--tpu-strategy
+    DIR``: connecting to a cluster changes the process's eager context for good."""
+    import socket
+
+    from tpushim._preflight import faketpu
+
+    ports = []
+    for _ in range(4):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cluster = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{p}" for p in ports]})
+    servers = [tf.distribute.Server(cluster, "worker", task_index=i) for i in range(4)]
+    tf.config.experimental_connect_to_cluster(cluster)
+    paths = write(os.path.join(root, "train"), SIZES)
+    input_fn = inputs(paths, 16, shuffle_buffer=16)["files shuffled"]
+    original = _strategy_input.HostInput.__call__
+    out = {"servers": len(servers)}
+    for hosts in (2, 4):
+        with faketpu.faked_tpu_system(hosts=hosts, cores_per_host=REPLICAS // hosts) as fake:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(fake.master)
+            strategy = tf.distribute.TPUStrategy(resolver)
+        calls = []
+
+        def recorded(self, context):
+            calls.append((context.num_input_pipelines, context.input_pipeline_id))
+            self.path_name = self.path.name
+            pods.append(self)
+            return original(self, context)
+
+        pods = []
+        _strategy_input.HostInput.__call__ = recorded
+        try:
+            made = _strategy_input.distributed_input(
+                strategy, input_fn, "train", Config(None), None
+            )
+        finally:
+            _strategy_input.HostInput.__call__ = original
+        labels = tf.nest.flatten(made.dataset.element_spec[1], expand_composites=True)
+        out[str(hosts)] = {
+            "strategy": type(strategy).__name__,
+            "calls": sorted(calls),
+            "paths": sorted({pod.path_name for pod in pods}),
+            "spec_rows": [int(made.spec[1].shape[0])],
+            "steps": made.steps,
+            "replica_label_specs": [s.shape.as_list() for s in labels],
+        }
+    return out
+
+
 def record(path, root):
     metrics, predictions, values = stock_run(root)
     (s_metrics, s_predictions, s_values), s_keys = strings_stock(root)
@@ -489,6 +655,7 @@ def main(root):
     out["exact"] = exact_checks(files)
     out["files"] = files_checks(files)
     out["training"] = training(root)
+    out["files_training"] = files_training(root, files["train"])
     out["strings"] = strings(root)
     print("RESULT " + json.dumps(out))
 
@@ -496,5 +663,7 @@ def main(root):
 if __name__ == "__main__":
     if sys.argv[1] == "--record":
         record(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "--tpu-strategy":
+        print("RESULT " + json.dumps(tpu_strategy_pods(sys.argv[2])))
     else:
         main(sys.argv[1])

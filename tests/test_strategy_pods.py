@@ -1,11 +1,16 @@
 """Pods on the strategy engine (tpushim/_strategy_input.py): each host's input pipeline, built by
 the function TPUStrategy calls once per host with a real ``tf.distribute.InputContext``, on 2 and
-4 emulated hosts; and the engine training 8 replicas on a faked 2-host pod, every host feeding
-its share. The proof runs in one subprocess (tests/strategy_pod_proof.py: 8 logical devices).
+4 emulated hosts; the engine training 8 replicas on a faked 2-host pod, every host feeding its
+share, and on the files path of 2 and 4 hosts against one board. The proof runs in one
+subprocess (tests/strategy_pod_proof.py: 8 logical devices). The TPUStrategy-only branches run on
+a real ``tf.distribute.TPUStrategy`` for a TPU system faked at a loopback address
+(tpushim/_preflight/faketpu.py): which replicas each host feeds, ``host_sum``'s reduce, and (in a
+process of its own, its hosts loopback servers) ``distributed_input``'s pod branch.
 
 On every TensorFlow: on 2.12-2.15 against the stock estimator run beside it, on >= 2.16 against
 stock TensorFlow 2.15's numbers, tests/reference/strategy_pods_tf215.json."""
 
+import json
 import os
 
 import procs
@@ -13,7 +18,7 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _padding, _strategy_input
+from tpushim import _padding, _strategy, _strategy_input, _tfprivate
 from tpushim._errors import ConversionError
 
 TOLERANCE = 1e-5
@@ -110,6 +115,115 @@ def test_training_on_one_board_follows_stocks_seeded_shuffle(proof):
     board = proof["training"]["board"]
     assert board["names_equal"]
     assert max(board["weights"], board["metrics"], board["predictions"]) < TOLERANCE, board
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hosts", ["2", "4"])
+def test_training_on_the_files_path_equals_one_board(proof, hosts):
+    """8 replicas, each host reading only its own files (shuffled, endless, list_files), every
+    step a whole epoch of them: weights equal one board's (the same model, files and seed on one
+    input pipeline) within 1e-5, each replica's loss divided by the global batch's rows."""
+    result = proof["files_training"][hosts]
+    assert result["paths"] == ["files path"]
+    assert result["pod"]["names_equal"]
+    assert result["pod"]["weights"] < TOLERANCE, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hosts", ["2", "4"])
+def test_negative_control_files_path_rows_counted_per_host(proof, hosts):
+    """The same training with each host's rows counted as its own batch's (the global count left
+    out of the files path: every host's gradient hosts x one board's) must differ from one
+    board's."""
+    result = proof["files_training"][hosts]
+    assert result["control_paths"] == ["files path"]
+    assert result["control"]["weights"] > 1e-2, result
+
+
+# --- on a real TPUStrategy, for a TPU system faked at a loopback address -----------------------
+
+
+def _tpu_strategy(hosts, cores, order=None):
+    """A ``tf.distribute.TPUStrategy`` for a faked TPU system of ``hosts`` x ``cores``
+    (tpushim/_preflight/faketpu.py answers TensorFlow's TPU system query: no TPU, no network);
+    ``order``: the system's cores in replica order (a DeviceAssignment), else TensorFlow's."""
+    from tpushim._preflight import faketpu
+
+    with faketpu.faked_tpu_system(hosts=hosts, cores_per_host=cores) as fake:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(fake.master)
+        assignment = None
+        if order is not None:
+            topology = faketpu.topology(hosts, cores)
+            coordinates = topology.device_coordinates.reshape(hosts * cores, -1)
+            assignment = tf.tpu.experimental.DeviceAssignment(
+                topology, coordinates[list(order)][:, None, :]
+            )
+        return tf.distribute.TPUStrategy(resolver, experimental_device_assignment=assignment)
+
+
+_FETCHED = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+
+
+@pytest.mark.parametrize(
+    "hosts, cores, order, feeds",
+    [
+        (2, 4, None, ((0, 1, 2, 3), (4, 5, 6, 7))),
+        (4, 2, None, ((0, 1), (2, 3), (4, 5), (6, 7))),
+        # replica r on host r % 2: each host feeds the replicas on its cores, not a block
+        (2, 4, (0, 4, 1, 5, 2, 6, 3, 7), ((0, 2, 4, 6), (1, 3, 5, 7))),
+    ],
+)
+def test_on_a_tpu_strategy_each_host_feeds_the_replicas_on_its_cores(hosts, cores, order, feeds):
+    strategy = _tpu_strategy(hosts, cores, order)
+    assert strategy.num_replicas_in_sync == 8 and strategy.extended.num_hosts == hosts
+    assert _tfprivate.input_replicas(strategy, _FETCHED) == feeds  # TensorFlow's worker lists
+    assert _strategy_input.input_feeds(strategy, _FETCHED) == feeds
+
+
+def test_on_a_tpu_strategy_without_tfs_worker_lists_each_host_feeds_a_block(monkeypatch):
+    """Where a TensorFlow keeps no worker lists (``input_replicas`` says None), host h feeds the
+    h-th block of replicas, as TensorFlow's own device order lays a pod out."""
+    strategy = _tpu_strategy(4, 2)
+    monkeypatch.setattr(_tfprivate, "input_replicas", lambda strategy, options: None)
+    assert _strategy_input.input_feeds(strategy, _FETCHED) == ((0, 1), (2, 3), (4, 5), (6, 7))
+
+
+def test_host_sum_on_a_tpu_strategy_is_its_reduce():
+    """TPUStrategy's ``reduce`` of per-replica values (outside a step, on the host's CPU): their
+    sum, as on any other strategy."""
+    strategy = _tpu_strategy(2, 4)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant([1.0, 10.0]) * float(ctx.replica_id_in_sync_group + 1)
+    )
+    assert _strategy.host_sum(strategy, values).numpy().tolist() == [36.0, 360.0]
+
+
+@pytest.fixture(scope="module")
+def tpu_strategy_pods(tmp_path_factory):
+    """tests/strategy_pod_proof.py --tpu-strategy: a process of its own (it connects to a
+    cluster of loopback servers, the faked hosts, for good)."""
+    root = tmp_path_factory.mktemp("tpu_strategy_pods")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "strategy_pod_proof.py")
+    result = procs.python([script, "--tpu-strategy", root])
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, result.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_on_a_tpu_strategy_each_host_builds_its_own_pipeline(tpu_strategy_pods, hosts):
+    """distributed_input on a real TPUStrategy of 2 and 4 hosts (its hosts loopback servers):
+    TPUStrategy calls the dataset function once per host with that host's InputContext (after
+    one call of tpushim's own, host 0's, for the spec), on the files path, each of its 8
+    replicas fed 2 rows of a global batch of 16; the input's end is each host's own (steps
+    unknown)."""
+    result = tpu_strategy_pods[str(hosts)]
+    assert result["strategy"].startswith("TPUStrategy")
+    assert result["calls"] == sorted([[hosts, 0]] + [[hosts, h] for h in range(hosts)])
+    assert result["paths"] == ["files"]
+    assert result["spec_rows"] == [2] and result["steps"] is None
+    assert result["replica_label_specs"] == [[2]] * 8
 
 
 # --- fast: what the engine refuses on a pod ---------------------------------------------------------
