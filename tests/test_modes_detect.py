@@ -501,3 +501,44 @@ def test_tpu_is_probed_once_per_estimator(tmp_path):
         tpu.build(lambda: est.evaluate(tfcases.dataset_input_fn(x, y)))
         tpu.build(lambda: est.predict(tfcases.dataset_input_fn(x)))
         assert listener.new_connections() == 0
+
+
+@pytest.mark.parametrize("mode", ["auto", "tpu"])
+def test_a_local_tpu_this_tensorflow_cannot_drive_is_refused_at_conversion(
+    tmp_path, monkeypatch, mode
+):
+    """``TPUSHIM_TPU=local`` (a TPU VM, Colab's or Kaggle's TPU runtime) with pip's TensorFlow,
+    which registers no kernel for ConfigureDistributedTPU: the conversion says so before anything
+    is written, naming the install that would drive the TPU (and cpu mode), where TensorFlow's
+    own "No OpKernel was registered to support Op 'ConfigureDistributedTPU'" came at train(),
+    on either engine."""
+    from tpushim import NoTPUError
+
+    monkeypatch.setenv("TPUSHIM_TPU", "local")
+    tpushim.patch(mode=mode, quiet=True)
+    with pytest.raises(NoTPUError) as raised:
+        tfcases.convert(tmp_path / "model")
+    message = str(raised.value)
+    assert "a TPU is configured (TPUSHIM_TPU)" in message
+    assert f"TensorFlow {tf.__version__} here cannot drive it" in message
+    assert "ConfigureDistributedTPU" in message and "TPUSHIM_MODE=cpu" in message
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.parametrize(
+    "version,install",
+    [
+        ("2.15.1", "--version=tpu-vm-tf-2.15.1-se"),
+        ("2.19.0", 'pip install "tensorflow-tpu==2.19.*"'),
+        ("2.21.0", "tensorflow-tpu stops at 2.20"),
+    ],
+)
+def test_the_refusal_names_the_install_for_each_release(version, install):
+    def registered(op):
+        return False  # pip's tensorflow: the op defined, no kernel for it
+
+    with pytest.raises(tpushim.NoTPUError, match=re.escape(install)):
+        _detect.check_tpu_support("TPUSHIM_TPU", {}, version, registered)
+    # A TensorFlow with TPU support, or a PJRT runtime (started otherwise): no refusal.
+    _detect.check_tpu_support("TPUSHIM_TPU", {}, version, lambda op: True)
+    _detect.check_tpu_support("TPUSHIM_TPU", {"PJRT_DEVICE": "TPU"}, version, registered)

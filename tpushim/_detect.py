@@ -184,6 +184,7 @@ def check_tpu_answers(cluster, source, timeout_s=None):
     """
     master = cluster.master() if hasattr(cluster, "master") else ""
     if not master or not master.startswith("grpc://"):
+        check_tpu_support(source)  # a TPU of this machine: can this TensorFlow drive one?
         return
     check_reachable(master, source)
     timeout_s = QUERY_TIMEOUT_S if timeout_s is None else timeout_s
@@ -229,6 +230,74 @@ def check_tpu_answers(cluster, source, timeout_s=None):
             f"(it has: {', '.join(kinds) or 'none'}): it is a TensorFlow server, not a TPU "
             f"({tried}). {_FIX}"
         )
+
+
+#: The op a TPU system is started with, on StreamExecutor runtimes (TPUEstimator's and
+#: TPUStrategy's ``initialize_tpu_system``): pip's ``tensorflow`` and ``tensorflow-cpu`` define it
+#: but register no kernel for it, and fail there at ``train()`` with "No OpKernel was registered
+#: to support Op 'ConfigureDistributedTPU'".
+TPU_SYSTEM_OP = "ConfigureDistributedTPU"
+
+
+def _has_kernel(op):
+    from tensorflow.python.framework import kernels  # imports TensorFlow: not at start-up
+
+    return bool(kernels.get_registered_kernels_for_op(op).kernel)
+
+
+def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
+    """A TPU of this machine (``local``) that this TensorFlow cannot drive fails now, before
+    anything is written, naming the install that would drive it, instead of TensorFlow's raw
+    error at the first ``train()``. A PJRT runtime (:func:`tpushim._engines.pjrt_runtime`), which
+    starts its TPU otherwise, is not judged by the op.
+
+    Args:
+      source: where the TPU came from, for the message.
+      environ, tf_version: the environment and TensorFlow version (this process's when None).
+      has_kernel: ``op -> bool``, whether TensorFlow registered a kernel for it (asked when None).
+    """
+    from tpushim import _engines
+
+    environ = os.environ if environ is None else environ
+    if _engines.pjrt_runtime(environ):
+        return
+    if (has_kernel or _has_kernel)(TPU_SYSTEM_OP):
+        return
+    if tf_version is None:
+        import tensorflow as tf
+
+        tf_version = tf.__version__
+    minor = ".".join(tf_version.split(".")[:2])
+    try:
+        release = tuple(int(p) for p in minor.split("."))
+    except ValueError:
+        release = (0, 0)
+    if release < (2, 16):
+        install = (
+            f"TensorFlow {minor} drives a TPU only as Cloud TPU VM images built for it have it "
+            f"(a TPU v2, v3 or v4 created with --version=tpu-vm-tf-{tf_version}-se or the "
+            "image of your release: keep that TensorFlow, `pip install .` without the cpu "
+            "extra); pip's tensorflow and tensorflow-cpu cannot"
+        )
+    elif release <= (2, 20):
+        install = (
+            f'install the TPU build of this release: pip install "tensorflow-tpu=={minor}.*" '
+            "(with its libtpu, from the libtpu release index) beside "
+            f'"tensorflow=={minor}.*"'
+        )
+    else:
+        install = (
+            f"no TPU build of TensorFlow {minor} exists (tensorflow-tpu stops at 2.20): "
+            'pip install "tensorflow==2.20.*" "tensorflow-tpu==2.20.*" "tf-keras~=2.20.0" '
+            "(with libtpu, from the libtpu release index)"
+        )
+    raise NoTPUError(
+        f"a TPU is configured ({source}), but TensorFlow {tf_version} here cannot drive it: it "
+        f"has no kernel for {TPU_SYSTEM_OP}, the op a TPU system starts with (pip's tensorflow "
+        f"and tensorflow-cpu are CPU/GPU builds). To train on the TPU, {install}. To run the "
+        "TPU code path on the CPU instead, set TPUSHIM_MODE=cpu; to train without tpushim, "
+        "TPUSHIM_MODE=off."
+    )
 
 
 def cluster_resolver(spec: TPUSpec, timeout_s: Optional[float] = None):
