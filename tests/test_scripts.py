@@ -45,13 +45,6 @@ LEGACY = [
     # DenseFeatures then BatchNormalization; Ftrl and 'adam' (two models); short batches
     "boston_feature_columns_batchnorm.py",
 ]
-#: Scripts the strategy engine does not yet give stock's numbers for: script -> what differs.
-#: Expected to fail (strict: a fix makes the test say so).
-ENGINE_DIFFERS = {
-    # the second model, built after the first one's train/evaluate/predict, starts from other
-    # initial weights than stock's (its keras/keras_model.ckpt differs); built alone it is equal
-    "boston_feature_columns_batchnorm.py": "the second model's initial weights differ from stock's",
-}
 #: What else the converted run must log, per script.
 LOGGED = {
     "iris_add_metrics.py": "tf.estimator.add_metrics -> TPUShimEstimator(use_tpu=False)",
@@ -140,15 +133,7 @@ def test_script_unchanged_under_cpu_mode_equals_stock(script, tmp_path):
         assert abs(shim[key] - value) <= tfcases.TOL, (key, shim[key], value)
 
 
-@pytest.mark.parametrize(
-    "script",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(reason=ENGINE_DIFFERS[s], strict=True))
-        if s in ENGINE_DIFFERS
-        else s
-        for s in LEGACY
-    ],
-)
+@pytest.mark.parametrize("script", LEGACY)
 def test_script_unchanged_on_the_strategy_engine_equals_stock(script, tmp_path):
     """The same scripts on the strategy engine (``--engine strategy``; #33): stock's RESULT, or
     the refusal tests/engine_scripts.py names, raised before anything is written."""

@@ -112,6 +112,7 @@ def test_decision_on_a_pjrt_runtime(monkeypatch):
 
 
 def test_private_names_the_engine_uses(tmp_path):
+    import numpy as np
     import tensorflow as tf
 
     from tpushim import _tfprivate
@@ -126,6 +127,17 @@ def test_private_names_the_engine_uses(tmp_path):
     keys = dict(tf.train.list_variables(path))
     assert "estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE" in keys  # keras_lib's name
     assert callable(_tfprivate.create_keras_model_fn)
+
+    # The XLA check's compiler IR takes no eager op seed: the next unseeded op draws as without it.
+    step = tf.function(lambda x: tf.reduce_sum(x * 2.0), jit_compile=True)
+    try:
+        tf.random.set_seed(3)
+        unseeded = tf.random.uniform([3]).numpy()
+        tf.random.set_seed(3)
+        assert "HloModule" in _tfprivate.compiler_ir(step, tf.TensorSpec([2], tf.float32))
+        np.testing.assert_array_equal(tf.random.uniform([3]).numpy(), unseeded)
+    finally:
+        tf.random.set_seed(None)
 
 
 def _call_loss_layer():
@@ -272,6 +284,99 @@ def test_estimator_surface_on_one_device(tmp_path):
     served = tf.saved_model.load(path).signatures["serving_default"](hidden_input=tf.constant(x))
     predicted = np.array([p["probs"] for p in engine_estimator.predict(features_only)])
     np.testing.assert_allclose(served["probs"].numpy(), predicted, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "seeding,kind",
+    [("a script's", "functional"), ("keras", "functional"), ("a script's", "subclassed")],
+)
+def test_a_second_model_starts_where_stocks_does(tmp_path, seeding, kind):
+    """Two models built, converted, trained, evaluated and predicted one after the other in one
+    seeded process (a script comparing two models, tests/scripts/boston_feature_columns_batchnorm.py):
+    the engine leaves the program's random state as stock leaves it, so the second model starts
+    from stock's initial weights (a subclassed model's clone: from fresh ones, drawn as stock's)
+    and trains to stock's numbers, and the program's next unseeded eager random op draws what it
+    draws after stock. The engine's XLA check (on a copy here: an activity regularizer, or a
+    subclassed model), its evaluation's metrics model and its graph of stock's checkpoint names
+    made copies stock does not, which drew Keras seeds, and the XLA check's device look-up took
+    an eager op seed."""
+    import concurrent.futures
+    import random
+
+    import numpy as np
+    import tensorflow as tf
+    import tfcases
+
+    x, y = tfcases.data()
+    train, evaluate = tfcases.dataset_input_fn(x, y, repeat=True), tfcases.dataset_input_fn(x, y)
+    features_only = tfcases.dataset_input_fn(x)
+
+    def build(units):
+        if kind == "subclassed":
+            model = tfcases.Subclassed()
+            model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+            return model
+        model = tf.keras.Sequential(
+            [
+                tf.keras.layers.Dense(units, "relu", input_shape=(4,), name="hidden"),
+                tf.keras.layers.Dense(4, activity_regularizer="l2", name="act"),
+                tf.keras.layers.Dense(3, "softmax", name="probs"),
+            ]
+        )
+        model.compile(
+            tf.keras.optimizers.legacy.SGD(0.1), "sparse_categorical_crossentropy", ["accuracy"]
+        )
+        return model
+
+    def run(patch, name):
+        tf.keras.backend.clear_session()
+        if seeding == "keras":
+            tf.keras.utils.set_random_seed(0)  # also Keras's own seed generator
+        else:
+            random.seed(0)
+            np.random.seed(0)
+            tf.random.set_seed(0)
+        runs = []
+        for units in (8, 6):
+            model = build(units)
+            initial = model.get_weights()
+            model_dir = tmp_path / name / str(units)
+            config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+            # (stock refuses object-based checkpoints for a subclassed model)
+            checkpoints = {"checkpoint_format": "saver"} if kind == "subclassed" else {}
+            estimator = tfcases.convert(model_dir, model, patch=patch, config=config, **checkpoints)
+            estimator.train(train, steps=4)
+            runs.append(
+                (
+                    initial,
+                    estimator.evaluate(evaluate),
+                    [next(iter(p.values())) for p in estimator.predict(features_only)],
+                    tfcases.checkpoint_values(model_dir),
+                )
+            )
+        return runs, tf.random.uniform([3]).numpy()
+
+    def in_a_thread_of_its_own(*args):  # Keras's seed generator is per thread: none yet there
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            return thread.submit(run, *args).result()
+
+    stock, stock_next = in_a_thread_of_its_own({"mode": "off"}, "stock")
+    engine, engine_next = in_a_thread_of_its_own(
+        {"mode": "cpu", "engine": "strategy", "quiet": True}, "engine"
+    )
+    for want, got in zip(stock, engine):  # each model: initial weights, metrics, ...
+        initial, metrics, predictions, values = want
+        for weight, value in zip(initial, got[0]):
+            np.testing.assert_allclose(value, weight, atol=1e-5, rtol=0)
+        assert set(got[1]) == set(metrics)
+        for key, value in metrics.items():
+            np.testing.assert_allclose(got[1][key], value, atol=1e-5, rtol=0, err_msg=key)
+        np.testing.assert_allclose(np.array(got[2]), np.array(predictions), atol=1e-5, rtol=0)
+        assert set(got[3]) == set(values)
+        for key, value in values.items():
+            np.testing.assert_allclose(got[3][key], value, atol=1e-5, rtol=0, err_msg=key)
+    np.testing.assert_array_equal(engine_next, stock_next)
 
 
 @pytest.mark.slow

@@ -845,7 +845,15 @@ def check_xla(plan, element_spec, replicas):
     step itself runs uncompiled off a TPU. On the user's model itself where it can be traced as
     it is (:func:`_as_is`: the step is compiled, never run, so nothing is written to it), else on
     a copy (cloning ResNet50 cost as much as lowering its step to HLO).
+
+    An inspection stock does not make: the seeds its copy and trace draw are put back, so the
+    model a program builds next starts from stock's initial weights.
     """
+    with _tfprivate.keras_random_state_kept():
+        _check_xla(plan, element_spec, replicas)
+
+
+def _check_xla(plan, element_spec, replicas):
     model = _as_is(plan) or clone(plan, features_spec(element_spec))
     terms = _loss_objects(plan.keras_model, plan.custom_objects, model.output_names, _outs(plan))
     lookups = _tfprivate.feature_column_layers(model) if plan.host is None else ()
@@ -894,7 +902,7 @@ def check_xla(plan, element_spec, replicas):
             model_summaries_left_out(plan),
             _tfprivate.call_losses_kept(model),  # the user's model, traced as it is
         ):
-            tf.function(step, jit_compile=True).experimental_get_compiler_ir(sample)(stage="hlo")
+            _tfprivate.compiler_ir(tf.function(step, jit_compile=True), sample)
     except (ValueError, tf.errors.OpError) as e:
         raise ConversionError(
             "the training step does not compile with XLA, as a TPU compiles it (compiled here "
@@ -1190,8 +1198,12 @@ def given_parts(element):
 
 def _metrics_model(plan, features=None):
     """An undistributed copy of the user's model compiled as the user compiled it: its compiled
-    metrics (Keras's names and kinds) are updated on the host with each gathered batch."""
-    model = clone(plan, features)
+    metrics (Keras's names and kinds) are updated on the host with each gathered batch. A copy
+    stock does not make: the seeds its weights draw are put back (stock's evaluation draws one
+    clone's, the engine's :class:`_Run`'s), so the model a program builds next starts from
+    stock's initial weights."""
+    with _tfprivate.keras_random_state_kept():
+        model = clone(plan, features)
     with tf.keras.utils.custom_object_scope(plan.custom_objects):
         args = _tfprivate.compile_args(plan.keras_model)
         model.compile(

@@ -38,12 +38,15 @@ _STOCK_GRAPHS = weakref.WeakKeyDictionary()  # plan -> stock_training_graph(...)
 
 def _stock(plan):
     if plan not in _STOCK_GRAPHS:
-        _STOCK_GRAPHS[plan] = _tfprivate.stock_training_graph(
-            plan.keras_model,
-            plan.custom_objects,
-            getattr(plan, "features_spec", None),
-            object_based=not getattr(plan, "name_based_checkpoints", False),
-        )
+        # A clone stock does not make: the seeds its weights draw are put back, so the model a
+        # program builds next starts from stock's initial weights.
+        with _tfprivate.keras_random_state_kept():
+            _STOCK_GRAPHS[plan] = _tfprivate.stock_training_graph(
+                plan.keras_model,
+                plan.custom_objects,
+                getattr(plan, "features_spec", None),
+                object_based=not getattr(plan, "name_based_checkpoints", False),
+            )
     return _STOCK_GRAPHS[plan]
 
 

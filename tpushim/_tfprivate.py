@@ -1167,6 +1167,28 @@ class keras_random_state_kept:
             _random_state_lock.release()
 
 
+def compiler_ir(function, *args, stage="hlo"):
+    """``function``'s (a ``jit_compile`` ``tf.function``) compiler IR for ``args``, for the
+    device an eager op runs on, without taking an op seed from the program's random state.
+
+    Asked for no device, ``experimental_get_compiler_ir`` finds it by running an unseeded
+    ``random_normal([])`` eagerly (``compiler_ir.maybe_get_device_name``, TF 2.15 and 2.21): in
+    a program that called ``tf.random.set_seed`` that takes the eager context's next op seed
+    (the one the program's next unseeded random op would get), and leaves that seed's kernel,
+    its stream advanced, in the context's cache. A stateless op finds the same device and
+    draws nothing. (TF >= 2.16 calls ``device_name`` deprecated, in favour of a
+    ``platform_name`` that still runs the random op: its warning is left out.)
+    """
+    import warnings
+
+    import tensorflow as tf
+
+    device = tf.random.stateless_normal([], seed=[0, 0]).device
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "device_name is being deprecated", UserWarning)
+        return function.experimental_get_compiler_ir(*args)(stage=stage, device_name=device)
+
+
 # --- a pod's input (tpushim/_pods.py) ----------------------------------------------------------
 
 

@@ -143,7 +143,10 @@ def check_xla(report, keras_model, custom_objects, features, labels):
         return
     from tpushim import _tfprivate
 
-    clone, compiled_loss = _model_to_trace(keras_model, custom_objects)
+    # An inspection the script does not make: the seeds a clone draws are put back, so the model
+    # a program builds next (tpushim.check called mid-script) starts from the same weights.
+    with _tfprivate.keras_random_state_kept():
+        clone, compiled_loss = _model_to_trace(keras_model, custom_objects)
     features, blocks, moved = _split_for_xla(keras_model, features)
     inputs, targets, _ = _estimator_io(clone, features, labels)
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
@@ -163,7 +166,7 @@ def check_xla(report, keras_model, custom_objects, features, labels):
     specs = [tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)) for a in tf.nest.flatten(structure)]
     try:
         with _tfprivate.call_losses_kept(clone):
-            train_step.experimental_get_compiler_ir(*specs)(stage="hlo")
+            _tfprivate.compiler_ir(train_step, *specs)  # takes no op seed of the program's
     except Exception as e:
         _report_xla_error(report, keras_model, e, _graph_def(train_step, specs))
 
