@@ -731,23 +731,8 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
-    plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
-    plan.metric_names_map = arguments["metric_names_map"]
-    _strategy.warm_from_first_checkpoint(plan, warm_start_path)
-    estimator = _strategy.StrategyEstimator(
-        model_fn,
-        config,
-        warm_start_path,
-        plan,
-        object_checkpoints=save_object_ckpt,
-        v1_api=not arguments["use_v2_estimator"],
-    )
-    description = _strategy.describe(plan, settings, tpu, why)
-    _log.conversion(description, settings.quiet)
-    _observe.converted(
-        _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
-    )
-    return estimator
+    built = (model_fn, config, warm_start_path, save_object_ckpt)
+    return _strategy.made(keras_model, plan, arguments, settings, (tpu, why), built)
 
 
 def make_estimator(model_fn, run_config, plan):

@@ -1786,7 +1786,7 @@ def build_on_engine(arguments, settings, tpu, why):
       tpu: the :class:`tpushim._detect.TPUSpec` to run on, or None (cpu mode).
       why: why the strategy engine runs (:func:`tpushim._engines.choose`).
     """
-    from tpushim import _detect, _log
+    from tpushim import _detect
     from tpushim._legacy import _keras as engine_keras
 
     with _observe.converting(arguments) as arguments:
@@ -1869,24 +1869,37 @@ def build_on_engine(arguments, settings, tpu, why):
                     _strategy_checkpoint.remember, plan, object_based=save_object_ckpt
                 ),
             )
-        plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
-        plan.metric_names_map = arguments["metric_names_map"]
-        warm_from_first_checkpoint(plan, warm_start_path)
-        estimator = StrategyEstimator(
-            model_fn,
-            config,
-            warm_start_path,
-            plan,
-            object_checkpoints=save_object_ckpt,
-            # (on TF >= 2.16 one Estimator class: its export_savedmodel exports either way)
-            v1_api=not arguments.get("use_v2_estimator", True),
-        )
-        description = describe(plan, settings, tpu, why)
-        _log.conversion(description, settings.quiet)
-        _observe.converted(
-            _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
-        )
-        return estimator
+        built = (model_fn, config, warm_start_path, save_object_ckpt)
+        return made(keras_model, plan, arguments, settings, (tpu, why), built)
+
+
+def made(keras_model, plan, arguments, settings, tpu_why, built):
+    """The conversion's last step on either TensorFlow: the plan completed (its TPU, its
+    warm-start checkpoint, read into its weights), the :class:`StrategyEstimator`, its line,
+    and the observers told. ``tpu_why``: the TPU (or None) and why this engine; ``built``:
+    ``(model_fn, config, warm-start checkpoint, object-based checkpoints?)``."""
+    from tpushim import _log
+
+    tpu, why = tpu_why
+    model_fn, config, warm_start_path, save_object_ckpt = built
+    plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
+    plan.metric_names_map = arguments["metric_names_map"]
+    warm_from_first_checkpoint(plan, warm_start_path)
+    estimator = StrategyEstimator(
+        model_fn,
+        config,
+        warm_start_path,
+        plan,
+        object_checkpoints=save_object_ckpt,
+        # (on TF >= 2.16 one Estimator class: its export_savedmodel exports either way)
+        v1_api=not arguments.get("use_v2_estimator", True),
+    )
+    description = describe(plan, settings, tpu, why)
+    _log.conversion(description, settings.quiet)
+    _observe.converted(
+        _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
+    )
+    return estimator
 
 
 def add_metrics(estimator, metric_fn, model_fn):
