@@ -143,6 +143,53 @@ def test_user_tpu_run_config_is_respected(tmp_path):
     assert est.config.tf_random_seed == 5
 
 
+@pytest.mark.parametrize(
+    "dims,features",
+    [
+        ([[1, 2, 1, 1], None], lambda: tf.zeros([8, 4, 4, 1])),  # one feature tensor
+        ([{"image": [1, 2, 1, 1], "id": None}, None], None),  # a dict of features
+    ],
+    ids=["tensor", "dict"],
+)
+def test_a_scripts_input_partition_dims_match_tpushims_padded_features(tmp_path, dims, features):
+    """``TPUConfig(num_cores_per_replica=2, input_partition_dims=...)`` (model parallelism, as a
+    fine-tuning script sets it): the script's dims name its features, which tpushim feeds under
+    its padding wrapper; TPUEstimator's own structure check (``InputsStructureRecorder``) refused
+    them ("input_partition_dims[0] mismatched feature keys"). Carried over to that structure,
+    the padding weight not partitioned: the same recorder takes them, and the script's
+    RunConfig is left as it was."""
+    from tensorflow_estimator.python.estimator.tpu import tpu_estimator
+
+    from tpushim import _padding
+
+    config = tpu_config.RunConfig(
+        tpu_config=tpu_config.TPUConfig(
+            num_cores_per_replica=2,
+            input_partition_dims=dims,
+            per_host_input_for_training=tpu_config.InputPipelineConfig.PER_HOST_V2,
+        )
+    )
+    est = tfcases.convert(tmp_path, patch={"mode": "cpu", "quiet": True}, config=config)
+    assert config.tpu_config.input_partition_dims == dims  # the script's, unchanged
+    carried = est.config.tpu_config.input_partition_dims
+    with tf.Graph().as_default():
+        given = (
+            features()
+            if features
+            else {"image": tf.zeros([8, 4, 4, 1]), "id": tf.zeros([8], tf.int64)}
+        )
+        padded = {_padding.FEATURES_KEY: given, _padding.PADDING_KEY: tf.ones([8])}
+        labels = tf.zeros([8, 1])
+        Recorder = tpu_estimator._InputPipeline.InputsStructureRecorder
+        with pytest.raises(ValueError, match="mismatched feature keys"):
+            Recorder(dims).validate_and_record_structure(padded, labels)  # as given
+        recorder = Recorder(carried)
+        recorder.validate_and_record_structure(padded, labels)
+        flat = recorder.flattened_input_dims
+    expected = [dims[0]] if features else [dims[0]["id"], dims[0]["image"]]
+    assert flat == [*expected, None, None]  # the padding weight and the labels: whole
+
+
 def test_indivisible_global_batch_converts_and_is_padded(tmp_path):
     """Stock trains any batch size; so does a TPU, each batch padded to the next multiple of the
     cores (tests/test_input_parity.py proves the numbers): no error, and the

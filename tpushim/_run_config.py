@@ -63,8 +63,29 @@ def to_tpu_run_config(config, settings, cluster):
     return _tpu_as_remote_master(_to_tpu_run_config(config, settings, cluster))
 
 
+def _partition_dims_for_padded_features(config):
+    """The script's own ``TPUConfig(input_partition_dims=[features, labels])`` (model parallelism,
+    ``num_cores_per_replica``) for the features tpushim feeds: the script's features under
+    ``_padding.FEATURES_KEY`` beside the padding weight (``PADDING_KEY``, not partitioned). The
+    dims as given would match no key (TPUEstimator: "input_partition_dims[0] mismatched feature
+    keys")."""
+    from tpushim import _padding
+
+    dims = config.tpu_config.input_partition_dims
+    if not dims or (
+        isinstance(dims[0], dict) and set(dims[0]) == {_padding.FEATURES_KEY, _padding.PADDING_KEY}
+    ):
+        return config
+    features = {_padding.FEATURES_KEY: dims[0], _padding.PADDING_KEY: None}
+    # _replace: TPUConfig validated the script's dims when it was made (a namedtuple's _replace
+    # does not run its checks again).
+    translated = config.tpu_config._replace(input_partition_dims=[features, *dims[1:]])
+    return config.replace(tpu_config=translated)
+
+
 def _to_tpu_run_config(config, settings, cluster):
     if isinstance(config, tpu_config.RunConfig):
+        config = _partition_dims_for_padded_features(config)
         if cluster is not None and config.cluster is None:
             # RunConfig.replace() cannot set a cluster: rebuild with every carried setting.
             config = tpu_config.RunConfig(
