@@ -265,6 +265,8 @@ SCENARIOS = {"shuffle": SHUFFLE, "exporters": EXPORTERS, "distribute": DISTRIBUT
 
 def run(name, workdir, patch="", python=sys.executable, env=None):
     """Runs scenario ``name`` in a subprocess with ``patch`` in place; returns its RESULT."""
+    import procs  # (tests/: on sys.path under pytest, and beside this file when run)
+
     code = SCENARIOS[name].format(patch=patch)
     environment = dict(os.environ, PYTHONPATH=ROOT, TPUSHIM_AUTOPATCH="0", TF_CPP_MIN_LOG_LEVEL="2")
     environment.update(env or {})
@@ -274,7 +276,7 @@ def run(name, workdir, patch="", python=sys.executable, env=None):
         text=True,
         env=environment,
         cwd=str(workdir),
-        timeout=600,
+        timeout=procs.scaled(600),
         check=False,
     )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]

@@ -42,3 +42,18 @@ def test_a_shared_fixture_modules_tests_are_one_unit_of_work():
 class _Chosen:  # a caller's own --dist
     def getoption(self, name):
         return "loadfile"
+
+
+def test_subprocess_guards_stretch_with_the_load(monkeypatch):
+    """A proof's timeout is a guard against a hung process, in seconds on a quiet machine: it
+    stretches with the load per core (at least 1x, at most procs.MAX_SCALE), or by
+    TPUSHIM_TEST_TIMEOUT_SCALE; a fixed 1,500 s killed the proofs on busy cores."""
+    import procs
+
+    cores = os.cpu_count() or 1
+    monkeypatch.delenv("TPUSHIM_TEST_TIMEOUT_SCALE", raising=False)
+    for load, factor in ((0.0, 1.0), (cores, 1.5), (cores * 2, 3.0), (cores * 10, procs.MAX_SCALE)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert procs.scaled(100) == 100 * factor
+    monkeypatch.setenv("TPUSHIM_TEST_TIMEOUT_SCALE", "6")
+    assert procs.scaled(100) == 600
