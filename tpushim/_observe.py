@@ -14,6 +14,8 @@ core knows neither. An observer is any object; the core calls whichever of these
 * ``derived(estimator, source, model_fn)`` -- a tpushim estimator was made from another one's
   conversion (``tf.estimator.add_metrics``): ``estimator`` runs ``model_fn``, which wraps
   ``source``'s;
+* ``bypassed(source, why)`` -- a stock estimator was built around ``source``'s model_fn, off
+  tpushim's TPU path (``why``: the call and the reason, one line);
 * ``calling(call)`` -- a ``train``/``evaluate``/``predict`` call starts (:class:`Call`); it may
   return a replacement (e.g. fewer steps), or None to leave the call as it is;
 * ``input_called(input_call)`` -- the user's input_fn ran, once, in the graph being built
