@@ -1307,6 +1307,15 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # Estimator forbids overriding train/evaluate/predict; this engine replaces exactly those.
         pass
 
+    # What tpushim's estimator API (TF >= 2.16) asks of an engine's estimator (tpushim/_legacy).
+    def _tpushim_add_metrics(self, metric_fn, model_fn):
+        """``tf.estimator.add_metrics(self, metric_fn)``: this engine's, with ``model_fn``."""
+        return add_metrics(self, metric_fn, model_fn)
+
+    def _tpushim_built_around(self, called):
+        """A stock estimator was built around this one's ``model_fn``: said."""
+        return said_stock_around(self, called)
+
     def export_savedmodel(self, export_dir_base, serving_input_receiver_fn, **kwargs):
         """Through tf.compat.v1's model_to_estimator stock returns a v1 Estimator, whose
         deprecated ``export_savedmodel`` exports (a v1 script calls it); through the v2 one,

@@ -48,24 +48,24 @@ class _DatasetInitializerHook(tf.compat.v1.train.SessionRunHook):
         session.run(self._initializer)
 
 
-def _say_if_around_the_strategy_engine(cls, model_fn):
-    """An estimator built around the strategy engine's estimator's ``model_fn`` (alone or in a
-    ``functools.partial``) is stock's: said in one line (tpushim._strategy.said_stock_around)."""
-    import functools
-    import sys
+#: The attribute an estimator's public ``model_fn`` carries: the estimator it calls, so that an
+#: estimator built around it knows whose it is (no closure read, no engine imported).
+MODEL_FN_OWNER = "_tpushim_estimator"
 
-    strategy = sys.modules.get("tpushim._strategy")  # no strategy estimator before it is imported
-    if strategy is None or issubclass(cls, strategy.StrategyEstimator):
-        return
+
+def _say_if_around_an_engine(cls, model_fn):
+    """An estimator built around an engine's estimator's ``model_fn`` (alone or in a
+    ``functools.partial``) is stock's: the engine's estimator says so (its
+    ``_tpushim_built_around(called)``, :func:`tpushim._strategy.said_stock_around`), unless the
+    one being built is an engine's too."""
+    import functools
+
     function = model_fn.func if isinstance(model_fn, functools.partial) else model_fn
-    code = getattr(function, "__code__", None)
-    if code is None or code.co_name != "public_model_fn" or function.__module__ != __name__:
+    owner = getattr(function, MODEL_FN_OWNER, None)
+    said = getattr(owner, "_tpushim_built_around", None)
+    if said is None or getattr(cls, "_tpushim_built_around", None) is not None:
         return
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
-    strategy.said_stock_around(
-        cells.get("self"),
-        "tf.estimator.Estimator(model_fn=<the strategy engine's estimator>.model_fn)",
-    )
+    said("tf.estimator.Estimator(model_fn=<the strategy engine's estimator>.model_fn)")
 
 
 def parse_input_fn_result(result):
@@ -134,7 +134,7 @@ class Estimator:
     """tf.estimator.Estimator on TensorFlow >= 2.16 (tpushim's engine; one local process)."""
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None, warm_start_from=None):
-        _say_if_around_the_strategy_engine(type(self), model_fn)
+        _say_if_around_an_engine(type(self), model_fn)
         self._config = overwrite_model_dir_and_session_config(config, model_dir)
         self._model_dir = self._config.model_dir
         tf.io.gfile.makedirs(self._model_dir)
@@ -153,6 +153,7 @@ class Estimator:
         def public_model_fn(features, labels, mode, config):
             return self._call_model_fn(features, labels, mode, config)
 
+        setattr(public_model_fn, MODEL_FN_OWNER, self)
         return public_model_fn
 
     # --- checkpoints ---------------------------------------------------------------------------

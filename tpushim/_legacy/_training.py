@@ -327,7 +327,6 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
 def add_metrics(estimator, metric_fn):
     """An Estimator like ``estimator`` whose evaluation adds ``metric_fn``'s metrics."""
     import inspect
-    import sys
 
     from tpushim._legacy._config import ModeKeys
     from tpushim._legacy._estimator import Estimator
@@ -354,9 +353,9 @@ def add_metrics(estimator, metric_fn):
         added = metric_fn(**{k: v for k, v in available.items() if k in names})
         return spec._replace(eval_metric_ops=dict(spec.eval_metric_ops or {}, **added))
 
-    strategy = sys.modules.get("tpushim._strategy")  # none made before it is imported
-    if strategy is not None and isinstance(estimator, strategy.StrategyEstimator):
-        return strategy.add_metrics(estimator, metric_fn, new_model_fn)  # keeps the engine
+    engine_add_metrics = getattr(estimator, "_tpushim_add_metrics", None)
+    if engine_add_metrics is not None:  # an engine's estimator: it keeps the engine
+        return engine_add_metrics(metric_fn, new_model_fn)
 
     derived = Estimator(
         model_fn=new_model_fn,
