@@ -426,8 +426,8 @@ def test_batchnorm_right_after_the_columns_equals_stock(
     stock, _ = tfcases.compare(
         tmp_path,
         lambda: _bn_model(vocab, BN_OPTIMIZERS[optimizer](), activity=activity),
-        lambda: _dataset(np.arange(train_rows), 16, "first" if activity else True, scale=0.1),
-        lambda: _dataset(rows, 16, scale=0.1),
+        lambda: _dataset(np.arange(train_rows), 16, "first" if activity else True, scale=0.05),
+        lambda: _dataset(rows, 16, scale=0.05),
         lambda: _dataset(rows, 4 if eval_rows % 16 else 8, labels=False),
         steps=4,
     )
