@@ -21,8 +21,9 @@ emulated host's input on the strategy engine, tpushim's ``HostInput`` against a 
 ``distribute_datasets_from_function``), ``strategy-images`` (bench_strategy_images: MobileNetV2
 and ResNet50 converted and trained for 2 steps on the strategy engine against the stock
 estimator, and against the engine before it read stock's checkpoint names from the
-conversion's graph). All of them write one table
-(benchlib.Table).
+conversion's graph), ``first-checkpoint`` (bench_first_checkpoint: seconds from ``train()``
+called to ``model.ckpt-0`` on every engine against stock, an MLP and MobileNetV2, one process a
+run). All of them write one table (benchlib.Table).
 
 Each timed comparison has a stock-against-stock row (the baseline run again, interleaved like the
 rest) and a ``spread`` column, the range of the per-round ratios (or differences): a goal is judged
@@ -49,6 +50,7 @@ sys.path.insert(
 )  # this tree's tpushim
 
 import bench_bn
+import bench_first_checkpoint
 import bench_graph
 import bench_input
 import bench_padding
@@ -79,6 +81,7 @@ SECTIONS = {
     "strategy-activity": bench_strategy.run_activity,
     "strategy-pods": bench_strategy_pods.run,
     "strategy-images": bench_strategy_images.run,
+    "first-checkpoint": bench_first_checkpoint.run,
 }
 #: parts of a section ``--only`` also takes (never run by default: their section runs them)
 PARTS = {"bn-step": bench_bn.run_step, "bn-check": bench_bn.run_check}

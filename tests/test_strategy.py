@@ -139,6 +139,36 @@ def test_private_names_the_engine_uses(tmp_path):
     finally:
         tf.random.set_seed(None)
 
+    # AutoGraph's marker: tpushim's function runs unconverted (its branch on a tensor fails), the
+    # status beneath it kept, and the user's function it calls through user_code converted.
+    def users(v):
+        if tf.reduce_sum(v) > 0:
+            return -v
+        return v
+
+    statuses = []
+
+    @_tfprivate.not_converted
+    def ours(v):
+        statuses.append(tf.__internal__.autograph.control_status_ctx().status.name)
+        return _tfprivate.user_code(users)(v)
+
+    @_tfprivate.not_converted
+    def branching(v):
+        return -v if tf.reduce_sum(v) > 0 else v
+
+    def traced(function):  # a converted tf.function body around it, as the engine's
+        def body(v):
+            return function(v)
+
+        return tf.function(body)
+
+    assert traced(ours)(tf.constant([1.0, 2.0])).numpy().tolist() == [-1, -2]
+    assert statuses == ["ENABLED"]
+    with pytest.raises(TypeError, match="as a Python `bool`"):
+        traced(branching)(tf.constant([1.0]))
+    assert _tfprivate.user_code(users) is users  # no AutoGraph around it: called as it is
+
 
 def _call_loss_layer():
     import tensorflow as tf
@@ -864,6 +894,51 @@ def _evaluated_as_stocks(tmp_path, build, input_fn, steps):
     assert set(results["engine"]) == set(results["stock"])
     for key, value in results["stock"].items():
         np.testing.assert_allclose(results["engine"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+def test_the_users_python_branches_on_tensors_converted_as_stocks(tmp_path):
+    """AutoGraph leaves tpushim's own graph code in the engine's ``tf.function``s unconverted
+    (``_tfprivate.not_converted``: converting it cost seconds before the first checkpoint), and
+    still converts the user's, as stock's graph does: a layer's ``call`` and a loss function that
+    branch in Python on a tensor (``if tf.reduce_sum(x) > 0:``) train and evaluate as stock's,
+    through the XLA check, a short last batch's padding and a weighted metric. Marked with
+    ``tf.autograph.experimental.do_not_convert`` instead, the engine's functions would disable
+    the conversion beneath them, and this layer would fail ("using a `tf.Tensor` as a Python
+    `bool` is not allowed")."""
+    import numpy as np
+    import tensorflow as tf
+
+    # Each branch on the whole batch, so taken alike on stock's batch and on the engine's
+    # (padded with copies of its rows), and a per-example loss (one the engine splits).
+    class Branching(tf.keras.layers.Layer):
+        def call(self, inputs):
+            if tf.reduce_sum(tf.abs(inputs)) > 0.0:
+                return inputs * 2.0
+            return inputs - 1.0
+
+    def branching_loss(y_true, y_pred):
+        loss = tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+        if tf.reduce_min(y_pred) >= 0.0:  # probabilities
+            return loss
+        return -loss
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        inputs = tf.keras.Input((4,))
+        hidden = Branching()(tf.keras.layers.Dense(8, activation="tanh")(inputs))
+        outputs = tf.keras.layers.Dense(3, activation="softmax")(hidden)
+        model = tf.keras.Model(inputs, outputs)
+        model.compile(tf.keras.optimizers.legacy.SGD(0.1), branching_loss, metrics=["accuracy"])
+        return model
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(20, 4).astype("float32"), rng.randint(0, 3, (20, 1))
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # the last batch short
+
+    _evaluated_as_stocks(tmp_path, build, input_fn, steps=3)
 
 
 @pytest.mark.slow

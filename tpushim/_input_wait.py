@@ -120,6 +120,7 @@ def strategy_timing():
         _local.wait = outer
 
 
+@_tfprivate.not_converted
 def next_input(iterator, checked=True):
     """``iterator.get_next_as_optional()`` inside a ``tf.function`` (``checked`` False: the
     element itself, ``next(iterator)``, where the caller knows one is left), its wait added to

@@ -44,6 +44,7 @@ class Totals:
         self.global_rows = global_rows
         self._parts, self._known, self._values = [], [], None
 
+    @_tfprivate.not_converted
     def add(self, value, known=None):
         """Registers a scalar (``known``: its sum over the shards, where that is known without
         summing); returns a function giving its sum over the shards."""
@@ -52,12 +53,14 @@ class Totals:
         index = len(self._parts) - 1
         return lambda dtype: tf.cast(self._values[index], dtype)
 
+    @_tfprivate.not_converted
     def rows_times(self, elements):
         """The global real rows times ``elements`` (a static count), or None if not known."""
         if self.global_rows is None or elements is None:
             return None
         return self.global_rows * float(elements)
 
+    @_tfprivate.not_converted
     def resolve(self, cross_replica):
         """``cross_replica``: False (one shard), True (a TPU's ``cross_replica_sum``) or a
         function summing a tensor over the replicas (a ``tf.distribute`` replica context's)."""
@@ -74,6 +77,7 @@ class Totals:
         self._values = tf.stop_gradient(stacked)
 
 
+@_tfprivate.not_converted
 def _weighted(values, weights):
     """``values`` times ``weights``, broadcast as Keras broadcasts sample weights (no reduction)."""
     losses_utils = _tfprivate.losses_utils()
@@ -82,6 +86,7 @@ def _weighted(values, weights):
     )
 
 
+@_tfprivate.not_converted
 def _times(a, b):
     """The product of two optional weights (Keras's broadcasting), None if both are None."""
     if a is None or b is None:
@@ -89,11 +94,13 @@ def _times(a, b):
     return _weighted(tf.cast(a, tf.float32), tf.cast(b, tf.float32))
 
 
+@_tfprivate.not_converted
 def _rows(pad, like):
     """The [batch] padding weight with one axis per axis of ``like``: it multiplies rows."""
     return tf.reshape(tf.cast(pad, tf.float32), [-1] + [1] * max(like.shape.rank - 1, 0))
 
 
+@_tfprivate.not_converted
 def _mask_weights(endpoint, mask):
     """Keras's weights of an output's loss elements before a mean's rescaling: sample weight
     times mask (training_v1 ``_prepare_total_loss``, losses_utils ``apply_mask``)."""
@@ -109,6 +116,7 @@ def _mask_weights(endpoint, mask):
     return weight * mask
 
 
+@_tfprivate.not_converted
 def _reduction(loss_fn):
     reduction = loss_fn.reduction
     return Reduction.SUM_OVER_BATCH_SIZE if reduction == Reduction.AUTO else reduction
@@ -126,6 +134,7 @@ def _check_reduction(endpoint):
         )
 
 
+@_tfprivate.not_converted
 def _output_term(endpoint, mask, kind, pad, totals, shards):
     """This output's part of L_s (before its loss weight), as a function of the resolved totals."""
     y_true, y_pred = endpoint.training_target.target, endpoint.output
@@ -134,7 +143,7 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
     weights = _mask_weights(endpoint, mask)
     counted = None if mask is None else tf.cast(mask, tf.float32)  # what a mean counts
     if kind == _loss_kinds.ROWS:
-        values = loss_fn.call(y_true, y_pred)
+        values = _tfprivate.user_code(loss_fn.call)(y_true, y_pred)  # the user's, converted
         if pad is not None:
             weights, counted = (
                 _times(weights, _rows(pad, values)),
@@ -151,10 +160,11 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
 
     degree, rows = (0 if kind == _loss_kinds.CONSTANT else kind), None
     if pad is None or kind == _loss_kinds.CONSTANT:  # a constant: the same on the real rows
-        value = loss_fn.call(y_true, y_pred)
+        value = _tfprivate.user_code(loss_fn.call)(y_true, y_pred)
         if pad is not None and weights is not None:
             weights, counted = _times(weights, pad), _times(counted, pad)
     else:  # the real rows' value: one value per row (a batch of one), added up as its degree says
+        # (vectorized_map converts its function by AutoGraph's status, the user's call in it too)
         per_row = tf.vectorized_map(
             lambda row: loss_fn.call(row[0][None], row[1][None]), (y_true, y_pred)
         )
@@ -263,6 +273,7 @@ def _needs_global(endpoints, kinds, masks, added, degrees):
     return any(degrees.get(id(t), 0) != 0 for t in added)
 
 
+@_tfprivate.not_converted
 def shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_replica, totals=None):
     """``L_s``: the terms of shard s's loss, whose mean over the ``shards`` is the global batch's
     (see the module's docstring); ``cross_replica`` as :meth:`Totals.resolve` takes it. The

@@ -40,6 +40,7 @@ def pad_batch(batch_size, counted=False, global_count=None):
     ``log`` gives -inf, and 0 * inf in a weighted loss is NaN). Weighted 0, they count nowhere.
     """
 
+    @_tfprivate.not_converted
     def pad(*element):
         element = element[0] if len(element) == 1 else element
         flat = tf.nest.flatten(element)
@@ -69,6 +70,7 @@ def pad_batch(batch_size, counted=False, global_count=None):
     return pad
 
 
+@_tfprivate.not_converted
 def global_rows(features):
     """The global batch's real rows a replica's padded features carry, or None (see
     :func:`pad_batch`'s ``counted``)."""
@@ -124,6 +126,7 @@ def split_padding(features):
 # --- weight ----------------------------------------------------------------------------------
 
 
+@_tfprivate.not_converted
 def row_labels(label, output):
     """Labels [batch] for an output [batch, 1] as [batch, 1]: Keras would reduce the loss over the
     batch inside the loss function (stock's loss is then the batch mean), leaving no per-row loss

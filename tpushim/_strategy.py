@@ -297,6 +297,7 @@ def check_tf1_optimizer(optimizer):
             )
 
 
+@_tfprivate.not_converted
 def bind_global_step(step):
     """Makes ``step`` what ``tf.compat.v1.train.get_global_step()`` returns in the
     ``tf.function`` being traced, as the estimator's global step is in stock's model_fn graph: a
@@ -434,11 +435,13 @@ class _Endpoint:
         self.training_target = types.SimpleNamespace(target=y_true)
 
 
+@_tfprivate.not_converted
 def all_reduce_sum(value):
     """``value`` summed over the replicas (the replica context's all-reduce)."""
     return tf.distribute.get_replica_context().all_reduce(SUM, value)
 
 
+@_tfprivate.not_converted
 def host_sum(strategy, per_replica):
     """A per-replica value summed on the host, outside the replicas' step: what a
     ``TPUStrategy``'s ``reduce`` does (each core's value copied to the host and added). Another
@@ -450,12 +453,14 @@ def host_sum(strategy, per_replica):
     return tf.add_n(list(strategy.experimental_local_results(per_replica)))
 
 
+@_tfprivate.not_converted
 def scalar_weight(element):
     """A replica's weight in the mean of a model's scalar summary: its real rows."""
     features = element[0] if isinstance(element, tuple) else element
     return tf.reduce_sum(tf.cast(features[_padding.PADDING_KEY], tf.float32))
 
 
+@_tfprivate.not_converted
 def real_rows(element):
     """Inside :func:`tpushim._tfprivate.batchnorm_call_hooked`, while a replica's training step
     calls the model: its BatchNormalization layers' batch statistics over the replica's real rows
@@ -466,6 +471,7 @@ def real_rows(element):
     return _tfprivate.batchnorm_call_using(_batchnorm.real_rows_call(pad, True, all_reduce_sum))
 
 
+@_tfprivate.not_converted
 def replica_loss(
     terms,
     kinds,
@@ -590,6 +596,7 @@ def check_row_labels(model, terms, element_spec):
             raise _weighted_row_labels(name, loss_obj)
 
 
+@_tfprivate.not_converted
 def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
     """(labels, kind) of an output's loss term as stock's graph computes it, for [batch] labels
     of a [batch, 1] output: Keras squeezes the output to [batch] before the loss function.
@@ -606,7 +613,7 @@ def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
         _loss_kinds.UNWEIGHTED,
     ):
         return _padding.row_labels(y_true, y_pred), kind
-    if loss_obj.call(y_true, y_pred).shape.rank != 0:  # one value per row
+    if _tfprivate.user_code(loss_obj.call)(y_true, y_pred).shape.rank != 0:  # one value per row
         return _padding.row_labels(y_true, y_pred), kind
     if sample_weight is not None:  # refused before the trace: check_row_labels
         raise _weighted_row_labels(name, loss_obj)
@@ -615,6 +622,7 @@ def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
     return y_true, _loss_kinds.row_label_kind(where, loss_obj, shape, y_pred.dtype)
 
 
+@_tfprivate.not_converted
 def global_rows(pad):
     """Real rows of the global batch, summed over the replicas (each replica holds a slice)."""
     return all_reduce_sum(tf.reduce_sum(pad))
@@ -623,12 +631,14 @@ def global_rows(pad):
 # --- the input, as the replicas read it: tpushim/_strategy_input.py --------------------------
 
 
+@_tfprivate.not_converted
 def known_rows(element):
     """The global batch's real rows a replica's element carries (:func:`tpushim._padding.
     pad_batch`'s ``counted``: every input the engine makes), or None: then an all-reduce."""
     return _padding.global_rows(element[0] if isinstance(element, tuple) else element)
 
 
+@_tfprivate.not_converted
 def _unpack(element, names):
     """(features, labels or None, padding weight, per output sample weights or None) of a
     padded element: ``{"features", "sample_weights"}`` features as keras_lib splits them."""
@@ -663,6 +673,7 @@ class _ActivityRecorder:
         return self.regularizer(output)
 
 
+@_tfprivate.not_converted
 def _recorders(model):
     """The :class:`_ActivityRecorder` of every layer of ``model`` with an activity regularizer
     (installed on the engine's own clone at the first call)."""
@@ -678,6 +689,7 @@ def _recorders(model):
     return found
 
 
+@_tfprivate.not_converted
 def _called(model, features, training):
     """The model's outputs (a list), its weight regularizers, whether its layers added losses
     from their inputs in this call, and (layer name, index) -> (activity regularizer, the
@@ -698,6 +710,7 @@ def _called(model, features, training):
 _BUILTIN_ACTIVITY = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
 
 
+@_tfprivate.not_converted
 def _per_row_activity(regularizer, output):
     """[rows] values of an activity regularizer's term, each row's that of a batch of that row
     alone: ``regularizer(row) / 1``, as Keras divides by the batch size."""
@@ -717,6 +730,7 @@ def _per_row_activity(regularizer, output):
     )
 
 
+@_tfprivate.not_converted
 def input_losses(model, features, training, degrees, activity=None):
     """``(degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
     a call of ``model``): each row's value that of the model called on that row alone, so
@@ -757,6 +771,7 @@ def input_losses(model, features, training, degrees, activity=None):
     return [(degrees.get(key, 0), values[key]) for key in keys]
 
 
+@_tfprivate.not_converted
 def _loss_of(
     plan, terms, model, features, labels, pad, weights, training, replicas, summed, rows=None
 ):
@@ -787,16 +802,19 @@ def _mask_or_empty(output):
     return tf.zeros([0], tf.bool) if mask is None else mask
 
 
+@_tfprivate.not_converted
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+@_tfprivate.not_converted
 def _outputs_list(outputs):
     """A model call's outputs as a list in ``model.outputs`` order: a dict of outputs (a
     functional model built with ``outputs={...}``) flattened as Keras flattens it (sorted keys)."""
     return tf.nest.flatten(outputs) if isinstance(outputs, dict) else _as_list(outputs)
 
 
+@_tfprivate.not_converted
 def _labels_list(labels, names):
     if isinstance(labels, dict):
         return [labels[n] for n in names]
@@ -1046,6 +1064,7 @@ class _Run:
         return path
 
     # -- the replica functions ----------------------------------------------------------------
+    @_tfprivate.not_converted
     def _loss(self, element, training):
         features, labels, pad, weights = _unpack(element, self.model.output_names)
         loss, outputs = _loss_of(
@@ -1097,6 +1116,7 @@ class _Run:
             weighted = [tf.where(rows > 0, v * rows, 0.0) for v in scalars]
             return loss, weighted, rows
 
+        @_tfprivate.not_converted
         def step(element, ran, losses, scalars):
             bind_global_step(self.step)
             hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
@@ -1109,6 +1129,7 @@ class _Run:
                 scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
             return ran + 1, losses, scalars
 
+        @_tfprivate.not_converted
         def start():
             ran = tf.constant(0, tf.int64)
             losses, scalars = (

@@ -115,6 +115,7 @@ def input_feeds(strategy, options):
     return (tuple(range(replicas)),)
 
 
+@_tfprivate.not_converted
 def _pieces(x, replicas, piece):
     """The shape ``[replicas, piece, ...]`` of ``x`` split: a dimension the input leaves unknown
     (one the model does not declare) read per batch, the known ones static."""
@@ -129,6 +130,7 @@ def _split(replicas, piece=-1):
     rows (unbatched after, replica r reads slice r: a pipeline hands its elements to the
     replicas it feeds in order)."""
 
+    @_tfprivate.not_converted
     def split(*element):
         element = element[0] if len(element) == 1 else element
         return tf.nest.map_structure(lambda x: tf.reshape(x, _pieces(x, replicas, piece)), element)
@@ -140,6 +142,7 @@ def _keep(indices):
     """A Dataset map: of each split global batch, the slices ``indices`` (a host's replicas)."""
     indices = list(indices)
 
+    @_tfprivate.not_converted
     def keep(*element):
         element = element[0] if len(element) == 1 else element
         return tf.nest.map_structure(lambda x: tf.gather(x, indices), element)

@@ -84,6 +84,41 @@ def _keras(module):
         return importlib.import_module(f"keras.{module}")  # Keras 2.12
 
 
+def not_converted(function):
+    """``function`` (tpushim's own graph-building code) marked as AutoGraph's own artifact: a
+    ``tf.function``, ``Dataset.map``, ``strategy.run`` or ``tf.map_fn`` that reaches it calls it
+    as it is, without converting its Python, and AutoGraph's status beneath it stays what it
+    was. Not ``tf.autograph.experimental.do_not_convert``: that disables the status beneath, and
+    Keras converts a user's layer ``call`` and loss function by the status, so the user's
+    ``if tf.reduce_sum(x) > 0:`` would fail where stock converts it.
+
+    Converting tpushim's functions cost the strategy engine most of its time to the first
+    checkpoint (95 conversions, about 2 s for an MLP on TF 2.21: ``bench_first_checkpoint``).
+    A marked function has no Python control flow on tensors (nor a builtin such as ``len`` or
+    ``range`` given one), and calls the user's Python only through Keras (a model, layer, loss
+    or metric object's call, which converts it by the status) or :func:`user_code`; so do the
+    functions it calls, which run unconverted too. Where TensorFlow lacks the marker, the
+    function is returned as it is (converted, as before)."""
+    try:
+        from tensorflow.python.autograph.impl.api import autograph_artifact
+    except ImportError:
+        return function
+    return autograph_artifact(function)
+
+
+def user_code(function):
+    """The user's ``function`` (a loss object's ``call``) as converted code calls it, for a
+    :func:`not_converted` function that calls it directly: converted by AutoGraph where its
+    status is enabled (inside the engine's ``tf.function``s, and in the replica functions a
+    strategy runs there, which keep their status: they are not marked), Keras's own code left as
+    it is; called as it is elsewhere (the TPUEstimator path's graph, where no AutoGraph runs)."""
+    autograph = tf.__internal__.autograph
+    ctx = autograph.control_status_ctx()
+    if ctx.status.name != "ENABLED":
+        return function
+    return autograph.tf_convert(function, ctx)
+
+
 def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt, on_graph=None):
     """keras_lib's ``_save_first_checkpoint`` (the Keras weights in ``model_dir/keras``, the warm
     start), step by step as stock, with every variable of its graph initialised before the save.
@@ -209,6 +244,7 @@ def batchnorm_call_replaced(replacement):
         yield
 
 
+@not_converted
 @contextlib.contextmanager
 def batchnorm_call_hooked():
     """While active, a BatchNormalization layer's ``call`` is the replacement
@@ -620,6 +656,7 @@ def keras_v1_tf_optimizer_class():
     return optimizer_v1.TFOptimizer
 
 
+@not_converted
 def losses_utils():
     """Keras's ``losses_utils`` module (``compute_weighted_loss``, ``ReductionV2``)."""
     module = _keras("utils.losses_utils")
@@ -976,6 +1013,7 @@ def add_loss_layer_class():
     return AddLoss
 
 
+@not_converted
 def all_layers(keras_model):
     """The model and every layer in it, nested models' layers included, in Keras's order."""
     return list(keras_model._flatten_layers(include_self=True, recursive=True))
@@ -1045,6 +1083,7 @@ def activity_loss_count(layer):
     return sum(len(tf.nest.flatten(node.outputs)) for node in layer._inbound_nodes)
 
 
+@not_converted
 def layer_call_losses(layer):
     """The losses a layer added from its inputs in its latest call eagerly or in a
     ``tf.function`` (Keras keeps them per thread, apart from its construction's, which
@@ -1052,6 +1091,7 @@ def layer_call_losses(layer):
     return list(layer._eager_losses)
 
 
+@not_converted
 def weight_regularizers(model):
     """The model's weight regularization terms, evaluated now (Keras's callable losses)."""
     values = [fn() for layer in all_layers(model) for fn in layer._callable_losses]
