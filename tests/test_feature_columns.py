@@ -106,15 +106,20 @@ def _vocab_file(tmp_path):
     return str(path)
 
 
-def _model(family, vocab_file, optimizer=None):
-    """A Boston-housing regressor: raw features in, DenseFeatures first, as public scripts write it."""
+def _raw_inputs():
+    """A fresh Keras session, seeded, and one Input per raw feature (its dtype), by name."""
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     features, _ = _data(1)
-    inputs = {
+    return {
         key: tf.keras.Input((1,), name=key, dtype=tf.as_dtype(value.dtype))
         for key, value in features.items()
     }
+
+
+def _model(family, vocab_file, optimizer=None):
+    """A Boston-housing regressor: raw features in, DenseFeatures first, as public scripts write it."""
+    inputs = _raw_inputs()
     # "+v1": tf.compat.v1.keras.layers.DenseFeatures (variable scopes), as TF1-style scripts use.
     family, v1 = family.removesuffix("+v1"), family.endswith("+v1")
     layer = tf.compat.v1.keras.layers.DenseFeatures if v1 else tf.keras.layers.DenseFeatures
@@ -375,13 +380,7 @@ def _bn_model(vocab_file, optimizer, synchronized=False, activity=False):
     Momentum 0.5: the moving statistics move visibly in a few steps. ``activity``: an activity
     regularizer on the Dense layer after the normalisation (a loss computed from the moved
     layer's output)."""
-    tf.keras.backend.clear_session()
-    tf.keras.utils.set_random_seed(0)
-    features, _ = _data(1)
-    inputs = {
-        key: tf.keras.Input((1,), name=key, dtype=tf.as_dtype(value.dtype))
-        for key, value in features.items()
-    }
+    inputs = _raw_inputs()
     x = tf.keras.layers.DenseFeatures(_columns("hash_crossed", vocab_file))(inputs)
     # SyncBatchNormalization: BatchNormalization(synchronized=True) leaves the flag out of its
     # config, so no estimator's clone is synchronized (see test_tpu_emulation.py).
