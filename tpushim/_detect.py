@@ -16,11 +16,13 @@ import socket
 import threading
 from typing import Any, Optional
 
+from tpushim import _tpus
 from tpushim._errors import NoTPUError
 
-# TPU VM (and today's Colab TPU runtime) device files. A module constant so tests can point it at
-# a folder of fake device files.
-DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+# TPU VM (and today's Colab TPU runtime) device files, from the TPU generations table
+# (/dev/accel* on v2 - v4, /dev/vfio/N on v5e, v5p, v6e). A module constant so tests can point it
+# at a folder of fake device files.
+DEVICE_GLOBS = _tpus.DEVICE_GLOBS
 LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.so")
 
 #: environment variables TPUClusterResolver itself reads, in the order it reads them.
@@ -248,7 +250,7 @@ def _has_kernel(op):
 def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
     """A TPU of this machine (``local``) that this TensorFlow cannot drive fails now, before
     anything is written, naming the install that would drive it, instead of TensorFlow's raw
-    error at the first ``train()``. A PJRT runtime (:func:`tpushim._engines.pjrt_runtime`), which
+    error at the first ``train()``. A PJRT runtime (:func:`tpushim._tpus.pjrt_runtime`), which
     starts its TPU otherwise, is not judged by the op.
 
     Args:
@@ -256,10 +258,8 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
       environ, tf_version: the environment and TensorFlow version (this process's when None).
       has_kernel: ``op -> bool``, whether TensorFlow registered a kernel for it (asked when None).
     """
-    from tpushim import _engines
-
     environ = os.environ if environ is None else environ
-    if _engines.pjrt_runtime(environ):
+    if _tpus.pjrt_runtime(environ):
         return
     if (has_kernel or _has_kernel)(TPU_SYSTEM_OP):
         return
