@@ -272,6 +272,9 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
         release = tuple(int(p) for p in minor.split("."))
     except ValueError:
         release = (0, 0)
+    from tpushim import _platforms
+
+    last = _platforms.TPU_BUILD_LAST  # the last TensorFlow with a TPU build (tensorflow-tpu)
     if release < (2, 16):
         install = (
             f"TensorFlow {minor} drives a TPU only as Cloud TPU VM images built for it have it "
@@ -279,7 +282,7 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
             "image of your release: keep that TensorFlow, `pip install .` without the cpu "
             "extra); pip's tensorflow and tensorflow-cpu cannot"
         )
-    elif release <= (2, 20):
+    elif release <= tuple(int(p) for p in last.split(".")):
         install = (
             f'install the TPU build of this release: pip install "tensorflow-tpu=={minor}.*" '
             "(with its libtpu, from the libtpu release index) beside "
@@ -287,14 +290,17 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
         )
     else:
         install = (
-            f"no TPU build of TensorFlow {minor} exists (tensorflow-tpu stops at 2.20): "
-            'pip install "tensorflow==2.20.*" "tensorflow-tpu==2.20.*" "tf-keras~=2.20.0" '
+            f"no TPU build of TensorFlow {minor} exists (tensorflow-tpu stops at {last}): "
+            f'pip install "tensorflow=={last}.*" "tensorflow-tpu=={last}.*" "tf-keras~={last}.0" '
             "(with libtpu, from the libtpu release index)"
         )
+    # What this platform needs (Colab's, Kaggle's TPU), where it knows better than the release.
+    here = _platforms.detect(environ, DEVICE_GLOBS)
+    sentence = _platforms.tpu_install(here, release) or f"To train on the TPU, {install}."
     raise NoTPUError(
         f"a TPU is configured ({source}), but TensorFlow {tf_version} here cannot drive it: it "
         f"has no kernel for {TPU_SYSTEM_OP}, the op a TPU system starts with (pip's tensorflow "
-        f"and tensorflow-cpu are CPU/GPU builds). To train on the TPU, {install}. To run the "
+        f"and tensorflow-cpu are CPU/GPU builds). {sentence} To run the "
         "TPU code path on the CPU instead, set TPUSHIM_MODE=cpu; to train without tpushim, "
         "TPUSHIM_MODE=off."
     )
