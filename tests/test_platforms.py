@@ -30,6 +30,7 @@ def generated_block(path):
 
 
 def test_platforms_page_and_readme_show_the_generated_tables():
+    # After a change to the table, paste `python -m tpushim._platforms` (`--readme`) there.
     assert generated_block("docs/how-to/platforms.md") == _platforms.markdown_table()
     assert generated_block("README.md") == _platforms.readme_table()
     # One row per platform in both, in the same order, with the same install lines.

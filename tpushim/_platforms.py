@@ -66,6 +66,8 @@ _STRATEGY_PROOF = (
 )
 #: The TPU build of TensorFlow stops at 2.20 on the package registry.
 TPU_BUILD_LAST = "2.20"
+#: Where pip finds the TPU build's libtpu (tensorflow/tensorflow#96203, Google's Colab recipe).
+LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 
 #: Every platform, as platforms.md lists them.
 PLATFORMS = (
@@ -108,8 +110,8 @@ PLATFORMS = (
         "colab-tpu",
         "Colab's TPU runtime (a v5e-1, PJRT, no TensorFlow installed)",
         f'`pip install "tensorflow=={TPU_BUILD_LAST}.*" "tensorflow-tpu=={TPU_BUILD_LAST}.*" '
-        f'"tf-keras~={TPU_BUILD_LAST}.0" {TPUSHIM}` (`tensorflow-tpu` from the libtpu release '
-        f"index; it stops at {TPU_BUILD_LAST})",
+        f'"tf-keras~={TPU_BUILD_LAST}.0" {TPUSHIM} -f {LIBTPU_INDEX}` (`tensorflow-tpu` stops '
+        f"at {TPU_BUILD_LAST})",
         "the strategy engine",
         "`TPUStrategy`, the only TPU path on TensorFlow ≥ 2.16; where this TensorFlow cannot "
         "drive the TPU the conversion says so and names this install",
@@ -280,8 +282,7 @@ def tpu_install(here, release):
         line = BY_KEY["colab-tpu"].install.split("` (")[0].strip("`")
         return (
             "Colab's TPU runtime (a v5e-1) runs TensorFlow only on PJRT, which TensorFlow 2.15's "
-            f"pip builds lack: to train on the TPU, {line} (tensorflow-tpu from the libtpu "
-            "release index)."
+            f"pip builds lack: to train on the TPU, {line}."
         )
     return None
 
