@@ -17,6 +17,11 @@ TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]  # numpy 2 breaks TensorFlow 
 # estimator API itself there; its TPU path there is the strategy engine (TPUStrategy).
 ENGINE_TF = ((2, 16), (2, 22))
 ENGINE_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
+# What docs/how-to/platforms.md installs on Colab's TPU runtime (a v5e-1 without TensorFlow): the
+# TPU build of one release, which stops at 2.20, with its libtpu; on Kaggle, tf-keras without its
+# dependencies (they would bring the full tensorflow beside Kaggle's tensorflow-cpu).
+LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+COLAB_TPU_INSTALL = ["tensorflow==2.20.*", "tensorflow-tpu==2.20.*", "tf-keras~=2.20.0", "-f", LIBTPU_INDEX]
 # Where else to run, kept apart: Colab's own menu, and Google Cloud (a TPU VM you create).
 ON_COLAB = "On Colab: Runtime > Change runtime type > Runtime version: one with Python 3.11."
 ON_CLOUD = (
@@ -49,6 +54,18 @@ def _pip_install(*requirements):
     return subprocess.run([sys.executable, "-m", "pip", "install", "-q", *requirements]).returncode == 0
 
 
+def _platform():
+    """colab-tpu, colab, kaggle-tpu, kaggle or None: told as tpushim tells it, from the environment."""
+    tpu = bool(
+        os.environ.get("TPU_ACCELERATOR_TYPE") or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    )
+    if os.environ.get("COLAB_RELEASE_TAG"):
+        return "colab-tpu" if tpu else "colab"
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") or os.environ.get("KAGGLE_URL_BASE"):
+        return "kaggle-tpu" if tpu else "kaggle"
+    return None
+
+
 def _restart(tf_version, what):
     return (
         f"TensorFlow {tf_version} ({what}) is already imported in this session: on Colab: "
@@ -71,13 +88,23 @@ def _tensorflow_for(python):
             )
         return [f"installed TensorFlow {_tensorflow()} in place of {tf_version or 'none'}"], None
     # Python 3.12+: TensorFlow 2.16-2.21 with the tf-keras of its minor (tpushim's estimators).
+    platform = _platform()
+    if platform == "colab-tpu" and _installed("tensorflow-tpu") is None:
+        if "tensorflow" in sys.modules:
+            return None, _restart(tf_version, "not the TPU build this TPU runtime needs")
+        if not _pip_install(*COLAB_TPU_INSTALL):
+            return None, f"pip could not install {' '.join(COLAB_TPU_INSTALL)}: see its message above."
+        return [
+            f"installed TensorFlow {_tensorflow()}, its TPU build and tf-keras "
+            f"{_installed('tf-keras', 'tf_keras')} in place of {'TensorFlow ' + tf_version if tf_version else 'none'}"
+        ], None
     if tf_version is not None and ENGINE_TF[0] <= _minor(tf_version) < ENGINE_TF[1]:
         minor = ".".join(tf_version.split(".")[:2])
         keras2 = _installed("tf-keras", "tf_keras")
         if keras2 is not None and _minor(keras2) == _minor(tf_version):
             return [], None
         wanted = f"tf-keras~={minor}.0"  # each tf-keras release pins its TensorFlow minor
-        if not _pip_install(wanted):
+        if not _pip_install(*(["--no-deps"] if platform in ("kaggle", "kaggle-tpu") else []), wanted):
             return None, f"pip could not install {wanted}: see its message above. {WHERE_TO_RUN}"
         return [f"installed tf-keras {_installed('tf-keras', 'tf_keras')}"], None
     if "tensorflow" in sys.modules:
@@ -125,6 +152,13 @@ def check_runtime():
     line = versions + f"tpushim {_installed('tpushim')}: this runtime runs the notebook" + (
         f" ({'; '.join(done)})" if done else ""
     )
+    if python >= ESTIMATOR_PYTHON and _platform() == "colab-tpu":
+        # Python 3.11 is no way out here: pip's TensorFlow 2.15 cannot drive this TPU either.
+        return True, line + (
+            ". On TensorFlow >= 2.16 tpushim brings the estimator API itself; on this TPU runtime "
+            "(a v5e-1, PJRT only) its TPU path is the strategy engine (TPUStrategy), proven on "
+            "emulated replicas and not yet run on a real TPU."
+        )
     if python >= ESTIMATOR_PYTHON:
         return True, line + (
             ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy "

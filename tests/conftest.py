@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tpushim import _detect, _engines, _patch, _settings, _versions
+from tpushim import _detect, _engines, _patch, _platforms, _settings, _versions
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if (
@@ -107,6 +107,7 @@ TPUSHIM_VARS = tuple(
             "TPUSHIM_AUTOPATCH",
             *_detect.TPU_ENV_VARS,
             *_engines.PJRT_VARS,
+            *_platforms.PLATFORM_ENV_VARS,  # a test on Colab or Kaggle runs as on a laptop
         )
     )
 )

@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -60,14 +61,20 @@ class Runtime:
         self.pip_calls.append(requirements)
         if self.pip_works:
             for requirement in requirements:
-                if requirement.startswith("tensorflow>=2.16"):
+                if requirement.startswith(("tensorflow==", "tensorflow-tpu==")):  # one release
+                    name, version = requirement.split("==")
+                    self.installed[name] = version.replace("*", "0")
+                elif requirement.startswith("tensorflow>=2.16"):
                     self.installed.pop("tensorflow-tpu", None)
                     self.installed["tensorflow"] = "2.21.0"
                 elif requirement.startswith("tensorflow"):
                     self.installed.pop("tensorflow-tpu", None)
                     self.installed["tensorflow"] = "2.15.1"
                 elif requirement.startswith("tf-keras"):  # the one of TensorFlow's minor
-                    minor = ".".join(self.installed["tensorflow"].split(".")[:2])
+                    tf_version = (
+                        self.installed.get("tensorflow") or self.installed["tensorflow-cpu"]
+                    )
+                    minor = ".".join(tf_version.split(".")[:2])
                     self.installed["tf-keras"] = minor + ".0"
                 elif "tpushim" in requirement:
                     self.installed["tpushim"] = "0.1.0"
@@ -260,3 +267,39 @@ def test_every_notebook_opens_with_this_cell(path):
     notebook = nbformat.read(path, as_version=4)
     first = next(cell for cell in notebook.cells if cell.cell_type == "code")
     assert first.source == SOURCE.rstrip("\n"), f"run: python notebooks/sync.py ({path.name})"
+
+
+def test_colab_tpu_runtime_gets_the_tpu_build_platforms_md_names(monkeypatch, capsys, tmp_path):
+    """Colab's TPU runtime (COLAB_RELEASE_TAG, a TPU): the TPU build of 2.20 with its libtpu and
+    tf-keras, the line platforms.md gives, not pip's TensorFlow 2.21 (no TPU support)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-tpu")
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    runtime = Runtime(monkeypatch, (3, 12), {})
+    ready, line = run_cell(capsys)
+    namespace = {}
+    exec(compile(SOURCE.split("\nREADY, ANSWER")[0], "first_cell.py", "exec"), namespace)
+    assert ready and runtime.pip_calls == [namespace["COLAB_TPU_INSTALL"], [REPOSITORY]]
+    assert runtime.installed["tensorflow-tpu"] == "2.20.0"
+    assert line.startswith("ready: Python 3.12, TensorFlow 2.20.0, tf-keras 2.20.0, tpushim 0.1.0")
+    assert "installed TensorFlow 2.20.0, its TPU build and tf-keras 2.20.0 in place of none" in line
+    assert "Python 3.11" not in line and "strategy engine (TPUStrategy)" in line
+
+
+def test_kaggle_installs_tf_keras_without_its_dependencies(monkeypatch, capsys):
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    runtime = Runtime(monkeypatch, (3, 12), {"tensorflow-cpu": "2.20.0", "tpushim": "0.1.0"})
+    ready, _ = run_cell(capsys)
+    assert ready and runtime.pip_calls == [["--no-deps", "tf-keras~=2.20.0"]]
+
+
+def test_the_cells_installs_are_the_platforms_table():
+    from tpushim import _platforms
+
+    namespace = {}
+    exec(compile(SOURCE.split("\nREADY, ANSWER")[0], "first_cell.py", "exec"), namespace)
+    colab_tpu = _platforms.BY_KEY["colab-tpu"].install
+    requirements = re.findall(r'"([^"]+)"', colab_tpu)
+    assert namespace["COLAB_TPU_INSTALL"] == [*requirements, "-f", _platforms.LIBTPU_INDEX]
+    assert f"-f {_platforms.LIBTPU_INDEX}`" in colab_tpu
+    assert "--no-deps" in _platforms.BY_KEY["kaggle"].install

@@ -90,7 +90,8 @@ def check(
       input_fn: the script's training input_fn (optional): its shapes, dtypes and batch size
         are checked too.
       batch_size: the global batch size, when you set one (else it is read from the input).
-      num_cores: TPU cores the batch is split over (8: a v2-8, v3-8 or v4-8).
+      num_cores: TPU cores the batch is split over (8: a v2-8, v3-8, v5litepod-8 or v6e-8;
+        4 on a v4-8 or v5p-8, whose chips are megacores).
       steps: training steps the script runs, checked against ``iterations_per_loop``.
       iterations_per_loop: steps per TPU loop (tpushim's default when None).
       custom_objects: as ``model_to_estimator`` takes them, for cloning the model.

@@ -20,7 +20,7 @@ import os
 import sys
 import textwrap
 
-from tpushim import _console, _launcher, _settings, _summary, _versions
+from tpushim import _console, _launcher, _settings, _summary, _tpus, _versions
 from tpushim._errors import ConfigurationError, TPUShimError
 from tpushim._patch import patch, patched
 from tpushim._status import status
@@ -166,7 +166,7 @@ def _check(options, argv):
         default=_settings.DEFAULT_CORES,
         metavar="N",
         help=f"TPU cores to check the batch size against (default "
-        f"{_settings.DEFAULT_CORES}: a v2/v3/v4-8)",
+        f"{_settings.DEFAULT_CORES}: a {_tpus.in_words(_tpus.boards_with(_settings.DEFAULT_CORES))})",
     )
     parser.add_argument(
         "-m", dest="module", metavar="MODULE", help="check a module, as python -m runs it"

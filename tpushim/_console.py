@@ -112,6 +112,10 @@ def format_status(status, previewing=False, surface="command"):
             f"TPU:         none found (looked at TPUSHIM_TPU, "
             f"{', '.join(_detect.RESOLVER_ENV_VARS)}, COLAB_TPU_ADDR, TPU VM device files)"
         )
+    platform = status.get("platform")
+    if platform:
+        told = ", ".join(platform["evidence"])
+        lines.append(f"platform:    {platform['where']}" + (f" (from {told})" if told else ""))
     lines.append(f"batch size:  {status['batch_size'] or 'taken from the input_fn'}")
     default_iterations = f"default ({_settings.DEFAULT_ITERATIONS_PER_LOOP})"
     lines.append(f"iterations per loop: {status['iterations_per_loop'] or default_iterations}")

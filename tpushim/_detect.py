@@ -16,11 +16,13 @@ import socket
 import threading
 from typing import Any, Optional
 
+from tpushim import _tpus
 from tpushim._errors import NoTPUError
 
-# TPU VM (and today's Colab TPU runtime) device files. A module constant so tests can point it at
-# a folder of fake device files.
-DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+# TPU VM (and today's Colab TPU runtime) device files, from the TPU generations table
+# (/dev/accel* on v2 - v4, /dev/vfio/N on v5e, v5p, v6e). A module constant so tests can point it
+# at a folder of fake device files.
+DEVICE_GLOBS = _tpus.DEVICE_GLOBS
 LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.so")
 
 #: environment variables TPUClusterResolver itself reads, in the order it reads them.
@@ -248,7 +250,7 @@ def _has_kernel(op):
 def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
     """A TPU of this machine (``local``) that this TensorFlow cannot drive fails now, before
     anything is written, naming the install that would drive it, instead of TensorFlow's raw
-    error at the first ``train()``. A PJRT runtime (:func:`tpushim._engines.pjrt_runtime`), which
+    error at the first ``train()``. A PJRT runtime (:func:`tpushim._tpus.pjrt_runtime`), which
     starts its TPU otherwise, is not judged by the op.
 
     Args:
@@ -256,10 +258,8 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
       environ, tf_version: the environment and TensorFlow version (this process's when None).
       has_kernel: ``op -> bool``, whether TensorFlow registered a kernel for it (asked when None).
     """
-    from tpushim import _engines
-
     environ = os.environ if environ is None else environ
-    if _engines.pjrt_runtime(environ):
+    if _tpus.pjrt_runtime(environ):
         return
     if (has_kernel or _has_kernel)(TPU_SYSTEM_OP):
         return
@@ -272,6 +272,9 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
         release = tuple(int(p) for p in minor.split("."))
     except ValueError:
         release = (0, 0)
+    from tpushim import _platforms
+
+    last = _platforms.TPU_BUILD_LAST  # the last TensorFlow with a TPU build (tensorflow-tpu)
     if release < (2, 16):
         install = (
             f"TensorFlow {minor} drives a TPU only as Cloud TPU VM images built for it have it "
@@ -279,7 +282,7 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
             "image of your release: keep that TensorFlow, `pip install .` without the cpu "
             "extra); pip's tensorflow and tensorflow-cpu cannot"
         )
-    elif release <= (2, 20):
+    elif release <= tuple(int(p) for p in last.split(".")):
         install = (
             f'install the TPU build of this release: pip install "tensorflow-tpu=={minor}.*" '
             "(with its libtpu, from the libtpu release index) beside "
@@ -287,14 +290,17 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
         )
     else:
         install = (
-            f"no TPU build of TensorFlow {minor} exists (tensorflow-tpu stops at 2.20): "
-            'pip install "tensorflow==2.20.*" "tensorflow-tpu==2.20.*" "tf-keras~=2.20.0" '
+            f"no TPU build of TensorFlow {minor} exists (tensorflow-tpu stops at {last}): "
+            f'pip install "tensorflow=={last}.*" "tensorflow-tpu=={last}.*" "tf-keras~={last}.0" '
             "(with libtpu, from the libtpu release index)"
         )
+    # What this platform needs (Colab's, Kaggle's TPU), where it knows better than the release.
+    here = _platforms.detect(environ, DEVICE_GLOBS)
+    sentence = _platforms.tpu_install(here, release) or f"To train on the TPU, {install}."
     raise NoTPUError(
         f"a TPU is configured ({source}), but TensorFlow {tf_version} here cannot drive it: it "
         f"has no kernel for {TPU_SYSTEM_OP}, the op a TPU system starts with (pip's tensorflow "
-        f"and tensorflow-cpu are CPU/GPU builds). To train on the TPU, {install}. To run the "
+        f"and tensorflow-cpu are CPU/GPU builds). {sentence} To run the "
         "TPU code path on the CPU instead, set TPUSHIM_MODE=cpu; to train without tpushim, "
         "TPUSHIM_MODE=off."
     )

@@ -13,6 +13,7 @@ Parsing is strict: a value tpushim cannot use raises :class:`ConfigurationError`
 
 import os
 
+from tpushim import _tpus
 from tpushim._errors import ConfigurationError
 
 MODES = ("auto", "cpu", "tpu", "off")
@@ -60,9 +61,9 @@ FALSE = ("0", "false", "no", "off")
 #: TPU loop can only checkpoint at its end.
 DEFAULT_ITERATIONS_PER_LOOP = 100
 
-#: TPU cores a batch size is checked against when no TPU says: a v2-8 / v3-8 / v4-8, the smallest
-#: Cloud TPU.
-DEFAULT_CORES = 8
+#: TPU cores a batch size is checked against when no TPU says: a v2-8 or v3-8 (the TPU
+#: generations table, :mod:`tpushim._tpus`).
+DEFAULT_CORES = _tpus.DEFAULT_CORES
 
 
 class Settings:

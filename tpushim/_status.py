@@ -18,10 +18,12 @@ def status() -> Status:
     ``decision`` (what a ``model_to_estimator`` call made now returns: ``action`` -- ``stock``,
     ``tpu``, ``cpu`` or ``no-tpu`` --, ``why``, and ``returns``, one line for people),
     ``unsupported`` (the version guard's message), ``versions`` (tensorflow, keras,
-    tensorflow_estimator, tf_keras, tpushim) and ``estimator_api`` (``provider``:
-    ``tensorflow_estimator`` or ``tpushim``, ``tpu_path``, ``says``). Imports no TensorFlow.
+    tensorflow_estimator, tf_keras, tpushim), ``estimator_api`` (``provider``:
+    ``tensorflow_estimator`` or ``tpushim``, ``tpu_path``, ``says``) and ``platform`` (where this
+    runs, from the environment: ``key``, ``where``, ``tpu_generation``, ``evidence``). Imports no
+    TensorFlow.
     """
-    from tpushim import _decision, _detect  # not at start-up
+    from tpushim import _decision, _detect, _platforms  # not at start-up
 
     with _patch.STATE.lock:  # one consistent picture while another thread patches
         settings = _patch.current_settings() or _settings.resolve()
@@ -41,6 +43,7 @@ def status() -> Status:
             "unsupported": _patch.version_problem(),
             "versions": _versions.installed(),
             "estimator_api": estimator_api(),
+            "platform": _platforms.detect().as_dict(),
         }
 
 

@@ -49,6 +49,20 @@ class EstimatorAPI(TypedDict):
     """The two, as one line for people."""
 
 
+class Platform(TypedDict):
+    """The platform tpushim sees here, from the environment alone (docs/how-to/platforms.md)."""
+
+    key: str
+    """``laptop``, ``laptop-py312``, ``colab``, ``kaggle``, ``colab-tpu``, ``kaggle-tpu``,
+    ``tpu-vm``, ``tpu-vm-pjrt`` or ``tpu-node``."""
+    where: str
+    """The platform, as the docs name it."""
+    tpu_generation: Optional[str]
+    """The TPU generation seen (``v4``, ``v5e``, ...), or None."""
+    evidence: list[str]
+    """What told it: variable names, a TPU device file."""
+
+
 class Status(TypedDict):
     """:func:`tpushim.status`: what tpushim would do now. Every key is always present."""
 
@@ -77,3 +91,4 @@ class Status(TypedDict):
     """The version guard's message when this TensorFlow / Keras is not supported, else None."""
     versions: Versions
     estimator_api: EstimatorAPI
+    platform: Platform

@@ -26,7 +26,8 @@ def check(
       keras_model: the compiled Keras model you pass to ``model_to_estimator``.
       input_fn: your training input_fn (optional: without it only the model is checked).
       batch_size: the global batch size, when you set one (else it is read from the input).
-      num_cores: TPU cores to check the batch against (8 for a v2-8/v3-8/v4-8).
+      num_cores: TPU cores to check the batch against (8 for a v2-8, v3-8,
+        v5litepod-8 or v6e-8; 4 for a v4-8 or v5p-8).
       steps: training steps planned, to judge ``iterations_per_loop``.
       iterations_per_loop: the value you will use (tpushim's default when None).
       custom_objects: as for ``model_to_estimator``.

@@ -17,7 +17,7 @@ import types
 
 import tensorflow as tf
 
-from tpushim import _arrays
+from tpushim import _arrays, _tpus
 
 _LOOPBACK = re.compile(r"^grpc://(127\.0\.0\.1|localhost):\d+$")
 
@@ -195,7 +195,7 @@ class FakedTPU:
 
 
 @contextlib.contextmanager
-def faked_tpu_system(master=None, hosts=1, cores_per_host=8):
+def faked_tpu_system(master=None, hosts=1, cores_per_host=_tpus.FAKED.devices_per_host):
     """Fakes a TPU system of ``hosts`` x ``cores_per_host`` cores at a loopback ``master``.
 
     Several faked systems may be active at once (in any threads), each at its own master.
@@ -282,9 +282,10 @@ def topology(num_hosts, cores_per_host):
     ``[2, 2, 1, 2]`` with TPU:0..7 at ``(0,0,0,0) (0,0,0,1) (1,0,0,0) (1,0,0,1) (0,1,0,0) ...``,
     as TPUEstimator logs it on one; 16 cores ``[4, 2, 1, 2]``, 32 ``[4, 4, 1, 2]`` (the
     computation shapes TPUEstimator asks of them for ``num_cores_per_replica``)."""
-    per_chip = 2 if cores_per_host % 2 == 0 else 1
+    per_chip = _tpus.FAKED.devices_per_chip  # the generations table's faked host
+    per_chip = per_chip if cores_per_host % per_chip == 0 else 1
     chips = cores_per_host // per_chip
-    block = {4: (2, 2), 2: (1, 2)}.get(chips, (chips, 1))
+    block = _tpus.HOST_BLOCKS.get(chips, (chips, 1))
     grid = [1, 1]  # hosts along x and y, doubling the shorter side while the count allows
     while grid[0] * grid[1] < num_hosts and num_hosts % (grid[0] * grid[1] * 2) == 0:
         grid[grid[0] > grid[1]] *= 2

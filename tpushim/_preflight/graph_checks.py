@@ -7,11 +7,13 @@ import os
 import tensorflow as tf
 import wrapt
 
-from tpushim import _detect, _estimator, _plan, _run_config, _scratch, _shapes
+from tpushim import _detect, _estimator, _plan, _run_config, _scratch, _shapes, _tpus
 from tpushim._errors import TPUShimError
 from tpushim._preflight import faketpu, progress
 
-CORES_PER_HOST = 8  # a Cloud TPU v2/v3 host: 4 chips x 2 cores
+#: TPU cores per host of the faked system: a Cloud TPU v2/v3 host, 4 chips x 2 cores (the TPU
+#: generations table, :data:`tpushim._tpus.FAKED`).
+CORES_PER_HOST = _tpus.FAKED.devices_per_host
 EVENTS = ("train", "evaluate", "predict")
 
 #: Fixes for what TPUEstimator raises while building, by a fragment of its message.
