@@ -15,8 +15,8 @@ SUPPORTED_TF = ((2, 12), (2, 16))  # estimators end with TensorFlow 2.15
 TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]  # numpy 2 breaks TensorFlow <= 2.15
 # Python 3.12/3.13: TensorFlow 2.16-2.21 and tf-keras (Keras 2) of its minor; tpushim brings the
 # estimator API itself there; its TPU path there is the strategy engine (TPUStrategy).
-ENGINE_TF = ((2, 16), (2, 22))
-ENGINE_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
+ESTIMATOR_API_TF = ((2, 16), (2, 22))
+ESTIMATOR_API_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 # Where else to run, kept apart: Colab's own menu, and Google Cloud (a TPU VM you create).
 ON_COLAB = "On Colab: Runtime > Change runtime type > Runtime version: one with Python 3.11."
 ON_CLOUD = (
@@ -71,7 +71,7 @@ def _tensorflow_for(python):
             )
         return [f"installed TensorFlow {_tensorflow()} in place of {tf_version or 'none'}"], None
     # Python 3.12+: TensorFlow 2.16-2.21 with the tf-keras of its minor (tpushim's estimators).
-    if tf_version is not None and ENGINE_TF[0] <= _minor(tf_version) < ENGINE_TF[1]:
+    if tf_version is not None and ESTIMATOR_API_TF[0] <= _minor(tf_version) < ESTIMATOR_API_TF[1]:
         minor = ".".join(tf_version.split(".")[:2])
         keras2 = _installed("tf-keras", "tf_keras")
         if keras2 is not None and _minor(keras2) == _minor(tf_version):
@@ -82,9 +82,9 @@ def _tensorflow_for(python):
         return [f"installed tf-keras {_installed('tf-keras', 'tf_keras')}"], None
     if "tensorflow" in sys.modules:
         return None, _restart(tf_version, "tpushim supports 2.16-2.21 on this Python")
-    if not _pip_install(*ENGINE_TF_INSTALL):
+    if not _pip_install(*ESTIMATOR_API_TF_INSTALL):
         return None, (
-            f"pip could not install {' '.join(ENGINE_TF_INSTALL)}: see its message above. "
+            f"pip could not install {' '.join(ESTIMATOR_API_TF_INSTALL)}: see its message above. "
             f"{WHERE_TO_RUN}"
         )
     return [

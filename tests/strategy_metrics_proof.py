@@ -134,7 +134,7 @@ def added(estimator):
 def estimator_api():
     """tf.estimator (on TensorFlow >= 2.16 it exists while tpushim is patched: tpushim's own)."""
     if NO_STOCK:
-        from tpushim._legacy import _api
+        from tpushim._estimator_api import _api
 
         return _api.build("tf.estimator")
     return tf.estimator

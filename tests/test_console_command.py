@@ -13,7 +13,7 @@ import pytest
 
 from tpushim import _cli, _versions
 
-ENGINE = _versions.uses_own_estimator()  # TensorFlow >= 2.16: tpushim's estimator engine
+ENGINE = _versions.uses_own_estimator()  # TensorFlow >= 2.16: tpushim's estimator API
 pytestmark = pytest.mark.slow  # TensorFlow subprocesses
 
 #: The entry point pip installed beside this interpreter (``pip install -e .`` makes it).
@@ -67,7 +67,7 @@ def test_the_console_command_runs_a_script_and_its_three_commands(tmp_path):
     assert json.loads(info.stdout)["mode"] == "auto"
 
     check = tpushim("check", "train.py", cwd=tmp_path)
-    assert check.returncode == 0, check.stderr[-3000:]  # on 2.16+: on tpushim's estimator engine
+    assert check.returncode == 0, check.stderr[-3000:]  # on 2.16+: on tpushim's estimator API
     assert "TRAINED" in check.stdout and "tpushim check: OK" in check.stdout
 
     demo = tpushim("demo", cwd=tmp_path)

@@ -44,9 +44,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
 """)
 
 
-if (
-    _versions.uses_own_estimator()
-):  # no TPU path there yet (#33): tpushim's estimator engine is tested
+if _versions.uses_own_estimator():  # no TPU path there yet (#33): tpushim's estimator API is tested
     TRAIN_SCRIPT = TRAIN_SCRIPT.replace('tpushim.patch(mode="cpu")', 'tpushim.patch(mode="auto")')
 
 

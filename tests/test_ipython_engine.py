@@ -8,7 +8,7 @@ import pytest
 from tpushim import _versions
 
 pytestmark = pytest.mark.skipif(
-    not _versions.uses_own_estimator(), reason="tpushim's estimator engine: TensorFlow >= 2.16"
+    not _versions.uses_own_estimator(), reason="tpushim's estimator API: TensorFlow >= 2.16"
 )
 
 SESSION = """\
@@ -45,6 +45,6 @@ def test_a_name_bound_before_load_ext_is_rebound_and_converts(tmp_path):
             f"`{name}` was bound to tf_keras.src.estimator.model_to_estimator_v2 before "
             "%load_ext tpushim; tpushim rebound it to its wrapper"
         ) in proc.stdout, proc.stdout
-    assert "TRAINED tpushim._legacy" in proc.stdout and proc.stdout.rstrip().endswith(
+    assert "TRAINED tpushim._estimator_api" in proc.stdout and proc.stdout.rstrip().endswith(
         "model.ckpt-1"
     )

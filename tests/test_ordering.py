@@ -10,7 +10,7 @@ call that goes through tpushim raises ``NoTPUError`` at once, one that does not 
 and whether any public name was replaced; likewise for ``tf.estimator.add_metrics``' module (the second
 target). Real conversions per spelling are tests/test_patch.py's and tests/test_add_metrics.py's.
 
-On TensorFlow >= 2.16 (tpushim's estimator engine) the same matrix runs on what is wrapped there:
+On TensorFlow >= 2.16 (tpushim's estimator API) the same matrix runs on what is wrapped there:
 tf_keras's ``model_to_estimator`` functions, which stock raises NotImplementedError from (bare
 ``keras`` is Keras 3 there, and has no estimator; ``tf.estimator`` exists only while tpushim is on,
 so no name of it can be bound before). The public attributes are tpushim's wrappers exactly while

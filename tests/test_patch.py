@@ -25,7 +25,7 @@ TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
 
 ENGINE = (
     _versions.uses_own_estimator()
-)  # TensorFlow >= 2.16: tpushim's estimator engine, no TPU path yet
+)  # TensorFlow >= 2.16: tpushim's estimator API, no TPU path yet
 #: What patch() wraps, each with its original captured before any test patched anything: on
 #: TensorFlow <= 2.15 keras_lib's model_to_estimator and the module add_metrics builds its result
 #: from; on 2.16+ tf_keras's model_to_estimator functions (tpushim's tf.estimator names are
@@ -120,7 +120,7 @@ def test_positional_arguments_and_v1_v2_checkpoint_formats(tmp_path):
     assert any(n.endswith("kernel/.ATTRIBUTES/VARIABLE_VALUE") for n in v2_names)
 
 
-@pytest.mark.tpuestimator  # on 2.16+: tests/test_tf216_engine.py (tf.keras made tf_keras first)
+@pytest.mark.tpuestimator  # on 2.16+: tests/test_estimator_api_scripts.py (tf.keras made tf_keras first)
 @pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_patch_before_tensorflow_is_lazy_then_applies():
     proc = procs.python(
@@ -272,7 +272,9 @@ def test_status_reports_versions_and_tpu(monkeypatch):
     keras_of_tf_keras = sys.modules[tf.keras.Model.__module__.split(".")[0]]  # keras or tf_keras
     assert status["versions"]["keras"] == keras_of_tf_keras.__version__
     assert status["versions"]["keras"].startswith("2.")
-    if ENGINE:  # tf.keras is tf_keras there; tpushim's engine, the strategy engine its TPU path
+    if (
+        ENGINE
+    ):  # tf.keras is tf_keras there; tpushim's estimator API, the strategy engine its TPU path
         assert status["versions"]["tensorflow_estimator"] is None
         assert set(status["applied"]) == {f"{m}.{a}" for m, a, _ in _patch.targets()}
         assert status["applied"]["tensorflow.estimator"] is True

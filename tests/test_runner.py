@@ -201,7 +201,7 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     out = proc.stdout
     if (
         _versions.uses_own_estimator()
-    ):  # no stock estimator, no TPU path yet: tpushim's engine twice
+    ):  # no stock estimator, no TPU path yet: tpushim's estimator API twice
         assert (
             "1. stock    model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16 "
             "(tpushim mode off"
@@ -244,7 +244,7 @@ def test_cpu_mode_demo_says_which_engine_ran(tmp_path):
         assert re.fullmatch(
             r"cpu mode runs the strategy engine \(the TPU path on TensorFlow >= 2\.16\) on CPU: "
             r"results equal within 1e-05 \(largest difference [0-9.e+-]+\)\. Run 1 is "
-            r"tpushim's estimator engine, stock 2\.15's path: TensorFlow >= 2\.16 has no stock "
+            r"tpushim's estimator API, stock 2\.15's path: TensorFlow >= 2\.16 has no stock "
             r"estimator\.",
             verdict,
         ), verdict

@@ -419,7 +419,7 @@ def test_a_second_model_starts_where_stocks_does(tmp_path, seeding, kind):
     ],
 )
 def test_train_step_arguments_checked_as_stock(tmp_path, kwargs, message):
-    """One check of train()'s step arguments for both engines (tpushim/_legacy/_estimator.py's),
+    """One check of train()'s step arguments for both engines (tpushim/_estimator_api/_estimator.py's),
     with stock's errors, before the input_fn is called or anything is written."""
     import re
 

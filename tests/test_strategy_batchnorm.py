@@ -61,7 +61,7 @@ def _model(kind):
 def test_a_short_batch_normalizes_over_its_real_rows_as_stock(tmp_path, kind):
     """20 examples in batches of 8, trained 6 steps (two epochs: each ends on a short batch of
     4, which the engine pads): weights (the moving mean and variance included), metrics and
-    predictions equal stock's (on TensorFlow >= 2.16: tpushim's own estimator engine, stock
+    predictions equal stock's (on TensorFlow >= 2.16: tpushim's own estimator API, stock
     2.15's path). The padding rows entered the batch statistics before. ``variants``: renorm
     with clipping, other momenta and epsilons, a nested model, TimeDistributed (the engine
     failed its XLA check: the padding weight did not fit the folded rows), frozen,

@@ -15,7 +15,7 @@ per-example custom loss and sparse categorical crossentropy weigh each row. [bat
 with weights too. The same on a subclassed model (its output's shape known once it is called),
 and on the TPUEstimator path in cpu mode (weighted_metrics weighing each row). Sample weights
 stock's graph refuses ([batch, 1], [batch, k]) are refused by both paths with stock's error
-before anything is written. On TensorFlow >= 2.16 "stock" is tpushim's own Estimator (tpushim/_legacy),
+before anything is written. On TensorFlow >= 2.16 "stock" is tpushim's own Estimator (tpushim/_estimator_api),
 proven equal to stock 2.15 elsewhere."""
 
 import numpy as np

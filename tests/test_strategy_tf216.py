@@ -1,10 +1,10 @@
 """The strategy engine on TensorFlow >= 2.16 (tpushim/_strategy.py on tpushim's own Estimator,
-tpushim/_legacy): ``mode=cpu``/``tpu`` and ``engine=strategy`` convert to it, ``engine=auto``
+tpushim/_estimator_api): ``mode=cpu``/``tpu`` and ``engine=strategy`` convert to it, ``engine=auto``
 picks it, ``engine=tpuestimator`` stops naming why. Its numbers (8 replicas = 1 = stock 2.15)
 are tests/test_strategy_replicas.py's, which runs on every TensorFlow.
 
 Runs only where TensorFlow >= 2.16 is installed; each case is a subprocess, as
-tests/test_tf216_engine.py's (``TF_USE_LEGACY_KERAS`` is decided once per process).
+tests/test_estimator_api_scripts.py's (``TF_USE_LEGACY_KERAS`` is decided once per process).
 """
 
 import json
@@ -31,7 +31,7 @@ import json, logging, sys
 import tpushim
 import tensorflow as tf
 from tpushim import _strategy
-from tpushim._legacy import _estimator
+from tpushim._estimator_api import _estimator
 
 def model():
     m = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,), name="out")])

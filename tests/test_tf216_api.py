@@ -184,7 +184,7 @@ print("RESULT " + json.dumps(out))
 
 def test_a_distribution_strategy_or_a_cluster_is_refused_by_name_before_anything_runs(tmp_path):
     # A strategy of two replicas, or a cluster of two tasks: stock 2.15 trains over them;
-    # tpushim's engine cannot (one graph, one process): it says so, naming the argument and what
+    # tpushim's estimator API cannot (one graph, one process): it says so, naming the argument and what
     # to do, instead of training on one device as if the strategy were there. (One replica and a
     # cluster of one chief train, with stock's numbers: tests/test_run_config_distribute.py.)
     model_dir = tmp_path / "model"
@@ -196,7 +196,7 @@ def test_a_distribution_strategy_or_a_cluster_is_refused_by_name_before_anything
         name = "train_distribute" if key == "replace" else key
         assert got[key].startswith(
             f"RunConfig({name}=MirroredStrategy) over 2 replicas is not supported by tpushim's "
-            "estimator engine"
+            "estimator API"
         ), got[key]
         assert "strategy one device" in got[key] and "TensorFlow <= 2.15" in got[key]
     assert got["TF_CONFIG"].startswith(

@@ -1,5 +1,5 @@
 """TensorFlow >= 2.16: the preflight, the run summary, ``info`` and the notebooks on tpushim's
-estimator engine.
+estimator API.
 
 Runs only where TensorFlow >= 2.16 is installed (CI's Python 3.12 step). Each run is a subprocess
 (``TF_USE_LEGACY_KERAS`` is decided once per process), as a user runs the command line.
@@ -87,7 +87,7 @@ def test_check_of_a_clean_script_runs_it_a_few_steps_and_exits_0(tmp_path):
     assert len(not_run) == 1 and "TPUEstimator's TPU graphs on a faked TPU system" in not_run[0]
     codes = {f["code"] for f in report["findings"]}
     assert codes == {"batch-small", "float64-input", "no-prefetch"}, report["findings"]
-    assert "on tpushim's estimator engine (training capped at 3 steps)" in proc.stderr
+    assert "on tpushim's estimator API (training capped at 3 steps)" in proc.stderr
     assert not os.path.exists(tmp_path / "model")  # its model_dir: not created
 
 
@@ -132,7 +132,7 @@ def test_check_reports_a_script_that_raises(tmp_path):
     report = json.loads(proc.stdout)
     raised = [f for f in report["findings"] if f["code"] == "script-raised"]
     assert raised and "RuntimeError: boom after training" in raised[0]["message"]
-    assert "on tpushim's estimator engine" in raised[0]["message"]
+    assert "on tpushim's estimator API" in raised[0]["message"]
 
 
 def _run_notebook(name, tmp_path, monkeypatch, env=None):
@@ -212,14 +212,16 @@ def test_run_summary_says_the_engine_and_times_each_call(tmp_path):
     summary = proc.stderr[proc.stderr.index("tpushim run summary:") :]
     assert re.search(
         r"estimator 1: model_to_estimator -> tpushim's EstimatorV2 on TensorFlow 2\.\d+\.\d+ with "
-        r"tf-keras 2\.\d+\.\d+: stock 2\.15's path on CPU/GPU \(tpushim's engine\); the TPU path "
+        r"tf-keras 2\.\d+\.\d+: stock 2\.15's path on CPU/GPU \(tpushim's estimator API\); the TPU path "
         r"there is the strategy engine \(mode cpu / tpu\)",
         summary,
     ), summary
     assert re.search(r"train\(\) +[0-9.]+ s  40 steps, [0-9.]+ steps/s", summary), summary
     # add_metrics' estimator: its evaluate() is the conversion's.
     assert re.search(r"evaluate\(\) +[0-9.]+ s", summary), summary
-    assert re.search(r"train\(\) +CPU/GPU \(tpushim's engine\) +[0-9.]+ +40 ", summary), summary
+    assert re.search(r"train\(\) +CPU/GPU \(tpushim's estimator API\) +[0-9.]+ +40 ", summary), (
+        summary
+    )
 
 
 def test_info_names_the_engine_tf_keras_and_the_tpu_path(tmp_path):
@@ -228,7 +230,7 @@ def test_info_names_the_engine_tf_keras_and_the_tpu_path(tmp_path):
     first, engine = info.stdout.splitlines()[:2]
     assert re.match(r"tpushim \S+: TensorFlow 2\.\d+\.\d+, Keras \S+, tf-keras 2\.\d+\.\d+ ", first)
     assert engine == (
-        "estimator:   tpushim's estimator engine (TensorFlow >= 2.16 has no tf.estimator: "
+        "estimator:   tpushim's estimator API (TensorFlow >= 2.16 has no tf.estimator: "
         "tf.compat.v1 graphs and sessions, on CPU/GPU); TPU path: the tf.distribute strategy "
         "engine (TPUStrategy)"
     )

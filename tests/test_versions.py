@@ -202,7 +202,7 @@ def test_extras_docs_and_ci_follow_the_declared_range():
         ("2.13.1", "2.13.1", True, None, True),
         ("2.14.1", "2.14.0", True, None, True),
         ("2.15.0-dev20231010", "2.15.0", True, None, True),
-        # 2.16+: tpushim's engine, with tf_keras of TensorFlow's own minor release
+        # 2.16+: tpushim's estimator API, with tf_keras of TensorFlow's own minor release
         ("2.16.1", "3.1.0", False, "2.16.0", True),
         ("2.21.0", "3.15.1", False, "2.21.0", True),
         ("2.17.0rc0", None, True, "2.17.0", True),
@@ -241,7 +241,7 @@ def test_version_guard_names_tf_keras():
 
 def test_supported_range_is_declared_once():
     assert version.TESTED_TF == ("2.12", "2.13", "2.14", "2.15")
-    assert (version.ENGINE_TF, version.NEWEST_TF) == ("2.16", "2.21")
+    assert (version.ESTIMATOR_API_TF, version.NEWEST_TF) == ("2.16", "2.21")
     assert _versions.SUPPORTED_TF == version.tf_range() == ((2, 12), (2, 22))
     assert version.tf_specifier() == ">=2.12,<2.22"
     assert version.estimator_tf_specifier() == ">=2.12,<2.16"

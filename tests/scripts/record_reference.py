@@ -1,8 +1,8 @@
 """Records stock TensorFlow 2.15's numbers for the demo and tests/scripts: tests/reference/tf215.json.
 
 Run with a TensorFlow 2.15 environment, stock (no tpushim patch anywhere):
-``python tests/scripts/record_reference.py``. tests/test_tf216_engine.py compares the same scripts
-on TensorFlow >= 2.16 under tpushim (its estimator engine) with these numbers (rel 1e-4).
+``python tests/scripts/record_reference.py``. tests/test_estimator_api_scripts.py compares the same scripts
+on TensorFlow >= 2.16 under tpushim (its estimator API) with these numbers (rel 1e-4).
 
 Run with TensorFlow >= 2.16 (``--engine``), it records the other direction under tpushim:
 the demo's model after 100 steps (tests/reference/tf221_demo_model) and a SavedModel exported

@@ -1,4 +1,5 @@
-"""RunConfig, ModeKeys and EstimatorSpec as tf.estimator (2.15) defines them, for tpushim's engine.
+"""RunConfig, ModeKeys and EstimatorSpec as tf.estimator (2.15) defines them, for tpushim's own
+Estimator.
 
 Written from tf.estimator's documented behaviour: the same defaults (checkpoints every 600
 seconds, summaries every 100 steps, five checkpoints kept, one session config) because they decide
@@ -102,7 +103,7 @@ class RunConfig:
 
 
 def _check_distribution(values):
-    """A tf.distribute strategy in RunConfig, as this engine honours it: one replica on one
+    """A tf.distribute strategy in RunConfig, as tpushim's Estimator honours it: one replica on one
     worker (``MirroredStrategy()`` on a machine with at most one GPU, ``OneDeviceStrategy``, a
     one-worker ``MultiWorkerMirroredStrategy``) computes what one graph computes, so the model
     trains in one graph with stock's numbers (placed by TensorFlow's default placement); more
@@ -111,7 +112,7 @@ def _check_distribution(values):
     if values.get("experimental_distribute") is not None:
         raise NotImplementedError(
             "RunConfig(experimental_distribute=...) is not supported by tpushim's estimator "
-            "engine on TensorFlow >= 2.16. Leave it unset, or run this script with TensorFlow "
+            "API on TensorFlow >= 2.16. Leave it unset, or run this script with TensorFlow "
             "<= 2.15 (Python <= 3.11)."
         )
     for key in ("train_distribute", "eval_distribute"):
@@ -130,7 +131,7 @@ def _check_distribution(values):
             continue
         raise NotImplementedError(
             f"RunConfig({key}={name}) over {replicas} replicas is not supported by tpushim's "
-            "estimator engine on TensorFlow >= 2.16, which trains in one graph. Give the "
+            "estimator API on TensorFlow >= 2.16, which trains in one graph. Give the "
             "strategy one device (MirroredStrategy(devices=['/gpu:0'])) or leave it unset (the "
             "model then trains in one graph placed by TensorFlow's default placement, on the "
             "first GPU where the machine has one), or run this script with TensorFlow <= 2.15 "
@@ -155,8 +156,8 @@ _LOCAL_TASK = {
 def _task_from_tf_config():
     """This process's task, from TF_CONFIG as tf.estimator.RunConfig reads it (stock's errors,
     verbatim). A cluster of one node, a chief (what a job launcher sets for one process), runs
-    here as stock runs it: locally, as the chief. A larger cluster is refused by name: this
-    engine trains in one process."""
+    here as stock runs it: locally, as the chief. A larger cluster is refused by name: tpushim's
+    Estimator trains in one process."""
     tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     cluster = tf_config.get("cluster") or {}
     task = tf_config.get("task") or {}
@@ -182,7 +183,7 @@ def _task_from_tf_config():
     shown = ", ".join(f"{count} {job}" for job, count in sorted(nodes.items()))
     raise NotImplementedError(
         f"TF_CONFIG names a cluster of tf.estimator tasks ({shown}; this process: "
-        f"{task.get('type')} {task.get('index')}), which tpushim's estimator engine on "
+        f"{task.get('type')} {task.get('index')}), which tpushim's estimator API on "
         "TensorFlow >= 2.16 cannot run: it trains in one process. To train here, unset "
         'TF_CONFIG or leave this process alone in it as the "chief"; to run the cluster, use '
         "TensorFlow <= 2.15 (Python <= 3.11)."
@@ -293,6 +294,6 @@ class EstimatorSpec(collections.namedtuple("EstimatorSpec", _SPEC_FIELDS)):
 
 
 def _predict_output(outputs):
-    from tpushim._legacy import _export
+    from tpushim._estimator_api import _export
 
     return _export.PredictOutput(outputs)

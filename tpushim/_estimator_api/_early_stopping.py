@@ -1,4 +1,4 @@
-"""tf.estimator.experimental's early-stopping hooks (TensorFlow >= 2.16, tpushim's engine).
+"""tf.estimator.experimental's early-stopping hooks (TensorFlow >= 2.16, tpushim's estimator API).
 
 As stock 2.15: a hook checks, every ``run_every_secs`` seconds or ``run_every_steps`` steps, a
 predicate over the evaluations written to the estimator's eval dir (its event files: what
@@ -86,7 +86,7 @@ class _StopOnPredicateHook(tf.compat.v1.train.SessionRunHook):
 
 def make_early_stopping_hook(estimator, should_stop_fn, run_every_secs=60, run_every_steps=None):
     """A hook that stops ``estimator``'s training when ``should_stop_fn()`` returns True."""
-    from tpushim._legacy._estimator import Estimator
+    from tpushim._estimator_api._estimator import Estimator
 
     if not isinstance(estimator, Estimator):
         raise TypeError(

@@ -10,7 +10,7 @@ import os
 
 import tensorflow as tf
 
-from tpushim._legacy import _tfprivate
+from tpushim._estimator_api import _tfprivate
 
 ExportOutput = _tfprivate.export_output.ExportOutput
 PredictOutput = _tfprivate.export_output.PredictOutput
@@ -141,11 +141,11 @@ def export_saved_model(
     estimator, export_dir_base, receiver_fn, assets_extra, as_text, checkpoint_path, mode
 ):
     """The PREDICT graph of ``estimator`` as a SavedModel in ``export_dir_base/<timestamp>``."""
-    from tpushim._legacy._config import ModeKeys
+    from tpushim._estimator_api._config import ModeKeys
 
     if mode != ModeKeys.PREDICT:
         raise NotImplementedError(
-            "tpushim's engine on TensorFlow >= 2.16 exports the PREDICT graph only."
+            "tpushim's estimator API on TensorFlow >= 2.16 exports the PREDICT graph only."
         )
     if not receiver_fn:
         raise ValueError("An input_receiver_fn must be defined.")

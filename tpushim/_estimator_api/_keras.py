@@ -11,9 +11,13 @@ import os
 
 import tensorflow as tf
 
-from tpushim._legacy import _tfprivate
-from tpushim._legacy._config import EstimatorSpec, ModeKeys, overwrite_model_dir_and_session_config
-from tpushim._legacy._estimator import Estimator
+from tpushim._estimator_api import _tfprivate
+from tpushim._estimator_api._config import (
+    EstimatorSpec,
+    ModeKeys,
+    overwrite_model_dir_and_session_config,
+)
+from tpushim._estimator_api._estimator import Estimator
 
 _SERVING_KEY = "serving_default"
 
@@ -292,14 +296,14 @@ def model_to_estimator(
             "that was already called on some inputs (and thus already had weights). Its weights "
             "are not preserved: the estimator starts from a freshly initialized copy."
         )
-    del use_v2_estimator  # one Estimator class on this engine; checkpoint_format tells them apart
+    del use_v2_estimator  # one Estimator class here; checkpoint_format tells them apart
     estimator = Estimator(model_fn, config=config, warm_start_from=warm_start)
     estimator._tpushim_keras_model = keras_model  # for observers (the preflight's model checks)
     return estimator
 
 
-#: Where a conversion on this engine runs, as the run summary's table says it.
-RUNS_ON = "CPU/GPU (tpushim's engine)"
+#: Where a conversion on tpushim's estimator API runs, as the run summary's table says it.
+RUNS_ON = "CPU/GPU (tpushim's estimator API)"
 
 
 def conversion(estimator, arguments, settings, v2):

@@ -1,5 +1,5 @@
 """``python -m tpushim check script.py`` on TensorFlow >= 2.16: the script run a few steps on
-tpushim's estimator engine (tpushim/_legacy), and every check that needs no TPUEstimator.
+tpushim's estimator API (tpushim/_estimator_api), and every check that needs no TPUEstimator.
 
 TensorFlow 2.16 and later have no TPUEstimator, so the TPU code path the preflight runs on 2.15
 (cpu mode, :mod:`~tpushim._preflight.recorder`) does not exist there. What a TPU would refuse is
@@ -65,8 +65,8 @@ class _Recorded:
         return next(((c, i) for c, i in self.calls if c.event == event), None)
 
 
-class EngineRecorder:
-    """Records the script's conversions and input_fn calls on tpushim's engine and caps their
+class StrategyRecorder:
+    """Records the script's conversions and input_fn calls on tpushim's estimator API and caps their
     steps, as :class:`tpushim._preflight.recorder.Recorder` does on the TPU path; its
     :meth:`report` runs the checks that need no TPUEstimator."""
 
@@ -124,7 +124,7 @@ class EngineRecorder:
 
     def converting(self, arguments):
         """The conversion's model_dir (given, or its RunConfig's) replaced by a scratch copy."""
-        from tpushim._legacy import _config
+        from tpushim._estimator_api import _config
 
         return self._dirs.conversion_arguments(arguments, _config.RunConfig)
 
@@ -394,7 +394,7 @@ def check_strategy_step(report, plan, features, labels, num_cores):
 
 def _check_host_only_ops(report, conversion, features, labels):
     """Host-only ops in the training graph the conversion's own model_fn builds."""
-    from tpushim._legacy._config import ModeKeys
+    from tpushim._estimator_api._config import ModeKeys
 
     report.note_checked("host-only ops in the model")
     graph = tf.Graph()
@@ -423,7 +423,7 @@ def check(keras_model, input_fn, batch_size, num_cores, custom_objects):
     (nothing read from it), and the input, host-only op and XLA checks on the model's training
     step as the engine builds it; what needs TPUEstimator is named in one note."""
     from tpushim import _observe
-    from tpushim._legacy import _estimator, _keras
+    from tpushim._estimator_api import _estimator, _keras
 
     report = Report(notes=[NOT_RUN.format(version=tf.__version__)])
     model_fn = _keras._model_fn_for(keras_model, custom_objects, False, None, None)
@@ -447,9 +447,9 @@ def check(keras_model, input_fn, batch_size, num_cores, custom_objects):
 
 @contextlib.contextmanager
 def recording():
-    """While active, tpushim's engine estimators report to (and are capped by) a new
-    :class:`EngineRecorder`, which it yields."""
+    """While active, tpushim's own Estimators report to (and are capped by) a new
+    :class:`StrategyRecorder`, which it yields."""
     from tpushim import _observe
 
-    with _observe.observing(EngineRecorder()) as recorder, contextlib.closing(recorder):
+    with _observe.observing(StrategyRecorder()) as recorder, contextlib.closing(recorder):
         yield recorder

@@ -16,8 +16,12 @@ import numpy as np
 import tensorflow as tf
 
 from tpushim import _observe, _run_clock
-from tpushim._legacy import _tfprivate
-from tpushim._legacy._config import EstimatorSpec, ModeKeys, overwrite_model_dir_and_session_config
+from tpushim._estimator_api import _tfprivate
+from tpushim._estimator_api._config import (
+    EstimatorSpec,
+    ModeKeys,
+    overwrite_model_dir_and_session_config,
+)
 
 _LOSS_KEY = "loss"
 
@@ -131,7 +135,7 @@ def check_train_steps(steps, max_steps):
 
 
 class Estimator:
-    """tf.estimator.Estimator on TensorFlow >= 2.16 (tpushim's engine; one local process)."""
+    """tf.estimator.Estimator on TensorFlow >= 2.16 (tpushim's estimator API; one local process)."""
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None, warm_start_from=None):
         _say_if_around_an_engine(type(self), model_fn)
@@ -474,7 +478,7 @@ class Estimator:
         experimental_mode=ModeKeys.PREDICT,
     ):
         """Exports the PREDICT graph as a SavedModel under a timestamped folder; returns its path."""
-        from tpushim._legacy import _export
+        from tpushim._estimator_api import _export
 
         return _export.export_saved_model(
             self,

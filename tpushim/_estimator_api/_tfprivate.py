@@ -1,8 +1,8 @@
-"""Every private TensorFlow / tf_keras name tpushim's estimator engine uses (TensorFlow >= 2.16).
+"""Every private TensorFlow / tf_keras name tpushim's estimator API uses (TensorFlow >= 2.16).
 
 tpushim/_tfprivate.py holds those of TensorFlow 2.12-2.15 and imports tensorflow_estimator at its
 top, which does not import on 2.16 and later: these live here instead, pinned by
-tests/test_tf216_engine.py on the newest release tpushim/version.py names.
+tests/test_estimator_api_scripts.py on the newest release tpushim/version.py names.
 """
 
 from tensorflow.python.checkpoint import checkpoint as _checkpoint

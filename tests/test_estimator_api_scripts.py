@@ -1,4 +1,4 @@
-"""TensorFlow >= 2.16: legacy scripts run on tpushim's estimator engine with stock 2.15's numbers.
+"""TensorFlow >= 2.16: legacy scripts run on tpushim's estimator API with stock 2.15's numbers.
 
 Runs only where TensorFlow >= 2.16 is installed (CI's Python 3.12 step); skipped on 2.12-2.15,
 where tf.estimator is stock's. The numbers of stock TensorFlow 2.15 -- the demo and every script
@@ -272,7 +272,7 @@ def test_info_says_what_a_call_returns_and_check_runs_on_the_engine(tmp_path):
     info = procs.python(["-m", "tpushim", "info"], env=env, cwd=tmp_path)
     assert info.returncode == 0, info.stderr[-3000:]
     assert "returns: tpushim's estimator (TensorFlow >= 2.16 has none" in info.stdout
-    # The preflight runs on tpushim's engine here (tests/test_tf216_tools.py): a script that
+    # The preflight runs on tpushim's estimator API here (tests/test_tf216_tools.py): a script that
     # converts nothing is its finding, no traceback.
     check = procs.python(["-m", "tpushim", "check", "prog.py"], env=env, cwd=tmp_path)
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr[-3000:]

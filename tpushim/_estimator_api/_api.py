@@ -90,18 +90,25 @@ def build(spelling):
     """A fresh estimator namespace as ``spelling`` (``tf.estimator``, ``tf.compat.v1.estimator``)."""
     import tensorflow as tf
 
-    from tpushim._legacy import _config, _early_stopping, _estimator, _export, _inputs, _training
+    from tpushim._estimator_api import (
+        _config,
+        _early_stopping,
+        _estimator,
+        _export,
+        _inputs,
+        _training,
+    )
 
     train = tf.compat.v1.train
     inputs = _namespace(
         f"{spelling}.inputs",
-        "numpy_input_fn and pandas_input_fn (tpushim's engine).",
+        "numpy_input_fn and pandas_input_fn (tpushim's estimator API).",
         numpy_input_fn=_inputs.numpy_input_fn,
         pandas_input_fn=_inputs.pandas_input_fn,
     )
     export = _namespace(
         f"{spelling}.export",
-        "Serving input receivers and export outputs (tpushim's engine).",
+        "Serving input receivers and export outputs (tpushim's estimator API).",
         ServingInputReceiver=_export.ServingInputReceiver,
         TensorServingInputReceiver=_export.TensorServingInputReceiver,
         build_raw_serving_input_receiver_fn=_export.build_raw_serving_input_receiver_fn,
@@ -114,7 +121,7 @@ def build(spelling):
     )
     experimental = _namespace(
         f"{spelling}.experimental",
-        "tf.estimator.experimental (tpushim's engine).",
+        "tf.estimator.experimental (tpushim's estimator API).",
         make_early_stopping_hook=_early_stopping.make_early_stopping_hook,
         stop_if_higher_hook=_early_stopping.stop_if_higher_hook,
         stop_if_lower_hook=_early_stopping.stop_if_lower_hook,
@@ -125,7 +132,7 @@ def build(spelling):
     namespace = _namespace(
         spelling,
         "The tf.estimator names legacy model_to_estimator scripts use, provided by tpushim on "
-        "TensorFlow >= 2.16 (its engine: tf.compat.v1 graphs and sessions).",
+        "TensorFlow >= 2.16 (on tf.compat.v1 graphs and sessions).",
         Estimator=_estimator.Estimator,
         EstimatorSpec=_config.EstimatorSpec,
         ModeKeys=_config.ModeKeys,

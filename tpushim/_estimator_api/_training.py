@@ -328,8 +328,8 @@ def add_metrics(estimator, metric_fn):
     """An Estimator like ``estimator`` whose evaluation adds ``metric_fn``'s metrics."""
     import inspect
 
-    from tpushim._legacy._config import ModeKeys
-    from tpushim._legacy._estimator import Estimator
+    from tpushim._estimator_api._config import ModeKeys
+    from tpushim._estimator_api._estimator import Estimator
 
     allowed = {"predictions", "features", "labels", "config"}
     names = set(inspect.signature(metric_fn).parameters)
