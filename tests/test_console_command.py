@@ -13,7 +13,7 @@ import pytest
 
 from tpushim import _cli, _versions
 
-ENGINE = _versions.uses_own_estimator()  # TensorFlow >= 2.16: tpushim's estimator API
+ESTIMATOR_API = _versions.uses_own_estimator()  # TensorFlow >= 2.16: tpushim's estimator API
 pytestmark = pytest.mark.slow  # TensorFlow subprocesses
 
 #: The entry point pip installed beside this interpreter (``pip install -e .`` makes it).
@@ -48,7 +48,9 @@ def tpushim(*args, cwd):
 
 def test_the_console_command_runs_a_script_and_its_three_commands(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
-    if ENGINE:  # no TPU path there yet (#33): tpushim's estimator, which converts nothing to sum up
+    if (
+        ESTIMATOR_API
+    ):  # no TPU path there yet (#33): tpushim's estimator, which converts nothing to sum up
         run = tpushim("train.py", cwd=tmp_path)
         assert run.returncode == 0, run.stderr[-3000:]
         assert "TRAINED" in run.stdout

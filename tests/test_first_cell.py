@@ -85,9 +85,9 @@ def run_cell(capsys):
 TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]
 
 
-ENGINE_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
+ESTIMATOR_API_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 #: What the cell says of TensorFlow >= 2.16 (Python 3.12/3.13): what runs, what does not yet.
-ON_ENGINE = (
+ON_ESTIMATOR_API = (
     ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy script "
     "on CPU/GPU with stock 2.15's numbers; its TPU path there is the strategy engine "
     "(TPUStrategy), proven on emulated replicas and not yet run on a real TPU: for "
@@ -105,7 +105,7 @@ def test_colab_cpu_or_gpu_python_3_12_keeps_its_tensorflow_and_adds_its_tf_keras
     assert ready and runtime.pip_calls == [["tf-keras~=2.19.0"]]
     assert line == (
         f"ready: Python {python[0]}.{python[1]}, TensorFlow 2.19.0, tf-keras 2.19.0, tpushim "
-        f"0.1.0: this runtime runs the notebook (installed tf-keras 2.19.0)" + ON_ENGINE
+        f"0.1.0: this runtime runs the notebook (installed tf-keras 2.19.0)" + ON_ESTIMATOR_API
     )
 
 
@@ -115,16 +115,16 @@ def test_colab_tpu_runtime_python_3_12_without_tensorflow_gets_2_21_and_tf_keras
     monkeypatch.chdir(tmp_path)
     runtime = Runtime(monkeypatch, (3, 12), {})
     ready, line = run_cell(capsys)
-    assert ready and runtime.pip_calls == [ENGINE_INSTALL, [REPOSITORY]]
+    assert ready and runtime.pip_calls == [ESTIMATOR_API_INSTALL, [REPOSITORY]]
     assert line.startswith("ready: Python 3.12, TensorFlow 2.21.0, tf-keras 2.21.0, tpushim 0.1.0")
     assert "(installed TensorFlow 2.21.0 and tf-keras 2.21.0 in place of none; installed " in line
-    assert line.endswith(ON_ENGINE)
+    assert line.endswith(ON_ESTIMATOR_API)
 
 
 def test_python_3_12_with_tensorflow_2_15_too_old_there_is_replaced(monkeypatch, capsys):
     runtime = Runtime(monkeypatch, (3, 12), {"tensorflow": "2.14.0", "tpushim": "0.1.0"})
     ready, line = run_cell(capsys)
-    assert ready and runtime.pip_calls == [ENGINE_INSTALL]
+    assert ready and runtime.pip_calls == [ESTIMATOR_API_INSTALL]
     assert "(installed TensorFlow 2.21.0 and tf-keras 2.21.0 in place of TensorFlow 2.14.0)" in line
 
 
@@ -137,7 +137,7 @@ def test_python_3_12_ready_installs_nothing(monkeypatch, capsys):
     assert os.environ["TF_USE_LEGACY_KERAS"] == "1"
     assert line == (
         "ready: Python 3.12, TensorFlow 2.21.0, tf-keras 2.21.0, tpushim 0.1.0: this runtime runs "
-        "the notebook" + ON_ENGINE
+        "the notebook" + ON_ESTIMATOR_API
     )
 
 

@@ -26,16 +26,16 @@ from tpushim import _versions
 
 pytestmark = pytest.mark.slow  # runs TensorFlow subprocesses: outside the fast tier
 
-ENGINE = _versions.uses_own_estimator()
+ESTIMATOR_API = _versions.uses_own_estimator()
 
 CHILD = r"""
 import json, sys, types
 import tpushim
 from tpushim import _detect, _patch, _versions
 _detect.DEVICE_GLOBS = ()  # no TPU VM device files on any machine this runs on: mode tpu has no TPU
-ENGINE = _versions.uses_own_estimator()
+ESTIMATOR_API = _versions.uses_own_estimator()
 # What tpushim wraps: keras_lib's function (<= 2.15), tf_keras's v2 function (>= 2.16).
-KERAS_LIB, TARGET = ("tf_keras.src.estimator", "model_to_estimator_v2") if ENGINE else (_patch.KERAS_LIB, _patch.TARGET)
+KERAS_LIB, TARGET = ("tf_keras.src.estimator", "model_to_estimator_v2") if ESTIMATOR_API else (_patch.KERAS_LIB, _patch.TARGET)
 state = {"names": None, "original": None, "own code": None, "scope": None}
 
 
@@ -50,7 +50,7 @@ def do_import():
         "bound: from tensorflow.keras.estimator import": lambda: bound_v2,
         "bound: from tensorflow.compat.v1.keras.estimator import": lambda: bound_v1,
     }
-    if not ENGINE:  # bare keras is Keras 3 on >= 2.16 (no estimator); tf.estimator is tpushim's
+    if not ESTIMATOR_API:  # bare keras is Keras 3 on >= 2.16 (no estimator); tf.estimator is tpushim's
         import keras
         from tensorflow.estimator import add_metrics  # imports extenders, add_metrics' module
         state["add_metrics"] = add_metrics
@@ -71,7 +71,7 @@ def probe():
         except ValueError as e:
             through[name] = "stock" if "Either `keras_model`" in str(e) else repr(e)
         except NotImplementedError as e:  # tf_keras's own function on >= 2.16
-            through[name] = "stock" if ENGINE and "not available in your installation" in str(e) else repr(e)
+            through[name] = "stock" if ESTIMATOR_API and "not available in your installation" in str(e) else repr(e)
     current = getattr(sys.modules[KERAS_LIB], TARGET)  # imported by the first call above
     wrapped = _patch.is_ours(current)
     inner = current.__wrapped__ if wrapped else current
@@ -86,7 +86,7 @@ def probe():
     record = {"through": through, "keras_lib": "wrapper" if wrapped else "original",
               "one layer around the very original": inner is state["original"],
               "own code": own and inner.__code__ is state["own code"]}
-    if ENGINE:  # the public attributes are tpushim's wrappers while patched (the names bound before: never)
+    if ESTIMATOR_API:  # the public attributes are tpushim's wrappers while patched (the names bound before: never)
         def kind(value):
             if _patch.is_ours(value):
                 return "wrapper" if type(value.__wrapped__) is types.FunctionType else "other"
@@ -161,10 +161,12 @@ def check(records):
             continue
         expected = "tpushim" if wanted else "stock"
         assert set(record["through"].values()) == {expected}, (where, record["through"])
-        assert len(record["through"]) == (5 if ENGINE else 6), record
+        assert len(record["through"]) == (5 if ESTIMATOR_API else 6), record
         assert record["keras_lib"] == ("wrapper" if wanted else "original"), where
         assert record["one layer around the very original"], where
-        if ENGINE:  # the function's own code exactly while unpatched (it delegates while patched)
+        if (
+            ESTIMATOR_API
+        ):  # the function's own code exactly while unpatched (it delegates while patched)
             assert record["own code"] is not wanted, where
             assert record["public names"] == ("replaced" if wanted else "unchanged"), where
             assert record["bound names unchanged"], where

@@ -23,14 +23,14 @@ from tpushim import _patch, _versions
 
 TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
 
-ENGINE = (
+ESTIMATOR_API = (
     _versions.uses_own_estimator()
 )  # TensorFlow >= 2.16: tpushim's estimator API, no TPU path yet
 #: What patch() wraps, each with its original captured before any test patched anything: on
 #: TensorFlow <= 2.15 keras_lib's model_to_estimator and the module add_metrics builds its result
 #: from; on 2.16+ tf_keras's model_to_estimator functions (tpushim's tf.estimator names are
 #: attributes added while patched, checked in _one_layer).
-if ENGINE:
+if ESTIMATOR_API:
     import tf_keras.api._v1.keras.estimator as _v1_api
     import tf_keras.src.estimator as _tf_keras_estimator
 
@@ -43,7 +43,7 @@ else:
     WRAPPED = [(keras_lib, "model_to_estimator"), (extenders, "estimator_lib")]
 ORIGINALS = [getattr(module, name) for module, name in WRAPPED]
 EstimatorV1 = tfcases.ESTIMATOR.Estimator
-EstimatorV2 = tfcases.ESTIMATOR.Estimator if ENGINE else tf.estimator.Estimator
+EstimatorV2 = tfcases.ESTIMATOR.Estimator if ESTIMATOR_API else tf.estimator.Estimator
 
 
 def _spellings():
@@ -51,7 +51,7 @@ def _spellings():
     from tensorflow.compat.v1.keras.estimator import model_to_estimator as v1_imported
     from tensorflow.keras.estimator import model_to_estimator as v2_imported
 
-    if ENGINE:  # bare keras is Keras 3 on TensorFlow >= 2.16: it has no estimator
+    if ESTIMATOR_API:  # bare keras is Keras 3 on TensorFlow >= 2.16: it has no estimator
         keras = types.SimpleNamespace(estimator=tf.keras.estimator)
     return {
         "tf.keras.estimator": (tf.keras.estimator.model_to_estimator, "v2"),
@@ -81,7 +81,7 @@ def _one_layer():
         else:
             assert current is original
             wrapped.append(False)
-    if ENGINE:  # tpushim's tf.estimator names are there exactly while patched
+    if ESTIMATOR_API:  # tpushim's tf.estimator names are there exactly while patched
         wrapped.append(hasattr(tf, "estimator"))
     assert len(set(wrapped)) == 1, wrapped
     return wrapped[0]
@@ -273,7 +273,7 @@ def test_status_reports_versions_and_tpu(monkeypatch):
     assert status["versions"]["keras"] == keras_of_tf_keras.__version__
     assert status["versions"]["keras"].startswith("2.")
     if (
-        ENGINE
+        ESTIMATOR_API
     ):  # tf.keras is tf_keras there; tpushim's estimator API, the strategy engine its TPU path
         assert status["versions"]["tensorflow_estimator"] is None
         assert set(status["applied"]) == {f"{m}.{a}" for m, a, _ in _patch.targets()}
@@ -343,7 +343,7 @@ def test_a_name_bound_before_patch_converts_in_the_default_mode(tmp_path):
 def _stock_refusal():
     """What stock's function does with no model: NotImplementedError on TensorFlow >= 2.16 (no
     estimator there), ValueError (no keras_model) before."""
-    return pytest.raises(NotImplementedError if ENGINE else ValueError)
+    return pytest.raises(NotImplementedError if ESTIMATOR_API else ValueError)
 
 
 @pytest.mark.parametrize("name", sorted(BOUND_BEFORE_PATCH))
@@ -392,13 +392,13 @@ def test_a_name_bound_before_a_scope_converts_inside_it_in_its_thread_only(tmp_p
         thread.start()
         thread.join()
     assert type(est) is EstimatorV2
-    assert other["raised"] is (NotImplementedError if ENGINE else ValueError)
+    assert other["raised"] is (NotImplementedError if ESTIMATOR_API else ValueError)
     with _stock_refusal():
         fn(keras_model=None)
     said = [
         r.getMessage() for r in caplog.records if "bound to it before the patch" in r.getMessage()
     ]
-    if ENGINE:  # one line names the function that delegated
+    if ESTIMATOR_API:  # one line names the function that delegated
         assert said == [
             "tpushim: tf_keras.src.estimator.model_to_estimator_v2 was called through a name "
             "bound to it before the patch; tpushim makes that function itself call its wrapper "
