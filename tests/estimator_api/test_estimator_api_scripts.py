@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
     reason="TensorFlow < 2.16 installed: tf.estimator is stock's there (tests/test_scripts.py)",
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:
     REFERENCE = json.load(_f)["results"]

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     reason="TensorFlow < 2.16 installed: tf.estimator is stock's there (tests/test_scripts.py)",
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 with open(os.path.join(ROOT, "tests", "reference", "tf215_api.json"), encoding="utf-8") as _f:
     RECORDED = json.load(_f)
 REFERENCE = RECORDED["results"]

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
     reason=f"stock TensorFlow 2.15 reads what tpushim wrote on 2.21 (installed: {_TF or 'none'})",
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REFERENCE = os.path.join(ROOT, "tests", "reference")
 
 

@@ -102,7 +102,7 @@ def eight(tmp_path_factory):
     import procs
 
     root = tmp_path_factory.mktemp("batchnorm")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return procs.proof(os.path.join(here, "strategy_batchnorm_proof.py"), root)
 
 

@@ -23,7 +23,7 @@ FORMATS = ("checkpoint", "saver")
 STOCK = {"mode": "off"}
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
 RUNS = (("stock", STOCK), ("engine", ENGINE))
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(HERE, "reference", "strategy_checkpoints_tf215.json")
 
 

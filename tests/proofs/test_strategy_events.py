@@ -24,7 +24,7 @@ CASES = ("schedule", "nan", "keep", "secs", "summaries")
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("events")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return procs.proof(os.path.join(here, "strategy_events_proof.py"), root)
 
 

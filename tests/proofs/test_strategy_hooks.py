@@ -23,7 +23,7 @@ CASES = ("stop_at", "request_stop", "early", "early_steps", "clock", "counter", 
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("hooks")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return procs.proof(os.path.join(here, "strategy_hooks_proof.py"), root)
 
 

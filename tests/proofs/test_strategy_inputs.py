@@ -40,7 +40,7 @@ POD_STYLES = ("one_shot", "numpy", "numpy_shuffled", "pandas")
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return procs.proof(os.path.join(here, "strategy_input_proof.py"), root)
 
 

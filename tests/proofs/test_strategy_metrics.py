@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("strategy_metrics")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = procs.python([os.path.join(here, "strategy_metrics_proof.py"), root], timeout=900)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, result.stderr[-4000:]
@@ -54,7 +54,7 @@ def test_negative_control_padding_rows_in_the_added_metrics(proof):
 
 
 def test_stock_is_stock_tensorflow_215():
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "reference", "strategy_metrics_tf215.json")) as f:
         assert json.load(f)["tensorflow"].startswith("2.15.")
 

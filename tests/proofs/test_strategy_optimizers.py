@@ -35,7 +35,7 @@ READ_BACK = ("tf1_adam", "tf1_decay")  # also evaluated on 1 replica, and read b
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("optimizers")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = os.path.join(here, "strategy_optimizers_proof.py")
     result = procs.python([script, root], timeout=1500, cwd=here)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]

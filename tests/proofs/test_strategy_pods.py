@@ -27,7 +27,7 @@ TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("pods")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return procs.proof(os.path.join(here, "strategy_pod_proof.py"), root)
 
 
@@ -203,7 +203,9 @@ def tpu_strategy_pods(tmp_path_factory):
     """tests/strategy_pod_proof.py --tpu-strategy: a process of its own (it connects to a
     cluster of loopback servers, the faked hosts, for good)."""
     root = tmp_path_factory.mktemp("tpu_strategy_pods")
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "strategy_pod_proof.py")
+    script = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "strategy_pod_proof.py"
+    )
     result = procs.python([script, "--tpu-strategy", root])
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, result.stderr[-4000:]

@@ -31,7 +31,7 @@ STYLES = ("tensors", "one_shot", "queue", "numpy")
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("strategy")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return procs.proof(os.path.join(here, "strategy_proof.py"), root)
 
 

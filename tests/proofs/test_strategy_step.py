@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
     root = tmp_path_factory.mktemp("step")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return procs.proof(os.path.join(here, "strategy_step_proof.py"), root)
 
 

@@ -23,7 +23,7 @@ pytestmark = [
     pytest.mark.slow,  # a subprocess
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": "1"}
 
 CONVERSIONS = """

@@ -14,7 +14,7 @@ import pytest
 import tpushim
 from tpushim import _autopatch, _console, _versions
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # What a script sees at its first line, before it imports anything itself.
 STARTUP = """\

@@ -12,7 +12,7 @@ import sys
 import procs
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "benchmarks", "bench.py")
 HEAD = ("benchmark", "case", "contender", "median", "ratio", "spread", "goal", "ok")
 

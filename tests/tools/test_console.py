@@ -14,7 +14,7 @@ from tpushim import _versions
 
 pytestmark = pytest.mark.slow  # runs TensorFlow subprocesses: outside the fast tier
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Each case converts the same small model once, after a marker line on stderr.
 SCRIPT = """

@@ -12,7 +12,7 @@ from importlib import metadata
 import tpushim
 from tpushim import _settings, _types, _versions
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def read(*path):

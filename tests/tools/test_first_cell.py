@@ -18,7 +18,7 @@ import sys
 import nbformat
 import pytest
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 SOURCE = (NOTEBOOKS / "first_cell.py").read_text(encoding="utf-8")
 
 

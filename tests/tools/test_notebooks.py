@@ -10,7 +10,7 @@ from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def execute(name, tmp_path, monkeypatch, env=None):

@@ -345,7 +345,9 @@ import re
 
 import procs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # this checkout's tpushim
 LEGACY = os.path.join(ROOT, "tests", "scripts", "legacy_text_classifier.py")
 
 

@@ -178,7 +178,7 @@ def _script(tmp_path, layer="lambda t: t * 2", seed="", refused=False):
 
 
 def _check_script(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {"PYTHONPATH": root, "TF_USE_LEGACY_KERAS": "", "TPUSHIM_ENGINE": "strategy"}
     proc = procs.python(
         ["-m", "tpushim", "check", "--json", "train.py", tmp_path / "model"],

@@ -22,7 +22,9 @@ import tpushim
 # The preflight runs the TPU path (cpu mode's TPUEstimator); `tpushim check` refuses on 2.16+.
 pytestmark = [pytest.mark.slow, pytest.mark.tpuestimator]  # runs scripts
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # this checkout's tpushim
 
 
 def _run(*args, tmp):

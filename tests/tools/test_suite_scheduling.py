@@ -7,16 +7,17 @@ import re
 
 import conftest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_module_with_a_shared_fixture_is_kept_whole():
     shared = set()
-    for name in os.listdir(HERE):
-        if name.startswith("test_") and name.endswith(".py"):
-            with open(os.path.join(HERE, name), encoding="utf-8") as f:
-                if re.search(r"""scope=["'](module|session)["']""", f.read()):
-                    shared.add(name)
+    for folder, _, names in os.walk(HERE):
+        for name in names:
+            if name.startswith("test_") and name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    if re.search(r"""scope=["'](module|session)["']""", f.read()):
+                        shared.add(name)
     assert shared == conftest.SHARED_FIXTURE_MODULES
 
 
@@ -33,9 +34,15 @@ def test_a_shared_fixture_modules_tests_are_one_unit_of_work():
     scheduler = conftest.pytest_xdist_make_scheduler(Config(), log=None)
     assert isinstance(scheduler, LoadScopeScheduling)
     split = scheduler._split_scope
-    assert split("tests/test_strategy_replicas.py::test_a[8]") == "tests/test_strategy_replicas.py"
-    assert split("tests/test_strategy_replicas.py::test_b") == "tests/test_strategy_replicas.py"
-    assert split("tests/test_patch.py::test_a") == "tests/test_patch.py::test_a"
+    assert (
+        split("tests/proofs/test_strategy_replicas.py::test_a[8]")
+        == "tests/proofs/test_strategy_replicas.py"
+    )
+    assert (
+        split("tests/proofs/test_strategy_replicas.py::test_b")
+        == "tests/proofs/test_strategy_replicas.py"
+    )
+    assert split("tests/core/test_patch.py::test_a") == "tests/core/test_patch.py::test_a"
     assert conftest.pytest_xdist_make_scheduler(_Chosen(), log=None) is None
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tpushim import _versions
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 with open(os.path.join(ROOT, "tests", "reference", "tf215_api.json"), encoding="utf-8") as _f:
     RECORDED = json.load(_f)["results"]["distribute"]
 OWN = _versions.uses_own_estimator()

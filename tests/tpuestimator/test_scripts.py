@@ -16,7 +16,9 @@ pytestmark = [
     pytest.mark.tpuestimator,
 ]  # trains estimators or runs scripts: outside the fast tier
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # this checkout's tpushim
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 LEGACY = [
     "census_numpy_tf1.py",  # numpy_input_fn, dict float64 features, disable_v2_behavior

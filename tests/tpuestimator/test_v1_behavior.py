@@ -9,7 +9,9 @@ import tfcases
 
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tpushim
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # this checkout's tpushim
 
 SCRIPT = """
 import json, sys

@@ -15,7 +15,7 @@ import pytest
 
 from tpushim import _versions, version
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def fake_package(site, module, dist, dist_version, body=None):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
     reason="TensorFlow < 2.16 installed: the preflight runs the TPU code path there",
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 ENV = {"PYTHONPATH": ROOT, "TF_USE_LEGACY_KERAS": ""}
 
