@@ -20,7 +20,7 @@ On TensorFlow >= 2.16 (no stock estimator, ``tf.compat.v1.estimator.inputs`` fro
 ``python strategy_input_proof.py --record tests/reference/strategy_inputs_tf215.json DIR`` in a
 TF 2.15 venv.
 
-A helper run by tests/test_strategy_inputs.py, not a test module.
+A helper run by tests/proofs/test_strategy_inputs.py, not a test module.
 """
 
 import collections

@@ -29,7 +29,7 @@ On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, rec
 ``python strategy_proof.py --record tests/reference/strategy_tf215.json`` in a TF 2.15 venv, and
 tpushim's own estimator API (stock 2.15's path) reads the engine's checkpoints.
 
-A helper run by tests/test_strategy_replicas.py, not a test module.
+A helper run by tests/proofs/test_strategy_replicas.py, not a test module.
 """
 
 import json

@@ -1,7 +1,7 @@
 """Every private TensorFlow / Keras name the core uses, in one place.
 
 These are internals of tensorflow_estimator and Keras 2 in TensorFlow 2.12-2.15 (the range in
-tpushim/version.py), pinned by tests/test_tfprivate.py on each of them: when a release moves one,
+tpushim/version.py), pinned by tests/unit/test_tfprivate.py on each of them: when a release moves one,
 this file is the one to edit. Where the releases differ, the fallback says which has what. The
 few names only the tooling reaches (the faked TPU system's) live in tpushim/_preflight/faketpu.py.
 """

@@ -1,7 +1,7 @@
 """The one place tpushim's version, and the TensorFlow releases it supports, are written.
 
 Plain literals and no imports: pyproject.toml (the version; its extras repeat the ranges, and
-tests/test_versions.py keeps them in step), the version guard in tpushim/_versions.py,
+tests/unit/test_versions.py keeps them in step), the version guard in tpushim/_versions.py,
 ``python -m tpushim info`` and .ci/run read them from here without importing TensorFlow.
 """
 

@@ -28,7 +28,7 @@ def _env(monkeypatch, var, value):
 
 
 # name: (action, error type, what was wrong, how to fix it) -- both must be in the message.
-# (TensorFlow 2.16, which warns rather than raises, is tests/test_versions.py's.)
+# (TensorFlow 2.16, which warns rather than raises, is tests/unit/test_versions.py's.)
 CASES = {
     "uncompiled model": (
         lambda d, mp: tfcases.convert(d, tfcases.uncompiled, patch=STOCKS),

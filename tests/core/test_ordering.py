@@ -8,7 +8,7 @@ call that goes through tpushim raises ``NoTPUError`` at once, one that does not 
 ``ValueError``. Cheap (no graph is built), and it is the real call path. It also reports whether
 ``keras_lib.model_to_estimator`` is the very function keras_lib defined (or one wrapper around it)
 and whether any public name was replaced; likewise for ``tf.estimator.add_metrics``' module (the second
-target). Real conversions per spelling are tests/test_patch.py's and tests/test_add_metrics.py's.
+target). Real conversions per spelling are tests/core/test_patch.py's and tests/tpuestimator/test_add_metrics.py's.
 
 On TensorFlow >= 2.16 (tpushim's estimator API) the same matrix runs on what is wrapped there:
 tf_keras's ``model_to_estimator`` functions, which stock raises NotImplementedError from (bare

@@ -120,7 +120,7 @@ def test_positional_arguments_and_v1_v2_checkpoint_formats(tmp_path):
     assert any(n.endswith("kernel/.ATTRIBUTES/VARIABLE_VALUE") for n in v2_names)
 
 
-@pytest.mark.tpuestimator  # on 2.16+: tests/test_estimator_api_scripts.py (tf.keras made tf_keras first)
+@pytest.mark.tpuestimator  # on 2.16+: tests/estimator_api/test_estimator_api_scripts.py (tf.keras made tf_keras first)
 @pytest.mark.slow  # a TensorFlow subprocess that trains
 def test_patch_before_tensorflow_is_lazy_then_applies():
     proc = procs.python(

@@ -21,7 +21,7 @@ from tpushim import _versions
 
 pytestmark = pytest.mark.skipif(
     not _versions.uses_own_estimator(),
-    reason="TensorFlow < 2.16 installed: tf.estimator is stock's there (tests/test_scripts.py)",
+    reason="TensorFlow < 2.16 installed: tf.estimator is stock's there (tests/tpuestimator/test_scripts.py)",
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -166,7 +166,7 @@ def test_negative_control_without_the_checkpoint_the_numbers_differ(tmp_path):
 
 def test_the_saved_model_exported_here_loads_and_predicts_as_recorded():
     # tests/reference/tf221_saved_model: exported by tpushim on TensorFlow 2.21
-    # (record_reference.py --engine); tests/test_tf216_interop.py loads it on stock 2.15.
+    # (record_reference.py --engine); tests/estimator_api/test_tf216_interop.py loads it on stock 2.15.
     code = (
         "import json, sys, tensorflow as tf\n"
         "from tpushim.demo import legacy_mlp\n"
@@ -272,7 +272,7 @@ def test_info_says_what_a_call_returns_and_check_runs_on_the_engine(tmp_path):
     info = procs.python(["-m", "tpushim", "info"], env=env, cwd=tmp_path)
     assert info.returncode == 0, info.stderr[-3000:]
     assert "returns: tpushim's estimator (TensorFlow >= 2.16 has none" in info.stdout
-    # The preflight runs on tpushim's estimator API here (tests/test_tf216_tools.py): a script that
+    # The preflight runs on tpushim's estimator API here (tests/tools/test_tf216_tools.py): a script that
     # converts nothing is its finding, no traceback.
     check = procs.python(["-m", "tpushim", "check", "prog.py"], env=env, cwd=tmp_path)
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr[-3000:]

@@ -25,7 +25,7 @@ from tpushim import _versions
 
 pytestmark = pytest.mark.skipif(
     not _versions.uses_own_estimator(),
-    reason="TensorFlow < 2.16 installed: tf.estimator is stock's there (tests/test_scripts.py)",
+    reason="TensorFlow < 2.16 installed: tf.estimator is stock's there (tests/tpuestimator/test_scripts.py)",
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -186,7 +186,7 @@ def test_a_distribution_strategy_or_a_cluster_is_refused_by_name_before_anything
     # A strategy of two replicas, or a cluster of two tasks: stock 2.15 trains over them;
     # tpushim's estimator API cannot (one graph, one process): it says so, naming the argument and what
     # to do, instead of training on one device as if the strategy were there. (One replica and a
-    # cluster of one chief train, with stock's numbers: tests/test_run_config_distribute.py.)
+    # cluster of one chief train, with stock's numbers: tests/tpuestimator/test_run_config_distribute.py.)
     model_dir = tmp_path / "model"
     proc = procs.python([model_dir], code=DISTRIBUTE, env={"PYTHONPATH": ROOT, **ENV})
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]

@@ -1,6 +1,6 @@
 """What tpushim wrote on TensorFlow >= 2.16 is read by stock TensorFlow 2.15 with stock's numbers.
 
-The other direction of tests/test_estimator_api_scripts.py: tests/scripts/record_reference.py --engine
+The other direction of tests/estimator_api/test_estimator_api_scripts.py: tests/scripts/record_reference.py --engine
 (run on TensorFlow 2.21 under tpushim) kept the demo's model after 100 steps
 (tests/reference/tf221_demo_model) and a SavedModel exported from it (tf221_saved_model, its
 predictions in tf221.json). Here, on stock TensorFlow 2.15 (no tpushim patch): the model_dir

@@ -4,7 +4,7 @@
 
 Against the estimator model_to_estimator returns unpatched: stock's on TensorFlow 2.15, tpushim's
 own on >= 2.16 (tpushim/_estimator_api), and on every TensorFlow against what stock 2.15 wrote, recorded
-in tests/reference/strategy_checkpoints_tf215.json (``python tests/test_strategy_checkpoints.py
+in tests/reference/strategy_checkpoints_tf215.json (``python tests/proofs/test_strategy_checkpoints.py
 --record`` on TensorFlow 2.15). Stock's Estimator continues the engine's run and the engine
 continues stock's, with stock's numbers; warm starts and export read the engine's checkpoints as
 stock's.

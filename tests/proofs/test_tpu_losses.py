@@ -466,7 +466,7 @@ def test_the_emulated_sum_has_cross_replica_sums_gradient(stock_runs, monkeypatc
     sum of the upstream gradients): each shard training on the global loss, a cross-replica sum,
     gets eight times its rows' gradient of it, and the shards' mean is the global gradient again
     -- stock's step. (Here every replica's upstream gradient is the same; where they differ, a
-    sum whose gradient is not summed over the replicas fails tests/test_tpu_emulation.py's
+    sum whose gradient is not summed over the replicas fails tests/proofs/test_tpu_emulation.py's
     synchronized BatchNormalization.)"""
     real = _losses.training_loss
     monkeypatch.setattr(

@@ -194,7 +194,7 @@ def test_predict_graph(tmp_path, hosts):
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
         est = tfcases.convert(tmp_path, patch=tfcases.on_faked_tpu(tpu, ITERATIONS))
         # TPUEstimator refuses predict() per host on a pod: tpushim has host 0 feed every core
-        # (SLICED; what each core is fed: tests/test_pods.py).
+        # (SLICED; what each core is fed: tests/proofs/test_pods.py).
         build = tpu.build(lambda: est.predict(predict_fn))
     _assert_replicated(build, tpu)
     # features, padding weight, and TPUEstimator's stopping signal for the end of the input

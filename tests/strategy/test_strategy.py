@@ -1,6 +1,6 @@
 """The engine setting and choice (tpushim/_settings.py, tpushim/_engines.py, tpushim/_decision.py):
 ``engine = auto | tpuestimator | strategy``, parsed strictly from every way in, and ``auto``'s
-choice from the environment alone. The strategy engine's numbers are tests/test_strategy_replicas.py's.
+choice from the environment alone. The strategy engine's numbers are tests/proofs/test_strategy_replicas.py's.
 """
 
 import pytest
@@ -189,7 +189,7 @@ def test_what_the_engine_cannot_run_yet_is_refused_before_anything_is_written(tm
 
     CallLoss = _call_loss_layer()
     tf1 = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
-    # A rate made eagerly: stock's graph cannot read it (tests/test_strategy_optimizers.py).
+    # A rate made eagerly: stock's graph cannot read it (tests/proofs/test_strategy_optimizers.py).
     tf1.compile(tf.compat.v1.train.GradientDescentOptimizer(tf.constant(0.1)), loss="mse")
     # A loss a layer adds in its call is evaluated on each row alone: BatchNormalization would
     # see one row's moments (an activity regularizer is read from the forward pass: taken).
@@ -579,7 +579,7 @@ def test_a_model_with_dict_outputs_as_stocks(tmp_path):
 def test_what_no_tpu_step_compiles_is_refused_in_words_before_anything_is_written(tmp_path):
     """Strings in the input that no layer of the model takes are named (not an XLA error about
     ``_Arg``), before model.ckpt-0. (Strings and lookups the model's layers take run on the
-    host: tests/test_strategy_strings.py.)"""
+    host: tests/strategy/test_strategy_strings.py.)"""
     import numpy as np
     import tensorflow as tf
 
@@ -744,7 +744,7 @@ def test_input_losses_beside_batchnormalization_which_the_engine_takes(tmp_path)
     """Activity regularizers are read from the model's own forward pass, so BatchNormalization
     (and SyncBatchNormalization) beside them is taken; a loss added in a layer's call beside a
     SyncBatchNormalization is refused as beside a BatchNormalization (numbers:
-    tests/test_strategy_replicas.py)."""
+    tests/proofs/test_strategy_replicas.py)."""
     import tensorflow as tf
 
     def model(normalization, *middle):

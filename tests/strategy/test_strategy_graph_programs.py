@@ -4,7 +4,7 @@ program's) trains, evaluates and predicts on the engine's eager runtime with sto
 and the program's graph is its own again after every call (and between two predictions).
 
 In this process: ``disable_v2_behavior()`` itself is for the whole process; the legacy script
-``census_numpy_tf1.py`` proves it (tests/test_scripts.py, tests/test_estimator_api_scripts.py), and
+``census_numpy_tf1.py`` proves it (tests/tpuestimator/test_scripts.py, tests/estimator_api/test_estimator_api_scripts.py), and
 tests/strategy_proof.py does on 8 replicas.
 """
 

@@ -1,10 +1,10 @@
 """The strategy engine on TensorFlow >= 2.16 (tpushim/_strategy.py on tpushim's own Estimator,
 tpushim/_estimator_api): ``mode=cpu``/``tpu`` and ``engine=strategy`` convert to it, ``engine=auto``
 picks it, ``engine=tpuestimator`` stops naming why. Its numbers (8 replicas = 1 = stock 2.15)
-are tests/test_strategy_replicas.py's, which runs on every TensorFlow.
+are tests/proofs/test_strategy_replicas.py's, which runs on every TensorFlow.
 
 Runs only where TensorFlow >= 2.16 is installed; each case is a subprocess, as
-tests/test_estimator_api_scripts.py's (``TF_USE_LEGACY_KERAS`` is decided once per process).
+tests/estimator_api/test_estimator_api_scripts.py's (``TF_USE_LEGACY_KERAS`` is decided once per process).
 """
 
 import json
@@ -18,7 +18,7 @@ from tpushim import _versions
 pytestmark = [
     pytest.mark.skipif(
         not _versions.uses_own_estimator(),
-        reason="TensorFlow < 2.16 installed: tests/test_strategy.py covers the engine there",
+        reason="TensorFlow < 2.16 installed: tests/strategy/test_strategy.py covers the engine there",
     ),
     pytest.mark.slow,  # a subprocess
 ]

@@ -67,7 +67,7 @@ def test_op_without_xla_kernel_names_the_layer():
 
 # Feature columns inside the model: a vocabulary lookup and a crossed column, in a DenseFeatures
 # layer of a sub-model (tpushim moves only a top-level layer's lookups to the input pipeline:
-# tests/test_feature_columns.py). XLA stops at the lookup table's handle (it takes it for an
+# tests/tpuestimator/test_feature_columns.py). XLA stops at the lookup table's handle (it takes it for an
 # uninitialised variable) before naming any op.
 FEATURE_COLUMNS = """
 import json
@@ -486,7 +486,7 @@ def test_tpu_graphs_of_the_scripts_calls(tmp_path, monkeypatch):
     pod = recorder.report(num_cores=16)
     assert "TPU graphs for 16 cores (2 hosts)" in pod.checked
     assert "tpu-graph" not in pod.codes()  # predict() too: host 0 feeds every core
-    # Which path each input takes on the pod's hosts (tests/test_pods.py: what each one feeds).
+    # Which path each input takes on the pod's hosts (tests/proofs/test_pods.py: what each one feeds).
     paths = {f.where: (f.severity, f.message) for f in pod.findings if f.code == "pod-input"}
     assert paths == {
         f"{event}() input_fn 'input_fn'": ("info", f"on 2 TPU hosts: exact path: {why}")

@@ -1,7 +1,7 @@
 """``tf.estimator.add_metrics`` on a converted estimator (issue 24, item 3): every spelling returns
 tpushim's estimator (same config, settings and batch handling), whose added metrics equal stock's
 add_metrics estimator's, are built on a TPU's host, and whose calls the preflight hears. The
-8-shard emulation of the added metrics is in tests/test_tpu_emulation.py."""
+8-shard emulation of the added metrics is in tests/proofs/test_tpu_emulation.py."""
 
 import dataclasses
 

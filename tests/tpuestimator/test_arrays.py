@@ -2,7 +2,7 @@
 Dataset that reads them, never embedded in a graph, and never copied whole: rows read back exactly
 from every alignment; a graph and a model_dir the same size for 1,000 and 100,000 rows, in cpu
 mode and on a faked TPU system, with no constant holding the arrays; the feed reaching a pipeline
-placed on another task through a gRPC session. Equality with stock: tests/test_legacy_input.py."""
+placed on another task through a gRPC session. Equality with stock: tests/tpuestimator/test_legacy_input.py."""
 
 import os
 

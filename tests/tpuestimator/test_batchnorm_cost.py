@@ -7,8 +7,8 @@ stock's TRAIN graph for the same model, counted with the bodies of every functio
 the replicated train step of a padded batch against a hand-written TPUEstimator model_fn's
 (``drop_remainder=True``), a handful of ops per layer; and an input whose batches are all full
 is not padded at all.
-The numbers themselves are compared with stock in tests/test_legacy_input.py (cpu mode) and
-tests/test_tpu_emulation.py (8 emulated shards).
+The numbers themselves are compared with stock in tests/tpuestimator/test_legacy_input.py (cpu mode) and
+tests/proofs/test_tpu_emulation.py (8 emulated shards).
 """
 
 import collections

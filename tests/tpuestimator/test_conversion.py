@@ -192,7 +192,7 @@ def test_a_scripts_input_partition_dims_match_tpushims_padded_features(tmp_path,
 
 def test_indivisible_global_batch_converts_and_is_padded(tmp_path):
     """Stock trains any batch size; so does a TPU, each batch padded to the next multiple of the
-    cores (tests/test_input_parity.py proves the numbers): no error, and the
+    cores (tests/tpuestimator/test_input_parity.py proves the numbers): no error, and the
     one text the estimator logs and the preflight warns with names the waste and the fix."""
     config = tpu_config.RunConfig(tpu_config=tpu_config.TPUConfig(num_shards=8))
     with faketpu.faked_tpu_system() as tpu:  # the conversion asks the TPU for its devices

@@ -222,7 +222,7 @@ def test_rebatch_keeps_order_pads_and_weights():
 def test_finite_training_input_rebatched_is_logged(tmp_path, tpushim_log):
     """Re-batched (an explicit batch size other than the input's), a finite input's last rows
     cannot form a full batch: logged. Batched by the same size, its short batch is padded instead
-    (tests/test_legacy_input.py) and nothing is logged."""
+    (tests/tpuestimator/test_legacy_input.py) and nothing is logged."""
     x, y = _xy()
     tpushim.patch(mode="cpu", batch_size=5)
     est = tf.keras.estimator.model_to_estimator(

@@ -6,7 +6,7 @@ The scenario (tests/api215.py ``distribute``: a strategy of one replica, a clust
 "chief" as a job launcher sets it, train_and_evaluate as that chief, and the clusters stock's
 RunConfig refuses) was recorded on stock 2.15 (tests/reference/tf215_api.json); here it runs on
 TensorFlow 2.12-2.15 on both engines in cpu mode, and on >= 2.16 on tpushim's estimator API and
-the strategy engine. Clusters of more than one task on >= 2.16: tests/test_tf216_api.py.
+the strategy engine. Clusters of more than one task on >= 2.16: tests/estimator_api/test_tf216_api.py.
 """
 
 import json

@@ -10,7 +10,7 @@ import pytest
 import tfcases
 
 # cpu mode and the preflight against stock: the TPU path. On TensorFlow >= 2.16 every script
-# runs against stock 2.15's recorded numbers in tests/test_estimator_api_scripts.py.
+# runs against stock 2.15's recorded numbers in tests/estimator_api/test_estimator_api_scripts.py.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.tpuestimator,

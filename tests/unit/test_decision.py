@@ -1,7 +1,7 @@
 """The mode decision (tpushim/_decision.py): what a model_to_estimator call returns, and why.
 
 Pure: settings and the TPU found in, a decision out. How the wrapper acts on each decision is
-tests/test_modes_detect.py's (real conversions); here, the table, and that ``status()`` carries the
+tests/unit/test_modes_detect.py's (real conversions); here, the table, and that ``status()`` carries the
 decision a call made at that moment would act on.
 """
 

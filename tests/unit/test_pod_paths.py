@@ -1,6 +1,6 @@
 """How a pod's hosts read an input (tpushim/_pods.py), decided from the pipeline's graph: the graph
 reading, the decision, the files each host reads, each host's copy made to follow the path, and
-the seeds every copy is built with. What the hosts then feed is in tests/test_pods.py."""
+the seeds every copy is built with. What the hosts then feed is in tests/proofs/test_pods.py."""
 
 import os
 

@@ -2,7 +2,7 @@
 
 tpushim/_tfprivate.py holds those of TensorFlow 2.12-2.15 and imports tensorflow_estimator at its
 top, which does not import on 2.16 and later: these live here instead, pinned by
-tests/test_estimator_api_scripts.py on the newest release tpushim/version.py names.
+tests/estimator_api/test_estimator_api_scripts.py on the newest release tpushim/version.py names.
 """
 
 from tensorflow.python.checkpoint import checkpoint as _checkpoint

@@ -216,7 +216,7 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
     with patched(**settings):
         if mode is None:
             # TensorFlow >= 2.16: both runs take tpushim's estimator API (no stock one there);
-            # its TPU path there, the strategy engine, is proven in tests/test_strategy_replicas.py.
+            # its TPU path there, the strategy engine, is proven in tests/proofs/test_strategy_replicas.py.
             mode = "auto" if status()["tpu"] or _versions.uses_own_estimator() else "cpu"
     _quiet_tensorflow()
     from tpushim.demo import legacy_mlp
