@@ -23,9 +23,7 @@ from tpushim import _patch, _versions
 
 TPUShimEstimator = tpuestimator_import("tpushim._estimator", "TPUShimEstimator")
 
-ESTIMATOR_API = (
-    _versions.uses_own_estimator()
-)  # TensorFlow >= 2.16: tpushim's estimator API, no TPU path yet
+ESTIMATOR_API = _versions.uses_own_estimator()  # TensorFlow >= 2.16: tpushim's estimator API
 #: What patch() wraps, each with its original captured before any test patched anything: on
 #: TensorFlow <= 2.15 keras_lib's model_to_estimator and the module add_metrics builds its result
 #: from; on 2.16+ tf_keras's model_to_estimator functions (tpushim's tf.estimator names are

@@ -201,7 +201,7 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     out = proc.stdout
     if (
         _versions.uses_own_estimator()
-    ):  # no stock estimator, no TPU path yet: tpushim's estimator API twice
+    ):  # no stock estimator there, no TPU: tpushim's estimator API twice
         assert (
             "1. stock    model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16 "
             "(tpushim mode off"

@@ -30,9 +30,7 @@ def free_port():
 def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
     tpushim.patch()
     est = tfcases.convert(tmp_path)
-    if (
-        _versions.uses_own_estimator()
-    ):  # no estimators there: tpushim's, as stock 2.15's (no TPU path yet)
+    if _versions.uses_own_estimator():  # no estimators there: tpushim's, as stock 2.15's
         assert type(est) is tf.estimator.Estimator  # tpushim's tf.estimator while patched
         assert (
             "model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16 (no TPU configured; "
