@@ -220,8 +220,8 @@ def _loss_weights(keras_model):
 
 
 def _plan(keras_model):
-    """The feature-column split of the conversion (None: none; there is none on tpushim's estimator
-    engine, TensorFlow >= 2.16, which has no TPU path yet)."""
+    """The feature-column split of the conversion (None: none; none on TensorFlow >= 2.16, where
+    _feature_columns, which needs tensorflow_estimator, does not run)."""
     if _versions.uses_own_estimator():
         return None
     from tpushim import _feature_columns
