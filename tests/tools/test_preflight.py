@@ -245,7 +245,7 @@ def test_host_only_ops_inside_the_model():
     finding = next(f for f in report.findings if f.code == "host-only-op")
     assert finding.where == "layer 'summarise' (op HistogramSummary)"
     assert "host-only-op" not in run().codes()
-    # A scalar summary is carried to TensorBoard by the TPU step's host call (tests/test_summaries).
+    # A scalar summary is carried to TensorBoard by the TPU step's host call (tests/tpuestimator/test_summaries.py).
     scalar = tf.keras.layers.Lambda(
         lambda x: (
             tf.identity(x) if tf.compat.v1.summary.scalar("m", tf.reduce_mean(x)) is not None else x
