@@ -1,6 +1,6 @@
 """Prints the shell commands of README.md's "Two commands" section, one a line, in order.
 
-.ci/run runs exactly these, verbatim, in a fresh venv; tests/test_docs.py checks what they are.
+.ci/run runs exactly these, verbatim, in a fresh venv; tests/tools/test_docs.py checks what they are.
 """
 
 import pathlib

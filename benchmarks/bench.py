@@ -12,7 +12,7 @@ TPU systems of 1, 2 and 4 hosts), ``scale`` (bench_scale, in-memory arrays at re
 process per run), ``padding`` (bench_padding: a TPU host's pipeline with padded batches), ``bn`` (bench_bn:
 BatchNormalization-heavy Keras applications on a finite input, cpu mode against stock, the TPU
 step against a hand-written one, the preflight against the script; its parts ``bn-step`` and
-``bn-check`` run alone), ``tf216`` (bench_tf216: tpushim's estimator engine on TensorFlow >= 2.16
+``bn-check`` run alone), ``tf216`` (bench_tf216: tpushim's estimator API on TensorFlow >= 2.16
 against stock 2.15, two interpreters: ``--tf216-python``), ``strategy`` (bench_strategy: the
 strategy engine's ``train()`` against a hand-written Keras ``fit`` under the same
 MirroredStrategy on 8 logical CPU devices; ``strategy-activity``: a model with activity regularizers, the

@@ -1,4 +1,4 @@
-"""TensorFlow 2.16+: tpushim's estimator engine on TF 2.21 against stock TF 2.15, same machine.
+"""TensorFlow 2.16+: tpushim's estimator API on TF 2.21 against stock TF 2.15, same machine.
 
 One run needs two interpreters: stock TensorFlow <= 2.15 with tensorflow_estimator (default: the
 one running the benchmark) and TensorFlow >= 2.16 with tf-keras and this tree's tpushim
@@ -215,7 +215,7 @@ def _drive(target, workdir, patch):
         tpushim.patch()  # before TensorFlow, as README's one line
     tf = benchlib.tf()
     if patch:
-        from tpushim._legacy import _estimator as estimator_module
+        from tpushim._estimator_api import _estimator as estimator_module
     else:
         from tensorflow_estimator.python.estimator import estimator as estimator_module
     cls = estimator_module.Estimator

@@ -15,8 +15,8 @@ SUPPORTED_TF = ((2, 12), (2, 16))  # estimators end with TensorFlow 2.15
 TF_INSTALL = ["tensorflow>=2.12,<2.16", "numpy<2"]  # numpy 2 breaks TensorFlow <= 2.15
 # Python 3.12/3.13: TensorFlow 2.16-2.21 and tf-keras (Keras 2) of its minor; tpushim brings the
 # estimator API itself there; its TPU path there is the strategy engine (TPUStrategy).
-ENGINE_TF = ((2, 16), (2, 22))
-ENGINE_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
+ESTIMATOR_API_TF = ((2, 16), (2, 22))
+ESTIMATOR_API_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 # What docs/how-to/platforms.md installs on Colab's TPU runtime (a v5e-1 without TensorFlow): the
 # TPU build of one release, which stops at 2.20, with its libtpu; on Kaggle, tf-keras without its
 # dependencies (they would bring the full tensorflow beside Kaggle's tensorflow-cpu).
@@ -98,7 +98,7 @@ def _tensorflow_for(python):
             f"installed TensorFlow {_tensorflow()}, its TPU build and tf-keras "
             f"{_installed('tf-keras', 'tf_keras')} in place of {'TensorFlow ' + tf_version if tf_version else 'none'}"
         ], None
-    if tf_version is not None and ENGINE_TF[0] <= _minor(tf_version) < ENGINE_TF[1]:
+    if tf_version is not None and ESTIMATOR_API_TF[0] <= _minor(tf_version) < ESTIMATOR_API_TF[1]:
         minor = ".".join(tf_version.split(".")[:2])
         keras2 = _installed("tf-keras", "tf_keras")
         if keras2 is not None and _minor(keras2) == _minor(tf_version):
@@ -109,9 +109,9 @@ def _tensorflow_for(python):
         return [f"installed tf-keras {_installed('tf-keras', 'tf_keras')}"], None
     if "tensorflow" in sys.modules:
         return None, _restart(tf_version, "tpushim supports 2.16-2.21 on this Python")
-    if not _pip_install(*ENGINE_TF_INSTALL):
+    if not _pip_install(*ESTIMATOR_API_TF_INSTALL):
         return None, (
-            f"pip could not install {' '.join(ENGINE_TF_INSTALL)}: see its message above. "
+            f"pip could not install {' '.join(ESTIMATOR_API_TF_INSTALL)}: see its message above. "
             f"{WHERE_TO_RUN}"
         )
     return [

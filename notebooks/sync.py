@@ -1,6 +1,6 @@
 """Puts notebooks/first_cell.py into every notebook here as its first code cell, outputs cleared.
 
-Run ``python notebooks/sync.py`` after editing first_cell.py; tests/test_notebooks.py checks that
+Run ``python notebooks/sync.py`` after editing first_cell.py; tests/tools/test_notebooks.py checks that
 every notebook's first code cell is that file, verbatim.
 """
 

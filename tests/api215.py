@@ -1,6 +1,6 @@
 """Stock TensorFlow 2.15's behaviour for tpushim's estimator API on TensorFlow >= 2.16: scenarios
 run on stock 2.15 (recorded into tests/reference/tf215_api.json by running this file with a
-TensorFlow 2.15 environment) and, in tests/test_tf216_api.py, on TensorFlow >= 2.16 under tpushim.
+TensorFlow 2.15 environment) and, in tests/estimator_api/test_tf216_api.py, on TensorFlow >= 2.16 under tpushim.
 
 Each scenario is the source of a program that prints ``RESULT <json>``; ``{patch}`` is where the
 tpushim test puts ``import tpushim; tpushim.patch()`` (empty on stock).
@@ -14,7 +14,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "reference", "tf215_api.json")
 
-# What tests/test_tf216_api.py checks against: RESULT of each scenario ("results") and TF 2.15's
+# What tests/estimator_api/test_tf216_api.py checks against: RESULT of each scenario ("results") and TF 2.15's
 # estimator API names ("names").
 
 # numpy_input_fn / pandas_input_fn with shuffle=True. Stock starts each reader at a random row

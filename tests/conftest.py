@@ -49,7 +49,7 @@ STRATEGY_SCRIPT_TESTS = {"test_script_unchanged_on_the_strategy_engine_equals_st
 #: Modules whose tests share a module- or session-scoped fixture (a proof's subprocess, an
 #: emulated TPU system's run): pytest-xdist's default scheduling hands a module's tests out in
 #: chunks, and a module split between two workers runs its fixture in each (a proof twice).
-#: Each of these goes to one worker whole (tests/test_suite_scheduling.py keeps the list complete).
+#: Each of these goes to one worker whole (tests/tools/test_suite_scheduling.py keeps the list complete).
 SHARED_FIXTURE_MODULES = {
     "test_arrays.py",
     "test_pods.py",

@@ -1,6 +1,6 @@
 """The legacy scripts of tests/scripts/ on the strategy engine (issue 33): which it refuses, and
-in which words. Every other script gives stock's RESULT on it (tests/test_scripts.py on 2.15 with
-``--engine strategy``, tests/test_tf216_engine.py on 2.16+ where ``--mode cpu`` takes it)."""
+in which words. Every other script gives stock's RESULT on it (tests/tpuestimator/test_scripts.py on 2.15 with
+``--engine strategy``, tests/estimator_api/test_estimator_api_scripts.py on 2.16+ where ``--mode cpu`` takes it)."""
 
 #: script -> the words of the engine's ConversionError (it refuses before anything is written).
 REFUSED = {}

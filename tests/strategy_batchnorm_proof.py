@@ -18,7 +18,7 @@ epochs; each ends on a batch of 8, whose last 4 replicas hold padding only):
   proven per-replica semantics (see :func:`per_replica`), and stock's evaluation and prediction
   from the weights the engine saved.
 
-A helper run by tests/test_strategy_batchnorm.py, not a test module.
+A helper run by tests/proofs/test_strategy_batchnorm.py, not a test module.
 """
 
 import json

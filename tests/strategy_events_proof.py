@@ -24,7 +24,7 @@ Cases, each run by stock and by the engine on 8 logical CPU devices with steps_p
 
 On TensorFlow >= 2.16 stock is stock TensorFlow 2.15's, recorded by
 ``python strategy_events_proof.py --record tests/reference/strategy_events_tf215.json DIR``.
-A helper run by tests/test_strategy_events.py, not a test module.
+A helper run by tests/proofs/test_strategy_events.py, not a test module.
 """
 
 import json

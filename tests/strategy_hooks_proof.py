@@ -27,7 +27,7 @@ Cases, each run by stock and by the engine on 8 logical CPU devices with steps_p
 Each records the hooks' calls with the global step they saw, the step each train() call ended
 at, and the weights. On TensorFlow >= 2.16 stock is stock TensorFlow 2.15's, recorded by
 ``python strategy_hooks_proof.py --record tests/reference/strategy_hooks_tf215.json DIR``.
-A helper run by tests/test_strategy_hooks.py, not a test module.
+A helper run by tests/proofs/test_strategy_hooks.py, not a test module.
 """
 
 import json

@@ -16,11 +16,11 @@ so those train one step on one whole epoch and their predictions are compared so
 once, whatever the order.
 
 On TensorFlow >= 2.16 (no stock estimator, ``tf.compat.v1.estimator.inputs`` from tpushim's own
-``tpushim/_legacy/_inputs.py``) stock is stock TF 2.15's numbers, recorded by
+``tpushim/_estimator_api/_inputs.py``) stock is stock TF 2.15's numbers, recorded by
 ``python strategy_input_proof.py --record tests/reference/strategy_inputs_tf215.json DIR`` in a
 TF 2.15 venv.
 
-A helper run by tests/test_strategy_inputs.py, not a test module.
+A helper run by tests/proofs/test_strategy_inputs.py, not a test module.
 """
 
 import collections

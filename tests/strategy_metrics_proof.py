@@ -22,7 +22,7 @@ On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, rec
 ``python strategy_metrics_proof.py --record tests/reference/strategy_metrics_tf215.json DIR`` in
 a TF 2.15 venv.
 
-A helper run by tests/test_strategy_metrics.py, not a test module.
+A helper run by tests/proofs/test_strategy_metrics.py, not a test module.
 """
 
 import json
@@ -134,7 +134,7 @@ def added(estimator):
 def estimator_api():
     """tf.estimator (on TensorFlow >= 2.16 it exists while tpushim is patched: tpushim's own)."""
     if NO_STOCK:
-        from tpushim._legacy import _api
+        from tpushim._estimator_api import _api
 
         return _api.build("tf.estimator")
     return tf.estimator

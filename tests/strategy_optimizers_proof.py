@@ -21,7 +21,7 @@ On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, rec
 ``python strategy_optimizers_proof.py --record tests/reference/strategy_optimizers_tf215.json
 DIR`` in a TF 2.15 venv (which also prints the comparison).
 
-A helper run by tests/test_strategy_optimizers.py, not a test module.
+A helper run by tests/proofs/test_strategy_optimizers.py, not a test module.
 """
 
 import json

@@ -28,7 +28,7 @@ travels in feature 0. Reported, for 2 and 4 hosts:
 ``--tpu-strategy DIR`` (a process of its own): ``distributed_input`` on a real
 ``tf.distribute.TPUStrategy`` for a faked TPU system of 2 and 4 hosts (:func:`tpu_strategy_pods`).
 
-A helper run by tests/test_strategy_pods.py, not a test module.
+A helper run by tests/proofs/test_strategy_pods.py, not a test module.
 """
 
 import collections

@@ -27,9 +27,9 @@ number for the batch, the rows' mean) and a per-example custom loss with sample 
 
 On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
 ``python strategy_proof.py --record tests/reference/strategy_tf215.json`` in a TF 2.15 venv, and
-tpushim's own estimator engine (stock 2.15's path) reads the engine's checkpoints.
+tpushim's own estimator API (stock 2.15's path) reads the engine's checkpoints.
 
-A helper run by tests/test_strategy_replicas.py, not a test module.
+A helper run by tests/proofs/test_strategy_replicas.py, not a test module.
 """
 
 import json
@@ -300,7 +300,7 @@ NO_STOCK = eight_devices.NO_STOCK
 
 
 def stock_estimator(keras_model, model_dir):
-    """Stock's estimator (on TensorFlow >= 2.16: tpushim's estimator engine, stock 2.15's path)."""
+    """Stock's estimator (on TensorFlow >= 2.16: tpushim's estimator API, stock 2.15's path)."""
     with tpushim.patched(mode="off", quiet=True):
         return tf.keras.estimator.model_to_estimator(keras_model=keras_model, model_dir=model_dir)
 

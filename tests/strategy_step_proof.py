@@ -18,7 +18,7 @@ Cases:
   and user hook calls (stock's: a last ``before_run`` that meets the end), the filtered twin
   reading as the loop always read.
 
-A helper run by tests/test_strategy_step.py, not a test module.
+A helper run by tests/proofs/test_strategy_step.py, not a test module.
 """
 
 import json

@@ -27,7 +27,7 @@ On TensorFlow >= 2.16 stock is stock TF 2.15's numbers, recorded by ``python
 strategy_subclassed_proof.py --record tests/reference/strategy_subclassed_tf215.json DIR`` in a
 TF 2.15 venv.
 
-A helper run by tests/test_strategy_subclassed.py, not a test module.
+A helper run by tests/proofs/test_strategy_subclassed.py, not a test module.
 """
 
 import json

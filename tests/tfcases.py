@@ -16,7 +16,7 @@ KERAS_VERSION = tuple(int(p) for p in __import__("keras").__version__.split(".")
 if hasattr(tf.compat.v1, "estimator"):
     ESTIMATOR = tf.compat.v1.estimator
 else:
-    from tpushim._legacy import _api
+    from tpushim._estimator_api import _api
 
     ESTIMATOR = _api.build("tf.compat.v1.estimator")
 ModeKeys = ESTIMATOR.ModeKeys

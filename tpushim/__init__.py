@@ -100,7 +100,7 @@ def check(
       a report: ``report.ok``, ``report.findings``, ``print(report)``, ``report.to_json()``,
       ``report.exit_code``; it renders as a table in a notebook.
     """
-    from tpushim._preflight import check as run_check  # on TF >= 2.16: its engine's checks
+    from tpushim._preflight import check as run_check  # on TF >= 2.16: the strategy checks
 
     return run_check(
         keras_model,

@@ -176,7 +176,7 @@ def _check(options, argv):
     if module is None and not target:
         return _stop("check: give the script (or -m MODULE) to check")
     engine = _versions.uses_own_estimator()
-    # TensorFlow >= 2.16: tpushim's estimator engine (mode off: no TPU is looked for, nothing
+    # TensorFlow >= 2.16: tpushim's estimator API (mode off: no TPU is looked for, nothing
     # reaches one); else cpu mode: the TPU code path, run on CPU.
     stopped = _patch_before_running(
         options, module, target, "check: ", mode="off" if engine else "cpu"
@@ -187,10 +187,10 @@ def _check(options, argv):
     from tpushim._preflight import progress
 
     if engine:
-        from tpushim._preflight import engine_checks
+        from tpushim._preflight import strategy_checks
 
-        recording = engine_checks.recording
-        how = "on tpushim's estimator engine (TensorFlow >= 2.16 has no TPU code path to run)"
+        recording = strategy_checks.recording
+        how = "on tpushim's estimator API (TensorFlow >= 2.16 has no TPU code path to run)"
     else:
         recording, how = _preflight.recording, "in cpu mode (the TPU code path on CPU)"
     uncaught = exit_message = None

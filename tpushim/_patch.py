@@ -72,7 +72,7 @@ TARGETS = (
 #: import ...`` (each import makes a module of that name, a copy of the api module's names), and
 #: tf_keras's own. Bare ``keras`` is Keras 3
 #: there, which has no estimator: that spelling is not provided.
-ENGINE_TARGETS = (
+ESTIMATOR_API_TARGETS = (
     ("tensorflow", "estimator", "namespace"),
     ("tensorflow", "compat.v1.estimator", "namespace"),
     ("tensorflow", "compat.v2.estimator", "namespace"),
@@ -87,8 +87,9 @@ ENGINE_TARGETS = (
 
 
 def targets():
-    """The table in effect: :data:`ENGINE_TARGETS` on TensorFlow >= 2.16, else :data:`TARGETS`."""
-    return ENGINE_TARGETS if _versions.uses_own_estimator() else TARGETS
+    """The table in effect: :data:`ESTIMATOR_API_TARGETS` on TensorFlow >= 2.16, else
+    :data:`TARGETS`."""
+    return ESTIMATOR_API_TARGETS if _versions.uses_own_estimator() else TARGETS
 
 
 class _State:
@@ -162,8 +163,8 @@ def _wrapper_class(kind):
     if kind not in STATE.wrapper_types:
         import wrapt
 
-        if kind == "namespace":  # tpushim/_legacy's module type: only ours are of it
-            from tpushim._legacy import _api
+        if kind == "namespace":  # tpushim/_estimator_api's module type: only ours are of it
+            from tpushim._estimator_api import _api
 
             STATE.wrapper_types[kind] = _api._Namespace
             return _api._Namespace
@@ -197,7 +198,7 @@ def _wrapper_class(kind):
 
 def _wrap(kind, original, spelling=None):
     if kind == "namespace":
-        from tpushim._legacy import _api
+        from tpushim._estimator_api import _api
 
         _wrapper_class(kind)  # is_ours() knows the type from here on
         namespace = _api.build(spelling)
@@ -744,7 +745,7 @@ def _convert_call(wrapped, instance, args, kwargs):
 
 
 def _engine_call(wrapped, args, kwargs, settings):
-    """tf_keras's model_to_estimator on TensorFlow >= 2.16: tpushim's estimator engine (stock's
+    """tf_keras's model_to_estimator on TensorFlow >= 2.16: tpushim's estimator API (stock's
     path), or, for the TPU code path, the strategy engine built on it (TPUEstimator does not
     exist there: ``engine=tpuestimator`` stops, naming why)."""
     from tpushim import _decision, _detect, _engines
@@ -771,7 +772,7 @@ def _engine_call(wrapped, args, kwargs, settings):
 
         return _strategy.build_on_engine(arguments, settings, decision.tpu, why)
     from tpushim import _log
-    from tpushim._legacy import _keras
+    from tpushim._estimator_api import _keras
 
     v2 = getattr(wrapped, "__name__", "") == "model_to_estimator_v2"
     # Said as a TPU path's line is (not only logged): stock's estimator is gone, this is tpushim's.

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tpushim import _input_fn, _tfprivate
 
-ModeKeys = _tfprivate.ModeKeys  # tf.estimator's (TensorFlow >= 2.16: tpushim's own engine's)
+ModeKeys = _tfprivate.ModeKeys  # tf.estimator's (TensorFlow >= 2.16: tpushim's own estimator API's)
 #: TPUConfig's input configuration in which host 0's one pipeline feeds every core, in order
 #: (None on TensorFlow >= 2.16, which has no TPUEstimator: there only the strategy engine reads it).
 SLICED = (

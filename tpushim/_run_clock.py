@@ -1,5 +1,5 @@
-"""The hook both estimator engines time a training call with, for the run summary: the global
-steps the call ran and how long its first session run took."""
+"""The hook TPUShimEstimator and tpushim's own Estimator (TensorFlow >= 2.16) time a training call
+with, for the run summary: the global steps the call ran and how long its first session run took."""
 
 import time
 

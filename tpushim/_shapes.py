@@ -50,7 +50,7 @@ class ModelInputs:
 def _feature_split(keras_model):
     """The model's feature column :class:`~tpushim._feature_columns.Split`; None where there is
     none or it cannot be made (the conversion refuses that model, saying why). None on tpushim's
-    estimator engine (TensorFlow >= 2.16): nothing is split there, and _feature_columns needs
+    estimator API (TensorFlow >= 2.16): nothing is split there, and _feature_columns needs
     tensorflow_estimator."""
     from tpushim import _versions
 

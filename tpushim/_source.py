@@ -272,7 +272,7 @@ class _QueueSource:
         if args["shuffle"]:
             dataset = dataset.shuffle(
                 min(int(args["capacity"]), len(columns[0])),
-                seed=args.get("seed"),  # tpushim/_legacy/_inputs.py's has none
+                seed=args.get("seed"),  # tpushim/_estimator_api/_inputs.py's has none
                 reshuffle_each_iteration=True,
             )
         epochs = args["num_epochs"]

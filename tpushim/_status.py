@@ -58,14 +58,14 @@ def estimator_api():
     return {
         "provider": "tpushim",
         "tpu_path": True,
-        "says": "tpushim's estimator engine (TensorFlow >= 2.16 has no tf.estimator: "
+        "says": "tpushim's estimator API (TensorFlow >= 2.16 has no tf.estimator: "
         "tf.compat.v1 graphs and sessions, on CPU/GPU); TPU path: the tf.distribute strategy "
         "engine (TPUStrategy)",
     }
 
 
 def _engine_decision(decision, engine):
-    """On TensorFlow >= 2.16 a call takes tpushim's estimator engine, the strategy engine (the
+    """On TensorFlow >= 2.16 a call takes tpushim's estimator API, the strategy engine (the
     TPU path), or stops (``engine=tpuestimator``: there is no TPUEstimator there)."""
     if not _versions.uses_own_estimator():
         return decision

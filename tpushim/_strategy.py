@@ -1328,7 +1328,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         # Estimator forbids overriding train/evaluate/predict; this engine replaces exactly those.
         pass
 
-    # What tpushim's estimator API (TF >= 2.16) asks of an engine's estimator (tpushim/_legacy).
+    # What tpushim's estimator API (TF >= 2.16) asks of an engine's estimator (tpushim/_estimator_api).
     def _tpushim_add_metrics(self, metric_fn, model_fn):
         """``tf.estimator.add_metrics(self, metric_fn)``: this engine's, with ``model_fn``."""
         return add_metrics(self, metric_fn, model_fn)
@@ -1403,7 +1403,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
     def _train(self, input_fn, hooks, steps, max_steps, saving_listeners):
         """Trains as stock; returns (steps run, the first tf.function call's seconds)."""
         # One check for both engines, and stock's read of the saved step.
-        from tpushim._legacy._estimator import check_train_steps, global_step_saved
+        from tpushim._estimator_api._estimator import check_train_steps, global_step_saved
 
         check_train_steps(steps, max_steps)
         listeners = list(saving_listeners or ())
@@ -1807,7 +1807,7 @@ def describe(plan, settings, tpu, why):
 
 def build_on_engine(arguments, settings, tpu, why):
     """The strategy engine's estimator on TensorFlow >= 2.16 (no tensorflow_estimator): built on
-    tpushim's own Estimator (:mod:`tpushim._legacy`) as on 2.12-2.15 it is built on stock's, with
+    tpushim's own Estimator (:mod:`tpushim._estimator_api`) as on 2.12-2.15 it is built on stock's, with
     that engine's Keras model_fn (export) and warm-start checkpoint, which are stock 2.15's.
 
     Args:
@@ -1817,7 +1817,7 @@ def build_on_engine(arguments, settings, tpu, why):
       why: why the strategy engine runs (:func:`tpushim._engines.choose`).
     """
     from tpushim import _detect
-    from tpushim._legacy import _keras as engine_keras
+    from tpushim._estimator_api import _keras as engine_keras
 
     with _observe.converting(arguments) as arguments:
         keras_model = arguments["keras_model"]

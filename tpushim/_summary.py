@@ -22,9 +22,9 @@ import time
 from tpushim import _observe
 
 _EVENTS = ("train", "evaluate", "predict")
-#: Where calls on TensorFlow >= 2.16's engine run (tpushim/_legacy/_keras.py's RUNS_ON; this
-#: module imports no TensorFlow).
-ENGINE_PATH = "CPU/GPU (tpushim's engine)"
+#: Where calls on TensorFlow >= 2.16's estimator API run (tpushim/_estimator_api/_keras.py's
+#: RUNS_ON; this module imports no TensorFlow).
+ESTIMATOR_API_PATH = "CPU/GPU (tpushim's estimator API)"
 
 
 class _Estimator:
@@ -40,8 +40,8 @@ class _Estimator:
     def on_tpu(self):
         """The path its calls ran on, as the conversion line says it."""
         description = self.conversion.description
-        if description.startswith("tpushim's"):  # TensorFlow >= 2.16: tpushim's estimator engine
-            return ENGINE_PATH
+        if description.startswith("tpushim's"):  # TensorFlow >= 2.16: tpushim's estimator API
+            return ESTIMATOR_API_PATH
         if "use_tpu=True" in description or "TPUStrategy" in description:
             return "TPU"
         return "TPU path on CPU"

@@ -1,7 +1,7 @@
 """Every private TensorFlow / Keras name the core uses, in one place.
 
 These are internals of tensorflow_estimator and Keras 2 in TensorFlow 2.12-2.15 (the range in
-tpushim/version.py), pinned by tests/test_tfprivate.py on each of them: when a release moves one,
+tpushim/version.py), pinned by tests/unit/test_tfprivate.py on each of them: when a release moves one,
 this file is the one to edit. Where the releases differ, the fallback says which has what. The
 few names only the tooling reaches (the faked TPU system's) live in tpushim/_preflight/faketpu.py.
 """
@@ -27,7 +27,7 @@ try:
     )
 except ImportError:
     # TensorFlow >= 2.16: no tensorflow_estimator. Only the strategy engine's modules import this
-    # file there (tpushim._legacy gives the estimator); their Keras names come from tf_keras.
+    # file there (tpushim._estimator_api gives the estimator); their Keras names come from tf_keras.
     ON_TF_KERAS = True
     estimator_lib = extenders = keras_lib = export_lib = None
     tpu_config = tpu_context = tpu_estimator = None
@@ -48,20 +48,20 @@ if keras_lib is not None:
     from tensorflow_estimator.python.estimator.mode_keys import ModeKeys  # tf.estimator.ModeKeys
 
     EstimatorBase = estimator_lib.EstimatorV2  # tf.estimator.Estimator
-else:  # tpushim's own engine's twins (tpushim/_legacy/_keras.py wrote them from stock's)
-    from tpushim._legacy import _config as _legacy_config
-    from tpushim._legacy import _estimator as _legacy_estimator
-    from tpushim._legacy import _keras as _legacy_keras
+else:  # the estimator API's twins (tpushim/_estimator_api/_keras.py wrote them from stock's)
+    from tpushim._estimator_api import _config as _api_config
+    from tpushim._estimator_api import _estimator as _api_estimator
+    from tpushim._estimator_api import _keras as _api_keras
 
-    convert_estimator_io_to_keras = _legacy_keras.keras_io
-    assert_valid_model = _legacy_keras._assert_valid_model
-    any_weight_initialized = _legacy_keras._any_weight_initialized
-    DEFAULT_SERVING_KEY = _legacy_keras._SERVING_KEY
+    convert_estimator_io_to_keras = _api_keras.keras_io
+    assert_valid_model = _api_keras._assert_valid_model
+    any_weight_initialized = _api_keras._any_weight_initialized
+    DEFAULT_SERVING_KEY = _api_keras._SERVING_KEY
     maybe_overwrite_model_dir_and_session_config = (
-        _legacy_config.overwrite_model_dir_and_session_config
+        _api_config.overwrite_model_dir_and_session_config
     )
-    ModeKeys = _legacy_config.ModeKeys
-    EstimatorBase = _legacy_estimator.Estimator  # tf.estimator.Estimator there, with tpushim on
+    ModeKeys = _api_config.ModeKeys
+    EstimatorBase = _api_estimator.Estimator  # tf.estimator.Estimator there, with tpushim on
 
 
 @tf.autograph.experimental.do_not_convert
@@ -854,7 +854,7 @@ def validate_eval_metric_ops(eval_metric_ops):
     if keras_lib is None:
         import tensorflow as tf
 
-        spec = _legacy_config.EstimatorSpec(
+        spec = _api_config.EstimatorSpec(
             mode=ModeKeys.EVAL, loss=tf.constant(0.0), eval_metric_ops=eval_metric_ops
         )
         return spec.eval_metric_ops
@@ -900,10 +900,10 @@ def replace_enqueue_data(make_wrapper):
     """Sets ``make_wrapper(original)`` as ``feeding_functions._enqueue_data``, which fills
     numpy_input_fn's / pandas_input_fn's queues (both look it up by attribute at call time);
     returns a function that restores the original (unless someone replaced the wrapper since).
-    On TensorFlow >= 2.16 the same for tpushim's own input_fns (tpushim/_legacy/_inputs.py):
+    On TensorFlow >= 2.16 the same for tpushim's own input_fns (tpushim/_estimator_api/_inputs.py):
     their ``_enqueue``, which takes the arguments of the same names (no ``seed``, ``pad_value``)."""
     if ON_TF_KERAS:
-        from tpushim._legacy import _inputs as module
+        from tpushim._estimator_api import _inputs as module
 
         name = "_enqueue"
     else:
@@ -1344,7 +1344,7 @@ silence_own_deprecation_warnings()
 # Stock's Keras model_fn: the strategy engine's estimator keeps it as its model_fn, so that what
 # the base Estimator builds from it (export_saved_model, add_metrics) is stock's.
 create_keras_model_fn = (
-    keras_lib._create_keras_model_fn if keras_lib is not None else _legacy_keras._model_fn_for
+    keras_lib._create_keras_model_fn if keras_lib is not None else _api_keras._model_fn_for
 )
 
 
@@ -1446,7 +1446,7 @@ def stop_at_step_last(hook):
 
 def early_stopping_timer(hook):
     """The ``SecondOrStepTimer`` on which ``tf.estimator.experimental``'s early-stopping hook
-    (``_StopOnPredicateHook``, stock's or tpushim's engine's) checks its predicate, and whether it
+    (``_StopOnPredicateHook``, stock's or tpushim's) checks its predicate, and whether it
     runs on a clock (``run_every_secs``); (None, None) for any other hook."""
     if type(hook).__name__ != "_StopOnPredicateHook":
         return None, None
@@ -1499,7 +1499,7 @@ def stock_training_graph(keras_model, custom_objects, features=None, object_base
         if keras_lib is not None:
             model = clone_and_build_model(ModeKeys.TRAIN, keras_model, custom_objects, features)
         else:
-            model = _legacy_keras._clone(ModeKeys.TRAIN, keras_model, custom_objects, features)
+            model = _api_keras._clone(ModeKeys.TRAIN, keras_model, custom_objects, features)
         make_train_variables(model)
         facts = graph_facts(model, step, object_based)
     restore_v2_classes(keras_model)  # the clone in a graph swapped the eager classes' bases
@@ -1731,7 +1731,7 @@ def first_checkpoint_values(keras_model, custom_objects, path):
     """
     import tensorflow as tf
 
-    clone = keras_lib._clone_and_build_model if keras_lib is not None else _legacy_keras._clone
+    clone = keras_lib._clone_and_build_model if keras_lib is not None else _api_keras._clone
     with tf.Graph().as_default():
         tf.compat.v1.train.create_global_step()
         model = clone(ModeKeys.TRAIN, keras_model, custom_objects)

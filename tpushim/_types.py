@@ -42,7 +42,7 @@ class EstimatorAPI(TypedDict):
 
     provider: str
     """``tensorflow_estimator`` (TensorFlow <= 2.15: stock's) or ``tpushim`` (TensorFlow >= 2.16:
-    tpushim's estimator engine, tf.compat.v1 graphs and sessions)."""
+    tpushim's estimator API, tf.compat.v1 graphs and sessions)."""
     tpu_path: bool
     """Whether a conversion can run on a TPU here (False on TensorFlow >= 2.16 for now)."""
     says: str

@@ -18,11 +18,12 @@ from tpushim import version
 SUPPORTED_TF = version.tf_range()
 FIX = (
     f'pip install "tensorflow{version.tf_specifier()}"  (or "tensorflow-cpu{version.tf_specifier()}"; '
-    f"tpushim supports TensorFlow {version.tf_span()}; from {version.ENGINE_TF} on with tf-keras of "
-    f"the same minor release)"
+    f"tpushim supports TensorFlow {version.tf_span()}; from {version.ESTIMATOR_API_TF} on with "
+    f"tf-keras of the same minor release)"
 )
-#: From this release on tpushim runs legacy scripts on its own estimator engine (tpushim/_legacy).
-ENGINE_TF = version.engine_tf()
+#: From this release on tpushim brings the estimator API legacy scripts call
+#: (tpushim/_estimator_api).
+ESTIMATOR_API_TF = version.estimator_api_tf()
 #: The variable that makes ``tf.keras`` tf_keras (Keras 2) on TensorFlow >= 2.16, and the values
 #: TensorFlow reads as on (tensorflow/__init__.py, lazy_loader.py).
 LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
@@ -66,16 +67,16 @@ def version_problem(tf_version, keras_version, has_estimator, tf_keras_version=N
     fix = FIX
     if tf_v is not None and (tf_v >= high or tf_v < low):
         why = f"tpushim is tested on TensorFlow {version.tf_span()} only"
-    elif tf_v is not None and tf_v >= ENGINE_TF:
-        # tpushim's own estimator engine: Keras 2 must be there as tf_keras, of TF's own minor.
+    elif tf_v is not None and tf_v >= ESTIMATOR_API_TF:
+        # tpushim's own estimator API: Keras 2 must be there as tf_keras, of TF's own minor.
         wanted = f"{tf_v[0]}.{tf_v[1]}"
         fix = (
             f'pip install "tf-keras~={wanted}.0"  (each tf-keras release pins its TensorFlow minor)'
         )
         if tf_keras_v is None:
             why = (
-                f"TensorFlow {ENGINE_TF[0]}.{ENGINE_TF[1]} and later run legacy Keras scripts "
-                f"through tf_keras (Keras 2), which is not installed"
+                f"TensorFlow {ESTIMATOR_API_TF[0]}.{ESTIMATOR_API_TF[1]} and later run legacy Keras "
+                f"scripts through tf_keras (Keras 2), which is not installed"
             )
         elif tf_keras_v != tf_v:
             why = f"tf_keras {tf_keras_version} is not the one for TensorFlow {wanted}"
@@ -185,7 +186,7 @@ def installed_versions(read_metadata=False):
         has_estimator = PathFinder.find_spec("tensorflow_estimator") is not None
     tf_keras_version = None
     tf_v = _version_tuple(tf_version)
-    if (tf_v is not None and tf_v >= ENGINE_TF) or os.environ.get(
+    if (tf_v is not None and tf_v >= ESTIMATOR_API_TF) or os.environ.get(
         LEGACY_KERAS, ""
     ).strip().lower() in ("1", "true", "yes"):
         tf_keras_version = imported("tf_keras") or (
@@ -254,7 +255,7 @@ class guard_warning_silenced:
         return self._context.__exit__(*exc_info)
 
 
-# --- TensorFlow >= 2.16: tpushim's estimator engine, and tf.keras as tf_keras ---------------------
+# --- TensorFlow >= 2.16: tpushim's estimator API, and tf.keras as tf_keras ---------------------
 
 _installed_tf = []  # TensorFlow's version read once from metadata (patch() runs often)
 
@@ -280,10 +281,10 @@ def _tf_version_cheaply():
 
 def uses_own_estimator():
     """True where TensorFlow >= 2.16 is imported or installed: tf.estimator is gone, and tpushim
-    runs on its own Estimator (:mod:`tpushim._legacy`). Not the ``engine`` setting (which picks
-    TPUEstimator or the strategy engine for the TPU path)."""
+    runs on its own Estimator (:mod:`tpushim._estimator_api`). Not the ``engine`` setting (which
+    picks TPUEstimator or the strategy engine for the TPU path)."""
     tf_v = _version_tuple(_tf_version_cheaply())
-    return tf_v is not None and ENGINE_TF <= tf_v < SUPPORTED_TF[1]
+    return tf_v is not None and ESTIMATOR_API_TF <= tf_v < SUPPORTED_TF[1]
 
 
 def _legacy_keras_on():
@@ -316,7 +317,7 @@ def legacy_keras_problem(quiet=lambda: False):
         return None
     tf_module = sys.modules.get("tensorflow")
     if tf_module is not None:
-        from tpushim._legacy import _tfprivate
+        from tpushim._estimator_api import _tfprivate
 
         resolved = _tfprivate.keras_loaders_resolved_to_keras3(tf_module)
         if resolved:

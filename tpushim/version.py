@@ -1,7 +1,7 @@
 """The one place tpushim's version, and the TensorFlow releases it supports, are written.
 
 Plain literals and no imports: pyproject.toml (the version; its extras repeat the ranges, and
-tests/test_versions.py keeps them in step), the version guard in tpushim/_versions.py,
+tests/unit/test_versions.py keeps them in step), the version guard in tpushim/_versions.py,
 ``python -m tpushim info`` and .ci/run read them from here without importing TensorFlow.
 """
 
@@ -13,9 +13,9 @@ __version__ = "0.1.0"
 TESTED_TF = ("2.12", "2.13", "2.14", "2.15")
 
 #: TensorFlow 2.16 removed tf.estimator and Keras 2's model_to_estimator. From this release on,
-#: tpushim brings the estimator API legacy scripts call (tpushim/_legacy) on TensorFlow's own
+#: tpushim brings the estimator API legacy scripts call (tpushim/_estimator_api) on TensorFlow's own
 #: tf.compat.v1 graphs and sessions, with tf_keras as tf.keras.
-ENGINE_TF = "2.16"
+ESTIMATOR_API_TF = "2.16"
 
 #: The newest supported minor release (the one .ci/run tests on Python 3.12, with tf-keras of the
 #: same minor); 2.16-2.20 take the same path.
@@ -32,9 +32,9 @@ def tf_range():
     return _pair(TESTED_TF[0]), (high[0], high[1] + 1)
 
 
-def engine_tf():
-    """The first release tpushim's own estimator engine runs on, as an int pair: ``(2, 16)``."""
-    return _pair(ENGINE_TF)
+def estimator_api_tf():
+    """The first release tpushim's own estimator API runs on, as an int pair: ``(2, 16)``."""
+    return _pair(ESTIMATOR_API_TF)
 
 
 def tf_specifier():
@@ -45,7 +45,7 @@ def tf_specifier():
 
 def estimator_tf_specifier():
     """The releases with tensorflow_estimator (Python <= 3.11): ``">=2.12,<2.16"``."""
-    low, high = _pair(TESTED_TF[0]), engine_tf()
+    low, high = _pair(TESTED_TF[0]), estimator_api_tf()
     return f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
 
 

@@ -1,13 +1,13 @@
 """Records stock TensorFlow 2.15's numbers for the demo and tests/scripts: tests/reference/tf215.json.
 
 Run with a TensorFlow 2.15 environment, stock (no tpushim patch anywhere):
-``python tests/scripts/record_reference.py``. tests/test_tf216_engine.py compares the same scripts
-on TensorFlow >= 2.16 under tpushim (its estimator engine) with these numbers (rel 1e-4).
+``python tests/scripts/record_reference.py``. tests/estimator_api/test_estimator_api_scripts.py compares the same scripts
+on TensorFlow >= 2.16 under tpushim (its estimator API) with these numbers (rel 1e-4).
 
 Run with TensorFlow >= 2.16 (``--engine``), it records the other direction under tpushim:
 the demo's model after 100 steps (tests/reference/tf221_demo_model) and a SavedModel exported
 from it (tests/reference/tf221_saved_model) with its predictions (tests/reference/tf221.json),
-which tests/test_tf216_interop.py reads on stock TensorFlow 2.15.
+which tests/estimator_api/test_tf216_interop.py reads on stock TensorFlow 2.15.
 """
 
 import json
@@ -32,7 +32,7 @@ DEMO = (
 )
 
 
-#: Takes a step count, not a work folder (tests/test_hardening.py runs it).
+#: Takes a step count, not a work folder (tests/core/test_hardening.py runs it).
 SKIPPED = "legacy_text_classifier.py"
 
 

@@ -8,9 +8,9 @@ code 1), ``warning`` that it would run slowly.
 
 Modules: ``report`` (findings and how they are shown), ``model_checks`` and ``input_checks`` (what
 ``check`` runs), ``checks`` (``check`` itself), ``faketpu`` and ``graph_checks`` (TPUEstimator's
-TPU graphs built for a faked TPU system), ``recorder`` (the script's conversions and calls), ``engine_checks`` (the same script run on
-tpushim's estimator engine, TensorFlow >= 2.16: the checks that need no TPUEstimator). The
-core knows none of them: the recorder is an observer (:mod:`tpushim._observe`, the core's one
+TPU graphs built for a faked TPU system), ``recorder`` (the script's conversions and calls),
+``strategy_checks`` (the strategy engine's checks, and the same script run on tpushim's estimator
+API, TensorFlow >= 2.16: the checks that need no TPUEstimator). The core knows none of them: the recorder is an observer (:mod:`tpushim._observe`, the core's one
 extension point).
 """
 
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: Where each name lives. Imported on first use: the TPU path's checks and recorder import
-#: tensorflow_estimator, which TensorFlow >= 2.16 lacks, where ``engine_checks`` runs instead.
+#: tensorflow_estimator, which TensorFlow >= 2.16 lacks, where ``strategy_checks`` runs instead.
 _HOMES = {
     "check": "checks",
     "Recorder": "recorder",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tpushim import _settings, _shapes, _versions
-from tpushim._preflight import engine_checks, input_checks, model_checks, progress
+from tpushim._preflight import input_checks, model_checks, progress, strategy_checks
 from tpushim._preflight.report import Report
 
 
@@ -37,10 +37,10 @@ def check(
     """
     if (
         _versions.uses_own_estimator()
-    ):  # TensorFlow >= 2.16: no TPUEstimator, tpushim's estimator engine
-        from tpushim._preflight import engine_checks
+    ):  # TensorFlow >= 2.16: no TPUEstimator, tpushim's estimator API
+        from tpushim._preflight import strategy_checks
 
-        return engine_checks.check(keras_model, input_fn, batch_size, num_cores, custom_objects)
+        return strategy_checks.check(keras_model, input_fn, batch_size, num_cores, custom_objects)
     report = Report()
     batch = None
     if input_fn is not None:
@@ -104,7 +104,7 @@ def check_model(
             if plan is None:
                 model_checks.check_xla(report, keras_model, custom_objects, features, labels)
             else:
-                engine_checks.check_strategy_step(report, plan, features, labels, num_cores)
+                strategy_checks.check_strategy_step(report, plan, features, labels, num_cores)
 
 
 def _strategy_plan(report, keras_model, custom_objects, settings=None):
@@ -116,7 +116,7 @@ def _strategy_plan(report, keras_model, custom_objects, settings=None):
     settings = settings or _patch.current_settings() or _settings.resolve()
     if _engines.choose(settings)[0] != _engines.STRATEGY:
         return None
-    return engine_checks.strategy_plan(report, keras_model, custom_objects, settings)
+    return strategy_checks.strategy_plan(report, keras_model, custom_objects, settings)
 
 
 def _host_only_check(report, keras_model, custom_objects, features, labels):

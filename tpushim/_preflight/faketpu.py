@@ -305,7 +305,7 @@ def topology(num_hosts, cores_per_host):
     return tf.tpu.experimental.Topology(mesh_shape=mesh, device_coordinates=coordinates)
 
 
-# --- the private TensorFlow names the faked system reaches (pinned by tests/test_tpu_system.py) --
+# --- the private TensorFlow names the faked system reaches (pinned by tests/proofs/test_tpu_system.py) --
 
 
 def device_attributes(name, device_type):

@@ -10,7 +10,7 @@ from tpushim._errors import TPUShimError
 
 # tpushim's TPU path (_input_fn, _batching, _tfprivate) imports tensorflow_estimator, which
 # TensorFlow >= 2.16 lacks: imported where a check needs it, so that the element-spec, pipeline-op
-# and batch checks serve the preflight on tpushim's estimator engine too (engine_checks).
+# and batch checks serve the preflight on tpushim's estimator API too (strategy_checks).
 
 MIN_PER_CORE_BATCH = 8  # below this a TPU core's matrix units mostly multiply padding
 GOOD_PER_CORE_BATCH = 128  # fills a 128x128 matrix unit

@@ -13,8 +13,8 @@ from tpushim._preflight.report import summary
 
 # tpushim's TPU path (_model_fn, _validation, _tfprivate, _feature_columns, ...) imports
 # tensorflow_estimator, which TensorFlow >= 2.16 lacks: those are imported where a check needs
-# them, so that the XLA check and HOST_ONLY_OPS serve the preflight on tpushim's estimator engine
-# too (engine_checks).
+# them, so that the XLA check and HOST_ONLY_OPS serve the preflight on tpushim's estimator API
+# too (strategy_checks).
 
 HOST_ONLY_OPS = {
     "PyFunc": "a Python function (tf.py_function / tf.numpy_function)",
@@ -200,7 +200,7 @@ def _model_to_trace(keras_model, custom_objects):
 def _estimator_io(model, features, labels):
     """``(inputs, targets, sample weights)`` as the estimator hands features and labels to Keras."""
     if _versions.uses_own_estimator():
-        from tpushim._legacy import _keras
+        from tpushim._estimator_api import _keras
 
         return _keras.keras_io(model, features, labels)
     from tpushim import _tfprivate
@@ -211,7 +211,7 @@ def _estimator_io(model, features, labels):
 def _loss_weights(keras_model):
     """The ``loss_weights`` the model was compiled with (None: none)."""
     if _versions.uses_own_estimator():
-        from tpushim._legacy import _tfprivate as engine_private
+        from tpushim._estimator_api import _tfprivate as engine_private
 
         return engine_private.compile_args(keras_model).get("loss_weights")
     from tpushim import _tfprivate
@@ -220,8 +220,8 @@ def _loss_weights(keras_model):
 
 
 def _plan(keras_model):
-    """The feature-column split of the conversion (None: none; there is none on tpushim's estimator
-    engine, TensorFlow >= 2.16, which has no TPU path yet)."""
+    """The feature-column split of the conversion (None: none; none on TensorFlow >= 2.16, where
+    _feature_columns, which needs tensorflow_estimator, does not run)."""
     if _versions.uses_own_estimator():
         return None
     from tpushim import _feature_columns

@@ -15,13 +15,13 @@ import tensorflow as tf
 from tpushim import _engines, _input_fn, _observe, _settings, _shapes
 from tpushim._errors import TPUShimError
 from tpushim._preflight import (
-    engine_checks,
     graph_checks,
     input_checks,
     model_checks,
     model_dirs,
     pod_checks,
     progress,
+    strategy_checks,
 )
 from tpushim._preflight.checks import check_model
 from tpushim._preflight.report import Report, failure_as_finding, script_frame, summary
@@ -180,7 +180,7 @@ class Recorder:
         owner = self._owner(input_call.call.estimator) if input_call.call else None
         if owner is None:
             return
-        if _on_strategy_engine(owner.conversion):  # read when reported (engine_checks)
+        if _on_strategy_engine(owner.conversion):  # read when reported (strategy_checks)
             for i, (call, recorded) in enumerate(owner.calls):
                 if recorded is None and call.input_fn is input_call.call.input_fn:
                     owner.calls[i] = (call, input_call)
@@ -249,7 +249,7 @@ class Recorder:
             and _engines.choose(settings)[0] == _engines.STRATEGY
         ):  # what that engine refuses, as tpushim.check says it
             with failure_as_finding(report):
-                engine_checks.strategy_plan(
+                strategy_checks.strategy_plan(
                     report, keras_model, arguments.get("custom_objects"), settings
                 )
             found = [f for f in report.findings[before:] if f.code == "strategy-engine-refuses"]
@@ -380,10 +380,10 @@ def _report_strategy(report, recorded, num_cores):
             progress.phase(f"input pipeline of {call.event}()", report),
             failure_as_finding(report),
         ):
-            batch = engine_checks._check_input(
+            batch = strategy_checks._check_input(
                 report,
                 call,
-                engine_checks.read_strategy_input(input_call),
+                strategy_checks.read_strategy_input(input_call),
                 settings.batch_size,
                 num_cores,
                 model_inputs,

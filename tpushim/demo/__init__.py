@@ -178,7 +178,7 @@ def _verdict(stock, shim, mode, worst, batch_size):
             else "cpu mode runs the strategy engine (the TPU path on TensorFlow >= 2.16) on CPU"
         )
         against = (
-            " Run 1 is tpushim's estimator engine, stock 2.15's path: TensorFlow >= 2.16 has no "
+            " Run 1 is tpushim's estimator API, stock 2.15's path: TensorFlow >= 2.16 has no "
             "stock estimator."
             if stock["engine"] == "own"
             else ""
@@ -215,8 +215,8 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
     # Before TensorFlow: on TensorFlow >= 2.16 the scope makes tf.keras Keras 2 and says so.
     with patched(**settings):
         if mode is None:
-            # TensorFlow >= 2.16: both runs take tpushim's estimator engine (no stock one there);
-            # its TPU path there, the strategy engine, is proven in tests/test_strategy_replicas.py.
+            # TensorFlow >= 2.16: both runs take tpushim's estimator API (no stock one there);
+            # its TPU path there, the strategy engine, is proven in tests/proofs/test_strategy_replicas.py.
             mode = "auto" if status()["tpu"] or _versions.uses_own_estimator() else "cpu"
     _quiet_tensorflow()
     from tpushim.demo import legacy_mlp
