@@ -1,7 +1,7 @@
 """What one ``model_to_estimator`` call returns, and why: the mode decision's one home.
 
 Pure: it takes the resolved settings and the TPU the environment names (or None) and returns a
-:class:`Decision`. The wrapper in :mod:`tpushim._patch` acts on it; :func:`tpushim.status` carries
+:class:`Decision`. The conversion (:mod:`tpushim._convert`) acts on it; :func:`tpushim.status` carries
 it, so the console says what the wrapper would do from the same decision rather than restating it.
 """
 
@@ -27,7 +27,9 @@ class Decision:
       returns: what ``model_to_estimator`` returns and why, as one line for people (the console).
       tpu: the TPU to run on (a :class:`tpushim._detect.TPUSpec`) when ``action == TPU``, else None.
       engine: for ``TPU`` and ``CPU``, what runs it (:mod:`tpushim._engines`): ``tpuestimator``
-        or ``strategy``; else None.
+        or ``strategy``; else None. Decided here, once per conversion: the conversion builds on
+        this engine (:mod:`tpushim._convert`) and asks no one again.
+      engine_why: why that engine (:func:`tpushim._engines.choose`), or None.
     """
 
     action: str
@@ -35,6 +37,7 @@ class Decision:
     returns: str
     tpu: object = None
     engine: str = None
+    engine_why: str = None
 
     def __repr__(self):
         return f"Decision({self.action!r}, why={self.why!r})"
@@ -85,12 +88,14 @@ def decide(settings, tpu):
                 "the strategy engine (tf.distribute.MirroredStrategy over this machine's "
                 f"devices): the TPU code path on CPU/GPU ({engine_why})",
                 engine=engine,
+                engine_why=engine_why,
             )
         return Decision(
             CPU,
             f"mode cpu from {mode_source}: the TPU code path on CPU",
             "TPUEstimator(use_tpu=False): the TPU code path on CPU/GPU",
             engine=engine,
+            engine_why=engine_why,
         )
     if tpu is not None:
         where = f"{tpu.describe()} (from {tpu.source})"
@@ -102,8 +107,16 @@ def decide(settings, tpu):
                 f"the strategy engine (tf.distribute.TPUStrategy) on TPU {where} ({engine_why})",
                 tpu=tpu,
                 engine=engine,
+                engine_why=engine_why,
             )
-        return Decision(TPU, f"TPU {where}", f"TPUEstimator on TPU {where}", tpu=tpu, engine=engine)
+        return Decision(
+            TPU,
+            f"TPU {where}",
+            f"TPUEstimator on TPU {where}",
+            tpu=tpu,
+            engine=engine,
+            engine_why=engine_why,
+        )
     if mode == "tpu":
         return Decision(
             NO_TPU,

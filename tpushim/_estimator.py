@@ -1,15 +1,16 @@
-"""The one internal entry point: the arguments of a ``model_to_estimator`` call -> a TPUEstimator.
+"""The TPUEstimator engine's estimator: :class:`TPUShimEstimator`, and :func:`built`, which
+makes it for one ``model_to_estimator`` call.
 
-:func:`build` validates everything first (:mod:`tpushim._validation`; nothing is written to
-``model_dir``, and no network is asked, before those checks pass), resolves the TPU, carries the
-user's RunConfig into a ``tpu_config.RunConfig`` (:mod:`tpushim._run_config`), builds the model_fn,
-writes the warm-start checkpoint of the Keras weights exactly as stock does, and returns a
-:class:`TPUShimEstimator`, whose train/evaluate/predict take the user's input as it is.
+The conversion (:mod:`tpushim._convert`) validates everything first (:mod:`tpushim._validation`;
+nothing is written to ``model_dir``, and no network is asked, before those checks pass), resolves
+the TPU and carries the user's RunConfig into a ``tpu_config.RunConfig``
+(:mod:`tpushim._run_config`); :func:`built` then builds the model_fn, writes the warm-start
+checkpoint of the Keras weights exactly as stock does, and makes the :class:`TPUShimEstimator`,
+whose train/evaluate/predict take the user's input as it is.
 """
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import threading
 import time
@@ -24,21 +25,15 @@ from tpushim import (
     _engines,
     _input_fn,
     _input_wait,
-    _log,
-    _loss_kinds,
     _model_fn,
     _observe,
     _padding,
     _plan,
     _pods,
     _run_clock,
-    _run_config,
     _shapes,
     _step_losses,
-    _strategy,
-    _strategy_checkpoint,
     _tfprivate,
-    _validation,
 )
 from tpushim._batch_math import batch_choices, indivisible_batch  # noqa: F401  (their old home)
 from tpushim._errors import ConversionError
@@ -568,90 +563,15 @@ def rewrapped(estimator, wrap, config=_SAME, warm_start_from=_SAME, params=None)
     return twin
 
 
-def _load_model(arguments):
-    """The Keras model the call names: given, or loaded from a local path."""
-    keras_model, keras_model_path = arguments["keras_model"], arguments["keras_model_path"]
-    if not (keras_model or keras_model_path):
-        raise ValueError("Either `keras_model` or `keras_model_path` needs to be provided.")
-    if keras_model and keras_model_path:
-        raise ValueError("Please specity either `keras_model` or `keras_model_path`, but not both.")
-    if keras_model is not None:
-        return keras_model
-    if keras_model_path.startswith("gs://") or "storage.googleapis.com" in keras_model_path:
-        raise ConversionError(
-            "tpushim loads keras_model_path from local or mounted paths; copy "
-            f"{keras_model_path} locally first (gsutil cp) and pass that path."
-        )
-    logger.info("loading model from %s", keras_model_path)
-    return tf.keras.models.load_model(keras_model_path, custom_objects=arguments["custom_objects"])
-
-
-def build(arguments, settings, tpu):
-    """Builds the TPUShimEstimator for one ``model_to_estimator`` call (:func:`_build`), with
-    observers told (:func:`_observe.converting`: they may replace the arguments)."""
-    with _observe.converting(arguments) as arguments:
-        return _build(arguments, settings, tpu)
-
-
-def _build(arguments, settings, tpu):
-    """Builds the TPUShimEstimator for one ``model_to_estimator`` call.
-
-    Every check that needs no network runs first; then the TPU is resolved (a bare TPU name is
-    looked up through the metadata server); nothing is written before all of them pass.
-
-    Args:
-      arguments: the call's arguments by name (``keras_lib.model_to_estimator``'s signature).
-      settings: the resolved :class:`tpushim._settings.Settings`.
-      tpu: the :class:`tpushim._detect.TPUSpec` to run on, or None for ``use_tpu=False``.
-    """
-    keras_model = _load_model(arguments)
-    custom_objects = arguments["custom_objects"]
-    save_object_ckpt = _validation.saves_object_checkpoints(
-        keras_model, arguments["checkpoint_format"]
-    )
-    optimizer = _validation.validate(keras_model, custom_objects)
-    _validation.check_cluster(arguments["config"])
-    loss_plan = _loss_kinds.plan(keras_model, custom_objects)  # validate() made it: cached
-    engine, engine_why = _engines.choose(settings)
-    if engine == _engines.STRATEGY:  # its own refusals, before anything is written
-        plan = _strategy.make_plan(
-            keras_model,
-            optimizer,
-            custom_objects,
-            settings,
-            lambda: (
-                _strategy.tpu_strategy(cluster) if tpu is not None else _strategy.cpu_strategy()
-            ),
-        )
-    config, model_dir_checked = arguments["config"], False
-    if arguments["model_dir"] or getattr(config, "model_dir", None):
-        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
-            config, arguments["model_dir"]
-        )
-        _validation.check_model_dir(keras_model, config.model_dir)
-        model_dir_checked = True
-    cluster = _detect.cluster_resolver(tpu) if tpu is not None else None
-    if cluster is not None:  # a TPU that does not answer fails now, before anything is written
-        _detect.check_tpu_answers(cluster, tpu.source)
-    # With no model_dir given, stock makes a temporary one: only now, once nothing can fail first.
-    config = _tfprivate.maybe_overwrite_model_dir_and_session_config(config, None)
-    if not model_dir_checked:  # a mocked tempfile may hand out a folder that holds a checkpoint
-        _validation.check_model_dir(keras_model, config.model_dir)
-    tpu_run_config = (
-        None
-        if engine == _engines.STRATEGY
-        else _run_config.to_tpu_run_config(config, settings, cluster)
-    )
-    if optimizer is not keras_model.optimizer:
-        logger.warning(
-            "converting optimizer %s to tf.keras.optimizers.legacy, as the stock "
-            "model_to_estimator does.",
-            type(keras_model.optimizer).__name__,
-        )
-        keras_model.optimizer = optimizer
-    if engine == _engines.STRATEGY:
-        return _build_strategy(keras_model, arguments, settings, tpu, config, plan, engine_why)
-
+def built(prepared, arguments, settings, decision):
+    """The TPUEstimator engine's estimator for one ``model_to_estimator`` call, from its
+    :class:`tpushim._engines.Prepared` first half (:mod:`tpushim._convert`): the model_fn, the
+    warm-start checkpoint of the Keras weights exactly as stock writes it, the conversion's
+    plan, and the :class:`TPUShimEstimator` on ``decision``'s TPU (or on CPU). A
+    :class:`tpushim._engines.Built`."""
+    tpu = decision.tpu
+    keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
+    config, save_object_ckpt = prepared.config, prepared.save_object_ckpt
     model_fn = _model_fn.make_model_fn(
         keras_model,
         custom_objects,
@@ -663,7 +583,7 @@ def _build(arguments, settings, tpu):
         tf.compat.v1.keras.backend.set_session(tf.compat.v1.Session(config=config.session_config))
     warm_start_path = None
     if _tfprivate.is_graph_network(keras_model) and config.is_chief:
-        warm_start_path = _tfprivate.save_first_checkpoint(
+        warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )
     elif keras_model.built:
@@ -680,8 +600,9 @@ def _build(arguments, settings, tpu):
         tpu=tpu,
         model_inputs=model_inputs,
         warm_start=warm_start_path,
-        loss_plan=loss_plan,
+        loss_plan=prepared.loss_plan,
     )
+    tpu_run_config = prepared.run_config
     estimator = make_estimator(model_fn, tpu_run_config, plan)
     description = (
         f"TPUEstimator(use_tpu={tpu is not None}"
@@ -699,40 +620,7 @@ def _build(arguments, settings, tpu):
             else ""
         )
     )
-    _log.conversion(description, settings.quiet)  # on stderr too when logging is not configured
-    _observe.converted(
-        _observe.Conversion(estimator, keras_model, arguments, settings, model_fn, description)
-    )
-    return estimator
-
-
-def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
-    """The strategy engine's estimator (:mod:`tpushim._strategy`): stock's Keras model_fn for
-    what the base Estimator builds itself (export), and stock's warm-start checkpoint."""
-    save_object_ckpt = _validation.saves_object_checkpoints(
-        keras_model, arguments["checkpoint_format"]
-    )
-    warm_start_path = None
-    if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
-        warm_start_path = _tfprivate.save_first_checkpoint(
-            keras_model,
-            arguments["custom_objects"],
-            config,
-            save_object_ckpt,
-            # Stock's training graph, built here: the engine's checkpoint names come from it.
-            on_graph=functools.partial(
-                _strategy_checkpoint.remember, plan, object_based=save_object_ckpt
-            ),
-        )
-    model_fn = _tfprivate.create_keras_model_fn(
-        keras_model,
-        arguments["custom_objects"],
-        save_object_ckpt,
-        arguments["metric_names_map"],
-        arguments["export_outputs"],
-    )
-    built = (model_fn, config, warm_start_path, save_object_ckpt)
-    return _strategy.made(keras_model, plan, arguments, settings, (tpu, why), built)
+    return _engines.Built(estimator, keras_model, model_fn, description)
 
 
 def make_estimator(model_fn, run_config, plan):

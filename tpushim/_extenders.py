@@ -32,53 +32,51 @@ _PREFIX = "add_metrics_"  # the keys of the tensors the added metric_fn reads
 
 def add_metrics_call(args, kwargs):
     """For ``Estimator(*args, **kwargs)`` as ``tf.estimator.add_metrics`` calls it around an
-    estimator tpushim converted: that estimator with the metrics added (:func:`add_metrics`).
-    None for any other call."""
+    estimator tpushim converted: that estimator with the metrics added, by the engine that made
+    it (:meth:`tpushim._engines.Engine.add_metrics`; TPUEstimator's: :func:`add_metrics`). None
+    for any other call."""
+    from tpushim import _engines
+
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     parts = _tfprivate.add_metrics_parts(model_fn)
-    if parts is not None and _on_the_strategy_engine(parts[0]):
-        from tpushim import _strategy
-
-        return _strategy.add_metrics(*parts, model_fn)
-    if parts is None or not isinstance(parts[0], _estimator.TPUShimEstimator):
+    engine = _engines.owner(parts[0]) if parts is not None else None
+    if engine is None:
         return None
-    return add_metrics(*parts)
-
-
-def _on_the_strategy_engine(estimator):
-    """Whether ``estimator`` is the strategy engine's (:mod:`tpushim._strategy`)."""
-    from tpushim import _strategy  # only where a converted estimator is involved
-
-    return isinstance(estimator, _strategy.StrategyEstimator)
+    estimator, metric_fn = parts
+    return engine.add_metrics(estimator, metric_fn, model_fn)
 
 
 def rewrap_call(cls, args, kwargs):
     """For ``cls(*args, **kwargs)`` (an estimator class's constructor) whose ``model_fn`` is an
     estimator tpushim converted's own (``converted.model_fn``, ``converted._model_fn``, in a
-    ``functools.partial`` or not): a TPUShimEstimator running the converted model_fn with this
-    call's ``model_dir``, ``config``, ``params`` and ``warm_start_from``, on the converted one's
-    TPU and settings (TPUEstimator's own ``use_tpu`` and batch sizes give way to those). Stock
-    runs the converted model_fn inside a plain Estimator, where on a TPU nothing would run on it.
+    ``functools.partial`` or not): what the engine that made it answers
+    (:meth:`tpushim._engines.Engine.rewrap`; TPUEstimator's: :func:`rewrap`). None for any
+    other call: then stock's estimator is built."""
+    from tpushim import _engines
 
-    None for any other call, and where tpushim cannot make one (a subclass of the estimator
-    classes, a partial binding other arguments): then stock's estimator is built, and tpushim
-    says so in one line and tells observers (:func:`tpushim._observe.bypassed`).
-    """
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     found = _tfprivate.estimator_of_model_fn(model_fn)
-    if found is not None and _on_the_strategy_engine(found[0]):
-        from tpushim import _strategy
-
-        _strategy.said_stock_around(
-            found[0],
-            f"{_tfprivate.estimator_classes().get(cls, cls.__name__)}"
-            "(model_fn=<the strategy engine's estimator>.model_fn)",
-        )
-        return None
-    if found is None or not isinstance(found[0], _estimator.TPUShimEstimator):
+    engine = _engines.owner(found[0]) if found is not None else None
+    if engine is None:
         if not issubclass(cls, _estimator.TPUShimEstimator):
             _say_if_named(cls, model_fn)
         return None
+    return engine.rewrap(cls, args, kwargs, found)
+
+
+def rewrap(cls, args, kwargs, found):
+    """The TPUEstimator engine's answer to ``cls(*args, **kwargs)`` whose ``model_fn`` is a
+    converted TPUShimEstimator's (``found``: :func:`tpushim._tfprivate.estimator_of_model_fn`'s
+    answer): a TPUShimEstimator running the converted model_fn with this call's ``model_dir``,
+    ``config``, ``params`` and ``warm_start_from``, on the converted one's TPU and settings
+    (TPUEstimator's own ``use_tpu`` and batch sizes give way to those). Stock runs the converted
+    model_fn inside a plain Estimator, where on a TPU nothing would run on it.
+
+    None where tpushim cannot make one (a subclass of the estimator classes, a partial binding
+    other arguments): then stock's estimator is built, and tpushim says so in one line and tells
+    observers (:func:`tpushim._observe.bypassed`).
+    """
+    model_fn = kwargs.get("model_fn", args[0] if args else None)
     estimator, bound_args, bound_keywords = found
     try:
         arguments = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments

@@ -704,90 +704,20 @@ class patched:
 
 
 def _convert_call(wrapped, instance, args, kwargs):
-    """The wrapper around keras_lib.model_to_estimator: decide, then convert or pass through."""
+    """The wrapper around ``model_to_estimator``: outside any scope the call is stock's; inside,
+    the conversion (:func:`tpushim._convert.convert`) decides and converts or passes through."""
     del instance
     settings = current_settings()
     if settings is None:  # patched for another thread's scope only
         return wrapped(*args, **kwargs)
-    if _versions.uses_own_estimator():
-        return _engine_call(wrapped, args, kwargs, settings)
-    arguments = _arguments_by_name(wrapped, args, kwargs)
-    from tpushim import _decision, _detect  # not at start-up
+    from tpushim import _convert  # not at start-up
 
-    tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
-    decision = _decision.decide(settings, tpu)
-    _logger().debug(
-        "model_to_estimator called with %s; TPU found: %s; decision: %s (%s)",
-        settings,
-        tpu.describe() if tpu else "none",
-        decision.action,
-        decision.why,
-    )
-    if decision.action == _decision.STOCK:
-        _logger().info(
-            "model_to_estimator -> stock %s (%s)",
-            "EstimatorV2" if arguments["use_v2_estimator"] else "Estimator",
-            decision.why,
-        )
-        return wrapped(*args, **kwargs)
-    if decision.action == _decision.NO_TPU:
-        from tpushim._errors import NoTPUError
-
-        raise NoTPUError(decision.why)
-    from tpushim import _estimator
-
-    converted = _estimator.build(arguments, settings, decision.tpu)
-    with STATE.lock:
-        if not STATE.converted:
-            STATE.converted = True
-            _sync()  # Estimator.__new__: see the module's doc
-    return converted
-
-
-def _engine_call(wrapped, args, kwargs, settings):
-    """tf_keras's model_to_estimator on TensorFlow >= 2.16: tpushim's estimator API (stock's
-    path), or, for the TPU code path, the strategy engine built on it (TPUEstimator does not
-    exist there: ``engine=tpuestimator`` stops, naming why)."""
-    from tpushim import _decision, _detect, _engines
-
-    arguments = _arguments_by_name(wrapped, args, kwargs)
-    tpu = _detect.find_tpu(settings, arguments.get("config")) if settings.mode != "off" else None
-    decision = _decision.decide(settings, tpu)
-    if decision.action == _decision.NO_TPU:
-        from tpushim._errors import NoTPUError
-
-        raise NoTPUError(decision.why)
-    if decision.action != _decision.STOCK:
-        engine, why = _engines.choose(settings)
-        if engine != _engines.STRATEGY:
-            from tpushim._errors import ConversionError
-
-            raise ConversionError(
-                f"engine={engine} (from {settings.sources.get('engine')}): TensorFlow "
-                f"{sys.modules['tensorflow'].__version__} has no TPUEstimator (tf.estimator was removed in 2.16). "
-                "Use engine='strategy' or 'auto' (TPUSHIM_ENGINE), which trains the Keras model "
-                "under tf.distribute.TPUStrategy, or TensorFlow <= 2.15 for TPUEstimator."
-            )
-        from tpushim import _strategy
-
-        return _strategy.build_on_engine(arguments, settings, decision.tpu, why)
-    from tpushim import _log
-    from tpushim._estimator_api import _keras
-
-    v2 = getattr(wrapped, "__name__", "") == "model_to_estimator_v2"
-    # Said as a TPU path's line is (not only logged): stock's estimator is gone, this is tpushim's.
-    _log.conversion(
-        f"tpushim's {'EstimatorV2' if v2 else 'Estimator'} on TensorFlow >= 2.16 ("
-        + ("no TPU configured; stock 2.15's path" if settings.mode == "auto" else decision.why)
-        + ")",
-        settings.quiet,
-    )
-    from tpushim import _observe
-
-    # Observers (the run summary, the preflight) hear of it, as of a TPU path conversion.
-    with _observe.converting(arguments) as arguments:
-        estimator = _keras.model_to_estimator(use_v2_estimator=v2, **arguments)
-    _observe.converted(_keras.conversion(estimator, arguments, settings, v2))
+    estimator, converted = _convert.convert(wrapped, args, kwargs, settings)
+    if converted:
+        with STATE.lock:
+            if not STATE.converted:
+                STATE.converted = True
+                _sync()  # Estimator.__new__: see the module's doc
     return estimator
 
 
@@ -819,12 +749,3 @@ def _rewrap_new(wrapped, cls, args, kwargs):
         if converted is not None:
             return converted
     return wrapped(cls, *args, **kwargs)
-
-
-def _arguments_by_name(wrapped, args, kwargs):
-    """The call's arguments by parameter name, defaults filled in: what ``_estimator.build`` takes."""
-    import inspect
-
-    bound = inspect.signature(wrapped).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)

@@ -89,7 +89,7 @@ def _check_metrics(keras_model, custom_objects):
 
 
 #: What the conversion checks before anything is written, in order: (kind, check(model, custom_objects)).
-#: ``_estimator.build`` runs them; the preflight reports the first that fails as ``unconvertible-<kind>``.
+#: ``_convert`` runs them; the preflight reports the first that fails as ``unconvertible-<kind>``.
 VALIDATION_STEPS = (
     ("model", _validate_model),
     ("model", _check_compiled),

@@ -13,7 +13,7 @@ import pytest
 import tpushim
 from tpushim import _console, _detect, _platforms
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def generated_block(path):

@@ -11,7 +11,7 @@ import pytest
 
 from tpushim import _settings, _tpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def generated_block(page, name):

@@ -114,7 +114,7 @@ def _strategy_plan(report, keras_model, custom_objects, settings=None):
     from tpushim import _engines, _patch
 
     settings = settings or _patch.current_settings() or _settings.resolve()
-    if _engines.choose(settings)[0] != _engines.STRATEGY:
+    if not _engines.select(settings)[0].compiles_own_step:
         return None
     return strategy_checks.strategy_plan(report, keras_model, custom_objects, settings)
 

@@ -246,7 +246,7 @@ class Recorder:
             not found
             and keras_model is not None
             and settings is not None
-            and _engines.choose(settings)[0] == _engines.STRATEGY
+            and _engines.select(settings)[0].compiles_own_step
         ):  # what that engine refuses, as tpushim.check says it
             with failure_as_finding(report):
                 strategy_checks.strategy_plan(

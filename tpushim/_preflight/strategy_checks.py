@@ -330,22 +330,11 @@ def strategy_plan(report, keras_model, custom_objects, settings):
     that engine is tpushim's TPU path (TensorFlow >= 2.16, a PJRT runtime, ``engine='strategy'``).
     None, with an error finding, where the engine would refuse the model (it checks that before
     anything is written, as here)."""
-    from tpushim import _strategy
+    from tpushim import _engines
     from tpushim._errors import ConversionError
 
-    optimizer = getattr(keras_model, "optimizer", None)
-    if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer) and isinstance(
-        optimizer, tf.keras.optimizers.Optimizer
-    ):  # as the conversion does (stock's too): a new-style optimizer trains as its legacy twin
-        optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
     try:
-        return _strategy.make_plan(
-            keras_model,
-            optimizer,
-            custom_objects,
-            settings,
-            _strategy.cpu_strategy,
-        )
+        return _engines.get(_engines.STRATEGY).refusals(keras_model, custom_objects, settings)
     except ConversionError as e:
         report.add(
             "strategy-engine-refuses",
