@@ -27,27 +27,17 @@ TensorFlow code when it is asked to build, check or extend.
 """
 
 import dataclasses
-import os
 
-TPUESTIMATOR = "tpuestimator"
-STRATEGY = "strategy"
+from tpushim import _tpus, version
 
-#: The variables :func:`pjrt_runtime` reads (tests unset them: a test machine runs no TPU).
-PJRT_VARS = ("PJRT_DEVICE", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH")
+# The engines' names, and what tells a PJRT TPU runtime, are the TPU generations table's.
+TPUESTIMATOR = _tpus.TPUESTIMATOR
+STRATEGY = _tpus.STRATEGY
+PJRT_VARS = _tpus.PJRT_VARS
+pjrt_runtime = _tpus.pjrt_runtime
 
-#: The first TensorFlow (major, minor) without TPUEstimator.
-NO_ESTIMATOR_FROM = (2, 16)
-
-
-def pjrt_runtime(environ=None):
-    """What says this is a PJRT TPU runtime, as one phrase, or None."""
-    environ = os.environ if environ is None else environ
-    if environ.get("PJRT_DEVICE", "").strip().upper() == "TPU":
-        return "PJRT_DEVICE=TPU"
-    library = environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "").strip()
-    if library and "libtpu" in os.path.basename(library):
-        return f"TF_PLUGGABLE_DEVICE_LIBRARY_PATH={library}"
-    return None
+#: The first TensorFlow (major, minor) without TPUEstimator: the first with tpushim's estimator API.
+NO_ESTIMATOR_FROM = version.estimator_api_tf()
 
 
 def _major_minor(text):
