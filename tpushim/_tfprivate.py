@@ -343,6 +343,28 @@ def lookup_layer_classes():
     )
 
 
+def random_layer_class():
+    """The base class of Keras 2's layers that draw random numbers (Dropout, GaussianNoise, the
+    random preprocessing layers)."""
+    return _keras("engine.base_layer").BaseRandomLayer
+
+
+def reads_training_mode(layer):
+    """True when a layer's call takes the training mode (a ``Lambda``: its function does)."""
+    lambda_class = _keras("layers.core.lambda_layer").Lambda
+    if isinstance(layer, lambda_class):
+        return bool(layer._fn_expects_training_arg)
+    return bool(layer._expects_training_arg)
+
+
+def node_features_argument(node):
+    """The first argument of a functional node's call (a ``DenseFeatures`` layer's features:
+    a dict of KerasTensors)."""
+    if node.call_args:
+        return node.call_args[0]
+    return next(iter(node.call_kwargs.values()))
+
+
 def functional_nodes(keras_model):
     """A functional model's call nodes (not its inputs), in the order its call runs them:
     ``(layer, input KerasTensors, output KerasTensors, node)``."""
