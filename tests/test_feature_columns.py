@@ -531,15 +531,17 @@ def _taxi_dataset(rows, batch, repeat=False, labels=True):
     return ds.repeat() if repeat else ds
 
 
-def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path, caplog):
+@pytest.mark.parametrize("direct", [False, True], ids=["columns-only", "distance-read-directly"])
+def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path, caplog, direct):
     """Lambdas (one called twice) and a TF op between the raw inputs and DenseFeatures run in the
     input pipeline with the columns: weights, evaluate() over a short last batch, predict() and
     the exported model fed raw features equal stock's. Before, conversion refused the model ("a
-    trainable weight depends on them": none does)."""
+    trainable weight depends on them": none does). ``direct``: a Dense layer reads the distance
+    too: the raw coordinates stay fed and the model computes it again."""
     caplog.set_level(logging.INFO, logger="tpushim")
     stock, shim = tfcases.compare(
         tmp_path,
-        tfcases.taxi_model,
+        lambda: tfcases.taxi_model(direct=direct),
         lambda: _taxi_dataset(np.arange(40), 8, repeat=True),
         lambda: _taxi_dataset(np.arange(40, 52), 8),  # a short last batch: padded, weighted out
         lambda: _taxi_dataset(np.arange(40, 50), 4, labels=False),

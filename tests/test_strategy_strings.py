@@ -141,17 +141,20 @@ def test_a_lookup_of_a_trainable_layers_output_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "m").exists() or not list((tmp_path / "m").iterdir())
 
 
-def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path):
+@pytest.mark.parametrize("direct", [False, True], ids=["columns-only", "distance-read-directly"])
+def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path, direct):
     """Lambdas scaling coordinates and computing a Euclidean distance from four raw inputs, and
     a TF op, read by feature columns: run on the host with them (the replicas skip them), with
-    stock's weights, metrics and predictions. Before, conversion refused the model."""
+    stock's weights, metrics and predictions. Before, conversion refused the model. ``direct``:
+    a Dense layer reads the distance too (fed to the replicas from the host)."""
     from tpushim import _strategy
 
     x, y = tfcases.taxi_data()
 
     def run(model_dir, patch):
         config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
-        estimator = tfcases.convert(model_dir, tfcases.taxi_model, patch=patch, config=config)
+        build = lambda: tfcases.taxi_model(direct=direct)
+        estimator = tfcases.convert(model_dir, build, patch=patch, config=config)
         estimator.train(tfcases.dataset_input_fn(x, y), steps=7)
         metrics = estimator.evaluate(tfcases.dataset_input_fn(x, y))
         predictions = list(estimator.predict(tfcases.dataset_input_fn(x)))

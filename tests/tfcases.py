@@ -195,13 +195,14 @@ def _euclidean(params):
     return tf.sqrt((lon2 - lon1) ** 2 + (lat2 - lat1) ** 2)
 
 
-def taxi_model(optimizer=None, between=None):
+def taxi_model(optimizer=None, between=None, direct=False):
     """Taxi fares as the public samples engineer them inside the model: weight-free layers between
     the raw inputs and ``DenseFeatures`` -- one ``Lambda`` scaling both longitudes (a layer called
     twice), ``Lambda``s for the latitudes and the Euclidean distance from the four raw
     coordinates, a TF op (``log1p``) -- then numeric, bucketized, crossed (embedded) and indicator
     columns over their outputs and a raw input, then Dense layers. ``between``: a layer that
-    makes the distance's input from the pickup longitude (what tpushim cannot move refuses)."""
+    makes the distance's input from the pickup longitude (what tpushim cannot move refuses);
+    ``direct``: the distance read by a Dense layer too, beside the columns' output."""
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(0)
     fc = tf.feature_column
@@ -235,6 +236,8 @@ def taxi_model(optimizer=None, between=None):
         fc.embedding_column(cells, 3, combiner="sqrtn"),
     ]
     x = tf.keras.layers.DenseFeatures(columns, name="trip_features")(features)
+    if direct:
+        x = tf.keras.layers.Concatenate()([x, features["euclidean"] * 10.0])
     x = tf.keras.layers.Dense(8, activation="relu")(x)
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="fare")(x))
     model.compile(optimizer or tf.keras.optimizers.legacy.Adam(0.05), "mse", metrics=["mae"])

@@ -329,7 +329,7 @@ def plan(keras_model, custom_objects=None):
     # model starting with DenseFeatures: Keras clones it on a list of tensors).
     if not layers or not _tfprivate.is_graph_network(keras_model):
         return None
-    host = _host_side.layers(keras_model)
+    host = _host_side.layers(keras_model, custom_objects=custom_objects)
     node_keys = _host_side.node_keys(keras_model)
     input_names = set(keras_model.input_names)
     by_layer = {}
@@ -364,12 +364,14 @@ def plan(keras_model, custom_objects=None):
             columns.append(Column(column, _column_kind(layer, column), _key(layer.name, column)))
             keys |= _keys_read(column)
         moved.append(Layer(layer.name, tuple(columns), next(iter(sources), ())))
-    # Model inputs only the moved layers and the host layers before them take are not fed
-    # (whether a column reads them or not); a raw input some other layer reads too stays fed.
+    # Model inputs only the moved layers take, and host layers whose outputs only they read, are
+    # not fed (whether a column reads them or not); a raw input some other layer reads too stays
+    # fed (the model computes a host layer another layer reads again from it).
+    only_moved = _read_only_by(keras_model, host, {layer.name for layer in layers})
     read_elsewhere = set()
     for input_layer in _tfprivate.input_layers(keras_model):
         consumers = [node.outbound_layer for node in input_layer.outbound_nodes]
-        if all(isinstance(layer, dense_features) or layer.name in host for layer in consumers):
+        if all(layer.name in only_moved for layer in consumers):
             keys.add(input_layer.name)
         else:
             read_elsewhere.add(input_layer.name)
@@ -385,6 +387,23 @@ def plan(keras_model, custom_objects=None):
         template,
         dict(custom_objects or {}),
     )
+
+
+def _read_only_by(keras_model, host, moved):
+    """``moved`` and the ``host`` layers whose outputs only those read (no other layer, no
+    model output)."""
+    nodes = _tfprivate.functional_nodes(keras_model)
+    readers = {}
+    for layer, inputs, _, _ in nodes:
+        for tensor in inputs:
+            readers.setdefault(tensor._keras_history.layer.name, set()).add(layer.name)
+    outputs = {tensor._keras_history.layer.name for tensor in keras_model.outputs}
+    found = set(moved)
+    for layer, _, _, _ in reversed(nodes):  # a layer's readers before it
+        only = readers.get(layer.name, set()) <= found
+        if layer.name in host and layer.name not in outputs and only:
+            found.add(layer.name)
+    return found
 
 
 # --- the layer's call while tpushim builds a clone ------------------------------------------

@@ -73,10 +73,11 @@ def _not_weight_free(layer):
     return None
 
 
-def layers(keras_model, strings=False):
+def layers(keras_model, strings=False, custom_objects=None):
     """Names of the layers of ``keras_model`` (a functional model) that run on the host (see the
     module's docstring): those between its inputs and its ``DenseFeatures`` layers, and with
-    ``strings`` those of strings, lookups and hashing.
+    ``strings`` those of strings, lookups and hashing. ``custom_objects``: as given to
+    ``model_to_estimator``.
 
     Raises:
       ConversionError: such a layer cannot run on the host, naming it and why.
@@ -96,7 +97,7 @@ def layers(keras_model, strings=False):
             producer = tensor._keras_history.layer
             if not isinstance(producer, tf.keras.layers.InputLayer):
                 feeding.setdefault(producer.name, via[id(tensor)])
-    drawing = _drawing_random_numbers(keras_model, set(feeding))
+    drawing = _drawing_random_numbers(keras_model, set(feeding), custom_objects)
     host = set()
     for layer, inputs, outputs, _ in nodes:
         if isinstance(layer, dense_features):
@@ -145,10 +146,10 @@ def _random_op(op_type):
 _RANDOM_OPS = {"TruncatedNormal", "ParameterizedTruncatedNormal", "Multinomial"}
 
 
-def _drawing_random_numbers(keras_model, names):
+def _drawing_random_numbers(keras_model, names, custom_objects):
     """Names among ``names`` (layers of ``keras_model``) whose call draws random numbers: their
-    ops, traced once in a function's graph on their inputs' specs (a ``Lambda``'s function can
-    draw them without saying so)."""
+    ops, traced once by a copy of them in a graph of its own (a ``Lambda``'s function can draw
+    them without saying so)."""
     if not names:
         return set()
     outputs = {
@@ -157,9 +158,16 @@ def _drawing_random_numbers(keras_model, names):
         if layer.name in names
         for i, tensor in enumerate(made)
     }
+    # A copy of them, made and traced in the mode of the model's tensors (whatever graph the
+    # caller is in: Keras calls a layer made in one mode badly in the other), in a graph of its
+    # own; the user's own layers stay uncalled.
     model = template(keras_model, names, outputs)
-    specs = {n: tf.TensorSpec(t.shape, t.dtype) for n, t in zip(model.input_names, model.inputs)}
-    graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(specs).graph
+    with _tfprivate.keras_tensors_mode(keras_model, graph=True):
+        with tf.keras.utils.custom_object_scope(custom_objects or {}):
+            made = tf.keras.models.clone_model(model)
+        specs = {n: tf.TensorSpec(t.shape, t.dtype) for n, t in zip(made.input_names, made.inputs)}
+        call = tf.function(lambda features: made(features, training=False))
+        graph = call.get_concrete_function(specs).graph
     found = set()
     for op in graph.get_operations():
         if _random_op(op.type):
@@ -178,7 +186,8 @@ def template(keras_model, host, outputs):
         for t in inputs
         if id(t) in read
     }
-    return tf.keras.Model(inputs=used, outputs=dict(outputs))
+    with _tfprivate.keras_tensors_mode(keras_model):  # of the classes of the model's mode
+        return tf.keras.Model(inputs=used, outputs=dict(outputs))
 
 
 def copy(model, custom_objects):

@@ -88,7 +88,7 @@ def plan(keras_model, custom_objects=None):
         return None
     split = _feature_columns.plan(keras_model, custom_objects)
     nodes = _tfprivate.functional_nodes(keras_model)
-    host = set(_host_side.layers(keras_model, strings=True))
+    host = set(_host_side.layers(keras_model, strings=True, custom_objects=custom_objects))
     if not host and split is None:
         return None
     keys = _node_keys(keras_model)

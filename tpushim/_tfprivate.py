@@ -365,6 +365,20 @@ def node_features_argument(node):
     return next(iter(node.call_kwargs.values()))
 
 
+def keras_tensors_mode(keras_model, graph=False):
+    """A context for making models of ``keras_model``'s tensors: executing eagerly even inside a
+    graph's ``as_default()`` where its tensors are KerasTensors (Keras then makes models and
+    layers of its v2 classes, as theirs); in a v1 program (graph tensors) as it is, or with
+    ``graph`` in a graph of its own."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    keras_tensor = _keras("engine.keras_tensor").KerasTensor
+    if all(isinstance(t, keras_tensor) for t in keras_model.inputs):
+        return context.eager_mode()
+    return tf.Graph().as_default() if graph else contextlib.nullcontext()
+
+
 def functional_nodes(keras_model):
     """A functional model's call nodes (not its inputs), in the order its call runs them:
     ``(layer, input KerasTensors, output KerasTensors, node)``."""
