@@ -176,6 +176,74 @@ def two_in_two_out_data(n=N, seed=3, sample_weights=False, reg_labels_1d=False):
     return {"features": features, "sample_weights": weights}, labels
 
 
+TAXI = ("plon", "plat", "dlon", "dlat", "passengers")
+
+
+def taxi_data(n=N, seed=5):
+    """(features, fares) of taxi trips: raw pickup/dropoff coordinates and passengers, [n, 1]."""
+    rng = np.random.RandomState(seed)
+    plon, plat = rng.uniform(-74.05, -73.75, [n, 1]), rng.uniform(40.6, 40.9, [n, 1])
+    dlon, dlat = plon + rng.normal(0, 0.04, [n, 1]), plat + rng.normal(0, 0.04, [n, 1])
+    passengers = rng.randint(1, 6, [n, 1]).astype("float32")
+    fare = 2.5 + 180 * np.sqrt((dlon - plon) ** 2 + (dlat - plat) ** 2) + 0.4 * passengers
+    values = (plon, plat, dlon, dlat, passengers)
+    return {k: v.astype("float32") for k, v in zip(TAXI, values)}, fare.astype("float32")
+
+
+def _euclidean(params):
+    lon1, lat1, lon2, lat2 = params
+    return tf.sqrt((lon2 - lon1) ** 2 + (lat2 - lat1) ** 2)
+
+
+def taxi_model(optimizer=None, between=None, direct=False):
+    """Taxi fares as the public samples engineer them inside the model: weight-free layers between
+    the raw inputs and ``DenseFeatures`` -- one ``Lambda`` scaling both longitudes (a layer called
+    twice), ``Lambda``s for the latitudes and the Euclidean distance from the four raw
+    coordinates, a TF op (``log1p``) -- then numeric, bucketized, crossed (embedded) and indicator
+    columns over their outputs and a raw input, then Dense layers. ``between``: a layer that
+    makes the distance's input from the pickup longitude (what tpushim cannot move refuses);
+    ``direct``: the distance read by a Dense layer too, beside the columns' output."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    fc = tf.feature_column
+    inputs = {k: tf.keras.Input((1,), name=k) for k in TAXI}
+    scale_lon = tf.keras.layers.Lambda(lambda x: (x + 78) / 8.0, name="scale_lon")
+    plon = between(inputs["plon"]) if between is not None else inputs["plon"]
+    features = {
+        "plon": scale_lon(inputs["plon"]),
+        "dlon": scale_lon(inputs["dlon"]),
+        "plat": tf.keras.layers.Lambda(lambda x: (x - 37) / 8.0, name="scale_lat")(inputs["plat"]),
+        "passengers": inputs["passengers"],
+        "log_passengers": tf.math.log1p(inputs["passengers"]),
+        "euclidean": tf.keras.layers.Lambda(_euclidean, name="euclidean")(
+            [plon, inputs["plat"], inputs["dlon"], inputs["dlat"]]
+        ),
+    }
+    buckets = np.linspace(0.45, 0.55, 6).tolist()
+    cells = fc.crossed_column(
+        [
+            fc.bucketized_column(fc.numeric_column("plon"), buckets),
+            fc.bucketized_column(fc.numeric_column("dlon"), buckets),
+            fc.bucketized_column(fc.numeric_column("plat"), np.linspace(0.45, 0.5, 4).tolist()),
+        ],
+        64,
+    )
+    columns = [
+        fc.numeric_column("passengers"),
+        fc.numeric_column("log_passengers"),
+        fc.numeric_column("euclidean"),
+        fc.indicator_column(fc.bucketized_column(fc.numeric_column("euclidean"), [0.02, 0.05])),
+        fc.embedding_column(cells, 3, combiner="sqrtn"),
+    ]
+    x = tf.keras.layers.DenseFeatures(columns, name="trip_features")(features)
+    if direct:
+        x = tf.keras.layers.Concatenate()([x, features["euclidean"] * 10.0])
+    x = tf.keras.layers.Dense(8, activation="relu")(x)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="fare")(x))
+    model.compile(optimizer or tf.keras.optimizers.legacy.Adam(0.05), "mse", metrics=["mae"])
+    return model
+
+
 def dataset_input_fn(features, labels=None, batch=BATCH, drop_remainder=False, repeat=False):
     def input_fn():
         ds = tf.data.Dataset.from_tensor_slices(features if labels is None else (features, labels))

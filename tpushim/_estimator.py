@@ -594,7 +594,7 @@ def built(prepared, arguments, settings, decision):
             "(its weights are not carried over). The model you passed is unchanged.",
             type(keras_model).__name__,
         )
-    model_inputs = _shapes.ModelInputs.of(keras_model)
+    model_inputs = _shapes.ModelInputs.of(keras_model, custom_objects=custom_objects)
     plan = _plan.ConversionPlan(
         settings=settings,
         tpu=tpu,

@@ -21,8 +21,12 @@ dense blocks. The raw features it consumed are not fed to the TPU. An exported m
 features: where they arrive unmoved (serving, tensors tpushim cannot trace to a Dataset), the model
 function computes the same blocks itself.
 
-What cannot move (a column of a kind listed nowhere above, a layer fed by another layer's
-output, a shared embedding) refuses conversion with the layer and the column named, before any
+The weight-free layers between the model's inputs and a ``DenseFeatures`` layer (a ``Lambda``
+computing a distance from raw coordinates; which ones: :mod:`tpushim._host_side`) run in the input
+pipeline with it, by a copy of them made for that pipeline: the columns read their outputs there.
+
+What cannot move (a column of a kind listed nowhere above, a layer reading a layer that holds a
+weight, a shared embedding) refuses conversion with the layer and the column named, before any
 checkpoint is written.
 
 One concern, both halves of one split: what the host computes and what the model reads of it
@@ -35,7 +39,7 @@ import math
 
 import tensorflow as tf
 
-from tpushim import _padding, _tfprivate
+from tpushim import _host_side, _padding, _tfprivate
 from tpushim._errors import ConversionError
 
 #: Prefix of the features the input pipeline adds: ``tpushim_fc/<layer>/<column>[/ids|/weights]``.
@@ -53,10 +57,12 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """A ``DenseFeatures`` layer whose weight-free part runs in the input pipeline."""
+    """A ``DenseFeatures`` layer whose weight-free part runs in the input pipeline; ``sources``:
+    (key of the features it reads, the model input's name or the host layer tensor's key)."""
 
     name: str
     columns: tuple
+    sources: tuple
 
     def describe(self):
         embedded = [c.column.name for c in self.columns if c.kind == "embedding"]
@@ -69,29 +75,63 @@ class Layer:
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    """What :func:`plan` found to move, and the raw features that the TPU then does not need."""
+    """What :func:`plan` found to move, and the raw features that the TPU then does not need.
+
+    ``host_layers``: the weight-free layers between the model's inputs and the moved layers;
+    ``host_tensors``: (key, KerasTensor) of their outputs the moved layers read; ``template``:
+    those layers as a model (the inputs they read -> {key: tensor}), or None."""
 
     layers: tuple
     raw_keys: frozenset  # features only the moved layers read: not fed to the TPU
     stand_ins: tuple  # the model inputs among them: given a placeholder value in the model
+    host_layers: frozenset = frozenset()
+    host_tensors: tuple = ()
+    template: object = None
+    custom_objects: dict = dataclasses.field(default_factory=dict)
 
-    def describe(self):
-        """One line: what moved, for the conversion line and the preflight."""
-        return "; ".join(layer.describe() for layer in self.layers)
+    def describe(self, with_host=True):
+        """One line: what moved, for the conversion line and the preflight (``with_host``: the
+        host layers named too)."""
+        text = "; ".join(layer.describe() for layer in self.layers)
+        if self.host_layers and with_host:
+            text += f" (with layers {', '.join(sorted(self.host_layers))}, which they read)"
+        return text
 
-    def host(self, features):
+    def host_function(self):
+        """``host`` with this pipeline's own copy of the host layers (made here, outside the
+        ``Dataset.map`` function: a lookup layer's table is made where the pipeline runs)."""
+        copy = _host_side.copy(self.template, self.custom_objects) if self.template else None
+
+        def host(features):
+            values = None
+            if copy is not None:
+                values = copy({n: features[n] for n in copy.input_names}, training=False)
+            return self.host(features, values)
+
+        return host
+
+    def host(self, features, host_values=None):
         """The features with the moved layers' blocks added and the raw features only they read
-        removed (see the module's docstring)."""
+        removed (see the module's docstring). ``host_values``: the host layers' tensors by key
+        (computed here by a copy of them when not given)."""
+        if self.template is not None and host_values is None:
+            return self.host_function()(features)
         out = {k: v for k, v in features.items() if k not in self.raw_keys}
         for layer in self.layers:
-            cache = _tfprivate.feature_transformation_cache(features)
+            read = {
+                key: host_values[source]
+                if source.startswith(_host_side.HOST_PREFIX)
+                else features[source]
+                for key, source in layer.sources
+            }
+            cache = _tfprivate.feature_transformation_cache(read)
             for col in layer.columns:
                 with tf.name_scope(col.key.replace("/", "_").replace(":", "_")):
                     if col.kind == "dense":
-                        out[col.key] = _dense_block(col.column, cache, features)
+                        out[col.key] = _dense_block(col.column, cache, read)
                     else:
                         out[col.key + "/ids"], out[col.key + "/weights"] = _id_block(
-                            col.column, cache, features
+                            col.column, cache, read
                         )
         return out
 
@@ -111,25 +151,26 @@ class Split:
         return kept, blocks
 
 
-def on_element(split, element):
-    """A ``Dataset.map`` function: ``split.host`` applied to an element's features, inside
-    tpushim's padding and sample weight wrappers (see :mod:`tpushim._padding`)."""
+def on_element(host, element):
+    """A ``Dataset.map`` function: ``host`` (a :meth:`Split.host_function`) applied to an
+    element's features, inside tpushim's padding and sample weight wrappers (see
+    :mod:`tpushim._padding`)."""
     element = element[0] if len(element) == 1 else element
     if isinstance(element, tuple) and len(element) == 2:
-        return _apply(split, element[0]), element[1]
-    return _apply(split, element)
+        return _apply(host, element[0]), element[1]
+    return _apply(host, element)
 
 
-def _apply(split, features):
+def _apply(host, features):
     if not isinstance(features, dict):
         return features
     if _padding.FEATURES_KEY in features:
         return dict(
-            features, **{_padding.FEATURES_KEY: _apply(split, features[_padding.FEATURES_KEY])}
+            features, **{_padding.FEATURES_KEY: _apply(host, features[_padding.FEATURES_KEY])}
         )
     if set(features) == {"features", "sample_weights"}:
-        return dict(features, features=_apply(split, features["features"]))
-    return split.host(features)
+        return dict(features, features=_apply(host, features["features"]))
+    return host(features)
 
 
 def _rows(tensor, features):
@@ -273,12 +314,12 @@ def _keys_read(column):
     return set(column.parse_example_spec)
 
 
-def plan(keras_model):
+def plan(keras_model, custom_objects=None):
     """The :class:`Split` of ``keras_model``, or None when it has no ``DenseFeatures`` layer.
 
     Raises:
       ConversionError: a ``DenseFeatures`` layer tpushim cannot split (see the module's
-        docstring), naming the layer and the column.
+        docstring), naming the layer and the column, or the layer holding the weight it reads.
     """
     dense_features = _tfprivate.dense_features_class()
     layers = [
@@ -288,35 +329,81 @@ def plan(keras_model):
     # model starting with DenseFeatures: Keras clones it on a list of tensors).
     if not layers or not _tfprivate.is_graph_network(keras_model):
         return None
+    host = _host_side.layers(keras_model, custom_objects=custom_objects)
+    node_keys = _host_side.node_keys(keras_model)
     input_names = set(keras_model.input_names)
-    moved, keys = [], set()
+    by_layer = {}
+    for layer, _, _, node in _tfprivate.functional_nodes(keras_model):
+        if isinstance(layer, dense_features):
+            by_layer.setdefault(layer.name, []).append(node)
+    moved, keys, host_tensors = [], set(), {}
     for layer in layers:
-        for node in layer.inbound_nodes:
-            for inbound in tf.nest.flatten(node.inbound_layers):
-                if not isinstance(inbound, tf.keras.layers.InputLayer):
+        sources = set()
+        for node in by_layer.get(layer.name, ()):
+            read = _tfprivate.node_features_argument(node)
+            pairs = []
+            for key, tensor in read.items() if isinstance(read, dict) else ():
+                producer = tensor._keras_history.layer
+                if isinstance(producer, tf.keras.layers.InputLayer):
+                    pairs.append((key, _tfprivate.input_tensor_name(tensor)))
+                elif producer.name in host:
+                    pairs.append((key, node_keys[id(tensor)]))
+                    host_tensors[node_keys[id(tensor)]] = tensor
+                else:
                     raise _refuse(
                         layer,
                         None,
-                        f"it reads the output of layer {inbound.name!r}, not the model's raw "
+                        f"it reads the output of layer {producer.name!r}, not the model's raw "
                         f"inputs",
                     )
+            sources.add(tuple(sorted(pairs)))
+        if len(sources) > 1:
+            raise _refuse(layer, None, "it is called on different features at different places")
         columns = []
         for column in _tfprivate.dense_features_columns(layer):
             columns.append(Column(column, _column_kind(layer, column), _key(layer.name, column)))
             keys |= _keys_read(column)
-        moved.append(Layer(layer.name, tuple(columns)))
-    # Model inputs only the moved layers take are not fed (whether a column reads them or not);
-    # a raw input some other layer reads too stays fed.
+        moved.append(Layer(layer.name, tuple(columns), next(iter(sources), ())))
+    # Model inputs only the moved layers take, and host layers whose outputs only they read, are
+    # not fed (whether a column reads them or not); a raw input some other layer reads too stays
+    # fed (the model computes a host layer another layer reads again from it).
+    only_moved = _read_only_by(keras_model, host, {layer.name for layer in layers})
     read_elsewhere = set()
     for input_layer in _tfprivate.input_layers(keras_model):
         consumers = [node.outbound_layer for node in input_layer.outbound_nodes]
-        if all(isinstance(layer, dense_features) for layer in consumers):
+        if all(layer.name in only_moved for layer in consumers):
             keys.add(input_layer.name)
         else:
             read_elsewhere.add(input_layer.name)
     raw = frozenset(keys - read_elsewhere)
     stand_ins = tuple(sorted(name for name in input_names if name in raw))
-    return Split(tuple(moved), raw, stand_ins)
+    template = _host_side.template(keras_model, host, host_tensors) if host_tensors else None
+    return Split(
+        tuple(moved),
+        raw,
+        stand_ins,
+        host,
+        tuple(host_tensors.items()),
+        template,
+        dict(custom_objects or {}),
+    )
+
+
+def _read_only_by(keras_model, host, moved):
+    """``moved`` and the ``host`` layers whose outputs only those read (no other layer, no
+    model output)."""
+    nodes = _tfprivate.functional_nodes(keras_model)
+    readers = {}
+    for layer, inputs, _, _ in nodes:
+        for tensor in inputs:
+            readers.setdefault(tensor._keras_history.layer.name, set()).add(layer.name)
+    outputs = {tensor._keras_history.layer.name for tensor in keras_model.outputs}
+    found = set(moved)
+    for layer, _, _, _ in reversed(nodes):  # a layer's readers before it
+        only = readers.get(layer.name, set()) <= found
+        if layer.name in host and layer.name not in outputs and only:
+            found.add(layer.name)
+    return found
 
 
 # --- the layer's call while tpushim builds a clone ------------------------------------------

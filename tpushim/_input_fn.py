@@ -314,5 +314,6 @@ def adapt(
             none_short=none_short,
         )
     if split is not None:  # the feature columns' weight-free part, on the host
-        result = result.map(lambda *element: _feature_columns.on_element(split, element))
+        host = split.host_function()
+        result = result.map(lambda *element: _feature_columns.on_element(host, element))
     return result.prefetch(tf.data.AUTOTUNE)

@@ -295,7 +295,7 @@ def make_model_fn(
 
     # DenseFeatures layers whose weight-free part the input pipeline computes (refused here, before
     # any checkpoint is written, where that cannot be done).
-    split = _feature_columns.plan(keras_model)
+    split = _feature_columns.plan(keras_model, custom_objects)
     plans = []  # the model's LossPlan, once known (a subclassed model's: at its first TRAIN call)
 
     def loss_plan(features):

@@ -33,21 +33,22 @@ class ModelInputs:
     feature_split: object = None
 
     @classmethod
-    def of(cls, keras_model, feature_split=True) -> Optional["ModelInputs"]:
+    def of(cls, keras_model, feature_split=True, custom_objects=None) -> Optional["ModelInputs"]:
         """What ``keras_model`` declares; None for a model that declares no inputs (subclassed,
         or a Sequential given no input shape). ``feature_split=False``: the shapes only (the
-        strategy engine, which splits no feature columns)."""
+        strategy engine, which splits no feature columns); ``custom_objects``: as given to
+        ``model_to_estimator`` (the split's copy of host layers needs them)."""
         inputs = getattr(keras_model, "inputs", None)
         if not inputs:
             return None
         return cls(
             tuple(keras_model.input_names),
             tuple(tf.TensorShape(t.shape) for t in inputs),
-            _feature_split(keras_model) if feature_split else None,
+            _feature_split(keras_model, custom_objects) if feature_split else None,
         )
 
 
-def _feature_split(keras_model):
+def _feature_split(keras_model, custom_objects=None):
     """The model's feature column :class:`~tpushim._feature_columns.Split`; None where there is
     none or it cannot be made (the conversion refuses that model, saying why). None on tpushim's
     estimator API (TensorFlow >= 2.16): nothing is split there, and _feature_columns needs
@@ -60,7 +61,7 @@ def _feature_split(keras_model):
     from tpushim._errors import ConversionError
 
     try:
-        return _feature_columns.plan(keras_model)
+        return _feature_columns.plan(keras_model, custom_objects)
     except ConversionError:
         return None
 

@@ -8,12 +8,15 @@ weight, so it can run where the input pipeline runs, as the TPUEstimator path ru
 columns (:mod:`tpushim._feature_columns`). :func:`plan` reads the model once, at conversion:
 
 * a **host layer** reads or makes strings, or is a lookup or hashing layer; it must read only
-  the model's inputs or other host layers, and hold no trainable weight;
+  the model's inputs or other host layers, and hold no trainable weight; the weight-free layers
+  between the model's inputs and a ``DenseFeatures`` layer are host layers too (which layers:
+  :mod:`tpushim._host_side`, the decision the TPUEstimator path takes);
 * the tensors of host layers that other layers read (the **frontier**) are computed per batch in
   the input pipeline by a copy of the host layers made for that pipeline (one per host on a
   pod), and fed to the replicas as features; the model inputs only host layers read are not fed;
-* a ``DenseFeatures`` layer's weight-free part is computed there too (its embedding weights
-  stay on the replicas), as :mod:`tpushim._feature_columns` splits it;
+* a ``DenseFeatures`` layer's weight-free part is computed there too, from the model inputs and
+  host layers it reads (its embedding weights stay on the replicas), as
+  :mod:`tpushim._feature_columns` splits it;
 * a model output a host layer makes (a key passed through) is not computed by the replicas:
   its loss must weigh 0, and ``predict()`` gives it from the input pipeline, row by row.
 
@@ -30,10 +33,10 @@ import dataclasses
 
 import tensorflow as tf
 
-from tpushim import _feature_columns, _tfprivate
+from tpushim import _feature_columns, _host_side, _tfprivate
 from tpushim._errors import ConversionError
 
-HOST_PREFIX = "tpushim_host/"  # a frontier tensor fed to the replicas
+HOST_PREFIX = _host_side.HOST_PREFIX  # a frontier tensor fed to the replicas
 OUT_PREFIX = "tpushim_out/"  # a model output the host computes (predict only)
 
 
@@ -66,32 +69,11 @@ class HostPart:
         if self.layers:
             parts.append(f"layers {', '.join(sorted(self.layers))} run on the host")
         if self.feature_split is not None:
-            parts.append(self.feature_split.describe())
+            parts.append(self.feature_split.describe(with_host=False))
         return "; ".join(parts)
 
 
-def _refuse(layer, why):
-    return ConversionError(
-        f"the strategy engine cannot run layer {layer.name!r} ({type(layer).__name__}) on a "
-        f"TPU: {why}. No TPU computes strings or looks up a vocabulary (XLA has no kernel "
-        "for them), so the engine runs such layers on the host, in the input pipeline; that "
-        "needs them to read only the model's inputs (or other such layers) and to hold no "
-        "trainable weight. Do that work in the input_fn (dataset.map) and feed the model its "
-        "numbers, or train without tpushim (TPUSHIM_MODE=off)."
-    )
-
-
-def _node_keys(keras_model):
-    """KerasTensor id -> a key naming it by layer name, the node's rank among that layer's
-    nodes in the model, and the output's index: the same in the model and in a clone of it."""
-    nodes = _tfprivate.functional_nodes(keras_model)
-    ours = {id(node) for _, _, _, node in nodes}
-    keys = {}
-    for layer, _, outputs, node in nodes:
-        rank = [id(n) for n in layer.inbound_nodes if id(n) in ours].index(id(node))
-        for i, tensor in enumerate(outputs):
-            keys[id(tensor)] = f"{HOST_PREFIX}{layer.name}/{rank}/{i}"
-    return keys
+_node_keys = _host_side.node_keys
 
 
 def plan(keras_model, custom_objects=None):
@@ -104,44 +86,24 @@ def plan(keras_model, custom_objects=None):
     """
     if not _tfprivate.is_graph_network(keras_model):
         return None
-    split = _feature_columns.plan(keras_model)
-    dense_features = _tfprivate.dense_features_class()
-    lookups = _tfprivate.lookup_layer_classes()
+    split = _feature_columns.plan(keras_model, custom_objects)
     nodes = _tfprivate.functional_nodes(keras_model)
-    host = set()
-    for layer, inputs, outputs, _ in nodes:
-        if isinstance(layer, dense_features):
-            continue
-        takes = any(t.dtype == tf.string for t in inputs)
-        makes = any(t.dtype == tf.string for t in outputs)
-        if not (takes or makes or isinstance(layer, lookups)):
-            continue
-        does = "takes strings" if takes else "makes strings" if makes else "looks up"
-        for tensor in inputs:
-            producer = tensor._keras_history.layer
-            if not isinstance(producer, tf.keras.layers.InputLayer) and producer.name not in host:
-                raise _refuse(
-                    layer,
-                    f"it {does} from the output of layer {producer.name!r}, which runs on the TPU",
-                )
-        if layer.trainable_weights:
-            raise _refuse(layer, "it has trainable weights")
-        host.add(layer.name)
+    host = set(_host_side.layers(keras_model, strings=True, custom_objects=custom_objects))
     if not host and split is None:
         return None
     keys = _node_keys(keras_model)
+    moved = {layer.name for layer in split.layers} if split is not None else set()
     frontier, seen, read_by = [], set(), {}
     for layer, inputs, _, _ in nodes:
         for tensor in inputs:
             read_by.setdefault(id(tensor), set()).add(layer.name)
-        if layer.name in host:
+        if layer.name in host or layer.name in moved:  # a moved layer reads the host's blocks
             continue
         for tensor in inputs:
             producer = tensor._keras_history.layer
             if producer.name in host and id(tensor) not in seen:
                 seen.add(id(tensor))
                 frontier.append((keys[id(tensor)], tensor))
-    moved = {layer.name for layer in split.layers} if split is not None else set()
     host_inputs = {}
     for tensor in keras_model.inputs:
         readers = read_by.get(id(tensor), set())
@@ -155,19 +117,13 @@ def plan(keras_model, custom_objects=None):
     _check_output_losses(keras_model, outputs)
     template = None
     if host:
-        read = {id(t): _tfprivate.input_tensor_name(t) for t in keras_model.inputs}
-        used = {
-            read[id(t)]: t
-            for layer, inputs, _, _ in nodes
-            if layer.name in host
-            for t in inputs
-            if id(t) in read
-        }
         out = {key: tensor for key, tensor in frontier}
+        if split is not None:  # what the moved layers' columns read
+            out.update(split.host_tensors)
         for name, tensor in zip(keras_model.output_names, keras_model.outputs):
             if name in outputs:
                 out[OUT_PREFIX + name] = tensor
-        template = tf.keras.Model(inputs=used, outputs=out)
+        template = _host_side.template(keras_model, host, out)
     return HostPart(
         frozenset(host),
         tuple(frontier),
@@ -227,14 +183,7 @@ def _copy(part):
     """This pipeline's own copy of the host layers (their tables made where it runs)."""
     if part.template is None:
         return None
-    with tf.keras.utils.custom_object_scope(part.custom_objects):
-        model = tf.keras.models.clone_model(part.template)
-    lookups = _tfprivate.lookup_layer_classes()
-    for own, copy in zip(part.template.layers, model.layers):
-        # An adapted vocabulary is not in a lookup layer's config: given to the copy.
-        if isinstance(own, lookups[:1]) and not own.get_config().get("vocabulary"):
-            copy.set_vocabulary(own.get_vocabulary())
-    return model
+    return _host_side.copy(part.template, part.custom_objects)
 
 
 def element_function(part, mode):
@@ -243,6 +192,7 @@ def element_function(part, mode):
     host reads given a zero stand-in, and labels of those outputs a zero per row."""
     model = _copy(part)
     predict = mode == _tfprivate.ModeKeys.PREDICT
+    fed = {key for key, _ in part.frontier}
 
     def features_of(features):
         if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
@@ -255,16 +205,17 @@ def element_function(part, mode):
             if k not in part.host_inputs and (k in part.input_names or v.dtype != tf.string)
         }
         rows = tf.shape(tf.nest.flatten(features)[0])[0]
+        given = {}
         if model is not None:
             given = model({n: named[n] for n in model.input_names}, training=False)
             for key, value in given.items():
-                if predict or not key.startswith(OUT_PREFIX):
+                if key in fed or (predict and key.startswith(OUT_PREFIX)):
                     out[key] = value
         if part.feature_split is not None:
-            blocks = part.feature_split.host(named)
+            blocks = part.feature_split.host(named, given)
             out.update({k: v for k, v in blocks.items() if k.startswith(_feature_columns.PREFIX)})
         for name, shape in part.host_inputs.items():  # the model's input check wants them
-            out[name] = tf.zeros(tf.concat([[rows], [d or 1 for d in shape[1:]]], 0), tf.float32)
+            out[name] = tf.zeros([rows, *[d or 1 for d in shape[1:]]], tf.float32)
         return out
 
     def labels_of(labels):

@@ -343,6 +343,42 @@ def lookup_layer_classes():
     )
 
 
+def random_layer_class():
+    """The base class of Keras 2's layers that draw random numbers (Dropout, GaussianNoise, the
+    random preprocessing layers)."""
+    return _keras("engine.base_layer").BaseRandomLayer
+
+
+def reads_training_mode(layer):
+    """True when a layer's call takes the training mode (a ``Lambda``: its function does)."""
+    lambda_class = _keras("layers.core.lambda_layer").Lambda
+    if isinstance(layer, lambda_class):
+        return bool(layer._fn_expects_training_arg)
+    return bool(layer._expects_training_arg)
+
+
+def node_features_argument(node):
+    """The first argument of a functional node's call (a ``DenseFeatures`` layer's features:
+    a dict of KerasTensors)."""
+    if node.call_args:
+        return node.call_args[0]
+    return next(iter(node.call_kwargs.values()))
+
+
+def keras_tensors_mode(keras_model, graph=False):
+    """A context for making models of ``keras_model``'s tensors: executing eagerly even inside a
+    graph's ``as_default()`` where its tensors are KerasTensors (Keras then makes models and
+    layers of its v2 classes, as theirs); in a v1 program (graph tensors) as it is, or with
+    ``graph`` in a graph of its own."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    keras_tensor = _keras("engine.keras_tensor").KerasTensor
+    if all(isinstance(t, keras_tensor) for t in keras_model.inputs):
+        return context.eager_mode()
+    return tf.Graph().as_default() if graph else contextlib.nullcontext()
+
+
 def functional_nodes(keras_model):
     """A functional model's call nodes (not its inputs), in the order its call runs them:
     ``(layer, input KerasTensors, output KerasTensors, node)``."""

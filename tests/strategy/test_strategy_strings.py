@@ -3,8 +3,10 @@ through to an output (its string label weighed 0), a ``StringLookup`` on a strin
 feature columns in a ``DenseFeatures`` layer (vocabulary list and file, hash bucket, embedding,
 indicator) run on the host, in the input pipeline; the replicated step, compiled with XLA, sees
 numbers only. Weights, every evaluate() key and predictions equal stock's within 1e-5 (a short
-last batch of 4 in 52 rows), and predict() gives the keys back as stock does, row by row. A
-lookup of a trainable layer's output cannot move and is refused, naming the layer."""
+last batch of 4 in 52 rows), and predict() gives the keys back as stock does, row by row. The
+weight-free layers between the raw inputs and a ``DenseFeatures`` layer (Lambdas, a TF op) run
+on the host with its columns. A lookup of a trainable layer's output cannot move and is refused,
+naming the layer."""
 
 import numpy as np
 import pytest
@@ -137,3 +139,35 @@ def test_a_lookup_of_a_trainable_layers_output_is_refused_naming_it(tmp_path):
     ):
         tfcases.convert(tmp_path / "m", build, patch={"mode": "cpu", "engine": "strategy"})
     assert not (tmp_path / "m").exists() or not list((tmp_path / "m").iterdir())
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["columns-only", "distance-read-directly"])
+def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path, direct):
+    """Lambdas scaling coordinates and computing a Euclidean distance from four raw inputs, and
+    a TF op, read by feature columns: run on the host with them (the replicas skip them), with
+    stock's weights, metrics and predictions. Before, conversion refused the model. ``direct``:
+    a Dense layer reads the distance too (fed to the replicas from the host)."""
+    from tpushim import _strategy
+
+    x, y = tfcases.taxi_data()
+
+    def run(model_dir, patch):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        build = lambda: tfcases.taxi_model(direct=direct)
+        estimator = tfcases.convert(model_dir, build, patch=patch, config=config)
+        estimator.train(tfcases.dataset_input_fn(x, y), steps=7)
+        metrics = estimator.evaluate(tfcases.dataset_input_fn(x, y))
+        predictions = list(estimator.predict(tfcases.dataset_input_fn(x)))
+        return estimator, metrics, predictions, tfcases.checkpoint_values(model_dir)
+
+    stock = run(tmp_path / "stock", {"mode": "off"})
+    engine = run(tmp_path / "engine", {"mode": "cpu", "engine": "strategy"})
+    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    assert engine[0]._tpushim_plan.host.layers == {
+        "euclidean",
+        "scale_lat",
+        "scale_lon",
+        "tf.math.log1p",
+    }
+    assert len(engine[2]) == tfcases.N
+    tfcases.assert_same(stock, engine, 1e-5)

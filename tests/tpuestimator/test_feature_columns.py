@@ -145,7 +145,7 @@ def _dataset(rows, batch, repeat=False, labels=True, scale=1.0):
     return ds.repeat() if repeat else ds
 
 
-def _serve(estimator, export_dir, features):
+def _serve(estimator, export_dir, features, output="price"):
     """The exported SavedModel, fed raw features: its predictions."""
 
     def receiver():
@@ -158,7 +158,7 @@ def _serve(estimator, export_dir, features):
     path = estimator.export_saved_model(str(export_dir), receiver)
     loaded = tf.saved_model.load(path)
     serve = loaded.signatures["serving_default"]
-    return serve(**{k: tf.constant(v) for k, v in features.items()})["price"].numpy()
+    return serve(**{k: tf.constant(v) for k, v in features.items()})[output].numpy()
 
 
 @pytest.mark.parametrize("family", [*FAMILIES, "hash_crossed+v1"])
@@ -267,9 +267,15 @@ def _host_batch(model, features, labels):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_eight_shards_train_like_stock_on_the_global_batch(tmp_path, family):
     vocab = _vocab_file(tmp_path)
-    steps = 2
-    features, labels = _data(replicas.GLOBAL * steps)
-    model = _model(family, vocab, tf.keras.optimizers.legacy.Adam(0.05))
+    features, labels = _data(replicas.GLOBAL * 2)
+    build = lambda: _model(family, vocab, tf.keras.optimizers.legacy.Adam(0.05))
+    _eight_shards(tmp_path, build, features, labels, steps=2)
+
+
+def _eight_shards(tmp_path, build, features, labels, steps):
+    """Stock on global batches of ``features``, and 8 emulated shards fed the host's blocks of
+    the same batches: every replica's variables (weights, optimizer slots) equal stock's."""
+    model = build()
     init = model.get_weights()
     stock = tf.compat.v1.keras.estimator.model_to_estimator(
         keras_model=model,
@@ -282,9 +288,7 @@ def test_eight_shards_train_like_stock_on_the_global_batch(tmp_path, family):
     )
     ref = tfcases.checkpoint_values(stock.model_dir)
     assert ref.pop("global_step") == steps
-    emu_model = replicas.tpu_model(
-        lambda: _model(family, vocab, tf.keras.optimizers.legacy.Adam(0.05))
-    )
+    emu_model = replicas.tpu_model(build)
     rows = lambda s: {k: v[s] for k, v in features.items()}
     first = _host_batch(emu_model, rows(slice(0, replicas.GLOBAL)), labels[: replicas.GLOBAL])
     emu = replicas.Emulation(emu_model, tf.estimator.ModeKeys.TRAIN, first)
@@ -324,7 +328,9 @@ def test_lookup_behind_a_trainable_weight_is_refused_naming_the_layer(tmp_path):
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
     model.compile("sgd", "mse")
     with pytest.raises(
-        ConversionError, match=r"layer 'age_features'.*reads the output of layer 'scaled'"
+        ConversionError,
+        match=r"layer 'age_features'.*reads the output of layer 'scaled', which holds weights "
+        r"\('scaled/scale:0'\)",
     ):
         tfcases.convert(tmp_path / "model", model, patch={"mode": "cpu"})
     assert not os.path.exists(tmp_path / "model")  # refused before anything was written
@@ -512,3 +518,93 @@ def test_eight_shards_synchronized_batchnorm_after_the_columns_train_like_stock(
                     )
     finally:
         emu.close()
+
+
+# --- weight-free layers between the raw inputs and the columns (issue 48) -------------------------
+
+
+def _taxi_dataset(rows, batch, repeat=False, labels=True):
+    features, fare = tfcases.taxi_data()
+    features = {k: v[rows] for k, v in features.items()}
+    ds = tf.data.Dataset.from_tensor_slices((features, fare[rows]) if labels else features)
+    ds = ds.batch(batch)
+    return ds.repeat() if repeat else ds
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["columns-only", "distance-read-directly"])
+def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path, caplog, direct):
+    """Lambdas (one called twice) and a TF op between the raw inputs and DenseFeatures run in the
+    input pipeline with the columns: weights, evaluate() over a short last batch, predict() and
+    the exported model fed raw features equal stock's. Before, conversion refused the model ("a
+    trainable weight depends on them": none does). ``direct``: a Dense layer reads the distance
+    too: the raw coordinates stay fed and the model computes it again."""
+    caplog.set_level(logging.INFO, logger="tpushim")
+    stock, shim = tfcases.compare(
+        tmp_path,
+        lambda: tfcases.taxi_model(direct=direct),
+        lambda: _taxi_dataset(np.arange(40), 8, repeat=True),
+        lambda: _taxi_dataset(np.arange(40, 52), 8),  # a short last batch: padded, weighted out
+        lambda: _taxi_dataset(np.arange(40, 50), 4, labels=False),
+        steps=6,
+    )
+    assert "(with layers euclidean, scale_lat, scale_lon, tf.math.log1p, which they read)" in (
+        caplog.text
+    )
+    # Stock's trip cells moved: the embedding compared is a trained one.
+    table = next(
+        v for k, v in stock[3].items() if "embedding_weights" in k and "OPTIMIZER" not in k
+    )
+    assert np.abs(table).sum() > 0
+    features, _ = tfcases.taxi_data()
+    rows = {k: v[:9] for k, v in features.items()}
+    np.testing.assert_allclose(
+        _serve(shim[0], tmp_path / "shim_export", rows, "fare"),
+        _serve(stock[0], tmp_path / "stock_export", rows, "fare"),
+        atol=tfcases.TOL,
+        rtol=0,
+    )
+
+
+@pytest.mark.tpuestimator
+def test_eight_shards_with_weight_free_layers_before_the_columns_train_like_stock(tmp_path):
+    """8 emulated shards fed the host's blocks (the Lambdas computed there) train as stock on the
+    global batch: every replica's weights and Adam slots."""
+    features, labels = tfcases.taxi_data(replicas.GLOBAL * 2)
+    _eight_shards(tmp_path, tfcases.taxi_model, features, labels, steps=2)
+
+
+@pytest.mark.parametrize(
+    "between, why",
+    [
+        (lambda: tf.keras.layers.Dense(1, name="shift"), r"'shift', which holds weights"),
+        (lambda: tf.keras.layers.Dropout(0.2, name="drop"), "'drop', which draws random numbers"),
+        (
+            lambda: tf.keras.layers.Lambda(
+                lambda x: x + tf.random.normal(tf.shape(x), stddev=1e-3), name="noisy"
+            ),
+            "'noisy', which draws random numbers",
+        ),
+        (
+            lambda: tf.keras.layers.Lambda(lambda x, training=None: x, name="mode"),
+            "'mode', which depends on the training mode",
+        ),
+    ],
+    ids=["weights", "random", "random-lambda", "training-mode"],
+)
+@pytest.mark.parametrize("engine", ["tpuestimator", "strategy"])
+def test_a_layer_that_cannot_move_before_the_columns_is_refused_naming_it(
+    tmp_path, between, why, engine
+):
+    """The columns read the distance; the layer it is computed from holds a weight, draws random
+    numbers or reads the training mode: refused on both engines, naming that layer."""
+    with pytest.raises(
+        ConversionError,
+        match=r"layer 'trip_features' on a TPU: it reads the output of layer 'euclidean', "
+        r"computed from layer " + why,
+    ):
+        tfcases.convert(
+            tmp_path / "model",
+            lambda: tfcases.taxi_model(between=between()),
+            patch={"mode": "cpu", "engine": engine},
+        )
+    assert not os.path.exists(tmp_path / "model")  # refused before anything was written

@@ -46,6 +46,9 @@ LEGACY = [
     "boston_feature_columns_in_model.py",
     # DenseFeatures then BatchNormalization; Ftrl and 'adam' (two models); short batches
     "boston_feature_columns_batchnorm.py",
+    # Lambdas between the raw inputs and DenseFeatures (scaling, a Euclidean distance): they run
+    # on the host with the columns; make_csv_dataset, inputs of shape (), a short last batch
+    "taxifare_euclidean_feature_columns.py",
 ]
 #: What else the converted run must log, per script.
 LOGGED = {
@@ -56,6 +59,10 @@ LOGGED = {
     ),
     "boston_feature_columns_in_model.py": "; feature columns: layer 'dense_features': 9 columns'",
     "boston_feature_columns_batchnorm.py": "; feature columns: layer 'dense_features_1': 7 columns'",
+    "taxifare_euclidean_feature_columns.py": (
+        " on the TPU) (with layers euclidean, scale_dropoff_latitude, scale_dropoff_longitude, "
+        "scale_pickup_latitude, scale_pickup_longitude, which they read)"
+    ),
 }
 #: Errors the preflight may report for a script (what a TPU cannot take); none for the others.
 ALLOWED_ERRORS = {
@@ -92,6 +99,9 @@ EXPECTED_FINDINGS = {
     "boston_feature_columns_batchnorm.py": {
         ("feature-columns-on-host", "info", "layer 'dense_features'"),
         ("feature-columns-on-host", "info", "layer 'dense_features_1'"),
+    },
+    "taxifare_euclidean_feature_columns.py": {
+        ("feature-columns-on-host", "info", "layer 'dense_features'"),
     },
     "multi_input_lists_strings.py": {
         ("string-input", "error", "feature [2]"),
