@@ -44,6 +44,9 @@ LEGACY = [
     "boston_feature_columns_in_model.py",
     # DenseFeatures then BatchNormalization; Ftrl and 'adam' (two models); short batches
     "boston_feature_columns_batchnorm.py",
+    # numpy_input_fn(shuffle=True) over images sorted by class, a BatchNormalization CNN,
+    # train_and_evaluate for fewer steps than an epoch: stock's shuffled order or other numbers
+    "shapes_cnn_shuffled_numpy.py",
 ]
 #: What else the converted run must log, per script.
 LOGGED = {
