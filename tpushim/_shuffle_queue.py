@@ -23,6 +23,8 @@ import tensorflow as tf
 
 #: Stand-in for "forever" (``num_epochs=None``): more rows than any run reads.
 _FOREVER = 2**62
+#: The most takes computed at once (their cost grows with its square): a larger batch's in turns.
+_BURST = 512
 
 
 def stock_seeds(graph_seed, op_seed):
@@ -104,8 +106,7 @@ class _Order:
         self.keep = int(min_after_dequeue)
         self.key = int(seeds[0]) % 2**64
         self.seed2 = int(seeds[1]) % 2**64
-        # Pointer doubling over at most max(batch, capacity) takes.
-        self.rounds = max(self.batch, self.capacity).bit_length()
+        self.rounds = _BURST.bit_length()  # pointer doubling over at most _BURST takes
 
     def initial(self):
         """The state at the first read: the feeder has filled the queue (or enqueued all and
@@ -242,10 +243,13 @@ class _Order:
             wanted = tf.where(short, size, wanted)
             taken = tf.where(short, tf.constant(0, tf.int64), taken)
             free = tf.where(closed, size, size - self.keep)
-            count = tf.clip_by_value(free, 0, wanted - taken)
+            available = tf.clip_by_value(free, 0, wanted - taken)
+            count = tf.minimum(available, _BURST)
             queue, size, got, taken, draws = self._take(queue, size, got, taken, draws, count)
             state = (queue, size, pushed, chunk_end, closed, draws)
-            state = tf.cond(taken < wanted, lambda: self._feed(state), lambda: state)
+            # Out of rows it may take: the dequeue waits, the feeder moves.
+            waits = tf.logical_and(taken < wanted, tf.equal(count, available))
+            state = tf.cond(waits, lambda: self._feed(state), lambda: state)
             return state, got, taken, wanted
 
         state, got, _, wanted = tf.while_loop(
