@@ -86,8 +86,12 @@ def row_batches(
         seeds,
     )
     batches = batches.scan(order.initial(), tf.autograph.experimental.do_not_convert(order.step))
-    # A full batch's static size, as dequeue_many's.
-    return batches if up_to else batches.map(lambda x: tf.ensure_shape(x, [batch_size]))
+    # The same batches again, as the rows' Dataset batched (what tpushim reads of an input's
+    # graph: its batch size, how many rows a finite one holds, a full batch's static size).
+    rows_read = batches.unbatch()
+    if num_epochs is not None:
+        rows_read = rows_read.apply(tf.data.experimental.assert_cardinality(total))
+    return rows_read.batch(batch_size, drop_remainder=not up_to)
 
 
 class _Order:
