@@ -25,7 +25,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _input_fn, _tfprivate
+from tpushim import _input_fn, _source, _tfprivate
 
 ModeKeys = _tfprivate.ModeKeys  # tf.estimator's (TensorFlow >= 2.16: tpushim's own estimator API's)
 #: TPUConfig's input configuration in which host 0's one pipeline feeds every core, in order
@@ -441,9 +441,10 @@ class Seeds:
 
     Each copy is made with the graph seed and op-seed counter the first copy was made with (the
     user's ``tf_random_seed``; without one, a seed drawn per call, so that unseeded runs differ
-    from run to run as stock's do): the copies shuffle alike. After the first copy the graph goes
-    on as stock's would (the counter where that copy left it; no graph seed when there was none);
-    after every other copy, as it was before it.
+    from run to run as stock's do), and numpy_input_fn's reader starting where the first copy's
+    does: the copies shuffle alike. After the first copy the graph goes on as stock's would (the
+    counter where that copy left it; no graph seed when there was none); after every other copy,
+    as it was before it.
     """
 
     def __init__(self, graph):
@@ -455,6 +456,7 @@ class Seeds:
             counter,
         )
         self._made = False
+        self._starts = []  # numpy_input_fn's reader's start rows, the first copy's
 
     @contextlib.contextmanager
     def pinned(self):
@@ -462,7 +464,8 @@ class Seeds:
         before = _tfprivate.graph_seeds(self._graph)
         _tfprivate.set_graph_seeds(self._graph, self._pin)
         try:
-            yield
+            with _source.same_start_rows(self._starts):
+                yield
         finally:
             if self._made or self.drawn:
                 _tfprivate.set_graph_seeds(self._graph, before)

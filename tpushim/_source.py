@@ -8,12 +8,13 @@ notes where such tensors come from, and returns the Dataset that feeds the same 
 
 import collections
 import collections.abc
+import contextlib
 import logging
 import threading
 
 import tensorflow as tf
 
-from tpushim import _arrays, _observe, _tfprivate
+from tpushim import _arrays, _observe, _shuffle_queue, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
@@ -49,8 +50,12 @@ class _SourceRecorder:
     def __init__(self):
         self.made = []  # (dataset, [flat get_next outputs, per call])
         self.queues = []  # _QueueSource
+        # The op-seed counter of the graph the input_fn starts in: stock's starts it at 0 (a
+        # fresh graph, its global step), so a queue's op seed is counted from here.
+        self.counter = None
 
     def __enter__(self):
+        self.counter = _tfprivate.graph_seeds(tf.compat.v1.get_default_graph())[1]
         _INTERCEPTION.enter()
         self._outer = getattr(_active, "recorder", None)
         _active.recorder = self
@@ -72,8 +77,8 @@ class _SourceRecorder:
 
         iterator.get_next = recorded_get_next
 
-    def queue_made(self, queue, arguments, side_effects):
-        self.queues.append(_QueueSource(queue, arguments, side_effects))
+    def queue_made(self, queue, arguments, side_effects, seeds):
+        self.queues.append(_QueueSource(queue, arguments, side_effects, seeds, len(self.queues)))
 
     def dataset_for(self, result):
         """The recorded source mapped to ``result``'s structure, if every tensor in it came from
@@ -97,6 +102,20 @@ class _SourceRecorder:
 
 
 _active = threading.local()  # .recorder: the _SourceRecorder of this thread's input_fn call
+_shared = threading.local()  # .starts: the start rows the copies of one input share (a pod's)
+
+
+@contextlib.contextmanager
+def same_start_rows(starts):
+    """While a copy of one call's input is made (each host's, on a pod): the feeding threads of
+    its numpy_input_fn / pandas_input_fn queues start where the first copy's did (``starts``, a
+    list the first copy fills), as stock's one reader does, not at rows each call draws anew."""
+    outer = getattr(_shared, "starts", None)
+    _shared.starts = starts
+    try:
+        yield
+    finally:
+        _shared.starts = outer
 
 
 class _Interception:
@@ -168,6 +187,13 @@ def _routed_enqueue(original):
             return original(*args, **kwargs)
         graph = tf.compat.v1.get_default_graph()
         before = {key: list(graph.get_collection(key)) for key in _QUEUE_SIDE_EFFECTS}
+        # The seeds stock's queue gets: the graph seed, and for op seed the random ops the
+        # input_fn made before it (stock's graph counts them from 0).
+        seed, counter = _tfprivate.graph_seeds(graph)
+        start = recorder.counter
+        seeds = _shuffle_queue.stock_seeds(
+            seed, None if counter is None or start is None else counter - start
+        )
         queue = original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -175,7 +201,7 @@ def _routed_enqueue(original):
             key: [x for x in graph.get_collection(key) if not any(x is y for y in before[key])]
             for key in _QUEUE_SIDE_EFFECTS
         }
-        recorder.queue_made(queue, dict(bound.arguments), added)
+        recorder.queue_made(queue, dict(bound.arguments), added, seeds)
         return queue
 
     return enqueue_data
@@ -230,14 +256,17 @@ class _QueueSource:
     The queue holds, per row, its number (or the DataFrame's index) and then one column per array.
     ``shuffle=False`` with one thread: the same rows in the same order and batches as stock
     (``repeat(num_epochs).batch(B)``, batches running on across epochs as the queue's do; a last
-    short batch only when ``num_epochs`` is set). ``shuffle=True``: stock's order depends on
-    queue-filling threads and is not reproducible; the Dataset shuffles with a buffer of the queue's
-    capacity, reshuffled every epoch, every row once per epoch, seeded by the graph's seed
-    (``RunConfig(tf_random_seed=...)``), so two runs see the same order.
+    short batch only when ``num_epochs`` is set). ``shuffle=True`` with one thread: stock's order
+    (:mod:`tpushim._shuffle_queue`: its queue's seeds and its reader's start row, as stock's queue
+    gives them while its reader keeps it full). Several threads (whose order in stock is their
+    race's): a shuffle with a buffer of the queue's capacity, reshuffled every epoch, every row
+    once per epoch, seeded by the graph's seed.
     """
 
-    def __init__(self, queue, arguments, side_effects):
+    def __init__(self, queue, arguments, side_effects, seeds, index):
         self.queue, self.arguments, self.side_effects = queue, arguments, side_effects
+        self.seeds = seeds  # stock's queue's (seed, seed2); None: the kernel draws its own
+        self.index = index  # of the queues the input_fn made
 
     def columns(self):
         import numpy as np
@@ -268,17 +297,21 @@ class _QueueSource:
         # graph never holds the arrays.
         used = sorted({x.value_index for x in flat})
         rows = _arrays.Rows([columns[i] for i in used], [op.outputs[i].dtype for i in used])
-        dataset = tf.data.Dataset.range(len(columns[0])).with_options(_arrays.no_rewrites())
-        if args["shuffle"]:
-            dataset = dataset.shuffle(
-                min(int(args["capacity"]), len(columns[0])),
-                seed=args.get("seed"),  # tpushim/_estimator_api/_inputs.py's has none
-                reshuffle_each_iteration=True,
-            )
-        epochs = args["num_epochs"]
-        # Each of num_threads feeding threads counts its own epochs (stock warns about it).
-        dataset = dataset.repeat(None if epochs is None else epochs * args["num_threads"])
-        dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
+        order = self._stock_order(len(columns[0]), int(batch_size), not _DEQUEUE_OPS[op.type])
+        if order is not None:
+            dataset = order.with_options(_arrays.no_rewrites())
+        else:
+            dataset = tf.data.Dataset.range(len(columns[0])).with_options(_arrays.no_rewrites())
+            if args["shuffle"]:
+                dataset = dataset.shuffle(
+                    min(int(args["capacity"]), len(columns[0])),
+                    seed=args.get("seed"),  # tpushim/_estimator_api/_inputs.py's has none
+                    reshuffle_each_iteration=True,
+                )
+            epochs = args["num_epochs"]
+            # Each of num_threads feeding threads counts its own epochs (stock warns about it).
+            dataset = dataset.repeat(None if epochs is None else epochs * args["num_threads"])
+            dataset = dataset.batch(int(batch_size), drop_remainder=_DEQUEUE_OPS[op.type])
         rearrange = _rearrange(result, [used.index(x.value_index) for x in flat])
         dataset = dataset.map(
             # Plain ops, no Python control flow: autograph would only take a second to convert it.
@@ -298,6 +331,43 @@ class _QueueSource:
             ", shuffled" if args["shuffle"] else "",
         )
         return dataset
+
+    def _stock_order(self, rows, batch_size, up_to):
+        """Batches of row numbers in the order stock's shuffling queue gives them (one feeding
+        thread); None where the Dataset shuffles by itself (unshuffled, several threads)."""
+        args = self.arguments
+        if not args["shuffle"] or args["num_threads"] != 1:
+            return None
+        runners = self.side_effects.get(tf.compat.v1.GraphKeys.QUEUE_RUNNERS, [])
+        starts = [row for runner in runners for row in _tfprivate.feeding_start_rows(runner)]
+        if len(starts) != 1 or starts[0] is None:
+            return None
+        start = starts[0]
+        shared = getattr(_shared, "starts", None)
+        if shared is not None:  # a pod host's copy: the first copy's start row
+            if len(shared) <= self.index:
+                shared.append(start)
+            start = shared[self.index]
+        capacity = int(args["capacity"])
+        keep = args["min_after_dequeue"]
+        keep = int(capacity / 4 if keep is None else keep)
+        seeds = self.seeds
+        if args.get("seed") is not None:  # the op's own seed (feeding_functions' argument)
+            op = self.queue.queue_ref.op
+            seeds = (op.get_attr("seed"), op.get_attr("seed2"))
+        seeds = seeds if seeds is not None else _shuffle_queue.drawn_seeds()
+        enqueue_size = args["enqueue_size"] if "enqueue_size" in args else args["batch_size"]
+        return _shuffle_queue.row_batches(
+            rows,
+            start,
+            batch_size,
+            args["num_epochs"],
+            capacity,
+            keep,
+            seeds,
+            up_to,
+            enqueue_size=int(enqueue_size),
+        )
 
     def _undo_side_effects(self):
         # The queue is never read now: its runner must not start threads filling it (on a TPU host

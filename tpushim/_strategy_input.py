@@ -388,6 +388,7 @@ class HostInput:
         seed = config.tf_random_seed
         # Unseeded, each call still differs from the last, as stock's do; its copies agree.
         self.seed = random.SystemRandom().randrange(1, 2**31 - 1) if seed is None else seed
+        self._starts = []  # numpy_input_fn's reader's start rows: the first copy's, for all
         self._graphs = {}  # host -> its copy's graph (a py_function in the pipeline lives there)
         graph, dataset = self._first = self._build()
         with graph.as_default():  # it reads the file list and cardinality in a session of it
@@ -424,7 +425,7 @@ class HostInput:
 
     def _build(self):
         """A copy of the user's pipeline, in a graph of its own seeded as stock's."""
-        with _stock_graph(self.mode, self.seed) as graph:
+        with _stock_graph(self.mode, self.seed) as graph, _source.same_start_rows(self._starts):
             dataset = _input_fn.call(self.input_fn, self.mode, {}, self.config)
         if not isinstance(dataset, tf.data.Dataset):
             raise _pod_tensors_error(self.input_fn, graph)

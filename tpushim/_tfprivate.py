@@ -957,6 +957,22 @@ def replace_enqueue_data(make_wrapper):
     return restore
 
 
+def feeding_start_rows(runner):
+    """The row each feeding thread of a numpy_input_fn / pandas_input_fn queue runner starts at
+    (drawn when the input_fn built it; the runner never started), or [] for another runner."""
+    if ON_TF_KERAS:
+        from tpushim._estimator_api import _inputs
+
+        if not isinstance(runner, _inputs._FeedingQueueRunner):
+            return []
+        return [feeder.start for feeder in runner._feeds.values()]
+    from tensorflow_estimator.python.estimator.inputs.queues import feeding_queue_runner
+
+    if not isinstance(runner, feeding_queue_runner._FeedingQueueRunner):
+        return []
+    return [getattr(feed_fn, "_trav", None) for feed_fn in runner._feed_fns]
+
+
 def dataset_initializer_hook_classes():
     """The session hooks that initialise an estimator's input iterator when its session starts:
     Estimator's (``parse_input_fn_result``, on CPU) and TPUEstimator's (one for every TPU host's

@@ -6,7 +6,9 @@ in feature 0; what the hosts feed is pooled and compared with the input (and, on
 with what one board feeds, step by step).
 """
 
+import itertools
 import os
+import random
 
 import numpy as np
 import pytest
@@ -120,13 +122,24 @@ def _train(tpu, est, input_fn, steps):
     return build, _steps_fed(build, tpu, steps)
 
 
+def _pin_entropy(monkeypatch):
+    """The environment: the operating-system entropy numpy_input_fn's reader draws its start row
+    from (``random.seed(None)``, at each call of its input_fn) pinned: another value at each
+    call, the same sequence in each test."""
+    original, calls = random.seed, itertools.count()
+    monkeypatch.setattr(
+        random, "seed", lambda a=None, *args: original(1234 + next(calls) if a is None else a)
+    )
+
+
 _ONE_BOARD = {}
 
 
 def _one_board(files, tmp_path_factory, name):
     """What one board (8 cores) feeds, step by step, seeded: the reference for the exact path."""
     if name not in _ONE_BOARD:
-        with faketpu.faked_tpu_system(hosts=1) as tpu:
+        with pytest.MonkeyPatch.context() as monkeypatch, faketpu.faked_tpu_system(hosts=1) as tpu:
+            _pin_entropy(monkeypatch)
             est = tfcases.convert(
                 tmp_path_factory.mktemp("one_board"),
                 patch=tfcases.on_faked_tpu(tpu, ITERATIONS),
@@ -149,15 +162,20 @@ def _one_board(files, tmp_path_factory, name):
         ("list_files", None),
         ("finite shuffle", None),
         ("numpy_input_fn", None),
+        ("numpy_input_fn", 1),
     ],
 )
 def test_exact_path_feeds_every_example_once_per_epoch(
-    files, tmp_path, tmp_path_factory, tpushim_log, hosts, name, seed
+    files, tmp_path, tmp_path_factory, tpushim_log, hosts, name, seed, monkeypatch
 ):
     """Every host's copy is built with the same seeds, so the copies agree and each host keeping
     its pieces of each global batch feeds every example once per epoch; seeded, each step's global
     batch is the one a single board feeds. (Shuffled files are read per host by default: here
-    pod_input=exact; unshuffled, finite and array input take the exact path by default.)"""
+    pod_input=exact; unshuffled, finite and array input take the exact path by default.)
+    numpy_input_fn's rows come in stock's queue's order, whose batches run across epochs: each
+    host's copy reads from where the first copy's reader starts (the operating system's entropy
+    it draws from pinned here, as for one board)."""
+    _pin_entropy(monkeypatch)
     exact = {"pod_input": "exact"} if name in ("shuffle", "list_files") else {}
     epochs = 1 if name.startswith("finite") else 2
     with faketpu.faked_tpu_system(hosts=hosts) as tpu:
@@ -171,10 +189,11 @@ def test_exact_path_feeds_every_example_once_per_epoch(
     if name == "no shuffle":
         assert "the training input is not shuffled: stock's batches, in order" in tpushim_log.text
         assert steps[:2] == [list(range(32)), list(range(32, 64))]
-    for epoch in range(epochs):
+    for epoch in range(epochs if name != "numpy_input_fn" else 0):
         assert sorted(i for step in steps[2 * epoch : 2 * epoch + 2] for i in step) == list(
             range(64)
         )
+    assert all(len(step) == GLOBAL for step in steps)
     if seed is not None:
         assert steps == _one_board(files, tmp_path_factory, name)
 

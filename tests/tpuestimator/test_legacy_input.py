@@ -1,6 +1,8 @@
 """Legacy input as public scripts write it (issue 11): numpy_input_fn / pandas_input_fn, short batches
 of ``batch(B).repeat()``, lookup tables. Each compared with the stock estimator within 1e-5."""
 
+import random
+import time
 import types
 
 import numpy as np
@@ -122,15 +124,58 @@ def _rows_seen(fn, mode=ModeKeys.TRAIN, batches=None):
         return [int(i) for _, labels in tfcases.read_batches(ds) for i in labels.ravel()]
 
 
-def test_numpy_input_fn_shuffled_every_row_once_per_epoch_and_reproducible(tmp_path):
-    x = np.arange(N, dtype="float32")[:, None].repeat(4, axis=1)
-    y = np.arange(N)
-    fn = numpy_input_fn({"x": x}, y, batch_size=B, shuffle=True, num_epochs=2)
-    rows = _rows_seen(fn)
-    assert len(rows) == 2 * N
-    assert sorted(rows[:N]) == sorted(rows[N:]) == list(range(N))  # each epoch: every row once
-    assert rows[:N] != list(range(N)) and rows[:N] != rows[N:]  # shuffled, reshuffled per epoch
-    assert _rows_seen(fn) == rows  # the graph seed fixes the order: run to run the same
+def _stock_rows(fn, batches, pause=0.05):
+    """Labels of the rows stock's own queue gives -- the input_fn called in a graph as stock's
+    Estimator makes it, its reading thread started with the session -- each batch read after a
+    pause (a training step's time: the reader fills the queue meanwhile, as in any real run)."""
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(7)
+        tf.compat.v1.train.create_global_step()
+        _, labels = fn()
+        rows = []
+        with tf.compat.v1.train.MonitoredSession() as session:
+            while batches is None or len(rows) < batches:
+                time.sleep(pause)
+                try:
+                    rows.append(session.run(labels))
+                except tf.errors.OutOfRangeError:
+                    break
+        return [int(i) for batch in rows for i in batch.ravel()]
+
+
+def _pin_entropy(monkeypatch):
+    """The environment: the operating-system entropy stock's reader draws its start row from
+    (``random.seed(None)``) pinned, so that stock and tpushim start at the same row."""
+    original = random.seed
+    monkeypatch.setattr(random, "seed", lambda a=None, *args: original(1234 if a is None else a))
+
+
+@pytest.mark.parametrize(
+    "kind,rows,epochs,batches",
+    [
+        ("numpy", N, 2, None),  # fewer rows than the queue keeps: all in it at the first read
+        ("numpy", 2000, None, 24),  # a full queue at every read, refilled between reads
+        ("pandas", 700, 1, None),  # closes while read: a short last batch
+    ],
+)
+def test_shuffled_input_in_stocks_order(monkeypatch, kind, rows, epochs, batches):
+    """numpy_input_fn / pandas_input_fn(shuffle=True): the Dataset gives the rows stock's queue
+    gives, in its order (its seeds, its reader's start row), batch by batch; run to run the same."""
+    _pin_entropy(monkeypatch)
+    y = np.arange(rows)
+    x = np.arange(rows, dtype="float32")[:, None].repeat(4, axis=1)
+    if kind == "numpy":
+        fn = numpy_input_fn({"x": x}, y, batch_size=B * 4, shuffle=True, num_epochs=epochs)
+    else:
+        frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1]})
+        fn = tfcases.ESTIMATOR.inputs.pandas_input_fn(
+            frame, pd.Series(y), batch_size=B * 4, shuffle=True, num_epochs=epochs
+        )
+    stock = _stock_rows(fn, batches)
+    assert len(stock) == (rows * epochs if epochs else batches * B * 4)
+    assert stock != sorted(stock)  # shuffled
+    assert _rows_seen(fn, batches=batches) == stock
+    assert _rows_seen(fn, batches=batches) == stock  # the seeds fix it: run to run the same
 
 
 def test_numpy_input_fn_shuffled_evaluation_counts_every_example(tmp_path):

@@ -49,6 +49,9 @@ LEGACY = [
     # Lambdas between the raw inputs and DenseFeatures (scaling, a Euclidean distance): they run
     # on the host with the columns; make_csv_dataset, inputs of shape (), a short last batch
     "taxifare_euclidean_feature_columns.py",
+    # numpy_input_fn(shuffle=True) over images sorted by class, a BatchNormalization CNN,
+    # train_and_evaluate for fewer steps than an epoch: stock's shuffled order or other numbers
+    "shapes_cnn_shuffled_numpy.py",
 ]
 #: What else the converted run must log, per script.
 LOGGED = {

@@ -42,6 +42,7 @@ class _Feeder:
         self._length = len(data) if self._frame else len(next(iter(data.values())))
         random.seed(None)  # as stock: OS entropy, every time (a script's global random too)
         self._next = random.randrange(self._length) if random_start else 0
+        self.start = self._next  # where the feed starts (tpushim._source reads it)
         self._epoch_end = (self._next - 1) % self._length
         self._epoch = 0
 
