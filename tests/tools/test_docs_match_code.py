@@ -124,3 +124,56 @@ def test_what_users_read_cites_no_issue_numbers():
             and re.search(r"(^|[^&\w/])#\d{2,}\b|\bissue \d+", node.value)
         ]
     assert cites == []
+
+
+def _module_map():
+    """layout.md's module map (its first code block) and the names its rows start with."""
+    block = read("docs", "contributing", "layout.md").split("```")[1]
+    heads = re.findall(r"^(?:core {3}|tooling | {7})(_\w+/?|__main__)\s", block, flags=re.M)
+    return block, heads
+
+
+def test_layout_names_every_module_and_only_modules_that_exist():
+    """Every module and package of tpushim, and every module of its packages, is named in
+    layout.md's module map; every row of the map names a module or package that exists."""
+    block, heads = _module_map()
+    package = os.path.join(ROOT, "tpushim")
+    missing = []
+    for entry in sorted(os.listdir(package)):
+        path = os.path.join(package, entry)
+        if entry.endswith(".py") and entry not in ("__init__.py", "version.py", "py.typed"):
+            name = entry[:-3]
+        elif os.path.isfile(os.path.join(path, "__init__.py")):
+            name = entry
+            for inner in sorted(os.listdir(path)):
+                named = re.search(rf"(?<![\w.]){re.escape(inner[:-3])}\b", block)
+                if inner.endswith(".py") and inner != "__init__.py" and not named:
+                    missing.append(f"{entry}/{inner}")
+        else:
+            continue
+        if not re.search(rf"(?<![\w/]){re.escape(name)}\b", block):
+            missing.append(entry)
+    assert not missing, f"layout.md's module map does not name: {missing}"
+    stale = [
+        head
+        for head in heads
+        if not os.path.exists(
+            os.path.join(package, head.rstrip("/") + ("" if head.endswith("/") else ".py"))
+        )
+    ]
+    assert not stale, f"layout.md's module map names modules that do not exist: {stale}"
+
+
+def test_layout_engine_table_is_the_registry():
+    """The engines table's 'Engine' row names each registered engine's module and class, in the
+    registry's order."""
+    from tpushim import _engines
+
+    page = read("docs", "contributing", "layout.md")
+    row = next(line for line in page.splitlines() if line.startswith("| Engine (`_engines/`)"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")][1:]
+    expected = [
+        f"`{type(engine).__module__.rsplit('.', 1)[1]}.{type(engine).__name__}`"
+        for engine in _engines.ENGINES
+    ]
+    assert cells == expected, (cells, expected)
