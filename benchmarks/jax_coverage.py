@@ -90,8 +90,8 @@ def measure(model, batch=None):
     rng = np.random.RandomState(0)
     layers = sorted({type(layer).__name__ for layer in model.submodules if hasattr(layer, "call")})
     row = {"layers": ", ".join(x for x in layers if x not in ("InputLayer",))}
-    if not model.outputs:  # a subclassed model: built on the first call
-        row["forward"] = row["step"] = "subclassed (not traced here)"
+    if not model.outputs:  # subclassed, or a Sequential declaring no input shape
+        row["forward"] = row["step"] = "no symbolic outputs (subclassed or unbuilt): not traced"
         return row
     if batch is not None:
         features, labels = batch

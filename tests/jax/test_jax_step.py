@@ -25,6 +25,7 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("tf2jax")
 
 import tensorflow as tf
+import tfcases
 
 from tpushim import ConversionError
 from tpushim._jax import _step
@@ -103,6 +104,24 @@ def two_outputs_batches():
     ]
 
 
+def variants_model(optimizer):
+    """tfcases' BatchNormalization of every kind (renorm, fused 4-D, channels first, frozen,
+    TimeDistributed, inference-mode, in a nested model...), each on a branch of its own."""
+    model = tfcases.batchnorm_variants()
+    model.compile(optimizer(), "sparse_categorical_crossentropy")
+    return model
+
+
+def variants_batches():
+    rng = np.random.RandomState(3)
+    x = rng.randn(ROWS, *tfcases.BATCHNORM_VARIANTS_SHAPE).astype("float32")
+    y = rng.randint(0, 3, (ROWS, 1)).astype("int64")
+    return [
+        ([x[i : i + GLOBAL_BATCH]], [y[i : i + GLOBAL_BATCH]], None)
+        for i in range(0, ROWS, GLOBAL_BATCH)
+    ]
+
+
 def keras_reference(model, batches):
     """tf-keras's own training, one train_on_batch per batch (the short one as it is): each
     step's loss, and every weight by name."""
@@ -143,12 +162,14 @@ OPTIMIZERS = {
         ("bn", "adam"),
         ("two_outputs", "adam-v2"),
         ("two_outputs", "sgd-momentum"),
+        ("variants", "sgd-momentum"),
     ],
 )
 def test_eight_devices_equal_one_equal_keras(model, name):
     make, batches = {
         "bn": (bn_model, bn_batches()),
         "two_outputs": (two_outputs_model, two_outputs_batches()),
+        "variants": (variants_model, variants_batches()),
     }[model]
     optimizer = OPTIMIZERS[name]
     devices = eight_devices()
@@ -229,6 +250,17 @@ def test_refuses_sum_losses_and_added_losses():
     added = _dense(tf.keras.regularizers.L2(0.1), "mse")
     with pytest.raises(ConversionError, match="layer 'act' adds from its inputs"):
         _step.Trainer(added, GLOBAL_BATCH, devices=jax.local_devices()[:1])
+
+
+def test_refuses_random_draws_naming_the_layer():
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((4,))
+    y = tf.keras.layers.Dense(1)(tf.keras.layers.Dropout(0.5, name="drop")(x))
+    model = tf.keras.Model(x, y)
+    model.compile("sgd", "mse")
+    trainer = _step.Trainer(model, GLOBAL_BATCH, devices=jax.local_devices()[:1])
+    with pytest.raises(ConversionError, match=r"random draws.*drop/"):
+        trainer.train(bn_batches(weighted=False)[:1])
 
 
 def test_refuses_an_indivisible_global_batch():

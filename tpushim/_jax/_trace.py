@@ -140,6 +140,28 @@ def training_function(keras_model, custom_objects=None):
     return train
 
 
+_RANDOM_OPS = ("Random", "TruncatedNormal", "Multinomial", "RngReadAndSkip", "RngSkip")
+
+
+def _refuse_random(graph):
+    """Refuses a step that draws random numbers (Dropout, GaussianNoise, ...): the engine does
+    not seed them from the run's seed yet, and a draw that differs from stock's is refused, not
+    made silently."""
+    graph_def = graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes += list(function.node_def)
+    drawn = sorted(
+        {
+            f"{node.op} in {node.name.rsplit('/', 1)[0] or node.name}"
+            for node in nodes
+            if any(word in node.op for word in _RANDOM_OPS)
+        }
+    )
+    if drawn:
+        _refuse("random draws in training (Dropout, noise layers)", "; ".join(drawn[:4]))
+
+
 def convert(keras_model, train, features, labels, sample_weights, pad):
     """``train`` (:func:`training_function`) converted with ``tf2jax`` at the shapes of the
     example arrays given: a :class:`Traced`."""
@@ -150,8 +172,12 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
         return tf.TensorSpec(a.shape, tf.as_dtype(a.dtype))
 
     args = tf.nest.map_structure(spec, (list(features), list(labels), list(sample_weights), pad))
+    _refuse_random(train.get_concrete_function(*args).graph)
     try:
-        fn, params = tf2jax.convert(train, *args)
+        # JAX differentiates every op itself: a TensorFlow gradient registered for an op (the
+        # core's fused BatchNormalization over real rows) reads the op, which tf2jax has not.
+        with tf2jax.override_config("convert_custom_gradient", False):
+            fn, params = tf2jax.convert(train, *args)
     except Exception as e:  # an op tf2jax has no JAX for: named
         raise ConversionError(
             f"tpushim cannot convert this model's training step to JAX: {type(e).__name__}: "
@@ -164,7 +190,10 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
             f"tpushim cannot map the converted step's variables {missing} to the Keras model's "
             "weights (two weights of one name?). Give the model's layers unique names."
         )
+    # The model's trainable weights, not the variables' own flag: a frozen layer's
+    # (layer.trainable = False) variables keep trainable=True.
+    trained = {v.name.split(":")[0] for v in keras_model.trainable_weights}
     order = [v.name.split(":")[0] for v in keras_model.weights]
-    trainable = tuple(n for n in order if n in params and params[n].trainable)
-    state = tuple(n for n in order if n in params and not params[n].trainable)
+    trainable = tuple(n for n in order if n in params and n in trained)
+    state = tuple(n for n in order if n in params and n not in trained)
     return Traced(fn, params, trainable, state)
