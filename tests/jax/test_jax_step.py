@@ -1,0 +1,268 @@
+"""The JAX engine's training step (tpushim/_jax) against tf-keras's own training of the same
+model, data and starting weights: N steps on 8 XLA CPU devices = on 1 device = tf-keras's
+``train_on_batch`` on CPU (weights and moving statistics within 1e-5, every step's loss too),
+with a short last batch padded to the global batch, BatchNormalization, sample weights, SGD with
+momentum and nesterov, Adam in its legacy and v2 spellings; negative controls that must differ;
+what the step refuses, by name.
+
+Needs jax and tf2jax (the ``jax`` extra); 8 devices come from
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``, set here before jax is first imported.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.jax
+
+if "jax" not in sys.modules:  # 8 XLA CPU devices, as 8 TPU cores
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+jax = pytest.importorskip("jax")
+pytest.importorskip("tf2jax")
+
+import tensorflow as tf
+import tfcases
+
+from tpushim import ConversionError
+from tpushim._jax import _step
+
+TOL = 1e-5
+GLOBAL_BATCH = 8
+ROWS = 27  # 3 full batches and a short one of 3 rows: on 8 devices, 5 hold padding only
+
+
+def eight_devices():
+    if jax.local_device_count() < 8:
+        pytest.skip("jax was imported before this module could ask for 8 XLA CPU devices")
+    return jax.local_devices()[:8]
+
+
+def bn_model(optimizer):
+    """Dense -> BatchNormalization -> Dense, mse; the same weights at every call."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(x)
+    h = tf.keras.layers.BatchNormalization(momentum=0.8, name="bn")(h)
+    y = tf.keras.layers.Dense(1, name="y")(h)
+    model = tf.keras.Model(x, y)
+    model.compile(optimizer(), "mse")
+    return model
+
+
+def two_outputs_model(optimizer):
+    """Inputs 'a' and 'b', outputs 'cls' (sparse categorical crossentropy) and 'reg' (mse, loss
+    weight 0.5), a kernel regularizer: several mean losses and a weight regularizer."""
+    tf.keras.utils.set_random_seed(0)
+    a = tf.keras.Input((4,), name="a")
+    b = tf.keras.Input((2,), name="b")
+    h = tf.keras.layers.Concatenate()([a, b])
+    h = tf.keras.layers.Dense(
+        6, activation="tanh", name="h", kernel_regularizer=tf.keras.regularizers.L2(0.01)
+    )(h)
+    h = tf.keras.layers.BatchNormalization(name="bn")(h)
+    cls = tf.keras.layers.Dense(3, activation="softmax", name="cls")(h)
+    reg = tf.keras.layers.Dense(1, name="reg")(h)
+    model = tf.keras.Model([a, b], [cls, reg])
+    model.compile(
+        optimizer(),
+        loss=["sparse_categorical_crossentropy", "mse"],
+        loss_weights=[1.0, 0.5],
+    )
+    return model
+
+
+def bn_batches(weighted=True):
+    rng = np.random.RandomState(1)
+    x = rng.randn(ROWS, 4).astype("float32")
+    y = (x @ rng.randn(4, 1) + 0.1 * rng.randn(ROWS, 1)).astype("float32")
+    w = rng.uniform(0.2, 2.0, ROWS).astype("float32")
+    return [
+        (
+            [x[i : i + GLOBAL_BATCH]],
+            [y[i : i + GLOBAL_BATCH]],
+            [w[i : i + GLOBAL_BATCH]] if weighted else None,
+        )
+        for i in range(0, ROWS, GLOBAL_BATCH)
+    ]
+
+
+def two_outputs_batches():
+    rng = np.random.RandomState(2)
+    a = rng.randn(ROWS, 4).astype("float32")
+    b = rng.randn(ROWS, 2).astype("float32")
+    cls = rng.randint(0, 3, (ROWS, 1)).astype("int64")
+    reg = rng.randn(ROWS, 1).astype("float32")
+    w = rng.uniform(0.2, 2.0, ROWS).astype("float32")
+    s = lambda i: slice(i, i + GLOBAL_BATCH)
+    return [
+        ([a[s(i)], b[s(i)]], [cls[s(i)], reg[s(i)]], [w[s(i)], w[s(i)]])
+        for i in range(0, ROWS, GLOBAL_BATCH)
+    ]
+
+
+def variants_model(optimizer):
+    """tfcases' BatchNormalization of every kind (renorm, fused 4-D, channels first, frozen,
+    TimeDistributed, inference-mode, in a nested model...), each on a branch of its own."""
+    model = tfcases.batchnorm_variants()
+    model.compile(optimizer(), "sparse_categorical_crossentropy")
+    return model
+
+
+def variants_batches():
+    rng = np.random.RandomState(3)
+    x = rng.randn(ROWS, *tfcases.BATCHNORM_VARIANTS_SHAPE).astype("float32")
+    y = rng.randint(0, 3, (ROWS, 1)).astype("int64")
+    return [
+        ([x[i : i + GLOBAL_BATCH]], [y[i : i + GLOBAL_BATCH]], None)
+        for i in range(0, ROWS, GLOBAL_BATCH)
+    ]
+
+
+def keras_reference(model, batches):
+    """tf-keras's own training, one train_on_batch per batch (the short one as it is): each
+    step's loss, and every weight by name."""
+    losses = []
+    for features, labels, weights in batches:
+        result = model.train_on_batch(features, labels, sample_weight=weights)
+        losses.append(result[0] if isinstance(result, list) else result)
+    return np.array(losses), {v.name.split(":")[0]: v.numpy() for v in model.weights}
+
+
+def jax_run(make_model, optimizer, batches, devices, control=None, steps_per_call=None):
+    trainer = _step.Trainer(make_model(optimizer), GLOBAL_BATCH, devices=devices, control=control)
+    k = steps_per_call or len(batches)
+    losses = np.concatenate([trainer.train(batches[i : i + k]) for i in range(0, len(batches), k)])
+    return losses, trainer.weights(), trainer
+
+
+def max_diff(a, b):
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9),
+    "sgd-nesterov": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9, nesterov=True),
+    "sgd-v2-nesterov": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
+    "adam-v2": lambda: tf.keras.optimizers.Adam(0.01),
+}
+
+
+@pytest.mark.parametrize(
+    "model, name",
+    [
+        ("bn", "sgd-momentum"),
+        ("bn", "sgd-nesterov"),
+        ("bn", "sgd-v2-nesterov"),
+        ("bn", "adam"),
+        ("two_outputs", "adam-v2"),
+        ("two_outputs", "sgd-momentum"),
+        ("variants", "sgd-momentum"),
+    ],
+)
+def test_eight_devices_equal_one_equal_keras(model, name):
+    make, batches = {
+        "bn": (bn_model, bn_batches()),
+        "two_outputs": (two_outputs_model, two_outputs_batches()),
+        "variants": (variants_model, variants_batches()),
+    }[model]
+    optimizer = OPTIMIZERS[name]
+    devices = eight_devices()
+    ref_losses, ref_weights = keras_reference(make(optimizer), batches)
+    # two compiled calls of 2 steps each (iterations_per_loop 2): the second ends on the short batch
+    losses8, weights8, trainer = jax_run(make, optimizer, batches, devices, steps_per_call=2)
+    losses1, weights1, _ = jax_run(make, optimizer, batches, devices[:1])
+    assert trainer.slots()["iterations"] == len(batches)
+    assert all(len(v.sharding.device_set) == 8 for v in trainer.params.values())
+    assert max_diff(weights8, ref_weights) < TOL
+    assert max_diff(weights1, ref_weights) < TOL
+    assert max_diff(weights8, weights1) < TOL
+    assert np.max(np.abs(losses8 - ref_losses)) < TOL * max(1.0, np.max(np.abs(ref_losses)))
+    assert np.max(np.abs(losses1 - ref_losses)) < TOL * max(1.0, np.max(np.abs(ref_losses)))
+    moved = max(
+        float(np.max(np.abs(ref_weights[k] - v))) for k, v in _start(make, optimizer).items()
+    )
+    assert moved > 1e-2  # the weights (and the moving statistics) did move
+
+
+def _start(make, optimizer):
+    return {v.name.split(":")[0]: v.numpy() for v in make(optimizer).weights}
+
+
+@pytest.mark.parametrize("control", _step.CONTROLS)
+def test_negative_controls_differ(control):
+    """Each device's own mean with the gradients summed over the devices, or padding rows
+    counted in the loss and BatchNormalization's statistics: not tf-keras's numbers."""
+    batches, optimizer = bn_batches(), OPTIMIZERS["sgd-momentum"]
+    _, ref_weights = keras_reference(bn_model(optimizer), batches)
+    _, weights, _ = jax_run(bn_model, optimizer, batches, eight_devices(), control=control)
+    assert max_diff(weights, ref_weights) > 1e-3
+
+
+def test_compiled_once_per_shape():
+    trainer = _step.Trainer(bn_model(OPTIMIZERS["adam"]), GLOBAL_BATCH, devices=eight_devices())
+    batches = bn_batches()
+    trainer.train(batches[:2])
+    trainer.train(batches[2:])  # the short batch padded: the same shapes
+    assert len(trainer._traced) == 1
+    ((_, loop),) = trainer._traced.values()
+    assert loop._cache_size() == 1
+
+
+@pytest.mark.parametrize(
+    "optimizer, words",
+    [
+        (lambda: tf.keras.optimizers.legacy.RMSprop(0.01), "RMSprop"),
+        (lambda: tf.keras.optimizers.legacy.Adam(0.01, amsgrad=True), "amsgrad"),
+        (lambda: tf.keras.optimizers.legacy.SGD(0.1, clipnorm=1.0), "clipnorm"),
+        (
+            lambda: tf.keras.optimizers.legacy.SGD(
+                tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+            ),
+            "schedule",
+        ),
+    ],
+)
+def test_refuses_other_optimizers_naming_the_fix(optimizer, words):
+    with pytest.raises(ConversionError, match=words) as raised:
+        _step.Trainer(bn_model(optimizer), GLOBAL_BATCH, devices=jax.local_devices()[:1])
+    assert "engine=strategy" in str(raised.value)
+
+
+def _dense(activity_regularizer, loss):
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((4,))
+    y = tf.keras.layers.Dense(1, activity_regularizer=activity_regularizer, name="act")(x)
+    model = tf.keras.Model(x, y)
+    model.compile("sgd", loss)
+    return model
+
+
+def test_refuses_sum_losses_and_added_losses():
+    sum_loss = _dense(None, tf.keras.losses.MeanSquaredError(reduction="sum"))
+    with pytest.raises(ConversionError, match=r"loss of output 'act'.*reduction sum, not a mean"):
+        _step.Trainer(sum_loss, GLOBAL_BATCH, devices=jax.local_devices()[:1])
+    added = _dense(tf.keras.regularizers.L2(0.1), "mse")
+    with pytest.raises(ConversionError, match="layer 'act' adds from its inputs"):
+        _step.Trainer(added, GLOBAL_BATCH, devices=jax.local_devices()[:1])
+
+
+def test_refuses_random_draws_naming_the_layer():
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((4,))
+    y = tf.keras.layers.Dense(1)(tf.keras.layers.Dropout(0.5, name="drop")(x))
+    model = tf.keras.Model(x, y)
+    model.compile("sgd", "mse")
+    trainer = _step.Trainer(model, GLOBAL_BATCH, devices=jax.local_devices()[:1])
+    with pytest.raises(ConversionError, match=r"random draws.*drop/"):
+        trainer.train(bn_batches(weighted=False)[:1])
+
+
+def test_refuses_an_indivisible_global_batch():
+    with pytest.raises(ConversionError, match="does not divide among 8"):
+        _step.Trainer(bn_model(OPTIMIZERS["adam"]), 12, devices=eight_devices())

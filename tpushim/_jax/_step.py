@@ -1,0 +1,178 @@
+"""The JAX training step: ``jax.value_and_grad`` of the converted loss (:mod:`._trace`), the
+optimizer's update (:mod:`._optimizers`) and the moving statistics, jitted once per batch shape,
+data parallel over every local device.
+
+Data parallel as TPUEstimator splits the global batch: ``jax.sharding`` places equal shares of
+each global batch on the devices of a one-axis mesh (``data``) and the weights and optimizer
+state on every device; the step is written on the global batch, so the loss's mean over the real
+rows, BatchNormalization's statistics and the gradient's sum over the devices' rows are the
+global batch's, and XLA inserts the all-reduces. A short last batch is padded to the global batch
+with rows of zeros weighted 0 (``pad``), which the loss and the statistics leave out.
+
+``iterations_per_loop`` steps run in one compiled call (``jax.lax.scan`` over that many global
+batches stacked), as TPUEstimator's loop on the device.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tpushim import _batch_math
+from tpushim._errors import ConversionError
+from tpushim._jax import _optimizers, _trace
+
+#: Negative controls (the proof's), never set outside it: ``"sum_device_means"`` -- each device
+#: differentiates the mean over its own rows and the gradients are summed over the devices;
+#: ``"count_padding"`` -- padding rows weigh as real rows in the loss and the statistics.
+CONTROLS = ("sum_device_means", "count_padding")
+
+
+def pad_batch(batch, global_batch):
+    """``(features, labels, sample_weights, pad)`` of a batch with ``rows`` <= ``global_batch``
+    real rows, padded to ``global_batch`` with rows of zeros whose ``pad`` (and sample weight) is
+    0, as :func:`tpushim._padding.pad_batch` pads a short batch."""
+    features, labels, weights = batch
+    rows = len(np.asarray(features[0]))
+    if rows > global_batch:
+        raise ValueError(f"a batch of {rows} rows is larger than the global batch {global_batch}")
+    if weights is None:
+        weights = [None] * len(labels)
+    weights = [
+        np.ones([rows], np.float32) if w is None else np.asarray(w, np.float32) for w in weights
+    ]
+
+    def padded(a):
+        a = np.asarray(a)
+        extra = np.zeros((global_batch - rows, *a.shape[1:]), a.dtype)
+        return np.concatenate([a, extra]) if global_batch > rows else a
+
+    pad = padded(np.ones([rows], np.float32))
+    return (
+        [padded(f) for f in features],
+        [padded(y) for y in labels],
+        [padded(w) for w in weights],
+        pad,
+    )
+
+
+class Trainer:
+    """Trains a compiled Keras model in JAX from batches of numpy arrays.
+
+    Args:
+      keras_model: a compiled tf-keras graph network; its weights are the starting point (read
+        once, never written).
+      global_batch: the rows of every step's global batch (a short batch is padded to it).
+      devices: the devices to split each global batch over (default: every local device).
+      custom_objects: as given to ``model_to_estimator``.
+    """
+
+    def __init__(self, keras_model, global_batch, devices=None, custom_objects=None, control=None):
+        if control not in (None, *CONTROLS):
+            raise ValueError(f"control must be one of {CONTROLS}")
+        self.devices = list(devices or jax.local_devices())
+        shards = len(self.devices)
+        if global_batch % shards:
+            problem, fix = _batch_math.indivisible_batch(global_batch, shards)
+            raise ConversionError(
+                f"tpushim's JAX engine splits the global batch equally: {problem}. Fix: {fix}"
+            )
+        self.model, self.global_batch, self.control = keras_model, global_batch, control
+        self.optimizer = _optimizers.of(keras_model.optimizer)
+        self.train_fn = _trace.training_function(keras_model, custom_objects)
+        self.mesh = Mesh(np.array(self.devices), ("data",))
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.split = NamedSharding(self.mesh, PartitionSpec("data"))
+        self._traced = {}  # batch shapes -> (Traced, its compiled loop)
+        self.params = self.opt_state = None
+
+    # -- the state -------------------------------------------------------------------------------
+    def _start(self, traced):
+        if self.params is not None:
+            return
+        trainable = {k: jnp.asarray(traced.params[k]) for k in traced.trainable}
+        state = {k: jnp.asarray(traced.params[k]) for k in traced.state}
+        opt = self.optimizer.init(trainable)
+        self.params, self.stats, self.opt_state = jax.device_put(
+            (trainable, state, opt), self.replicated
+        )
+
+    def weights(self):
+        """variable name -> numpy value, for every weight the step trains or updates."""
+        return {k: np.asarray(v) for k, v in {**self.params, **self.stats}.items()}
+
+    def slots(self):
+        """The optimizer's state: ``iterations`` and slot name -> {variable name: value}."""
+        return jax.tree_util.tree_map(np.asarray, self.opt_state)
+
+    # -- the step --------------------------------------------------------------------------------
+    def _convert(self, batch):
+        key = tuple((np.asarray(a).shape, np.asarray(a).dtype.str) for a in _flat(batch))
+        if key not in self._traced:
+            traced = _trace.convert(self.model, self.train_fn, *batch)
+            per_device = None
+            if self.control == "sum_device_means":
+                shard = jax.tree_util.tree_map(lambda a: a[: len(a) // len(self.devices)], batch)
+                per_device = _trace.convert(self.model, self.train_fn, *shard)
+            self._traced[key] = (traced, self._compile(traced, per_device))
+        return self._traced[key]
+
+    def _compile(self, traced, per_device):
+        optimizer, shards, control = self.optimizer, len(self.devices), self.control
+
+        def loss_fn(trainable, stats, batch):
+            features, labels, weights, pad = batch
+            if control == "count_padding":
+                pad = jnp.ones_like(pad)
+            if per_device is None:
+                (loss, _), updated = traced.fn(
+                    {**stats, **trainable}, features, labels, weights, pad
+                )
+                return loss, {k: updated[k] for k in stats}
+
+            def one(part):  # a device's rows alone: its own mean, its own statistics
+                (loss, _), updated = per_device.fn({**stats, **trainable}, *part)
+                return loss, {k: updated[k] for k in stats}
+
+            parts = jax.tree_util.tree_map(
+                lambda a: a.reshape(shards, a.shape[0] // shards, *a.shape[1:]),
+                (features, labels, weights, pad),
+            )
+            losses, updated = jax.vmap(one)(parts)
+            return jnp.sum(losses), jax.tree_util.tree_map(lambda u: u[0], updated)
+
+        def step(carry, batch):
+            trainable, stats, opt_state = carry
+            (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                trainable, stats, batch
+            )
+            trainable, opt_state = optimizer.update(trainable, grads, opt_state)
+            return (trainable, stats, opt_state), loss
+
+        def loop(trainable, stats, opt_state, batches):
+            return jax.lax.scan(step, (trainable, stats, opt_state), batches)
+
+        stacked = NamedSharding(self.mesh, PartitionSpec(None, "data"))
+        return jax.jit(
+            loop,
+            in_shardings=(self.replicated, self.replicated, self.replicated, stacked),
+            out_shardings=((self.replicated,) * 3, self.replicated),
+            donate_argnums=(0, 1, 2),
+        )
+
+    def train(self, batches):
+        """Runs one step per batch in one compiled call; returns each step's loss (stock's loss
+        on the batch's real rows). ``batches``: ``(features, labels, sample_weights or None)``
+        tuples of numpy arrays, at most ``global_batch`` rows each."""
+        padded = [pad_batch(b, self.global_batch) for b in batches]
+        traced, loop = self._convert(padded[0])
+        self._start(traced)
+        stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *padded)
+        (self.params, self.stats, self.opt_state), losses = loop(
+            self.params, self.stats, self.opt_state, stacked
+        )
+        return np.asarray(losses)
+
+
+def _flat(batch):
+    return jax.tree_util.tree_leaves(batch)
