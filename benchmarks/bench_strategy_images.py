@@ -98,7 +98,8 @@ def run(table, opts, report):
 def _before():
     """The engine as it was: no names kept from the conversion's graph; at the first need, a
     second graph with Keras's whole train function (forward, gradients, updates)."""
-    from tpushim import _strategy_checkpoint, _tfprivate
+    from tpushim import _tfprivate
+    from tpushim._strategy import checkpoint as _strategy_checkpoint
 
     _strategy_checkpoint.remember = lambda plan, model, step: None
     _tfprivate.make_train_variables = lambda model: model._make_train_function()
@@ -145,7 +146,8 @@ def _drive(workdir, kind, name):
         )
     else:
         import tpushim
-        from tpushim import _strategy, _strategy_checkpoint, _tfprivate
+        from tpushim import _strategy, _tfprivate
+        from tpushim._strategy import checkpoint as _strategy_checkpoint
 
         if kind == "engine-before":
             _before()

@@ -89,7 +89,7 @@ class _Config:
 
 def host_input(input_fn, hosts, pod_input, global_batch=GLOBAL):
     """tpushim's dataset function for ``hosts`` hosts of ``REPLICAS / hosts`` replicas each."""
-    from tpushim import _strategy_input
+    from tpushim._strategy import input as _strategy_input
 
     feeds = _strategy_input._blocks(REPLICAS, hosts)
     return _strategy_input.HostInput(input_fn, "train", _Config(), global_batch, feeds, pod_input)

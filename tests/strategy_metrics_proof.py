@@ -34,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _strategy, _strategy_metrics
+from tpushim import _strategy
+from tpushim._strategy import metrics as _strategy_metrics
 
 ROWS, BATCH, STEPS = 45, 10, 5
 rng = np.random.RandomState(0)

@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _strategy, _strategy_input
+from tpushim import _strategy
 from tpushim._errors import ConversionError
+from tpushim._strategy import input as _strategy_input
 
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
 STOCK = {"mode": "off"}

@@ -18,8 +18,9 @@ import procs
 import pytest
 import tensorflow as tf
 
-from tpushim import _padding, _strategy_input
+from tpushim import _padding
 from tpushim._errors import ConversionError
+from tpushim._strategy import input as _strategy_input
 
 TOLERANCE = 1e-5
 STYLES = (

@@ -200,7 +200,7 @@ def test_only_the_tensors_the_metrics_read_come_to_the_host():
     neither gathered from the replicas nor fed; what is read updates stock's metric code."""
     import tensorflow as tf
 
-    from tpushim import _strategy_metrics
+    from tpushim._strategy import metrics as _strategy_metrics
 
     def metric_fn(labels, predictions, features):
         return {

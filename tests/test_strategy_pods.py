@@ -18,8 +18,9 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _padding, _strategy, _strategy_input, _tfprivate
+from tpushim import _padding, _strategy, _tfprivate
 from tpushim._errors import ConversionError
+from tpushim._strategy import input as _strategy_input
 
 TOLERANCE = 1e-5
 

@@ -36,12 +36,12 @@ from tpushim import (
     _shapes,
     _step_losses,
     _strategy,
-    _strategy_checkpoint,
     _tfprivate,
     _validation,
 )
 from tpushim._batch_math import batch_choices, indivisible_batch  # noqa: F401  (their old home)
 from tpushim._errors import ConversionError
+from tpushim._strategy import checkpoint as _strategy_checkpoint
 
 logger = logging.getLogger("tpushim")
 

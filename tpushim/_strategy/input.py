@@ -38,10 +38,10 @@ from tpushim import (
     _pods,
     _shapes,
     _source,
-    _strategy_host,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
+from tpushim._strategy import host as _strategy_host
 
 logger = logging.getLogger("tpushim")
 

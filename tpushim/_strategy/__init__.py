@@ -46,15 +46,15 @@ from tpushim import (
     _padding,
     _plan,
     _shapes,
-    _step_events,
-    _strategy_checkpoint,
-    _strategy_host,
-    _strategy_input,
-    _strategy_metrics,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
-from tpushim._strategy_input import batch_size_of, distributed_input  # noqa: F401  (its names)
+from tpushim._strategy import checkpoint as _strategy_checkpoint
+from tpushim._strategy import events as _step_events
+from tpushim._strategy import host as _strategy_host
+from tpushim._strategy import input as _strategy_input
+from tpushim._strategy import metrics as _strategy_metrics
+from tpushim._strategy.input import batch_size_of, distributed_input  # noqa: F401  (its names)
 
 logger = logging.getLogger("tpushim")
 
