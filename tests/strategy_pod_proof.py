@@ -455,7 +455,7 @@ def files_training(root, paths):
     return out
 
 
-# --- strings and lookups on a faked 2-host pod (tpushim/_strategy_host.py) -------------------
+# --- strings and lookups on a faked 2-host pod (tpushim/_strategy/host.py) -------------------
 
 CITIES = ["oslo", "lima", "pune"]
 KEYS = np.array([[f"row-{i}"] for i in range(ROWS)])

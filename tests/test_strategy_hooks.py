@@ -1,4 +1,4 @@
-"""The user's SessionRunHooks on the strategy engine (tpushim/_step_events.py, SessionHooks):
+"""The user's SessionRunHooks on the strategy engine (tpushim/_strategy/events.py, SessionHooks):
 stock's stop, early-stopping and counter hooks and hand-written ones called at stock's steps,
 training stopped at stock's step with stock's weights, against the stock estimator on 8 logical
 CPU devices with steps_per_execution 3 (tests/strategy_hooks_proof.py; on >= 2.16 against stock

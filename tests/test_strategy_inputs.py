@@ -1,4 +1,4 @@
-"""Every legacy input_fn style on the strategy engine (tpushim/_strategy_input.py), unchanged, on 8
+"""Every legacy input_fn style on the strategy engine (tpushim/_strategy/input.py), unchanged, on 8
 replicas: train, evaluate and predict equal the stock estimator's within 1e-5 -- (features,
 labels) constants, one-shot and initializable iterators, ``slice_input_producer`` +
 ``train.batch``, ``shuffle_batch``, ``string_input_producer`` over CSV files,

@@ -35,13 +35,15 @@ from tpushim import (
     _run_config,
     _shapes,
     _step_losses,
-    _strategy,
     _tfprivate,
     _validation,
 )
 from tpushim._batch_math import batch_choices, indivisible_batch  # noqa: F401  (their old home)
 from tpushim._errors import ConversionError
+from tpushim._strategy import build as _strategy_build
 from tpushim._strategy import checkpoint as _strategy_checkpoint
+from tpushim._strategy import plan as _strategy_plan
+from tpushim._strategy import runtime as _strategy_runtime
 
 logger = logging.getLogger("tpushim")
 
@@ -614,13 +616,15 @@ def _build(arguments, settings, tpu):
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)  # validate() made it: cached
     engine, engine_why = _engines.choose(settings)
     if engine == _engines.STRATEGY:  # its own refusals, before anything is written
-        plan = _strategy.make_plan(
+        plan = _strategy_plan.make_plan(
             keras_model,
             optimizer,
             custom_objects,
             settings,
             lambda: (
-                _strategy.tpu_strategy(cluster) if tpu is not None else _strategy.cpu_strategy()
+                _strategy_runtime.tpu_strategy(cluster)
+                if tpu is not None
+                else _strategy_runtime.cpu_strategy()
             ),
         )
     config, model_dir_checked = arguments["config"], False
@@ -732,7 +736,7 @@ def _build_strategy(keras_model, arguments, settings, tpu, config, plan, why):
         arguments["export_outputs"],
     )
     built = (model_fn, config, warm_start_path, save_object_ckpt)
-    return _strategy.made(keras_model, plan, arguments, settings, (tpu, why), built)
+    return _strategy_build.made(keras_model, plan, arguments, settings, (tpu, why), built)
 
 
 def make_estimator(model_fn, run_config, plan):

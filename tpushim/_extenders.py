@@ -37,9 +37,9 @@ def add_metrics_call(args, kwargs):
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     parts = _tfprivate.add_metrics_parts(model_fn)
     if parts is not None and _on_the_strategy_engine(parts[0]):
-        from tpushim import _strategy
+        from tpushim._strategy import estimator as _strategy_estimator
 
-        return _strategy.add_metrics(*parts, model_fn)
+        return _strategy_estimator.add_metrics(*parts, model_fn)
     if parts is None or not isinstance(parts[0], _estimator.TPUShimEstimator):
         return None
     return add_metrics(*parts)
@@ -47,9 +47,10 @@ def add_metrics_call(args, kwargs):
 
 def _on_the_strategy_engine(estimator):
     """Whether ``estimator`` is the strategy engine's (:mod:`tpushim._strategy`)."""
-    from tpushim import _strategy  # only where a converted estimator is involved
+    # only where a converted estimator is involved
+    from tpushim._strategy import estimator as _strategy_estimator
 
-    return isinstance(estimator, _strategy.StrategyEstimator)
+    return isinstance(estimator, _strategy_estimator.StrategyEstimator)
 
 
 def rewrap_call(cls, args, kwargs):
@@ -67,9 +68,9 @@ def rewrap_call(cls, args, kwargs):
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     found = _tfprivate.estimator_of_model_fn(model_fn)
     if found is not None and _on_the_strategy_engine(found[0]):
-        from tpushim import _strategy
+        from tpushim._strategy import estimator as _strategy_estimator
 
-        _strategy.said_stock_around(
+        _strategy_estimator.said_stock_around(
             found[0],
             f"{_tfprivate.estimator_classes().get(cls, cls.__name__)}"
             "(model_fn=<the strategy engine's estimator>.model_fn)",

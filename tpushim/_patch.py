@@ -767,9 +767,9 @@ def _engine_call(wrapped, args, kwargs, settings):
                 "Use engine='strategy' or 'auto' (TPUSHIM_ENGINE), which trains the Keras model "
                 "under tf.distribute.TPUStrategy, or TensorFlow <= 2.15 for TPUEstimator."
             )
-        from tpushim import _strategy
+        from tpushim._strategy import build as _strategy_build
 
-        return _strategy.build_on_engine(arguments, settings, decision.tpu, why)
+        return _strategy_build.build_on_engine(arguments, settings, decision.tpu, why)
     from tpushim import _log
     from tpushim._legacy import _keras
 
