@@ -26,4 +26,9 @@ One module per concern, each importing only those below it; callers import the m
 - ``metrics``: ``tf.estimator.add_metrics``' metric_fns, on the host.
 - ``checkpoint``: checkpoints in stock's formats and names.
 - ``runtime``: the ``tf.distribute`` strategies and the eager runtime the engine runs on.
+
+Outside this package a module is imported as ``_strategy_<module>`` (``from tpushim._strategy
+import step as _strategy_step``): its short name would shadow a local (``plan``, ``step``). The
+five that were top-level modules keep their old names as aliases (``_strategy_input``,
+``_strategy_host``, ``_strategy_metrics``, ``_strategy_checkpoint``, ``_step_events``).
 """
