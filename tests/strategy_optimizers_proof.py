@@ -119,16 +119,24 @@ def stepped_per_replica(replicas):
     return {"bind_global_step": bind_per_replica, "_optimizer": optimizer_per_replica}
 
 
+#: The engine's module that looks each replaceable name up.
+_LOOKED_UP_IN = {
+    "bind_global_step": _strategy_step,
+    "_optimizer": _strategy_step,
+    "replica_loss": _strategy_loss,
+}
+
+
 def patched_train(replacements, estimator):
     """The checkpoint values after training with the engine's ``replacements`` in place."""
-    originals = {name: getattr(_strategy_step, name) for name in replacements}
+    originals = {name: getattr(_LOOKED_UP_IN[name], name) for name in replacements}
     for name, value in replacements.items():
-        setattr(_strategy_step, name, value)
+        setattr(_LOOKED_UP_IN[name], name, value)
     try:
         return trained(estimator)
     finally:
         for name, value in originals.items():
-            setattr(_strategy_step, name, value)
+            setattr(_LOOKED_UP_IN[name], name, value)
 
 
 #: (None, None, checkpoint values) after STEPS training steps: the optimizer decides these;
