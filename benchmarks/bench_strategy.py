@@ -211,12 +211,14 @@ def _drive(workdir, kind, steps, pairs=0):
         model.fit(input_fn(), epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Clock()])
     else:
         import tpushim
-        from tpushim import _input_wait, _strategy
+        from tpushim import _input_wait
+        from tpushim._strategy import loss as _strategy_loss
+        from tpushim._strategy import runtime as _strategy_runtime
 
         benchlib.time_engine_loop(lambda result, seconds: calls.append((int(result[0]), seconds)))
         if kind.endswith("-rows"):  # as before: every input loss by running each row alone
-            called = _strategy._called
-            _strategy._called = lambda *args: (*called(*args)[:3], {})
+            called = _strategy_loss._called
+            _strategy_loss._called = lambda *args: (*called(*args)[:3], {})
         with tpushim.patched(
             mode="cpu", engine="strategy", iterations_per_loop=PER_EXECUTION, quiet=True
         ):
@@ -224,7 +226,8 @@ def _drive(workdir, kind, steps, pairs=0):
                 keras_model=_model(tf, activity), model_dir=os.path.join(workdir, "model")
             )
         if kind == "paired":  # one process: fit() and train() calls alternating
-            with _strategy.cpu_strategy().scope():  # the engine's own strategy (one a process)
+            # the engine's own strategy (one a process)
+            with _strategy_runtime.cpu_strategy().scope():
                 fitted = _model(tf, steps_per_execution=PER_EXECUTION)
             dataset = input_fn()
             fit_calls = []

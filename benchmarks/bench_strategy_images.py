@@ -15,7 +15,7 @@ MirroredStrategy has one replica), contenders interleaved, the order rotating:
 * ``tpushim engine`` (``tpushim.patched(mode="cpu", engine="strategy")``).
 
 Measured: the conversion plus ``train()`` wall time, with the engine's parts: building stock's
-checkpoint names, the XLA check of the training step (``_strategy.check_xla``), the first
+checkpoint names, the XLA check of the training step (``_strategy.xla_check.check_xla``), the first
 ``tf.function`` call (tracing the step, then its steps). Goal (issue 36): the engine <= 1.2x
 stock's wall time.
 """
@@ -98,7 +98,8 @@ def run(table, opts, report):
 def _before():
     """The engine as it was: no names kept from the conversion's graph; at the first need, a
     second graph with Keras's whole train function (forward, gradients, updates)."""
-    from tpushim import _strategy_checkpoint, _tfprivate
+    from tpushim import _tfprivate
+    from tpushim._strategy import checkpoint as _strategy_checkpoint
 
     _strategy_checkpoint.remember = lambda plan, model, step: None
     _tfprivate.make_train_variables = lambda model: model._make_train_function()
@@ -145,13 +146,15 @@ def _drive(workdir, kind, name):
         )
     else:
         import tpushim
-        from tpushim import _strategy, _strategy_checkpoint, _tfprivate
+        from tpushim import _tfprivate
+        from tpushim._strategy import checkpoint as _strategy_checkpoint
+        from tpushim._strategy import xla_check as _strategy_xla_check
 
         if kind == "engine-before":
             _before()
         _timed(_tfprivate, "stock_checkpoint_names", times, "names")
         _timed(_strategy_checkpoint, "remember", times, "names")
-        _timed(_strategy, "check_xla", times, "xla")
+        _timed(_strategy_xla_check, "check_xla", times, "xla")
 
         def first_call(result, seconds):
             if not times.get("called"):

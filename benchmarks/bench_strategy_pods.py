@@ -15,7 +15,7 @@ batch:
   ctx.input_pipeline_id)``, interleave ``TFRecordDataset``, parse, shuffle, repeat,
   ``batch(ctx.get_per_replica_batch_size(global_batch))``, prefetch; and the same again (the
   noise: hand-written against itself);
-* **tpushim, files path**: ``tpushim._strategy_input.HostInput`` -- the dataset function the
+* **tpushim, files path**: ``tpushim._strategy.input.HostInput`` -- the dataset function the
   strategy engine hands TPUStrategy -- on the legacy input_fn a model_to_estimator script passes
   (the same pipeline over every file, no context, ``batch(global_batch)``): each host reads only
   its own files and cuts its rows into per-replica batches. Goal: >= 0.95x the hand-written
@@ -89,7 +89,7 @@ class _Config:
 
 def host_input(input_fn, hosts, pod_input, global_batch=GLOBAL):
     """tpushim's dataset function for ``hosts`` hosts of ``REPLICAS / hosts`` replicas each."""
-    from tpushim import _strategy_input
+    from tpushim._strategy import input as _strategy_input
 
     feeds = _strategy_input._blocks(REPLICAS, hosts)
     return _strategy_input.HostInput(input_fn, "train", _Config(), global_batch, feeds, pod_input)

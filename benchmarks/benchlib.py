@@ -143,9 +143,9 @@ def drive(script, *args, timeout=1800):
 def time_engine_loop(record):
     """The strategy engine's training loop timed in this process (a driver's): after each call
     of the loop's ``tf.function``, ``record(its result, seconds)`` (its first call traces)."""
-    from tpushim import _strategy
+    from tpushim._strategy import step as _strategy_step
 
-    original = _strategy._Run.train_function
+    original = _strategy_step._Run.train_function
 
     def train_function(self, *args, **kwargs):
         loop = original(self, *args, **kwargs)
@@ -158,7 +158,7 @@ def time_engine_loop(record):
 
         return timed
 
-    _strategy._Run.train_function = train_function
+    _strategy_step._Run.train_function = train_function
 
 
 # -- TensorFlow side: models, data, estimators ------------------------------------------------------

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _strategy
+from tpushim._strategy import step as _strategy_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_events_tf215.json")
@@ -232,21 +232,21 @@ def main(root):
         "stock": {name: stock[name] for name in CASES},
         "engine": {name: case(name, root, False) for name in CASES},
     }
-    weight = _strategy.scalar_weight
-    _strategy.scalar_weight = lambda element: tf.constant(1.0)  # every replica counts
+    weight = _strategy_step.scalar_weight
+    _strategy_step.scalar_weight = lambda element: tf.constant(1.0)  # every replica counts
     try:
         out["engine"]["summaries_control"] = case("summaries_control", root, False)
     finally:
-        _strategy.scalar_weight = weight
-    host_sum = _strategy.host_sum
+        _strategy_step.scalar_weight = weight
+    host_sum = _strategy_step.host_sum
     # replica 0's loss as the step's: its share of the global loss times the replicas
-    _strategy.host_sum = lambda strategy, value: (
+    _strategy_step.host_sum = lambda strategy, value: (
         strategy.experimental_local_results(value)[0] * strategy.num_replicas_in_sync
     )
     try:
         out["engine"]["reported_control"] = case("reported_control", root, False)
     finally:
-        _strategy.host_sum = host_sum
+        _strategy_step.host_sum = host_sum
     print("RESULT " + json.dumps(out))
 
 

@@ -325,7 +325,7 @@ POD_STYLES = ("one_shot", "numpy", "numpy_shuffled", "pandas")
 
 def pods(root, styles):
     """The styles above on 2 emulated hosts (4 replicas each), against stock."""
-    from tpushim import _strategy_input
+    from tpushim._strategy import input as _strategy_input
 
     out = {}
     for style in styles:
@@ -351,7 +351,7 @@ def _listing(model_dir):
 
 def pod_refusals(root):
     """Tensors on a pod of 2 (emulated) hosts: the refusal, and model_dir as it was before."""
-    from tpushim import _strategy_input
+    from tpushim._strategy import input as _strategy_input
 
     out = {}
     for style in ("queue", "tensors"):

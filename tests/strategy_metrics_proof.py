@@ -34,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _strategy, _strategy_metrics
+from tpushim._strategy import estimator as _strategy_estimator
+from tpushim._strategy import metrics as _strategy_metrics
 
 ROWS, BATCH, STEPS = 45, 10, 5
 rng = np.random.RandomState(0)
@@ -189,7 +190,7 @@ def main(root):
         out["control"] = difference(evaluate(engine), expected)
     finally:
         _strategy_metrics.real_rows = real_rows
-    assert isinstance(engine, _strategy.StrategyEstimator)
+    assert isinstance(engine, _strategy_estimator.StrategyEstimator)
     out["names_map"] = {
         "stock": stock(root, "names_map"),
         "engine": names_map_cases(root, mode="cpu", engine="strategy"),

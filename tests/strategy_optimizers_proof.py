@@ -31,7 +31,8 @@ import sys
 import strategy_proof as proof  # first: it imports eight_devices (the 8 logical devices)
 import tensorflow as tf
 
-from tpushim import _strategy
+from tpushim._strategy import loss as _strategy_loss
+from tpushim._strategy import step as _strategy_step
 
 v1 = tf.compat.v1.train
 
@@ -103,7 +104,7 @@ class _PerReplica(tf.keras.optimizers.schedules.LearningRateSchedule):
 
 def stepped_per_replica(replicas):
     """The engine with its decaying rates stepped once per replica (8 per global step)."""
-    bind, make = _strategy.bind_global_step, _strategy._optimizer
+    bind, make = _strategy_step.bind_global_step, _strategy_step._optimizer
 
     def bind_per_replica(step):
         bind(tf.convert_to_tensor(step) * replicas)
@@ -118,16 +119,24 @@ def stepped_per_replica(replicas):
     return {"bind_global_step": bind_per_replica, "_optimizer": optimizer_per_replica}
 
 
+#: The engine's module that looks each replaceable name up.
+_LOOKED_UP_IN = {
+    "bind_global_step": _strategy_step,
+    "_optimizer": _strategy_step,
+    "replica_loss": _strategy_loss,
+}
+
+
 def patched_train(replacements, estimator):
     """The checkpoint values after training with the engine's ``replacements`` in place."""
-    originals = {name: getattr(_strategy, name) for name in replacements}
+    originals = {name: getattr(_LOOKED_UP_IN[name], name) for name in replacements}
     for name, value in replacements.items():
-        setattr(_strategy, name, value)
+        setattr(_LOOKED_UP_IN[name], name, value)
     try:
         return trained(estimator)
     finally:
         for name, value in originals.items():
-            setattr(_strategy, name, value)
+            setattr(_LOOKED_UP_IN[name], name, value)
 
 
 #: (None, None, checkpoint values) after STEPS training steps: the optimizer decides these;
@@ -140,11 +149,11 @@ def xla_apply(plan):
     error."""
     keras_model = tf.keras.models.clone_model(plan.keras_model)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    optimizer = _strategy._optimizer(plan.optimizer, step, keras_model, plan)
-    loss_fn = _strategy._loss_objects(plan.keras_model, plan.custom_objects)[0][1]
+    optimizer = _strategy_step._optimizer(plan.optimizer, step, keras_model, plan)
+    loss_fn = _strategy_loss._loss_objects(plan.keras_model, plan.custom_objects)[0][1]
 
     def one_step(x, y):
-        _strategy.bind_global_step(step)
+        _strategy_step.bind_global_step(step)
         with tf.GradientTape() as tape:
             loss = loss_fn(y, keras_model(x, training=True))
         grads = tape.gradient(loss, keras_model.trainable_variables)

@@ -43,7 +43,8 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _padding, _strategy_input
+from tpushim import _padding
+from tpushim._strategy import input as _strategy_input
 
 REPLICAS = 8
 SIZES = (12, 4, 11, 5, 10, 6, 9, 7)  # 64 records in files of unequal size: even by size on 2, 4
@@ -454,7 +455,7 @@ def files_training(root, paths):
     return out
 
 
-# --- strings and lookups on a faked 2-host pod (tpushim/_strategy_host.py) -------------------
+# --- strings and lookups on a faked 2-host pod (tpushim/_strategy/host.py) -------------------
 
 CITIES = ["oslo", "lima", "pune"]
 KEYS = np.array([[f"row-{i}"] for i in range(ROWS)])
@@ -526,7 +527,7 @@ def strings_stock(root):
 def strings(root):
     """8 replicas on a faked 2-host pod and on one board: numbers and keys against stock's, and
     the host layers' copies made (one per host's pipeline per call)."""
-    from tpushim import _strategy_host
+    from tpushim._strategy import host as _strategy_host
 
     stock, stock_keys = strings_stock(root)
     copies = []

@@ -41,7 +41,9 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _padding, _strategy
+from tpushim import _padding
+from tpushim._strategy import loss as _strategy_loss
+from tpushim._strategy import step as _strategy_step
 
 ROWS, BATCH, STEPS = 45, 10, 5
 rng = np.random.RandomState(0)
@@ -390,7 +392,7 @@ def engine(keras_model, model_dir, replicas=8):
 
 def broken(kind):
     """The engine with the replicas' gradients combined wrongly (see the module docstring)."""
-    original = _strategy.replica_loss
+    original = _strategy_loss.replica_loss
 
     def wrong(*args):
         replicas = args[5]
@@ -401,34 +403,34 @@ def broken(kind):
 
 
 def _per_row_forward(model, features, training):
-    """``_strategy._called`` as before activity regularizers were read from the forward pass:
+    """``_strategy.loss._called`` as before activity regularizers were read from the forward pass:
     every input loss from the model run on each row alone."""
     outputs, regularizers, adds, _ = _CALLED(model, features, training)
     return outputs, regularizers, adds, {}
 
 
-_CALLED = _strategy._called
+_CALLED = _strategy_loss._called
 
 
 def _unmasked(kind, root, stock):
     """The input losses evaluated on every row of the padded batch, padding rows included."""
-    original = _strategy.replica_loss
+    original = _strategy_loss.replica_loss
 
     def wrong(*args):
         args = list(args)
         added, pad = args[8], args[4]
         args[8] = ()
         loss = original(*args)
-        rows = _strategy.global_rows(pad)
+        rows = _strategy_loss.global_rows(pad)
         for degree, values in added:
             loss += rows ** float(degree - 1) * tf.reduce_sum(tf.cast(values, tf.float32))
         return loss
 
-    _strategy.replica_loss = wrong
+    _strategy_loss.replica_loss = wrong
     try:
         control = trained(engine(model(kind), os.path.join(root, kind, "unmasked")), kind=kind)
     finally:
-        _strategy.replica_loss = original
+        _strategy_loss.replica_loss = original
     return differences(control, stock, kind)
 
 
@@ -450,12 +452,12 @@ def main(root):
         one_dir = os.path.join(root, kind, "one")
         out[kind]["one"] = differences(run(engine(model(kind), one_dir, 1), kind=kind), stock, kind)
         if kind in ONE_ONLY:  # each input loss from a forward pass on each row alone
-            _strategy._called = _per_row_forward
+            _strategy_loss._called = _per_row_forward
             try:
                 per_row = engine(model(kind), os.path.join(root, kind, "per_row"), 1)
                 out[kind]["per_row"] = differences(trained(per_row, kind=kind), stock, kind)
             finally:
-                _strategy._called = _CALLED
+                _strategy_loss._called = _CALLED
             continue
         # Stock's estimator reads the engine's checkpoints: the same evaluation.
         reader = stock_estimator(model(kind), eight_dir)
@@ -465,17 +467,17 @@ def main(root):
             abs(read[k] - v) / max(1.0, abs(v)) for k, v in stock[0].items()
         )
         original, wrong = broken(kind)
-        _strategy.replica_loss = wrong
+        _strategy_loss.replica_loss = wrong
         try:
             control = trained(engine(model(kind), os.path.join(root, kind, "control")), kind=kind)
         finally:
-            _strategy.replica_loss = original
+            _strategy_loss.replica_loss = original
         out[kind]["control"] = differences(control, stock, kind)
         if kind == "activity":  # the input losses' padding rows counted
             out[kind]["unmasked"] = _unmasked(kind, root, stock)
         if kind in MORE:  # each replica's own mean: its rows', weights', unmasked elements' count
             # (nor the global batch's real rows the input carries: each replica counts its own)
-            summed, _strategy.all_reduce_sum = _strategy.all_reduce_sum, lambda x: x
+            summed, _strategy_step.all_reduce_sum = _strategy_step.all_reduce_sum, lambda x: x
             carried, _padding.global_rows = _padding.global_rows, lambda features: None
             try:
                 local = trained(engine(model(kind), os.path.join(root, kind, "local")), kind=kind)
@@ -483,7 +485,7 @@ def main(root):
             except tf.compat.v1.train.NanLossDuringTrainingError:  # a replica of padding alone
                 out[kind]["local"] = {"weights": float("inf"), "nan": True}
             finally:
-                _strategy.all_reduce_sum, _padding.global_rows = summed, carried
+                _strategy_step.all_reduce_sum, _padding.global_rows = summed, carried
 
     for kind in ROW_LABELS:  # [batch] labels: the engine on 8 replicas and 1 (no controls)
         stock = stock_run(kind, root)

@@ -30,7 +30,9 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _padding, _strategy
+from tpushim import _padding
+from tpushim._strategy import runtime as _strategy_runtime
+from tpushim._strategy import step as _strategy_step
 
 ROWS, FEATURES = 20, 4
 
@@ -81,7 +83,7 @@ class Traced:
         self.graphs = []
 
     def __enter__(self):
-        self.original = original = _strategy._Run.train_function
+        self.original = original = _strategy_step._Run.train_function
         graphs = self.graphs
 
         def train_function(run, *args, **kwargs):
@@ -94,11 +96,11 @@ class Traced:
 
             return traced
 
-        _strategy._Run.train_function = train_function
+        _strategy_step._Run.train_function = train_function
         return self
 
     def __exit__(self, *exc):
-        _strategy._Run.train_function = self.original
+        _strategy_step._Run.train_function = self.original
 
 
 class Calls(tf.compat.v1.train.SessionRunHook):
@@ -136,7 +138,7 @@ def train(model_dir, kind, steps=None):
 
 
 def keras_collectives():
-    with _strategy.cpu_strategy().scope():
+    with _strategy_runtime.cpu_strategy().scope():
         fitted = model()
     fitted.compile(fitted.optimizer, loss="mse", steps_per_execution=3)
     fitted.fit(dataset("repeated"), epochs=1, steps_per_epoch=3, verbose=0)

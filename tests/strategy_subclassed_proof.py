@@ -40,7 +40,9 @@ import tensorflow as tf
 from tensorflow.python.training import saver as saver_lib
 
 import tpushim
-from tpushim import _padding, _strategy
+from tpushim import _padding
+from tpushim._strategy import loss as _strategy_loss
+from tpushim._strategy import plan as _strategy_plan
 
 ROWS, BATCH, STEPS = 45, 10, 5
 rng = np.random.RandomState(0)
@@ -272,21 +274,21 @@ def main(root):
                 np.array_equal(a, w.numpy()) for a, w in zip(before, keras_model.weights)
             )
     # Negative control: warm-started from the built model's weights, the engine leaves stock.
-    original = _strategy.Plan.__init__
+    original = _strategy_plan.Plan.__init__
 
     def warm(self, keras_model, optimizer, custom_objects, loss_kinds, added, warm_start, *rest):
         warm_start = [w.numpy() for w in keras_model.trainable_weights]
         original(self, keras_model, optimizer, custom_objects, loss_kinds, added, warm_start, *rest)
 
-    _strategy.Plan.__init__ = warm
+    _strategy_plan.Plan.__init__ = warm
     try:
         control = engine(model("built"), os.path.join(root, "built", "control"))
         out["built"]["control"] = differences(run(control, "built", True), stocks["built"])
     finally:
-        _strategy.Plan.__init__ = original
+        _strategy_plan.Plan.__init__ = original
     # Negative control: [batch] labels read per row (as [batch, 1]), the SUM loss then a sum.
-    term = _strategy.row_label_term
-    _strategy.row_label_term = lambda name, loss, kind, y_true, y_pred, weight: (
+    term = _strategy_loss.row_label_term
+    _strategy_loss.row_label_term = lambda name, loss, kind, y_true, y_pred, weight: (
         _padding.row_labels(y_true, y_pred),
         kind,
     )
@@ -294,7 +296,7 @@ def main(root):
         control = engine(model("rows"), os.path.join(root, "rows", "control"))
         out["rows"]["control"] = differences(run(control, "rows"), stocks["rows"])
     finally:
-        _strategy.row_label_term = term
+        _strategy_loss.row_label_term = term
     print("RESULT " + json.dumps(out))
 
 

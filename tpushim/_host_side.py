@@ -1,6 +1,6 @@
 """Which layers of a functional Keras model run on the host, in the input pipeline: one decision
 both engines take (the TPUEstimator path through :mod:`tpushim._feature_columns`, the strategy
-engine through :mod:`tpushim._strategy_host`), and the copy of them each pipeline runs.
+engine through :mod:`tpushim._strategy.host`), and the copy of them each pipeline runs.
 
 A layer runs on the host when
 

@@ -35,7 +35,7 @@ class Totals:
     depend on the batch only, so all are known before any term is combined.
 
     ``global_rows``: the global batch's real rows where the input already carries them (the
-    strategy engine's, :mod:`tpushim._strategy_input`), else None. A count that is those rows
+    strategy engine's, :mod:`tpushim._strategy.input`), else None. A count that is those rows
     times a static number is then known without the collective, and where every scalar is
     known so, the step issues none: one all-reduce (a rendezvous of every replica) fewer a step.
     """

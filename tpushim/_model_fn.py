@@ -33,7 +33,7 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._errors import ConversionError
-from tpushim._strategy_metrics import mapped_metric_names
+from tpushim._strategy.metrics import mapped_metric_names
 
 ModeKeys = tf.estimator.ModeKeys
 

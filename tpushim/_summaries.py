@@ -105,7 +105,7 @@ def host_call(step, loss, tag, carried, model_dir, every_steps, rows=None):
         ):
             # Every shard reports the global loss; a model's scalar is averaged over the shards,
             # each weighted by its real rows (the global batch's value for a mean over examples,
-            # as the strategy engine's replicas are: _strategy.scalar_weight).
+            # as the strategy engine's replicas are: _strategy.step.scalar_weight).
             written = [tf.compat.v2.summary.scalar(tag, loss[0], step=step)]
             written += [
                 tf.compat.v2.summary.scalar(tags[k], mean(v, rows), step=step)

@@ -1391,7 +1391,7 @@ def silence_own_deprecation_warnings():
 
 # Before any of tpushim's calls: importing this module is the first thing a conversion does.
 silence_own_deprecation_warnings()
-# --- the strategy engine (tpushim/_strategy.py) ---------------------------------------------------
+# --- the strategy engine (tpushim/_strategy/) ---------------------------------------------------
 
 # Stock's Keras model_fn: the strategy engine's estimator keeps it as its model_fn, so that what
 # the base Estimator builds from it (export_saved_model, add_metrics) is stock's.
@@ -1483,7 +1483,7 @@ def serialized_dataset(dataset):
     return dataset._as_serialized_graph()
 
 
-# --- SessionRunHooks on the strategy engine (tpushim/_step_events.py foresees their stops) -------
+# --- SessionRunHooks on the strategy engine (tpushim/_strategy/events.py foresees their stops) -------
 
 
 def stop_at_step_last(hook):

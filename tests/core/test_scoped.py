@@ -42,7 +42,7 @@ def is_shim(convert):
         assert ENGINE
         return False
     if ENGINE:
-        from tpushim._strategy import StrategyEstimator
+        from tpushim._strategy.estimator import StrategyEstimator
 
         return isinstance(est, StrategyEstimator)
     return isinstance(est, TPUShimEstimator)

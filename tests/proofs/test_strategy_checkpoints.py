@@ -1,5 +1,5 @@
 """The strategy engine's checkpoints are stock's, in both of model_to_estimator's formats
-(tpushim/_strategy_checkpoint.py): ``checkpoint_format='checkpoint'`` (object-based) and
+(tpushim/_strategy/checkpoint.py): ``checkpoint_format='checkpoint'`` (object-based) and
 ``'saver'`` (name-based, stock's graph names).
 
 Against the estimator model_to_estimator returns unpatched: stock's on TensorFlow 2.15, tpushim's

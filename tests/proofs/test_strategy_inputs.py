@@ -1,4 +1,4 @@
-"""Every legacy input_fn style on the strategy engine (tpushim/_strategy_input.py), unchanged, on 8
+"""Every legacy input_fn style on the strategy engine (tpushim/_strategy/input.py), unchanged, on 8
 replicas: train, evaluate and predict equal the stock estimator's within 1e-5 -- (features,
 labels) constants, one-shot and initializable iterators, ``slice_input_producer`` +
 ``train.batch``, ``shuffle_batch``, ``string_input_producer`` over CSV files,
@@ -18,8 +18,9 @@ import procs
 import pytest
 import tensorflow as tf
 
-from tpushim import _padding, _strategy_input
+from tpushim import _padding
 from tpushim._errors import ConversionError
+from tpushim._strategy import input as _strategy_input
 
 TOLERANCE = 1e-5
 STYLES = (

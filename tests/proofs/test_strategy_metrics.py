@@ -1,4 +1,4 @@
-"""``tf.estimator.add_metrics`` on the strategy engine (tpushim/_strategy_metrics.py): the estimator
+"""``tf.estimator.add_metrics`` on the strategy engine (tpushim/_strategy/metrics.py): the estimator
 it returns is still the engine's, and its added metrics -- every signature stock takes, returning
 ``tf.compat.v1.metrics`` pairs or Keras ``Metric`` objects, chained, one replacing a compiled
 metric -- equal stock's on 8 replicas with padded batches (tests/strategy_metrics_proof.py, in a
@@ -80,7 +80,7 @@ def test_train_and_evaluate_with_exporters_and_the_variables_as_stocks(tmp_path)
     import tensorflow as tf
     import tfcases
 
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
     api = tfcases.ESTIMATOR  # tf.estimator (on TensorFlow >= 2.16: tpushim's)
     x, y = tfcases.data()
@@ -105,7 +105,7 @@ def test_train_and_evaluate_with_exporters_and_the_variables_as_stocks(tmp_path)
         runs["stock"],
         runs["engine"],
     )
-    assert isinstance(engine, _strategy.StrategyEstimator)
+    assert isinstance(engine, _strategy_estimator.StrategyEstimator)
     assert set(metrics) == set(stock_metrics) >= {"mean_feature", "top_probability", "accuracy"}
     for key, value in stock_metrics.items():
         np.testing.assert_allclose(metrics[key], value, atol=TOLERANCE, err_msg=key)
@@ -143,7 +143,7 @@ def test_add_metrics_keeps_the_engine_and_a_rebuilt_estimator_is_said_with_the_f
     import tensorflow as tf
     import tfcases
 
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
     def first(predictions):
         return {"mean": tf.compat.v1.metrics.mean(predictions["probs"])}
@@ -159,13 +159,13 @@ def test_add_metrics_keeps_the_engine_and_a_rebuilt_estimator_is_said_with_the_f
         caplog.clear()  # what the conversion said before (its level depends on earlier tests)
         with caplog.at_level(logging.WARNING, logger="tpushim"):
             rebuilt = api.Estimator(model_fn=converted.model_fn, model_dir=str(tmp_path / "r"))
-    assert isinstance(added, _strategy.StrategyEstimator)
+    assert isinstance(added, _strategy_estimator.StrategyEstimator)
     assert added.model_dir == converted.model_dir
     assert added.config.tf_random_seed == converted.config.tf_random_seed
     assert added._tpushim_plan is converted._tpushim_plan
     assert added._tpushim_metric_fns == (first, _metric_fn)
     assert converted._tpushim_metric_fns == ()
-    assert not isinstance(rebuilt, _strategy.StrategyEstimator)
+    assert not isinstance(rebuilt, _strategy_estimator.StrategyEstimator)
     said = [
         r.getMessage()
         for r in caplog.records
@@ -180,7 +180,7 @@ def test_a_metric_named_loss_is_refused_as_stock_refuses_it(tmp_path):
     import tensorflow as tf
     import tfcases
 
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
     def named_loss(predictions):
         return {"loss": tf.compat.v1.metrics.mean(predictions["probs"])}
@@ -189,7 +189,7 @@ def test_a_metric_named_loss_is_refused_as_stock_refuses_it(tmp_path):
     api = tfcases.ESTIMATOR
     with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
         added = api.add_metrics(tfcases.convert(tmp_path), named_loss)
-    assert isinstance(added, _strategy.StrategyEstimator)
+    assert isinstance(added, _strategy_estimator.StrategyEstimator)
     added.train(tfcases.dataset_input_fn(x, y), steps=1)
     with pytest.raises(ValueError, match='Metric with name "loss" is not allowed'):
         added.evaluate(tfcases.dataset_input_fn(x, y))
@@ -200,7 +200,7 @@ def test_only_the_tensors_the_metrics_read_come_to_the_host():
     neither gathered from the replicas nor fed; what is read updates stock's metric code."""
     import tensorflow as tf
 
-    from tpushim import _strategy_metrics
+    from tpushim._strategy import metrics as _strategy_metrics
 
     def metric_fn(labels, predictions, features):
         return {

@@ -1,4 +1,4 @@
-"""The strategy engine's optimizers (tpushim/_strategy.py): every ``tf.compat.v1.train``
+"""The strategy engine's optimizers (tpushim/_strategy/step.py): every ``tf.compat.v1.train``
 optimizer Keras wraps in a ``TFOptimizer``, a ``tf.compat.v1.train.exponential_decay`` rate on
 the global step, optimizer strings and a Keras ``LearningRateSchedule`` train on 8 logical CPU
 devices and on 1 as the stock estimator trains them: every weight, slot and non-slot variable

@@ -1,4 +1,4 @@
-"""Pods on the strategy engine (tpushim/_strategy_input.py): each host's input pipeline, built by
+"""Pods on the strategy engine (tpushim/_strategy/input.py): each host's input pipeline, built by
 the function TPUStrategy calls once per host with a real ``tf.distribute.InputContext``, on 2 and
 4 emulated hosts; the engine training 8 replicas on a faked 2-host pod, every host feeding its
 share, and on the files path of 2 and 4 hosts against one board. The proof runs in one
@@ -18,8 +18,10 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _padding, _strategy, _strategy_input, _tfprivate
+from tpushim import _padding, _tfprivate
 from tpushim._errors import ConversionError
+from tpushim._strategy import input as _strategy_input
+from tpushim._strategy import step as _strategy_step
 
 TOLERANCE = 1e-5
 
@@ -96,7 +98,7 @@ def test_training_on_a_faked_pod_equals_stock(proof):
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["pod", "board"])
 def test_strings_and_lookups_run_on_each_host_as_stock(proof, where):
-    """A key passed through to an output and a StringLookup (tpushim/_strategy_host.py), 8
+    """A key passed through to an output and a StringLookup (tpushim/_strategy/host.py), 8
     replicas on a faked 2-host pod and on one board: weights, evaluate() and predict() equal the
     stock estimator's within 1e-5, every key comes back in its row, and each host's pipeline made
     its own copy of the host layers (train, evaluate, predict: 3 per pipeline)."""
@@ -195,7 +197,7 @@ def test_host_sum_on_a_tpu_strategy_is_its_reduce():
     values = strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.constant([1.0, 10.0]) * float(ctx.replica_id_in_sync_group + 1)
     )
-    assert _strategy.host_sum(strategy, values).numpy().tolist() == [36.0, 360.0]
+    assert _strategy_step.host_sum(strategy, values).numpy().tolist() == [36.0, 360.0]
 
 
 @pytest.fixture(scope="module")

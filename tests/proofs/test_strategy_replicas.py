@@ -1,4 +1,4 @@
-"""Rung 2b for the strategy engine (tpushim/_strategy.py): 8 replicas on 8 logical CPU devices
+"""Rung 2b for the strategy engine (tpushim/_strategy/): 8 replicas on 8 logical CPU devices
 equal 1 replica and the stock estimator, for a mean, a SUM and a custom one-number loss, sample
 weights, a masked output and losses layers add from their inputs, with an indivisible global
 batch and a short last batch, and activity regularizers beside (Sync)BatchNormalization on full

@@ -1,4 +1,4 @@
-"""[batch] labels for a [batch, 1] output on the strategy engine (tpushim/_strategy.py), as legacy
+"""[batch] labels for a [batch, 1] output on the strategy engine (tpushim/_strategy/loss.py), as legacy
 scripts feed them. Keras reduces that output's loss to one value inside the loss function, so the
 engine reads the labels as [batch, 1] for the loss (one loss per row, as the TPU path does when it
 pads) to weigh padding rows out; its host metrics read them as stock's graph does (a metric
@@ -71,11 +71,11 @@ def _run(model_dir, patch, case):
 
 @pytest.mark.parametrize("case", ["regression", "sigmoid"])
 def test_batch_labels_for_a_batch_by_one_output_as_stock(tmp_path, case):
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
     stock = _run(tmp_path / "stock", {"mode": "off"}, case)
     engine = _run(tmp_path / "engine", {"mode": "cpu", "engine": "strategy"}, case)
-    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    assert isinstance(engine[0], _strategy_estimator.StrategyEstimator)
     assert len(engine[2]) == tfcases.N
     tfcases.assert_same(stock, engine, TOLERANCE)
     # stock's own names (Keras 2's growing output prefix included)
@@ -269,13 +269,14 @@ def test_a_sum_loss_read_per_row_is_caught(tmp_path, monkeypatch, subclassed):
     """Negative control: the engine as it was, reading [batch] labels as [batch, 1] for every
     loss (a subclassed model's always), sums a SUM loss over the rows where stock takes their
     mean."""
-    from tpushim import _padding, _strategy
+    from tpushim import _padding
+    from tpushim._strategy import loss as _strategy_loss
 
     stock = _family_run(
         tmp_path / "stock", {"mode": "off"}, "sum", "batch", None, subclassed=subclassed
     )
     monkeypatch.setattr(
-        _strategy,
+        _strategy_loss,
         "row_label_term",
         lambda name, loss, kind, y_true, y_pred, weight: (
             _padding.row_labels(y_true, y_pred),

@@ -1,4 +1,4 @@
-"""Subclassed Keras models on the strategy engine (tpushim/_strategy.py), as stock's
+"""Subclassed Keras models on the strategy engine (tpushim/_strategy/), as stock's
 ``model_to_estimator`` takes them (``checkpoint_format='saver'``; cloned from their config,
 freshly initialised, outputs ``output_1``, ...; a custom ``train_step`` never called): 8
 replicas and 1 replica equal the stock estimator within 1e-5, and the user's model keeps its

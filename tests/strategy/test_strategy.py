@@ -268,7 +268,7 @@ def test_estimator_surface_on_one_device(tmp_path):
     import tensorflow as tf
     import tfcases
 
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
     x, y = tfcases.data()
     train = tfcases.dataset_input_fn(x, y)
@@ -287,7 +287,7 @@ def test_estimator_surface_on_one_device(tmp_path):
 
     stock = run({"mode": "off"}, tmp_path / "stock")
     engine = run({"mode": "cpu", "engine": "strategy", "quiet": True}, tmp_path / "engine")
-    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    assert isinstance(engine[0], _strategy_estimator.StrategyEstimator)
     tfcases.assert_same(stock, engine)
 
     estimator_api = tfcases.ESTIMATOR  # tf.estimator (on TensorFlow >= 2.16: tpushim's)
@@ -490,11 +490,12 @@ def test_the_engine_takes_the_conversion_plan(tmp_path):
     warm-start checkpoint the estimator starts from."""
     import tfcases
 
-    from tpushim import _plan, _strategy
+    from tpushim import _plan
+    from tpushim._strategy import estimator as _strategy_estimator
 
     patch = {"mode": "cpu", "engine": "strategy", "quiet": True}
     converted = tfcases.convert(tmp_path, patch=dict(patch, batch_size=8, iterations_per_loop=3))
-    assert isinstance(converted, _strategy.StrategyEstimator)
+    assert isinstance(converted, _strategy_estimator.StrategyEstimator)
     plan = converted._tpushim_plan
     conversion = plan.conversion
     assert isinstance(conversion, _plan.ConversionPlan)
@@ -617,10 +618,12 @@ def test_the_xla_check_runs_once_per_conversion_and_input_shape(tmp_path, monkey
     an input of another shape is checked."""
     import tfcases
 
-    from tpushim import _strategy
+    from tpushim._strategy import xla_check as _strategy_xla_check
 
-    checked, check = [], _strategy.check_xla
-    monkeypatch.setattr(_strategy, "check_xla", lambda *a: checked.append(a[1]) or check(*a))
+    checked, check = [], _strategy_xla_check.check_xla
+    monkeypatch.setattr(
+        _strategy_xla_check, "check_xla", lambda *a: checked.append(a[1]) or check(*a)
+    )
     x, y = tfcases.data()
     engine = {"mode": "cpu", "engine": "strategy", "quiet": True}
     estimator = tfcases.convert(tmp_path / "m", tfcases.sequential, patch=engine)
@@ -643,16 +646,16 @@ def test_the_xla_check_traces_the_users_model_itself_and_still_refuses(tmp_path,
     import tensorflow as tf
     import tfcases
 
-    from tpushim import _strategy
+    from tpushim._strategy import xla_check as _strategy_xla_check
 
-    real_clone, cloned = _strategy.clone, []
+    real_clone, cloned = _strategy_xla_check.clone, []
 
     def clone(plan, features=None):
         cloned.append(plan.keras_model)
         return real_clone(plan, features)
 
-    monkeypatch.setattr(_strategy, "clone", clone)
-    check, clones = _strategy.check_xla, []
+    monkeypatch.setattr(_strategy_xla_check, "clone", clone)
+    check, clones = _strategy_xla_check.check_xla, []
 
     def counted(*args):
         before = len(cloned)
@@ -661,7 +664,7 @@ def test_the_xla_check_traces_the_users_model_itself_and_still_refuses(tmp_path,
         finally:
             clones.append(len(cloned) - before)
 
-    monkeypatch.setattr(_strategy, "check_xla", counted)
+    monkeypatch.setattr(_strategy_xla_check, "check_xla", counted)
     x, y = tfcases.data()
     engine = {"mode": "cpu", "engine": "strategy", "quiet": True}
     keras_model = tfcases.sequential()

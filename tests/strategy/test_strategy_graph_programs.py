@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 import tfcases
 
-from tpushim import _strategy, _strategy_input
 from tpushim._errors import ConversionError
+from tpushim._strategy import estimator as _strategy_estimator
+from tpushim._strategy import input as _strategy_input
 
 ENGINE = {"mode": "cpu", "engine": "strategy", "quiet": True}
 STOCK = {"mode": "off"}
@@ -79,7 +80,7 @@ def in_a_graph(patch, model_dir, build, train_fn, eval_fn, predict_fn, before=No
 def compare(tmp_path, build, train_fn, eval_fn, predict_fn, before=None):
     stock = in_a_graph(STOCK, tmp_path / "stock", build, train_fn, eval_fn, predict_fn, before)
     engine = in_a_graph(ENGINE, tmp_path / "engine", build, train_fn, eval_fn, predict_fn, before)
-    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    assert isinstance(engine[0], _strategy_estimator.StrategyEstimator)
     tfcases.assert_same(stock, engine)
     return stock, engine
 
@@ -203,7 +204,7 @@ def lookup_input_fns(vocabulary_file):
     vocabulary file's table in a ``Dataset.map`` (an initializable iterator, its initializer in
     TABLE_INITIALIZERS) and a hash table outside any Dataset, whose ids ``from_tensor_slices``
     holds. Stock's session initialises both; the engine's own session (see
-    tpushim._strategy_input._initialise_tables) must, or it looks up in empty tables."""
+    tpushim._strategy.input._initialise_tables) must, or it looks up in empty tables."""
     x, y = tfcases.data()
     rng = np.random.RandomState(3)
     words = [str(w) for w in rng.choice(WORDS + ["unknown"], len(x))]
@@ -290,7 +291,7 @@ def test_lookup_tables_in_a_tf2_programs_seeded_input_fn_equal_stock(tmp_path):
     fns = lookup_input_fns(vocabulary(tmp_path / "vocab.txt"))
     stock = eagerly(STOCK, tmp_path / "stock", *fns)
     engine = eagerly(ENGINE, tmp_path / "engine", *fns)
-    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    assert isinstance(engine[0], _strategy_estimator.StrategyEstimator)
     tfcases.assert_same(stock, engine)
 
 

@@ -1,4 +1,4 @@
-"""Strings and lookups on the strategy engine (tpushim/_strategy_host.py, #33): a string key passed
+"""Strings and lookups on the strategy engine (tpushim/_strategy/host.py, #33): a string key passed
 through to an output (its string label weighed 0), a ``StringLookup`` on a string input, and
 feature columns in a ``DenseFeatures`` layer (vocabulary list and file, hash bucket, embedding,
 indicator) run on the host, in the input pipeline; the replicated step, compiled with XLA, sees
@@ -97,7 +97,7 @@ def _run(model_dir, patch, build, keys):
 
 @pytest.mark.parametrize("case", ["keys and a StringLookup", "feature columns"])
 def test_strings_and_lookups_run_on_the_host_as_stock(tmp_path, case):
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
     keys = case != "feature columns"
     if keys:
@@ -110,7 +110,7 @@ def test_strings_and_lookups_run_on_the_host_as_stock(tmp_path, case):
     engine, engine_keys = _run(
         tmp_path / "engine", {"mode": "cpu", "engine": "strategy"}, build, keys
     )
-    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    assert isinstance(engine[0], _strategy_estimator.StrategyEstimator)
     assert len(engine[2]) == tfcases.N
     tfcases.assert_same(stock, engine, 1e-5)
     if keys:  # the keys come back as stock gives them: bytes, one per row, in order

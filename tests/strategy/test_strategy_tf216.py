@@ -1,4 +1,4 @@
-"""The strategy engine on TensorFlow >= 2.16 (tpushim/_strategy.py on tpushim's own Estimator,
+"""The strategy engine on TensorFlow >= 2.16 (tpushim/_strategy/ on tpushim's own Estimator,
 tpushim/_estimator_api): ``mode=cpu``/``tpu`` and ``engine=strategy`` convert to it, ``engine=auto``
 picks it, ``engine=tpuestimator`` stops naming why. Its numbers (8 replicas = 1 = stock 2.15)
 are tests/proofs/test_strategy_replicas.py's, which runs on every TensorFlow.
@@ -56,7 +56,7 @@ for name, kwargs in [
         with tpushim.patched(**kwargs):
             e = tf.keras.estimator.model_to_estimator(keras_model=model(), model_dir=model_dir)
         out[name] = {
-            "strategy": isinstance(e, _strategy.StrategyEstimator),
+            "strategy": isinstance(e, _strategy_estimator.StrategyEstimator),
             "engine_estimator": isinstance(e, _estimator.Estimator),
         }
     except Exception as e:

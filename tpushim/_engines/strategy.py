@@ -13,37 +13,36 @@ class StrategyEngine(_engines.Engine):
     chosen_why = "the strategy engine runs here (engine auto)"
 
     def plan(self, keras_model, optimizer, custom_objects, settings, tpu, cluster):
-        from tpushim import _strategy
+        from tpushim._strategy import plan, runtime
 
-        return _strategy.make_plan(
+        return plan.make_plan(
             keras_model,
             optimizer,
             custom_objects,
             settings,
-            lambda: (
-                _strategy.tpu_strategy(cluster()) if tpu is not None else _strategy.cpu_strategy()
-            ),
+            lambda: runtime.tpu_strategy(cluster()) if tpu is not None else runtime.cpu_strategy(),
         )
 
     def build(self, prepared, arguments, settings, decision):
-        from tpushim import _strategy
+        from tpushim._strategy import build
 
-        return _strategy.made(prepared, arguments, settings, decision)
+        return build.made(prepared, arguments, settings, decision)
 
     def owns(self, estimator):
-        from tpushim import _strategy  # only where a converted estimator is involved
+        from tpushim._strategy import estimator as engine  # only where one is involved
 
-        return isinstance(estimator, _strategy.StrategyEstimator)
+        return isinstance(estimator, engine.StrategyEstimator)
 
     def add_metrics(self, estimator, metric_fn, model_fn):
-        from tpushim import _strategy
+        from tpushim._strategy import estimator as engine
 
-        return _strategy.add_metrics(estimator, metric_fn, model_fn)
+        return engine.add_metrics(estimator, metric_fn, model_fn)
 
     def rewrap(self, cls, args, kwargs, found):
-        from tpushim import _strategy, _tfprivate
+        from tpushim import _tfprivate
+        from tpushim._strategy import estimator as engine
 
-        _strategy.said_stock_around(
+        engine.said_stock_around(
             found[0],
             f"{_tfprivate.estimator_classes().get(cls, cls.__name__)}"
             "(model_fn=<the strategy engine's estimator>.model_fn)",
@@ -55,13 +54,13 @@ class StrategyEngine(_engines.Engine):
     def refusals(self, keras_model, custom_objects, settings):
         import tensorflow as tf
 
-        from tpushim import _strategy
+        from tpushim._strategy import plan, runtime
 
         optimizer = getattr(keras_model, "optimizer", None)
         if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer) and isinstance(
             optimizer, tf.keras.optimizers.Optimizer
         ):  # as the conversion does (stock's too): a new-style optimizer trains as its legacy twin
             optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
-        return _strategy.make_plan(
-            keras_model, optimizer, custom_objects, settings, _strategy.cpu_strategy
+        return plan.make_plan(
+            keras_model, optimizer, custom_objects, settings, runtime.cpu_strategy
         )

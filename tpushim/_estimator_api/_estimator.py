@@ -60,7 +60,7 @@ MODEL_FN_OWNER = "_tpushim_estimator"
 def _say_if_around_an_engine(cls, model_fn):
     """An estimator built around an engine's estimator's ``model_fn`` (alone or in a
     ``functools.partial``) is stock's: the engine's estimator says so (its
-    ``_tpushim_built_around(called)``, :func:`tpushim._strategy.said_stock_around`), unless the
+    ``_tpushim_built_around(called)``, :func:`tpushim._strategy.estimator.said_stock_around`), unless the
     one being built is an engine's too."""
     import functools
 
@@ -125,7 +125,7 @@ def _warm_start_settings(warm_start_from):
 
 def check_train_steps(steps, max_steps):
     """``train()``'s step arguments, checked as stock checks them (its texts); the strategy
-    engine's ``train()`` (tpushim/_strategy.py) checks them here too."""
+    engine's ``train()`` (tpushim/_strategy/) checks them here too."""
     if steps is not None and max_steps is not None:
         raise ValueError("Can not provide both steps and max_steps.")
     if steps is not None and steps <= 0:

@@ -173,16 +173,17 @@ def check_xla(report, keras_model, custom_objects, features, labels):
 
 def _model_to_trace(keras_model, custom_objects):
     """``(model, its compiled loss)`` for :func:`check_xla`'s step. The user's model itself where
-    the step traced on it is the one traced on a clone (``_strategy.traceable_as_is``, no
+    the step traced on it is the one traced on a clone (``_strategy.xla_check.traceable_as_is``, no
     feature columns): the step is compiled, never run, so nothing is written to the model; it
     gets a loss container of its own (the model's is built on its first call, so it is left
     untouched) and its classes are made v2 again, as a clone made in eager mode would make
     them. Cloning MobileNetV2 was a third of the check. Else a clone, compiled with the model's
     loss."""
-    from tpushim import _strategy, _tfprivate
+    from tpushim import _tfprivate
+    from tpushim._strategy import xla_check as _strategy_xla_check
 
     loss_weights = _loss_weights(keras_model)
-    if _plan(keras_model) is None and _strategy.traceable_as_is(keras_model):
+    if _plan(keras_model) is None and _strategy_xla_check.traceable_as_is(keras_model):
         _tfprivate.as_v2_classes(keras_model)
         container = type(keras_model.compiled_loss)(
             keras_model.loss, loss_weights, output_names=keras_model.output_names

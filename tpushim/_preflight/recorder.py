@@ -406,9 +406,9 @@ def _report_strategy(report, recorded, num_cores):
 
 def _on_strategy_engine(conversion):
     """True when the conversion made the strategy engine's estimator (``engine='strategy'``)."""
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
-    return isinstance(conversion.estimator, _strategy.StrategyEstimator)
+    return isinstance(conversion.estimator, _strategy_estimator.StrategyEstimator)
 
 
 @contextlib.contextmanager

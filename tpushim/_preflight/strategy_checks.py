@@ -326,7 +326,7 @@ def _report_one(report, recorded, num_cores, batch_size):
 
 
 def strategy_plan(report, keras_model, custom_objects, settings):
-    """The strategy engine's plan of this model (:func:`tpushim._strategy.make_plan`), where
+    """The strategy engine's plan of this model (:func:`tpushim._strategy.plan.make_plan`), where
     that engine is tpushim's TPU path (TensorFlow >= 2.16, a PJRT runtime, ``engine='strategy'``).
     None, with an error finding, where the engine would refuse the model (it checks that before
     anything is written, as here)."""
@@ -349,12 +349,14 @@ def strategy_plan(report, keras_model, custom_objects, settings):
 
 def check_strategy_step(report, plan, features, labels, num_cores):
     """The strategy engine's training step (forward, the replica's share of the loss, gradients)
-    for ``num_cores`` replicas compiled with XLA on CPU (:func:`tpushim._strategy.check_xla`,
+    for ``num_cores`` replicas compiled with XLA on CPU (:func:`tpushim._strategy.xla_check.check_xla`,
     as the engine checks it off a TPU), on one replica's share of the global batch (padded to a
     multiple of the replicas, as the engine pads it): the findings name the op and the layer as
     for the model's step, and a note says which engine they are for."""
-    from tpushim import _batch_math, _padding, _strategy
+    from tpushim import _batch_math, _padding
     from tpushim._errors import ConversionError
+    from tpushim._strategy import runtime as _strategy_runtime
+    from tpushim._strategy import xla_check as _strategy_xla_check
 
     report.note_checked("XLA compile of the training step")
     size = int(tf.nest.flatten(features)[0].shape[0])
@@ -375,8 +377,9 @@ def check_strategy_step(report, plan, features, labels, num_cores):
         f"(the global batch of {size} split, padded to a multiple of {num_cores})"
     )
     try:
-        with _strategy.runtime(plan):  # eagerly, as the engine runs (a graph-mode script too)
-            _strategy.check_xla(plan, element, num_cores)
+        # eagerly, as the engine runs (a graph-mode script too)
+        with _strategy_runtime.runtime(plan):
+            _strategy_xla_check.check_xla(plan, element, num_cores)
     except ConversionError as e:
         model_checks._report_xla_error(report, plan.keras_model, e.__cause__ or e)
 

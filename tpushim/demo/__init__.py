@@ -81,9 +81,10 @@ class _Engines:
 def _engine(estimator):
     """``"tpuestimator"`` or ``"strategy"`` (the TPU path's engines), or ``"own"`` (tpushim's
     Estimator on TensorFlow >= 2.16, stock 2.15's path): what a conversion returned."""
-    from tpushim import _engines, _strategy
+    from tpushim import _engines
+    from tpushim._strategy import estimator as _strategy_estimator
 
-    if isinstance(estimator, _strategy.StrategyEstimator):
+    if isinstance(estimator, _strategy_estimator.StrategyEstimator):
         return _engines.STRATEGY
     return "own" if _versions.uses_own_estimator() else _engines.TPUESTIMATOR
 

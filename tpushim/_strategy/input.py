@@ -38,10 +38,10 @@ from tpushim import (
     _pods,
     _shapes,
     _source,
-    _strategy_host,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
+from tpushim._strategy import host as _strategy_host
 
 logger = logging.getLogger("tpushim")
 
@@ -501,7 +501,7 @@ def distributed_input(
     say nothing of what stock's next ``session.run`` would give (a queue's next batch, a random
     op's next draw). On several hosts each reads its share (:class:`HostInput`).
 
-    ``host``: the model's :class:`tpushim._strategy_host.HostPart`, computed in each pipeline;
+    ``host``: the model's :class:`tpushim._strategy.host.HostPart`, computed in each pipeline;
     where it makes outputs, ``predict`` gets a :class:`WithHostOutputs` instead.
     """
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)

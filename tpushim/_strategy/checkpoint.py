@@ -52,7 +52,7 @@ def _stock(plan):
 
 def stock_names(plan):
     """({object path: stock's variable name}, stock's saved names with no object path) for the
-    plan's model (a :class:`tpushim._strategy.Plan`), built at the first need."""
+    plan's model (a :class:`tpushim._strategy.plan.Plan`), built at the first need."""
     return _stock(plan)[:2]
 
 
@@ -127,7 +127,7 @@ class Checkpoints:
     """Reads and writes one run's model (its optimizer and global step tracked) as stock does.
 
     Args:
-      plan: the conversion's :class:`tpushim._strategy.Plan`.
+      plan: the conversion's :class:`tpushim._strategy.plan.Plan`.
       model: the run's Keras model, built under the strategy.
       name_based: write stock's ``'saver'`` format (else ``'checkpoint'``).
     """

@@ -20,7 +20,7 @@ per directory per process), as ``simple_value`` scalars under stock's tags: ``lo
 ``loss`` summary, made unique next to Keras's ``loss`` name scope), ``global_step/sec``, and
 ``SessionLog`` START / CHECKPOINT records; the graph and meta graph (and ``graph.pbtxt``) where
 stock's CheckpointSaverHook writes them, of the graph
-:func:`tpushim._strategy_checkpoint.stock_meta_graph` builds; a model's own one-number
+:func:`tpushim._strategy.checkpoint.stock_meta_graph` builds; a model's own one-number
 ``tf.compat.v1.summary.scalar`` values in the loss's record, under stock's tags. Not written: its
 other v1 summaries (string ops a TPU step cannot compile: ``_strategy.model_summaries_left_out``).
 """

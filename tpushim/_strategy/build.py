@@ -1,0 +1,84 @@
+"""The conversion's last step on the strategy engine, on either TensorFlow: :func:`made` (the
+plan completed, the warm-start checkpoint, the
+:class:`tpushim._strategy.estimator.StrategyEstimator`); :mod:`tpushim._convert` runs the steps
+before it and announces it."""
+
+import dataclasses
+import functools
+import logging
+
+from tpushim import _tfprivate
+from tpushim._strategy import checkpoint as _strategy_checkpoint
+from tpushim._strategy.estimator import StrategyEstimator
+
+logger = logging.getLogger("tpushim")
+
+
+def warm_from_first_checkpoint(plan, path):
+    """A program that disabled v2 behaviour and never initialised its model's variables: stock
+    warm-starts from the clone its first checkpoint (``path``) initialised, seeded with the
+    config's ``tf_random_seed``; the engine starts from those values too."""
+    if plan.graph_mode and plan.warm_start is None and path is not None:
+        plan.warm_start = _tfprivate.first_checkpoint_values(
+            plan.keras_model, plan.custom_objects, path
+        )
+
+
+def describe(plan, settings, tpu, why):
+    """The conversion line's description of this engine's estimator: where it runs and why."""
+    return (
+        "the strategy engine: "
+        + (
+            f"tf.distribute.TPUStrategy on TPU {tpu.describe()} [TPU from {tpu.source}]"
+            if tpu is not None
+            else "tf.distribute.MirroredStrategy over this machine's devices "
+            f"[mode cpu from {settings.sources.get('mode')}]"
+        )
+        + f", global batch {settings.batch_size or 'from input'}"
+        + f", steps_per_execution {plan.steps_per_execution} [engine: {why}]"
+    )
+
+
+def made(prepared, arguments, settings, decision):
+    """The strategy engine's estimator, on either TensorFlow, from the conversion's
+    :class:`tpushim._engines.Prepared` first half (:mod:`tpushim._convert`; its ``plan`` is
+    :func:`make_plan`'s): this TensorFlow's stock Keras model_fn (export) and warm-start
+    checkpoint (stock's training graph, built there, gives the engine its checkpoint names), the
+    plan completed (its TPU, its warm-start checkpoint, read into its weights), and the
+    :class:`StrategyEstimator`. A :class:`tpushim._engines.Built`."""
+    from tpushim import _engines
+
+    tpu, why = decision.tpu, decision.engine_why
+    keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
+    plan, config, save_object_ckpt = prepared.plan, prepared.config, prepared.save_object_ckpt
+    model_fn = prepared.keras.model_fn(
+        keras_model,
+        custom_objects,
+        save_object_ckpt,
+        arguments["metric_names_map"],
+        arguments["export_outputs"],
+    )
+    warm_start_path = None
+    if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
+        warm_start_path = prepared.keras.save_first_checkpoint(
+            keras_model,
+            custom_objects,
+            config,
+            save_object_ckpt,
+            on_graph=functools.partial(
+                _strategy_checkpoint.remember, plan, object_based=save_object_ckpt
+            ),
+        )
+    plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
+    plan.metric_names_map = arguments["metric_names_map"]
+    warm_from_first_checkpoint(plan, warm_start_path)
+    estimator = StrategyEstimator(
+        model_fn,
+        config,
+        warm_start_path,
+        plan,
+        object_checkpoints=save_object_ckpt,
+        # (on TF >= 2.16 one Estimator class: its export_savedmodel exports either way)
+        v1_api=not arguments.get("use_v2_estimator", True),
+    )
+    return _engines.Built(estimator, keras_model, model_fn, describe(plan, settings, tpu, why))

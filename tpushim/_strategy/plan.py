@@ -1,0 +1,171 @@
+"""The strategy engine's :class:`Plan`: what it takes from a conversion (the Keras model, its
+optimizer, loss kinds, warm-start weights, the strategy), made by :func:`make_plan`, which refuses
+what the engine cannot run yet before anything is written."""
+
+import logging
+
+import tensorflow as tf
+
+from tpushim import _loss_kinds, _plan, _tfprivate
+from tpushim._errors import ConversionError
+from tpushim._strategy import host as _strategy_host
+from tpushim._strategy.refusals import check_tf1_optimizer
+
+logger = logging.getLogger("tpushim")
+
+
+class Plan:
+    """What the engine takes from a conversion (fixed when it is made).
+
+    Attributes:
+      keras_model: the user's compiled Keras model (a graph network).
+      optimizer: its optimizer as stock trains it (Keras's legacy optimizer).
+      custom_objects: as given to ``model_to_estimator``.
+      loss_kinds: output name -> ``ROWS`` or a degree (:func:`tpushim._loss_kinds.plan`).
+      added_degrees: (layer name, index) -> degree of each loss a layer adds from its inputs
+        (absent: 0, a mean).
+      warm_start: the trainable weights' values at conversion (stock warm-starts the trainable
+        variables from the Keras weights), or None.
+      batch_size: the global batch size, or None (read from the input).
+      steps_per_execution: training steps per ``tf.function`` call (iterations_per_loop).
+      jit_compile: check, where the strategy is not a TPU's, that a replica's training step
+        compiles with XLA (on a TPU, TPUStrategy compiles every step with XLA itself).
+      make_strategy: a function returning the strategy (built at the first call).
+      conversion: the :class:`tpushim._plan.ConversionPlan` both engines take (settings, TPU,
+        loss plan, warm start): ``batch_size``, ``steps_per_execution`` and ``loss_kinds`` are
+        read from it; its TPU and warm start are added once the conversion has them.
+      pod_input: how a pod's hosts read the input (``auto``, ``exact``, ``files``:
+        :mod:`tpushim._strategy.input`).
+      name_based_checkpoints: write stock's name-based checkpoints (``checkpoint_format='saver'``)
+        rather than object-based ones (:mod:`tpushim._strategy.checkpoint`); set by the estimator.
+      host: the :class:`tpushim._strategy.host.HostPart` (strings, lookups), or None.
+      metric_names_map: model_to_estimator's (None: stock's names), set by the conversion.
+    """
+
+    def __init__(
+        self,
+        keras_model,
+        optimizer,
+        custom_objects,
+        loss_kinds,
+        added_degrees,
+        warm_start,
+        batch_size,
+        steps_per_execution,
+        jit_compile,
+        make_strategy,
+        pod_input="auto",
+    ):
+        self.keras_model = keras_model
+        self.optimizer = optimizer
+        self.custom_objects = custom_objects or {}
+        self.loss_kinds = loss_kinds
+        self.added_degrees = added_degrees
+        self.warm_start = warm_start
+        self.batch_size = batch_size
+        self.steps_per_execution = steps_per_execution
+        self.jit_compile = jit_compile
+        self.make_strategy = make_strategy
+        self.pod_input = pod_input
+        self.name_based_checkpoints = False  # the estimator's checkpoint_format is 'saver'
+        self.host = None  # strings and lookups run on the host (:mod:`tpushim._strategy.host`)
+
+
+def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
+    """The :class:`Plan` of one conversion; refuses what the engine cannot run yet, before
+    anything is written."""
+    graph_mode = not tf.executing_eagerly()
+    if isinstance(optimizer, _tfprivate.keras_v1_tf_optimizer_class()):
+        check_tf1_optimizer(optimizer.optimizer)
+    elif not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+        raise ConversionError(
+            f"the strategy engine trains with Keras optimizers and tf.compat.v1.train ones; "
+            f"{type(optimizer).__name__} is neither. Compile the model with a tf.keras optimizer, "
+            "or use engine='tpuestimator'."
+        )
+    # A loss a layer adds in its call (add_loss) is evaluated by running the model on each row
+    # alone, where BatchNormalization would normalise by that row's own moments (and update its
+    # moving statistics once per row): refused rather than trained to other numbers. An
+    # activity regularizer is read from the model's own forward pass (:func:`input_losses`).
+    adding = [
+        layer.name
+        for layer in _tfprivate.all_layers(keras_model)
+        if len(_tfprivate.layer_input_losses(layer)) > _tfprivate.activity_loss_count(layer)
+    ]
+    normalizing = [
+        layer.name
+        for layer in _tfprivate.all_layers(keras_model)
+        if isinstance(layer, _tfprivate.batchnorm_base_class())
+    ]
+    if adding and normalizing:
+        raise ConversionError(
+            "the strategy engine cannot take a loss a layer adds in its call from its inputs "
+            f"(add_loss, model.add_loss of a tensor: {', '.join(adding)}) in a model with "
+            f"BatchNormalization ({', '.join(normalizing)}) yet: it evaluates such a loss on "
+            "each example alone, where BatchNormalization would normalise by that example "
+            "alone. Compute it as an activity_regularizer of the layer whose output it reads "
+            "(taken from the model's own forward pass), or use a weight regularizer or a loss "
+            "on an output, or engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where "
+            "TPUEstimator runs."
+        )
+    # Strings and lookups run on the host (refused here, naming the layer, where they cannot).
+    host = _strategy_host.plan(keras_model, custom_objects)
+    loss_plan = _loss_kinds.plan(keras_model, custom_objects)
+    # The plan may clone it in a graph (a model made in one, by a program that disabled v2
+    # behaviour, keeps its v1 classes).
+    _tfprivate.restore_v2_classes(keras_model, v1=graph_mode)
+    conversion = _plan.ConversionPlan(settings=settings, loss_plan=loss_plan)
+    warm = None
+    if _tfprivate.is_graph_network(keras_model):
+        if not graph_mode:
+            warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
+        elif _tfprivate.any_weight_initialized(keras_model):  # read in the program's session
+            warm = tf.compat.v1.keras.backend.batch_get_value(keras_model.trainable_weights)
+        # else stock starts from its first checkpoint's freshly initialised clone: read from it
+        # once written (:func:`warm_from_first_checkpoint`), the program's variables untouched.
+    elif _tfprivate.is_subclassed(keras_model):
+        said_subclassed(keras_model)
+    plan = Plan(
+        keras_model,
+        optimizer,
+        custom_objects,
+        loss_plan.outputs,
+        # A subclassed model's losses are planned once it is built (:func:`clone`).
+        None if _tfprivate.is_subclassed(keras_model) else loss_plan.added or {},
+        warm,
+        conversion.batch_size,
+        conversion.iterations_per_loop,
+        True,
+        make_strategy,
+        settings.pod_input,
+    )
+    plan.conversion = conversion
+    plan.host = host
+    if host is not None:
+        logger.info("the strategy engine's host part: %s", host.describe())
+    plan.graph_mode = graph_mode
+    # Its metrics as stock names them (the program's v1 names), where the eager copy's differ.
+    plan.metric_names = _tfprivate.v1_metric_names(keras_model) if graph_mode else None
+    return plan
+
+
+def said_subclassed(keras_model):
+    """What stock does with a subclassed model, said: its estimator starts from a freshly
+    initialised copy (no warm start), and calls none of the model's own step methods."""
+    if keras_model.built:
+        logger.warning(
+            "%s is a subclassed Keras model that already has weights; as the stock "
+            "model_to_estimator, the estimator starts from a freshly initialised copy "
+            "(its weights are not carried over). The model you passed is unchanged.",
+            type(keras_model).__name__,
+        )
+    steps = _tfprivate.overrides_step(keras_model)
+    if steps:
+        logger.warning(
+            "%s overrides %s; as the stock model_to_estimator, the estimator trains, evaluates "
+            "and predicts with the model's call, compiled loss, metrics and optimizer, and never "
+            "calls %s.",
+            type(keras_model).__name__,
+            " and ".join(steps),
+            "them" if len(steps) > 1 else "it",
+        )

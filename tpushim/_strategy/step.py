@@ -1,0 +1,315 @@
+"""One call of the strategy engine (:class:`_Run`): the clone, its optimizer and global step,
+built in the strategy's scope, and the ``tf.function`` s that train (up to
+``steps_per_execution`` steps a call), evaluate and predict a global batch; around them the
+values summed on the host, BatchNormalization over a replica's real rows, and the model's own
+summaries left out of the trace."""
+
+import contextlib
+import logging
+import os
+import threading
+
+import tensorflow as tf
+
+from tpushim import _batchnorm, _input_wait, _padding, _tfprivate
+from tpushim._strategy import checkpoint as _strategy_checkpoint
+from tpushim._strategy.clone import clone
+from tpushim._strategy.element import _labels_list, _outputs_list, _unpack, given_parts, known_rows
+from tpushim._strategy.loss import _loss_objects, _loss_of, _outs, all_reduce_sum
+
+logger = logging.getLogger("tpushim")
+
+ModeKeys = _tfprivate.ModeKeys
+SUM = tf.distribute.ReduceOp.SUM
+
+
+@_tfprivate.not_converted
+def bind_global_step(step):
+    """Makes ``step`` what ``tf.compat.v1.train.get_global_step()`` returns in the
+    ``tf.function`` being traced, as the estimator's global step is in stock's model_fn graph: a
+    ``tf.compat.v1.train`` optimizer's rate computed from the global step (a callable around
+    ``tf.compat.v1.train.exponential_decay``) then steps once per global step."""
+    graph = tf.compat.v1.get_default_graph()
+    del graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_STEP)[:]
+    graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP, step)
+
+
+@_tfprivate.not_converted
+def host_sum(strategy, per_replica):
+    """A per-replica value summed on the host, outside the replicas' step: what a
+    ``TPUStrategy``'s ``reduce`` does (each core's value copied to the host and added). Another
+    strategy's ``reduce`` all-reduces (a MirroredStrategy's: every replica's collective, a
+    rendezvous of them all, for one number it then reads on one device); here its values are
+    copied and added alike."""
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return strategy.reduce(SUM, per_replica, axis=None)
+    return tf.add_n(list(strategy.experimental_local_results(per_replica)))
+
+
+@_tfprivate.not_converted
+def scalar_weight(element):
+    """A replica's weight in the mean of a model's scalar summary: its real rows."""
+    features = element[0] if isinstance(element, tuple) else element
+    return tf.reduce_sum(tf.cast(features[_padding.PADDING_KEY], tf.float32))
+
+
+@_tfprivate.not_converted
+def real_rows(element):
+    """Inside :func:`tpushim._tfprivate.batchnorm_call_hooked`, while a replica's training step
+    calls the model: its BatchNormalization layers' batch statistics over the replica's real rows
+    (:mod:`tpushim._batchnorm`, as a TPUEstimator shard's; a synchronized layer's summed across
+    the replicas), not the padding rows."""
+    features = element[0] if isinstance(element, tuple) else element
+    pad = features[_padding.PADDING_KEY]
+    return _tfprivate.batchnorm_call_using(_batchnorm.real_rows_call(pad, True, all_reduce_sum))
+
+
+def _mask_or_empty(output):
+    """An output's Keras mask, or an empty tensor where it has none (a replica's results are
+    tensors)."""
+    mask = getattr(output, "_keras_mask", None)
+    return tf.zeros([0], tf.bool) if mask is None else mask
+
+
+_SAID_SUMMARIES = set()  # ids of the plans whose model's summaries were said left out (and why)
+
+
+@contextlib.contextmanager
+def model_summaries_left_out(plan, on_scalar=lambda name, tensor: True):
+    """Around a trace of the model's call: the ``tf.compat.v1.summary`` ops it makes are left out
+    (their string ops no TPU step compiles). A scalar's (name, tensor) goes to ``on_scalar``
+    (by default taken and dropped: stock's evaluation and prediction write none); the others,
+    which stock writes every save_summary_steps, are said once per conversion with their
+    names."""
+    skipped = set()
+    with _tfprivate.v1_summaries_skipped(skipped, on_scalar):
+        yield
+    if skipped and id(plan) not in _SAID_SUMMARIES:
+        _SAID_SUMMARIES.add(id(plan))
+        named = ", ".join(f"{kind} {name!r}" for kind, name in sorted(skipped))
+        logger.warning(
+            "tpushim: the model makes summaries itself (tf.compat.v1.summary: %s): the strategy "
+            "engine does not write them (stock writes them every save_summary_steps): a TPU step "
+            "computes no strings, which those ops make; it writes a model's one-number "
+            "tf.compat.v1.summary.scalar. Summarize a scalar, or use engine='tpuestimator' where "
+            "TPUEstimator runs.",
+            named,
+        )
+
+
+def _optimizer(user, step, model, plan):
+    """The clone's optimizer as keras_lib's clone makes it, with ``step`` as its iterations,
+    set on ``model`` (tracked as ``optimizer``), its slots made: a Keras optimizer from its
+    config; a ``tf.compat.v1.train`` one (Keras's ``TFOptimizer``) a fresh copy of the user's,
+    wrapped again with ``step`` as its global step (stock reuses the user's object in each new
+    graph, where its variables are new; eagerly they would be the last call's)."""
+    if isinstance(user, _tfprivate.keras_v1_tf_optimizer_class()):
+        inner = _tfprivate.fresh_tf1_optimizer(user.optimizer)
+        optimizer = _tfprivate.keras_tf_optimizer(inner, step)
+        model.optimizer = optimizer
+        # Slots exist before a restore: every value is restored at once.
+        _tfprivate.create_tf1_optimizer_slots(inner, model.trainable_variables)
+        return optimizer
+    optimizer = type(user).from_config(user.get_config())
+    optimizer.iterations = step  # as keras_lib binds it
+    model.optimizer = optimizer
+    # Named as stock's graph names them: checkpoints record the names.
+    with _strategy_checkpoint.optimizer_scope(plan):
+        _tfprivate.create_optimizer_slots(optimizer, model.trainable_variables)
+    return optimizer
+
+
+class _Run:
+    """The clone, its optimizer and global step, built in the strategy's scope for one call."""
+
+    def __init__(self, plan, strategy, mode, model_dir, checkpoint_path=None, features=None):
+        self.plan, self.strategy, self.mode = plan, strategy, mode
+        with strategy.scope(), tf.keras.utils.custom_object_scope(plan.custom_objects):
+            self.model = clone(plan, features)  # features: a subclassed model is built on them
+            self.step = tf.Variable(
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name="global_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
+            self.optimizer = None
+            if features is not None:  # stock's graph builds a subclassed model on them too
+                plan.features_spec = features
+            if mode == ModeKeys.TRAIN:
+                self.optimizer = _optimizer(plan.optimizer, self.step, self.model, plan)
+            _tfprivate.track_estimator_step(self.model, self.step)
+        self.terms = _loss_objects(
+            plan.keras_model, plan.custom_objects, self.model.output_names, _outs(plan)
+        )
+        self.checkpoints = _strategy_checkpoint.Checkpoints(
+            plan, self.model, plan.name_based_checkpoints, writes=mode == ModeKeys.TRAIN
+        )
+        self.model_dir = model_dir
+        latest = checkpoint_path or tf.train.latest_checkpoint(model_dir)
+        if latest:
+            self.checkpoints.read(latest)
+        elif mode != ModeKeys.TRAIN and plan.warm_start is None:
+            raise ValueError(f"Could not find trained model in model_dir: {model_dir}.")
+        elif plan.warm_start is not None:  # as stock evaluates before training: warm-started
+            for variable, value in zip(self.model.trainable_variables, plan.warm_start):
+                variable.assign(value)
+        self.restored = latest
+
+    def save(self, kept, meta=None):
+        """Writes ``model.ckpt-STEP`` as stock names it, in stock's format, and lists it in
+        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._strategy.events.Kept`;
+        ``meta``: the bytes of its ``.meta``, or None)."""
+        step = int(self.step.numpy())
+        tf.compat.v1.logging.info(
+            "Saving checkpoints for %d into %s.", step, os.path.join(self.model_dir, "model.ckpt")
+        )
+        path = self.checkpoints.write(os.path.join(self.model_dir, f"model.ckpt-{step}"), meta)
+        kept.saved(path, relative=self.checkpoints.name_based)  # stock's Saver's paths
+        return path
+
+    # -- the replica functions ----------------------------------------------------------------
+    @_tfprivate.not_converted
+    def _loss(self, element, training):
+        features, labels, pad, weights = _unpack(element, self.model.output_names)
+        loss, outputs = _loss_of(
+            self.plan,
+            self.terms,
+            self.model,
+            features,
+            labels,
+            pad,
+            weights,
+            training,
+            self.strategy.num_replicas_in_sync,
+            all_reduce_sum,
+            known_rows(element),
+        )
+        return loss, outputs, labels, pad, weights
+
+    def train_function(self, checked=True):
+        """A ``tf.function`` running up to ``n`` steps from ``iterator`` (``checked``: it may hold
+        fewer, each step asks; else the caller knows it holds ``n``); returns (steps run,
+        each step's global loss: stock's hooks see every step's, :mod:`tpushim._strategy.events`;
+        each step's values of the model's one-number ``tf.compat.v1.summary.scalar`` calls,
+        averaged over the replicas weighted by their real rows, in one vector:
+        ``self.scalar_count`` a step, known once traced). Stock's value of a mean over the
+        global batch's rows where each replica's rows are all real or all padding (padding
+        rows come last: only a short batch's last real replica may hold both)."""
+        recording = threading.local()  # a replica's scalars, in its own thread
+        self.scalar_count = 0
+
+        def on_scalar(name, tensor):
+            values = getattr(recording, "values", None)
+            if values is None or tensor is None or tensor.shape.num_elements() != 1:
+                return False
+            values.append(tf.reshape(tf.cast(tensor, tf.float32), []))
+            return True
+
+        def replica_step(element):
+            recording.values = []
+            try:
+                with tf.GradientTape() as tape, real_rows(element):
+                    loss = self._loss(element, True)[0]
+            finally:
+                scalars, recording.values = recording.values, None
+            self.scalar_count = len(scalars)  # (here: an attribute set in the loop is a tensor)
+            grads = tape.gradient(loss, self.model.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+            rows = scalar_weight(element)
+            # A replica of padding rows only weighs nothing (its value may be NaN).
+            weighted = [tf.where(rows > 0, v * rows, 0.0) for v in scalars]
+            return loss, weighted, rows
+
+        @_tfprivate.not_converted
+        def step(element, ran, losses, scalars):
+            bind_global_step(self.step)
+            hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
+            with hooked, model_summaries_left_out(self.plan, on_scalar):
+                loss, values, rows = self.strategy.run(replica_step, args=(element,))
+            losses = losses.write(tf.cast(ran, tf.int32), host_sum(self.strategy, loss))
+            real = host_sum(self.strategy, rows) if values else None
+            for k, value in enumerate(values):
+                mean = host_sum(self.strategy, value) / real
+                scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
+            return ran + 1, losses, scalars
+
+        @_tfprivate.not_converted
+        def start():
+            ran = tf.constant(0, tf.int64)
+            losses, scalars = (
+                tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[])
+                for _ in range(2)
+            )  # their shape known: a call that finds the input exhausted stacks none
+            return ran, losses, scalars
+
+        @tf.function
+        def run_checked(iterator, n):  # each step asks whether a batch is left
+            ran, losses, scalars = start()
+            for _ in tf.range(n):
+                optional = _input_wait.next_input(iterator)  # timed (the run summary)
+                if not optional.has_value():
+                    break
+                ran, losses, scalars = step(optional.get_value(), ran, losses, scalars)
+            return ran, losses.stack(), scalars.stack()
+
+        @tf.function
+        def run(iterator, n):  # the caller knows that n batches are left
+            ran, losses, scalars = start()
+            for _ in tf.range(n):
+                element = _input_wait.next_input(iterator, checked=False)  # timed
+                ran, losses, scalars = step(element, ran, losses, scalars)
+            return ran, losses.stack(), scalars.stack()
+
+        return run_checked if checked else run
+
+    def eval_function(self, parts=None):
+        """A ``tf.function`` of one global batch: (global loss, per replica (outputs, labels,
+        padding weight, sample weights, masks)); an output without a mask has an empty one.
+        ``parts``: {``features`` or ``labels``: positions}: per replica also those of the
+        tensors the input gave (``tf.nest.flatten`` order), for the metric_fns
+        ``tf.estimator.add_metrics`` added (:mod:`tpushim._strategy.metrics`)."""
+
+        def replica_step(element):
+            loss, outputs, labels, pad, weights = self._loss(element, False)
+            given = {p: tf.nest.flatten(v) for p, v in given_parts(element).items()}
+            labels = _labels_list(labels, self.model.output_names)
+            masks = [_mask_or_empty(o) for o in outputs]
+            weights = [
+                tf.ones_like(pad) if w is None else w for w in weights or [None] * len(outputs)
+            ]
+            # What Keras's crossentropy metrics read besides the values (known at the trace).
+            read = [_tfprivate.output_logits(o) for o in outputs]
+            self.logits_how = [how for how, _ in read]
+            logits = [tf.zeros([0]) if how is None else lg for how, lg in read]
+            if parts is not None:
+                chosen = {p: [given[p][i] for i in positions] for p, positions in parts.items()}
+                return loss, outputs, labels, pad, weights, masks, logits, chosen
+            return loss, outputs, labels, pad, weights, masks, logits
+
+        @tf.function
+        def run(element):
+            with model_summaries_left_out(self.plan):  # at the trace
+                loss, *rest = self.strategy.run(replica_step, args=(element,))
+            return (host_sum(self.strategy, loss), *rest)
+
+        return run
+
+    def predict_function(self):
+        def replica_step(element):
+            features, _, pad, _ = _unpack(element, self.model.output_names)
+            return _outputs_list(self.model(features, training=False)), pad
+
+        @tf.function
+        def run(element):
+            with model_summaries_left_out(self.plan):  # at the trace
+                return self.strategy.run(replica_step, args=(element,))
+
+        return run
+
+    def gathered(self, per_replica):
+        """The replicas' values, concatenated in replica order (the global batch's rows)."""
+        return tf.nest.map_structure(
+            lambda *parts: tf.concat(parts, 0),
+            *self.strategy.experimental_local_results(per_replica),
+        )
