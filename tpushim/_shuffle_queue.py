@@ -18,7 +18,6 @@ is faster than the feeder, stock's own order varies from run to run after the fi
 
 import random
 
-import numpy as np
 import tensorflow as tf
 
 #: Stand-in for "forever" (``num_epochs=None``): more rows than any run reads.
@@ -123,11 +122,18 @@ class _Order:
             if not closed:
                 count = max(min(self.capacity - size, chunk_end - pushed), 0)
                 pushed, size = pushed + count, size + count
-        queue = np.zeros([max(self.capacity, self.batch)], np.int64)  # a closed queue's
-        # restored rows may take it past its capacity where a batch is larger (see step)
-        queue[:size] = (self.start + np.arange(size, dtype=np.int64)) % self.rows
+        # A closed queue's restored rows may take it past its capacity where a batch is larger
+        # (see step). Made by ops, not held as a constant: the input graph stays small.
+        length = max(self.capacity, self.batch)
+        queue = tf.concat(
+            [
+                (self.start + tf.range(size, dtype=tf.int64)) % self.rows,
+                tf.fill([length - size], tf.constant(0, tf.int64)),  # (tf.zeros: a constant)
+            ],
+            0,
+        )
         return (
-            tf.constant(queue),
+            queue,
             tf.constant(size, tf.int64),
             tf.constant(pushed, tf.int64),
             tf.constant(chunk_end, tf.int64),

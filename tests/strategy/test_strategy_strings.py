@@ -147,7 +147,7 @@ def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path
     a TF op, read by feature columns: run on the host with them (the replicas skip them), with
     stock's weights, metrics and predictions. Before, conversion refused the model. ``direct``:
     a Dense layer reads the distance too (fed to the replicas from the host)."""
-    from tpushim import _strategy
+    from tpushim._strategy import estimator as _strategy_estimator
 
     x, y = tfcases.taxi_data()
 
@@ -162,7 +162,7 @@ def test_weight_free_layers_before_the_columns_run_on_the_host_as_stock(tmp_path
 
     stock = run(tmp_path / "stock", {"mode": "off"})
     engine = run(tmp_path / "engine", {"mode": "cpu", "engine": "strategy"})
-    assert isinstance(engine[0], _strategy.StrategyEstimator)
+    assert isinstance(engine[0], _strategy_estimator.StrategyEstimator)
     assert engine[0]._tpushim_plan.host.layers == {
         "euclidean",
         "scale_lat",

@@ -294,11 +294,18 @@ def test_numpy_input_fn_is_checked_as_the_dataset_tpushim_feeds():
 
 
 def test_arrays_embedded_in_the_input_graph_are_a_finding_fed_ones_not(monkeypatch):
-    monkeypatch.setattr("tpushim._preflight.input_checks.LARGE_INPUT_CONSTANTS", 1000)  # X: 2 KB
-    found = [f for f in run().findings if f.code == "large-input-constants"]
+    # Scaled down from 100 MB: 32 KB of arrays against a 16 KB bar, above the few KB of small
+    # constants any pipeline holds (numpy_input_fn's shuffle order: about 2.6 KB).
+    monkeypatch.setattr("tpushim._preflight.input_checks.LARGE_INPUT_CONSTANTS", 16 * 2**10)
+    x, y = tfcases.data(n=1365)  # 1365 x (4 + 1) float32 values: 27 KB, and int labels
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True)
+
+    found = [f for f in run(input_fn=input_fn).findings if f.code == "large-input-constants"]
     assert [(f.severity, f.where) for f in found] == [("warning", "input_fn 'input_fn'")]
     assert "MB of constants" in found[0].message and "numpy_input_fn" in found[0].fix
-    fed = tf.compat.v1.estimator.inputs.numpy_input_fn(X, Y, batch_size=64, shuffle=True)
+    fed = tf.compat.v1.estimator.inputs.numpy_input_fn(x, y, batch_size=64, shuffle=True)
     assert "large-input-constants" not in run(input_fn=fed).codes()
 
 

@@ -128,8 +128,19 @@ def _run(args, workdir):
 
 _STOCK = {}  # script -> its stock RESULT, run once per session
 
+#: Scripts whose stock order is its feeding thread's race: numpy_input_fn(shuffle=True)'s
+#: RandomShuffleQueue gives its order only while the reader keeps it full, which a loaded machine
+#: does not (measured with two workers and other suites running: stock's loss 0.024476 where its
+#: quiet runs give 0.024079). tpushim gives the kept-full order every time, so these compare
+#: with stock 2.15's recorded run of that order (tests/reference/tf215.json), as the TF 2.21
+#: tests do; the order itself is compared with stock's own queue in test_legacy_input.py.
+FEEDER_RACE = ("shapes_cnn_shuffled_numpy.py",)
+
 
 def _stock(script, tmp_path):
+    if script in FEEDER_RACE:
+        with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as f:
+            return json.load(f)["results"][script]
     if script not in _STOCK:
         _STOCK[script], _ = _run([os.path.join(SCRIPTS, script)], tmp_path / "stock")
     return _STOCK[script]
