@@ -87,6 +87,14 @@ def tpu_vm_device(environ=None):
     return None
 
 
+def platform(environ=None):
+    """This machine's platform (:func:`tpushim._platforms.detect`), from the environment and
+    this module's :data:`DEVICE_GLOBS`."""
+    from tpushim import _platforms  # not at start-up
+
+    return _platforms.detect(environ, DEVICE_GLOBS)
+
+
 def find_tpu(settings, config=None, environ=None) -> Optional[TPUSpec]:
     """Returns the TPU the call should use, or None. Makes no network call."""
     environ = os.environ if environ is None else environ
@@ -295,7 +303,7 @@ def check_tpu_support(source, environ=None, tf_version=None, has_kernel=None):
             "(with libtpu, from the libtpu release index)"
         )
     # What this platform needs (Colab's, Kaggle's TPU), where it knows better than the release.
-    here = _platforms.detect(environ, DEVICE_GLOBS)
+    here = platform(environ)
     sentence = _platforms.tpu_install(here, release) or f"To train on the TPU, {install}."
     raise NoTPUError(
         f"a TPU is configured ({source}), but TensorFlow {tf_version} here cannot drive it: it "

@@ -22,7 +22,6 @@ from tpushim import (
     _batch_math,
     _batching,
     _detect,
-    _engines,
     _input_fn,
     _input_wait,
     _model_fn,
@@ -36,6 +35,7 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._batch_math import batch_choices, indivisible_batch  # noqa: F401  (their old home)
+from tpushim._engines import base
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -83,7 +83,7 @@ class TPUShimEstimator(TPUEstimator):
 
     def __init__(self, *args, tpushim_plan=None, **kwargs):
         if getattr(self, "_tpushim_made", False):
-            # Built by Estimator(model_fn=<converted>.model_fn) (tpushim._extenders.rewrap_call),
+            # Built by Estimator(model_fn=<converted>.model_fn) (tpushim._engines.rewrap_call),
             # whose class this is a subclass of: Python calls __init__ again with its arguments.
             return
         self._tpushim_thread = _PerThread()
@@ -565,10 +565,10 @@ def rewrapped(estimator, wrap, config=_SAME, warm_start_from=_SAME, params=None)
 
 def built(prepared, arguments, settings, decision):
     """The TPUEstimator engine's estimator for one ``model_to_estimator`` call, from its
-    :class:`tpushim._engines.Prepared` first half (:mod:`tpushim._convert`): the model_fn, the
+    :class:`tpushim._engines.base.Prepared` first half (:mod:`tpushim._convert`): the model_fn, the
     warm-start checkpoint of the Keras weights exactly as stock writes it, the conversion's
     plan, and the :class:`TPUShimEstimator` on ``decision``'s TPU (or on CPU). A
-    :class:`tpushim._engines.Built`."""
+    :class:`tpushim._engines.base.Built`."""
     tpu = decision.tpu
     keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
     config, save_object_ckpt = prepared.config, prepared.save_object_ckpt
@@ -620,7 +620,7 @@ def built(prepared, arguments, settings, decision):
             else ""
         )
     )
-    return _engines.Built(estimator, keras_model, model_fn, description)
+    return base.Built(estimator, keras_model, model_fn, description)
 
 
 def make_estimator(model_fn, run_config, plan):

@@ -30,38 +30,12 @@ ModeKeys = tf.estimator.ModeKeys
 _PREFIX = "add_metrics_"  # the keys of the tensors the added metric_fn reads
 
 
-def add_metrics_call(args, kwargs):
-    """For ``Estimator(*args, **kwargs)`` as ``tf.estimator.add_metrics`` calls it around an
-    estimator tpushim converted: that estimator with the metrics added, by the engine that made
-    it (:meth:`tpushim._engines.Engine.add_metrics`; TPUEstimator's: :func:`add_metrics`). None
-    for any other call."""
-    from tpushim import _engines
-
-    model_fn = kwargs.get("model_fn", args[0] if args else None)
-    parts = _tfprivate.add_metrics_parts(model_fn)
-    engine = _engines.owner(parts[0]) if parts is not None else None
-    if engine is None:
-        return None
-    estimator, metric_fn = parts
-    return engine.add_metrics(estimator, metric_fn, model_fn)
-
-
-def rewrap_call(cls, args, kwargs):
-    """For ``cls(*args, **kwargs)`` (an estimator class's constructor) whose ``model_fn`` is an
-    estimator tpushim converted's own (``converted.model_fn``, ``converted._model_fn``, in a
-    ``functools.partial`` or not): what the engine that made it answers
-    (:meth:`tpushim._engines.Engine.rewrap`; TPUEstimator's: :func:`rewrap`). None for any
-    other call: then stock's estimator is built."""
-    from tpushim import _engines
-
-    model_fn = kwargs.get("model_fn", args[0] if args else None)
-    found = _tfprivate.estimator_of_model_fn(model_fn)
-    engine = _engines.owner(found[0]) if found is not None else None
-    if engine is None:
-        if not issubclass(cls, _estimator.TPUShimEstimator):
-            _say_if_named(cls, model_fn)
-        return None
-    return engine.rewrap(cls, args, kwargs, found)
+def said_around(cls, model_fn):
+    """For ``cls(model_fn=...)`` whose model_fn no converted estimator owns: says so where the
+    function names a TPUEstimator tpushim converted (:func:`_say_if_named`); ``cls`` a
+    TPUShimEstimator says nothing (it is one)."""
+    if not issubclass(cls, _estimator.TPUShimEstimator):
+        _say_if_named(cls, model_fn)
 
 
 def rewrap(cls, args, kwargs, found):

@@ -27,13 +27,13 @@ from tpushim import (
     _feature_columns,
     _loss_kinds,
     _losses,
+    _metric_names,
     _padding,
     _step_losses,
     _summaries,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
-from tpushim._strategy.metrics import mapped_metric_names
 
 ModeKeys = tf.estimator.ModeKeys
 
@@ -112,7 +112,7 @@ def _metric_plan(model, metric_names_map):
             for metric in metrics.values():
                 name = stable_metric_name(metric.name, model.output_names)
                 plan.append((name, index, is_weighted, metric))
-    names = mapped_metric_names([name for name, _, _, _ in plan], metric_names_map)
+    names = _metric_names.mapped_metric_names([name for name, _, _, _ in plan], metric_names_map)
     return [(name, i, w, m) for name, (_, i, w, m) in zip(names, plan)]
 
 

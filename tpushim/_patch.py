@@ -724,9 +724,9 @@ def _convert_call(wrapped, instance, args, kwargs):
 def _add_metrics_estimator(estimator_class, args, kwargs):
     """``Estimator(*args, **kwargs)`` as ``tf.estimator.add_metrics`` calls it: for an estimator
     tpushim converted, the same TPU estimator with the added metrics; else stock's Estimator."""
-    from tpushim import _extenders  # not at start-up
+    from tpushim import _engines  # not at start-up
 
-    converted = _extenders.add_metrics_call(args, kwargs)
+    converted = _engines.add_metrics_call(args, kwargs)
     if converted is None:
         return estimator_class(*args, **kwargs)
     return converted
@@ -743,9 +743,9 @@ def _rewrap_new(wrapped, cls, args, kwargs):
     converted estimator (``cls.__init__`` then leaves it as it is); else a new ``cls`` object."""
     model_fn = kwargs.get("model_fn", args[0] if args else None)
     if model_fn is not None and current_settings() is not None:  # else: outside any scope
-        from tpushim import _extenders  # not at start-up
+        from tpushim import _engines  # not at start-up
 
-        converted = _extenders.rewrap_call(cls, args, kwargs)
+        converted = _engines.rewrap_call(cls, args, kwargs)
         if converted is not None:
             return converted
     return wrapped(cls, *args, **kwargs)

@@ -236,14 +236,13 @@ def detect(environ=None, device_globs=None, python=None):
 
     Args:
       environ: the environment (``os.environ`` when None).
-      device_globs: the TPU device files to look for (:data:`tpushim._detect.DEVICE_GLOBS`).
+      device_globs: the TPU device files to look for (default: the TPU generations table's,
+        :data:`tpushim._tpus.DEVICE_GLOBS`; :func:`tpushim._detect.platform` passes its own).
       python: ``(major, minor)`` of the Python (this one's when None).
     """
     environ = os.environ if environ is None else environ
     if device_globs is None:
-        from tpushim import _detect  # not at start-up
-
-        device_globs = _detect.DEVICE_GLOBS
+        device_globs = _tpus.DEVICE_GLOBS
     python = tuple(sys.version_info[:2]) if python is None else python
     generations, tpu_evidence = _tpu_seen(environ, device_globs)
     colab = [v for v in ("COLAB_RELEASE_TAG",) if environ.get(v, "").strip()]

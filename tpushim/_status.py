@@ -23,7 +23,7 @@ def status() -> Status:
     runs, from the environment: ``key``, ``where``, ``tpu_generation``, ``evidence``). Imports no
     TensorFlow.
     """
-    from tpushim import _decision, _detect, _platforms  # not at start-up
+    from tpushim import _decision, _detect  # not at start-up
 
     with _patch.STATE.lock:  # one consistent picture while another thread patches
         settings = _patch.current_settings() or _settings.resolve()
@@ -43,7 +43,7 @@ def status() -> Status:
             "unsupported": _patch.version_problem(),
             "versions": _versions.installed(),
             "estimator_api": estimator_api(),
-            "platform": _platforms.detect().as_dict(),
+            "platform": _detect.platform().as_dict(),
         }
 
 

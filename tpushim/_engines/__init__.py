@@ -26,146 +26,41 @@ Pure and TensorFlow-free at import, as each engine's module is: an engine import
 TensorFlow code when it is asked to build, check or extend.
 """
 
-import dataclasses
+from tpushim._engines.base import (  # the protocol, for the engines' callers
+    NO_ESTIMATOR_FROM,
+    PJRT_VARS,
+    STRATEGY,
+    TPUESTIMATOR,
+    Built,
+    Engine,
+    Prepared,
+    pjrt_runtime,
+)
+from tpushim._engines.strategy import StrategyEngine
+from tpushim._engines.tpuestimator import TPUEstimatorEngine
 
-from tpushim import _tpus, version
+__all__ = [
+    "ENGINES",
+    "NO_ESTIMATOR_FROM",
+    "PJRT_VARS",
+    "STRATEGY",
+    "TPUESTIMATOR",
+    "Built",
+    "Engine",
+    "Prepared",
+    "add_metrics_call",
+    "choose",
+    "get",
+    "names",
+    "owner",
+    "pjrt_runtime",
+    "rewrap_call",
+    "select",
+]
 
-# The engines' names, and what tells a PJRT TPU runtime, are the TPU generations table's.
-TPUESTIMATOR = _tpus.TPUESTIMATOR
-STRATEGY = _tpus.STRATEGY
-PJRT_VARS = _tpus.PJRT_VARS
-pjrt_runtime = _tpus.pjrt_runtime
-
-#: The first TensorFlow (major, minor) without TPUEstimator: the first with tpushim's estimator API.
-NO_ESTIMATOR_FROM = version.estimator_api_tf()
-
-
-def _major_minor(text):
-    parts = str(text or "").split(".")[:2]
-    try:
-        return tuple(int(p) for p in parts) if len(parts) == 2 else None
-    except ValueError:
-        return None
-
-
-@dataclasses.dataclass
-class Prepared:
-    """What a conversion's first half (validation, the engine's refusals, the model_dir, the TPU
-    answering: :func:`tpushim._convert.prepare`) hands the engine that builds the estimator.
-    Nothing has been written when it is made.
-
-    Attributes:
-      keras_model: the Keras model (given, or loaded from ``keras_model_path``), its optimizer
-        the one stock trains with.
-      custom_objects: as given to ``model_to_estimator``.
-      save_object_ckpt: object-based checkpoints (``checkpoint_format``)?
-      config: the RunConfig with its model_dir.
-      cluster: the TPU's cluster resolver, or None (on this machine's CPU).
-      loss_plan: the model's :class:`tpushim._loss_kinds.LossPlan`, or None.
-      plan: the engine's own plan (:meth:`Engine.plan`), or None.
-      run_config: the engine's run config (:meth:`Engine.run_config`), or None.
-      keras: this TensorFlow's stock Keras conversion (:func:`tpushim._convert.stock_keras`):
-        its model_fn factory and warm-start checkpoint writer.
-    """
-
-    keras_model: object
-    custom_objects: object
-    save_object_ckpt: bool
-    config: object
-    cluster: object = None
-    loss_plan: object = None
-    plan: object = None
-    run_config: object = None
-    keras: object = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Built:
-    """What an engine's :meth:`Engine.build` returns: the estimator, and what the conversion
-    announces of it (its line, and what observers hear: :class:`tpushim._observe.Conversion`)."""
-
-    estimator: object
-    keras_model: object
-    model_fn: object
-    description: str
-
-
-class Engine:
-    """What an engine is to the rest of tpushim. Each engine is one subclass, registered in
-    :data:`ENGINES`; tpushim asks it in the order of the conversion
-    (:mod:`tpushim._convert`: decide -> prepare -> build -> announce).
-
-    Attributes:
-      name: the ``engine`` setting that names it (``TPUSHIM_ENGINE``).
-      compiles_own_step: see below.
-      chosen_why: why it runs, when ``engine=auto`` chose it and no engine before it refused.
-    """
-
-    name = None
-    chosen_why = None
-
-    # -- the choice -----------------------------------------------------------------------------
-    def unavailable(self, tf_version, environ):
-        """Why this engine cannot run here (one phrase), or None where it can (``can_handle``)."""
-        del tf_version, environ
-        return None
-
-    def refuse_here(self, settings):
-        """Raises :class:`tpushim.ConversionError` where the settings name this engine and this
-        TensorFlow cannot build it (before anything is asked of the model)."""
-        del settings
-
-    # -- the conversion -------------------------------------------------------------------------
-    def plan(self, keras_model, optimizer, custom_objects, settings, tpu, cluster):
-        """The engine's own plan of the model, or None: its refusals, raised before anything is
-        written. ``cluster``: a function returning the TPU's cluster resolver (resolved later:
-        a bare TPU name is looked up on the network once every other check passed)."""
-        del keras_model, optimizer, custom_objects, settings, tpu, cluster
-        return None
-
-    def run_config(self, config, settings, cluster):
-        """The engine's own RunConfig for ``config``, or None (the user's serves)."""
-        del config, settings, cluster
-        return None
-
-    def build(self, prepared, arguments, settings, decision):
-        """The estimator, from the conversion's :class:`Prepared` first half: writes the
-        warm-start checkpoint, makes the estimator; returns a :class:`Built`."""
-        raise NotImplementedError
-
-    # -- estimators made from a converted one ---------------------------------------------------
-    def owns(self, estimator):
-        """Whether ``estimator`` is one this engine made."""
-        del estimator
-        return False
-
-    def add_metrics(self, estimator, metric_fn, model_fn):
-        """What ``tf.estimator.add_metrics(estimator, metric_fn)`` returns for an estimator this
-        engine made (``model_fn``: the one stock's add_metrics made), or None: stock's."""
-        del estimator, metric_fn, model_fn
-        return None
-
-    def rewrap(self, cls, args, kwargs, found):
-        """What ``cls(*args, **kwargs)`` returns where its model_fn is an estimator's this engine
-        made (``found``: :func:`tpushim._tfprivate.estimator_of_model_fn`'s answer), or None:
-        stock's."""
-        del cls, args, kwargs, found
-        return None
-
-    # -- the preflight --------------------------------------------------------------------------
-    #: The preflight compiles this engine's own training step (its plan: :meth:`refusals`)
-    #: rather than the Keras model's.
-    compiles_own_step = False
-
-    def refusals(self, keras_model, custom_objects, settings):
-        """What the conversion's :meth:`plan` refuses, asked on this machine's CPU (the
-        preflight): the plan, or None where the engine has no plan of its own; raises
-        :class:`tpushim.ConversionError` where the engine would refuse the model."""
-        del keras_model, custom_objects, settings
-        return None
-
-    def __repr__(self):
-        return f"<engine {self.name}>"
+#: Every engine, in order of preference: ``engine=auto`` takes the first that can run here. The
+#: strategy engine runs wherever TensorFlow does, so it comes last.
+ENGINES = (TPUEstimatorEngine(), StrategyEngine())
 
 
 def get(name):
@@ -184,6 +79,39 @@ def names():
 def owner(estimator):
     """The engine that made ``estimator``, or None."""
     return next((engine for engine in ENGINES if engine.owns(estimator)), None)
+
+
+def add_metrics_call(args, kwargs):
+    """For ``Estimator(*args, **kwargs)`` as ``tf.estimator.add_metrics`` calls it around an
+    estimator tpushim converted: that estimator with the metrics added, by the engine that made
+    it (:meth:`Engine.add_metrics`). None for any other call."""
+    from tpushim import _tfprivate  # (TensorFlow: only once an estimator is being made)
+
+    model_fn = kwargs.get("model_fn", args[0] if args else None)
+    parts = _tfprivate.add_metrics_parts(model_fn)
+    engine = owner(parts[0]) if parts is not None else None
+    if engine is None:
+        return None
+    estimator, metric_fn = parts
+    return engine.add_metrics(estimator, metric_fn, model_fn)
+
+
+def rewrap_call(cls, args, kwargs):
+    """For ``cls(*args, **kwargs)`` (an estimator class's constructor) whose ``model_fn`` is an
+    estimator tpushim converted's own (``converted.model_fn``, ``converted._model_fn``, in a
+    ``functools.partial`` or not): what the engine that made it answers (:meth:`Engine.rewrap`).
+    None for any other call (each engine said what it must: :meth:`Engine.said_around`): then
+    stock's estimator is built."""
+    from tpushim import _tfprivate  # (TensorFlow: only once an estimator is being made)
+
+    model_fn = kwargs.get("model_fn", args[0] if args else None)
+    found = _tfprivate.estimator_of_model_fn(model_fn)
+    engine = owner(found[0]) if found is not None else None
+    if engine is None:
+        for each in ENGINES:
+            each.said_around(cls, model_fn)
+        return None
+    return engine.rewrap(cls, args, kwargs, found)
 
 
 def select(settings, environ=None, tf_version=None):
@@ -223,11 +151,3 @@ def choose(settings, environ=None, tf_version=None):
     """``(engine name, why)`` for a conversion under ``settings`` (:func:`select`)."""
     engine, why = select(settings, environ, tf_version)
     return engine.name, why
-
-
-from tpushim._engines.strategy import StrategyEngine  # noqa: E402  (they subclass Engine)
-from tpushim._engines.tpuestimator import TPUEstimatorEngine  # noqa: E402
-
-#: Every engine, in order of preference: ``engine=auto`` takes the first that can run here. The
-#: strategy engine runs wherever TensorFlow does, so it comes last.
-ENGINES = (TPUEstimatorEngine(), StrategyEngine())

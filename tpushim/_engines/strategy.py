@@ -3,13 +3,13 @@
 TPU runtimes, TensorFlow >= 2.16) or where ``engine='strategy'`` asks for it. This module adapts
 it to the engine protocol; TensorFlow-free at import."""
 
-from tpushim import _engines
+from tpushim._engines import base
 
 
-class StrategyEngine(_engines.Engine):
+class StrategyEngine(base.Engine):
     """The ``tf.distribute`` strategy engine: runs wherever TensorFlow 2 does."""
 
-    name = _engines.STRATEGY
+    name = base.STRATEGY
     chosen_why = "the strategy engine runs here (engine auto)"
 
     def plan(self, keras_model, optimizer, custom_objects, settings, tpu, cluster):

@@ -3,20 +3,21 @@ TPU runtime, TensorFlow <= 2.15 (:mod:`tpushim._estimator`; estimators made from
 :mod:`tpushim._extenders`). This module adapts them to the engine protocol; TensorFlow-free at
 import."""
 
-from tpushim import _engines, _versions
+from tpushim import _versions
+from tpushim._engines import base
 
 
-class TPUEstimatorEngine(_engines.Engine):
+class TPUEstimatorEngine(base.Engine):
     """TPUEstimator: where it runs, the first choice (``engine=auto``)."""
 
-    name = _engines.TPUESTIMATOR
+    name = base.TPUESTIMATOR
     chosen_why = "TPUEstimator runs here (engine auto)"
 
     def unavailable(self, tf_version, environ):
-        version = _engines._major_minor(tf_version)
-        if version is not None and version >= _engines.NO_ESTIMATOR_FROM:
+        version = base._major_minor(tf_version)
+        if version is not None and version >= base.NO_ESTIMATOR_FROM:
             return f"TensorFlow {tf_version} has no TPUEstimator"
-        pjrt = _engines.pjrt_runtime(environ)
+        pjrt = base.pjrt_runtime(environ)
         if pjrt is not None:
             return f"a PJRT TPU runtime ({pjrt}), where TPUEstimator cannot run"
         return None
@@ -62,3 +63,10 @@ class TPUEstimatorEngine(_engines.Engine):
         from tpushim import _extenders
 
         return _extenders.rewrap(cls, args, kwargs, found)
+
+    def said_around(self, cls, model_fn):
+        if _versions.uses_own_estimator():  # no TPUEstimator there: none of its estimators
+            return
+        from tpushim import _extenders
+
+        _extenders.said_around(cls, model_fn)

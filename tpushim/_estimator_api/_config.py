@@ -294,6 +294,6 @@ class EstimatorSpec(collections.namedtuple("EstimatorSpec", _SPEC_FIELDS)):
 
 
 def _predict_output(outputs):
-    from tpushim._estimator_api import _export
+    from tpushim._estimator_api import _tfprivate  # (what _export.PredictOutput is)
 
-    return _export.PredictOutput(outputs)
+    return _tfprivate.export_output.PredictOutput(outputs)

@@ -41,12 +41,12 @@ def describe(plan, settings, tpu, why):
 
 def made(prepared, arguments, settings, decision):
     """The strategy engine's estimator, on either TensorFlow, from the conversion's
-    :class:`tpushim._engines.Prepared` first half (:mod:`tpushim._convert`; its ``plan`` is
+    :class:`tpushim._engines.base.Prepared` first half (:mod:`tpushim._convert`; its ``plan`` is
     :func:`make_plan`'s): this TensorFlow's stock Keras model_fn (export) and warm-start
     checkpoint (stock's training graph, built there, gives the engine its checkpoint names), the
     plan completed (its TPU, its warm-start checkpoint, read into its weights), and the
-    :class:`StrategyEstimator`. A :class:`tpushim._engines.Built`."""
-    from tpushim import _engines
+    :class:`StrategyEstimator`. A :class:`tpushim._engines.base.Built`."""
+    from tpushim._engines import base
 
     tpu, why = decision.tpu, decision.engine_why
     keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
@@ -81,4 +81,4 @@ def made(prepared, arguments, settings, decision):
         # (on TF >= 2.16 one Estimator class: its export_savedmodel exports either way)
         v1_api=not arguments.get("use_v2_estimator", True),
     )
-    return _engines.Built(estimator, keras_model, model_fn, describe(plan, settings, tpu, why))
+    return base.Built(estimator, keras_model, model_fn, describe(plan, settings, tpu, why))

@@ -20,7 +20,7 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _input_wait, _observe, _shapes, _tfprivate
+from tpushim import _input_wait, _metric_names, _observe, _shapes, _tfprivate
 from tpushim._strategy import checkpoint as _strategy_checkpoint
 from tpushim._strategy import events as _step_events
 from tpushim._strategy import input as _strategy_input
@@ -383,7 +383,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         if stock_names is None or len(stock_names) != len(compiled):
             stock_names = [m.name for m in compiled]
         # model_to_estimator's metric_names_map, checked as stock before anything is written
-        mapped = _strategy_metrics.mapped_metric_names(
+        mapped = _metric_names.mapped_metric_names(
             stock_names, getattr(self._tpushim_plan, "metric_names_map", None)
         )
         for stock_name, m in zip(mapped, compiled):

@@ -7,10 +7,9 @@ own refusals are :func:`tpushim._strategy.plan.make_plan`'s, the step's
 
 import tensorflow as tf
 
-from tpushim import _padding, _tfprivate
+from tpushim import _metric_names, _padding, _tfprivate
 from tpushim._errors import ConversionError
 from tpushim._strategy import checkpoint as _strategy_checkpoint
-from tpushim._strategy import metrics as _strategy_metrics
 from tpushim._strategy.clone import output_specs
 from tpushim._strategy.element import _labels_list, _unpack
 
@@ -19,7 +18,7 @@ def check_metric_names_map(plan):
     """Stock's errors for a ``metric_names_map`` whose keys are not the names stock's model_fn
     gives the model's compiled metrics (raised by its train() and evaluate() calls alike)."""
     if getattr(plan, "metric_names_map", None):
-        _strategy_metrics.mapped_metric_names(
+        _metric_names.mapped_metric_names(
             _strategy_checkpoint.stock_metric_names(plan), plan.metric_names_map
         )
 
