@@ -30,7 +30,7 @@ CONVERSIONS = """
 import json, logging, sys
 import tpushim
 import tensorflow as tf
-from tpushim import _strategy
+from tpushim._strategy import estimator as _strategy_estimator
 from tpushim._estimator_api import _estimator
 
 def model():
