@@ -232,7 +232,12 @@ def lookup_input_fns(vocabulary_file):
                 shift = tf.cast(vocabulary.lookup(word), tf.float32) * 0.5
                 return x + shift
 
-            ids = classes_table.lookup(tf.constant(names))[:, None]  # outside any Dataset
+            # Outside any Dataset, and after its table's initializer: stock's scaffold runs the
+            # table initializers and the iterator's as one group, in no order (a race stock's
+            # estimator API lost in a CI run: "Table not initialized").
+            initializers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+            with tf.control_dependencies(initializers):
+                ids = classes_table.lookup(tf.constant(names))[:, None]
             if labels:
                 ds = tf.data.Dataset.from_tensor_slices(((x, words), ids))
                 ds = ds.map(lambda xw, label: (features(*xw), label))
@@ -244,9 +249,6 @@ def lookup_input_fns(vocabulary_file):
             if not iterator:
                 return ds
             it = tf.compat.v1.data.make_initializable_iterator(ds)
-            # After the tables' own initializers: stock's scaffold runs the collection as one
-            # group, in no order, and the iterator's pipeline reads the hash table's output (a
-            # race stock lost in a CI run: "Table not initialized").
             tables = tf.compat.v1.GraphKeys.TABLE_INITIALIZERS
             with tf.control_dependencies(tf.compat.v1.get_collection(tables)):
                 initializer = tf.group(it.initializer)
