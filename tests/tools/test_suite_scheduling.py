@@ -64,3 +64,14 @@ def test_subprocess_guards_stretch_with_the_load(monkeypatch):
         assert procs.scaled(100) == 100 * factor
     monkeypatch.setenv("TPUSHIM_TEST_TIMEOUT_SCALE", "6")
     assert procs.scaled(100) == 600
+
+
+def test_the_proofs_left_to_the_newest_tensorflow_run_there():
+    """The strategy proofs skipped on TensorFlow <= 2.15 (CI's budget) are strategy proofs whose
+    every test runs on the newest: none is a TPUEstimator-path test, which runs only on <= 2.15."""
+    assert conftest.NEWEST_ONLY_PROOFS <= conftest.STRATEGY_PROOFS
+    for name in conftest.NEWEST_ONLY_PROOFS:
+        with open(os.path.join(HERE, "proofs", name), encoding="utf-8") as f:
+            text = f.read()
+        assert "mark.tpuestimator" not in text and "tpuestimator_import" not in text, name
+        assert not re.search(r"TF_VERSION\s*>=\s*\(2,\s*16\)", text), name  # none skipped there
