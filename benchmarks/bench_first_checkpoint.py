@@ -14,7 +14,7 @@ fresh process (benchlib.drive), contenders interleaved, the order rotating:
 * ``TPUEstimator path``: ``mode="cpu", engine="tpuestimator"`` (TensorFlow <= 2.15 only);
 * ``strategy engine, tpushim's code converted (before)``: the strategy engine with AutoGraph
   converting tpushim's functions again, as before they were marked
-  (``_tfprivate.not_converted``): emulated by the driver, which makes AutoGraph ignore the mark
+  (``_tfprivate.graph.not_converted``): emulated by the driver, which makes AutoGraph ignore the mark
   on tpushim's functions (and only theirs);
 * ``strategy engine``: ``mode="cpu", engine="strategy"``.
 

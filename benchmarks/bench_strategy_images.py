@@ -102,7 +102,7 @@ def _before():
     from tpushim._strategy import checkpoint as _strategy_checkpoint
 
     _strategy_checkpoint.remember = lambda plan, model, step: None
-    _tfprivate.make_train_variables = lambda model: model._make_train_function()
+    _tfprivate.checkpoint.make_train_variables = lambda model: model._make_train_function()
 
 
 def _timed(module, attr, times, key):
@@ -152,7 +152,7 @@ def _drive(workdir, kind, name):
 
         if kind == "engine-before":
             _before()
-        _timed(_tfprivate, "stock_checkpoint_names", times, "names")
+        _timed(_tfprivate.checkpoint, "stock_checkpoint_names", times, "names")
         _timed(_strategy_checkpoint, "remember", times, "names")
         _timed(_strategy_xla_check, "check_xla", times, "xla")
 

@@ -229,7 +229,7 @@ class Emulation:
             model_fn = _model_fn.make_model_fn(model)
             if wrap_model_fn is not None:  # e.g. tf.estimator.add_metrics' (tpushim._extenders)
                 model_fn = wrap_model_fn(model_fn)
-            build_clone = _model_fn._tfprivate.clone_and_build_model
+            build_clone = _model_fn._tfprivate.keras.clone_and_build_model
 
             def recording_clone(*args, **kwargs):
                 clone = build_clone(*args, **kwargs)
@@ -244,7 +244,7 @@ class Emulation:
                 self.clones.append(clone)
                 return clone
 
-            patch(_model_fn._tfprivate, "clone_and_build_model", recording_clone)
+            patch(_model_fn._tfprivate.keras, "clone_and_build_model", recording_clone)
             patch(tf.compat.v1.tpu, "cross_replica_sum", rv.cross_replica_sum)
             patch(tpu_ops, "cross_replica_sum", rv.cross_replica_sum)  # CrossShardOptimizer's
             for r in range(REPLICAS):

@@ -291,7 +291,7 @@ def feeding_hooks(hooks):
     the graph being built (the same hooks when it has none)."""
     if not hooks or not _registry.of(tf.compat.v1.get_default_graph()):
         return hooks
-    kinds = _tfprivate.dataset_initializer_hook_classes()
+    kinds = _tfprivate.estimator.dataset_initializer_hook_classes()
     fed = [_FeedingHook(h) if isinstance(h, kinds) else h for h in hooks]
     return type(hooks)(fed) if isinstance(hooks, tuple) else fed
 

@@ -13,7 +13,7 @@ from tpushim import _batch_math, _observe, _padding, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
-ModeKeys = _tfprivate.ModeKeys
+ModeKeys = _tfprivate.estimator.ModeKeys
 
 
 def _batch_dim(dataset):
@@ -60,7 +60,7 @@ _BATCH_OPS = {
 
 def _declared_batch(dataset):
     """The batch_size the pipeline's last batch op declares (a constant), or None if the graph does not say."""
-    op = _tfprivate.dataset_variant_op(dataset)
+    op = _tfprivate.data.dataset_variant_op(dataset)
     for _ in range(64 if op is not None else 0):
         if op.type in _BATCH_OPS:
             value = tf.get_static_value(op.inputs[1])
@@ -95,7 +95,7 @@ _ONE_FOR_ONE = {
 def _batches_always_full(dataset):
     """True when the graph shows the last batch op never makes a short batch: it drops remainders,
     or an infinite ``repeat()`` feeds it (``repeat().batch(B)``, the usual training pipeline)."""
-    op = _tfprivate.dataset_variant_op(dataset)
+    op = _tfprivate.data.dataset_variant_op(dataset)
     while op is not None and op.type in _BATCH_PRESERVING and op.inputs:
         op = op.inputs[0].op
     if op is None or op.type not in _BATCH_OPS:
@@ -124,7 +124,7 @@ def batching_of(dataset):
     """``(rows, batch_size, drop_remainder)`` where the pipeline ends in ``batch(batch_size)`` of
     the Dataset ``rows`` (a variant tensor) followed only by ops that keep every batch
     (map, prefetch, ...); None when the graph shows no such batch op. Nothing is run."""
-    op = _tfprivate.dataset_variant_op(dataset)
+    op = _tfprivate.data.dataset_variant_op(dataset)
     while op is not None and op.type in _SAME_BATCHES and op.inputs:
         op = op.inputs[0].op
     if op is None or op.type not in _BATCH_OPS:

@@ -39,7 +39,7 @@ from tpushim._errors import ConversionError
 
 def real_rows_call(padding_weight, cross_replica, replica_sum=None):
     """The call of a TRAIN clone's BatchNormalization layers (for
-    :func:`tpushim._tfprivate.clone_and_build_model`), or None where Keras's own is right.
+    :func:`tpushim._tfprivate.keras.clone_and_build_model`), or None where Keras's own is right.
 
     Args:
       padding_weight: the batch's [batch] padding weight, or None for a batch without padding.
@@ -71,7 +71,7 @@ def real_rows_call(padding_weight, cross_replica, replica_sum=None):
         synced = getattr(layer, "synchronized", False)
         if (
             # moving statistics: padding plays no part
-            _tfprivate.batchnorm_training_value(layer, training) is not True
+            _tfprivate.keras.batchnorm_training_value(layer, training) is not True
             or (padding_weight is None and not synced)
             # Keras reshapes the inputs for ghost batches, not the mask (it cannot combine them)
             or (mask is not None and layer.virtual_batch_size is not None)
@@ -106,7 +106,7 @@ class _ShardRows:
         # Made in one graph (a function's) or control-flow context (a loop, a branch, the TPU
         # computation), a tensor is usable only inside it.
         graph = tf.compat.v1.get_default_graph()
-        key = (key, graph, _tfprivate.control_flow_context(graph))
+        key = (key, graph, _tfprivate.graph.control_flow_context(graph))
         if key not in self._made:
             with tf.name_scope("tpushim_real_rows"):
                 self._made[key] = make()
@@ -169,7 +169,7 @@ def _first_rows_call(padding_weight):
     real = tf.reduce_sum(tf.cast(tf.greater(padding_weight, 0), tf.int32))
 
     def call(layer, own_call, inputs, training, mask):
-        if _tfprivate.batchnorm_training_value(layer, training) is not True:
+        if _tfprivate.keras.batchnorm_training_value(layer, training) is not True:
             return own_call(inputs, training=training, mask=mask)
         fold = _fold(layer, padding_weight, inputs)
         first = real if isinstance(fold, int) and fold == 1 else real * fold
@@ -226,7 +226,7 @@ def _train_on_real_rows(layer, inputs, shard, mask, cross_replica):
     if layer.adjustment is not None:  # as Keras: (scale, bias) applied before gamma and beta
         scale, offset = _compose(*layer.adjustment(tf.shape(inputs)), scale, offset)
     if layer.renorm:
-        r, d, batch_mean, batch_variance = _tfprivate.batchnorm_renorm(
+        r, d, batch_mean, batch_variance = _tfprivate.keras.batchnorm_renorm(
             layer, as_param(batch_mean), as_param(batch_variance), tf.reduce_max(count)
         )
         # As Keras: the corrections are constants for the gradient.

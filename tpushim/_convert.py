@@ -116,7 +116,9 @@ class _StockEstimatorEra:
     def keras(self):
         from tpushim import _tfprivate
 
-        return StockKeras(_tfprivate.create_keras_model_fn, _tfprivate.save_first_checkpoint)
+        return StockKeras(
+            _tfprivate.estimator.create_keras_model_fn, _tfprivate.estimator.save_first_checkpoint
+        )
 
     def prepare(self, engine, arguments, settings, decision):
         """The conversion's first half: every check that needs no network first, then the TPU
@@ -137,7 +139,7 @@ class _StockEstimatorEra:
         plan = engine.plan(keras_model, optimizer, custom_objects, settings, tpu, lambda: cluster)
         config, model_dir_checked = arguments["config"], False
         if arguments["model_dir"] or getattr(config, "model_dir", None):
-            config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
+            config = _tfprivate.estimator.maybe_overwrite_model_dir_and_session_config(
                 config, arguments["model_dir"]
             )
             _validation.check_model_dir(keras_model, config.model_dir)
@@ -146,7 +148,7 @@ class _StockEstimatorEra:
         if cluster is not None:  # a TPU that does not answer fails now, before anything is written
             _detect.check_tpu_answers(cluster, tpu.source)
         # With no model_dir given, stock makes a temporary one: only now, once nothing can fail.
-        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(config, None)
+        config = _tfprivate.estimator.maybe_overwrite_model_dir_and_session_config(config, None)
         if not model_dir_checked:  # a mocked tempfile may hand out a folder holding a checkpoint
             _validation.check_model_dir(keras_model, config.model_dir)
         run_config = engine.run_config(config, settings, cluster)
@@ -228,7 +230,7 @@ class _OwnEstimatorEra:
             raise ValueError(
                 f'Checkpoint format must be one of "checkpoint" or "saver". Got {checkpoint_format}'
             )
-        if checkpoint_format != "saver" and _tfprivate.is_subclassed(keras_model):
+        if checkpoint_format != "saver" and _tfprivate.keras.is_subclassed(keras_model):
             raise ValueError(
                 "Object-based checkpoints are currently not supported with "
                 "subclassed models."  # stock's text, then how to get past it
@@ -248,7 +250,7 @@ class _OwnEstimatorEra:
         plan = engine.plan(keras_model, optimizer, custom_objects, settings, tpu, lambda: cluster)
         if cluster is not None:  # a TPU that does not answer fails now, before anything is written
             _detect.check_tpu_answers(cluster, tpu.source)
-        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
+        config = _tfprivate.estimator.maybe_overwrite_model_dir_and_session_config(
             arguments["config"], arguments["model_dir"]
         )
         run_config = engine.run_config(config, settings, cluster)

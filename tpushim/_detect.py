@@ -204,7 +204,7 @@ def check_tpu_answers(cluster, source, timeout_s=None):
 
     from tpushim import _tfprivate  # imports TensorFlow: not at start-up
 
-    replaced = _tfprivate.replaced_tpu_system_query()
+    replaced = _tfprivate.tpu.replaced_tpu_system_query()
 
     def list_devices():
         if replaced is not None:

@@ -41,8 +41,8 @@ from tpushim._errors import ConversionError
 logger = logging.getLogger("tpushim")
 
 ModeKeys = tf.estimator.ModeKeys
-tpu_config = _tfprivate.tpu_config
-TPUEstimator = _tfprivate.tpu_estimator.TPUEstimator
+tpu_config = _tfprivate.modules.tpu_config
+TPUEstimator = _tfprivate.modules.tpu_estimator.TPUEstimator
 
 _EVENTS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate", ModeKeys.PREDICT: "predict"}
 
@@ -103,12 +103,12 @@ class TPUShimEstimator(TPUEstimator):
         )
         # TPUEstimator validates its context's batch sizes before a call reaches the input; the
         # constructed one holds placeholders, and each call validates the one it fixes.
-        _tfprivate.skip_batch_validation(self._tpushim_constructed_ctx)
+        _tfprivate.tpu.skip_batch_validation(self._tpushim_constructed_ctx)
         self._tpushim_model_fn = kwargs.get("model_fn")  # tpushim's, before TPUEstimator wraps it
         self._tpushim_use_tpu = kwargs.get("use_tpu", True)
         self._tpushim_eval_on_tpu = kwargs.get("eval_on_tpu", True)
         if not self._tpushim_use_tpu:
-            _tfprivate.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
+            _tfprivate.estimator.log_every_step_count_steps_on_cpu(self, kwargs.get("config"))
         self._tpushim_reached = False  # the TPU accepted a connection (_reach_tpu_once)
         self._tpushim_reach_lock = threading.Lock()
         self._tpushim_made = True
@@ -146,7 +146,7 @@ class TPUShimEstimator(TPUEstimator):
     def _fix_call_batch_size(self, mode, size):
         """``mode``'s global batch size for this thread's calls, from now on."""
         sizes = dict(self._tpushim_thread.sizes, **{mode: size})
-        self._tpushim_thread.ctx = _tfprivate.tpu_context_like(
+        self._tpushim_thread.ctx = _tfprivate.tpu.tpu_context_like(
             self._tpushim_constructed_ctx,
             sizes.get(ModeKeys.TRAIN, size),
             sizes.get(ModeKeys.EVAL, size),
@@ -160,7 +160,7 @@ class TPUShimEstimator(TPUEstimator):
         several hosts, which TPUEstimator refuses per host, has host 0 feed every core in order
         (``SLICED``, as TPUEstimator evaluates with it); any other call with the estimator's."""
         constructed = self._tpushim_constructed_ctx
-        config = _tfprivate.tpu_context_config(constructed)
+        config = _tfprivate.tpu.tpu_context_config(constructed)
         if mode == ModeKeys.PREDICT:
             with constructed.with_mode(mode) as ctx:
                 if ctx.num_hosts > 1 and not ctx.is_input_broadcast_with_iterators():
@@ -198,7 +198,7 @@ class TPUShimEstimator(TPUEstimator):
         (host 0's), as TPUEstimator would make them."""
         with self._ctx.with_mode(mode) as ctx:
             device = ctx.tpu_host_placement_function(host_id=0)
-            return device, _tfprivate.tpu_input_context(ctx, device)
+            return device, _tfprivate.tpu.tpu_input_context(ctx, device)
 
     def _global_batch(self, facts):
         """The global batch size of a call: tpushim's setting, else the one the input gives."""
@@ -271,7 +271,7 @@ class TPUShimEstimator(TPUEstimator):
         if path is not None:
             _pods.prepare(first, path, 0)  # the others are prepared as they are made
         if on_tpu:
-            _tfprivate.place_ops(graph.get_operations()[made_before:], device)
+            _tfprivate.graph.place_ops(graph.get_operations()[made_before:], device)
         self._fix_call_batch_size(mode, tpu_batch)
         _observe.input_called(_observe.InputCall(_observe.current_call(), mode, first, facts, size))
         pending = [first]
@@ -376,7 +376,7 @@ class TPUShimEstimator(TPUEstimator):
         if not self._on_tpu(ModeKeys.EVAL):
             return super()._convert_eval_steps_to_hooks(steps)
         thread = self._tpushim_thread
-        return [_DeferredHooks(lambda: _tfprivate.tpu_eval_steps_hooks(thread.eval_steps))]
+        return [_DeferredHooks(lambda: _tfprivate.tpu.tpu_eval_steps_hooks(thread.eval_steps))]
 
     # -- the entry points ----------------------------------------------------------------------
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
@@ -550,7 +550,7 @@ def rewrapped(estimator, wrap, config=_SAME, warm_start_from=_SAME, params=None)
         config=estimator.config if config is _SAME else config,
         use_tpu=estimator._tpushim_use_tpu,
         warm_start_from=(
-            _tfprivate.warm_start_settings(estimator)
+            _tfprivate.estimator.warm_start_settings(estimator)
             if warm_start_from is _SAME
             else warm_start_from
         ),
@@ -579,10 +579,10 @@ def built(prepared, arguments, settings, decision):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
-    if not _tfprivate.any_weight_initialized(keras_model):
+    if not _tfprivate.estimator.any_weight_initialized(keras_model):
         tf.compat.v1.keras.backend.set_session(tf.compat.v1.Session(config=config.session_config))
     warm_start_path = None
-    if _tfprivate.is_graph_network(keras_model) and config.is_chief:
+    if _tfprivate.keras.is_graph_network(keras_model) and config.is_chief:
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )

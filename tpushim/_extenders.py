@@ -40,7 +40,7 @@ def said_around(cls, model_fn):
 
 def rewrap(cls, args, kwargs, found):
     """The TPUEstimator engine's answer to ``cls(*args, **kwargs)`` whose ``model_fn`` is a
-    converted TPUShimEstimator's (``found``: :func:`tpushim._tfprivate.estimator_of_model_fn`'s
+    converted TPUShimEstimator's (``found``: :func:`tpushim._tfprivate.estimator.estimator_of_model_fn`'s
     answer): a TPUShimEstimator running the converted model_fn with this call's ``model_dir``,
     ``config``, ``params`` and ``warm_start_from``, on the converted one's TPU and settings
     (TPUEstimator's own ``use_tpu`` and batch sizes give way to those). Stock runs the converted
@@ -56,7 +56,7 @@ def rewrap(cls, args, kwargs, found):
         arguments = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments
     except TypeError:
         return None  # stock's constructor says what is wrong
-    public = _tfprivate.estimator_classes()
+    public = _tfprivate.estimator.estimator_classes()
     called = f"{public.get(cls, cls.__name__)}(model_fn=<converted estimator>.{_which(model_fn)})"
     why = None
     if cls not in public:
@@ -82,7 +82,7 @@ def rewrap(cls, args, kwargs, found):
     # Observers may move the call's model_dir, as for a conversion (the preflight's scratch copy).
     dirs = {"model_dir": arguments.get("model_dir"), "config": arguments.get("config")}
     with _observe.converting(dirs) as dirs:
-        config = _tfprivate.maybe_overwrite_model_dir_and_session_config(
+        config = _tfprivate.estimator.maybe_overwrite_model_dir_and_session_config(
             dirs.get("config"), dirs.get("model_dir")
         )
         config = _run_config.to_tpu_run_config(
@@ -122,7 +122,7 @@ def _say_if_named(cls, model_fn):
     converted = next((v for v in named if isinstance(v, _estimator.TPUShimEstimator)), None)
     if converted is None:
         return
-    public = _tfprivate.estimator_classes().get(cls, cls.__name__)
+    public = _tfprivate.estimator.estimator_classes().get(cls, cls.__name__)
     why = (
         f"its model_fn {code.co_name!r} names an estimator tpushim converted, whose model_fn it "
         "may call outside TPUEstimator (on a TPU nothing would run on it)"
@@ -162,8 +162,8 @@ def add_metrics(estimator, metric_fn):
 def _with(model_fn, metric_fn, run_config):
     """``model_fn`` whose EVAL spec also computes ``metric_fn``'s metrics (see the module);
     ``run_config`` is what ``metric_fn`` gets as ``config``, as stock gives it the estimator's."""
-    wanted = set(_tfprivate.fn_args(metric_fn))
-    takes_config = "config" in _tfprivate.fn_args(model_fn)
+    wanted = set(_tfprivate.estimator.fn_args(metric_fn))
+    takes_config = "config" in _tfprivate.estimator.fn_args(model_fn)
 
     def model_fn_with_metrics(features, labels, mode, params, config=None):
         # TPUEstimator passes its RunConfig to a model_fn that takes one (for the host_call).
@@ -180,7 +180,7 @@ def _with(model_fn, metric_fn, run_config):
         }
         parts = {k: v for k, v in parts.items() if k in wanted and v is not None}
         flat = tf.nest.flatten(parts)
-        for path, tensor in zip(_tfprivate.leaf_paths(parts), flat):
+        for path, tensor in zip(_tfprivate.data.leaf_paths(parts), flat):
             if not isinstance(tensor, tf.Tensor) or tensor.shape.rank == 0:
                 raise ConversionError(
                     f"tf.estimator.add_metrics: {path} is a {type(tensor).__name__}, not a "
@@ -204,10 +204,10 @@ def _with(model_fn, metric_fn, run_config):
                 kwargs["config"] = run_config
             # Stock's checks, texts and conversion: Metric objects become (result, update_op),
             # their variables local (initialised, not restored) metric variables.
-            added = _tfprivate.validate_eval_metric_ops(dict(metric_fn(**kwargs)))
+            added = _tfprivate.estimator.validate_eval_metric_ops(dict(metric_fn(**kwargs)))
             ops.update(
                 {
-                    name: (value, _tfprivate.update_op(update))
+                    name: (value, _tfprivate.keras_compile.update_op(update))
                     for name, (value, update) in added.items()
                 }
             )
@@ -215,6 +215,6 @@ def _with(model_fn, metric_fn, run_config):
 
         # A new spec, not spec._replace(): TPUEstimatorSpec reads its host calls in __new__.
         fields = dict(spec._asdict(), eval_metrics=(metric_fn_with_added, tensors))
-        return _tfprivate.tpu_estimator.TPUEstimatorSpec(**fields)
+        return _tfprivate.modules.tpu_estimator.TPUEstimatorSpec(**fields)
 
     return model_fn_with_metrics

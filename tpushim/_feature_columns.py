@@ -124,7 +124,7 @@ class Split:
                 else features[source]
                 for key, source in layer.sources
             }
-            cache = _tfprivate.feature_transformation_cache(read)
+            cache = _tfprivate.keras.feature_transformation_cache(read)
             for col in layer.columns:
                 with tf.name_scope(col.key.replace("/", "_").replace(":", "_")):
                     if col.kind == "dense":
@@ -192,7 +192,7 @@ def _dense_block(column, cache, features):
 def _max_ids(column, features):
     """The most ids a row of ``column``'s sparse ids can hold, from the features' static shapes,
     or None when they do not say."""
-    fc = _tfprivate.feature_column_classes()
+    fc = _tfprivate.keras.feature_column_classes()
     if isinstance(column, str):
         value = features.get(column)
         if not isinstance(value, tf.Tensor):  # a SparseTensor: no static bound
@@ -277,7 +277,7 @@ def _refuse(layer, column, why):
 
 
 def _column_kind(layer, column):
-    fc = _tfprivate.feature_column_classes()
+    fc = _tfprivate.keras.feature_column_classes()
     if isinstance(column, fc.WEIGHT_FREE_DENSE):
         return "dense"
     if isinstance(column, fc.EmbeddingColumn):
@@ -301,7 +301,7 @@ def _column_kind(layer, column):
 
 
 def _known_categorical(column):
-    fc = _tfprivate.feature_column_classes()
+    fc = _tfprivate.keras.feature_column_classes()
     if isinstance(column, fc.CrossedColumn):
         return all(isinstance(k, str) or _known_categorical(k) for k in column.keys)
     if isinstance(column, fc.WeightedCategoricalColumn):
@@ -321,31 +321,31 @@ def plan(keras_model, custom_objects=None):
       ConversionError: a ``DenseFeatures`` layer tpushim cannot split (see the module's
         docstring), naming the layer and the column, or the layer holding the weight it reads.
     """
-    dense_features = _tfprivate.dense_features_class()
+    dense_features = _tfprivate.keras.dense_features_class()
     layers = [
         layer for layer in getattr(keras_model, "layers", []) if isinstance(layer, dense_features)
     ]
     # Only a functional model's layers read its inputs by name (stock cannot convert a Sequential
     # model starting with DenseFeatures: Keras clones it on a list of tensors).
-    if not layers or not _tfprivate.is_graph_network(keras_model):
+    if not layers or not _tfprivate.keras.is_graph_network(keras_model):
         return None
     host = _host_side.layers(keras_model, custom_objects=custom_objects)
     node_keys = _host_side.node_keys(keras_model)
     input_names = set(keras_model.input_names)
     by_layer = {}
-    for layer, _, _, node in _tfprivate.functional_nodes(keras_model):
+    for layer, _, _, node in _tfprivate.keras.functional_nodes(keras_model):
         if isinstance(layer, dense_features):
             by_layer.setdefault(layer.name, []).append(node)
     moved, keys, host_tensors = [], set(), {}
     for layer in layers:
         sources = set()
         for node in by_layer.get(layer.name, ()):
-            read = _tfprivate.node_features_argument(node)
+            read = _tfprivate.keras.node_features_argument(node)
             pairs = []
             for key, tensor in read.items() if isinstance(read, dict) else ():
                 producer = tensor._keras_history.layer
                 if isinstance(producer, tf.keras.layers.InputLayer):
-                    pairs.append((key, _tfprivate.input_tensor_name(tensor)))
+                    pairs.append((key, _tfprivate.keras.input_tensor_name(tensor)))
                 elif producer.name in host:
                     pairs.append((key, node_keys[id(tensor)]))
                     host_tensors[node_keys[id(tensor)]] = tensor
@@ -360,7 +360,7 @@ def plan(keras_model, custom_objects=None):
         if len(sources) > 1:
             raise _refuse(layer, None, "it is called on different features at different places")
         columns = []
-        for column in _tfprivate.dense_features_columns(layer):
+        for column in _tfprivate.keras.dense_features_columns(layer):
             columns.append(Column(column, _column_kind(layer, column), _key(layer.name, column)))
             keys |= _keys_read(column)
         moved.append(Layer(layer.name, tuple(columns), next(iter(sources), ())))
@@ -369,7 +369,7 @@ def plan(keras_model, custom_objects=None):
     # fed (the model computes a host layer another layer reads again from it).
     only_moved = _read_only_by(keras_model, host, {layer.name for layer in layers})
     read_elsewhere = set()
-    for input_layer in _tfprivate.input_layers(keras_model):
+    for input_layer in _tfprivate.keras.input_layers(keras_model):
         consumers = [node.outbound_layer for node in input_layer.outbound_nodes]
         if all(layer.name in only_moved for layer in consumers):
             keys.add(input_layer.name)
@@ -392,7 +392,7 @@ def plan(keras_model, custom_objects=None):
 def _read_only_by(keras_model, host, moved):
     """``moved`` and the ``host`` layers whose outputs only those read (no other layer, no
     model output)."""
-    nodes = _tfprivate.functional_nodes(keras_model)
+    nodes = _tfprivate.keras.functional_nodes(keras_model)
     readers = {}
     for layer, inputs, _, _ in nodes:
         for tensor in inputs:
@@ -418,13 +418,13 @@ def _device_call(split, blocks):
             return own_call(features, cols_to_output_tensors, training)
         outputs = []
         # The clone's own column objects (rebuilt from the layer's config) hold its variables.
-        own = {column.name: column for column in _tfprivate.dense_features_columns(layer)}
+        own = {column.name: column for column in _tfprivate.keras.dense_features_columns(layer)}
         for col in moved.columns:
             with tf.name_scope(col.column.name):
                 if col.kind == "dense":
                     outputs.append(blocks[col.key])
                 else:
-                    table = _tfprivate.dense_features_variable(
+                    table = _tfprivate.keras.dense_features_variable(
                         layer, own[col.column.name], "embedding_weights"
                     )
                     outputs.append(
@@ -467,7 +467,7 @@ def layer_output(split, blocks, layer, training=None):
 def device_layers(split, blocks):
     """While active, the moved ``DenseFeatures`` layers of a clone read ``blocks`` (the features
     the input pipeline made) instead of transforming raw features."""
-    with _tfprivate.dense_features_call_replaced(_device_call(split, blocks)):
+    with _tfprivate.keras.dense_features_call_replaced(_device_call(split, blocks)):
         yield
 
 
@@ -484,9 +484,9 @@ def shapes_only(split):
         first = tf.nest.flatten(features)[0]
         width = sum(
             column.variable_shape.num_elements()
-            for column in _tfprivate.dense_features_columns(layer)
+            for column in _tfprivate.keras.dense_features_columns(layer)
         )
         return tf.zeros([tf.shape(first)[0], width])
 
-    with _tfprivate.dense_features_call_replaced(call):
+    with _tfprivate.keras.dense_features_call_replaced(call):
         yield

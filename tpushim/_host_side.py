@@ -28,7 +28,7 @@ HOST_PREFIX = "tpushim_host/"
 def node_keys(keras_model):
     """KerasTensor id -> a key naming it by layer name, the node's rank among that layer's
     nodes in the model, and the output's index: the same in the model and in a clone of it."""
-    nodes = _tfprivate.functional_nodes(keras_model)
+    nodes = _tfprivate.keras.functional_nodes(keras_model)
     ours = {id(node) for _, _, _, node in nodes}
     keys = {}
     for layer, _, outputs, node in nodes:
@@ -66,9 +66,9 @@ def _not_weight_free(layer):
     if layer.weights:
         names = ", ".join(repr(w.name) for w in layer.weights[:3])
         return f"holds weights ({names})"
-    if isinstance(layer, _tfprivate.random_layer_class()):
+    if isinstance(layer, _tfprivate.keras.random_layer_class()):
         return "draws random numbers"
-    if _tfprivate.reads_training_mode(layer):
+    if _tfprivate.keras.reads_training_mode(layer):
         return "depends on the training mode"
     return None
 
@@ -82,9 +82,9 @@ def layers(keras_model, strings=False, custom_objects=None):
     Raises:
       ConversionError: such a layer cannot run on the host, naming it and why.
     """
-    dense_features = _tfprivate.dense_features_class()
-    lookups = _tfprivate.lookup_layer_classes()
-    nodes = _tfprivate.functional_nodes(keras_model)
+    dense_features = _tfprivate.keras.dense_features_class()
+    lookups = _tfprivate.keras.lookup_layer_classes()
+    nodes = _tfprivate.keras.functional_nodes(keras_model)
     feeding = {}
     for layer, inputs, _, _ in reversed(nodes):
         if isinstance(layer, dense_features):
@@ -154,7 +154,7 @@ def _drawing_random_numbers(keras_model, names, custom_objects):
         return set()
     outputs = {
         f"{layer.name}/{i}": tensor
-        for layer, _, made, _ in _tfprivate.functional_nodes(keras_model)
+        for layer, _, made, _ in _tfprivate.keras.functional_nodes(keras_model)
         if layer.name in names
         for i, tensor in enumerate(made)
     }
@@ -162,7 +162,7 @@ def _drawing_random_numbers(keras_model, names, custom_objects):
     # caller is in: Keras calls a layer made in one mode badly in the other), in a graph of its
     # own; the user's own layers stay uncalled.
     model = template(keras_model, names, outputs)
-    with _tfprivate.keras_tensors_mode(keras_model, graph=True):
+    with _tfprivate.keras.keras_tensors_mode(keras_model, graph=True):
         with tf.keras.utils.custom_object_scope(custom_objects or {}):
             made = tf.keras.models.clone_model(model)
         specs = {n: tf.TensorSpec(t.shape, t.dtype) for n, t in zip(made.input_names, made.inputs)}
@@ -178,15 +178,15 @@ def _drawing_random_numbers(keras_model, names, custom_objects):
 def template(keras_model, host, outputs):
     """The host layers as a model: the model inputs they read -> ``outputs`` (key -> a
     KerasTensor of ``keras_model`` a host layer makes)."""
-    read = {id(t): _tfprivate.input_tensor_name(t) for t in keras_model.inputs}
+    read = {id(t): _tfprivate.keras.input_tensor_name(t) for t in keras_model.inputs}
     used = {
         read[id(t)]: t
-        for layer, inputs, _, _ in _tfprivate.functional_nodes(keras_model)
+        for layer, inputs, _, _ in _tfprivate.keras.functional_nodes(keras_model)
         if layer.name in host
         for t in inputs
         if id(t) in read
     }
-    with _tfprivate.keras_tensors_mode(keras_model):  # of the classes of the model's mode
+    with _tfprivate.keras.keras_tensors_mode(keras_model):  # of the classes of the model's mode
         return tf.keras.Model(inputs=used, outputs=dict(outputs))
 
 
@@ -194,7 +194,7 @@ def copy(model, custom_objects):
     """A pipeline's own copy of a host template (its layers' tables made where it runs)."""
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
         clone = tf.keras.models.clone_model(model)
-    lookups = _tfprivate.lookup_layer_classes()
+    lookups = _tfprivate.keras.lookup_layer_classes()
     for own, made in zip(model.layers, clone.layers):
         # An adapted vocabulary is not in a lookup layer's config: given to the copy.
         if isinstance(own, lookups[:1]) and not own.get_config().get("vocabulary"):

@@ -70,7 +70,7 @@ class InputWaitHook(tf.compat.v1.train.SessionRunHook):
         with tf.name_scope("tpushim_input_wait"):
             before = tf.timestamp()
             for read in reads:
-                _tfprivate.add_control_input(read, before.op)
+                _tfprivate.graph.add_control_input(read, before.op)
             with tf.control_dependencies(reads):
                 after = tf.timestamp()
             self._wait = after - before
@@ -120,7 +120,7 @@ def strategy_timing():
         _local.wait = outer
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def next_input(iterator, checked=True):
     """``iterator.get_next_as_optional()`` inside a ``tf.function`` (``checked`` False: the
     element itself, ``next(iterator)``, where the caller knows one is left), its wait added to

@@ -91,10 +91,10 @@ class LossPlan:
 
 
 def _is_builtin_loss(loss_fn):
-    modules = _tfprivate.keras_loss_modules()
+    modules = _tfprivate.keras_compile.keras_loss_modules()
     if type(loss_fn).__module__ not in modules:
         return False
-    if isinstance(loss_fn, _tfprivate.loss_function_wrapper_class()):
+    if isinstance(loss_fn, _tfprivate.keras_compile.loss_function_wrapper_class()):
         return getattr(loss_fn.fn, "__module__", None) in modules
     return True
 
@@ -110,7 +110,7 @@ def _known_mean(layer):
     """A layer whose input losses are all its built-in activity regularizer's (degree 0)."""
     return (
         type(layer).__module__.startswith("keras.")
-        and not isinstance(layer, (tf.keras.Model, _tfprivate.add_loss_layer_class()))
+        and not isinstance(layer, (tf.keras.Model, _tfprivate.keras_compile.add_loss_layer_class()))
         and _builtin_activity_regularizer(layer)
     )
 
@@ -233,7 +233,7 @@ def _reads(loss_fn, output_shape, output_dtype):
             with tf.Graph().as_default():
                 t, p = _placeholders(shape, dtype, output_shape, output_dtype)
                 values = tf.nest.flatten(loss_fn.call(t, p))
-                reached = [_tfprivate.reachable_from([x], values) for x in (t, p)]
+                reached = [_tfprivate.graph.reachable_from([x], values) for x in (t, p)]
                 return tuple(any(v in r for v in values) for r in reached)
         except Exception:  # a user's function: try the next form of labels
             continue
@@ -351,7 +351,7 @@ def _layer_terms(layers):
     return [
         ((layer.name, i), layer, i)
         for layer in layers
-        for i, _ in enumerate(_tfprivate.layer_input_losses(layer))
+        for i, _ in enumerate(_tfprivate.keras_compile.layer_input_losses(layer))
     ]
 
 
@@ -360,13 +360,15 @@ def _scratch_clone(keras_model, custom_objects, features):
     model) on placeholders shaped like ``features`` with any batch size."""
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
         if features is None:
-            clone = _tfprivate.clone_for_inspection(keras_model, custom_objects)
+            clone = _tfprivate.keras.clone_for_inspection(keras_model, custom_objects)
             return clone, list(clone.inputs)
         placeholders = tf.nest.map_structure(
             lambda t: tf.compat.v1.placeholder(t.dtype, [None] + t.shape.as_list()[1:]), features
         )
-        inputs, _, _ = _tfprivate.convert_estimator_io_to_keras(keras_model, placeholders, None)
-        clone = _tfprivate.clone_for_inspection(keras_model, custom_objects, inputs)
+        inputs, _, _ = _tfprivate.estimator.convert_estimator_io_to_keras(
+            keras_model, placeholders, None
+        )
+        clone = _tfprivate.keras.clone_for_inspection(keras_model, custom_objects, inputs)
         return clone, tf.nest.flatten(placeholders)
 
 
@@ -375,23 +377,23 @@ def classify_added(keras_model, custom_objects, features=None):
     clone in a scratch graph (a subclassed model: on placeholders shaped like ``features``; the
     caller restores the model, which Keras resets in place to clone it)."""
     if features is None and all(
-        _known_mean(layer) for _, layer, _ in _layer_terms(_tfprivate.all_layers(keras_model))
+        _known_mean(layer) for _, layer, _ in _layer_terms(_tfprivate.keras.all_layers(keras_model))
     ):
         return {}
     with (
-        _tfprivate.keras_classes_kept(keras_model),
+        _tfprivate.keras.keras_classes_kept(keras_model),
         tf.Graph().as_default() as graph,
         tf.compat.v1.Session(graph=graph) as sess,
     ):
         clone, inputs = _scratch_clone(keras_model, custom_objects, features)
         terms = {
-            key: _tfprivate.layer_input_losses(layer)[i]
-            for key, layer, i in _layer_terms(_tfprivate.all_layers(clone))
+            key: _tfprivate.keras_compile.layer_input_losses(layer)[i]
+            for key, layer, i in _layer_terms(_tfprivate.keras.all_layers(clone))
             if not _known_mean(layer)
         }
         if not terms:
             return {}
-        reachable = _tfprivate.reachable_from(inputs, list(terms.values()))
+        reachable = _tfprivate.graph.reachable_from(inputs, list(terms.values()))
         degrees = {key: 0 for key, t in terms.items() if t not in reachable}  # batch-free
         terms = {key: t for key, t in terms.items() if key not in degrees}
         floats = [v for v in clone.weights if v.dtype.base_dtype.is_floating]
@@ -440,9 +442,9 @@ def _output_specs(model, custom_objects, compiled=None):
     """(names, loss functions, shapes, dtypes, loss weights) of ``model``'s outputs, with the
     losses and weights ``compiled`` (default: ``model``) was compiled with."""
     names = model.output_names
-    args = _tfprivate.compile_args(compiled or model)
+    args = _tfprivate.keras.compile_args(compiled or model)
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
-        loss_fns = _tfprivate.prepare_loss_functions(args.get("loss"), names)
+        loss_fns = _tfprivate.keras_compile.prepare_loss_functions(args.get("loss"), names)
     return (
         names,
         loss_fns,
@@ -456,8 +458,8 @@ def plan_subclassed(keras_model, custom_objects, features):
     """The :class:`LossPlan` of a subclassed model, whose outputs and losses exist only once it
     is called: from a scratch clone on placeholders shaped like ``features`` (the model_fn's)."""
     with (
-        _tfprivate.keras_random_state_kept(),
-        _tfprivate.keras_classes_kept(keras_model),
+        _tfprivate.keras.keras_random_state_kept(),
+        _tfprivate.keras.keras_classes_kept(keras_model),
         tf.Graph().as_default(),
     ):
         try:
@@ -468,12 +470,12 @@ def plan_subclassed(keras_model, custom_objects, features):
             outputs = classify_outputs(names, loss_fns, shapes, dtypes, weights)
             specs = {n: tf.TensorSpec([None, *s[1:]], d) for n, s, d in zip(names, shapes, dtypes)}
         finally:
-            _tfprivate.restore_subclassed_model_state(keras_model)
-    with _tfprivate.keras_random_state_kept():
+            _tfprivate.keras.restore_subclassed_model_state(keras_model)
+    with _tfprivate.keras.keras_random_state_kept():
         try:
             added = classify_added(keras_model, custom_objects, features)
         finally:
-            _tfprivate.restore_subclassed_model_state(keras_model)
+            _tfprivate.keras.restore_subclassed_model_state(keras_model)
     return LossPlan(outputs=outputs, added=added, output_specs=specs)
 
 
@@ -483,7 +485,7 @@ _plans = weakref.WeakKeyDictionary()  # keras model -> (what it was planned from
 
 
 def _planned_from(keras_model):
-    args = _tfprivate.compile_args(keras_model)
+    args = _tfprivate.keras.compile_args(keras_model)
     return (
         id(args.get("loss")),
         id(args.get("loss_weights")),
@@ -505,7 +507,7 @@ def plan(keras_model, custom_objects=None):
         result = LossPlan(outputs={}, added=None)
     else:
         outputs = classify_outputs(*_output_specs(keras_model, custom_objects))
-        with _tfprivate.keras_random_state_kept():
+        with _tfprivate.keras.keras_random_state_kept():
             added = classify_added(keras_model, custom_objects)
         result = LossPlan(outputs=outputs, added=added)
     _plans[keras_model] = (key, result)

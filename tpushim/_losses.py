@@ -44,7 +44,7 @@ class Totals:
         self.global_rows = global_rows
         self._parts, self._known, self._values = [], [], None
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def add(self, value, known=None):
         """Registers a scalar (``known``: its sum over the shards, where that is known without
         summing); returns a function giving its sum over the shards."""
@@ -53,14 +53,14 @@ class Totals:
         index = len(self._parts) - 1
         return lambda dtype: tf.cast(self._values[index], dtype)
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def rows_times(self, elements):
         """The global real rows times ``elements`` (a static count), or None if not known."""
         if self.global_rows is None or elements is None:
             return None
         return self.global_rows * float(elements)
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def resolve(self, cross_replica):
         """``cross_replica``: False (one shard), True (a TPU's ``cross_replica_sum``) or a
         function summing a tensor over the replicas (a ``tf.distribute`` replica context's)."""
@@ -77,16 +77,16 @@ class Totals:
         self._values = tf.stop_gradient(stacked)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _weighted(values, weights):
     """``values`` times ``weights``, broadcast as Keras broadcasts sample weights (no reduction)."""
-    losses_utils = _tfprivate.losses_utils()
+    losses_utils = _tfprivate.keras_compile.losses_utils()
     return losses_utils.compute_weighted_loss(
         values, sample_weight=weights, reduction=losses_utils.ReductionV2.NONE
     )
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _times(a, b):
     """The product of two optional weights (Keras's broadcasting), None if both are None."""
     if a is None or b is None:
@@ -94,13 +94,13 @@ def _times(a, b):
     return _weighted(tf.cast(a, tf.float32), tf.cast(b, tf.float32))
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _rows(pad, like):
     """The [batch] padding weight with one axis per axis of ``like``: it multiplies rows."""
     return tf.reshape(tf.cast(pad, tf.float32), [-1] + [1] * max(like.shape.rank - 1, 0))
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _mask_weights(endpoint, mask):
     """Keras's weights of an output's loss elements before a mean's rescaling: sample weight
     times mask (training_v1 ``_prepare_total_loss``, losses_utils ``apply_mask``)."""
@@ -110,13 +110,13 @@ def _mask_weights(endpoint, mask):
     mask = tf.cast(mask, tf.float32)
     if weight is None:
         return mask
-    mask, _, weight = _tfprivate.losses_utils().squeeze_or_expand_dimensions(
+    mask, _, weight = _tfprivate.keras_compile.losses_utils().squeeze_or_expand_dimensions(
         mask, sample_weight=tf.cast(weight, tf.float32)
     )
     return weight * mask
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _reduction(loss_fn):
     reduction = loss_fn.reduction
     return Reduction.SUM_OVER_BATCH_SIZE if reduction == Reduction.AUTO else reduction
@@ -134,7 +134,7 @@ def _check_reduction(endpoint):
         )
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _output_term(endpoint, mask, kind, pad, totals, shards):
     """This output's part of L_s (before its loss weight), as a function of the resolved totals."""
     y_true, y_pred = endpoint.training_target.target, endpoint.output
@@ -143,7 +143,7 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
     weights = _mask_weights(endpoint, mask)
     counted = None if mask is None else tf.cast(mask, tf.float32)  # what a mean counts
     if kind == _loss_kinds.ROWS:
-        values = _tfprivate.user_code(loss_fn.call)(y_true, y_pred)  # the user's, converted
+        values = _tfprivate.graph.user_code(loss_fn.call)(y_true, y_pred)  # the user's, converted
         if pad is not None:
             weights, counted = (
                 _times(weights, _rows(pad, values)),
@@ -160,7 +160,7 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
 
     degree, rows = (0 if kind == _loss_kinds.CONSTANT else kind), None
     if pad is None or kind == _loss_kinds.CONSTANT:  # a constant: the same on the real rows
-        value = _tfprivate.user_code(loss_fn.call)(y_true, y_pred)
+        value = _tfprivate.graph.user_code(loss_fn.call)(y_true, y_pred)
         if pad is not None and weights is not None:
             weights, counted = _times(weights, pad), _times(counted, pad)
     else:  # the real rows' value: one value per row (a batch of one), added up as its degree says
@@ -206,8 +206,8 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
 def _added_degrees(model, plan):
     """{id(tensor): degree} for the losses the clone's layers added from their inputs."""
     degrees = {}
-    for layer in _tfprivate.all_layers(model):
-        for i, term in enumerate(_tfprivate.layer_input_losses(layer)):
+    for layer in _tfprivate.keras.all_layers(model):
+        for i, term in enumerate(_tfprivate.keras_compile.layer_input_losses(layer)):
             degrees[id(term)] = (plan.added or {}).get((layer.name, i), 0)
     return degrees
 
@@ -225,12 +225,14 @@ def training_loss(model, plan, padding_weight, shards, cross_replica):
       ConversionError: a loss added from the inputs on a padded batch.
       ValueError: a loss with reduction NONE (stock's reason).
     """
-    endpoints = [e for e in _tfprivate.training_endpoints(model) if not e.should_skip_target()]
+    endpoints = [
+        e for e in _tfprivate.keras_compile.training_endpoints(model) if not e.should_skip_target()
+    ]
     for endpoint in endpoints:
         _check_reduction(endpoint)
-    added = _tfprivate.added_losses(model)
+    added = _tfprivate.keras_compile.added_losses(model)
     degrees = _added_degrees(model, plan)
-    from_inputs = _tfprivate.reachable_from(model.inputs, added) if added else []
+    from_inputs = _tfprivate.graph.reachable_from(model.inputs, added) if added else []
     if padding_weight is not None and any(t in from_inputs for t in added):
         raise ConversionError(
             "this training input has short batches, which a TPU pads to full size, or a global "
@@ -241,7 +243,7 @@ def training_loss(model, plan, padding_weight, shards, cross_replica):
             "with drop_remainder=True, B a multiple of the TPU's cores."
         )
     kinds = [plan.outputs.get(e.output_name, _loss_kinds.ROWS) for e in endpoints]
-    masks = dict(zip(model.output_names, _tfprivate.output_masks(model)))
+    masks = dict(zip(model.output_names, _tfprivate.keras_compile.output_masks(model)))
     masks = [masks.get(e.output_name) for e in endpoints]
     if padding_weight is None and not (
         shards > 1 and _needs_global(endpoints, kinds, masks, added, degrees)
@@ -273,7 +275,7 @@ def _needs_global(endpoints, kinds, masks, added, degrees):
     return any(degrees.get(id(t), 0) != 0 for t in added)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_replica, totals=None):
     """``L_s``: the terms of shard s's loss, whose mean over the ``shards`` is the global batch's
     (see the module's docstring); ``cross_replica`` as :meth:`Totals.resolve` takes it. The
@@ -288,7 +290,7 @@ def shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_repli
     totals.resolve(cross_replica)
     parts = [weight * term() for weight, term in terms]
     parts += [t * float(shards) ** degrees.get(id(t), 0) for t in added]
-    parts = _tfprivate.losses_utils().cast_losses_to_common_dtype(parts)
+    parts = _tfprivate.keras_compile.losses_utils().cast_losses_to_common_dtype(parts)
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
@@ -301,7 +303,7 @@ def global_output_loss(endpoint, kind, padding_weight, cross_replica):
       endpoint: the output's training endpoint; padding_weight: as :func:`training_loss`.
       cross_replica: combine the shards' values over all TPU shards.
     """
-    shards = (_tfprivate.num_shards_in_replica_context() or 1) if cross_replica else 1
+    shards = (_tfprivate.tpu.num_shards_in_replica_context() or 1) if cross_replica else 1
     mask = getattr(endpoint.output, "_keras_mask", None)
     totals = Totals()
     term = _output_term(endpoint, mask, kind, padding_weight, totals, shards)

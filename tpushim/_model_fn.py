@@ -46,7 +46,7 @@ def optimizer_kind(optimizer):
     """
     if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
         return "keras"
-    if isinstance(optimizer, _tfprivate.keras_v1_tf_optimizer_class()):
+    if isinstance(optimizer, _tfprivate.keras.keras_v1_tf_optimizer_class()):
         return "tf1"
     raise ConversionError(
         f"tpushim cannot average the gradients of optimizer {type(optimizer).__module__}."
@@ -57,7 +57,7 @@ def optimizer_kind(optimizer):
 
 def _cross_shard_mean(grads_and_vars):
     """gradient_aggregator for a TPU: the mean of every gradient over all shards."""
-    num_shards = _tfprivate.num_shards_in_replica_context() or 1
+    num_shards = _tfprivate.tpu.num_shards_in_replica_context() or 1
     out = []
     for grad, var in grads_and_vars:
         if grad is not None:
@@ -87,7 +87,7 @@ def _set_aggregation(model, use_tpu):
 
 def _clone_metric(metric):
     clone = metric.__class__.from_config(metric.get_config())
-    _tfprivate.set_metric_name(clone, metric.name)
+    _tfprivate.keras_compile.set_metric_name(clone, metric.name)
     return clone
 
 
@@ -107,7 +107,9 @@ def stable_metric_name(name, output_names):
 def _metric_plan(model, metric_names_map):
     """[(reported name, output index, weighted, Metric)] for every compiled metric of the clone."""
     plan = []
-    for index, (unweighted, weighted) in enumerate(_tfprivate.per_output_metrics(model)):
+    for index, (unweighted, weighted) in enumerate(
+        _tfprivate.keras_compile.per_output_metrics(model)
+    ):
         for is_weighted, metrics in ((False, unweighted), (True, weighted)):
             for metric in metrics.values():
                 name = stable_metric_name(metric.name, model.output_names)
@@ -130,13 +132,13 @@ def _eval_metrics(model, metric_names_map, padding_weight):
     if not plan:
         return None
     tensors, logits_how = {}, {}
-    for index, endpoint in enumerate(_tfprivate.training_endpoints(model)):
+    for index, endpoint in enumerate(_tfprivate.keras_compile.training_endpoints(model)):
         if endpoint.should_skip_target():
             continue
         output = endpoint.output
         tensors[f"y_true_{index}"] = endpoint.training_target.target
         tensors[f"y_pred_{index}"] = output
-        how, logits = _tfprivate.output_logits(output)
+        how, logits = _tfprivate.keras_compile.output_logits(output)
         if how is not None:
             logits_how[index] = how
             tensors[f"logits_{index}"] = logits
@@ -157,7 +159,7 @@ def _eval_metrics(model, metric_names_map, padding_weight):
             metric = _clone_metric(metric)
             y_pred = tensors[f"y_pred_{index}"]
             if index in logits_how:
-                y_pred = _tfprivate.with_output_logits(
+                y_pred = _tfprivate.keras_compile.with_output_logits(
                     y_pred, logits_how[index], tensors[f"logits_{index}"]
                 )
             y_true = tensors[f"y_true_{index}"]
@@ -165,8 +167,8 @@ def _eval_metrics(model, metric_names_map, padding_weight):
             if weights is not None:  # [batch] labels of a [batch, 1] output: each row weighed,
                 y_true = _padding.row_labels(y_true, y_pred)  # as model.evaluate weighs them
             # Keras's own call: the output's mask weighs the metric (times any sample weight).
-            update_op = _tfprivate.update_op(
-                _tfprivate.call_metric_function(
+            update_op = _tfprivate.keras_compile.update_op(
+                _tfprivate.keras_compile.call_metric_function(
                     metric.update_state,
                     y_true,
                     y_pred,
@@ -188,11 +190,15 @@ def _eval_metrics(model, metric_names_map, padding_weight):
 
 
 def _export_outputs(model, predictions, export_outputs):
-    final = {_tfprivate.DEFAULT_SERVING_KEY: _tfprivate.export_lib.PredictOutput(predictions)}
+    final = {
+        _tfprivate.estimator.DEFAULT_SERVING_KEY: _tfprivate.modules.export_lib.PredictOutput(
+            predictions
+        )
+    }
     if export_outputs is not None:
         different = set(export_outputs) - set(model.output_names)
         if different:
-            raise _tfprivate.FormattedKeyError(  # stock keras_lib's text, verbatim
+            raise _tfprivate.estimator.FormattedKeyError(  # stock keras_lib's text, verbatim
                 f"The list passed into {model.output_names} does not cover requested "
                 f"{export_outputs} keys defined in the keras model."
                 f"\n\tExpected keys: {set(export_outputs.keys())}"
@@ -224,12 +230,12 @@ def _scaffold_fn(model):
     """Object-based (tf.train.Checkpoint) saving, as stock does for the v2 spelling."""
 
     def scaffold_fn():
-        _tfprivate.track_global_step(model)
+        _tfprivate.keras.track_global_step(model)
         var_list = tf.compat.v2.__internal__.tracking.ObjectGraphView(
             model
         ).frozen_saveable_objects()
         saver = tf.compat.v1.train.Saver(var_list=var_list, sharded=True)
-        _tfprivate.set_object_restore_saver(saver, model)
+        _tfprivate.keras.set_object_restore_saver(saver, model)
         return tf.compat.v1.train.Scaffold(saver=saver)
 
     return scaffold_fn
@@ -242,7 +248,7 @@ def _refuse_weighted_one_number(features, names, one_number):
     squeeze dim[0]"), so they are refused, naming the fix, before anything is written."""
     if not (isinstance(features, dict) and set(features) == {"features", "sample_weights"}):
         return
-    weights = _tfprivate.standardize_sample_weights(features["sample_weights"], names)
+    weights = _tfprivate.keras_compile.standardize_sample_weights(features["sample_weights"], names)
     _padding.check_sample_weight_shapes(weights)
     for name, weight in zip(names, weights):
         if name in one_number and weight is not None:
@@ -338,7 +344,7 @@ def make_model_fn(
         if mode == ModeKeys.EVAL:
             features = _weights_of_any_batch(features, labels)
         with moved:
-            model = _tfprivate.clone_and_build_model(
+            model = _tfprivate.keras.clone_and_build_model(
                 mode=mode,
                 keras_model=keras_model,
                 custom_objects=custom_objects,
@@ -360,12 +366,12 @@ def make_model_fn(
         if mode == ModeKeys.TRAIN:
             # As stock's train function does first: sample weights that cover only some outputs
             # are dropped (Keras then recompiles its loss without any).
-            _tfprivate.settle_sample_weights(model)
-            shards = (_tfprivate.num_shards_in_replica_context() or 1) if use_tpu else 1
+            _tfprivate.keras_compile.settle_sample_weights(model)
+            shards = (_tfprivate.tpu.num_shards_in_replica_context() or 1) if use_tpu else 1
             shard_loss, loss = _losses.training_loss(
                 model, plan, padding_weight, shards, cross_replica=use_tpu
             )
-            _tfprivate.replace_total_loss(model, shard_loss)
+            _tfprivate.keras_compile.replace_total_loss(model, shard_loss)
             _set_aggregation(model, use_tpu)
             iterations = _step_losses.iterations_counted(config) if use_tpu else None
             if iterations:
@@ -374,15 +380,15 @@ def make_model_fn(
                 # model advances it twice).
                 before = tf.identity(tf.compat.v1.train.get_global_step())
                 with tf.control_dependencies([before]):
-                    _tfprivate.make_train_function(model)
+                    _tfprivate.keras_compile.make_train_function(model)
             elif use_tpu:
-                _tfprivate.make_train_function(model)
+                _tfprivate.keras_compile.make_train_function(model)
             else:
                 # The step's global-step increment after the read the hooks fetch with it, so
                 # SummarySaverHook and the step counter see the step before it (stock's
                 # model_to_estimator leaves the two unordered: its summaries can land a step off).
-                with tf.control_dependencies([_tfprivate.global_step_read()]):
-                    _tfprivate.make_train_function(model)
+                with tf.control_dependencies([_tfprivate.estimator.global_step_read()]):
+                    _tfprivate.keras_compile.make_train_function(model)
             train_op = model.train_function.updates_op
             if use_tpu and config is not None and config.save_summary_steps:
                 host_call = _training_host_call(
@@ -392,14 +398,16 @@ def make_model_fn(
             if iterations:
                 train_op = tf.group(train_op, _step_losses.record(loss, before, iterations))
         elif mode == ModeKeys.EVAL:
-            _tfprivate.settle_sample_weights(model)  # as stock's _make_test_function does
+            _tfprivate.keras_compile.settle_sample_weights(
+                model
+            )  # as stock's _make_test_function does
             loss = _padding.eval_loss(
                 model, padding_weight, cross_replica=use_tpu, kinds=plan and plan.outputs
             )
             eval_metrics = _eval_metrics(model, metric_names_map, padding_weight)
         # A subclassed model Keras could not clone was reset in place: give the user theirs back.
-        _tfprivate.restore_subclassed_model_state(keras_model)
-        return _tfprivate.tpu_estimator.TPUEstimatorSpec(
+        _tfprivate.keras.restore_subclassed_model_state(keras_model)
+        return _tfprivate.modules.tpu_estimator.TPUEstimatorSpec(
             mode=mode,
             predictions=(
                 _padding.with_padding_weight(predictions, padding_weight)

@@ -40,7 +40,7 @@ def pad_batch(batch_size, counted=False, global_count=None):
     ``log`` gives -inf, and 0 * inf in a weighted loss is NaN). Weighted 0, they count nowhere.
     """
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def pad(*element):
         element = element[0] if len(element) == 1 else element
         flat = tf.nest.flatten(element)
@@ -70,7 +70,7 @@ def pad_batch(batch_size, counted=False, global_count=None):
     return pad
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def global_rows(features):
     """The global batch's real rows a replica's padded features carry, or None (see
     :func:`pad_batch`'s ``counted``)."""
@@ -126,7 +126,7 @@ def split_padding(features):
 # --- weight ----------------------------------------------------------------------------------
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def row_labels(label, output):
     """Labels [batch] for an output [batch, 1] as [batch, 1]: Keras would reduce the loss over the
     batch inside the loss function (stock's loss is then the batch mean), leaving no per-row loss
@@ -189,9 +189,9 @@ def one_number_outputs(keras_model, labels, custom_objects=None, output_specs=No
         given = [labels]
     else:
         return {}
-    args = _tfprivate.compile_args(keras_model)
+    args = _tfprivate.keras.compile_args(keras_model)
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
-        loss_fns = _tfprivate.prepare_loss_functions(args.get("loss"), names)
+        loss_fns = _tfprivate.keras_compile.prepare_loss_functions(args.get("loss"), names)
     found = {}
     for name, loss_fn, output, label in zip(names, loss_fns, known.values(), given):
         if loss_fn is None or not tf.is_tensor(label) or row_labels(label, output) is label:
@@ -237,9 +237,9 @@ def eval_loss(model, padding_weight, cross_replica=False, kinds=None):
     """
     if padding_weight is None and not cross_replica:
         return model.total_loss
-    losses_utils = _tfprivate.losses_utils()
+    losses_utils = _tfprivate.keras_compile.losses_utils()
     total = 0.0
-    for endpoint in _tfprivate.training_endpoints(model):
+    for endpoint in _tfprivate.keras_compile.training_endpoints(model):
         if endpoint.should_skip_target():
             continue
         kind = (kinds or {}).get(endpoint.output_name, _loss_kinds.ROWS)

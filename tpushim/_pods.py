@@ -27,11 +27,15 @@ import tensorflow as tf
 
 from tpushim import _input_fn, _source, _tfprivate
 
-ModeKeys = _tfprivate.ModeKeys  # tf.estimator's (TensorFlow >= 2.16: tpushim's own estimator API's)
+ModeKeys = (
+    _tfprivate.estimator.ModeKeys
+)  # tf.estimator's (TensorFlow >= 2.16: tpushim's own estimator API's)
 #: TPUConfig's input configuration in which host 0's one pipeline feeds every core, in order
 #: (None on TensorFlow >= 2.16, which has no TPUEstimator: there only the strategy engine reads it).
 SLICED = (
-    _tfprivate.tpu_config.InputPipelineConfig.SLICED if _tfprivate.tpu_config is not None else None
+    _tfprivate.modules.tpu_config.InputPipelineConfig.SLICED
+    if _tfprivate.modules.tpu_config is not None
+    else None
 )
 
 # Dataset ops that read records from the files named by their first input (tf.data's auto-shard
@@ -128,7 +132,7 @@ def _function_nodes(graph, names):
     done, names = set(), list(names)
     while names:
         name = names.pop()
-        definition = None if name in done else _tfprivate.function_def(graph, name)
+        definition = None if name in done else _tfprivate.graph.function_def(graph, name)
         done.add(name)
         for node in definition.node_def if definition is not None else ():
             yield node
@@ -169,7 +173,7 @@ def _dataset_inputs(op):
 def _walk(dataset):
     """The :class:`_Structure` of the ops that make ``dataset``; nothing is run."""
     found = _Structure()
-    top = _tfprivate.dataset_variant_op(dataset)
+    top = _tfprivate.data.dataset_variant_op(dataset)
     stack, seen = [top] if top is not None else [], set()
     while stack:
         op = stack.pop()
@@ -424,15 +428,15 @@ def prepare(dataset, path, index):
             names = tf.raw_ops.PlaceholderWithDefault(
                 input=names, shape=tf.TensorShape(None if rank is None else [None] * rank)
             )
-        _tfprivate.update_input(op, position, names)
+        _tfprivate.graph.update_input(op, position, names)
         return dataset
     for op in found.reordering:
         if op.type == "OptionsDataset":
             options = _options_of(op)
             options.deterministic = True
-            _tfprivate.set_string_attr(op, "serialized_options", options.SerializeToString())
+            _tfprivate.graph.set_string_attr(op, "serialized_options", options.SerializeToString())
         else:
-            _tfprivate.set_string_attr(op, "deterministic", b"true")
+            _tfprivate.graph.set_string_attr(op, "deterministic", b"true")
     return dataset
 
 
@@ -449,7 +453,7 @@ class Seeds:
 
     def __init__(self, graph):
         self._graph = graph
-        seed, counter = _tfprivate.graph_seeds(graph)
+        seed, counter = _tfprivate.graph.graph_seeds(graph)
         self.drawn = seed is None
         self._pin = (
             random.SystemRandom().randrange(1, 2**31 - 1) if seed is None else seed,
@@ -461,12 +465,12 @@ class Seeds:
     @contextlib.contextmanager
     def pinned(self):
         """While a copy of the pipeline is made."""
-        before = _tfprivate.graph_seeds(self._graph)
-        _tfprivate.set_graph_seeds(self._graph, self._pin)
+        before = _tfprivate.graph.graph_seeds(self._graph)
+        _tfprivate.graph.set_graph_seeds(self._graph, self._pin)
         try:
             with _source.same_start_rows(self._starts):
                 yield
         finally:
             if self._made or self.drawn:
-                _tfprivate.set_graph_seeds(self._graph, before)
+                _tfprivate.graph.set_graph_seeds(self._graph, before)
             self._made = True

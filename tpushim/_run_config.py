@@ -10,7 +10,7 @@ from tpushim import _settings, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
-tpu_config = _tfprivate.tpu_config
+tpu_config = _tfprivate.modules.tpu_config
 
 # RunConfig settings carried one-to-one into tpu_config.RunConfig.
 _CARRIED = (
@@ -54,7 +54,7 @@ def _tpu_as_remote_master(config):
     if config.cluster is None or not config.cluster_spec or _tf_config_cluster():
         return config
     config = config.replace()  # a deep copy: the user's RunConfig is left as it is
-    _tfprivate.set_cluster_spec(config, tf.train.ClusterSpec({}))
+    _tfprivate.estimator.set_cluster_spec(config, tf.train.ClusterSpec({}))
     return config
 
 

@@ -21,7 +21,7 @@ logger = logging.getLogger("tpushim")
 
 def call_user_input_fn(input_fn, mode, params, config, input_context=None):
     """Calls a user's input_fn with the arguments it accepts, as Estimator does."""
-    args = _tfprivate.fn_args(input_fn)
+    args = _tfprivate.estimator.fn_args(input_fn)
     kwargs = {}
     if "params" in args:
         kwargs["params"] = params
@@ -55,7 +55,7 @@ class _SourceRecorder:
         self.counter = None
 
     def __enter__(self):
-        self.counter = _tfprivate.graph_seeds(tf.compat.v1.get_default_graph())[1]
+        self.counter = _tfprivate.graph.graph_seeds(tf.compat.v1.get_default_graph())[1]
         _INTERCEPTION.enter()
         self._outer = getattr(_active, "recorder", None)
         _active.recorder = self
@@ -152,7 +152,7 @@ class _Interception:
                 ours = _routed_iterator(original)
                 self._saved.append((owner, name, original, ours))
                 setattr(owner, name, ours)
-        self._restore_enqueue = _tfprivate.replace_enqueue_data(_routed_enqueue)
+        self._restore_enqueue = _tfprivate.estimator.replace_enqueue_data(_routed_enqueue)
 
     def _uninstall(self):
         self._restore_enqueue()
@@ -189,7 +189,7 @@ def _routed_enqueue(original):
         before = {key: list(graph.get_collection(key)) for key in _QUEUE_SIDE_EFFECTS}
         # The seeds stock's queue gets: the graph seed, and for op seed the random ops the
         # input_fn made before it (stock's graph counts them from 0).
-        seed, counter = _tfprivate.graph_seeds(graph)
+        seed, counter = _tfprivate.graph.graph_seeds(graph)
         start = recorder.counter
         seeds = _shuffle_queue.stock_seeds(
             seed, None if counter is None or start is None else counter - start
@@ -339,7 +339,9 @@ class _QueueSource:
         if not args["shuffle"] or args["num_threads"] != 1:
             return None
         runners = self.side_effects.get(tf.compat.v1.GraphKeys.QUEUE_RUNNERS, [])
-        starts = [row for runner in runners for row in _tfprivate.feeding_start_rows(runner)]
+        starts = [
+            row for runner in runners for row in _tfprivate.estimator.feeding_start_rows(runner)
+        ]
         if len(starts) != 1 or starts[0] is None:
             return None
         start = starts[0]

@@ -20,7 +20,7 @@ def _validate_model(keras_model, custom_objects):
     Exactly stock's: a subclassed model must rebuild from ``get_config``/``from_config`` (Keras
     2.13+ derives a config from basic ``__init__`` arguments), as the model_fn clones it so.
     """
-    _tfprivate.assert_valid_model(keras_model, custom_objects)
+    _tfprivate.estimator.assert_valid_model(keras_model, custom_objects)
 
 
 def _check_compiled(keras_model, custom_objects=None):
@@ -72,7 +72,7 @@ def _check_metrics(keras_model, custom_objects):
     """Every compiled metric must rebuild from its config: metric_fn recreates it on the host."""
     metrics = [
         m
-        for m in tf.nest.flatten(_tfprivate.compiled_user_metrics(keras_model))
+        for m in tf.nest.flatten(_tfprivate.keras_compile.compiled_user_metrics(keras_model))
         if isinstance(m, tf.keras.metrics.Metric)
     ]
     for metric in metrics:
@@ -132,7 +132,7 @@ def check_cluster(config):
 def saves_object_checkpoints(keras_model, checkpoint_format):
     """True for object-based (tf.train.Checkpoint) checkpoints, False for Saver ones; as stock."""
     if checkpoint_format in (None, "checkpoint"):
-        if _tfprivate.is_subclassed(keras_model):
+        if _tfprivate.keras.is_subclassed(keras_model):
             raise ValueError(
                 "Object-based checkpoints are currently not supported with "
                 "subclassed models."  # stock's text, then how to get past it
@@ -150,7 +150,7 @@ def _expected_variables(keras_model):
     """The model's own weights as {checkpoint key: shape}, both ways a checkpoint may name them:
     (name-based keys, object-based keys). Computed in memory: nothing is written."""
     by_name = {w.name.split(":")[0]: w.shape.as_list() for w in keras_model.weights}
-    return by_name, _tfprivate.object_checkpoint_keys(keras_model)
+    return by_name, _tfprivate.checkpoint.object_checkpoint_keys(keras_model)
 
 
 def check_model_dir(keras_model, model_dir):
@@ -161,7 +161,7 @@ def check_model_dir(keras_model, model_dir):
     or model_dir/keras. Refuses only when a matching key has a different shape, or when none of
     this model's variables is in it under either naming.
     """
-    if _tfprivate.is_subclassed(keras_model):
+    if _tfprivate.keras.is_subclassed(keras_model):
         # Its variables are named when the model_fn builds it (an unbuilt model has none yet) and
         # stock writes no Keras checkpoint for it: nothing to compare before training.
         return

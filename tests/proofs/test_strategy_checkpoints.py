@@ -28,14 +28,14 @@ REFERENCE = os.path.join(HERE, "reference", "strategy_checkpoints_tf215.json")
 
 
 def test_private_names_the_checkpoints_use():
-    """Stock's graph names by object path (tpushim/_tfprivate.py), for a model with one layer."""
+    """Stock's graph names by object path (tpushim/_tfprivate/checkpoint.py), for a model with one layer."""
     import tensorflow as tf
 
     from tpushim import _tfprivate
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,), name="out")])
     model.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), "mse")
-    names, unmatched = _tfprivate.stock_checkpoint_names(model, None)
+    names, unmatched = _tfprivate.checkpoint.stock_checkpoint_names(model, None)
     slot = ".OPTIMIZER_SLOT/optimizer/momentum"
     assert names == {
         "estimator_global_step": "global_step",
@@ -49,8 +49,8 @@ def test_private_names_the_checkpoints_use():
     }
     assert unmatched == []
     step = tf.Variable(0, dtype=tf.int64)
-    _tfprivate.track_estimator_step(model, step)
-    assert _tfprivate.checkpoint_variables(model)["estimator_global_step"] is step
+    _tfprivate.estimator.track_estimator_step(model, step)
+    assert _tfprivate.checkpoint.checkpoint_variables(model)["estimator_global_step"] is step
 
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "nadam", "ftrl", "schedule", "named", "tf1")
@@ -96,15 +96,17 @@ def test_stocks_names_without_its_gradients(monkeypatch, optimizer):
     model = tf.keras.Model(inputs, outputs)
     model.compile(_optimizer(optimizer), ["sparse_categorical_crossentropy", "mse"])
     with monkeypatch.context() as whole:  # the names as Keras's train function makes them
-        whole.setattr(_tfprivate, "make_train_variables", lambda m: m._make_train_function())
-        want = _tfprivate.stock_checkpoint_names(model, None)
+        whole.setattr(
+            _tfprivate.checkpoint, "make_train_variables", lambda m: m._make_train_function()
+        )
+        want = _tfprivate.checkpoint.stock_checkpoint_names(model, None)
     if optimizer != "tf1":
 
         def refused(*args, **kwargs):
             raise AssertionError("stock's names were read from a graph with gradients")
 
         monkeypatch.setattr(tf.keras.optimizers.legacy.Optimizer, "get_gradients", refused)
-    assert _tfprivate.stock_checkpoint_names(model, None) == want
+    assert _tfprivate.checkpoint.stock_checkpoint_names(model, None) == want
     made = [name for name in want[0].values() if name.startswith("training/")]
     assert made and not [name for name in made if "frozen" in name]  # the optimizer's, compared
 
@@ -257,7 +259,7 @@ def test_other_models_and_optimizers(tmp_path, monkeypatch, build, fmt):
     def second_graph(*args):
         raise AssertionError("stock's training graph was built again for its names")
 
-    monkeypatch.setattr(_tfprivate, "stock_training_graph", second_graph)
+    monkeypatch.setattr(_tfprivate.checkpoint, "stock_training_graph", second_graph)
     x, y = tfcases.data()
     config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
     for name, patch in RUNS:

@@ -185,14 +185,16 @@ def test_private_names_for_tf1_optimizers(tmp_path):
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,), name="d")])
     user = tf.compat.v1.train.AdamOptimizer(0.01, beta1=0.8)
-    _tfprivate.create_tf1_optimizer_slots(user, model.trainable_variables)  # the user's state
-    fresh = _tfprivate.fresh_tf1_optimizer(user)
+    _tfprivate.keras_compile.create_tf1_optimizer_slots(
+        user, model.trainable_variables
+    )  # the user's state
+    fresh = _tfprivate.keras_compile.fresh_tf1_optimizer(user)
     assert (fresh._lr, fresh._beta1, fresh._slots, fresh._non_slot_dict) == (0.01, 0.8, {}, {})
     assert user._slots  # the user's optimizer is left as it was
     step = tf.Variable(3, dtype=tf.int64)
-    model.optimizer = _tfprivate.keras_tf_optimizer(fresh, step)
-    _tfprivate.create_tf1_optimizer_slots(fresh, model.trainable_variables)
-    _tfprivate.track_estimator_step(model, step)
+    model.optimizer = _tfprivate.keras_compile.keras_tf_optimizer(fresh, step)
+    _tfprivate.keras_compile.create_tf1_optimizer_slots(fresh, model.trainable_variables)
+    _tfprivate.estimator.track_estimator_step(model, step)
     keys = dict(tf.train.list_variables(tf.train.Checkpoint(model).write(str(tmp_path / "c"))))
     # Stock's names (tests/reference/strategy_optimizers_tf215.json): no second global step.
     assert "optimizer/optimizer/beta1_power/.ATTRIBUTES/VARIABLE_VALUE" in keys
@@ -204,7 +206,7 @@ def test_private_names_for_tf1_optimizers(tmp_path):
     rate = tf.constant(0.1)
     assert [
         n
-        for n, _ in _tfprivate.tf1_optimizer_hyperparameters(
+        for n, _ in _tfprivate.keras_compile.tf1_optimizer_hyperparameters(
             tf.compat.v1.train.MomentumOptimizer(rate, 0.9)
         )
     ] == ["learning_rate"]

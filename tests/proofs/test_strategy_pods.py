@@ -178,7 +178,7 @@ _FETCHED = tf.distribute.InputOptions(experimental_fetch_to_device=True)
 def test_on_a_tpu_strategy_each_host_feeds_the_replicas_on_its_cores(hosts, cores, order, feeds):
     strategy = _tpu_strategy(hosts, cores, order)
     assert strategy.num_replicas_in_sync == 8 and strategy.extended.num_hosts == hosts
-    assert _tfprivate.input_replicas(strategy, _FETCHED) == feeds  # TensorFlow's worker lists
+    assert _tfprivate.data.input_replicas(strategy, _FETCHED) == feeds  # TensorFlow's worker lists
     assert _strategy_input.input_feeds(strategy, _FETCHED) == feeds
 
 
@@ -186,7 +186,7 @@ def test_on_a_tpu_strategy_without_tfs_worker_lists_each_host_feeds_a_block(monk
     """Where a TensorFlow keeps no worker lists (``input_replicas`` says None), host h feeds the
     h-th block of replicas, as TensorFlow's own device order lays a pod out."""
     strategy = _tpu_strategy(4, 2)
-    monkeypatch.setattr(_tfprivate, "input_replicas", lambda strategy, options: None)
+    monkeypatch.setattr(_tfprivate.data, "input_replicas", lambda strategy, options: None)
     assert _strategy_input.input_feeds(strategy, _FETCHED) == ((0, 1), (2, 3), (4, 5), (6, 7))
 
 

@@ -160,7 +160,7 @@ def test_eight_shards_train_like_stock_on_the_global_batch(stock_training, optim
 
 def test_negative_control_summed_gradients_fail(stock_training, monkeypatch):
     """Gradients summed over shards instead of averaged must be caught by the comparison."""
-    monkeypatch.setattr(_model_fn._tfprivate, "num_shards_in_replica_context", lambda: 1)
+    monkeypatch.setattr(_model_fn._tfprivate.tpu, "num_shards_in_replica_context", lambda: 1)
     diffs = _emulated_vs_stock_training(stock_training, "keras-sgd-momentum", compared_at=(1,))
     assert diffs[0] > 100 * TOL, diffs
 

@@ -119,14 +119,14 @@ def test_private_names_the_engine_uses(tmp_path):
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
     optimizer = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
-    _tfprivate.create_optimizer_slots(optimizer, model.trainable_variables)
+    _tfprivate.keras_compile.create_optimizer_slots(optimizer, model.trainable_variables)
     assert len(optimizer.variables()) == 1 + len(model.trainable_variables)  # iterations + slots
     model.optimizer = optimizer
-    _tfprivate.track_estimator_step(model, tf.Variable(7, dtype=tf.int64))
+    _tfprivate.estimator.track_estimator_step(model, tf.Variable(7, dtype=tf.int64))
     path = tf.train.Checkpoint(model).write(str(tmp_path / "ckpt"))
     keys = dict(tf.train.list_variables(path))
     assert "estimator_global_step/.ATTRIBUTES/VARIABLE_VALUE" in keys  # keras_lib's name
-    assert callable(_tfprivate.create_keras_model_fn)
+    assert callable(_tfprivate.estimator.create_keras_model_fn)
 
     # The XLA check's compiler IR takes no eager op seed: the next unseeded op draws as without it.
     step = tf.function(lambda x: tf.reduce_sum(x * 2.0), jit_compile=True)
@@ -134,7 +134,7 @@ def test_private_names_the_engine_uses(tmp_path):
         tf.random.set_seed(3)
         unseeded = tf.random.uniform([3]).numpy()
         tf.random.set_seed(3)
-        assert "HloModule" in _tfprivate.compiler_ir(step, tf.TensorSpec([2], tf.float32))
+        assert "HloModule" in _tfprivate.graph.compiler_ir(step, tf.TensorSpec([2], tf.float32))
         np.testing.assert_array_equal(tf.random.uniform([3]).numpy(), unseeded)
     finally:
         tf.random.set_seed(None)
@@ -148,12 +148,12 @@ def test_private_names_the_engine_uses(tmp_path):
 
     statuses = []
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def ours(v):
         statuses.append(tf.__internal__.autograph.control_status_ctx().status.name)
-        return _tfprivate.user_code(users)(v)
+        return _tfprivate.graph.user_code(users)(v)
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def branching(v):
         return -v if tf.reduce_sum(v) > 0 else v
 
@@ -167,7 +167,7 @@ def test_private_names_the_engine_uses(tmp_path):
     assert statuses == ["ENABLED"]
     with pytest.raises(TypeError, match="as a Python `bool`"):
         traced(branching)(tf.constant([1.0]))
-    assert _tfprivate.user_code(users) is users  # no AutoGraph around it: called as it is
+    assert _tfprivate.graph.user_code(users) is users  # no AutoGraph around it: called as it is
 
 
 def _call_loss_layer():
@@ -737,7 +737,9 @@ def test_the_xla_checks_trace_leaves_the_users_call_losses(tmp_path, monkeypatch
 
     before, after = train("kept")
     assert [id(t) for t in after] == [id(t) for t in before] and len(after) == 1
-    monkeypatch.setattr(_tfprivate, "call_losses_kept", lambda model: contextlib.nullcontext())
+    monkeypatch.setattr(
+        _tfprivate.keras_compile, "call_losses_kept", lambda model: contextlib.nullcontext()
+    )
     before, after = train("control")
     assert [id(t) for t in after] != [id(t) for t in before]
 
@@ -902,7 +904,7 @@ def _evaluated_as_stocks(tmp_path, build, input_fn, steps):
 @pytest.mark.slow
 def test_the_users_python_branches_on_tensors_converted_as_stocks(tmp_path):
     """AutoGraph leaves tpushim's own graph code in the engine's ``tf.function``s unconverted
-    (``_tfprivate.not_converted``: converting it cost seconds before the first checkpoint), and
+    (``_tfprivate.graph.not_converted``: converting it cost seconds before the first checkpoint), and
     still converts the user's, as stock's graph does: a layer's ``call`` and a loss function that
     branch in Python on a tensor (``if tf.reduce_sum(x) > 0:``) train and evaluate as stock's,
     through the XLA check, a short last batch's padding and a weighted metric. Marked with

@@ -169,10 +169,10 @@ def test_a_lambda_and_a_loss_reading_dimensions_equal_stock(tmp_path, v1_shapes)
 def test_negative_control_a_lambda_seeing_the_engines_shapes_fails(
     tmp_path, v1_shapes, monkeypatch
 ):
-    """Without :func:`tpushim._tfprivate.in_programs_shapes` the Lambda reads an int."""
+    """Without :func:`tpushim._tfprivate.graph.in_programs_shapes` the Lambda reads an int."""
     from tpushim import _tfprivate
 
-    monkeypatch.setattr(_tfprivate, "in_programs_shapes", lambda fn: fn)
+    monkeypatch.setattr(_tfprivate.graph, "in_programs_shapes", lambda fn: fn)
     x, y = tfcases.data()
     with pytest.raises(AttributeError, match="has no attribute 'value'"):
         in_a_graph(ENGINE, tmp_path, reading_dimensions, *[tfcases.dataset_input_fn(x, y)] * 3)

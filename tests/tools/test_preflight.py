@@ -566,7 +566,9 @@ def test_the_xla_check_traces_the_users_model_itself_after_a_conversion(tmp_path
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
 
-    monkeypatch.setattr(_tfprivate, "call_losses_kept", lambda model: contextlib.nullcontext())
+    monkeypatch.setattr(
+        _tfprivate.keras_compile, "call_losses_kept", lambda model: contextlib.nullcontext()
+    )
     model = tfcases.sequential(extra_layers=(_AddsLoss(name="adds_loss"),))
     model(x)
     losses = model.losses
@@ -574,7 +576,7 @@ def test_the_xla_check_traces_the_users_model_itself_after_a_conversion(tmp_path
     assert report.ok, [(f.code, f.message) for f in report.findings if f.severity == "error"]
     assert [id(t) for t in model.losses] != [id(t) for t in losses]  # the trace's tensors
 
-    monkeypatch.setattr(_tfprivate, "as_v2_classes", lambda model: None)
+    monkeypatch.setattr(_tfprivate.keras, "as_v2_classes", lambda model: None)
     model = tfcases.sequential()
     finding = next(
         f

@@ -245,7 +245,7 @@ def _remote_rows(target, x):
             dataset = _source.call_and_recover(fn, ModeKeys.TRAIN, {}, None)
             iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
             element = iterator.get_next()
-        initializer_hook = _tfprivate.dataset_initializer_hook_classes()[0](iterator)
+        initializer_hook = _tfprivate.estimator.dataset_initializer_hook_classes()[0](iterator)
         hooks = _arrays.feeding_hooks([initializer_hook])
         creator = tf.compat.v1.train.ChiefSessionCreator(master=target)
         read = []

@@ -292,7 +292,7 @@ def test_object_checkpoint_keys_equal_save_weights(tmp_path):
         for k, s in tf.train.list_variables(str(tmp_path / "w"))
         if "/.ATTRIBUTES/" in k and k.split("/")[0] != "optimizer"
     }
-    assert _tfprivate.object_checkpoint_keys(model) == written
+    assert _tfprivate.checkpoint.object_checkpoint_keys(model) == written
 
 
 def test_mocked_tempdir_and_its_contents_survive(tmp_path, monkeypatch):

@@ -208,20 +208,20 @@ def test_every_copy_is_built_with_the_first_copys_seeds(graph_seed):
     with tf.Graph().as_default() as graph:
         graph.seed = graph_seed
         tf.random.uniform([])  # an op before the input: the counter is not at 0
-        before = _tfprivate.graph_seeds(graph)
+        before = _tfprivate.graph.graph_seeds(graph)
         seeds = _pods.Seeds(graph)
         copies = []
         for _ in range(3):
             with seeds.pinned():  # what a shuffle made now is seeded with, twice
                 copies.append([tf.compat.v1.random.get_seed(None) for _ in range(2)])
             if len(copies) == 1:
-                after_first = _tfprivate.graph_seeds(graph)
+                after_first = _tfprivate.graph.graph_seeds(graph)
         assert copies[0] == copies[1] == copies[2] and None not in copies[0][0]
         assert copies[0][0] != copies[0][1]  # ops within one copy are seeded apart
         if graph_seed is None:  # drawn for this call, and the graph left without one
-            assert seeds.drawn and after_first == before == _tfprivate.graph_seeds(graph)
+            assert seeds.drawn and after_first == before == _tfprivate.graph.graph_seeds(graph)
         else:  # the graph goes on as stock's: the counter where the first copy left it
-            assert after_first == (7, before[1] + 2) == _tfprivate.graph_seeds(graph)
+            assert after_first == (7, before[1] + 2) == _tfprivate.graph.graph_seeds(graph)
     assert _pods.Seeds(tf.Graph())._pin != _pods.Seeds(tf.Graph())._pin  # unseeded: per call
 
 

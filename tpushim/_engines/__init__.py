@@ -88,7 +88,7 @@ def add_metrics_call(args, kwargs):
     from tpushim import _tfprivate  # (TensorFlow: only once an estimator is being made)
 
     model_fn = kwargs.get("model_fn", args[0] if args else None)
-    parts = _tfprivate.add_metrics_parts(model_fn)
+    parts = _tfprivate.estimator.add_metrics_parts(model_fn)
     engine = owner(parts[0]) if parts is not None else None
     if engine is None:
         return None
@@ -105,7 +105,7 @@ def rewrap_call(cls, args, kwargs):
     from tpushim import _tfprivate  # (TensorFlow: only once an estimator is being made)
 
     model_fn = kwargs.get("model_fn", args[0] if args else None)
-    found = _tfprivate.estimator_of_model_fn(model_fn)
+    found = _tfprivate.estimator.estimator_of_model_fn(model_fn)
     engine = owner(found[0]) if found is not None else None
     if engine is None:
         for each in ENGINES:

@@ -130,7 +130,7 @@ class Engine:
 
     def rewrap(self, cls, args, kwargs, found):
         """What ``cls(*args, **kwargs)`` returns where its model_fn is an estimator's this engine
-        made (``found``: :func:`tpushim._tfprivate.estimator_of_model_fn`'s answer), or None:
+        made (``found``: :func:`tpushim._tfprivate.estimator.estimator_of_model_fn`'s answer), or None:
         stock's."""
         del cls, args, kwargs, found
         return None

@@ -44,7 +44,7 @@ class StrategyEngine(base.Engine):
 
         engine.said_stock_around(
             found[0],
-            f"{_tfprivate.estimator_classes().get(cls, cls.__name__)}"
+            f"{_tfprivate.estimator.estimator_classes().get(cls, cls.__name__)}"
             "(model_fn=<the strategy engine's estimator>.model_fn)",
         )
         return None

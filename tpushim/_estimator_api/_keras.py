@@ -197,7 +197,7 @@ def _keras_metrics(model, metric_names_map):
 
 def _save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt, on_graph=None):
     """The user's weights as ``model_dir/keras/keras_model.ckpt``, where the estimator starts.
-    ``on_graph``: as :func:`tpushim._tfprivate.save_first_checkpoint`'s."""
+    ``on_graph``: as :func:`tpushim._tfprivate.estimator.save_first_checkpoint`'s."""
     keras_dir = os.path.join(config.model_dir, "keras")
     latest = tf.train.latest_checkpoint(keras_dir)
     if latest:

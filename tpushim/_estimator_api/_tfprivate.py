@@ -1,6 +1,6 @@
 """Every private TensorFlow / tf_keras name tpushim's estimator API uses (TensorFlow >= 2.16).
 
-tpushim/_tfprivate.py holds those of TensorFlow 2.12-2.15 and imports tensorflow_estimator at its
+tpushim/_tfprivate/ holds those of TensorFlow 2.12-2.15 and imports tensorflow_estimator at its
 top, which does not import on 2.16 and later: these live here instead, pinned by
 tests/estimator_api/test_estimator_api_scripts.py on the newest release tpushim/version.py names.
 """

@@ -57,13 +57,13 @@ class Traced:
 
 def _loss_terms(keras_model, custom_objects):
     """Per output: (name, Loss object or None, loss weight); refuses what this step cannot train."""
-    if _tfprivate.is_subclassed(keras_model) or not keras_model.outputs:
+    if _tfprivate.keras.is_subclassed(keras_model) or not keras_model.outputs:
         _refuse("subclassed models")
     plan = _loss_kinds.plan(keras_model, custom_objects)
     names = keras_model.output_names
-    args = _tfprivate.compile_args(keras_model)
+    args = _tfprivate.keras.compile_args(keras_model)
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
-        losses = _tfprivate.prepare_loss_functions(args.get("loss"), names)
+        losses = _tfprivate.keras_compile.prepare_loss_functions(args.get("loss"), names)
     weights = _loss_kinds.output_loss_weights(args.get("loss_weights"), names)
     terms = []
     for name, loss_obj in zip(names, losses):
@@ -77,8 +77,8 @@ def _loss_terms(keras_model, custom_objects):
         if _losses._reduction(loss_obj) != Reduction.SUM_OVER_BATCH_SIZE:
             _refuse(what, f"reduction {loss_obj.reduction}, not a mean")
         terms.append((name, loss_obj, weights[name]))
-    for layer in _tfprivate.all_layers(keras_model):
-        if _tfprivate.layer_input_losses(layer):
+    for layer in _tfprivate.keras.all_layers(keras_model):
+        if _tfprivate.keras_compile.layer_input_losses(layer):
             _refuse(
                 f"the loss layer {layer.name!r} adds from its inputs (add_loss, an activity regularizer)"
             )
@@ -115,8 +115,8 @@ def training_function(keras_model, custom_objects=None):
     def train(features, labels, sample_weights, pad):
         inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
         with (
-            _tfprivate.batchnorm_call_hooked(),
-            _tfprivate.batchnorm_call_using(_batchnorm.real_rows_call(pad, True, identity)),
+            _tfprivate.keras.batchnorm_call_hooked(),
+            _tfprivate.keras.batchnorm_call_using(_batchnorm.real_rows_call(pad, True, identity)),
         ):
             outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
         endpoints = []

@@ -216,7 +216,7 @@ def _dataset_ops(dataset):
     from tpushim import _tfprivate
 
     top, inner, seen, functions, constants = set(), set(), set(), [], 0
-    stack = [_tfprivate.dataset_variant_op(dataset)]
+    stack = [_tfprivate.data.dataset_variant_op(dataset)]
     graph = stack[0].graph if stack[0] is not None else None
     while stack:
         op = stack.pop()
@@ -230,7 +230,7 @@ def _dataset_ops(dataset):
     done = set()
     while functions:
         name = functions.pop()
-        definition = None if name in done else _tfprivate.function_def(graph, name)
+        definition = None if name in done else _tfprivate.graph.function_def(graph, name)
         done.add(name)
         if definition is None:
             continue

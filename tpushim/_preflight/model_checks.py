@@ -105,7 +105,7 @@ def _clone(keras_model, custom_objects):
     input_tensors = None
     if split is not None:  # only on the TPUEstimator path (TensorFlow <= 2.15)
         from tpushim import _feature_columns, _tfprivate
-    if split is not None and split.stand_ins and _tfprivate.is_graph_network(keras_model):
+    if split is not None and split.stand_ins and _tfprivate.keras.is_graph_network(keras_model):
         input_tensors = [
             tf.keras.Input((1,), name=name)
             if name in split.stand_ins
@@ -145,7 +145,7 @@ def check_xla(report, keras_model, custom_objects, features, labels):
 
     # An inspection the script does not make: the seeds a clone draws are put back, so the model
     # a program builds next (tpushim.check called mid-script) starts from the same weights.
-    with _tfprivate.keras_random_state_kept():
+    with _tfprivate.keras.keras_random_state_kept():
         clone, compiled_loss = _model_to_trace(keras_model, custom_objects)
     features, blocks, moved = _split_for_xla(keras_model, features)
     inputs, targets, _ = _estimator_io(clone, features, labels)
@@ -165,8 +165,8 @@ def check_xla(report, keras_model, custom_objects, features, labels):
     # infeed), whereas XLA on CPU given values folds a shape computed from them into a constant.
     specs = [tf.TensorSpec.from_tensor(tf.convert_to_tensor(a)) for a in tf.nest.flatten(structure)]
     try:
-        with _tfprivate.call_losses_kept(clone):
-            _tfprivate.compiler_ir(train_step, *specs)  # takes no op seed of the program's
+        with _tfprivate.keras_compile.call_losses_kept(clone):
+            _tfprivate.graph.compiler_ir(train_step, *specs)  # takes no op seed of the program's
     except Exception as e:
         _report_xla_error(report, keras_model, e, _graph_def(train_step, specs))
 
@@ -184,7 +184,7 @@ def _model_to_trace(keras_model, custom_objects):
 
     loss_weights = _loss_weights(keras_model)
     if _plan(keras_model) is None and _strategy_xla_check.traceable_as_is(keras_model):
-        _tfprivate.as_v2_classes(keras_model)
+        _tfprivate.keras.as_v2_classes(keras_model)
         container = type(keras_model.compiled_loss)(
             keras_model.loss, loss_weights, output_names=keras_model.output_names
         )
@@ -206,7 +206,7 @@ def _estimator_io(model, features, labels):
         return _keras.keras_io(model, features, labels)
     from tpushim import _tfprivate
 
-    return _tfprivate.convert_estimator_io_to_keras(model, features, labels)
+    return _tfprivate.estimator.convert_estimator_io_to_keras(model, features, labels)
 
 
 def _loss_weights(keras_model):
@@ -217,7 +217,7 @@ def _loss_weights(keras_model):
         return engine_private.compile_args(keras_model).get("loss_weights")
     from tpushim import _tfprivate
 
-    return _tfprivate.compile_args(keras_model).get("loss_weights")
+    return _tfprivate.keras.compile_args(keras_model).get("loss_weights")
 
 
 def _plan(keras_model):

@@ -223,8 +223,8 @@ def read_strategy_input(input_call):
     if graph is not None:
         graph_def = graph.as_graph_def()
     else:  # an eager Dataset, read eagerly (also where the program disabled v2 behaviour)
-        with _tfprivate.eager_runtime():
-            serialized = _tfprivate.serialized_dataset(result).numpy()
+        with _tfprivate.graph.eager_runtime():
+            serialized = _tfprivate.data.serialized_dataset(result).numpy()
         graph_def = tf.compat.v1.GraphDef.FromString(serialized)
     recorded = _read_input(result, graph_def)
     recorded.batch_size = input_call.global_batch  # the engine's: declared, else its first batch's

@@ -19,7 +19,7 @@ def warm_from_first_checkpoint(plan, path):
     warm-starts from the clone its first checkpoint (``path``) initialised, seeded with the
     config's ``tf_random_seed``; the engine starts from those values too."""
     if plan.graph_mode and plan.warm_start is None and path is not None:
-        plan.warm_start = _tfprivate.first_checkpoint_values(
+        plan.warm_start = _tfprivate.estimator.first_checkpoint_values(
             plan.keras_model, plan.custom_objects, path
         )
 
@@ -59,7 +59,7 @@ def made(prepared, arguments, settings, decision):
         arguments["export_outputs"],
     )
     warm_start_path = None
-    if _tfprivate.is_graph_network(keras_model) and config.is_chief:  # as stock
+    if _tfprivate.keras.is_graph_network(keras_model) and config.is_chief:  # as stock
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model,
             custom_objects,

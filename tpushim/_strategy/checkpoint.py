@@ -13,7 +13,7 @@
 The engine runs eagerly and has no such graph, so the names are read from one: the graph the
 conversion builds for stock's warm-start checkpoint (``model_dir/keras``), or else one built at
 the first need as stock builds it, its optimizer's variables made without gradients
-(:func:`tpushim._tfprivate.stock_training_graph`). They are matched
+(:func:`tpushim._tfprivate.checkpoint.stock_training_graph`). They are matched
 with the engine's variables by their object-graph path, which the two models share (they are
 clones of one model with one optimizer class). The optimizer's variables are created under the
 name scope stock's graph gave them, so object-based checkpoints record stock's names too.
@@ -40,8 +40,8 @@ def _stock(plan):
     if plan not in _STOCK_GRAPHS:
         # A clone stock does not make: the seeds its weights draw are put back, so the model a
         # program builds next starts from stock's initial weights.
-        with _tfprivate.keras_random_state_kept():
-            _STOCK_GRAPHS[plan] = _tfprivate.stock_training_graph(
+        with _tfprivate.keras.keras_random_state_kept():
+            _STOCK_GRAPHS[plan] = _tfprivate.checkpoint.stock_training_graph(
                 plan.keras_model,
                 plan.custom_objects,
                 getattr(plan, "features_spec", None),
@@ -100,7 +100,7 @@ def remember(plan, model, step, object_based):
     """Keeps what :func:`_stock` would build again from the stock training graph the conversion
     built (``model``, its clone there, and ``step``, its global step: keras_lib's first
     checkpoint's graph) for the plan's model; ``object_based``: the estimator's checkpoints are."""
-    _STOCK_GRAPHS[plan] = _tfprivate.graph_facts(model, step, object_based)
+    _STOCK_GRAPHS[plan] = _tfprivate.checkpoint.graph_facts(model, step, object_based)
 
 
 def optimizer_scope(plan):
@@ -143,7 +143,7 @@ class Checkpoints:
         names, _ = stock_names(self._plan)
         return {
             names[path]: variable
-            for path, variable in _tfprivate.checkpoint_variables(self._model).items()
+            for path, variable in _tfprivate.checkpoint.checkpoint_variables(self._model).items()
             if path in names
         }
 
@@ -170,7 +170,7 @@ class Checkpoints:
     def _check_names(self):
         """Raises unless stock's saved names and the run's variables match one to one."""
         names, unmatched = stock_names(self._plan)
-        ours = _tfprivate.checkpoint_variables(self._model)
+        ours = _tfprivate.checkpoint.checkpoint_variables(self._model)
         missing = sorted(set(unmatched) | {names[p] for p in names if p not in ours})
         extra = sorted(path for path in ours if path not in names)
         problems = []

@@ -15,14 +15,14 @@ def _metrics_model(plan, features=None):
     stock does not make: the seeds its weights draw are put back (stock's evaluation draws one
     clone's, the engine's :class:`_Run`'s), so the model a program builds next starts from
     stock's initial weights."""
-    with _tfprivate.keras_random_state_kept():
+    with _tfprivate.keras.keras_random_state_kept():
         model = clone(plan, features)
     with tf.keras.utils.custom_object_scope(plan.custom_objects):
-        args = _tfprivate.compile_args(plan.keras_model)
+        args = _tfprivate.keras.compile_args(plan.keras_model)
         model.compile(
             loss=args.get("loss"),
-            metrics=_tfprivate.clone_metrics(args.get("metrics")),
-            weighted_metrics=_tfprivate.clone_metrics(args.get("weighted_metrics")),
+            metrics=_tfprivate.keras_compile.clone_metrics(args.get("metrics")),
+            weighted_metrics=_tfprivate.keras_compile.clone_metrics(args.get("weighted_metrics")),
             loss_weights=args.get("loss_weights"),
         )
     return model
@@ -49,12 +49,12 @@ def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
         carried = []
         for output, how, lg, mask, masked in zip(outputs, logits_how, logits, masks, has_mask):
             if how is not None:
-                output = _tfprivate.with_output_logits(output, how, lg)
+                output = _tfprivate.keras_compile.with_output_logits(output, how, lg)
             if masked:  # Keras's metrics read an output's mask from the output
                 output = tf.identity(output) if how is None else output
                 output._keras_mask = mask
             carried.append(output)
-        _tfprivate.build_compiled_metrics(
+        _tfprivate.keras_compile.build_compiled_metrics(
             metrics_model, _one_or_list(labels), _one_or_list(carried)
         )
         as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
@@ -67,7 +67,7 @@ def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
         # [batch] labels of a [batch, 1] output: weighted_metrics weigh each row, as Keras's
         # model.evaluate reads them ([batch, 1]; stock's estimator leaves them unweighted),
         # the others as stock's graph (one value per batch where they reduce the last axis).
-        with _tfprivate.compiled_metrics_only(metrics_model, weighted=False):
+        with _tfprivate.keras_compile.compiled_metrics_only(metrics_model, weighted=False):
             update(_one_or_list(as_stock), outputs, weights)
         # (an output without sample weights: as stock's graph, unweighted)
         weighed = has_weight or [True] * len(labels)
@@ -77,7 +77,7 @@ def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
         ]
         if not all(weighed):
             weights = _one_or_list([w if given else None for w, given in zip(per_output, weighed)])
-        with _tfprivate.compiled_metrics_only(metrics_model, weighted=True):
+        with _tfprivate.keras_compile.compiled_metrics_only(metrics_model, weighted=True):
             update(_one_or_list(rows), outputs, weights)
 
     return update

@@ -16,14 +16,14 @@ def features_spec(element_spec):
     return features
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def known_rows(element):
     """The global batch's real rows a replica's element carries (:func:`tpushim._padding.
     pad_batch`'s ``counted``: every input the engine makes), or None: then an all-reduce."""
     return _padding.global_rows(element[0] if isinstance(element, tuple) else element)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _unpack(element, names):
     """(features, labels or None, padding weight, per output sample weights or None) of a
     padded element: ``{"features", "sample_weights"}`` features as keras_lib splits them."""
@@ -32,23 +32,23 @@ def _unpack(element, names):
     weights = None
     if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
         features, weights = features["features"], features["sample_weights"]
-        weights = _tfprivate.standardize_sample_weights(weights, names)
+        weights = _tfprivate.keras_compile.standardize_sample_weights(weights, names)
     return features, labels, pad, weights
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _outputs_list(outputs):
     """A model call's outputs as a list in ``model.outputs`` order: a dict of outputs (a
     functional model built with ``outputs={...}``) flattened as Keras flattens it (sorted keys)."""
     return tf.nest.flatten(outputs) if isinstance(outputs, dict) else _as_list(outputs)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _labels_list(labels, names):
     if isinstance(labels, dict):
         return [labels[n] for n in names]

@@ -36,10 +36,10 @@ from tpushim._strategy.xla_check import check_xla_once
 
 logger = logging.getLogger("tpushim")
 
-ModeKeys = _tfprivate.ModeKeys
+ModeKeys = _tfprivate.estimator.ModeKeys
 
 
-class StrategyEstimator(_tfprivate.EstimatorBase):
+class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
     """The stock Estimator whose ``train``, ``evaluate`` and ``predict`` run the Keras model under
     a ``tf.distribute`` strategy (see the module's docstring for why it subclasses Estimator)."""
 
@@ -79,9 +79,9 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         """Through tf.compat.v1's model_to_estimator stock returns a v1 Estimator, whose
         deprecated ``export_savedmodel`` exports (a v1 script calls it); through the v2 one,
         stock's EstimatorV2 refuses it with its own error (2.12 - 2.15)."""
-        base = _tfprivate.EstimatorBase
-        if self._tpushim_v1_api and _tfprivate.estimator_lib is not None:
-            base = _tfprivate.estimator_lib.Estimator  # the v1 class, EstimatorV2's base
+        base = _tfprivate.estimator.EstimatorBase
+        if self._tpushim_v1_api and _tfprivate.modules.estimator_lib is not None:
+            base = _tfprivate.modules.estimator_lib.Estimator  # the v1 class, EstimatorV2's base
         return base.export_savedmodel(self, export_dir_base, serving_input_receiver_fn, **kwargs)
 
     @property
@@ -102,7 +102,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
             plan.pod_input,
             # Shape-from-model, as the TPU path's (a subclassed model declares no inputs).
             None
-            if _tfprivate.is_subclassed(plan.keras_model)
+            if _tfprivate.keras.is_subclassed(plan.keras_model)
             else _shapes.ModelInputs.of(plan.keras_model, feature_split=False),
             plan.host,
         )
@@ -169,7 +169,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         check_row_labels(run.model, run.terms, made.spec)
         check_metric_names_map(self._tpushim_plan)  # stock's model_fn checks it at train() too
         # Stock's model_fn compiles a clone here, naming the user's metric objects once more.
-        _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
+        _tfprivate.keras_compile.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
         strategy = self.strategy
         if self._tpushim_plan.jit_compile and not isinstance(strategy, tf.distribute.TPUStrategy):
             # What a TPU could not compile is refused before anything is written.
@@ -304,7 +304,7 @@ class StrategyEstimator(_tfprivate.EstimatorBase):
         results = self._evaluate_named(input_fn, steps, hooks, checkpoint_path, name)
         # Stock's model_fn compiled a clone for this evaluation, naming the user's metric
         # objects once more (the engine's metrics model named its copies so: see _metrics_model).
-        _tfprivate.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
+        _tfprivate.keras_compile.name_metric_objects_as_a_compile(self._tpushim_plan.keras_model)
         return results
 
     def _evaluate_named(self, input_fn, steps, hooks, checkpoint_path, name):
@@ -513,7 +513,7 @@ def add_metrics(estimator, metric_fn, model_fn):
     added = StrategyEstimator(
         model_fn,
         estimator.config,
-        _tfprivate.warm_start_settings(estimator),
+        _tfprivate.estimator.warm_start_settings(estimator),
         estimator._tpushim_plan,
     )
     added._tpushim_keep = estimator._tpushim_keep

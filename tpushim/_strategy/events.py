@@ -335,8 +335,8 @@ class SessionHooks:
         from tpushim import _tfprivate
 
         for hook in self._hooks:
-            last = _tfprivate.stop_at_step_last(hook)
-            timer, on_clock = _tfprivate.early_stopping_timer(hook)
+            last = _tfprivate.estimator.stop_at_step_last(hook)
+            timer, on_clock = _tfprivate.estimator.early_stopping_timer(hook)
             if last is not None:
                 n = min(n, max(last - step, 1))
             elif timer is not None and not on_clock:

@@ -84,10 +84,10 @@ def plan(keras_model, custom_objects=None):
       ConversionError: a layer that must run on the host and cannot (see the module's
         docstring), or a loss on an output the host computes that does not weigh 0.
     """
-    if not _tfprivate.is_graph_network(keras_model):
+    if not _tfprivate.keras.is_graph_network(keras_model):
         return None
     split = _feature_columns.plan(keras_model, custom_objects)
-    nodes = _tfprivate.functional_nodes(keras_model)
+    nodes = _tfprivate.keras.functional_nodes(keras_model)
     host = set(_host_side.layers(keras_model, strings=True, custom_objects=custom_objects))
     if not host and split is None:
         return None
@@ -108,7 +108,7 @@ def plan(keras_model, custom_objects=None):
     for tensor in keras_model.inputs:
         readers = read_by.get(id(tensor), set())
         if readers and readers <= host | moved:
-            host_inputs[_tfprivate.input_tensor_name(tensor)] = tensor.shape.as_list()
+            host_inputs[_tfprivate.keras.input_tensor_name(tensor)] = tensor.shape.as_list()
     outputs = tuple(
         name
         for name, tensor in zip(keras_model.output_names, keras_model.outputs)
@@ -141,7 +141,7 @@ def _check_output_losses(keras_model, outputs):
     not compute it, and no gradient reaches it: it holds no trainable weight)."""
     if not outputs:
         return
-    args = _tfprivate.compile_args(keras_model)
+    args = _tfprivate.keras.compile_args(keras_model)
     names = keras_model.output_names
     losses = args.get("loss")
     weights = args.get("loss_weights")
@@ -191,7 +191,7 @@ def element_function(part, mode):
     with the host's tensors added (``predict``: the outputs it makes too), the inputs only the
     host reads given a zero stand-in, and labels of those outputs a zero per row."""
     model = _copy(part)
-    predict = mode == _tfprivate.ModeKeys.PREDICT
+    predict = mode == _tfprivate.estimator.ModeKeys.PREDICT
     fed = {key for key, _ in part.frontier}
 
     def features_of(features):
@@ -259,7 +259,7 @@ def install(part, clone):
     tensors when its features carry them, skipping the host layers."""
     keys = _node_keys(clone)
     by_key = {}
-    for _layer, _, outputs, _ in _tfprivate.functional_nodes(clone):
+    for _layer, _, outputs, _ in _tfprivate.keras.functional_nodes(clone):
         for tensor in outputs:
             by_key[keys[id(tensor)]] = tensor
     fed_keys = [key for key, _ in part.frontier]
@@ -279,7 +279,7 @@ def install(part, clone):
                 return None
             return lambda: _feature_columns.layer_output(split, blocks, node.layer, training)
 
-        return _tfprivate.run_functional_from(
+        return _tfprivate.keras.run_functional_from(
             clone,
             fed,
             seeded,
@@ -288,7 +288,7 @@ def install(part, clone):
             lambda tensor: tf.zeros([rows]),
         )
 
-    _tfprivate.replace_functional_run(clone, run)
+    _tfprivate.keras.replace_functional_run(clone, run)
     return clone
 
 

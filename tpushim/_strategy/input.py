@@ -45,7 +45,7 @@ from tpushim._strategy import host as _strategy_host
 
 logger = logging.getLogger("tpushim")
 
-ModeKeys = _tfprivate.ModeKeys
+ModeKeys = _tfprivate.estimator.ModeKeys
 _EVENTS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate", ModeKeys.PREDICT: "predict"}
 
 
@@ -108,14 +108,14 @@ def input_feeds(strategy, options):
     """Per input pipeline (a host), the replicas it feeds, in the order it feeds them."""
     replicas = strategy.num_replicas_in_sync
     if isinstance(strategy, tf.distribute.TPUStrategy):
-        feeds = _tfprivate.input_replicas(strategy, options)
+        feeds = _tfprivate.data.input_replicas(strategy, options)
         return feeds or _blocks(replicas, strategy.extended.num_hosts)
     if EMULATION.hosts:
         return _blocks(replicas, EMULATION.hosts)
     return (tuple(range(replicas)),)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _pieces(x, replicas, piece):
     """The shape ``[replicas, piece, ...]`` of ``x`` split: a dimension the input leaves unknown
     (one the model does not declare) read per batch, the known ones static."""
@@ -130,7 +130,7 @@ def _split(replicas, piece=-1):
     rows (unbatched after, replica r reads slice r: a pipeline hands its elements to the
     replicas it feeds in order)."""
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def split(*element):
         element = element[0] if len(element) == 1 else element
         return tf.nest.map_structure(lambda x: tf.reshape(x, _pieces(x, replicas, piece)), element)
@@ -142,7 +142,7 @@ def _keep(indices):
     """A Dataset map: of each split global batch, the slices ``indices`` (a host's replicas)."""
     indices = list(indices)
 
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def keep(*element):
         element = element[0] if len(element) == 1 else element
         return tf.nest.map_structure(lambda x: tf.gather(x, indices), element)
@@ -164,7 +164,7 @@ def _graph_declared(dataset):
     GraphDef (imported into a graph of its own) as the TPUEstimator path reads it; None where
     the graph does not say."""
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString(_tfprivate.serialized_dataset(dataset).numpy())
+    graph_def.ParseFromString(_tfprivate.data.serialized_dataset(dataset).numpy())
     (retval,) = [node for node in graph_def.node if node.op == "_Retval"]
     graph_def.node.remove(retval)
     output = retval.input[0] if ":" in retval.input[0] else f"{retval.input[0]}:0"
@@ -202,9 +202,9 @@ def _stock_graph(mode, seed):
         tf.compat.v1.random.set_random_seed(seed)
         tf.compat.v1.train.create_global_step(graph)
         if mode == ModeKeys.TRAIN:
-            _tfprivate.global_step_read()
+            _tfprivate.estimator.global_step_read()
         # The program's own TensorShape for its input_fn (a program that disabled v2 behaviour).
-        with tf.compat.v1.device("/cpu:0"), _tfprivate.programs_shapes():
+        with tf.compat.v1.device("/cpu:0"), _tfprivate.graph.programs_shapes():
             yield graph
 
 
@@ -299,7 +299,7 @@ def _eager(graph, dataset):
     """A Dataset built in ``graph``, made on the eager runtime from its GraphDef."""
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
         _initialise_tables(graph, session)
-        serialized = _tfprivate.serialized_dataset(dataset)
+        serialized = _tfprivate.data.serialized_dataset(dataset)
         # numpy_input_fn / pandas_input_fn rows (tpushim._arrays): their arrays are fed here and
         # travel in the definition, as they would to another host.
         definition = session.run(serialized, feed_dict=_arrays.feeds_for(serialized, graph))
@@ -528,7 +528,7 @@ def distributed_input(
     result = _seeded(input_fn, mode, config) if config.tf_random_seed is not None else None
     if result is None:
         try:
-            with _tfprivate.programs_shapes():
+            with _tfprivate.graph.programs_shapes():
                 result = _input_fn.call(input_fn, mode, {}, config)
         except Exception as e:  # a graph-only input (queues, placeholders): run in a graph below
             logger.debug("input_fn failed eagerly (%s); calling it in a graph", e)

@@ -24,17 +24,20 @@ SUM = tf.distribute.ReduceOp.SUM
 def _loss_objects(keras_model, custom_objects, names=None, host_outputs=None):
     """Per output (``names``: the model's), the Loss object stock's clone compiles (None: no
     loss), and its weight."""
-    args = _tfprivate.compile_args(keras_model)
+    args = _tfprivate.keras.compile_args(keras_model)
     names = names or keras_model.output_names
     with tf.keras.utils.custom_object_scope(custom_objects):
-        losses = _tfprivate.prepare_loss_functions(args.get("loss"), names)
+        losses = _tfprivate.keras_compile.prepare_loss_functions(args.get("loss"), names)
     weights = args.get("loss_weights")
     if weights is None:
         weights = [1.0] * len(names)
     elif isinstance(weights, dict):
         weights = [weights.get(name, 1.0) for name in names]
-    if _tfprivate.for_graph_program():  # its shape[-1].value, as the program's graph sees
-        losses = [None if x is None else _tfprivate.loss_in_programs_shapes(x) for x in losses]
+    if _tfprivate.graph.for_graph_program():  # its shape[-1].value, as the program's graph sees
+        losses = [
+            None if x is None else _tfprivate.keras_compile.loss_in_programs_shapes(x)
+            for x in losses
+        ]
     host = host_outputs or ()  # computed on the host, weighing 0 (_strategy_host)
     return [(n, None if n in host else loss, w) for n, loss, w in zip(names, losses, weights)]
 
@@ -49,13 +52,13 @@ class _Endpoint:
         self.training_target = types.SimpleNamespace(target=y_true)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def all_reduce_sum(value):
     """``value`` summed over the replicas (the replica context's all-reduce)."""
     return tf.distribute.get_replica_context().all_reduce(SUM, value)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def replica_loss(
     terms,
     kinds,
@@ -123,7 +126,7 @@ def replica_loss(
     return total
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
     """(labels, kind) of an output's loss term as stock's graph computes it, for [batch] labels
     of a [batch, 1] output: Keras squeezes the output to [batch] before the loss function.
@@ -140,7 +143,9 @@ def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
         _loss_kinds.UNWEIGHTED,
     ):
         return _padding.row_labels(y_true, y_pred), kind
-    if _tfprivate.user_code(loss_obj.call)(y_true, y_pred).shape.rank != 0:  # one value per row
+    if (
+        _tfprivate.graph.user_code(loss_obj.call)(y_true, y_pred).shape.rank != 0
+    ):  # one value per row
         return _padding.row_labels(y_true, y_pred), kind
     if sample_weight is not None:  # refused before the trace: check_row_labels
         raise _weighted_row_labels(name, loss_obj)
@@ -149,7 +154,7 @@ def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
     return y_true, _loss_kinds.row_label_kind(where, loss_obj, shape, y_pred.dtype)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def global_rows(pad):
     """Real rows of the global batch, summed over the replicas (each replica holds a slice)."""
     return all_reduce_sum(tf.reduce_sum(pad))
@@ -173,16 +178,16 @@ class _ActivityRecorder:
         return self._local.outputs
 
     def __call__(self, output):
-        self.outputs.append((len(_tfprivate.layer_call_losses(self.layer)), output))
+        self.outputs.append((len(_tfprivate.keras_compile.layer_call_losses(self.layer)), output))
         return self.regularizer(output)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _recorders(model):
     """The :class:`_ActivityRecorder` of every layer of ``model`` with an activity regularizer
     (installed on the engine's own clone at the first call)."""
     found = []
-    for layer in _tfprivate.all_layers(model):
+    for layer in _tfprivate.keras.all_layers(model):
         regularizer = getattr(layer, "activity_regularizer", None)
         if regularizer is None:
             continue
@@ -193,7 +198,7 @@ def _recorders(model):
     return found
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _called(model, features, training):
     """The model's outputs (a list), its weight regularizers, whether its layers added losses
     from their inputs in this call, and (layer name, index) -> (activity regularizer, the
@@ -202,19 +207,22 @@ def _called(model, features, training):
     for recorder in recorders:
         recorder.outputs.clear()
     outputs = _outputs_list(model(features, training=training))
-    adds = any(_tfprivate.layer_call_losses(layer) for layer in _tfprivate.all_layers(model))
+    adds = any(
+        _tfprivate.keras_compile.layer_call_losses(layer)
+        for layer in _tfprivate.keras.all_layers(model)
+    )
     activity = {
         (recorder.layer.name, index): (recorder.regularizer, output)
         for recorder in recorders
         for index, output in recorder.outputs
     }
-    return outputs, _tfprivate.weight_regularizers(model), adds, activity
+    return outputs, _tfprivate.keras_compile.weight_regularizers(model), adds, activity
 
 
 _BUILTIN_ACTIVITY = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _per_row_activity(regularizer, output):
     """[rows] values of an activity regularizer's term, each row's that of a batch of that row
     alone: ``regularizer(row) / 1``, as Keras divides by the batch size."""
@@ -234,7 +242,7 @@ def _per_row_activity(regularizer, output):
     )
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def input_losses(model, features, training, degrees, activity=None):
     """``(degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
     a call of ``model``): each row's value that of the model called on that row alone, so
@@ -248,8 +256,8 @@ def input_losses(model, features, training, degrees, activity=None):
     activity = activity or {}
     keys = [
         (layer.name, i)
-        for layer in _tfprivate.all_layers(model)
-        for i, _ in enumerate(_tfprivate.layer_call_losses(layer))
+        for layer in _tfprivate.keras.all_layers(model)
+        for i, _ in enumerate(_tfprivate.keras_compile.layer_call_losses(layer))
     ]
     values = {key: _per_row_activity(*activity[key]) for key in keys if key in activity}
     rest = [key for key in keys if key not in values]
@@ -258,12 +266,12 @@ def input_losses(model, features, training, degrees, activity=None):
         def per_row(row):
             # One row alone: the replica's padding weight does not fit it (a model that has
             # BatchNormalization is refused this path: make_plan).
-            with _tfprivate.batchnorm_call_using(None):
+            with _tfprivate.keras.batchnorm_call_using(None):
                 model(tf.nest.map_structure(lambda x: x[None], row), training=training)
             return [
                 tf.reshape(tf.cast(t, tf.float32), [])
-                for layer in _tfprivate.all_layers(model)
-                for i, t in enumerate(_tfprivate.layer_call_losses(layer))
+                for layer in _tfprivate.keras.all_layers(model)
+                for i, t in enumerate(_tfprivate.keras_compile.layer_call_losses(layer))
                 if (layer.name, i) in rest
             ]
 
@@ -275,7 +283,7 @@ def input_losses(model, features, training, degrees, activity=None):
     return [(degrees.get(key, 0), values[key]) for key in keys]
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def _loss_of(
     plan, terms, model, features, labels, pad, weights, training, replicas, summed, rows=None
 ):

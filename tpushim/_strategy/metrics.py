@@ -32,7 +32,7 @@ def added(metric_fns, config, predictions, given):
     """
     if not metric_fns:
         return None
-    takes = {name for fn in metric_fns for name in _tfprivate.fn_args(fn)}
+    takes = {name for fn in metric_fns for name in _tfprivate.estimator.fn_args(fn)}
     specs = {part: given[part] for part in ("features", "labels") if part in takes}
     return Added(metric_fns, config, dict(specs, predictions=predictions))
 
@@ -72,17 +72,19 @@ class Added:
             inputs["config"] = config
             metrics = {}
             for metric_fn in metric_fns:
-                args = _tfprivate.fn_args(metric_fn)
+                args = _tfprivate.estimator.fn_args(metric_fn)
                 added = metric_fn(**{k: v for k, v in inputs.items() if k in args})
                 # Stock's checks and texts; Keras Metric objects become (result, update_op).
-                metrics.update(_tfprivate.validate_eval_metric_ops(dict(added)))
+                metrics.update(_tfprivate.estimator.validate_eval_metric_ops(dict(added)))
             if "loss" in metrics:  # stock's Estimator refuses it at evaluate(), in these words
                 raise ValueError(
                     'Metric with name "loss" is not allowed, because Estimator already defines '
                     "a default metric with the same name."
                 )
             self._values = {name: value for name, (value, _) in metrics.items()}
-            self._updates = [_tfprivate.update_op(update) for _, update in metrics.values()]
+            self._updates = [
+                _tfprivate.keras_compile.update_op(update) for _, update in metrics.values()
+            ]
             initialize = [
                 tf.compat.v1.global_variables_initializer(),
                 tf.compat.v1.local_variables_initializer(),

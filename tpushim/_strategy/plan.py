@@ -75,7 +75,7 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     """The :class:`Plan` of one conversion; refuses what the engine cannot run yet, before
     anything is written."""
     graph_mode = not tf.executing_eagerly()
-    if isinstance(optimizer, _tfprivate.keras_v1_tf_optimizer_class()):
+    if isinstance(optimizer, _tfprivate.keras.keras_v1_tf_optimizer_class()):
         check_tf1_optimizer(optimizer.optimizer)
     elif not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
         raise ConversionError(
@@ -89,13 +89,14 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     # activity regularizer is read from the model's own forward pass (:func:`input_losses`).
     adding = [
         layer.name
-        for layer in _tfprivate.all_layers(keras_model)
-        if len(_tfprivate.layer_input_losses(layer)) > _tfprivate.activity_loss_count(layer)
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        if len(_tfprivate.keras_compile.layer_input_losses(layer))
+        > _tfprivate.keras_compile.activity_loss_count(layer)
     ]
     normalizing = [
         layer.name
-        for layer in _tfprivate.all_layers(keras_model)
-        if isinstance(layer, _tfprivate.batchnorm_base_class())
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        if isinstance(layer, _tfprivate.keras.batchnorm_base_class())
     ]
     if adding and normalizing:
         raise ConversionError(
@@ -113,17 +114,19 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)
     # The plan may clone it in a graph (a model made in one, by a program that disabled v2
     # behaviour, keeps its v1 classes).
-    _tfprivate.restore_v2_classes(keras_model, v1=graph_mode)
+    _tfprivate.keras.restore_v2_classes(keras_model, v1=graph_mode)
     conversion = _plan.ConversionPlan(settings=settings, loss_plan=loss_plan)
     warm = None
-    if _tfprivate.is_graph_network(keras_model):
+    if _tfprivate.keras.is_graph_network(keras_model):
         if not graph_mode:
             warm = [w.numpy() for w in keras_model.trainable_weights] if keras_model.built else None
-        elif _tfprivate.any_weight_initialized(keras_model):  # read in the program's session
+        elif _tfprivate.estimator.any_weight_initialized(
+            keras_model
+        ):  # read in the program's session
             warm = tf.compat.v1.keras.backend.batch_get_value(keras_model.trainable_weights)
         # else stock starts from its first checkpoint's freshly initialised clone: read from it
         # once written (:func:`warm_from_first_checkpoint`), the program's variables untouched.
-    elif _tfprivate.is_subclassed(keras_model):
+    elif _tfprivate.keras.is_subclassed(keras_model):
         said_subclassed(keras_model)
     plan = Plan(
         keras_model,
@@ -131,7 +134,7 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
         custom_objects,
         loss_plan.outputs,
         # A subclassed model's losses are planned once it is built (:func:`clone`).
-        None if _tfprivate.is_subclassed(keras_model) else loss_plan.added or {},
+        None if _tfprivate.keras.is_subclassed(keras_model) else loss_plan.added or {},
         warm,
         conversion.batch_size,
         conversion.iterations_per_loop,
@@ -145,7 +148,9 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
         logger.info("the strategy engine's host part: %s", host.describe())
     plan.graph_mode = graph_mode
     # Its metrics as stock names them (the program's v1 names), where the eager copy's differ.
-    plan.metric_names = _tfprivate.v1_metric_names(keras_model) if graph_mode else None
+    plan.metric_names = (
+        _tfprivate.keras_compile.v1_metric_names(keras_model) if graph_mode else None
+    )
     return plan
 
 
@@ -159,7 +164,7 @@ def said_subclassed(keras_model):
             "(its weights are not carried over). The model you passed is unchanged.",
             type(keras_model).__name__,
         )
-    steps = _tfprivate.overrides_step(keras_model)
+    steps = _tfprivate.keras.overrides_step(keras_model)
     if steps:
         logger.warning(
             "%s overrides %s; as the stock model_to_estimator, the estimator trains, evaluates "

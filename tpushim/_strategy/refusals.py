@@ -48,7 +48,7 @@ def check_tf1_optimizer(optimizer):
             f"the strategy engine cannot train with {name}: it replaces apply_gradients, and "
             "tf.distribute sums the replicas' gradients in the base class's apply_gradients. " + fix
         )
-    for hyper, value in _tfprivate.tf1_optimizer_hyperparameters(optimizer):
+    for hyper, value in _tfprivate.keras_compile.tf1_optimizer_hyperparameters(optimizer):
         with tf.Graph().as_default() as graph:
             tf.compat.v1.train.create_global_step()
             try:
@@ -103,7 +103,7 @@ def check_input_keys(plan, model, element_spec):
             )
             for part in (features, labels)
         )
-        _tfprivate.convert_estimator_io_to_keras(model, features, labels)
+        _tfprivate.estimator.convert_estimator_io_to_keras(model, features, labels)
 
 
 def check_row_labels(model, terms, element_spec):

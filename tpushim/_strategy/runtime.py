@@ -42,7 +42,7 @@ def tpu_strategy(resolver):
 
 def runtime(plan):
     """Where the engine runs ``plan``'s calls: on the eager runtime, also for a program that
-    disabled it (:func:`tpushim._tfprivate.eager_runtime`; its graph mode back after a call)."""
+    disabled it (:func:`tpushim._tfprivate.graph.eager_runtime`; its graph mode back after a call)."""
     if getattr(plan, "graph_mode", False):
         return _eager_runtime(plan.keras_model)
     return contextlib.nullcontext()
@@ -53,7 +53,7 @@ def _eager_runtime(keras_model):
     """The eager runtime for a program that disabled it, left as that program had it: its
     graph mode back, and its model's v1 classes (the eager clones swapped them to v2)."""
     try:
-        with _tfprivate.eager_runtime():
+        with _tfprivate.graph.eager_runtime():
             yield
     finally:
-        _tfprivate.restore_v2_classes(keras_model, v1=True)
+        _tfprivate.keras.restore_v2_classes(keras_model, v1=True)

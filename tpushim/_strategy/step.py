@@ -19,11 +19,11 @@ from tpushim._strategy.loss import _loss_objects, _loss_of, _outs, all_reduce_su
 
 logger = logging.getLogger("tpushim")
 
-ModeKeys = _tfprivate.ModeKeys
+ModeKeys = _tfprivate.estimator.ModeKeys
 SUM = tf.distribute.ReduceOp.SUM
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def bind_global_step(step):
     """Makes ``step`` what ``tf.compat.v1.train.get_global_step()`` returns in the
     ``tf.function`` being traced, as the estimator's global step is in stock's model_fn graph: a
@@ -34,7 +34,7 @@ def bind_global_step(step):
     graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP, step)
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def host_sum(strategy, per_replica):
     """A per-replica value summed on the host, outside the replicas' step: what a
     ``TPUStrategy``'s ``reduce`` does (each core's value copied to the host and added). Another
@@ -46,22 +46,24 @@ def host_sum(strategy, per_replica):
     return tf.add_n(list(strategy.experimental_local_results(per_replica)))
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def scalar_weight(element):
     """A replica's weight in the mean of a model's scalar summary: its real rows."""
     features = element[0] if isinstance(element, tuple) else element
     return tf.reduce_sum(tf.cast(features[_padding.PADDING_KEY], tf.float32))
 
 
-@_tfprivate.not_converted
+@_tfprivate.graph.not_converted
 def real_rows(element):
-    """Inside :func:`tpushim._tfprivate.batchnorm_call_hooked`, while a replica's training step
+    """Inside :func:`tpushim._tfprivate.keras.batchnorm_call_hooked`, while a replica's training step
     calls the model: its BatchNormalization layers' batch statistics over the replica's real rows
     (:mod:`tpushim._batchnorm`, as a TPUEstimator shard's; a synchronized layer's summed across
     the replicas), not the padding rows."""
     features = element[0] if isinstance(element, tuple) else element
     pad = features[_padding.PADDING_KEY]
-    return _tfprivate.batchnorm_call_using(_batchnorm.real_rows_call(pad, True, all_reduce_sum))
+    return _tfprivate.keras.batchnorm_call_using(
+        _batchnorm.real_rows_call(pad, True, all_reduce_sum)
+    )
 
 
 def _mask_or_empty(output):
@@ -82,7 +84,7 @@ def model_summaries_left_out(plan, on_scalar=lambda name, tensor: True):
     which stock writes every save_summary_steps, are said once per conversion with their
     names."""
     skipped = set()
-    with _tfprivate.v1_summaries_skipped(skipped, on_scalar):
+    with _tfprivate.graph.v1_summaries_skipped(skipped, on_scalar):
         yield
     if skipped and id(plan) not in _SAID_SUMMARIES:
         _SAID_SUMMARIES.add(id(plan))
@@ -103,19 +105,19 @@ def _optimizer(user, step, model, plan):
     config; a ``tf.compat.v1.train`` one (Keras's ``TFOptimizer``) a fresh copy of the user's,
     wrapped again with ``step`` as its global step (stock reuses the user's object in each new
     graph, where its variables are new; eagerly they would be the last call's)."""
-    if isinstance(user, _tfprivate.keras_v1_tf_optimizer_class()):
-        inner = _tfprivate.fresh_tf1_optimizer(user.optimizer)
-        optimizer = _tfprivate.keras_tf_optimizer(inner, step)
+    if isinstance(user, _tfprivate.keras.keras_v1_tf_optimizer_class()):
+        inner = _tfprivate.keras_compile.fresh_tf1_optimizer(user.optimizer)
+        optimizer = _tfprivate.keras_compile.keras_tf_optimizer(inner, step)
         model.optimizer = optimizer
         # Slots exist before a restore: every value is restored at once.
-        _tfprivate.create_tf1_optimizer_slots(inner, model.trainable_variables)
+        _tfprivate.keras_compile.create_tf1_optimizer_slots(inner, model.trainable_variables)
         return optimizer
     optimizer = type(user).from_config(user.get_config())
     optimizer.iterations = step  # as keras_lib binds it
     model.optimizer = optimizer
     # Named as stock's graph names them: checkpoints record the names.
     with _strategy_checkpoint.optimizer_scope(plan):
-        _tfprivate.create_optimizer_slots(optimizer, model.trainable_variables)
+        _tfprivate.keras_compile.create_optimizer_slots(optimizer, model.trainable_variables)
     return optimizer
 
 
@@ -138,7 +140,7 @@ class _Run:
                 plan.features_spec = features
             if mode == ModeKeys.TRAIN:
                 self.optimizer = _optimizer(plan.optimizer, self.step, self.model, plan)
-            _tfprivate.track_estimator_step(self.model, self.step)
+            _tfprivate.estimator.track_estimator_step(self.model, self.step)
         self.terms = _loss_objects(
             plan.keras_model, plan.custom_objects, self.model.output_names, _outs(plan)
         )
@@ -169,7 +171,7 @@ class _Run:
         return path
 
     # -- the replica functions ----------------------------------------------------------------
-    @_tfprivate.not_converted
+    @_tfprivate.graph.not_converted
     def _loss(self, element, training):
         features, labels, pad, weights = _unpack(element, self.model.output_names)
         loss, outputs = _loss_of(
@@ -221,10 +223,10 @@ class _Run:
             weighted = [tf.where(rows > 0, v * rows, 0.0) for v in scalars]
             return loss, weighted, rows
 
-        @_tfprivate.not_converted
+        @_tfprivate.graph.not_converted
         def step(element, ran, losses, scalars):
             bind_global_step(self.step)
-            hooked = _tfprivate.batchnorm_call_hooked()  # at the trace
+            hooked = _tfprivate.keras.batchnorm_call_hooked()  # at the trace
             with hooked, model_summaries_left_out(self.plan, on_scalar):
                 loss, values, rows = self.strategy.run(replica_step, args=(element,))
             losses = losses.write(tf.cast(ran, tf.int32), host_sum(self.strategy, loss))
@@ -234,7 +236,7 @@ class _Run:
                 scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
             return ran + 1, losses, scalars
 
-        @_tfprivate.not_converted
+        @_tfprivate.graph.not_converted
         def start():
             ran = tf.constant(0, tf.int64)
             losses, scalars = (
@@ -279,7 +281,7 @@ class _Run:
                 tf.ones_like(pad) if w is None else w for w in weights or [None] * len(outputs)
             ]
             # What Keras's crossentropy metrics read besides the values (known at the trace).
-            read = [_tfprivate.output_logits(o) for o in outputs]
+            read = [_tfprivate.keras_compile.output_logits(o) for o in outputs]
             self.logits_how = [how for how, _ in read]
             logits = [tf.zeros([0]) if how is None else lg for how, lg in read]
             if parts is not None:

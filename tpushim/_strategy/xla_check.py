@@ -28,14 +28,14 @@ def check_xla(plan, element_spec, replicas):
     An inspection stock does not make: the seeds its copy and trace draw are put back, so the
     model a program builds next starts from stock's initial weights.
     """
-    with _tfprivate.keras_random_state_kept():
+    with _tfprivate.keras.keras_random_state_kept():
         _check_xla(plan, element_spec, replicas)
 
 
 def _check_xla(plan, element_spec, replicas):
     model = _as_is(plan) or clone(plan, features_spec(element_spec))
     terms = _loss_objects(plan.keras_model, plan.custom_objects, model.output_names, _outs(plan))
-    lookups = _tfprivate.feature_column_layers(model) if plan.host is None else ()
+    lookups = _tfprivate.keras.feature_column_layers(model) if plan.host is None else ()
     if lookups:
         raise ConversionError(
             "the training step cannot run on a TPU: the model's feature-column layers "
@@ -77,11 +77,11 @@ def _check_xla(plan, element_spec, replicas):
     sample = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
     try:
         with (
-            _tfprivate.batchnorm_call_hooked(),
+            _tfprivate.keras.batchnorm_call_hooked(),
             model_summaries_left_out(plan),
-            _tfprivate.call_losses_kept(model),  # the user's model, traced as it is
+            _tfprivate.keras_compile.call_losses_kept(model),  # the user's model, traced as it is
         ):
-            _tfprivate.compiler_ir(tf.function(step, jit_compile=True), sample)
+            _tfprivate.graph.compiler_ir(tf.function(step, jit_compile=True), sample)
     except (ValueError, tf.errors.OpError) as e:
         raise ConversionError(
             "the training step does not compile with XLA, as a TPU compiles it (compiled here "
@@ -107,7 +107,7 @@ def traceable_as_is(keras_model):
     a built graph network with eager variables and no activity regularizer."""
     if _built_on_input(keras_model) or not tf.executing_eagerly():
         return False
-    layers = _tfprivate.all_layers(keras_model)
+    layers = _tfprivate.keras.all_layers(keras_model)
     if any(getattr(layer, "activity_regularizer", None) is not None for layer in layers):
         return False
     return not any(getattr(v, "_in_graph_mode", True) for v in keras_model.weights)
