@@ -22,7 +22,7 @@ MODES = ("auto", "cpu", "tpu", "off")
 POD_INPUTS = ("auto", "exact", "files")
 
 #: The engine a TPU conversion runs on: see :mod:`tpushim._engines`.
-ENGINES = ("auto", "tpuestimator", "strategy", "jax")
+ENGINES = ("auto", "tpuestimator", "jax", "strategy")
 
 #: setting name -> environment variable; also the order settings are listed in.
 ENV_VARS = {

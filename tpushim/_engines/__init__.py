@@ -147,7 +147,8 @@ def select(settings, environ=None, tf_version=None):
         why = engine.unavailable(tf_version, environ)
         if why is None:
             return engine, engine.why_chosen(refused)
-        refused.append(why)
+        if engine.said_when_passed:
+            refused.append(why)
     raise RuntimeError(
         f"no tpushim engine runs here: {'; '.join(refused)}"
     )  # the last never refuses

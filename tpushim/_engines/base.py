@@ -82,6 +82,9 @@ class Engine:
 
     name = None
     chosen_why = None
+    #: Whether ``engine=auto``'s reason for the engine it chose says why this one could not run
+    #: (an engine for a few machines only says nothing where it does not apply).
+    said_when_passed = True
 
     # -- the choice -----------------------------------------------------------------------------
     def unavailable(self, tf_version, environ):

@@ -41,6 +41,7 @@ class JaxEngine(base.Engine):
         "JAX sees this machine's TPU (a TPU device file and libtpu) and TensorFlow cannot use "
         "it (no tensorflow-tpu of its version) (engine auto)"
     )
+    said_when_passed = False  # where it cannot run, the other engines' reasons are the ones
 
     def unavailable(self, tf_version, environ):
         from tpushim import _detect
