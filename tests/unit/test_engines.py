@@ -27,7 +27,9 @@ def test_the_registry_holds_every_engine_in_order_of_preference():
     assert isinstance(_engines.get("tpuestimator"), tpuestimator_engine.TPUEstimatorEngine)
     assert isinstance(_engines.get("jax"), jax_engine.JaxEngine)
     assert isinstance(_engines.get("strategy"), strategy_engine.StrategyEngine)
-    with pytest.raises(KeyError, match="no tpushim engine 'pytorch'; the engines: tpuestimator, jax"):
+    with pytest.raises(
+        KeyError, match="no tpushim engine 'pytorch'; the engines: tpuestimator, jax"
+    ):
         _engines.get("pytorch")
 
 
@@ -137,7 +139,7 @@ def test_engine_jax_without_jax_is_refused_naming_the_install(jax_here):
     from tpushim import ConversionError
 
     jax_here["missing"] = ["jax", "tf2jax"]
-    with pytest.raises(ConversionError, match=r'jax and tf2jax not installed.*tpushim\[jax\]'):
+    with pytest.raises(ConversionError, match=r"jax and tf2jax not installed.*tpushim\[jax\]"):
         _engines.get("jax").refuse_here(settings(engine="jax"))
 
 

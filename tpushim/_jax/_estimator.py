@@ -225,6 +225,7 @@ class JaxEstimator(_tfprivate.EstimatorBase):
                 raise ValueError("the input_fn gave no labels: training needs them.")
             trainer = conversion.trainer(conversion.batch_size or _rows(features))
             trainer.restore(weights, slots, start)
+            trainer.check((features, labels, None))  # its refusals before anything is written
             return self._train_steps(trainer, arrays, first, batches, start, stop)
         finally:
             batches.close()

@@ -178,6 +178,12 @@ class Trainer:
             donate_argnums=(0, 1, 2),
         )
 
+    def check(self, batch):
+        """Converts and compiles the step for ``batch``'s shapes (``(features, labels,
+        sample_weights or None)``) without running it: what the step refuses (random draws, an
+        op tf2jax has no JAX for) is raised here, before anything is written."""
+        self._convert(pad_batch(batch, self.global_batch))
+
     def train(self, batches):
         """Runs one step per batch in one compiled call; returns each step's loss (stock's loss
         on the batch's real rows). ``batches``: ``(features, labels, sample_weights or None)``
