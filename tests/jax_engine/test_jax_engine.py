@@ -11,6 +11,7 @@ Each run is a subprocess (``TF_USE_LEGACY_KERAS`` and the 8 devices are decided 
 process). Needs jax and tf2jax (the ``jax`` extra), as tests/jax_engine does.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -20,9 +21,15 @@ import shutil
 import procs
 import pytest
 
-pytestmark = pytest.mark.jax
-pytest.importorskip("jax")
-pytest.importorskip("tf2jax")
+# Not imported here (each run is a subprocess): the step's tests ask for 8 devices before jax's
+# first import in this process.
+pytestmark = [
+    pytest.mark.jax,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("jax", "tf2jax")),
+        reason="jax and tf2jax not installed (the jax extra)",
+    ),
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
