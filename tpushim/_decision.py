@@ -81,6 +81,15 @@ def decide(settings, tpu):
         )
     if mode == "cpu":
         engine, engine_why = _engines.choose(settings)
+        if engine == _engines.JAX:
+            return Decision(
+                CPU,
+                f"mode cpu from {mode_source}: the TPU code path on CPU; {engine_why}",
+                "the JAX engine (the Keras model's step in JAX over this machine's devices): "
+                f"the TPU code path on CPU ({engine_why})",
+                engine=engine,
+                engine_why=engine_why,
+            )
         if engine == _engines.STRATEGY:
             return Decision(
                 CPU,
@@ -100,6 +109,15 @@ def decide(settings, tpu):
     if tpu is not None:
         where = f"{tpu.describe()} (from {tpu.source})"
         engine, engine_why = _engines.choose(settings)
+        if engine == _engines.JAX:
+            return Decision(
+                TPU,
+                f"TPU {where}; {engine_why}",
+                f"the JAX engine (the Keras model's step in JAX) on TPU {where} ({engine_why})",
+                tpu=tpu,
+                engine=engine,
+                engine_why=engine_why,
+            )
         if engine == _engines.STRATEGY:
             return Decision(
                 TPU,

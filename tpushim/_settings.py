@@ -22,7 +22,7 @@ MODES = ("auto", "cpu", "tpu", "off")
 POD_INPUTS = ("auto", "exact", "files")
 
 #: The engine a TPU conversion runs on: see :mod:`tpushim._engines`.
-ENGINES = ("auto", "tpuestimator", "strategy")
+ENGINES = ("auto", "tpuestimator", "jax", "strategy")
 
 #: setting name -> environment variable; also the order settings are listed in.
 ENV_VARS = {
@@ -182,8 +182,9 @@ def parse_engine(value, where="engine"):
     raise ConfigurationError(
         f"{where}={value!r} is not a tpushim engine; choose one of {', '.join(ENGINES)} "
         f"(auto: TPUEstimator where it runs, the tf.distribute strategy engine on a PJRT TPU "
-        f"runtime and on TensorFlow >= 2.16; tpuestimator; strategy: the Keras model under "
-        f"tf.distribute.TPUStrategy, MirroredStrategy on CPU)."
+        f"runtime and on TensorFlow >= 2.16, the JAX engine where JAX sees a TPU TensorFlow cannot "
+        f"use; tpuestimator; strategy: the Keras model under tf.distribute.TPUStrategy, "
+        f"MirroredStrategy on CPU; jax: the Keras model's step in JAX on every local device)."
     )
 
 
@@ -430,8 +431,9 @@ OPTIONS = (
         "engine",
         "ENGINE",
         "what runs the TPU path: auto (TPUEstimator where it runs; the strategy engine on a PJRT "
-        "TPU runtime or TensorFlow >= 2.16), tpuestimator or strategy (the Keras model under "
-        "tf.distribute.TPUStrategy).",
+        "TPU runtime or TensorFlow >= 2.16; the JAX engine where JAX sees a TPU TensorFlow cannot use), "
+        "tpuestimator, strategy (the Keras model under tf.distribute.TPUStrategy) or jax (its "
+        "step in JAX on every local device).",
         DEFAULTS["engine"],
     ),
 )

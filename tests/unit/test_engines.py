@@ -10,6 +10,7 @@ import procs
 import pytest
 
 from tpushim import _decision, _engines, _settings, _versions
+from tpushim._engines import jax_engine
 from tpushim._engines import strategy as strategy_engine
 from tpushim._engines import tpuestimator as tpuestimator_engine
 
@@ -21,12 +22,15 @@ def settings(**kwargs):
 
 
 def test_the_registry_holds_every_engine_in_order_of_preference():
-    assert _engines.names() == ("tpuestimator", "strategy") == _settings.ENGINES[1:]
+    assert _engines.names() == ("tpuestimator", "jax", "strategy") == _settings.ENGINES[1:]
     assert all(isinstance(engine, _engines.Engine) for engine in _engines.ENGINES)
     assert isinstance(_engines.get("tpuestimator"), tpuestimator_engine.TPUEstimatorEngine)
+    assert isinstance(_engines.get("jax"), jax_engine.JaxEngine)
     assert isinstance(_engines.get("strategy"), strategy_engine.StrategyEngine)
-    with pytest.raises(KeyError, match="no tpushim engine 'jax'; the engines: tpuestimator, strat"):
-        _engines.get("jax")
+    with pytest.raises(
+        KeyError, match="no tpushim engine 'pytorch'; the engines: tpuestimator, jax"
+    ):
+        _engines.get("pytorch")
 
 
 @pytest.mark.parametrize(
@@ -94,6 +98,57 @@ def test_the_protocols_defaults_leave_everything_to_stock():
     assert _engines.owner(object()) is None
 
 
+# --- the JAX engine: chosen where JAX sees a TPU that TensorFlow cannot use ------------------------
+
+
+@pytest.fixture
+def jax_here(monkeypatch):
+    """The facts the JAX engine's choice reads, faked (nothing imported, no device opened): jax
+    and tf2jax installed or not, a TPU device file with libtpu or not, tensorflow-tpu's version."""
+    from tpushim import _detect
+
+    facts = {"missing": [], "device": "/dev/vfio/0", "tensorflow_tpu": None}
+    monkeypatch.setattr(jax_engine, "_missing", lambda: list(facts["missing"]))
+    monkeypatch.setattr(_detect, "tpu_vm_device", lambda environ=None: facts["device"])
+    monkeypatch.setattr(jax_engine, "tensorflow_tpu_version", lambda: facts["tensorflow_tpu"])
+    return facts
+
+
+def test_auto_chooses_jax_where_jax_sees_a_tpu_tensorflow_cannot_use(jax_here):
+    engine, why = _engines.choose(settings(), environ={}, tf_version="2.21.0")
+    assert engine == "jax"
+    assert why == "TensorFlow 2.21.0 has no TPUEstimator; " + jax_engine.JaxEngine.chosen_why
+
+
+@pytest.mark.parametrize(
+    "fact,value,tf_version,engine",
+    [
+        ("tensorflow_tpu", "2.20.0", "2.20.0", "strategy"),  # TensorFlow runs this TPU itself
+        ("device", None, "2.21.0", "strategy"),  # no TPU JAX could use
+        ("missing", ["tf2jax"], "2.21.0", "strategy"),  # the extra not installed
+        ("tensorflow_tpu", "2.20.0", "2.15.1", "tpuestimator"),  # TPUEstimator first
+    ],
+)
+def test_auto_leaves_jax_where_it_does_not_apply(jax_here, fact, value, tf_version, engine):
+    jax_here[fact] = value
+    chosen, why = _engines.choose(settings(), environ={}, tf_version=tf_version)
+    assert chosen == engine and "JAX" not in why and "jax" not in why, why
+
+
+def test_engine_jax_without_jax_is_refused_naming_the_install(jax_here):
+    from tpushim import ConversionError
+
+    jax_here["missing"] = ["jax", "tf2jax"]
+    with pytest.raises(ConversionError, match=r"jax and tf2jax not installed.*tpushim\[jax\]"):
+        _engines.get("jax").refuse_here(settings(engine="jax"))
+
+
+def test_the_decision_names_the_jax_engine(jax_here):
+    decision = _decision.decide(settings(mode="cpu", engine="jax"), None)
+    assert (decision.engine, decision.engine_why) == ("jax", "engine jax from argument")
+    assert decision.returns.startswith("the JAX engine")
+
+
 def test_the_decision_carries_the_engine_and_its_why():
     decision = _decision.decide(settings(mode="cpu", engine="strategy"), None)
     assert (decision.engine, decision.engine_why) == ("strategy", "engine strategy from argument")
@@ -106,7 +161,12 @@ def test_the_engines_import_no_tensorflow():
         code="""
             import sys
             import tpushim._engines, tpushim._convert, tpushim._decision
-            print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras")))
+            from tpushim import _settings
+            s = _settings.resolve((_settings.parse_arguments(),), environ={})
+            tpushim._engines.select(s, environ={}, tf_version="2.21.0")  # every engine asked
+            print(sorted(
+                m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "jax", "tf2jax")
+            ))
         """,
         env={"PYTHONPATH": ROOT},
         timeout=120,

@@ -8,6 +8,8 @@ the conversion (``engine=auto``), unless the settings name one. The engines:
 
 * ``tpuestimator`` (:mod:`tpushim._engines.tpuestimator`): TPUEstimator, TF1 sessions on the
   StreamExecutor TPU runtime (:mod:`tpushim._estimator`).
+* ``jax`` (:mod:`tpushim._engines.jax_engine`): the Keras model's step converted to JAX and run
+  on every local device (:mod:`tpushim._jax`), where JAX sees a TPU TensorFlow cannot use.
 * ``strategy`` (:mod:`tpushim._engines.strategy`): the ``tf.distribute`` strategy engine, TF2
   ``tf.function`` under a TPUStrategy (:mod:`tpushim._strategy`).
 
@@ -27,6 +29,7 @@ TensorFlow code when it is asked to build, check or extend.
 """
 
 from tpushim._engines.base import (  # the protocol, for the engines' callers
+    JAX,
     NO_ESTIMATOR_FROM,
     PJRT_VARS,
     STRATEGY,
@@ -36,11 +39,13 @@ from tpushim._engines.base import (  # the protocol, for the engines' callers
     Prepared,
     pjrt_runtime,
 )
+from tpushim._engines.jax_engine import JaxEngine
 from tpushim._engines.strategy import StrategyEngine
 from tpushim._engines.tpuestimator import TPUEstimatorEngine
 
 __all__ = [
     "ENGINES",
+    "JAX",
     "NO_ESTIMATOR_FROM",
     "PJRT_VARS",
     "STRATEGY",
@@ -59,8 +64,9 @@ __all__ = [
 ]
 
 #: Every engine, in order of preference: ``engine=auto`` takes the first that can run here. The
-#: strategy engine runs wherever TensorFlow does, so it comes last.
-ENGINES = (TPUEstimatorEngine(), StrategyEngine())
+#: strategy engine runs wherever TensorFlow does, so it comes last; the JAX engine only where JAX
+#: sees a TPU that TensorFlow cannot use.
+ENGINES = (TPUEstimatorEngine(), JaxEngine(), StrategyEngine())
 
 
 def get(name):
@@ -140,8 +146,9 @@ def select(settings, environ=None, tf_version=None):
     for engine in ENGINES:
         why = engine.unavailable(tf_version, environ)
         if why is None:
-            return engine, "; ".join(refused) or engine.chosen_why
-        refused.append(why)
+            return engine, engine.why_chosen(refused)
+        if engine.said_when_passed:
+            refused.append(why)
     raise RuntimeError(
         f"no tpushim engine runs here: {'; '.join(refused)}"
     )  # the last never refuses

@@ -11,6 +11,7 @@ from tpushim import _tpus, version
 # The engines' names, and what tells a PJRT TPU runtime, are the TPU generations table's.
 TPUESTIMATOR = _tpus.TPUESTIMATOR
 STRATEGY = _tpus.STRATEGY
+JAX = "jax"
 PJRT_VARS = _tpus.PJRT_VARS
 pjrt_runtime = _tpus.pjrt_runtime
 
@@ -81,12 +82,19 @@ class Engine:
 
     name = None
     chosen_why = None
+    #: Whether ``engine=auto``'s reason for the engine it chose says why this one could not run
+    #: (an engine for a few machines only says nothing where it does not apply).
+    said_when_passed = True
 
     # -- the choice -----------------------------------------------------------------------------
     def unavailable(self, tf_version, environ):
         """Why this engine cannot run here (one phrase), or None where it can (``can_handle``)."""
         del tf_version, environ
         return None
+
+    def why_chosen(self, refused):
+        """Why ``engine=auto`` chose it, given why each engine before it cannot run here."""
+        return "; ".join(refused) or self.chosen_why
 
     def refuse_here(self, settings):
         """Raises :class:`tpushim.ConversionError` where the settings name this engine and this

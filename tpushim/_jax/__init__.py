@@ -1,11 +1,20 @@
-"""The JAX engine's package: a legacy script's Keras model trained by a step that runs in JAX
-(the TPUs JAX runs on: Colab's v5e-1, Kaggle's v5e-8, v6e, and those TensorFlow no longer
-supports), while TensorFlow keeps the graph, the input pipeline and the checkpoints on the host.
+"""The JAX engine's package (``engine=jax``): a legacy script's Keras model trained, evaluated
+and predicted by steps that run in JAX on every local device (the TPUs JAX runs on: Colab's
+v5e-1, Kaggle's v5e-8, v6e, and those TensorFlow no longer supports), while TensorFlow keeps the
+graph, the input pipeline and the checkpoints on the host. Registered in :mod:`tpushim._engines`
+(:mod:`tpushim._engines.jax_engine`); proven on 8 XLA CPU devices, not run on a TPU.
 
-* :mod:`tpushim._jax._trace`: the Keras model's training-mode forward pass and its compiled loss,
-  traced in TensorFlow on the global batch (padding rows weigh 0 in the loss and in
-  BatchNormalization's statistics: the core's :mod:`tpushim._losses`, :mod:`tpushim._batchnorm`)
-  and converted to a JAX function with ``tf2jax``.
+* :mod:`tpushim._jax._build`: the conversion's last step: its refusals, ``JaxConversion`` (the
+  model's evaluation and prediction functions in JAX, its stock checkpoints), ``made``.
+* :mod:`tpushim._jax._estimator`: ``JaxEstimator`` (stock's Estimator; ``train``, ``evaluate``,
+  ``predict`` in JAX), the input_fn's batches read on the host as stock reads them.
+* :mod:`tpushim._jax._checkpoint`: stock's checkpoints (format, variable and slot names,
+  ``global_step``) written by stock's Saver in stock's training graph; read in either format.
+* :mod:`tpushim._jax._trace`: the Keras model's training-mode forward pass and its compiled loss
+  (and the inference ones), traced in TensorFlow on the global batch (padding rows weigh 0 in
+  the loss and in BatchNormalization's statistics: the core's :mod:`tpushim._losses`,
+  :mod:`tpushim._batchnorm`) and converted to JAX with ``tf2jax``; :mod:`tpushim._jax._ops`:
+  the TensorFlow ops Keras uses that tf2jax lacks, registered with it.
 * :mod:`tpushim._jax._optimizers`: the optimizer's update as tf-keras computes it (SGD with
   momentum / nesterov, Adam; legacy and v2 spellings), its slots under Keras's names.
 * :mod:`tpushim._jax._step`: ``jax.value_and_grad`` of the converted loss, the update, the
@@ -13,7 +22,6 @@ supports), while TensorFlow keeps the graph, the input pipeline and the checkpoi
   split in equal per-device shares, as TPUEstimator splits it), ``iterations_per_loop`` steps per
   compiled call, compiled once per shape.
 
-Not yet an engine (:mod:`tpushim._engines` does not register it): the estimator that trains
-from an input_fn with this step, writes stock's checkpoints and evaluates and predicts is the
-next step. TensorFlow- and JAX-free at import, as every engine package is.
+What it does not run yet is refused in words naming the fix (``engine='strategy'``).
+TensorFlow- and JAX-free at import, as every engine package is.
 """

@@ -85,14 +85,32 @@ class Trainer:
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
         self._traced = {}  # batch shapes -> (Traced, its compiled loop)
         self.params = self.opt_state = None
+        self._restored = {}
+
+    def restore(self, weights=None, slots=None, iterations=None):
+        """Starts from these values rather than the Keras model's (a checkpoint's): ``weights``
+        variable name -> value, ``slots`` slot name -> {variable name: value}, ``iterations`` the
+        optimizer's step count. Before the first :meth:`train`."""
+        if self.params is not None:
+            raise RuntimeError("restore() comes before the first train()")
+        self._restored = {"weights": dict(weights or {}), "slots": dict(slots or {})}
+        if iterations is not None:
+            self._restored["iterations"] = int(iterations)
 
     # -- the state -------------------------------------------------------------------------------
     def _start(self, traced):
         if self.params is not None:
             return
-        trainable = {k: jnp.asarray(traced.params[k]) for k in traced.trainable}
-        state = {k: jnp.asarray(traced.params[k]) for k in traced.state}
+        start = {k: traced.params[k] for k in (*traced.trainable, *traced.state)}
+        start.update({k: v for k, v in self._restored.get("weights", {}).items() if k in start})
+        trainable = {k: jnp.asarray(start[k]) for k in traced.trainable}
+        state = {k: jnp.asarray(start[k]) for k in traced.state}
         opt = self.optimizer.init(trainable)
+        if "iterations" in self._restored:  # stock's optimizer counts the global step
+            opt["iterations"] = jnp.asarray(self._restored["iterations"], opt["iterations"].dtype)
+        for slot, values in self._restored.get("slots", {}).items():
+            if slot in opt:
+                opt[slot] = {k: jnp.asarray(values.get(k, opt[slot][k])) for k in opt[slot]}
         self.params, self.stats, self.opt_state = jax.device_put(
             (trainable, state, opt), self.replicated
         )
@@ -159,6 +177,12 @@ class Trainer:
             out_shardings=((self.replicated,) * 3, self.replicated),
             donate_argnums=(0, 1, 2),
         )
+
+    def check(self, batch):
+        """Converts and compiles the step for ``batch``'s shapes (``(features, labels,
+        sample_weights or None)``) without running it: what the step refuses (random draws, an
+        op tf2jax has no JAX for) is raised here, before anything is written."""
+        self._convert(pad_batch(batch, self.global_batch))
 
     def train(self, batches):
         """Runs one step per batch in one compiled call; returns each step's loss (stock's loss

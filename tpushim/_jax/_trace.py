@@ -103,9 +103,11 @@ def _outputs_list(keras_model, outputs):
     return tf.nest.flatten(outputs)
 
 
-def training_function(keras_model, custom_objects=None):
+def training_function(keras_model, custom_objects=None, training=True):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
-    pad)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot train."""
+    pad)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot train.
+    ``training=False``: the same loss on the model's inference outputs (an evaluation step:
+    BatchNormalization on its moving statistics, no dropout)."""
     terms = _loss_terms(keras_model, custom_objects)
 
     def identity(t):  # the whole global batch is one shard: its sums are the global ones
@@ -114,11 +116,16 @@ def training_function(keras_model, custom_objects=None):
     @tf.function(autograph=False)
     def train(features, labels, sample_weights, pad):
         inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
-        with (
-            _tfprivate.keras.batchnorm_call_hooked(),
-            _tfprivate.keras.batchnorm_call_using(_batchnorm.real_rows_call(pad, True, identity)),
-        ):
-            outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
+        if not training:
+            outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
+        else:
+            with (
+                _tfprivate.keras.batchnorm_call_hooked(),
+                _tfprivate.keras.batchnorm_call_using(
+                    _batchnorm.real_rows_call(pad, True, identity)
+                ),
+            ):
+                outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
         endpoints = []
         for (name, loss_obj, weight), y_pred, y_true, sw in zip(
             terms, outputs, labels, sample_weights
@@ -138,6 +145,42 @@ def training_function(keras_model, custom_objects=None):
         return loss, outputs
 
     return train
+
+
+def predict_function(keras_model):
+    """The model's inference outputs as a ``tf.function`` of ``features`` (a list in the
+    model's input order): a list in its output order."""
+
+    @tf.function(autograph=False)
+    def predict(features):
+        inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
+        return _outputs_list(keras_model, keras_model(inputs, training=False))
+
+    return predict
+
+
+def convert_inference(keras_model, fn, *arrays):
+    """``fn`` (an evaluation :func:`training_function` or :func:`predict_function`) converted
+    with ``tf2jax`` at the shapes of ``arrays``: ``(jax function, its params' names)``; the
+    function is ``f(params, *arrays) -> (result, params)``."""
+    import tf2jax
+
+    from tpushim._jax import _ops  # noqa: F401 (registers the ops tf2jax lacks)
+
+    def spec(a):
+        a = np.asarray(a)
+        return tf.TensorSpec(a.shape, tf.as_dtype(a.dtype))
+
+    args = tf.nest.map_structure(spec, arrays)
+    try:
+        with tf2jax.override_config("convert_custom_gradient", False):
+            jax_fn, params = tf2jax.convert(fn, *args)
+    except Exception as e:  # an op tf2jax has no JAX for: named
+        raise ConversionError(
+            f"tpushim cannot convert this model's inference to JAX: {type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]}. Train it with engine=strategy."
+        ) from e
+    return jax_fn, tuple(params)
 
 
 _RANDOM_OPS = ("Random", "TruncatedNormal", "Multinomial", "RngReadAndSkip", "RngSkip")
@@ -166,6 +209,8 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
     """``train`` (:func:`training_function`) converted with ``tf2jax`` at the shapes of the
     example arrays given: a :class:`Traced`."""
     import tf2jax
+
+    from tpushim._jax import _ops  # noqa: F401 (registers the ops tf2jax lacks)
 
     def spec(a):
         a = np.asarray(a)

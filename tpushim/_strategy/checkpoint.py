@@ -29,9 +29,7 @@ import tensorflow as tf
 
 from tpushim import _tfprivate
 from tpushim._errors import ConversionError
-
-#: The key that marks an object-based checkpoint (TensorFlow's ``OBJECT_GRAPH_PROTO_KEY``).
-OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+from tpushim._stock_graphs import OBJECT_GRAPH_KEY, is_object_based  # noqa: F401 (the core's)
 
 _STOCK_GRAPHS = weakref.WeakKeyDictionary()  # plan -> stock_training_graph(...): one graph each
 
@@ -116,11 +114,6 @@ def optimizer_scope(plan):
         and name.endswith("/" + path.split("/", 1)[1])
     }
     return tf.name_scope(scopes.pop()) if len(scopes) == 1 else contextlib.nullcontext()
-
-
-def is_object_based(path):
-    """Whether the checkpoint at ``path`` (a prefix) is object-based."""
-    return tf.train.load_checkpoint(path).has_tensor(OBJECT_GRAPH_KEY)
 
 
 class Checkpoints:

@@ -41,6 +41,7 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._errors import ConversionError
+from tpushim._stock_graphs import input_graph as _stock_graph
 from tpushim._strategy import host as _strategy_host
 
 logger = logging.getLogger("tpushim")
@@ -191,21 +192,6 @@ def batch_size_of(dataset):
     for element in dataset.take(1):
         return int(tf.shape(tf.nest.flatten(element)[0])[0])
     raise ConversionError("the input_fn's dataset is empty: there is no batch to read.")
-
-
-@contextlib.contextmanager
-def _stock_graph(mode, seed):
-    """A graph of its own, as stock's estimator builds its input in: graph seed, global step and
-    (training) its read made first -- stock's op seeds -- and the input_fn's ops on the CPU."""
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.random.set_random_seed(seed)
-        tf.compat.v1.train.create_global_step(graph)
-        if mode == ModeKeys.TRAIN:
-            _tfprivate.estimator.global_step_read()
-        # The program's own TensorShape for its input_fn (a program that disabled v2 behaviour).
-        with tf.compat.v1.device("/cpu:0"), _tfprivate.graph.programs_shapes():
-            yield graph
 
 
 def _what_failed(error):

@@ -1,0 +1,162 @@
+"""The JAX engine (engine=jax) as a legacy script meets it: the demo script (a Keras model
+compiled with legacy SGD + momentum, ``tf.keras.estimator.model_to_estimator``, a shuffled
+Dataset input_fn, train / evaluate / predict) under ``TPUSHIM_MODE=cpu TPUSHIM_ENGINE=jax`` on 8
+XLA CPU devices gives stock TensorFlow 2.15's recorded numbers (tests/reference/tf215.json); a
+model_dir stock 2.15 wrote resumes on the engine with stock's numbers, and one the engine wrote
+resumes on tpushim's estimator API's stock path with them too (checkpoints in stock's format,
+names and global step); what the engine does not run yet is refused in words before anything
+is written.
+
+Each run is a subprocess (``TF_USE_LEGACY_KERAS`` and the 8 devices are decided once per
+process). Needs jax and tf2jax (the ``jax`` extra), as tests/jax_engine does.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import runpy
+import shutil
+
+import procs
+import pytest
+
+# Not imported here (each run is a subprocess): the step's tests ask for 8 devices before jax's
+# first import in this process.
+pytestmark = [
+    pytest.mark.jax,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("jax", "tf2jax")),
+        reason="jax and tf2jax not installed (the jax extra)",
+    ),
+]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:
+    REFERENCE = json.load(_f)["results"]
+TOL = 1e-5
+EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+JAX = {**EIGHT, "TPUSHIM_MODE": "cpu", "TPUSHIM_ENGINE": "jax", "PYTHONPATH": ROOT}
+DEMO = "\n".join(
+    [
+        "import json, sys",
+        "import tpushim; tpushim.patch()",
+        "from tpushim.demo import legacy_mlp",
+        "results, predictions = legacy_mlp.train_and_evaluate(sys.argv[1])",
+        "out = {k: float(v) for k, v in results.items()}",
+        "out.update(predictions=len(predictions), first=float(predictions[0][0]),"
+        " last=float(predictions[-1][0]))",
+        "print('RESULT ' + json.dumps(out))",
+    ]
+)
+RESUME = runpy.run_path(os.path.join(SCRIPTS, "record_reference.py"))["RESUME"]
+
+
+def _result(proc):
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _differences(got, want):
+    """Keys whose values differ beyond TOL (relative, or absolute near 0), or are missing."""
+    out = {k: (got.get(k), want.get(k)) for k in set(got) ^ set(want)}
+    for key, value in want.items():
+        if key in got and not math.isclose(got[key], value, rel_tol=TOL, abs_tol=1e-6):
+            out[key] = (got[key], value)
+    return out
+
+
+def _checkpoint_names(path):
+    import tensorflow as tf
+
+    return {name for name, _ in tf.train.list_variables(path)}
+
+
+def _resume(model_dir, env):
+    return _result(
+        procs.python(
+            ["2", model_dir],
+            code="import tpushim; tpushim.patch()\n" + RESUME,
+            env=env,
+            cwd=model_dir,
+            timeout=600,
+        )
+    )
+
+
+def test_the_demo_on_eight_devices_equals_stock_2_15(tmp_path):
+    model_dir = tmp_path / "model"
+    proc = procs.python([model_dir], code=DEMO, env=JAX, cwd=tmp_path, timeout=600)
+    got = _result(proc)
+    assert "model_to_estimator -> the JAX engine" in proc.stderr, proc.stderr[-3000:]
+    assert "over 8 CPU device(s)" in proc.stderr
+    assert _differences(got, REFERENCE["demo"]) == {}
+    # Negative control: the comparison tells another run apart (stock's 200-step resume).
+    assert {"loss", "global_step"} <= set(_differences(got, REFERENCE["demo resumed"]))
+    # Stock's checkpoint: the same keys as stock 2.15's own model.ckpt-100 (object-based,
+    # tf.keras.estimator's default), the global step among them.
+    stock = os.path.join(ROOT, "tests", "reference", "tf215_demo_model", "model.ckpt-100")
+    ours = os.path.join(model_dir, "model.ckpt-300")
+    assert _checkpoint_names(ours) == _checkpoint_names(stock)
+    assert sorted(p for p in os.listdir(model_dir) if p.startswith("model.ckpt-")) == sorted(
+        f"model.ckpt-{n}.{ext}"
+        for n in (0, 300)
+        for ext in ("index", "meta", "data-00000-of-00002", "data-00001-of-00002")
+    )
+
+
+def test_a_model_dir_stock_2_15_wrote_resumes_on_the_engine_with_stocks_numbers(tmp_path):
+    # Stock 2.15 trained the demo 100 steps (tests/reference/tf215_demo_model); the engine
+    # restores its weights, momentum slots and global step, trains 100 more, ends where stock did.
+    model_dir = tmp_path / "model"
+    shutil.copytree(os.path.join(ROOT, "tests", "reference", "tf215_demo_model"), model_dir)
+    got = _resume(model_dir, JAX)
+    assert got["global_step"] == 200
+    assert _differences(got, REFERENCE["demo resumed"]) == {}
+
+
+def test_a_model_dir_the_engine_wrote_resumes_on_the_stock_path_with_stocks_numbers(tmp_path):
+    # Phase 1 (100 steps) on the engine; phase 2 on tpushim's estimator API's stock path (no TPU,
+    # mode auto): it restores the engine's checkpoint and ends where stock 2.15 ended.
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    procs.python(
+        ["1", model_dir],
+        code="import tpushim; tpushim.patch()\n" + RESUME,
+        env=JAX,
+        cwd=model_dir,
+        timeout=600,
+    ).check_returncode()
+    assert os.path.exists(model_dir / "model.ckpt-100.index")
+    got = _resume(model_dir, {"PYTHONPATH": ROOT})
+    assert got["global_step"] == 200
+    assert _differences(got, REFERENCE["demo resumed"]) == {}
+
+
+REFUSED = """
+import sys
+import tpushim; tpushim.patch()
+import numpy as np, tensorflow as tf
+x = tf.keras.Input((4,), name="x")
+h = tf.keras.layers.Dense(8, name="h")(x)
+h = tf.keras.layers.Dropout(0.5)(h)
+m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(h))
+m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+est = tf.keras.estimator.model_to_estimator(m, model_dir=sys.argv[1])
+data = (np.ones([16, 4], np.float32), np.ones([16, 1], np.float32))
+try:
+    est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8), steps=2)
+except tpushim.ConversionError as e:
+    print("REFUSED", e)
+"""
+
+
+def test_what_the_engine_cannot_run_is_refused_before_anything_is_written(tmp_path):
+    model_dir = tmp_path / "model"
+    proc = procs.python([model_dir], code=REFUSED, env=JAX, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REFUSED tpushim's JAX engine does not train random draws" in proc.stdout
+    assert "engine=strategy" in proc.stdout
+    assert not [p for p in os.listdir(model_dir) if p.startswith("model.ckpt")]

@@ -1,0 +1,163 @@
+"""The conversion's last step on the JAX engine: :func:`refusals` (what it refuses before
+anything is written) and :func:`made` (stock's warm-start checkpoint, the
+:class:`JaxConversion`, the :class:`tpushim._jax._estimator.JaxEstimator` and its line);
+:mod:`tpushim._convert` runs the steps before it and announces it.
+
+Imports jax: only the engine's ``plan``/``build`` import this module, never ``import tpushim``.
+"""
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tpushim import _settings, _tfprivate
+from tpushim._errors import ConversionError
+from tpushim._jax import _checkpoint, _optimizers, _step, _trace
+from tpushim._jax._estimator import JaxEstimator
+
+
+def _refuse(what, fix="engine='strategy' (TPUSHIM_ENGINE=strategy)"):
+    raise ConversionError(f"tpushim's JAX engine does not run {what} yet. Use {fix}, which does.")
+
+
+def refusals(keras_model, optimizer, custom_objects, settings):
+    """Raises what the engine refuses for this model before anything is written: a subclassed
+    model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`)."""
+    del settings
+    if _tfprivate.keras.is_subclassed(keras_model):
+        _refuse("subclassed models")
+    _optimizers.of(optimizer)
+    _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
+
+
+def refuse_arguments(arguments, config):
+    """What model_to_estimator was asked for that the engine does not do yet."""
+    if arguments.get("export_outputs"):
+        _refuse("model_to_estimator's export_outputs")
+    if getattr(config, "train_distribute", None) or getattr(config, "eval_distribute", None):
+        _refuse("RunConfig's train_distribute / eval_distribute (it runs data parallel itself)")
+
+
+class JaxConversion:
+    """What the engine keeps of one conversion: the model, its stock checkpoints, its settings,
+    and its evaluation and prediction functions in JAX (converted once per batch shape)."""
+
+    def __init__(self, keras_model, custom_objects, object_based, settings, metric_names_map):
+        self.keras_model, self.custom_objects = keras_model, custom_objects
+        self.batch_size = settings.batch_size
+        self.per_call = settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP
+        self.metric_names_map = metric_names_map
+        self.checkpoints = _checkpoint.StockCheckpoints(keras_model, custom_objects, object_based)
+        self.devices = jax.local_devices()
+        self._mesh = Mesh(np.array(self.devices), ("data",))
+        self._replicated = NamedSharding(self._mesh, PartitionSpec())
+        self._split = NamedSharding(self._mesh, PartitionSpec("data"))
+        self._eval_fn = self._predict_fn = None
+        self._converted = {}
+
+    def trainer(self, global_batch):
+        """A :class:`tpushim._jax._step.Trainer` of the model for this global batch."""
+        return _step.Trainer(self.keras_model, global_batch, self.devices, self.custom_objects)
+
+    def device_rows(self, rows):
+        """An evaluation's or prediction's batch padded to a multiple of the devices."""
+        shards = len(self.devices)
+        return int(math.ceil(rows / shards) * shards)
+
+    def _run(self, kind, fn, values, arrays):
+        key = (kind, tuple((np.shape(a), np.asarray(a).dtype.str) for a in jax.tree.leaves(arrays)))
+        if key not in self._converted:
+            jax_fn, names = _trace.convert_inference(self.keras_model, fn, *arrays)
+            self._converted[key] = (jax.jit(lambda p, *a: jax_fn(p, *a)[0]), names)
+        compiled, names = self._converted[key]
+        params = jax.device_put({k: values[k] for k in names}, self._replicated)
+        batch = jax.device_put(arrays, self._split)
+        return compiled(params, *batch)
+
+    def evaluate(self, values, features, labels, weights, pad):
+        """(loss over the real rows, outputs) of one padded batch, in JAX."""
+        if self._eval_fn is None:
+            self._eval_fn = _trace.training_function(
+                self.keras_model, self.custom_objects, training=False
+            )
+        loss, outputs = self._run(
+            "evaluate", self._eval_fn, values, (features, labels, weights, pad)
+        )
+        return np.asarray(loss), [np.asarray(o) for o in outputs]
+
+    def predict(self, values, features):
+        """The model's inference outputs of one padded batch, in JAX."""
+        if self._predict_fn is None:
+            self._predict_fn = _trace.predict_function(self.keras_model)
+        return [np.asarray(o) for o in self._run("predict", self._predict_fn, values, (features,))]
+
+    def metrics_model(self):
+        """A copy of the user's model compiled as the user compiled it: its compiled metrics
+        (Keras's names and kinds) updated on the host with each batch's real rows."""
+        import tensorflow as tf
+
+        with _tfprivate.keras.keras_random_state_kept():  # a copy stock does not make
+            model = tf.keras.models.clone_model(self.keras_model)
+        with tf.keras.utils.custom_object_scope(self.custom_objects or {}):
+            args = _tfprivate.keras.compile_args(self.keras_model)
+            model.compile(
+                loss=args.get("loss"),
+                metrics=_tfprivate.keras_compile.clone_metrics(args.get("metrics")),
+                weighted_metrics=_tfprivate.keras_compile.clone_metrics(
+                    args.get("weighted_metrics")
+                ),
+                loss_weights=args.get("loss_weights"),
+            )
+        return model
+
+
+def describe(conversion, settings, tpu, why):
+    """The conversion line's description: where the engine runs and why."""
+    kinds = sorted({d.platform.upper() for d in conversion.devices})
+    where = (
+        f"on TPU {tpu.describe()} [TPU from {tpu.source}]"
+        if tpu is not None
+        else f"[mode cpu from {settings.sources.get('mode')}]"
+    )
+    return (
+        f"the JAX engine: the Keras model's step in JAX over {len(conversion.devices)} "
+        f"{'/'.join(kinds)} device(s) {where}, global batch "
+        f"{settings.batch_size or 'from input'}, iterations_per_loop {conversion.per_call} "
+        f"[engine: {why}]"
+    )
+
+
+def made(prepared, arguments, settings, decision):
+    """The JAX engine's estimator from the conversion's
+    :class:`tpushim._engines.base.Prepared` first half: stock's Keras model_fn (what the base
+    class exports with) and warm-start checkpoint, the :class:`JaxConversion`, the
+    :class:`JaxEstimator`. A :class:`tpushim._engines.base.Built`."""
+    from tpushim._engines import base
+
+    keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
+    config, save_object_ckpt = prepared.config, prepared.save_object_ckpt
+    refuse_arguments(arguments, config)
+    model_fn = prepared.keras.model_fn(
+        keras_model,
+        custom_objects,
+        save_object_ckpt,
+        arguments["metric_names_map"],
+        arguments["export_outputs"],
+    )
+    conversion = JaxConversion(
+        keras_model, custom_objects, save_object_ckpt, settings, arguments["metric_names_map"]
+    )
+    warm_start_path = None
+    if config.is_chief:  # as stock
+        warm_start_path = prepared.keras.save_first_checkpoint(
+            keras_model, custom_objects, config, save_object_ckpt
+        )
+    estimator = JaxEstimator(model_fn, config, warm_start_path, conversion)
+    return base.Built(
+        estimator,
+        keras_model,
+        model_fn,
+        describe(conversion, settings, decision.tpu, decision.engine_why),
+    )

@@ -1,0 +1,127 @@
+"""The JAX engine's checkpoints, written by stock's own Saver in stock's training graph.
+
+The conversion builds stock's training graph of the model once (the clone keras_lib trains,
+its optimizer's slots and hyperparameters, the global step as the optimizer's iterations, and
+the Saver stock's Keras estimator saves with: :func:`tpushim._tfprivate.checkpoint.stock_training_graph`).
+A checkpoint is written by loading the engine's values into that graph's variables and running
+its Saver: stock's format (object-based for ``checkpoint_format='checkpoint'``, name-based for
+``'saver'``), stock's variable and slot names (``hidden/kernel``,
+``training/SGD/hidden/kernel/momentum``, ``global_step``), stock's ``checkpoint`` state file and
+``.meta``. The hyperparameters keep the values the optimizer's config gave them.
+
+The engine's values are matched with stock's names by their object-graph path, which the user's
+model and stock's clone share (``layer_with_weights-0/kernel``; a slot at
+``.../.OPTIMIZER_SLOT/optimizer/<slot>``). A checkpoint is read by what it holds, either format:
+a run continues from a model_dir stock or another engine wrote.
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tpushim import _stock_graphs, _tfprivate
+
+_SLOT = "/.OPTIMIZER_SLOT/optimizer/"
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+_STEP_PATHS = ("estimator_global_step", "optimizer/iter")
+
+
+def _name(variable):
+    return variable.name.split(":")[0]
+
+
+class StockCheckpoints:
+    """Stock's checkpoints of one converted model.
+
+    Args:
+      keras_model: the user's compiled Keras model (its optimizer stock's legacy one).
+      custom_objects: as given to ``model_to_estimator``.
+      object_based: the format ``checkpoint_format`` asked for.
+    """
+
+    def __init__(self, keras_model, custom_objects, object_based):
+        with _tfprivate.keras.keras_random_state_kept():  # a clone stock does not make
+            names, _, graph, meta, _, metrics = _tfprivate.checkpoint.stock_training_graph(
+                keras_model, custom_objects, None, object_based
+            )
+        self.graph, self.meta, self.metric_names = graph, meta, metrics
+        weights = {id(v): _name(v) for v in keras_model.weights}
+        by_path = {
+            path: weights[id(v)]
+            for path, v in _tfprivate.checkpoint.checkpoint_variables(keras_model).items()
+            if id(v) in weights
+        }
+        #: stock's name -> (object path, what it holds): ("weight", var), ("slot", slot, var),
+        #: ("step",); the hyperparameters are left out (their config values).
+        self.sources = {}
+        for path, name in names.items():
+            if path in by_path:
+                self.sources[name] = (path, ("weight", by_path[path]))
+            elif _SLOT in path and path.split(_SLOT)[0] in by_path:
+                owner, slot = path.split(_SLOT)
+                self.sources[name] = (path, ("slot", slot, by_path[owner]))
+            elif path in _STEP_PATHS:
+                self.sources[name] = (path, ("step",))
+        self._session = None
+
+    def _open(self):
+        if self._session is None:
+            with self.graph.as_default():
+                self._session = tf.compat.v1.Session(graph=self.graph)
+                self._variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+                self._saver = tf.compat.v1.train.Saver(saver_def=self.meta.saver_def)
+                self._session.run(tf.compat.v1.global_variables_initializer())
+        return self._session
+
+    def write(self, model_dir, step, weights, slots):
+        """Saves ``weights`` (variable name -> value), ``slots`` (slot -> {variable name:
+        value}) and the global ``step`` as stock's ``model_dir/model.ckpt-<step>``; returns its
+        path. Older checkpoints beyond the Saver's ``max_to_keep`` are rotated as stock's."""
+        session = self._open()
+        with self.graph.as_default():
+            for name, (_, source) in self.sources.items():
+                if source[0] == "weight":
+                    value = weights.get(source[1])
+                elif source[0] == "slot":
+                    value = slots.get(source[1], {}).get(source[2])
+                else:
+                    value = step
+                if value is not None:
+                    variable = self._variables[name]
+                    variable.load(np.asarray(value).astype(variable.dtype.as_numpy_dtype), session)
+            state = tf.train.get_checkpoint_state(model_dir)
+            if state is not None:  # stock's rotation continues over the run's earlier ones
+                self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
+            return self._saver.save(
+                session, os.path.join(model_dir, "model.ckpt"), global_step=int(step)
+            )
+
+    def read(self, path):
+        """``(step, weights, slots)`` from the checkpoint at ``path``, in either format."""
+        reader = tf.train.load_checkpoint(path)
+        object_based = reader.has_tensor(_stock_graphs.OBJECT_GRAPH_KEY)
+        step, weights, slots, missing = 0, {}, {}, []
+        for name, (obj_path, source) in self.sources.items():
+            key = obj_path + _VALUE if object_based else name
+            if not reader.has_tensor(key):
+                if source[0] != "slot":  # a warm start's checkpoint may hold no slots
+                    missing.append(name)
+                continue
+            value = reader.get_tensor(key)
+            if source[0] == "weight":
+                weights[source[1]] = value
+            elif source[0] == "slot":
+                slots.setdefault(source[1], {})[source[2]] = value
+            else:
+                step = int(value)
+        if missing:
+            raise tf.errors.NotFoundError(
+                None,
+                None,
+                f"Restoring from checkpoint {path} failed: it has no value for "
+                f"{', '.join(sorted(missing))} (names in stock's training graph). Was it written "
+                "for another model or optimizer? Train in a new model_dir, or restore the "
+                "checkpoint this model_dir was trained with.",
+            )
+        return step, weights, slots

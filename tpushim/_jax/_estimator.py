@@ -1,0 +1,393 @@
+"""The JAX engine's estimator, :class:`JaxEstimator`: stock's Estimator whose ``train``,
+``evaluate`` and ``predict`` run the Keras model's steps in JAX on every local device, the
+input_fn running in TensorFlow on the host.
+
+- Input: the input_fn is called once per call, in a graph of its own seeded as stock's
+  (:func:`tpushim._stock_graphs.input_graph`: a shuffle gives stock's order), and its batches
+  are read in a ``MonitoredSession`` (tables, queues, one-shot iterators as stock's) as numpy
+  arrays; a short batch is padded to the global batch with rows weighted 0.
+- Train: :class:`tpushim._jax._step.Trainer` (``iterations_per_loop`` steps per compiled call),
+  starting from the model_dir's newest checkpoint (either format, stock's names) or else from
+  the Keras model's weights (stock's warm start), saving stock's checkpoints
+  (:mod:`tpushim._jax._checkpoint`) at step 0, every ``save_checkpoints_steps`` and at the end;
+  stock's ``loss = ..., step = N`` lines every ``log_step_count_steps``.
+- Evaluate: the inference outputs and each batch's loss over its real rows in JAX, the model's
+  compiled metrics updated on the host (a copy of the model compiled as the user compiled it):
+  stock's ``loss`` (the mean of the batches' losses), metric names and ``global_step``.
+- Predict: the inference outputs by output name, the real rows only.
+
+What it does not do yet is refused in words before anything runs (the user's hooks, saving
+listeners); see the engine's page in the docs.
+"""
+
+import logging
+import math
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tpushim import _input_fn, _metric_names, _observe, _source, _stock_graphs, _tfprivate
+from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
+tf_logger = logging.getLogger("tensorflow")
+
+ModeKeys = _tfprivate.estimator.ModeKeys
+
+
+def _refuse(what):
+    raise ConversionError(
+        f"tpushim's JAX engine does not run {what} yet. Use engine='strategy' "
+        "(TPUSHIM_ENGINE=strategy), which does."
+    )
+
+
+# --- the input, on the host ---------------------------------------------------------------------
+
+
+def host_batches(input_fn, mode, config):
+    """The input_fn's batches as numpy structures, read as stock reads them (see the module)."""
+    with _stock_graphs.input_graph(mode, config.tf_random_seed) as graph:
+        result = _input_fn.check_result(
+            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
+        )
+    with graph.as_default():
+        if isinstance(result, tf.data.Dataset):
+            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+        if isinstance(result, list):
+            result = tuple(result)
+        session = tf.compat.v1.train.MonitoredSession(
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+        )
+    try:
+        while not session.should_stop():
+            try:
+                yield session.run(result)
+            except tf.errors.OutOfRangeError:
+                return
+    finally:
+        session.close()
+
+
+def _as_list(value, names, what):
+    if isinstance(value, dict):
+        missing = [n for n in names if n not in value]
+        if missing:
+            raise ValueError(f"the input's {what} have no key {missing[0]!r}; the model's: {names}")
+        return [value[n] for n in names]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+class Arrays:
+    """How one model reads a batch: its features and labels as lists of arrays in the model's
+    input and output order, of the dtypes the model's inputs take (Keras casts them so)."""
+
+    def __init__(self, keras_model):
+        self.inputs = list(keras_model.input_names)
+        self.outputs = list(keras_model.output_names)
+        self.dtypes = [t.dtype.as_numpy_dtype for t in keras_model.inputs]
+
+    def split(self, batch, mode):
+        """(features, labels or None) as Estimator splits an input_fn's element."""
+        if isinstance(batch, tuple) and len(batch) == 2:
+            features, labels = batch
+        else:
+            features, labels = batch, None
+        if mode == ModeKeys.PREDICT:
+            labels = None
+        features = _as_list(features, self.inputs, "features")
+        cast = []
+        for name, x, dtype in zip(self.inputs, features, self.dtypes):
+            x = np.asarray(x)
+            if x.dtype.kind in "OSU":
+                _refuse(
+                    f"string features (input {name!r}): it feeds numbers to the devices, and "
+                    "a model that takes strings runs its lookups on the host only on the "
+                    "strategy engine"
+                )
+            cast.append(x.astype(dtype) if x.dtype != dtype else x)
+        if labels is None:
+            return cast, None
+        labels = [_as_32_bits(y) for y in _as_list(labels, self.outputs, "labels")]
+        return cast, labels
+
+
+def _as_32_bits(y):
+    y = np.asarray(y)
+    if y.dtype == np.float64:
+        return y.astype(np.float32)
+    if y.dtype == np.int64:
+        return y.astype(np.int32)
+    return y
+
+
+def _rows(arrays):
+    return len(arrays[0])
+
+
+def _padded(arrays, size):
+    out = []
+    for a in arrays:
+        extra = np.zeros((size - len(a), *a.shape[1:]), a.dtype)
+        out.append(np.concatenate([a, extra]) if size > len(a) else a)
+    return out
+
+
+# --- the estimator ------------------------------------------------------------------------------
+
+
+class JaxEstimator(_tfprivate.estimator.EstimatorBase):
+    """Stock's Estimator whose ``train``, ``evaluate`` and ``predict`` run in JAX (the module).
+
+    Args:
+      model_fn: stock's Keras model_fn (what the base class exports with).
+      config: the RunConfig, its model_dir set.
+      warm_start_from: stock's warm-start checkpoint of the Keras weights.
+      conversion: the :class:`tpushim._jax._build.JaxConversion` of the model.
+    """
+
+    def __init__(self, model_fn, config, warm_start_from, conversion):
+        super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
+        self._tpushim_jax = conversion
+
+    def _assert_members_are_not_overridden(self):
+        # Estimator forbids overriding train/evaluate/predict; this engine replaces exactly those.
+        pass
+
+    # What tpushim's estimator API (TF >= 2.16) asks of an engine's estimator.
+    def _tpushim_add_metrics(self, metric_fn, model_fn):
+        del metric_fn, model_fn
+        _refuse("tf.estimator.add_metrics")
+
+    def _tpushim_built_around(self, called):
+        _refuse(f"{called} (an estimator built around its model_fn)")
+
+    def export_saved_model(self, *args, **kwargs):
+        del args, kwargs
+        _refuse("export_saved_model")
+
+    def export_savedmodel(self, *args, **kwargs):
+        del args, kwargs
+        _refuse("export_savedmodel")
+
+    # -- state ------------------------------------------------------------------------------------
+    def _latest(self, checkpoint_path=None):
+        """(step, weights, slots, path) of the checkpoint to start from (None: the model's)."""
+        path = checkpoint_path or tf.train.latest_checkpoint(self.model_dir)
+        if path is None:
+            return 0, {}, {}, None
+        step, weights, slots = self._tpushim_jax.checkpoints.read(path)
+        return step, weights, slots, path
+
+    def _values(self, weights):
+        """Every model weight's value: the checkpoint's, else the Keras model's."""
+        values = {v.name.split(":")[0]: v for v in self._tpushim_jax.keras_model.weights}
+        return {k: (weights[k] if k in weights else v.numpy()) for k, v in values.items()}
+
+    # -- train ------------------------------------------------------------------------------------
+    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
+            started = time.monotonic()
+            ran = self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
+            _observe.finished(call, time.monotonic() - started, ran, None)
+            return self
+
+    def _train(self, input_fn, hooks, steps, max_steps, saving_listeners):
+        from tpushim._estimator_api._estimator import check_train_steps, global_step_saved
+
+        check_train_steps(steps, max_steps)
+        _eager_classes(self._tpushim_jax.keras_model)
+        if hooks:
+            _refuse("the user's SessionRunHooks in train()")
+        if saving_listeners:
+            _refuse("CheckpointSaverListeners in train() (train_and_evaluate's evaluations)")
+        conversion = self._tpushim_jax
+        start, weights, slots, _ = self._latest()
+        last = math.ceil(max_steps) if max_steps is not None else None
+        if last is not None and start >= last:
+            if max_steps <= global_step_saved(self.model_dir):
+                tf_logger.info("Skipping training since max_steps has already saved.")
+                return 0
+            last = start + 1
+        stop = start + math.ceil(steps) if steps is not None else last
+        arrays = Arrays(conversion.keras_model)
+        batches = host_batches(input_fn, ModeKeys.TRAIN, self.config)
+        try:
+            first = next(batches, None)
+            if first is None:
+                raise ConversionError("the input_fn gave no batch: the input is empty.")
+            features, labels = arrays.split(first, ModeKeys.TRAIN)
+            if labels is None:
+                raise ValueError("the input_fn gave no labels: training needs them.")
+            trainer = conversion.trainer(conversion.batch_size or _rows(features))
+            trainer.restore(weights, slots, start)
+            trainer.check((features, labels, None))  # its refusals before anything is written
+            return self._train_steps(trainer, arrays, first, batches, start, stop)
+        finally:
+            batches.close()
+
+    def _train_steps(self, trainer, arrays, first, batches, start, stop):
+        conversion, config = self._tpushim_jax, self.config
+        values = self._values({})
+
+        def save(step):
+            if trainer.params is not None:
+                values.update(trainer.weights())
+                slots = {k: v for k, v in trainer.slots().items() if k != "iterations"}
+            else:
+                _, restored, slots, _ = self._latest()
+                values.update(restored)
+            conversion.checkpoints.write(self.model_dir, step, values, slots)
+
+        tf.io.gfile.makedirs(self.model_dir)
+        if tf.train.latest_checkpoint(self.model_dir) is None:
+            save(start)  # stock's model.ckpt-0
+        every = config.save_checkpoints_steps
+        log_every = config.log_step_count_steps
+        step, pending = start, [first]
+        saved = start
+        while stop is None or step < stop:
+            n = conversion.per_call if stop is None else min(conversion.per_call, stop - step)
+            if every:
+                n = min(n, max(saved + every - step, 1))
+            chunk = pending[:n]
+            pending = pending[n:]
+            while len(chunk) < n:
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                chunk.append(batch)
+            if not chunk:
+                break
+            split = [arrays.split(b, ModeKeys.TRAIN) for b in chunk]
+            losses = trainer.train([(f, y, None) for f, y in split])
+            for k, loss in enumerate(losses):
+                if log_every and (step + k - start) % log_every == 0:
+                    tf_logger.info("loss = %s, step = %s", float(loss), step + k)
+                if not np.isfinite(loss):
+                    raise RuntimeError(f"NaN loss during training (step {step + k}).")
+            step += len(chunk)
+            if every and step >= saved + every:
+                save(step)
+                saved = step
+            if len(chunk) < n:
+                break
+        if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
+            self.model_dir, f"model.ckpt-{step}"
+        ):
+            save(step)
+        tf_logger.info("Loss for final step: %s.", float(losses[-1]) if step > start else None)
+        return step - start
+
+    # -- evaluate ---------------------------------------------------------------------------------
+    def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
+        with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
+            started = time.monotonic()
+            results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path)
+            _observe.finished(call, time.monotonic() - started)
+            return results
+
+    def _evaluate(self, input_fn, steps, hooks, checkpoint_path):
+        if hooks:
+            _refuse("the user's SessionRunHooks in evaluate()")
+        conversion = self._tpushim_jax
+        _eager_classes(conversion.keras_model)
+        step, weights, _, _ = self._latest(checkpoint_path)
+        values = self._values(weights)
+        arrays = Arrays(conversion.keras_model)
+        metrics = conversion.metrics_model()
+        losses, size = [], None
+        batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
+        try:
+            for i, batch in enumerate(batches):
+                if steps is not None and i >= steps:
+                    break
+                features, labels = arrays.split(batch, ModeKeys.EVAL)
+                rows = _rows(features)
+                size = size or conversion.device_rows(rows)
+                pad = np.zeros([size], np.float32)
+                pad[:rows] = 1
+                ones = [np.ones([size], np.float32) for _ in labels]
+                loss, outputs = conversion.evaluate(
+                    values, _padded(features, size), _padded(labels, size), ones, pad
+                )
+                losses.append(float(loss))
+                outputs = [np.asarray(o)[:rows] for o in outputs]
+                metrics.compiled_metrics.update_state(
+                    _one_or_list([tf.constant(y) for y in labels]),
+                    _one_or_list([tf.constant(o) for o in outputs]),
+                    None,
+                )
+        finally:
+            batches.close()
+        results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
+        compiled = [m for m in metrics.compiled_metrics.metrics if m.name != "loss"]
+        names = conversion.checkpoints.metric_names
+        if len(names) != len(compiled):
+            names = [m.name for m in compiled]
+        for stock_name, m in zip(
+            _metric_names.mapped_metric_names(names, conversion.metric_names_map), compiled
+        ):
+            results[stock_name] = np.float32(m.result().numpy())
+        results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = step
+        return results
+
+    # -- predict ----------------------------------------------------------------------------------
+    def predict(
+        self,
+        input_fn,
+        predict_keys=None,
+        hooks=None,
+        checkpoint_path=None,
+        yield_single_examples=True,
+    ):
+        if hooks:
+            _refuse("the user's SessionRunHooks in predict()")
+        with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
+            started = time.monotonic()
+            yield from self._predict(input_fn, predict_keys, checkpoint_path, yield_single_examples)
+            _observe.finished(call, time.monotonic() - started)
+
+    def _predict(self, input_fn, predict_keys, checkpoint_path, yield_single_examples):
+        conversion = self._tpushim_jax
+        _eager_classes(conversion.keras_model)
+        _, weights, _, _ = self._latest(checkpoint_path)
+        values = self._values(weights)
+        arrays = Arrays(conversion.keras_model)
+        size = None
+        batches = host_batches(input_fn, ModeKeys.PREDICT, self.config)
+        try:
+            for batch in batches:
+                features, _ = arrays.split(batch, ModeKeys.PREDICT)
+                rows = _rows(features)
+                size = size or conversion.device_rows(rows)
+                outputs = conversion.predict(values, _padded(features, size))
+                out = {
+                    n: np.asarray(o)[:rows]
+                    for n, o in zip(conversion.keras_model.output_names, outputs)
+                }
+                if predict_keys:
+                    out = {k: v for k, v in out.items() if k in predict_keys}
+                if not yield_single_examples:
+                    yield out
+                else:
+                    for i in range(rows):
+                        yield {k: v[i] for k, v in out.items()}
+        finally:
+            batches.close()
+
+
+def _eager_classes(keras_model):
+    """The model's classes made Keras's v2 ones again: the conversion cloned it in a graph
+    (stock's warm-start checkpoint and training graph), which leaves them v1, and the engine
+    traces the user's eager model."""
+    _tfprivate.keras.restore_v2_classes(keras_model)
+
+
+def _one_or_list(values):
+    """One output's value, or a list in the model's output order (Keras's metrics container)."""
+    return values[0] if len(values) == 1 else list(values)

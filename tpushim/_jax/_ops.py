@@ -1,0 +1,51 @@
+"""TensorFlow ops that Keras's training graphs use and ``tf2jax`` has no JAX for, registered
+with ``tf2jax`` as TensorFlow's kernels compute them (their values and their gradients).
+
+* ``SoftmaxCrossEntropyWithLogits``: Keras's ``categorical_crossentropy`` on a softmax output
+  reads the softmax's logits and calls ``tf.nn.softmax_cross_entropy_with_logits``. Its kernel
+  returns (loss, backprop): ``-sum(labels * log_softmax(logits))`` and ``softmax(logits) -
+  labels``; TensorFlow's gradient of the loss is ``backprop`` times the upstream gradient (for
+  the logits) and ``-log_softmax(logits)`` times it (for the labels), whatever the labels sum
+  to: so is this one's.
+
+Registered once, at the first import (``tf2jax``'s op table is the process's).
+"""
+
+import jax
+import jax.numpy as jnp
+from tf2jax._src import ops as _tf2jax_ops  # its own registry (tf2jax.experimental's way)
+
+
+@jax.custom_vjp
+def softmax_cross_entropy(logits, labels):
+    return -jnp.sum(labels * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+
+
+def _forward(logits, labels):
+    log_softmax = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.sum(labels * log_softmax, axis=-1), (log_softmax, labels)
+
+
+def _backward(saved, g):
+    log_softmax, labels = saved
+    g = g[..., None]
+    return g * (jnp.exp(log_softmax) - labels), g * -log_softmax
+
+
+softmax_cross_entropy.defvjp(_forward, _backward)
+
+
+def _softmax_cross_entropy_with_logits(proto):
+    del proto  # attrs: T
+
+    def kernel(features, labels):
+        loss = softmax_cross_entropy(features, labels)
+        return loss, jax.nn.softmax(features, axis=-1) - labels
+
+    return kernel
+
+
+if "SoftmaxCrossEntropyWithLogits" not in _tf2jax_ops._jax_ops:
+    _tf2jax_ops.register_operation("SoftmaxCrossEntropyWithLogits")(
+        _softmax_cross_entropy_with_logits
+    )

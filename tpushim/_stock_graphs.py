@@ -1,0 +1,34 @@
+"""What stock's estimator does around a model that every engine repeats, in one place: the graph
+it builds an input_fn in (seeded as stock's, so a shuffle gives stock's order), and how a
+checkpoint's format is told (object-based or name-based). Engines import it; it imports none."""
+
+import contextlib
+
+import tensorflow as tf
+
+from tpushim import _tfprivate
+
+ModeKeys = _tfprivate.estimator.ModeKeys
+
+#: The key that marks an object-based checkpoint (TensorFlow's ``OBJECT_GRAPH_PROTO_KEY``).
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def is_object_based(path):
+    """Whether the checkpoint at ``path`` (a prefix) is object-based."""
+    return tf.train.load_checkpoint(path).has_tensor(OBJECT_GRAPH_KEY)
+
+
+@contextlib.contextmanager
+def input_graph(mode, seed):
+    """A graph of its own, as stock's estimator builds its input in: graph seed, global step and
+    (training) its read made first -- stock's op seeds -- and the input_fn's ops on the CPU."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.random.set_random_seed(seed)
+        tf.compat.v1.train.create_global_step(graph)
+        if mode == ModeKeys.TRAIN:
+            _tfprivate.estimator.global_step_read()
+        # The program's own TensorShape for its input_fn (a program that disabled v2 behaviour).
+        with tf.compat.v1.device("/cpu:0"), _tfprivate.graph.programs_shapes():
+            yield graph
