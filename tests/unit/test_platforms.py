@@ -119,6 +119,14 @@ def tpu_devices(tmp_path, *names):
             "v5e, v5p or v6e",
             ["KAGGLE_KERNEL_RUN_TYPE", "vfio/0"],
         ),
+        (  # Kaggle's TPU image sets ISTPUVM=1; a TPU without device files seen is still told
+            {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "ISTPUVM": "1"},
+            (),
+            "kaggle-tpu",
+            None,
+            ["KAGGLE_KERNEL_RUN_TYPE", "ISTPUVM"],
+        ),
+        ({"ISTPUVM": "1"}, (), "laptop-py312", None, []),  # Kaggle's variable, outside Kaggle
         ({}, ("accel0", "accel1"), "tpu-vm", "v2, v3 or v4", ["accel0"]),
         (
             {"TPU_ACCELERATOR_TYPE": "v4-8"},
