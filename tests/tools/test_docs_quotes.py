@@ -123,6 +123,19 @@ def test_walkthrough_shows_what_its_script_prints(tmp_path):
     else:
         assert docquotes.unmatched(report.split("\n", 1)[1], check.stdout) == []
         assert docquotes.in_order(progress, check.stderr, timings=True), check.stderr
+        # preflight.md's progress (a terminal's: one line per phase) names these phases, in order.
+        how_to = docquotes.blocks(docquotes.page("docs", "how-to", "preflight.md"))[1]
+        phases = [re.match(r"tpushim check: (.*?) \.\.\.", line) for line in how_to.splitlines()]
+        printed = [
+            p.group(1)
+            for p in map(
+                re.compile(r"tpushim check: (.*) \.\.\.$").match, check.stderr.splitlines()
+            )
+            if p
+        ]
+        wanted = [p.group(1).replace("train.py", "census.py") for p in phases if p]
+        wanted = [w.replace("'sequential'", "'model'") for w in wanted]
+        assert docquotes.in_order("\n".join(wanted), "\n".join(printed)), (wanted, printed)
     _close(_result(report), _result(check.stdout), 1e-6)
 
     converted = _run(tmp_path, "-m", "tpushim", "--mode", "cpu", "--summary", "census.py", "work")
