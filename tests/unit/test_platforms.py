@@ -52,8 +52,14 @@ def test_platforms_page_and_readme_show_the_generated_tables():
 
 
 def test_no_other_page_restates_a_platforms_tpu_install():
-    # The install lines only platforms.md (and README's table) give: the TPU build, Kaggle's.
-    lines = ('"tensorflow-tpu==', '--no-deps "tf-keras~=')
+    # The install lines only platforms.md (and README's table) give: the TPU build, Kaggle's, and
+    # tpushim's own (other pages link to platforms.md for it).
+    lines = (
+        '"tensorflow-tpu==',
+        '--no-deps "tf-keras~=',
+        "tpushim @ git+",
+        'pip install ".[tensorflow]"',
+    )
     for folder, _, files in os.walk(os.path.join(ROOT, "docs")):
         for name in files:
             path = os.path.join(folder, name)
