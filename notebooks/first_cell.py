@@ -62,7 +62,7 @@ def _platform():
     if os.environ.get("COLAB_RELEASE_TAG"):
         return "colab-tpu" if tpu else "colab"
     if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") or os.environ.get("KAGGLE_URL_BASE"):
-        return "kaggle-tpu" if tpu else "kaggle"
+        return "kaggle-tpu" if tpu or os.environ.get("ISTPUVM") else "kaggle"  # Kaggle's TPU image sets it
     return None
 
 
@@ -163,8 +163,8 @@ def check_runtime():
         return True, line + (
             ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy "
             "script on CPU/GPU with stock 2.15's numbers; its TPU path there is the strategy "
-            "engine (TPUStrategy), proven on emulated replicas and not yet run on a real TPU: "
-            f"for TPUEstimator's proven path, a runtime with Python 3.11. {ON_COLAB}"
+            "engine (TPUStrategy), proven on emulated replicas and not yet run on a real TPU. "
+            f"TPUEstimator's path (a TPU v2, v3 or v4): {ON_CLOUD}"
         )
     return True, line + (
         ". The cells below say whether TensorFlow reaches a TPU here; without one they run "

@@ -8,16 +8,39 @@ install the refusal of a TPU this TensorFlow cannot drive names (:func:`tpushim.
 check_tpu_support`). TensorFlow-free and cheap: :func:`detect` reads environment variables and
 device files only (no network, nothing that can hang).
 
-Where each variable comes from (public sources):
-  - ``COLAB_RELEASE_TAG``: set in every Colab runtime; Kaggle's own ``kagglehub`` tells Colab by it
-    (kagglehub/env.py, ``is_in_colab_notebook``). ``COLAB_TPU_ADDR``: the address of the TPU node
-    of Colab's former TPU runtime (TensorFlow's own Colab TPU examples read it).
-  - ``KAGGLE_KERNEL_RUN_TYPE``: set in every Kaggle notebook and script (kagglehub/env.py,
-    ``is_in_kaggle_notebook``); ``KAGGLE_URL_BASE`` beside it in Kaggle's image.
-  - ``TPU_ACCELERATOR_TYPE`` (``v4-8``, ``v5litepod-8``): the TPU's accelerator type where the
-    environment carries it (GKE's TPU pods; torch_xla reads it before asking the metadata
-    server, torch_xla/_internal/tpu.py); else the TPU's device files, ``/dev/accel*`` on v2 - v4
-    and ``/dev/vfio/N`` on v5e, v5p and v6e (the TPU generations table, :mod:`tpushim._tpus`).
+What each fact rests on (public sources, read December 2026):
+  - ``COLAB_RELEASE_TAG``: set in every Colab runtime. Kaggle's ``kagglehub`` tells Colab by it
+    (https://github.com/Kaggle/kagglehub/blob/main/src/kagglehub/env.py,
+    ``is_in_colab_notebook``).
+  - ``COLAB_TPU_ADDR``: the ``IP:8470`` address of the TPU node behind Colab's former TPU
+    runtime; JAX's old Colab helper connected to it
+    (https://github.com/jax-ml/jax/blob/jax-v0.3.25/jax/tools/colab_tpu.py). Colab moved its
+    TPUs from TPU nodes to TPU VMs in 2024 (https://github.com/googlecolab/colabtools/issues/4481);
+    today's TPU runtime is a v5e-1 without TensorFlow
+    (https://github.com/googlecolab/colabtools/issues/5164).
+  - ``KAGGLE_KERNEL_RUN_TYPE``: set in every Kaggle notebook and script (kagglehub's
+    ``is_in_kaggle_notebook``, same file; Kaggle's image reads it too:
+    https://github.com/Kaggle/docker-python/blob/main/patches/kaggle_module_resolver.py).
+    ``KAGGLE_URL_BASE``: read by Kaggle's image
+    (https://github.com/Kaggle/docker-python/blob/main/patches/kaggle_web_client.py) and present
+    in a Kaggle TPU session's environment (https://github.com/huggingface/accelerate/issues/2893).
+  - ``ISTPUVM``: Kaggle's TPU image sets ``ISTPUVM=1`` (``ENV`` in
+    https://github.com/Kaggle/docker-python/blob/main/tpu/Dockerfile) and Kaggle's own code tells
+    a TPU session by it (``patches/kaggle_datasets.py``, ``tests/common.py`` there). The same
+    image: Python 3.12, ``tensorflow-cpu`` 2.20.0 and ``jax[tpu]`` (``tpu/config.txt``,
+    ``tpu/requirements.in``, whose ``tensorflow-tpu`` waits for "a compatible libtpu"); its TPU
+    is a v5e-8 (https://github.com/Kaggle/kaggle-cli/pull/1198).
+  - ``TPU_ACCELERATOR_TYPE`` (``v4-8``, ``v5litepod-8``): the accelerator type, where the
+    environment carries it (GKE's TPU pods; torch_xla reads it before asking the metadata server:
+    https://github.com/pytorch/xla/blob/master/torch_xla/_internal/tpu.py). No public source
+    shows Colab's or Kaggle's TPU runtime setting it: there the device files (or ``ISTPUVM``) tell
+    the TPU, and its generation stays unknown.
+  - The TPU's device files: ``/dev/accel*`` on v2 - v4 (``open(/dev/accel0)`` in TPU errors on a
+    v4-8, https://github.com/jax-ml/jax/issues/21761, and on Kaggle's former v3-8, the accelerate
+    issue above), ``/dev/vfio/N`` on v5e, v5p and v6e (``Couldn't open iommu group /dev/vfio/0``:
+    https://github.com/vllm-project/tpu-inference/pull/2257,
+    https://github.com/google/gvisor/issues/11545); the TPU generations table
+    (:mod:`tpushim._tpus`) holds them.
 """
 
 import os
@@ -124,8 +147,8 @@ PLATFORMS = (
         "as Kaggle CPU/GPU: TensorFlow's TPU build cannot share this image with JAX",
         "none on the TPU",
         "no TensorFlow TPU path: `--mode cpu` (the strategy engine on the CPU) validates a script",
-        "as Kaggle CPU/GPU; training on this TPU needs an engine that runs the step in JAX "
-        "(not built yet)",
+        "as Kaggle CPU/GPU; training on this TPU needs an engine that runs the step in JAX: "
+        "tpushim's JAX engine is being built and cannot be selected yet",
     ),
     Platform(
         "tpu-vm",
@@ -206,6 +229,7 @@ PLATFORM_ENV_VARS = (
     "COLAB_TPU_ADDR",
     "KAGGLE_KERNEL_RUN_TYPE",
     "KAGGLE_URL_BASE",
+    "ISTPUVM",
     "TPU_ACCELERATOR_TYPE",
 )
 
@@ -255,6 +279,8 @@ def detect(environ=None, device_globs=None, python=None):
         key = "colab-tpu" if tpu_evidence else "colab"
         return Here(BY_KEY[key], generations, colab + tpu_evidence)
     if kaggle:
+        if not tpu_evidence and environ.get("ISTPUVM", "").strip():
+            tpu_evidence = ["ISTPUVM"]  # Kaggle's TPU image says so (its generation: not told)
         key = "kaggle-tpu" if tpu_evidence else "kaggle"
         return Here(BY_KEY[key], generations, kaggle + tpu_evidence)
     if tpu_evidence:

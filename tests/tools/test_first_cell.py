@@ -97,9 +97,9 @@ ESTIMATOR_API_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 ON_ESTIMATOR_API = (
     ". On TensorFlow >= 2.16 tpushim brings the estimator API itself and runs the legacy script "
     "on CPU/GPU with stock 2.15's numbers; its TPU path there is the strategy engine "
-    "(TPUStrategy), proven on emulated replicas and not yet run on a real TPU: for "
-    "TPUEstimator's proven path, a runtime with Python 3.11. On Colab: Runtime > Change runtime type > Runtime version: one "
-    "with Python 3.11."
+    "(TPUStrategy), proven on emulated replicas and not yet run on a real TPU. TPUEstimator's "
+    "path (a TPU v2, v3 or v4): On Google Cloud: a TPU VM created from a TensorFlow 2.15 image "
+    "(gcloud compute tpus tpu-vm create ... --version tpu-vm-tf-2.15.1-se; TPU v2, v3 or v4)."
 )
 
 
@@ -303,3 +303,34 @@ def test_the_cells_installs_are_the_platforms_table():
     assert namespace["COLAB_TPU_INSTALL"] == [*requirements, "-f", _platforms.LIBTPU_INDEX]
     assert f"-f {_platforms.LIBTPU_INDEX}`" in colab_tpu
     assert "--no-deps" in _platforms.BY_KEY["kaggle"].install
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {},
+        {"COLAB_RELEASE_TAG": "release-colab"},
+        {"COLAB_RELEASE_TAG": "release-colab", "TPU_ACCELERATOR_TYPE": "v5litepod-1"},
+        {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"},
+        {"KAGGLE_URL_BASE": "https://www.kaggle.com/"},
+        {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "ISTPUVM": "1"},
+        {"KAGGLE_KERNEL_RUN_TYPE": "Batch", "TPU_ACCELERATOR_TYPE": "v5litepod-8"},
+        {"ISTPUVM": "1"},
+    ],
+)
+def test_the_cell_tells_colab_and_kaggle_as_tpushim_does(monkeypatch, environ):
+    """The cell cannot import tpushim before installing it, so it tells the platform itself: as
+    tpushim's platforms table does (device files left out on both sides)."""
+    import glob
+
+    from tpushim import _platforms
+
+    for var in _platforms.PLATFORM_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in environ.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    namespace = {}
+    exec(compile(SOURCE.split("\nREADY, ANSWER")[0], "first_cell.py", "exec"), namespace)
+    key = _platforms.detect(environ, device_globs=()).key
+    assert namespace["_platform"]() == (key if key.startswith(("colab", "kaggle")) else None)

@@ -3,6 +3,7 @@
 import pathlib
 import re
 
+import docquotes
 import nbformat
 import pytest
 import tfcases
@@ -36,6 +37,24 @@ def execute(name, tmp_path, monkeypatch, env=None):
                 streams[output.name] += output.text
             images += "image/png" in output.get("data", {})
     return streams["stdout"], streams["stderr"], images
+
+
+def check_page_quotes(name, out, err):
+    """notebooks.md's quote of this notebook's run on this Python and TensorFlow (it quotes
+    Python 3.11 with TensorFlow 2.15.1, and 3.12 with 2.21.0) is what the run printed, line for
+    line. Returns whether the page quotes this release."""
+    ready = re.search(r"^ready: (Python \S+ TensorFlow \S+)", out, re.M).group(1)
+    page = docquotes.page("docs", "how-to", "notebooks.md")
+    quotes = [
+        block
+        for block in docquotes.blocks(page, f"`{name}`")
+        if block.startswith(f"ready: {ready} ")
+    ]
+    if ready.endswith(("2.15.1,", "2.21.0,")):
+        assert len(quotes) == 1, (ready, name)
+    for quote in quotes:
+        assert docquotes.unmatched(quote, out + "\n" + err) == [], out + err
+    return bool(quotes)
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
@@ -72,6 +91,8 @@ def test_colab_quickstart_on_cpu(tmp_path, monkeypatch, tpu):
     accuracy = float(re.search(r"'accuracy': ([0-9.]+)", out).group(1))
     assert accuracy > 0.9
     assert f"exported to {tmp_path}" in out and "served predictions:" in out
+    if not tpu:
+        check_page_quotes("colab_quickstart.ipynb", out, err)
 
 
 @pytest.mark.tpuestimator
@@ -93,3 +114,4 @@ def test_migrate_legacy_cnn_on_cpu(tmp_path, monkeypatch):
     assert difference <= 1e-4  # cpu mode trains as stock does
     assert images == 1  # the loss-curve plot
     assert "patched:     yes" in out  # the closing %tpushim
+    check_page_quotes("migrate_legacy_cnn.ipynb", out, err)

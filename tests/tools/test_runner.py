@@ -7,6 +7,7 @@ import re
 import sys
 import textwrap
 
+import docquotes
 import procs
 import pytest
 
@@ -213,6 +214,15 @@ def test_demo_prints_stock_and_tpushim_results_side_by_side(tmp_path):
     else:
         assert "1. stock    model_to_estimator -> stock EstimatorV2 (tpushim mode off" in out
         assert "2. tpushim  model_to_estimator -> TPUEstimator(" in out
+    # What the quickstart quotes of it (the seconds apart).
+    quickstart = docquotes.page("docs", "quickstart.md")
+    if _versions.uses_own_estimator():
+        said = re.search(r"the demo ends: `([^`]+)`", quickstart).group(1)
+        assert docquotes.words(said) in out.splitlines(), out
+    else:
+        quote = docquotes.blocks(quickstart)[0]
+        quote = "\n".join(line for line in quote.splitlines() if not line.startswith("seconds"))
+        assert docquotes.unmatched(quote, out) == [], out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
     for metric in ("accuracy", "loss", "global_step"):
         stock, shim, diff = rows[metric][:3]
@@ -240,6 +250,9 @@ def test_cpu_mode_demo_says_which_engine_ran(tmp_path):
     assert "both runs are stock" not in out
     verdict = next(line for line in out.splitlines() if line.startswith("cpu mode runs "))
     if _versions.uses_own_estimator():
+        said = re.search(r"and says so:\s+`([^`]+)`", docquotes.page("docs", "quickstart.md"))
+        quoted = docquotes.words(said.group(1)).replace("(...)", "(…)")
+        assert re.fullmatch(docquotes.line_pattern(quoted), verdict), (quoted, verdict)
         assert "2. tpushim  model_to_estimator -> the strategy engine: " in out
         assert re.fullmatch(
             r"cpu mode runs the strategy engine \(the TPU path on TensorFlow >= 2\.16\) on CPU: "

@@ -146,7 +146,7 @@ def _run_notebook(name, tmp_path, monkeypatch, env=None):
 @pytest.mark.slow
 @pytest.mark.parametrize("tpu", [None, "local"], ids=["no-tpu", "tpu-vm-runtime"])
 def test_colab_quickstart_runs_the_strategy_engine_on_the_cpu(tmp_path, monkeypatch, tpu):
-    out, _, _ = _run_notebook(
+    out, err, _ = _run_notebook(
         "colab_quickstart.ipynb", tmp_path, monkeypatch, env={"TPUSHIM_TPU": tpu} if tpu else None
     )
     assert re.search(
@@ -165,6 +165,27 @@ def test_colab_quickstart_runs_the_strategy_engine_on_the_cpu(tmp_path, monkeypa
     accuracy = float(re.search(r"'accuracy': ([0-9.]+)", out).group(1))
     assert accuracy > 0.9
     assert f"exported to {tmp_path}" in out and "served predictions:" in out
+    if tpu is None:
+        import test_notebooks
+
+        test_notebooks.check_page_quotes("colab_quickstart.ipynb", out, err)
+
+
+@pytest.mark.slow
+def test_migrate_legacy_cnn_trains_the_estimator_api_and_the_strategy_engine(tmp_path, monkeypatch):
+    """On Colab's Python the notebook runs to its end: the stock run on tpushim's estimator API,
+    the tpushim run on the strategy engine in cpu mode, their loss curves equal."""
+    out, err, images = _run_notebook("migrate_legacy_cnn.ipynb", tmp_path, monkeypatch)
+    assert "skipped:" not in out and images == 1
+    assert "tpushim run will use mode: cpu" in out and "preflight ok: True" in out
+    assert "model_to_estimator -> tpushim's EstimatorV2 on TensorFlow >= 2.16" in err
+    assert "model_to_estimator -> the strategy engine: " in err
+    assert re.search(r"tpushim: +StrategyEstimator", out)
+    difference = float(re.search(r"training-loss difference along the curve: (\S+)", out).group(1))
+    assert difference <= 1e-4
+    import test_notebooks
+
+    test_notebooks.check_page_quotes("migrate_legacy_cnn.ipynb", out, err)
 
 
 CHECK_API = """

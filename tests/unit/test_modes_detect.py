@@ -5,6 +5,7 @@ import re
 import socket
 import time
 
+import docquotes
 import pytest
 import tensorflow as tf
 import tfcases
@@ -42,6 +43,15 @@ def test_auto_without_tpu_is_stock(tmp_path, tpushim_log):
         "-> stock EstimatorV2 (no TPU configured; TPUSHIM_MODE=cpu runs the TPU path on CPU)"
         in tpushim_log.text
     )
+    # The line as the settings and conversion pages quote it.
+    for page in (("docs", "reference", "settings.md"), ("docs", "reference", "conversion.md")):
+        quoted = [
+            line
+            for block in docquotes.blocks(docquotes.page(*page))
+            for line in block.splitlines()
+            if line.startswith("model_to_estimator -> stock EstimatorV2 (no TPU configured")
+        ]
+        assert len(quoted) == 1 and quoted[0] in tpushim_log.text, (page, quoted)
 
 
 @pytest.mark.tpuestimator

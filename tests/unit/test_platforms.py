@@ -52,8 +52,14 @@ def test_platforms_page_and_readme_show_the_generated_tables():
 
 
 def test_no_other_page_restates_a_platforms_tpu_install():
-    # The install lines only platforms.md (and README's table) give: the TPU build, Kaggle's.
-    lines = ('"tensorflow-tpu==', '--no-deps "tf-keras~=')
+    # The install lines only platforms.md (and README's table) give: the TPU build, Kaggle's, and
+    # tpushim's own (other pages link to platforms.md for it).
+    lines = (
+        '"tensorflow-tpu==',
+        '--no-deps "tf-keras~=',
+        "tpushim @ git+",
+        'pip install ".[tensorflow]"',
+    )
     for folder, _, files in os.walk(os.path.join(ROOT, "docs")):
         for name in files:
             path = os.path.join(folder, name)
@@ -119,6 +125,14 @@ def tpu_devices(tmp_path, *names):
             "v5e, v5p or v6e",
             ["KAGGLE_KERNEL_RUN_TYPE", "vfio/0"],
         ),
+        (  # Kaggle's TPU image sets ISTPUVM=1; a TPU without device files seen is still told
+            {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "ISTPUVM": "1"},
+            (),
+            "kaggle-tpu",
+            None,
+            ["KAGGLE_KERNEL_RUN_TYPE", "ISTPUVM"],
+        ),
+        ({"ISTPUVM": "1"}, (), "laptop-py312", None, []),  # Kaggle's variable, outside Kaggle
         ({}, ("accel0", "accel1"), "tpu-vm", "v2, v3 or v4", ["accel0"]),
         (
             {"TPU_ACCELERATOR_TYPE": "v4-8"},

@@ -256,8 +256,10 @@ def _batch_size(recorded_input, spec):
     if recorded_input.batch_size:
         return recorded_input.batch_size
     for tensor_spec in tf.nest.flatten(spec):
-        if tensor_spec.shape.rank and tensor_spec.shape[0] is not None:
-            return int(tensor_spec.shape[0])
+        # A TF1 program's shapes (disable_v2_behavior) hold Dimension objects, never None.
+        first = tf.compat.dimension_value(tensor_spec.shape[0]) if tensor_spec.shape.rank else None
+        if first is not None:
+            return int(first)
     return None
 
 

@@ -158,7 +158,7 @@ def _verdict(stock, shim, mode, worst, batch_size):
     if shim["engine"] == "own":
         return (
             "TensorFlow >= 2.16 has no stock estimator: both runs took tpushim's estimator "
-            "engine, stock 2.15's path; its numbers equal stock TensorFlow 2.15's (tested).",
+            "API, stock 2.15's path; its numbers equal stock TensorFlow 2.15's (tested).",
             True,
         )
     if shim["engine"] == "stock":
@@ -198,8 +198,8 @@ def run(mode=None, tpu=None, batch_size=None, iterations_per_loop=None):
     """``python -m tpushim demo``: the legacy script, stock and converted; prints both results.
 
     Args:
-      mode: tpushim's mode for the converted run; default ``auto`` when a TPU is configured,
-        else ``cpu``.
+      mode: tpushim's mode for the converted run; default ``auto`` when a TPU is configured or
+        on TensorFlow >= 2.16 (tpushim's estimator API both times), else ``cpu``.
       tpu, batch_size, iterations_per_loop: as :func:`tpushim.patch`.
 
     Returns:
