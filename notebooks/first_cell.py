@@ -22,6 +22,9 @@ ESTIMATOR_API_TF_INSTALL = ["tensorflow>=2.16,<2.22", "tf-keras>=2.16,<2.22"]
 # dependencies (they would bring the full tensorflow beside Kaggle's tensorflow-cpu).
 LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 COLAB_TPU_INSTALL = ["tensorflow==2.20.*", "tensorflow-tpu==2.20.*", "tf-keras~=2.20.0", "-f", LIBTPU_INDEX]
+# Kaggle's TPU (JAX and libtpu preinstalled): the JAX engine's converter too, without dependencies
+# (tf2jax's would bring the full tensorflow as well).
+KAGGLE_TPU_INSTALL = ["tf2jax", "dm-tree"]
 # Where else to run, kept apart: Colab's own menu, and Google Cloud (a TPU VM you create).
 ON_COLAB = "On Colab: Runtime > Change runtime type > Runtime version: one with Python 3.11."
 ON_CLOUD = (
@@ -103,10 +106,13 @@ def _tensorflow_for(python):
         keras2 = _installed("tf-keras", "tf_keras")
         if keras2 is not None and _minor(keras2) == _minor(tf_version):
             return [], None
-        wanted = f"tf-keras~={minor}.0"  # each tf-keras release pins its TensorFlow minor
-        if not _pip_install(*(["--no-deps"] if platform in ("kaggle", "kaggle-tpu") else []), wanted):
-            return None, f"pip could not install {wanted}: see its message above. {WHERE_TO_RUN}"
-        return [f"installed tf-keras {_installed('tf-keras', 'tf_keras')}"], None
+        wanted = [f"tf-keras~={minor}.0"]  # each tf-keras release pins its TensorFlow minor
+        if platform == "kaggle-tpu":
+            wanted += KAGGLE_TPU_INSTALL
+        if not _pip_install(*(["--no-deps"] if platform in ("kaggle", "kaggle-tpu") else []), *wanted):
+            return None, f"pip could not install {' '.join(wanted)}: see its message above. {WHERE_TO_RUN}"
+        jax_engine = f" and tf2jax {_installed('tf2jax')} (the JAX engine)" if platform == "kaggle-tpu" else ""
+        return [f"installed tf-keras {_installed('tf-keras', 'tf_keras')}{jax_engine}"], None
     if "tensorflow" in sys.modules:
         return None, _restart(tf_version, "tpushim supports 2.16-2.21 on this Python")
     if not _pip_install(*ESTIMATOR_API_TF_INSTALL):

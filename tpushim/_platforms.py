@@ -136,19 +136,24 @@ PLATFORMS = (
         f'"tf-keras~={TPU_BUILD_LAST}.0" {TPUSHIM} -f {LIBTPU_INDEX}` (`tensorflow-tpu` stops '
         f"at {TPU_BUILD_LAST})",
         "the strategy engine",
-        "`TPUStrategy`, the only TPU path on TensorFlow ≥ 2.16; where this TensorFlow cannot "
-        "drive the TPU the conversion says so and names this install",
+        "`TPUStrategy`, TensorFlow's TPU path on TensorFlow ≥ 2.16; where this TensorFlow cannot "
+        "drive the TPU the conversion says so and names this install. Without `tensorflow-tpu`, "
+        "the JAX engine (as on Kaggle's TPU) runs the step in JAX",
         _STRATEGY_PROOF,
         "how-to/colab.md",
     ),
     Platform(
         "kaggle-tpu",
         "Kaggle's TPU (a v5e-8, `tensorflow-cpu` and JAX)",
-        "as Kaggle CPU/GPU: TensorFlow's TPU build cannot share this image with JAX",
-        "none on the TPU",
-        "no TensorFlow TPU path: `--mode cpu` (the strategy engine on the CPU) validates a script",
-        "as Kaggle CPU/GPU; training on this TPU needs an engine that runs the step in JAX: "
-        "tpushim's JAX engine is being built and cannot be selected yet",
+        f'`pip install --no-deps "tf-keras~=2.20.0" tf2jax dm-tree`, then `pip install {TPUSHIM}` '
+        "(JAX and libtpu are the image's; TensorFlow's TPU build cannot share this image with JAX)",
+        "the JAX engine",
+        "TensorFlow keeps the script's graph, input_fn and checkpoints on the CPU; the Keras "
+        "model's step runs in JAX on the TPU's chips. `engine=auto` picks it where a TPU device "
+        "file, libtpu, jax and tf2jax are installed and no `tensorflow-tpu` is; many models are "
+        "still refused, naming why (the engines page)",
+        "CPU only: the JAX engine on 8 XLA CPU devices gives stock 2.15's numbers on the demo and "
+        "resumes stock's checkpoints; never ran on a TPU",
     ),
     Platform(
         "tpu-vm",

@@ -293,6 +293,14 @@ def test_kaggle_installs_tf_keras_without_its_dependencies(monkeypatch, capsys):
     assert ready and runtime.pip_calls == [["--no-deps", "tf-keras~=2.20.0"]]
 
 
+def test_kaggle_tpu_installs_the_jax_engines_converter_without_dependencies(monkeypatch, capsys):
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    monkeypatch.setenv("ISTPUVM", "1")
+    runtime = Runtime(monkeypatch, (3, 12), {"tensorflow-cpu": "2.20.0", "tpushim": "0.1.0"})
+    ready, _ = run_cell(capsys)
+    assert ready and runtime.pip_calls == [["--no-deps", "tf-keras~=2.20.0", "tf2jax", "dm-tree"]]
+
+
 def test_the_cells_installs_are_the_platforms_table():
     from tpushim import _platforms
 
@@ -303,6 +311,8 @@ def test_the_cells_installs_are_the_platforms_table():
     assert namespace["COLAB_TPU_INSTALL"] == [*requirements, "-f", _platforms.LIBTPU_INDEX]
     assert f"-f {_platforms.LIBTPU_INDEX}`" in colab_tpu
     assert "--no-deps" in _platforms.BY_KEY["kaggle"].install
+    kaggle_tpu = _platforms.BY_KEY["kaggle-tpu"].install
+    assert f'--no-deps "tf-keras~=2.20.0" {" ".join(namespace["KAGGLE_TPU_INSTALL"])}`' in kaggle_tpu
 
 
 @pytest.mark.parametrize(
