@@ -312,7 +312,9 @@ def test_the_cells_installs_are_the_platforms_table():
     assert f"-f {_platforms.LIBTPU_INDEX}`" in colab_tpu
     assert "--no-deps" in _platforms.BY_KEY["kaggle"].install
     kaggle_tpu = _platforms.BY_KEY["kaggle-tpu"].install
-    assert f'--no-deps "tf-keras~=2.20.0" {" ".join(namespace["KAGGLE_TPU_INSTALL"])}`' in kaggle_tpu
+    assert (
+        f'--no-deps "tf-keras~=2.20.0" {" ".join(namespace["KAGGLE_TPU_INSTALL"])}`' in kaggle_tpu
+    )
 
 
 @pytest.mark.parametrize(
