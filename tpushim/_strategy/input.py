@@ -509,9 +509,10 @@ def distributed_input(
             None,
         )
     size = batch_size
-    # Seeded, the Dataset is built as stock builds it (a shuffle in stock's order); one call of
-    # the input_fn either way, two where it returns tensors (as before: eagerly, then in a graph).
-    result = _seeded(input_fn, mode, config) if config.tf_random_seed is not None else None
+    # The Dataset is built as stock builds it, in a graph seeded with ``tf_random_seed`` or none
+    # (a shuffle with an op seed then takes stock's order: TensorFlow's default graph seed, never
+    # the program's eager global seed); one call of the input_fn, two where it returns tensors.
+    result = _seeded(input_fn, mode, config)
     if result is None:
         try:
             with _tfprivate.graph.programs_shapes():
