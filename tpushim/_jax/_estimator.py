@@ -244,8 +244,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             conversion.checkpoints.write(self.model_dir, step, values, slots)
 
         tf.io.gfile.makedirs(self.model_dir)
-        if tf.train.latest_checkpoint(self.model_dir) is None:
-            save(start)  # stock's model.ckpt-0
+        conversion.checkpoints.begin(config)  # stock's Saver for this call
+        save(start)  # as stock's CheckpointSaverHook at every session's start (model.ckpt-0)
         every = config.save_checkpoints_steps
         log_every = config.log_step_count_steps
         step, pending = start, [first]
