@@ -28,7 +28,15 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _input_fn, _metric_names, _observe, _source, _stock_graphs, _tfprivate
+from tpushim import (
+    _compiled_metrics,
+    _input_fn,
+    _metric_names,
+    _observe,
+    _source,
+    _stock_graphs,
+    _tfprivate,
+)
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -149,6 +157,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
       warm_start_from: stock's warm-start checkpoint of the Keras weights.
       conversion: the :class:`tpushim._jax._build.JaxConversion` of the model.
     """
+
+    _tpushim_label = "the JAX engine's estimator"  # how stock's estimator around it says it
 
     def __init__(self, model_fn, config, warm_start_from, conversion):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
@@ -300,6 +310,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model)
         metrics = conversion.metrics_model()
+        update = _metrics_update(metrics)
         losses, size = [], None
         batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
         try:
@@ -317,11 +328,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 )
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
-                metrics.compiled_metrics.update_state(
-                    _one_or_list([tf.constant(y) for y in labels]),
-                    _one_or_list([tf.constant(o) for o in outputs]),
-                    None,
-                )
+                update([tf.constant(y) for y in labels], [tf.constant(o) for o in outputs])
         finally:
             batches.close()
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
@@ -388,6 +395,14 @@ def _eager_classes(keras_model):
     _tfprivate.keras.restore_v2_classes(keras_model)
 
 
-def _one_or_list(values):
-    """One output's value, or a list in the model's output order (Keras's metrics container)."""
-    return values[0] if len(values) == 1 else list(values)
+def _metrics_update(metrics_model):
+    """A ``tf.function`` updating the model's compiled metrics with one batch's real labels and
+    outputs (lists in its output order) as stock's graph does: its metrics picked as stock's,
+    a [batch] label of a [batch, 1] output handed to them as stock's graph hands it."""
+
+    @tf.function(reduce_retracing=True)
+    def update(labels, outputs):
+        none = [None] * len(labels)  # the engine takes no sample weights from the input yet
+        _compiled_metrics.update(metrics_model, labels, outputs, none, [False] * len(labels))
+
+    return update
