@@ -214,3 +214,32 @@ def test_the_checkpoints_kept_are_stocks(tmp_path):
     hourly = [c for c in ckpt if c != "model.ckpt-3"]
     assert got["engine"]["v1 keep 2, one every 1e-7 hours"] == dict(files=hourly, listed=ckpt[7:])
     assert got["engine"]["v2 keep 2"] == dict(files=ckpt[4:], listed=ckpt[4:])
+
+
+TPU_VM = """
+import sys
+import tpushim; tpushim.patch()
+import numpy as np, tensorflow as tf
+x = tf.keras.Input((4,), name="x")
+m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(x))
+m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+est = tf.keras.estimator.model_to_estimator(m, model_dir=sys.argv[1])
+data = (np.ones([16, 4], np.float32), np.ones([16, 1], np.float32))
+est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8), steps=2)
+print("RESULT {}")
+"""
+
+
+def test_a_tpu_tensorflow_cannot_drive_is_left_to_jax(tmp_path):
+    # A TPU configured (a TPU VM's 'local') that this TensorFlow cannot drive (no TPU kernels:
+    # TensorFlow's TPU check refuses it, naming tensorflow-tpu): the JAX engine asks neither
+    # TensorFlow's resolver nor its check; JAX finds its devices (here 8 CPU ones) and trains.
+    env = {**EIGHT, "PYTHONPATH": ROOT, "TPUSHIM_TPU": "local", "TPUSHIM_ENGINE": "jax"}
+    proc = procs.python([tmp_path / "model"], code=TPU_VM, env=env, cwd=tmp_path, timeout=300)
+    _result(proc)
+    assert "-> the JAX engine" in proc.stderr and "on TPU local" in proc.stderr, proc.stderr
+    assert os.path.exists(tmp_path / "model" / "model.ckpt-2.index")
+    # Negative control: the strategy engine goes through TensorFlow's check, which refuses it.
+    env["TPUSHIM_ENGINE"] = "strategy"
+    proc = procs.python([tmp_path / "other"], code=TPU_VM, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode != 0 and "NoTPUError" in proc.stderr, proc.stderr[-3000:]
