@@ -15,9 +15,11 @@ import importlib.util
 import json
 import math
 import os
+import re
 import runpy
 import shutil
 
+import numpy as np
 import procs
 import pytest
 
@@ -164,10 +166,15 @@ def test_what_the_engine_cannot_run_is_refused_before_anything_is_written(tmp_pa
 
 KEEP = """
 import json, os, sys
+import logging
 import tpushim; tpushim.patch()  # stock's path (no TPU), the engine's in its scope
 import numpy as np, tensorflow as tf
 data = (np.arange(128, dtype=np.float32).reshape(32, 4) / 128, np.ones([32, 1], np.float32))
-out = {}
+out, said = {}, []
+handler = logging.Handler()
+handler.emit = lambda record: said.append(record.getMessage())
+logging.getLogger("tensorflow").addHandler(handler)
+logging.getLogger("tensorflow").setLevel(logging.INFO)
 for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
     for case, v1, keep, hours in (
         ("v1 keep 2", True, 2, 10000),
@@ -181,31 +188,45 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
         model_dir = os.path.join(sys.argv[1], run, case)
         config = tf.estimator.RunConfig(
             model_dir=model_dir, save_checkpoints_steps=1, keep_checkpoint_max=keep,
-            keep_checkpoint_every_n_hours=hours, tf_random_seed=1,
+            keep_checkpoint_every_n_hours=hours, tf_random_seed=1, log_step_count_steps=3,
         )
         with tpushim.patched(**scope):
             convert = (tf.compat.v1 if v1 else tf).keras.estimator.model_to_estimator
             est = convert(keras_model=m, config=config)
         print("MADE", run, type(est).__name__)
+        said.clear()
         for _ in range(2):  # a second call continues the first's rotation
             est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8).repeat(), steps=4)
+        lines = [m for m in said if m.startswith(("loss = ", "Loss for final step"))]
         state = tf.train.get_checkpoint_state(model_dir)
         out.setdefault(run, {})[case] = dict(
             files=sorted(p[:-6] for p in os.listdir(model_dir) if p.endswith(".index")),
             listed=[os.path.basename(p) for p in state.all_model_checkpoint_paths],
+            lines=lines,
         )
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_the_checkpoints_kept_are_stocks(tmp_path):
+def _loss_line(line):
+    """(loss text, step) of ``loss = L, step = S (T sec)``; step "final" of the last line."""
+    if line.startswith("Loss for final step: "):
+        return line[len("Loss for final step: ") : -1], "final"
+    match = re.match(r"^loss = (\S+), step = (\d+)(?: \(\d+\.\d{3} sec\))?$", line)
+    assert match, line
+    return match.group(1), int(match.group(2))
+
+
+def test_the_checkpoints_kept_and_the_loss_lines_are_stocks(tmp_path):
     # keep_checkpoint_max and keep_checkpoint_every_n_hours as stock's Saver honours them: the
     # name-based one (the v1 spelling) takes both from the RunConfig; keras_lib's object-based
-    # one keeps 5 whatever it says. Stock here: tpushim's estimator API's stock path (no TPU).
+    # one keeps 5 whatever it says. Stock here: tpushim's estimator API's stock path (no TPU),
+    # in the same process, the engine's runs in tpushim.patched(engine="jax") scopes.
     proc = procs.python([tmp_path], code=KEEP, env=EIGHT, cwd=tmp_path, timeout=600)
     got = _result(proc)
     made = [x for x in proc.stdout.splitlines() if x.startswith("MADE ")]
     assert made == ["MADE engine JaxEstimator"] * 3 + ["MADE stock Estimator"] * 3, made
+    lines = {run: {c: got[run][c].pop("lines") for c in got[run]} for run in got}
     assert got["engine"] == got["stock"]
     ckpt = [f"model.ckpt-{i}" for i in range(9)]
     assert got["engine"]["v1 keep 2"] == dict(files=ckpt[7:], listed=ckpt[7:])
@@ -214,6 +235,19 @@ def test_the_checkpoints_kept_are_stocks(tmp_path):
     hourly = [c for c in ckpt if c != "model.ckpt-3"]
     assert got["engine"]["v1 keep 2, one every 1e-7 hours"] == dict(files=hourly, listed=ckpt[7:])
     assert got["engine"]["v2 keep 2"] == dict(files=ckpt[4:], listed=ckpt[4:])
+    # LoggingTensorHook's lines at stock's steps (each call's first, then every 3rd), the loss
+    # printed as stock prints a float32 (its shortest digits), within 1e-5 of stock's.
+    for case, stock in lines["stock"].items():
+        engine = [_loss_line(x) for x in lines["engine"][case]]
+        stock = [_loss_line(x) for x in stock]
+        assert [s for _, s in engine] == [0, 3, "final", 4, 7, "final"]
+        # (stock reads the global step in the step's own session.run, beside its increment, with
+        # no order between them: it prints the step before or, at times, after it)
+        assert all(s == e or s == e + 1 for (_, e), (_, s) in zip(engine, stock)), stock
+        for (text, _), (stock_text, _) in zip(engine, stock):
+            assert text == str(np.float32(text)), engine
+            assert math.isclose(float(text), float(stock_text), rel_tol=TOL, abs_tol=1e-6)
+    assert "(" in lines["engine"]["v2 keep 2"][1]  # the seconds since the last line
 
 
 TPU_VM = """

@@ -9,8 +9,9 @@ input_fn running in TensorFlow on the host.
 - Train: :class:`tpushim._jax._step.Trainer` (``iterations_per_loop`` steps per compiled call),
   starting from the model_dir's newest checkpoint (either format, stock's names) or else from
   the Keras model's weights (stock's warm start), saving stock's checkpoints
-  (:mod:`tpushim._jax._checkpoint`) at step 0, every ``save_checkpoints_steps`` and at the end;
-  stock's ``loss = ..., step = N`` lines every ``log_step_count_steps``.
+  (:mod:`tpushim._jax._checkpoint`) at each call's first step, every ``save_checkpoints_steps`` and at the end;
+  stock's ``loss = ..., step = N (x sec)`` lines (its LoggingTensorHook's: the call's first
+  step, then every ``log_step_count_steps``), its NaN check (``NanLossDuringTrainingError``).
 - Evaluate: the inference outputs and each batch's loss over its real rows in JAX, the model's
   compiled metrics updated on the host (a copy of the model compiled as the user compiled it):
   stock's ``loss`` (the mean of the batches' losses), metric names and ``global_step``.
@@ -34,6 +35,7 @@ from tpushim import (
     _metric_names,
     _observe,
     _source,
+    _step_losses,
     _stock_graphs,
     _tfprivate,
 )
@@ -259,7 +261,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         every = config.save_checkpoints_steps
         log_every = config.log_step_count_steps
         step, pending = start, [first]
-        saved = start
+        saved, logged_at = start, None
         while stop is None or step < stop:
             n = conversion.per_call if stop is None else min(conversion.per_call, stop - step)
             if every:
@@ -274,12 +276,18 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             if not chunk:
                 break
             split = [arrays.split(b, ModeKeys.TRAIN) for b in chunk]
-            losses = trainer.train([(f, y, None) for f, y in split])
+            ran = time.monotonic()
+            losses = [np.float32(loss) for loss in trainer.train([(f, y, None) for f, y in split])]
+            took = (time.monotonic() - ran) / len(losses)  # each step's share of the call
             for k, loss in enumerate(losses):
+                if np.isnan(loss):  # stock's NanTensorHook, before its LoggingTensorHook
+                    tf.compat.v1.logging.error(_step_losses.NAN_MESSAGE)
+                    raise tf.compat.v1.train.NanLossDuringTrainingError
                 if log_every and (step + k - start) % log_every == 0:
-                    tf_logger.info("loss = %s, step = %s", float(loss), step + k)
-                if not np.isfinite(loss):
-                    raise RuntimeError(f"NaN loss during training (step {step + k}).")
+                    at = ran + (k + 1) * took
+                    elapsed = None if logged_at is None else at - logged_at
+                    _step_losses._log_line(loss, step + k, elapsed)  # LoggingTensorHook's line
+                    logged_at = at
             step += len(chunk)
             if every and step >= saved + every:
                 save(step)
@@ -290,7 +298,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             self.model_dir, f"model.ckpt-{step}"
         ):
             save(step)
-        tf_logger.info("Loss for final step: %s.", float(losses[-1]) if step > start else None)
+        tf_logger.info("Loss for final step: %s.", losses[-1] if step > start else None)
         return step - start
 
     # -- evaluate ---------------------------------------------------------------------------------
