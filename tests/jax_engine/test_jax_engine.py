@@ -176,15 +176,17 @@ handler.emit = lambda record: said.append(record.getMessage())
 logging.getLogger("tensorflow").addHandler(handler)
 logging.getLogger("tensorflow").setLevel(logging.INFO)
 for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
-    for case, v1, keep, hours in (
-        ("v1 keep 2", True, 2, 10000),
-        ("v1 keep 2, one every 1e-7 hours", True, 2, 1e-7),
-        ("v2 keep 2", False, 2, 10000),
+    for case, v1, keep, hours, optimizer in (
+        ("v1 keep 2", True, 2, 10000, lambda: tf.keras.optimizers.legacy.SGD(0.1)),
+        ("v1 keep 2, one every 1e-7 hours", True, 2, 1e-7, lambda: tf.keras.optimizers.RMSprop(
+            0.01, momentum=0.5, centered=True, epsilon=0.1)),
+        ("v2 keep 2", False, 2, 10000, lambda: tf.keras.optimizers.legacy.Adagrad(
+            0.1, epsilon=0.1)),
     ):
         tf.keras.utils.set_random_seed(1)
         x = tf.keras.Input((4,), name="x")
         m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(x))
-        m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+        m.compile(optimizer(), "mse")
         model_dir = os.path.join(sys.argv[1], run, case)
         config = tf.estimator.RunConfig(
             model_dir=model_dir, save_checkpoints_steps=1, keep_checkpoint_max=keep,
@@ -203,6 +205,13 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
             files=sorted(p[:-6] for p in os.listdir(model_dir) if p.endswith(".index")),
             listed=[os.path.basename(p) for p in state.all_model_checkpoint_paths],
             lines=lines,
+            # the second call restored the first's weights and slots: every value at its end
+            values={
+                name: float(np.sum(reader.get_tensor(name)))
+                for reader in [tf.train.load_checkpoint(model_dir)]
+                for name, dtype in reader.get_variable_to_dtype_map().items()
+                if dtype.is_floating
+            },
         )
 print("RESULT " + json.dumps(out))
 """
@@ -227,6 +236,19 @@ def test_the_checkpoints_kept_and_the_loss_lines_are_stocks(tmp_path):
     made = [x for x in proc.stdout.splitlines() if x.startswith("MADE ")]
     assert made == ["MADE engine JaxEstimator"] * 3 + ["MADE stock Estimator"] * 3, made
     lines = {run: {c: got[run][c].pop("lines") for c in got[run]} for run in got}
+    # Trained as stock, the slots too, through the first call's checkpoint: SGD; RMSprop (its v2
+    # spelling, trained as its legacy twin) with momentum, centered; Adagrad.
+    slots = {}
+    for case, stock in got["stock"].items():
+        values = got["engine"][case].pop("values")
+        assert _differences(values, stock.pop("values")) == {}, case
+        names = {k.split("/.ATTRIBUTES")[0].rsplit("/", 1)[-1] for k in values}
+        slots[case] = sorted(names & {"momentum", "rms", "mg", "accumulator"})
+    assert slots == {
+        "v1 keep 2": ["momentum"],  # (the SGD's hyperparameter, not a slot)
+        "v1 keep 2, one every 1e-7 hours": ["mg", "momentum", "rms"],
+        "v2 keep 2": ["accumulator"],
+    }
     assert got["engine"] == got["stock"]
     ckpt = [f"model.ckpt-{i}" for i in range(9)]
     assert got["engine"]["v1 keep 2"] == dict(files=ckpt[7:], listed=ckpt[7:])
