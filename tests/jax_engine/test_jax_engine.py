@@ -22,6 +22,7 @@ import shutil
 import numpy as np
 import procs
 import pytest
+from jax_scripts import answers, scripts_started  # noqa: F401 (the scripts' run, in the background)
 
 # Not imported here (each run is a subprocess): the step's tests ask for 8 devices before jax's
 # first import in this process.
@@ -40,18 +41,6 @@ with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-
 TOL = 1e-5
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 JAX = {**EIGHT, "TPUSHIM_MODE": "cpu", "TPUSHIM_ENGINE": "jax", "PYTHONPATH": ROOT}
-DEMO = "\n".join(
-    [
-        "import json, sys",
-        "import tpushim; tpushim.patch()",
-        "from tpushim.demo import legacy_mlp",
-        "results, predictions = legacy_mlp.train_and_evaluate(sys.argv[1])",
-        "out = {k: float(v) for k, v in results.items()}",
-        "out.update(predictions=len(predictions), first=float(predictions[0][0]),"
-        " last=float(predictions[-1][0]))",
-        "print('RESULT ' + json.dumps(out))",
-    ]
-)
 RESUME = runpy.run_path(os.path.join(SCRIPTS, "record_reference.py"))["RESUME"]
 
 
@@ -88,21 +77,19 @@ def _resume(model_dir, env):
     )
 
 
-def test_the_demo_on_eight_devices_equals_stock_2_15(tmp_path):
-    model_dir = tmp_path / "model"
-    proc = procs.python([model_dir], code=DEMO, env=JAX, cwd=tmp_path, timeout=600)
-    got = _result(proc)
-    assert "model_to_estimator -> the JAX engine" in proc.stderr, proc.stderr[-3000:]
-    assert "over 8 CPU device(s)" in proc.stderr
-    assert _differences(got, REFERENCE["demo"]) == {}
+def test_demo_on_eight_devices_equals_stock_2_15(answers):  # noqa: F811
+    # (run with the scripts, in tests/jax_engine/jax_scripts.py's process: mode cpu, engine jax)
+    got = answers["demo.py"]
+    assert "result" in got, got
+    assert _differences(got["result"], REFERENCE["demo"]) == {}
     # Negative control: the comparison tells another run apart (stock's 200-step resume).
-    assert {"loss", "global_step"} <= set(_differences(got, REFERENCE["demo resumed"]))
+    assert {"loss", "global_step"} <= set(_differences(got["result"], REFERENCE["demo resumed"]))
     # Stock's checkpoint: the same keys as stock 2.15's own model.ckpt-100 (object-based,
     # tf.keras.estimator's default), the global step among them.
     stock = os.path.join(ROOT, "tests", "reference", "tf215_demo_model", "model.ckpt-100")
-    ours = os.path.join(model_dir, "model.ckpt-300")
+    ours = os.path.join(got["workdir"], "model.ckpt-300")
     assert _checkpoint_names(ours) == _checkpoint_names(stock)
-    assert sorted(p for p in os.listdir(model_dir) if p.startswith("model.ckpt-")) == sorted(
+    assert got["written"] == sorted(
         f"model.ckpt-{n}.{ext}"
         for n in (0, 300)
         for ext in ("index", "meta", "data-00000-of-00002", "data-00001-of-00002")
@@ -137,31 +124,14 @@ def test_a_model_dir_the_engine_wrote_resumes_on_the_stock_path_with_stocks_numb
     assert _differences(got, REFERENCE["demo resumed"]) == {}
 
 
-REFUSED = """
-import sys
-import tpushim; tpushim.patch()
-import numpy as np, tensorflow as tf
-x = tf.keras.Input((4,), name="x")
-h = tf.keras.layers.Dense(8, name="h")(x)
-h = tf.keras.layers.Dropout(0.5)(h)
-m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(h))
-m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
-est = tf.keras.estimator.model_to_estimator(m, model_dir=sys.argv[1])
-data = (np.ones([16, 4], np.float32), np.ones([16, 1], np.float32))
-try:
-    est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8), steps=2)
-except tpushim.ConversionError as e:
-    print("REFUSED", e)
-"""
-
-
-def test_what_the_engine_cannot_run_is_refused_before_anything_is_written(tmp_path):
-    model_dir = tmp_path / "model"
-    proc = procs.python([model_dir], code=REFUSED, env=JAX, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "REFUSED tpushim's JAX engine does not train random draws" in proc.stdout
-    assert "engine=strategy" in proc.stdout
-    assert not [p for p in os.listdir(model_dir) if p.startswith("model.ckpt")]
+def test_dropout_draws_are_refused_before_anything_is_written(answers):  # noqa: F811
+    # (run with the scripts: a Dropout layer, train() on the engine)
+    got = answers["dropout.py"]
+    assert got.get("refused", "").startswith("tpushim's JAX engine does not train random draws"), (
+        got
+    )
+    assert "engine=strategy" in got["refused"]
+    assert got["written"] == []
 
 
 KEEP = """
@@ -213,6 +183,21 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
                 if dtype.is_floating
             },
         )
+# A TPU this TensorFlow cannot drive ('local': no TPU kernels here): the JAX engine asks neither
+# TensorFlow's resolver nor its TPU check; the strategy engine's check refuses it.
+tpu_dir = os.path.join(sys.argv[1], "tpu")
+x = tf.keras.Input((4,), name="x")
+m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(x))
+m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+with tpushim.patched(tpu="local", engine="jax"):
+    est = tf.keras.estimator.model_to_estimator(m, model_dir=tpu_dir)
+est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8), steps=2)
+out["tpu local"] = {"jax": os.path.basename(tf.train.latest_checkpoint(tpu_dir))}
+try:
+    with tpushim.patched(tpu="local", engine="strategy"):
+        tf.keras.estimator.model_to_estimator(m, model_dir=os.path.join(sys.argv[1], "tpu2"))
+except tpushim.NoTPUError as e:
+    out["tpu local"]["strategy"] = str(e)
 print("RESULT " + json.dumps(out))
 """
 
@@ -226,7 +211,7 @@ def _loss_line(line):
     return match.group(1), int(match.group(2))
 
 
-def test_the_checkpoints_kept_and_the_loss_lines_are_stocks(tmp_path):
+def test_checkpoints_loss_lines_and_optimizers_as_stocks_and_a_tpu_left_to_jax(tmp_path):
     # keep_checkpoint_max and keep_checkpoint_every_n_hours as stock's Saver honours them: the
     # name-based one (the v1 spelling) takes both from the RunConfig; keras_lib's object-based
     # one keeps 5 whatever it says. Stock here: tpushim's estimator API's stock path (no TPU),
@@ -235,6 +220,7 @@ def test_the_checkpoints_kept_and_the_loss_lines_are_stocks(tmp_path):
     got = _result(proc)
     made = [x for x in proc.stdout.splitlines() if x.startswith("MADE ")]
     assert made == ["MADE engine JaxEstimator"] * 3 + ["MADE stock Estimator"] * 3, made
+    tpu = got.pop("tpu local")
     lines = {run: {c: got[run][c].pop("lines") for c in got[run]} for run in got}
     # Trained as stock, the slots too, through the first call's checkpoint: SGD; RMSprop (its v2
     # spelling, trained as its legacy twin) with momentum, centered; Adagrad.
@@ -270,32 +256,10 @@ def test_the_checkpoints_kept_and_the_loss_lines_are_stocks(tmp_path):
             assert text == str(np.float32(text)), engine
             assert math.isclose(float(text), float(stock_text), rel_tol=TOL, abs_tol=1e-6)
     assert "(" in lines["engine"]["v2 keep 2"][1]  # the seconds since the last line
-
-
-TPU_VM = """
-import sys
-import tpushim; tpushim.patch()
-import numpy as np, tensorflow as tf
-x = tf.keras.Input((4,), name="x")
-m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(x))
-m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
-est = tf.keras.estimator.model_to_estimator(m, model_dir=sys.argv[1])
-data = (np.ones([16, 4], np.float32), np.ones([16, 1], np.float32))
-est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8), steps=2)
-print("RESULT {}")
-"""
-
-
-def test_a_tpu_tensorflow_cannot_drive_is_left_to_jax(tmp_path):
-    # A TPU configured (a TPU VM's 'local') that this TensorFlow cannot drive (no TPU kernels:
-    # TensorFlow's TPU check refuses it, naming tensorflow-tpu): the JAX engine asks neither
-    # TensorFlow's resolver nor its check; JAX finds its devices (here 8 CPU ones) and trains.
-    env = {**EIGHT, "PYTHONPATH": ROOT, "TPUSHIM_TPU": "local", "TPUSHIM_ENGINE": "jax"}
-    proc = procs.python([tmp_path / "model"], code=TPU_VM, env=env, cwd=tmp_path, timeout=300)
-    _result(proc)
-    assert "-> the JAX engine" in proc.stderr and "on TPU local" in proc.stderr, proc.stderr
-    assert os.path.exists(tmp_path / "model" / "model.ckpt-2.index")
-    # Negative control: the strategy engine goes through TensorFlow's check, which refuses it.
-    env["TPUSHIM_ENGINE"] = "strategy"
-    proc = procs.python([tmp_path / "other"], code=TPU_VM, env=env, cwd=tmp_path, timeout=300)
-    assert proc.returncode != 0 and "NoTPUError" in proc.stderr, proc.stderr[-3000:]
+    # A TPU TensorFlow cannot drive is left to JAX, which finds its devices (8 CPU ones here).
+    assert (
+        "-> the JAX engine" in proc.stderr
+        and "on TPU local [TPU from tpu= argument]" in proc.stderr
+    )
+    assert tpu["jax"] == "model.ckpt-2"
+    assert "tensorflow-tpu" in tpu["strategy"], tpu  # the control: TensorFlow's check refuses it

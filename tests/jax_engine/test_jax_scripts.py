@@ -3,20 +3,17 @@ devices): it gives stock TensorFlow 2.15's recorded numbers (tests/reference/tf2
 1e-5, or the engine refuses it before it trains with the ConversionError pinned here (a change
 in what the engine covers shows as a failing case: pin the new numbers' or words' case).
 
-Cheap: one subprocess runs every script in turn (TensorFlow and JAX start once), each with its
-own work folder, ``sys.argv`` and stdout, Keras's session cleared between them, the scripts that
-disable TensorFlow 2 behaviour (for the rest of the process) last. Under xdist the first worker
-to ask runs it and the others read its answers (a lock in the session's shared temp folder).
+Cheap: one subprocess runs every script in turn (TensorFlow and JAX start once), in the
+background from the session's first test of tests/jax_engine on (tests/jax_engine/jax_scripts.py).
 """
 
-import fcntl
 import importlib.util
 import json
 import math
 import os
 
-import procs
 import pytest
+from jax_scripts import NAMES, SCRIPTS, UNRECORDED, answers, scripts_started  # noqa: F401
 
 pytestmark = [
     pytest.mark.jax,
@@ -27,14 +24,9 @@ pytestmark = [
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:
     REFERENCE = json.load(_f)["results"]
 TOL = 1e-5
-NAMES = sorted(name for name in REFERENCE if name.endswith(".py"))
-#: The scripts without recorded numbers (refused on the engine, or the test fails), and the
-#: argument each takes instead of a work folder.
-UNRECORDED = {"legacy_text_classifier.py": "5", "text_rebuilt_estimator.py": None}
 
 _OPTIMIZER = (
     "tpushim's JAX engine does not compute the optimizer "
@@ -86,75 +78,6 @@ REFUSED = {
     "tfrecord_feature_columns.py": _OPTIMIZER.format("optimizer_v1.TFOptimizer"),
 }
 
-#: Runs each script named on its command line in turn; one JSON line per script on stdout.
-DRIVER = r"""
-import contextlib, io, json, os, runpy, sys, traceback
-import tpushim; tpushim.patch(quiet=True)
-import tensorflow as tf
-root, scripts, out = sys.argv[1], sys.argv[2], sys.argv[3:]
-for entry in out:
-    name, _, arg = entry.partition("=")
-    workdir = os.path.join(root, name[:-3])
-    os.makedirs(workdir)
-    os.chdir(workdir)
-    tf.keras.backend.clear_session()
-    sys.argv = [os.path.join(scripts, name), arg or workdir]
-    stdout = io.StringIO()
-    answer = {"script": name}
-    try:
-        with contextlib.redirect_stdout(stdout):
-            runpy.run_path(sys.argv[0], run_name="__main__")
-    except tpushim.ConversionError as e:
-        answer["refused"] = " ".join(str(e).split())
-    except BaseException as e:
-        answer["raised"] = "".join(traceback.format_exception(e))[-3000:]
-    results = [x for x in stdout.getvalue().splitlines() if x.startswith("RESULT ")]
-    if results:
-        answer["result"] = json.loads(results[-1][len("RESULT ") :])
-    answer["written"] = sorted(
-        os.path.relpath(os.path.join(d, f), workdir)
-        for d, _, files in os.walk(workdir) for f in files if f.startswith("model.ckpt")
-    )
-    print("ANSWER " + json.dumps(answer), flush=True)
-"""
-
-
-def _graph_program(name):
-    with open(os.path.join(SCRIPTS, name), encoding="utf-8") as f:
-        return "disable_v2_behavior()" in f.read()
-
-
-@pytest.fixture(scope="session")
-def answers(tmp_path_factory):
-    """script -> what the driver saw it do (one run per pytest session, xdist workers too)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    saved = shared / "jax_engine_scripts.json"
-    with open(shared / "jax_engine_scripts.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not saved.exists():
-            work = shared / "jax_engine_scripts"
-            work.mkdir()
-            order = sorted([*NAMES, *UNRECORDED], key=lambda n: (_graph_program(n), n))
-            entries = [f"{n}={UNRECORDED[n]}" if UNRECORDED.get(n) else n for n in order]
-            proc = procs.python(
-                [work, SCRIPTS, *entries],
-                code=DRIVER,
-                env={
-                    "PYTHONPATH": ROOT,
-                    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-                    "TPUSHIM_MODE": "cpu",
-                    "TPUSHIM_ENGINE": "jax",
-                },
-                cwd=work,
-                timeout=900,
-            )
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("ANSWER ")]
-            got = {a["script"]: a for a in (json.loads(x[len("ANSWER ") :]) for x in lines)}
-            got["_stderr"] = proc.stderr[-4000:]
-            saved.write_text(json.dumps(got))
-    return json.loads(saved.read_text())
-
 
 def _differences(got, want):
     """Keys whose values differ beyond TOL (relative, or absolute near 0), or are missing."""
@@ -166,9 +89,9 @@ def _differences(got, want):
 
 
 @pytest.mark.parametrize("script", [*NAMES, *UNRECORDED])
-def test_script_on_the_jax_engine_equals_stock_2_15_or_is_refused_as_pinned(answers, script):
+def test_script_on_the_jax_engine_equals_stock_2_15_or_is_refused_as_pinned(answers, script):  # noqa: F811
     answer = answers.get(script)
-    assert answer is not None, answers["_stderr"]
+    assert answer is not None, sorted(answers)
     assert "raised" not in answer, answer["raised"]
     if script in REFUSED:
         start, *words = (REFUSED[script],) if isinstance(REFUSED[script], str) else REFUSED[script]

@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from jax_scripts import scripts_started  # noqa: F401 (the scripts' run, in the background)
 
 pytestmark = pytest.mark.jax
 
@@ -150,6 +151,8 @@ OPTIMIZERS = {
     "sgd-v2-nesterov": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
     "adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
     "adam-v2": lambda: tf.keras.optimizers.Adam(0.01),
+    # (legacy RMSprop with momentum and centered, and legacy Adagrad: through a conversion, in
+    # test_jax_engine.py, beside the stock path)
     # epsilon 0.1: where each spelling adds it (inside the root or outside) shows in the weights
     "rmsprop": lambda: tf.keras.optimizers.legacy.RMSprop(0.01, epsilon=0.1),
     "rmsprop-momentum-centered": lambda: tf.keras.optimizers.legacy.RMSprop(
@@ -169,9 +172,7 @@ OPTIMIZERS = {
         ("bn", "sgd-v2-nesterov"),
         ("bn", "adam"),
         ("bn", "rmsprop"),
-        ("bn", "rmsprop-momentum-centered"),
         ("bn", "rmsprop-v2-momentum"),
-        ("bn", "adagrad"),
         ("two_outputs", "adam-v2"),
         ("two_outputs", "sgd-momentum"),
         ("two_outputs", "adagrad-v2"),
