@@ -124,7 +124,7 @@ class _StockEstimatorEra:
         """The conversion's first half: every check that needs no network first, then the TPU
         (a bare TPU name is looked up through the metadata server); nothing is written before
         all of them pass. A :class:`tpushim._engines.Prepared`."""
-        from tpushim import _detect, _engines, _loss_kinds, _tfprivate, _validation
+        from tpushim import _engines, _loss_kinds, _tfprivate, _validation
 
         tpu = decision.tpu
         keras_model = _load_model(arguments)
@@ -144,9 +144,8 @@ class _StockEstimatorEra:
             )
             _validation.check_model_dir(keras_model, config.model_dir)
             model_dir_checked = True
-        cluster = _detect.cluster_resolver(tpu) if tpu is not None else None
-        if cluster is not None:  # a TPU that does not answer fails now, before anything is written
-            _detect.check_tpu_answers(cluster, tpu.source)
+        cluster = tpu_resolver(engine, tpu)
+        check_tpu_answers(cluster, tpu)
         # With no model_dir given, stock makes a temporary one: only now, once nothing can fail.
         config = _tfprivate.estimator.maybe_overwrite_model_dir_and_session_config(config, None)
         if not model_dir_checked:  # a mocked tempfile may hand out a folder holding a checkpoint
@@ -201,7 +200,7 @@ class _OwnEstimatorEra:
         A :class:`tpushim._engines.Prepared`."""
         import tensorflow as tf
 
-        from tpushim import _detect, _engines, _tfprivate
+        from tpushim import _engines, _tfprivate
         from tpushim._errors import ConversionError
         from tpushim._estimator_api import _keras as api_keras
 
@@ -246,10 +245,9 @@ class _OwnEstimatorEra:
             optimizer, tf.keras.optimizers.Optimizer
         ):  # as stock: a new-style optimizer becomes its legacy twin (estimators need one)
             optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
-        cluster = _detect.cluster_resolver(tpu) if tpu is not None else None
+        cluster = tpu_resolver(engine, tpu)
         plan = engine.plan(keras_model, optimizer, custom_objects, settings, tpu, lambda: cluster)
-        if cluster is not None:  # a TPU that does not answer fails now, before anything is written
-            _detect.check_tpu_answers(cluster, tpu.source)
+        check_tpu_answers(cluster, tpu)
         config = _tfprivate.estimator.maybe_overwrite_model_dir_and_session_config(
             arguments["config"], arguments["model_dir"]
         )
@@ -269,6 +267,26 @@ class _OwnEstimatorEra:
 
 STOCK_ESTIMATOR = _StockEstimatorEra()
 OWN_ESTIMATOR = _OwnEstimatorEra()
+
+
+def tpu_resolver(engine, tpu):
+    """TensorFlow's TPUClusterResolver of ``tpu`` (a :class:`tpushim._detect.TPUSpec`, or None)
+    for an engine that drives the TPU through TensorFlow; None for the JAX engine, whose devices
+    JAX finds (TensorFlow may see no TPU there: its resolver and TPU check would refuse it)."""
+    from tpushim import _detect
+
+    if tpu is None or not engine.tpu_through_tensorflow:
+        return None
+    return _detect.cluster_resolver(tpu)
+
+
+def check_tpu_answers(cluster, tpu):
+    """A TPU that does not answer fails now, before anything is written (``cluster``: from
+    :func:`tpu_resolver`; nothing to ask where it is None)."""
+    from tpushim import _detect
+
+    if cluster is not None:
+        _detect.check_tpu_answers(cluster, tpu.source)
 
 
 def _use_optimizer(keras_model, optimizer):

@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from jax_scripts import scripts_started  # noqa: F401 (the scripts' run, in the background)
 
 pytestmark = pytest.mark.jax
 
@@ -150,6 +151,16 @@ OPTIMIZERS = {
     "sgd-v2-nesterov": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
     "adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
     "adam-v2": lambda: tf.keras.optimizers.Adam(0.01),
+    # (legacy RMSprop with momentum and centered, and legacy Adagrad: through a conversion, in
+    # test_jax_engine.py, beside the stock path)
+    # epsilon 0.1: where each spelling adds it (inside the root or outside) shows in the weights
+    "rmsprop": lambda: tf.keras.optimizers.legacy.RMSprop(0.01, epsilon=0.1),
+    "rmsprop-momentum-centered": lambda: tf.keras.optimizers.legacy.RMSprop(
+        0.01, momentum=0.5, centered=True, epsilon=0.1
+    ),
+    "rmsprop-v2-momentum": lambda: tf.keras.optimizers.RMSprop(0.01, momentum=0.5, epsilon=0.1),
+    "adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.1, epsilon=0.1),
+    "adagrad-v2": lambda: tf.keras.optimizers.Adagrad(0.1, epsilon=0.1),
 }
 
 
@@ -160,8 +171,11 @@ OPTIMIZERS = {
         ("bn", "sgd-nesterov"),
         ("bn", "sgd-v2-nesterov"),
         ("bn", "adam"),
+        ("bn", "rmsprop"),
+        ("bn", "rmsprop-v2-momentum"),
         ("two_outputs", "adam-v2"),
         ("two_outputs", "sgd-momentum"),
+        ("two_outputs", "adagrad-v2"),
         ("variants", "sgd-momentum"),
     ],
 )
@@ -217,7 +231,7 @@ def test_compiled_once_per_shape():
 @pytest.mark.parametrize(
     "optimizer, words",
     [
-        (lambda: tf.keras.optimizers.legacy.RMSprop(0.01), "RMSprop"),
+        (lambda: tf.keras.optimizers.legacy.Ftrl(0.01), "Ftrl"),
         (lambda: tf.keras.optimizers.legacy.Adam(0.01, amsgrad=True), "amsgrad"),
         (lambda: tf.keras.optimizers.legacy.SGD(0.1, clipnorm=1.0), "clipnorm"),
         (

@@ -156,6 +156,36 @@ def test_the_decision_carries_the_engine_and_its_why():
     assert (stock.engine, stock.engine_why) == (None, None)
 
 
+def test_the_jax_engine_skips_tensorflows_tpu_resolver_and_check(monkeypatch):
+    # A TPU VM where JAX has the TPU and TensorFlow cannot drive it: TensorFlow's resolver and
+    # TPU check (check_tpu_support would refuse: no tensorflow-tpu) are never asked.
+    from tpushim import _convert, _detect
+
+    asked = []
+    monkeypatch.setattr(_detect, "cluster_resolver", lambda spec, *a: asked.append(spec) or "c")
+    monkeypatch.setattr(_detect, "check_tpu_answers", lambda c, source, *a: asked.append(source))
+    tpu = _detect.TPUSpec("local", "TPU VM (/dev/vfio/0)")
+    cluster = _convert.tpu_resolver(jax_engine.JaxEngine(), tpu)
+    _convert.check_tpu_answers(cluster, tpu)
+    assert cluster is None and asked == []
+    # The engines that drive the TPU through TensorFlow still resolve it and ask it to answer.
+    for engine in (strategy_engine.StrategyEngine(), tpuestimator_engine.TPUEstimatorEngine()):
+        asked.clear()
+        cluster = _convert.tpu_resolver(engine, tpu)
+        _convert.check_tpu_answers(cluster, tpu)
+        assert cluster == "c" and asked == [tpu, "TPU VM (/dev/vfio/0)"]
+
+
+def test_the_jax_engine_refuses_a_tpu_node_over_grpc():
+    from tpushim import ConversionError, _detect
+
+    tpu = _detect.TPUSpec("grpc://10.0.0.2:8470", "TPU_NAME")
+    with pytest.raises(
+        ConversionError, match=r"grpc://10.0.0.2:8470 \(from TPU_NAME\) is a TPU node"
+    ):
+        jax_engine.JaxEngine().plan(None, None, None, settings(engine="jax"), tpu, None)
+
+
 def test_the_engines_import_no_tensorflow():
     proc = procs.python(
         code="""

@@ -85,6 +85,10 @@ class Engine:
     #: Whether ``engine=auto``'s reason for the engine it chose says why this one could not run
     #: (an engine for a few machines only says nothing where it does not apply).
     said_when_passed = True
+    #: Whether the engine drives the TPU through TensorFlow: the conversion then builds
+    #: TensorFlow's TPUClusterResolver and asks the TPU to answer before anything is written.
+    #: The JAX engine runs on the devices JAX finds, where TensorFlow may see no TPU at all.
+    tpu_through_tensorflow = True
 
     # -- the choice -----------------------------------------------------------------------------
     def unavailable(self, tf_version, environ):

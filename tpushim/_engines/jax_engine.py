@@ -42,6 +42,7 @@ class JaxEngine(base.Engine):
         "it (no tensorflow-tpu of its version) (engine auto)"
     )
     said_when_passed = False  # where it cannot run, the other engines' reasons are the ones
+    tpu_through_tensorflow = False  # JAX finds its devices (TensorFlow may see no TPU)
 
     def unavailable(self, tf_version, environ):
         from tpushim import _detect
@@ -77,7 +78,16 @@ class JaxEngine(base.Engine):
             )
 
     def plan(self, keras_model, optimizer, custom_objects, settings, tpu, cluster):
-        del tpu, cluster
+        del cluster
+        target = getattr(tpu, "target", None)
+        if isinstance(target, str) and target.startswith("grpc://"):
+            from tpushim._errors import ConversionError
+
+            raise ConversionError(
+                f"tpushim's JAX engine runs on this machine's own devices; the TPU {target} "
+                f"(from {tpu.source}) is a TPU node TensorFlow reaches over gRPC, which JAX "
+                "cannot use. Use engine='strategy' or 'tpuestimator', or run on a TPU VM."
+            )
         from tpushim._jax import _build
 
         _build.refusals(keras_model, optimizer, custom_objects, settings)

@@ -69,7 +69,8 @@ def _say_if_around_an_engine(cls, model_fn):
     said = getattr(owner, "_tpushim_built_around", None)
     if said is None or getattr(cls, "_tpushim_built_around", None) is not None:
         return
-    said("tf.estimator.Estimator(model_fn=<the strategy engine's estimator>.model_fn)")
+    label = getattr(owner, "_tpushim_label", "the converted estimator")
+    said(f"tf.estimator.Estimator(model_fn=<{label}>.model_fn)")
 
 
 def parse_input_fn_result(result):

@@ -23,9 +23,17 @@ def _refuse(what, fix="engine='strategy' (TPUSHIM_ENGINE=strategy)"):
 
 
 def refusals(keras_model, optimizer, custom_objects, settings):
-    """Raises what the engine refuses for this model before anything is written: a subclassed
-    model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`)."""
+    """Raises what the engine refuses for this model before anything is written: a program
+    that disabled TensorFlow 2 behaviour, a subclassed model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`)."""
     del settings
+    import tensorflow as tf
+
+    if not tf.executing_eagerly():
+        _refuse(
+            "a program that disabled TensorFlow 2 behaviour (tf.compat.v1.disable_v2_behavior() "
+            "or disable_eager_execution(): its Keras model is made in a graph, and the engine "
+            "traces the model eagerly)"
+        )
     if _tfprivate.keras.is_subclassed(keras_model):
         _refuse("subclassed models")
     _optimizers.of(optimizer)

@@ -9,6 +9,12 @@ its Saver: stock's format (object-based for ``checkpoint_format='checkpoint'``, 
 ``training/SGD/hidden/kernel/momentum``, ``global_step``), stock's ``checkpoint`` state file and
 ``.meta``. The hyperparameters keep the values the optimizer's config gave them.
 
+The checkpoints kept are stock's: a name-based Saver (the Estimator's default one) keeps
+``keep_checkpoint_max`` and one every ``keep_checkpoint_every_n_hours``; keras_lib's object-based
+one keeps 5, whatever the RunConfig says (its Saver's defaults). A new Saver per ``train()``
+call, as stock builds one per call's graph, continuing the rotation over the checkpoints the
+model_dir's ``checkpoint`` state lists.
+
 The engine's values are matched with stock's names by their object-graph path, which the user's
 model and stock's clone share (``layer_with_weights-0/kernel``; a slot at
 ``.../.OPTIMIZER_SLOT/optimizer/<slot>``). A checkpoint is read by what it holds, either format:
@@ -46,6 +52,7 @@ class StockCheckpoints:
                 keras_model, custom_objects, None, object_based
             )
         self.graph, self.meta, self.metric_names = graph, meta, metrics
+        self.object_based = object_based
         weights = {id(v): _name(v) for v in keras_model.weights}
         by_path = {
             path: weights[id(v)]
@@ -63,14 +70,36 @@ class StockCheckpoints:
                 self.sources[name] = (path, ("slot", slot, by_path[owner]))
             elif path in _STEP_PATHS:
                 self.sources[name] = (path, ("step",))
-        self._session = None
+        self._session = self._saver = None
+
+    def saver_def(self, config):
+        """The SaverDef stock saves this model's checkpoints with under ``config`` (a RunConfig):
+        the Estimator's default name-based Saver takes ``keep_checkpoint_max`` and
+        ``keep_checkpoint_every_n_hours`` from it; keras_lib's object-based Saver keeps its
+        defaults (5 kept, one every 10,000 hours)."""
+        saver_def = type(self.meta.saver_def)()
+        saver_def.CopyFrom(self.meta.saver_def)
+        if not self.object_based:
+            saver_def.max_to_keep = config.keep_checkpoint_max or 0  # None or 0: keep all
+            saver_def.keep_checkpoint_every_n_hours = config.keep_checkpoint_every_n_hours
+        return saver_def
+
+    def begin(self, config):
+        """A ``train()`` call begins: stock's Saver for it (see the module)."""
+        self._open()
+        with self.graph.as_default():
+            self._saver = tf.compat.v1.train.Saver(saver_def=self.saver_def(config))
+            self._saver.build()  # its clock for keep_checkpoint_every_n_hours starts here
+            state = tf.train.get_checkpoint_state(config.model_dir)
+            if state is not None:  # stock's rotation continues over the run's earlier ones
+                # (once, as stock's session restoring them: their files' times are seconds)
+                self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
 
     def _open(self):
         if self._session is None:
             with self.graph.as_default():
                 self._session = tf.compat.v1.Session(graph=self.graph)
                 self._variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
-                self._saver = tf.compat.v1.train.Saver(saver_def=self.meta.saver_def)
                 self._session.run(tf.compat.v1.global_variables_initializer())
         return self._session
 
@@ -90,9 +119,6 @@ class StockCheckpoints:
                 if value is not None:
                     variable = self._variables[name]
                     variable.load(np.asarray(value).astype(variable.dtype.as_numpy_dtype), session)
-            state = tf.train.get_checkpoint_state(model_dir)
-            if state is not None:  # stock's rotation continues over the run's earlier ones
-                self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
             return self._saver.save(
                 session, os.path.join(model_dir, "model.ckpt"), global_step=int(step)
             )

@@ -9,8 +9,9 @@ input_fn running in TensorFlow on the host.
 - Train: :class:`tpushim._jax._step.Trainer` (``iterations_per_loop`` steps per compiled call),
   starting from the model_dir's newest checkpoint (either format, stock's names) or else from
   the Keras model's weights (stock's warm start), saving stock's checkpoints
-  (:mod:`tpushim._jax._checkpoint`) at step 0, every ``save_checkpoints_steps`` and at the end;
-  stock's ``loss = ..., step = N`` lines every ``log_step_count_steps``.
+  (:mod:`tpushim._jax._checkpoint`) at each call's first step, every ``save_checkpoints_steps`` and at the end;
+  stock's ``loss = ..., step = N (x sec)`` lines (its LoggingTensorHook's: the call's first
+  step, then every ``log_step_count_steps``), its NaN check (``NanLossDuringTrainingError``).
 - Evaluate: the inference outputs and each batch's loss over its real rows in JAX, the model's
   compiled metrics updated on the host (a copy of the model compiled as the user compiled it):
   stock's ``loss`` (the mean of the batches' losses), metric names and ``global_step``.
@@ -28,7 +29,16 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _input_fn, _metric_names, _observe, _source, _stock_graphs, _tfprivate
+from tpushim import (
+    _compiled_metrics,
+    _input_fn,
+    _metric_names,
+    _observe,
+    _source,
+    _step_losses,
+    _stock_graphs,
+    _tfprivate,
+)
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -150,6 +160,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
       conversion: the :class:`tpushim._jax._build.JaxConversion` of the model.
     """
 
+    _tpushim_label = "the JAX engine's estimator"  # how stock's estimator around it says it
+
     def __init__(self, model_fn, config, warm_start_from, conversion):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
         self._tpushim_jax = conversion
@@ -244,12 +256,12 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             conversion.checkpoints.write(self.model_dir, step, values, slots)
 
         tf.io.gfile.makedirs(self.model_dir)
-        if tf.train.latest_checkpoint(self.model_dir) is None:
-            save(start)  # stock's model.ckpt-0
+        conversion.checkpoints.begin(config)  # stock's Saver for this call
+        save(start)  # as stock's CheckpointSaverHook at every session's start (model.ckpt-0)
         every = config.save_checkpoints_steps
         log_every = config.log_step_count_steps
         step, pending = start, [first]
-        saved = start
+        saved, logged_at = start, None
         while stop is None or step < stop:
             n = conversion.per_call if stop is None else min(conversion.per_call, stop - step)
             if every:
@@ -264,12 +276,18 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             if not chunk:
                 break
             split = [arrays.split(b, ModeKeys.TRAIN) for b in chunk]
-            losses = trainer.train([(f, y, None) for f, y in split])
+            ran = time.monotonic()
+            losses = [np.float32(loss) for loss in trainer.train([(f, y, None) for f, y in split])]
+            took = (time.monotonic() - ran) / len(losses)  # each step's share of the call
             for k, loss in enumerate(losses):
+                if np.isnan(loss):  # stock's NanTensorHook, before its LoggingTensorHook
+                    tf.compat.v1.logging.error(_step_losses.NAN_MESSAGE)
+                    raise tf.compat.v1.train.NanLossDuringTrainingError
                 if log_every and (step + k - start) % log_every == 0:
-                    tf_logger.info("loss = %s, step = %s", float(loss), step + k)
-                if not np.isfinite(loss):
-                    raise RuntimeError(f"NaN loss during training (step {step + k}).")
+                    at = ran + (k + 1) * took
+                    elapsed = None if logged_at is None else at - logged_at
+                    _step_losses._log_line(loss, step + k, elapsed)  # LoggingTensorHook's line
+                    logged_at = at
             step += len(chunk)
             if every and step >= saved + every:
                 save(step)
@@ -280,7 +298,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             self.model_dir, f"model.ckpt-{step}"
         ):
             save(step)
-        tf_logger.info("Loss for final step: %s.", float(losses[-1]) if step > start else None)
+        tf_logger.info("Loss for final step: %s.", losses[-1] if step > start else None)
         return step - start
 
     # -- evaluate ---------------------------------------------------------------------------------
@@ -300,6 +318,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model)
         metrics = conversion.metrics_model()
+        update = _metrics_update(metrics)
         losses, size = [], None
         batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
         try:
@@ -317,11 +336,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 )
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
-                metrics.compiled_metrics.update_state(
-                    _one_or_list([tf.constant(y) for y in labels]),
-                    _one_or_list([tf.constant(o) for o in outputs]),
-                    None,
-                )
+                update([tf.constant(y) for y in labels], [tf.constant(o) for o in outputs])
         finally:
             batches.close()
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
@@ -388,6 +403,14 @@ def _eager_classes(keras_model):
     _tfprivate.keras.restore_v2_classes(keras_model)
 
 
-def _one_or_list(values):
-    """One output's value, or a list in the model's output order (Keras's metrics container)."""
-    return values[0] if len(values) == 1 else list(values)
+def _metrics_update(metrics_model):
+    """A ``tf.function`` updating the model's compiled metrics with one batch's real labels and
+    outputs (lists in its output order) as stock's graph does: its metrics picked as stock's,
+    a [batch] label of a [batch, 1] output handed to them as stock's graph hands it."""
+
+    @tf.function(reduce_retracing=True)
+    def update(labels, outputs):
+        none = [None] * len(labels)  # the engine takes no sample weights from the input yet
+        _compiled_metrics.update(metrics_model, labels, outputs, none, [False] * len(labels))
+
+    return update

@@ -1,12 +1,17 @@
 """The optimizer's update in JAX, as tf-keras computes it: the kernels its legacy optimizers call
-(``ResourceApplyKerasMomentum``, ``ResourceApplyGradientDescent``, ``ResourceApplyAdam``) and
-its v2 optimizers' arithmetic, which are the same updates. The state is Keras's: ``iterations``
-and one slot per trainable weight under Keras's slot names (``momentum``; ``m``, ``v``).
+(``ResourceApplyKerasMomentum``, ``ResourceApplyGradientDescent``, ``ResourceApplyAdam``,
+``ResourceApplyRMSProp``, ``ResourceApplyCenteredRMSProp``, ``ResourceApplyAdagradV2``) and its
+v2 optimizers' arithmetic (the same updates for SGD and Adam; RMSprop's and Adagrad's put
+epsilon elsewhere). The state is Keras's: ``iterations`` and one slot per trainable weight under
+Keras's slot names (``momentum``; ``m``, ``v``; ``rms``, ``momentum``, ``mg``; ``accumulator``;
+the v2 RMSprop's ``velocity``, ``momentum``, ``average_gradient``), starting where Keras starts
+them (zeros; Adagrad's at ``initial_accumulator_value``).
 
-SGD (with momentum and nesterov) and Adam, in either spelling (``tf.keras.optimizers.SGD`` /
-``Adam`` and their ``legacy`` twins, or the strings 'sgd' / 'adam' compile made them from). Every
-other optimizer, a learning-rate schedule, ``decay``, ``amsgrad`` and gradient clipping are
-refused by name until the engine computes them.
+SGD (with momentum and nesterov), Adam, RMSprop (momentum, centered) and Adagrad, in either
+spelling (``tf.keras.optimizers.SGD`` etc. and their ``legacy`` twins, or the strings compile
+made them from; a conversion trains with the legacy twin, as stock). Every other optimizer, a
+learning-rate schedule, ``decay``, ``amsgrad`` and gradient clipping are refused by name until
+the engine computes them.
 """
 
 import numbers
@@ -15,7 +20,7 @@ import jax.numpy as jnp
 
 from tpushim._errors import ConversionError
 
-_SUPPORTED = "SGD (momentum, nesterov) and Adam"
+_SUPPORTED = "SGD (momentum, nesterov), Adam, RMSprop and Adagrad"
 
 
 def _refuse(what):
@@ -38,6 +43,7 @@ class Optimizer:
     ``update(params, grads, state)`` -> (params, state), for dicts of trainable weights."""
 
     slots = ()
+    initial = 0.0  # the slots' starting value
 
     def __init__(self, keras_optimizer):
         config = keras_optimizer.get_config()
@@ -50,11 +56,12 @@ class Optimizer:
             _refuse("a v2 optimizer's weight_decay or use_ema")
         self.learning_rate = _number(config, "learning_rate", keras_optimizer)
         self.config = config
+        self.legacy = ".legacy." in (type(keras_optimizer).__module__ or "")
 
     def init(self, params):
         state = {"iterations": jnp.zeros([], jnp.int64 if _x64() else jnp.int32)}
         for slot in self.slots:
-            state[slot] = {k: jnp.zeros_like(v) for k, v in params.items()}
+            state[slot] = {k: jnp.full_like(v, self.initial) for k, v in params.items()}
         return state
 
 
@@ -115,7 +122,91 @@ class Adam(Optimizer):
         return new, {"iterations": state["iterations"] + 1, "m": ms, "v": vs}
 
 
-_BY_NAME = {"SGD": SGD, "Adam": Adam}
+class RMSprop(Optimizer):
+    def __init__(self, keras_optimizer):
+        super().__init__(keras_optimizer)
+        self.rho = _number(self.config, "rho", keras_optimizer)
+        self.momentum = _number(self.config, "momentum", keras_optimizer)
+        self.epsilon = float(self.config.get("epsilon", 1e-7))
+        self.centered = bool(self.config.get("centered", False))
+        if self.legacy:
+            names = ("rms", "momentum", "mg")
+        else:
+            names = ("velocity", "momentum", "average_gradient")
+        self.ms, self.mom, self.mg = names
+        self.slots = (self.ms,) + ((self.mom,) if self.momentum else ())
+        self.slots += (self.mg,) if self.centered else ()
+
+    def update(self, params, grads, state):
+        lr, rho = jnp.float32(self.learning_rate), jnp.float32(self.rho)
+        momentum, eps = jnp.float32(self.momentum), jnp.float32(self.epsilon)
+        new = {}
+        out = {slot: {} for slot in self.slots}
+        for k in params:
+            g, ms = grads[k], state[self.ms][k]
+            mg = state[self.mg][k] if self.centered else None
+            if self.legacy and self.momentum:  # ResourceApply(Centered)RMSProp
+                ms = ms + (jnp.square(g) - ms) * (1 - rho)
+                denom = ms
+                if self.centered:
+                    mg = mg + (g - mg) * (1 - rho)
+                    denom = ms - jnp.square(mg)
+                mom = state[self.mom][k] * momentum + _rsqrt(denom + eps) * lr * g
+                new[k] = params[k] - mom
+            elif self.legacy:  # its Python arithmetic without momentum
+                ms = rho * ms + (1 - rho) * jnp.square(g)
+                denom = ms
+                if self.centered:
+                    mg = rho * mg + (1 - rho) * g
+                    denom = ms - jnp.square(mg)
+                new[k] = params[k] - lr * g / (jnp.sqrt(denom) + eps)
+                mom = None
+            else:  # the v2 optimizer's update_step
+                ms = rho * ms + (1 - rho) * jnp.square(g)
+                denom = ms + eps
+                if self.centered:
+                    mg = rho * mg + (1 - rho) * g
+                    denom = ms - jnp.square(mg) + eps
+                increment = lr * g * _rsqrt(denom)
+                mom = state[self.mom][k] * momentum + increment if self.momentum else None
+                new[k] = params[k] - (mom if self.momentum else increment)
+            out[self.ms][k] = ms
+            if self.momentum:
+                out[self.mom][k] = mom
+            if self.centered:
+                out[self.mg][k] = mg
+        return new, {"iterations": state["iterations"] + 1, **out}
+
+
+class Adagrad(Optimizer):
+    slots = ("accumulator",)
+
+    def __init__(self, keras_optimizer):
+        super().__init__(keras_optimizer)
+        self.initial = _number(self.config, "initial_accumulator_value", keras_optimizer)
+        self.epsilon = float(self.config.get("epsilon", 1e-7))
+
+    def update(self, params, grads, state):
+        lr, eps = jnp.float32(self.learning_rate), jnp.float32(self.epsilon)
+        new, accs = {}, {}
+        for k in params:
+            g = grads[k]
+            acc = state["accumulator"][k] + jnp.square(g)
+            if self.legacy:  # ResourceApplyAdagradV2
+                new[k] = params[k] - lr * g / (jnp.sqrt(acc) + eps)
+            else:  # the v2 optimizer's update_step
+                new[k] = params[k] - lr * g / jnp.sqrt(acc + eps)
+            accs[k] = acc
+        return new, {"iterations": state["iterations"] + 1, "accumulator": accs}
+
+
+def _rsqrt(x):
+    import jax
+
+    return jax.lax.rsqrt(x)
+
+
+_BY_NAME = {"SGD": SGD, "Adam": Adam, "RMSprop": RMSprop, "Adagrad": Adagrad}
 
 
 def of(keras_optimizer):

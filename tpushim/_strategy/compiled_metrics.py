@@ -5,7 +5,7 @@ reads them)."""
 
 import tensorflow as tf
 
-from tpushim import _padding, _tfprivate
+from tpushim import _compiled_metrics, _tfprivate
 from tpushim._strategy.clone import clone
 
 
@@ -54,47 +54,6 @@ def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
                 output = tf.identity(output) if how is None else output
                 output._keras_mask = mask
             carried.append(output)
-        _tfprivate.keras_compile.build_compiled_metrics(
-            metrics_model, _one_or_list(labels), _one_or_list(carried)
-        )
-        as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
-        update = metrics_model.compiled_metrics.update_state
-        per_output = list(weights)
-        outputs, weights = _one_or_list(carried), _one_or_list(weights)
-        if all(a is y for a, y in zip(as_stock, labels)):
-            update(_one_or_list(labels), outputs, weights)
-            return
-        # [batch] labels of a [batch, 1] output: weighted_metrics weigh each row, as Keras's
-        # model.evaluate reads them ([batch, 1]; stock's estimator leaves them unweighted),
-        # the others as stock's graph (one value per batch where they reduce the last axis).
-        with _tfprivate.keras_compile.compiled_metrics_only(metrics_model, weighted=False):
-            update(_one_or_list(as_stock), outputs, weights)
-        # (an output without sample weights: as stock's graph, unweighted)
-        weighed = has_weight or [True] * len(labels)
-        rows = [
-            _padding.row_labels(y, o) if w else a
-            for y, o, a, w in zip(labels, carried, as_stock, weighed)
-        ]
-        if not all(weighed):
-            weights = _one_or_list([w if given else None for w, given in zip(per_output, weighed)])
-        with _tfprivate.keras_compile.compiled_metrics_only(metrics_model, weighted=True):
-            update(_one_or_list(rows), outputs, weights)
+        _compiled_metrics.update(metrics_model, labels, carried, weights, has_weight)
 
     return update
-
-
-def _as_in_stocks_graph(label, output):
-    """A [batch] label of a [batch, 1] output without a static rank, so Keras's metrics container
-    does not expand it to [batch, 1] as it does in ``model.evaluate``: stock's graph hands it to
-    each metric as it is, and a metric reducing the last axis (``mae``) then gives one value per
-    batch, which stock averages over the batches."""
-    if _padding.row_labels(label, output) is label:
-        return label
-    return tf.compat.v1.placeholder_with_default(label, shape=None)
-
-
-def _one_or_list(values):
-    """One output's value, or a list in the model's output order: Keras's metrics container zips
-    it with its output names (a dict it would order by name: a model whose outputs are not named
-    in alphabetical order had its metrics' names swapped, zeta_accuracy holding alpha's)."""
-    return values[0] if len(values) == 1 else list(values)

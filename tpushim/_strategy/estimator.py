@@ -43,6 +43,7 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
     """The stock Estimator whose ``train``, ``evaluate`` and ``predict`` run the Keras model under
     a ``tf.distribute`` strategy (see the module's docstring for why it subclasses Estimator)."""
 
+    _tpushim_label = "the strategy engine's estimator"  # how stock's estimator around it says it
     #: The metric_fns ``tf.estimator.add_metrics`` added to its evaluation, in order (:func:`add_metrics`).
     _tpushim_metric_fns = ()
 
