@@ -108,6 +108,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in STRATEGY_PROOFS or item.originalname in STRATEGY_SCRIPT_TESTS:
             item.add_marker(pytest.mark.strategy_proof)
+        if item.path.name == "test_scripts.py" and item.path.parent.name == "tpuestimator":
+            item.add_marker(pytest.mark.legacy_scripts)
     if not _versions.uses_own_estimator():
         if os.environ.get("TPUSHIM_TEST_EVERY_PROOF") != "1":
             newest_only = pytest.mark.skip(reason=NEWEST_ONLY_REASON)
