@@ -260,7 +260,87 @@ out["errors"] = errors
 print("RESULT " + json.dumps(out))
 """
 
-SCENARIOS = {"shuffle": SHUFFLE, "exporters": EXPORTERS, "distribute": DISTRIBUTE}
+# RunConfig(train_distribute=, eval_distribute=) with a MirroredStrategy of several replicas (2 and
+# 4 logical CPU devices, made before TensorFlow initialises; the session's device_count gives a
+# tf.compat.v1 session those devices), model_to_estimator's v1 spelling (name-based checkpoints:
+# stock's v2 spelling fails there, building its Saver inside a replica) and the v1 strategy class:
+# each replica takes its own batch of the input_fn's Dataset (a step reads replicas x 8 rows),
+# BatchNormalization's statistics are each replica's, the evaluated loss is the replicas' mean of
+# each one's loss divided by the replicas (stock's).
+REPLICAS = """
+import json, os, random, sys
+{patch}
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+
+def model():
+    random.seed(0); np.random.seed(0); tf.random.set_seed(0)
+    m = tf.keras.Sequential([tf.keras.layers.Dense(8, input_shape=(4,), name="hidden"),
+                             tf.keras.layers.BatchNormalization(name="norm"),
+                             tf.keras.layers.Activation("tanh", name="tanh"),
+                             tf.keras.layers.Dense(1, name="out")])
+    m.compile(tf.keras.optimizers.SGD(0.05, momentum=0.5), "mse", metrics=["mae"])
+    return m
+
+rng = np.random.RandomState(0)
+x = rng.normal(size=(100, 4)).astype("float32")
+y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32") + 0.1).astype("float32")
+contexts = []
+
+def train(input_context=None):
+    if input_context is not None:
+        contexts.append([input_context.num_input_pipelines, input_context.input_pipeline_id,
+                         input_context.num_replicas_in_sync])
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+
+test = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+session = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_count={{"CPU": 4}})
+
+def run(name, convert=tf.compat.v1.keras.estimator.model_to_estimator, **config):
+    conf = tf.estimator.RunConfig(tf_random_seed=1, session_config=session,
+                                  model_dir=os.path.join(sys.argv[1], name), **config)
+    est = convert(model(), config=conf)
+    est.train(train, steps=6)
+    out = {{k: float(v) for k, v in est.evaluate(test).items()}}
+    out["predictions"] = [float(p["out"][0]) for p in est.predict(test)][:5]
+    out["weights"] = {{n: float(np.sum(est.get_variable_value(n)))
+                      for n in est.get_variable_names() if n.split("/")[0] in ("hidden", "norm", "out")
+                      and "momentum" not in n.lower()}}
+    return out
+
+devices = lambda n: ["/cpu:%d" % i for i in range(n)]
+if os.environ.get("REPLICAS_ONLY"):  # one case of the scenario (a test's negative control)
+    n = int(os.environ["REPLICAS_ONLY"])
+    strategy = tf.distribute.MirroredStrategy(devices(n))
+    out = {{"mirrored%d" % n: run("m%d" % n, train_distribute=strategy, eval_distribute=strategy)}}
+    print("RESULT " + json.dumps(out))
+    sys.exit(0)
+out = {{"plain": run("plain")}}
+for n in (2, 4):
+    strategy = tf.distribute.MirroredStrategy(devices(n))
+    out["mirrored%d" % n] = run("m%d" % n, train_distribute=strategy, eval_distribute=strategy)
+out["input_contexts"] = contexts
+out["v1_mirrored2"] = run("v1", train_distribute=tf.compat.v1.distribute.MirroredStrategy(devices(2)),
+                          eval_distribute=tf.compat.v1.distribute.MirroredStrategy(devices(2)))
+out["train_only4"] = run("t4", train_distribute=tf.distribute.MirroredStrategy(devices(4)))
+try:
+    run("v2", convert=tf.keras.estimator.model_to_estimator,
+        train_distribute=tf.distribute.MirroredStrategy(devices(2)))
+    out["v2_object_checkpoints"] = None
+except Exception as e:
+    out["v2_object_checkpoints"] = type(e).__name__
+    written = os.path.join(sys.argv[1], "v2")
+    out["v2_object_checkpoints_written"] = sorted(os.listdir(written)) if os.path.isdir(written) else []
+print("RESULT " + json.dumps(out))
+"""
+
+SCENARIOS = {
+    "shuffle": SHUFFLE,
+    "exporters": EXPORTERS,
+    "distribute": DISTRIBUTE,
+    "replicas": REPLICAS,
+}
 
 
 def run(name, workdir, patch="", python=sys.executable, env=None):

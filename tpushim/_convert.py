@@ -124,7 +124,7 @@ class _StockEstimatorEra:
         """The conversion's first half: every check that needs no network first, then the TPU
         (a bare TPU name is looked up through the metadata server); nothing is written before
         all of them pass. A :class:`tpushim._engines.Prepared`."""
-        from tpushim import _engines, _loss_kinds, _tfprivate, _validation
+        from tpushim import _decision, _engines, _loss_kinds, _tfprivate, _validation
 
         tpu = decision.tpu
         keras_model = _load_model(arguments)
@@ -134,6 +134,7 @@ class _StockEstimatorEra:
         )
         optimizer = _validation.validate(keras_model, custom_objects)
         _validation.check_cluster(arguments["config"])
+        check_replicas(arguments["config"], decision.action == _decision.CPU)
         loss_plan = _loss_kinds.plan(keras_model, custom_objects)  # validate() made it: cached
         # The engine's own refusals, before anything is written (the TPU resolved below).
         plan = engine.plan(keras_model, optimizer, custom_objects, settings, tpu, lambda: cluster)
@@ -200,7 +201,7 @@ class _OwnEstimatorEra:
         A :class:`tpushim._engines.Prepared`."""
         import tensorflow as tf
 
-        from tpushim import _engines, _tfprivate
+        from tpushim import _decision, _engines, _tfprivate
         from tpushim._errors import ConversionError
         from tpushim._estimator_api import _keras as api_keras
 
@@ -245,6 +246,7 @@ class _OwnEstimatorEra:
             optimizer, tf.keras.optimizers.Optimizer
         ):  # as stock: a new-style optimizer becomes its legacy twin (estimators need one)
             optimizer = tf.keras.__internal__.optimizers.convert_to_legacy_optimizer(optimizer)
+        check_replicas(arguments["config"], decision.action == _decision.CPU)
         cluster = tpu_resolver(engine, tpu)
         plan = engine.plan(keras_model, optimizer, custom_objects, settings, tpu, lambda: cluster)
         check_tpu_answers(cluster, tpu)
@@ -320,3 +322,29 @@ def _load_model(arguments):
         )
     logger.info("loading model from %s", keras_model_path)
     return tf.keras.models.load_model(keras_model_path, custom_objects=arguments["custom_objects"])
+
+
+def check_replicas(config, cpu_mode):
+    """Refuses, before anything is written, cpu mode for a RunConfig whose strategy has several
+    replicas. Stock's MirroredStrategy gives each replica a batch of its own from the input_fn
+    (a step reads replicas x its batch); cpu mode runs a TPU's path, where the input_fn's batch
+    is the global batch, split over the cores: its numbers cannot be stock's. (On a TPU the
+    strategy is not the TPU's, and is ignored, with a warning.)"""
+    if not cpu_mode:
+        return
+    for key in ("train_distribute", "eval_distribute"):
+        strategy = getattr(config, key, None)
+        replicas = getattr(strategy, "num_replicas_in_sync", 1) if strategy is not None else 1
+        if replicas > 1:
+            from tpushim._errors import ConversionError
+
+            raise ConversionError(
+                f"RunConfig({key}={type(strategy).__name__}) over {replicas} replicas gives "
+                f"each replica a batch of its own from the input_fn ({replicas} x its batch a "
+                "step), as stock trains it; tpushim's mode 'cpu' runs a TPU's path, where the "
+                "input_fn's batch is the global batch split over the cores, so it cannot give "
+                "stock's numbers. To train over the replicas as stock does, run without mode "
+                "'cpu' (with no TPU, mode 'auto' trains as stock); to preview the TPU run, leave "
+                f"{key} out of RunConfig and give the input_fn the global batch ({replicas} x "
+                "its batch)."
+            )

@@ -158,8 +158,10 @@ import tpushim; tpushim.patch()
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+strategy = tf.distribute.experimental.CentralStorageStrategy(["/cpu:0", "/cpu:1"])
 out = {}
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+out["mirrored"] = tf.estimator.RunConfig(train_distribute=mirrored).train_distribute is mirrored
 for key, make in dict(
     train_distribute=lambda: tf.estimator.RunConfig(train_distribute=strategy),
     eval_distribute=lambda: tf.estimator.RunConfig(eval_distribute=strategy, model_dir=sys.argv[1]),
@@ -183,21 +185,25 @@ print("RESULT " + json.dumps(out))
 
 
 def test_a_distribution_strategy_or_a_cluster_is_refused_by_name_before_anything_runs(tmp_path):
-    # A strategy of two replicas, or a cluster of two tasks: stock 2.15 trains over them;
-    # tpushim's estimator API cannot (one graph, one process): it says so, naming the argument and what
-    # to do, instead of training on one device as if the strategy were there. (One replica and a
-    # cluster of one chief train, with stock's numbers: tests/tpuestimator/test_run_config_distribute.py.)
+    # A strategy of two replicas other than a MirroredStrategy, or a cluster of two tasks: stock
+    # 2.15 trains over them; tpushim's estimator API cannot (one process; several replicas only
+    # as a MirroredStrategy): it says so, naming the argument and what to do, instead of training
+    # on one device as if the strategy were there. (One replica, a MirroredStrategy of several
+    # and a cluster of one chief train, with stock's numbers:
+    # tests/tpuestimator/test_run_config_distribute.py.)
     model_dir = tmp_path / "model"
     proc = procs.python([model_dir], code=DISTRIBUTE, env={"PYTHONPATH": ROOT, **ENV})
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     got = json.loads(lines[-1][len("RESULT ") :])
+    assert got.pop("mirrored") is True
     for key in ("train_distribute", "eval_distribute", "replace"):
         name = "train_distribute" if key == "replace" else key
         assert got[key].startswith(
-            f"RunConfig({name}=MirroredStrategy) over 2 replicas is not supported by tpushim's "
-            "estimator API"
+            f"RunConfig({name}=CentralStorageStrategy) over 2 replicas is not supported by "
+            "tpushim's estimator API"
         ), got[key]
+        assert "tf.distribute.MirroredStrategy over the same devices" in got[key]
         assert "strategy one device" in got[key] and "TensorFlow <= 2.15" in got[key]
     assert got["TF_CONFIG"].startswith(
         "TF_CONFIG names a cluster of tf.estimator tasks (1 chief, 1 worker; this process: worker 0)"

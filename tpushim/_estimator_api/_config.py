@@ -106,9 +106,11 @@ def _check_distribution(values):
     """A tf.distribute strategy in RunConfig, as tpushim's Estimator honours it: one replica on one
     worker (``MirroredStrategy()`` on a machine with at most one GPU, ``OneDeviceStrategy``, a
     one-worker ``MultiWorkerMirroredStrategy``) computes what one graph computes, so the model
-    trains in one graph with stock's numbers (placed by TensorFlow's default placement); more
-    replicas are refused by name, before anything runs (never trained on one device as if the
-    strategy were there)."""
+    trains in one graph with stock's numbers (placed by TensorFlow's default placement); a
+    ``MirroredStrategy`` (either API's) of several replicas runs over them as stock ran it (each
+    replica its own batch of the input_fn's); other strategies of several replicas are refused
+    by name, before anything runs (never trained on one device as if the strategy were
+    there)."""
     if values.get("experimental_distribute") is not None:
         raise NotImplementedError(
             "RunConfig(experimental_distribute=...) is not supported by tpushim's estimator "
@@ -129,14 +131,20 @@ def _check_distribution(values):
                 name,
             )
             continue
+        if isinstance(strategy, (tf.distribute.MirroredStrategy, _MIRRORED_V1)):
+            continue  # stock's way over every replica: _estimator.Estimator's distributed path
         raise NotImplementedError(
             f"RunConfig({key}={name}) over {replicas} replicas is not supported by tpushim's "
-            "estimator API on TensorFlow >= 2.16, which trains in one graph. Give the "
-            "strategy one device (MirroredStrategy(devices=['/gpu:0'])) or leave it unset (the "
-            "model then trains in one graph placed by TensorFlow's default placement, on the "
-            "first GPU where the machine has one), or run this script with TensorFlow <= 2.15 "
-            "(Python <= 3.11) to train over every replica."
+            "estimator API on TensorFlow >= 2.16, which runs several replicas only for a "
+            "MirroredStrategy (its devices on this machine). Use "
+            "tf.distribute.MirroredStrategy over the same devices, give the strategy one "
+            "device, or leave it unset (the model then trains in one graph placed by "
+            "TensorFlow's default placement, on the first GPU where the machine has one); or "
+            "run this script with TensorFlow <= 2.15 (Python <= 3.11)."
         )
+
+
+_MIRRORED_V1 = tf.compat.v1.distribute.MirroredStrategy
 
 
 # RunConfig's values for one local process (a TF_CONFIG without a cluster, or none).

@@ -11,6 +11,7 @@ because train/evaluate/predict/export share the graph set-up.
 
 import os
 import time
+import types
 
 import numpy as np
 import tensorflow as tf
@@ -46,6 +47,20 @@ class _DatasetInitializerHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self):
         self._initializer = self._iterator.initializer
+
+    def after_create_session(self, session, coord):
+        del coord
+        session.run(self._initializer)
+
+
+class _DistributedIteratorInitializerHook(tf.compat.v1.train.SessionRunHook):
+    """Initialises a strategy's input iterator (every replica's) when the session is created."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+
+    def begin(self):
+        self._initializer = self._iterator.initialize()
 
     def after_create_session(self, session, coord):
         del coord
@@ -186,7 +201,7 @@ class Estimator:
 
     # --- calls ---------------------------------------------------------------------------------
 
-    def _call_input_fn(self, input_fn, mode):
+    def _call_input_fn(self, input_fn, mode, input_context=None):
         args = _fn_args(input_fn)
         kwargs = {}
         if "mode" in args:
@@ -195,6 +210,12 @@ class Estimator:
             kwargs["params"] = self.params
         if "config" in args:
             kwargs["config"] = self.config
+        if input_context is not None and "input_context" in args:
+            tf.compat.v1.logging.info(
+                "The `input_fn` accepts an `input_context` which will be given by "
+                "DistributionStrategy"
+            )
+            kwargs["input_context"] = input_context
         with tf.compat.v1.device("/cpu:0"):
             return input_fn(**kwargs)
 
@@ -230,6 +251,24 @@ class Estimator:
             )
         return parse_input_fn_result(result)
 
+    def _distributed_input(self, strategy, input_fn, mode):
+        """Stock's input under a strategy of several replicas: the input_fn is called once per
+        input pipeline (one on one machine) with its ``InputContext``, and each replica takes
+        its own element of the Dataset in turn, so the input_fn's batch is each replica's and a
+        step reads replicas x batch rows."""
+
+        def call(input_context):
+            result = self._call_input_fn(input_fn, mode, input_context)
+            if _observe.has_observers():
+                _observe.input_called(
+                    _observe.InputCall(_observe.current_call(), mode, result, None, 0)
+                )
+            return result
+
+        iterator = strategy.make_input_fn_iterator(call)
+        features, labels, _ = parse_input_fn_result(iterator.get_next())
+        return features, labels, [_DistributedIteratorInitializerHook(iterator)]
+
     def _maybe_warm_start(self, checkpoint_path):
         if not checkpoint_path and self._warm_start_settings:
             tf.compat.v1.train.warm_start(*self._warm_start_settings)
@@ -256,12 +295,46 @@ class Estimator:
         hooks = list(hooks or [])
         if steps is not None or max_steps is not None:
             hooks.append(tf.compat.v1.train.StopAtStepHook(steps, max_steps))
+        strategy = self._config.train_distribute
+        if replicated(strategy):
+            loss = self._train_distributed(strategy, input_fn, hooks, saving_listeners)
+            tf.compat.v1.logging.info("Loss for final step: %s.", loss)
+            return self
         with tf.Graph().as_default() as graph, graph.device(self._config.device_fn):
             features, labels, input_hooks = self._new_graph(ModeKeys.TRAIN, input_fn)
             spec = self._call_model_fn(features, labels, ModeKeys.TRAIN)
             loss = self._train_with_spec(spec, input_hooks, hooks, saving_listeners)
         tf.compat.v1.logging.info("Loss for final step: %s.", loss)
         return self
+
+    def _train_distributed(self, strategy, input_fn, hooks, saving_listeners):
+        """Trains over the strategy's replicas as stock 2.15 did: each replica runs the model_fn
+        on its own batch, a v1 optimizer's loss is divided by the replicas, and the replicas'
+        gradients are summed by the strategy; the reported loss is their sum."""
+        strategy.configure(self._config.session_config)
+        graph = tf.Graph()
+        with graph.as_default(), strategy.scope(), _tfprivate.scale_loss_for_estimator(strategy):
+            tf.compat.v1.random.set_random_seed(self._config.tf_random_seed)
+            features, labels, input_hooks = self._distributed_input(
+                strategy, input_fn, ModeKeys.TRAIN
+            )
+            global_step = tf.compat.v1.train.get_or_create_global_step(graph)
+            tf.compat.v1.add_to_collection(
+                _tfprivate.GLOBAL_STEP_READ_KEY, strategy.extended.read_var(global_step)
+            )
+            grouped = strategy.extended.call_for_each_replica(
+                self._call_model_fn, args=(features, labels, ModeKeys.TRAIN, self.config)
+            )
+            loss = strategy.reduce(_loss_reduction(graph), grouped.loss, axis=None)
+            spec = EstimatorSpec(
+                mode=grouped.mode,
+                loss=loss,
+                train_op=strategy.group(grouped.train_op),
+                training_hooks=_first_replicas(strategy, grouped.training_hooks),
+                training_chief_hooks=_first_replicas(strategy, grouped.training_chief_hooks),
+                scaffold=_combined_scaffold(grouped.scaffold, strategy),
+            )
+            return self._train_with_spec(spec, input_hooks, hooks, saving_listeners)
 
     def _train_with_spec(self, spec, worker_hooks, hooks, saving_listeners):
         config = self._config
@@ -387,20 +460,18 @@ class Estimator:
         return results
 
     def _evaluate_graph(self, input_fn, hooks, checkpoint_path):
-        features, labels, input_hooks = self._new_graph(ModeKeys.EVAL, input_fn)
-        spec = self._call_model_fn(features, labels, ModeKeys.EVAL)
-        metrics = dict(spec.eval_metric_ops)
-        if _LOSS_KEY in metrics:
-            raise ValueError(
-                f'Metric with name "{_LOSS_KEY}" is not allowed, because Estimator already '
-                "defines a default metric with the same name."
-            )
-        metrics[_LOSS_KEY] = tf.compat.v1.metrics.mean(spec.loss)
-        update_ops, eval_dict = [], {}
-        for key, (value, update) in sorted(metrics.items()):  # sorted: the same graph every time
-            eval_dict[key] = value
-            update_ops.append(update)
-        update_op = tf.group(*update_ops) if update_ops else None
+        strategy = self._config.eval_distribute
+        if replicated(strategy):
+            spec, update_op, eval_dict, input_hooks = self._evaluate_distributed(strategy, input_fn)
+        else:
+            features, labels, input_hooks = self._new_graph(ModeKeys.EVAL, input_fn)
+            spec = self._call_model_fn(features, labels, ModeKeys.EVAL)
+            metrics = _with_loss_metric(spec.eval_metric_ops, tf.compat.v1.metrics.mean(spec.loss))
+            update_ops, eval_dict = [], {}
+            for key, (value, update) in sorted(metrics.items()):  # the same graph every time
+                eval_dict[key] = value
+                update_ops.append(update)
+            update_op = tf.group(*update_ops) if update_ops else None
         global_step = tf.compat.v1.train.get_global_step()
         self._maybe_warm_start(checkpoint_path)
         if tf.compat.v1.GraphKeys.GLOBAL_STEP in eval_dict:
@@ -420,6 +491,32 @@ class Estimator:
                 copy_from_scaffold=scaffold,
             )
         return scaffold, update_op, eval_dict, all_hooks
+
+    def _evaluate_distributed(self, strategy, input_fn):
+        """Evaluation's graph over the strategy's replicas, as stock 2.15 built it: each replica
+        runs the model_fn on its own batch and updates the metrics (the loss's mean over the
+        replicas' losses, each divided by the replicas as training divides it)."""
+        graph = tf.compat.v1.get_default_graph()
+        tf.compat.v1.random.set_random_seed(self._config.tf_random_seed)
+        tf.compat.v1.train.create_global_step(graph)
+        features, labels, input_hooks = self._distributed_input(strategy, input_fn, ModeKeys.EVAL)
+        grouped = strategy.extended.call_for_each_replica(
+            self._call_model_fn, args=(features, labels, ModeKeys.EVAL, self.config)
+        )
+        loss = strategy.extended.call_for_each_replica(
+            tf.compat.v1.metrics.mean, args=(grouped.loss,)
+        )
+        metrics = _with_loss_metric(grouped.eval_metric_ops, loss)
+        update_ops, eval_dict = [], {}
+        for key, (value, update) in sorted(metrics.items()):
+            eval_dict[key] = value
+            update_ops.append(strategy.group(update))
+        update_op = tf.group(*update_ops) if update_ops else None
+        spec = types.SimpleNamespace(
+            scaffold=_combined_scaffold(grouped.scaffold, strategy),
+            evaluation_hooks=_first_replicas(strategy, grouped.evaluation_hooks),
+        )
+        return spec, update_op, eval_dict, input_hooks
 
     # --- predict -------------------------------------------------------------------------------
 
@@ -498,6 +595,78 @@ class Estimator:
 
 
 EstimatorV2 = Estimator
+
+
+def replicated(strategy):
+    """Whether RunConfig's strategy has several replicas (one replica trains in one graph, with
+    the numbers the strategy gives)."""
+    return strategy is not None and getattr(strategy, "num_replicas_in_sync", 1) > 1
+
+
+def _with_loss_metric(eval_metric_ops, loss_metric):
+    metrics = dict(eval_metric_ops)
+    if _LOSS_KEY in metrics:
+        raise ValueError(
+            f'Metric with name "{_LOSS_KEY}" is not allowed, because Estimator already '
+            "defines a default metric with the same name."
+        )
+    metrics[_LOSS_KEY] = loss_metric
+    return metrics
+
+
+def _loss_reduction(graph):
+    """How the replicas' losses are reduced for the loss stock reports: the optimizer's loss
+    reduction where a v1 optimizer scaled the loss, else their sum."""
+    if _tfprivate.loss_scaled_by_optimizer(graph):
+        return tf.compat.v1.distribute.get_loss_reduction()
+    return tf.distribute.ReduceOp.SUM
+
+
+def _first_replicas(strategy, per_replica_hooks):
+    """The first replica's copy of each hook a model_fn returned on every replica."""
+    return [strategy.experimental_local_results(hook)[0] for hook in per_replica_hooks]
+
+
+def _combined_scaffold(grouped_scaffold, strategy):
+    """One Scaffold from every replica's (stock's way: their init, ready and local-init ops
+    grouped, the first replica's saver)."""
+    scaffolds = strategy.experimental_local_results(grouped_scaffold)
+
+    def grouped(values):
+        values = [v for v in values if v is not None]
+        return strategy.group(values) if values else None
+
+    def concatenated(value):
+        values = tf.nest.flatten(strategy.experimental_local_results(value))
+        return values[0] if len(values) == 1 else tf.concat(values, 0)
+
+    def ready_for_local_init(scaffold):
+        if scaffold.ready_for_local_init_op:
+            return scaffold.ready_for_local_init_op
+        return tf.compat.v1.train.Scaffold.get_or_default(
+            "ready_for_local_init_op",
+            tf.compat.v1.GraphKeys.READY_FOR_LOCAL_INIT_OP,
+            lambda: tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables()),
+        )
+
+    ready = strategy.extended.call_for_each_replica(
+        lambda scaffold: scaffold.ready_op, args=(grouped_scaffold,)
+    )
+    ready_for_local = strategy.extended.call_for_each_replica(
+        ready_for_local_init, args=(grouped_scaffold,)
+    )
+    init_fns = [f for f in map(_tfprivate.scaffold_init_fn, scaffolds) if f is not None]
+    savers = [s.saver for s in scaffolds if s.saver is not None]
+    return tf.compat.v1.train.Scaffold(
+        init_op=grouped([s.init_op for s in scaffolds]),
+        ready_op=None if ready is None else concatenated(ready),
+        ready_for_local_init_op=None if ready_for_local is None else concatenated(ready_for_local),
+        local_init_op=grouped([s.local_init_op for s in scaffolds]),
+        summary_op=grouped([s.summary_op for s in scaffolds]),
+        saver=savers[0] if savers else None,
+        init_feed_dict=grouped([s.init_feed_dict for s in scaffolds]),
+        init_fn=init_fns[0] if init_fns else None,
+    )
 
 
 def global_step_saved(model_dir):

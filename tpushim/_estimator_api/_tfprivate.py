@@ -17,6 +17,8 @@ StopAfterNEvalsHook = _evaluation._StopAfterNEvalsHook
 # The read of the global step stock's train() makes before calling input_fn (an op: it moves the
 # op-seed counter that unseeded random ops draw from, so it is made as stock makes it).
 get_or_create_global_step_read = _training_util._get_or_create_global_step_read
+# The collection that read lives in (stock adds the strategy's read of it there itself).
+GLOBAL_STEP_READ_KEY = _training_util.GLOBAL_STEP_READ_KEY
 # The object-based checkpoint of a converted Keras model (stock's model_to_estimator default).
 ObjectGraphView = _graph_view.ObjectGraphView
 frozen_saver = _checkpoint.frozen_saver
@@ -58,3 +60,27 @@ def compile_args(keras_model):
     """The arguments ``compile()`` was given (``loss``, ``loss_weights``, ...): the preflight's
     XLA check compiles its clone with them."""
     return keras_model._get_compile_args()
+
+
+# A tf.distribute strategy in RunConfig (train_distribute / eval_distribute), run as stock 2.15's
+# Estimator ran it: the flag that makes a v1 optimizer scale the loss by the replicas (the
+# strategy's own context manager), and the graph's mark that it did, which decides how the
+# reported loss is reduced over the replicas.
+def scale_loss_for_estimator(strategy):
+    """The strategy's context in which a v1 optimizer divides the loss by the replicas (stock's
+    ``_scale_loss_for_estimator_enabled``), or a context that does nothing."""
+    import contextlib
+
+    enabled = getattr(strategy, "_scale_loss_for_estimator_enabled", None)
+    return enabled() if enabled is not None else contextlib.nullcontext()
+
+
+def loss_scaled_by_optimizer(graph):
+    """Whether a v1 optimizer divided the loss by the replicas in ``graph``."""
+    return getattr(graph, "_is_loss_scaled_by_optimizer", False)
+
+
+def scaffold_init_fn(scaffold):
+    """The ``init_fn`` a Scaffold was given (None if none): stock's combined scaffold of every
+    replica's keeps the first."""
+    return scaffold._user_init_fn
