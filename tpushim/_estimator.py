@@ -200,24 +200,25 @@ class TPUShimEstimator(TPUEstimator):
             device = ctx.tpu_host_placement_function(host_id=0)
             return device, _tfprivate.tpu_input_context(ctx, device)
 
-    def _global_batch(self, facts):
-        """The global batch size of a call: tpushim's setting, else the one the input gives."""
-        if self._tpushim_plan.batch_size is not None:
-            return self._tpushim_plan.batch_size
-        return facts.batch_size
-
-    def _tpu_batch(self, mode, size):
-        """The global batch a call runs for stock's global batch ``size``: on a TPU the next
-        multiple of its replicas (one per core), the rows beyond ``size`` padding weighted 0
-        (:func:`tpushim._batching.tpu_batches`), so that every step is one of stock's batches."""
+    def _call_context(self, mode):
+        """This call's :class:`tpushim._plan.RunContext`: the plan's numbers on the replicas and
+        hosts TPUEstimator's context counts (on CPU: one replica, nothing padded)."""
         if not self._on_tpu(mode):
-            return size
+            return self._tpushim_plan.context(mode, on_tpu=False)
         with self._ctx.with_mode(mode) as ctx:
-            shards = ctx.num_replicas
-        if not shards or size % shards == 0:
-            return size
-        padded = _batch_math.padded_batch(size, shards)
-        _observe.note("batch-padding", "%s; %s.", *indivisible_batch(size, shards))
+            return self._tpushim_plan.context(mode, ctx.num_replicas, ctx.num_hosts)
+
+    def _tpu_batch(self, context, facts):
+        """The global batch a call runs for stock's global batch (the plan's, else the input's):
+        on a TPU the next multiple of its replicas (one per core), the rows beyond it padding
+        weighted 0 (:func:`tpushim._batching.tpu_batches`), so that every step is one of
+        stock's batches."""
+        size, padded = (
+            context.global_batch(facts.batch_size),
+            context.padded_batch(facts.batch_size),
+        )
+        if padded != size:
+            _observe.note("batch-padding", "%s; %s.", *indivisible_batch(size, context.replicas))
         return padded
 
     def _call_input_fn(self, input_fn, mode, input_context=None):
@@ -249,8 +250,9 @@ class TPUShimEstimator(TPUEstimator):
         facts = _input_fn.read_facts(
             first, count=count, count_unknown=thread.eval_steps is None, input_fn=input_fn
         )
-        size = self._global_batch(facts)
-        tpu_batch = self._tpu_batch(mode, size)
+        context = self._call_context(mode)
+        size = context.global_batch(facts.batch_size)  # stock's: the plan's, else the input's
+        tpu_batch = self._tpu_batch(context, facts)
         if mode == ModeKeys.TRAIN and facts.declared != size and _finite(first):
             with _input_fn.graph_session() as session:
                 rows = _batching.rows_held(first, session)
