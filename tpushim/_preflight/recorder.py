@@ -19,7 +19,7 @@ from tpushim._preflight import (
     model_checks,
     pod_checks,
     progress,
-    recording,
+    script_recorder,
     strategy_checks,
 )
 from tpushim._preflight.checks import check_model
@@ -48,9 +48,9 @@ class _Recorded:
         return next(((c, i) for c, i in self.calls if c.event == event), None)
 
 
-class Recorder(recording.ScriptRecorder):
+class Recorder(script_recorder.ScriptRecorder):
     """Records conversions and input_fn calls while a script runs in cpu mode; caps its steps
-    (:class:`tpushim._preflight.recording.ScriptRecorder`)."""
+    (:class:`tpushim._preflight.script_recorder.ScriptRecorder`)."""
 
     def __init__(self):
         super().__init__()

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpushim import _settings, _shapes
-from tpushim._preflight import input_checks, model_checks, progress, recording
+from tpushim._preflight import input_checks, model_checks, progress, script_recorder
 from tpushim._preflight.report import Report, failure_as_finding, script_frame, summary
 
 #: What the preflight on TensorFlow <= 2.15 checks that needs TPUEstimator, said in one note.
@@ -65,9 +65,9 @@ class _Recorded:
         return next(((c, i) for c, i in self.calls if c.event == event), None)
 
 
-class StrategyRecorder(recording.ScriptRecorder):
+class StrategyRecorder(script_recorder.ScriptRecorder):
     """Records the script's conversions and input_fn calls on tpushim's estimator API and caps their
-    steps (:class:`tpushim._preflight.recording.ScriptRecorder`), as
+    steps (:class:`tpushim._preflight.script_recorder.ScriptRecorder`), as
     :class:`tpushim._preflight.recorder.Recorder` does on the TPU path; its :meth:`report` runs
     the checks that need no TPUEstimator."""
 
