@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from tpushim import (
     _arrays,
-    _batch_math,
     _batching,
     _detect,
     _input_fn,
@@ -268,7 +267,7 @@ class TPUShimEstimator(TPUEstimator):
                 size,
             )
         if count:
-            thread.eval_steps = tpu_eval_steps(facts, size, thread.eval_steps)
+            thread.eval_steps = tpu_eval_steps(facts, context, thread.eval_steps)
         path = self._pod_path(first, mode, invocations) if invocations > 1 else None
         if path is not None:
             _pods.prepare(first, path, 0)  # the others are prepared as they are made
@@ -500,8 +499,9 @@ def _finite(result):
     return isinstance(result, tf.data.Dataset) and _input_fn.is_finite(result)
 
 
-def tpu_eval_steps(facts, global_batch, steps):
-    """The evaluation steps a TPU runs over an input of these :class:`_input_fn.InputFacts`.
+def tpu_eval_steps(facts, context, steps):
+    """The evaluation steps a TPU runs over an input of these :class:`_input_fn.InputFacts`, in
+    the call's :class:`tpushim._plan.RunContext`.
 
     A TPU runs exactly ``steps`` evaluation steps and cannot stop at the end of the input: for a
     finite input, as many padded batches as it holds (stock stops there too, or at ``steps`` if
@@ -517,9 +517,7 @@ def tpu_eval_steps(facts, global_batch, steps):
         return steps
     # Batched by the eval batch size, each of the input's batches is one step (a short one
     # padded); re-batched, the examples fill ceil(examples / global_batch) steps.
-    held = _batch_math.eval_batches_held(
-        facts.examples, facts.batches, facts.declared, global_batch
-    )
+    held = context.eval_steps(facts.examples, facts.batches, facts.declared, facts.batch_size)
     if steps is not None and steps > held:
         logger.info(
             "evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "

@@ -62,7 +62,7 @@ class ConversionPlan:
     def context(self, mode, replicas=1, hosts=1, on_tpu=True):
         """The :class:`RunContext` of one ``mode`` call on ``replicas`` replicas over ``hosts``
         hosts (``on_tpu`` False: the TPU code path on this machine's CPU, one replica)."""
-        return RunContext(self, mode, replicas, hosts, on_tpu)
+        return RunContext(mode, replicas, hosts, on_tpu, self.batch_size, self.iterations_per_loop)
 
 
 #: ModeKeys' values (``tf.estimator.ModeKeys``), without importing TensorFlow.
@@ -81,20 +81,25 @@ class RunContext:
     the TPUEstimator engine predicts on several hosts from one pipeline broadcast to every core
     (``SLICED``: TPUEstimator refuses per-host prediction there).
 
+    Made by :meth:`ConversionPlan.context` (the strategy engine's input makes one from the
+    batch size its plan gave it: :mod:`tpushim._strategy.input`).
+
     Attributes:
-      plan: the conversion's :class:`ConversionPlan`.
       mode: ``train``, ``eval`` or ``infer`` (``tf.estimator.ModeKeys``' values).
       replicas: the model's replicas (one per TPU core; the strategy's replicas in sync).
       hosts: the hosts (input pipelines) feeding them.
       on_tpu: False where the call runs the TPU code path on this machine's CPU (one replica,
         nothing padded), as TPUEstimator's ``is_running_on_cpu``.
+      batch_size: the plan's global batch size, or None (each call's input gives its own).
+      iterations_per_loop: the plan's training steps per TPU loop (``tf.function`` call).
     """
 
-    plan: ConversionPlan
     mode: str
     replicas: int = 1
     hosts: int = 1
     on_tpu: bool = True
+    batch_size: Any = None
+    iterations_per_loop: int = _settings.DEFAULT_ITERATIONS_PER_LOOP
 
     def __post_init__(self):
         if self.on_tpu and (self.replicas < 1 or self.hosts < 1 or self.replicas % self.hosts):
@@ -112,8 +117,7 @@ class RunContext:
 
     def global_batch(self, input_batch=None):
         """Stock's global batch of the call: the plan's batch size, else the input's."""
-        given = self.plan.batch_size
-        return given if given is not None else input_batch
+        return self.batch_size if self.batch_size is not None else input_batch
 
     def padded_batch(self, input_batch=None):
         """The global batch the replicas run (TPUEstimator's ``global_batch_size``): stock's,
@@ -143,11 +147,6 @@ class RunContext:
         if not self.on_tpu or per_replica is None:
             return per_replica
         return per_replica * self.replicas_per_host
-
-    @property
-    def iterations_per_loop(self):
-        """Training steps per TPU loop (TPUEstimator) or per ``tf.function`` call (strategy)."""
-        return self.plan.iterations_per_loop
 
     def eval_steps(self, examples, batches, declared, input_batch=None):
         """The evaluation steps a finite input of ``examples`` rows fills with this call's
