@@ -7,10 +7,9 @@ once to ``model_dir/keras/keras_model.ckpt``. The v2 spelling keeps object-based
 name-based ones, as stock.
 """
 
-import os
-
 import tensorflow as tf
 
+from tpushim import _first_checkpoint
 from tpushim._estimator_api import _tfprivate
 from tpushim._estimator_api._config import (
     EstimatorSpec,
@@ -196,34 +195,16 @@ def _keras_metrics(model, metric_names_map):
 
 
 def _save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt, on_graph=None):
-    """The user's weights as ``model_dir/keras/keras_model.ckpt``, where the estimator starts.
-    ``on_graph``: as :func:`tpushim._tfprivate.save_first_checkpoint`'s."""
-    keras_dir = os.path.join(config.model_dir, "keras")
-    latest = tf.train.latest_checkpoint(keras_dir)
-    if latest:
-        return latest
-    weights = keras_model.get_weights() if _any_weight_initialized(keras_model) else None
-    tf.io.gfile.makedirs(keras_dir)
-    path = os.path.join(keras_dir, "keras_model.ckpt")
-    with tf.Graph().as_default():
-        tf.compat.v1.random.set_random_seed(config.tf_random_seed)
-        tf.compat.v1.train.create_global_step()
-        model = _clone(ModeKeys.TRAIN, keras_model, custom_objects)
-        model._make_train_function()  # creates the optimizer's variables before the session
-        with tf.compat.v1.Session(config=config.session_config) as session:
-            if weights:
-                model.set_weights(weights)
-            _internal().backend.initialize_variables(session)
-            if save_object_ckpt:
-                model._track_trackable(
-                    tf.compat.v1.train.get_global_step(), "estimator_global_step"
-                )
-                model.save_weights(path)
-            else:
-                tf.compat.v1.train.Saver().save(session, path)
-        if on_graph is not None:
-            on_graph(model, tf.compat.v1.train.get_global_step())
-    return path
+    """The user's weights as ``model_dir/keras/keras_model.ckpt``, where the estimator starts
+    (:func:`tpushim._first_checkpoint.save`, with this API's clone)."""
+    return _first_checkpoint.save(
+        keras_model,
+        config,
+        save_object_ckpt,
+        lambda model: _clone(ModeKeys.TRAIN, model, custom_objects),
+        keras_model.get_weights() if _any_weight_initialized(keras_model) else None,
+        on_graph,
+    )
 
 
 def _assert_valid_model(model, custom_objects):
