@@ -276,9 +276,9 @@ def main(root):
     # Negative control: warm-started from the built model's weights, the engine leaves stock.
     original = _strategy_plan.Plan.__init__
 
-    def warm(self, keras_model, optimizer, custom_objects, loss_kinds, added, warm_start, *rest):
-        warm_start = [w.numpy() for w in keras_model.trainable_weights]
-        original(self, keras_model, optimizer, custom_objects, loss_kinds, added, warm_start, *rest)
+    def warm(self, **fields):  # the frozen Plan is made with its fields by name
+        fields["warm_start"] = [w.numpy() for w in fields["keras_model"].trainable_weights]
+        original(self, **fields)
 
     _strategy_plan.Plan.__init__ = warm
     try:

@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from tpushim import (
     _arrays,
-    _batch_math,
     _batching,
     _detect,
     _input_fn,
@@ -200,24 +199,25 @@ class TPUShimEstimator(TPUEstimator):
             device = ctx.tpu_host_placement_function(host_id=0)
             return device, _tfprivate.tpu.tpu_input_context(ctx, device)
 
-    def _global_batch(self, facts):
-        """The global batch size of a call: tpushim's setting, else the one the input gives."""
-        if self._tpushim_plan.batch_size is not None:
-            return self._tpushim_plan.batch_size
-        return facts.batch_size
-
-    def _tpu_batch(self, mode, size):
-        """The global batch a call runs for stock's global batch ``size``: on a TPU the next
-        multiple of its replicas (one per core), the rows beyond ``size`` padding weighted 0
-        (:func:`tpushim._batching.tpu_batches`), so that every step is one of stock's batches."""
+    def _call_context(self, mode):
+        """This call's :class:`tpushim._plan.RunContext`: the plan's numbers on the replicas and
+        hosts TPUEstimator's context counts (on CPU: one replica, nothing padded)."""
         if not self._on_tpu(mode):
-            return size
+            return self._tpushim_plan.context(mode, on_tpu=False)
         with self._ctx.with_mode(mode) as ctx:
-            shards = ctx.num_replicas
-        if not shards or size % shards == 0:
-            return size
-        padded = _batch_math.padded_batch(size, shards)
-        _observe.note("batch-padding", "%s; %s.", *indivisible_batch(size, shards))
+            return self._tpushim_plan.context(mode, ctx.num_replicas, ctx.num_hosts)
+
+    def _tpu_batch(self, context, facts):
+        """The global batch a call runs for stock's global batch (the plan's, else the input's):
+        on a TPU the next multiple of its replicas (one per core), the rows beyond it padding
+        weighted 0 (:func:`tpushim._batching.tpu_batches`), so that every step is one of
+        stock's batches."""
+        size, padded = (
+            context.global_batch(facts.batch_size),
+            context.padded_batch(facts.batch_size),
+        )
+        if padded != size:
+            _observe.note("batch-padding", "%s; %s.", *indivisible_batch(size, context.replicas))
         return padded
 
     def _call_input_fn(self, input_fn, mode, input_context=None):
@@ -249,8 +249,9 @@ class TPUShimEstimator(TPUEstimator):
         facts = _input_fn.read_facts(
             first, count=count, count_unknown=thread.eval_steps is None, input_fn=input_fn
         )
-        size = self._global_batch(facts)
-        tpu_batch = self._tpu_batch(mode, size)
+        context = self._call_context(mode)
+        size = context.global_batch(facts.batch_size)  # stock's: the plan's, else the input's
+        tpu_batch = self._tpu_batch(context, facts)
         if mode == ModeKeys.TRAIN and facts.declared != size and _finite(first):
             with _input_fn.graph_session() as session:
                 rows = _batching.rows_held(first, session)
@@ -266,7 +267,7 @@ class TPUShimEstimator(TPUEstimator):
                 size,
             )
         if count:
-            thread.eval_steps = tpu_eval_steps(facts, size, thread.eval_steps)
+            thread.eval_steps = tpu_eval_steps(facts, context, thread.eval_steps)
         path = self._pod_path(first, mode, invocations) if invocations > 1 else None
         if path is not None:
             _pods.prepare(first, path, 0)  # the others are prepared as they are made
@@ -498,8 +499,9 @@ def _finite(result):
     return isinstance(result, tf.data.Dataset) and _input_fn.is_finite(result)
 
 
-def tpu_eval_steps(facts, global_batch, steps):
-    """The evaluation steps a TPU runs over an input of these :class:`_input_fn.InputFacts`.
+def tpu_eval_steps(facts, context, steps):
+    """The evaluation steps a TPU runs over an input of these :class:`_input_fn.InputFacts`, in
+    the call's :class:`tpushim._plan.RunContext`.
 
     A TPU runs exactly ``steps`` evaluation steps and cannot stop at the end of the input: for a
     finite input, as many padded batches as it holds (stock stops there too, or at ``steps`` if
@@ -515,9 +517,7 @@ def tpu_eval_steps(facts, global_batch, steps):
         return steps
     # Batched by the eval batch size, each of the input's batches is one step (a short one
     # padded); re-batched, the examples fill ceil(examples / global_batch) steps.
-    held = _batch_math.eval_batches_held(
-        facts.examples, facts.batches, facts.declared, global_batch
-    )
+    held = context.eval_steps(facts.examples, facts.batches, facts.declared, facts.batch_size)
     if steps is not None and steps > held:
         logger.info(
             "evaluate(steps=%d): the input holds %d batches; a TPU cannot stop "

@@ -1,7 +1,11 @@
 """The core's one extension point: observers hear what tpushim's estimators do.
 
-The preflight's recorder (``python -m tpushim check``) and the runner's run summary observe; the
-core knows neither. An observer is any object; the core calls whichever of these methods it has:
+The preflight's recorders (``python -m tpushim check``) and the runner's run summary observe; the
+core knows neither. An observer handles every event below, each a method of its own (as
+tf-keras's ``CallbackList`` calls every hook of every ``Callback``): :func:`observing` refuses
+one that lacks any of :data:`EVENTS` with a ``TypeError`` naming them, so an event added to the
+core is never skipped in silence by an observer written before it. Subclass :class:`Observer`
+(every event a no-op) to handle only some; tpushim's own observers define every one.
 
 * ``converting(arguments)`` -- a ``model_to_estimator`` call is about to be converted (its
   arguments by name, before anything is checked or written); it may return replaced arguments
@@ -38,6 +42,20 @@ import threading
 from typing import Any, Optional
 
 logger = logging.getLogger("tpushim")
+
+#: Every event an observer hears (each a method of every observer), in the order of a run.
+EVENTS = (
+    "converting",
+    "refused",
+    "converted",
+    "derived",
+    "bypassed",
+    "calling",
+    "input_called",
+    "adapted",
+    "input_waited",
+    "finished",
+)
 
 _lock = threading.Lock()
 _observers: tuple = ()  # replaced, never mutated: readers iterate a snapshot without the lock
@@ -104,10 +122,61 @@ class InputCall:
     global_batch: int
 
 
+class Observer:
+    """An observer that handles every event by doing nothing (tf-keras's ``Callback``):
+    subclass it and override the events to act on. The module's docstring says what each is."""
+
+    def converting(self, arguments):
+        return None
+
+    def refused(self, arguments, error):
+        pass
+
+    def converted(self, conversion):
+        pass
+
+    def derived(self, estimator, source, model_fn):
+        pass
+
+    def bypassed(self, source, why):
+        pass
+
+    def calling(self, call):
+        return None
+
+    def input_called(self, input_call):
+        pass
+
+    def adapted(self, call, kind, text):
+        pass
+
+    def input_waited(self, call, seconds):
+        pass
+
+    def finished(self, call, seconds, steps, first_step_seconds):
+        pass
+
+
+def unhandled(observer):
+    """The :data:`EVENTS` ``observer`` has no method for (none: it is an observer)."""
+    return [event for event in EVENTS if not callable(getattr(observer, event, None))]
+
+
 @contextlib.contextmanager
 def observing(observer):
-    """While active, ``observer`` hears of every tpushim estimator's conversions and calls."""
+    """While active, ``observer`` hears of every tpushim estimator's conversions and calls.
+
+    Raises:
+      TypeError: ``observer`` lacks a method for one of :data:`EVENTS`.
+    """
     global _observers
+    missing = unhandled(observer)
+    if missing:
+        raise TypeError(
+            f"{type(observer).__name__} is not a tpushim observer: it does not handle "
+            f"{', '.join(missing)}. An observer has a method for every event "
+            f"({', '.join(EVENTS)}); subclass tpushim._observe.Observer to ignore the others."
+        )
     with _lock:
         _observers = (*_observers, observer)
     try:
@@ -120,14 +189,11 @@ def observing(observer):
 
 
 def _tell(method, *args):
-    """Calls ``method`` on every observer that has it; returns their results."""
+    """Calls ``method`` on every observer (each has it: :func:`observing`); their results."""
     results = []
     for observer in _observers:
-        function = getattr(observer, method, None)
-        if function is None:
-            continue
         try:
-            results.append(function(*args))
+            results.append(getattr(observer, method)(*args))
         except Exception:
             logger.warning("tpushim observer %r failed in %s", observer, method, exc_info=True)
     return results
@@ -140,8 +206,7 @@ def converting(arguments):
     for observer in _observers:
         # Not _tell: an observer that fails to replace the arguments (the preflight moving the
         # model_dir to a scratch copy) must stop the conversion, not be skipped.
-        function = getattr(observer, "converting", None)
-        replaced = function(arguments) if function is not None else None
+        replaced = observer.converting(arguments)
         if replaced is not None:
             arguments = replaced
     try:

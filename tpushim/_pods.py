@@ -118,7 +118,9 @@ class _Structure:
     functions: list = dataclasses.field(default_factory=list)  # function names
 
 
-def _function_names(node_def):
+def function_names(node_def):
+    """The names of the functions a NodeDef's attributes name (a dataset op's map function, a
+    loop's body), in order."""
     names = []
     for value in node_def.attr.values():
         if value.HasField("func"):
@@ -136,13 +138,13 @@ def _function_nodes(graph, names):
         done.add(name)
         for node in definition.node_def if definition is not None else ():
             yield node
-            names += _function_names(node)
+            names += function_names(node)
 
 
 def _reads_files(graph, op):
     """True when ``op`` (a per-element op) calls a reader on each element: a file name."""
     return _PER_ELEMENT.fullmatch(op.type) is not None and any(
-        _READER.fullmatch(node.op) for node in _function_nodes(graph, _function_names(op.node_def))
+        _READER.fullmatch(node.op) for node in _function_nodes(graph, function_names(op.node_def))
     )
 
 
@@ -180,7 +182,7 @@ def _walk(dataset):
         if op.name in seen:
             continue
         seen.add(op.name)
-        found.functions += _function_names(op.node_def)
+        found.functions += function_names(op.node_def)
         found.shuffled |= _SHUFFLE.fullmatch(op.type) is not None
         found.takes |= op.type == "TakeDataset"
         if _reorders(op):

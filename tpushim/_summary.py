@@ -65,7 +65,21 @@ class Summary:
             None,
         )
 
-    # -- observing ------------------------------------------------------------------------------
+    # -- observing (every event of tpushim._observe) ----------------------------------------------
+    def converting(self, arguments):
+        """A conversion starts: it is summed up once made (:meth:`converted`)."""
+        return None
+
+    def refused(self, arguments, error):
+        """A conversion raised: the error itself reaches the script (and its traceback)."""
+
+    def bypassed(self, source, why):
+        """A stock estimator around a converted one's model_fn: its calls are stock's, not in
+        the summary (the conversion's line said it)."""
+
+    def input_called(self, input_call):
+        """The input_fn ran: its wait is summed by :meth:`input_waited`."""
+
     def converted(self, conversion):
         self._estimators.append(_Estimator(len(self._estimators) + 1, conversion))
 

@@ -203,7 +203,7 @@ def test_observers_hear_the_engines_calls(tmp_path):
 
     from tpushim import _observe, _summary
 
-    class Capping:
+    class Capping(_observe.Observer):
         def calling(self, call):
             return dataclasses.replace(call, steps=3) if call.steps else None
 

@@ -508,6 +508,50 @@ def test_the_engine_takes_the_conversion_plan(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_setting_changed_after_conversion_does_not_reach_the_engine(tmp_path, monkeypatch):
+    """The engine's plan is frozen and holds no copy of the settings: batch size, pod input and
+    steps per execution are read from the conversion plan (settings -> decision -> plan -> the
+    engine), so a later scope or environment changes nothing, and a changed conversion plan
+    changes all three with it (a copy would stay behind)."""
+    import dataclasses
+
+    import tfcases
+
+    from tpushim import _settings
+    from tpushim._strategy import estimator as _strategy_estimator
+
+    patch = {"mode": "cpu", "engine": "strategy", "quiet": True}
+    given = {"batch_size": 8, "pod_input": "exact", "iterations_per_loop": 3}
+    converted = tfcases.convert(tmp_path, patch=dict(patch, **given))
+    plan = converted._tpushim_plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.warm_start = None
+    with pytest.raises(AttributeError):
+        plan.batch_size = 16
+    taken = []
+    made = _strategy_estimator.distributed_input
+    monkeypatch.setattr(
+        _strategy_estimator,
+        "distributed_input",
+        lambda *args: taken.append(args[4:6]) or made(*args),
+    )
+    monkeypatch.setenv("TPUSHIM_BATCH_SIZE", "16")
+    monkeypatch.setenv("TPUSHIM_POD_INPUT", "files")
+    x, y = tfcases.data()
+    later = {"batch_size": 4, "pod_input": "files", "iterations_per_loop": 5}
+    with tpushim.patched(**patch, **later):
+        converted.train(tfcases.dataset_input_fn(x, y, batch=8, repeat=True), steps=3)
+    assert taken == [(8, "exact")]
+    assert (plan.batch_size, plan.pod_input, plan.steps_per_execution) == (8, "exact", 3)
+    assert converted._tpushim_plan is plan
+    changed = dataclasses.replace(
+        plan,
+        conversion=dataclasses.replace(plan.conversion, settings=_settings.Settings(**later)),
+    )
+    assert (changed.batch_size, changed.pod_input, changed.steps_per_execution) == (4, "files", 5)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", ["softmax_layer", "sigmoid_op"])
 def test_crossentropy_metrics_read_the_outputs_logits_as_stocks(tmp_path, activation):
     """Keras's crossentropy metrics compute from an output's logits where stock's graph output

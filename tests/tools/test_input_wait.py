@@ -34,7 +34,7 @@ def _input_fn(x, y=None, slow=False, repeat=False, seconds=PAUSE):
     return input_fn
 
 
-class Waits:
+class Waits(_observe.Observer):
     """What observers hear of input waits, per call, next to each call's seconds."""
 
     def __init__(self):

@@ -140,7 +140,7 @@ def test_the_rebuilt_estimators_train_graph_is_the_tpu_computation(tmp_path):
     assert len(build.nodes("CrossReplicaSum")) >= 4  # one per trainable variable, and the loss
 
 
-class _Recorder:
+class _Recorder(_observe.Observer):
     """An observer, as the preflight's recorder and the run summary are."""
 
     def __init__(self):

@@ -7,18 +7,16 @@ once to ``model_dir/keras/keras_model.ckpt``. The v2 spelling keeps object-based
 name-based ones, as stock.
 """
 
-import os
-import re
-
 import tensorflow as tf
 
+from tpushim import _first_checkpoint
 from tpushim._estimator_api import _tfprivate
 from tpushim._estimator_api._config import (
     EstimatorSpec,
     ModeKeys,
     overwrite_model_dir_and_session_config,
 )
-from tpushim._estimator_api._estimator import Estimator, replicated
+from tpushim._estimator_api._estimator import Estimator
 
 _SERVING_KEY = "serving_default"
 
@@ -137,10 +135,7 @@ def _model_fn_for(keras_model, custom_objects, save_object_ckpt, metric_names_ma
 
     def model_fn(features, labels, mode):
         model = _clone(mode, keras_model, custom_objects, features, labels, optimizer_config)
-        names = model.output_names
-        if tf.distribute.has_strategy():  # stock's: every replica's clone names them alike
-            names = [re.sub(r"_\d$", "", name) for name in names]
-        predictions = dict(zip(names, model.outputs))
+        predictions = dict(zip(model.output_names, model.outputs))
         loss = train_op = metrics = None
         if mode != ModeKeys.PREDICT:
             if mode == ModeKeys.TRAIN:
@@ -200,34 +195,16 @@ def _keras_metrics(model, metric_names_map):
 
 
 def _save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt, on_graph=None):
-    """The user's weights as ``model_dir/keras/keras_model.ckpt``, where the estimator starts.
-    ``on_graph``: as :func:`tpushim._tfprivate.estimator.save_first_checkpoint`'s."""
-    keras_dir = os.path.join(config.model_dir, "keras")
-    latest = tf.train.latest_checkpoint(keras_dir)
-    if latest:
-        return latest
-    weights = keras_model.get_weights() if _any_weight_initialized(keras_model) else None
-    tf.io.gfile.makedirs(keras_dir)
-    path = os.path.join(keras_dir, "keras_model.ckpt")
-    with tf.Graph().as_default():
-        tf.compat.v1.random.set_random_seed(config.tf_random_seed)
-        tf.compat.v1.train.create_global_step()
-        model = _clone(ModeKeys.TRAIN, keras_model, custom_objects)
-        model._make_train_function()  # creates the optimizer's variables before the session
-        with tf.compat.v1.Session(config=config.session_config) as session:
-            if weights:
-                model.set_weights(weights)
-            _internal().backend.initialize_variables(session)
-            if save_object_ckpt:
-                model._track_trackable(
-                    tf.compat.v1.train.get_global_step(), "estimator_global_step"
-                )
-                model.save_weights(path)
-            else:
-                tf.compat.v1.train.Saver().save(session, path)
-        if on_graph is not None:
-            on_graph(model, tf.compat.v1.train.get_global_step())
-    return path
+    """The user's weights as ``model_dir/keras/keras_model.ckpt``, where the estimator starts
+    (:func:`tpushim._first_checkpoint.save`, with this API's clone)."""
+    return _first_checkpoint.save(
+        keras_model,
+        config,
+        save_object_ckpt,
+        lambda model: _clone(ModeKeys.TRAIN, model, custom_objects),
+        keras_model.get_weights() if _any_weight_initialized(keras_model) else None,
+        on_graph,
+    )
 
 
 def _assert_valid_model(model, custom_objects):
@@ -281,8 +258,6 @@ def model_to_estimator(
         raise ValueError(
             f'Checkpoint format must be one of "checkpoint" or "saver". Got {checkpoint_format}'
         )
-    if save_object_ckpt:
-        _refuse_object_checkpoints_over_replicas(config)
     if not getattr(keras_model, "optimizer", None):
         raise ValueError(
             "The given keras model has not been compiled yet. Please compile the model with "
@@ -306,27 +281,6 @@ def model_to_estimator(
     estimator = Estimator(model_fn, config=config, warm_start_from=warm_start)
     estimator._tpushim_keras_model = keras_model  # for observers (the preflight's model checks)
     return estimator
-
-
-def _refuse_object_checkpoints_over_replicas(config):
-    """Object-based checkpoints (model_to_estimator's default in its v2 spelling) over a
-    strategy of several replicas: stock 2.15 fails at ``train()`` / ``evaluate()``, having
-    written its first checkpoint, because the model_fn builds its Saver inside each replica
-    (``RuntimeError: Method requires being in cross-replica context``). Refused here, before
-    anything is written, naming the spelling stock trains with."""
-    for key in ("train_distribute", "eval_distribute"):
-        strategy = getattr(config, key)
-        if replicated(strategy):
-            raise ValueError(
-                f"model_to_estimator's object-based checkpoints (checkpoint_format="
-                f"'checkpoint', the default of tf.keras.estimator.model_to_estimator) cannot be "
-                f"written over RunConfig({key}={type(strategy).__name__}) of "
-                f"{strategy.num_replicas_in_sync} replicas: stock TensorFlow 2.15 fails there "
-                "too, at train(), building the checkpoint's Saver inside each replica. Pass "
-                "checkpoint_format='saver' to model_to_estimator, or convert with "
-                "tf.compat.v1.keras.estimator.model_to_estimator (name-based checkpoints, "
-                "trained over every replica as stock trains them)."
-            )
 
 
 #: Where a conversion on tpushim's estimator API runs, as the run summary's table says it.

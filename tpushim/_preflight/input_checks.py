@@ -5,7 +5,7 @@ tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _batch_math, _settings, _shapes
+from tpushim import _batch_math, _pods, _settings, _shapes
 from tpushim._errors import TPUShimError
 
 # tpushim's TPU path (_input_fn, _batching, _tfprivate) imports tensorflow_estimator, which
@@ -226,7 +226,7 @@ def _dataset_ops(dataset):
         top.add(op.type)
         constants += _constant_bytes(op) if op.type == "Const" else 0
         stack.extend(t.op for t in op.inputs)
-        functions += _function_names(op.node_def)
+        functions += _pods.function_names(op.node_def)
     done = set()
     while functions:
         name = functions.pop()
@@ -237,7 +237,7 @@ def _dataset_ops(dataset):
         for node in definition.node_def:
             inner.add(node.op)
             constants += node.attr["value"].tensor.ByteSize() if node.op == "Const" else 0
-            functions += _function_names(node)
+            functions += _pods.function_names(node)
     return top, inner, constants
 
 
@@ -247,15 +247,6 @@ def _constant_bytes(op):
     if output.dtype == tf.string or not output.shape.is_fully_defined():
         return op.get_attr("value").ByteSize()
     return output.shape.num_elements() * output.dtype.size
-
-
-def _function_names(node_def):
-    names = []
-    for value in node_def.attr.values():
-        if value.HasField("func"):
-            names.append(value.func.name)
-        names += [f.name for f in value.list.func]
-    return names
 
 
 def _check_dataset_ops(report, dataset, name):

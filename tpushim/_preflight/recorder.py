@@ -8,7 +8,6 @@ written. A conversion tpushim refuses is reported as :func:`tpushim.check` repor
 
 import contextlib
 import dataclasses
-from typing import Optional
 
 import tensorflow as tf
 
@@ -18,9 +17,9 @@ from tpushim._preflight import (
     graph_checks,
     input_checks,
     model_checks,
-    model_dirs,
     pod_checks,
     progress,
+    script_recorder,
     strategy_checks,
 )
 from tpushim._preflight.checks import check_model
@@ -49,65 +48,14 @@ class _Recorded:
         return next(((c, i) for c, i in self.calls if c.event == event), None)
 
 
-class Recorder:
-    """Records conversions and input_fn calls while a script runs in cpu mode; caps its steps."""
-
-    MAX_TRAIN_STEPS = 3
-    MAX_EVAL_STEPS = 2
+class Recorder(script_recorder.ScriptRecorder):
+    """Records conversions and input_fn calls while a script runs in cpu mode; caps its steps
+    (:class:`tpushim._preflight.script_recorder.ScriptRecorder`)."""
 
     def __init__(self):
+        super().__init__()
         self._conversions: list[_Recorded] = []
-        self._refusals: list = []  # (the conversion's arguments, the error it raised)
         self._refusal_settings: dict = {}  # id(error) -> the settings its conversion ran with
-        self._dirs = model_dirs.ScratchDirs()
-
-    def close(self):
-        """Removes the scratch copies of the script's model_dirs (the report needs none)."""
-        self._dirs.close()
-
-    def explains(self, error):
-        """True when ``error``, which ended the script, is one the preflight accounts for: a
-        conversion's (:meth:`conversion_error`), or a read of a folder the check left as it
-        was (:meth:`add_explained`). Its traceback is not needed."""
-        return self.conversion_error(error) or self._left_path_read(error) is not None
-
-    def _left_path_read(self, error):
-        """The user's folder (model_dir, export) named by a file-not-found ``error``, or None."""
-        if not isinstance(error, (OSError, tf.errors.NotFoundError)):
-            return None
-        text = str(error)
-        return next((path for path in self._dirs.left if path in text), None)
-
-    def add_explained(self, report, error):
-        """Adds the finding for an :meth:`explains` error that ended the script (a conversion's
-        has its own already): a read of what the checked run wrote to its scratch copy instead."""
-        path = self._left_path_read(error)
-        if path is None or self.conversion_error(error):
-            return
-        report.add(
-            "model-dir-read",
-            "warning",
-            script_frame(error),
-            f"the script then raised {summary(error)}: it reads {path}, which the check "
-            f"leaves as it is (the checked run wrote to a scratch copy), so what the run wrote "
-            f"is not there; on a real run it would be. The script's later steps were not checked",
-            "nothing to change for a TPU; the other findings cover what ran before",
-        )
-
-    def conversion_error(self, error):
-        """True when ``error`` is one a conversion raised: the report has the one finding for it
-        (what was refused or failed, why, what went unchecked); no traceback through tpushim."""
-        return any(e is error for _, e in self._refusals)
-
-    def _owner(self, estimator) -> Optional[_Recorded]:
-        return next(
-            (
-                c
-                for c in self._conversions
-                if c.conversion.estimator is estimator or any(d is estimator for d in c.derived)
-            ),
-            None,
-        )
 
     def graph_text_left_out(self):
         """:meth:`~tpushim._preflight.model_dirs.ScratchDirs.graph_text_left_out` of the scratch
@@ -136,7 +84,10 @@ class Recorder:
             # The engine compiles its step with XLA before it trains off a TPU, and an op XLA
             # cannot compile would end the script there: the report compiles that step for the
             # cores checked (naming the layer) and the script runs on to its other calls.
-            conversion.estimator._tpushim_plan.jit_compile = False
+            estimator = conversion.estimator  # its plan is frozen: replaced by a changed copy
+            estimator._tpushim_plan = dataclasses.replace(
+                estimator._tpushim_plan, jit_compile=False
+            )
         self._conversions.append(_Recorded(conversion))
 
     def derived(self, estimator, source, model_fn):
@@ -148,28 +99,6 @@ class Recorder:
             self._dirs.redirect_exports(estimator)
             owner.derived.append(estimator)
             owner.conversion = dataclasses.replace(owner.conversion, model_fn=model_fn)
-
-    def calling(self, call):
-        """Told of each train/evaluate/predict call; returns the call to run.
-
-        Calls of an estimator converted while recording are recorded and capped: training to at
-        most :attr:`MAX_TRAIN_STEPS` steps from wherever its model_dir stands (a ``max_steps``
-        gives way to those steps: it counts from step 0 and could ask for the whole run, or for
-        none when the model_dir is past it), evaluation to :attr:`MAX_EVAL_STEPS`. Any other
-        estimator's calls run as asked.
-        """
-        owner = self._owner(call.estimator)
-        if owner is None:
-            return None
-        owner.calls.append((call, None))
-        if call.event == "train":
-            steps = min(call.steps or self.MAX_TRAIN_STEPS, self.MAX_TRAIN_STEPS)
-            return dataclasses.replace(call, steps=steps, max_steps=None)
-        if call.event == "evaluate":
-            return dataclasses.replace(
-                call, steps=min(call.steps or self.MAX_EVAL_STEPS, self.MAX_EVAL_STEPS)
-            )
-        return None
 
     def input_called(self, input_call):
         """Keeps what the input_fn of a recorded call built (its first call per estimator call).
@@ -212,14 +141,7 @@ class Recorder:
         report = Report(notes=list(self._dirs.notes))
         for arguments, error in self._refusals:
             self._report_refusal(report, arguments, error)
-        if not self._conversions and not self._refusals:
-            report.add(
-                "no-conversion",
-                "error",
-                "script",
-                "the script made no model_to_estimator call, so there was nothing to check",
-                "run the script that builds the estimator",
-            )
+        self.add_no_conversion(report)
         for recorded in self._conversions:
             self._report_one(report, recorded, num_cores, tpu_graphs)
         return report

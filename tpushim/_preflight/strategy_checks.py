@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpushim import _settings, _shapes
-from tpushim._preflight import input_checks, model_checks, model_dirs, progress
+from tpushim._preflight import input_checks, model_checks, progress, script_recorder
 from tpushim._preflight.report import Report, failure_as_finding, script_frame, summary
 
 #: What the preflight on TensorFlow <= 2.15 checks that needs TPUEstimator, said in one note.
@@ -65,62 +65,11 @@ class _Recorded:
         return next(((c, i) for c, i in self.calls if c.event == event), None)
 
 
-class StrategyRecorder:
+class StrategyRecorder(script_recorder.ScriptRecorder):
     """Records the script's conversions and input_fn calls on tpushim's estimator API and caps their
-    steps, as :class:`tpushim._preflight.recorder.Recorder` does on the TPU path; its
-    :meth:`report` runs the checks that need no TPUEstimator."""
-
-    MAX_TRAIN_STEPS = 3
-    MAX_EVAL_STEPS = 2
-
-    def __init__(self):
-        self._conversions = []
-        self._refusals = []  # (the conversion's arguments, the error it raised)
-        self._dirs = model_dirs.ScratchDirs()
-
-    def close(self):
-        """Removes the scratch copies of the script's model_dirs."""
-        self._dirs.close()
-
-    # -- what ended the script -------------------------------------------------------------------
-    def explains(self, error):
-        """True when ``error`` is a refused conversion's, or a read of a folder the check left
-        as it was: the report accounts for it, no traceback is needed."""
-        return self.conversion_error(error) or self._left_path_read(error) is not None
-
-    def conversion_error(self, error):
-        return any(e is error for _, e in self._refusals)
-
-    def _left_path_read(self, error):
-        if not isinstance(error, (OSError, tf.errors.NotFoundError)):
-            return None
-        return next((path for path in self._dirs.left if path in str(error)), None)
-
-    def add_explained(self, report, error):
-        """The finding for a read of what the checked run wrote to its scratch copy instead."""
-        path = self._left_path_read(error)
-        if path is None or self.conversion_error(error):
-            return
-        report.add(
-            "model-dir-read",
-            "warning",
-            script_frame(error),
-            f"the script then raised {summary(error)}: it reads {path}, which the check "
-            f"leaves as it is (the checked run wrote to a scratch copy), so what the run wrote "
-            f"is not there; on a real run it would be. The script's later steps were not checked",
-            "nothing to change for a TPU; the other findings cover what ran before",
-        )
-
-    # -- observing (see tpushim._observe) --------------------------------------------------------
-    def _owner(self, estimator):
-        return next(
-            (
-                c
-                for c in self._conversions
-                if c.conversion.estimator is estimator or any(d is estimator for d in c.derived)
-            ),
-            None,
-        )
+    steps (:class:`tpushim._preflight.script_recorder.ScriptRecorder`), as
+    :class:`tpushim._preflight.recorder.Recorder` does on the TPU path; its :meth:`report` runs
+    the checks that need no TPUEstimator."""
 
     def converting(self, arguments):
         """The conversion's model_dir (given, or its RunConfig's) replaced by a scratch copy."""
@@ -141,21 +90,6 @@ class StrategyRecorder:
         if owner is not None:
             self._dirs.redirect_exports(estimator)
             owner.derived.append(estimator)
-
-    def calling(self, call):
-        """Training capped at :attr:`MAX_TRAIN_STEPS` steps, evaluation at :attr:`MAX_EVAL_STEPS`."""
-        owner = self._owner(call.estimator)
-        if owner is None:
-            return None
-        owner.calls.append((call, None))
-        if call.event == "train":
-            steps = min(call.steps or self.MAX_TRAIN_STEPS, self.MAX_TRAIN_STEPS)
-            return dataclasses.replace(call, steps=steps, max_steps=None)
-        if call.event == "evaluate":
-            return dataclasses.replace(
-                call, steps=min(call.steps or self.MAX_EVAL_STEPS, self.MAX_EVAL_STEPS)
-            )
-        return None
 
     def input_called(self, input_call):
         """Reads, from the graph the input_fn just built (before the model is added to it), what
@@ -182,14 +116,7 @@ class StrategyRecorder:
                 f"the script's input, host-only ops and XLA compile were not checked",
                 "run the script with python -m tpushim to reproduce it, with its traceback",
             )
-        if not self._conversions and not self._refusals:
-            report.add(
-                "no-conversion",
-                "error",
-                "script",
-                "the script made no model_to_estimator call, so there was nothing to check",
-                "run the script that builds the estimator",
-            )
+        self.add_no_conversion(report)
         for recorded in self._conversions:
             with failure_as_finding(report):
                 _report_one(report, recorded, num_cores, recorded.conversion.settings.batch_size)

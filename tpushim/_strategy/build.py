@@ -15,13 +15,15 @@ logger = logging.getLogger("tpushim")
 
 
 def warm_from_first_checkpoint(plan, path):
-    """A program that disabled v2 behaviour and never initialised its model's variables: stock
-    warm-starts from the clone its first checkpoint (``path``) initialised, seeded with the
-    config's ``tf_random_seed``; the engine starts from those values too."""
+    """The warm-start weights of ``plan``'s model: its own (:func:`make_plan`), or for a program
+    that disabled v2 behaviour and never initialised its model's variables, those of the clone
+    stock's first checkpoint (``path``) initialised, seeded with the config's
+    ``tf_random_seed``: stock warm-starts from them, and the engine starts from them too."""
     if plan.graph_mode and plan.warm_start is None and path is not None:
-        plan.warm_start = _tfprivate.estimator.first_checkpoint_values(
+        return _tfprivate.estimator.first_checkpoint_values(
             plan.keras_model, plan.custom_objects, path
         )
+    return plan.warm_start
 
 
 def describe(plan, settings, tpu, why):
@@ -34,7 +36,7 @@ def describe(plan, settings, tpu, why):
             else "tf.distribute.MirroredStrategy over this machine's devices "
             f"[mode cpu from {settings.sources.get('mode')}]"
         )
-        + f", global batch {settings.batch_size or 'from input'}"
+        + f", global batch {plan.batch_size or 'from input'}"
         + f", steps_per_execution {plan.steps_per_execution} [engine: {why}]"
     )
 
@@ -69,15 +71,19 @@ def made(prepared, arguments, settings, decision):
                 _strategy_checkpoint.remember, plan, object_based=save_object_ckpt
             ),
         )
-    plan.conversion = dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path)
-    plan.metric_names_map = arguments["metric_names_map"]
-    warm_from_first_checkpoint(plan, warm_start_path)
+    # The plan completed, once: a new frozen value (:class:`tpushim._strategy.plan.Plan`).
+    plan = dataclasses.replace(
+        plan,
+        conversion=dataclasses.replace(plan.conversion, tpu=tpu, warm_start=warm_start_path),
+        metric_names_map=arguments["metric_names_map"],
+        name_based_checkpoints=not save_object_ckpt,  # stock's 'saver' format
+    )
+    plan = dataclasses.replace(plan, warm_start=warm_from_first_checkpoint(plan, warm_start_path))
     estimator = StrategyEstimator(
         model_fn,
         config,
         warm_start_path,
         plan,
-        object_checkpoints=save_object_ckpt,
         # (on TF >= 2.16 one Estimator class: its export_savedmodel exports either way)
         v1_api=not arguments.get("use_v2_estimator", True),
     )

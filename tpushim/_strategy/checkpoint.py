@@ -23,7 +23,6 @@ stock's model_dir, or from one the other engine or another TPU wrote, in either 
 """
 
 import contextlib
-import weakref
 
 import tensorflow as tf
 
@@ -31,21 +30,22 @@ from tpushim import _tfprivate
 from tpushim._errors import ConversionError
 from tpushim._stock_graphs import OBJECT_GRAPH_KEY, is_object_based  # noqa: F401 (the core's)
 
-_STOCK_GRAPHS = weakref.WeakKeyDictionary()  # plan -> stock_training_graph(...): one graph each
-
 
 def _stock(plan):
-    if plan not in _STOCK_GRAPHS:
+    """stock_training_graph(...) of the plan's model: one graph per conversion, kept in its
+    :class:`tpushim._strategy.plan.Learned`."""
+    learned = plan.learned
+    if learned.stock_graph is None:
         # A clone stock does not make: the seeds its weights draw are put back, so the model a
         # program builds next starts from stock's initial weights.
         with _tfprivate.keras.keras_random_state_kept():
-            _STOCK_GRAPHS[plan] = _tfprivate.checkpoint.stock_training_graph(
+            learned.stock_graph = _tfprivate.checkpoint.stock_training_graph(
                 plan.keras_model,
                 plan.custom_objects,
-                getattr(plan, "features_spec", None),
-                object_based=not getattr(plan, "name_based_checkpoints", False),
+                learned.features_spec,
+                object_based=not plan.name_based_checkpoints,
             )
-    return _STOCK_GRAPHS[plan]
+    return learned.stock_graph
 
 
 def stock_names(plan):
@@ -70,19 +70,17 @@ def stock_metric_names(plan):
     return _stock(plan)[5]
 
 
-_GRAPH_FILES = weakref.WeakKeyDictionary()  # plan -> (.meta bytes, graph.pbtxt text)
-
-
 def stock_graph_files(plan):
     """(the bytes of every ``model.ckpt-N.meta``, the text of ``graph.pbtxt``) of
     :func:`stock_meta_graph`, made once per conversion: each train() call writes them again."""
-    if plan not in _GRAPH_FILES:
+    learned = plan.learned
+    if learned.graph_files is None:
         from google.protobuf import text_format
 
         meta = stock_meta_graph(plan)
         text = text_format.MessageToString(meta.graph_def)  # as tf.io.write_graph formats it
-        _GRAPH_FILES[plan] = (meta.SerializeToString(), text)
-    return _GRAPH_FILES[plan]
+        learned.graph_files = (meta.SerializeToString(), text)
+    return learned.graph_files
 
 
 def stock_meta_graph(plan):
@@ -98,7 +96,7 @@ def remember(plan, model, step, object_based):
     """Keeps what :func:`_stock` would build again from the stock training graph the conversion
     built (``model``, its clone there, and ``step``, its global step: keras_lib's first
     checkpoint's graph) for the plan's model; ``object_based``: the estimator's checkpoints are."""
-    _STOCK_GRAPHS[plan] = _tfprivate.checkpoint.graph_facts(model, step, object_based)
+    plan.learned.stock_graph = _tfprivate.checkpoint.graph_facts(model, step, object_based)
 
 
 def optimizer_scope(plan):

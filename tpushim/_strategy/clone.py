@@ -42,7 +42,10 @@ def clone(plan, features=None):
     model.output_names = _tfprivate.keras.generic_output_names(tf.nest.flatten(outputs))
     _BUILT_OUTPUTS[model] = [tf.TensorSpec(o.shape, o.dtype) for o in tf.nest.flatten(outputs)]
     if plan.added_degrees is None:  # the loss plan, once the model's outputs exist
-        plan.loss_kinds, plan.added_degrees = _subclassed_loss_plan(plan, model, outputs, features)
+        learned = plan.learned  # once per conversion, shared by its estimators
+        learned.loss_kinds, learned.added_degrees = _subclassed_loss_plan(
+            plan, model, outputs, features
+        )
     return model
 
 

@@ -47,20 +47,17 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
     #: The metric_fns ``tf.estimator.add_metrics`` added to its evaluation, in order (:func:`add_metrics`).
     _tpushim_metric_fns = ()
 
-    def __init__(
-        self, model_fn, config, warm_start_from, plan, object_checkpoints=True, v1_api=False
-    ):
+    def __init__(self, model_fn, config, warm_start_from, plan, v1_api=False):
         super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
-        self._tpushim_plan = plan
+        self._tpushim_plan = plan  # frozen (:class:`tpushim._strategy.plan.Plan`)
         self._tpushim_v1_api = v1_api  # made through tf.compat.v1's model_to_estimator
-        plan.name_based_checkpoints = not object_checkpoints  # stock's 'saver' format
         self._tpushim_strategy = None
         # The checkpoints stock keeps: its Keras estimator's object-based Saver keeps 5, whatever
         # keep_checkpoint_max says; a name-based one (the v1 spelling) keep_checkpoint_max.
         self._tpushim_keep = (
-            _step_events.OBJECT_CHECKPOINTS_KEPT
-            if object_checkpoints
-            else self.config.keep_checkpoint_max
+            self.config.keep_checkpoint_max
+            if plan.name_based_checkpoints
+            else _step_events.OBJECT_CHECKPOINTS_KEPT
         )
 
     def _assert_members_are_not_overridden(self):
@@ -380,13 +377,11 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
         # In stock's order: the loss, the metrics, the global step.
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
         compiled = [m for m in metrics_model.compiled_metrics.metrics if m.name != "loss"]
-        stock_names = getattr(self._tpushim_plan, "metric_names", None)
+        stock_names = self._tpushim_plan.metric_names
         if stock_names is None or len(stock_names) != len(compiled):
             stock_names = [m.name for m in compiled]
         # model_to_estimator's metric_names_map, checked as stock before anything is written
-        mapped = _metric_names.mapped_metric_names(
-            stock_names, getattr(self._tpushim_plan, "metric_names_map", None)
-        )
+        mapped = _metric_names.mapped_metric_names(stock_names, self._tpushim_plan.metric_names_map)
         for stock_name, m in zip(mapped, compiled):
             results[stock_name] = np.float32(m.result().numpy())
         if added is not None:  # stock's add_metrics: an added name replaces a compiled one

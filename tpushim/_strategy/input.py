@@ -30,11 +30,11 @@ import tensorflow as tf
 
 from tpushim import (
     _arrays,
-    _batch_math,
     _batching,
     _input_fn,
     _observe,
     _padding,
+    _plan,
     _pods,
     _shapes,
     _source,
@@ -379,12 +379,14 @@ class HostInput:
         graph, dataset = self._first = self._build()
         with graph.as_default():  # it reads the file list and cardinality in a session of it
             found = _pods.analyse(dataset, _pods.needs_files(mode, pod_input))
-        self.size = (
-            batch_size
-            or _batching.declared_batch_size(dataset)
-            or batch_size_of(_eager(graph, dataset))
+        # The call's numbers as TPUEstimator's context answers them (tpushim._plan.RunContext).
+        self.context = _plan.RunContext(mode, self.replicas, len(feeds), batch_size=batch_size)
+        self.size = self.context.global_batch(
+            _batching.declared_batch_size(dataset) or batch_size_of(_eager(graph, dataset))
+            if batch_size is None
+            else None
         )
-        self.padded = _batch_math.padded_batch(self.size, self.replicas)
+        self.padded = self.context.padded_batch(self.size)
         self.path = _pods.decide(found, mode, pod_input, len(feeds))
         if self.path.name == "files" and 0 in self._host_rows():
             self.path = _pods.Path(
@@ -406,7 +408,7 @@ class HostInput:
 
     def _host_rows(self):
         """Per host, the real rows of one board's padded global batch its replicas hold."""
-        piece = self.padded // self.replicas
+        piece = self.context.per_replica_batch(self.size)
         return [sum(min(max(self.size - r * piece, 0), piece) for r in feed) for feed in self.feeds]
 
     def _build(self):
@@ -541,7 +543,7 @@ def distributed_input(
             )
         )
     replicas = strategy.num_replicas_in_sync
-    padded = _batch_math.padded_batch(size, replicas)
+    padded = _plan.RunContext(mode, replicas, batch_size=size).padded_batch()
     result = _shapes.with_declared_shapes(result, model_inputs)
     if host is not None:  # strings and lookups, on the host
         result = result.map(_strategy_host.element_function(host, mode))

@@ -17,7 +17,7 @@ from tpushim._strategy.element import _labels_list, _unpack
 def check_metric_names_map(plan):
     """Stock's errors for a ``metric_names_map`` whose keys are not the names stock's model_fn
     gives the model's compiled metrics (raised by its train() and evaluate() calls alike)."""
-    if getattr(plan, "metric_names_map", None):
+    if plan.metric_names_map:
         _metric_names.mapped_metric_names(
             _strategy_checkpoint.stock_metric_names(plan), plan.metric_names_map
         )

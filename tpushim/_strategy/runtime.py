@@ -43,7 +43,7 @@ def tpu_strategy(resolver):
 def runtime(plan):
     """Where the engine runs ``plan``'s calls: on the eager runtime, also for a program that
     disabled it (:func:`tpushim._tfprivate.graph.eager_runtime`; its graph mode back after a call)."""
-    if getattr(plan, "graph_mode", False):
+    if plan.graph_mode:
         return _eager_runtime(plan.keras_model)
     return contextlib.nullcontext()
 

@@ -137,7 +137,7 @@ class _Run:
             )
             self.optimizer = None
             if features is not None:  # stock's graph builds a subclassed model on them too
-                plan.features_spec = features
+                plan.learned.features_spec = features
             if mode == ModeKeys.TRAIN:
                 self.optimizer = _optimizer(plan.optimizer, self.step, self.model, plan)
             _tfprivate.estimator.track_estimator_step(self.model, self.step)

@@ -4,7 +4,6 @@ numpy/pandas input_fn's feeding.
 """
 
 import functools
-import os
 
 import tensorflow as tf
 
@@ -42,55 +41,21 @@ else:  # the estimator API's twins (tpushim/_estimator_api/_keras.py wrote them 
 
 def save_first_checkpoint(keras_model, custom_objects, config, save_object_ckpt, on_graph=None):
     """keras_lib's ``_save_first_checkpoint`` (the Keras weights in ``model_dir/keras``, the warm
-    start), step by step as stock, with every variable of its graph initialised before the save.
-    ``on_graph``: called with the clone and the global step in that graph (stock's training
-    graph) after the save, where it was built: the strategy engine reads its checkpoint names there.
-
-    Keras initialises the variables it knows of: the model's and those its optimizer lists. A
-    ``tf.compat.v1.train`` optimizer that wraps another (a gradient-clipping wrapper delegating
-    ``compute_gradients`` / ``apply_gradients``) lists none of the inner one's slots, and stock's
-    Saver then fails on them (``FailedPreconditionError: ... /Adagrad``). Their initial values
-    are what the training graph gives them anyway: the warm start restores only what it finds.
-    """
-
+    start), with stock's clone: :func:`tpushim._first_checkpoint.save`."""
     import tensorflow as tf
 
-    keras_model_dir = os.path.join(config.model_dir, "keras")
-    latest_path = tf.train.latest_checkpoint(keras_model_dir)
-    if latest_path:
-        return latest_path
-    keras_weights = keras_model.get_weights() if any_weight_initialized(keras_model) else None
-    if not tf.compat.v1.gfile.IsDirectory(keras_model_dir):
-        tf.compat.v1.gfile.MakeDirs(keras_model_dir)
-    latest_path = os.path.join(keras_model_dir, "keras_model.ckpt")
-    with tf.Graph().as_default():
-        tf.compat.v1.random.set_random_seed(config.tf_random_seed)
-        tf.compat.v1.train.create_global_step()
-        model = modules.keras_lib._clone_and_build_model(
-            tf.estimator.ModeKeys.TRAIN, keras_model, custom_objects
-        )
-        model._make_train_function()  # before the session: it adds to the graph
-        with tf.compat.v1.Session(config=config.session_config) as sess:
-            if keras_weights:
-                model.set_weights(keras_weights)
-            keras_backend = getattr(tf.compat.v2.keras, "__internal__", None)
-            if keras_backend is not None:  # stock's step (the graph's other variables: below)
-                keras_backend.backend.initialize_variables(sess)
-            variables = tf.compat.v1.global_variables()
-            ready = sess.run([tf.compat.v1.is_variable_initialized(v) for v in variables])
-            left = [v for v, done in zip(variables, ready) if not done]
-            if left:  # made by an optimizer Keras does not see into
-                sess.run(tf.compat.v1.variables_initializer(left))
-            if save_object_ckpt:
-                model._track_trackable(
-                    tf.compat.v1.train.get_global_step(), "estimator_global_step"
-                )
-                model.save_weights(latest_path)
-            else:
-                tf.compat.v1.train.Saver().save(sess, latest_path)
-        if on_graph is not None:
-            on_graph(model, tf.compat.v1.train.get_global_step())
-    return latest_path
+    from tpushim import _first_checkpoint
+
+    return _first_checkpoint.save(
+        keras_model,
+        config,
+        save_object_ckpt,
+        lambda model: modules.keras_lib._clone_and_build_model(
+            tf.estimator.ModeKeys.TRAIN, model, custom_objects
+        ),
+        keras_model.get_weights() if any_weight_initialized(keras_model) else None,
+        on_graph,
+    )
 
 
 def log_every_step_count_steps_on_cpu(estimator, config):

@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 
-from tpushim import _scratch, _versions
+from tpushim import _observe, _scratch, _versions
 from tpushim._patch import patched
 from tpushim._status import status
 
@@ -68,8 +68,9 @@ def _quiet_tensorflow():
         pass
 
 
-class _Engines:
-    """An observer (:mod:`tpushim._observe`): which engine each conversion returned."""
+class _Engines(_observe.Observer):
+    """An observer (:mod:`tpushim._observe`): which engine each conversion returned (every other
+    event ignored)."""
 
     def __init__(self):
         self.engines = []
@@ -90,7 +91,6 @@ def _engine(estimator):
 
 
 def _train_once(scope):
-    from tpushim import _observe
     from tpushim.demo import legacy_mlp
 
     start = time.perf_counter()
