@@ -57,9 +57,21 @@ def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
         _tfprivate.build_compiled_metrics(
             metrics_model, _one_or_list(labels), _one_or_list(carried)
         )
-        as_stock = [_as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
-        update = metrics_model.compiled_metrics.update_state
+        weighed = has_weight or [True] * len(labels)
+        as_is = [_given_as_is(y, o) for y, o in zip(labels, carried)]
+        if any(as_is):  # their metrics updated here, the other outputs' below
+            _tfprivate.update_compiled_metrics_as_given(
+                metrics_model,
+                [y if a else None for y, a in zip(labels, as_is)],
+                carried,
+                [w if a and given else None for w, a, given in zip(weights, as_is, weighed)],
+            )
+            if all(as_is):
+                return
+            labels = [None if a else y for y, a in zip(labels, as_is)]
+        as_stock = [y if y is None else _as_in_stocks_graph(y, o) for y, o in zip(labels, carried)]
         per_output = list(weights)
+        update = metrics_model.compiled_metrics.update_state
         outputs, weights = _one_or_list(carried), _one_or_list(weights)
         if all(a is y for a, y in zip(as_stock, labels)):
             update(_one_or_list(labels), outputs, weights)
@@ -70,9 +82,8 @@ def _metrics_update(metrics_model, logits_how, has_mask, has_weight=None):
         with _tfprivate.compiled_metrics_only(metrics_model, weighted=False):
             update(_one_or_list(as_stock), outputs, weights)
         # (an output without sample weights: as stock's graph, unweighted)
-        weighed = has_weight or [True] * len(labels)
         rows = [
-            _padding.row_labels(y, o) if w else a
+            a if y is None or not w else _padding.row_labels(y, o)
             for y, o, a, w in zip(labels, carried, as_stock, weighed)
         ]
         if not all(weighed):
@@ -91,6 +102,18 @@ def _as_in_stocks_graph(label, output):
     if _padding.row_labels(label, output) is label:
         return label
     return tf.compat.v1.placeholder_with_default(label, shape=None)
+
+
+def _given_as_is(label, output):
+    """Whether ``label`` is [batch] for a [batch, k > 1] output: Keras's metrics container would
+    expand it to [batch, 1], where stock's graph hands it to each metric as it is (a user's loss
+    on k units: stock's ``accuracy`` is categorical, the argmax of the batch's labels)."""
+    return (
+        tf.is_tensor(label)
+        and label.shape.rank == 1
+        and output.shape.rank == 2
+        and tf.compat.dimension_value(output.shape[-1]) != 1
+    )
 
 
 def _one_or_list(values):
