@@ -1168,6 +1168,21 @@ def activity_loss_count(layer):
     return sum(len(tf.nest.flatten(node.outputs)) for node in layer._inbound_nodes)
 
 
+def activity_losses(layer):
+    """(index among :func:`layer_input_losses`, the loss, the output it regularized) for each
+    loss a graph network layer's activity regularizer added in a graph: Keras adds one per
+    output of each call, just before the call's node, so they pair with the layer's nodes in
+    order. Empty where the layer added other input losses too (which pairing could not tell
+    apart) or has no activity regularizer."""
+    import tensorflow as tf
+
+    losses = layer_input_losses(layer)
+    if not losses or len(losses) != activity_loss_count(layer):
+        return []
+    outputs = [o for node in layer._inbound_nodes for o in tf.nest.flatten(node.outputs)]
+    return [(i, loss, output) for i, (loss, output) in enumerate(zip(losses, outputs))]
+
+
 @not_converted
 def layer_call_losses(layer):
     """The losses a layer added from its inputs in its latest call eagerly or in a
