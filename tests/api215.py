@@ -335,11 +335,47 @@ except Exception as e:
 print("RESULT " + json.dumps(out))
 """
 
+
+# Labels of shape [batch] (a legacy script's own: one class id per row) for a 3-unit softmax:
+# a user's loss function with metrics=["accuracy"] and weighted_metrics=["acc"] (stock compiles its clone in a graph,
+# where Keras picks categorical accuracy for a loss it cannot name, and hands it the [batch]
+# labels as they are: argmax over the batch's labels), and the sparse loss by name with the
+# same metrics; 52 rows in batches of 8 (the last one short).
+LABELS_1D = """
+import json, os, random, sys
+{patch}
+import numpy as np, tensorflow as tf
+
+def users_loss(y_true, y_pred):
+    return tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+def model(loss):
+    random.seed(0); np.random.seed(0); tf.random.set_seed(0)
+    m = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", input_shape=(4,)),
+                             tf.keras.layers.Dense(3, activation="softmax")])
+    m.compile(tf.keras.optimizers.SGD(0.1), loss, metrics=["accuracy"], weighted_metrics=["acc"])
+    return m
+
+rng = np.random.RandomState(0)
+x = rng.rand(52, 4).astype("float32")
+y = rng.randint(0, 3, size=52).astype("int64")
+data = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+out = {{}}
+for name, loss in (("users_loss", users_loss), ("sparse_by_name", "sparse_categorical_crossentropy")):
+    conf = tf.estimator.RunConfig(tf_random_seed=1, model_dir=os.path.join(sys.argv[1], name))
+    est = tf.keras.estimator.model_to_estimator(model(loss), config=conf)
+    est.train(data, steps=3)
+    out[name] = {{k: float(v) for k, v in est.evaluate(data).items()}}
+print("RESULT " + json.dumps(out))
+"""
+
 SCENARIOS = {
     "shuffle": SHUFFLE,
     "exporters": EXPORTERS,
     "distribute": DISTRIBUTE,
     "replicas": REPLICAS,
+    "labels_1d": LABELS_1D,
 }
 
 

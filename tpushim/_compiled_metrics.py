@@ -1,8 +1,8 @@
 """A Keras model's compiled metrics updated as stock's evaluation graph updates them, for every
 engine that updates them on the host (the strategy engine's, the JAX engine's): the metrics
 picked as stock's graph picks them (:func:`tpushim._tfprivate.keras_compile.build_compiled_metrics`),
-and labels of shape [batch] for a [batch, 1] output handed to each metric as stock's graph
-hands them (:func:`as_in_stocks_graph`). Call :func:`update` inside a ``tf.function``: an
+and labels of shape [batch] handed to each metric as stock's graph hands them
+(:func:`as_in_stocks_graph` for a [batch, 1] output, :func:`given_as_is` for [batch, k > 1]). Call :func:`update` inside a ``tf.function``: an
 eager tensor's static rank would let Keras's metrics container expand the label."""
 
 import tensorflow as tf
@@ -20,6 +20,18 @@ def as_in_stocks_graph(label, output):
     return tf.compat.v1.placeholder_with_default(label, shape=None)
 
 
+def given_as_is(label, output):
+    """Whether ``label`` is [batch] for a [batch, k > 1] output: Keras's metrics container would
+    expand it to [batch, 1], where stock's graph hands it to each metric as it is (a user's loss
+    on k units: stock's ``accuracy`` is categorical, the argmax of the batch's labels)."""
+    return (
+        tf.is_tensor(label)
+        and label.shape.rank == 1
+        and output.shape.rank == 2
+        and tf.compat.dimension_value(output.shape[-1]) != 1
+    )
+
+
 def one_or_list(values):
     """One output's value, or a list in the model's output order: Keras's metrics container zips
     it with its output names (a dict it would order by name: a model whose outputs are not named
@@ -35,7 +47,19 @@ def update(metrics_model, labels, outputs, weights, has_weight=None):
     _tfprivate.keras_compile.build_compiled_metrics(
         metrics_model, one_or_list(labels), one_or_list(outputs)
     )
-    as_stock = [as_in_stocks_graph(y, o) for y, o in zip(labels, outputs)]
+    weighed = has_weight or [True] * len(labels)
+    as_is = [given_as_is(y, o) for y, o in zip(labels, outputs)]
+    if any(as_is):  # their metrics updated here, the other outputs' below
+        _tfprivate.keras_compile.update_compiled_metrics_as_given(
+            metrics_model,
+            [y if a else None for y, a in zip(labels, as_is)],
+            outputs,
+            [w if a and given else None for w, a, given in zip(weights, as_is, weighed)],
+        )
+        if all(as_is):
+            return
+        labels = [None if a else y for y, a in zip(labels, as_is)]
+    as_stock = [y if y is None else as_in_stocks_graph(y, o) for y, o in zip(labels, outputs)]
     update_state = metrics_model.compiled_metrics.update_state
     per_output = list(weights)
     carried, weights = one_or_list(outputs), one_or_list(weights)
@@ -48,9 +72,8 @@ def update(metrics_model, labels, outputs, weights, has_weight=None):
     with _tfprivate.keras_compile.compiled_metrics_only(metrics_model, weighted=False):
         update_state(one_or_list(as_stock), carried, weights)
     # (an output without sample weights: as stock's graph, unweighted)
-    weighed = has_weight or [True] * len(labels)
     rows = [
-        _padding.row_labels(y, o) if w else a
+        a if y is None or not w else _padding.row_labels(y, o)
         for y, o, a, w in zip(labels, outputs, as_stock, weighed)
     ]
     if not all(weighed):

@@ -88,6 +88,9 @@ class Split:
     host_tensors: tuple = ()
     template: object = None
     custom_objects: dict = dataclasses.field(default_factory=dict)
+    #: the host layers only the moved layers (or other such ones) read: the model's clone on
+    #: the device does not compute them (:func:`device_layers`)
+    host_only: frozenset = frozenset()
 
     def describe(self, with_host=True):
         """One line: what moved, for the conversion line and the preflight (``with_host``: the
@@ -386,6 +389,7 @@ def plan(keras_model, custom_objects=None):
         tuple(host_tensors.items()),
         template,
         dict(custom_objects or {}),
+        frozenset(only_moved & host),
     )
 
 
@@ -466,9 +470,31 @@ def layer_output(split, blocks, layer, training=None):
 @contextlib.contextmanager
 def device_layers(split, blocks):
     """While active, the moved ``DenseFeatures`` layers of a clone read ``blocks`` (the features
-    the input pipeline made) instead of transforming raw features."""
-    with _tfprivate.keras.dense_features_call_replaced(_device_call(split, blocks)):
+    the input pipeline made) instead of transforming raw features, and the host layers only they
+    read (``split.host_only``) compute nothing: the host computed them, and their copy on the
+    device would run on the zero stand-ins of the raw inputs, for nothing, or fail (a ``Lambda``
+    taking strings; an op no TPU runs)."""
+    with (
+        _tfprivate.keras.dense_features_call_replaced(_device_call(split, blocks)),
+        _tfprivate.keras.cloned_layers_call_replaced(split.host_only, _not_computed),
+    ):
         yield
+
+
+def _not_computed(layer, inputs, *args, **kwargs):
+    """A host layer's call in the device's clone: a [batch, 1] stand-in for each of its outputs
+    (``layer``'s, the user's: no moved layer reads their values, :func:`_device_call`), tied to
+    its inputs as :func:`_tied_to_inputs` ties a moved layer's output, so what follows stays
+    reachable from the model's inputs."""
+    tensors = [
+        t
+        for t in tf.nest.flatten((inputs, args, kwargs), expand_composites=True)
+        if tf.is_tensor(t)
+    ]
+    rows = tf.shape(tensors[0])[0] if tensors and tensors[0].shape.rank else 1
+    return tf.nest.map_structure(
+        lambda _: _tied_to_inputs(tf.zeros([rows, 1]), tensors), layer.get_output_at(0)
+    )
 
 
 @contextlib.contextmanager

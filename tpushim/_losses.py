@@ -312,3 +312,45 @@ def global_output_loss(endpoint, kind, padding_weight, cross_replica):
     if cross_replica:
         value = tf.compat.v1.tpu.cross_replica_sum(value) / float(shards)
     return value
+
+
+_BUILTIN_ACTIVITY = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
+
+
+@_tfprivate.graph.not_converted
+def per_row_activity(regularizer, output):
+    """[rows] values of an activity regularizer's term on ``output``, each row's that of a batch
+    of that row alone: ``regularizer(row) / 1``, as Keras divides by the batch size. A batch's
+    term is then ``n**(degree - 1)`` times the sum over its n real rows (a built-in regularizer:
+    degree 0, the mean), whatever padding rows the batch carries: the strategy engine's loss
+    and the TPUEstimator path's evaluation loss (:func:`activity_term`) both read it."""
+    output = tf.cast(output, tf.float32)
+    if type(regularizer) in _BUILTIN_ACTIVITY:  # sums over a row's elements: no loop
+        axes = list(range(1, output.shape.rank))
+        value = tf.zeros(tf.shape(output)[:1])
+        if getattr(regularizer, "l1", 0.0):
+            value += float(regularizer.l1) * tf.reduce_sum(tf.abs(output), axes)
+        if getattr(regularizer, "l2", 0.0):
+            value += float(regularizer.l2) * tf.reduce_sum(tf.square(output), axes)
+        return value
+    return tf.map_fn(
+        lambda row: tf.reshape(tf.cast(regularizer(row[None]), tf.float32), []),
+        output,
+        fn_output_signature=tf.float32,
+    )
+
+
+def activity_term(regularizer, output, degree, padding_weight, cross_replica):
+    """An activity regularizer's term on the real rows of the global batch (evaluation on the
+    TPUEstimator path): the rows' :func:`per_row_activity` values weighed by ``padding_weight``
+    (None: every row real), summed with the real rows' count over the shards where
+    ``cross_replica``, combined as the term's ``degree`` says. Keras's own term is a mean over
+    the shard's rows, padding included."""
+    values = per_row_activity(regularizer, output)
+    rows = tf.ones_like(values) if padding_weight is None else tf.cast(padding_weight, values.dtype)
+    sums = tf.stack([tf.reduce_sum(values * rows), tf.reduce_sum(rows)])
+    if cross_replica:
+        sums = tf.compat.v1.tpu.cross_replica_sum(sums)
+    if degree == 1:
+        return sums[0]
+    return sums[0] * tf.math.divide_no_nan(1.0, sums[1]) ** float(1 - degree)

@@ -402,7 +402,11 @@ def make_model_fn(
                 model
             )  # as stock's _make_test_function does
             loss = _padding.eval_loss(
-                model, padding_weight, cross_replica=use_tpu, kinds=plan and plan.outputs
+                model,
+                padding_weight,
+                cross_replica=use_tpu,
+                kinds=plan and plan.outputs,
+                added=plan and plan.added,
             )
             eval_metrics = _eval_metrics(model, metric_names_map, padding_weight)
         # A subclassed model Keras could not clone was reset in place: give the user theirs back.

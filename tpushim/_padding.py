@@ -225,7 +225,7 @@ def labels_for_padded_training(keras_model, labels, keep=(), output_specs=None):
     return labels
 
 
-def eval_loss(model, padding_weight, cross_replica=False, kinds=None):
+def eval_loss(model, padding_weight, cross_replica=False, kinds=None, added=None):
     """The eval loss of the real (unpadded) rows of the *global* batch, as stock computes it per batch.
 
     Stock's eval "loss" is the mean over batches of each batch's loss. On a TPU each shard sees a
@@ -233,7 +233,9 @@ def eval_loss(model, padding_weight, cross_replica=False, kinds=None):
     shard 0's loss; with ``cross_replica`` each output's weighted sum and real element count are
     summed over all shards first, so every shard's loss is that of the whole global batch.
     ``kinds`` (output name -> :mod:`tpushim._loss_kinds` kind) tells a custom scalar loss, or one
-    weighted 0, from one value per example (the default).
+    weighted 0, from one value per example (the default). An activity regularizer's term is the
+    real rows' (:func:`tpushim._losses.activity_term`, its degree from ``added``: (layer name,
+    index) -> degree), not Keras's mean over the padded batch.
     """
     if padding_weight is None and not cross_replica:
         return model.total_loss
@@ -283,6 +285,16 @@ def eval_loss(model, padding_weight, cross_replica=False, kinds=None):
             output_loss = tf.math.divide_no_nan(sums[0], sums[1])
         total += endpoint.loss_weight * output_loss
     regularization = model.get_losses_for(None) + model.get_losses_for(model.inputs)
+    for layer in _tfprivate.keras.all_layers(model):  # over the real rows, not the padded batch
+        for index, loss, output in _tfprivate.keras_compile.activity_losses(layer):
+            if not any(loss is t for t in regularization):
+                continue  # a call outside this model's graph (a nested model's own)
+            regularization = [t for t in regularization if t is not loss]
+            degree = (added or {}).get((layer.name, index), 0)
+            term = _losses.activity_term(
+                layer.activity_regularizer, output, degree, padding_weight, cross_replica
+            )
+            total += tf.cast(term, loss.dtype)
     if regularization:
         total += tf.add_n(regularization)
     return total

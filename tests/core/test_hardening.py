@@ -11,8 +11,6 @@ import time
 import procs
 import pytest
 
-from tpushim import _versions
-
 pytestmark = pytest.mark.slow  # trains estimators or runs scripts: outside the fast tier
 
 TRAIN_SCRIPT = textwrap.dedent("""
@@ -42,12 +40,6 @@ TRAIN_SCRIPT = textwrap.dedent("""
     metrics = est.evaluate(lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
     print("DONE", metrics["global_step"], metrics["loss"])
 """)
-
-
-# Mode cpu on TensorFlow >= 2.16 is the strategy engine: it resumes, but does not log stock's
-# "Restoring parameters from ..." line this test reads.
-if _versions.uses_own_estimator():
-    TRAIN_SCRIPT = TRAIN_SCRIPT.replace('tpushim.patch(mode="cpu")', 'tpushim.patch(mode="auto")')
 
 
 def _checkpoint_step(model_dir):

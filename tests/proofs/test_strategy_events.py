@@ -230,3 +230,55 @@ def test_observers_hear_the_engines_calls(tmp_path):
     assert len(table) == 4, lines
     for row in table:  # input wait: measured
         assert re.search(r"  \d+\.\d\d s \d+%$", row.rstrip()), lines
+
+
+#: What stock 2.15 logs (its Saver, at INFO) in the calls of the test below, relative to the
+#: model_dir: nothing at the first train() (a warm start from the Keras weights), the latest
+#: checkpoint at the resumed train(), at evaluate() and predict(), and the path an evaluate()
+#: names. Checked against stock itself where it runs (TensorFlow 2.15).
+STOCKS_RESTORING_LINES = ["model.ckpt-3", "model.ckpt-5", "model.ckpt-5", "model.ckpt-3"]
+
+
+def _restoring_paths():
+    from tpushim import _versions
+
+    paths = {"engine": {"mode": "cpu", "engine": "strategy"}}
+    if not _versions.uses_own_estimator():
+        paths["stock"] = {"mode": "off"}
+    return paths
+
+
+@pytest.mark.parametrize("path", sorted(_restoring_paths()))
+def test_restoring_from_a_checkpoint_is_logged_as_stocks(tmp_path, path):
+    """``Restoring parameters from <path>``, stock's Saver line at INFO, each time a call reads
+    a checkpoint: a train() resuming, evaluate() (the latest, or the checkpoint it names) and
+    predict(); none where train() starts from the Keras weights."""
+    import logging
+
+    import tfcases
+
+    x, y = tfcases.data()
+    config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+    patch = dict(_restoring_paths()[path], quiet=True)
+    estimator = tfcases.convert(tmp_path, patch=patch, config=config)
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("tensorflow")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        estimator.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=3)
+        estimator.train(tfcases.dataset_input_fn(x, y, repeat=True), steps=2)
+        estimator.evaluate(tfcases.dataset_input_fn(x, y))
+        list(estimator.predict(tfcases.dataset_input_fn(x)))
+        estimator.evaluate(
+            tfcases.dataset_input_fn(x, y), checkpoint_path=str(tmp_path / "model.ckpt-3")
+        )
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    prefix = "Restoring parameters from "
+    lines = [m[len(prefix) :] for m in seen if m.startswith(prefix)]
+    assert lines == [str(tmp_path / name) for name in STOCKS_RESTORING_LINES], lines

@@ -452,3 +452,41 @@ def test_temporal_sample_weights_are_refused_as_stock_refuses_them(tmp_path, eng
         assert sorted(os.listdir(tmp_path / name)) == before
     assert errors["stock"] == "Received sample weight with shape (None, 3). Expected shape [None]."
     assert errors[engine] == errors["stock"]
+
+
+def _labels_1d_paths():
+    from tpushim import _versions
+
+    if _versions.uses_own_estimator():  # TensorFlow >= 2.16: stock 2.15's recorded numbers
+        return {"strategy engine": "mode='cpu', quiet=True"}
+    return {
+        "stock": "",  # live, and equal to what was recorded
+        "TPUEstimator path": "mode='cpu', quiet=True",
+        "strategy engine": "mode='cpu', engine='strategy', quiet=True",
+    }
+
+
+@pytest.mark.parametrize("path", sorted(_labels_1d_paths()))
+def test_batch_labels_for_a_softmax_output_give_stocks_accuracy(tmp_path, path):
+    """[batch] labels for a 3-unit softmax output (tests/api215.py ``labels_1d``): with a user's
+    loss, stock's ``accuracy`` is categorical, and stock's graph hands it the [batch] labels as
+    they are (the argmax over each batch's labels); with the sparse loss by name, sparse. The
+    engine's metrics container expanded the labels to [batch, 1] first (accuracy 1.0 where stock
+    gives 0.538). Every key within 1e-5 of stock 2.15's, a short last batch padded."""
+    import json
+
+    import api215
+
+    with open(api215.OUT, encoding="utf-8") as f:
+        recorded = json.load(f)["results"]["labels_1d"]
+    paths = _labels_1d_paths()
+    patch = f"import tpushim; tpushim.patch({paths[path]})" if paths[path] else ""
+    got = api215.run("labels_1d", tmp_path, patch=patch, env={"TF_USE_LEGACY_KERAS": ""})
+    # what stock's rule gives, spelled out: a user's loss differs from the sparse one
+    assert abs(recorded["users_loss"]["accuracy"] - 0.538462) < 1e-6
+    assert abs(recorded["sparse_by_name"]["accuracy"] - 0.480769) < 1e-6
+    assert set(got) == set(recorded), json.dumps(got)
+    for case, want in recorded.items():
+        assert set(got[case]) == set(want), (case, got[case])
+        for key, value in want.items():
+            assert abs(got[case][key] - value) <= TOLERANCE, (case, key, got[case][key], value)

@@ -181,6 +181,20 @@ def added_losses():
     return model
 
 
+def activity_regularized():
+    """Activity regularizers alone: a built-in one (a mean), a user's mean-valued one (a mean
+    over the batch divided by it again), on a layer called twice (a term per call)."""
+    _seeded()
+    x = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(
+        6, activation="tanh", name="h", activity_regularizer=tf.keras.regularizers.L1L2(0.01, 0.02)
+    )(x)
+    g = tf.keras.layers.Dense(6, activation="tanh", name="g", activity_regularizer=MeanActivity())
+    model = tf.keras.Model(x, tf.keras.layers.Dense(2, name="y")(g(g(h))))
+    model.compile(_sgd(), loss="mse")
+    return model
+
+
 def masked_sequence():
     """[batch, 5, 1] outputs whose zero-padded time steps are masked out of the mean."""
     _seeded()
@@ -287,6 +301,7 @@ CASES = {
     "two-outputs-weighted": (two_outputs, _two_outputs_data),
     "three-outputs": (three_outputs, _three_outputs_data),
     "added-losses": (added_losses, _xy),
+    "activity": (activity_regularized, _xy),
     "masked-sequence": (masked_sequence, _sequence_data),
     "constant-zero-weighted-0": (passing_through(_zero, 0.0), _passing_through_data),
     "constant-weighted-1": (passing_through(_zero, 1.0), _passing_through_data),
@@ -503,6 +518,7 @@ def test_negative_control_batch_labels_read_per_row_fail(stock_runs, case, monke
 EVAL_CASES = ["custom-mean-scalar", "custom-summed-scalar", "constant-weighted-1"]
 EVAL_CASES += ["constant-zero-weighted-0", "labels-only-mean", "no-loss"]
 EVAL_CASES += ["row-labels-sum", "row-labels-kld"]  # [batch] labels: one number for the batch
+EVAL_CASES += ["activity"]  # each regularizer's term over the real rows of the global batch
 
 
 def _eval_batches(case):

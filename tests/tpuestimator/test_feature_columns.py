@@ -608,3 +608,87 @@ def test_a_layer_that_cannot_move_before_the_columns_is_refused_naming_it(
             patch={"mode": "cpu", "engine": engine},
         )
     assert not os.path.exists(tmp_path / "model")  # refused before anything was written
+
+
+# --- the host layers are not computed again on the device --------------------------------------
+
+CITIES = np.array(["Paris", "ROME", "oslo", "Rome"], dtype=object)
+
+
+def _city_data(n=tfcases.N, seed=0):
+    rng = np.random.RandomState(seed)
+    city = CITIES[rng.randint(0, len(CITIES), (n, 1))]
+    x = rng.rand(n, 1).astype("float32")
+    y = (x + 1.5 * (np.char.lower(city.astype(str)) == "rome")).astype("float32")
+    return {"city": city, "x": x}, y
+
+
+def _city_model():
+    """A ``Lambda`` taking strings (lower-casing a city) and one of a number (``expm1``), between
+    the raw inputs and ``DenseFeatures``: both run on the host with the columns."""
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    fc = tf.feature_column
+    inputs = {
+        "city": tf.keras.Input((1,), name="city", dtype=tf.string),
+        "x": tf.keras.Input((1,), name="x"),
+    }
+    lower = tf.keras.layers.Lambda(tf.strings.lower, name="lower")(inputs["city"])
+    # (in a lambda: a Lambda of tf.math.expm1 itself did not survive cloning here)
+    scaled = tf.keras.layers.Lambda(lambda v: tf.math.expm1(v), name="scaled")(inputs["x"])  # noqa: PLW0108
+    vocabulary = fc.categorical_column_with_vocabulary_list("city", ["paris", "rome", "oslo"])
+    columns = [fc.indicator_column(vocabulary), fc.numeric_column("x")]
+    h = tf.keras.layers.DenseFeatures(columns, name="place")({"city": lower, "x": scaled})
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="y")(h))
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse", metrics=["mae"])
+    return model
+
+
+def _city_input(rows, batch, repeat=False, labels=True):
+    features, y = _city_data()
+    features = {k: v[rows] for k, v in features.items()}
+    ds = tf.data.Dataset.from_tensor_slices((features, y[rows]) if labels else features)
+    ds = ds.batch(batch)
+    return ds.repeat() if repeat else ds
+
+
+def test_host_layers_taking_strings_before_the_columns_train_as_stock(tmp_path):
+    """The host layers only the columns read are not computed in the model on the device (they
+    were, on zero stand-ins of the raw inputs: wasted work, and a ``Lambda`` taking strings
+    failed there: "'StringLower' Op has type float32"). Weights, evaluate() over a short last
+    batch, predict() and the exported model fed raw strings equal stock's."""
+    stock, shim = tfcases.compare(
+        tmp_path,
+        _city_model,
+        lambda: _city_input(np.arange(40), 8, repeat=True),
+        lambda: _city_input(np.arange(40, 52), 8),  # a short last batch
+        lambda: _city_input(np.arange(40, 50), 4, labels=False),
+        steps=6,
+    )
+    assert stock[1]["loss"] < 1.0
+    features, _ = _city_data()
+    rows = {k: v[:9] for k, v in features.items()}
+    np.testing.assert_allclose(
+        _serve(shim[0], tmp_path / "shim_export", rows, "y"),
+        _serve(stock[0], tmp_path / "stock_export", rows, "y"),
+        atol=tfcases.TOL,
+        rtol=0,
+    )
+
+
+def test_faked_tpu_computation_holds_no_host_layer(tmp_path):
+    """On a faked TPU system: the TPU computation of train and predict holds neither the
+    strings' op nor the number's (``Expm1``, no other layer's), the host computes them, and no
+    string is fed."""
+    with faketpu.faked_tpu_system() as tpu:
+        est = tfcases.convert(tmp_path / "model", _city_model, patch=tfcases.on_faked_tpu(tpu, 2))
+        train = tpu.build(lambda: est.train(lambda: _city_input(np.arange(48), 16, True), steps=4))
+        predict = tpu.build(
+            lambda: list(est.predict(lambda: _city_input(np.arange(48), 16, labels=False)))
+        )
+    for build in (train, predict):
+        ops = _tpu_computation_ops(build)
+        assert "MatMul" in ops, sorted(ops)
+        assert not ops & {"StringLower", "Expm1", *HOST_OPS}, sorted(ops & {"StringLower", "Expm1"})
+        for node in build.nodes("InfeedEnqueueTuple"):
+            assert tf.string not in [tf.as_dtype(t) for t in node.attr["dtypes"].list.type]

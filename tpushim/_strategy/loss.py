@@ -219,29 +219,6 @@ def _called(model, features, training):
     return outputs, _tfprivate.keras_compile.weight_regularizers(model), adds, activity
 
 
-_BUILTIN_ACTIVITY = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
-
-
-@_tfprivate.graph.not_converted
-def _per_row_activity(regularizer, output):
-    """[rows] values of an activity regularizer's term, each row's that of a batch of that row
-    alone: ``regularizer(row) / 1``, as Keras divides by the batch size."""
-    output = tf.cast(output, tf.float32)
-    if type(regularizer) in _BUILTIN_ACTIVITY:  # sums over a row's elements: no loop
-        axes = list(range(1, output.shape.rank))
-        value = tf.zeros(tf.shape(output)[:1])
-        if getattr(regularizer, "l1", 0.0):
-            value += float(regularizer.l1) * tf.reduce_sum(tf.abs(output), axes)
-        if getattr(regularizer, "l2", 0.0):
-            value += float(regularizer.l2) * tf.reduce_sum(tf.square(output), axes)
-        return value
-    return tf.map_fn(
-        lambda row: tf.reshape(tf.cast(regularizer(row[None]), tf.float32), []),
-        output,
-        fn_output_signature=tf.float32,
-    )
-
-
 @_tfprivate.graph.not_converted
 def input_losses(model, features, training, degrees, activity=None):
     """``(degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
@@ -259,7 +236,7 @@ def input_losses(model, features, training, degrees, activity=None):
         for layer in _tfprivate.keras.all_layers(model)
         for i, _ in enumerate(_tfprivate.keras_compile.layer_call_losses(layer))
     ]
-    values = {key: _per_row_activity(*activity[key]) for key in keys if key in activity}
+    values = {key: _losses.per_row_activity(*activity[key]) for key in keys if key in activity}
     rest = [key for key in keys if key not in values]
     if rest:
 

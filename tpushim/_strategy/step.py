@@ -150,6 +150,8 @@ class _Run:
         self.model_dir = model_dir
         latest = checkpoint_path or tf.train.latest_checkpoint(model_dir)
         if latest:
+            # stock's Saver says so at INFO, at every call that reads a checkpoint
+            tf.compat.v1.logging.info("Restoring parameters from %s", latest)
             self.checkpoints.read(latest)
         elif mode != ModeKeys.TRAIN and plan.warm_start is None:
             raise ValueError(f"Could not find trained model in model_dir: {model_dir}.")

@@ -5,6 +5,7 @@ Keras's classes and random state kept.
 
 import contextlib
 import contextvars
+import functools
 import threading
 
 import tensorflow as tf
@@ -80,6 +81,39 @@ def batchnorm_call_replaced(replacement):
     """
     with batchnorm_call_hooked(), batchnorm_call_using(replacement):
         yield
+
+
+_cloned_layer_call = contextvars.ContextVar("tpushim_cloned_layer_call", default=None)
+
+
+@contextlib.contextmanager
+def cloned_layers_call_replaced(names, replacement):
+    """While active, in this thread (context), the copy Keras's cloning makes of a layer named
+    in ``names`` calls ``replacement(layer, inputs, *args, **kwargs)`` (``layer``: the one
+    copied) instead of its own ``call`` (set
+    on the copy alone: the layer's class and the user's layer keep theirs). Keras's cloning makes
+    each layer's copy through its module's ``_clone_layer``, looked up at each clone; it is
+    replaced for the block only, and another thread's clone gets Keras's own copy (a context
+    variable says whose block it is; a wrapper that overlapping blocks leave behind passes
+    every copy through unchanged)."""
+    cloning = modules.keras_module("models.cloning")
+    own = cloning._clone_layer
+
+    def clone_layer(layer):
+        made = own(layer)
+        active = _cloned_layer_call.get()
+        if active is not None and layer.name in active[0]:
+            made.call = functools.partial(active[1], layer)
+        return made
+
+    token = _cloned_layer_call.set((frozenset(names), replacement))
+    cloning._clone_layer = clone_layer
+    try:
+        yield
+    finally:
+        if cloning.__dict__.get("_clone_layer") is clone_layer:  # only ours
+            cloning._clone_layer = own
+        _cloned_layer_call.reset(token)
 
 
 @graph.not_converted

@@ -66,6 +66,39 @@ def build_compiled_metrics(keras_model, y_true, y_pred):
         del compiled._get_metric_object  # the class's own again
 
 
+def update_compiled_metrics_as_given(keras_model, y_true, y_pred, sample_weight):
+    """The built compiled metrics container's ``update_state`` (one list entry per output), but
+    each label handed to its metrics as given, as stock's graph (Keras's v1 training) hands it:
+    the container expands a [batch] label (and sample weight) of a [batch, k] output to
+    [batch, 1] first, which changes what a metric reducing the last axis computes (a user's loss
+    on k > 1 units: stock's categorical accuracy takes the argmax of the batch's [batch]
+    labels). Otherwise as the container: labels cast to the output's dtype of their kind, the
+    output's Keras mask as the metrics' weight, and applied to the sample weight."""
+    import tensorflow as tf
+
+    losses = losses_utils()
+    compiled = keras_model.compiled_metrics
+    for y_t, y_p, sw, metric_objs, weighted_objs in zip(
+        y_true, y_pred, sample_weight, compiled._metrics, compiled._weighted_metrics
+    ):
+        if y_t is None:
+            continue
+        if (y_t.dtype.is_floating and y_p.dtype.is_floating) or (
+            y_t.dtype.is_integer and y_p.dtype.is_integer
+        ):
+            y_t = tf.cast(y_t, y_p.dtype)
+        if sw is not None:
+            sw = tf.cast(sw, y_p.dtype)
+        mask = losses.get_mask(y_p)
+        sw = losses.apply_mask(y_p, sw, mask)
+        for metric in metric_objs:
+            if metric is not None:
+                metric.update_state(y_t, y_p, sample_weight=mask)
+        for metric in weighted_objs:
+            if metric is not None:
+                metric.update_state(y_t, y_p, sample_weight=sw)
+
+
 @contextlib.contextmanager
 def compiled_metrics_only(keras_model, weighted):
     """While open, the model's built compiled metrics container updates only its weighted
@@ -218,6 +251,21 @@ def activity_loss_count(layer):
         return 0
 
     return sum(len(tf.nest.flatten(node.outputs)) for node in layer._inbound_nodes)
+
+
+def activity_losses(layer):
+    """(index among :func:`layer_input_losses`, the loss, the output it regularized) for each
+    loss a graph network layer's activity regularizer added in a graph: Keras adds one per
+    output of each call, just before the call's node, so they pair with the layer's nodes in
+    order. Empty where the layer added other input losses too (which pairing could not tell
+    apart) or has no activity regularizer."""
+    import tensorflow as tf
+
+    losses = layer_input_losses(layer)
+    if not losses or len(losses) != activity_loss_count(layer):
+        return []
+    outputs = [o for node in layer._inbound_nodes for o in tf.nest.flatten(node.outputs)]
+    return [(i, loss, output) for i, (loss, output) in enumerate(zip(losses, outputs))]
 
 
 @graph.not_converted
