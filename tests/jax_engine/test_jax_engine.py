@@ -152,6 +152,8 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
             0.01, momentum=0.5, centered=True, epsilon=0.1)),
         ("v2 keep 2", False, 2, 10000, lambda: tf.keras.optimizers.legacy.Adagrad(
             0.1, epsilon=0.1)),
+        ("v1 keep 2, tf.compat.v1 Adam", True, 2, 10000, lambda:
+            tf.compat.v1.train.AdamOptimizer(0.05)),
     ):
         tf.keras.utils.set_random_seed(1)
         x = tf.keras.Input((4,), name="x")
@@ -237,7 +239,7 @@ def test_checkpoints_loss_lines_and_optimizers_as_stocks_and_a_tpu_left_to_jax(t
     proc = procs.python([tmp_path], code=KEEP, env=EIGHT, cwd=tmp_path, timeout=600)
     got = _result(proc)
     made = [x for x in proc.stdout.splitlines() if x.startswith("MADE ")]
-    assert made == ["MADE engine JaxEstimator"] * 3 + ["MADE stock Estimator"] * 3, made
+    assert made == ["MADE engine JaxEstimator"] * 4 + ["MADE stock Estimator"] * 4, made
     tpu = got.pop("tpu local")
     # A model the stock path converted and trained first converts and trains on the engine
     # (it failed in Keras's clone: the earlier graph's labels pinned on the model), as stock.
@@ -254,15 +256,20 @@ def test_checkpoints_loss_lines_and_optimizers_as_stocks_and_a_tpu_left_to_jax(t
         values = got["engine"][case].pop("values")
         assert _differences(values, stock.pop("values")) == {}, case
         names = {k.split("/.ATTRIBUTES")[0].rsplit("/", 1)[-1] for k in values}
-        slots[case] = sorted(names & {"momentum", "rms", "mg", "accumulator"})
+        slots[case] = sorted(
+            names & {"momentum", "rms", "mg", "accumulator", "Adam", "Adam_1", "beta1_power"}
+        )
     assert slots == {
         "v1 keep 2": ["momentum"],  # (the SGD's hyperparameter, not a slot)
         "v1 keep 2, one every 1e-7 hours": ["mg", "momentum", "rms"],
         "v2 keep 2": ["accumulator"],
+        # tf.compat.v1.train's Adam (Keras's TFOptimizer): its slots and beta powers as stock's
+        "v1 keep 2, tf.compat.v1 Adam": ["Adam", "Adam_1", "beta1_power"],
     }
     assert got["engine"] == got["stock"]
     ckpt = [f"model.ckpt-{i}" for i in range(9)]
     assert got["engine"]["v1 keep 2"] == dict(files=ckpt[7:], listed=ckpt[7:])
+    assert got["engine"]["v1 keep 2, tf.compat.v1 Adam"] == dict(files=ckpt[7:], listed=ckpt[7:])
     # Each one past the hours kept, but the first call's last listed one (its time recovered
     # from its file, in whole seconds, is before the second call's Saver began).
     hourly = [c for c in ckpt if c != "model.ckpt-3"]
