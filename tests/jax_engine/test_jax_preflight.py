@@ -68,6 +68,9 @@ def test_check_engine_jax_compiles_the_step_and_names_what_it_refuses(tmp_path):
         "compiled for 8 CPU device(s) of JAX's here, the global batch of 64 rows split over them"
     ]
     assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    # what was not run is said of the engine asked for, not of the strategy engine
+    assert not any("strategy engine" in n for n in report["notes"]), report["notes"]
+    assert any("the JAX engine was asked for" in n for n in report["notes"]), report["notes"]
 
     proc, report = _check(tmp_path, "refused", dropout=True)
     assert proc.returncode == 1 and report["exit_code"] == 1, proc.stderr[-3000:]

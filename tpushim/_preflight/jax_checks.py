@@ -60,6 +60,17 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
         model_checks._report_xla_error(report, keras_model, e)
 
 
+def not_run_note(note):
+    """The preflight's note of what it did not run, said of the JAX engine (the path checked
+    here) rather than of the strategy engine; any other note as it is."""
+    return note.replace(
+        "tpushim's TPU path for TensorFlow >= 2.16 is the strategy engine, checked instead for "
+        "its input, host-only ops and XLA",
+        "the JAX engine was asked for: its input, host-only ops and its step's conversion and "
+        "XLA compile checked instead",
+    )
+
+
 def _layers_named(message, keras_model):
     """``, layer 'x'`` for the model's layers the engine's message names (an op's scope)."""
     from tpushim import _tfprivate

@@ -321,6 +321,8 @@ def _report_one(report, recorded, num_cores, batch_size):
     if settings.engine == "jax":  # the JAX engine's step, not the strategy engine's
         from tpushim._preflight import jax_checks
 
+        report.notes[:] = [jax_checks.not_run_note(n) for n in report.notes]
+
         with progress.phase("XLA compile of the JAX step", report), failure_as_finding(report):
             jax_checks.check_jax_step(
                 report, keras_model, custom_objects, settings, features, labels, num_cores
