@@ -34,7 +34,7 @@ _prog = PROG
 RUNNER_VALUE_FLAGS = tuple(flag for flag, kwargs in _settings.OPTIONS if "action" not in kwargs)
 #: Short spellings of settings options on the runner.
 SHORT_FLAGS = {"--quiet": ("-q",)}
-CHECK_VALUE_FLAGS = ("--cores",)
+CHECK_VALUE_FLAGS = ("--cores", "--engine")
 
 #: A subcommand: ``run(options, argv) -> exit code``; ``help`` is one line for ``--help``.
 Command = collections.namedtuple("Command", "run help")
@@ -153,7 +153,8 @@ def _check(options, argv):
     parser = argparse.ArgumentParser(
         prog=f"{_prog} check",
         description=COMMANDS["check"].help,
-        usage=f"{_prog} [options] check [--json] [--cores N] (SCRIPT | -m MODULE) [ARGS...]",
+        usage=f"{_prog} [options] check [--json] [--cores N] [--engine ENGINE] "
+        "(SCRIPT | -m MODULE) [ARGS...]",
     )
     parser.add_argument(
         "--json",
@@ -169,12 +170,32 @@ def _check(options, argv):
         f"{_settings.DEFAULT_CORES}: a {_tpus.in_words(_tpus.boards_with(_settings.DEFAULT_CORES))})",
     )
     parser.add_argument(
+        "--engine",
+        choices=("strategy", "jax"),
+        help="the engine whose step to check (as tpushim's --engine): jax converts and "
+        "compiles the JAX engine's step on this machine's CPU devices (--cores of them)",
+    )
+    parser.add_argument(
         "-m", dest="module", metavar="MODULE", help="check a module, as python -m runs it"
     )
     own, module, target = split_argv(argv, CHECK_VALUE_FLAGS)
     args = parser.parse_args(own + (["-m", module] if module is not None else []))
     if module is None and not target:
         return _stop("check: give the script (or -m MODULE) to check")
+    if args.engine:
+        options.settings = dict(options.settings, engine=args.engine)
+    try:
+        jax_engine = _settings.resolve((options.settings,)).engine == "jax"
+    except ConfigurationError:
+        jax_engine = False  # said by the patch below
+    if (
+        jax_engine
+        and "jax" not in sys.modules
+        and "device_count" not in os.environ.get("XLA_FLAGS", "")
+    ):  # the JAX step compiled for the TPU's cores: as many XLA devices on this CPU
+        os.environ["XLA_FLAGS"] = (
+            f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.cores}"
+        ).strip()
     engine = _versions.uses_own_estimator()
     # TensorFlow >= 2.16: tpushim's estimator API (mode off: no TPU is looked for, nothing
     # reaches one); else cpu mode: the TPU code path, run on CPU.

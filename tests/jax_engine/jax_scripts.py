@@ -77,6 +77,13 @@ try:
         os.makedirs(workdir)
         os.chdir(workdir)
         tf.keras.backend.clear_session()
+        # Keras's own seed generator as a fresh process has it (none): a script before that
+        # called tf.keras.utils.set_random_seed leaves it set, and a script seeding random,
+        # numpy and TensorFlow alone would draw other initial weights than stock's run did.
+        # (tf_keras's private module: test code, reading no more than this one attribute.)
+        import tf_keras.src.backend as keras_backend
+        if getattr(keras_backend._SEED_GENERATOR, "generator", None) is not None:
+            keras_backend._SEED_GENERATOR.generator = None
         sys.argv = [os.path.join(scripts, path), arg or workdir]
         stdout = io.StringIO()
         answer = got[name] = {"workdir": workdir}

@@ -152,6 +152,8 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
             0.01, momentum=0.5, centered=True, epsilon=0.1)),
         ("v2 keep 2", False, 2, 10000, lambda: tf.keras.optimizers.legacy.Adagrad(
             0.1, epsilon=0.1)),
+        ("v1 keep 2, tf.compat.v1 Adam", True, 2, 10000, lambda:
+            tf.compat.v1.train.AdamOptimizer(0.05)),
     ):
         tf.keras.utils.set_random_seed(1)
         x = tf.keras.Input((4,), name="x")
@@ -198,6 +200,24 @@ try:
         tf.keras.estimator.model_to_estimator(m, model_dir=os.path.join(sys.argv[1], "tpu2"))
 except tpushim.NoTPUError as e:
     out["tpu local"]["strategy"] = str(e)
+# A model another estimator converted and trained first (Keras's cloning leaves that graph's
+# labels pinned on it), converted again on the engine: it trains as stock's path does.
+tf.keras.utils.set_random_seed(2)
+x = tf.keras.Input((4,), name="x")
+m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(x))
+m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse", metrics=["mae"])
+out["again"] = {}
+for run, scope in (("stock", {}), ("engine", dict(mode="cpu", engine="jax"))):
+    again_dir = os.path.join(sys.argv[1], "again", run)
+    with tpushim.patched(**scope):
+        est = tf.keras.estimator.model_to_estimator(m, model_dir=again_dir)
+    est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8), steps=4)
+    reader = tf.train.load_checkpoint(again_dir)
+    out["again"][run] = {
+        name: reader.get_tensor(name).tolist()
+        for name, dtype in reader.get_variable_to_dtype_map().items()
+        if dtype.is_floating and "/m/" not in name
+    }
 print("RESULT " + json.dumps(out))
 """
 
@@ -219,8 +239,15 @@ def test_checkpoints_loss_lines_and_optimizers_as_stocks_and_a_tpu_left_to_jax(t
     proc = procs.python([tmp_path], code=KEEP, env=EIGHT, cwd=tmp_path, timeout=600)
     got = _result(proc)
     made = [x for x in proc.stdout.splitlines() if x.startswith("MADE ")]
-    assert made == ["MADE engine JaxEstimator"] * 3 + ["MADE stock Estimator"] * 3, made
+    assert made == ["MADE engine JaxEstimator"] * 4 + ["MADE stock Estimator"] * 4, made
     tpu = got.pop("tpu local")
+    # A model the stock path converted and trained first converts and trains on the engine
+    # (it failed in Keras's clone: the earlier graph's labels pinned on the model), as stock.
+    again = got.pop("again")
+    assert "layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE" in again["engine"]
+    assert again["engine"].keys() == again["stock"].keys()
+    for name, value in again["stock"].items():
+        assert np.allclose(again["engine"][name], value, rtol=TOL, atol=1e-6), name
     lines = {run: {c: got[run][c].pop("lines") for c in got[run]} for run in got}
     # Trained as stock, the slots too, through the first call's checkpoint: SGD; RMSprop (its v2
     # spelling, trained as its legacy twin) with momentum, centered; Adagrad.
@@ -229,15 +256,20 @@ def test_checkpoints_loss_lines_and_optimizers_as_stocks_and_a_tpu_left_to_jax(t
         values = got["engine"][case].pop("values")
         assert _differences(values, stock.pop("values")) == {}, case
         names = {k.split("/.ATTRIBUTES")[0].rsplit("/", 1)[-1] for k in values}
-        slots[case] = sorted(names & {"momentum", "rms", "mg", "accumulator"})
+        slots[case] = sorted(
+            names & {"momentum", "rms", "mg", "accumulator", "Adam", "Adam_1", "beta1_power"}
+        )
     assert slots == {
         "v1 keep 2": ["momentum"],  # (the SGD's hyperparameter, not a slot)
         "v1 keep 2, one every 1e-7 hours": ["mg", "momentum", "rms"],
         "v2 keep 2": ["accumulator"],
+        # tf.compat.v1.train's Adam (Keras's TFOptimizer): its slots and beta powers as stock's
+        "v1 keep 2, tf.compat.v1 Adam": ["Adam", "Adam_1", "beta1_power"],
     }
     assert got["engine"] == got["stock"]
     ckpt = [f"model.ckpt-{i}" for i in range(9)]
     assert got["engine"]["v1 keep 2"] == dict(files=ckpt[7:], listed=ckpt[7:])
+    assert got["engine"]["v1 keep 2, tf.compat.v1 Adam"] == dict(files=ckpt[7:], listed=ckpt[7:])
     # Each one past the hours kept, but the first call's last listed one (its time recovered
     # from its file, in whole seconds, is before the second call's Saver began).
     hourly = [c for c in ckpt if c != "model.ckpt-3"]

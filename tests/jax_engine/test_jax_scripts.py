@@ -28,10 +28,6 @@ with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-
     REFERENCE = json.load(_f)["results"]
 TOL = 1e-5
 
-_OPTIMIZER = (
-    "tpushim's JAX engine does not compute the optimizer "
-    "tf_keras.src.optimizers.{} yet: it updates as Keras does for SGD"
-)
 _GRAPH_PROGRAM = (
     "tpushim's JAX engine does not run a program that disabled TensorFlow 2 behaviour "
     "(tf.compat.v1.disable_v2_behavior() or disable_eager_execution()"
@@ -47,7 +43,7 @@ _LISTENERS = (
 #: script -> the start of the engine's refusal (or it and words it holds); every other script
 #: gives stock's numbers.
 REFUSED = {
-    "boston_feature_columns_batchnorm.py": _OPTIMIZER.format("legacy.ftrl.Ftrl"),
+    "boston_feature_columns_batchnorm.py": _STRINGS.format("CHAS"),
     "boston_feature_columns_in_model.py": _STRINGS.format("CHAS"),
     "census_numpy_tf1.py": _GRAPH_PROGRAM,
     "iris_add_metrics.py": "tpushim's JAX engine does not run tf.estimator.add_metrics yet",
@@ -75,7 +71,6 @@ REFUSED = {
         "estimator>.model_fn) (an estimator built around its model_fn) yet"
     ),
     "text_vocab_file_lookup.py": _GRAPH_PROGRAM,
-    "tfrecord_feature_columns.py": _OPTIMIZER.format("optimizer_v1.TFOptimizer"),
 }
 
 

@@ -78,6 +78,22 @@ def keras_io(keras_model, features, labels):
     return inputs, _to_list(labels, output_names, "labels", "outputs"), weights
 
 
+def _unpin_targets(keras_model):
+    """Keras's cloning pins the compile arguments it read on the model
+    (``model._get_compile_args = lambda: compile_args``) and then adds that clone's labels to
+    them (``target_tensors``): a later clone without labels (the first checkpoint's, the JAX
+    engine's graph of stock's names) would compile on the labels of an earlier estimator's
+    graph ("must be from the same graph"). A clone with labels replaces them; one without
+    drops them, as a model never cloned has none."""
+    pinned = vars(keras_model).get("_get_compile_args")
+    if pinned is None:
+        return
+    args = pinned()
+    if "target_tensors" in args:
+        args = {k: v for k, v in args.items() if k != "target_tensors"}
+        keras_model._get_compile_args = lambda: args
+
+
 def _clone(mode, keras_model, custom_objects, features=None, labels=None, optimizer_config=None):
     """The model rebuilt in this graph on these tensors, compiled unless predicting."""
     tf.compat.v1.keras.backend.set_learning_phase(mode == ModeKeys.TRAIN)
@@ -87,6 +103,8 @@ def _clone(mode, keras_model, custom_objects, features=None, labels=None, optimi
     if compile_clone:
         global_step = tf.compat.v1.train.get_or_create_global_step()
         _internal().backend.track_variable(global_step)
+    if compile_clone and targets is None:
+        _unpin_targets(keras_model)
     clone = _internal().models.clone_and_build_model(
         keras_model,
         inputs,

@@ -31,6 +31,8 @@ from tpushim import _stock_graphs, _tfprivate
 _SLOT = "/.OPTIMIZER_SLOT/optimizer/"
 _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 _STEP_PATHS = ("estimator_global_step", "optimizer/iter")
+#: tf.compat.v1.train.AdamOptimizer's non-slot variables -> its attribute holding their beta
+_POWERS = {"beta1_power": "_beta1", "beta2_power": "_beta2"}
 
 
 def _name(variable):
@@ -67,9 +69,16 @@ class StockCheckpoints:
                 self.sources[name] = (path, ("weight", by_path[path]))
             elif _SLOT in path and path.split(_SLOT)[0] in by_path:
                 owner, slot = path.split(_SLOT)
+                # (a tf.compat.v1.train optimizer's slots: Keras's TFOptimizer's "optimizer/m")
+                slot = slot.rsplit("/", 1)[-1]
                 self.sources[name] = (path, ("slot", slot, by_path[owner]))
             elif path in _STEP_PATHS:
                 self.sources[name] = (path, ("step",))
+            elif path.rsplit("/", 1)[-1] in _POWERS and path.startswith("optimizer/"):
+                beta = _POWERS[path.rsplit("/", 1)[-1]]
+                value = getattr(getattr(keras_model.optimizer, "optimizer", None), beta, None)
+                if value is not None:  # tf.compat.v1.train.AdamOptimizer's beta powers
+                    self.sources[name] = (path, ("power", float(value)))
         self._session = self._saver = None
 
     def saver_def(self, config):
@@ -114,6 +123,8 @@ class StockCheckpoints:
                     value = weights.get(source[1])
                 elif source[0] == "slot":
                     value = slots.get(source[1], {}).get(source[2])
+                elif source[0] == "power":  # beta ** (steps + 1), as its updates leave it
+                    value = np.float32(source[1]) ** np.float32(int(step) + 1)
                 else:
                     value = step
                 if value is not None:
@@ -130,6 +141,8 @@ class StockCheckpoints:
         step, weights, slots, missing = 0, {}, {}, []
         for name, (obj_path, source) in self.sources.items():
             key = obj_path + _VALUE if object_based else name
+            if source[0] == "power":  # the step's: computed from the global step
+                continue
             if not reader.has_tensor(key):
                 if source[0] != "slot":  # a warm start's checkpoint may hold no slots
                     missing.append(name)

@@ -24,6 +24,8 @@ listeners); see the engine's page in the docs.
 import logging
 import math
 import os
+import queue
+import threading
 import time
 
 import numpy as np
@@ -79,6 +81,68 @@ def host_batches(input_fn, mode, config):
                 return
     finally:
         session.close()
+
+
+class ReadAhead:
+    """``batches`` (an iterator, :func:`host_batches`) read in a thread of their own, at most
+    ``depth`` batches ahead and never more than ``limit`` in all (None: until the input ends):
+    the host's TensorFlow session reads the next batches while the devices run the current
+    ones, and nothing is read that stock would not read (an input drawing from a shared
+    random state draws what stock draws). ``close()`` stops the thread and closes ``batches``
+    there."""
+
+    _END = object()
+
+    def __init__(self, batches, limit=None, depth=20):
+        self._batches, self._limit = batches, limit
+        self._queue = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="tpushim-input", daemon=True)
+        self._thread.start()
+
+    def _put(self, item):
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self):
+        try:
+            read = 0
+            while self._limit is None or read < self._limit:
+                try:
+                    batch = next(self._batches)
+                except StopIteration:
+                    break
+                read += 1
+                if not self._put((batch, None)):
+                    return
+            self._put((self._END, None))
+        except BaseException as e:  # handed to the reader, raised there
+            self._put((self._END, e))
+        finally:
+            self._batches.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._stop.is_set():
+            raise StopIteration
+        item, error = self._queue.get()
+        if item is self._END:
+            self._stop.set()
+            if error is not None:
+                raise error
+            raise StopIteration
+        return item
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
 
 
 def _as_list(value, names, what):
@@ -229,7 +293,11 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         arrays = Arrays(conversion.keras_model)
         batches = host_batches(input_fn, ModeKeys.TRAIN, self.config)
         try:
+            # The input_fn called and its first batch read here, in the caller's thread; the
+            # rest read ahead in a thread while the devices train.
             first = next(batches, None)
+            if first is not None and (stop is None or stop - start > 1):
+                batches = ReadAhead(batches, None if stop is None else stop - start - 1)
             if first is None:
                 raise ConversionError("the input_fn gave no batch: the input is empty.")
             features, labels = arrays.split(first, ModeKeys.TRAIN)

@@ -1,17 +1,23 @@
-"""The optimizer's update in JAX, as tf-keras computes it: the kernels its legacy optimizers call
-(``ResourceApplyKerasMomentum``, ``ResourceApplyGradientDescent``, ``ResourceApplyAdam``,
-``ResourceApplyRMSProp``, ``ResourceApplyCenteredRMSProp``, ``ResourceApplyAdagradV2``) and its
-v2 optimizers' arithmetic (the same updates for SGD and Adam; RMSprop's and Adagrad's put
-epsilon elsewhere). The state is Keras's: ``iterations`` and one slot per trainable weight under
-Keras's slot names (``momentum``; ``m``, ``v``; ``rms``, ``momentum``, ``mg``; ``accumulator``;
-the v2 RMSprop's ``velocity``, ``momentum``, ``average_gradient``), starting where Keras starts
-them (zeros; Adagrad's at ``initial_accumulator_value``).
+"""The optimizer's update in JAX, as TensorFlow computes it: the kernels tf-keras's legacy
+optimizers call (``ResourceApplyKerasMomentum``, ``ResourceApplyGradientDescent``,
+``ResourceApplyAdam(WithAmsgrad)``, ``ResourceApplyAdaMax``, ``ResourceApplyAdadelta``,
+``ResourceApplyFtrl(V2)``, ``ResourceApplyRMSProp``, ``ResourceApplyCenteredRMSProp``,
+``ResourceApplyAdagradV2``), its v2 optimizers' ``update_step`` arithmetic (AdamW's weight
+decay first, as its base class applies it), and the ``tf.compat.v1.train`` optimizers a
+``compile`` wraps in Keras's ``TFOptimizer`` (``ApplyGradientDescent``, ``ApplyMomentum``,
+``ApplyAdam``). The state is Keras's: ``iterations`` and one slot per trainable weight under
+the optimizer's slot names (``momentum``; ``m``, ``v``, ``vhat``; ``m``, ``u``;
+``accum_grad``, ``accum_var``; ``accumulator``, ``linear``; ``rms``, ``mg``; ...), starting
+where it starts them (zeros; Adagrad's and Ftrl's accumulators at
+``initial_accumulator_value``).
 
-SGD (with momentum and nesterov), Adam, RMSprop (momentum, centered) and Adagrad, in either
-spelling (``tf.keras.optimizers.SGD`` etc. and their ``legacy`` twins, or the strings compile
-made them from; a conversion trains with the legacy twin, as stock). Every other optimizer, a
-learning-rate schedule, ``decay``, ``amsgrad`` and gradient clipping are refused by name until
-the engine computes them.
+Either spelling (``tf.keras.optimizers.X`` and its ``legacy`` twin, or the string compile made
+it from; a conversion trains with the legacy twin, as stock). Every other optimizer (Nadam,
+the other ``tf.compat.v1.train`` ones), a learning-rate schedule, ``decay``, ``use_ema`` and
+gradient clipping are refused by name until the engine computes them.
+
+One concern, one module (over 300 lines): every optimizer here shares the state's layout, the
+hyperparameters' reading and the refusal's words, each update written out as its kernel does it.
 """
 
 import numbers
@@ -20,7 +26,10 @@ import jax.numpy as jnp
 
 from tpushim._errors import ConversionError
 
-_SUPPORTED = "SGD (momentum, nesterov), Adam, RMSprop and Adagrad"
+_SUPPORTED = (
+    "SGD (momentum, nesterov), Adam (amsgrad), AdamW, Adamax, Adadelta, Ftrl, RMSprop, Adagrad "
+    "and tf.compat.v1.train's GradientDescent, Momentum and Adam"
+)
 
 
 def _refuse(what):
@@ -44,6 +53,8 @@ class Optimizer:
 
     slots = ()
     initial = 0.0  # the slots' starting value
+    initials = {}  # a slot's own starting value, where it is not ``initial``
+    takes_weight_decay = False
 
     def __init__(self, keras_optimizer):
         config = keras_optimizer.get_config()
@@ -52,8 +63,12 @@ class Optimizer:
                 _refuse(f"gradient clipping ({key}={config[key]})")
         if float(config.get("decay", 0.0) or 0.0) != 0.0:
             _refuse(f"the learning rate's decay ({config['decay']})")
-        if config.get("weight_decay") not in (None, 0, 0.0) or config.get("use_ema"):
+        if (
+            config.get("weight_decay") not in (None, 0, 0.0) and not self.takes_weight_decay
+        ) or config.get("use_ema"):
             _refuse("a v2 optimizer's weight_decay or use_ema")
+        if config.get("adaptive_epsilon"):
+            _refuse("Adam's adaptive_epsilon")
         self.learning_rate = _number(config, "learning_rate", keras_optimizer)
         self.config = config
         self.legacy = ".legacy." in (type(keras_optimizer).__module__ or "")
@@ -61,7 +76,8 @@ class Optimizer:
     def init(self, params):
         state = {"iterations": jnp.zeros([], jnp.int64 if _x64() else jnp.int32)}
         for slot in self.slots:
-            state[slot] = {k: jnp.full_like(v, self.initial) for k, v in params.items()}
+            start = self.initials.get(slot, self.initial)
+            state[slot] = {k: jnp.full_like(v, start) for k, v in params.items()}
         return state
 
 
@@ -96,30 +112,142 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    slots = ("m", "v")
+    def __init__(self, keras_optimizer):
+        super().__init__(keras_optimizer)
+        self.amsgrad = bool(self.config.get("amsgrad", False))
+        self.slots = ("m", "v", "vhat") if self.amsgrad else ("m", "v")
+        self.beta_1 = _number(self.config, "beta_1", keras_optimizer)
+        self.beta_2 = _number(self.config, "beta_2", keras_optimizer)
+        self.epsilon = float(self.config.get("epsilon", 1e-7))
+        self.weight_decay = float(self.config.get("weight_decay") or 0.0)
+
+    def update(self, params, grads, state):
+        step = (state["iterations"] + 1).astype(jnp.float32)
+        lr = jnp.float32(self.learning_rate)
+        beta_1, beta_2 = jnp.float32(self.beta_1), jnp.float32(self.beta_2)
+        beta_1_power, beta_2_power = beta_1**step, beta_2**step
+        alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        eps = jnp.float32(self.epsilon)
+        new, out = {}, {slot: {} for slot in self.slots}
+        for k in params:  # ResourceApplyAdam(WithAmsgrad), and the v2 update_step's same
+            g, var = grads[k], params[k]
+            if self.weight_decay:  # the v2 optimizer's _apply_weight_decay, first
+                var = var - var * jnp.float32(self.weight_decay) * lr
+            m = state["m"][k] + (g - state["m"][k]) * (1 - beta_1)
+            v = state["v"][k] + (jnp.square(g) - state["v"][k]) * (1 - beta_2)
+            out["m"][k], out["v"][k] = m, v
+            if self.amsgrad:
+                v = out["vhat"][k] = jnp.maximum(state["vhat"][k], v)
+            new[k] = var - (m * alpha) / (jnp.sqrt(v) + eps)
+        return new, {"iterations": state["iterations"] + 1, **out}
+
+
+class AdamW(Adam):
+    takes_weight_decay = True
 
     def __init__(self, keras_optimizer):
         super().__init__(keras_optimizer)
-        if self.config.get("amsgrad"):
-            _refuse("Adam's amsgrad")
+        if self.config.get("exclude_from_weight_decay") or getattr(
+            keras_optimizer, "_exclude_from_weight_decay", None
+        ):
+            _refuse("AdamW's exclude_from_weight_decay")
+
+
+class Adamax(Optimizer):
+    def __init__(self, keras_optimizer):
+        super().__init__(keras_optimizer)
+        self.slots = ("m", "v") if self.legacy else ("m", "u")
         self.beta_1 = _number(self.config, "beta_1", keras_optimizer)
         self.beta_2 = _number(self.config, "beta_2", keras_optimizer)
         self.epsilon = float(self.config.get("epsilon", 1e-7))
 
     def update(self, params, grads, state):
         step = (state["iterations"] + 1).astype(jnp.float32)
+        lr, eps = jnp.float32(self.learning_rate), jnp.float32(self.epsilon)
         beta_1, beta_2 = jnp.float32(self.beta_1), jnp.float32(self.beta_2)
-        beta_1_power, beta_2_power = beta_1**step, beta_2**step
-        alpha = jnp.float32(self.learning_rate) * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-        eps = jnp.float32(self.epsilon)
-        new, ms, vs = {}, {}, {}
-        for k in params:  # ResourceApplyAdam
+        beta_1_power = beta_1**step
+        name_m, name_u = self.slots
+        new, ms, us = {}, {}, {}
+        for k in params:
             g = grads[k]
-            m = state["m"][k] + (g - state["m"][k]) * (1 - beta_1)
-            v = state["v"][k] + (jnp.square(g) - state["v"][k]) * (1 - beta_2)
-            new[k] = params[k] - (m * alpha) / (jnp.sqrt(v) + eps)
-            ms[k], vs[k] = m, v
-        return new, {"iterations": state["iterations"] + 1, "m": ms, "v": vs}
+            m = state[name_m][k] + (g - state[name_m][k]) * (1 - beta_1)
+            u = jnp.maximum(beta_2 * state[name_u][k], jnp.abs(g))
+            if self.legacy:  # ResourceApplyAdaMax
+                new[k] = params[k] - lr / (1 - beta_1_power) * (m / (u + eps))
+            else:  # the v2 optimizer's update_step
+                new[k] = params[k] - (lr * m) / ((1 - beta_1_power) * (u + eps))
+            ms[k], us[k] = m, u
+        return new, {"iterations": state["iterations"] + 1, name_m: ms, name_u: us}
+
+
+class Adadelta(Optimizer):
+    def __init__(self, keras_optimizer):
+        super().__init__(keras_optimizer)
+        if self.legacy:
+            self.slots = ("accum_grad", "accum_var")
+        else:
+            self.slots = ("accumulated_grad", "accumulated_delta_var")
+        self.rho = _number(self.config, "rho", keras_optimizer)
+        self.epsilon = float(self.config.get("epsilon", 1e-7))
+
+    def update(self, params, grads, state):
+        lr, rho, eps = (jnp.float32(x) for x in (self.learning_rate, self.rho, self.epsilon))
+        name_g, name_d = self.slots
+        new, accs, deltas = {}, {}, {}
+        for k in params:
+            g, acc, delta_acc = grads[k], state[name_g][k], state[name_d][k]
+            if self.legacy:  # ResourceApplyAdadelta
+                acc = acc * rho + jnp.square(g) * (1 - rho)
+                update = jnp.sqrt(delta_acc + eps) * _rsqrt(acc + eps) * g
+                new[k] = params[k] - update * lr
+                delta_acc = delta_acc * rho + jnp.square(update) * (1 - rho)
+            else:  # the v2 optimizer's update_step
+                acc = rho * acc + (1 - rho) * g * g
+                delta = -jnp.sqrt(delta_acc + eps) * g / jnp.sqrt(acc + eps)
+                delta_acc = rho * delta_acc + (1 - rho) * delta * delta
+                new[k] = params[k] + lr * delta
+            accs[k], deltas[k] = acc, delta_acc
+        return new, {"iterations": state["iterations"] + 1, name_g: accs, name_d: deltas}
+
+
+class Ftrl(Optimizer):
+    slots = ("accumulator", "linear")
+
+    def __init__(self, keras_optimizer):
+        super().__init__(keras_optimizer)
+        c = self.config
+        self.initials = {
+            "accumulator": _number(c, "initial_accumulator_value", keras_optimizer),
+            "linear": 0.0,
+        }
+        self.lr_power = _number(c, "learning_rate_power", keras_optimizer)
+        self.l1 = _number(c, "l1_regularization_strength", keras_optimizer)
+        self.l2 = _number(c, "l2_regularization_strength", keras_optimizer)
+        self.l2_shrinkage = _number(c, "l2_shrinkage_regularization_strength", keras_optimizer)
+        self.beta = _number(c, "beta", keras_optimizer)
+
+    def _pow(self, x):
+        if self.legacy and self.lr_power == -0.5:  # the kernel's own special case
+            return jnp.sqrt(x)
+        return jnp.power(x, jnp.float32(-self.lr_power))
+
+    def update(self, params, grads, state):
+        lr = jnp.float32(self.learning_rate)
+        l1 = jnp.float32(self.l1)
+        l2 = jnp.float32(self.l2) + jnp.float32(self.beta) / (2.0 * lr)
+        shrinkage = jnp.float32(self.l2_shrinkage)
+        new, accs, linears = {}, {}, {}
+        for k in params:  # ResourceApplyFtrl(V2), and the v2 update_step's same arithmetic
+            g, var, acc = grads[k], params[k], state["accumulator"][k]
+            shrunk = g + 2 * shrinkage * var if self.l2_shrinkage > 0 else g
+            new_acc = acc + jnp.square(g)
+            linear = state["linear"][k] + (
+                shrunk - (self._pow(new_acc) - self._pow(acc)) / lr * var
+            )
+            quadratic = self._pow(new_acc) / lr + 2 * l2
+            new[k] = (jnp.clip(linear, -l1, l1) - linear) / quadratic
+            accs[k], linears[k] = new_acc, linear
+        return new, {"iterations": state["iterations"] + 1, "accumulator": accs, "linear": linears}
 
 
 class RMSprop(Optimizer):
@@ -200,18 +328,94 @@ class Adagrad(Optimizer):
         return new, {"iterations": state["iterations"] + 1, "accumulator": accs}
 
 
+class CompatV1(Optimizer):
+    """A ``tf.compat.v1.train`` optimizer, which ``compile`` wraps in Keras's ``TFOptimizer``:
+    GradientDescent (``ApplyGradientDescent``), Momentum (``ApplyMomentum``: the accumulator
+    sums the gradients, the learning rate applied after) and Adam (``ApplyAdam``, its beta
+    powers those of the step count: the global step, as stock's graph counts them)."""
+
+    def __init__(self, keras_optimizer):
+        self.inner = inner = keras_optimizer.optimizer
+        self.kind = type(inner).__name__
+        self.learning_rate = self._value(
+            "_lr" if self.kind == "AdamOptimizer" else "_learning_rate"
+        )
+        self.legacy = True
+        if self.kind == "MomentumOptimizer":
+            self.momentum = self._value("_momentum")
+            self.nesterov = bool(inner._use_nesterov)
+            self.slots = ("momentum",)
+        elif self.kind == "AdamOptimizer":
+            self.beta_1, self.beta_2 = self._value("_beta1"), self._value("_beta2")
+            self.epsilon = self._value("_epsilon")
+            self.slots = ("m", "v")
+        else:
+            self.slots = ()
+
+    def _value(self, attribute):
+        value = getattr(self.inner, attribute)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            _refuse(f"tf.compat.v1.train.{self.kind}'s {attribute.strip('_')} {value!r} (a tensor)")
+        return float(value)
+
+    def update(self, params, grads, state):
+        lr = jnp.float32(self.learning_rate)
+        step = state["iterations"] + 1
+        if self.kind == "GradientDescentOptimizer":  # ApplyGradientDescent
+            return {k: params[k] - lr * grads[k] for k in params}, {**state, "iterations": step}
+        if self.kind == "MomentumOptimizer":  # ApplyMomentum
+            momentum = jnp.float32(self.momentum)
+            new, accums = {}, {}
+            for k in params:
+                accum = state["momentum"][k] * momentum + grads[k]
+                if self.nesterov:
+                    new[k] = params[k] - (grads[k] * lr + accum * momentum * lr)
+                else:
+                    new[k] = params[k] - accum * lr
+                accums[k] = accum
+            return new, {"iterations": step, "momentum": accums}
+        t = step.astype(jnp.float32)  # ApplyAdam
+        beta_1, beta_2 = jnp.float32(self.beta_1), jnp.float32(self.beta_2)
+        alpha = lr * jnp.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+        new, ms, vs = {}, {}, {}
+        for k in params:
+            g = grads[k]
+            m = state["m"][k] + (g - state["m"][k]) * (1 - beta_1)
+            v = state["v"][k] + (jnp.square(g) - state["v"][k]) * (1 - beta_2)
+            new[k] = params[k] - (m * alpha) / (jnp.sqrt(v) + jnp.float32(self.epsilon))
+            ms[k], vs[k] = m, v
+        return new, {"iterations": step, "m": ms, "v": vs}
+
+
+_COMPAT_V1 = ("GradientDescentOptimizer", "MomentumOptimizer", "AdamOptimizer")
+
+
 def _rsqrt(x):
     import jax
 
     return jax.lax.rsqrt(x)
 
 
-_BY_NAME = {"SGD": SGD, "Adam": Adam, "RMSprop": RMSprop, "Adagrad": Adagrad}
+_BY_NAME = {
+    "SGD": SGD,
+    "Adam": Adam,
+    "AdamW": AdamW,
+    "Adamax": Adamax,
+    "Adadelta": Adadelta,
+    "Ftrl": Ftrl,
+    "RMSprop": RMSprop,
+    "Adagrad": Adagrad,
+}
 
 
 def of(keras_optimizer):
     """The JAX update of ``keras_optimizer`` (a tf-keras optimizer, legacy or v2)."""
     name = type(keras_optimizer).__name__
+    if name == "TFOptimizer":  # compile(tf.compat.v1.train.XOptimizer(...))
+        inner = type(keras_optimizer.optimizer)
+        if inner.__name__ not in _COMPAT_V1 or not inner.__module__.startswith("tensorflow."):
+            _refuse(f"the optimizer {inner.__module__}.{inner.__name__}")
+        return CompatV1(keras_optimizer)
     cls = _BY_NAME.get(name)
     module = type(keras_optimizer).__module__ or ""
     if cls is None or "keras" not in module:

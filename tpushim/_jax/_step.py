@@ -184,6 +184,15 @@ class Trainer:
         op tf2jax has no JAX for) is raised here, before anything is written."""
         self._convert(pad_batch(batch, self.global_batch))
 
+    def compile(self, batch):
+        """:meth:`check`, then the step's XLA compile for one batch (``(features, labels,
+        sample_weights or None)``), without running it: what XLA refuses is raised here."""
+        padded = pad_batch(batch, self.global_batch)
+        traced, loop = self._convert(padded)
+        self._start(traced)
+        one = jax.tree_util.tree_map(lambda a: np.asarray(a)[None], padded)
+        loop.lower(self.params, self.stats, self.opt_state, one).compile()
+
     def train(self, batches):
         """Runs one step per batch in one compiled call; returns each step's loss (stock's loss
         on the batch's real rows). ``batches``: ``(features, labels, sample_weights or None)``

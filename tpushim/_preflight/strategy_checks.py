@@ -244,10 +244,19 @@ def _report_one(report, recorded, num_cores, batch_size):
     custom_objects = conversion.arguments.get("custom_objects")
     with progress.phase("host-only ops in the model", report), failure_as_finding(report):
         _check_host_only_ops(report, conversion, features, labels)
+    settings = conversion.settings or _settings.resolve()
+    if settings.engine == "jax":  # the JAX engine's step, not the strategy engine's
+        from tpushim._preflight import jax_checks
+
+        report.notes[:] = [jax_checks.not_run_note(n) for n in report.notes]
+
+        with progress.phase("XLA compile of the JAX step", report), failure_as_finding(report):
+            jax_checks.check_jax_step(
+                report, keras_model, custom_objects, settings, features, labels, num_cores
+            )
+        return
     with progress.phase("XLA compile of the training step", report), failure_as_finding(report):
-        plan = strategy_plan(
-            report, keras_model, custom_objects, conversion.settings or _settings.resolve()
-        )
+        plan = strategy_plan(report, keras_model, custom_objects, settings)
         if plan is None:  # the engine would refuse the model (a finding says why): the model's step
             model_checks.check_xla(report, keras_model, custom_objects, features, labels)
         else:

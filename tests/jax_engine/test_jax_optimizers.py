@@ -1,0 +1,139 @@
+"""The JAX engine's optimizer updates (tpushim/_jax/_optimizers.py) against TensorFlow's own: the
+same starting weights and five steps of the same gradients through tf-keras's
+``apply_gradients`` (the legacy optimizers' kernels, the v2 optimizers' ``update_step``, the
+``tf.compat.v1.train`` optimizer a ``compile`` wraps in Keras's ``TFOptimizer``) and through the
+engine's jitted update: weights and slots within 1e-6. Hyperparameters away from their defaults
+where the arithmetic's placement of them shows (epsilon, l1/l2, a learning-rate power).
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from jax_scripts import scripts_started  # noqa: F401 (the scripts' run, in the background)
+
+pytestmark = pytest.mark.jax
+
+if "jax" not in sys.modules:  # 8 XLA CPU devices, as the other modules here ask
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+jax = pytest.importorskip("jax")
+pytest.importorskip("tf2jax")
+
+import tensorflow as tf
+
+from tpushim import ConversionError
+from tpushim._jax import _optimizers
+
+TOL = 1e-6
+k = tf.keras.optimizers
+v1 = tf.compat.v1.train
+#: name -> (the optimizer as a script compiles with it, its slots as the engine names them)
+OPTIMIZERS = {
+    "adamax": (lambda: k.legacy.Adamax(0.01, epsilon=1e-3), ("m", "v")),
+    "adamax-v2": (lambda: k.Adamax(0.01, epsilon=1e-3), ("m", "u")),
+    "adadelta": (lambda: k.legacy.Adadelta(1.0, epsilon=1e-3), ("accum_grad", "accum_var")),
+    "adadelta-v2": (
+        lambda: k.Adadelta(1.0, epsilon=1e-3),
+        ("accumulated_grad", "accumulated_delta_var"),
+    ),
+    "ftrl": (
+        lambda: k.legacy.Ftrl(
+            0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.01, beta=0.1
+        ),
+        ("accumulator", "linear"),
+    ),
+    "ftrl-power-shrinkage": (
+        lambda: k.legacy.Ftrl(
+            0.1, learning_rate_power=-0.7, l2_shrinkage_regularization_strength=0.05
+        ),
+        ("accumulator", "linear"),
+    ),
+    "ftrl-v2": (
+        lambda: k.Ftrl(
+            0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.01, beta=0.1
+        ),
+        ("accumulator", "linear"),
+    ),
+    "adam-amsgrad": (lambda: k.legacy.Adam(0.01, amsgrad=True), ("m", "v", "vhat")),
+    "adam-v2-amsgrad": (lambda: k.Adam(0.01, amsgrad=True), ("m", "v", "vhat")),
+    "adamw": (lambda: k.AdamW(0.01, weight_decay=0.1), ("m", "v")),
+    "adamw-amsgrad": (lambda: k.AdamW(0.01, weight_decay=0.1, amsgrad=True), ("m", "v", "vhat")),
+    "v1-gradient-descent": (lambda: v1.GradientDescentOptimizer(0.1), ()),
+    "v1-momentum": (lambda: v1.MomentumOptimizer(0.1, 0.9), ("momentum",)),
+    "v1-momentum-nesterov": (
+        lambda: v1.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+        ("momentum",),
+    ),
+    "v1-adam": (lambda: v1.AdamOptimizer(0.01, epsilon=1e-3), ("m", "v")),
+}
+
+
+def _compiled_optimizer(make):
+    """The model's optimizer after ``compile``, as the engine reads it."""
+    x = tf.keras.Input((3,))
+    model = tf.keras.Model(x, tf.keras.layers.Dense(4)(x))
+    model.compile(make(), "mse")
+    return model.optimizer
+
+
+def _keras_slots(optimizer, variables, names):
+    if type(optimizer).__name__ == "TFOptimizer":
+        return {
+            s: {n: optimizer.optimizer.get_slot(v, s).numpy() for n, v in variables.items()}
+            for s in names
+        }
+    if hasattr(optimizer, "get_slot"):  # legacy
+        return {
+            s: {n: optimizer.get_slot(v, s).numpy() for n, v in variables.items()} for s in names
+        }
+    return None  # v2: its variables are not slots by name; the weights say it
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_update_equals_tensorflows_own(name):
+    make, slot_names = OPTIMIZERS[name]
+    rng = np.random.RandomState(0)
+    start = {"kernel": rng.randn(3, 4).astype(np.float32), "bias": rng.randn(4).astype(np.float32)}
+    grads = [
+        {n: rng.randn(*v.shape).astype(np.float32) for n, v in start.items()} for _ in range(5)
+    ]
+    optimizer = _compiled_optimizer(make)
+    variables = {n: tf.Variable(v) for n, v in start.items()}
+    apply = getattr(optimizer, "optimizer", optimizer).apply_gradients  # TFOptimizer's own
+    for g in grads:
+        apply([(tf.constant(g[n]), variables[n]) for n in variables])
+
+    update = _optimizers.of(optimizer)
+    assert update.slots == slot_names
+    params = {n: jax.numpy.asarray(v) for n, v in start.items()}
+    state = update.init(params)
+    step = jax.jit(update.update)
+    for g in grads:
+        params, state = step(params, g, state)
+    assert int(state["iterations"]) == len(grads)
+    for n, v in variables.items():
+        assert np.max(np.abs(np.asarray(params[n]) - v.numpy())) < TOL, n
+        assert np.max(np.abs(start[n] - v.numpy())) > 1e-2  # it did move
+    want = _keras_slots(optimizer, variables, slot_names)
+    for slot, values in (want or {}).items():
+        for n, v in values.items():
+            # (relative beyond 1: Ftrl's linear slot grows to ~50, where float32 steps 4e-6)
+            err = np.abs(np.asarray(state[slot][n]) - v) / np.maximum(1.0, np.abs(v))
+            assert np.max(err) < TOL, (slot, n)
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: k.legacy.Nadam(0.01), "Nadam"),
+        (lambda: v1.RMSPropOptimizer(0.01), "RMSPropOptimizer"),
+        (lambda: k.AdamW(0.01, weight_decay=0.1, use_ema=True), "use_ema"),
+        (lambda: v1.AdamOptimizer(tf.Variable(0.01)), "a tensor"),
+    ],
+)
+def test_refuses_what_it_does_not_compute_by_name(make, words):
+    with pytest.raises(ConversionError, match=words):
+        _optimizers.of(_compiled_optimizer(make))

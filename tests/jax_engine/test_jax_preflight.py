@@ -1,0 +1,83 @@
+"""The JAX engine's preflight: ``python -m tpushim check --engine jax script.py`` runs the script
+on tpushim's estimator API (steps capped, nothing of the user's written), converts the model's
+training step with tf2jax and compiles it with XLA for 8 CPU devices (the TPU's cores) as the
+engine splits the batch, and reports what the engine refuses, naming the op and the layer: a
+script the engine trains passes; the same script with a Dropout layer is refused (exit 1).
+Each check is a subprocess (the 8 devices are decided when jax starts).
+"""
+
+import importlib.util
+import json
+import os
+
+import procs
+import pytest
+from jax_scripts import scripts_started  # noqa: F401 (the scripts' run, in the background)
+
+pytestmark = [
+    pytest.mark.jax,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("jax", "tf2jax")),
+        reason="jax and tf2jax not installed (the jax extra)",
+    ),
+]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = """
+import sys
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.RandomState(0)
+features = rng.randn(512, 20).astype(np.float32)
+labels = np.eye(3, dtype=np.float32)[rng.randint(0, 3, 512)]
+x = tf.keras.Input((20,), name="x")
+h = tf.keras.layers.Dense(32, activation="relu", name="hidden")(x)
+DROPOUT
+m = tf.keras.Model(x, tf.keras.layers.Dense(3, activation="softmax", name="probs")(h))
+m.compile(tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), "categorical_crossentropy")
+est = tf.keras.estimator.model_to_estimator(m, model_dir=sys.argv[1])
+est.train(
+    lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(64).repeat(), steps=100
+)
+"""
+DROPOUT = 'h = tf.keras.layers.Dropout(0.5, name="drop")(h)'
+
+
+def _check(tmp_path, name, dropout):
+    script = tmp_path / f"{name}.py"
+    script.write_text(SCRIPT.replace("DROPOUT", DROPOUT if dropout else ""))
+    model_dir = tmp_path / f"{name}_model"
+    proc = procs.python(
+        ["-m", "tpushim", "check", "--engine", "jax", "--json", str(script), str(model_dir)],
+        env={"PYTHONPATH": ROOT},
+        cwd=str(tmp_path),
+        timeout=600,
+    )
+    assert not model_dir.exists(), "the check wrote the user's model_dir"
+    return proc, json.loads(proc.stdout)
+
+
+def test_check_engine_jax_compiles_the_step_and_names_what_it_refuses(tmp_path):
+    proc, report = _check(tmp_path, "runs", dropout=False)
+    assert proc.returncode == 0 and report["exit_code"] == 0, proc.stderr[-3000:]
+    assert "XLA compile of the training step" in report["checked"]
+    note = [n for n in report["notes"] if n.startswith("the XLA compile of the training step")]
+    assert note == [
+        "the XLA compile of the training step is the JAX engine's: converted with tf2jax and "
+        "compiled for 8 CPU device(s) of JAX's here, the global batch of 64 rows split over them"
+    ]
+    assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    # what was not run is said of the engine asked for, not of the strategy engine
+    assert not any("strategy engine" in n for n in report["notes"]), report["notes"]
+    assert any("the JAX engine was asked for" in n for n in report["notes"]), report["notes"]
+
+    proc, report = _check(tmp_path, "refused", dropout=True)
+    assert proc.returncode == 1 and report["exit_code"] == 1, proc.stderr[-3000:]
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert [f["code"] for f in errors] == ["jax-engine-refuses"], errors
+    assert errors[0]["where"] == "model 'model', layer 'drop'"
+    message = errors[0]["message"]
+    assert message.startswith("the JAX engine would refuse this model: ")
+    assert "random draws in training" in message and "RandomUniform in model/drop/" in message
+    assert "engine=strategy" in errors[0]["fix"]

@@ -1,0 +1,83 @@
+"""The JAX engine's preflight (``python -m tpushim check --engine jax script.py``, or
+``engine='jax'`` in force): what the engine refuses of the script's model (a loss, an optimizer,
+a layer's random draws, an op tf2jax has no JAX for: op and layer named), and its training step
+converted and compiled with XLA on this machine's CPU devices, split over them as the engine
+splits the global batch -- nothing trained, nothing written.
+"""
+
+from tpushim._preflight import model_checks
+
+ENGINE_NOTE = "the XLA compile of the training step is the JAX engine's"
+
+
+def check_jax_step(report, keras_model, custom_objects, settings, features, labels, num_cores):
+    """Adds the JAX engine's findings for ``keras_model`` on one training batch (``features``,
+    ``labels``: numpy structures as the input gives them): ``jax-engine-refuses`` (error) with
+    the engine's own words where it would refuse the model, else the step compiled for up to
+    ``num_cores`` of JAX's devices."""
+    report.note_checked("XLA compile of the training step")
+    try:
+        import jax
+
+        from tpushim._jax import _build, _estimator, _step
+    except ImportError as e:
+        report.add(
+            "jax-engine-missing",
+            "error",
+            "the installation",
+            f"the JAX engine needs jax and tf2jax ({e})",
+            'pip install "tpushim[jax]"',
+        )
+        return
+    from tpushim._errors import ConversionError
+
+    devices = jax.local_devices()[:num_cores]
+    arrays = _estimator.Arrays(keras_model)
+    _estimator._eager_classes(keras_model)  # the script's conversion cloned it in a graph
+    try:
+        _build.refusals(keras_model, keras_model.optimizer, custom_objects, settings)
+        feats, labs = arrays.split((features, labels), _estimator.ModeKeys.TRAIN)
+        if labs is None:
+            return
+        rows = len(feats[0])
+        size = -(-rows // len(devices)) * len(devices)  # as the engine splits it (padded)
+        report.notes.append(
+            f"{ENGINE_NOTE}: converted with tf2jax and compiled for {len(devices)} "
+            f"{'/'.join(sorted({d.platform.upper() for d in devices}))} device(s) of JAX's here, "
+            f"the global batch of {rows} rows split over them"
+            + (f" (padded to {size})" if size != rows else "")
+        )
+        _step.Trainer(keras_model, size, devices, custom_objects).compile((feats, labs, None))
+    except ConversionError as e:
+        report.add(
+            "jax-engine-refuses",
+            "error",
+            f"model {keras_model.name!r}" + _layers_named(str(e), keras_model),
+            f"the JAX engine would refuse this model: {e}",
+            "see the message (engine=strategy trains it)",
+        )
+    except Exception as e:  # XLA's compile failed: named as the model's step
+        model_checks._report_xla_error(report, keras_model, e)
+
+
+def not_run_note(note):
+    """The preflight's note of what it did not run, said of the JAX engine (the path checked
+    here) rather than of the strategy engine; any other note as it is."""
+    return note.replace(
+        "tpushim's TPU path for TensorFlow >= 2.16 is the strategy engine, checked instead for "
+        "its input, host-only ops and XLA",
+        "the JAX engine was asked for: its input, host-only ops and its step's conversion and "
+        "XLA compile checked instead",
+    )
+
+
+def _layers_named(message, keras_model):
+    """``, layer 'x'`` for the model's layers the engine's message names (an op's scope)."""
+    from tpushim import _tfprivate
+
+    names = [
+        layer.name
+        for layer in _tfprivate.keras.all_layers(keras_model)[1:]
+        if f" in {layer.name}" in message or f"{layer.name}/" in message
+    ]
+    return "".join(f", layer {n!r}" for n in names[:3])
