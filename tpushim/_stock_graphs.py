@@ -1,12 +1,13 @@
 """What stock's estimator does around a model that every engine repeats, in one place: the graph
-it builds an input_fn in (seeded as stock's, so a shuffle gives stock's order), and how a
-checkpoint's format is told (object-based or name-based). Engines import it; it imports none."""
+it builds an input_fn in (seeded as stock's, so a shuffle gives stock's order), the session it
+reads tensors there with, and how a checkpoint's format is told (object-based or name-based).
+Engines import it; it imports none."""
 
 import contextlib
 
 import tensorflow as tf
 
-from tpushim import _tfprivate
+from tpushim import _input_fn, _source, _tfprivate
 
 ModeKeys = _tfprivate.estimator.ModeKeys
 
@@ -32,3 +33,23 @@ def input_graph(mode, seed):
         # The program's own TensorShape for its input_fn (a program that disabled v2 behaviour).
         with tf.compat.v1.device("/cpu:0"), _tfprivate.graph.programs_shapes():
             yield graph
+
+
+def input_session(input_fn, mode, config):
+    """The input_fn called as stock calls it, in a graph of its own (:func:`input_graph`), and
+    a ``MonitoredSession`` over that graph (queue runners, tables, initializers as stock's):
+    ``(graph, tensors, session)``, the tensors a Dataset's next element where it returns one.
+    Each ``session.run(tensors)`` is one batch, as stock reads it, until the input runs out."""
+    with input_graph(mode, config.tf_random_seed) as graph:
+        result = _input_fn.check_result(
+            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
+        )
+    with graph.as_default():
+        if isinstance(result, tf.data.Dataset):
+            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+        if isinstance(result, list):
+            result = tuple(result)
+        session = tf.compat.v1.train.MonitoredSession(
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+        )
+    return graph, result, session

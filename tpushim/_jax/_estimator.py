@@ -33,10 +33,8 @@ import tensorflow as tf
 
 from tpushim import (
     _compiled_metrics,
-    _input_fn,
     _metric_names,
     _observe,
-    _source,
     _step_losses,
     _stock_graphs,
     _tfprivate,
@@ -61,18 +59,7 @@ def _refuse(what):
 
 def host_batches(input_fn, mode, config):
     """The input_fn's batches as numpy structures, read as stock reads them (see the module)."""
-    with _stock_graphs.input_graph(mode, config.tf_random_seed) as graph:
-        result = _input_fn.check_result(
-            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
-        )
-    with graph.as_default():
-        if isinstance(result, tf.data.Dataset):
-            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
-        if isinstance(result, list):
-            result = tuple(result)
-        session = tf.compat.v1.train.MonitoredSession(
-            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
-        )
+    _, result, session = _stock_graphs.input_session(input_fn, mode, config)
     try:
         while not session.should_stop():
             try:

@@ -38,6 +38,7 @@ from tpushim import (
     _pods,
     _shapes,
     _source,
+    _stock_graphs,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
@@ -241,18 +242,7 @@ def _graph_input(input_fn, mode, config):
 
     The Dataset reads that one session: it is iterated once (one train/evaluate/predict call).
     """
-    with _stock_graph(mode, config.tf_random_seed) as graph:
-        result = _input_fn.check_result(
-            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
-        )
-    with graph.as_default():
-        if isinstance(result, tf.data.Dataset):
-            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
-        if isinstance(result, list):
-            result = tuple(result)
-        session = tf.compat.v1.train.MonitoredSession(
-            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
-        )
+    graph, result, session = _stock_graphs.input_session(input_fn, mode, config)
     spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), result)
 
     def run():
