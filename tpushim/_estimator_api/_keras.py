@@ -7,6 +7,8 @@ once to ``model_dir/keras/keras_model.ckpt``. The v2 spelling keeps object-based
 name-based ones, as stock.
 """
 
+import re
+
 import tensorflow as tf
 
 from tpushim import _first_checkpoint
@@ -16,7 +18,7 @@ from tpushim._estimator_api._config import (
     ModeKeys,
     overwrite_model_dir_and_session_config,
 )
-from tpushim._estimator_api._estimator import Estimator
+from tpushim._estimator_api._estimator import Estimator, replicated
 
 _SERVING_KEY = "serving_default"
 
@@ -153,7 +155,10 @@ def _model_fn_for(keras_model, custom_objects, save_object_ckpt, metric_names_ma
 
     def model_fn(features, labels, mode):
         model = _clone(mode, keras_model, custom_objects, features, labels, optimizer_config)
-        predictions = dict(zip(model.output_names, model.outputs))
+        names = model.output_names
+        if tf.distribute.has_strategy():  # stock's: every replica's clone names them alike
+            names = [re.sub(r"_\d$", "", name) for name in names]
+        predictions = dict(zip(names, model.outputs))
         loss = train_op = metrics = None
         if mode != ModeKeys.PREDICT:
             if mode == ModeKeys.TRAIN:
@@ -276,6 +281,8 @@ def model_to_estimator(
         raise ValueError(
             f'Checkpoint format must be one of "checkpoint" or "saver". Got {checkpoint_format}'
         )
+    if save_object_ckpt:
+        _refuse_object_checkpoints_over_replicas(config)
     if not getattr(keras_model, "optimizer", None):
         raise ValueError(
             "The given keras model has not been compiled yet. Please compile the model with "
@@ -299,6 +306,27 @@ def model_to_estimator(
     estimator = Estimator(model_fn, config=config, warm_start_from=warm_start)
     estimator._tpushim_keras_model = keras_model  # for observers (the preflight's model checks)
     return estimator
+
+
+def _refuse_object_checkpoints_over_replicas(config):
+    """Object-based checkpoints (model_to_estimator's default in its v2 spelling) over a
+    strategy of several replicas: stock 2.15 fails at ``train()`` / ``evaluate()``, having
+    written its first checkpoint, because the model_fn builds its Saver inside each replica
+    (``RuntimeError: Method requires being in cross-replica context``). Refused here, before
+    anything is written, naming the spelling stock trains with."""
+    for key in ("train_distribute", "eval_distribute"):
+        strategy = getattr(config, key)
+        if replicated(strategy):
+            raise ValueError(
+                f"model_to_estimator's object-based checkpoints (checkpoint_format="
+                f"'checkpoint', the default of tf.keras.estimator.model_to_estimator) cannot be "
+                f"written over RunConfig({key}={type(strategy).__name__}) of "
+                f"{strategy.num_replicas_in_sync} replicas: stock TensorFlow 2.15 fails there "
+                "too, at train(), building the checkpoint's Saver inside each replica. Pass "
+                "checkpoint_format='saver' to model_to_estimator, or convert with "
+                "tf.compat.v1.keras.estimator.model_to_estimator (name-based checkpoints, "
+                "trained over every replica as stock trains them)."
+            )
 
 
 #: Where a conversion on tpushim's estimator API runs, as the run summary's table says it.
