@@ -124,10 +124,11 @@ def _rows_seen(fn, mode=ModeKeys.TRAIN, batches=None):
         return [int(i) for _, labels in tfcases.read_batches(ds) for i in labels.ravel()]
 
 
-def _stock_rows(fn, batches, pause=0.05):
+def _stock_rows(fn, batches, pause=0.2):
     """Labels of the rows stock's own queue gives -- the input_fn called in a graph as stock's
     Estimator makes it, its reading thread started with the session -- each batch read after a
-    pause (a training step's time: the reader fills the queue meanwhile, as in any real run)."""
+    pause (a training step's time: the reader fills the queue meanwhile, as in any real run;
+    0.05 s was too short for it on a loaded machine, where stock's order is its race's)."""
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(7)
         tf.compat.v1.train.create_global_step()
