@@ -7,6 +7,7 @@ read its answers.
 """
 
 import fcntl
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +19,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:
+    REFERENCE = json.load(_f)["results"]  # stock 2.15's recorded numbers of every script
+#: Every JAX engine test module's marks: the jax marker, skipped without the jax extra.
+JAX_TESTS = [
+    pytest.mark.jax,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("jax", "tf2jax")),
+        reason="jax and tf2jax not installed (the jax extra)",
+    ),
+]
 with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:
     NAMES = sorted(name for name in json.load(_f)["results"] if name.endswith(".py"))
 #: The scripts without recorded numbers (the test expects the engine to refuse them), and the

@@ -11,7 +11,6 @@ Each run is a subprocess (``TF_USE_LEGACY_KERAS`` and the 8 devices are decided 
 process). Needs jax and tf2jax (the ``jax`` extra), as tests/jax_engine does.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -21,23 +20,13 @@ import shutil
 
 import numpy as np
 import procs
-import pytest
-from jax_scripts import answers, scripts_started  # noqa: F401 (the scripts' run, in the background)
+from jax_scripts import JAX_TESTS, REFERENCE, ROOT, answers, scripts_started  # noqa: F401
 
 # Not imported here (each run is a subprocess): the step's tests ask for 8 devices before jax's
 # first import in this process.
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(
-        not all(importlib.util.find_spec(m) for m in ("jax", "tf2jax")),
-        reason="jax and tf2jax not installed (the jax extra)",
-    ),
-]
+pytestmark = JAX_TESTS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
-with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:
-    REFERENCE = json.load(_f)["results"]
 TOL = 1e-5
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 JAX = {**EIGHT, "TPUSHIM_MODE": "cpu", "TPUSHIM_ENGINE": "jax", "PYTHONPATH": ROOT}

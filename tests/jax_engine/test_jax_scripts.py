@@ -7,25 +7,23 @@ Cheap: one subprocess runs every script in turn (TensorFlow and JAX start once),
 background from the session's first test of tests/jax_engine on (tests/jax_engine/jax_scripts.py).
 """
 
-import importlib.util
-import json
 import math
 import os
 
 import pytest
-from jax_scripts import NAMES, SCRIPTS, UNRECORDED, answers, scripts_started  # noqa: F401
+from jax_scripts import (  # noqa: F401
+    JAX_TESTS,
+    NAMES,
+    REFERENCE,
+    ROOT,
+    SCRIPTS,
+    UNRECORDED,
+    answers,
+    scripts_started,
+)
 
-pytestmark = [
-    pytest.mark.jax,
-    pytest.mark.skipif(
-        not all(importlib.util.find_spec(m) for m in ("jax", "tf2jax")),
-        reason="jax and tf2jax not installed (the jax extra)",
-    ),
-]
+pytestmark = JAX_TESTS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:
-    REFERENCE = json.load(_f)["results"]
 TOL = 1e-5
 
 _GRAPH_PROGRAM = (
