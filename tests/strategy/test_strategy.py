@@ -1023,3 +1023,52 @@ def test_input_keys_that_miss_the_models_are_refused_with_stocks_error(tmp_path,
     assert raised["engine"] == raised["stock"]
     assert "does not cover requested" in raised["stock"][0]
     assert not list((tmp_path / "engine").glob("model.ckpt-*"))
+
+
+@pytest.mark.slow
+def test_float64_input_is_cast_to_float32_for_the_replicas_as_on_the_tpu_path(tmp_path):
+    """numpy's and pandas' float64 features and labels reach the engine's replicas as float32,
+    as the TPUEstimator path feeds them (no TPU infeed takes float64: on a TPU the engine's input
+    would fail), said once per call as there; the numbers stay stock's, short last batch included.
+    Without the cast the replicas' element holds float64 and the note is missing."""
+    import numpy as np
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _observe
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        inputs = tf.keras.Input((4,), name="x")
+        outputs = tf.keras.layers.Dense(1)(tf.keras.layers.Dense(8, activation="tanh")(inputs))
+        model = tf.keras.Model(inputs, outputs)
+        model.compile(tf.keras.optimizers.legacy.SGD(0.05), "mse", metrics=["mae"])
+        return model
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(20, 4), rng.randn(20, 1)  # float64, as numpy gives them
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)  # the last batch short
+
+    class Notes(_observe.Observer):
+        def __init__(self):
+            self.kinds = []
+
+        def adapted(self, call, kind, text):
+            self.kinds.append(kind)
+
+    notes = Notes()
+    with _observe.observing(notes):
+        _evaluated_as_stocks(tmp_path, build, input_fn, steps=3)
+    assert "float64" in notes.kinds
+
+    estimator = tfcases.convert(
+        tmp_path / "spec",
+        build(),
+        patch={"mode": "cpu", "engine": "strategy", "quiet": True},
+        config=tfcases.ESTIMATOR.RunConfig(tf_random_seed=7),
+    )
+    made = estimator._input(input_fn, tfcases.ESTIMATOR.ModeKeys.TRAIN)
+    dtypes = {spec.dtype for spec in tf.nest.flatten(made[1])}
+    assert tf.float64 not in dtypes and tf.float32 in dtypes, dtypes

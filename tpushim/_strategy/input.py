@@ -428,7 +428,8 @@ class HostInput:
             )
         host = context.input_pipeline_id
         piece = context.get_per_replica_batch_size(self.padded)
-        dataset = _shapes.with_declared_shapes(self._copy(host), self.model_inputs)
+        dataset = _batching.without_float64(self._copy(host))
+        dataset = _shapes.with_declared_shapes(dataset, self.model_inputs)
         if self.host is not None:  # strings and lookups, by this host's own copy of them
             dataset = dataset.map(_strategy_host.element_function(self.host, self.mode))
         if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
@@ -534,7 +535,8 @@ def distributed_input(
         )
     replicas = strategy.num_replicas_in_sync
     padded = _plan.RunContext(mode, replicas, batch_size=size).padded_batch()
-    result = _shapes.with_declared_shapes(result, model_inputs)
+    # As the TPUEstimator path: no TPU infeed takes float64 (said in the run summary).
+    result = _shapes.with_declared_shapes(_batching.without_float64(result), model_inputs)
     if host is not None:  # strings and lookups, on the host
         result = result.map(_strategy_host.element_function(host, mode))
     dataset = result.map(_padding.pad_batch(padded, counted=True)).map(_split(replicas))
