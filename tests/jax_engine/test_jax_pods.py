@@ -180,3 +180,40 @@ def test_training_on_the_pod_equals_one_board_and_stock(proof):
 def test_negative_control_training_with_a_process_feeding_anothers_share(proof):
     for worker in proof["workers"]:
         assert _diff(worker["control_training"], proof["board"]["training"]) > 1e-3
+
+
+# --- how the environment asks for a pod (no process started) ------------------------------------
+
+
+# --- how the environment asks for a pod (no process started) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "environ, wanted",
+    [
+        ({}, None),
+        ({"TPU_WORKER_HOSTNAMES": "t1v-n-0"}, None),  # one host: one process
+        ({"TPU_WORKER_HOSTNAMES": "t1v-n-0,t1v-n-1"}, "tpu"),
+        ({"MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1:8476"}, "tpu"),
+        (
+            {
+                "JAX_COORDINATOR_ADDRESS": "127.0.0.1:1",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": "1",
+            },
+            "explicit",
+        ),
+    ],
+)
+def test_the_environment_says_when_to_join_a_pod(environ, wanted):
+    from tpushim._jax import _pod
+
+    assert _pod.wanted(environ) == wanted
+
+
+def test_a_coordinator_without_the_process_count_is_refused_naming_both():
+    from tpushim import ConversionError
+    from tpushim._jax import _pod
+
+    with pytest.raises(ConversionError, match="JAX_NUM_PROCESSES and JAX_PROCESS_ID"):
+        _pod.wanted({"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1"})
