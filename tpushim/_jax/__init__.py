@@ -21,6 +21,8 @@ graph, the input pipeline and the checkpoints on the host. Registered in :mod:`t
   moving statistics, data parallel over every local device (``jax.sharding``: the global batch
   split in equal per-device shares, as TPUEstimator splits it), ``iterations_per_loop`` steps per
   compiled call, compiled once per shape.
+* :mod:`tpushim._jax._pod`: a pod: ``jax.distributed`` joined from the environment, each
+  process's share of the input (:mod:`tpushim._pods`' paths), process 0 writing.
 
 What it does not run yet is refused in words naming the fix (``engine='strategy'``).
 TensorFlow- and JAX-free at import, as every engine package is.

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _settings, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _checkpoint, _optimizers, _step, _trace
+from tpushim._jax import _checkpoint, _optimizers, _pod, _step, _trace
 from tpushim._jax._estimator import JaxEstimator
 
 
@@ -27,6 +27,8 @@ def refusals(keras_model, optimizer, custom_objects, settings):
     that disabled TensorFlow 2 behaviour, a subclassed model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`)."""
     del settings
     import tensorflow as tf
+
+    _pod.initialize()  # a pod's jax.distributed, before the engine's first JAX call
 
     if not tf.executing_eagerly():
         _refuse(
@@ -57,6 +59,9 @@ class JaxConversion:
         self.batch_size = settings.batch_size
         self.per_call = settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP
         self.metric_names_map = metric_names_map
+        self.pod_input = settings.pod_input
+        _pod.initialize()
+        self.pod = _pod.current()  # None: one process
         self.checkpoints = _checkpoint.StockCheckpoints(keras_model, custom_objects, object_based)
         self.devices = jax.local_devices()
         self._mesh = Mesh(np.array(self.devices), ("data",))
@@ -67,7 +72,9 @@ class JaxConversion:
 
     def trainer(self, global_batch):
         """A :class:`tpushim._jax._step.Trainer` of the model for this global batch."""
-        return _step.Trainer(self.keras_model, global_batch, self.devices, self.custom_objects)
+        return _step.Trainer(
+            self.keras_model, global_batch, self.devices, self.custom_objects, pod=self.pod
+        )
 
     def device_rows(self, rows):
         """An evaluation's or prediction's batch padded to a multiple of the devices."""
@@ -129,9 +136,11 @@ def describe(conversion, settings, tpu, why):
         if tpu is not None
         else f"[mode cpu from {settings.sources.get('mode')}]"
     )
+    over = f"{len(conversion.devices)} {'/'.join(kinds)} device(s)"
+    if conversion.pod is not None:
+        over = f"{len(conversion.pod.devices)} {'/'.join(kinds)} device(s) of {conversion.pod.count} processes"
     return (
-        f"the JAX engine: the Keras model's step in JAX over {len(conversion.devices)} "
-        f"{'/'.join(kinds)} device(s) {where}, global batch "
+        f"the JAX engine: the Keras model's step in JAX over {over} {where}, global batch "
         f"{settings.batch_size or 'from input'}, iterations_per_loop {conversion.per_call} "
         f"[engine: {why}]"
     )
@@ -158,7 +167,7 @@ def made(prepared, arguments, settings, decision):
         keras_model, custom_objects, save_object_ckpt, settings, arguments["metric_names_map"]
     )
     warm_start_path = None
-    if config.is_chief:  # as stock
+    if config.is_chief and _pod.is_chief():  # as stock: on a pod, process 0
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )

@@ -40,6 +40,7 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._errors import ConversionError
+from tpushim._jax import _pod
 
 logger = logging.getLogger("tpushim")
 tf_logger = logging.getLogger("tensorflow")
@@ -270,6 +271,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             _refuse("CheckpointSaverListeners in train() (train_and_evaluate's evaluations)")
         conversion = self._tpushim_jax
         start, weights, slots, _ = self._latest()
+        _pod.barrier("tpushim-train-read")  # every process read before process 0 writes
         last = math.ceil(max_steps) if max_steps is not None else None
         if last is not None and start >= last:
             if max_steps <= global_step_saved(self.model_dir):
@@ -278,7 +280,17 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             last = start + 1
         stop = start + math.ceil(steps) if steps is not None else last
         arrays = Arrays(conversion.keras_model)
-        batches = host_batches(input_fn, ModeKeys.TRAIN, self.config)
+        if conversion.pod is None:
+            batches = host_batches(input_fn, ModeKeys.TRAIN, self.config)
+        else:  # this process's rows of each global batch
+            batches = _pod.host_batches(
+                input_fn,
+                ModeKeys.TRAIN,
+                self.config,
+                conversion.pod,
+                conversion.batch_size,
+                conversion.pod_input,
+            )
         try:
             # The input_fn called and its first batch read here, in the caller's thread; the
             # rest read ahead in a thread while the devices train.
@@ -287,10 +299,11 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 batches = ReadAhead(batches, None if stop is None else stop - start - 1)
             if first is None:
                 raise ConversionError("the input_fn gave no batch: the input is empty.")
-            features, labels = arrays.split(first, ModeKeys.TRAIN)
+            features, labels = arrays.split(getattr(first, "batch", first), ModeKeys.TRAIN)
             if labels is None:
                 raise ValueError("the input_fn gave no labels: training needs them.")
-            trainer = conversion.trainer(conversion.batch_size or _rows(features))
+            size = getattr(first, "global_batch", None)  # a pod's
+            trainer = conversion.trainer(size or conversion.batch_size or _rows(features))
             trainer.restore(weights, slots, start)
             trainer.check((features, labels, None))  # its refusals before anything is written
             return self._train_steps(trainer, arrays, first, batches, start, stop)
@@ -308,7 +321,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             else:
                 _, restored, slots, _ = self._latest()
                 values.update(restored)
-            conversion.checkpoints.write(self.model_dir, step, values, slots)
+            if _pod.is_chief():  # on a pod, process 0 writes (stock's chief)
+                conversion.checkpoints.write(self.model_dir, step, values, slots)
 
         tf.io.gfile.makedirs(self.model_dir)
         conversion.checkpoints.begin(config)  # stock's Saver for this call
@@ -330,9 +344,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 chunk.append(batch)
             if not chunk:
                 break
-            split = [arrays.split(b, ModeKeys.TRAIN) for b in chunk]
+            split = [_step_batch(arrays, b) for b in chunk]
             ran = time.monotonic()
-            losses = [np.float32(loss) for loss in trainer.train([(f, y, None) for f, y in split])]
+            losses = [np.float32(loss) for loss in trainer.train(split)]
             took = (time.monotonic() - ran) / len(losses)  # each step's share of the call
             for k, loss in enumerate(losses):
                 if np.isnan(loss):  # stock's NanTensorHook, before its LoggingTensorHook
@@ -353,6 +367,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             self.model_dir, f"model.ckpt-{step}"
         ):
             save(step)
+        _pod.barrier("tpushim-train-saved")  # process 0's last checkpoint is every process's
         tf_logger.info("Loss for final step: %s.", losses[-1] if step > start else None)
         return step - start
 
@@ -449,6 +464,16 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                         yield {k: v[i] for k, v in out.items()}
         finally:
             batches.close()
+
+
+def _step_batch(arrays, item):
+    """A training step's ``(features, labels, None)`` of a batch, or on a pod ``(features,
+    labels, None, pad)`` of this process's :class:`tpushim._jax._pod.Share`."""
+    if isinstance(item, _pod.Share):
+        features, labels = arrays.split(item.batch, ModeKeys.TRAIN)
+        return features, labels, None, item.pad
+    features, labels = arrays.split(item, ModeKeys.TRAIN)
+    return features, labels, None
 
 
 def _eager_classes(keras_model):

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _batch_math
 from tpushim._errors import ConversionError
-from tpushim._jax import _optimizers, _trace
+from tpushim._jax import _optimizers, _pod, _trace
 
 #: Negative controls (the proof's), never set outside it: ``"sum_device_means"`` -- each device
 #: differentiates the mean over its own rows and the gradients are summed over the devices;
@@ -67,10 +67,13 @@ class Trainer:
       custom_objects: as given to ``model_to_estimator``.
     """
 
-    def __init__(self, keras_model, global_batch, devices=None, custom_objects=None, control=None):
+    def __init__(
+        self, keras_model, global_batch, devices=None, custom_objects=None, control=None, pod=None
+    ):
         if control not in (None, *CONTROLS):
             raise ValueError(f"control must be one of {CONTROLS}")
-        self.devices = list(devices or jax.local_devices())
+        self.pod = pod  # a _pod.Pod: the mesh spans every process's devices
+        self.devices = list(pod.devices if pod is not None else devices or jax.local_devices())
         shards = len(self.devices)
         if global_batch % shards:
             problem, fix = _batch_math.indivisible_batch(global_batch, shards)
@@ -111,9 +114,8 @@ class Trainer:
         for slot, values in self._restored.get("slots", {}).items():
             if slot in opt:
                 opt[slot] = {k: jnp.asarray(values.get(k, opt[slot][k])) for k in opt[slot]}
-        self.params, self.stats, self.opt_state = jax.device_put(
-            (trainable, state, opt), self.replicated
-        )
+        place = jax.device_put if self.pod is None else _pod.replicated
+        self.params, self.stats, self.opt_state = place((trainable, state, opt), self.replicated)
 
     def weights(self):
         """variable name -> numpy value, for every weight the step trains or updates."""
@@ -196,11 +198,48 @@ class Trainer:
     def train(self, batches):
         """Runs one step per batch in one compiled call; returns each step's loss (stock's loss
         on the batch's real rows). ``batches``: ``(features, labels, sample_weights or None)``
-        tuples of numpy arrays, at most ``global_batch`` rows each."""
+        tuples of numpy arrays, at most ``global_batch`` rows each; on a pod, this process's
+        rows of each global batch, padded: ``(features, labels, sample_weights or None, pad)``
+        (:mod:`._pod`)."""
+        if self.pod is not None:
+            return self._train_pod(batches)
         padded = [pad_batch(b, self.global_batch) for b in batches]
         traced, loop = self._convert(padded[0])
         self._start(traced)
         stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *padded)
+        (self.params, self.stats, self.opt_state), losses = loop(
+            self.params, self.stats, self.opt_state, stacked
+        )
+        return np.asarray(losses)
+
+    def _train_pod(self, batches):
+        """:meth:`train` on a pod: each process's rows made one global array per input, the
+        step traced for the global batch's shapes."""
+        count = self.pod.count
+        local = []
+        for features, labels, weights, pad in batches:
+            rows = len(pad)
+            if weights is None:
+                weights = [None] * len(labels)
+            weights = [
+                np.ones([rows], np.float32) if w is None else np.asarray(w, np.float32)
+                for w in weights
+            ]
+            local.append(
+                (
+                    [np.asarray(f) for f in features],
+                    [np.asarray(y) for y in labels],
+                    weights,
+                    np.asarray(pad, np.float32),
+                )
+            )
+        # The step's shapes are the global batch's (its values are not read to trace it).
+        shaped = jax.tree_util.tree_map(lambda a: np.concatenate([a] * count), local[0])
+        traced, loop = self._convert(shaped)
+        self._start(traced)
+        stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *local)
+        split = NamedSharding(self.mesh, PartitionSpec(None, "data"))
+        stacked = _pod.global_arrays(stacked, split, 1, count)
         (self.params, self.stats, self.opt_state), losses = loop(
             self.params, self.stats, self.opt_state, stacked
         )

@@ -1,0 +1,219 @@
+"""The JAX engine on a pod (tpushim/_jax/_pod.py), proven on CPU: 2 processes started here, joined
+by ``jax.distributed`` on a loopback coordinator (gloo's CPU collectives), 4 XLA CPU devices each,
+every process reading its own share of the input; against one process with 8 devices (one
+board) and the stock estimator (tpushim's estimator API: stock 2.15's numbers). The processes run
+tests/jax_pod_proof.py; negative controls (a process feeding another's share, every process
+reading the whole input) must fail. Only loopback addresses: the coordinator binds 127.0.0.1.
+"""
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import procs
+import pytest
+from jax_scripts import JAX_TESTS, ROOT
+
+pytestmark = JAX_TESTS
+TOL = 1e-5
+PROOF = os.path.join(ROOT, "tests", "jax_pod_proof.py")
+#: Seconds on a quiet machine each group of processes may take (stretched by the load).
+TIMEOUT = 240
+PROCESSES = 2
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(role, root, env):
+    env = procs.env_without_tpu(
+        PYTHONPATH=ROOT, TPUSHIM_MODE="cpu", TPUSHIM_ENGINE="jax", TPUSHIM_QUIET="1", **env
+    )
+    return subprocess.Popen(
+        [sys.executable, PROOF, role, str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait(processes):
+    timeout = procs.scaled(TIMEOUT)
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in processes]
+    finally:
+        for p in processes:  # one that hangs (its peer died) is ended here
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, out in zip(processes, outputs):
+        assert p.returncode == 0, out[-4000:]
+
+
+@pytest.fixture(scope="module")
+def proof(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jaxpod")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    workers = [
+        _start(
+            "worker",
+            root,
+            {
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // PROCESSES}",
+                "JAX_COORDINATOR_ADDRESS": address,
+                "JAX_COORDINATOR_BIND_ADDRESS": address,  # never every interface
+                "JAX_NUM_PROCESSES": str(PROCESSES),
+                "JAX_PROCESS_ID": str(i),
+            },
+        )
+        for i in range(PROCESSES)
+    ]
+    _wait(workers)
+    _wait([_start("board", root, {}), _start("stock", root, {})])
+
+    def read(name):
+        with open(root / name, encoding="utf-8") as f:
+            return json.load(f)
+
+    return {
+        "workers": [read(f"worker-{i}.json") for i in range(PROCESSES)],
+        "board": read("board.json"),
+        "stock": read("stock.json"),
+    }
+
+
+def _flat(lists):
+    return list(itertools.chain.from_iterable(lists))
+
+
+def _pooled(proof, case):
+    """Every global batch's real rows, the processes' shares in process order."""
+    shares = [w["shares"][case]["steps"] for w in proof["workers"]]
+    return [_flat(parts) for parts in zip(*shares)]
+
+
+def _diff(a, b):
+    assert sorted(a["weights"]) == sorted(b["weights"])
+    return max(
+        float(np.max(np.abs(np.subtract(a["weights"][k], b["weights"][k])))) for k in a["weights"]
+    )
+
+
+def test_the_processes_form_one_pod_of_8_devices(proof):
+    assert [w["pod"] for w in proof["workers"]] == [[i, PROCESSES, 8] for i in range(PROCESSES)]
+
+
+@pytest.mark.parametrize("case", ["shuffle 5", "list_files 5"])
+def test_exact_path_every_global_batch_is_one_boards(proof, case):
+    """Every process runs the whole pipeline (seeded alike) and feeds its rows of each global
+    batch: pooled over the processes, each step's examples are one board's, in its order (a short
+    last batch's padding left out)."""
+    assert _pooled(proof, case) == proof["board"]["batches"][case]
+
+
+def test_exact_path_unseeded_every_example_once(proof):
+    """No tf_random_seed: process 0 draws the seed and every process shuffles with it."""
+    pooled = _pooled(proof, "shuffle None")
+    assert [len(b) for b in pooled] == [16, 16, 16, 12]
+    assert sorted(_flat(pooled)) == list(range(60))
+
+
+def test_negative_control_a_process_feeding_anothers_share(proof):
+    pooled = _pooled(proof, "control other_share shuffle 5")
+    assert pooled != proof["board"]["batches"]["shuffle 5"]
+    assert len(set(_flat(pooled))) < 60  # some examples twice, others never
+
+
+def test_files_path_each_process_reads_only_its_own_files(proof):
+    """Shuffled, endless input from 8 files: each process reads whole files of its own (none read
+    by two), every example once per global epoch (4 steps of 16), <= 1.05 records parsed per
+    record fed (the exact path parses every record in every process)."""
+    shares = [w["shares"]["files"] for w in proof["workers"]]
+    mine = [set(_flat(s["steps"])) for s in shares]
+    assert not mine[0] & mine[1] and sorted(mine[0] | mine[1]) == list(range(64))
+    pooled = _pooled(proof, "files")
+    assert all(len(b) == 16 for b in pooled)
+    for epoch in range(len(pooled) // 4):
+        assert sorted(_flat(pooled[4 * epoch : 4 * epoch + 4])) == list(range(64)), epoch
+    for s in shares:
+        assert s["parsed"] / sum(len(b) for b in s["steps"]) <= 1.05
+    exact = [w["shares"]["list_files 5"]["parsed"] for w in proof["workers"]]
+    assert exact == [64] * PROCESSES
+
+
+@pytest.mark.parametrize("control", ["whole_input", "other_share"])
+def test_negative_control_files_read_twice(proof, control):
+    """Every process reading every file, or process 1 reading process 0's files: examples on two
+    processes, and an epoch's steps no longer every example once."""
+    shares = [
+        set(_flat(w["shares"][f"control {control} files"]["steps"])) for w in proof["workers"]
+    ]
+    assert shares[0] & shares[1]
+    pooled = _pooled(proof, f"control {control} files")
+    assert sorted(_flat(pooled[:4])) != list(range(64))
+
+
+def test_training_on_the_pod_equals_one_board_and_stock(proof):
+    """A BatchNormalization model, SGD with momentum, a seeded shuffle, a short padded last batch,
+    then a second train() from process 0's checkpoint: the weights, slots and global step every
+    process reads equal one board's and the stock estimator's within 1e-5; the model_dir holds
+    what one board's holds (process 0 wrote it, alone)."""
+    board, stock = proof["board"]["training"], proof["stock"]["training"]
+    assert stock["type"] == "Estimator" and board["type"] == "JaxEstimator"
+    assert _diff(board, stock) < TOL
+    for worker in proof["workers"]:
+        pod = worker["training"]
+        assert pod["type"] == "JaxEstimator" and pod["step"] == stock["step"] == 6
+        assert _diff(pod, board) < TOL and _diff(pod, stock) < TOL
+        assert pod["files"] == board["files"]
+
+
+def test_negative_control_training_with_a_process_feeding_anothers_share(proof):
+    for worker in proof["workers"]:
+        assert _diff(worker["control_training"], proof["board"]["training"]) > 1e-3
+
+
+# --- how the environment asks for a pod (no process started) ------------------------------------
+
+
+# --- how the environment asks for a pod (no process started) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "environ, wanted",
+    [
+        ({}, None),
+        ({"TPU_WORKER_HOSTNAMES": "t1v-n-0"}, None),  # one host: one process
+        ({"TPU_WORKER_HOSTNAMES": "t1v-n-0,t1v-n-1"}, "tpu"),
+        ({"MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1:8476"}, "tpu"),
+        (
+            {
+                "JAX_COORDINATOR_ADDRESS": "127.0.0.1:1",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": "1",
+            },
+            "explicit",
+        ),
+    ],
+)
+def test_the_environment_says_when_to_join_a_pod(environ, wanted):
+    from tpushim._jax import _pod
+
+    assert _pod.wanted(environ) == wanted
+
+
+def test_a_coordinator_without_the_process_count_is_refused_naming_both():
+    from tpushim import ConversionError
+    from tpushim._jax import _pod
+
+    with pytest.raises(ConversionError, match="JAX_NUM_PROCESSES and JAX_PROCESS_ID"):
+        _pod.wanted({"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1"})

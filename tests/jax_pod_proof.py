@@ -1,0 +1,217 @@
+"""The JAX engine on a pod, proven on CPU (tests/jax_engine/test_jax_pods.py reads its answers):
+processes joined by ``jax.distributed`` on a loopback coordinator, each with its share of 8 XLA
+CPU devices and gloo's collectives, each reading its own share of the input
+(tpushim/_jax/_pod.py); beside them one process with all 8 devices (one board) and the stock
+estimator (tpushim's estimator API, stock 2.15's numbers).
+
+Roles (argv[1]):
+  worker ROOT   one process of the pod (the environment names its place: JAX_COORDINATOR_ADDRESS,
+                JAX_NUM_PROCESSES, JAX_PROCESS_ID): every input's share it feeds, the training's
+                weights, and with the negative controls; writes ROOT/worker-<id>.json.
+  board ROOT    one process, 8 devices: every input's global batches as one board reads them,
+                and the same training; writes ROOT/board.json.
+  stock ROOT    the same training on the stock estimator (TPUSHIM_MODE=off); ROOT/stock.json.
+"""
+
+import collections
+import json
+import os
+import sys
+
+ROLE, ROOT = sys.argv[1], sys.argv[2]
+if ROLE == "board":
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import numpy as np
+import tensorflow as tf
+
+import tpushim
+
+SIZES = (12, 4, 11, 5, 10, 6, 9, 7)  # 64 records in 8 files of unequal size (even by size on 2)
+BATCH = 16
+TRAIN_ROWS = 56  # batches of 16, 16, 16, 8: the last one padded on 8 devices
+PARSED = collections.Counter()  # records parsed, by id
+
+
+def write_files(directory):
+    paths, start = [], 0
+    os.makedirs(directory, exist_ok=True)
+    for k, size in enumerate(SIZES):
+        paths.append(os.path.join(directory, f"part-{k}.tfrecord"))
+        if not os.path.exists(paths[-1]):
+            with tf.io.TFRecordWriter(paths[-1] + ".tmp") as writer:
+                for i in range(start, start + size):
+                    writer.write(str(i).encode())
+            os.replace(paths[-1] + ".tmp", paths[-1])
+        start += size
+    return paths
+
+
+def _count(ids):
+    PARSED.update(int(i) for i in ids.numpy().reshape([-1]))
+    return ids
+
+
+def parse(record):
+    i = tf.strings.to_number(record, tf.float32)
+    i = tf.py_function(_count, [i], tf.float32)
+    i.set_shape([])
+    return {"id": i}, tf.cast(i, tf.int64) % 3
+
+
+def xy(i):
+    i = tf.cast(i, tf.float32)
+    x = tf.stack([tf.sin(i), tf.cos(0.7 * i), i / 64.0 - 0.5, tf.sin(1.3 * i + 1.0)])
+    return x, 2.0 * x[:1] - x[1:2] + 0.1 * x[3:]
+
+
+def inputs(paths):
+    """The inputs whose shares are compared, by name (each a global batch of 16)."""
+    pattern = os.path.join(os.path.dirname(paths[0]), "*.tfrecord")
+    return {
+        # from_tensor_slices, shuffled by the graph seed: the exact path (it reads no files)
+        "shuffle": lambda: (
+            tf.data.Dataset.from_tensor_slices({"id": np.arange(60.0)})
+            .shuffle(60)
+            .map(lambda f: (f, tf.cast(f["id"], tf.int64) % 3))
+            .batch(BATCH)
+        ),
+        # list_files (its own shuffle of the file names), asked for the exact path
+        "list_files": lambda: (
+            tf.data.Dataset.list_files(pattern)
+            .interleave(tf.data.TFRecordDataset, cycle_length=2)
+            .map(parse)
+            .batch(BATCH)
+        ),
+        # shuffled, endless, from files: the files path
+        "files": lambda: (
+            tf.data.Dataset.list_files(pattern)
+            .interleave(tf.data.TFRecordDataset, cycle_length=2)
+            .map(parse)
+            .shuffle(BATCH)
+            .repeat()
+            .batch(BATCH)
+        ),
+    }
+
+
+class Config:
+    def __init__(self, seed):
+        self.tf_random_seed = seed
+        self.session_config = None
+
+
+def ids_of(batch):
+    features = batch[0] if isinstance(batch, tuple) else batch
+    return [int(i) for i in np.asarray(features["id"]).reshape([-1])]
+
+
+def shares(input_fn, seed, pod_input, steps, control=None):
+    """This process's rows of each global batch: (ids, real) per step, and records parsed."""
+    from tpushim._jax import _pod
+
+    _pod.STATE.control = control
+    PARSED.clear()
+    out = []
+    try:
+        batches = _pod.host_batches(
+            input_fn, "train", Config(seed), _pod.current(), None, pod_input
+        )
+        for k, share in enumerate(batches):
+            if k >= steps:
+                break
+            real = [int(p) for p in share.pad]
+            out.append([i for i, r in zip(ids_of(share.batch), real) if r])
+        batches.close()
+    finally:
+        _pod.STATE.control = None
+    return {"steps": out, "parsed": sum(PARSED.values())}
+
+
+def board_batches(input_fn, seed, steps):
+    from tpushim import _stock_graphs
+
+    _, result, session = _stock_graphs.input_session(input_fn, "train", Config(seed))
+    out = []
+    with session:
+        while len(out) < steps and not session.should_stop():
+            try:
+                out.append(ids_of(session.run(result)))
+            except tf.errors.OutOfRangeError:
+                break
+    return out
+
+
+def train_input():
+    rng = np.random.RandomState(3)
+    x = rng.normal(size=(TRAIN_ROWS, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [0.25]], np.float32) + 0.1).astype(np.float32)
+    return lambda: tf.data.Dataset.from_tensor_slices(({"x": x}, y)).shuffle(64).batch(BATCH)
+
+
+def train(model_dir):
+    """A Dense -> BatchNormalization -> Dense model trained over the shuffled input to its end,
+    then 2 more steps in a second call (which reads process 0's checkpoint); its weights."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(x)
+    h = tf.keras.layers.BatchNormalization(momentum=0.8, name="bn")(h)
+    model = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(h))
+    model.compile(tf.keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=11)
+    estimator = tf.keras.estimator.model_to_estimator(model, config=config)
+    estimator.train(train_input())
+    estimator.train(train_input(), steps=2)
+    names = [n for n in estimator.get_variable_names() if "global_step" not in n]
+    names = [n for n in names if not n.startswith("_CHECKPOINTABLE")]
+    (step,) = [n for n in estimator.get_variable_names() if "global_step" in n]
+    return {
+        "type": type(estimator).__name__,
+        "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
+        "step": int(estimator.get_variable_value(step)),
+        "files": sorted(os.listdir(model_dir)),
+    }
+
+
+def main():
+    paths = write_files(os.path.join(ROOT, "data"))
+    made = inputs(paths)
+    result = {}
+    if ROLE == "stock":
+        tpushim.patch(mode="off", quiet=True)
+        result["training"] = train(os.path.join(ROOT, "stock"))
+    elif ROLE == "board":
+        tpushim.patch(quiet=True)
+        result["batches"] = {
+            "shuffle 5": board_batches(made["shuffle"], 5, 4),
+            "list_files 5": board_batches(made["list_files"], 5, 4),
+        }
+        result["training"] = train(os.path.join(ROOT, "board"))
+    else:
+        tpushim.patch(quiet=True)
+        from tpushim._jax import _pod
+
+        _pod.initialize()  # as the engine does: before anything opens a device
+        pod = _pod.current()
+        result["pod"] = [pod.index, pod.count, len(pod.devices)]
+        result["shares"] = {
+            "shuffle 5": shares(made["shuffle"], 5, "auto", 4),
+            "shuffle None": shares(made["shuffle"], None, "auto", 4),
+            "list_files 5": shares(made["list_files"], 5, "exact", 4),
+            "files": shares(made["files"], 5, "auto", 160),
+            "control other_share shuffle 5": shares(made["shuffle"], 5, "auto", 4, "other_share"),
+            "control whole_input files": shares(made["files"], 5, "auto", 8, "whole_input"),
+            "control other_share files": shares(made["files"], 5, "auto", 8, "other_share"),
+        }
+        result["training"] = train(os.path.join(ROOT, "pod"))
+        _pod.STATE.control = "other_share"
+        result["control_training"] = train(os.path.join(ROOT, "pod-control"))
+        _pod.STATE.control = None
+        name = f"worker-{pod.index}.json"
+    name = f"{ROLE}.json" if ROLE != "worker" else name
+    with open(os.path.join(ROOT, name), "w", encoding="utf-8") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""A pod on the JAX engine: one process per TPU host, joined by ``jax.distributed``, the compiled
+step running over every process's devices, each process feeding its own rows of every global
+batch from its own copy of the input pipeline.
+
+* **Joining** (:func:`initialize`, before the engine's first JAX call: ``jax.distributed`` must
+  start before JAX opens a device). tpushim uses a distributed system the program started itself
+  (``jax.distributed.initialize()`` before ``tpushim.patch()``); else it starts one where the
+  environment says this process is one of several: ``JAX_COORDINATOR_ADDRESS`` (JAX's own name)
+  with ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (tpushim passes them), or a TPU VM of several
+  hosts (``TPU_WORKER_HOSTNAMES`` naming more than one, ``MEGASCALE_COORDINATOR_ADDRESS``), where
+  JAX's Cloud TPU detection finds the rest. On CPU devices the collectives are gloo's.
+* **The step**: the mesh is every process's devices, process by process (:class:`Pod`), so
+  process ``p`` holds rows ``[p*B/P, (p+1)*B/P)`` of each global batch of ``B`` rows; its rows
+  become one global array (``jax.make_array_from_process_local_data``) and the step is the one
+  board's step on the global batch (:mod:`._step`).
+* **The input** (:func:`host_batches`): the two paths of :mod:`tpushim._pods`, decided from each
+  process's copy of the pipeline, built in a graph seeded as stock's with one seed for every
+  process (the user's ``tf_random_seed``, else process 0's drawn seed): **exact**, every process
+  runs the whole pipeline and keeps its rows of each (padded) global batch, so the global batch
+  is one board's; **files**, shuffled endless input read from files, each process reading only
+  its own files, ``B/P`` rows a step.
+* **Checkpoints**: written by process 0 alone (stock's chief); every process reads them.
+"""
+
+import dataclasses
+import logging
+import os
+import random
+
+import numpy as np
+
+from tpushim import _observe
+from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
+
+#: Negative controls (the proof's), never set outside it: ``"whole_input"`` -- every process
+#: reads the whole input (the files path's shares ignored; on the exact path it feeds the global
+#: batch's first rows); ``"other_share"`` -- each process but 0 feeds the previous process's
+#: rows (files: its files), so some rows are fed twice and others never.
+CONTROLS = ("whole_input", "other_share")
+
+
+class _State:
+    """The process's pod (None: one process) and the proof's control."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.joined = False  # initialize() ran
+        self.control = None
+
+
+STATE = _State()
+
+
+def _hosts_named(environ):
+    names = environ.get("TPU_WORKER_HOSTNAMES", "")
+    return len([n for n in names.split(",") if n.strip()])
+
+
+def wanted(environ=None):
+    """How the environment asks for ``jax.distributed``: ``"explicit"`` (JAX_COORDINATOR_ADDRESS
+    with JAX_NUM_PROCESSES and JAX_PROCESS_ID), ``"tpu"`` (a TPU VM of several hosts), or None.
+    Reads the environment only."""
+    environ = os.environ if environ is None else environ
+    if environ.get("JAX_COORDINATOR_ADDRESS"):
+        missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not environ.get(v)]
+        if missing:
+            raise ConversionError(
+                f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} not: tpushim's JAX "
+                "engine joins a pod of JAX_NUM_PROCESSES processes as process JAX_PROCESS_ID. "
+                "Set both (or unset JAX_COORDINATOR_ADDRESS for one process)."
+            )
+        return "explicit"
+    if _hosts_named(environ) > 1 or environ.get("MEGASCALE_COORDINATOR_ADDRESS"):
+        return "tpu"
+    return None
+
+
+def initialize(environ=None):
+    """Starts ``jax.distributed`` where the environment asks for it (see the module), once per
+    process, before any other JAX call of the engine's. Idempotent."""
+    import jax
+
+    if STATE.joined:
+        return
+    environ = os.environ if environ is None else environ
+    how = None if jax.distributed.is_initialized() else wanted(environ)
+    if how is not None:
+        from jax._src import xla_bridge  # the one way to ask without opening a device
+
+        if xla_bridge.backends_are_initialized():
+            raise ConversionError(
+                "this process is one of a pod's (the environment says so), but JAX already "
+                "opened its devices before tpushim could join the others with "
+                "jax.distributed.initialize(). Call jax.distributed.initialize() yourself at the "
+                "top of the script, before anything uses JAX."
+            )
+        kwargs = {}
+        if how == "explicit":
+            kwargs = dict(
+                coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
+                num_processes=int(environ["JAX_NUM_PROCESSES"]),
+                process_id=int(environ["JAX_PROCESS_ID"]),
+            )
+        if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+            # CPU devices' collectives across processes (TPUs have their own): gloo's.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(**kwargs)
+        logger.info(
+            "the JAX engine joined a pod: process %d of %d (jax.distributed, from %s)",
+            jax.process_index(),
+            jax.process_count(),
+            "JAX_COORDINATOR_ADDRESS" if how == "explicit" else "the TPU VM's hosts",
+        )
+    STATE.joined = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Pod:
+    """This process in a pod: ``index`` of ``count`` processes, and every process's devices in
+    mesh order (process by process: process ``p``'s rows of a global batch are the ``p``-th
+    block)."""
+
+    index: int
+    count: int
+    devices: tuple
+
+    def rows(self, global_batch):
+        """The rows of a global batch this process feeds."""
+        return global_batch // self.count
+
+
+def current():
+    """The :class:`Pod` this process is in, or None (one process)."""
+    import jax
+
+    if jax.process_count() <= 1:
+        return None
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return Pod(jax.process_index(), jax.process_count(), tuple(devices))
+
+
+def is_chief():
+    """Whether this process writes (process 0, or one process)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def barrier(name):
+    """Every process waits here for the others (a no-op in one process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def common_seed(seed):
+    """The graph seed every process builds its copy of the input with: ``seed`` (the user's
+    ``tf_random_seed``), else one process 0 draws (each call differs from the last, as stock's
+    unseeded runs do; the processes agree)."""
+    if seed is not None:
+        return seed
+    from jax.experimental import multihost_utils
+
+    drawn = np.int32(random.SystemRandom().randrange(1, 2**31 - 1))
+    return int(multihost_utils.broadcast_one_to_all(drawn))
+
+
+def replicated(tree, sharding):
+    """Host values (the same in every process) as global arrays of ``sharding``."""
+    import jax
+
+    def one(value):
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def global_arrays(tree, sharding, axis, count):
+    """This process's block of each array (its rows along ``axis``) as the global arrays of
+    ``sharding``, ``count`` processes' blocks long."""
+    import jax
+
+    def one(local):
+        local = np.asarray(local)
+        shape = list(local.shape)
+        shape[axis] *= count
+        return jax.make_array_from_process_local_data(sharding, local, tuple(shape))
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+# --- the input ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """This process's rows of one global batch: ``batch`` (the input_fn's structure, numpy), its
+    ``pad`` (1 a real row, 0 padding) and ``global_batch`` (the rows of the global batch)."""
+
+    batch: object
+    pad: np.ndarray
+    global_batch: int
+
+
+def _padded(batch, size):
+    import jax
+
+    def one(a):
+        a = np.asarray(a)
+        if len(a) >= size:
+            return a
+        return np.concatenate([a, np.zeros((size - len(a), *a.shape[1:]), a.dtype)])
+
+    return jax.tree_util.tree_map(one, batch)
+
+
+def _rows_of(batch):
+    import jax
+
+    return len(np.asarray(jax.tree_util.tree_leaves(batch)[0]))
+
+
+def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
+    """This process's :class:`Share` of every global batch, read as stock reads an input (a
+    ``MonitoredSession`` over the input_fn's graph), on the path :mod:`tpushim._pods` decides."""
+    import jax
+    import tensorflow as tf
+
+    from tpushim import _batching, _input_fn, _pods, _source, _stock_graphs
+
+    seed = common_seed(config.tf_random_seed)
+    with _stock_graphs.input_graph(mode, seed) as graph:
+        result = _input_fn.check_result(
+            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
+        )
+    control, index = STATE.control, pod.index
+    if control == "other_share":
+        index = max(pod.index - 1, 0)
+    path, size = _pods.Path("exact", "the input_fn returns tensors, not a Dataset"), batch_size
+    with graph.as_default():
+        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+            raise ConversionError(
+                f"input_fn {getattr(input_fn, '__name__', input_fn)!r} reads queues filled by "
+                "threads (numpy_input_fn, tf.compat.v1.train.shuffle_batch & co.), and on a pod "
+                "of several processes tpushim's JAX engine cannot make every process's queue "
+                "give the same batches. Return a tf.data.Dataset "
+                "(tf.data.Dataset.from_tensor_slices((features, labels)).batch(B)). Nothing "
+                "was written."
+            )
+        if isinstance(result, tf.data.Dataset):
+            found = _pods.analyse(result, _pods.needs_files(mode, pod_input))
+            size = size or _batching.declared_batch_size(result)
+            path = _pods.decide(found, mode, pod_input, pod.count)
+            if path.name == "files" and (not size or size % pod.count):
+                path = _pods.Path(
+                    "exact",
+                    f"{path.why}; but the global batch ({size or 'unknown'}) does not split "
+                    f"evenly over {pod.count} processes: the exact path instead",
+                    fallback=True,
+                )
+            if path.name == "files" and control == "whole_input":
+                pass  # the control: this process reads every file
+            else:
+                _pods.prepare(result, path, index)
+            if path.name == "files":
+                result = result.unbatch().batch(pod.rows(size), drop_remainder=True)
+            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+        if isinstance(result, list):
+            result = tuple(result)
+        session = tf.compat.v1.train.MonitoredSession(
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+        )
+    _observe.note(
+        "pod",
+        "%s on %d processes (process %d): %s path: %s",
+        mode,
+        pod.count,
+        pod.index,
+        path.name,
+        path.why,
+    )
+    try:
+        while not session.should_stop():
+            try:
+                batch = session.run(result)
+            except tf.errors.OutOfRangeError:
+                return
+            rows = _rows_of(batch)
+            if path.name == "files":
+                yield Share(batch, np.ones([rows], np.float32), rows * pod.count)
+                continue
+            size = size or rows
+            if rows > size:
+                raise ValueError(f"a batch of {rows} rows is larger than the global batch {size}")
+            mine = pod.rows(size)
+            if size % pod.count:
+                raise ConversionError(
+                    f"a global batch of {size} rows does not split evenly over {pod.count} "
+                    "processes: use a batch size divisible by the number of devices."
+                )
+            start = 0 if control == "whole_input" else index * mine
+            pad = np.zeros([size], np.float32)
+            pad[:rows] = 1
+            piece = jax.tree_util.tree_map(lambda a: a[start : start + mine], _padded(batch, size))
+            yield Share(piece, pad[start : start + mine], size)
+    finally:
+        session.close()
