@@ -1,18 +1,23 @@
 """How each term of a model's training loss grows with the batch: what a TPU needs to know to
 train on shards of the global batch exactly as stock trains on the whole of it.
 
-A term is one of:
+A term's kind is a :class:`LossKind` value, one of:
 
 * ``ROWS``: an output's loss function returns one value per example (Keras then reduces them by
   the loss's ``reduction``); each row's value depends on that row alone.
-* an integer degree ``p``: the term is one number for the batch, ``T(n rows) = n**(p-1) * sum of
-  per-row values``: a mean (``p = 0``; also any term that ignores the batch, e.g. a weight
-  regularizer), a sum (``p = 1``), a mean divided by the batch size again (``p = -1``, Keras's
-  activity regularizer around a mean-valued regularizer), ...
+* a :class:`Degree` ``p``: the term is one number for the batch, ``T(n rows) = n**(p-1) * sum of
+  per-row values``: a mean (``MEAN``, ``p = 0``; also any term that ignores the batch, e.g. a
+  weight regularizer), a sum (``SUM``, ``p = 1``), a mean divided by the batch size again
+  (``p = -1``, Keras's activity regularizer around a mean-valued regularizer), ...
 * ``CONSTANT``: an output's loss that reads neither labels nor predictions (e.g.
   ``lambda y_true, y_pred: tf.constant(0.0)``): no gradient, the same value on every split.
 * ``UNWEIGHTED``: an output whose ``loss_weights`` entry is 0: it adds nothing to the loss or
   its gradient, whatever its kind, so it is neither evaluated nor refused.
+
+Each kind carries the arithmetic the sites that compute with it need (the TPUEstimator path's
+shard and evaluation losses, the strategy engine's replica loss, a term from its rows' values),
+so no site compares kinds, and a kind that lacks an operation cannot be made. The module is one
+concern, a term's kind: the values and how a model's terms are told apart.
 
 Built-in Keras losses and regularizers are known; anything else is told apart without the
 user's data: evaluated on synthetic rows of the model's shapes and dtypes, once on 8 rows and
@@ -21,6 +26,7 @@ statistics, rows compared with one another) cannot be split across TPU cores: th
 refuses it before anything is written (:class:`LossSplitError`) and the preflight reports it.
 """
 
+import abc
 import dataclasses
 import weakref
 
@@ -30,14 +36,156 @@ import tensorflow as tf
 from tpushim import _tfprivate
 from tpushim._errors import ConversionError
 
-ROWS = "rows"
-CONSTANT = "constant"
-UNWEIGHTED = "weighted 0"
-DEGREES = (0, 1, -1, 2)  # mean, sum, mean / batch, sum * batch
 _PARTS = (slice(0, 1), slice(1, 4), slice(4, 8))
 _ROWS = 8
 _DRAWS = 3
 _RTOL = 1e-4
+
+
+# --- the kinds, and the arithmetic each site does with one --------------------------------------
+
+
+class LossKind(abc.ABC):
+    """How a term of the training loss grows with the batch, with what every site that computes
+    with a term needs of its kind: the sites call these methods and never compare kinds.
+
+    The kinds are the members below (:data:`KINDS`); every one implements every method, so a
+    kind that lacks one cannot be made (its member fails at import), and an operation a site
+    needs is added here, for every kind at once.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def term(self, per_example, one_number):
+        """This kind's term of an output's loss, made by the site's own functions:
+        ``per_example()`` where the loss gives one value per example, ``one_number(degree,
+        per_row)`` where it is one number for the batch (``degree`` a :class:`Degree`;
+        ``per_row``: on a padded batch, evaluated on each real row alone); None where the term
+        adds nothing (nothing is computed).
+
+        Sites: a TPU shard's and a strategy replica's training loss
+        (:func:`tpushim._losses.shard_loss`), the TPUEstimator path's evaluation loss over a
+        padded batch or over shards (:func:`tpushim._padding.eval_loss`).
+        """
+
+    @abc.abstractmethod
+    def averages_over_shards(self, mean=True, masked=False, weighted=False):
+        """Whether Keras's own value of this term on each of equal shards of a batch averages,
+        over the shards, to the batch's own (where every term's does, a shard of a full batch
+        trains on Keras's own loss: :func:`tpushim._losses.training_loss`).
+
+        Args:
+          mean: the loss's reduction is a mean (``SUM_OVER_BATCH_SIZE``), not a sum.
+          masked: a Keras mask weighs its elements.
+          weighted: sample weights weigh it.
+        """
+
+    @abc.abstractmethod
+    def reads_rows(self):
+        """Whether the term is computed from the batch's rows, so that the shape of its labels
+        can change its value: [batch] labels of a [batch, 1] output, which Keras squeezes the
+        output for (the strategy engine's :func:`tpushim._strategy.loss.row_label_term`)."""
+
+    def __repr__(self):
+        return type(self).__name__.lstrip("_").upper()
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _Rows(LossKind):
+    """The loss function returns one value per example, each row's from that row alone; Keras
+    reduces them by the loss's ``reduction``."""
+
+    def term(self, per_example, one_number):
+        return per_example()
+
+    def averages_over_shards(self, mean=True, masked=False, weighted=False):
+        return mean and not masked  # a mean over the shard's rows, weights included
+
+    def reads_rows(self):
+        return True
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Degree(LossKind):
+    """One number for the batch, ``T(n rows) = n**(p - 1) * (the sum of its rows' values)``,
+    each row's value that of a batch of that row alone: a mean (``p = 0``; also a term that
+    ignores the batch, e.g. a weight regularizer), a sum (``p = 1``), a mean divided by the
+    batch size again (``p = -1``), ... Also the kind of a loss a layer adds from its inputs.
+
+    Attributes:
+      p: the degree.
+    """
+
+    p: int
+
+    def term(self, per_example, one_number):
+        return one_number(self, True)
+
+    def averages_over_shards(self, mean=True, masked=False, weighted=False):
+        # A mean of the shard's rows, unweighted: the shards' mean is the batch's mean. Any other
+        # degree's value on a shard is off by a power of the shards.
+        return self.p == 0 and mean and not masked and not weighted
+
+    def reads_rows(self):
+        return True
+
+    def shard_factor(self, shards):
+        """``shards**p``: a shard's value times it, averaged over equal shards, is the batch's."""
+        return float(shards) ** self.p
+
+    def of_rows(self, total, rows):
+        """The term on ``rows`` rows from ``total``, the sum of their rows' values."""
+        return total if self.p == 1 else total * rows ** float(self.p - 1)
+
+    def of_rows_inverse(self, total, inverse_rows):
+        """As :meth:`of_rows`, given ``1 / rows`` (0 where there are no rows: the term is 0)."""
+        return total if self.p == 1 else total * inverse_rows ** float(1 - self.p)
+
+    def __repr__(self):
+        return f"Degree({self.p})"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _Constant(LossKind):
+    """An output's loss that reads neither labels nor predictions (e.g. ``lambda y_true,
+    y_pred: tf.constant(0.0)``): no gradient, the same value on every split of the batch."""
+
+    def term(self, per_example, one_number):
+        return one_number(MEAN, False)  # the same on the real rows as on the padded batch
+
+    def averages_over_shards(self, mean=True, masked=False, weighted=False):
+        return MEAN.averages_over_shards(mean, masked, weighted)
+
+    def reads_rows(self):
+        return False
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _Unweighted(LossKind):
+    """An output whose ``loss_weights`` entry is 0: it adds nothing to the loss or its gradient,
+    whatever its loss, so it is neither evaluated nor refused."""
+
+    def term(self, per_example, one_number):
+        return None
+
+    def averages_over_shards(self, mean=True, masked=False, weighted=False):
+        return True  # nothing, on every shard
+
+    def reads_rows(self):
+        return False
+
+    def __repr__(self):
+        return "UNWEIGHTED"
+
+
+ROWS = _Rows()
+CONSTANT = _Constant()
+UNWEIGHTED = _Unweighted()
+MEAN, SUM = Degree(0), Degree(1)
+DEGREES = (MEAN, SUM, Degree(-1), Degree(2))  # mean, sum, mean / batch, sum * batch
+#: Every kind of term: the test of the kinds checks each against every site's operations.
+KINDS = (ROWS, *DEGREES, CONSTANT, UNWEIGHTED)
 
 
 class LossSplitError(ConversionError):
@@ -73,9 +221,9 @@ class LossPlan:
     """The kind of every term of a model's training loss.
 
     Attributes:
-      outputs: output name -> ``ROWS`` or a degree (an output without a loss is absent).
-      added: (layer name, index in its input losses) -> degree, for the losses a layer adds
-        from its inputs; absent: a mean (degree 0). None: not known yet (a subclassed model's
+      outputs: output name -> its :class:`LossKind` (an output without a loss is absent).
+      added: (layer name, index in its input losses) -> :class:`Degree`, for the losses a layer
+        adds from its inputs; absent: ``MEAN``. None: not known yet (a subclassed model's
         outputs and losses exist once it is called: :func:`plan_subclassed`, in the model_fn).
       output_specs: a subclassed model's output name -> ``tf.TensorSpec`` of that output (batch
         size None), from :func:`plan_subclassed`'s call; None for a graph network (its own
@@ -138,7 +286,7 @@ def _close(a, b):
 
 
 def _kind(full, parts):
-    """``ROWS``, a degree, ``"unsplittable"`` (with why) or None (this draw cannot tell).
+    """``ROWS``, a :class:`Degree`, ``"unsplittable"`` (with why) or None (this draw cannot tell).
 
     Args:
       full: the term on 8 rows; parts: on each of ``_PARTS``.
@@ -162,8 +310,8 @@ def _kind(full, parts):
         for degree in DEGREES
         if _close(
             full,
-            float(_ROWS) ** (degree - 1)
-            * sum(float(n) ** (1 - degree) * p for n, p in zip(sizes, parts)),
+            float(_ROWS) ** (degree.p - 1)
+            * sum(float(n) ** (1 - degree.p) * p for n, p in zip(sizes, parts)),
         )
     ]
     if len(fits) == 1:
@@ -267,7 +415,7 @@ _row_label_kinds = weakref.WeakKeyDictionary()  # loss function -> its kind on [
 
 
 def row_label_kind(where, loss_fn, output_shape, output_dtype):
-    """The degree of an output's loss given [batch] labels for its [batch, 1] output, where it
+    """The :class:`Degree` of an output's loss given [batch] labels for its [batch, 1] output, where it
     is one number for the batch: Keras squeezes the output to [batch] first, so a loss that
     reduces the last axis (``mse``, ``binary_crossentropy``) reduces the batch itself, whatever
     the loss's reduction (a SUM loss's sum of one number is that number: a mean over the rows,
@@ -373,7 +521,7 @@ def _scratch_clone(keras_model, custom_objects, features):
 
 
 def classify_added(keras_model, custom_objects, features=None):
-    """(layer name, index) -> degree of every loss a layer adds from its inputs, evaluated on a
+    """(layer name, index) -> :class:`Degree` of every loss a layer adds from its inputs, evaluated on a
     clone in a scratch graph (a subclassed model: on placeholders shaped like ``features``; the
     caller restores the model, which Keras resets in place to clone it)."""
     if features is None and all(
@@ -394,7 +542,7 @@ def classify_added(keras_model, custom_objects, features=None):
         if not terms:
             return {}
         reachable = _tfprivate.graph.reachable_from(inputs, list(terms.values()))
-        degrees = {key: 0 for key, t in terms.items() if t not in reachable}  # batch-free
+        degrees = {key: MEAN for key, t in terms.items() if t not in reachable}  # batch-free
         terms = {key: t for key, t in terms.items() if key not in degrees}
         floats = [v for v in clone.weights if v.dtype.base_dtype.is_floating]
         reinit = tf.group(

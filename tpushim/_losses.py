@@ -136,41 +136,63 @@ def _check_reduction(endpoint):
 
 @_tfprivate.graph.not_converted
 def _output_term(endpoint, mask, kind, pad, totals, shards):
-    """This output's part of L_s (before its loss weight), as a function of the resolved totals."""
+    """This output's part of L_s (before its loss weight), as a function of the resolved totals;
+    None for a term that adds nothing (its ``kind`` says which)."""
+    return kind.term(
+        per_example=lambda: _per_example_term(endpoint, mask, pad, totals, shards),
+        one_number=lambda degree, per_row: _one_number_term(
+            endpoint, mask, degree, per_row, pad, totals, shards
+        ),
+    )
+
+
+@_tfprivate.graph.not_converted
+def _per_example_term(endpoint, mask, pad, totals, shards):
+    """:func:`_output_term` of a loss giving one value per example."""
     y_true, y_pred = endpoint.training_target.target, endpoint.output
     loss_fn = endpoint.loss_fn
     mean = _reduction(loss_fn) == Reduction.SUM_OVER_BATCH_SIZE
     weights = _mask_weights(endpoint, mask)
     counted = None if mask is None else tf.cast(mask, tf.float32)  # what a mean counts
-    if kind == _loss_kinds.ROWS:
-        values = _tfprivate.graph.user_code(loss_fn.call)(y_true, y_pred)  # the user's, converted
-        if pad is not None:
-            weights, counted = (
-                _times(weights, _rows(pad, values)),
-                _times(counted, _rows(pad, values)),
-            )
-        weighted = _weighted(values, weights)
-        numerator = tf.reduce_sum(weighted)
-        if not mean:
-            return lambda: shards * numerator
-        elements = weighted.shape[1:].num_elements() if mask is None else None
-        known = totals.rows_times(elements) if pad is not None else None
-        count = totals.add(tf.reduce_sum(_weighted(tf.ones_like(weighted), counted)), known)
-        return lambda: shards * tf.math.divide_no_nan(numerator, count(numerator.dtype))
+    values = _tfprivate.graph.user_code(loss_fn.call)(y_true, y_pred)  # the user's, converted
+    if pad is not None:
+        weights, counted = (
+            _times(weights, _rows(pad, values)),
+            _times(counted, _rows(pad, values)),
+        )
+    weighted = _weighted(values, weights)
+    numerator = tf.reduce_sum(weighted)
+    if not mean:
+        return lambda: shards * numerator
+    elements = weighted.shape[1:].num_elements() if mask is None else None
+    known = totals.rows_times(elements) if pad is not None else None
+    count = totals.add(tf.reduce_sum(_weighted(tf.ones_like(weighted), counted)), known)
+    return lambda: shards * tf.math.divide_no_nan(numerator, count(numerator.dtype))
 
-    degree, rows = (0 if kind == _loss_kinds.CONSTANT else kind), None
-    if pad is None or kind == _loss_kinds.CONSTANT:  # a constant: the same on the real rows
+
+@_tfprivate.graph.not_converted
+def _one_number_term(endpoint, mask, degree, per_row, pad, totals, shards):
+    """:func:`_output_term` of a loss that is one number for the batch, of ``degree`` (a
+    :class:`tpushim._loss_kinds.Degree`); ``per_row``: on a padded batch, evaluated on each real
+    row alone (else on the whole batch: a constant, the same on the real rows)."""
+    y_true, y_pred = endpoint.training_target.target, endpoint.output
+    loss_fn = endpoint.loss_fn
+    mean = _reduction(loss_fn) == Reduction.SUM_OVER_BATCH_SIZE
+    weights = _mask_weights(endpoint, mask)
+    counted = None if mask is None else tf.cast(mask, tf.float32)  # what a mean counts
+    rows = None
+    if pad is None or not per_row:
         value = _tfprivate.graph.user_code(loss_fn.call)(y_true, y_pred)
         if pad is not None and weights is not None:
             weights, counted = _times(weights, pad), _times(counted, pad)
     else:  # the real rows' value: one value per row (a batch of one), added up as its degree says
         # (vectorized_map converts its function by AutoGraph's status, the user's call in it too)
-        per_row = tf.vectorized_map(
+        values = tf.vectorized_map(
             lambda row: loss_fn.call(row[0][None], row[1][None]), (y_true, y_pred)
         )
-        per_row = tf.reshape(per_row, [tf.shape(per_row)[0], -1])
-        per_row = tf.reduce_mean(per_row, 1) if mean else tf.reduce_sum(per_row, 1)
-        value = tf.reduce_sum(per_row * tf.cast(pad, per_row.dtype))
+        values = tf.reshape(values, [tf.shape(values)[0], -1])
+        values = tf.reduce_mean(values, 1) if mean else tf.reduce_sum(values, 1)
+        value = tf.reduce_sum(values * tf.cast(pad, values.dtype))
         rows = totals.add(tf.reduce_sum(tf.cast(pad, tf.float32)), totals.global_rows)
         if weights is not None:
             weights, counted = _times(weights, pad), _times(counted, pad)
@@ -191,10 +213,10 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
         count = totals.add(tf.reduce_sum(_weighted(ones, counted))) if mean else None
 
     def term():
-        # shards**degree * value: the mean over shards of the L_s is the global batch's value.
-        out = value * float(shards) ** (degree if rows is None else 1)
-        if rows is not None and degree != 1:
-            out = out * rows(out.dtype) ** float(degree - 1)
+        if rows is None:  # shards**degree * value: the shards' mean is the global batch's value
+            out = value * degree.shard_factor(shards)
+        else:  # the global real rows' term from this shard's sum of its rows' values
+            out = degree.of_rows(value * float(shards), rows(value.dtype))
         if weight is not None:
             factor = tf.math.divide_no_nan(weight(out.dtype), count(out.dtype)) if mean else None
             out = out * (factor if mean else weight(out.dtype))
@@ -204,11 +226,12 @@ def _output_term(endpoint, mask, kind, pad, totals, shards):
 
 
 def _added_degrees(model, plan):
-    """{id(tensor): degree} for the losses the clone's layers added from their inputs."""
+    """{id(tensor): :class:`tpushim._loss_kinds.Degree`} for the losses the clone's layers added
+    from their inputs."""
     degrees = {}
     for layer in _tfprivate.keras.all_layers(model):
         for i, term in enumerate(_tfprivate.keras_compile.layer_input_losses(layer)):
-            degrees[id(term)] = (plan.added or {}).get((layer.name, i), 0)
+            degrees[id(term)] = (plan.added or {}).get((layer.name, i), _loss_kinds.MEAN)
     return degrees
 
 
@@ -263,16 +286,13 @@ def training_loss(model, plan, padding_weight, shards, cross_replica):
 def _needs_global(endpoints, kinds, masks, added, degrees):
     """Whether some term of Keras's own loss is wrong for the average over shards."""
     for endpoint, kind, mask in zip(endpoints, kinds, masks):
-        if kind == _loss_kinds.UNWEIGHTED:
-            continue
-        if kind == _loss_kinds.CONSTANT:
-            kind = 0
-        mean = _reduction(endpoint.loss_fn) == Reduction.SUM_OVER_BATCH_SIZE
-        if not mean or mask is not None:
+        if not kind.averages_over_shards(
+            mean=_reduction(endpoint.loss_fn) == Reduction.SUM_OVER_BATCH_SIZE,
+            masked=mask is not None,
+            weighted=endpoint.sample_weight is not None,
+        ):
             return True
-        if kind != _loss_kinds.ROWS and (kind != 0 or endpoint.sample_weight is not None):
-            return True
-    return any(degrees.get(id(t), 0) != 0 for t in added)
+    return not all(degrees.get(id(t), _loss_kinds.MEAN).averages_over_shards() for t in added)
 
 
 @_tfprivate.graph.not_converted
@@ -285,19 +305,20 @@ def shard_loss(endpoints, kinds, masks, added, degrees, pad, shards, cross_repli
     terms = [
         (endpoint.loss_weight, _output_term(endpoint, mask, kind, pad, totals, shards))
         for endpoint, kind, mask in zip(endpoints, kinds, masks)
-        if kind != _loss_kinds.UNWEIGHTED  # weighted 0: nothing, and never computed
     ]
     totals.resolve(cross_replica)
-    parts = [weight * term() for weight, term in terms]
-    parts += [t * float(shards) ** degrees.get(id(t), 0) for t in added]
+    # (a term weighted 0 is None: nothing, and never computed)
+    parts = [weight * term() for weight, term in terms if term is not None]
+    parts += [t * degrees.get(id(t), _loss_kinds.MEAN).shard_factor(shards) for t in added]
     parts = _tfprivate.keras_compile.losses_utils().cast_losses_to_common_dtype(parts)
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
 def global_output_loss(endpoint, kind, padding_weight, cross_replica):
     """One output's loss on the real rows of the global batch, unweighted by its loss weight,
-    for a term that is not one value per example (a custom scalar loss: its ``kind`` a degree
-    or ``CONSTANT``): what stock's loss on that batch holds for it (evaluation).
+    for a term that is not one value per example (a custom scalar loss: its ``kind`` a
+    :class:`tpushim._loss_kinds.Degree` or ``CONSTANT``): what stock's loss on that batch holds
+    for it (evaluation).
 
     Args:
       endpoint: the output's training endpoint; padding_weight: as :func:`training_loss`.
@@ -344,13 +365,11 @@ def activity_term(regularizer, output, degree, padding_weight, cross_replica):
     """An activity regularizer's term on the real rows of the global batch (evaluation on the
     TPUEstimator path): the rows' :func:`per_row_activity` values weighed by ``padding_weight``
     (None: every row real), summed with the real rows' count over the shards where
-    ``cross_replica``, combined as the term's ``degree`` says. Keras's own term is a mean over
-    the shard's rows, padding included."""
+    ``cross_replica``, combined as the term's ``degree`` (a :class:`tpushim._loss_kinds.Degree`)
+    says. Keras's own term is a mean over the shard's rows, padding included."""
     values = per_row_activity(regularizer, output)
     rows = tf.ones_like(values) if padding_weight is None else tf.cast(padding_weight, values.dtype)
     sums = tf.stack([tf.reduce_sum(values * rows), tf.reduce_sum(rows)])
     if cross_replica:
         sums = tf.compat.v1.tpu.cross_replica_sum(sums)
-    if degree == 1:
-        return sums[0]
-    return sums[0] * tf.math.divide_no_nan(1.0, sums[1]) ** float(1 - degree)
+    return degree.of_rows_inverse(sums[0], tf.math.divide_no_nan(1.0, sums[1]))

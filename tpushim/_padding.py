@@ -171,10 +171,10 @@ def _outputs_of(keras_model, output_specs=None):
 
 
 def one_number_outputs(keras_model, labels, custom_objects=None, output_specs=None):
-    """output name -> the degree of its loss (:func:`tpushim._loss_kinds.row_label_kind`), for
-    each output whose [batch] labels of its [batch, 1] output make that loss one number for the
-    batch (Keras squeezes the output first: ``mse``, a SUM loss), as stock's graph computes it;
-    probed in a graph of its own. Its labels stay [batch]: read per row, a SUM loss would sum
+    """output name -> the :class:`tpushim._loss_kinds.Degree` of its loss
+    (:func:`tpushim._loss_kinds.row_label_kind`), for each output whose [batch] labels of its
+    [batch, 1] output make that loss one number for the batch (Keras squeezes the output first:
+    ``mse``, a SUM loss), as stock's graph computes it; probed in a graph of its own. Its labels stay [batch]: read per row, a SUM loss would sum
     the rows where stock takes their mean. ``output_specs``: a subclassed model's outputs
     (:func:`_outputs_of`)."""
     known = _outputs_of(keras_model, output_specs)
@@ -232,65 +232,33 @@ def eval_loss(model, padding_weight, cross_replica=False, kinds=None, added=None
     slice of the global batch (and the last one may hold only padding), and TPUEstimator reports
     shard 0's loss; with ``cross_replica`` each output's weighted sum and real element count are
     summed over all shards first, so every shard's loss is that of the whole global batch.
-    ``kinds`` (output name -> :mod:`tpushim._loss_kinds` kind) tells a custom scalar loss, or one
-    weighted 0, from one value per example (the default). An activity regularizer's term is the
-    real rows' (:func:`tpushim._losses.activity_term`, its degree from ``added``: (layer name,
-    index) -> degree), not Keras's mean over the padded batch.
+    ``kinds`` (output name -> :class:`tpushim._loss_kinds.LossKind`) tells a custom scalar loss,
+    or one weighted 0, from one value per example (the default). An activity regularizer's term
+    is the real rows' (:func:`tpushim._losses.activity_term`, its degree from ``added``: (layer
+    name, index) -> :class:`tpushim._loss_kinds.Degree`), not Keras's mean over the padded batch.
     """
     if padding_weight is None and not cross_replica:
         return model.total_loss
-    losses_utils = _tfprivate.keras_compile.losses_utils()
     total = 0.0
     for endpoint in _tfprivate.keras_compile.training_endpoints(model):
         if endpoint.should_skip_target():
             continue
         kind = (kinds or {}).get(endpoint.output_name, _loss_kinds.ROWS)
-        if kind == _loss_kinds.UNWEIGHTED:
-            continue
-        if kind != _loss_kinds.ROWS:
-            total += endpoint.loss_weight * _losses.global_output_loss(
+        output_loss = kind.term(  # (a one-number term: the training step's, over all the rows)
+            per_example=lambda: _per_example_eval_loss(endpoint, padding_weight, cross_replica),
+            one_number=lambda degree, per_row: _losses.global_output_loss(
                 endpoint, kind, padding_weight, cross_replica
-            )
-            continue
-        y_pred = endpoint.output
-        y_true = row_labels(endpoint.training_target.target, y_pred)
-        per_sample = endpoint.loss_fn.call(y_true, y_pred)
-        rows = (
-            tf.ones(tf.shape(per_sample)[:1], per_sample.dtype)
-            if padding_weight is None
-            else tf.cast(padding_weight, per_sample.dtype)
+            ),
         )
-        weight = rows
-        if endpoint.sample_weight is not None:
-            weight = weight * tf.cast(endpoint.sample_weight, per_sample.dtype)
-        weighted = losses_utils.compute_weighted_loss(
-            per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE
-        )
-        per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
-        count = tf.reduce_sum(rows) * per_row
-        mask = getattr(y_pred, "_keras_mask", None)
-        if mask is not None:  # as Keras: the mean is over the elements the mask keeps
-            mask, _, rows = losses_utils.squeeze_or_expand_dimensions(
-                tf.cast(mask, per_sample.dtype), None, rows
-            )
-            weighted = weighted * mask
-            count = tf.reduce_sum(rows * mask)
-        sums = tf.stack([tf.reduce_sum(weighted), count])
-        if cross_replica:
-            sums = tf.compat.v1.tpu.cross_replica_sum(sums)
-        reduction = getattr(endpoint.loss_fn, "reduction", losses_utils.ReductionV2.AUTO)
-        if reduction == losses_utils.ReductionV2.SUM:
-            output_loss = sums[0]
-        else:  # AUTO / SUM_OVER_BATCH_SIZE: divide by the real rows' element count
-            output_loss = tf.math.divide_no_nan(sums[0], sums[1])
-        total += endpoint.loss_weight * output_loss
+        if output_loss is not None:  # None: weighted 0
+            total += endpoint.loss_weight * output_loss
     regularization = model.get_losses_for(None) + model.get_losses_for(model.inputs)
     for layer in _tfprivate.keras.all_layers(model):  # over the real rows, not the padded batch
         for index, loss, output in _tfprivate.keras_compile.activity_losses(layer):
             if not any(loss is t for t in regularization):
                 continue  # a call outside this model's graph (a nested model's own)
             regularization = [t for t in regularization if t is not loss]
-            degree = (added or {}).get((layer.name, index), 0)
+            degree = (added or {}).get((layer.name, index), _loss_kinds.MEAN)
             term = _losses.activity_term(
                 layer.activity_regularizer, output, degree, padding_weight, cross_replica
             )
@@ -298,6 +266,44 @@ def eval_loss(model, padding_weight, cross_replica=False, kinds=None, added=None
     if regularization:
         total += tf.add_n(regularization)
     return total
+
+
+def _per_example_eval_loss(endpoint, padding_weight, cross_replica):
+    """:func:`eval_loss`'s term of an output whose loss gives one value per example, over the real
+    rows of the global batch, unweighted by its loss weight."""
+    losses_utils = _tfprivate.keras_compile.losses_utils()
+    y_pred = endpoint.output
+    y_true = row_labels(endpoint.training_target.target, y_pred)
+    per_sample = endpoint.loss_fn.call(y_true, y_pred)
+    rows = (
+        tf.ones(tf.shape(per_sample)[:1], per_sample.dtype)
+        if padding_weight is None
+        else tf.cast(padding_weight, per_sample.dtype)
+    )
+    weight = rows
+    if endpoint.sample_weight is not None:
+        weight = weight * tf.cast(endpoint.sample_weight, per_sample.dtype)
+    weighted = losses_utils.compute_weighted_loss(
+        per_sample, sample_weight=weight, reduction=losses_utils.ReductionV2.NONE
+    )
+    per_row = tf.cast(tf.size(per_sample) // tf.shape(per_sample)[0], per_sample.dtype)
+    count = tf.reduce_sum(rows) * per_row
+    mask = getattr(y_pred, "_keras_mask", None)
+    if mask is not None:  # as Keras: the mean is over the elements the mask keeps
+        mask, _, rows = losses_utils.squeeze_or_expand_dimensions(
+            tf.cast(mask, per_sample.dtype), None, rows
+        )
+        weighted = weighted * mask
+        count = tf.reduce_sum(rows * mask)
+    sums = tf.stack([tf.reduce_sum(weighted), count])
+    if cross_replica:
+        sums = tf.compat.v1.tpu.cross_replica_sum(sums)
+    reduction = getattr(endpoint.loss_fn, "reduction", losses_utils.ReductionV2.AUTO)
+    if reduction == losses_utils.ReductionV2.SUM:
+        output_loss = sums[0]
+    else:  # AUTO / SUM_OVER_BATCH_SIZE: divide by the real rows' element count
+        output_loss = tf.math.divide_no_nan(sums[0], sums[1])
+    return output_loss
 
 
 def real_rows(tensors, padding_weight):

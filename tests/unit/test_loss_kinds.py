@@ -35,10 +35,10 @@ def _on_parts(per_row, combine):
     "combine, kind",
     [
         (lambda v: v, _loss_kinds.ROWS),
-        (np.mean, 0),
-        (np.sum, 1),
-        (lambda v: np.mean(v) / len(v), -1),  # Keras's activity regularizer of a mean
-        (lambda v: np.float32(0.7), 0),  # independent of the batch: a weight regularizer
+        (np.mean, _loss_kinds.MEAN),
+        (np.sum, _loss_kinds.SUM),
+        (lambda v: np.mean(v) / len(v), _loss_kinds.Degree(-1)),  # Keras's activity regularizer
+        (lambda v: np.float32(0.7), _loss_kinds.MEAN),  # ignores the batch: a weight regularizer
     ],
     ids=["per-example", "mean", "sum", "mean-per-batch-size", "batch-free"],
 )
@@ -131,7 +131,7 @@ def _added_variance():
 
 def test_plan_of_a_model_with_every_kind():
     plan = _loss_kinds.plan(_model({"y": _summed}))
-    assert plan.outputs == {"y": 1} and plan.added == {}
+    assert plan.outputs == {"y": _loss_kinds.SUM} and plan.added == {}
     plan = _loss_kinds.plan(
         _model(
             "mse",
@@ -139,7 +139,8 @@ def test_plan_of_a_model_with_every_kind():
             activity_regularizer=MeanSquare(),
         )
     )
-    assert plan.outputs == {"y": _loss_kinds.ROWS} and plan.added == {("y", 0): -1}
+    assert plan.outputs == {"y": _loss_kinds.ROWS}
+    assert plan.added == {("y", 0): _loss_kinds.Degree(-1)}
     # Built-in losses and regularizers are known without evaluating anything.
     plan = _loss_kinds.plan(_model(tf.keras.losses.Huber(), activity_regularizer="l2"))
     assert plan.outputs == {"y": _loss_kinds.ROWS} and plan.added == {}
@@ -267,8 +268,8 @@ PASSING_THROUGH = {  # case -> (aux loss, its weight, its kind)
     "constant-two": (lambda y_true, y_pred: tf.constant(2.0), 0.5, _loss_kinds.CONSTANT),
     "no-loss": (None, None, None),
     "batch-statistic-weighted-0": (_batch_centered, 0.0, _loss_kinds.UNWEIGHTED),
-    "labels-only-mean": (_labels_mean, 0.5, 0),
-    "predictions-mean": (_predictions_mean, 0.5, 0),
+    "labels-only-mean": (_labels_mean, 0.5, _loss_kinds.MEAN),
+    "predictions-mean": (_predictions_mean, 0.5, _loss_kinds.MEAN),
 }
 
 

@@ -81,14 +81,14 @@ def replica_loss(
 
     Args:
       terms: ``(output name, Loss object or None, weight)`` per output (:func:`_loss_objects`).
-      kinds: output name -> kind (:class:`Plan`).
+      kinds: output name -> :class:`tpushim._loss_kinds.LossKind` (:class:`Plan`).
       outputs, labels: the replica's model outputs and labels (lists, in output order); an
         output's Keras mask is its ``_keras_mask``.
       pad: the replica's [rows] padding weights.
       replicas: replicas in sync.
       model_losses: the model's weight regularizers (stock adds them once).
       sample_weights: per output, the replica's sample weights or None.
-      input_losses: ``(degree, [rows] values)`` per loss a layer adds from its inputs, each row's
+      input_losses: ``(Degree, [rows] values)`` per loss a layer adds from its inputs, each row's
         value that of a batch of that row alone (:meth:`_Run.input_losses`).
       sum_replicas: sums a tensor over the replicas (the identity on one replica alone).
       known_rows: the global batch's real rows where the input carries them
@@ -122,7 +122,7 @@ def replica_loss(
         total = tf.identity(total)
     if input_losses:  # T(n rows) = n**(degree - 1) * the sum of its rows' values, n global
         for degree, values in input_losses:
-            total += rows ** float(degree - 1) * tf.reduce_sum(tf.cast(values, tf.float32) * pad)
+            total += degree.of_rows(tf.reduce_sum(tf.cast(values, tf.float32) * pad), rows)
     return total
 
 
@@ -138,10 +138,7 @@ def row_label_term(name, loss_obj, kind, y_true, y_pred, sample_weight):
     evaluated per real row; a SUM loss is then the rows' mean, as stock's. Such a number times
     per-example sample weights is refused, as stock fails on it.
     """
-    if _padding.row_labels(y_true, y_pred) is y_true or kind in (
-        _loss_kinds.CONSTANT,
-        _loss_kinds.UNWEIGHTED,
-    ):
+    if _padding.row_labels(y_true, y_pred) is y_true or not kind.reads_rows():
         return _padding.row_labels(y_true, y_pred), kind
     if (
         _tfprivate.graph.user_code(loss_obj.call)(y_true, y_pred).shape.rank != 0
@@ -221,7 +218,7 @@ def _called(model, features, training):
 
 @_tfprivate.graph.not_converted
 def input_losses(model, features, training, degrees, activity=None):
-    """``(degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
+    """``(Degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
     a call of ``model``): each row's value that of the model called on that row alone, so
     padding rows weigh 0 and a replica's rows add up to the global batch's term whatever their
     number (Keras's own value is a mean over the replica's rows, padding included).
@@ -257,7 +254,7 @@ def input_losses(model, features, training, degrees, activity=None):
         # count does.
         rows = tf.map_fn(per_row, features, fn_output_signature=[tf.float32] * len(rest))
         values.update(zip(rest, rows))
-    return [(degrees.get(key, 0), values[key]) for key in keys]
+    return [(degrees.get(key, _loss_kinds.MEAN), values[key]) for key in keys]
 
 
 @_tfprivate.graph.not_converted

@@ -24,9 +24,10 @@ class Learned:
     from the conversion (``tf.estimator.add_metrics``'s too).
 
     Attributes:
-      loss_kinds: output name -> ``ROWS`` or a degree (:func:`tpushim._loss_kinds.plan`).
-      added_degrees: (layer name, index) -> degree of each loss a layer adds from its inputs
-        (absent: 0, a mean); None until a subclassed model's first call planned it.
+      loss_kinds: output name -> :class:`tpushim._loss_kinds.LossKind`
+        (:func:`tpushim._loss_kinds.plan`).
+      added_degrees: (layer name, index) -> :class:`tpushim._loss_kinds.Degree` of each loss a
+        layer adds from its inputs (absent: ``MEAN``); None until a subclassed model's first call planned it.
       features_spec: a replica's feature specs, once a call read its input (subclassed models).
       stock_graph: what stock's training graph says of the model (checkpoint names), or None.
       graph_files: that graph's ``.meta`` bytes and ``graph.pbtxt`` text, or None.
@@ -99,12 +100,13 @@ class Plan:
 
     @property
     def loss_kinds(self):
-        """Output name -> ``ROWS`` or a degree (:attr:`Learned.loss_kinds`)."""
+        """Output name -> its loss kind (:attr:`Learned.loss_kinds`)."""
         return self.learned.loss_kinds
 
     @property
     def added_degrees(self):
-        """(layer name, index) -> degree (:attr:`Learned.added_degrees`)."""
+        """(layer name, index) -> its :class:`tpushim._loss_kinds.Degree`
+        (:attr:`Learned.added_degrees`)."""
         return self.learned.added_degrees
 
 
