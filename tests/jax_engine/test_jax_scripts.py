@@ -34,10 +34,6 @@ _STRINGS = (
     "tpushim's JAX engine does not run string features (input {!r}): it feeds numbers to the "
     "devices"
 )
-_LISTENERS = (
-    "tpushim's JAX engine does not run CheckpointSaverListeners in train() "
-    "(train_and_evaluate's evaluations) yet"
-)
 #: script -> the start of the engine's refusal (or it and words it holds); every other script
 #: gives stock's numbers.
 REFUSED = {
@@ -56,8 +52,14 @@ REFUSED = {
     ),
     "multi_input_lists_strings.py": _STRINGS.format("text"),
     "review_lookups_batch_100.py": _GRAPH_PROGRAM,
-    "shapes_cnn_shuffled_numpy.py": _LISTENERS,
-    "taxi_csv_train_and_evaluate.py": _LISTENERS,
+    "shapes_cnn_shuffled_numpy.py": (
+        "tpushim's JAX engine does not run numpy_input_fn / pandas_input_fn(shuffle=True) in "
+        "train() (a RandomShuffleQueue)"
+    ),
+    "taxi_csv_train_and_evaluate.py": (
+        "tpushim's JAX engine does not run train_and_evaluate with exporters "
+        "(EvalSpec(exporters=...): 'exporter') yet"
+    ),
     "taxifare_euclidean_feature_columns.py": (  # (tf2jax names the ops in no fixed order)
         "tpushim cannot convert this model's training step to JAX: ValueError: Unsupported "
         "operations in graph: [",

@@ -1,4 +1,4 @@
-"""Around the strategy engine's steps (tpushim/_strategy/events.py): stock's log lines at stock's
+"""Around the strategy engine's steps (tpushim/_stock_hooks.py): stock's log lines at stock's
 steps with each step's global loss, the NaN check at the NaN step with stock's checkpoints after
 it, the TensorBoard events stock writes in model_dir and model_dir/eval (tags, steps, values),
 and the checkpoints stock keeps (``save_checkpoints_steps`` counted from the last save,

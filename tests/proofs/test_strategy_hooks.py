@@ -1,4 +1,4 @@
-"""The user's SessionRunHooks on the strategy engine (tpushim/_strategy/events.py, SessionHooks):
+"""The user's SessionRunHooks on the strategy engine (tpushim/_stock_hooks.py, SessionHooks):
 stock's stop, early-stopping and counter hooks and hand-written ones called at stock's steps,
 training stopped at stock's step with stock's weights, against the stock estimator on 8 logical
 CPU devices with steps_per_execution 3 (tests/strategy_hooks_proof.py; on >= 2.16 against stock
@@ -152,7 +152,7 @@ def test_steps_per_call_beside_each_hook(tmp_path):
     """A call runs steps_per_execution steps unless a hook may stop within it: up to a
     StopAtStepHook's last step, up to an early-stopping hook's next check on steps; one step
     beside a hook that may stop at any step (a hand-written after_run, a check on a clock)."""
-    from tpushim._strategy import events as _step_events
+    from tpushim import _stock_hooks as _step_events
 
     estimator = tfcases.convert(
         tmp_path, patch={"mode": "cpu", "engine": "strategy", "quiet": True}
@@ -201,7 +201,7 @@ def test_stop_falls_at_its_step_because_calls_end_there(tmp_path, monkeypatch):
     """Negative control: with steps_per_execution 3, a StopAtStepHook(last_step=5) and a hook
     stopping in its 4th after_run stop at steps 5 and 4 only because calls end there; calls of
     3 steps regardless of the hooks (TPUEstimator's once-per-loop check) overshoot to 6."""
-    from tpushim._strategy import events as _step_events
+    from tpushim import _stock_hooks as _step_events
 
     x, y = tfcases.data()
 
@@ -241,7 +241,7 @@ def test_hooks_fetches_read_in_one_session_run_per_step():
     """As stock's MonitoredSession: every hook's before_run first, then one session.run reading
     all their fetches (a hook fetching nothing gets None); a hook whose fetches are of another
     graph is still named beside a good one."""
-    from tpushim._strategy import events as _step_events
+    from tpushim import _stock_hooks as _step_events
 
     calls = []
     readers = [_StepReader(calls), _StepReader(calls), _StepReader(calls)]

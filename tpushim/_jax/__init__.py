@@ -8,6 +8,9 @@ graph, the input pipeline and the checkpoints on the host. Registered in :mod:`t
   model's evaluation and prediction functions in JAX, its stock checkpoints), ``made``.
 * :mod:`tpushim._jax._estimator`: ``JaxEstimator`` (stock's Estimator; ``train``, ``evaluate``,
   ``predict`` in JAX), the input_fn's batches read on the host as stock reads them.
+* :mod:`tpushim._jax._hooks`: its part in stock's hooks (:mod:`tpushim._stock_hooks`, shared
+  with the strategy engine): the user's hooks (the loss under stock's name), its TensorBoard
+  events and step-rate lines, what ``train_and_evaluate`` asks of it.
 * :mod:`tpushim._jax._checkpoint`: stock's checkpoints (format, variable and slot names,
   ``global_step``) written by stock's Saver in stock's training graph; read in either format.
 * :mod:`tpushim._jax._trace`: the Keras model's training-mode forward pass and its compiled loss

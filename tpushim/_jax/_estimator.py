@@ -11,14 +11,17 @@ input_fn running in TensorFlow on the host.
   the Keras model's weights (stock's warm start), saving stock's checkpoints
   (:mod:`tpushim._jax._checkpoint`) at each call's first step, every ``save_checkpoints_steps`` and at the end;
   stock's ``loss = ..., step = N (x sec)`` lines (its LoggingTensorHook's: the call's first
-  step, then every ``log_step_count_steps``), its NaN check (``NanLossDuringTrainingError``).
+  step, then every ``log_step_count_steps``), its NaN check (``NanLossDuringTrainingError``),
+  its ``global_step/sec`` lines and TensorBoard events, the user's hooks and saving listeners
+  at stock's steps (:mod:`tpushim._jax._hooks`).
 - Evaluate: the inference outputs and each batch's loss over its real rows in JAX, the model's
   compiled metrics updated on the host (a copy of the model compiled as the user compiled it):
-  stock's ``loss`` (the mean of the batches' losses), metric names and ``global_step``.
-- Predict: the inference outputs by output name, the real rows only.
+  stock's ``loss`` (the mean of the batches' losses), metric names and ``global_step``; its
+  events in ``model_dir/eval``; the user's hooks.
+- Predict: the inference outputs by output name, the real rows only; the user's hooks.
 
-What it does not do yet is refused in words before anything runs (the user's hooks, saving
-listeners); see the engine's page in the docs.
+What it does not do yet is refused in words before anything runs; see the engine's page in the
+docs.
 """
 
 import logging
@@ -35,12 +38,12 @@ from tpushim import (
     _compiled_metrics,
     _metric_names,
     _observe,
-    _step_losses,
     _stock_graphs,
+    _stock_hooks,
     _tfprivate,
 )
 from tpushim._errors import ConversionError
-from tpushim._jax import _pod
+from tpushim._jax import _hooks, _pod
 
 logger = logging.getLogger("tpushim")
 tf_logger = logging.getLogger("tensorflow")
@@ -58,9 +61,21 @@ def _refuse(what):
 # --- the input, on the host ---------------------------------------------------------------------
 
 
+#: Stock's shuffling queue (numpy_input_fn / pandas_input_fn's): its order depends on how full
+#: the reader keeps it (tpushim._shuffle_queue).
+_SHUFFLE_QUEUES = {"RandomShuffleQueue", "RandomShuffleQueueV2"}
+
+
 def host_batches(input_fn, mode, config):
     """The input_fn's batches as numpy structures, read as stock reads them (see the module)."""
-    _, result, session = _stock_graphs.input_session(input_fn, mode, config)
+    graph, result, session = _stock_graphs.input_session(input_fn, mode, config)
+    if mode == ModeKeys.TRAIN and any(op.type in _SHUFFLE_QUEUES for op in graph.get_operations()):
+        session.close()
+        _refuse(
+            "numpy_input_fn / pandas_input_fn(shuffle=True) in train() (a RandomShuffleQueue): "
+            "it reads the queue faster than stock's training does, which gives another order "
+            "than stock's"
+        )
     try:
         while not session.should_stop():
             try:
@@ -265,10 +280,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
         check_train_steps(steps, max_steps)
         _eager_classes(self._tpushim_jax.keras_model)
-        if hooks:
-            _refuse("the user's SessionRunHooks in train()")
-        if saving_listeners:
-            _refuse("CheckpointSaverListeners in train() (train_and_evaluate's evaluations)")
+        listeners = list(saving_listeners or ())
+        _hooks.check_listeners(listeners)
         conversion = self._tpushim_jax
         start, weights, slots, _ = self._latest()
         _pod.barrier("tpushim-train-read")  # every process read before process 0 writes
@@ -306,15 +319,35 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             trainer = conversion.trainer(size or conversion.batch_size or _rows(features))
             trainer.restore(weights, slots, start)
             trainer.check((features, labels, None))  # its refusals before anything is written
-            return self._train_steps(trainer, arrays, first, batches, start, stop)
+            # The user's hooks begin, and see their first step, before anything is written.
+            user_hooks = _hooks.user_hooks(hooks, start, conversion, ModeKeys.TRAIN)
+            try:
+                return self._train_steps(
+                    trainer, arrays, first, batches, start, stop, user_hooks, listeners
+                )
+            finally:
+                if user_hooks is not None:
+                    user_hooks.close()
         finally:
             batches.close()
 
-    def _train_steps(self, trainer, arrays, first, batches, start, stop):
+    def _train_steps(self, trainer, arrays, first, batches, start, stop, user_hooks, listeners):
         conversion, config = self._tpushim_jax, self.config
         values = self._values({})
+        tf.io.gfile.makedirs(self.model_dir)
+        conversion.checkpoints.begin(config)  # stock's Saver for this call
+        events = _hooks.train_events(conversion, config, self.model_dir)
+        for listener in listeners:
+            listener.begin()
+        # CheckpointSaverHook's timer: the step and time of the last save (the next one falls
+        # save_checkpoints_steps after it, or save_checkpoints_secs after it, at a call's end).
+        saved = {"step": start, "at": time.monotonic()}
 
         def save(step):
+            # CheckpointSaverListeners as stock's saver calls them (train_and_evaluate evaluates
+            # in after_save); they get no session: the engine has none of the model.
+            for listener in listeners:
+                listener.before_save(None, step)
             if trainer.params is not None:
                 values.update(trainer.weights())
                 slots = {k: v for k, v in trainer.slots().items() if k != "iterations"}
@@ -323,18 +356,54 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 values.update(restored)
             if _pod.is_chief():  # on a pod, process 0 writes (stock's chief)
                 conversion.checkpoints.write(self.model_dir, step, values, slots)
+            events.checkpoint(step)
+            saved.update(step=step, at=time.monotonic())
+            return any([listener.after_save(None, step) for listener in listeners])
 
-        tf.io.gfile.makedirs(self.model_dir)
-        conversion.checkpoints.begin(config)  # stock's Saver for this call
-        save(start)  # as stock's CheckpointSaverHook at every session's start (model.ckpt-0)
-        every = config.save_checkpoints_steps
-        log_every = config.log_step_count_steps
+        try:
+            stopped = save(start)  # as stock's CheckpointSaverHook at every session's start
+            step = self._train_loop(
+                trainer,
+                arrays,
+                first,
+                batches,
+                (start, stop, stopped),
+                events,
+                user_hooks,
+                save,
+                saved,
+            )
+            if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
+                self.model_dir, f"model.ckpt-{step}"
+            ):
+                save(step)
+            _pod.barrier("tpushim-train-saved")  # process 0's last checkpoint is every process's
+            if user_hooks is not None:
+                user_hooks.end(step)  # after the last checkpoint, as stock's hooks' end()
+        finally:
+            events.close()
+        if events.last_loss is None:  # (no step ran)
+            tf_logger.info("Loss for final step: None.")
+        events.end()
+        for listener in listeners:
+            listener.end(None, step)
+        return step - start
+
+    def _train_loop(self, trainer, arrays, first, batches, steps, events, user_hooks, save, saved):
+        """The steps from ``start`` to ``stop`` (``steps``: those and whether a listener stopped
+        at the first checkpoint), stock's hooks after each (``events``: the call's
+        :class:`tpushim._stock_hooks.StepEvents`; ``save(step)``: a checkpoint, True where a
+        listener stopped; ``saved``: the last one's step and time); returns the step it ended at."""
+        conversion, config = self._tpushim_jax, self.config
+        start, stop, stopped = steps
+        every, every_secs = config.save_checkpoints_steps, config.save_checkpoints_secs
         step, pending = start, [first]
-        saved, logged_at = start, None
-        while stop is None or step < stop:
+        while not stopped and (stop is None or step < stop):
             n = conversion.per_call if stop is None else min(conversion.per_call, stop - step)
-            if every:
-                n = min(n, max(saved + every - step, 1))
+            if every:  # a checkpoint falls at the end of a call
+                n = min(n, max(saved["step"] + every - step, 1))
+            if user_hooks is not None:  # a hook's stop falls at the end of a call
+                n = user_hooks.per_call(step, n)
             chunk = pending[:n]
             pending = pending[n:]
             while len(chunk) < n:
@@ -343,58 +412,70 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     break
                 chunk.append(batch)
             if not chunk:
+                if user_hooks is not None:  # stock's last session.run: before_run, then
+                    user_hooks.before(step)  # OutOfRangeError
                 break
             split = [_step_batch(arrays, b) for b in chunk]
-            ran = time.monotonic()
+            began = time.monotonic()
             losses = [np.float32(loss) for loss in trainer.train(split)]
-            took = (time.monotonic() - ran) / len(losses)  # each step's share of the call
+            ended = time.monotonic()
+            label, step = step, step + len(losses)
+            # Stock's hooks after each step; at a save step the checkpoint comes first.
+            times = _stock_hooks.step_times(began, ended, len(losses))
             for k, loss in enumerate(losses):
-                if np.isnan(loss):  # stock's NanTensorHook, before its LoggingTensorHook
-                    tf.compat.v1.logging.error(_step_losses.NAN_MESSAGE)
-                    raise tf.compat.v1.train.NanLossDuringTrainingError
-                if log_every and (step + k - start) % log_every == 0:
-                    at = ran + (k + 1) * took
-                    elapsed = None if logged_at is None else at - logged_at
-                    _step_losses._log_line(loss, step + k, elapsed)  # LoggingTensorHook's line
-                    logged_at = at
-            step += len(chunk)
-            if every and step >= saved + every:
-                save(step)
-                saved = step
-            if len(chunk) < n:
+                if user_hooks is not None:
+                    user_hooks.before(label + k)  # before the step's checkpoint, as stock's
+                if k == len(losses) - 1 and (
+                    (every and step >= saved["step"] + every)
+                    or (every_secs and ended - saved["at"] >= every_secs)
+                ):
+                    stopped = save(step)
+                stopped = events.step(loss, label + k, times[k], user_hooks) or stopped
+            if len(chunk) < n:  # the input ran out
+                if user_hooks is not None:
+                    user_hooks.before(step)
                 break
-        if tf.train.latest_checkpoint(self.model_dir) != os.path.join(
-            self.model_dir, f"model.ckpt-{step}"
-        ):
-            save(step)
-        _pod.barrier("tpushim-train-saved")  # process 0's last checkpoint is every process's
-        tf_logger.info("Loss for final step: %s.", losses[-1] if step > start else None)
-        return step - start
+        return step
 
     # -- evaluate ---------------------------------------------------------------------------------
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
             started = time.monotonic()
-            results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path)
+            results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
             _observe.finished(call, time.monotonic() - started)
             return results
 
-    def _evaluate(self, input_fn, steps, hooks, checkpoint_path):
-        if hooks:
-            _refuse("the user's SessionRunHooks in evaluate()")
+    def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        step, weights, _, _ = self._latest(checkpoint_path)
+        step, weights, _, path = self._latest(checkpoint_path)
+        user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.EVAL)
+        try:
+            results = self._evaluate_batches(input_fn, steps, user_hooks, step, weights)
+        finally:
+            if user_hooks is not None:
+                user_hooks.close()
+        if path is None and self._warm_start_settings is not None:
+            path = self._warm_start_settings.ckpt_to_initialize_from  # the Keras weights'
+        _hooks.write_evaluation(conversion, self.eval_dir(name), results, path)
+        return results
+
+    def _evaluate_batches(self, input_fn, steps, user_hooks, step, weights):
+        conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model)
         metrics = conversion.metrics_model()
         update = _metrics_update(metrics)
         losses, size = [], None
+        ran_out = True
         batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
         try:
             for i, batch in enumerate(batches):
                 if steps is not None and i >= steps:
+                    ran_out = False
                     break
+                if user_hooks is not None:
+                    user_hooks.before(step)
                 features, labels = arrays.split(batch, ModeKeys.EVAL)
                 rows = _rows(features)
                 size = size or conversion.device_rows(rows)
@@ -407,8 +488,15 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
                 update([tf.constant(y) for y in labels], [tf.constant(o) for o in outputs])
+                if user_hooks is not None and user_hooks.after(step, False, losses[-1]):
+                    ran_out = False
+                    break  # a hook's request_stop(): stock's evaluation ends there too
         finally:
             batches.close()
+        if user_hooks is not None:
+            if ran_out:  # stock's last session.run: before_run, then OutOfRangeError
+                user_hooks.before(step)
+            user_hooks.end(step)
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
         compiled = [m for m in metrics.compiled_metrics.metrics if m.name != "loss"]
         names = conversion.checkpoints.metric_names
@@ -430,17 +518,30 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         checkpoint_path=None,
         yield_single_examples=True,
     ):
-        if hooks:
-            _refuse("the user's SessionRunHooks in predict()")
         with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
             started = time.monotonic()
-            yield from self._predict(input_fn, predict_keys, checkpoint_path, yield_single_examples)
+            yield from self._predict(
+                input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+            )
             _observe.finished(call, time.monotonic() - started)
 
-    def _predict(self, input_fn, predict_keys, checkpoint_path, yield_single_examples):
+    def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        _, weights, _, _ = self._latest(checkpoint_path)
+        step, weights, _, _ = self._latest(checkpoint_path)
+        user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.PREDICT)
+        yield from _stock_hooks.predicting(
+            user_hooks,
+            step,
+            self._predict_batches(
+                input_fn, predict_keys, user_hooks, step, weights, yield_single_examples
+            ),
+        )
+
+    def _predict_batches(
+        self, input_fn, predict_keys, user_hooks, step, weights, yield_single_examples
+    ):
+        conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model)
         size = None
@@ -448,6 +549,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         try:
             for batch in batches:
                 features, _ = arrays.split(batch, ModeKeys.PREDICT)
+                if user_hooks is not None:
+                    user_hooks.before(step)
                 rows = _rows(features)
                 size = size or conversion.device_rows(rows)
                 outputs = conversion.predict(values, _padded(features, size))
@@ -457,13 +560,18 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 }
                 if predict_keys:
                     out = {k: v for k, v in out.items() if k in predict_keys}
+                stop = user_hooks is not None and user_hooks.after(step, False)
                 if not yield_single_examples:
                     yield out
                 else:
                     for i in range(rows):
                         yield {k: v[i] for k, v in out.items()}
+                if stop:  # stock's predict() ends after the batch a hook stopped at
+                    return
         finally:
             batches.close()
+        if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
+            user_hooks.before(step)
 
 
 def _step_batch(arrays, item):

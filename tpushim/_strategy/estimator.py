@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpushim import _input_wait, _metric_names, _observe, _shapes, _tfprivate
+from tpushim import _stock_hooks as _step_events
 from tpushim._strategy import checkpoint as _strategy_checkpoint
-from tpushim._strategy import events as _step_events
 from tpushim._strategy import input as _strategy_input
 from tpushim._strategy import metrics as _strategy_metrics
 from tpushim._strategy.clone import _built_on_input
@@ -437,15 +437,13 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
         )
         step = int(run.step.numpy())
         user_hooks = _step_events.SessionHooks(hooks, step) if hooks else None
-        try:
-            yield from self._predict_batches(
+        yield from _step_events.predicting(
+            user_hooks,
+            step,
+            self._predict_batches(
                 run, early, input_fn, predict_keys, user_hooks, yield_single_examples
-            )
-            if user_hooks is not None:
-                user_hooks.end(step)
-        finally:
-            if user_hooks is not None:
-                user_hooks.close()
+            ),
+        )
 
     def _predict_batches(
         self, run, early, input_fn, predict_keys, user_hooks, yield_single_examples

@@ -162,7 +162,7 @@ class _Run:
 
     def save(self, kept, meta=None):
         """Writes ``model.ckpt-STEP`` as stock names it, in stock's format, and lists it in
-        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._strategy.events.Kept`;
+        ``checkpoint`` as stock's Saver does (``kept``: a :class:`tpushim._stock_hooks.Kept`;
         ``meta``: the bytes of its ``.meta``, or None)."""
         step = int(self.step.numpy())
         tf.compat.v1.logging.info(
@@ -194,7 +194,7 @@ class _Run:
     def train_function(self, checked=True):
         """A ``tf.function`` running up to ``n`` steps from ``iterator`` (``checked``: it may hold
         fewer, each step asks; else the caller knows it holds ``n``); returns (steps run,
-        each step's global loss: stock's hooks see every step's, :mod:`tpushim._strategy.events`;
+        each step's global loss: stock's hooks see every step's, :mod:`tpushim._stock_hooks`;
         each step's values of the model's one-number ``tf.compat.v1.summary.scalar`` calls,
         averaged over the replicas weighted by their real rows, in one vector:
         ``self.scalar_count`` a step, known once traced). Stock's value of a mean over the

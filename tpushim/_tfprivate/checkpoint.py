@@ -47,6 +47,11 @@ def stock_checkpoint_names(keras_model, custom_objects, features=None):
     return stock_training_graph(keras_model, custom_objects, features)[:2]
 
 
+#: The collection of :func:`stock_training_graph`'s graph holding the model's loss tensor as
+#: stock's model_fn names it (``loss/mul:0``): what a user's hook fetches the loss by.
+STOCK_LOSS = "tpushim_stock_loss"
+
+
 def stock_training_graph(keras_model, custom_objects, features=None, object_based=True):
     """:func:`stock_checkpoint_names`'s two values, then that graph (its model, optimizer and
     global step) and its MetaGraphDef carrying the Saver stock's Keras estimator restores with
@@ -72,6 +77,9 @@ def stock_training_graph(keras_model, custom_objects, features=None, object_base
             )
         make_train_variables(model)
         facts = graph_facts(model, step, object_based)
+        loss = getattr(model, "total_loss", None)  # after the MetaGraphDef: not in its files
+        if loss is not None:
+            tf.compat.v1.add_to_collection(STOCK_LOSS, loss)
     keras.restore_v2_classes(keras_model)  # the clone in a graph swapped the eager classes' bases
     return facts
 

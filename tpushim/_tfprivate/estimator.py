@@ -225,7 +225,7 @@ def track_estimator_step(model, step):
     model._track_trackable(step, "estimator_global_step")
 
 
-# --- SessionRunHooks on the strategy engine (tpushim/_strategy/events.py foresees their stops) -------
+# --- SessionRunHooks on the strategy engine (tpushim/_stock_hooks.py foresees their stops) -------
 
 
 def stop_at_step_last(hook):

@@ -1,5 +1,5 @@
-"""What stock's training hooks do with each step, for the strategy engine (TF2: no session): the
-loss line, the NaN check, ``global_step/sec``, the loss summary and the checkpoints it keeps, at
+"""What stock's training hooks do with each step, for the engines that run no TF1 session of the
+model (the strategy engine: TF2; the JAX engine: steps in JAX): the loss line, the NaN check, ``global_step/sec``, the loss summary and the checkpoints it keeps, at
 stock's steps and in stock's order; the evaluation's events in ``model_dir/eval``; and the user's
 own SessionRunHooks (:class:`SessionHooks`), called at stock's steps.
 
@@ -9,8 +9,9 @@ save step: the NaN weights too), ``StepCounterHook`` (``global_step/sec`` every
 ``log_step_count_steps``), ``SummarySaverHook`` (the loss every ``save_summary_steps``, counted
 from the call's first step), ``NanTensorHook`` (raises ``NanLossDuringTrainingError``), and
 ``LoggingTensorHook`` (``loss = L, step = S`` at the call's first step, then every
-``log_step_count_steps``). The strategy engine runs ``steps_per_execution`` steps per
-``tf.function`` call, which returns each step's global loss (a few floats): :class:`StepEvents`
+``log_step_count_steps``). An engine runs several steps per call (the strategy engine's
+``steps_per_execution`` per ``tf.function`` call, the JAX engine's ``iterations_per_loop`` per
+compiled call), which returns each step's global loss (a few floats): :class:`StepEvents`
 then does, step by step, what those hooks did, the steps' times shared evenly in the call's time.
 A call ends at each save step (``save_checkpoints_steps``), so a checkpoint falls where stock's
 does, before its step's other hooks.
@@ -19,8 +20,8 @@ Events are written with the v1 ``FileWriter`` stock's hooks use (``FileWriterCac
 per directory per process), as ``simple_value`` scalars under stock's tags: ``loss_1`` (stock's
 ``loss`` summary, made unique next to Keras's ``loss`` name scope), ``global_step/sec``, and
 ``SessionLog`` START / CHECKPOINT records; the graph and meta graph (and ``graph.pbtxt``) where
-stock's CheckpointSaverHook writes them, of the graph
-:func:`tpushim._strategy.checkpoint.stock_meta_graph` builds; a model's own one-number
+stock's CheckpointSaverHook writes them, of the engine's stock training graph (the strategy
+engine's :func:`tpushim._strategy.checkpoint.stock_meta_graph`); a model's own one-number
 ``tf.compat.v1.summary.scalar`` values in the loss's record, under stock's tags. Not written: its
 other v1 summaries (string ops a TPU step cannot compile: ``_strategy.model_summaries_left_out``).
 """
@@ -66,15 +67,17 @@ class StepEvents:
       graph: the tf.Graph a new writer records first, or None.
       meta: the MetaGraphDef recorded at the call's start (and its graph), or None.
       graph_text: ``graph.pbtxt``'s text (``meta``'s graph), or None: no file.
+      writes: False where this process is not the one that writes (a pod's other processes, as
+        stock's non-chief workers): the lines and hooks run, nothing is written.
     """
 
-    def __init__(self, config, model_dir, graph=None, meta=None, graph_text=None):
+    def __init__(self, config, model_dir, graph=None, meta=None, graph_text=None, writes=True):
         self._log_every = config.log_step_count_steps  # None: no lines (stock's)
         self._count_every = _every(config.log_step_count_steps)
         self._summary_every = _every(config.save_summary_steps)
         self._model_dir = model_dir
-        self._writer = writer(model_dir, graph)
-        if meta is not None:  # CheckpointSaverHook's, at each call's start
+        self._writer = writer(model_dir, graph) if writes else _NoWriter()
+        if meta is not None and writes:  # CheckpointSaverHook's, at each call's start
             if graph_text is not None:
                 with tf.io.gfile.GFile(os.path.join(model_dir, GRAPH_FILE), "w") as f:
                     f.write(graph_text)
@@ -124,7 +127,7 @@ class StepEvents:
                 summary.value.add(tag=tag, simple_value=value)
             self._writer.add_summary(summary, after)
             self._summarized = after
-        stop = hooks.after(label) if hooks is not None else False
+        stop = hooks.after(label, loss=loss) if hooks is not None else False
         if math.isnan(loss):
             self._writer.flush()
             tf.compat.v1.logging.error(_step_losses.NAN_MESSAGE)
@@ -147,6 +150,15 @@ class StepEvents:
 
     def close(self):
         self._writer.flush()
+
+
+class _NoWriter:
+    """A summary writer that writes nothing (see :class:`StepEvents`'s ``writes``)."""
+
+    def _nothing(self, *args, **kwargs):
+        return None
+
+    add_summary = add_session_log = add_graph = add_meta_graph = flush = _nothing
 
 
 def _scalar(tag, value):
@@ -248,23 +260,48 @@ def _hook_name(hook):
     return "the early-stopping hook" if name == "_StopOnPredicateHook" else name
 
 
-def _refused(hook, why, error=None):
+#: The engines that run the user's hooks here: (their name in a refusal, the fix it names).
+ENGINES = {
+    "strategy": ("the strategy engine", "use engine='tpuestimator' where TPUEstimator runs"),
+    "jax": ("tpushim's JAX engine", "fetch only those"),
+}
+
+
+def _refused(hook, why, error=None, engine="strategy", loss=None):
     from tpushim._errors import ConversionError
 
     detail = f" ({type(error).__name__}: {str(error)[:500]})" if error is not None else ""
-    if isinstance(hook, tf.compat.v1.train.LoggingTensorHook):
+    if isinstance(hook, tf.compat.v1.train.LoggingTensorHook) and loss is None:
         detail += "; the engine logs the loss every RunConfig(log_step_count_steps=...) as stock"
+    name, fix = ENGINES[engine]
+    holds = "only the global step (tf.compat.v1.train.get_global_step())"
+    if loss is not None:
+        holds = (
+            "only the global step (tf.compat.v1.train.get_global_step()) and the step's loss "
+            f"({loss!r}, stock's name for it)"
+        )
     return ConversionError(
-        f"the strategy engine cannot run {_hook_name(hook)}: it {why}{detail}. The engine runs "
-        "no TF1 session: a hook sees one holding only the global step "
-        "(tf.compat.v1.train.get_global_step()). Remove the hook, or use "
-        "engine='tpuestimator' where TPUEstimator runs."
+        f"{name} cannot run {_hook_name(hook)}: it {why}{detail}. The engine runs no TF1 "
+        f"session of the model: a hook sees one holding {holds}. Remove the hook, or {fix}."
     )
 
 
 def _overrides(hook, *names):
     base = tf.compat.v1.train.SessionRunHook
     return any(getattr(type(hook), n) is not getattr(base, n) for n in names)
+
+
+def predicting(user_hooks, step, predictions):
+    """``predictions`` (a generator of one ``predict()`` call's) yielded; the user's hooks (a
+    :class:`SessionHooks` or None) ended at global ``step`` when it ends without an error, and
+    closed whichever way it ends."""
+    try:
+        yield from predictions
+        if user_hooks is not None:
+            user_hooks.end(step)
+    finally:
+        if user_hooks is not None:
+            user_hooks.close()
 
 
 class SessionHooks:
@@ -278,28 +315,47 @@ class SessionHooks:
     ``before_run``, which :meth:`start` calls before anything is written: that is a
     ConversionError naming the hook. See docs/reference/hooks.md for the schedule.
 
+    With ``loss`` (stock's name of the model's loss tensor, ``loss/mul:0``), the graph holds that
+    tensor too, under that name (and, in training, in the ``LOSSES`` collection, where stock's
+    Estimator puts it then): a hook fetching it (a ``LoggingTensorHook`` on the loss) gets the step's loss, the
+    fetches then read in :meth:`after`, given the step's loss, with the global step as
+    ``before_run`` saw it.
+
     Args:
       hooks: the ``hooks=`` of train/evaluate/predict.
       step: the global step the call starts at.
+      engine: which engine runs them (a key of :data:`ENGINES`: its refusals' words).
+      loss: stock's name of the loss tensor, or None (no loss: the graph holds the step only).
+      training: the hooks are train()'s (the loss in the ``LOSSES`` collection).
     """
 
-    def __init__(self, hooks, step):
+    def __init__(self, hooks, step, engine="strategy", loss=None, training=False):
         hooks = list(hooks)
+        self._engine, self._loss_name = engine, loss
         for hook in hooks:  # stock's check, verbatim
             if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
                 raise TypeError(f"All hooks must be SessionRunHook instances, given: {hook}")
         for hook in hooks:
             if type(hook).__name__ in _REFUSED:
-                raise _refused(hook, _REFUSED[type(hook).__name__])
+                raise self._refused(hook, _REFUSED[type(hook).__name__])
         self._hooks = hooks
         self._graph = tf.Graph()
         with self._graph.as_default():
             self._step = tf.compat.v1.train.get_or_create_global_step()
+            self._loss = None
+            if loss is not None:
+                self._loss = tf.compat.v1.placeholder_with_default(
+                    np.float32("nan"), [], name=loss.split(":")[0]
+                )
+                if training:
+                    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.LOSSES, self._loss)
             for hook in hooks:
                 try:
                     hook.begin()
                 except Exception as error:
-                    raise _refused(hook, "needs the model's graph in begin()", error) from error
+                    raise self._refused(
+                        hook, "needs the model's graph in begin()", error
+                    ) from error
             self._value = tf.compat.v1.placeholder(tf.int64, [])
             self._assign = self._step.assign(self._value)
             init = [
@@ -317,11 +373,16 @@ class SessionHooks:
                 try:
                     hook.after_create_session(self._session, coordinator)
                 except Exception as error:
-                    raise _refused(hook, "uses the model's session", error) from error
+                    raise self._refused(hook, "uses the model's session", error) from error
             self.before(step)  # the first step's fetches, checked before anything is written
+            if self._loss is not None and self._pending[3]:
+                self._fetched(self._pending[3])  # (read in after(): checked here)
         except BaseException:
             self._session.close()
             raise
+
+    def _refused(self, hook, why, error=None):
+        return _refused(hook, why, error, self._engine, self._loss_name)
 
     def _set(self, step):
         if self._at != step:
@@ -365,40 +426,49 @@ class SessionHooks:
                 if args is not None and args.feed_dict:
                     raise ValueError(f"it feeds {list(args.feed_dict)[:3]}")
             except Exception as error:
-                raise _refused(hook, "fetches tensors of the model's graph", error) from error
+                raise self._refused(hook, "fetches tensors of the model's graph", error) from error
             if args is not None and args.fetches is not None:
                 fetches[i] = args.fetches
-        results = self._fetched(fetches) if fetches else {}
-        values = [
+        values = None
+        if self._loss is None:  # read now; with the loss, in after() (it is the step's)
+            values = self._values(self._fetched(fetches) if fetches else {})
+        self._pending = (step, context, values, fetches)
+
+    def _values(self, results):
+        return [
             tf.compat.v1.train.SessionRunValues(results.get(i), None, None)
             for i in range(len(self._hooks))
         ]
-        self._pending = (step, context, values)
 
-    def _fetched(self, fetches):
+    def _fetched(self, fetches, feed=None):
         """{hook position: its fetches' values}, read in one ``session.run`` (stock's
         MonitoredSession merges the hooks' fetches so); where that fails, the hook whose
         fetches fail alone is named."""
         try:
-            return self._session.run(fetches)
+            return self._session.run(fetches, feed)
         except Exception as error:
             for i, fetch in fetches.items():
                 try:
-                    self._session.run(fetch)
+                    self._session.run(fetch, feed)
                 except Exception as own:
-                    raise _refused(
+                    raise self._refused(
                         self._hooks[i], "fetches tensors of the model's graph", own
                     ) from own
-            raise _refused(
+            raise self._refused(
                 self._hooks[next(iter(fetches))], "fetches tensors of the model's graph", error
             ) from error
 
-    def after(self, step, advance=True):
+    def after(self, step, advance=True, loss=None):
         """Each hook's ``after_run`` for the step after ``step`` (``advance``: a training step,
-        the global step one more); True when one requested stop."""
+        the global step one more; ``loss``: the step's loss, what a fetch of the loss reads);
+        True when one requested stop."""
         self.before(step)  # no-op when already called
-        _, context, values = self._pending
+        _, context, values, fetches = self._pending
         self._pending = None
+        if values is None:
+            self._set(step)
+            feed = {self._loss: np.float32(loss)} if loss is not None else None
+            values = self._values(self._fetched(fetches, feed) if fetches else {})
         self._set(step + 1 if advance else step)
         for hook, value in zip(self._hooks, values):
             hook.after_run(context, value)
