@@ -16,6 +16,7 @@ Roles (argv[1]):
 import collections
 import json
 import os
+import re
 import sys
 
 ROLE, ROOT = sys.argv[1], sys.argv[2]
@@ -169,7 +170,10 @@ def train(model_dir):
         "type": type(estimator).__name__,
         "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
         "step": int(estimator.get_variable_value(step)),
-        "files": sorted(os.listdir(model_dir)),
+        # events files named by time, host and process: one per writer (a pod's process 0 only)
+        "files": sorted(
+            re.sub(r"^(events\.out\.tfevents)\..*", r"\1", n) for n in os.listdir(model_dir)
+        ),
     }
 
 
