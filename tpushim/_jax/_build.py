@@ -35,7 +35,10 @@ def refusals(keras_model, optimizer, custom_objects, settings):
             "traces the model eagerly)"
         )
     if _tfprivate.keras.is_subclassed(keras_model):
-        _refuse("subclassed models")
+        _refuse(
+            "subclassed models (its step reads a graph network's outputs, masks and added "
+            "losses, which a subclassed model has only once called)"
+        )
     _optimizers.of(optimizer)
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
@@ -87,8 +90,8 @@ class JaxConversion:
     def evaluate(self, values, features, labels, weights, pad):
         """(loss over the real rows, outputs) of one padded batch, in JAX."""
         if self._eval_fn is None:
-            self._eval_fn = _trace.training_function(
-                self.keras_model, self.custom_objects, training=False
+            self._eval_fn = _trace.training_function(  # (no sample weights from the input)
+                self.keras_model, self.custom_objects, training=False, weighted=False
             )
         loss, outputs = self._run(
             "evaluate", self._eval_fn, values, (features, labels, weights, pad)
