@@ -131,3 +131,28 @@ def test_row_labels_of_a_sum_are_refused_naming_the_fix():
     batch = ([kinds.X[:8]], [kinds.Y[:8, 0]], None)
     with pytest.raises(ConversionError, match=r"\[batch\] labels.*labels\[:, None\]"):
         trainer.check(batch)
+
+
+@pytest.mark.parametrize("kind", ["activity", "masking"])
+def test_the_estimator_trains_and_evaluates_as_stock_2_15(kind, tmp_path):
+    # model_to_estimator on the engine (8 devices), train and evaluate with the short batch
+    # padded: the loss's added terms and masks over the real rows in evaluate() too.
+    import tpushim
+
+    eight_devices()
+    with (
+        tpushim.patched(mode="cpu", engine="jax", quiet=True),
+        tf.keras.utils.custom_object_scope(kinds.CUSTOM_OBJECTS),
+    ):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=kinds.model(kind),
+            model_dir=str(tmp_path),
+            checkpoint_format="saver",
+            custom_objects=kinds.CUSTOM_OBJECTS,
+        )
+    estimator.train(lambda: kinds.input_fn(kind))
+    loss = float(estimator.evaluate(lambda: kinds.input_fn(kind))["loss"])
+    assert (
+        from_stock(kind, {n: estimator.get_variable_value(n) for n in STOCK[kind]["final"]}) < TOL
+    )
+    assert abs(loss - STOCK[kind]["loss"]) < TOL * max(1.0, abs(STOCK[kind]["loss"]))

@@ -109,7 +109,10 @@ class JaxConversion:
         (Keras's names and kinds) updated on the host with each batch's real rows."""
         import tensorflow as tf
 
-        with _tfprivate.keras.keras_random_state_kept():  # a copy stock does not make
+        with (
+            _tfprivate.keras.keras_random_state_kept(),  # a copy stock does not make
+            tf.keras.utils.custom_object_scope(self.custom_objects or {}),  # e.g. regularizers
+        ):
             model = tf.keras.models.clone_model(self.keras_model)
         with tf.keras.utils.custom_object_scope(self.custom_objects or {}):
             args = _tfprivate.keras.compile_args(self.keras_model)
