@@ -135,7 +135,7 @@ class Trainer:
             )
         return self._train_fns[weighted]
 
-    def _convert(self, batch, weighted):
+    def _convert(self, batch, weighted=False):
         key = (weighted, *((np.asarray(a).shape, np.asarray(a).dtype.str) for a in _flat(batch)))
         if key not in self._traced:
             train_fn = self._train_fn(weighted)
