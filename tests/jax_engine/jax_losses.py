@@ -6,9 +6,10 @@ the masks) with legacy SGD + momentum on 27 rows in global batches of 8: 3 full 
 short one of 3 rows, which the engine pads to 8 (on 8 devices, 5 hold padding only). Kinds:
 a mean (``mse``), a SUM reduction, a one-number custom loss (a mean and a sum over the rows),
 an activity regularizer (built-in and custom, with a weight regularizer), a layer's ``add_loss``
-of a sum over its inputs, a ``Masking`` layer's mask and an ``Embedding(mask_zero=True)``'s
-reaching the loss. ``model.add_loss`` of a tensor is not among them: stock cannot clone such a
-model (Keras 2 fails to clone its ``TFOpLambda`` layers).
+of a sum over its inputs, ``model.add_loss`` of a function (stock's clone of the model drops
+it: stock trains as without it), a ``Masking`` layer's mask and an
+``Embedding(mask_zero=True)``'s reaching the loss. ``model.add_loss`` of a tensor is not among
+them: stock cannot clone such a model (Keras 2 fails to clone its ``TFOpLambda`` layers).
 
 Stock is the stock estimator on TensorFlow 2.15 (``model_to_estimator``, ``saver``
 checkpoints, one epoch of the input): recorded by
@@ -92,6 +93,7 @@ LOSSES = {
     "custom_sum": lambda: sum_of_errors,
     "activity": None,
     "add_loss": None,
+    "model_add_loss": None,
     "masking": None,
     "embedding": None,
 }
@@ -132,6 +134,9 @@ def model(kind):
             h = Penalty(0.02, name="penalty")(h)
         y = tf.keras.layers.Dense(1, name="out")(h)
     m = tf.keras.Model(x, y)
+    if kind == "model_add_loss":  # a function of the weights: stock's clone drops it
+        hidden = m.get_layer("hidden")
+        m.add_loss(lambda: 0.5 * tf.reduce_sum(tf.square(hidden.kernel)))
     loss = LOSSES[kind]
     # The embedding without momentum: stock's sparse gradient moves only the looked-up rows'
     # momentum (the engine's dense one decays every row's: an optimizer matter, not the loss's).

@@ -256,7 +256,8 @@ def training_function(keras_model, custom_objects=None, training=True, weighted=
                 ):
                     outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
         masks = [getattr(o, "_keras_mask", None) for o in outputs]
-        regularizers = _tfprivate.keras_compile.weight_regularizers(keras_model)
+        # as stock's clone has them: without a model's own add_loss of a function (dropped)
+        regularizers = _tfprivate.keras_compile.weight_regularizers(keras_model, models_own=False)
         added = _input_losses(keras_model, inputs, activity, training)
         endpoints, kinds, endpoint_masks = [], [], []
         for (name, loss_obj, weight, kind), y_pred, y_true, sw, mask in zip(
