@@ -37,7 +37,10 @@ def refusals(keras_model, optimizer, custom_objects, settings):
             "traces the model eagerly)"
         )
     if _tfprivate.keras.is_subclassed(keras_model):
-        _refuse("subclassed models")
+        _refuse(
+            "subclassed models (its step reads a graph network's outputs, masks and added "
+            "losses, which a subclassed model has only once called)"
+        )
     _optimizers.of(optimizer)
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
@@ -94,8 +97,8 @@ class JaxConversion:
     def evaluate(self, values, features, labels, weights, pad):
         """(loss over the real rows, outputs) of one padded batch, in JAX."""
         if self._eval_fn is None:
-            self._eval_fn = _trace.training_function(
-                self.keras_model, self.custom_objects, training=False
+            self._eval_fn = _trace.training_function(  # (no sample weights from the input)
+                self.keras_model, self.custom_objects, training=False, weighted=False
             )
         loss, outputs = self._run(
             "evaluate", self._eval_fn, values, (features, labels, weights, pad)
@@ -113,7 +116,10 @@ class JaxConversion:
         (Keras's names and kinds) updated on the host with each batch's real rows."""
         import tensorflow as tf
 
-        with _tfprivate.keras.keras_random_state_kept():  # a copy stock does not make
+        with (
+            _tfprivate.keras.keras_random_state_kept(),  # a copy stock does not make
+            tf.keras.utils.custom_object_scope(self.custom_objects or {}),  # e.g. regularizers
+        ):
             model = tf.keras.models.clone_model(self.keras_model)
         with tf.keras.utils.custom_object_scope(self.custom_objects or {}):
             args = _tfprivate.keras.compile_args(self.keras_model)

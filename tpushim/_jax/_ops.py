@@ -8,6 +8,9 @@ with ``tf2jax`` as TensorFlow's kernels compute them (their values and their gra
   the logits) and ``-log_softmax(logits)`` times it (for the labels), whatever the labels sum
   to: so is this one's.
 
+* ``PlaceholderWithDefault``: ``tf.vectorized_map`` (the step's per-row losses) feeds its
+  loop's index through one, fed nothing: its value is its input's.
+
 Registered once, at the first import (``tf2jax``'s op table is the process's).
 """
 
@@ -49,3 +52,12 @@ if "SoftmaxCrossEntropyWithLogits" not in _tf2jax_ops._jax_ops:
     _tf2jax_ops.register_operation("SoftmaxCrossEntropyWithLogits")(
         _softmax_cross_entropy_with_logits
     )
+
+
+def _placeholder_with_default(proto):
+    del proto  # attrs: dtype, shape
+    return lambda value: value
+
+
+if "PlaceholderWithDefault" not in _tf2jax_ops._jax_ops:
+    _tf2jax_ops.register_operation("PlaceholderWithDefault")(_placeholder_with_default)

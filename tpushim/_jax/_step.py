@@ -23,9 +23,11 @@ from tpushim._errors import ConversionError
 from tpushim._jax import _optimizers, _pod, _trace
 
 #: Negative controls (the proof's), never set outside it: ``"sum_device_means"`` -- each device
-#: differentiates the mean over its own rows and the gradients are summed over the devices;
-#: ``"count_padding"`` -- padding rows weigh as real rows in the loss and the statistics.
-CONTROLS = ("sum_device_means", "count_padding")
+#: differentiates its own rows' loss (a mean over its own rows) and the gradients are summed
+#: over the devices; ``"mean_device_losses"`` -- the same, the gradients averaged (right for a
+#: mean of full batches, wrong for a sum); ``"count_padding"`` -- padding rows, copies of the
+#: batch's first row, weigh as real rows in the loss, its sample weights and the statistics.
+CONTROLS = ("sum_device_means", "mean_device_losses", "count_padding")
 
 
 def pad_batch(batch, global_batch):
@@ -82,7 +84,9 @@ class Trainer:
             )
         self.model, self.global_batch, self.control = keras_model, global_batch, control
         self.optimizer = _optimizers.of(keras_model.optimizer)
-        self.train_fn = _trace.training_function(keras_model, custom_objects)
+        self.custom_objects = custom_objects
+        # weighted (the input gives sample weights) -> the training function: refusals here
+        self._train_fns = {True: _trace.training_function(keras_model, custom_objects)}
         self.mesh = Mesh(np.array(self.devices), ("data",))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
@@ -126,14 +130,22 @@ class Trainer:
         return jax.tree_util.tree_map(np.asarray, self.opt_state)
 
     # -- the step --------------------------------------------------------------------------------
-    def _convert(self, batch):
-        key = tuple((np.asarray(a).shape, np.asarray(a).dtype.str) for a in _flat(batch))
+    def _train_fn(self, weighted):
+        if weighted not in self._train_fns:
+            self._train_fns[weighted] = _trace.training_function(
+                self.model, self.custom_objects, weighted=weighted
+            )
+        return self._train_fns[weighted]
+
+    def _convert(self, batch, weighted=False):
+        key = (weighted, *((np.asarray(a).shape, np.asarray(a).dtype.str) for a in _flat(batch)))
         if key not in self._traced:
-            traced = _trace.convert(self.model, self.train_fn, *batch)
+            train_fn = self._train_fn(weighted)
+            traced = _trace.convert(self.model, train_fn, *batch)
             per_device = None
-            if self.control == "sum_device_means":
+            if self.control in ("sum_device_means", "mean_device_losses"):
                 shard = jax.tree_util.tree_map(lambda a: a[: len(a) // len(self.devices)], batch)
-                per_device = _trace.convert(self.model, self.train_fn, *shard)
+                per_device = _trace.convert(self.model, train_fn, *shard)
             self._traced[key] = (traced, self._compile(traced, per_device))
         return self._traced[key]
 
@@ -143,6 +155,14 @@ class Trainer:
         def loss_fn(trainable, stats, batch):
             features, labels, weights, pad = batch
             if control == "count_padding":
+                real = pad > 0
+                first = jax.tree_util.tree_map(lambda a: a[:1], (features, labels))
+                features, labels = jax.tree_util.tree_map(
+                    lambda a, f: jnp.where(real.reshape((-1,) + (1,) * (a.ndim - 1)), a, f),
+                    (features, labels),
+                    first,
+                )
+                weights = [jnp.where(real, w, 1.0) for w in weights]
                 pad = jnp.ones_like(pad)
             if per_device is None:
                 (loss, _), updated = traced.fn(
@@ -159,7 +179,8 @@ class Trainer:
                 (features, labels, weights, pad),
             )
             losses, updated = jax.vmap(one)(parts)
-            return jnp.sum(losses), jax.tree_util.tree_map(lambda u: u[0], updated)
+            combined = jnp.mean(losses) if control == "mean_device_losses" else jnp.sum(losses)
+            return combined, jax.tree_util.tree_map(lambda u: u[0], updated)
 
         def step(carry, batch):
             trainable, stats, opt_state = carry
@@ -184,13 +205,13 @@ class Trainer:
         """Converts and compiles the step for ``batch``'s shapes (``(features, labels,
         sample_weights or None)``) without running it: what the step refuses (random draws, an
         op tf2jax has no JAX for) is raised here, before anything is written."""
-        self._convert(pad_batch(batch, self.global_batch))
+        self._convert(pad_batch(batch, self.global_batch), _weighted(batch))
 
     def compile(self, batch):
         """:meth:`check`, then the step's XLA compile for one batch (``(features, labels,
         sample_weights or None)``), without running it: what XLA refuses is raised here."""
         padded = pad_batch(batch, self.global_batch)
-        traced, loop = self._convert(padded)
+        traced, loop = self._convert(padded, _weighted(batch))
         self._start(traced)
         one = jax.tree_util.tree_map(lambda a: np.asarray(a)[None], padded)
         loop.lower(self.params, self.stats, self.opt_state, one).compile()
@@ -204,7 +225,7 @@ class Trainer:
         if self.pod is not None:
             return self._train_pod(batches)
         padded = [pad_batch(b, self.global_batch) for b in batches]
-        traced, loop = self._convert(padded[0])
+        traced, loop = self._convert(padded[0], _weighted(batches[0]))
         self._start(traced)
         stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *padded)
         (self.params, self.stats, self.opt_state), losses = loop(
@@ -244,6 +265,11 @@ class Trainer:
             self.params, self.stats, self.opt_state, stacked
         )
         return np.asarray(losses)
+
+
+def _weighted(batch):
+    """Whether a ``(features, labels, sample_weights or None)`` batch gives sample weights."""
+    return batch[2] is not None and any(w is not None for w in batch[2])
 
 
 def _flat(batch):

@@ -11,13 +11,19 @@ outputs. BatchNormalization layers training on batch statistics take them over t
 (:func:`tpushim._batchnorm.real_rows_call`, the TPU arithmetic with the whole batch as one
 shard), and their moving statistics' updates become the converted function's updated params.
 
-This first step trains the terms the engine's proof covers, and refuses the others by name
-before anything runs: every output's loss a mean of per-example values (``ROWS`` of
-:mod:`tpushim._loss_kinds`, reduction ``SUM_OVER_BATCH_SIZE``), with or without sample weights;
-weight regularizers. Refused for now: SUM reductions, one-number custom losses, losses a layer
-adds from its inputs (``add_loss``, activity regularizers), Keras masks, subclassed models.
+Every loss kind the other engines train (:mod:`tpushim._loss_kinds`), with stock's arithmetic
+over the real rows (:func:`tpushim._losses.shard_loss`): means and SUM reductions of per-example
+losses, with or without sample weights; one-number custom losses (evaluated per row, combined
+as their degree says); Keras masks weighing an output's loss (Masking, ``mask_zero``); weight
+regularizers, once; losses layers add from their inputs, each row's value that of the model on
+that row alone (an activity regularizer's from the output the forward pass regularized, an
+``add_loss`` in a call from the model run on each row, vectorised), padding rows weighing 0.
+Refused by name: reduction NONE (stock's own failure), an ``add_loss`` in a call beside
+BatchNormalization, [batch] labels for a [batch, 1] output with a loss other than a mean of
+per-example values, subclassed models.
 """
 
+import contextlib
 import dataclasses
 import types
 
@@ -56,9 +62,15 @@ class Traced:
 
 
 def _loss_terms(keras_model, custom_objects):
-    """Per output: (name, Loss object or None, loss weight); refuses what this step cannot train."""
+    """(per output (name, Loss object or None, loss weight, kind), the model's
+    :class:`tpushim._loss_kinds.LossPlan`); refuses what this step cannot train."""
     if _tfprivate.keras.is_subclassed(keras_model) or not keras_model.outputs:
-        _refuse("subclassed models")
+        _refuse(
+            "subclassed models",
+            "the step calls the model in a traced function and reads its outputs, masks and "
+            "added losses by the graph network's layers; a subclassed model has none until "
+            "it is called",
+        )
     plan = _loss_kinds.plan(keras_model, custom_objects)
     names = keras_model.output_names
     args = _tfprivate.keras.compile_args(keras_model)
@@ -69,20 +81,38 @@ def _loss_terms(keras_model, custom_objects):
     for name, loss_obj in zip(names, losses):
         kind = plan.outputs.get(name)
         if loss_obj is None or kind == _loss_kinds.UNWEIGHTED:
-            terms.append((name, None, weights[name]))
+            terms.append((name, None, weights[name], None))
             continue
-        what = f"the loss of output {name!r} ({getattr(loss_obj, 'name', type(loss_obj).__name__)})"
-        if kind != _loss_kinds.ROWS:
-            _refuse(what, "one number for the batch, not a mean of per-example values")
-        if _losses._reduction(loss_obj) != Reduction.SUM_OVER_BATCH_SIZE:
-            _refuse(what, f"reduction {loss_obj.reduction}, not a mean")
-        terms.append((name, loss_obj, weights[name]))
-    for layer in _tfprivate.keras.all_layers(keras_model):
-        if _tfprivate.keras_compile.layer_input_losses(layer):
-            _refuse(
-                f"the loss layer {layer.name!r} adds from its inputs (add_loss, an activity regularizer)"
-            )
-    return terms
+        # reduction NONE: refused with stock's own reason (stock fails at its first step)
+        _losses._check_reduction(_endpoint(name, loss_obj, weights[name], None, None, None))
+        terms.append((name, loss_obj, weights[name], kind))
+    _input_losses_checked(keras_model)
+    return terms, plan
+
+
+def _input_losses_checked(keras_model):
+    """Refuses a loss a layer adds in its call (not an activity regularizer's) in a model with
+    BatchNormalization: the step evaluates such a loss on each example alone, where
+    BatchNormalization would normalise by that example alone (as the other engines refuse it)."""
+    adding = [
+        layer.name
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        if len(_tfprivate.keras_compile.layer_input_losses(layer))
+        > _tfprivate.keras_compile.activity_loss_count(layer)
+    ]
+    normalizing = [
+        layer.name
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        if isinstance(layer, _tfprivate.keras.batchnorm_base_class())
+    ]
+    if adding and normalizing:
+        _refuse(
+            f"a loss a layer adds in its call from its inputs (add_loss: {', '.join(adding)}) "
+            f"in a model with BatchNormalization ({', '.join(normalizing)})",
+            "it evaluates such a loss on each example alone, where BatchNormalization would "
+            "normalise by that example alone; an activity_regularizer of the layer whose output "
+            "it reads is taken from the model's own forward pass",
+        )
 
 
 def _endpoint(name, loss_obj, weight, y_true, y_pred, sample_weight):
@@ -103,12 +133,110 @@ def _outputs_list(keras_model, outputs):
     return tf.nest.flatten(outputs)
 
 
-def training_function(keras_model, custom_objects=None, training=True):
+class _ActivityRecorder:
+    """A layer's activity regularizer that also notes each output it is called on, with the
+    index the loss Keras then adds from it takes among the layer's call losses: the step reads
+    those outputs, from the model's own forward pass, to evaluate the term per row. Set on the
+    user's layer only while the step is traced (:func:`_activity_recorded`)."""
+
+    def __init__(self, layer, regularizer):
+        self.layer, self.regularizer, self.outputs = layer, regularizer, []
+
+    def __call__(self, output):
+        self.outputs.append((len(_tfprivate.keras_compile.layer_call_losses(self.layer)), output))
+        return self.regularizer(output)
+
+
+@contextlib.contextmanager
+def _activity_recorded(keras_model):
+    """(layer name, index among its call losses) -> (regularizer, the output it regularized),
+    filled by the model's call inside the block; the layers' regularizers restored after."""
+    recorders = [
+        _ActivityRecorder(layer, layer.activity_regularizer)
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        if getattr(layer, "activity_regularizer", None) is not None
+    ]
+    found = {}
+    for recorder in recorders:
+        recorder.layer.activity_regularizer = recorder
+    try:
+        yield found
+    finally:
+        for recorder in recorders:
+            recorder.layer.activity_regularizer = recorder.regularizer
+            found.update(
+                {(recorder.layer.name, i): (recorder.regularizer, o) for i, o in recorder.outputs}
+            )
+
+
+def _per_row_activity(regularizer, output):
+    """[rows] values of an activity regularizer's term, each row's that of a batch of that row
+    alone (:func:`tpushim._losses.per_row_activity`); a custom regularizer vectorised over the
+    rows, not in a loop (JAX cannot differentiate a while loop backwards)."""
+    if type(regularizer) in _losses._BUILTIN_ACTIVITY:
+        return _losses.per_row_activity(regularizer, output)
+    output = tf.cast(output, tf.float32)
+    return tf.vectorized_map(
+        lambda row: tf.reshape(tf.cast(regularizer(row[None]), tf.float32), []),
+        output,
+        fallback_to_while_loop=False,
+    )
+
+
+def _call_losses(keras_model):
+    """(layer name, index) -> the loss each layer added from its inputs in the latest call."""
+    return {
+        (layer.name, i): loss
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        for i, loss in enumerate(_tfprivate.keras_compile.layer_call_losses(layer))
+    }
+
+
+def _input_losses(keras_model, inputs, activity, training):
+    """(layer name, index) -> [rows] values of every loss a layer added from its inputs in the
+    call just made, each row's that of the model called on that row alone: an activity
+    regularizer's from the output the call regularized, any other (``add_loss`` in a call) from
+    the model run on each row alone, vectorised over the rows (as tf-keras's own call: no
+    BatchNormalization, refused beside such a loss)."""
+    keys = list(_call_losses(keras_model))
+    values = {key: _per_row_activity(*activity[key]) for key in keys if key in activity}
+    rest = [key for key in keys if key not in values]
+    if rest:
+
+        def per_row(row):
+            keras_model(tf.nest.map_structure(lambda x: x[None], row), training=training)
+            losses = _call_losses(keras_model)
+            return [tf.reshape(tf.cast(losses[key], tf.float32), []) for key in rest]
+
+        rows = tf.vectorized_map(per_row, inputs, fallback_to_while_loop=False)
+        values.update(zip(rest, rows))
+    return [(key, values[key]) for key in keys]
+
+
+def _labels_for(name, loss_obj, kind, y_true, y_pred):
+    """[batch] labels of a [batch, 1] output read as [batch, 1] (Keras squeezes the output
+    instead: the same per-example values for a mean), refused where that would change the
+    term (a SUM reduction's or a one-number loss's: stock's squeezed output makes it another)."""
+    if not (y_true.shape.rank == 1 and y_pred.shape.rank == 2):
+        return y_true
+    if kind != _loss_kinds.ROWS or _losses._reduction(loss_obj) != Reduction.SUM_OVER_BATCH_SIZE:
+        _refuse(
+            f"[batch] labels for the [batch, 1] output {name!r} with a loss that is not a mean "
+            "of per-example values",
+            "stock squeezes the output first, which changes such a loss; give the labels the "
+            "output's shape, labels[:, None] in the input_fn",
+        )
+    return tf.expand_dims(y_true, -1)
+
+
+def training_function(keras_model, custom_objects=None, training=True, weighted=True):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
     pad)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot train.
     ``training=False``: the same loss on the model's inference outputs (an evaluation step:
-    BatchNormalization on its moving statistics, no dropout)."""
-    terms = _loss_terms(keras_model, custom_objects)
+    BatchNormalization on its moving statistics, no dropout). ``weighted=False``: the input has
+    no sample weights (those given are ones, unread): Keras's unweighted loss, whose one-number
+    terms are not multiplied by a mean weight."""
+    terms, plan = _loss_terms(keras_model, custom_objects)
 
     def identity(t):  # the whole global batch is one shard: its sums are the global ones
         return t
@@ -116,32 +244,44 @@ def training_function(keras_model, custom_objects=None, training=True):
     @tf.function(autograph=False)
     def train(features, labels, sample_weights, pad):
         inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
-        if not training:
-            outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
-        else:
-            with (
-                _tfprivate.keras.batchnorm_call_hooked(),
-                _tfprivate.keras.batchnorm_call_using(
-                    _batchnorm.real_rows_call(pad, True, identity)
-                ),
-            ):
-                outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
-        endpoints = []
-        for (name, loss_obj, weight), y_pred, y_true, sw in zip(
-            terms, outputs, labels, sample_weights
+        with _activity_recorded(keras_model) as activity:
+            if not training:
+                outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
+            else:
+                with (
+                    _tfprivate.keras.batchnorm_call_hooked(),
+                    _tfprivate.keras.batchnorm_call_using(
+                        _batchnorm.real_rows_call(pad, True, identity)
+                    ),
+                ):
+                    outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
+        masks = [getattr(o, "_keras_mask", None) for o in outputs]
+        # as stock's clone has them: without a model's own add_loss of a function (dropped)
+        regularizers = _tfprivate.keras_compile.weight_regularizers(keras_model, models_own=False)
+        added = _input_losses(keras_model, inputs, activity, training)
+        endpoints, kinds, endpoint_masks = [], [], []
+        for (name, loss_obj, weight, kind), y_pred, y_true, sw, mask in zip(
+            terms, outputs, labels, sample_weights, masks
         ):
             if loss_obj is None:
                 continue
-            if getattr(y_pred, "_keras_mask", None) is not None:
-                _refuse(f"the Keras mask of output {name!r}")
-            if y_true.shape.rank == 1 and y_pred.shape.rank == 2:  # as Keras's LossesContainer
-                y_true = tf.expand_dims(y_true, -1)
+            y_true = _labels_for(name, loss_obj, kind, y_true, y_pred)
+            sw = sw if weighted else None
             endpoints.append(_endpoint(name, loss_obj, weight, y_true, y_pred, sw))
-        kinds = [_loss_kinds.ROWS] * len(endpoints)
-        loss = _losses.shard_loss(endpoints, kinds, [None] * len(endpoints), [], {}, pad, 1, False)
+            kinds.append(kind)
+            endpoint_masks.append(mask)
+        loss = _losses.shard_loss(endpoints, kinds, endpoint_masks, [], {}, pad, 1, False)
         loss = tf.cast(loss, tf.float32)
-        for regularizer in keras_model.losses:  # weight regularizers: once, as stock adds them
+        for regularizer in regularizers:  # weight regularizers: once, as stock adds them
             loss += tf.cast(regularizer, tf.float32)
+        rows = tf.reduce_sum(tf.cast(pad, tf.float32))
+        for key, values in added:  # T(n rows) = n**(degree - 1) * the sum of its rows' values
+            degree = (plan.added or {}).get(key, 0)
+            total = tf.reduce_sum(values * tf.cast(pad, tf.float32))
+            if degree >= 1:
+                loss += total * rows ** float(degree - 1)
+            else:
+                loss += tf.math.divide_no_nan(total, rows ** float(1 - degree))
         return loss, outputs
 
     return train

@@ -277,9 +277,17 @@ def layer_call_losses(layer):
 
 
 @graph.not_converted
-def weight_regularizers(model):
-    """The model's weight regularization terms, evaluated now (Keras's callable losses)."""
-    values = [fn() for layer in keras.all_layers(model) for fn in layer._callable_losses]
+def weight_regularizers(model, models_own=True):
+    """The model's weight regularization terms, evaluated now (Keras's callable losses).
+    ``models_own=False``: without those ``model.add_loss`` was given on a Model (nested ones
+    too), which stock's clone of the model (Keras's ``clone_model``) does not carry: stock
+    trains without them."""
+    values = [
+        fn()
+        for layer in keras.all_layers(model)
+        if models_own or not isinstance(layer, tf.keras.Model)
+        for fn in layer._callable_losses
+    ]
     return [value for value in values if value is not None]
 
 
