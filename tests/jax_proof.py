@@ -1,9 +1,10 @@
 """The JAX engine's proof matrix, run as a process of its own (JAX's device count is fixed at its
 first import, by ``XLA_FLAGS=--xla_force_host_platform_device_count=N``):
-``python jax_proof.py DIR [CASE ...]`` prints one ``RESULT {json}`` line: for every case of
-:data:`CASES`, the engine's (``mode="cpu", engine="jax"``) ``{"metrics", "predictions",
-"values"}`` after ``train`` / ``evaluate`` / ``predict``; and under ``"controls"`` the base case's
-with each negative control of ``tpushim._jax._step.CONTROLS`` put in the engine's step.
+``python jax_proof.py DIR [--controls] [CASE ...]`` prints one ``RESULT {json}`` line: for each
+case named (default: every case of :data:`CASES`), the engine's (``mode="cpu", engine="jax"``)
+``{"metrics", "predictions", "values"}`` after ``train`` / ``evaluate`` / ``predict`` and its
+``cpu_seconds``; with ``--controls``, under ``"controls"``, the base case's with each negative
+control of ``tpushim._jax._step.CONTROLS`` put in the engine's step.
 
 One small model (Dense -> BatchNormalization -> Dense) and 45 rows in global batches of 16, so
 every epoch ends on a short batch of 13 rows padded to 16 (on 8 devices three of them hold
@@ -26,6 +27,7 @@ import itertools
 import json
 import os
 import sys
+import time
 
 if importlib.util.find_spec("tensorflow_estimator") is None:  # TensorFlow >= 2.16
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -245,15 +247,18 @@ def _with_control(control):
     return lambda: setattr(_build.JaxConversion, "trainer", made)
 
 
-def main(root, names):
+def main(root, names, controls):
     import jax
 
     engine = {"mode": "cpu", "engine": "jax"}
     out = {"tensorflow": tf.__version__, "devices": jax.local_device_count(), "controls": {}}
+    out["cpu_seconds"] = {}
     for name in names:
         case = CASES[name]
+        started = time.process_time()
         out[name] = _attempt(lambda: run(convert(case, os.path.join(root, name), engine), case))
-    if jax.local_device_count() > 1:
+        out["cpu_seconds"][name] = round(time.process_time() - started, 2)
+    if controls:
         from tpushim._jax import _step
 
         for control in _step.CONTROLS:
@@ -272,4 +277,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "--record":
         record(sys.argv[2], sys.argv[3])
     else:
-        main(sys.argv[1], sys.argv[2:] or list(CASES))
+        names = [a for a in sys.argv[2:] if a != "--controls"]
+        main(sys.argv[1], names or list(CASES), "--controls" in sys.argv[2:])

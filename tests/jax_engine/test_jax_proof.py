@@ -7,8 +7,8 @@ last batch padded to the global batch; negative controls (gradients of each devi
 summed over the devices; padding rows counted in the loss and BatchNormalization's statistics)
 must not give stock's numbers.
 
-Each device count is a process of its own (JAX fixes it at its first import), both started at
-once. The step alone against tf-keras, and each optimizer's update against TensorFlow's, are
+Each device count is a process of its own (JAX fixes it at its first import); the 8 devices'
+cases are split over two processes, and all three start at once. The step alone against tf-keras, and each optimizer's update against TensorFlow's, are
 test_jax_step.py's and test_jax_optimizers.py's; this module proves the estimator around them.
 """
 
@@ -36,35 +36,49 @@ ONE_DEVICE = ("base", "loss-binary_crossentropy", "optimizer-tf1_adam", "input-p
 TIMEOUT = 600  # seconds on a quiet machine, stretched by the load (procs.scaled)
 
 
+def _processes():
+    """(devices, arguments) of each helper process, started at once: the 8-device cases in two
+    halves (the controls with the first), so that 2 cores share the work evenly."""
+    optimizers = [c for c in CASES if c.startswith("optimizer-")]
+    others = [c for c in CASES if c not in optimizers]
+    return [(8, ["--controls", *others]), (8, optimizers), (1, list(ONE_DEVICE))]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """devices -> the helper's RESULT: 8 devices (every case, the controls) and 1 (ONE_DEVICE)."""
-    started = {}
-    for devices, cases in ((8, []), (1, list(ONE_DEVICE))):
-        root = tmp_path_factory.mktemp(f"devices{devices}")
+    """devices -> the helpers' RESULTs merged: 8 devices (every case, the controls), 1 device
+    (ONE_DEVICE)."""
+    started = []
+    for i, (devices, arguments) in enumerate(_processes()):
+        root = tmp_path_factory.mktemp(f"devices{devices}-{i}")
         env = procs.env_without_tpu(
             PYTHONPATH=ROOT,
             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         )
-        started[devices] = subprocess.Popen(
-            [sys.executable, HELPER, str(root), *cases],
+        process = subprocess.Popen(
+            [sys.executable, HELPER, str(root), *arguments],
             env=env,
             cwd=root,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
+        started.append((devices, process))
     out = {}
-    for devices, process in started.items():
-        try:
+    try:
+        for devices, process in started:
             stdout, stderr = process.communicate(timeout=procs.scaled(TIMEOUT))
-        except subprocess.TimeoutExpired:
-            for p in started.values():
-                p.kill()
-            raise
-        lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-        assert process.returncode == 0 and lines, stderr[-4000:]
-        out[devices] = json.loads(lines[-1][len("RESULT ") :])
+            lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+            assert process.returncode == 0 and lines, stderr[-4000:]
+            got = json.loads(lines[-1][len("RESULT ") :])
+            merged = out.setdefault(devices, {"controls": {}})
+            merged["controls"].update(got.pop("controls"))
+            merged.update(got)
+    finally:
+        for _, process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return out
 
 
