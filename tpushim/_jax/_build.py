@@ -70,7 +70,7 @@ class JaxConversion:
         self._mesh = Mesh(np.array(self.devices), ("data",))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
         self._split = NamedSharding(self._mesh, PartitionSpec("data"))
-        self._eval_fn = self._predict_fn = None
+        self._eval_fns, self._predict_fn = {}, None
         self._converted = {}
 
     def trainer(self, global_batch):
@@ -94,14 +94,19 @@ class JaxConversion:
         batch = jax.device_put(arrays, self._split)
         return compiled(params, *batch)
 
-    def evaluate(self, values, features, labels, weights, pad):
-        """(loss over the real rows, outputs) of one padded batch, in JAX."""
-        if self._eval_fn is None:
-            self._eval_fn = _trace.training_function(  # (no sample weights from the input)
-                self.keras_model, self.custom_objects, training=False, weighted=False
+    def evaluate(self, values, features, labels, weights, pad, weighted=False):
+        """(loss over the real rows, outputs) of one padded batch, in JAX. ``weighted``: the
+        input gave ``weights`` (stock's ``{"features", "sample_weights"}``); else they are ones,
+        unread (Keras's unweighted loss)."""
+        if weighted not in self._eval_fns:
+            self._eval_fns[weighted] = _trace.training_function(
+                self.keras_model, self.custom_objects, training=False, weighted=weighted
             )
         loss, outputs = self._run(
-            "evaluate", self._eval_fn, values, (features, labels, weights, pad)
+            ("evaluate", weighted),
+            self._eval_fns[weighted],
+            values,
+            (features, labels, weights, pad),
         )
         return np.asarray(loss), [np.asarray(o) for o in outputs]
 

@@ -148,6 +148,14 @@ class ReadAhead:
         self._thread.join()
 
 
+def _given_weights(features):
+    """(features, sample weights or None) of stock's ``{"features", "sample_weights"}``
+    features (keras_lib's spelling of sample weights in an input_fn); others as they are."""
+    if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
+        return features["features"], features["sample_weights"]
+    return features, None
+
+
 def _as_list(value, names, what):
     if isinstance(value, dict):
         missing = [n for n in names if n not in value]
@@ -176,6 +184,7 @@ class Arrays:
             features, labels = batch, None
         if mode == ModeKeys.PREDICT:
             labels = None
+        features, _ = _given_weights(features)
         features = _as_list(features, self.inputs, "features")
         cast = []
         for name, x, dtype in zip(self.inputs, features, self.dtypes):
@@ -191,6 +200,16 @@ class Arrays:
             return cast, None
         labels = [_as_32_bits(y) for y in _as_list(labels, self.outputs, "labels")]
         return cast, labels
+
+    def sample_weights(self, batch):
+        """Per output, the sample weights of stock's ``{"features", "sample_weights"}`` features
+        (mapped to the outputs as keras_lib maps them; None: that output unweighted), or None."""
+        features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
+        _, weights = _given_weights(features)
+        if weights is None:
+            return None
+        mapped = _tfprivate.keras_compile.standardize_sample_weights(weights, self.outputs)
+        return [None if w is None else np.asarray(w, np.float32) for w in mapped]
 
 
 def _as_32_bits(y):
@@ -312,13 +331,15 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 batches = ReadAhead(batches, None if stop is None else stop - start - 1)
             if first is None:
                 raise ConversionError("the input_fn gave no batch: the input is empty.")
-            features, labels = arrays.split(getattr(first, "batch", first), ModeKeys.TRAIN)
+            first_batch = getattr(first, "batch", first)
+            features, labels = arrays.split(first_batch, ModeKeys.TRAIN)
             if labels is None:
                 raise ValueError("the input_fn gave no labels: training needs them.")
             size = getattr(first, "global_batch", None)  # a pod's
             trainer = conversion.trainer(size or conversion.batch_size or _rows(features))
             trainer.restore(weights, slots, start)
-            trainer.check((features, labels, None))  # its refusals before anything is written
+            # its refusals before anything is written
+            trainer.check((features, labels, arrays.sample_weights(first_batch)))
             # The user's hooks begin, and see their first step, before anything is written.
             user_hooks = _hooks.user_hooks(hooks, start, conversion, ModeKeys.TRAIN)
             try:
@@ -477,16 +498,27 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 if user_hooks is not None:
                     user_hooks.before(step)
                 features, labels = arrays.split(batch, ModeKeys.EVAL)
+                given = arrays.sample_weights(batch) or [None] * len(labels)
                 rows = _rows(features)
                 size = size or conversion.device_rows(rows)
                 pad = np.zeros([size], np.float32)
                 pad[:rows] = 1
-                ones = [np.ones([size], np.float32) for _ in labels]
+                weights = [
+                    np.ones([size], np.float32) if w is None else _padded([w], size)[0]
+                    for w in given
+                ]
                 loss, outputs = conversion.evaluate(
-                    values, _padded(features, size), _padded(labels, size), ones, pad
+                    values,
+                    _padded(features, size),
+                    _padded(labels, size),
+                    weights,
+                    pad,
+                    weighted=any(w is not None for w in given),
                 )
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
+                # Stock's weighted metrics read none of the input's sample weights: keras_lib
+                # recompiles them with the weights after its estimator took the metrics' ops.
                 update([tf.constant(y) for y in labels], [tf.constant(o) for o in outputs])
                 if user_hooks is not None and user_hooks.after(step, False, losses[-1]):
                     ran_out = False
@@ -575,13 +607,14 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
 
 def _step_batch(arrays, item):
-    """A training step's ``(features, labels, None)`` of a batch, or on a pod ``(features,
-    labels, None, pad)`` of this process's :class:`tpushim._jax._pod.Share`."""
+    """A training step's ``(features, labels, sample weights or None)`` of a batch, or on a pod
+    ``(features, labels, sample weights or None, pad)`` of this process's
+    :class:`tpushim._jax._pod.Share`."""
     if isinstance(item, _pod.Share):
         features, labels = arrays.split(item.batch, ModeKeys.TRAIN)
-        return features, labels, None, item.pad
+        return features, labels, arrays.sample_weights(item.batch), item.pad
     features, labels = arrays.split(item, ModeKeys.TRAIN)
-    return features, labels, None
+    return features, labels, arrays.sample_weights(item)
 
 
 def _eager_classes(keras_model):
@@ -598,7 +631,7 @@ def _metrics_update(metrics_model):
 
     @tf.function(reduce_retracing=True)
     def update(labels, outputs):
-        none = [None] * len(labels)  # the engine takes no sample weights from the input yet
+        none = [None] * len(labels)  # as stock's: see the caller
         _compiled_metrics.update(metrics_model, labels, outputs, none, [False] * len(labels))
 
     return update
