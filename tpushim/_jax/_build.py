@@ -40,10 +40,9 @@ def refusals(keras_model, optimizer, custom_objects, settings):
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
 
-def refuse_arguments(arguments, config):
-    """What model_to_estimator was asked for that the engine does not do yet."""
-    if arguments.get("export_outputs"):
-        _refuse("model_to_estimator's export_outputs")
+def refuse_config(config):
+    """What the RunConfig asks for that the engine does not do yet. (model_to_estimator's
+    ``export_outputs`` go to stock's model_fn, which ``export_saved_model`` runs: taken.)"""
     if getattr(config, "train_distribute", None) or getattr(config, "eval_distribute", None):
         _refuse("RunConfig's train_distribute / eval_distribute (it runs data parallel itself)")
 
@@ -146,7 +145,7 @@ def made(prepared, arguments, settings, decision):
 
     keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
     config, save_object_ckpt = prepared.config, prepared.save_object_ckpt
-    refuse_arguments(arguments, config)
+    refuse_config(config)
     model_fn = prepared.keras.model_fn(
         keras_model,
         custom_objects,

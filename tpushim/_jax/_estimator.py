@@ -16,6 +16,9 @@ input_fn running in TensorFlow on the host.
   compiled metrics updated on the host (a copy of the model compiled as the user compiled it):
   stock's ``loss`` (the mean of the batches' losses), metric names and ``global_step``.
 - Predict: the inference outputs by output name, the real rows only.
+- Export: ``export_saved_model`` (and ``export_savedmodel``) are the base class's, unchanged:
+  stock's Keras model_fn in PREDICT mode (model_to_estimator's ``export_outputs`` with it),
+  restored from the engine's checkpoint, which is stock's (format, names): stock's SavedModel.
 
 What it does not do yet is refused in words before anything runs (the user's hooks, saving
 listeners); see the engine's page in the docs.
@@ -228,14 +231,6 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
     def _tpushim_built_around(self, called):
         _refuse(f"{called} (an estimator built around its model_fn)")
-
-    def export_saved_model(self, *args, **kwargs):
-        del args, kwargs
-        _refuse("export_saved_model")
-
-    def export_savedmodel(self, *args, **kwargs):
-        del args, kwargs
-        _refuse("export_savedmodel")
 
     # -- state ------------------------------------------------------------------------------------
     def _latest(self, checkpoint_path=None):

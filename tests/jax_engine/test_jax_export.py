@@ -1,0 +1,111 @@
+"""What the JAX engine's estimator saves and starts from, as stock's: ``export_saved_model`` (and
+the v1 spelling's ``export_savedmodel``) writes the SavedModel stock's estimator writes from the
+engine's checkpoint, serving what stock serves.
+
+Stock here: tpushim's estimator API's stock path (TensorFlow >= 2.16, no TPU) in the same
+process, the engine's runs in ``tpushim.patched(mode="cpu", engine="jax")`` scopes on 8 XLA CPU
+devices; one subprocess for every case (TensorFlow and JAX start once).
+"""
+
+import json
+
+import numpy as np
+import procs
+import pytest
+from jax_scripts import JAX_TESTS, ROOT
+
+pytestmark = JAX_TESTS
+
+TOL = 1e-5
+ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT}
+
+PROGRAM = r"""
+import json, os, sys
+import tpushim; tpushim.patch(quiet=True)  # stock's path (no TPU), the engine's in its scope
+import numpy as np, tensorflow as tf
+root = sys.argv[1]
+rng = np.random.RandomState(0)
+x = rng.rand(40, 4).astype(np.float32)
+y = (x.sum(1, keepdims=True) > 2).astype(np.float32)
+RUNS = (("engine", dict(mode="cpu", engine="jax")), ("stock", {}))
+
+def train_input():
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8).repeat()
+
+def model(seed=1):
+    tf.keras.utils.set_random_seed(seed)
+    i = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(6, activation="relu", name="h")(i)
+    m = tf.keras.Model(i, tf.keras.layers.Dense(1, activation="sigmoid", name="y")(h))
+    m.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), "binary_crossentropy")
+    return m
+
+def listing(path):
+    return sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
+
+out = {}
+# export_saved_model (tf.keras.estimator's), and the v1 spelling's export_savedmodel with
+# model_to_estimator's export_outputs: the SavedModel of the trained weights, stock's.
+for case, v1 in (("v2", False), ("v1 export_outputs", True)):
+    for run, scope in RUNS:
+        m = model()
+        initial = m.predict(x, verbose=0)
+        model_dir = os.path.join(root, case, run)
+        convert = (tf.compat.v1 if v1 else tf).keras.estimator.model_to_estimator
+        extra = {"export_outputs": {"y": tf.estimator.export.PredictOutput}} if v1 else {}
+        with tpushim.patched(**scope):
+            est = convert(keras_model=m, config=tf.estimator.RunConfig(
+                model_dir=model_dir, tf_random_seed=3), **extra)
+        est.train(train_input, steps=5)
+        receiver = tf.estimator.export.build_raw_serving_input_receiver_fn(
+            {"x": tf.zeros([1, 4])})
+        base = os.path.join(root, case, "export-" + run)
+        if v1:
+            path = est.export_savedmodel(base, receiver)
+        else:
+            path = est.export_saved_model(base, receiver)
+        path = path.decode() if isinstance(path, bytes) else path
+        loaded = tf.saved_model.load(path)
+        signatures = {
+            name: sorted(f.structured_outputs) for name, f in loaded.signatures.items()}
+        served = loaded.signatures["serving_default"](x=tf.constant(x))
+        served = {k: v.numpy().ravel().tolist() for k, v in served.items()}
+        predicted = [float(p["y"][0]) for p in est.predict(
+            lambda: tf.data.Dataset.from_tensor_slices({"x": x}).batch(8))]
+        out.setdefault(case, {})[run] = dict(
+            estimator=type(est).__name__, signatures=signatures, served=served,
+            predicted=predicted, initial=initial.ravel().tolist(), files=listing(path),
+            exports=os.listdir(base) == [os.path.basename(path)],
+        )
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory):
+    work = tmp_path_factory.mktemp("jax_export")
+    proc = procs.python([work], code=PROGRAM, env=ENV, cwd=work, timeout=600)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.parametrize("case", ["v2", "v1 export_outputs"])
+def test_export_saved_model_serves_what_stocks_serves(answers, case):
+    engine, stock = answers[case]["engine"], answers[case]["stock"]
+    assert engine["estimator"] == "JaxEstimator" and stock["estimator"] == "Estimator"
+    # Stock's SavedModel: its files, signatures and output keys (export_outputs' too).
+    assert engine["files"] == stock["files"]
+    assert engine["signatures"] == stock["signatures"]
+    if case == "v2":
+        assert engine["signatures"] == {"serving_default": ["y"]}
+    else:  # export_outputs' PredictOutput: a signature "y" too, its tensor's key "output"
+        assert engine["signatures"] == {"serving_default": ["y"], "y": ["output"]}
+    assert engine["exports"] and stock["exports"]  # one timestamped folder, as stock's
+    served = next(iter(engine["served"].values()))
+    # What stock serves after the same training, and what the engine predicts.
+    np.testing.assert_allclose(served, next(iter(stock["served"].values())), atol=TOL)
+    np.testing.assert_allclose(served, engine["predicted"], atol=TOL)
+    np.testing.assert_allclose(stock["predicted"], engine["predicted"], atol=TOL)
+    # Negative control: the untrained model's outputs are told apart (it exported the training).
+    assert np.max(np.abs(np.array(served) - engine["initial"])) > 1e-3
