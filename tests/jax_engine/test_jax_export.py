@@ -77,6 +77,33 @@ for case, v1 in (("v2", False), ("v1 export_outputs", True)):
             predicted=predicted, initial=initial.ravel().tolist(), files=listing(path),
             exports=os.listdir(base) == [os.path.basename(path)],
         )
+
+def values(path):
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name).tolist()
+            for name, dtype in reader.get_variable_to_dtype_map().items() if dtype.is_floating}
+
+# model_to_estimator's own warm start: the trainable Keras weights as they were at conversion
+# (saved in model_dir/keras), every other variable from its initializer (BatchNormalization's
+# moving statistics after a Keras fit() too), as stock's tf.compat.v1.train.warm_start leaves them.
+for run, scope in RUNS:
+    tf.keras.utils.set_random_seed(1)
+    i = tf.keras.Input((4,), name="x")
+    h = tf.keras.layers.Dense(6, activation="relu", name="h")(i)
+    h = tf.keras.layers.BatchNormalization(name="bn")(h)
+    m = tf.keras.Model(i, tf.keras.layers.Dense(1, activation="sigmoid", name="y")(h))
+    m.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), "binary_crossentropy")
+    m.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model_dir = os.path.join(root, "keras warm start", run)
+    with tpushim.patched(**scope):
+        est = tf.keras.estimator.model_to_estimator(keras_model=m, config=tf.estimator.RunConfig(
+            model_dir=model_dir, tf_random_seed=3))
+    keras = {w.name.split(":")[0]: w.numpy().tolist() for w in m.weights}
+    m.get_layer("y").kernel.assign(tf.zeros([6, 1]))  # after conversion: stock never sees it
+    est.train(lambda: train_input().map(lambda f, l: (f["x"], l)), steps=3)
+    out.setdefault("keras warm start", {})[run] = dict(
+        first=values(os.path.join(model_dir, "model.ckpt-0")), last=values(model_dir),
+        keras=keras)
 print("RESULT " + json.dumps(out))
 """
 
@@ -109,3 +136,31 @@ def test_export_saved_model_serves_what_stocks_serves(answers, case):
     np.testing.assert_allclose(stock["predicted"], engine["predicted"], atol=TOL)
     # Negative control: the untrained model's outputs are told apart (it exported the training).
     assert np.max(np.abs(np.array(served) - engine["initial"])) > 1e-3
+
+
+def _largest_difference(got, want):
+    assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
+    return max(float(np.max(np.abs(np.subtract(got[k], want[k])))) for k in want)
+
+
+def test_model_to_estimators_warm_start_is_stocks(answers):
+    # The Keras weights as saved at conversion, trainable ones only: model.ckpt-0 (the values
+    # train() starts from) and the checkpoint after 3 steps equal stock's, slots and BatchNorm's
+    # moving statistics included.
+    engine, stock = answers["keras warm start"]["engine"], answers["keras warm start"]["stock"]
+    assert _largest_difference(engine["first"], stock["first"]) <= TOL
+    assert _largest_difference(engine["last"], stock["last"]) <= TOL
+    # Negative control: starting from the Keras model's values then (its fit()'s moving
+    # statistics, the kernel set after conversion) is told apart.
+    first = {k.split("/.ATTRIBUTES")[0]: v for k, v in stock["first"].items()}
+    assert (
+        np.max(
+            np.abs(
+                np.subtract(
+                    engine["keras"]["bn/moving_mean"], first["layer_with_weights-1/moving_mean"]
+                )
+            )
+        )
+        > 1e-3
+    )
+    assert np.max(np.abs(first["layer_with_weights-2/kernel"])) > 1e-3  # not the zeros set later

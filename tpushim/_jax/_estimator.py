@@ -8,7 +8,8 @@ input_fn running in TensorFlow on the host.
   arrays; a short batch is padded to the global batch with rows weighted 0.
 - Train: :class:`tpushim._jax._step.Trainer` (``iterations_per_loop`` steps per compiled call),
   starting from the model_dir's newest checkpoint (either format, stock's names) or else from
-  the Keras model's weights (stock's warm start), saving stock's checkpoints
+  stock's warm start (:mod:`tpushim._jax._warm_start`: the Keras weights saved at conversion),
+  saving stock's checkpoints
   (:mod:`tpushim._jax._checkpoint`) at each call's first step, every ``save_checkpoints_steps`` and at the end;
   stock's ``loss = ..., step = N (x sec)`` lines (its LoggingTensorHook's: the call's first
   step, then every ``log_step_count_steps``), its NaN check (``NanLossDuringTrainingError``).
@@ -241,6 +242,19 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         step, weights, slots = self._tpushim_jax.checkpoints.read(path)
         return step, weights, slots, path
 
+    def _start(self, checkpoint_path=None):
+        """(step, weights, slots, path) a call starts from: the checkpoint's (:meth:`_latest`),
+        or where there is none, stock's warm start's (:mod:`tpushim._jax._warm_start`: the
+        estimator's ``warm_start_from``, model_to_estimator's Keras weights by default)."""
+        step, weights, slots, path = self._latest(checkpoint_path)
+        if path is None and self._warm_start_settings is not None:
+            from tpushim._jax import _warm_start
+
+            step, weights, slots = _warm_start.warm_started(
+                self._tpushim_jax.checkpoints, self._warm_start_settings
+            )
+        return step, weights, slots, path
+
     def _values(self, weights):
         """Every model weight's value: the checkpoint's, else the Keras model's."""
         values = {v.name.split(":")[0]: v for v in self._tpushim_jax.keras_model.weights}
@@ -264,7 +278,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         if saving_listeners:
             _refuse("CheckpointSaverListeners in train() (train_and_evaluate's evaluations)")
         conversion = self._tpushim_jax
-        start, weights, slots, _ = self._latest()
+        start, weights, slots, _ = self._start()
         last = math.ceil(max_steps) if max_steps is not None else None
         if last is not None and start >= last:
             if max_steps <= global_step_saved(self.model_dir):
@@ -301,7 +315,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 values.update(trainer.weights())
                 slots = {k: v for k, v in trainer.slots().items() if k != "iterations"}
             else:
-                _, restored, slots, _ = self._latest()
+                _, restored, slots, _ = self._start()
                 values.update(restored)
             conversion.checkpoints.write(self.model_dir, step, values, slots)
 
@@ -364,7 +378,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             _refuse("the user's SessionRunHooks in evaluate()")
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        step, weights, _, _ = self._latest(checkpoint_path)
+        step, weights, _, _ = self._start(checkpoint_path)
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model)
         metrics = conversion.metrics_model()
@@ -420,7 +434,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _predict(self, input_fn, predict_keys, checkpoint_path, yield_single_examples):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        _, weights, _, _ = self._latest(checkpoint_path)
+        _, weights, _, _ = self._start(checkpoint_path)
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model)
         size = None
