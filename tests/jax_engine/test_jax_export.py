@@ -104,6 +104,70 @@ for run, scope in RUNS:
     out.setdefault("keras warm start", {})[run] = dict(
         first=values(os.path.join(model_dir, "model.ckpt-0")), last=values(model_dir),
         keras=keras)
+
+# tf.estimator.Estimator(model_fn=<converted>.model_fn, model_dir=, config=, warm_start_from=):
+# the engine's estimator, warm-started from a checkpoint stock wrote (object-based, into the v1
+# spelling's name-based one) as stock's is: a path (trainable variables), WarmStartSettings over
+# every global variable (the momentum slots and the global step too), a vocabulary remapped by
+# var_name_to_vocab_info; and with no warm start, every weight from its initializer.
+def embedding_model():
+    tf.keras.utils.set_random_seed(4)
+    i = tf.keras.Input((1,), dtype=tf.int64, name="x")
+    e = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(4, 2, name="emb")(i))
+    m = tf.keras.Model(i, tf.keras.layers.Dense(1, name="y")(e))
+    m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    return m
+
+ids = np.array([[0], [1], [2], [3]] * 4)
+ids_input = lambda: tf.data.Dataset.from_tensor_slices((ids, ids.astype(np.float32))).batch(8).repeat()
+for name, make, data in (("src", model, train_input), ("src-emb", embedding_model, ids_input)):
+    src = tf.keras.estimator.model_to_estimator(  # stock's, outside the engine's scope
+        keras_model=make(), model_dir=os.path.join(root, name))
+    src.train(data, steps=3)
+out["source embeddings"] = tf.train.load_variable(
+    os.path.join(root, "src-emb"), "layer_with_weights-0/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+).tolist()
+with open(os.path.join(root, "old.txt"), "w") as f:
+    f.write("a\nb\nc\nd\n")
+with open(os.path.join(root, "new.txt"), "w") as f:
+    f.write("d\nc\nx\na\n")
+vocab = tf.estimator.VocabInfo(
+    new_vocab=os.path.join(root, "new.txt"), new_vocab_size=4, num_oov_buckets=0,
+    old_vocab=os.path.join(root, "old.txt"), backup_initializer=tf.compat.v1.ones_initializer())
+CASES = (
+    ("path", model, train_input, os.path.join(root, "src")),
+    ("settings", model, train_input, tf.estimator.WarmStartSettings(
+        os.path.join(root, "src"), vars_to_warm_start=[".*"])),
+    ("vocabulary", embedding_model, ids_input, tf.estimator.WarmStartSettings(
+        os.path.join(root, "src-emb"), vars_to_warm_start=".*",
+        var_name_to_vocab_info={"emb/embeddings": vocab})),
+    ("none", model, train_input, None),
+)
+class Subclass(tf.estimator.Estimator):
+    pass
+for run, scope in RUNS:
+    for case, make, data, warm in CASES:
+        m = make()
+        with tpushim.patched(**scope):
+            converted = tf.compat.v1.keras.estimator.model_to_estimator(
+                keras_model=m, model_dir=os.path.join(root, "converted", case, run))
+            model_dir = os.path.join(root, "rebuilt", case, run)
+            est = tf.estimator.Estimator(
+                model_fn=converted.model_fn, model_dir=model_dir,
+                config=tf.estimator.RunConfig(tf_random_seed=2), warm_start_from=warm)
+        est.train(data, steps=2)
+        out.setdefault(case, {})[run] = dict(
+            estimator=type(est).__name__, first=values(tf.train.get_checkpoint_state(
+                model_dir).all_model_checkpoint_paths[0]), last=values(model_dir),
+            steps=[os.path.basename(p) for p in tf.train.get_checkpoint_state(
+                model_dir).all_model_checkpoint_paths],
+            keras={w.name.split(":")[0]: w.numpy().tolist() for w in m.weights})
+    with tpushim.patched(**scope):
+        try:
+            Subclass(model_fn=converted.model_fn, model_dir=os.path.join(root, "sub", run))
+            out.setdefault("subclass", {})[run] = "built"
+        except tpushim.ConversionError as e:
+            out.setdefault("subclass", {})[run] = " ".join(str(e).split())
 print("RESULT " + json.dumps(out))
 """
 
@@ -164,3 +228,43 @@ def test_model_to_estimators_warm_start_is_stocks(answers):
         > 1e-3
     )
     assert np.max(np.abs(first["layer_with_weights-2/kernel"])) > 1e-3  # not the zeros set later
+
+
+@pytest.mark.parametrize("case", ["path", "settings", "vocabulary"])
+def test_an_estimator_built_around_it_warm_starts_as_stocks(answers, case):
+    engine, stock = answers[case]["engine"], answers[case]["stock"]
+    assert engine["estimator"] == "JaxEstimator" and stock["estimator"] == "Estimator"
+    # The values the first step starts from, and those after 2 steps, are stock's.
+    assert _largest_difference(engine["first"], stock["first"]) <= TOL
+    assert _largest_difference(engine["last"], stock["last"]) <= TOL
+    # The settings' list warm-starts the global step too: it goes on from stock's step 3.
+    steps = (
+        ["model.ckpt-3", "model.ckpt-5"] if case == "settings" else ["model.ckpt-0", "model.ckpt-2"]
+    )
+    assert engine["steps"] == stock["steps"] == steps
+    # Negative control: the converted model's own Keras weights are not where it started.
+    keras = np.ravel(engine["keras"]["emb/embeddings" if case == "vocabulary" else "h/kernel"])
+    first = np.ravel(engine["first"]["emb/embeddings" if case == "vocabulary" else "h/kernel"])
+    assert np.max(np.abs(keras - first)) > 1e-3
+    if case == "vocabulary":  # remapped: rows d, c, x, a of a, b, c, d ("x" new: the backup)
+        old = np.reshape(answers["source embeddings"], [4, 2])
+        np.testing.assert_allclose(np.reshape(first, [4, 2]), [old[3], old[2], [1, 1], old[0]])
+
+
+def test_an_estimator_built_around_it_without_warm_start_draws_fresh_weights(answers):
+    # Stock draws every weight fresh in its graph; the engine draws its own from the same
+    # initializers (biases 0, kernels not the Keras model's), and says so.
+    for run in ("engine", "stock"):
+        got = answers["none"][run]
+        assert got["estimator"] == ("JaxEstimator" if run == "engine" else "Estimator")
+        assert not np.any(got["first"]["h/bias"])
+        assert (
+            np.max(np.abs(np.subtract(got["first"]["h/kernel"], got["keras"]["h/kernel"]))) > 1e-3
+        )
+
+
+def test_a_subclass_built_around_it_is_refused_in_words(answers):
+    assert answers["subclass"]["stock"] == "built"
+    refused = answers["subclass"]["engine"]
+    assert refused.startswith("tpushim's JAX engine does not run tf.estimator.Estimator(model_fn=")
+    assert "from a subclass of tf.estimator.Estimator" in refused

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _settings, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _checkpoint, _optimizers, _step, _trace
+from tpushim._jax import _checkpoint, _derived, _optimizers, _step, _trace
 from tpushim._jax._estimator import JaxEstimator
 
 
@@ -38,13 +38,6 @@ def refusals(keras_model, optimizer, custom_objects, settings):
         _refuse("subclassed models")
     _optimizers.of(optimizer)
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
-
-
-def refuse_config(config):
-    """What the RunConfig asks for that the engine does not do yet. (model_to_estimator's
-    ``export_outputs`` go to stock's model_fn, which ``export_saved_model`` runs: taken.)"""
-    if getattr(config, "train_distribute", None) or getattr(config, "eval_distribute", None):
-        _refuse("RunConfig's train_distribute / eval_distribute (it runs data parallel itself)")
 
 
 class JaxConversion:
@@ -145,7 +138,7 @@ def made(prepared, arguments, settings, decision):
 
     keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
     config, save_object_ckpt = prepared.config, prepared.save_object_ckpt
-    refuse_config(config)
+    _derived.refuse_config(config)
     model_fn = prepared.keras.model_fn(
         keras_model,
         custom_objects,

@@ -211,14 +211,29 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     Args:
       model_fn: stock's Keras model_fn (what the base class exports with).
       config: the RunConfig, its model_dir set.
-      warm_start_from: stock's warm-start checkpoint of the Keras weights.
+      warm_start_from: stock's warm-start checkpoint of the Keras weights (or an estimator
+        built around its model_fn: that call's ``warm_start_from``).
       conversion: the :class:`tpushim._jax._build.JaxConversion` of the model.
+      params: an estimator built around its model_fn: that call's.
     """
 
     _tpushim_label = "the JAX engine's estimator"  # how stock's estimator around it says it
+    #: The metric_fns ``tf.estimator.add_metrics`` added to its evaluation, in order.
+    _tpushim_metric_fns = ()
 
-    def __init__(self, model_fn, config, warm_start_from, conversion):
-        super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
+    def __init__(
+        self, model_fn, config=None, warm_start_from=None, conversion=None, *more, **params
+    ):
+        if getattr(self, "_tpushim_jax", None) is not None:
+            # Rebuilt by Estimator(model_fn=<this>.model_fn, ...) (:meth:`_tpushim_rebuilt`),
+            # whose class this is a subclass of: Python calls __init__ again with its arguments.
+            return
+        super().__init__(
+            model_fn=model_fn,
+            config=config,
+            warm_start_from=warm_start_from,
+            params=params.get("params"),
+        )
         self._tpushim_jax = conversion
 
     def _assert_members_are_not_overridden(self):
@@ -227,11 +242,26 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
     # What tpushim's estimator API (TF >= 2.16) asks of an engine's estimator.
     def _tpushim_add_metrics(self, metric_fn, model_fn):
-        del metric_fn, model_fn
-        _refuse("tf.estimator.add_metrics")
+        """``tf.estimator.add_metrics(self, metric_fn)``: the engine's estimator whose evaluation
+        adds them, running ``model_fn`` (stock's add_metrics') where stock's runs it (export)."""
+        from tpushim._jax import _derived
+
+        return _derived.add_metrics(self, metric_fn, model_fn)
 
     def _tpushim_built_around(self, called):
-        _refuse(f"{called} (an estimator built around its model_fn)")
+        _refuse(
+            f"{called} (an estimator built around its model_fn) from a subclass of "
+            "tf.estimator.Estimator, or with a functools.partial binding its arguments; "
+            "tf.estimator.Estimator(model_fn=<converted>.model_fn, model_dir=..., config=..., "
+            "warm_start_from=...) itself runs on it"
+        )
+
+    def _tpushim_rebuilt(self, cls, args, kwargs):
+        """``cls(*args, **kwargs)`` around this estimator's model_fn: the engine's estimator
+        with that call's model_dir, config and warm start, or None (:mod:`tpushim._jax._derived`)."""
+        from tpushim._jax import _derived
+
+        return _derived.rebuilt(self, cls, args, kwargs)
 
     # -- state ------------------------------------------------------------------------------------
     def _latest(self, checkpoint_path=None):
@@ -245,9 +275,10 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _start(self, checkpoint_path=None):
         """(step, weights, slots, path) a call starts from: the checkpoint's (:meth:`_latest`),
         or where there is none, stock's warm start's (:mod:`tpushim._jax._warm_start`: the
-        estimator's ``warm_start_from``, model_to_estimator's Keras weights by default)."""
+        estimator's ``warm_start_from``, model_to_estimator's Keras weights by default; none,
+        for an estimator built around its model_fn without one)."""
         step, weights, slots, path = self._latest(checkpoint_path)
-        if path is None and self._warm_start_settings is not None:
+        if path is None:  # (no warm start: every variable from its initializer, as stock's)
             from tpushim._jax import _warm_start
 
             step, weights, slots = _warm_start.warm_started(
@@ -383,13 +414,17 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         arrays = Arrays(conversion.keras_model)
         metrics = conversion.metrics_model()
         update = _metrics_update(metrics)
-        losses, size = [], None
+        losses, size, added = [], None, None
         batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
         try:
             for i, batch in enumerate(batches):
                 if steps is not None and i >= steps:
                     break
                 features, labels = arrays.split(batch, ModeKeys.EVAL)
+                if added is None and self._tpushim_metric_fns:
+                    from tpushim._jax import _derived
+
+                    added = _derived.Added(self, batch)
                 rows = _rows(features)
                 size = size or conversion.device_rows(rows)
                 pad = np.zeros([size], np.float32)
@@ -401,6 +436,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
                 update([tf.constant(y) for y in labels], [tf.constant(o) for o in outputs])
+                if added is not None:
+                    added.update(batch, outputs)
         finally:
             batches.close()
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
@@ -412,6 +449,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             _metric_names.mapped_metric_names(names, conversion.metric_names_map), compiled
         ):
             results[stock_name] = np.float32(m.result().numpy())
+        if added is not None:  # (one of the same name replaces the model's, as stock's)
+            results.update(added.results())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = step
         return results
 

@@ -26,12 +26,13 @@ logger = logging.getLogger("tpushim")
 def warm_started(checkpoints, settings):
     """``(step, weights, slots)`` (:meth:`tpushim._jax._checkpoint.StockCheckpoints.assigned`)
     of stock's training graph of ``checkpoints`` warm-started with ``settings`` (a
-    ``tf.estimator.WarmStartSettings``)."""
+    ``tf.estimator.WarmStartSettings``; None: none, every variable from its initializer)."""
     with tf.Graph().as_default() as graph:
         tf.compat.v1.train.import_meta_graph(checkpoints.meta, clear_devices=True)
         variables = tf.compat.v1.global_variables()
         before = {v.op.name: v.initializer.name for v in variables}
-        tf.compat.v1.train.warm_start(*settings)
+        if settings is not None:
+            tf.compat.v1.train.warm_start(*settings)
         fresh = sorted(
             v.op.name
             for v in tf.compat.v1.trainable_variables()
