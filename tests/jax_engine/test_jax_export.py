@@ -162,6 +162,27 @@ for run, scope in RUNS:
             steps=[os.path.basename(p) for p in tf.train.get_checkpoint_state(
                 model_dir).all_model_checkpoint_paths],
             keras={w.name.split(":")[0]: w.numpy().tolist() for w in m.weights})
+    # tf.estimator.add_metrics, then an Estimator built around that one's model_fn (warm-started
+    # from stock's checkpoint): its evaluation has the added metrics, as stock's (41 rows: a
+    # short last batch of 1, padded for the 8 devices).
+    def added(labels, predictions, features):
+        auc = tf.keras.metrics.AUC(name="auc")
+        auc.update_state(labels, predictions["y"])
+        return {"auc": auc, "mean_x": tf.compat.v1.metrics.mean(features["x"]),
+                "loss_like": tf.compat.v1.metrics.mean(predictions["y"])}
+    with tpushim.patched(**scope):
+        converted = tf.compat.v1.keras.estimator.model_to_estimator(
+            keras_model=model(), model_dir=os.path.join(root, "converted", "added", run))
+        with_metrics = tf.estimator.add_metrics(converted, added)
+        est = tf.estimator.Estimator(
+            model_fn=with_metrics.model_fn, model_dir=os.path.join(root, "added", run),
+            warm_start_from=os.path.join(root, "src"))
+    est.train(train_input, steps=2)
+    xs, ys = np.concatenate([x, x[:1]]), np.concatenate([y, y[:1]])
+    got = est.evaluate(lambda: tf.data.Dataset.from_tensor_slices(({"x": xs}, ys)).batch(8))
+    out.setdefault("added", {})[run] = dict(
+        estimators=[type(with_metrics).__name__, type(est).__name__],
+        results={k: float(v) for k, v in got.items()})
     with tpushim.patched(**scope):
         try:
             Subclass(model_fn=converted.model_fn, model_dir=os.path.join(root, "sub", run))
@@ -268,3 +289,12 @@ def test_a_subclass_built_around_it_is_refused_in_words(answers):
     refused = answers["subclass"]["engine"]
     assert refused.startswith("tpushim's JAX engine does not run tf.estimator.Estimator(model_fn=")
     assert "from a subclass of tf.estimator.Estimator" in refused
+
+
+def test_add_metrics_and_an_estimator_around_it_evaluate_as_stocks(answers):
+    engine, stock = answers["added"]["engine"], answers["added"]["stock"]
+    assert engine["estimators"] == ["JaxEstimator"] * 2 and stock["estimators"] == ["Estimator"] * 2
+    assert {"auc", "mean_x", "loss_like", "loss", "global_step"} == set(stock["results"])
+    assert engine["results"].keys() == stock["results"].keys()
+    for key, value in stock["results"].items():
+        assert abs(engine["results"][key] - value) <= TOL * max(1, abs(value)), key

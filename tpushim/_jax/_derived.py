@@ -65,6 +65,7 @@ def rebuilt(estimator, cls, args, kwargs):
             estimator._tpushim_jax,
             params=arguments.get("params"),
         )
+        made._tpushim_metric_fns = estimator._tpushim_metric_fns  # (its model_fn adds them)
     _observe.derived(made, estimator, made.model_fn)
     logger.info(
         "%s -> the JAX engine's estimator with this call's model_dir %s, config and warm start "
