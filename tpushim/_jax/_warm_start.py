@@ -43,11 +43,10 @@ def warm_started(checkpoints, settings):
             values = dict(zip([v.op.name for v in variables], session.run(variables)))
     if fresh:
         logger.warning(
-            "Warm start: %s not warm-started: %s from %s initializer (a draw of its own, not "
-            "the one stock's graph makes).",
+            "No warm start for %s: drawn from %s initializer by the JAX engine, as stock draws "
+            "it, but not stock's draw (stock draws in the graph its input_fn was built in).",
             ", ".join(fresh),
-            "it starts" if len(fresh) == 1 else "each starts",
-            "its",
+            "its" if len(fresh) == 1 else "each one's",
         )
     step, weights, slots, _ = checkpoints.assigned(lambda name, _: values.get(name))
     return step, weights, slots
