@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
+from tpushim import _added_metrics
 from tpushim._strategy import estimator as _strategy_estimator
-from tpushim._strategy import metrics as _strategy_metrics
 
 ROWS, BATCH, STEPS = 45, 10, 5
 rng = np.random.RandomState(0)
@@ -184,12 +184,12 @@ def main(root):
     if not NO_STOCK:  # stock's add_metrics estimator on the engine's checkpoint
         reader = convert(engine_dir, mode="off")
         out["same_checkpoint"] = difference(ours, evaluate(reader))
-    real_rows = _strategy_metrics.real_rows
-    _strategy_metrics.real_rows = lambda structure, real: structure  # padding rows kept
+    real_rows = _added_metrics.real_rows
+    _added_metrics.real_rows = lambda structure, real: structure  # padding rows kept
     try:
         out["control"] = difference(evaluate(engine), expected)
     finally:
-        _strategy_metrics.real_rows = real_rows
+        _added_metrics.real_rows = real_rows
     assert isinstance(engine, _strategy_estimator.StrategyEstimator)
     out["names_map"] = {
         "stock": stock(root, "names_map"),

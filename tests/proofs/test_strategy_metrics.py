@@ -1,4 +1,4 @@
-"""``tf.estimator.add_metrics`` on the strategy engine (tpushim/_strategy/metrics.py): the estimator
+"""``tf.estimator.add_metrics`` on the strategy engine (tpushim/_added_metrics.py): the estimator
 it returns is still the engine's, and its added metrics -- every signature stock takes, returning
 ``tf.compat.v1.metrics`` pairs or Keras ``Metric`` objects, chained, one replacing a compiled
 metric -- equal stock's on 8 replicas with padded batches (tests/strategy_metrics_proof.py, in a
@@ -200,7 +200,7 @@ def test_only_the_tensors_the_metrics_read_come_to_the_host():
     neither gathered from the replicas nor fed; what is read updates stock's metric code."""
     import tensorflow as tf
 
-    from tpushim._strategy import metrics as _strategy_metrics
+    from tpushim import _added_metrics
 
     def metric_fn(labels, predictions, features):
         return {
@@ -211,7 +211,7 @@ def test_only_the_tensors_the_metrics_read_come_to_the_host():
     def spec(*shape):
         return tf.TensorSpec(shape, tf.float32)
 
-    added = _strategy_metrics.added(
+    added = _added_metrics.added(
         [metric_fn],
         None,
         {"other": spec(2, 1), "out": spec(2, 1)},
@@ -227,7 +227,7 @@ def test_only_the_tensors_the_metrics_read_come_to_the_host():
     )
     results = added.results()
     assert results["mean_b"] == 2.0 and results["auc"] > 0.99
-    assert _strategy_metrics.added((), None, {}, {}) is None
+    assert _added_metrics.added((), None, {}, {}) is None
 
 
 def _same_lists(text):

@@ -72,20 +72,35 @@ class _DistributedIteratorInitializerHook(tf.compat.v1.train.SessionRunHook):
 MODEL_FN_OWNER = "_tpushim_estimator"
 
 
+def _owner(model_fn):
+    """The estimator whose public ``model_fn`` this is (alone or in a ``functools.partial``),
+    or None."""
+    import functools
+
+    function = model_fn.func if isinstance(model_fn, functools.partial) else model_fn
+    return getattr(function, MODEL_FN_OWNER, None)
+
+
 def _say_if_around_an_engine(cls, model_fn):
     """An estimator built around an engine's estimator's ``model_fn`` (alone or in a
     ``functools.partial``) is stock's: the engine's estimator says so (its
     ``_tpushim_built_around(called)``, :func:`tpushim._strategy.estimator.said_stock_around`), unless the
     one being built is an engine's too."""
-    import functools
-
-    function = model_fn.func if isinstance(model_fn, functools.partial) else model_fn
-    owner = getattr(function, MODEL_FN_OWNER, None)
+    owner = _owner(model_fn)
     said = getattr(owner, "_tpushim_built_around", None)
     if said is None or getattr(cls, "_tpushim_built_around", None) is not None:
         return
     label = getattr(owner, "_tpushim_label", "the converted estimator")
     said(f"tf.estimator.Estimator(model_fn=<{label}>.model_fn)")
+
+
+def _rebuilt_by_engine(cls, args, kwargs):
+    """``cls(*args, **kwargs)`` built around an engine's estimator's ``model_fn``, where that
+    estimator rebuilds itself with the call's arguments (its ``_tpushim_rebuilt(cls, args,
+    kwargs)``: the JAX engine's, :mod:`tpushim._jax._derived`); else None (stock's is built)."""
+    model_fn = kwargs.get("model_fn", args[0] if args else None)
+    rebuild = getattr(_owner(model_fn), "_tpushim_rebuilt", None)
+    return None if rebuild is None else rebuild(cls, args, kwargs)
 
 
 def parse_input_fn_result(result):
@@ -152,6 +167,12 @@ def check_train_steps(steps, max_steps):
 
 class Estimator:
     """tf.estimator.Estimator on TensorFlow >= 2.16 (tpushim's estimator API; one local process)."""
+
+    def __new__(cls, *args, **kwargs):
+        # Built around an engine's estimator's model_fn: that engine's estimator where it
+        # rebuilds itself (Python then calls its __init__ with these arguments: it keeps itself).
+        rebuilt = _rebuilt_by_engine(cls, args, kwargs)
+        return rebuilt if rebuilt is not None else super().__new__(cls)
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None, warm_start_from=None):
         _say_if_around_an_engine(type(self), model_fn)

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _settings, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _checkpoint, _optimizers, _pod, _step, _trace
+from tpushim._jax import _checkpoint, _derived, _optimizers, _pod, _step, _trace
 from tpushim._jax._estimator import JaxEstimator
 
 
@@ -43,14 +43,6 @@ def refusals(keras_model, optimizer, custom_objects, settings):
         )
     _optimizers.of(optimizer)
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
-
-
-def refuse_arguments(arguments, config):
-    """What model_to_estimator was asked for that the engine does not do yet."""
-    if arguments.get("export_outputs"):
-        _refuse("model_to_estimator's export_outputs")
-    if getattr(config, "train_distribute", None) or getattr(config, "eval_distribute", None):
-        _refuse("RunConfig's train_distribute / eval_distribute (it runs data parallel itself)")
 
 
 class JaxConversion:
@@ -166,7 +158,7 @@ def made(prepared, arguments, settings, decision):
 
     keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
     config, save_object_ckpt = prepared.config, prepared.save_object_ckpt
-    refuse_arguments(arguments, config)
+    _derived.refuse_config(config)
     model_fn = prepared.keras.model_fn(
         keras_model,
         custom_objects,

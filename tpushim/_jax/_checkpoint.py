@@ -138,22 +138,12 @@ class StockCheckpoints:
         """``(step, weights, slots)`` from the checkpoint at ``path``, in either format."""
         reader = tf.train.load_checkpoint(path)
         object_based = reader.has_tensor(_stock_graphs.OBJECT_GRAPH_KEY)
-        step, weights, slots, missing = 0, {}, {}, []
-        for name, (obj_path, source) in self.sources.items():
+
+        def value_of(name, obj_path):
             key = obj_path + _VALUE if object_based else name
-            if source[0] == "power":  # the step's: computed from the global step
-                continue
-            if not reader.has_tensor(key):
-                if source[0] != "slot":  # a warm start's checkpoint may hold no slots
-                    missing.append(name)
-                continue
-            value = reader.get_tensor(key)
-            if source[0] == "weight":
-                weights[source[1]] = value
-            elif source[0] == "slot":
-                slots.setdefault(source[1], {})[source[2]] = value
-            else:
-                step = int(value)
+            return reader.get_tensor(key) if reader.has_tensor(key) else None
+
+        step, weights, slots, missing = self.assigned(value_of)
         if missing:
             raise tf.errors.NotFoundError(
                 None,
@@ -164,3 +154,24 @@ class StockCheckpoints:
                 "checkpoint this model_dir was trained with.",
             )
         return step, weights, slots
+
+    def assigned(self, value_of):
+        """``(step, weights, slots, missing)``: the engine's values of ``value_of(stock name,
+        object path)`` (None: it has none) for each of stock's variables, and the names of those
+        with none (a slot is not missed: a warm start's checkpoint may hold none)."""
+        step, weights, slots, missing = 0, {}, {}, []
+        for name, (obj_path, source) in self.sources.items():
+            if source[0] == "power":  # the step's: computed from the global step
+                continue
+            value = value_of(name, obj_path)
+            if value is None:
+                if source[0] != "slot":
+                    missing.append(name)
+                continue
+            if source[0] == "weight":
+                weights[source[1]] = value
+            elif source[0] == "slot":
+                slots.setdefault(source[1], {})[source[2]] = value
+            else:
+                step = int(value)
+        return step, weights, slots, missing

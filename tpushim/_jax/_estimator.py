@@ -8,7 +8,8 @@ input_fn running in TensorFlow on the host.
   arrays; a short batch is padded to the global batch with rows weighted 0.
 - Train: :class:`tpushim._jax._step.Trainer` (``iterations_per_loop`` steps per compiled call),
   starting from the model_dir's newest checkpoint (either format, stock's names) or else from
-  the Keras model's weights (stock's warm start), saving stock's checkpoints
+  stock's warm start (:mod:`tpushim._jax._warm_start`: the Keras weights saved at conversion),
+  saving stock's checkpoints
   (:mod:`tpushim._jax._checkpoint`) at each call's first step, every ``save_checkpoints_steps`` and at the end;
   stock's ``loss = ..., step = N (x sec)`` lines (its LoggingTensorHook's: the call's first
   step, then every ``log_step_count_steps``), its NaN check (``NanLossDuringTrainingError``),
@@ -19,6 +20,9 @@ input_fn running in TensorFlow on the host.
   stock's ``loss`` (the mean of the batches' losses), metric names and ``global_step``; its
   events in ``model_dir/eval``; the user's hooks.
 - Predict: the inference outputs by output name, the real rows only; the user's hooks.
+- Export: ``export_saved_model`` (and ``export_savedmodel``) are the base class's, unchanged:
+  stock's Keras model_fn in PREDICT mode (model_to_estimator's ``export_outputs`` with it),
+  restored from the engine's checkpoint, which is stock's (format, names): stock's SavedModel.
 
 What it does not do yet is refused in words before anything runs; see the engine's page in the
 docs.
@@ -242,14 +246,29 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     Args:
       model_fn: stock's Keras model_fn (what the base class exports with).
       config: the RunConfig, its model_dir set.
-      warm_start_from: stock's warm-start checkpoint of the Keras weights.
+      warm_start_from: stock's warm-start checkpoint of the Keras weights (or an estimator
+        built around its model_fn: that call's ``warm_start_from``).
       conversion: the :class:`tpushim._jax._build.JaxConversion` of the model.
+      params: an estimator built around its model_fn: that call's.
     """
 
     _tpushim_label = "the JAX engine's estimator"  # how stock's estimator around it says it
+    #: The metric_fns ``tf.estimator.add_metrics`` added to its evaluation, in order.
+    _tpushim_metric_fns = ()
 
-    def __init__(self, model_fn, config, warm_start_from, conversion):
-        super().__init__(model_fn=model_fn, config=config, warm_start_from=warm_start_from)
+    def __init__(
+        self, model_fn, config=None, warm_start_from=None, conversion=None, *more, **params
+    ):
+        if getattr(self, "_tpushim_jax", None) is not None:
+            # Rebuilt by Estimator(model_fn=<this>.model_fn, ...) (:meth:`_tpushim_rebuilt`),
+            # whose class this is a subclass of: Python calls __init__ again with its arguments.
+            return
+        super().__init__(
+            model_fn=model_fn,
+            config=config,
+            warm_start_from=warm_start_from,
+            params=params.get("params"),
+        )
         self._tpushim_jax = conversion
 
     def _assert_members_are_not_overridden(self):
@@ -258,19 +277,26 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
     # What tpushim's estimator API (TF >= 2.16) asks of an engine's estimator.
     def _tpushim_add_metrics(self, metric_fn, model_fn):
-        del metric_fn, model_fn
-        _refuse("tf.estimator.add_metrics")
+        """``tf.estimator.add_metrics(self, metric_fn)``: the engine's estimator whose evaluation
+        adds them, running ``model_fn`` (stock's add_metrics') where stock's runs it (export)."""
+        from tpushim._jax import _derived
+
+        return _derived.add_metrics(self, metric_fn, model_fn)
 
     def _tpushim_built_around(self, called):
-        _refuse(f"{called} (an estimator built around its model_fn)")
+        _refuse(
+            f"{called} (an estimator built around its model_fn) from a subclass of "
+            "tf.estimator.Estimator, or with a functools.partial binding its arguments; "
+            "tf.estimator.Estimator(model_fn=<converted>.model_fn, model_dir=..., config=..., "
+            "warm_start_from=...) itself runs on it"
+        )
 
-    def export_saved_model(self, *args, **kwargs):
-        del args, kwargs
-        _refuse("export_saved_model")
+    def _tpushim_rebuilt(self, cls, args, kwargs):
+        """``cls(*args, **kwargs)`` around this estimator's model_fn: the engine's estimator
+        with that call's model_dir, config and warm start, or None (:mod:`tpushim._jax._derived`)."""
+        from tpushim._jax import _derived
 
-    def export_savedmodel(self, *args, **kwargs):
-        del args, kwargs
-        _refuse("export_savedmodel")
+        return _derived.rebuilt(self, cls, args, kwargs)
 
     # -- state ------------------------------------------------------------------------------------
     def _latest(self, checkpoint_path=None):
@@ -279,6 +305,20 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         if path is None:
             return 0, {}, {}, None
         step, weights, slots = self._tpushim_jax.checkpoints.read(path)
+        return step, weights, slots, path
+
+    def _start(self, checkpoint_path=None):
+        """(step, weights, slots, path) a call starts from: the checkpoint's (:meth:`_latest`),
+        or where there is none, stock's warm start's (:mod:`tpushim._jax._warm_start`: the
+        estimator's ``warm_start_from``, model_to_estimator's Keras weights by default; none,
+        for an estimator built around its model_fn without one)."""
+        step, weights, slots, path = self._latest(checkpoint_path)
+        if path is None:  # (no warm start: every variable from its initializer, as stock's)
+            from tpushim._jax import _warm_start
+
+            step, weights, slots = _warm_start.warm_started(
+                self._tpushim_jax.checkpoints, self._warm_start_settings
+            )
         return step, weights, slots, path
 
     def _values(self, weights):
@@ -302,7 +342,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         listeners = list(saving_listeners or ())
         _hooks.check_listeners(listeners)
         conversion = self._tpushim_jax
-        start, weights, slots, _ = self._latest()
+        start, weights, slots, _ = self._start()
         _pod.barrier("tpushim-train-read")  # every process read before process 0 writes
         last = math.ceil(max_steps) if max_steps is not None else None
         if last is not None and start >= last:
@@ -373,7 +413,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 values.update(trainer.weights())
                 slots = {k: v for k, v in trainer.slots().items() if k != "iterations"}
             else:
-                _, restored, slots, _ = self._latest()
+                _, restored, slots, _ = self._start()
                 values.update(restored)
             if _pod.is_chief():  # on a pod, process 0 writes (stock's chief)
                 conversion.checkpoints.write(self.model_dir, step, values, slots)
@@ -469,7 +509,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        step, weights, _, path = self._latest(checkpoint_path)
+        step, weights, _, path = self._start(checkpoint_path)
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.EVAL)
         try:
             results = self._evaluate_batches(input_fn, steps, user_hooks, step, weights)
@@ -487,7 +527,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         arrays = Arrays(conversion.keras_model)
         metrics = conversion.metrics_model()
         update = _metrics_update(metrics)
-        losses, size = [], None
+        losses, size, added = [], None, None
         ran_out = True
         batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
         try:
@@ -499,6 +539,10 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     user_hooks.before(step)
                 features, labels = arrays.split(batch, ModeKeys.EVAL)
                 given = arrays.sample_weights(batch) or [None] * len(labels)
+                if added is None and self._tpushim_metric_fns:
+                    from tpushim._jax import _derived
+
+                    added = _derived.Added(self, batch)
                 rows = _rows(features)
                 size = size or conversion.device_rows(rows)
                 pad = np.zeros([size], np.float32)
@@ -520,6 +564,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 # Stock's weighted metrics read none of the input's sample weights: keras_lib
                 # recompiles them with the weights after its estimator took the metrics' ops.
                 update([tf.constant(y) for y in labels], [tf.constant(o) for o in outputs])
+                if added is not None:
+                    added.update(batch, outputs)
                 if user_hooks is not None and user_hooks.after(step, False, losses[-1]):
                     ran_out = False
                     break  # a hook's request_stop(): stock's evaluation ends there too
@@ -538,6 +584,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             _metric_names.mapped_metric_names(names, conversion.metric_names_map), compiled
         ):
             results[stock_name] = np.float32(m.result().numpy())
+        if added is not None:  # (one of the same name replaces the model's, as stock's)
+            results.update(added.results())
         results[tf.compat.v1.GraphKeys.GLOBAL_STEP] = step
         return results
 
@@ -560,7 +608,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        step, weights, _, _ = self._latest(checkpoint_path)
+        step, weights, _, _ = self._start(checkpoint_path)
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.PREDICT)
         yield from _stock_hooks.predicting(
             user_hooks,

@@ -12,7 +12,6 @@ it, before anything is written (the JAX step gives no tensor of a TensorFlow gra
 import tensorflow as tf
 
 from tpushim import _stock_hooks, _tfprivate
-from tpushim._errors import ConversionError
 from tpushim._jax import _pod
 
 ModeKeys = _tfprivate.estimator.ModeKeys
@@ -77,20 +76,9 @@ def write_evaluation(conversion, eval_dir, results, checkpoint_path):
 
 
 def check_listeners(listeners):
-    """What the engine cannot do for a saving listener, refused before anything is written:
-    ``train_and_evaluate``'s exporters (the engine does not export a SavedModel yet)."""
+    """The saving listeners as stock checks them, before anything is written."""
     for listener in listeners:
         if not isinstance(listener, tf.compat.v1.train.CheckpointSaverListener):
             raise TypeError(
                 f"saving_listeners must be a list of CheckpointSaverListener, given: {listener}"
-            )
-        spec = getattr(listener, "_eval_spec", None)  # train_and_evaluate's listener
-        exporters = list(getattr(spec, "exporters", None) or ())
-        if exporters:
-            names = ", ".join(repr(getattr(e, "name", e)) for e in exporters)
-            raise ConversionError(
-                "tpushim's JAX engine does not run train_and_evaluate with exporters "
-                f"(EvalSpec(exporters=...): {names}) yet: it does not export a SavedModel. "
-                "Leave exporters out of the EvalSpec (train_and_evaluate then trains and "
-                "evaluates), or use engine='strategy' (TPUSHIM_ENGINE=strategy), which exports."
             )

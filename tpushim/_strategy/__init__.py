@@ -29,6 +29,6 @@ One module per concern, each importing only those below it; callers import the m
 
 Outside this package a module is imported as ``_strategy_<module>`` (``from tpushim._strategy
 import step as _strategy_step``): its short name would shadow a local (``plan``, ``step``). The
-five that were top-level modules keep their old names as aliases (``_strategy_input``,
-``_strategy_host``, ``_strategy_metrics``, ``_strategy_checkpoint``, ``_step_events``).
+four that were top-level modules keep their old names as aliases (``_strategy_input``,
+``_strategy_host``, ``_strategy_checkpoint``, ``_step_events``).
 """

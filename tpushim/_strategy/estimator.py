@@ -20,11 +20,10 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _input_wait, _metric_names, _observe, _shapes, _tfprivate
+from tpushim import _added_metrics, _input_wait, _metric_names, _observe, _shapes, _tfprivate
 from tpushim import _stock_hooks as _step_events
 from tpushim._strategy import checkpoint as _strategy_checkpoint
 from tpushim._strategy import input as _strategy_input
-from tpushim._strategy import metrics as _strategy_metrics
 from tpushim._strategy.clone import _built_on_input
 from tpushim._strategy.compiled_metrics import _metrics_model, _metrics_update
 from tpushim._strategy.element import _unpack, features_spec, given_parts
@@ -330,7 +329,7 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
         check_input_keys(self._tpushim_plan, run.model, element_spec)
         check_row_labels(run.model, run.terms, element_spec)
         names = run.model.output_names
-        added = _strategy_metrics.added(
+        added = _added_metrics.added(
             self._tpushim_metric_fns,
             self.config,
             # (a subclassed model has no symbolic outputs: its metric_fns see no output specs)
@@ -360,7 +359,7 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
             if added is not None:  # stock's predictions: the outputs by name
                 predictions = tf.nest.flatten(dict(zip(names, outputs)))
                 given["predictions"] = [predictions[i] for i in added.used["predictions"]]
-                added.update(_strategy_metrics.real_rows(given, pad.numpy() > 0))
+                added.update(_added_metrics.real_rows(given, pad.numpy() > 0))
             if update is None:
                 has_mask = [bool(mask.shape[0]) for mask in masks]
                 given = _unpack(element_spec, names)[3] or [None] * len(masks)
@@ -496,7 +495,7 @@ def _each_resumed_in(context, generator):
 def add_metrics(estimator, metric_fn, model_fn):
     """The strategy engine's estimator ``tf.estimator.add_metrics(estimator, metric_fn)`` returns:
     ``estimator`` (its conversion, config, model_dir, warm start) whose evaluation also computes
-    ``metric_fn``'s metrics as stock's does (:mod:`tpushim._strategy.metrics`).
+    ``metric_fn``'s metrics as stock's does (:mod:`tpushim._added_metrics`).
 
     Args:
       estimator: a :class:`StrategyEstimator` (one add_metrics made, too: the metrics add up).

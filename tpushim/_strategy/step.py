@@ -272,7 +272,7 @@ class _Run:
         padding weight, sample weights, masks)); an output without a mask has an empty one.
         ``parts``: {``features`` or ``labels``: positions}: per replica also those of the
         tensors the input gave (``tf.nest.flatten`` order), for the metric_fns
-        ``tf.estimator.add_metrics`` added (:mod:`tpushim._strategy.metrics`)."""
+        ``tf.estimator.add_metrics`` added (:mod:`tpushim._added_metrics`)."""
 
         def replica_step(element):
             loss, outputs, labels, pad, weights = self._loss(element, False)

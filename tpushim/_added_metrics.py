@@ -1,12 +1,13 @@
-"""``tf.estimator.add_metrics`` on the strategy engine's estimator: the added ``metric_fn``'s
-metrics, with stock's names and values.
+"""``tf.estimator.add_metrics`` on the strategy and JAX engines' estimators: the added
+``metric_fn``'s metrics, with stock's names and values.
 
 Stock calls ``metric_fn(labels=, predictions=, features=, config=)`` once in its evaluation graph
 and runs every metric's update op once per batch, then the values once at the end. Here the same
 happens on the host, in a ``tf.Graph`` of its own: ``metric_fn`` is called once on placeholders
 shaped as the input's (batch dimension unknown, as stock's), and a ``tf.compat.v1.Session`` runs
-the update ops with each step's rows -- gathered from the replicas in order, padding rows dropped,
-so it sees exactly the rows of stock's batch -- and the values after the last step. It is stock's
+the update ops with each step's rows -- gathered from the replicas (the strategy engine's) or the
+host's batch (the JAX engine's) in order, padding rows dropped, so it sees exactly the rows of
+stock's batch -- and the values after the last step. It is stock's
 own metric code (``tf.compat.v1.metrics``' streaming variables, or Keras ``Metric`` objects,
 checked and converted as stock's ``EstimatorSpec`` does), so the numbers are stock's.
 
