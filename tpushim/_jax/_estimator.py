@@ -561,9 +561,13 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 )
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
-                # Stock's weighted metrics read none of the input's sample weights: keras_lib
-                # recompiles them with the weights after its estimator took the metrics' ops.
-                update([tf.constant(y) for y in labels], [tf.constant(o) for o in outputs])
+                # Weighted metrics weighted by them, as on tpushim's other engines (stock's read
+                # none of them: a documented difference)
+                update(
+                    [tf.constant(y) for y in labels],
+                    [tf.constant(o) for o in outputs],
+                    [None if w is None else tf.constant(w) for w in given],
+                )
                 if added is not None:
                     added.update(batch, outputs)
                 if user_hooks is not None and user_hooks.after(step, False, losses[-1]):
@@ -678,8 +682,8 @@ def _metrics_update(metrics_model):
     a [batch] label of a [batch, 1] output handed to them as stock's graph hands it."""
 
     @tf.function(reduce_retracing=True)
-    def update(labels, outputs):
-        none = [None] * len(labels)  # as stock's: see the caller
-        _compiled_metrics.update(metrics_model, labels, outputs, none, [False] * len(labels))
+    def update(labels, outputs, weights):
+        given = [w is not None for w in weights]
+        _compiled_metrics.update(metrics_model, labels, outputs, weights, given)
 
     return update
