@@ -1023,3 +1023,90 @@ def test_input_keys_that_miss_the_models_are_refused_with_stocks_error(tmp_path,
     assert raised["engine"] == raised["stock"]
     assert "does not cover requested" in raised["stock"][0]
     assert not list((tmp_path / "engine").glob("model.ckpt-*"))
+
+
+def _same_names_model(outputs):
+    """A model whose ``weighted_metrics`` repeat names of its ``metrics``: one output, or
+    :func:`tfcases.two_in_two_out`'s two."""
+    import tensorflow as tf
+    import tfcases
+
+    if outputs == 2:
+        model = tfcases.two_in_two_out()
+        model.compile(
+            optimizer=model.optimizer,
+            loss=model.loss,
+            loss_weights={"cls": 1.0, "reg": 0.5},
+            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+            weighted_metrics={"cls": ["accuracy"], "reg": ["mae", "mse"]},
+        )
+        return model
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(8, activation="relu", input_shape=(4,), name="hidden"),
+            tf.keras.layers.Dense(3, activation="softmax", name="probs"),
+        ]
+    )
+    model.compile(
+        "adam",
+        "sparse_categorical_crossentropy",
+        metrics=["accuracy", "mae"],
+        weighted_metrics=["accuracy", "mse"],
+    )
+    return model
+
+
+#: Stock 2.15's evaluate() of :func:`_same_names_model` after 3 steps (recorded on TF 2.15.1):
+#: a weighted metric named as an unweighted one is ``<name>_1`` (Keras's v1 compile), never
+#: ``weighted_<name>`` (its v2 metrics container).
+_SAME_NAMES_STOCK_215 = {
+    1: {
+        "accuracy": 0.48076922,
+        "accuracy_1": 0.48076922,
+        "mae": 0.79487175,
+        "mse": 0.97800136,
+        "loss": 1.0929339,
+    },
+    2: {
+        "cls_accuracy": 0.34615386,
+        "cls_accuracy_1": 0.34615386,
+        "reg_mae": 0.8213596,
+        "reg_mae_1": 0.8213596,
+        "reg_mse": 0.85674655,
+        "loss": 1.5556678,
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_weighted_metrics_named_as_unweighted_ones_are_named_as_stocks(tmp_path, outputs):
+    """``metrics=["accuracy"]`` with ``weighted_metrics=["accuracy"]`` (and the family: several
+    metrics, several outputs): stock's keys and values on the strategy engine, and in cpu mode
+    (the TPUEstimator path on TensorFlow <= 2.15), against stock 2.15's recorded numbers."""
+    import numpy as np
+    import tfcases
+
+    if outputs == 2:
+        features, labels = tfcases.two_in_two_out_data()
+    else:
+        features, labels = tfcases.data()
+    train = tfcases.dataset_input_fn(features, labels)
+    results = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("cpu", {"mode": "cpu", "quiet": True}),
+        ("strategy", {"mode": "cpu", "engine": "strategy", "quiet": True}),
+    ):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        model = _same_names_model(outputs)
+        estimator = tfcases.convert(tmp_path / name, model, patch=patch, config=config)
+        estimator.train(train, steps=3)
+        results[name] = estimator.evaluate(train)
+    want = _SAME_NAMES_STOCK_215[outputs]
+    for name, got in results.items():
+        assert set(got) == set(want) | {"global_step"}, name
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=f"{name} {key}")
