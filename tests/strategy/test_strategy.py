@@ -1110,3 +1110,71 @@ def test_weighted_metrics_named_as_unweighted_ones_are_named_as_stocks(tmp_path,
         assert set(got) == set(want) | {"global_step"}, name
         for key, value in want.items():
             np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize(
+    "engine", ["strategy", pytest.param("tpuestimator", marks=pytest.mark.tpuestimator)]
+)
+def test_a_runconfig_strategy_on_a_tpu_is_said_with_its_batch_arithmetic(tmp_path, caplog, engine):
+    """``RunConfig(train_distribute=MirroredStrategy())`` on a TPU (faked): stock gives each of
+    the strategy's replicas a batch of its own, a TPU splits the input_fn's batch over its cores
+    as the global batch. The conversion says so, with the arithmetic and what to do (the
+    strategy engine in its line too); without a strategy, nothing of it."""
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim._preflight import faketpu
+
+    said = "A TPU does not use the strategy: the input_fn's batch is the global batch"
+    for name, distribute in (("plain", None), ("mirrored", tf.distribute.MirroredStrategy())):
+        caplog.clear()
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7, train_distribute=distribute)
+        with faketpu.faked_tpu_system() as tpu, caplog.at_level("INFO", logger="tpushim"):
+            tfcases.convert(
+                tmp_path / name, patch=dict(tpu=tpu.master, engine=engine), config=config
+            )
+        line = [r.getMessage() for r in caplog.records if "model_to_estimator ->" in r.getMessage()]
+        if distribute is None:
+            assert said not in caplog.text
+            continue
+        assert "RunConfig(train_distribute=MirroredStrategy) gives each of its replicas" in (
+            caplog.text
+        )
+        assert said in caplog.text
+        assert "have the input_fn return N x its batch" in caplog.text
+        if engine == "strategy":
+            assert "RunConfig's train_distribute=MirroredStrategy not used" in line[0], line
+
+
+@pytest.mark.parametrize(
+    "engine", ["strategy", pytest.param("tpuestimator", marks=pytest.mark.tpuestimator)]
+)
+def test_the_preflight_warns_of_a_runconfig_strategy_with_its_batch_arithmetic(tmp_path, engine):
+    """The preflight's ``distribute-batch`` warning for a RunConfig's strategy (one replica
+    here: cpu mode refuses several), with the cores checked; none without a strategy. As
+    ``python -m tpushim check`` runs a script: cpu mode, or on TensorFlow >= 2.16 tpushim's
+    estimator API (mode off) and the strategy engine's checks."""
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _preflight
+    from tpushim._preflight import strategy_checks
+
+    own = _versions.uses_own_estimator()
+    recording = strategy_checks.recording if own else _preflight.recording
+    for name, distribute in (("plain", None), ("mirrored", tf.distribute.MirroredStrategy())):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7, train_distribute=distribute)
+        with (
+            tpushim.patched(mode="off" if own else "cpu", engine=engine, quiet=True),
+            recording() as recorder,
+        ):
+            tfcases.convert(tmp_path / name, config=config)
+        report = recorder.report(num_cores=16)
+        found = [f for f in report.findings if f.code == "distribute-batch"]
+        if distribute is None:
+            assert not found, report
+            continue
+        assert len(found) == 1 and found[0].severity == "warning", report
+        assert found[0].where == "RunConfig(train_distribute=MirroredStrategy)"
+        assert "split over the 16 TPU cores" in found[0].message
+        assert "16 x its batch" in found[0].fix
