@@ -138,7 +138,8 @@ def _run_config(**kwargs):
 def test_several_replicas_as_stock_2_15(tmp_path):
     """``MirroredStrategy`` over 2 and 4 devices in ``train_distribute`` / ``eval_distribute``
     (and its v1 class, and in ``train_distribute`` alone; and a one-worker
-    ``MultiWorkerMirroredStrategy`` over 2 devices, a machine's 2 GPUs), with model_to_estimator's v1
+    ``MultiWorkerMirroredStrategy`` over 2 devices, a machine's 2 GPUs, either API's class), with
+    model_to_estimator's v1
     spelling: loss, metrics, weights and predictions stock 2.15's within 1e-5 (on 2.15: stock
     itself, through tpushim's patch with no TPU). The v2 spelling's object checkpoints fail on
     stock at ``train()`` after writing its first checkpoint; tpushim's estimator API refuses
@@ -157,7 +158,7 @@ def test_several_replicas_as_stock_2_15(tmp_path):
     assert api215.close(got, want, rel=1e-5), json.dumps(got)
     assert _largest_difference(got, want) < 1e-5, _largest_difference(got, want)
     # What the proof rests on: the replicas change the numbers (each its own batch).
-    for replicas in ("mirrored2", "mirrored4", "multi_worker2"):
+    for replicas in ("mirrored2", "mirrored4", "multi_worker2", "v1_multi_worker2"):
         assert not api215.close(want[replicas]["weights"], want["plain"]["weights"], rel=1e-3)
 
 

@@ -141,7 +141,7 @@ def _check_distribution(values):
             "estimator API on TensorFlow >= 2.16"
             + (_CENTRAL_STORAGE if "CentralStorage" in name else "")
             + ", which runs several replicas only for a MirroredStrategy or a one-worker "
-            "tf.distribute.MultiWorkerMirroredStrategy (their devices on this machine). Use "
+            "MultiWorkerMirroredStrategy (their devices on this machine). Use "
             "tf.distribute.MirroredStrategy over the same devices, give the strategy one "
             "device, or leave it unset (the model then trains in one graph placed by "
             "TensorFlow's default placement, on the first GPU where the machine has one); or "
@@ -160,15 +160,14 @@ _CENTRAL_STORAGE = (
 
 
 def _one_worker_collective(strategy):
-    """Whether ``strategy`` is a ``tf.distribute.MultiWorkerMirroredStrategy`` of one worker: no
+    """Whether ``strategy`` is a ``MultiWorkerMirroredStrategy`` (either API's) of one worker: no
     cluster, its replicas this machine's devices (several GPUs). Stock 2.15 trains it as a
-    ``MirroredStrategy`` of those devices: each replica its own batch, the same numbers. (The
-    v1 class, which only a machine with several GPUs makes of several replicas, is untested
-    there and stays refused.)"""
-    return (
-        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        and getattr(strategy.extended, "_num_workers", 2) == 1
+    ``MirroredStrategy`` of those devices: each replica its own batch, the same numbers."""
+    kinds = (
+        tf.distribute.MultiWorkerMirroredStrategy,
+        tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
     )
+    return isinstance(strategy, kinds) and getattr(strategy.extended, "_num_workers", 2) == 1
 
 
 # RunConfig's values for one local process (a TF_CONFIG without a cluster, or none).
