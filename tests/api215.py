@@ -264,6 +264,8 @@ print("RESULT " + json.dumps(out))
 # 4 logical CPU devices, made before TensorFlow initialises; the session's device_count gives a
 # tf.compat.v1 session those devices), model_to_estimator's v1 spelling (name-based checkpoints:
 # stock's v2 spelling fails there, building its Saver inside a replica) and the v1 strategy class:
+# and a one-worker MultiWorkerMirroredStrategy over 2 devices, either API's class (stock trains it as
+# the Mirrored one):
 # each replica takes its own batch of the input_fn's Dataset (a step reads replicas x 8 rows),
 # BatchNormalization's statistics are each replica's, the evaluated loss is the replicas' mean of
 # each one's loss divided by the replicas (stock's).
@@ -332,6 +334,14 @@ except Exception as e:
     out["v2_object_checkpoints"] = type(e).__name__
     written = os.path.join(sys.argv[1], "v2")
     out["v2_object_checkpoints_written"] = sorted(os.listdir(written)) if os.path.isdir(written) else []
+# A MultiWorkerMirroredStrategy of one worker over 2 devices (a machine with 2 GPUs: made from
+# the devices, as TensorFlow's own tests make one), last: it turns on collective ops.
+collective = tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(devices(2))
+out["multi_worker2"] = run("mw2", train_distribute=collective, eval_distribute=collective)
+from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
+collective = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()  # its v1 class
+collective.extended._initialize_local(TFConfigClusterResolver(), devices=devices(2))
+out["v1_multi_worker2"] = run("v1mw2", train_distribute=collective, eval_distribute=collective)
 print("RESULT " + json.dumps(out))
 """
 

@@ -75,3 +75,44 @@ def indivisible_batch(size, shards):
         f"use a multiple of {shards} ({batch_choices(size, shards)}) to waste nothing: set "
         f"tpushim.patch(batch_size=...) or TPUSHIM_BATCH_SIZE, or batch the input by it",
     )
+
+
+def distributed_batch(key, strategy, replicas, shards=None):
+    """The one text for a ``RunConfig(train_distribute=...)`` (or ``eval_distribute``) strategy
+    on a TPU, which does not use it: stock gives each of the strategy's replicas a batch of its
+    own from the input_fn, a TPU splits the input_fn's batch over its cores. The conversion logs
+    it, the preflight warns with it.
+
+    Args:
+      key: ``"train_distribute"`` or ``"eval_distribute"``.
+      strategy: the strategy's class name (``MirroredStrategy``).
+      replicas: its replicas here (``num_replicas_in_sync``).
+      shards: the TPU's cores, where known.
+    Returns:
+      ``(problem, fix)``: the batch arithmetic on each side; the input_fn's batch that keeps the
+      global batch, or each replica's, and how to stop the warning.
+    """
+    cores = f"the {shards} TPU cores" if shards else "the TPU's cores"
+    here = f" ({replicas} x its batch here)" if replicas > 1 else ""
+    per_core = f"{shards} x its batch" if shards else "the cores x its batch"
+    return (
+        f"RunConfig({key}={strategy}) gives each of its replicas a batch of its own from the "
+        f"input_fn: a step over N replicas (GPUs) reads N x the input_fn's batch{here}. A TPU "
+        f"does not use the strategy: the input_fn's batch is the global batch, split over "
+        f"{cores}, so a script written for N GPUs trains with 1/N of its global batch",
+        f"to keep the global batch of a run over N replicas, have the input_fn return N x its "
+        f"batch (to keep each replica's batch on every core, {per_core}); then leave {key} out "
+        f"of RunConfig, which also ends this warning",
+    )
+
+
+def distribute_strategies(config):
+    """``(key, strategy class name, replicas)`` for each of ``train_distribute`` and
+    ``eval_distribute`` a RunConfig sets (read by attribute: any RunConfig, or None)."""
+    found = []
+    for key in ("train_distribute", "eval_distribute"):
+        strategy = getattr(config, key, None)
+        if strategy is not None:
+            replicas = getattr(strategy, "num_replicas_in_sync", 1)
+            found.append((key, type(strategy).__name__, replicas))
+    return found

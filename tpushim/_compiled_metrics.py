@@ -7,7 +7,7 @@ eager tensor's static rank would let Keras's metrics container expand the label.
 
 import tensorflow as tf
 
-from tpushim import _padding, _tfprivate
+from tpushim import _metric_names, _padding, _tfprivate
 
 
 def as_in_stocks_graph(label, output):
@@ -80,3 +80,12 @@ def update(metrics_model, labels, outputs, weights, has_weight=None):
         weights = one_or_list([w if given else None for w, given in zip(per_output, weighed)])
     with _tfprivate.keras_compile.compiled_metrics_only(metrics_model, weighted=True):
         update_state(one_or_list(rows), carried, weights)
+
+
+def stock_names(metrics_model):
+    """The names stock's model_fn gives ``metrics_model``'s built compiled metrics, in the order
+    of ``compiled_metrics.metrics`` (a weighted metric sharing an unweighted one's name:
+    ``accuracy_1``, where Keras's container says ``weighted_accuracy``)."""
+    return _metric_names.stock_unique_names(
+        _tfprivate.keras_compile.compiled_metric_names_per_output(metrics_model)
+    )

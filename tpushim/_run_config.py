@@ -6,7 +6,7 @@ import os
 
 import tensorflow as tf
 
-from tpushim import _settings, _tfprivate
+from tpushim import _batch_math, _settings, _tfprivate
 
 logger = logging.getLogger("tpushim")
 
@@ -101,8 +101,18 @@ def _to_tpu_run_config(config, settings, cluster):
             )
         return config
     kwargs = {k: getattr(config, k) for k in _CARRIED}
+    distributed = {key: (name, n) for key, name, n in _batch_math.distribute_strategies(config)}
     for key in _IGNORED_ON_TPU:
-        if getattr(config, key, None) is not None:
+        if key in distributed:  # the batch arithmetic too: the script's batch is now global
+            problem, fix = _batch_math.distributed_batch(key, *distributed[key])
+            logger.warning(
+                "RunConfig.%s is ignored by TPUEstimator (a TPU replicates the model itself). "
+                "%s; %s.",
+                key,
+                problem,
+                fix,
+            )
+        elif getattr(config, key, None) is not None:
             logger.warning(
                 "RunConfig.%s is ignored by TPUEstimator (a TPU replicates the "
                 "model itself); remove it or run with TPUSHIM_MODE=off.",

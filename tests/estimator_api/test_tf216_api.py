@@ -204,6 +204,9 @@ def test_a_distribution_strategy_or_a_cluster_is_refused_by_name_before_anything
             "tpushim's estimator API"
         ), got[key]
         assert "tf.distribute.MirroredStrategy over the same devices" in got[key]
+        # Why: stock 2.15 itself fails on it with a slot optimizer, or has numbers of its own.
+        assert "At least two variables have the same name" in got[key]
+        assert "or a one-worker MultiWorkerMirroredStrategy" in got[key]
         assert "strategy one device" in got[key] and "TensorFlow <= 2.15" in got[key]
     assert got["TF_CONFIG"].startswith(
         "TF_CONFIG names a cluster of tf.estimator tasks (1 chief, 1 worker; this process: worker 0)"

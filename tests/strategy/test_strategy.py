@@ -1072,3 +1072,158 @@ def test_float64_input_is_cast_to_float32_for_the_replicas_as_on_the_tpu_path(tm
     made = estimator._input(input_fn, tfcases.ESTIMATOR.ModeKeys.TRAIN)
     dtypes = {spec.dtype for spec in tf.nest.flatten(made[1])}
     assert tf.float64 not in dtypes and tf.float32 in dtypes, dtypes
+
+
+def _same_names_model(outputs):
+    """A model whose ``weighted_metrics`` repeat names of its ``metrics``: one output, or
+    :func:`tfcases.two_in_two_out`'s two."""
+    import tensorflow as tf
+    import tfcases
+
+    if outputs == 2:
+        model = tfcases.two_in_two_out()
+        model.compile(
+            optimizer=model.optimizer,
+            loss=model.loss,
+            loss_weights={"cls": 1.0, "reg": 0.5},
+            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+            weighted_metrics={"cls": ["accuracy"], "reg": ["mae", "mse"]},
+        )
+        return model
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(8, activation="relu", input_shape=(4,), name="hidden"),
+            tf.keras.layers.Dense(3, activation="softmax", name="probs"),
+        ]
+    )
+    model.compile(
+        "adam",
+        "sparse_categorical_crossentropy",
+        metrics=["accuracy", "mae"],
+        weighted_metrics=["accuracy", "mse"],
+    )
+    return model
+
+
+#: Stock 2.15's evaluate() of :func:`_same_names_model` after 3 steps (recorded on TF 2.15.1):
+#: a weighted metric named as an unweighted one is ``<name>_1`` (Keras's v1 compile), never
+#: ``weighted_<name>`` (its v2 metrics container).
+_SAME_NAMES_STOCK_215 = {
+    1: {
+        "accuracy": 0.48076922,
+        "accuracy_1": 0.48076922,
+        "mae": 0.79487175,
+        "mse": 0.97800136,
+        "loss": 1.0929339,
+    },
+    2: {
+        "cls_accuracy": 0.34615386,
+        "cls_accuracy_1": 0.34615386,
+        "reg_mae": 0.8213596,
+        "reg_mae_1": 0.8213596,
+        "reg_mse": 0.85674655,
+        "loss": 1.5556678,
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_weighted_metrics_named_as_unweighted_ones_are_named_as_stocks(tmp_path, outputs):
+    """``metrics=["accuracy"]`` with ``weighted_metrics=["accuracy"]`` (and the family: several
+    metrics, several outputs): stock's keys and values on the strategy engine, and in cpu mode
+    (the TPUEstimator path on TensorFlow <= 2.15), against stock 2.15's recorded numbers."""
+    import numpy as np
+    import tfcases
+
+    if outputs == 2:
+        features, labels = tfcases.two_in_two_out_data()
+    else:
+        features, labels = tfcases.data()
+    train = tfcases.dataset_input_fn(features, labels)
+    results = {}
+    for name, patch in (
+        ("stock", {"mode": "off"}),
+        ("cpu", {"mode": "cpu", "quiet": True}),
+        ("strategy", {"mode": "cpu", "engine": "strategy", "quiet": True}),
+    ):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
+        model = _same_names_model(outputs)
+        estimator = tfcases.convert(tmp_path / name, model, patch=patch, config=config)
+        estimator.train(train, steps=3)
+        results[name] = estimator.evaluate(train)
+    want = _SAME_NAMES_STOCK_215[outputs]
+    for name, got in results.items():
+        assert set(got) == set(want) | {"global_step"}, name
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize(
+    "engine", ["strategy", pytest.param("tpuestimator", marks=pytest.mark.tpuestimator)]
+)
+def test_a_runconfig_strategy_on_a_tpu_is_said_with_its_batch_arithmetic(tmp_path, caplog, engine):
+    """``RunConfig(train_distribute=MirroredStrategy())`` on a TPU (faked): stock gives each of
+    the strategy's replicas a batch of its own, a TPU splits the input_fn's batch over its cores
+    as the global batch. The conversion says so, with the arithmetic and what to do (the
+    strategy engine in its line too); without a strategy, nothing of it."""
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim._preflight import faketpu
+
+    said = "A TPU does not use the strategy: the input_fn's batch is the global batch"
+    for name, distribute in (("plain", None), ("mirrored", tf.distribute.MirroredStrategy())):
+        caplog.clear()
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7, train_distribute=distribute)
+        with faketpu.faked_tpu_system() as tpu, caplog.at_level("INFO", logger="tpushim"):
+            tfcases.convert(
+                tmp_path / name, patch=dict(tpu=tpu.master, engine=engine), config=config
+            )
+        line = [r.getMessage() for r in caplog.records if "model_to_estimator ->" in r.getMessage()]
+        if distribute is None:
+            assert said not in caplog.text
+            continue
+        assert "RunConfig(train_distribute=MirroredStrategy) gives each of its replicas" in (
+            caplog.text
+        )
+        assert said in caplog.text
+        assert "have the input_fn return N x its batch" in caplog.text
+        if engine == "strategy":
+            assert "RunConfig's train_distribute=MirroredStrategy not used" in line[0], line
+
+
+@pytest.mark.parametrize(
+    "engine", ["strategy", pytest.param("tpuestimator", marks=pytest.mark.tpuestimator)]
+)
+def test_the_preflight_warns_of_a_runconfig_strategy_with_its_batch_arithmetic(tmp_path, engine):
+    """The preflight's ``distribute-batch`` warning for a RunConfig's strategy (one replica
+    here: cpu mode refuses several), with the cores checked; none without a strategy. As
+    ``python -m tpushim check`` runs a script: cpu mode, or on TensorFlow >= 2.16 tpushim's
+    estimator API (mode off) and the strategy engine's checks."""
+    import tensorflow as tf
+    import tfcases
+
+    from tpushim import _preflight
+    from tpushim._preflight import strategy_checks
+
+    own = _versions.uses_own_estimator()
+    recording = strategy_checks.recording if own else _preflight.recording
+    for name, distribute in (("plain", None), ("mirrored", tf.distribute.MirroredStrategy())):
+        config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7, train_distribute=distribute)
+        with (
+            tpushim.patched(mode="off" if own else "cpu", engine=engine, quiet=True),
+            recording() as recorder,
+        ):
+            tfcases.convert(tmp_path / name, config=config)
+        report = recorder.report(num_cores=16)
+        found = [f for f in report.findings if f.code == "distribute-batch"]
+        if distribute is None:
+            assert not found, report
+            continue
+        assert len(found) == 1 and found[0].severity == "warning", report
+        assert found[0].where == "RunConfig(train_distribute=MirroredStrategy)"
+        assert "split over the 16 TPU cores" in found[0].message
+        assert "16 x its batch" in found[0].fix

@@ -8,7 +8,8 @@ RunConfig refuses) was recorded on stock 2.15 (tests/reference/tf215_api.json); 
 TensorFlow 2.12-2.15 on both engines in cpu mode, and on >= 2.16 on tpushim's estimator API and
 the strategy engine. Clusters of more than one task on >= 2.16: tests/estimator_api/test_tf216_api.py.
 
-Scenario ``replicas``: a MirroredStrategy over 2 and 4 logical CPU devices (each replica its own
+Scenario ``replicas``: a MirroredStrategy over 2 and 4 logical CPU devices, and a one-worker
+MultiWorkerMirroredStrategy over 2 (each replica its own
 batch of the input_fn's, BatchNormalization's statistics each replica's), recorded on stock 2.15;
 on >= 2.16 tpushim's estimator API trains it over the replicas with stock's numbers, and cpu mode
 (a TPU's path: the input_fn's batch global) refuses it on every engine, naming why.
@@ -136,7 +137,9 @@ def _run_config(**kwargs):
 @pytest.mark.slow
 def test_several_replicas_as_stock_2_15(tmp_path):
     """``MirroredStrategy`` over 2 and 4 devices in ``train_distribute`` / ``eval_distribute``
-    (and its v1 class, and in ``train_distribute`` alone), with model_to_estimator's v1
+    (and its v1 class, and in ``train_distribute`` alone; and a one-worker
+    ``MultiWorkerMirroredStrategy`` over 2 devices, a machine's 2 GPUs, either API's class), with
+    model_to_estimator's v1
     spelling: loss, metrics, weights and predictions stock 2.15's within 1e-5 (on 2.15: stock
     itself, through tpushim's patch with no TPU). The v2 spelling's object checkpoints fail on
     stock at ``train()`` after writing its first checkpoint; tpushim's estimator API refuses
@@ -155,7 +158,7 @@ def test_several_replicas_as_stock_2_15(tmp_path):
     assert api215.close(got, want, rel=1e-5), json.dumps(got)
     assert _largest_difference(got, want) < 1e-5, _largest_difference(got, want)
     # What the proof rests on: the replicas change the numbers (each its own batch).
-    for replicas in ("mirrored2", "mirrored4"):
+    for replicas in ("mirrored2", "mirrored4", "multi_worker2", "v1_multi_worker2"):
         assert not api215.close(want[replicas]["weights"], want["plain"]["weights"], rel=1e-3)
 
 

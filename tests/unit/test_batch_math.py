@@ -66,3 +66,23 @@ def test_indivisible_batch_text():
     assert "padded to 104 rows" in problem and "4 of 104" in problem
     assert "(96 or 104)" in fix
     assert _batch_math.batch_choices(3, 8) == "8"  # no 0-row batch offered
+
+
+def test_a_runconfig_strategy_said_with_its_batch_arithmetic():
+    import types
+
+    from tpushim import _batch_math
+
+    config = types.SimpleNamespace(
+        train_distribute=types.SimpleNamespace(num_replicas_in_sync=4), eval_distribute=None
+    )
+    (key, name, replicas), *rest = _batch_math.distribute_strategies(config)
+    assert (key, name, replicas, rest) == ("train_distribute", "SimpleNamespace", 4, [])
+    assert _batch_math.distribute_strategies(None) == []
+    problem, fix = _batch_math.distributed_batch("train_distribute", "MirroredStrategy", 4, 8)
+    assert "reads N x the input_fn's batch (4 x its batch here)" in problem
+    assert "split over the 8 TPU cores" in problem
+    assert "return N x its batch" in fix and "8 x its batch" in fix
+    problem, fix = _batch_math.distributed_batch("eval_distribute", "MirroredStrategy", 1)
+    assert "here)" not in problem and "the TPU's cores" in problem
+    assert "leave eval_distribute out of RunConfig" in fix

@@ -107,10 +107,11 @@ def _check_distribution(values):
     worker (``MirroredStrategy()`` on a machine with at most one GPU, ``OneDeviceStrategy``, a
     one-worker ``MultiWorkerMirroredStrategy``) computes what one graph computes, so the model
     trains in one graph with stock's numbers (placed by TensorFlow's default placement); a
-    ``MirroredStrategy`` (either API's) of several replicas runs over them as stock ran it (each
-    replica its own batch of the input_fn's); other strategies of several replicas are refused
-    by name, before anything runs (never trained on one device as if the strategy were
-    there)."""
+    ``MirroredStrategy`` (either API's) or a one-worker ``MultiWorkerMirroredStrategy`` of several
+    replicas runs over them as stock ran it (each replica its own batch of the input_fn's); other
+    strategies of several replicas (``CentralStorageStrategy``: stock fails or has numbers of its
+    own) are refused by name, before anything runs (never trained on one device as if the
+    strategy were there)."""
     if values.get("experimental_distribute") is not None:
         raise NotImplementedError(
             "RunConfig(experimental_distribute=...) is not supported by tpushim's estimator "
@@ -133,10 +134,14 @@ def _check_distribution(values):
             continue
         if isinstance(strategy, (tf.distribute.MirroredStrategy, _MIRRORED_V1)):
             continue  # stock's way over every replica: _estimator.Estimator's distributed path
+        if _one_worker_collective(strategy):
+            continue  # the same path: one worker's replicas, their gradients summed as Mirrored's
         raise NotImplementedError(
             f"RunConfig({key}={name}) over {replicas} replicas is not supported by tpushim's "
-            "estimator API on TensorFlow >= 2.16, which runs several replicas only for a "
-            "MirroredStrategy (its devices on this machine). Use "
+            "estimator API on TensorFlow >= 2.16"
+            + (_CENTRAL_STORAGE if "CentralStorage" in name else "")
+            + ", which runs several replicas only for a MirroredStrategy or a one-worker "
+            "MultiWorkerMirroredStrategy (their devices on this machine). Use "
             "tf.distribute.MirroredStrategy over the same devices, give the strategy one "
             "device, or leave it unset (the model then trains in one graph placed by "
             "TensorFlow's default placement, on the first GPU where the machine has one); or "
@@ -145,6 +150,24 @@ def _check_distribution(values):
 
 
 _MIRRORED_V1 = tf.compat.v1.distribute.MirroredStrategy
+#: Why a CentralStorageStrategy of several replicas has no stock numbers to reproduce.
+_CENTRAL_STORAGE = (
+    " (stock 2.15's estimator fails on it at its first checkpoint for an optimizer with slot "
+    "variables -- its Saver finds every replica's slot under one name, 'At least two variables "
+    "have the same name: training/SGD/<layer>/bias/momentum' -- and trains a slot-free one with "
+    "numbers unlike a MirroredStrategy's, which tpushim does not reproduce)"
+)
+
+
+def _one_worker_collective(strategy):
+    """Whether ``strategy`` is a ``MultiWorkerMirroredStrategy`` (either API's) of one worker: no
+    cluster, its replicas this machine's devices (several GPUs). Stock 2.15 trains it as a
+    ``MirroredStrategy`` of those devices: each replica its own batch, the same numbers."""
+    kinds = (
+        tf.distribute.MultiWorkerMirroredStrategy,
+        tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
+    )
+    return isinstance(strategy, kinds) and getattr(strategy.extended, "_num_workers", 2) == 1
 
 
 # RunConfig's values for one local process (a TF_CONFIG without a cluster, or none).

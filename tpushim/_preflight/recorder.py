@@ -211,6 +211,7 @@ class Recorder(script_recorder.ScriptRecorder):
     def _report_one(report, recorded, num_cores, tpu_graphs):
         conversion = recorded.conversion
         settings = conversion.settings
+        script_recorder.add_distribute_findings(report, conversion, num_cores)
         if _on_strategy_engine(conversion):
             _report_strategy(report, recorded, num_cores)
             return

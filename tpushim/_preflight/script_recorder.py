@@ -124,3 +124,15 @@ class ScriptRecorder:
 
     def finished(self, call, seconds, steps, first_step_seconds):
         """A call returned: the report needs only what its input_fn built."""
+
+
+def add_distribute_findings(report, conversion, num_cores):
+    """A ``distribute-batch`` warning for each ``train_distribute`` / ``eval_distribute``
+    strategy of the conversion's RunConfig: a TPU does not use it, and the batch arithmetic
+    changes (:func:`tpushim._batch_math.distributed_batch`), on every engine."""
+    from tpushim import _batch_math
+
+    config = (conversion.arguments or {}).get("config")
+    for key, name, replicas in _batch_math.distribute_strategies(config):
+        problem, fix = _batch_math.distributed_batch(key, name, replicas, num_cores)
+        report.add("distribute-batch", "warning", f"RunConfig({key}={name})", problem, fix)

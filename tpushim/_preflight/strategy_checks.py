@@ -228,6 +228,7 @@ def _zeros(spec, batch):
 
 def _report_one(report, recorded, num_cores, batch_size):
     conversion = recorded.conversion
+    script_recorder.add_distribute_findings(report, conversion, num_cores)
     keras_model = conversion.keras_model
     model_inputs = _shapes.ModelInputs.of(keras_model)
     train_batch = None

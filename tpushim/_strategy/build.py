@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import logging
 
-from tpushim import _tfprivate
+from tpushim import _batch_math, _tfprivate
 from tpushim._strategy import checkpoint as _strategy_checkpoint
 from tpushim._strategy.estimator import StrategyEstimator
 
@@ -26,8 +26,27 @@ def warm_from_first_checkpoint(plan, path):
     return plan.warm_start
 
 
-def describe(plan, settings, tpu, why):
-    """The conversion line's description of this engine's estimator: where it runs and why."""
+def said_distribute(config, tpu):
+    """On a TPU, the RunConfig's ``train_distribute`` / ``eval_distribute`` strategies, which the
+    engine does not use (it makes its TPUStrategy), each said in a warning with the batch
+    arithmetic (:func:`tpushim._batch_math.distributed_batch`); the conversion line's words for
+    them ('' where there are none, or off a TPU: cpu mode refuses several replicas, and one
+    trains as stock)."""
+    if tpu is None:
+        return ""
+    found = _batch_math.distribute_strategies(config)
+    for key, name, replicas in found:
+        problem, fix = _batch_math.distributed_batch(key, name, replicas)
+        logger.warning("%s; %s.", problem, fix)
+    if not found:
+        return ""
+    keys = " and ".join(f"{key}={name}" for key, name, _ in found)
+    return f", RunConfig's {keys} not used: the input_fn's batch is the global batch"
+
+
+def describe(plan, settings, tpu, why, distribute=""):
+    """The conversion line's description of this engine's estimator: where it runs and why
+    (``distribute``: :func:`said_distribute`'s words)."""
     return (
         "the strategy engine: "
         + (
@@ -37,6 +56,7 @@ def describe(plan, settings, tpu, why):
             f"[mode cpu from {settings.sources.get('mode')}]"
         )
         + f", global batch {plan.batch_size or 'from input'}"
+        + distribute
         + f", steps_per_execution {plan.steps_per_execution} [engine: {why}]"
     )
 
@@ -87,4 +107,7 @@ def made(prepared, arguments, settings, decision):
         # (on TF >= 2.16 one Estimator class: its export_savedmodel exports either way)
         v1_api=not arguments.get("use_v2_estimator", True),
     )
-    return base.Built(estimator, keras_model, model_fn, describe(plan, settings, tpu, why))
+    distribute = said_distribute(config, tpu)
+    return base.Built(
+        estimator, keras_model, model_fn, describe(plan, settings, tpu, why, distribute)
+    )

@@ -20,7 +20,15 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _added_metrics, _input_wait, _metric_names, _observe, _shapes, _tfprivate
+from tpushim import (
+    _added_metrics,
+    _compiled_metrics,
+    _input_wait,
+    _metric_names,
+    _observe,
+    _shapes,
+    _tfprivate,
+)
 from tpushim import _stock_hooks as _step_events
 from tpushim._strategy import checkpoint as _strategy_checkpoint
 from tpushim._strategy import input as _strategy_input
@@ -375,10 +383,10 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
             user_hooks.end(int(run.step.numpy()))
         # In stock's order: the loss, the metrics, the global step.
         results = {"loss": np.float32(np.mean(losses)) if losses else np.float32(np.nan)}
-        compiled = [m for m in metrics_model.compiled_metrics.metrics if m.name != "loss"]
+        compiled = metrics_model.compiled_metrics.metrics
         stock_names = self._tpushim_plan.metric_names
         if stock_names is None or len(stock_names) != len(compiled):
-            stock_names = [m.name for m in compiled]
+            stock_names = _compiled_metrics.stock_names(metrics_model)
         # model_to_estimator's metric_names_map, checked as stock before anything is written
         mapped = _metric_names.mapped_metric_names(stock_names, self._tpushim_plan.metric_names_map)
         for stock_name, m in zip(mapped, compiled):

@@ -423,3 +423,20 @@ def v1_metric_names(keras_model):
     is disabled), in Keras's order; None where the model keeps none."""
     functions = getattr(keras_model, "_compile_metric_functions", None)
     return None if functions is None else [m.name for m in functions]
+
+
+def compiled_metric_names_per_output(keras_model):
+    """The names Keras's metrics container gave the built compiled metrics of ``keras_model``
+    (an eager compile's): one ``(output_name, names, weighted_names)`` per output, in the order
+    of ``compiled_metrics.metrics`` (``output_name`` None for a single-output model)."""
+    compiled = keras_model.compiled_metrics
+    outputs = compiled._output_names
+    single = len(outputs) <= 1
+
+    def named(metrics):
+        return [m.name for m in tf.nest.flatten(metrics) if m is not None]
+
+    return [
+        (None if single else out, named(plain), named(weighted))
+        for out, plain, weighted in zip(outputs, compiled._metrics, compiled._weighted_metrics)
+    ]
