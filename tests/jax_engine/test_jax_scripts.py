@@ -52,10 +52,6 @@ REFUSED = {
     ),
     "multi_input_lists_strings.py": _STRINGS.format("text"),
     "review_lookups_batch_100.py": _GRAPH_PROGRAM,
-    "shapes_cnn_shuffled_numpy.py": (
-        "tpushim's JAX engine does not run numpy_input_fn / pandas_input_fn(shuffle=True) in "
-        "train() (a RandomShuffleQueue)"
-    ),
     "taxi_csv_train_and_evaluate.py": (
         "tpushim's JAX engine does not run train_and_evaluate with exporters "
         "(EvalSpec(exporters=...): 'exporter') yet"
