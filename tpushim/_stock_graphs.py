@@ -55,7 +55,9 @@ def input_session(input_fn, mode, config, queues_as_datasets=False):
     hooks = []
     with graph.as_default():
         if isinstance(result, tf.data.Dataset):
-            feeds = _arrays.feeds_for(tf.data.experimental.to_variant(result), graph)
+            feeds = {}
+            if _arrays.fed_arrays(graph):  # (a recovered queue's arrays)
+                feeds = _arrays.feeds_for(tf.data.experimental.to_variant(result), graph)
             if feeds:  # (a one-shot iterator cannot capture the arrays' placeholders)
                 iterator = tf.compat.v1.data.make_initializable_iterator(result)
                 hooks.append(_FedInitializer(iterator.initializer, feeds))
