@@ -5,7 +5,8 @@ writes into graph.pbtxt and every checkpoint's meta graph, copies with the graph
 2 GB. :class:`Rows` puts placeholders in the graph instead, registered with their arrays, and the
 arrays are fed wherever a session runs the ops that make the Dataset: the iterator initializer
 hooks of Estimator (cpu mode) and TPUEstimator (TPU hosts), wrapped by :func:`feeding_hooks`; the
-session tpushim reads an input's facts with; the faked TPU's host pipelines (:func:`fed_arrays`).
+session tpushim reads an input's facts with; the JAX engine's input session
+(:func:`tpushim._stock_graphs.input_session`); the faked TPU's host pipelines (:func:`fed_arrays`).
 A feed is an argument of ``Session.run``, so it reaches a TPU node's host through the remote
 session as well (up to 2 GB a run: :func:`check_remote_feed`).
 

@@ -80,13 +80,14 @@ class _SourceRecorder:
     def queue_made(self, queue, arguments, side_effects, seeds):
         self.queues.append(_QueueSource(queue, arguments, side_effects, seeds, len(self.queues)))
 
-    def dataset_for(self, result):
+    def dataset_for(self, result, queues_only=False):
         """The recorded source mapped to ``result``'s structure, if every tensor in it came from
-        one get_next() of one iterator or one dequeue of one recorded queue; else None."""
+        one get_next() of one iterator or (alone with ``queues_only``) one dequeue of one
+        recorded queue; else None."""
         flat = tf.nest.flatten(result)
         if not flat:
             return None
-        for dataset, calls in self.made:
+        for dataset, calls in [] if queues_only else self.made:
             for outputs in calls:
                 ids = [next((i for i, t in enumerate(outputs) if t is x), None) for x in flat]
                 if None not in ids:
@@ -380,8 +381,11 @@ class _QueueSource:
             collection[:] = [x for x in collection if not any(x is a for a in added)]
 
 
-def call_and_recover(input_fn, mode, params, config, input_context=None):
-    """Calls the input_fn; iterator or queue tensors traced to their source become a Dataset."""
+def call_and_recover(input_fn, mode, params, config, input_context=None, queues_only=False):
+    """Calls the input_fn; iterator or queue tensors traced to their source become a Dataset
+    (with ``queues_only``, numpy_input_fn / pandas_input_fn queues' alone: an engine that reads
+    an iterator's tensors as they are, but must not read a queue whose order is its feeding
+    thread's race)."""
     with _SourceRecorder() as recorder:
         result = call_user_input_fn(input_fn, mode, params, config, input_context)
     if isinstance(result, (list, tuple)) and len(result) != 2:
@@ -390,7 +394,7 @@ def call_and_recover(input_fn, mode, params, config, input_context=None):
     if result is not None and not isinstance(result, tf.data.Dataset):
         flat = tf.nest.flatten(result)
         if flat and all(tf.is_tensor(x) for x in flat):
-            dataset = recorder.dataset_for(result)
+            dataset = recorder.dataset_for(result, queues_only)
             if dataset is not None:
                 return dataset
     return result

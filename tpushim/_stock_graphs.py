@@ -7,7 +7,7 @@ import contextlib
 
 import tensorflow as tf
 
-from tpushim import _input_fn, _source, _tfprivate
+from tpushim import _arrays, _input_fn, _source, _tfprivate
 
 ModeKeys = _tfprivate.estimator.ModeKeys
 
@@ -35,21 +35,51 @@ def input_graph(mode, seed):
             yield graph
 
 
-def input_session(input_fn, mode, config):
+def input_session(input_fn, mode, config, queues_as_datasets=False):
     """The input_fn called as stock calls it, in a graph of its own (:func:`input_graph`), and
     a ``MonitoredSession`` over that graph (queue runners, tables, initializers as stock's):
     ``(graph, tensors, session)``, the tensors a Dataset's next element where it returns one.
-    Each ``session.run(tensors)`` is one batch, as stock reads it, until the input runs out."""
+    Each ``session.run(tensors)`` is one batch, as stock reads it, until the input runs out.
+
+    With ``queues_as_datasets``, a ``numpy_input_fn`` / ``pandas_input_fn`` queue's tensors are
+    read from the Dataset that feeds its rows (:func:`tpushim._source.call_and_recover`; shuffled:
+    stock's queue's order kept full, :mod:`tpushim._shuffle_queue`), its arrays fed when the
+    session starts, its queue and threads never started: a reader faster than stock's training
+    would otherwise take another order from the queue than stock's does."""
     with input_graph(mode, config.tf_random_seed) as graph:
-        result = _input_fn.check_result(
-            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
-        )
+        if queues_as_datasets:
+            called = _source.call_and_recover(input_fn, mode, {}, config, queues_only=True)
+        else:
+            called = _source.call_user_input_fn(input_fn, mode, {}, config)
+        result = _input_fn.check_result(input_fn, called)
+    hooks = []
     with graph.as_default():
         if isinstance(result, tf.data.Dataset):
-            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+            feeds = {}
+            if _arrays.fed_arrays(graph):  # (a recovered queue's arrays)
+                feeds = _arrays.feeds_for(tf.data.experimental.to_variant(result), graph)
+            if feeds:  # (a one-shot iterator cannot capture the arrays' placeholders)
+                iterator = tf.compat.v1.data.make_initializable_iterator(result)
+                hooks.append(_FedInitializer(iterator.initializer, feeds))
+            else:
+                iterator = tf.compat.v1.data.make_one_shot_iterator(result)
+            result = iterator.get_next()
         if isinstance(result, list):
             result = tuple(result)
         session = tf.compat.v1.train.MonitoredSession(
-            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config),
+            hooks=hooks,
         )
     return graph, result, session
+
+
+class _FedInitializer(tf.compat.v1.train.SessionRunHook):
+    """Runs an iterator's initializer with the arrays it reads (:mod:`tpushim._arrays`) fed,
+    when the session starts."""
+
+    def __init__(self, initializer, feeds):
+        self._initializer, self._feeds = initializer, feeds
+
+    def after_create_session(self, session, coord):
+        del coord
+        session.run(self._initializer, feed_dict=self._feeds)

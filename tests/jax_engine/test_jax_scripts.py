@@ -51,10 +51,6 @@ REFUSED = {
     ),
     "multi_input_lists_strings.py": _STRINGS.format("text"),
     "review_lookups_batch_100.py": _GRAPH_PROGRAM,
-    "shapes_cnn_shuffled_numpy.py": (
-        "tpushim's JAX engine does not run numpy_input_fn / pandas_input_fn(shuffle=True) in "
-        "train() (a RandomShuffleQueue)"
-    ),
     "taxifare_euclidean_feature_columns.py": (  # (tf2jax names the ops in no fixed order)
         "tpushim cannot convert this model's training step to JAX: ValueError: Unsupported "
         "operations in graph: [",

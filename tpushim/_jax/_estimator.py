@@ -5,7 +5,9 @@ input_fn running in TensorFlow on the host.
 - Input: the input_fn is called once per call, in a graph of its own seeded as stock's
   (:func:`tpushim._stock_graphs.input_graph`: a shuffle gives stock's order), and its batches
   are read in a ``MonitoredSession`` (tables, queues, one-shot iterators as stock's) as numpy
-  arrays; a short batch is padded to the global batch with rows weighted 0.
+  arrays; ``numpy_input_fn`` / ``pandas_input_fn``'s rows from the Dataset that feeds them in
+  stock's order (:mod:`tpushim._shuffle_queue`); a short batch is padded to the global batch
+  with rows weighted 0.
 - Train: :class:`tpushim._jax._step.Trainer` (``iterations_per_loop`` steps per compiled call),
   starting from the model_dir's newest checkpoint (either format, stock's names) or else from
   stock's warm start (:mod:`tpushim._jax._warm_start`: the Keras weights saved at conversion),
@@ -65,21 +67,13 @@ def _refuse(what):
 # --- the input, on the host ---------------------------------------------------------------------
 
 
-#: Stock's shuffling queue (numpy_input_fn / pandas_input_fn's): its order depends on how full
-#: the reader keeps it (tpushim._shuffle_queue).
-_SHUFFLE_QUEUES = {"RandomShuffleQueue", "RandomShuffleQueueV2"}
-
-
 def host_batches(input_fn, mode, config):
-    """The input_fn's batches as numpy structures, read as stock reads them (see the module)."""
-    graph, result, session = _stock_graphs.input_session(input_fn, mode, config)
-    if mode == ModeKeys.TRAIN and any(op.type in _SHUFFLE_QUEUES for op in graph.get_operations()):
-        session.close()
-        _refuse(
-            "numpy_input_fn / pandas_input_fn(shuffle=True) in train() (a RandomShuffleQueue): "
-            "it reads the queue faster than stock's training does, which gives another order "
-            "than stock's"
-        )
+    """The input_fn's batches as numpy structures, read as stock reads them (see the module);
+    a numpy_input_fn / pandas_input_fn queue's rows in stock's order, batch by batch (read from
+    the queue itself, a reader faster than stock's training would take another order)."""
+    _, result, session = _stock_graphs.input_session(
+        input_fn, mode, config, queues_as_datasets=True
+    )
     try:
         while not session.should_stop():
             try:
