@@ -71,7 +71,10 @@ NEWEST_ONLY_REASON = (
 #: Each of these goes to one worker whole (tests/tools/test_suite_scheduling.py keeps the list complete).
 SHARED_FIXTURE_MODULES = {
     "test_arrays.py",
+    "test_jax_export.py",
     "test_jax_hooks.py",
+    "test_jax_pods.py",
+    "test_jax_proof.py",
     "test_pods.py",
     "test_rewrap.py",
     "test_strategy_batchnorm.py",
