@@ -46,7 +46,11 @@ def input_session(input_fn, mode, config):
         )
     with graph.as_default():
         if isinstance(result, tf.data.Dataset):
+            # Stock's initializable iterator takes no op seed; a one-shot iterator takes one:
+            # the graph's seeds left as stock's (the model's unseeded random ops seed from them).
+            seeds = _tfprivate.graph.graph_seeds(graph)
             result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+            _tfprivate.graph.set_graph_seeds(graph, seeds)
         if isinstance(result, list):
             result = tuple(result)
         session = tf.compat.v1.train.MonitoredSession(

@@ -65,9 +65,12 @@ class JaxConversion:
         self._eval_fn = self._predict_fn = None
         self._converted = {}
 
-    def trainer(self, global_batch):
-        """A :class:`tpushim._jax._step.Trainer` of the model for this global batch."""
-        return _step.Trainer(self.keras_model, global_batch, self.devices, self.custom_objects)
+    def trainer(self, global_batch, seeds=None):
+        """A :class:`tpushim._jax._step.Trainer` of the model for this global batch, its random
+        draws stock's from ``seeds`` (see the Trainer)."""
+        return _step.Trainer(
+            self.keras_model, global_batch, self.devices, self.custom_objects, seeds=seeds
+        )
 
     def device_rows(self, rows):
         """An evaluation's or prediction's batch padded to a multiple of the devices."""

@@ -57,9 +57,13 @@ def _refuse(what):
 # --- the input, on the host ---------------------------------------------------------------------
 
 
-def host_batches(input_fn, mode, config):
-    """The input_fn's batches as numpy structures, read as stock reads them (see the module)."""
-    _, result, session = _stock_graphs.input_session(input_fn, mode, config)
+def host_batches(input_fn, mode, config, seen=None):
+    """The input_fn's batches as numpy structures, read as stock reads them (see the module).
+    ``seen`` (a dict): given the input graph's ``seeds`` (graph seed, op-seed counter) once the
+    input_fn is called: what stock's graph seeds the model's random ops from after it."""
+    graph, result, session = _stock_graphs.input_session(input_fn, mode, config)
+    if seen is not None:
+        seen["seeds"] = _tfprivate.graph.graph_seeds(graph)
     try:
         while not session.should_stop():
             try:
@@ -278,7 +282,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             last = start + 1
         stop = start + math.ceil(steps) if steps is not None else last
         arrays = Arrays(conversion.keras_model)
-        batches = host_batches(input_fn, ModeKeys.TRAIN, self.config)
+        seen = {}
+        batches = host_batches(input_fn, ModeKeys.TRAIN, self.config, seen)
         try:
             # The input_fn called and its first batch read here, in the caller's thread; the
             # rest read ahead in a thread while the devices train.
@@ -290,7 +295,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             features, labels = arrays.split(first, ModeKeys.TRAIN)
             if labels is None:
                 raise ValueError("the input_fn gave no labels: training needs them.")
-            trainer = conversion.trainer(conversion.batch_size or _rows(features))
+            trainer = conversion.trainer(conversion.batch_size or _rows(features), seen["seeds"])
             trainer.restore(weights, slots, start)
             trainer.check((features, labels, None))  # its refusals before anything is written
             return self._train_steps(trainer, arrays, first, batches, start, stop)

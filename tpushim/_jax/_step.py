@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _batch_math
 from tpushim._errors import ConversionError
-from tpushim._jax import _optimizers, _trace
+from tpushim._jax import _draws, _optimizers, _trace
 
 #: Negative controls (the proof's), never set outside it: ``"sum_device_means"`` -- each device
 #: differentiates the mean over its own rows and the gradients are summed over the devices;
@@ -65,9 +65,21 @@ class Trainer:
       global_batch: the rows of every step's global batch (a short batch is padded to it).
       devices: the devices to split each global batch over (default: every local device).
       custom_objects: as given to ``model_to_estimator``.
+      seeds: ``(graph seed, op-seed counter)`` stock's training graph calls the model with
+        (:mod:`._draws`: the RunConfig's ``tf_random_seed``, the input graph's counter); the
+        random draws (Dropout, noise layers) are stock's from them, one stream per Trainer, as
+        stock's per ``train()`` call.
     """
 
-    def __init__(self, keras_model, global_batch, devices=None, custom_objects=None, control=None):
+    def __init__(
+        self,
+        keras_model,
+        global_batch,
+        devices=None,
+        custom_objects=None,
+        control=None,
+        seeds=None,
+    ):
         if control not in (None, *CONTROLS):
             raise ValueError(f"control must be one of {CONTROLS}")
         self.devices = list(devices or jax.local_devices())
@@ -79,7 +91,10 @@ class Trainer:
             )
         self.model, self.global_batch, self.control = keras_model, global_batch, control
         self.optimizer = _optimizers.of(keras_model.optimizer)
-        self.train_fn = _trace.training_function(keras_model, custom_objects)
+        self.train_fn = _trace.training_function(
+            keras_model, custom_objects, seeds=seeds, global_batch=global_batch
+        )
+        self._host_draws = {}  # a trace's draws -> their stream on the host
         self.mesh = Mesh(np.array(self.devices), ("data",))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
@@ -129,6 +144,8 @@ class Trainer:
         if key not in self._traced:
             traced = _trace.convert(self.model, self.train_fn, *batch)
             per_device = None
+            if traced.draws and self.control:
+                raise ValueError("the negative controls take a model without random draws")
             if self.control == "sum_device_means":
                 shard = jax.tree_util.tree_map(lambda a: a[: len(a) // len(self.devices)], batch)
                 per_device = _trace.convert(self.model, self.train_fn, *shard)
@@ -139,13 +156,11 @@ class Trainer:
         optimizer, shards, control = self.optimizer, len(self.devices), self.control
 
         def loss_fn(trainable, stats, batch):
-            features, labels, weights, pad = batch
+            features, labels, weights, pad = batch[:4]
             if control == "count_padding":
                 pad = jnp.ones_like(pad)
             if per_device is None:
-                (loss, _), updated = traced.fn(
-                    {**stats, **trainable}, features, labels, weights, pad
-                )
+                (loss, _), updated = traced.fn({**stats, **trainable}, *batch[:3], pad, *batch[4:])
                 return loss, {k: updated[k] for k in stats}
 
             def one(part):  # a device's rows alone: its own mean, its own statistics
@@ -171,6 +186,9 @@ class Trainer:
             return jax.lax.scan(step, (trainable, stats, opt_state), batches)
 
         stacked = NamedSharding(self.mesh, PartitionSpec(None, "data"))
+        if traced.draws:  # a draw per row split as the batch, any other whole on every device
+            whole = NamedSharding(self.mesh, PartitionSpec())
+            stacked = (*(stacked,) * 4, [stacked if d.batched else whole for d in traced.draws])
         return jax.jit(
             loop,
             in_shardings=(self.replicated, self.replicated, self.replicated, stacked),
@@ -190,6 +208,8 @@ class Trainer:
         padded = pad_batch(batch, self.global_batch)
         traced, loop = self._convert(padded)
         self._start(traced)
+        if traced.draws:
+            padded = (*padded, [np.zeros(d.shape, d.dtype) for d in traced.draws])
         one = jax.tree_util.tree_map(lambda a: np.asarray(a)[None], padded)
         loop.lower(self.params, self.stats, self.opt_state, one).compile()
 
@@ -200,6 +220,13 @@ class Trainer:
         padded = [pad_batch(b, self.global_batch) for b in batches]
         traced, loop = self._convert(padded[0])
         self._start(traced)
+        if traced.draws:  # stock's draws, made on the host at each batch's real rows
+            host = self._host_draws.get(traced.draws)
+            if host is None:
+                host = self._host_draws[traced.draws] = _draws.HostDraws(
+                    traced.draws, self.global_batch
+                )
+            padded = [(*p, host.draw(len(np.asarray(b[0][0])))) for p, b in zip(padded, batches)]
         stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *padded)
         (self.params, self.stats, self.opt_state), losses = loop(
             self.params, self.stats, self.opt_state, stacked
