@@ -124,7 +124,9 @@ class Trainer:
         if "iterations" in self._restored:  # stock's optimizer counts the global step
             opt["iterations"] = jnp.asarray(self._restored["iterations"], opt["iterations"].dtype)
         for slot, values in self._restored.get("slots", {}).items():
-            if slot in opt:
+            if slot in opt and not isinstance(opt[slot], dict):  # a scalar (momentum_cache)
+                opt[slot] = jnp.asarray(values, opt[slot].dtype)
+            elif slot in opt:
                 opt[slot] = {k: jnp.asarray(values.get(k, opt[slot][k])) for k in opt[slot]}
         self.params, self.stats, self.opt_state = jax.device_put(
             (trainable, state, opt), self.replicated
