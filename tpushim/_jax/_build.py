@@ -31,8 +31,10 @@ def refusals(keras_model, optimizer, custom_objects, settings):
     if not tf.executing_eagerly():
         _refuse(
             "a program that disabled TensorFlow 2 behaviour (tf.compat.v1.disable_v2_behavior() "
-            "or disable_eager_execution(): its Keras model is made in a graph, and the engine "
-            "traces the model eagerly)"
+            "or disable_eager_execution(): its Keras model is a TensorFlow 1 graph-mode model, "
+            "whose layers Keras cannot call in the tf.function the engine converts to JAX, nor "
+            "its weights be read eagerly; the engine does not rebuild it eagerly from its config "
+            "and weights)"
         )
     if _tfprivate.keras.is_subclassed(keras_model):
         _refuse("subclassed models")
