@@ -231,7 +231,10 @@ def test_compiled_once_per_shape():
 @pytest.mark.parametrize(
     "optimizer, words",
     [
-        (lambda: tf.keras.optimizers.legacy.Nadam(0.01), "Nadam"),
+        (
+            lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(0.01),
+            "ProximalGradientDescentOptimizer",
+        ),
         (lambda: tf.keras.optimizers.legacy.SGD(0.1, clipnorm=1.0), "clipnorm"),
         (
             lambda: tf.keras.optimizers.legacy.SGD(
