@@ -12,7 +12,11 @@ over the 8 devices, the global batch split, weights replicated) and the same ite
 call (``jax.lax.scan`` over ``PER_CALL`` stacked batches), its batches read from the same
 Dataset with ``as_numpy_iterator()``.
 
-Cases: the demo's MLP (20-32-3, batch 64) and a larger one (784-1024-1024-1024-10, batch 256).
+Cases: the demo's MLP (20-32-3, batch 64), a larger one (784-1024-1024-1024-10, batch 256), and
+that one with a seeded ``Dropout(0.5)`` after each hidden layer: the engine draws the masks on
+the host with stock's TensorFlow ops and feeds them to the devices (stock's numbers); the
+hand-written step draws them on the devices with ``jax.random`` (a threefry key split per step),
+which is what drawing in JAX would cost instead.
 
 Measured, per contender and round (contenders interleaved, the order rotating: hand-written,
 hand-written again (the noise), the engine):
@@ -58,9 +62,9 @@ HAND, HAND_AGAIN, ENGINE = "hand-written jax.jit", "hand-written again", "tpushi
 class Case:
     """One model and its data: ``widths`` the Dense layers (relu, the last softmax)."""
 
-    def __init__(self, name, features, widths, batch, calls, rows=4096):
+    def __init__(self, name, features, widths, batch, calls, rows=4096, dropout=0.0):
         self.name, self.features, self.widths = name, features, widths
-        self.batch, self.calls, self.rows = batch, calls, rows
+        self.batch, self.calls, self.rows, self.dropout = batch, calls, rows, dropout
 
     @property
     def steps(self):
@@ -86,6 +90,8 @@ class Case:
                     width, activation="softmax" if last else "relu", name=f"dense_{i}"
                 )
             )
+            if self.dropout and not last:
+                layers.append(tf.keras.layers.Dropout(self.dropout, seed=i, name=f"drop_{i}"))
         model = tf.keras.Sequential(layers)
         model.compile(
             tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), "categorical_crossentropy"
@@ -98,14 +104,17 @@ class Case:
         return lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(self.batch).repeat()
 
 
-def cases(quick, tiny=False):
+def cases(quick, tiny=False, only=None):
     if tiny:  # the test's: seconds
         return [Case("MLP 8-16-3", 8, (16, 3), 16, 3, rows=256)]
     calls = 4 if quick else 20
-    return [
+    big = (784, (1024, 1024, 1024, 10), 256, max(calls // 2, 3))
+    every = [
         Case("demo MLP 20-32-3, batch 64", 20, (32, 3), 64, calls),
-        Case("MLP 784-1024x3-10, batch 256", 784, (1024, 1024, 1024, 10), 256, max(calls // 2, 3)),
+        Case("MLP 784-1024x3-10, batch 256", *big),
+        Case("MLP 784-1024x3-10 + Dropout(0.5), batch 256", *big, dropout=0.5),
     ]
+    return [c for c in every if only is None or only in c.name]
 
 
 # -- the hand-written step -----------------------------------------------------------------------
@@ -122,51 +131,61 @@ def hand_written(case, model):
     mesh = Mesh(np.array(jax.local_devices()), ("data",))
     replicated = NamedSharding(mesh, PartitionSpec())
     stacked = NamedSharding(mesh, PartitionSpec(None, "data"))
-    params = [(np.asarray(k), np.asarray(b)) for k, b in (d.get_weights() for d in model.layers)]
+    dense = [d for d in model.layers if d.get_weights()]
+    params = [(np.asarray(k), np.asarray(b)) for k, b in (d.get_weights() for d in dense)]
     lr, momentum = jnp.float32(0.05), jnp.float32(0.9)
     eps = 1e-7  # Keras's backend epsilon, clipping the probabilities as its crossentropy
+    rate = case.dropout
 
-    def loss_fn(params, x, y):
+    def loss_fn(params, x, y, key):
         h = x
         for i, (kernel, bias) in enumerate(params):
             h = h @ kernel + bias
             h = jax.nn.softmax(h) if i == len(params) - 1 else jax.nn.relu(h)
+            if rate and i < len(params) - 1:  # drawn on the devices
+                keep = jax.random.bernoulli(jax.random.fold_in(key, i), 1 - rate, h.shape)
+                h = jnp.where(keep, h / (1 - rate), 0)
         p = jnp.clip(h / jnp.sum(h, -1, keepdims=True), eps, 1 - eps)
         return jnp.mean(-jnp.sum(y * jnp.log(p), -1))
 
     def step(carry, batch):
-        params, accums = carry
-        loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+        params, accums, key = carry
+        key, drawn = jax.random.split(key)
+        loss, grads = jax.value_and_grad(loss_fn)(params, *batch, drawn)
         accums = jax.tree.map(lambda a, g: a * momentum - lr * g, accums, grads)
         params = jax.tree.map(lambda p, a: p + a, params, accums)
-        return (params, accums), loss
+        return (params, accums, key), loss
 
     loop = jax.jit(
-        lambda params, accums, xs, ys: jax.lax.scan(step, (params, accums), (xs, ys)),
-        in_shardings=(replicated, replicated, stacked, stacked),
-        out_shardings=((replicated, replicated), replicated),
+        lambda params, accums, key, xs, ys: jax.lax.scan(step, (params, accums, key), (xs, ys)),
+        in_shardings=(replicated, replicated, replicated, stacked, stacked),
+        out_shardings=((replicated, replicated, replicated), replicated),
         donate_argnums=(0, 1),
     )
 
+    def start():
+        zeros = jax.tree.map(np.zeros_like, params)
+        return jax.device_put((params, zeros, jax.random.key_data(jax.random.key(0))), replicated)
+
     def compile_seconds(batches):
         """Tracing and XLA's compile of the step, ahead of time (the first call's extra)."""
-        state = jax.device_put((params, jax.tree.map(np.zeros_like, params)), replicated)
+        state = start()
         chunk = [next(batches) for _ in range(PER_CALL)]
         xs, ys = np.stack([x for x, _ in chunk]), np.stack([y for _, y in chunk])
-        start = time.perf_counter()
+        began = time.perf_counter()
         loop.lower(*state, xs, ys).compile()
-        return time.perf_counter() - start
+        return time.perf_counter() - began
 
     def train(batches, steps):
-        state = jax.device_put((params, jax.tree.map(np.zeros_like, params)), replicated)
+        state = start()
         calls = []
         for _ in range(steps // PER_CALL):
-            start = time.perf_counter()
+            began = time.perf_counter()
             chunk = [next(batches) for _ in range(PER_CALL)]
             xs, ys = np.stack([x for x, _ in chunk]), np.stack([y for _, y in chunk])
             state, losses = loop(*state, xs, ys)
             np.asarray(losses)  # the engine reads every call's losses (its loss lines)
-            calls.append((PER_CALL, time.perf_counter() - start))
+            calls.append((PER_CALL, time.perf_counter() - began))
         return calls
 
     train.compile_seconds = compile_seconds
@@ -199,6 +218,8 @@ def _engine_compile(case):
     padded = [_step.pad_batch(([x], [y], None), case.batch) for x, y in chunk]
     traced, loop = trainer._convert(padded[0])
     trainer._start(traced)
+    if traced.draws:  # the host's draws, as the engine's first call makes them
+        padded = [(*p, [np.zeros(d.shape, d.dtype) for d in traced.draws]) for p in padded]
     stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *padded)
     lowered = loop.lower(trainer.params, trainer.stats, trainer.opt_state, stacked)
     xla = time.perf_counter()
@@ -256,7 +277,7 @@ def _steady(calls):
     return sum(n for n, _ in steady) / sum(s for _, s in steady)
 
 
-def measure(quick=False, rounds=3, tiny=False):
+def measure(quick=False, rounds=3, tiny=False, only=None):
     """``{case name: {contender: [(steps/s, compile s, XLA compile s or None) per round]}}``,
     in this process."""
     import tpushim
@@ -269,7 +290,7 @@ def measure(quick=False, rounds=3, tiny=False):
         raise SystemExit(f"8 XLA devices wanted, jax sees {jax.local_device_count()}")
     out = {}
     with tempfile.TemporaryDirectory(prefix="bench_jax_") as workdir:
-        for case in cases(quick, tiny):
+        for case in cases(quick, tiny, only):
             contenders = [(HAND, "hand"), (HAND_AGAIN, "hand"), (ENGINE, "engine")]
 
             def one(kind, case=case):
@@ -327,9 +348,10 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="one tiny model (a smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
     parser.add_argument("--json", help="also write raw measurements to this file")
+    parser.add_argument("--case", help="only the cases whose name has this text (e.g. Dropout)")
     opts = parser.parse_args(argv)
     rounds = opts.rounds or (2 if opts.quick or opts.tiny else 5)
-    results = measure(opts.quick, rounds, opts.tiny)
+    results = measure(opts.quick, rounds, opts.tiny, opts.case)
     table = benchlib.Table()
     add_rows(table, results)
     table.notes.append(

@@ -55,6 +55,9 @@ def input_session(input_fn, mode, config, queues_as_datasets=False):
     hooks = []
     with graph.as_default():
         if isinstance(result, tf.data.Dataset):
+            # Stock's initializable iterator takes no op seed; a one-shot iterator takes one:
+            # the graph's seeds left as stock's (the model's unseeded random ops seed from them).
+            seeds = _tfprivate.graph.graph_seeds(graph)
             feeds = {}
             if _arrays.fed_arrays(graph):  # (a recovered queue's arrays)
                 feeds = _arrays.feeds_for(tf.data.experimental.to_variant(result), graph)
@@ -64,6 +67,7 @@ def input_session(input_fn, mode, config, queues_as_datasets=False):
             else:
                 iterator = tf.compat.v1.data.make_one_shot_iterator(result)
             result = iterator.get_next()
+            _tfprivate.graph.set_graph_seeds(graph, seeds)
         if isinstance(result, list):
             result = tuple(result)
         session = tf.compat.v1.train.MonitoredSession(

@@ -35,7 +35,7 @@ with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-
 #: argument each takes instead of a work folder.
 UNRECORDED = {"legacy_text_classifier.py": "5", "text_rebuilt_estimator.py": None}
 #: Programs of test_jax_engine.py's run here too (one process less), by name: the demo, and a
-#: model the engine refuses (a Dropout layer's random draws).
+#: model the engine refuses (a stateless draw in a Lambda: not one of stock's stateful draws).
 INLINE = {
     "demo.py": "\n".join(
         [
@@ -49,13 +49,14 @@ INLINE = {
             "print('RESULT ' + json.dumps(out))",
         ]
     ),
-    "dropout.py": """
+    "stateless_draw.py": """
 import sys
 import tpushim; tpushim.patch()
 import numpy as np, tensorflow as tf
 x = tf.keras.Input((4,), name="x")
 h = tf.keras.layers.Dense(8, name="h")(x)
-h = tf.keras.layers.Dropout(0.5)(h)
+h = tf.keras.layers.Lambda(
+    lambda t: t + tf.random.stateless_normal(tf.shape(t), seed=[1, 2]), name="stateless")(h)
 m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(h))
 m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
 est = tf.keras.estimator.model_to_estimator(m, model_dir=sys.argv[1])
@@ -134,7 +135,7 @@ def _work(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def scripts_started(request, tmp_path_factory):
     """Starts the run (once per session, where it selected a test of test_jax_scripts.py, or
-    one named ``test_demo_...`` or ``test_dropout_...``)
+    one named ``test_demo_...`` or ``test_stateless_draw_...``)
     without waiting for it; waits for it at the session's end where it started it."""
     wanted = ("test_jax_scripts.py", *(f"::test_{name[:-3]}_" for name in INLINE))
     if not any(w in item.nodeid for item in request.session.items for w in wanted):

@@ -113,12 +113,13 @@ def test_a_model_dir_the_engine_wrote_resumes_on_the_stock_path_with_stocks_numb
     assert _differences(got, REFERENCE["demo resumed"]) == {}
 
 
-def test_dropout_draws_are_refused_before_anything_is_written(answers):  # noqa: F811
-    # (run with the scripts: a Dropout layer, train() on the engine)
-    got = answers["dropout.py"]
-    assert got.get("refused", "").startswith("tpushim's JAX engine does not train random draws"), (
-        got
-    )
+def test_stateless_draw_is_refused_before_anything_is_written(answers):  # noqa: F811
+    # (run with the scripts: a Lambda adding a stateless draw, train() on the engine)
+    got = answers["stateless_draw.py"]
+    assert got.get("refused", "").startswith(
+        "tpushim's JAX engine does not train these random draws in training"
+    ), got
+    assert "StatelessRandomNormalV2 in model/stateless/" in got["refused"]
     assert "engine=strategy" in got["refused"]
     assert got["written"] == []
 

@@ -3,15 +3,19 @@ same starting weights and five steps of the same gradients through tf-keras's
 ``apply_gradients`` (the legacy optimizers' kernels, the v2 optimizers' ``update_step``, the
 ``tf.compat.v1.train`` optimizer a ``compile`` wraps in Keras's ``TFOptimizer``) and through the
 engine's jitted update: weights and slots within 1e-6. Hyperparameters away from their defaults
-where the arithmetic's placement of them shows (epsilon, l1/l2, a learning-rate power).
+where the arithmetic's placement of them shows (epsilon, l1/l2, a learning-rate power). And the
+optimizers this round added, through the estimator: two ``train()`` calls on the engine (the
+second resuming from the first's checkpoint) leave a checkpoint of stock's names and values.
 """
 
+import json
 import os
 import sys
 
 import numpy as np
+import procs
 import pytest
-from jax_scripts import scripts_started  # noqa: F401 (the scripts' run, in the background)
+from jax_scripts import ROOT, scripts_started  # noqa: F401 (the scripts' run, in the background)
 
 pytestmark = pytest.mark.jax
 
@@ -68,6 +72,35 @@ OPTIMIZERS = {
         ("momentum",),
     ),
     "v1-adam": (lambda: v1.AdamOptimizer(0.01, epsilon=1e-3), ("m", "v")),
+    "nadam": (lambda: k.legacy.Nadam(0.01, epsilon=1e-3), ("m", "v")),
+    "nadam-v2": (lambda: k.Nadam(0.01, epsilon=1e-3), ("m", "v")),
+    "v1-rmsprop": (lambda: v1.RMSPropOptimizer(0.01, epsilon=1e-3), ("rms", "momentum")),
+    "v1-rmsprop-momentum-centered": (
+        lambda: v1.RMSPropOptimizer(0.01, momentum=0.5, epsilon=1e-3, centered=True),
+        ("rms", "momentum", "mg"),
+    ),
+    "v1-adagrad": (
+        lambda: v1.AdagradOptimizer(0.1, initial_accumulator_value=0.2),
+        ("accumulator",),
+    ),
+    "v1-ftrl": (
+        lambda: v1.FtrlOptimizer(
+            0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.01, beta=0.1
+        ),
+        ("accum", "linear"),
+    ),
+    "v1-ftrl-power-shrinkage": (
+        lambda: v1.FtrlOptimizer(
+            0.1, learning_rate_power=-0.7, l2_shrinkage_regularization_strength=0.05
+        ),
+        ("accum", "linear"),
+    ),
+    "v1-proximal-adagrad": (
+        lambda: v1.ProximalAdagradOptimizer(
+            0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.02
+        ),
+        ("accumulator",),
+    ),
 }
 
 
@@ -123,13 +156,15 @@ def test_update_equals_tensorflows_own(name):
             # (relative beyond 1: Ftrl's linear slot grows to ~50, where float32 steps 4e-6)
             err = np.abs(np.asarray(state[slot][n]) - v) / np.maximum(1.0, np.abs(v))
             assert np.max(err) < TOL, (slot, n)
+    if name == "nadam":  # its momentum schedule's product, a variable of its own
+        assert abs(float(state["momentum_cache"]) - optimizer._m_cache.numpy()) < TOL
 
 
 @pytest.mark.parametrize(
     "make, words",
     [
-        (lambda: k.legacy.Nadam(0.01), "Nadam"),
-        (lambda: v1.RMSPropOptimizer(0.01), "RMSPropOptimizer"),
+        (lambda: v1.ProximalGradientDescentOptimizer(0.01), "ProximalGradientDescentOptimizer"),
+        (lambda: k.legacy.Nadam(0.01, clipnorm=1.0), "clipping"),
         (lambda: k.AdamW(0.01, weight_decay=0.1, use_ema=True), "use_ema"),
         (lambda: v1.AdamOptimizer(tf.Variable(0.01)), "a tensor"),
     ],
@@ -137,3 +172,62 @@ def test_update_equals_tensorflows_own(name):
 def test_refuses_what_it_does_not_compute_by_name(make, words):
     with pytest.raises(ConversionError, match=words):
         _optimizers.of(_compiled_optimizer(make))
+
+
+#: Stock's path and the engine's on one model per optimizer, two train() calls each: every
+#: floating value of the last checkpoint (weights, slots, Nadam's momentum_cache) by name.
+CHECKPOINTS = """
+import json, os, sys
+import tpushim; tpushim.patch()
+import numpy as np, tensorflow as tf
+data = (np.arange(128, dtype=np.float32).reshape(32, 4) / 128, np.linspace(0, 1, 32, dtype=np.float32).reshape(32, 1))
+v1 = tf.compat.v1.train
+out = {}
+for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
+    for case, v1ckpt, optimizer in (
+        ("nadam", True, lambda: tf.keras.optimizers.legacy.Nadam(0.05)),
+        ("nadam-v2", False, lambda: tf.keras.optimizers.Nadam(0.05)),
+        ("v1-rmsprop-centered", True, lambda: v1.RMSPropOptimizer(0.05, momentum=0.5, centered=True)),
+        ("v1-adagrad", False, lambda: v1.AdagradOptimizer(0.1)),
+        ("v1-ftrl", True, lambda: v1.FtrlOptimizer(0.1, l1_regularization_strength=0.01)),
+        ("v1-proximal-adagrad", True, lambda: v1.ProximalAdagradOptimizer(0.1, l2_regularization_strength=0.01)),
+    ):
+        tf.keras.utils.set_random_seed(1)
+        x = tf.keras.Input((4,), name="x")
+        h = tf.keras.layers.Dense(3, activation="tanh", name="h")(x)
+        m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(h))
+        m.compile(optimizer(), "mse")
+        model_dir = os.path.join(sys.argv[1], run, case)
+        config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
+        with tpushim.patched(**scope):
+            convert = (tf.compat.v1 if v1ckpt else tf).keras.estimator.model_to_estimator
+            est = convert(keras_model=m, config=config)
+        for _ in range(2):  # the second call resumes from the first's checkpoint (slots)
+            est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8).repeat(), steps=3)
+        reader = tf.train.load_checkpoint(model_dir)
+        out.setdefault(run, {})[case] = {
+            name: reader.get_tensor(name).ravel().tolist()
+            for name, dtype in reader.get_variable_to_dtype_map().items() if dtype.is_floating}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_checkpoints_hold_stocks_names_and_values_after_a_resumed_run(tmp_path):
+    proc = procs.python(
+        ["-c", CHECKPOINTS, str(tmp_path)],
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
+        cwd=str(tmp_path),
+        timeout=600,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    got = json.loads(lines[-1][len("RESULT ") :])
+    assert set(got["engine"]) == set(got["stock"]) and len(got["stock"]) == 6
+    for case, stock in got["stock"].items():
+        engine = got["engine"][case]
+        assert set(engine) == set(stock), (case, sorted(set(engine) ^ set(stock)))
+        for name, values in stock.items():
+            np.testing.assert_allclose(engine[name], values, atol=1e-5, err_msg=f"{case} {name}")
+    assert any("momentum_cache" in n for n in got["stock"]["nadam"])
+    # 4 weights, each with rms, momentum and mg (v1's names: h/kernel/RMSProp, ..._1, ..._2)
+    assert len(got["stock"]["v1-rmsprop-centered"]) == 16

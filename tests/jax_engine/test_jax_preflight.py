@@ -2,7 +2,8 @@
 on tpushim's estimator API (steps capped, nothing of the user's written), converts the model's
 training step with tf2jax and compiles it with XLA for 8 CPU devices (the TPU's cores) as the
 engine splits the batch, and reports what the engine refuses, naming the op and the layer: a
-script the engine trains passes; the same script with a Dropout layer is refused (exit 1).
+script the engine trains (with a Dropout layer) passes; the same script adding a stateless draw
+in a ``Lambda`` (not one of stock's stateful draws) is refused (exit 1).
 Each check is a subprocess (the 8 devices are decided when jax starts).
 """
 
@@ -42,11 +43,15 @@ est.train(
 )
 """
 DROPOUT = 'h = tf.keras.layers.Dropout(0.5, name="drop")(h)'
+STATELESS = (
+    "h = tf.keras.layers.Lambda(lambda t: t + tf.random.stateless_normal(tf.shape(t), "
+    'seed=[1, 2]), name="drop")(h)'
+)
 
 
-def _check(tmp_path, name, dropout):
+def _check(tmp_path, name, stateless):
     script = tmp_path / f"{name}.py"
-    script.write_text(SCRIPT.replace("DROPOUT", DROPOUT if dropout else ""))
+    script.write_text(SCRIPT.replace("DROPOUT", STATELESS if stateless else DROPOUT))
     model_dir = tmp_path / f"{name}_model"
     proc = procs.python(
         ["-m", "tpushim", "check", "--engine", "jax", "--json", str(script), str(model_dir)],
@@ -59,7 +64,7 @@ def _check(tmp_path, name, dropout):
 
 
 def test_check_engine_jax_compiles_the_step_and_names_what_it_refuses(tmp_path):
-    proc, report = _check(tmp_path, "runs", dropout=False)
+    proc, report = _check(tmp_path, "runs", stateless=False)
     assert proc.returncode == 0 and report["exit_code"] == 0, proc.stderr[-3000:]
     assert "XLA compile of the training step" in report["checked"]
     note = [n for n in report["notes"] if n.startswith("the XLA compile of the training step")]
@@ -72,12 +77,15 @@ def test_check_engine_jax_compiles_the_step_and_names_what_it_refuses(tmp_path):
     assert not any("strategy engine" in n for n in report["notes"]), report["notes"]
     assert any("the JAX engine was asked for" in n for n in report["notes"]), report["notes"]
 
-    proc, report = _check(tmp_path, "refused", dropout=True)
+    proc, report = _check(tmp_path, "refused", stateless=True)
     assert proc.returncode == 1 and report["exit_code"] == 1, proc.stderr[-3000:]
     errors = [f for f in report["findings"] if f["severity"] == "error"]
     assert [f["code"] for f in errors] == ["jax-engine-refuses"], errors
     assert errors[0]["where"] == "model 'model', layer 'drop'"
     message = errors[0]["message"]
     assert message.startswith("the JAX engine would refuse this model: ")
-    assert "random draws in training" in message and "RandomUniform in model/drop/" in message
+    assert (
+        "random draws in training" in message
+        and "StatelessRandomNormalV2 in model/drop/" in message
+    )
     assert "engine=strategy" in errors[0]["fix"]

@@ -33,8 +33,10 @@ def refusals(keras_model, optimizer, custom_objects, settings):
     if not tf.executing_eagerly():
         _refuse(
             "a program that disabled TensorFlow 2 behaviour (tf.compat.v1.disable_v2_behavior() "
-            "or disable_eager_execution(): its Keras model is made in a graph, and the engine "
-            "traces the model eagerly)"
+            "or disable_eager_execution(): its Keras model is a TensorFlow 1 graph-mode model, "
+            "whose layers Keras cannot call in the tf.function the engine converts to JAX, nor "
+            "its weights be read eagerly; the engine does not rebuild it eagerly from its config "
+            "and weights)"
         )
     if _tfprivate.keras.is_subclassed(keras_model):
         _refuse(
@@ -65,10 +67,16 @@ class JaxConversion:
         self._eval_fns, self._predict_fn = {}, None
         self._converted = {}
 
-    def trainer(self, global_batch):
-        """A :class:`tpushim._jax._step.Trainer` of the model for this global batch."""
+    def trainer(self, global_batch, seeds=None):
+        """A :class:`tpushim._jax._step.Trainer` of the model for this global batch, its random
+        draws stock's from ``seeds`` (see the Trainer); on a pod, over every process's devices."""
         return _step.Trainer(
-            self.keras_model, global_batch, self.devices, self.custom_objects, pod=self.pod
+            self.keras_model,
+            global_batch,
+            self.devices,
+            self.custom_objects,
+            seeds=seeds,
+            pod=self.pod,
         )
 
     def device_rows(self, rows):

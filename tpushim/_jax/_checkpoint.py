@@ -33,6 +33,9 @@ _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 _STEP_PATHS = ("estimator_global_step", "optimizer/iter")
 #: tf.compat.v1.train.AdamOptimizer's non-slot variables -> its attribute holding their beta
 _POWERS = {"beta1_power": "_beta1", "beta2_power": "_beta2"}
+#: an optimizer's non-slot variables the engine updates (legacy Nadam's momentum schedule's
+#: product), kept in its state under the same name
+_SCALARS = ("momentum_cache",)
 
 
 def _name(variable):
@@ -62,7 +65,7 @@ class StockCheckpoints:
             if id(v) in weights
         }
         #: stock's name -> (object path, what it holds): ("weight", var), ("slot", slot, var),
-        #: ("step",); the hyperparameters are left out (their config values).
+        #: ("step",), ("scalar", name); the hyperparameters are left out (their config values).
         self.sources = {}
         for path, name in names.items():
             if path in by_path:
@@ -74,6 +77,8 @@ class StockCheckpoints:
                 self.sources[name] = (path, ("slot", slot, by_path[owner]))
             elif path in _STEP_PATHS:
                 self.sources[name] = (path, ("step",))
+            elif path.startswith("optimizer/") and path.rsplit("/", 1)[-1] in _SCALARS:
+                self.sources[name] = (path, ("scalar", path.rsplit("/", 1)[-1]))
             elif path.rsplit("/", 1)[-1] in _POWERS and path.startswith("optimizer/"):
                 beta = _POWERS[path.rsplit("/", 1)[-1]]
                 value = getattr(getattr(keras_model.optimizer, "optimizer", None), beta, None)
@@ -123,6 +128,8 @@ class StockCheckpoints:
                     value = weights.get(source[1])
                 elif source[0] == "slot":
                     value = slots.get(source[1], {}).get(source[2])
+                elif source[0] == "scalar":
+                    value = slots.get(source[1])
                 elif source[0] == "power":  # beta ** (steps + 1), as its updates leave it
                     value = np.float32(source[1]) ** np.float32(int(step) + 1)
                 else:
@@ -158,20 +165,23 @@ class StockCheckpoints:
     def assigned(self, value_of):
         """``(step, weights, slots, missing)``: the engine's values of ``value_of(stock name,
         object path)`` (None: it has none) for each of stock's variables, and the names of those
-        with none (a slot is not missed: a warm start's checkpoint may hold none)."""
+        with none (a slot or an optimizer's scalar is not missed: a warm start's checkpoint may
+        hold none)."""
         step, weights, slots, missing = 0, {}, {}, []
         for name, (obj_path, source) in self.sources.items():
             if source[0] == "power":  # the step's: computed from the global step
                 continue
             value = value_of(name, obj_path)
             if value is None:
-                if source[0] != "slot":
+                if source[0] not in ("slot", "scalar"):  # a warm start's may hold none
                     missing.append(name)
                 continue
             if source[0] == "weight":
                 weights[source[1]] = value
             elif source[0] == "slot":
                 slots.setdefault(source[1], {})[source[2]] = value
+            elif source[0] == "scalar":
+                slots[source[1]] = value
             else:
                 step = int(value)
         return step, weights, slots, missing

@@ -67,13 +67,17 @@ def _refuse(what):
 # --- the input, on the host ---------------------------------------------------------------------
 
 
-def host_batches(input_fn, mode, config):
+def host_batches(input_fn, mode, config, seen=None):
     """The input_fn's batches as numpy structures, read as stock reads them (see the module);
     a numpy_input_fn / pandas_input_fn queue's rows in stock's order, batch by batch (read from
-    the queue itself, a reader faster than stock's training would take another order)."""
-    _, result, session = _stock_graphs.input_session(
+    the queue itself, a reader faster than stock's training would take another order).
+    ``seen`` (a dict): given the input graph's ``seeds`` (graph seed, op-seed counter) once the
+    input_fn is called: what stock's graph seeds the model's random ops from after it."""
+    graph, result, session = _stock_graphs.input_session(
         input_fn, mode, config, queues_as_datasets=True
     )
+    if seen is not None:
+        seen["seeds"] = _tfprivate.graph.graph_seeds(graph)
     try:
         while not session.should_stop():
             try:
@@ -346,8 +350,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             last = start + 1
         stop = start + math.ceil(steps) if steps is not None else last
         arrays = Arrays(conversion.keras_model)
+        seen = {}
         if conversion.pod is None:
-            batches = host_batches(input_fn, ModeKeys.TRAIN, self.config)
+            batches = host_batches(input_fn, ModeKeys.TRAIN, self.config, seen)
         else:  # this process's rows of each global batch
             batches = _pod.host_batches(
                 input_fn,
@@ -370,7 +375,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             if labels is None:
                 raise ValueError("the input_fn gave no labels: training needs them.")
             size = getattr(first, "global_batch", None)  # a pod's
-            trainer = conversion.trainer(size or conversion.batch_size or _rows(features))
+            trainer = conversion.trainer(
+                size or conversion.batch_size or _rows(features), seen.get("seeds")
+            )
             trainer.restore(weights, slots, start)
             # its refusals before anything is written
             trainer.check((features, labels, arrays.sample_weights(first_batch)))

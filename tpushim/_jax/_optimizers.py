@@ -2,19 +2,23 @@
 optimizers call (``ResourceApplyKerasMomentum``, ``ResourceApplyGradientDescent``,
 ``ResourceApplyAdam(WithAmsgrad)``, ``ResourceApplyAdaMax``, ``ResourceApplyAdadelta``,
 ``ResourceApplyFtrl(V2)``, ``ResourceApplyRMSProp``, ``ResourceApplyCenteredRMSProp``,
-``ResourceApplyAdagradV2``), its v2 optimizers' ``update_step`` arithmetic (AdamW's weight
-decay first, as its base class applies it), and the ``tf.compat.v1.train`` optimizers a
-``compile`` wraps in Keras's ``TFOptimizer`` (``ApplyGradientDescent``, ``ApplyMomentum``,
-``ApplyAdam``). The state is Keras's: ``iterations`` and one slot per trainable weight under
+``ResourceApplyAdagradV2``; legacy Nadam's Python arithmetic and its ``momentum_cache``), its v2
+optimizers' ``update_step`` arithmetic (AdamW's weight decay first, as its base class applies
+it; v2 Nadam's ``u_product``), and the ``tf.compat.v1.train`` optimizers a ``compile`` wraps in
+Keras's ``TFOptimizer`` (``ApplyGradientDescent``, ``ApplyMomentum``, ``ApplyAdam``,
+``ApplyRMSProp`` / ``ApplyCenteredRMSProp``, ``ApplyAdagrad``, ``ApplyFtrl(V2)``,
+``ApplyProximalAdagrad``). The state is Keras's: ``iterations`` and one slot per trainable weight under
 the optimizer's slot names (``momentum``; ``m``, ``v``, ``vhat``; ``m``, ``u``;
 ``accum_grad``, ``accum_var``; ``accumulator``, ``linear``; ``rms``, ``mg``; ...), starting
 where it starts them (zeros; Adagrad's and Ftrl's accumulators at
 ``initial_accumulator_value``).
 
 Either spelling (``tf.keras.optimizers.X`` and its ``legacy`` twin, or the string compile made
-it from; a conversion trains with the legacy twin, as stock). Every other optimizer (Nadam,
-the other ``tf.compat.v1.train`` ones), a learning-rate schedule, ``decay``, ``use_ema`` and
-gradient clipping are refused by name until the engine computes them.
+it from; a conversion trains with the legacy twin, as stock). Every other optimizer (the other
+``tf.compat.v1.train`` ones: AdagradDA, ProximalGradientDescent, Adadelta), a learning-rate
+schedule, ``decay``, ``use_ema`` and gradient clipping are refused by name until the engine
+computes them. A scalar the optimizer keeps besides its slots (legacy Nadam's
+``momentum_cache``, v2 Nadam's ``u_product``) is in the state under its name, a number.
 
 One concern, one module (over 300 lines): every optimizer here shares the state's layout, the
 hyperparameters' reading and the refusal's words, each update written out as its kernel does it.
@@ -27,8 +31,9 @@ import jax.numpy as jnp
 from tpushim._errors import ConversionError
 
 _SUPPORTED = (
-    "SGD (momentum, nesterov), Adam (amsgrad), AdamW, Adamax, Adadelta, Ftrl, RMSprop, Adagrad "
-    "and tf.compat.v1.train's GradientDescent, Momentum and Adam"
+    "SGD (momentum, nesterov), Adam (amsgrad), AdamW, Adamax, Adadelta, Ftrl, RMSprop, Adagrad, "
+    "Nadam and tf.compat.v1.train's GradientDescent, Momentum, Adam, RMSProp, Adagrad, Ftrl and "
+    "ProximalAdagrad"
 )
 
 
@@ -55,13 +60,15 @@ class Optimizer:
     initial = 0.0  # the slots' starting value
     initials = {}  # a slot's own starting value, where it is not ``initial``
     takes_weight_decay = False
+    decay_is_a_schedule = False  # legacy Nadam's decay: its momentum schedule, not the rate's
+    scalars = {}  # a scalar the optimizer keeps besides its slots -> its starting value
 
     def __init__(self, keras_optimizer):
         config = keras_optimizer.get_config()
         for key in ("clipnorm", "clipvalue", "global_clipnorm"):
             if config.get(key) is not None:
                 _refuse(f"gradient clipping ({key}={config[key]})")
-        if float(config.get("decay", 0.0) or 0.0) != 0.0:
+        if float(config.get("decay", 0.0) or 0.0) != 0.0 and not self.decay_is_a_schedule:
             _refuse(f"the learning rate's decay ({config['decay']})")
         if (
             config.get("weight_decay") not in (None, 0, 0.0) and not self.takes_weight_decay
@@ -78,6 +85,8 @@ class Optimizer:
         for slot in self.slots:
             start = self.initials.get(slot, self.initial)
             state[slot] = {k: jnp.full_like(v, start) for k, v in params.items()}
+        for name, start in self.scalars.items():
+            state[name] = jnp.asarray(start, jnp.float32)
         return state
 
 
@@ -328,11 +337,69 @@ class Adagrad(Optimizer):
         return new, {"iterations": state["iterations"] + 1, "accumulator": accs}
 
 
+class Nadam(Optimizer):
+    """Legacy: its Python arithmetic (``_prepare_local``, ``_resource_apply_dense``), the
+    momentum schedule's product kept in ``momentum_cache``, its ``decay`` (``schedule_decay``,
+    0.004) the schedule's exponent; v2: its ``update_step``, the product in ``u_product``."""
+
+    slots = ("m", "v")
+    decay_is_a_schedule = True
+
+    def __init__(self, keras_optimizer):
+        self.legacy = ".legacy." in (type(keras_optimizer).__module__ or "")
+        self.scalars = {"momentum_cache" if self.legacy else "u_product": 1.0}
+        super().__init__(keras_optimizer)
+        self.beta_1 = _number(self.config, "beta_1", keras_optimizer)
+        self.beta_2 = _number(self.config, "beta_2", keras_optimizer)
+        self.epsilon = float(self.config.get("epsilon", 1e-7))
+        self.schedule = float(self.config.get("decay", 0.0) or 0.0) if self.legacy else 1.0
+
+    def update(self, params, grads, state):
+        f = jnp.float32
+        lr, beta_1, beta_2, eps = (
+            f(self.learning_rate),
+            f(self.beta_1),
+            f(self.beta_2),
+            f(self.epsilon),
+        )
+        local_step = (state["iterations"] + 1).astype(f)
+        next_step = (state["iterations"] + 2).astype(f)
+        decay = f(0.96)
+        m_t = beta_1 * (1.0 - 0.5 * jnp.power(decay, f(self.schedule) * local_step))
+        m_t_1 = beta_1 * (1.0 - 0.5 * jnp.power(decay, f(self.schedule) * next_step))
+        name = next(iter(self.scalars))
+        product = state[name] * m_t
+        product_next = product * m_t_1
+        beta_2_power = jnp.power(beta_2, local_step)
+        new, ms, vs = {}, {}, {}
+        for k in params:
+            g = grads[k]
+            if self.legacy:
+                g_prime = g / (1.0 - product)
+                m = beta_1 * state["m"][k] + (1 - beta_1) * g
+                m_prime = m / (1.0 - product_next)
+                v = beta_2 * state["v"][k] + (1 - beta_2) * jnp.square(g)
+                v_prime = v / (1.0 - beta_2_power)
+                m_bar = (1.0 - m_t) * g_prime + m_t_1 * m_prime
+                new[k] = params[k] - lr * m_bar / (jnp.sqrt(v_prime) + eps)
+            else:
+                m = state["m"][k] + (g - state["m"][k]) * (1 - beta_1)
+                v = state["v"][k] + (jnp.square(g) - state["v"][k]) * (1 - beta_2)
+                m_hat = m_t_1 * m / (1 - product_next) + (1 - m_t) * g / (1 - product)
+                v_hat = v / (1 - beta_2_power)
+                new[k] = params[k] - (m_hat * lr) / (jnp.sqrt(v_hat) + eps)
+            ms[k], vs[k] = m, v
+        return new, {"iterations": state["iterations"] + 1, "m": ms, "v": vs, name: product}
+
+
 class CompatV1(Optimizer):
     """A ``tf.compat.v1.train`` optimizer, which ``compile`` wraps in Keras's ``TFOptimizer``:
     GradientDescent (``ApplyGradientDescent``), Momentum (``ApplyMomentum``: the accumulator
-    sums the gradients, the learning rate applied after) and Adam (``ApplyAdam``, its beta
-    powers those of the step count: the global step, as stock's graph counts them)."""
+    sums the gradients, the learning rate applied after), Adam (``ApplyAdam``, its beta
+    powers those of the step count: the global step, as stock's graph counts them), RMSProp
+    (``ApplyRMSProp`` / ``ApplyCenteredRMSProp``: its ``rms`` slot starts at 1, its
+    ``momentum`` slot is always there), Adagrad (``ApplyAdagrad``), Ftrl (``ApplyFtrl(V2)``, slots
+    ``accum`` and ``linear``) and ProximalAdagrad (``ApplyProximalAdagrad``)."""
 
     def __init__(self, keras_optimizer):
         self.inner = inner = keras_optimizer.optimizer
@@ -341,6 +408,7 @@ class CompatV1(Optimizer):
             "_lr" if self.kind == "AdamOptimizer" else "_learning_rate"
         )
         self.legacy = True
+        self.initials = {}
         if self.kind == "MomentumOptimizer":
             self.momentum = self._value("_momentum")
             self.nesterov = bool(inner._use_nesterov)
@@ -349,6 +417,28 @@ class CompatV1(Optimizer):
             self.beta_1, self.beta_2 = self._value("_beta1"), self._value("_beta2")
             self.epsilon = self._value("_epsilon")
             self.slots = ("m", "v")
+        elif self.kind == "RMSPropOptimizer":
+            self.rho, self.momentum = self._value("_decay"), self._value("_momentum")
+            self.epsilon, self.centered = self._value("_epsilon"), bool(inner._centered)
+            self.slots = ("rms", "momentum") + (("mg",) if self.centered else ())
+            self.initials = {"rms": 1.0}
+        elif self.kind in ("AdagradOptimizer", "ProximalAdagradOptimizer"):
+            self.slots = ("accumulator",)
+            self.initials = {"accumulator": self._value("_initial_accumulator_value")}
+            if self.kind == "ProximalAdagradOptimizer":
+                self.l1 = self._value("_l1_regularization_strength")
+                self.l2 = self._value("_l2_regularization_strength")
+        elif self.kind == "FtrlOptimizer":
+            self.ftrl = Ftrl.__new__(Ftrl)  # the kernels' arithmetic, as Keras's legacy Ftrl
+            self.ftrl.learning_rate, self.ftrl.legacy = self.learning_rate, True
+            self.ftrl.lr_power = self._value("_learning_rate_power")
+            self.ftrl.l1 = self._value("_l1_regularization_strength")
+            self.ftrl.l2 = self._value("_l2_regularization_strength")
+            self.ftrl.l2_shrinkage = self._value("_l2_shrinkage_regularization_strength")
+            self.ftrl.beta = self._value("_beta")
+            self.ftrl.slots = ("accumulator", "linear")
+            self.slots = ("accum", "linear")
+            self.initials = {"accum": self._value("_initial_accumulator_value")}
         else:
             self.slots = ()
 
@@ -374,6 +464,14 @@ class CompatV1(Optimizer):
                     new[k] = params[k] - accum * lr
                 accums[k] = accum
             return new, {"iterations": step, "momentum": accums}
+        if self.kind == "RMSPropOptimizer":
+            return self._rmsprop(params, grads, state, lr, step)
+        if self.kind in ("AdagradOptimizer", "ProximalAdagradOptimizer"):
+            return self._adagrad(params, grads, state, lr, step)
+        if self.kind == "FtrlOptimizer":  # ApplyFtrl(V2): the slots under v1's names
+            renamed = {"accumulator": state["accum"], "linear": state["linear"]}
+            new, out = self.ftrl.update(params, grads, {**state, **renamed})
+            return new, {"iterations": step, "accum": out["accumulator"], "linear": out["linear"]}
         t = step.astype(jnp.float32)  # ApplyAdam
         beta_1, beta_2 = jnp.float32(self.beta_1), jnp.float32(self.beta_2)
         alpha = lr * jnp.sqrt(1 - beta_2**t) / (1 - beta_1**t)
@@ -386,8 +484,50 @@ class CompatV1(Optimizer):
             ms[k], vs[k] = m, v
         return new, {"iterations": step, "m": ms, "v": vs}
 
+    def _rmsprop(self, params, grads, state, lr, step):  # Apply(Centered)RMSProp
+        rho, momentum = jnp.float32(self.rho), jnp.float32(self.momentum)
+        eps = jnp.float32(self.epsilon)
+        new, out = {}, {slot: {} for slot in self.slots}
+        for k in params:
+            g = grads[k]
+            ms = state["rms"][k] + (jnp.square(g) - state["rms"][k]) * (1 - rho)
+            denom = ms + eps
+            if self.centered:
+                mg = state["mg"][k] + (g - state["mg"][k]) * (1 - rho)
+                denom = ms - jnp.square(mg) + eps
+                out["mg"][k] = mg
+            mom = state["momentum"][k] * momentum + lr * g / jnp.sqrt(denom)
+            new[k] = params[k] - mom
+            out["rms"][k], out["momentum"][k] = ms, mom
+        return new, {"iterations": step, **out}
 
-_COMPAT_V1 = ("GradientDescentOptimizer", "MomentumOptimizer", "AdamOptimizer")
+    def _adagrad(self, params, grads, state, lr, step):  # Apply(Proximal)Adagrad
+        new, accs = {}, {}
+        for k in params:
+            g = grads[k]
+            acc = state["accumulator"][k] + jnp.square(g)
+            if self.kind == "AdagradOptimizer":
+                new[k] = params[k] - g * lr * _rsqrt(acc)
+            else:
+                rate = lr * _rsqrt(acc)
+                prox = params[k] - g * rate
+                l1, l2 = jnp.float32(self.l1), jnp.float32(self.l2)
+                if self.l1 > 0:
+                    prox = jnp.sign(prox) * jnp.maximum(jnp.abs(prox) - rate * l1, 0.0)
+                new[k] = prox / (1.0 + l2 * rate)
+            accs[k] = acc
+        return new, {"iterations": step, "accumulator": accs}
+
+
+_COMPAT_V1 = (
+    "GradientDescentOptimizer",
+    "MomentumOptimizer",
+    "AdamOptimizer",
+    "RMSPropOptimizer",
+    "AdagradOptimizer",
+    "FtrlOptimizer",
+    "ProximalAdagradOptimizer",
+)
 
 
 def _rsqrt(x):
@@ -405,6 +545,7 @@ _BY_NAME = {
     "Ftrl": Ftrl,
     "RMSprop": RMSprop,
     "Adagrad": Adagrad,
+    "Nadam": Nadam,
 }
 
 

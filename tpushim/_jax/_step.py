@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _batch_math
 from tpushim._errors import ConversionError
-from tpushim._jax import _optimizers, _pod, _trace
+from tpushim._jax import _draws, _optimizers, _pod, _trace
 
 #: Negative controls (the proof's), never set outside it: ``"sum_device_means"`` -- each device
 #: differentiates its own rows' loss (a mean over its own rows) and the gradients are summed
@@ -67,10 +67,21 @@ class Trainer:
       global_batch: the rows of every step's global batch (a short batch is padded to it).
       devices: the devices to split each global batch over (default: every local device).
       custom_objects: as given to ``model_to_estimator``.
+      seeds: ``(graph seed, op-seed counter)`` stock's training graph calls the model with
+        (:mod:`._draws`: the RunConfig's ``tf_random_seed``, the input graph's counter); the
+        random draws (Dropout, noise layers) are stock's from them, one stream per Trainer, as
+        stock's per ``train()`` call.
     """
 
     def __init__(
-        self, keras_model, global_batch, devices=None, custom_objects=None, control=None, pod=None
+        self,
+        keras_model,
+        global_batch,
+        devices=None,
+        custom_objects=None,
+        control=None,
+        seeds=None,
+        pod=None,
     ):
         if control not in (None, *CONTROLS):
             raise ValueError(f"control must be one of {CONTROLS}")
@@ -84,9 +95,10 @@ class Trainer:
             )
         self.model, self.global_batch, self.control = keras_model, global_batch, control
         self.optimizer = _optimizers.of(keras_model.optimizer)
-        self.custom_objects = custom_objects
-        # weighted (the input gives sample weights) -> the training function: refusals here
-        self._train_fns = {True: _trace.training_function(keras_model, custom_objects)}
+        self.custom_objects, self.seeds = custom_objects, seeds
+        self._train_fns = {}  # weighted (the input gives sample weights) -> the training function
+        self._train_fn(True)  # its refusals here
+        self._host_draws = {}  # a trace's draws -> their stream on the host
         self.mesh = Mesh(np.array(self.devices), ("data",))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
@@ -116,7 +128,9 @@ class Trainer:
         if "iterations" in self._restored:  # stock's optimizer counts the global step
             opt["iterations"] = jnp.asarray(self._restored["iterations"], opt["iterations"].dtype)
         for slot, values in self._restored.get("slots", {}).items():
-            if slot in opt:
+            if slot in opt and not isinstance(opt[slot], dict):  # a scalar (momentum_cache)
+                opt[slot] = jnp.asarray(values, opt[slot].dtype)
+            elif slot in opt:
                 opt[slot] = {k: jnp.asarray(values.get(k, opt[slot][k])) for k in opt[slot]}
         place = jax.device_put if self.pod is None else _pod.replicated
         self.params, self.stats, self.opt_state = place((trainable, state, opt), self.replicated)
@@ -133,7 +147,11 @@ class Trainer:
     def _train_fn(self, weighted):
         if weighted not in self._train_fns:
             self._train_fns[weighted] = _trace.training_function(
-                self.model, self.custom_objects, weighted=weighted
+                self.model,
+                self.custom_objects,
+                weighted=weighted,
+                seeds=self.seeds,
+                global_batch=self.global_batch,
             )
         return self._train_fns[weighted]
 
@@ -143,6 +161,14 @@ class Trainer:
             train_fn = self._train_fn(weighted)
             traced = _trace.convert(self.model, train_fn, *batch)
             per_device = None
+            if traced.draws and self.control:
+                raise ValueError("the negative controls take a model without random draws")
+            if traced.draws and self.pod is not None:
+                raise ConversionError(
+                    "tpushim's JAX engine does not draw random numbers (Dropout, noise layers) "
+                    "on a pod of several processes yet: each process would draw its own. Train "
+                    "on one host, or use engine='strategy' (TPUSHIM_ENGINE=strategy)."
+                )
             if self.control in ("sum_device_means", "mean_device_losses"):
                 shard = jax.tree_util.tree_map(lambda a: a[: len(a) // len(self.devices)], batch)
                 per_device = _trace.convert(self.model, train_fn, *shard)
@@ -153,7 +179,7 @@ class Trainer:
         optimizer, shards, control = self.optimizer, len(self.devices), self.control
 
         def loss_fn(trainable, stats, batch):
-            features, labels, weights, pad = batch
+            features, labels, weights, pad = batch[:4]
             if control == "count_padding":
                 real = pad > 0
                 first = jax.tree_util.tree_map(lambda a: a[:1], (features, labels))
@@ -165,9 +191,7 @@ class Trainer:
                 weights = [jnp.where(real, w, 1.0) for w in weights]
                 pad = jnp.ones_like(pad)
             if per_device is None:
-                (loss, _), updated = traced.fn(
-                    {**stats, **trainable}, features, labels, weights, pad
-                )
+                (loss, _), updated = traced.fn({**stats, **trainable}, *batch[:3], pad, *batch[4:])
                 return loss, {k: updated[k] for k in stats}
 
             def one(part):  # a device's rows alone: its own mean, its own statistics
@@ -194,6 +218,9 @@ class Trainer:
             return jax.lax.scan(step, (trainable, stats, opt_state), batches)
 
         stacked = NamedSharding(self.mesh, PartitionSpec(None, "data"))
+        if traced.draws:  # a draw per row split as the batch, any other whole on every device
+            whole = NamedSharding(self.mesh, PartitionSpec())
+            stacked = (*(stacked,) * 4, [stacked if d.batched else whole for d in traced.draws])
         return jax.jit(
             loop,
             in_shardings=(self.replicated, self.replicated, self.replicated, stacked),
@@ -213,6 +240,8 @@ class Trainer:
         padded = pad_batch(batch, self.global_batch)
         traced, loop = self._convert(padded, _weighted(batch))
         self._start(traced)
+        if traced.draws:
+            padded = (*padded, [np.zeros(d.shape, d.dtype) for d in traced.draws])
         one = jax.tree_util.tree_map(lambda a: np.asarray(a)[None], padded)
         loop.lower(self.params, self.stats, self.opt_state, one).compile()
 
@@ -227,6 +256,13 @@ class Trainer:
         padded = [pad_batch(b, self.global_batch) for b in batches]
         traced, loop = self._convert(padded[0], _weighted(batches[0]))
         self._start(traced)
+        if traced.draws:  # stock's draws, made on the host at each batch's real rows
+            host = self._host_draws.get(traced.draws)
+            if host is None:
+                host = self._host_draws[traced.draws] = _draws.HostDraws(
+                    traced.draws, self.global_batch
+                )
+            padded = [(*p, host.draw(len(np.asarray(b[0][0])))) for p, b in zip(padded, batches)]
         stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *padded)
         (self.params, self.stats, self.opt_state), losses = loop(
             self.params, self.stats, self.opt_state, stacked
@@ -256,7 +292,7 @@ class Trainer:
             )
         # The step's shapes are the global batch's (its values are not read to trace it).
         shaped = jax.tree_util.tree_map(lambda a: np.concatenate([a] * count), local[0])
-        traced, loop = self._convert(shaped)
+        traced, loop = self._convert(shaped, _weighted(batches[0]))
         self._start(traced)
         stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *local)
         split = NamedSharding(self.mesh, PartitionSpec(None, "data"))

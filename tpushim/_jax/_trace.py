@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tpushim import _batchnorm, _loss_kinds, _losses, _tfprivate
 from tpushim._errors import ConversionError
+from tpushim._jax import _draws
 
 Reduction = tf.keras.losses.Reduction
 
@@ -53,12 +54,15 @@ class Traced:
       params: variable name -> its value when converted (a ``tf2jax`` Variable: ``trainable``).
       trainable: the names of the trainable params, in the model's ``trainable_weights`` order.
       state: the names of the other params the step updates (moving statistics), model order.
+      draws: the step's random draws (:class:`._draws.Draw`), stock's; ``fn`` then takes them
+        after ``pad`` (a list of arrays, one per draw).
     """
 
     fn: object
     params: dict
     trainable: tuple
     state: tuple
+    draws: tuple = ()
 
 
 def _loss_terms(keras_model, custom_objects):
@@ -229,26 +233,37 @@ def _labels_for(name, loss_obj, kind, y_true, y_pred):
     return tf.expand_dims(y_true, -1)
 
 
-def training_function(keras_model, custom_objects=None, training=True, weighted=True):
+def training_function(
+    keras_model, custom_objects=None, training=True, weighted=True, seeds=None, global_batch=None
+):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
-    pad)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot train.
-    ``training=False``: the same loss on the model's inference outputs (an evaluation step:
-    BatchNormalization on its moving statistics, no dropout). ``weighted=False``: the input has
-    no sample weights (those given are ones, unread): Keras's unweighted loss, whose one-number
-    terms are not multiplied by a mean weight."""
+    pad, draws=None)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot
+    train. ``training=False``: the same loss on the model's inference outputs (an evaluation
+    step: BatchNormalization on its moving statistics, no dropout). ``weighted=False``: the
+    input has no sample weights (those given are ones, unread): Keras's unweighted loss, whose
+    one-number terms are not multiplied by a mean weight.
+
+    Training, its random draws are stock's (:mod:`._draws`): ``seeds`` the ``(graph seed,
+    op-seed counter)`` stock's graph calls the model with (None: the trace's own); traced
+    without ``draws``, each stateful random op is kept and recorded (:func:`convert` reads the
+    records), traced with ``draws`` (tensors, one per record) the step takes them as inputs."""
     terms, plan = _loss_terms(keras_model, custom_objects)
+    recorded = {}  # the trace's graph -> its draws (a trace without ``draws``)
 
     def identity(t):  # the whole global batch is one shard: its sums are the global ones
         return t
 
     @tf.function(autograph=False)
-    def train(features, labels, sample_weights, pad):
+    def train(features, labels, sample_weights, pad, draws=None):
         inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
+        record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
         with _activity_recorded(keras_model) as activity:
             if not training:
-                outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
+                with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
+                    outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
             else:
                 with (
+                    _draws.taken(keras_model, global_batch, seeds, draws, record),
                     _tfprivate.keras.batchnorm_call_hooked(),
                     _tfprivate.keras.batchnorm_call_using(
                         _batchnorm.real_rows_call(pad, True, identity)
@@ -275,15 +290,16 @@ def training_function(keras_model, custom_objects=None, training=True, weighted=
         for regularizer in regularizers:  # weight regularizers: once, as stock adds them
             loss += tf.cast(regularizer, tf.float32)
         rows = tf.reduce_sum(tf.cast(pad, tf.float32))
-        for key, values in added:  # T(n rows) = n**(degree - 1) * the sum of its rows' values
-            degree = (plan.added or {}).get(key, 0)
+        for key, values in added:  # T(n rows) = n**(p - 1) * the sum of its rows' values
+            degree = (plan.added or {}).get(key, _loss_kinds.MEAN)
             total = tf.reduce_sum(values * tf.cast(pad, tf.float32))
-            if degree >= 1:
-                loss += total * rows ** float(degree - 1)
+            if degree.p >= 1:  # (a power of no rows is 0; 1 / no rows is taken as 0)
+                loss += degree.of_rows(total, rows)
             else:
-                loss += tf.math.divide_no_nan(total, rows ** float(1 - degree))
+                loss += degree.of_rows_inverse(total, tf.math.divide_no_nan(1.0, rows))
         return loss, outputs
 
+    train.tpushim_recorded = recorded
     return train
 
 
@@ -291,11 +307,16 @@ def predict_function(keras_model):
     """The model's inference outputs as a ``tf.function`` of ``features`` (a list in the
     model's input order): a list in its output order."""
 
+    recorded = {}  # the trace's graph -> its draws, made zeros (see convert_inference)
+
     @tf.function(autograph=False)
     def predict(features):
         inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
-        return _outputs_list(keras_model, keras_model(inputs, training=False))
+        record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
+        with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
+            return _outputs_list(keras_model, keras_model(inputs, training=False))
 
+    predict.tpushim_recorded = recorded
     return predict
 
 
@@ -312,6 +333,15 @@ def convert_inference(keras_model, fn, *arrays):
         return tf.TensorSpec(a.shape, tf.as_dtype(a.dtype))
 
     args = tf.nest.map_structure(spec, arrays)
+    concrete = fn.get_concrete_function(*args)
+    zeros = fn.tpushim_recorded.get(concrete.graph, [])
+    outputs = concrete.graph.outputs
+    if zeros and any(t in _tfprivate.graph.reachable_from(zeros, outputs) for t in outputs):
+        _refuse(
+            "random draws in evaluation or prediction (a Lambda that draws whatever the mode)",
+            "; ".join(sorted({z.op.name.rsplit("/", 1)[0] for z in zeros}))[:300],
+        )
+    _refuse_random(concrete.graph, "in evaluation or prediction")
     try:
         with tf2jax.override_config("convert_custom_gradient", False):
             jax_fn, params = tf2jax.convert(fn, *args)
@@ -326,10 +356,11 @@ def convert_inference(keras_model, fn, *arrays):
 _RANDOM_OPS = ("Random", "TruncatedNormal", "Multinomial", "RngReadAndSkip", "RngSkip")
 
 
-def _refuse_random(graph):
-    """Refuses a step that draws random numbers (Dropout, GaussianNoise, ...): the engine does
-    not seed them from the run's seed yet, and a draw that differs from stock's is refused, not
-    made silently."""
+def _refuse_random(graph, where="in training"):
+    """Refuses a step that still draws random numbers after :mod:`._draws` took stock's
+    stateful draws as inputs: stateless or ``tf.random.Generator`` draws, shuffles, multinomials
+    in training; any draw in evaluation or prediction (a ``Lambda`` that draws whatever the
+    mode). A draw that differs from stock's is refused, not made silently."""
     graph_def = graph.as_graph_def()
     nodes = list(graph_def.node)
     for function in graph_def.library.function:
@@ -342,7 +373,11 @@ def _refuse_random(graph):
         }
     )
     if drawn:
-        _refuse("random draws in training (Dropout, noise layers)", "; ".join(drawn[:4]))
+        _refuse(
+            f"these random draws {where} (only Keras's and tf.random's stateful draws in "
+            "training are made as stock makes them)",
+            "; ".join(drawn[:4]),
+        )
 
 
 def convert(keras_model, train, features, labels, sample_weights, pad):
@@ -357,7 +392,12 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
         return tf.TensorSpec(a.shape, tf.as_dtype(a.dtype))
 
     args = tf.nest.map_structure(spec, (list(features), list(labels), list(sample_weights), pad))
-    _refuse_random(train.get_concrete_function(*args).graph)
+    graph = train.get_concrete_function(*args).graph
+    draws = tuple(getattr(train, "tpushim_recorded", {}).get(graph, ()))
+    if draws:  # traced again taking them as inputs (stock's, drawn on the host)
+        args = (*args, [tf.TensorSpec(d.shape, tf.as_dtype(d.dtype)) for d in draws])
+        graph = train.get_concrete_function(*args).graph
+    _refuse_random(graph)
     try:
         # JAX differentiates every op itself: a TensorFlow gradient registered for an op (the
         # core's fused BatchNormalization over real rows) reads the op, which tf2jax has not.
@@ -381,4 +421,4 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
     order = [v.name.split(":")[0] for v in keras_model.weights]
     trainable = tuple(n for n in order if n in params and n in trained)
     state = tuple(n for n in order if n in params and n not in trained)
-    return Traced(fn, params, trainable, state)
+    return Traced(fn, params, trainable, state, draws)

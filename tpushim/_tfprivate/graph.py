@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 
 import tensorflow as tf
 
@@ -280,3 +281,55 @@ def in_programs_shapes(fn):
             return fn(*args, **kwargs)
 
     return run
+
+
+#: The stateful random ops' generated functions a trace may take draws from, by module name.
+RANDOM_OP_FUNCTIONS = (
+    "random_uniform",
+    "random_standard_normal",
+    "truncated_normal",
+    "random_uniform_int",
+)
+_RANDOM_HOOK = threading.local()
+_RANDOM_HOOK_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def random_ops_hooked(take):
+    """Inside, in this thread, each stateful random op a trace makes (``gen_random_ops``'
+    :data:`RANDOM_OP_FUNCTIONS`, which ``tf.random.uniform``, ``tf.nn.dropout``,
+    ``tf.random.normal`` ... call) is ``take(name, original, shape, dtype, seed, seed2,
+    **rest)``'s answer. Other threads keep the original: the module's functions are swapped
+    while any thread is inside, and the swap passes their calls straight through."""
+    from tensorflow.python.ops import gen_random_ops
+
+    def hooked(name, original):
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            current = getattr(_RANDOM_HOOK, "take", None)
+            if current is None:
+                return original(*args, **kwargs)
+            return current(name, original, *args, **kwargs)
+
+        call._tpushim_random_hook = True
+        return call
+
+    with _RANDOM_HOOK_LOCK:
+        if not getattr(gen_random_ops, "_tpushim_hooked", 0):
+            originals = {n: getattr(gen_random_ops, n) for n in RANDOM_OP_FUNCTIONS}
+            gen_random_ops._tpushim_originals = originals
+            for n, f in originals.items():
+                setattr(gen_random_ops, n, hooked(n, f))
+        gen_random_ops._tpushim_hooked = getattr(gen_random_ops, "_tpushim_hooked", 0) + 1
+    outer = getattr(_RANDOM_HOOK, "take", None)
+    _RANDOM_HOOK.take = take
+    try:
+        yield
+    finally:
+        _RANDOM_HOOK.take = outer
+        with _RANDOM_HOOK_LOCK:
+            gen_random_ops._tpushim_hooked -= 1
+            if not gen_random_ops._tpushim_hooked:
+                for n, f in gen_random_ops._tpushim_originals.items():
+                    if getattr(getattr(gen_random_ops, n), "_tpushim_random_hook", False):
+                        setattr(gen_random_ops, n, f)  # only while it is still ours

@@ -189,6 +189,30 @@ def random_layer_class():
     return modules.keras_module("engine.base_layer").BaseRandomLayer
 
 
+@contextlib.contextmanager
+def legacy_seeds_as_configured(keras_model):
+    """Inside, each of the model's layers that draws with Keras's legacy stateful ops (its
+    ``RandomGenerator`` advances its ``_seed`` at every draw it makes) draws from the seed its
+    config gives, as a fresh clone of it (stock's) does at its first call; restored after, so a
+    trace neither reads nor moves what earlier calls left."""
+    kept = []
+    for layer in all_layers(keras_model):
+        generator = getattr(layer, "_random_generator", None)
+        if generator is None or not hasattr(generator, "_seed") or not hasattr(layer, "seed"):
+            continue
+        if getattr(generator, "_rng_type", None) != getattr(
+            generator, "RNG_LEGACY_STATEFUL", "legacy_stateful"
+        ):
+            continue
+        kept.append((generator, generator._seed))
+        generator._seed = layer.seed
+    try:
+        yield
+    finally:
+        for generator, seed in kept:
+            generator._seed = seed
+
+
 def reads_training_mode(layer):
     """True when a layer's call takes the training mode (a ``Lambda``: its function does)."""
     lambda_class = modules.keras_module("layers.core.lambda_layer").Lambda

@@ -1,0 +1,191 @@
+"""Random draws in training (Dropout, SpatialDropout, GaussianNoise, GaussianDropout, a
+``Lambda`` of ``tf.random``), made as stock's graph makes them: on the host, by TensorFlow's own
+stateful random ops, fed to the JAX step.
+
+Stock's training graph draws each of these with a stateful op (``RandomUniform``,
+``RandomStandardNormal``, ``TruncatedNormal``, ``RandomUniformInt``) seeded ``(seed, seed2)``
+from the graph seed (``RunConfig.tf_random_seed``) and the op's own seed: the layer's ``seed``,
+else the graph's op-seed counter, which the input_fn's own unseeded ops advance first (stock
+calls the input_fn in the same graph); each run of the op (each step) takes the next draws of its
+Philox stream, which starts over with each ``train()`` call's new graph and session.
+
+The trace (:func:`taken`) seeds the traced function's graph as stock's (graph seed, the input
+graph's counter), starts each layer's legacy seed where a fresh clone starts it, and records
+every such op it makes as a :class:`Draw` (its kind, static shape and stock's seeds); traced
+again with the draws as arguments, the step takes them as inputs, so JAX computes what stock
+computes from them (the mask's compare, the scale, the noise's mean and stddev).
+:class:`HostDraws` makes the same ops with the same seeds in a graph of its own on the host and
+runs them once per step, at the step's real rows (a draw whose first dimension is the global
+batch is drawn for the batch's real rows, as stock draws for a short batch, and padded with
+zeros): each step's draws are stock's, whatever the number of devices.
+
+Where stock's draws are not fixed (no ``tf_random_seed`` and a layer without a seed: seeds
+``(0, 0)``, TensorFlow's nondeterministic ones) neither are these.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from tpushim import _tfprivate
+from tpushim._errors import ConversionError
+
+#: gen_random_ops' function -> the raw op the host makes again
+_RAW = {
+    "random_uniform": "RandomUniform",
+    "random_standard_normal": "RandomStandardNormal",
+    "truncated_normal": "TruncatedNormal",
+    "random_uniform_int": "RandomUniformInt",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+    """One stateful random op of the traced step, as stock's graph makes it.
+
+    Attributes:
+      op: the raw op (``RandomUniform``, ...).
+      shape: its static shape at the traced global batch.
+      dtype: its dtype's name.
+      seed, seed2: its seeds, stock's.
+      bounds: ``(minval, maxval)`` of a ``RandomUniformInt``, else ().
+      batched: its first dimension is the global batch's (drawn per real row).
+      where: the op's name in the trace (for messages).
+    """
+
+    op: str
+    shape: tuple
+    dtype: str
+    seed: int
+    seed2: int
+    bounds: tuple
+    batched: bool
+    where: str
+
+
+def _refuse(what):
+    raise ConversionError(
+        f"tpushim's JAX engine does not train {what} yet. Train this model with engine=strategy."
+    )
+
+
+#: ``taken``'s ``feed`` for an evaluation or prediction trace: each draw made zeros, its tensor
+#: recorded (a ``Lambda`` that draws whatever the mode, its draw unused there, traces with no
+#: random op; one whose outputs read it is refused by the caller).
+UNUSED = "unused"
+
+
+def taken(keras_model, global_batch, seeds, feed, record):
+    """A context for the trace's body: its graph seeded with ``seeds`` (``(graph seed, op-seed
+    counter)`` as stock's graph has them when it calls the model: the RunConfig's
+    ``tf_random_seed``, the input graph's counter after the input_fn; None: left as it is), each
+    layer's legacy seed where a fresh clone starts it, and each stateful random op the model
+    makes either recorded in ``record`` (``feed`` None: the op kept), replaced by ``feed``'s
+    next tensor (the step's input), or (``feed`` :data:`UNUSED`) by zeros."""
+    fed = iter(feed) if feed not in (None, UNUSED) else None
+
+    def take(name, original, *args, **kwargs):
+        names = (
+            ("shape", "minval", "maxval") if name == "random_uniform_int" else ("shape", "dtype")
+        )
+        given = dict(zip(names, args), **kwargs)
+        seed, seed2 = given.get("seed"), given.get("seed2")
+        where = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
+        if fed is not None:  # the trace that takes them: the record's order, shapes, dtypes
+            return next(fed)
+        if feed is UNUSED:  # zeros, and the tensor recorded: the caller checks no output reads it
+            dtype = given["minval"].dtype if name == "random_uniform_int" else given["dtype"]
+            out = tf.zeros(given["shape"], dtype)
+            record.append(out)
+            return out
+        out = original(*args, **kwargs)
+        if not out.shape.is_fully_defined():
+            _refuse(f"a random draw of a shape known only when it runs ({where})")
+        static = tuple(int(d) for d in out.shape)
+        bounds = ()
+        if name == "random_uniform_int":
+            bounds = tuple(tf.get_static_value(given[k]) for k in ("minval", "maxval"))
+            if any(b is None for b in bounds):
+                _refuse(f"a random integer draw with bounds known only when it runs ({where})")
+            bounds = tuple(int(b) for b in bounds)
+        record.append(
+            Draw(
+                _RAW[name],
+                static,
+                out.dtype.name,
+                int(seed or 0),
+                int(seed2 or 0),
+                bounds,
+                bool(static) and static[0] == global_batch,
+                where,
+            )
+        )
+        return out
+
+    return _Taken(keras_model, seeds, take)
+
+
+class _Taken:
+    def __init__(self, keras_model, seeds, take):
+        self._model, self._seeds, self._take = keras_model, seeds, take
+
+    def __enter__(self):
+        if self._seeds is not None:
+            _tfprivate.graph.set_graph_seeds(tf.compat.v1.get_default_graph(), self._seeds)
+        self._contexts = [
+            _tfprivate.keras.legacy_seeds_as_configured(self._model),
+            _tfprivate.graph.random_ops_hooked(self._take),
+        ]
+        for c in self._contexts:
+            c.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for c in reversed(self._contexts):
+            c.__exit__(*exc)
+
+
+class HostDraws:
+    """The step's draws made on the host by stock's ops and seeds (see the module), one
+    ``train()`` call's stream: :meth:`draw` gives each step's in turn."""
+
+    def __init__(self, draws, global_batch):
+        self.draws, self.global_batch = tuple(draws), global_batch
+        self.graph = tf.Graph()
+        with self.graph.as_default(), tf.device("/cpu:0"):
+            self.rows = tf.compat.v1.placeholder(tf.int32, [], name="rows")
+            self.tensors = []
+            for d in self.draws:
+                shape = list(d.shape)
+                if d.batched:
+                    shape = tf.stack([self.rows, *[tf.constant(n) for n in shape[1:]]])
+                else:
+                    shape = tf.constant(shape, tf.int32)
+                op = getattr(tf.raw_ops, d.op)
+                if d.op == "RandomUniformInt":
+                    dtype = tf.as_dtype(d.dtype)
+                    t = op(
+                        shape=shape,
+                        minval=tf.constant(d.bounds[0], dtype),
+                        maxval=tf.constant(d.bounds[1], dtype),
+                        seed=d.seed,
+                        seed2=d.seed2,
+                    )
+                else:
+                    t = op(shape=shape, dtype=tf.as_dtype(d.dtype), seed=d.seed, seed2=d.seed2)
+                self.tensors.append(t)
+        self._session = tf.compat.v1.Session(graph=self.graph)
+
+    def draw(self, rows):
+        """One step's draws for a batch of ``rows`` real rows, padded to the global batch."""
+        values = self._session.run(self.tensors, {self.rows: rows})
+        out = []
+        for d, v in zip(self.draws, values):
+            if d.batched and rows < self.global_batch:
+                v = np.concatenate([v, np.zeros((self.global_batch - rows, *v.shape[1:]), v.dtype)])
+            out.append(v)
+        return out
+
+    def close(self):
+        self._session.close()
