@@ -16,6 +16,12 @@ it from; a conversion trains with the legacy twin, as stock). Every other optimi
 the other ``tf.compat.v1.train`` ones), a learning-rate schedule, ``decay``, ``use_ema`` and
 gradient clipping are refused by name until the engine computes them.
 
+A weight the model only gathers rows of (an ``Embedding``'s table) gets a sparse gradient in
+stock's graph (``IndexedSlices``), and some optimizers' sparse kernels move only the rows a
+batch looks up where their dense update, given zero rows, would move every row (a momentum's
+decay, Ftrl's recomputed weight). ``sparse_differs`` says which, as TensorFlow's own kernels were
+found to; :func:`update` then keeps every other row and its slots as they were.
+
 One concern, one module (over 300 lines): every optimizer here shares the state's layout, the
 hyperparameters' reading and the refusal's words, each update written out as its kernel does it.
 """
@@ -55,6 +61,9 @@ class Optimizer:
     initial = 0.0  # the slots' starting value
     initials = {}  # a slot's own starting value, where it is not ``initial``
     takes_weight_decay = False
+    #: whether TensorFlow's sparse update of a gathered weight leaves the rows not looked up
+    #: (their weights and slots) as they were, where its dense update with zero rows moves them
+    sparse_differs = False
 
     def __init__(self, keras_optimizer):
         config = keras_optimizer.get_config()
@@ -93,6 +102,8 @@ class SGD(Optimizer):
         self.momentum = _number(self.config, "momentum", keras_optimizer)
         self.nesterov = bool(self.config.get("nesterov", False))
         self.slots = ("momentum",) if self.momentum else ()
+        # ResourceSparseApplyKerasMomentum; the v2 update_step decays every row's momentum
+        self.sparse_differs = self.legacy and bool(self.momentum)
 
     def update(self, params, grads, state):
         lr = jnp.float32(self.learning_rate)
@@ -157,6 +168,7 @@ class Adamax(Optimizer):
     def __init__(self, keras_optimizer):
         super().__init__(keras_optimizer)
         self.slots = ("m", "v") if self.legacy else ("m", "u")
+        self.sparse_differs = self.legacy  # its sparse kernel; the v2 update_step's is dense
         self.beta_1 = _number(self.config, "beta_1", keras_optimizer)
         self.beta_2 = _number(self.config, "beta_2", keras_optimizer)
         self.epsilon = float(self.config.get("epsilon", 1e-7))
@@ -187,6 +199,7 @@ class Adadelta(Optimizer):
             self.slots = ("accum_grad", "accum_var")
         else:
             self.slots = ("accumulated_grad", "accumulated_delta_var")
+        self.sparse_differs = self.legacy  # its sparse kernel; the v2 update_step's is dense
         self.rho = _number(self.config, "rho", keras_optimizer)
         self.epsilon = float(self.config.get("epsilon", 1e-7))
 
@@ -225,6 +238,7 @@ class Ftrl(Optimizer):
         self.l2 = _number(c, "l2_regularization_strength", keras_optimizer)
         self.l2_shrinkage = _number(c, "l2_shrinkage_regularization_strength", keras_optimizer)
         self.beta = _number(c, "beta", keras_optimizer)
+        self.sparse_differs = self.legacy  # its sparse kernel; the v2 update_step's is dense
 
     def _pow(self, x):
         if self.legacy and self.lr_power == -0.5:  # the kernel's own special case
@@ -264,6 +278,9 @@ class RMSprop(Optimizer):
         self.ms, self.mom, self.mg = names
         self.slots = (self.ms,) + ((self.mom,) if self.momentum else ())
         self.slots += (self.mg,) if self.centered else ()
+        # ResourceSparseApply(Centered)RMSProp; without momentum its Python arithmetic decays
+        # every row's slots, as the dense update does
+        self.sparse_differs = self.legacy and bool(self.momentum)
 
     def update(self, params, grads, state):
         lr, rho = jnp.float32(self.learning_rate), jnp.float32(self.rho)
@@ -345,6 +362,7 @@ class CompatV1(Optimizer):
             self.momentum = self._value("_momentum")
             self.nesterov = bool(inner._use_nesterov)
             self.slots = ("momentum",)
+            self.sparse_differs = True  # ResourceSparseApplyMomentum
         elif self.kind == "AdamOptimizer":
             self.beta_1, self.beta_2 = self._value("_beta1"), self._value("_beta2")
             self.epsilon = self._value("_epsilon")
@@ -385,6 +403,24 @@ class CompatV1(Optimizer):
             new[k] = params[k] - (m * alpha) / (jnp.sqrt(v) + jnp.float32(self.epsilon))
             ms[k], vs[k] = m, v
         return new, {"iterations": step, "m": ms, "v": vs}
+
+
+def update(optimizer, params, grads, state, looked_up=None):
+    """``optimizer.update(params, grads, state)``, as TensorFlow applies a sparse gradient to
+    the weights in ``looked_up`` (variable name -> [rows] bool: the rows the batch looks up,
+    duplicates and all, padding rows not counted) where ``optimizer.sparse_differs``: every
+    other row of such a weight, and its slots' rows, stay as they were (the looked-up rows'
+    gradient is the sum of their duplicates', as TensorFlow sums them before its kernel)."""
+    new, out = optimizer.update(params, grads, state)
+    if not looked_up or not optimizer.sparse_differs:
+        return new, out
+    new, out = dict(new), {k: dict(v) if isinstance(v, dict) else v for k, v in out.items()}
+    for name, rows in looked_up.items():
+        keep = rows.reshape(rows.shape + (1,) * (params[name].ndim - 1))
+        new[name] = jnp.where(keep, new[name], params[name])
+        for slot in optimizer.slots:
+            out[slot][name] = jnp.where(keep, out[slot][name], state[slot][name])
+    return new, out
 
 
 _COMPAT_V1 = ("GradientDescentOptimizer", "MomentumOptimizer", "AdamOptimizer")
