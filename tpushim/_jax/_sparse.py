@@ -119,6 +119,8 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
         return tf.TensorSpec(a.shape, tf.as_dtype(a.dtype))
 
     args = tf.nest.map_structure(spec, (list(features), list(labels), list(sample_weights), pad))
+    if not _gathers(train.get_concrete_function(*args).graph, keras_model):
+        return None  # (the step's own trace, cached: no weight only gathered)
     lookups, names = lookups_function(keras_model, train)
     lookups.get_concrete_function(*args)
     if not names:
