@@ -91,7 +91,8 @@ m.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), "mse")
 """
 REFUSAL = (
     r"the weight 'emb/embeddings' of the layer 'emb' as stock does with "
-    r"tf.keras.optimizers.legacy.SGD: .* Train it with engine=strategy, or compile the model "
+    r"tf.keras.optimizers.legacy.SGD, .*: its gather's indices \(of shape \(\d+,\)\) are not "
+    r"one row per row of the batch.* Train it with engine=strategy, or compile the model "
     r"with an optimizer whose sparse update is its dense one"
 )
 
@@ -144,3 +145,33 @@ def test_through_model_to_estimator_equals_stock_2_15(name, tmp_path):
     final = {n: estimator.get_variable_value(n) for n in STOCK[name]["final"]}
     assert estimator.get_variable_value("global_step") == 4
     assert from_stock(name, final) < TOL
+
+
+@tf.function(autograph=False)
+def _lookup(table, ids):
+    return tf.gather(table, ids)
+
+
+class FunctionLookup(tf.keras.layers.Layer):
+    """A table gathered in a function of its own (a call op in the step's graph)."""
+
+    def build(self, input_shape):
+        self.table = self.add_weight("table", (case.VOCAB, 4))
+
+    def call(self, ids):
+        return _lookup(self.table, ids)
+
+
+def test_a_weight_read_in_a_function_call_is_refused_by_name():
+    tf.keras.utils.set_random_seed(1)
+    x = tf.keras.Input((3,), dtype="int64", name="x")
+    h = tf.keras.layers.Flatten(name="flat")(FunctionLookup(name="looked")(x))
+    m = tf.keras.Model(x, tf.keras.layers.Dense(1, name="out")(h))
+    m.compile(tf.keras.optimizers.legacy.Adamax(0.05), "mse")
+    trainer = _step.Trainer(m, case.BATCH, devices=eight_devices())
+    with pytest.raises(
+        ConversionError,
+        match=r"the weight 'looked/table' of the layer 'looked' .*legacy.Adamax.*read inside a "
+        r"StatefulPartitionedCall op .*engine=strategy",
+    ):
+        trainer.check(case.batches()[0])

@@ -27,8 +27,15 @@ def _handles(graph, keras_model):
     }
 
 
+#: ops reading a weight in a function or a branch of their own: whether they gather it, and so
+#: whether stock's gradient of it is sparse, cannot be read from the step's graph
+_OPAQUE = ("PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If")
+_OPAQUE += ("StatelessIf", "Case", "StatelessCase")
+
+
 def _gathers(graph, keras_model):
-    """weight name -> its gathers' indices tensors, for the weights only gathered."""
+    """weight name -> its gathers' indices tensors, for the weights only gathered; a weight
+    read in a function call or a branch is refused (:data:`_OPAQUE`)."""
     names = _handles(graph, keras_model)
     found, dense = {}, set()
     for op in graph.get_operations():
@@ -36,11 +43,28 @@ def _gathers(graph, keras_model):
             name = names.get(id(tensor))
             if name is None:
                 continue
+            if op.type in _OPAQUE:
+                _refuse(
+                    keras_model,
+                    name,
+                    f"it is read inside a {op.type} op ({op.name}), where the engine cannot see "
+                    "whether the model gathers rows of it (stock's gradient is then sparse)",
+                )
             if op.type == "ResourceGather" and i == 0:
                 found.setdefault(name, []).append(op.inputs[1])
             else:
                 dense.add(name)
     return {name: indices for name, indices in found.items() if name not in dense}
+
+
+def _refuse(keras_model, name, why):
+    raise ConversionError(
+        f"tpushim's JAX engine cannot update the weight {name!r} of the layer "
+        f"{_layer_of(keras_model, name)!r} as stock does with {_optimizer_name(keras_model)}, "
+        f"whose sparse update of a gathered weight moves only the rows a batch looks up: {why}. "
+        "Train it with engine=strategy, or compile the model with an optimizer whose sparse "
+        "update is its dense one (Adam, Adagrad, SGD without momentum)."
+    )
 
 
 def _layer_of(keras_model, weight_name):
@@ -83,16 +107,12 @@ def lookups_function(keras_model, train):
                     or indices.shape.rank < 1
                     or (indices.shape[0] != pad.shape[0])
                 ):
-                    raise ConversionError(
-                        f"tpushim's JAX engine cannot update the weight {name!r} of the layer "
-                        f"{_layer_of(keras_model, name)!r} as stock does with "
-                        f"{_optimizer_name(keras_model)}: stock's gather gives it a sparse "
-                        "gradient, whose update moves only the rows a batch looks up, and the "
-                        f"gather's indices (of shape {indices.shape}) are not one row per row "
-                        "of the batch, so the engine cannot tell a padding row's lookups from "
-                        "a real row's. Train it with engine=strategy, or compile the model with "
-                        "an optimizer whose sparse update is its dense one (Adam, Adagrad, SGD "
-                        "without momentum)."
+                    _refuse(
+                        keras_model,
+                        name,
+                        f"its gather's indices (of shape {indices.shape}) are not one row per "
+                        "row of the batch, so the engine cannot tell a padding row's lookups "
+                        "from a real row's",
                     )
                 real = tf.reshape(
                     tf.cast(pad > 0, tf.float32), [-1] + [1] * (indices.shape.rank - 1)
