@@ -231,3 +231,96 @@ def test_checkpoints_hold_stocks_names_and_values_after_a_resumed_run(tmp_path):
     assert any("momentum_cache" in n for n in got["stock"]["nadam"])
     # 4 weights, each with rms, momentum and mg (v1's names: h/kernel/RMSProp, ..._1, ..._2)
     assert len(got["stock"]["v1-rmsprop-centered"]) == 16
+
+
+#: Every optimizer the engine computes, as a script compiles with it -> whether TensorFlow's
+#: sparse update of a gathered weight (an Embedding's: ``IndexedSlices``) leaves the rows a
+#: batch does not look up, and their slots, as they were where its dense update with zero rows
+#: moves them: the legacy optimizers' sparse kernels do, the v2 ``update_step`` does not.
+SPARSE_DIFFERS = {
+    "sgd": (lambda: k.legacy.SGD(0.1), False),
+    "sgd-v2": (lambda: k.SGD(0.1), False),
+    "sgd-momentum": (lambda: k.legacy.SGD(0.1, momentum=0.9), True),
+    "sgd-nesterov": (lambda: k.legacy.SGD(0.1, momentum=0.9, nesterov=True), True),
+    "sgd-momentum-v2": (lambda: k.SGD(0.1, momentum=0.9), False),
+    "adam": (lambda: k.legacy.Adam(0.01, epsilon=1e-3), False),
+    "adam-amsgrad": (lambda: k.legacy.Adam(0.01, amsgrad=True), False),
+    "adam-v2": (lambda: k.Adam(0.01, amsgrad=True), False),
+    "adamw": (lambda: k.AdamW(0.01, weight_decay=0.1), False),
+    "adamax": (lambda: k.legacy.Adamax(0.01, epsilon=1e-3), True),
+    "adamax-v2": (lambda: k.Adamax(0.01), False),
+    "adadelta": (lambda: k.legacy.Adadelta(1.0, epsilon=1e-3), True),
+    "adadelta-v2": (lambda: k.Adadelta(1.0), False),
+    "ftrl": (lambda: k.legacy.Ftrl(0.1, l1_regularization_strength=0.01, beta=0.1), True),
+    "ftrl-shrinkage": (lambda: k.legacy.Ftrl(0.1, l2_shrinkage_regularization_strength=0.05), True),
+    "ftrl-v2": (lambda: k.Ftrl(0.1), False),
+    "rmsprop": (lambda: k.legacy.RMSprop(0.01, centered=True), False),
+    "rmsprop-momentum": (lambda: k.legacy.RMSprop(0.01, momentum=0.5), True),
+    "rmsprop-momentum-centered": (lambda: k.legacy.RMSprop(0.01, 0.9, 0.5, centered=True), True),
+    "rmsprop-v2": (lambda: k.RMSprop(0.01, momentum=0.5, centered=True), False),
+    "adagrad": (lambda: k.legacy.Adagrad(0.1), False),
+    "adagrad-v2": (lambda: k.Adagrad(0.1), False),
+    "v1-gradient-descent": (lambda: v1.GradientDescentOptimizer(0.1), False),
+    "v1-momentum": (lambda: v1.MomentumOptimizer(0.1, 0.9), True),
+    "v1-adam": (lambda: v1.AdamOptimizer(0.01), False),
+    "nadam": (lambda: k.legacy.Nadam(0.01), True),  # its weights' rows given only
+    "nadam-v2": (lambda: k.Nadam(0.01), False),
+    "v1-rmsprop": (lambda: v1.RMSPropOptimizer(0.01), True),
+    "v1-rmsprop-momentum-centered": (
+        lambda: v1.RMSPropOptimizer(0.01, momentum=0.5, centered=True),
+        True,
+    ),
+    "v1-adagrad": (lambda: v1.AdagradOptimizer(0.1), False),
+    "v1-ftrl": (lambda: v1.FtrlOptimizer(0.1, l1_regularization_strength=0.01), True),
+    "v1-proximal-adagrad": (lambda: v1.ProximalAdagradOptimizer(0.1), False),
+    "v1-proximal-adagrad-l2": (
+        lambda: v1.ProximalAdagradOptimizer(0.1, l2_regularization_strength=0.05),
+        True,
+    ),
+}
+#: Three steps' looked-up rows of a 6-row table: duplicates; row 2 never; row 0 once, last.
+LOOKED_UP = [[1, 3, 1], [3, 4, 4], [0, 1, 5]]
+
+
+def _tensorflows(make, start, values, sparse):
+    """The table and every optimizer variable after three ``apply_gradients`` of the rows'
+    gradients: as ``IndexedSlices`` (stock's gather) or dense (the same, zero rows elsewhere)."""
+    optimizer = _compiled_optimizer(make)
+    apply = getattr(optimizer, "optimizer", optimizer)
+    table = tf.Variable(start)
+    for rows, g in zip(LOOKED_UP, values):
+        grad = tf.IndexedSlices(tf.constant(g), tf.constant(rows), tf.constant(start.shape))
+        apply.apply_gradients([(grad if sparse else tf.convert_to_tensor(grad), table)])
+    own = apply.variables() if callable(apply.variables) else apply.variables
+    return optimizer, table.numpy(), [v.numpy() for v in own]
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE_DIFFERS))
+def test_sparse_update_of_a_gathered_weight_as_tensorflows(name):
+    make, differs = SPARSE_DIFFERS[name]
+    rng = np.random.RandomState(0)
+    start = rng.randn(6, 3).astype(np.float32)
+    values = [rng.randn(3, 3).astype(np.float32) for _ in LOOKED_UP]
+    optimizer, sparse, sparse_slots = _tensorflows(make, start, values, True)
+    _, dense, dense_slots = _tensorflows(make, start, values, False)
+    found = max(
+        float(np.max(np.abs(a - b))) for a, b in zip([sparse, *sparse_slots], [dense, *dense_slots])
+    )
+    update = _optimizers.of(optimizer)
+    # the table the engine keeps: a TensorFlow change or a new optimizer cannot go unnoticed
+    assert (found > 1e-5) == differs == update.sparse_differs, found
+
+    params = {"table": jax.numpy.asarray(start)}
+    state = update.init(params)
+    step = jax.jit(lambda p, g, s, rows: _optimizers.update(update, p, g, s, {"table": rows}))
+    for rows, g in zip(LOOKED_UP, values):
+        dense_g = np.zeros_like(start)
+        np.add.at(dense_g, rows, g)  # duplicates summed, as TensorFlow sums them
+        looked_up = np.zeros(len(start), bool)
+        looked_up[rows] = True
+        params, state = step(params, {"table": dense_g}, state, looked_up)
+    assert np.max(np.abs(np.asarray(params["table"]) - sparse)) < TOL
+    if differs:  # a dense update would not do
+        assert np.max(np.abs(np.asarray(params["table"]) - dense)) > 1e-5 or any(
+            np.max(np.abs(a - b)) > 1e-5 for a, b in zip(sparse_slots, dense_slots)
+        )

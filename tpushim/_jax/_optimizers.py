@@ -20,6 +20,12 @@ schedule, ``decay``, ``use_ema`` and gradient clipping are refused by name until
 computes them. A scalar the optimizer keeps besides its slots (legacy Nadam's
 ``momentum_cache``, v2 Nadam's ``u_product``) is in the state under its name, a number.
 
+A weight the model only gathers rows of (an ``Embedding``'s table) gets a sparse gradient in
+stock's graph (``IndexedSlices``), and some optimizers' sparse kernels move only the rows a
+batch looks up where their dense update, given zero rows, would move every row (a momentum's
+decay, Ftrl's recomputed weight). ``sparse_differs`` says which, as TensorFlow's own kernels were
+found to; :func:`update` then keeps every other row and its slots as they were.
+
 One concern, one module (over 300 lines): every optimizer here shares the state's layout, the
 hyperparameters' reading and the refusal's words, each update written out as its kernel does it.
 """
@@ -62,6 +68,13 @@ class Optimizer:
     takes_weight_decay = False
     decay_is_a_schedule = False  # legacy Nadam's decay: its momentum schedule, not the rate's
     scalars = {}  # a scalar the optimizer keeps besides its slots -> its starting value
+    #: whether TensorFlow's sparse update of a gathered weight leaves the rows not looked up
+    #: (their weights and slots) as they were, where its dense update with zero rows moves them
+    sparse_differs = False
+    #: with ``sparse_differs``: whether the rows not looked up keep their slots too (False:
+    #: the slots decay on every row, as legacy Nadam's sparse path decays them; the weights'
+    #: other rows stay)
+    sparse_keeps_slots = True
 
     def __init__(self, keras_optimizer):
         config = keras_optimizer.get_config()
@@ -102,6 +115,8 @@ class SGD(Optimizer):
         self.momentum = _number(self.config, "momentum", keras_optimizer)
         self.nesterov = bool(self.config.get("nesterov", False))
         self.slots = ("momentum",) if self.momentum else ()
+        # ResourceSparseApplyKerasMomentum; the v2 update_step decays every row's momentum
+        self.sparse_differs = self.legacy and bool(self.momentum)
 
     def update(self, params, grads, state):
         lr = jnp.float32(self.learning_rate)
@@ -166,6 +181,7 @@ class Adamax(Optimizer):
     def __init__(self, keras_optimizer):
         super().__init__(keras_optimizer)
         self.slots = ("m", "v") if self.legacy else ("m", "u")
+        self.sparse_differs = self.legacy  # its sparse kernel; the v2 update_step's is dense
         self.beta_1 = _number(self.config, "beta_1", keras_optimizer)
         self.beta_2 = _number(self.config, "beta_2", keras_optimizer)
         self.epsilon = float(self.config.get("epsilon", 1e-7))
@@ -196,6 +212,7 @@ class Adadelta(Optimizer):
             self.slots = ("accum_grad", "accum_var")
         else:
             self.slots = ("accumulated_grad", "accumulated_delta_var")
+        self.sparse_differs = self.legacy  # its sparse kernel; the v2 update_step's is dense
         self.rho = _number(self.config, "rho", keras_optimizer)
         self.epsilon = float(self.config.get("epsilon", 1e-7))
 
@@ -234,6 +251,7 @@ class Ftrl(Optimizer):
         self.l2 = _number(c, "l2_regularization_strength", keras_optimizer)
         self.l2_shrinkage = _number(c, "l2_shrinkage_regularization_strength", keras_optimizer)
         self.beta = _number(c, "beta", keras_optimizer)
+        self.sparse_differs = self.legacy  # its sparse kernel; the v2 update_step's is dense
 
     def _pow(self, x):
         if self.legacy and self.lr_power == -0.5:  # the kernel's own special case
@@ -273,6 +291,9 @@ class RMSprop(Optimizer):
         self.ms, self.mom, self.mg = names
         self.slots = (self.ms,) + ((self.mom,) if self.momentum else ())
         self.slots += (self.mg,) if self.centered else ()
+        # ResourceSparseApply(Centered)RMSProp; without momentum its Python arithmetic decays
+        # every row's slots, as the dense update does
+        self.sparse_differs = self.legacy and bool(self.momentum)
 
     def update(self, params, grads, state):
         lr, rho = jnp.float32(self.learning_rate), jnp.float32(self.rho)
@@ -353,6 +374,8 @@ class Nadam(Optimizer):
         self.beta_2 = _number(self.config, "beta_2", keras_optimizer)
         self.epsilon = float(self.config.get("epsilon", 1e-7))
         self.schedule = float(self.config.get("decay", 0.0) or 0.0) if self.legacy else 1.0
+        # legacy: its sparse path decays m and v on every row, then moves the rows given only
+        self.sparse_differs, self.sparse_keeps_slots = self.legacy, False
 
     def update(self, params, grads, state):
         f = jnp.float32
@@ -413,6 +436,7 @@ class CompatV1(Optimizer):
             self.momentum = self._value("_momentum")
             self.nesterov = bool(inner._use_nesterov)
             self.slots = ("momentum",)
+            self.sparse_differs = True  # ResourceSparseApplyMomentum
         elif self.kind == "AdamOptimizer":
             self.beta_1, self.beta_2 = self._value("_beta1"), self._value("_beta2")
             self.epsilon = self._value("_epsilon")
@@ -422,12 +446,15 @@ class CompatV1(Optimizer):
             self.epsilon, self.centered = self._value("_epsilon"), bool(inner._centered)
             self.slots = ("rms", "momentum") + (("mg",) if self.centered else ())
             self.initials = {"rms": 1.0}
+            self.sparse_differs = True  # ResourceSparseApply(Centered)RMSProp
         elif self.kind in ("AdagradOptimizer", "ProximalAdagradOptimizer"):
             self.slots = ("accumulator",)
             self.initials = {"accumulator": self._value("_initial_accumulator_value")}
             if self.kind == "ProximalAdagradOptimizer":
                 self.l1 = self._value("_l1_regularization_strength")
                 self.l2 = self._value("_l2_regularization_strength")
+                # ResourceSparseApplyProximalAdagrad: its shrinkage on the rows given only
+                self.sparse_differs = bool(self.l1 or self.l2)
         elif self.kind == "FtrlOptimizer":
             self.ftrl = Ftrl.__new__(Ftrl)  # the kernels' arithmetic, as Keras's legacy Ftrl
             self.ftrl.learning_rate, self.ftrl.legacy = self.learning_rate, True
@@ -439,6 +466,7 @@ class CompatV1(Optimizer):
             self.ftrl.slots = ("accumulator", "linear")
             self.slots = ("accum", "linear")
             self.initials = {"accum": self._value("_initial_accumulator_value")}
+            self.sparse_differs = True  # ResourceSparseApplyFtrl(V2)
         else:
             self.slots = ()
 
@@ -528,6 +556,24 @@ _COMPAT_V1 = (
     "FtrlOptimizer",
     "ProximalAdagradOptimizer",
 )
+
+
+def update(optimizer, params, grads, state, looked_up=None):
+    """``optimizer.update(params, grads, state)``, as TensorFlow applies a sparse gradient to
+    the weights in ``looked_up`` (variable name -> [rows] bool: the rows the batch looks up,
+    duplicates and all, padding rows not counted) where ``optimizer.sparse_differs``: every
+    other row of such a weight, and its slots' rows, stay as they were (the looked-up rows'
+    gradient is the sum of their duplicates', as TensorFlow sums them before its kernel)."""
+    new, out = optimizer.update(params, grads, state)
+    if not looked_up or not optimizer.sparse_differs:
+        return new, out
+    new, out = dict(new), {k: dict(v) if isinstance(v, dict) else v for k, v in out.items()}
+    for name, rows in looked_up.items():
+        keep = rows.reshape(rows.shape + (1,) * (params[name].ndim - 1))
+        new[name] = jnp.where(keep, new[name], params[name])
+        for slot in optimizer.slots if optimizer.sparse_keeps_slots else ():
+            out[slot][name] = jnp.where(keep, out[slot][name], state[slot][name])
+    return new, out
 
 
 def _rsqrt(x):

@@ -7,7 +7,10 @@ each global batch on the devices of a one-axis mesh (``data``) and the weights a
 state on every device; the step is written on the global batch, so the loss's mean over the real
 rows, BatchNormalization's statistics and the gradient's sum over the devices' rows are the
 global batch's, and XLA inserts the all-reduces. A short last batch is padded to the global batch
-with rows of zeros weighted 0 (``pad``), which the loss and the statistics leave out.
+with rows of zeros weighted 0 (``pad``), which the loss and the statistics leave out. A weight the model only gathers rows
+of (an ``Embedding``'s) is updated as stock's sparse gradient updates it, where the optimizer's
+sparse update differs from its dense one: the rows the batch's real rows look up alone
+(:mod:`._sparse`).
 
 ``iterations_per_loop`` steps run in one compiled call (``jax.lax.scan`` over that many global
 batches stacked), as TPUEstimator's loop on the device.
@@ -20,13 +23,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _batch_math
 from tpushim._errors import ConversionError
-from tpushim._jax import _draws, _optimizers, _pod, _trace
+from tpushim._jax import _draws, _optimizers, _pod, _sparse, _trace
 
 #: Negative controls (the proof's), never set outside it: ``"sum_device_means"`` -- each device
 #: differentiates its own rows' loss (a mean over its own rows) and the gradients are summed
 #: over the devices; ``"mean_device_losses"`` -- the same, the gradients averaged (right for a
 #: mean of full batches, wrong for a sum); ``"count_padding"`` -- padding rows, copies of the
-#: batch's first row, weigh as real rows in the loss, its sample weights and the statistics.
+#: batch's first row, weigh as real rows in the loss, its sample weights and the statistics
+#: (and as rows looking up a gathered weight's rows: row 0 of its table).
 CONTROLS = ("sum_device_means", "mean_device_losses", "count_padding")
 
 
@@ -172,10 +176,13 @@ class Trainer:
             if self.control in ("sum_device_means", "mean_device_losses"):
                 shard = jax.tree_util.tree_map(lambda a: a[: len(a) // len(self.devices)], batch)
                 per_device = _trace.convert(self.model, train_fn, *shard)
-            self._traced[key] = (traced, self._compile(traced, per_device))
+            looked_up = None
+            if self.optimizer.sparse_differs:  # stock's sparse update of gathered weights
+                looked_up = _sparse.convert(self.model, train_fn, *batch)
+            self._traced[key] = (traced, self._compile(traced, per_device, looked_up))
         return self._traced[key]
 
-    def _compile(self, traced, per_device):
+    def _compile(self, traced, per_device, looked_up=None):
         optimizer, shards, control = self.optimizer, len(self.devices), self.control
 
         def loss_fn(trainable, stats, batch):
@@ -211,7 +218,13 @@ class Trainer:
             (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
                 trainable, stats, batch
             )
-            trainable, opt_state = optimizer.update(trainable, grads, opt_state)
+            rows = None
+            if looked_up is not None:
+                features, labels, weights, pad = batch[:4]
+                if control == "count_padding":
+                    pad = jnp.ones_like(pad)
+                rows = looked_up({**stats, **trainable}, features, labels, weights, pad)
+            trainable, opt_state = _optimizers.update(optimizer, trainable, grads, opt_state, rows)
             return (trainable, stats, opt_state), loss
 
         def loop(trainable, stats, opt_state, batches):
