@@ -238,9 +238,14 @@ def _with_control(control):
 
     made = _build.JaxConversion.trainer
 
-    def trainer(self, global_batch):
+    def trainer(self, global_batch, seeds=None):
         return _step.Trainer(
-            self.keras_model, global_batch, self.devices, self.custom_objects, control=control
+            self.keras_model,
+            global_batch,
+            self.devices,
+            self.custom_objects,
+            control=control,
+            seeds=seeds,
         )
 
     _build.JaxConversion.trainer = trainer

@@ -7,6 +7,7 @@ Imports jax: only the engine's ``plan``/``build`` import this module, never ``im
 """
 
 import math
+import os
 
 import jax
 import numpy as np
@@ -182,6 +183,13 @@ def made(prepared, arguments, settings, decision):
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )
+    if conversion.pod is not None:  # the other processes warm-start from what process 0 wrote
+        _pod.barrier("tpushim-warm-start-written")
+        if warm_start_path is None and config.is_chief:
+            import tensorflow as tf
+
+            keras_dir = os.path.join(config.model_dir, "keras")
+            warm_start_path = tf.train.latest_checkpoint(keras_dir)
     estimator = JaxEstimator(model_fn, config, warm_start_path, conversion)
     return base.Built(
         estimator,
