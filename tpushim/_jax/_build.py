@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _settings, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _checkpoint, _optimizers, _pod, _step, _trace
+from tpushim._jax import _checkpoint, _host, _optimizers, _pod, _step, _trace
 from tpushim._jax._estimator import JaxEstimator
 
 
@@ -42,6 +42,7 @@ def refusals(keras_model, optimizer, custom_objects, settings):
             "losses, which a subclassed model has only once called)"
         )
     _optimizers.of(optimizer)
+    _host.plan(keras_model, custom_objects)  # its host part's refusals, by layer
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
 
@@ -66,6 +67,7 @@ class JaxConversion:
         _pod.initialize()
         self.pod = _pod.current()  # None: one process
         self.checkpoints = _checkpoint.StockCheckpoints(keras_model, custom_objects, object_based)
+        self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
         self.devices = jax.local_devices()
         self._mesh = Mesh(np.array(self.devices), ("data",))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
@@ -76,7 +78,12 @@ class JaxConversion:
     def trainer(self, global_batch):
         """A :class:`tpushim._jax._step.Trainer` of the model for this global batch."""
         return _step.Trainer(
-            self.keras_model, global_batch, self.devices, self.custom_objects, pod=self.pod
+            self.keras_model,
+            global_batch,
+            self.devices,
+            self.custom_objects,
+            pod=self.pod,
+            fed=self.host,
         )
 
     def device_rows(self, rows):
@@ -98,7 +105,7 @@ class JaxConversion:
         """(loss over the real rows, outputs) of one padded batch, in JAX."""
         if self._eval_fn is None:
             self._eval_fn = _trace.training_function(  # (no sample weights from the input)
-                self.keras_model, self.custom_objects, training=False, weighted=False
+                self.keras_model, self.custom_objects, training=False, weighted=False, fed=self.host
             )
         loss, outputs = self._run(
             "evaluate", self._eval_fn, values, (features, labels, weights, pad)
@@ -108,7 +115,7 @@ class JaxConversion:
     def predict(self, values, features):
         """The model's inference outputs of one padded batch, in JAX."""
         if self._predict_fn is None:
-            self._predict_fn = _trace.predict_function(self.keras_model)
+            self._predict_fn = _trace.predict_function(self.keras_model, fed=self.host)
         return [np.asarray(o) for o in self._run("predict", self._predict_fn, values, (features,))]
 
     def metrics_model(self):

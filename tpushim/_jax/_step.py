@@ -32,8 +32,8 @@ CONTROLS = ("sum_device_means", "mean_device_losses", "count_padding")
 
 def pad_batch(batch, global_batch):
     """``(features, labels, sample_weights, pad)`` of a batch with ``rows`` <= ``global_batch``
-    real rows, padded to ``global_batch`` with rows of zeros whose ``pad`` (and sample weight) is
-    0, as :func:`tpushim._padding.pad_batch` pads a short batch."""
+    real rows, padded to ``global_batch`` with copies of its first row whose ``pad`` (and sample
+    weight) is 0, as :func:`tpushim._padding.pad_batch` pads a short batch."""
     features, labels, weights = batch
     rows = len(np.asarray(features[0]))
     if rows > global_batch:
@@ -51,8 +51,8 @@ def pad_batch(batch, global_batch):
 
     pad = padded(np.ones([rows], np.float32))
     return (
-        [padded(f) for f in features],
-        [padded(y) for y in labels],
+        [_pod.padded_rows(f, global_batch) for f in features],
+        [_pod.padded_rows(y, global_batch) for y in labels],
         [padded(w) for w in weights],
         pad,
     )
@@ -67,10 +67,19 @@ class Trainer:
       global_batch: the rows of every step's global batch (a short batch is padded to it).
       devices: the devices to split each global batch over (default: every local device).
       custom_objects: as given to ``model_to_estimator``.
+      fed: the model's host part (:class:`tpushim._jax._host.HostFeed`): batches hold its fed
+        tensors, the model runs from them.
     """
 
     def __init__(
-        self, keras_model, global_batch, devices=None, custom_objects=None, control=None, pod=None
+        self,
+        keras_model,
+        global_batch,
+        devices=None,
+        custom_objects=None,
+        control=None,
+        pod=None,
+        fed=None,
     ):
         if control not in (None, *CONTROLS):
             raise ValueError(f"control must be one of {CONTROLS}")
@@ -84,9 +93,9 @@ class Trainer:
             )
         self.model, self.global_batch, self.control = keras_model, global_batch, control
         self.optimizer = _optimizers.of(keras_model.optimizer)
-        self.custom_objects = custom_objects
+        self.custom_objects, self.fed = custom_objects, fed
         # weighted (the input gives sample weights) -> the training function: refusals here
-        self._train_fns = {True: _trace.training_function(keras_model, custom_objects)}
+        self._train_fns = {True: _trace.training_function(keras_model, custom_objects, fed=fed)}
         self.mesh = Mesh(np.array(self.devices), ("data",))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
@@ -133,7 +142,7 @@ class Trainer:
     def _train_fn(self, weighted):
         if weighted not in self._train_fns:
             self._train_fns[weighted] = _trace.training_function(
-                self.model, self.custom_objects, weighted=weighted
+                self.model, self.custom_objects, weighted=weighted, fed=self.fed
             )
         return self._train_fns[weighted]
 

@@ -229,13 +229,28 @@ def _labels_for(name, loss_obj, kind, y_true, y_pred):
     return tf.expand_dims(y_true, -1)
 
 
-def training_function(keras_model, custom_objects=None, training=True, weighted=True):
+def _model_inputs(keras_model, features, fed):
+    """The traced function's features (a list) as the model takes them: in its inputs'
+    structure, or the host's fed tensors by key (``fed``: a :class:`tpushim._jax._host.HostFeed`)."""
+    if fed is not None:
+        return fed.inputs(features)
+    return tf.nest.pack_sequence_as(keras_model.input, list(features))
+
+
+def _from_host(keras_model, fed):
+    """While tracing: the model run from the host's tensors where ``fed`` gives them."""
+    return fed.calling(keras_model) if fed is not None else contextlib.nullcontext()
+
+
+def training_function(keras_model, custom_objects=None, training=True, weighted=True, fed=None):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
     pad)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot train.
     ``training=False``: the same loss on the model's inference outputs (an evaluation step:
     BatchNormalization on its moving statistics, no dropout). ``weighted=False``: the input has
     no sample weights (those given are ones, unread): Keras's unweighted loss, whose one-number
-    terms are not multiplied by a mean weight."""
+    terms are not multiplied by a mean weight. ``fed``: the model's host part
+    (:class:`tpushim._jax._host.HostFeed`): ``features`` are its fed tensors, the model run
+    from them."""
     terms, plan = _loss_terms(keras_model, custom_objects)
 
     def identity(t):  # the whole global batch is one shard: its sums are the global ones
@@ -243,7 +258,11 @@ def training_function(keras_model, custom_objects=None, training=True, weighted=
 
     @tf.function(autograph=False)
     def train(features, labels, sample_weights, pad):
-        inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
+        with _from_host(keras_model, fed):
+            return _train(features, labels, sample_weights, pad)
+
+    def _train(features, labels, sample_weights, pad):
+        inputs = _model_inputs(keras_model, features, fed)
         with _activity_recorded(keras_model) as activity:
             if not training:
                 outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
@@ -287,14 +306,15 @@ def training_function(keras_model, custom_objects=None, training=True, weighted=
     return train
 
 
-def predict_function(keras_model):
+def predict_function(keras_model, fed=None):
     """The model's inference outputs as a ``tf.function`` of ``features`` (a list in the
-    model's input order): a list in its output order."""
+    model's input order, or ``fed``'s: :func:`training_function`): a list in its output order."""
 
     @tf.function(autograph=False)
     def predict(features):
-        inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
-        return _outputs_list(keras_model, keras_model(inputs, training=False))
+        with _from_host(keras_model, fed):
+            inputs = _model_inputs(keras_model, features, fed)
+            return _outputs_list(keras_model, keras_model(inputs, training=False))
 
     return predict
 
