@@ -71,6 +71,7 @@ NEWEST_ONLY_REASON = (
 #: Each of these goes to one worker whole (tests/tools/test_suite_scheduling.py keeps the list complete).
 SHARED_FIXTURE_MODULES = {
     "test_arrays.py",
+    "test_jax_draws.py",
     "test_jax_export.py",
     "test_jax_hooks.py",
     "test_jax_pods.py",

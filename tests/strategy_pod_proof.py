@@ -455,7 +455,7 @@ def files_training(root, paths):
     return out
 
 
-# --- strings and lookups on a faked 2-host pod (tpushim/_strategy/host.py) -------------------
+# --- strings and lookups on a faked 2-host pod (tpushim/_host_part.py) -------------------
 
 CITIES = ["oslo", "lima", "pune"]
 KEYS = np.array([[f"row-{i}"] for i in range(ROWS)])
@@ -527,18 +527,18 @@ def strings_stock(root):
 def strings(root):
     """8 replicas on a faked 2-host pod and on one board: numbers and keys against stock's, and
     the host layers' copies made (one per host's pipeline per call)."""
-    from tpushim._strategy import host as _strategy_host
+    from tpushim import _host_part
 
     stock, stock_keys = strings_stock(root)
     copies = []
-    original = _strategy_host._copy
+    original = _host_part._copy
 
     def counted(part):
         copies.append(part)
         return original(part)
 
     out = {}
-    _strategy_host._copy = counted
+    _host_part._copy = counted
     try:
         for name, hosts in (("pod", 2), ("board", None)):
             with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
@@ -560,7 +560,7 @@ def strings(root):
                 replicas=estimator.strategy.num_replicas_in_sync,
             )
     finally:
-        _strategy_host._copy = original
+        _host_part._copy = original
     return out
 
 

@@ -1,6 +1,6 @@
 """Which layers of a functional Keras model run on the host, in the input pipeline: one decision
-both engines take (the TPUEstimator path through :mod:`tpushim._feature_columns`, the strategy
-engine through :mod:`tpushim._strategy.host`), and the copy of them each pipeline runs.
+every engine takes (the TPUEstimator path through :mod:`tpushim._feature_columns`, the strategy
+and JAX engines through :mod:`tpushim._host_part`), and the copy of them each pipeline runs.
 
 A layer runs on the host when
 
@@ -9,7 +9,7 @@ A layer runs on the host when
   columns' lookups run on the host, so the layers they read must too. Such a layer must hold no
   weight (trainable or not: the TPU trains and keeps the weights), read no training mode and draw
   no random numbers (the host computes it once per batch, as stock does);
-* or, where the engine runs them there (``strings=True``: the strategy engine), it takes or
+* or, where the engine runs them there (``strings=True``: the strategy and JAX engines), it takes or
   makes strings, or looks up or hashes (no TPU computes them); it must read only the model's
   inputs or other host layers and hold no trainable weight.
 
@@ -49,10 +49,10 @@ def refuse_columns(layer, why):
     )
 
 
-def refuse_strings(layer, why):
-    """The strategy engine's refusal of a layer of strings or lookups it cannot run on the host."""
+def refuse_strings(layer, why, engine="the strategy engine"):
+    """An engine's refusal of a layer of strings or lookups it cannot run on the host."""
     return ConversionError(
-        f"the strategy engine cannot run layer {layer.name!r} ({type(layer).__name__}) on a "
+        f"{engine} cannot run layer {layer.name!r} ({type(layer).__name__}) on a "
         f"TPU: {why}. No TPU computes strings or looks up a vocabulary (XLA has no kernel "
         "for them), so the engine runs such layers on the host, in the input pipeline; that "
         "needs them to read only the model's inputs (or other such layers) and to hold no "
@@ -73,11 +73,11 @@ def _not_weight_free(layer):
     return None
 
 
-def layers(keras_model, strings=False, custom_objects=None):
+def layers(keras_model, strings=False, custom_objects=None, engine="the strategy engine"):
     """Names of the layers of ``keras_model`` (a functional model) that run on the host (see the
     module's docstring): those between its inputs and its ``DenseFeatures`` layers, and with
     ``strings`` those of strings, lookups and hashing. ``custom_objects``: as given to
-    ``model_to_estimator``.
+    ``model_to_estimator``; ``engine``: the engine as a refusal names it.
 
     Raises:
       ConversionError: such a layer cannot run on the host, naming it and why.
@@ -129,9 +129,10 @@ def layers(keras_model, strings=False, custom_objects=None):
                 raise refuse_strings(
                     layer,
                     f"it {does} from the output of layer {producer.name!r}, which runs on the TPU",
+                    engine,
                 )
         if layer.trainable_weights:
-            raise refuse_strings(layer, "it has trainable weights")
+            raise refuse_strings(layer, "it has trainable weights", engine)
         host.add(layer.name)
     return frozenset(host)
 

@@ -98,7 +98,7 @@ def test_training_on_a_faked_pod_equals_stock(proof):
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["pod", "board"])
 def test_strings_and_lookups_run_on_each_host_as_stock(proof, where):
-    """A key passed through to an output and a StringLookup (tpushim/_strategy/host.py), 8
+    """A key passed through to an output and a StringLookup (tpushim/_host_part.py), 8
     replicas on a faked 2-host pod and on one board: weights, evaluate() and predict() equal the
     stock estimator's within 1e-5, every key comes back in its row, and each host's pipeline made
     its own copy of the host layers (train, evaluate, predict: 3 per pipeline)."""

@@ -1,4 +1,4 @@
-"""Strings and lookups on the strategy engine (tpushim/_strategy/host.py, #33): a string key passed
+"""Strings and lookups on the strategy engine (tpushim/_host_part.py, #33): a string key passed
 through to an output (its string label weighed 0), a ``StringLookup`` on a string input, and
 feature columns in a ``DenseFeatures`` layer (vocabulary list and file, hash bucket, embedding,
 indicator) run on the host, in the input pipeline; the replicated step, compiled with XLA, sees

@@ -8,6 +8,9 @@ graph, the input pipeline and the checkpoints on the host. Registered in :mod:`t
   model's evaluation and prediction functions in JAX, its stock checkpoints), ``made``.
 * :mod:`tpushim._jax._estimator`: ``JaxEstimator`` (stock's Estimator; ``train``, ``evaluate``,
   ``predict`` in JAX), the input_fn's batches read on the host as stock reads them.
+* :mod:`tpushim._jax._host`: the model's host part (strings, lookups, feature columns' lookups:
+  the core's :mod:`tpushim._host_part`) computed in TensorFlow on each batch read, the step
+  traced from its tensors.
 * :mod:`tpushim._jax._hooks`: its part in stock's hooks (:mod:`tpushim._stock_hooks`, shared
   with the strategy engine): the user's hooks (the loss under stock's name), its TensorBoard
   events and step-rate lines, what ``train_and_evaluate`` asks of it.
@@ -17,7 +20,7 @@ graph, the input pipeline and the checkpoints on the host. Registered in :mod:`t
   (and the inference ones), traced in TensorFlow on the global batch (padding rows weigh 0 in
   the loss and in BatchNormalization's statistics: the core's :mod:`tpushim._losses`,
   :mod:`tpushim._batchnorm`) and converted to JAX with ``tf2jax``; :mod:`tpushim._jax._ops`:
-  the TensorFlow ops Keras uses that tf2jax lacks, registered with it.
+  the TensorFlow ops Keras uses that tf2jax lacks (or gets wrong), registered with it.
 * :mod:`tpushim._jax._optimizers`: the optimizer's update as tf-keras computes it (SGD with
   momentum / nesterov, Adam; legacy and v2 spellings), its slots under Keras's names.
 * :mod:`tpushim._jax._step`: ``jax.value_and_grad`` of the converted loss, the update, the

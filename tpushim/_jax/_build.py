@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _settings, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _checkpoint, _derived, _optimizers, _pod, _step, _trace
+from tpushim._jax import _checkpoint, _derived, _host, _optimizers, _pod, _step, _trace
 from tpushim._jax._estimator import JaxEstimator
 
 
@@ -45,6 +45,7 @@ def refusals(keras_model, optimizer, custom_objects, settings):
             "losses, which a subclassed model has only once called)"
         )
     _optimizers.of(optimizer)
+    _host.plan(keras_model, custom_objects)  # its host part's refusals, by layer
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
 
@@ -61,6 +62,7 @@ class JaxConversion:
         _pod.initialize()
         self.pod = _pod.current()  # None: one process
         self.checkpoints = _checkpoint.StockCheckpoints(keras_model, custom_objects, object_based)
+        self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
         self.devices = jax.local_devices()
         self._mesh = Mesh(np.array(self.devices), ("data",))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
@@ -78,6 +80,7 @@ class JaxConversion:
             self.custom_objects,
             seeds=seeds,
             pod=self.pod,
+            fed=self.host,
         )
 
     def device_rows(self, rows):
@@ -101,7 +104,11 @@ class JaxConversion:
         unread (Keras's unweighted loss)."""
         if weighted not in self._eval_fns:
             self._eval_fns[weighted] = _trace.training_function(
-                self.keras_model, self.custom_objects, training=False, weighted=weighted
+                self.keras_model,
+                self.custom_objects,
+                training=False,
+                weighted=weighted,
+                fed=self.host,
             )
         loss, outputs = self._run(
             ("evaluate", weighted),
@@ -114,7 +121,7 @@ class JaxConversion:
     def predict(self, values, features):
         """The model's inference outputs of one padded batch, in JAX."""
         if self._predict_fn is None:
-            self._predict_fn = _trace.predict_function(self.keras_model)
+            self._predict_fn = _trace.predict_function(self.keras_model, fed=self.host)
         return [np.asarray(o) for o in self._run("predict", self._predict_fn, values, (features,))]
 
     def metrics_model(self):

@@ -171,15 +171,21 @@ def _as_list(value, names, what):
 
 class Arrays:
     """How one model reads a batch: its features and labels as lists of arrays in the model's
-    input and output order, of the dtypes the model's inputs take (Keras casts them so)."""
+    input and output order, of the dtypes the model's inputs take (Keras casts them so). With a
+    host part (``host``: :class:`tpushim._jax._host.HostFeed`), the host's tensors computed
+    first and fed instead (its order); ``host_outputs`` then holds the outputs it made of the
+    last batch (predict's)."""
 
-    def __init__(self, keras_model):
+    def __init__(self, keras_model, host=None):
         self.inputs = list(keras_model.input_names)
         self.outputs = list(keras_model.output_names)
         self.dtypes = [t.dtype.as_numpy_dtype for t in keras_model.inputs]
+        self.host, self.host_outputs = host, {}
 
     def split(self, batch, mode):
         """(features, labels or None) as Estimator splits an input_fn's element."""
+        if self.host is not None:
+            batch = self.host.apply(batch, mode)
         if isinstance(batch, tuple) and len(batch) == 2:
             features, labels = batch
         else:
@@ -187,15 +193,21 @@ class Arrays:
         if mode == ModeKeys.PREDICT:
             labels = None
         features, _ = _given_weights(features)
+        if self.host is not None:
+            features, self.host_outputs = self.host.arrays(features)
+            if labels is None:
+                return features, None
+            labels = [_as_32_bits(y) for y in _as_list(labels, self.outputs, "labels")]
+            return features, labels
         features = _as_list(features, self.inputs, "features")
         cast = []
         for name, x, dtype in zip(self.inputs, features, self.dtypes):
             x = np.asarray(x)
             if x.dtype.kind in "OSU":
                 _refuse(
-                    f"string features (input {name!r}): it feeds numbers to the devices, and "
-                    "a model that takes strings runs its lookups on the host only on the "
-                    "strategy engine"
+                    f"string features (input {name!r}) its model reads on the devices: it feeds "
+                    "numbers to the devices (a model's layers that take strings or look up run "
+                    "on the host)"
                 )
             cast.append(x.astype(dtype) if x.dtype != dtype else x)
         if labels is None:
@@ -228,11 +240,11 @@ def _rows(arrays):
 
 
 def _padded(arrays, size):
-    out = []
-    for a in arrays:
-        extra = np.zeros((size - len(a), *a.shape[1:]), a.dtype)
-        out.append(np.concatenate([a, extra]) if size > len(a) else a)
-    return out
+    """Each array padded to ``size`` rows with copies of its first row (weighed 0)."""
+    return [
+        np.concatenate([a, np.repeat(a[:1], size - len(a), axis=0)]) if size > len(a) else a
+        for a in arrays
+    ]
 
 
 # --- the estimator ------------------------------------------------------------------------------
@@ -349,7 +361,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 return 0
             last = start + 1
         stop = start + math.ceil(steps) if steps is not None else last
-        arrays = Arrays(conversion.keras_model)
+        arrays = Arrays(conversion.keras_model, conversion.host)
         seen = {}
         if conversion.pod is None:
             batches = host_batches(input_fn, ModeKeys.TRAIN, self.config, seen)
@@ -525,7 +537,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _evaluate_batches(self, input_fn, steps, user_hooks, step, weights):
         conversion = self._tpushim_jax
         values = self._values(weights)
-        arrays = Arrays(conversion.keras_model)
+        arrays = Arrays(conversion.keras_model, conversion.host)
         metrics = conversion.metrics_model()
         update = _metrics_update(metrics)
         losses, size, added = [], None, None
@@ -628,7 +640,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     ):
         conversion = self._tpushim_jax
         values = self._values(weights)
-        arrays = Arrays(conversion.keras_model)
+        arrays = Arrays(conversion.keras_model, conversion.host)
         size = None
         batches = host_batches(input_fn, ModeKeys.PREDICT, self.config)
         try:
@@ -643,6 +655,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     n: np.asarray(o)[:rows]
                     for n, o in zip(conversion.keras_model.output_names, outputs)
                 }
+                out.update(arrays.host_outputs)  # a key passed through: the host's
                 if predict_keys:
                     out = {k: v for k, v in out.items() if k in predict_keys}
                 stop = user_hooks is not None and user_hooks.after(step, False)

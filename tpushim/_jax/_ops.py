@@ -11,7 +11,13 @@ with ``tf2jax`` as TensorFlow's kernels compute them (their values and their gra
 * ``PlaceholderWithDefault``: ``tf.vectorized_map`` (the step's per-row losses) feeds its
   loop's index through one, fed nothing: its value is its input's.
 
-Registered once, at the first import (``tf2jax``'s op table is the process's).
+* ``DivNoNan`` (replacing ``tf2jax``'s): its gradient does not sum over the dimensions the
+  division broadcast, so JAX rejects it where the divisor broadcasts (an embedding column's
+  ``mean`` combiner divides [batch, dimension] by [batch, 1]). This one is ``x / y`` with 0
+  where ``y`` is 0, differentiated by JAX: ``dx = g / y`` and ``dy = -g x / y**2`` where ``y``
+  is not 0 and 0 where it is, TensorFlow's gradient, summed over what broadcast.
+
+Registered (DivNoNan replaced) once, at the first import (``tf2jax``'s op table is the process's).
 """
 
 import jax
@@ -61,3 +67,17 @@ def _placeholder_with_default(proto):
 
 if "PlaceholderWithDefault" not in _tf2jax_ops._jax_ops:
     _tf2jax_ops.register_operation("PlaceholderWithDefault")(_placeholder_with_default)
+
+
+def div_no_nan(x, y):
+    zero = y == 0
+    safe = jnp.where(zero, jnp.ones_like(y), y)
+    return jnp.where(zero, jnp.zeros_like(x / safe), x / safe)
+
+
+def _div_no_nan(proto):
+    del proto  # attrs: T
+    return div_no_nan
+
+
+_tf2jax_ops._jax_ops["DivNoNan"] = _div_no_nan

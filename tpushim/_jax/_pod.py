@@ -210,16 +210,22 @@ class Share:
     global_batch: int
 
 
+def padded_rows(a, size):
+    """``a`` padded to ``size`` rows with copies of its first row, as
+    :func:`tpushim._padding.pad_batch` pads: values the model already accepts (a row of zeros
+    may not be: the log of a size, a string), weighed 0 by the caller's ``pad``."""
+    a = np.asarray(a)
+    if len(a) >= size:
+        return a
+    return np.concatenate([a, np.repeat(a[:1], size - len(a), axis=0)])
+
+
 def _padded(batch, size):
+    """Each array of ``batch`` padded to ``size`` rows with copies of its first row (weighed 0
+    by the share's ``pad``)."""
     import jax
 
-    def one(a):
-        a = np.asarray(a)
-        if len(a) >= size:
-            return a
-        return np.concatenate([a, np.zeros((size - len(a), *a.shape[1:]), a.dtype)])
-
-    return jax.tree_util.tree_map(one, batch)
+    return jax.tree_util.tree_map(lambda a: padded_rows(a, size), batch)
 
 
 def _rows_of(batch):

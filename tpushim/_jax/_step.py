@@ -36,8 +36,8 @@ CONTROLS = ("sum_device_means", "mean_device_losses", "count_padding")
 
 def pad_batch(batch, global_batch):
     """``(features, labels, sample_weights, pad)`` of a batch with ``rows`` <= ``global_batch``
-    real rows, padded to ``global_batch`` with rows of zeros whose ``pad`` (and sample weight) is
-    0, as :func:`tpushim._padding.pad_batch` pads a short batch."""
+    real rows, padded to ``global_batch`` with copies of its first row whose ``pad`` (and sample
+    weight) is 0, as :func:`tpushim._padding.pad_batch` pads a short batch."""
     features, labels, weights = batch
     rows = len(np.asarray(features[0]))
     if rows > global_batch:
@@ -55,8 +55,8 @@ def pad_batch(batch, global_batch):
 
     pad = padded(np.ones([rows], np.float32))
     return (
-        [padded(f) for f in features],
-        [padded(y) for y in labels],
+        [_pod.padded_rows(f, global_batch) for f in features],
+        [_pod.padded_rows(y, global_batch) for y in labels],
         [padded(w) for w in weights],
         pad,
     )
@@ -75,6 +75,8 @@ class Trainer:
         (:mod:`._draws`: the RunConfig's ``tf_random_seed``, the input graph's counter); the
         random draws (Dropout, noise layers) are stock's from them, one stream per Trainer, as
         stock's per ``train()`` call.
+      fed: the model's host part (:class:`tpushim._jax._host.HostFeed`): batches hold its fed
+        tensors, the model runs from them.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class Trainer:
         control=None,
         seeds=None,
         pod=None,
+        fed=None,
     ):
         if control not in (None, *CONTROLS):
             raise ValueError(f"control must be one of {CONTROLS}")
@@ -99,7 +102,7 @@ class Trainer:
             )
         self.model, self.global_batch, self.control = keras_model, global_batch, control
         self.optimizer = _optimizers.of(keras_model.optimizer)
-        self.custom_objects, self.seeds = custom_objects, seeds
+        self.custom_objects, self.seeds, self.fed = custom_objects, seeds, fed
         self._train_fns = {}  # weighted (the input gives sample weights) -> the training function
         self._train_fn(True)  # its refusals here
         self._host_draws = {}  # a trace's draws -> their stream on the host
@@ -156,6 +159,7 @@ class Trainer:
                 weighted=weighted,
                 seeds=self.seeds,
                 global_batch=self.global_batch,
+                fed=self.fed,
             )
         return self._train_fns[weighted]
 

@@ -233,15 +233,36 @@ def _labels_for(name, loss_obj, kind, y_true, y_pred):
     return tf.expand_dims(y_true, -1)
 
 
+def _model_inputs(keras_model, features, fed):
+    """The traced function's features (a list) as the model takes them: in its inputs'
+    structure, or the host's fed tensors by key (``fed``: a :class:`tpushim._jax._host.HostFeed`)."""
+    if fed is not None:
+        return fed.inputs(features)
+    return tf.nest.pack_sequence_as(keras_model.input, list(features))
+
+
+def _from_host(keras_model, fed):
+    """While tracing: the model run from the host's tensors where ``fed`` gives them."""
+    return fed.calling(keras_model) if fed is not None else contextlib.nullcontext()
+
+
 def training_function(
-    keras_model, custom_objects=None, training=True, weighted=True, seeds=None, global_batch=None
+    keras_model,
+    custom_objects=None,
+    training=True,
+    weighted=True,
+    seeds=None,
+    global_batch=None,
+    fed=None,
 ):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
     pad, draws=None)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot
     train. ``training=False``: the same loss on the model's inference outputs (an evaluation
     step: BatchNormalization on its moving statistics, no dropout). ``weighted=False``: the
     input has no sample weights (those given are ones, unread): Keras's unweighted loss, whose
-    one-number terms are not multiplied by a mean weight.
+    one-number terms are not multiplied by a mean weight. ``fed``: the model's host part
+    (:class:`tpushim._jax._host.HostFeed`): ``features`` are its fed tensors, the model run
+    from them.
 
     Training, its random draws are stock's (:mod:`._draws`): ``seeds`` the ``(graph seed,
     op-seed counter)`` stock's graph calls the model with (None: the trace's own); traced
@@ -255,7 +276,11 @@ def training_function(
 
     @tf.function(autograph=False)
     def train(features, labels, sample_weights, pad, draws=None):
-        inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
+        with _from_host(keras_model, fed):
+            return _train(features, labels, sample_weights, pad, draws)
+
+    def _train(features, labels, sample_weights, pad, draws):
+        inputs = _model_inputs(keras_model, features, fed)
         record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
         with _activity_recorded(keras_model) as activity:
             if not training:
@@ -303,18 +328,19 @@ def training_function(
     return train
 
 
-def predict_function(keras_model):
+def predict_function(keras_model, fed=None):
     """The model's inference outputs as a ``tf.function`` of ``features`` (a list in the
-    model's input order): a list in its output order."""
+    model's input order, or ``fed``'s: :func:`training_function`): a list in its output order."""
 
     recorded = {}  # the trace's graph -> its draws, made zeros (see convert_inference)
 
     @tf.function(autograph=False)
     def predict(features):
-        inputs = tf.nest.pack_sequence_as(keras_model.input, list(features))
-        record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
-        with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
-            return _outputs_list(keras_model, keras_model(inputs, training=False))
+        with _from_host(keras_model, fed):
+            inputs = _model_inputs(keras_model, features, fed)
+            record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
+            with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
+                return _outputs_list(keras_model, keras_model(inputs, training=False))
 
     predict.tpushim_recorded = recorded
     return predict

@@ -19,7 +19,7 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
     try:
         import jax
 
-        from tpushim._jax import _build, _estimator, _step
+        from tpushim._jax import _build, _estimator, _host, _step
     except ImportError as e:
         report.add(
             "jax-engine-missing",
@@ -32,10 +32,11 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
     from tpushim._errors import ConversionError
 
     devices = jax.local_devices()[:num_cores]
-    arrays = _estimator.Arrays(keras_model)
     _estimator._eager_classes(keras_model)  # the script's conversion cloned it in a graph
     try:
         _build.refusals(keras_model, keras_model.optimizer, custom_objects, settings)
+        host = _host.plan(keras_model, custom_objects)  # strings and lookups: on the host
+        arrays = _estimator.Arrays(keras_model, host)
         feats, labs = arrays.split((features, labels), _estimator.ModeKeys.TRAIN)
         if labs is None:
             return
@@ -47,7 +48,9 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
             f"the global batch of {rows} rows split over them"
             + (f" (padded to {size})" if size != rows else "")
         )
-        _step.Trainer(keras_model, size, devices, custom_objects).compile((feats, labs, None))
+        _step.Trainer(keras_model, size, devices, custom_objects, fed=host).compile(
+            (feats, labs, None)
+        )
     except ConversionError as e:
         report.add(
             "jax-engine-refuses",

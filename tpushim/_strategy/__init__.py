@@ -20,7 +20,6 @@ One module per concern, each importing only those below it; callers import the m
 - ``clone``: the engine's copy of the user's model.
 - ``element``: a replica's padded element and a model call's structures, as the engine reads them.
 - ``input``: the input split over the replicas; on a pod each host's own pipeline.
-- ``host``: the model's host part (strings, lookups), run in each input pipeline.
 - ``events``: the steps as stock's hooks see them (log lines, events, checkpoints kept, the user's
   SessionRunHooks).
 - ``metrics``: ``tf.estimator.add_metrics``' metric_fns, on the host.
@@ -29,6 +28,7 @@ One module per concern, each importing only those below it; callers import the m
 
 Outside this package a module is imported as ``_strategy_<module>`` (``from tpushim._strategy
 import step as _strategy_step``): its short name would shadow a local (``plan``, ``step``). The
-four that were top-level modules keep their old names as aliases (``_strategy_input``,
-``_strategy_host``, ``_strategy_checkpoint``, ``_step_events``).
+three that were top-level modules keep their old names as aliases (``_strategy_input``,
+``_strategy_checkpoint``, ``_step_events``). The model's host part (strings, lookups, run in
+each input pipeline) is the core's :mod:`tpushim._host_part`, which the JAX engine shares.
 """

@@ -6,8 +6,7 @@ import weakref
 
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _tfprivate
-from tpushim._strategy import host as _strategy_host
+from tpushim import _host_part, _loss_kinds, _tfprivate
 
 
 def _built_on_input(keras_model):
@@ -33,8 +32,8 @@ def clone(plan, features=None):
             model = tf.keras.models.clone_model(keras_model, clone_function=own or None)
             if _built_on_input(keras_model):  # an unbuilt Sequential: built as stock's, below
                 model(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), features))
-            if plan.host is not None:  # run from the host's tensors (_strategy_host)
-                _strategy_host.install(plan.host, model)
+            if plan.host is not None:  # run from the host's tensors (_host_part)
+                _host_part.install(plan.host, model)
             return model
         model = _tfprivate.keras.subclassed_clone(keras_model)
     zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), features)

@@ -31,6 +31,7 @@ import tensorflow as tf
 from tpushim import (
     _arrays,
     _batching,
+    _host_part,
     _input_fn,
     _observe,
     _padding,
@@ -43,7 +44,6 @@ from tpushim import (
 )
 from tpushim._errors import ConversionError
 from tpushim._stock_graphs import input_graph as _stock_graph
-from tpushim._strategy import host as _strategy_host
 
 logger = logging.getLogger("tpushim")
 
@@ -431,7 +431,7 @@ class HostInput:
         dataset = _batching.without_float64(self._copy(host))
         dataset = _shapes.with_declared_shapes(dataset, self.model_inputs)
         if self.host is not None:  # strings and lookups, by this host's own copy of them
-            dataset = dataset.map(_strategy_host.element_function(self.host, self.mode))
+            dataset = dataset.map(_host_part.element_function(self.host, self.mode))
         if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
             dataset = dataset.map(_padding.pad_batch(self.padded, counted=True))
             dataset = dataset.map(_split(self.replicas, piece)).map(_keep(self.feeds[host]))
@@ -480,7 +480,7 @@ def distributed_input(
     say nothing of what stock's next ``session.run`` would give (a queue's next batch, a random
     op's next draw). On several hosts each reads its share (:class:`HostInput`).
 
-    ``host``: the model's :class:`tpushim._strategy.host.HostPart`, computed in each pipeline;
+    ``host``: the model's :class:`tpushim._host_part.HostPart`, computed in each pipeline;
     where it makes outputs, ``predict`` gets a :class:`WithHostOutputs` instead.
     """
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
@@ -538,7 +538,7 @@ def distributed_input(
     # As the TPUEstimator path: no TPU infeed takes float64 (said in the run summary).
     result = _shapes.with_declared_shapes(_batching.without_float64(result), model_inputs)
     if host is not None:  # strings and lookups, on the host
-        result = result.map(_strategy_host.element_function(host, mode))
+        result = result.map(_host_part.element_function(host, mode))
     dataset = result.map(_padding.pad_batch(padded, counted=True)).map(_split(replicas))
     if outputs:
         made = WithHostOutputs(strategy, dataset)
@@ -562,11 +562,11 @@ class WithHostOutputs:
 
     def __iter__(self):
         for element in self.dataset:
-            features, outs = _strategy_host.carried(element[_padding.FEATURES_KEY])
+            features, outs = _host_part.carried(element[_padding.FEATURES_KEY])
             element = dict(element, **{_padding.FEATURES_KEY: features})
             per_replica = self.strategy.experimental_distribute_values_from_function(
                 lambda ctx, element=element: tf.nest.map_structure(
                     lambda x: x[ctx.replica_id_in_sync_group], element
                 )
             )
-            yield per_replica, _strategy_host.padded_outputs(outs)
+            yield per_replica, _host_part.padded_outputs(outs)

@@ -38,7 +38,7 @@ def _loss_objects(keras_model, custom_objects, names=None, host_outputs=None):
             None if x is None else _tfprivate.keras_compile.loss_in_programs_shapes(x)
             for x in losses
         ]
-    host = host_outputs or ()  # computed on the host, weighing 0 (_strategy_host)
+    host = host_outputs or ()  # computed on the host, weighing 0 (_host_part)
     return [(n, None if n in host else loss, w) for n, loss, w in zip(names, losses, weights)]
 
 

@@ -8,9 +8,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpushim import _loss_kinds, _plan, _tfprivate
+from tpushim import _host_part, _loss_kinds, _plan, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._strategy import host as _strategy_host
 from tpushim._strategy.refusals import check_tf1_optimizer
 
 logger = logging.getLogger("tpushim")
@@ -60,7 +59,7 @@ class Plan:
         variables from the Keras weights), or None.
       jit_compile: check, where the strategy is not a TPU's, that a replica's training step
         compiles with XLA (on a TPU, TPUStrategy compiles every step with XLA itself).
-      host: the :class:`tpushim._strategy.host.HostPart` (strings, lookups), or None.
+      host: the :class:`tpushim._host_part.HostPart` (strings, lookups), or None.
       graph_mode: the program disabled v2 behaviour (its model was made in a graph).
       metric_names: its metrics as stock names them there (the program's v1 names), or None.
       metric_names_map: model_to_estimator's (None: stock's names).
@@ -149,7 +148,7 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
             "TPUEstimator runs."
         )
     # Strings and lookups run on the host (refused here, naming the layer, where they cannot).
-    host = _strategy_host.plan(keras_model, custom_objects)
+    host = _host_part.plan(keras_model, custom_objects)
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)
     # The plan may clone it in a graph (a model made in one, by a program that disabled v2
     # behaviour, keeps its v1 classes).

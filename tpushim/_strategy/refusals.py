@@ -3,7 +3,7 @@ where stock refuses it too): a ``tf.compat.v1.train`` optimizer it cannot train 
 does, a ``metric_names_map`` whose keys are not the compiled metrics' names, features or labels
 that do not cover the model's inputs or outputs, sample weights stock's graph refuses. The model's
 own refusals are :func:`tpushim._strategy.plan.make_plan`'s, the step's
-:mod:`tpushim._strategy.xla_check`'s, the host part's :mod:`tpushim._strategy.host`'s."""
+:mod:`tpushim._strategy.xla_check`'s, the host part's :mod:`tpushim._host_part`'s."""
 
 import tensorflow as tf
 

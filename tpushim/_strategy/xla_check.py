@@ -93,7 +93,7 @@ def _check_xla(plan, element_spec, replicas):
 def _as_is(plan):
     """The user's model, where :func:`check_xla` traces the same step on it as on a clone: a
     built graph network (no subclassed or unbuilt one, which a clone builds on the input), no
-    layer run on the host (a clone's, :mod:`tpushim._strategy.host`), its variables eager ones
+    layer run on the host (a clone's, :mod:`tpushim._host_part`), its variables eager ones
     (not a graph-mode program's), no activity regularizer (the step installs a recorder in its
     place: :func:`_recorders`, on a clone only). Else None."""
     if plan.host is not None or not traceable_as_is(plan.keras_model):

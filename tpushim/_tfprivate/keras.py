@@ -175,7 +175,7 @@ def dense_features_variable(layer, column, name):
 
 def lookup_layer_classes():
     """Keras 2's preprocessing layers that look up or hash (a vocabulary table, string hashing):
-    ops no TPU step compiles (the strategy engine runs them on the host, _strategy_host)."""
+    ops no TPU step compiles (the strategy and JAX engines run them on the host, _host_part)."""
     return (
         modules.keras_module("layers.preprocessing.index_lookup").IndexLookup,
         modules.keras_module("layers.preprocessing.hashing").Hashing,
@@ -312,6 +312,23 @@ def replace_functional_run(keras_model, run):
         return run(inputs, training, mask, own)
 
     keras_model._run_internal_graph = replaced
+
+
+@contextlib.contextmanager
+def functional_run_replaced(keras_model, run):
+    """:func:`replace_functional_run` while the block runs (the JAX engine traces the user's own
+    model so); Keras's own restored after it, only if still ours."""
+    had = keras_model.__dict__.get("_run_internal_graph")
+    replace_functional_run(keras_model, run)
+    ours = keras_model.__dict__["_run_internal_graph"]
+    try:
+        yield
+    finally:
+        if keras_model.__dict__.get("_run_internal_graph") is ours:
+            if had is None:
+                del keras_model.__dict__["_run_internal_graph"]
+            else:
+                keras_model.__dict__["_run_internal_graph"] = had
 
 
 def input_layers(keras_model):

@@ -1,5 +1,7 @@
-"""The strategy engine's host part: what a functional Keras model does with strings and lookups,
-run in the input pipeline (on each TPU host's CPU) so that the replicated step sees numbers only.
+"""A model's host part: what a functional Keras model does with strings and lookups, run on the
+host (on each TPU host's CPU) so that the replicated step sees numbers only. Shared by the
+strategy engine (in its input pipeline, a ``Dataset.map``) and the JAX engine (per batch read,
+before the batch goes to the devices).
 
 A legacy model may take strings: a key passed through to an output, a number parsed from text, a
 city looked up by a ``StringLookup``, feature columns in a ``DenseFeatures`` layer. No TPU
@@ -20,7 +22,8 @@ columns (:mod:`tpushim._feature_columns`). :func:`plan` reads the model once, at
 * a model output a host layer makes (a key passed through) is not computed by the replicas:
   its loss must weigh 0, and ``predict()`` gives it from the input pipeline, row by row.
 
-On the replicas the engine's clone runs its graph from the fed frontier (the host layers'
+On the replicas the engine's model (the strategy engine's clone, the model the JAX engine traces)
+runs its graph from the fed frontier (the host layers'
 nodes are skipped): the clone keeps every layer, so its variables, names and checkpoints are
 stock's. What cannot move (a lookup that reads a trainable layer's output, a host layer with
 trainable weights) is refused at conversion, naming the layer and the fix.
@@ -76,9 +79,10 @@ class HostPart:
 _node_keys = _host_side.node_keys
 
 
-def plan(keras_model, custom_objects=None):
+def plan(keras_model, custom_objects=None, engine="the strategy engine"):
     """The :class:`HostPart` of ``keras_model``, or None when nothing needs the host (or it is
-    not a functional model: a subclassed model's strings stay refused).
+    not a functional model: a subclassed model's strings stay refused). ``engine``: the engine
+    as its refusals name it.
 
     Raises:
       ConversionError: a layer that must run on the host and cannot (see the module's
@@ -88,7 +92,9 @@ def plan(keras_model, custom_objects=None):
         return None
     split = _feature_columns.plan(keras_model, custom_objects)
     nodes = _tfprivate.keras.functional_nodes(keras_model)
-    host = set(_host_side.layers(keras_model, strings=True, custom_objects=custom_objects))
+    host = set(
+        _host_side.layers(keras_model, strings=True, custom_objects=custom_objects, engine=engine)
+    )
     if not host and split is None:
         return None
     keys = _node_keys(keras_model)
@@ -114,7 +120,7 @@ def plan(keras_model, custom_objects=None):
         for name, tensor in zip(keras_model.output_names, keras_model.outputs)
         if tensor._keras_history.layer.name in host
     )
-    _check_output_losses(keras_model, outputs)
+    _check_output_losses(keras_model, outputs, engine)
     template = None
     if host:
         out = {key: tensor for key, tensor in frontier}
@@ -136,7 +142,7 @@ def plan(keras_model, custom_objects=None):
     )
 
 
-def _check_output_losses(keras_model, outputs):
+def _check_output_losses(keras_model, outputs, engine):
     """Refuses a loss that weighs anything on an output the host computes (the replicas do
     not compute it, and no gradient reaches it: it holds no trainable weight)."""
     if not outputs:
@@ -159,7 +165,7 @@ def _check_output_losses(keras_model, outputs):
             weight = weights[i]
         if weight != 0:
             raise ConversionError(
-                f"the strategy engine computes output {name!r} on the host (it is made from "
+                f"{engine} computes output {name!r} on the host (it is made from "
                 f"strings), so it cannot weigh its loss into training ({weight}): give it a "
                 "loss_weights of 0 (a key passed through needs no loss), or train without "
                 "tpushim (TPUSHIM_MODE=off)."
@@ -254,9 +260,9 @@ def _from_host(part, inputs):
     ) and (part.feature_split is None or any(k.startswith(_feature_columns.PREFIX) for k in inputs))
 
 
-def install(part, clone):
-    """Makes ``clone`` (the engine's own copy of the model) run its graph from the host's
-    tensors when its features carry them, skipping the host layers."""
+def _run(part, clone):
+    """``clone``'s ``run(inputs, training, mask, own)`` from the host's tensors (see
+    :func:`install`)."""
     keys = _node_keys(clone)
     by_key = {}
     for _layer, _, outputs, _ in _tfprivate.keras.functional_nodes(clone):
@@ -288,8 +294,20 @@ def install(part, clone):
             lambda tensor: tf.zeros([rows]),
         )
 
-    _tfprivate.keras.replace_functional_run(clone, run)
+    return run
+
+
+def install(part, clone):
+    """Makes ``clone`` (the engine's own copy of the model) run its graph from the host's
+    tensors when its features carry them, skipping the host layers."""
+    _tfprivate.keras.replace_functional_run(clone, _run(part, clone))
     return clone
+
+
+def running_from_host(part, keras_model):
+    """While active, ``keras_model`` (the user's own: the JAX engine traces it) runs its graph
+    from the host's tensors when its features carry them, as :func:`install` makes a clone."""
+    return _tfprivate.keras.functional_run_replaced(keras_model, _run(part, keras_model))
 
 
 def padded_outputs(outs):
