@@ -666,3 +666,21 @@ def check(keras_model, custom_objects=None):
     """The conversion's check (:data:`tpushim._validation.VALIDATION_STEPS`): plans the loss,
     raising :class:`LossSplitError` for a term a TPU cannot split."""
     return plan(keras_model, custom_objects)
+
+
+def input_losses_beside_batchnorm(keras_model):
+    """(layers that add a loss in their call from their inputs -- ``add_loss``, not an activity
+    regularizer's --, BatchNormalization layers), by name: the engines that evaluate such a loss
+    on each example alone refuse it where BatchNormalization would normalise by that example."""
+    adding = [
+        layer.name
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        if len(_tfprivate.keras_compile.layer_input_losses(layer))
+        > _tfprivate.keras_compile.activity_loss_count(layer)
+    ]
+    normalizing = [
+        layer.name
+        for layer in _tfprivate.keras.all_layers(keras_model)
+        if isinstance(layer, _tfprivate.keras.batchnorm_base_class())
+    ]
+    return adding, normalizing

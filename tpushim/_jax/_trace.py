@@ -98,17 +98,7 @@ def _input_losses_checked(keras_model):
     """Refuses a loss a layer adds in its call (not an activity regularizer's) in a model with
     BatchNormalization: the step evaluates such a loss on each example alone, where
     BatchNormalization would normalise by that example alone (as the other engines refuse it)."""
-    adding = [
-        layer.name
-        for layer in _tfprivate.keras.all_layers(keras_model)
-        if len(_tfprivate.keras_compile.layer_input_losses(layer))
-        > _tfprivate.keras_compile.activity_loss_count(layer)
-    ]
-    normalizing = [
-        layer.name
-        for layer in _tfprivate.keras.all_layers(keras_model)
-        if isinstance(layer, _tfprivate.keras.batchnorm_base_class())
-    ]
+    adding, normalizing = _loss_kinds.input_losses_beside_batchnorm(keras_model)
     if adding and normalizing:
         _refuse(
             f"a loss a layer adds in its call from its inputs (add_loss: {', '.join(adding)}) "

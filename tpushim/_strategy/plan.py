@@ -125,17 +125,7 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     # alone, where BatchNormalization would normalise by that row's own moments (and update its
     # moving statistics once per row): refused rather than trained to other numbers. An
     # activity regularizer is read from the model's own forward pass (:func:`input_losses`).
-    adding = [
-        layer.name
-        for layer in _tfprivate.keras.all_layers(keras_model)
-        if len(_tfprivate.keras_compile.layer_input_losses(layer))
-        > _tfprivate.keras_compile.activity_loss_count(layer)
-    ]
-    normalizing = [
-        layer.name
-        for layer in _tfprivate.keras.all_layers(keras_model)
-        if isinstance(layer, _tfprivate.keras.batchnorm_base_class())
-    ]
+    adding, normalizing = _loss_kinds.input_losses_beside_batchnorm(keras_model)
     if adding and normalizing:
         raise ConversionError(
             "the strategy engine cannot take a loss a layer adds in its call from its inputs "
