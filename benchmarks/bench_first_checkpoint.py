@@ -16,7 +16,10 @@ fresh process (benchlib.drive), contenders interleaved, the order rotating:
   converting tpushim's functions again, as before they were marked
   (``_tfprivate.graph.not_converted``): emulated by the driver, which makes AutoGraph ignore the mark
   on tpushim's functions (and only theirs);
-* ``strategy engine``: ``mode="cpu", engine="strategy"``.
+* ``strategy engine``: ``mode="cpu", engine="strategy"``;
+* ``JAX engine``: ``mode="cpu", engine="jax"`` (TensorFlow >= 2.16 with the jax extra), its
+  step on the machine's one CPU device: its first checkpoint comes after tf2jax's conversion
+  and XLA's compile of the step, which stock's graph has no counterpart of.
 
 Measured: seconds from ``train()`` called to ``model_dir/model.ckpt-0.index`` existing (a thread
 polls it every 5 ms). Not timed: the interpreter's start, importing TensorFlow and tpushim,
@@ -39,12 +42,13 @@ CASES = {
     "MLP": "MLP 784-256-10, 512 rows by 32",
     "MobileNetV2": "MobileNetV2 96x96 (weights=None), 64 rows by 32",
 }
-STOCK, STOCK_AGAIN, TPUESTIMATOR, BEFORE, ENGINE = (
+STOCK, STOCK_AGAIN, TPUESTIMATOR, BEFORE, ENGINE, JAX = (
     "stock",
     "stock again",
     "TPUEstimator path",
     "strategy engine, tpushim's code converted (before)",
     "strategy engine",
+    "JAX engine",
 )
 #: contender -> (driver kind); the TPUEstimator path only where tf.estimator exists
 KINDS = {
@@ -53,6 +57,7 @@ KINDS = {
     TPUESTIMATOR: "tpuestimator",
     BEFORE: "strategy-before",
     ENGINE: "strategy",
+    JAX: "jax",
 }
 
 
@@ -68,9 +73,22 @@ def _tf_version():
     return (0, 0)
 
 
-def contenders(tf_version):
-    """The contenders on this TensorFlow: no TPUEstimator path from 2.16."""
-    return [c for c in KINDS if not (c == TPUESTIMATOR and tf_version >= (2, 16))]
+def _has_jax():
+    """Whether jax and tf2jax are installed (the JAX engine's extra), read without importing."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("jax", "tf2jax"))
+
+
+def contenders(tf_version, has_jax=False):
+    """The contenders on this TensorFlow: no TPUEstimator path from 2.16; the JAX engine from
+    2.16 where its extra is installed (its step on this machine's one CPU device)."""
+    return [
+        c
+        for c in KINDS
+        if not (c == TPUESTIMATOR and tf_version >= (2, 16))
+        and not (c == JAX and (tf_version < (2, 16) or not has_jax))
+    ]
 
 
 def _median(runs, key):
@@ -82,7 +100,7 @@ def run(table, opts, report):
     reps = benchlib.rounds(opts, full=5, quick=1)
     models = ["MLP"] if opts.quick else list(CASES)
     version = _tf_version()
-    names = contenders(version)
+    names = contenders(version, _has_jax())
     for model in models:
         runs = benchlib.interleaved(
             [(c, c) for c in names], reps, lambda c: benchlib.drive(__file__, KINDS[c], model)
@@ -93,7 +111,7 @@ def run(table, opts, report):
         noise = (min(noise), max(noise)) if noise else None
         case = f"{CASES[model]}: train() to model.ckpt-0, s"
         for contender in names:
-            goal = contender in (TPUESTIMATOR, ENGINE)
+            goal = contender in (TPUESTIMATOR, ENGINE, JAX)
             ratio = first.ratio(contender)
             table.add(
                 "first-checkpoint",
@@ -148,7 +166,7 @@ def _drive(workdir, kind, model_name):
         if _tf_version() >= (2, 16):
             tpushim.patch(mode="off", quiet=True)
     else:
-        engine = "tpuestimator" if kind == "tpuestimator" else "strategy"
+        engine = kind if kind in ("tpuestimator", "jax") else "strategy"
         tpushim.patch(mode="cpu", engine=engine, quiet=True)
     import numpy as np
 
