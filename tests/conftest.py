@@ -69,6 +69,11 @@ NEWEST_ONLY_REASON = (
 #: emulated TPU system's run): pytest-xdist's default scheduling hands a module's tests out in
 #: chunks, and a module split between two workers runs its fixture in each (a proof twice).
 #: Each of these goes to one worker whole (tests/tools/test_suite_scheduling.py keeps the list complete).
+#: Every legacy script against stock in cpu mode on the TPUEstimator path: marker
+#: ``legacy_scripts``, which CI's oldest TensorFlow runs beside its fast tier (the scripts'
+#: preflight and the strategy engine's runs of them run on 2.15 and the newest).
+LEGACY_SCRIPTS_TEST = "test_script_unchanged_under_cpu_mode_equals_stock"
+
 SHARED_FIXTURE_MODULES = {
     "test_arrays.py",
     "test_jax_draws.py",
@@ -113,7 +118,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in STRATEGY_PROOFS or item.originalname in STRATEGY_SCRIPT_TESTS:
             item.add_marker(pytest.mark.strategy_proof)
-        if item.path.name == "test_scripts.py" and item.path.parent.name == "tpuestimator":
+        if item.originalname == LEGACY_SCRIPTS_TEST:
             item.add_marker(pytest.mark.legacy_scripts)
     if not _versions.uses_own_estimator():
         if os.environ.get("TPUSHIM_TEST_EVERY_PROOF") != "1":
