@@ -17,6 +17,20 @@ import time
 import procs
 import pytest
 
+
+def eight_devices(tf2jax=True):
+    """jax, with 8 XLA CPU devices (as 8 TPU cores) asked for where it is not imported yet (jax
+    may come in with TensorFlow); the calling test module skipped without jax (or tf2jax)."""
+    if "jax" not in sys.modules:
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        ).strip()
+    jax = pytest.importorskip("jax")
+    if tf2jax:
+        pytest.importorskip("tf2jax")
+    return jax
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 with open(os.path.join(ROOT, "tests", "reference", "tf215.json"), encoding="utf-8") as _f:

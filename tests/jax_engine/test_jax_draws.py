@@ -13,22 +13,15 @@ stock's own ops and seeds, fed to the JAX step.
 """
 
 import json
-import os
-import sys
 
 import numpy as np
 import procs
 import pytest
-from jax_scripts import JAX_TESTS, ROOT, scripts_started  # noqa: F401
+from jax_scripts import JAX_TESTS, ROOT, eight_devices, scripts_started  # noqa: F401
 
 pytestmark = JAX_TESTS
 
-if "jax" not in sys.modules:  # 8 XLA CPU devices, as the other modules here ask
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-jax = pytest.importorskip("jax")
-pytest.importorskip("tf2jax")
+jax = eight_devices()
 
 import tensorflow as tf
 

@@ -11,21 +11,14 @@ Needs jax and tf2jax (the ``jax`` extra); 8 devices come from
 """
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
-from jax_scripts import scripts_started  # noqa: F401 (the scripts' run, in the background)
+from jax_scripts import eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
 
 pytestmark = pytest.mark.jax
 
-if "jax" not in sys.modules:  # 8 XLA CPU devices, as 8 TPU cores
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-jax = pytest.importorskip("jax")
-pytest.importorskip("tf2jax")
+jax = eight_devices()
 
 import jax_losses as kinds
 import tensorflow as tf

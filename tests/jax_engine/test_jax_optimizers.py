@@ -9,22 +9,15 @@ second resuming from the first's checkpoint) leave a checkpoint of stock's names
 """
 
 import json
-import os
-import sys
 
 import numpy as np
 import procs
 import pytest
-from jax_scripts import ROOT, scripts_started  # noqa: F401 (the scripts' run, in the background)
+from jax_scripts import ROOT, eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
 
 pytestmark = pytest.mark.jax
 
-if "jax" not in sys.modules:  # 8 XLA CPU devices, as the other modules here ask
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-jax = pytest.importorskip("jax")
-pytest.importorskip("tf2jax")
+jax = eight_devices()
 
 import tensorflow as tf
 

@@ -9,17 +9,13 @@ apart. In-process and cheap (no model, no device)."""
 import json
 import os
 import random
-import sys
 import time
 
 import numpy as np
 import pytest
+from jax_scripts import eight_devices
 
-if "jax" not in sys.modules:  # 8 XLA CPU devices, as the other modules here ask (jax may come
-    os.environ["XLA_FLAGS"] = (  # in with TensorFlow)
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-pytest.importorskip("jax")
+eight_devices(tf2jax=False)
 
 import pandas as pd
 import tensorflow as tf

@@ -3,17 +3,12 @@ batches come in order, never more are read than the limit (an input drawing from
 state draws what stock draws), the input's own error reaches the reader, and ``close()`` stops
 the thread and closes the input there."""
 
-import os
-import sys
 import threading
 
 import pytest
+from jax_scripts import eight_devices
 
-if "jax" not in sys.modules:  # 8 XLA CPU devices, as the other modules here ask (jax may come
-    os.environ["XLA_FLAGS"] = (  # in with TensorFlow)
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-pytest.importorskip("jax")
+eight_devices(tf2jax=False)
 
 from tpushim._jax._estimator import ReadAhead
 
