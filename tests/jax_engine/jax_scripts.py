@@ -9,6 +9,7 @@ read its answers.
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,6 +17,16 @@ import time
 
 import procs
 import pytest
+
+
+def differences(got, want, tol=1e-5):
+    """Keys whose values differ beyond ``tol`` (relative, or 1e-6 absolute near 0), or are
+    missing on either side: ``{key: (got, want)}``."""
+    out = {k: (got.get(k), want.get(k)) for k in set(got) ^ set(want)}
+    for key, value in want.items():
+        if key in got and not math.isclose(got[key], value, rel_tol=tol, abs_tol=1e-6):
+            out[key] = (got[key], value)
+    return out
 
 
 def eight_devices(tf2jax=True):

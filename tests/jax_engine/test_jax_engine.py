@@ -20,7 +20,7 @@ import shutil
 
 import numpy as np
 import procs
-from jax_scripts import JAX_TESTS, REFERENCE, ROOT, answers, scripts_started  # noqa: F401
+from jax_scripts import JAX_TESTS, REFERENCE, ROOT, answers, differences, scripts_started  # noqa: F401
 
 # Not imported here (each run is a subprocess): the step's tests ask for 8 devices before jax's
 # first import in this process.
@@ -37,15 +37,6 @@ def _result(proc):
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT ") :])
-
-
-def _differences(got, want):
-    """Keys whose values differ beyond TOL (relative, or absolute near 0), or are missing."""
-    out = {k: (got.get(k), want.get(k)) for k in set(got) ^ set(want)}
-    for key, value in want.items():
-        if key in got and not math.isclose(got[key], value, rel_tol=TOL, abs_tol=1e-6):
-            out[key] = (got[key], value)
-    return out
 
 
 def _checkpoint_names(path):
@@ -70,9 +61,9 @@ def test_demo_on_eight_devices_equals_stock_2_15(answers):  # noqa: F811
     # (run with the scripts, in tests/jax_engine/jax_scripts.py's process: mode cpu, engine jax)
     got = answers["demo.py"]
     assert "result" in got, got
-    assert _differences(got["result"], REFERENCE["demo"]) == {}
+    assert differences(got["result"], REFERENCE["demo"]) == {}
     # Negative control: the comparison tells another run apart (stock's 200-step resume).
-    assert {"loss", "global_step"} <= set(_differences(got["result"], REFERENCE["demo resumed"]))
+    assert {"loss", "global_step"} <= set(differences(got["result"], REFERENCE["demo resumed"]))
     # Stock's checkpoint: the same keys as stock 2.15's own model.ckpt-100 (object-based,
     # tf.keras.estimator's default), the global step among them.
     stock = os.path.join(ROOT, "tests", "reference", "tf215_demo_model", "model.ckpt-100")
@@ -92,7 +83,7 @@ def test_a_model_dir_stock_2_15_wrote_resumes_on_the_engine_with_stocks_numbers(
     shutil.copytree(os.path.join(ROOT, "tests", "reference", "tf215_demo_model"), model_dir)
     got = _resume(model_dir, JAX)
     assert got["global_step"] == 200
-    assert _differences(got, REFERENCE["demo resumed"]) == {}
+    assert differences(got, REFERENCE["demo resumed"]) == {}
 
 
 def test_a_model_dir_the_engine_wrote_resumes_on_the_stock_path_with_stocks_numbers(tmp_path):
@@ -110,7 +101,7 @@ def test_a_model_dir_the_engine_wrote_resumes_on_the_stock_path_with_stocks_numb
     assert os.path.exists(model_dir / "model.ckpt-100.index")
     got = _resume(model_dir, {"PYTHONPATH": ROOT})
     assert got["global_step"] == 200
-    assert _differences(got, REFERENCE["demo resumed"]) == {}
+    assert differences(got, REFERENCE["demo resumed"]) == {}
 
 
 def test_stateless_draw_is_refused_before_anything_is_written(answers):  # noqa: F811
@@ -244,7 +235,7 @@ def test_checkpoints_loss_lines_and_optimizers_as_stocks_and_a_tpu_left_to_jax(t
     slots = {}
     for case, stock in got["stock"].items():
         values = got["engine"][case].pop("values")
-        assert _differences(values, stock.pop("values")) == {}, case
+        assert differences(values, stock.pop("values")) == {}, case
         names = {k.split("/.ATTRIBUTES")[0].rsplit("/", 1)[-1] for k in values}
         slots[case] = sorted(
             names & {"momentum", "rms", "mg", "accumulator", "Adam", "Adam_1", "beta1_power"}

@@ -19,6 +19,7 @@ from jax_scripts import (  # noqa: F401
     SCRIPTS,
     UNRECORDED,
     answers,
+    differences,
     scripts_started,
 )
 
@@ -84,15 +85,6 @@ DIFFERS = {
 }
 
 
-def _differences(got, want):
-    """Keys whose values differ beyond TOL (relative, or absolute near 0), or are missing."""
-    out = {k: (got.get(k), want.get(k)) for k in set(got) ^ set(want)}
-    for key, value in want.items():
-        if key in got and not math.isclose(got[key], value, rel_tol=TOL, abs_tol=1e-6):
-            out[key] = (got[key], value)
-    return out
-
-
 @pytest.mark.parametrize("script", [*NAMES, *UNRECORDED])
 def test_script_on_the_jax_engine_equals_stock_2_15_or_is_refused_as_pinned(answers, script):  # noqa: F811
     answer = answers.get(script)
@@ -112,7 +104,7 @@ def test_script_on_the_jax_engine_equals_stock_2_15_or_is_refused_as_pinned(answ
         return
     assert script in REFERENCE, f"{script} ran on the engine: it has no numbers to compare"
     differing, _ = DIFFERS.get(script, (set(), None))
-    assert set(_differences(answer["result"], REFERENCE[script])) == differing
+    assert set(differences(answer["result"], REFERENCE[script])) == differing
 
 
 def test_every_script_is_pinned_or_compared():

@@ -12,7 +12,7 @@ import math
 import os
 
 import pytest
-from jax_scripts import eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
+from jax_scripts import differences, eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
 
 pytestmark = pytest.mark.jax
 
@@ -28,14 +28,6 @@ with open(
     STOCK = json.load(_f)["results"]
 
 
-def _differences(got, want):
-    out = {k: (got.get(k), want.get(k)) for k in set(got) ^ set(want)}
-    for key, value in want.items():
-        if key in got and not math.isclose(got[key], value, rel_tol=TOL, abs_tol=1e-6):
-            out[key] = (got[key], value)
-    return out
-
-
 def test_lookups_and_feature_columns_on_eight_devices_equal_stock_2_15(tmp_path):
     import tpushim
 
@@ -43,7 +35,7 @@ def test_lookups_and_feature_columns_on_eight_devices_equal_stock_2_15(tmp_path)
         pytest.skip("jax was imported before this module could ask for 8 XLA CPU devices")
     with tpushim.patched(mode="cpu", engine="jax", quiet=True):
         got = jax_strings.run(str(tmp_path))
-    assert _differences(got, STOCK) == {}
+    assert differences(got, STOCK) == {}
     # Negative control: the comparison tells the untrained embedding apart (it trained).
     key = (
         "columns/layer_with_weights-0/shape_embedding.Sembedding_weights/.ATTRIBUTES/VARIABLE_VALUE"
