@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _padding
+from tpushim import _padding, _tfprivate
 from tpushim._strategy import loss as _strategy_loss
 from tpushim._strategy import step as _strategy_step
 
@@ -409,7 +409,14 @@ def _per_row_forward(model, features, training):
     return outputs, regularizers, adds, {}
 
 
+def _one_rows_moments(self, row):
+    """``_strategy.loss._NormalizedOutputs.replaying`` as before the batch's normalised rows
+    were replayed: BatchNormalization on each row alone."""
+    return _tfprivate.keras.batchnorm_call_using(None)  # Keras's own call, on the one row
+
+
 _CALLED = _strategy_loss._called
+_REPLAYING = _strategy_loss._NormalizedOutputs.replaying
 
 
 def _unmasked(kind, root, stock):
@@ -453,11 +460,13 @@ def main(root):
         out[kind]["one"] = differences(run(engine(model(kind), one_dir, 1), kind=kind), stock, kind)
         if kind in ONE_ONLY:  # each input loss from a forward pass on each row alone
             _strategy_loss._called = _per_row_forward
+            _strategy_loss._NormalizedOutputs.replaying = _one_rows_moments
             try:
                 per_row = engine(model(kind), os.path.join(root, kind, "per_row"), 1)
                 out[kind]["per_row"] = differences(trained(per_row, kind=kind), stock, kind)
             finally:
                 _strategy_loss._called = _CALLED
+                _strategy_loss._NormalizedOutputs.replaying = _REPLAYING
             continue
         # Stock's estimator reads the engine's checkpoints: the same evaluation.
         reader = stock_estimator(model(kind), eight_dir)

@@ -670,8 +670,9 @@ def check(keras_model, custom_objects=None):
 
 def input_losses_beside_batchnorm(keras_model):
     """(layers that add a loss in their call from their inputs -- ``add_loss``, not an activity
-    regularizer's --, BatchNormalization layers), by name: the engines that evaluate such a loss
-    on each example alone refuse it where BatchNormalization would normalise by that example."""
+    regularizer's --, BatchNormalization layers), by name: the JAX engine, which evaluates such a
+    loss on each example alone, refuses it where BatchNormalization would normalise by that
+    example (the strategy engine replays each example's row of the batch's normalisation)."""
     adding = [
         layer.name
         for layer in _tfprivate.keras.all_layers(keras_model)

@@ -22,7 +22,7 @@ XLA = "XLA compile of the training step"
 ENGINE_NOTE = "the XLA compile of the training step is the strategy engine's"
 
 
-def model(layer=None, normalize=False, **dense):
+def model(layer=None, normalize=False, optimizer=None, **dense):
     tf.keras.backend.clear_session()
     inputs = tf.keras.Input((4,), name="x")
     hidden = tf.keras.layers.Dense(8, name="dense", **dense)(inputs)
@@ -33,8 +33,16 @@ def model(layer=None, normalize=False, **dense):
     elif layer is not None:
         hidden = tf.keras.layers.Lambda(layer, name="odd")(hidden)
     m = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="out")(hidden))
-    m.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    m.compile(optimizer or tf.keras.optimizers.legacy.SGD(0.1), "mse")
     return m
+
+
+def variable_rate():
+    """A tf.compat.v1.train optimizer whose rate makes a variable each time it is evaluated:
+    stock's graph (and TPUEstimator's) makes it once; the strategy engine refuses it."""
+    return tf.compat.v1.train.GradientDescentOptimizer(
+        lambda: tf.compat.v1.get_variable("rate", initializer=0.1)
+    )
 
 
 def input_fn():
@@ -79,17 +87,17 @@ class CallLoss(tf.keras.layers.Layer):
 
 
 def test_what_only_the_strategy_engine_refuses_is_an_error():
-    # A loss a layer adds in its call in a model with BatchNormalization: TPUEstimator's path
-    # takes it, the strategy engine refuses it (tpushim/_strategy.make_plan) before anything is
-    # written: the check says so. An activity regularizer beside BatchNormalization, or the
-    # call's loss without it, the engine takes: no finding.
+    # A tf.compat.v1.train optimizer whose rate makes variables: TPUEstimator's path takes it,
+    # the strategy engine refuses it (tpushim/_strategy.make_plan) before anything is written:
+    # the check says so. A loss a layer adds in its call, beside BatchNormalization or not, or
+    # an activity regularizer, the engine takes: no finding.
     assert codes(check(model(activity_regularizer="l2", normalize=True))) == []
-    assert codes(check(model(CallLoss(name="adds")))) == []
-    report = check(model(CallLoss(name="adds"), normalize=True))
+    assert codes(check(model(CallLoss(name="adds"), normalize=True))) == []
+    report = check(model(optimizer=variable_rate()))
     assert not report.ok
     refused = [f for f in report.findings if f.code == "strategy-engine-refuses"]
-    assert len(refused) == 1 and "add_loss" in refused[0].message, report
-    assert "adds" in refused[0].message and "BatchNormalization" in refused[0].message
+    assert len(refused) == 1 and "GradientDescentOptimizer" in refused[0].message, report
+    assert "learning_rate makes variables" in refused[0].message
     assert refused[0].where.startswith("model ")
     # The model's own step is still compiled (it compiles): the other findings as before.
     assert XLA in report.checked and codes(report) == ["strategy-engine-refuses"]
@@ -99,7 +107,7 @@ def test_what_only_the_strategy_engine_refuses_is_an_error():
 @pytest.mark.skipif(_versions.uses_own_estimator(), reason="TensorFlow >= 2.16 has no TPUEstimator")
 @pytest.mark.tpuestimator
 def test_negative_control_on_tpuestimator_nothing_of_the_strategy_engine():
-    report = check(model(CallLoss(name="adds"), normalize=True), engine="tpuestimator")
+    report = check(model(optimizer=variable_rate()), engine="tpuestimator")
     assert report.ok and codes(report) == [] and XLA in report.checked, report
     assert not any(n.startswith(ENGINE_NOTE) for n in report.notes)
 
@@ -139,10 +147,9 @@ y = (x.sum(axis=1, keepdims=True) > 2).astype("float32")
 inputs = tf.keras.Input((4,), name="x")
 hidden = tf.keras.layers.Dense(8, name="dense"{regularizer})(inputs)
 hidden = tf.keras.layers.Lambda({layer}, name="odd")(hidden)
-{normalize}
 outputs = tf.keras.layers.Dense(1, activation="sigmoid", name="out")(hidden)
 model = tf.keras.Model(inputs, outputs)
-model.compile(tf.keras.optimizers.legacy.SGD(0.1), "binary_crossentropy")
+model.compile({optimizer}, "binary_crossentropy")
 
 
 def train_input_fn():
@@ -161,17 +168,14 @@ def _script(tmp_path, layer="lambda t: t * 2", seed="", refused=False):
     model_code = SCRIPT_MODEL.format(
         layer=layer,
         regularizer="",
-        # A loss a layer adds in its call, beside BatchNormalization: what the engine refuses.
-        normalize=(
-            "class AddsLoss(tf.keras.layers.Layer):\n"
-            "    def call(self, x):\n"
-            "        self.add_loss(tf.reduce_mean(tf.square(x)))\n"
-            "        return x\n\n\n"
-            'hidden = AddsLoss(name="adds")(hidden)\n'
-            'hidden = tf.keras.layers.BatchNormalization(name="bn")(hidden)'
+        # A tf.compat.v1.train optimizer whose rate makes variables: what the engine refuses.
+        optimizer=(
+            "tf.compat.v1.train.GradientDescentOptimizer(\n"
+            '    lambda: tf.compat.v1.get_variable("rate", initializer=0.1)\n'
+            ")"
         )
         if refused
-        else "",
+        else "tf.keras.optimizers.legacy.SGD(0.1)",
     )
     (tmp_path / "train.py").write_text(model_code + SCRIPT_RUN.format(seed=seed))
     return model_code
@@ -241,7 +245,7 @@ def test_a_scripts_model_the_strategy_engine_refuses_is_the_apis_finding(tmp_pat
     report, proc = _check_script(tmp_path)
     assert proc.returncode == 1 and not report["ok"], report
     refused = [f for f in report["findings"] if f["code"] == "strategy-engine-refuses"]
-    assert len(refused) == 1 and "activity_regularizer" in refused[0]["message"], report
+    assert len(refused) == 1 and "learning_rate makes variables" in refused[0]["message"], report
     assert refused[0]["where"] == "model 'model'"
     assert not [f for f in report["findings"] if f["code"].startswith("conversion-")], report
     api = [f for f in _api(model_code).findings if f.code == "strategy-engine-refuses"]

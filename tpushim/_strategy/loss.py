@@ -9,6 +9,7 @@ is stock's on the global batch. Padding rows (a short batch padded to the global
 :mod:`tpushim._padding`) weigh 0 everywhere.
 """
 
+import contextlib
 import threading
 import types
 
@@ -216,8 +217,53 @@ def _called(model, features, training):
     return outputs, _tfprivate.keras_compile.weight_regularizers(model), adds, activity
 
 
+class _NormalizedOutputs:
+    """While a replica's step calls the model (inside
+    :func:`tpushim._tfprivate.keras.batchnorm_call_hooked`), each BatchNormalization layer's
+    output of that call, in call order; then, while :func:`input_losses` runs the model on one
+    row, each layer's call gives back that row of its recorded output. So a loss a layer adds
+    from its inputs after a BatchNormalization sees, row by row, what the batch's own call gave
+    it -- the batch's moments, as stock's one call -- and the rows' calls neither normalise by
+    one row nor move the moving statistics again (the gradient reaches the moments through the
+    recorded output). Where the layer is not hooked (evaluation: Keras's own call on its moving
+    statistics, the same on a row as in the batch), nothing is recorded."""
+
+    def __init__(self):
+        self.outputs, self._taken, self.row = {}, {}, None
+
+    @contextlib.contextmanager
+    def recording(self):
+        own = _tfprivate.keras.batchnorm_call_active()
+
+        def call(layer, bound, inputs, training, mask):
+            if own is None:
+                output = bound(inputs, training=training, mask=mask)
+            else:
+                output = own(layer, bound, inputs, training, mask)
+            self.outputs.setdefault(id(layer), []).append(output)
+            return output
+
+        with _tfprivate.keras.batchnorm_call_using(call):
+            yield
+
+    @contextlib.contextmanager
+    def replaying(self, row):
+        self._taken, self.row = {}, row
+
+        def call(layer, bound, inputs, training, mask):
+            recorded = self.outputs.get(id(layer), ())
+            k = self._taken.get(id(layer), 0)
+            if k >= len(recorded):  # a call the batch's pass did not make
+                return bound(inputs, training=training, mask=mask)
+            self._taken[id(layer)] = k + 1
+            return tf.gather(recorded[k], self.row[None])
+
+        with _tfprivate.keras.batchnorm_call_using(call):
+            yield
+
+
 @_tfprivate.graph.not_converted
-def input_losses(model, features, training, degrees, activity=None):
+def input_losses(model, features, training, degrees, activity=None, normalized=None):
     """``(Degree, [rows] values)`` per loss a layer of ``model`` adds from its inputs (right after
     a call of ``model``): each row's value that of the model called on that row alone, so
     padding rows weigh 0 and a replica's rows add up to the global batch's term whatever their
@@ -226,7 +272,9 @@ def input_losses(model, features, training, degrees, activity=None):
     An activity regularizer's term is read from ``activity`` (:func:`_called`): the regularizer
     applied to each row of the output the call itself regularized, so BatchNormalization before
     it keeps the call's batch moments and no second forward pass is run. Any other term
-    (``add_loss`` in a call) comes from running the model on each row alone."""
+    (``add_loss`` in a call) comes from running the model on each row alone, each
+    BatchNormalization layer giving that row of its output in the call (``normalized``, a
+    :class:`_NormalizedOutputs` that recorded them)."""
     activity = activity or {}
     keys = [
         (layer.name, i)
@@ -236,11 +284,12 @@ def input_losses(model, features, training, degrees, activity=None):
     values = {key: _losses.per_row_activity(*activity[key]) for key in keys if key in activity}
     rest = [key for key in keys if key not in values]
     if rest:
+        normalized = normalized or _NormalizedOutputs()
 
-        def per_row(row):
-            # One row alone: the replica's padding weight does not fit it (a model that has
-            # BatchNormalization is refused this path: make_plan).
-            with _tfprivate.keras.batchnorm_call_using(None):
+        def per_row(element):
+            row, index = element
+            # One row alone: BatchNormalization gives that row of the batch's call.
+            with normalized.replaying(index):
                 model(tf.nest.map_structure(lambda x: x[None], row), training=training)
             return [
                 tf.reshape(tf.cast(t, tf.float32), [])
@@ -252,7 +301,12 @@ def input_losses(model, features, training, degrees, activity=None):
         # tf.map_fn, not tf.vectorized_map: regularizers use ops pfor cannot vectorise
         # (L2Loss), and its while-loop fallback does not compile with XLA; map_fn's static row
         # count does.
-        rows = tf.map_fn(per_row, features, fn_output_signature=[tf.float32] * len(rest))
+        count = tf.shape(tf.nest.flatten(features)[0], out_type=tf.int32)[0]
+        rows = tf.map_fn(
+            per_row,
+            (features, tf.range(count)),
+            fn_output_signature=[tf.float32] * len(rest),
+        )
         values.update(zip(rest, rows))
     return [(degrees.get(key, _loss_kinds.MEAN), values[key]) for key in keys]
 
@@ -263,8 +317,14 @@ def _loss_of(
 ):
     """(the replica's ``L_r``, its outputs): :func:`replica_loss` of a call of ``model``
     (``rows``: the global batch's real rows the element carries, :func:`known_rows`)."""
-    outputs, regularizers, adds, activity = _called(model, features, training)
-    added = input_losses(model, features, training, plan.added_degrees, activity) if adds else ()
+    normalized = _NormalizedOutputs()
+    with normalized.recording():
+        outputs, regularizers, adds, activity = _called(model, features, training)
+    added = (
+        input_losses(model, features, training, plan.added_degrees, activity, normalized)
+        if adds
+        else ()
+    )
     loss = replica_loss(
         terms,
         plan.loss_kinds,

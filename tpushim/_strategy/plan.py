@@ -121,22 +121,6 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
             f"{type(optimizer).__name__} is neither. Compile the model with a tf.keras optimizer, "
             "or use engine='tpuestimator'."
         )
-    # A loss a layer adds in its call (add_loss) is evaluated by running the model on each row
-    # alone, where BatchNormalization would normalise by that row's own moments (and update its
-    # moving statistics once per row): refused rather than trained to other numbers. An
-    # activity regularizer is read from the model's own forward pass (:func:`input_losses`).
-    adding, normalizing = _loss_kinds.input_losses_beside_batchnorm(keras_model)
-    if adding and normalizing:
-        raise ConversionError(
-            "the strategy engine cannot take a loss a layer adds in its call from its inputs "
-            f"(add_loss, model.add_loss of a tensor: {', '.join(adding)}) in a model with "
-            f"BatchNormalization ({', '.join(normalizing)}) yet: it evaluates such a loss on "
-            "each example alone, where BatchNormalization would normalise by that example "
-            "alone. Compute it as an activity_regularizer of the layer whose output it reads "
-            "(taken from the model's own forward pass), or use a weight regularizer or a loss "
-            "on an output, or engine='tpuestimator' (TPUSHIM_ENGINE=tpuestimator) where "
-            "TPUEstimator runs."
-        )
     # Strings and lookups run on the host (refused here, naming the layer, where they cannot).
     host = _host_part.plan(keras_model, custom_objects)
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)

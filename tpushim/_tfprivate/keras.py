@@ -140,6 +140,11 @@ def batchnorm_call_hooked():
             base.call = own
 
 
+def batchnorm_call_active():
+    """The replacement :func:`batchnorm_call_using` set in this thread (context), or None."""
+    return _batchnorm_call.get()
+
+
 @contextlib.contextmanager
 def batchnorm_call_using(replacement):
     """In this thread (context), inside :func:`batchnorm_call_hooked`: BatchNormalization's call is
