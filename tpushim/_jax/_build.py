@@ -48,7 +48,18 @@ def refusals(keras_model, optimizer, custom_objects, settings):
                 "a subclassed model in a program that disabled TensorFlow 2 behaviour (the "
                 "engine copies such a program's model eagerly from its config: a graph network's)"
             )
+        if _pod.current() is not None:
+            _refuse(
+                "a program that disabled TensorFlow 2 behaviour on a pod of several processes "
+                "(its eager copy starts from the first checkpoint process 0 writes)"
+            )
         copy = _graph_program.eager_copy(keras_model, custom_objects)
+        copied, own = [v.name for v in copy.weights], [v.name for v in keras_model.weights]
+        if copied != own:  # stock's checkpoints' names
+            _refuse(
+                "this program's model, which disabled TensorFlow 2 behaviour: its eager copy's "
+                f"weights are named {copied[:4]}, the program's {own[:4]}"
+            )
         with _graph_program.runtime(keras_model):
             _eager_refusals(copy, copy.optimizer, custom_objects)
         return
@@ -227,36 +238,28 @@ def made(prepared, arguments, settings, decision):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
+
+    def conversion_of(model, program_model=None):
+        return JaxConversion(
+            model,
+            custom_objects,
+            save_object_ckpt,
+            settings,
+            arguments["metric_names_map"],
+            program_model,
+        )
+
+    graph_program = _graph_program.is_graph_program()
+    conversion = None if graph_program else conversion_of(keras_model)
     warm_start_path = None
     if config.is_chief and _pod.is_chief():  # as stock: on a pod, process 0
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )
-    program_model = None
-    if _graph_program.is_graph_program():  # its eager copy, from the weights stock starts from
-        if _pod.current() is not None:
-            _refuse(
-                "a program that disabled TensorFlow 2 behaviour on a pod of several processes "
-                "(its eager copy starts from the first checkpoint process 0 writes)"
-            )
-        program_model = keras_model
+    if graph_program:  # its eager copy, from the weights stock starts from (refusals: one pod)
         values = _graph_program.start_values(keras_model, custom_objects, warm_start_path)
-        keras_model = _graph_program.eager_copy(program_model, custom_objects, values)
-        copied = [v.name for v in keras_model.weights]
-        if copied != [v.name for v in program_model.weights]:  # stock's checkpoints' names
-            _refuse(
-                "this program's model, which disabled TensorFlow 2 behaviour: its eager copy's "
-                f"weights are named {copied[:4]}, the program's "
-                f"{[v.name for v in program_model.weights][:4]}"
-            )
-    conversion = JaxConversion(
-        keras_model,
-        custom_objects,
-        save_object_ckpt,
-        settings,
-        arguments["metric_names_map"],
-        program_model,
-    )
+        copy = _graph_program.eager_copy(keras_model, custom_objects, values)
+        conversion = conversion_of(copy, keras_model)
     if conversion.pod is not None:  # the other processes warm-start from what process 0 wrote
         _pod.barrier("tpushim-warm-start-written")
         if warm_start_path is None and config.is_chief:
@@ -267,7 +270,7 @@ def made(prepared, arguments, settings, decision):
     estimator = JaxEstimator(model_fn, config, warm_start_path, conversion)
     return base.Built(
         estimator,
-        program_model or keras_model,  # the program's own
+        keras_model,
         model_fn,
         describe(conversion, settings, decision.tpu, decision.engine_why),
     )
