@@ -89,6 +89,9 @@ data = (np.ones([16, 4], np.float32), np.ones([16, 1], np.float32))
 est.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8), steps=2)
 """,
 }
+#: Graph programs of tests/jax_engine's own, run last (they disable TensorFlow 2 behaviour for the
+#: rest of the process), by name: tests/jax_engine/test_jax_v1.py reads jax_v1.py's answer.
+GRAPH_HELPERS = {"jax_v1.py": os.path.join(ROOT, "tests", "jax_engine", "jax_v1.py")}
 ENV = {
     "PYTHONPATH": ROOT,
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
@@ -159,10 +162,14 @@ def _work(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def scripts_started(request, tmp_path_factory):
-    """Starts the run (once per session, where it selected a test of test_jax_scripts.py, or
-    one named ``test_demo_...`` or ``test_stateless_draw_...``)
+    """Starts the run (once per session, where it selected a test of test_jax_scripts.py or
+    test_jax_v1.py, or one named ``test_demo_...`` or ``test_stateless_draw_...``)
     without waiting for it; waits for it at the session's end where it started it."""
-    wanted = ("test_jax_scripts.py", *(f"::test_{name[:-3]}_" for name in INLINE))
+    wanted = (
+        "test_jax_scripts.py",
+        "test_jax_v1.py",
+        *(f"::test_{name[:-3]}_" for name in INLINE),
+    )
     if not any(w in item.nodeid for item in request.session.items for w in wanted):
         yield None
         return
@@ -183,6 +190,7 @@ def scripts_started(request, tmp_path_factory):
             # programs
             last = next((i for i, n in enumerate(order) if _graph_program(n)), len(order))
             entries[last:last] = [str(work / "inline" / name) for name in INLINE]
+            entries += list(GRAPH_HELPERS.values())
             with open(work / "stdout", "w") as out, open(work / "stderr", "w") as err:
                 process = subprocess.Popen(
                     [sys.executable, "-c", DRIVER, str(work), SCRIPTS, *entries],

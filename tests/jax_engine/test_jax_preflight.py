@@ -89,3 +89,27 @@ def test_check_engine_jax_compiles_the_step_and_names_what_it_refuses(tmp_path):
         and "StatelessRandomNormalV2 in model/drop/" in message
     )
     assert "engine=strategy" in errors[0]["fix"]
+
+
+def test_check_engine_jax_compiles_the_step_of_a_program_that_disabled_v2_behaviour(tmp_path):
+    # census_numpy_tf1.py: disable_v2_behavior(), a graph-mode model; its eager copy's step is
+    # converted and compiled (the engine trains it: the check passes, as stock's numbers say).
+    model_dir = tmp_path / "model"
+    proc = procs.python(
+        [
+            *("-m", "tpushim", "check", "--engine", "jax", "--json"),
+            os.path.join(ROOT, "tests", "scripts", "census_numpy_tf1.py"),
+            str(model_dir),
+        ],
+        env={"PYTHONPATH": ROOT},
+        cwd=str(tmp_path),
+        timeout=600,
+    )
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["exit_code"] == 0, proc.stderr[-3000:]
+    assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    assert (
+        "the XLA compile of the training step is the JAX engine's: converted with tf2jax and "
+        "compiled for 8 CPU device(s) of JAX's here, the global batch of 32 rows split over them"
+    ) in report["notes"]
+    assert not model_dir.exists(), "the check wrote the user's model_dir"

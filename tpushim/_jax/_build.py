@@ -6,6 +6,7 @@ anything is written) and :func:`made` (stock's warm-start checkpoint, the
 Imports jax: only the engine's ``plan``/``build`` import this module, never ``import tpushim``.
 """
 
+import contextlib
 import math
 import os
 
@@ -15,7 +16,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _settings, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _checkpoint, _derived, _host, _optimizers, _pod, _step, _trace
+from tpushim._jax import (
+    _checkpoint,
+    _derived,
+    _graph_program,
+    _host,
+    _optimizers,
+    _pod,
+    _step,
+    _trace,
+)
 from tpushim._jax._estimator import JaxEstimator
 
 
@@ -24,26 +34,44 @@ def _refuse(what, fix="engine='strategy' (TPUSHIM_ENGINE=strategy)"):
 
 
 def refusals(keras_model, optimizer, custom_objects, settings):
-    """Raises what the engine refuses for this model before anything is written: a program
-    that disabled TensorFlow 2 behaviour, a subclassed model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`)."""
+    """Raises what the engine refuses for this model before anything is written: a subclassed
+    model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`);
+    for a program that disabled TensorFlow 2 behaviour, those of its eager copy
+    (:mod:`._graph_program`)."""
     del settings
-    import tensorflow as tf
 
     _pod.initialize()  # a pod's jax.distributed, before the engine's first JAX call
 
-    if not tf.executing_eagerly():
-        _refuse(
-            "a program that disabled TensorFlow 2 behaviour (tf.compat.v1.disable_v2_behavior() "
-            "or disable_eager_execution(): its Keras model is a TensorFlow 1 graph-mode model, "
-            "whose layers Keras cannot call in the tf.function the engine converts to JAX, nor "
-            "its weights be read eagerly; the engine does not rebuild it eagerly from its config "
-            "and weights)"
-        )
+    if _graph_program.is_graph_program():  # refused as its eager copy would be (_graph_program)
+        if _tfprivate.keras.is_subclassed(keras_model):
+            _refuse(
+                "a subclassed model in a program that disabled TensorFlow 2 behaviour (the "
+                "engine copies such a program's model eagerly from its config: a graph network's)"
+            )
+        if _pod.current() is not None:
+            _refuse(
+                "a program that disabled TensorFlow 2 behaviour on a pod of several processes "
+                "(its eager copy starts from the first checkpoint process 0 writes)"
+            )
+        copy = _graph_program.eager_copy(keras_model, custom_objects)
+        copied, own = [v.name for v in copy.weights], [v.name for v in keras_model.weights]
+        if copied != own:  # stock's checkpoints' names
+            _refuse(
+                "this program's model, which disabled TensorFlow 2 behaviour: its eager copy's "
+                f"weights are named {copied[:4]}, the program's {own[:4]}"
+            )
+        with _graph_program.runtime(keras_model):
+            _eager_refusals(copy, copy.optimizer, custom_objects)
+        return
     if _tfprivate.keras.is_subclassed(keras_model):
         _refuse(
             "subclassed models (its step reads a graph network's outputs, masks and added "
             "losses, which a subclassed model has only once called)"
         )
+    _eager_refusals(keras_model, optimizer, custom_objects)
+
+
+def _eager_refusals(keras_model, optimizer, custom_objects):
     _optimizers.of(optimizer)
     _host.plan(keras_model, custom_objects)  # its host part's refusals, by layer
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
@@ -53,7 +81,18 @@ class JaxConversion:
     """What the engine keeps of one conversion: the model, its stock checkpoints, its settings,
     and its evaluation and prediction functions in JAX (converted once per batch shape)."""
 
-    def __init__(self, keras_model, custom_objects, object_based, settings, metric_names_map):
+    def __init__(
+        self,
+        keras_model,
+        custom_objects,
+        object_based,
+        settings,
+        metric_names_map,
+        program_model=None,
+    ):
+        # A graph program's (``program_model``: its own, in graph mode): ``keras_model`` is its
+        # eager copy, each call run on the eager runtime (:meth:`runtime`).
+        self.program_model = program_model
         self.keras_model, self.custom_objects = keras_model, custom_objects
         self.batch_size = settings.batch_size
         self.per_call = settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP
@@ -61,14 +100,25 @@ class JaxConversion:
         self.pod_input = settings.pod_input
         _pod.initialize()
         self.pod = _pod.current()  # None: one process
-        self.checkpoints = _checkpoint.StockCheckpoints(keras_model, custom_objects, object_based)
-        self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
+        # stock's training graph: of the program's model, in its graph mode (stock's names)
+        self.checkpoints = _checkpoint.StockCheckpoints(
+            program_model or keras_model, custom_objects, object_based
+        )
+        with self.runtime():
+            self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
         self.devices = jax.local_devices()
         self._mesh = Mesh(np.array(self.devices), ("data",))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
         self._split = NamedSharding(self._mesh, PartitionSpec("data"))
         self._eval_fns, self._predict_fn = {}, None
         self._converted = {}
+
+    def runtime(self):
+        """Where each call runs: as the program runs, or a graph program's eager runtime
+        (:func:`._graph_program.runtime`)."""
+        if self.program_model is None:
+            return contextlib.nullcontext()
+        return _graph_program.runtime(self.program_model)
 
     def trainer(self, global_batch, seeds=None):
         """A :class:`tpushim._jax._step.Trainer` of the model for this global batch, its random
@@ -133,7 +183,13 @@ class JaxConversion:
             _tfprivate.keras.keras_random_state_kept(),  # a copy stock does not make
             tf.keras.utils.custom_object_scope(self.custom_objects or {}),  # e.g. regularizers
         ):
-            model = tf.keras.models.clone_model(self.keras_model)
+            if self.program_model is None:
+                model = tf.keras.models.clone_model(self.keras_model)
+            else:  # (the program's: a Lambda's function as the program built it)
+                model = tf.keras.models.clone_model(
+                    self.program_model,
+                    clone_function=_tfprivate.keras.clone_layer_in_programs_shapes,
+                )
         with tf.keras.utils.custom_object_scope(self.custom_objects or {}):
             args = _tfprivate.keras.compile_args(self.keras_model)
             model.compile(
@@ -182,14 +238,28 @@ def made(prepared, arguments, settings, decision):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
-    conversion = JaxConversion(
-        keras_model, custom_objects, save_object_ckpt, settings, arguments["metric_names_map"]
-    )
+
+    def conversion_of(model, program_model=None):
+        return JaxConversion(
+            model,
+            custom_objects,
+            save_object_ckpt,
+            settings,
+            arguments["metric_names_map"],
+            program_model,
+        )
+
+    graph_program = _graph_program.is_graph_program()
+    conversion = None if graph_program else conversion_of(keras_model)
     warm_start_path = None
     if config.is_chief and _pod.is_chief():  # as stock: on a pod, process 0
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )
+    if graph_program:  # its eager copy, from the weights stock starts from (refusals: one pod)
+        values = _graph_program.start_values(keras_model, custom_objects, warm_start_path)
+        copy = _graph_program.eager_copy(keras_model, custom_objects, values)
+        conversion = conversion_of(copy, keras_model)
     if conversion.pod is not None:  # the other processes warm-start from what process 0 wrote
         _pod.barrier("tpushim-warm-start-written")
         if warm_start_path is None and config.is_chief:

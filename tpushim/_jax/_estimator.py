@@ -340,7 +340,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         with _observe.calling(_observe.Call("train", self, input_fn, steps, max_steps)) as call:
             started = time.monotonic()
-            ran = self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
+            with self._tpushim_jax.runtime():  # a graph program's: the eager runtime
+                ran = self._train(input_fn, hooks, call.steps, call.max_steps, saving_listeners)
             _observe.finished(call, time.monotonic() - started, ran, None)
             return self
 
@@ -515,7 +516,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         with _observe.calling(_observe.Call("evaluate", self, input_fn, steps)) as call:
             started = time.monotonic()
-            results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
+            with self._tpushim_jax.runtime():  # a graph program's: the eager runtime
+                results = self._evaluate(input_fn, call.steps, hooks, checkpoint_path, name)
             _observe.finished(call, time.monotonic() - started)
             return results
 
@@ -617,8 +619,11 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     ):
         with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
             started = time.monotonic()
-            yield from self._predict(
-                input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+            yield from _each_in(
+                self._tpushim_jax.runtime,
+                self._predict(
+                    input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+                ),
             )
             _observe.finished(call, time.monotonic() - started)
 
@@ -670,6 +675,22 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             batches.close()
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
+
+
+def _each_in(context, generator):
+    """``generator``'s items, each computed within a fresh ``context()`` (a graph program's
+    eager runtime), the caller's code between two items as the program runs it."""
+    try:
+        while True:
+            with context():
+                try:
+                    item = next(generator)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        with context():
+            generator.close()
 
 
 def _step_batch(arrays, item):

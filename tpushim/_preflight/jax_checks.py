@@ -19,7 +19,7 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
     try:
         import jax
 
-        from tpushim._jax import _build, _estimator, _host, _step
+        from tpushim._jax import _estimator, _graph_program
     except ImportError as e:
         report.add(
             "jax-engine-missing",
@@ -32,25 +32,14 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
     from tpushim._errors import ConversionError
 
     devices = jax.local_devices()[:num_cores]
-    _estimator._eager_classes(keras_model)  # the script's conversion cloned it in a graph
     try:
-        _build.refusals(keras_model, keras_model.optimizer, custom_objects, settings)
-        host = _host.plan(keras_model, custom_objects)  # strings and lookups: on the host
-        arrays = _estimator.Arrays(keras_model, host)
-        feats, labs = arrays.split((features, labels), _estimator.ModeKeys.TRAIN)
-        if labs is None:
+        if _graph_program.is_graph_program():  # its eager copy, checked on the eager runtime
+            copy = _graph_program.eager_copy(keras_model, custom_objects)
+            with _graph_program.runtime(keras_model):
+                _check_step(report, copy, custom_objects, settings, features, labels, devices)
             return
-        rows = len(feats[0])
-        size = -(-rows // len(devices)) * len(devices)  # as the engine splits it (padded)
-        report.notes.append(
-            f"{ENGINE_NOTE}: converted with tf2jax and compiled for {len(devices)} "
-            f"{'/'.join(sorted({d.platform.upper() for d in devices}))} device(s) of JAX's here, "
-            f"the global batch of {rows} rows split over them"
-            + (f" (padded to {size})" if size != rows else "")
-        )
-        _step.Trainer(keras_model, size, devices, custom_objects, fed=host).compile(
-            (feats, labs, None)
-        )
+        _estimator._eager_classes(keras_model)  # the script's conversion cloned it in a graph
+        _check_step(report, keras_model, custom_objects, settings, features, labels, devices)
     except ConversionError as e:
         report.add(
             "jax-engine-refuses",
@@ -61,6 +50,27 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
         )
     except Exception as e:  # XLA's compile failed: named as the model's step
         model_checks._report_xla_error(report, keras_model, e)
+
+
+def _check_step(report, keras_model, custom_objects, settings, features, labels, devices):
+    """The engine's refusals of ``keras_model`` (an eager one), then its step compiled."""
+    from tpushim._jax import _build, _estimator, _host, _step
+
+    _build.refusals(keras_model, keras_model.optimizer, custom_objects, settings)
+    host = _host.plan(keras_model, custom_objects)  # strings and lookups: on the host
+    arrays = _estimator.Arrays(keras_model, host)
+    feats, labs = arrays.split((features, labels), _estimator.ModeKeys.TRAIN)
+    if labs is None:
+        return
+    rows = len(feats[0])
+    size = -(-rows // len(devices)) * len(devices)  # as the engine splits it (padded)
+    report.notes.append(
+        f"{ENGINE_NOTE}: converted with tf2jax and compiled for {len(devices)} "
+        f"{'/'.join(sorted({d.platform.upper() for d in devices}))} device(s) of JAX's here, "
+        f"the global batch of {rows} rows split over them"
+        + (f" (padded to {size})" if size != rows else "")
+    )
+    _step.Trainer(keras_model, size, devices, custom_objects, fed=host).compile((feats, labs, None))
 
 
 def not_run_note(note):
