@@ -195,6 +195,7 @@ def test_update_equals_tensorflows_own(name):
     for g in grads:
         params, state = step(params, g, state)
     assert int(state["iterations"]) == len(grads)
+    assert step._cache_size() == 1  # one compile: the step (a schedule's too) a traced input
     for n, v in variables.items():
         assert np.max(np.abs(np.asarray(params[n]) - v.numpy())) < TOL, n
         assert np.max(np.abs(start[n] - v.numpy())) > 1e-2  # it did move
