@@ -95,6 +95,61 @@ OPTIMIZERS = {
         ("accumulator",),
     ),
 }
+S = k.schedules
+#: A decaying learning rate and clipped gradients (name -> as OPTIMIZERS): each schedule Keras
+#: offers (its own __call__ converted to JAX), each legacy optimizer's ``decay`` (with a schedule
+#: too: _decayed_lr applies both), each clipping, and the three clippings' order.
+DECAYS = {
+    "sgd-momentum-exponential": (
+        lambda: k.legacy.SGD(S.ExponentialDecay(0.1, 2, 0.5), momentum=0.9),
+        ("momentum",),
+    ),
+    "adam-exponential-staircase-decay-clipvalue": (
+        lambda: k.legacy.Adam(
+            S.ExponentialDecay(0.01, 2, 0.5, staircase=True), decay=0.5, clipvalue=0.1
+        ),
+        ("m", "v"),
+    ),
+    "rmsprop-piecewise-global-clipnorm": (
+        lambda: k.legacy.RMSprop(
+            S.PiecewiseConstantDecay([1, 3], [0.01, 0.005, 0.001]), global_clipnorm=0.5
+        ),
+        ("rms",),
+    ),
+    "adagrad-inverse-time-decay": (
+        lambda: k.legacy.Adagrad(S.InverseTimeDecay(0.1, 1, 0.5), decay=0.5),
+        ("accumulator",),
+    ),
+    "adamax-polynomial-decay": (
+        lambda: k.legacy.Adamax(S.PolynomialDecay(0.01, 4, 0.001, power=2.0), decay=0.5),
+        ("m", "v"),
+    ),
+    "adadelta-cosine-decay": (
+        lambda: k.legacy.Adadelta(S.CosineDecay(1.0, 4, alpha=0.1), epsilon=1e-3, decay=0.5),
+        ("accum_grad", "accum_var"),
+    ),
+    "ftrl-cosine-restarts-decay": (
+        lambda: k.legacy.Ftrl(
+            S.CosineDecayRestarts(0.1, 2, m_mul=0.5), l2_regularization_strength=0.01, decay=0.5
+        ),
+        ("accumulator", "linear"),
+    ),
+    "adamw-exponential-global-clipnorm": (
+        lambda: k.AdamW(S.ExponentialDecay(0.01, 2, 0.5), weight_decay=0.1, global_clipnorm=0.5),
+        ("m", "v"),
+    ),
+    "nadam-v2-exponential": (lambda: k.Nadam(S.ExponentialDecay(0.01, 2, 0.5)), ("m", "v")),
+    "sgd-decay-clipnorm": (lambda: k.legacy.SGD(0.1, decay=0.5, clipnorm=0.5), ()),
+    "sgd-momentum-decay-clipvalue-clipnorm": (
+        lambda: k.legacy.SGD(0.1, momentum=0.9, decay=0.5, clipvalue=0.5, clipnorm=0.8),
+        ("momentum",),
+    ),
+    "rmsprop-momentum-decay-clipnorm": (
+        lambda: k.legacy.RMSprop(0.01, momentum=0.5, decay=0.5, clipnorm=0.5),
+        ("rms", "momentum"),
+    ),
+}
+OPTIMIZERS.update(DECAYS)
 
 
 def _compiled_optimizer(make):
@@ -136,10 +191,11 @@ def test_update_equals_tensorflows_own(name):
     assert update.slots == slot_names
     params = {n: jax.numpy.asarray(v) for n, v in start.items()}
     state = update.init(params)
-    step = jax.jit(update.update)
+    step = jax.jit(lambda p, g, s: _optimizers.update(update, p, g, s))  # clipped there
     for g in grads:
         params, state = step(params, g, state)
     assert int(state["iterations"]) == len(grads)
+    assert step._cache_size() == 1  # one compile: the step (a schedule's too) a traced input
     for n, v in variables.items():
         assert np.max(np.abs(np.asarray(params[n]) - v.numpy())) < TOL, n
         assert np.max(np.abs(start[n] - v.numpy())) > 1e-2  # it did move
@@ -157,7 +213,6 @@ def test_update_equals_tensorflows_own(name):
     "make, words",
     [
         (lambda: v1.ProximalGradientDescentOptimizer(0.01), "ProximalGradientDescentOptimizer"),
-        (lambda: k.legacy.Nadam(0.01, clipnorm=1.0), "clipping"),
         (lambda: k.AdamW(0.01, weight_decay=0.1, use_ema=True), "use_ema"),
         (lambda: v1.AdamOptimizer(tf.Variable(0.01)), "a tensor"),
     ],

@@ -246,6 +246,15 @@ def test_model_and_metric_internals():
     assert clone.name == "renamed"
 
 
+def test_an_optimizers_learning_rate_schedule():
+    schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 2, 0.5)
+    legacy, v2 = tf.keras.optimizers.legacy.Adam, tf.keras.optimizers.Adam
+    for optimizer in (legacy(schedule), v2(schedule)):  # the legacy's hyper, the v2's attribute
+        assert _tfprivate.keras_compile.learning_rate_schedule(optimizer) is schedule
+    assert _tfprivate.keras_compile.learning_rate_schedule(legacy(0.1)) is None
+    assert _tfprivate.keras_compile.learning_rate_schedule(v2(0.1)) is None
+
+
 def test_graph_mode_metric_update_is_an_operation():
     # Keras 2.13's update_state returns an unread variable in graph mode, 2.14+ an Operation:
     # TPUEstimator's (value, update_op) takes the Operation, which must run the whole update.

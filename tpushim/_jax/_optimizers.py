@@ -14,10 +14,15 @@ where it starts them (zeros; Adagrad's and Ftrl's accumulators at
 ``initial_accumulator_value``).
 
 Either spelling (``tf.keras.optimizers.X`` and its ``legacy`` twin, or the string compile made
-it from; a conversion trains with the legacy twin, as stock). Every other optimizer (the other
-``tf.compat.v1.train`` ones: AdagradDA, ProximalGradientDescent, Adadelta), a learning-rate
-schedule, ``decay``, ``use_ema`` and gradient clipping are refused by name until the engine
-computes them. A scalar the optimizer keeps besides its slots (legacy Nadam's
+it from; a conversion trains with the legacy twin, as stock). A Keras ``LearningRateSchedule``
+is its own ``__call__`` converted by tf2jax and evaluated in the step at the optimizer's
+``iterations`` (stock's global step: a traced input, one compile), then the legacy ``decay``
+(``lr / (1 + decay * iterations)``), as ``_decayed_lr``; ``clipvalue``, ``clipnorm`` and
+``global_clipnorm`` clip the whole global batch's gradient (the one stock's optimizer clips,
+after any cross-device sum), as ``_transform_gradients``. Every other optimizer (the other
+``tf.compat.v1.train`` ones: AdagradDA, ProximalGradientDescent, Adadelta), ``use_ema``, a
+v2 optimizer's ``weight_decay`` but AdamW's (a conversion's legacy twin drops both, as stock's
+does) are refused by name. A scalar the optimizer keeps besides its slots (legacy Nadam's
 ``momentum_cache``, v2 Nadam's ``u_product``) is in the state under its name, a number.
 
 A weight the model only gathers rows of (an ``Embedding``'s table) gets a sparse gradient in
@@ -46,7 +51,7 @@ _SUPPORTED = (
 def _refuse(what):
     raise ConversionError(
         f"tpushim's JAX engine does not compute {what} yet: it updates as Keras does for "
-        f"{_SUPPORTED}, with a constant learning rate and no clipping. Compile the model with "
+        f"{_SUPPORTED}. Compile the model with "
         "one of those, or train it with engine=strategy."
     )
 
@@ -67,6 +72,10 @@ class Optimizer:
     initials = {}  # a slot's own starting value, where it is not ``initial``
     takes_weight_decay = False
     decay_is_a_schedule = False  # legacy Nadam's decay: its momentum schedule, not the rate's
+    #: a ``LearningRateSchedule`` as a JAX function of the step (float32), or None
+    schedule_fn = None
+    rate_decay = 0.0  # the legacy optimizers' ``decay``: lr / (1 + decay * iterations)
+    clipping = ()  # (``clipvalue`` / ``clipnorm`` / ``global_clipnorm``, its limit), in order
     scalars = {}  # a scalar the optimizer keeps besides its slots -> its starting value
     #: whether TensorFlow's sparse update of a gathered weight leaves the rows not looked up
     #: (their weights and slots) as they were, where its dense update with zero rows moves them
@@ -78,20 +87,56 @@ class Optimizer:
 
     def __init__(self, keras_optimizer):
         config = keras_optimizer.get_config()
-        for key in ("clipnorm", "clipvalue", "global_clipnorm"):
-            if config.get(key) is not None:
-                _refuse(f"gradient clipping ({key}={config[key]})")
-        if float(config.get("decay", 0.0) or 0.0) != 0.0 and not self.decay_is_a_schedule:
-            _refuse(f"the learning rate's decay ({config['decay']})")
         if (
             config.get("weight_decay") not in (None, 0, 0.0) and not self.takes_weight_decay
         ) or config.get("use_ema"):
             _refuse("a v2 optimizer's weight_decay or use_ema")
         if config.get("adaptive_epsilon"):
             _refuse("Adam's adaptive_epsilon")
-        self.learning_rate = _number(config, "learning_rate", keras_optimizer)
+        if not self.decay_is_a_schedule:
+            self.rate_decay = float(config.get("decay", 0.0) or 0.0)
+        self.clipping = tuple(
+            (key, _number(config, key, keras_optimizer))
+            for key in ("clipvalue", "clipnorm", "global_clipnorm")  # _transform_gradients' order
+            if config.get(key) is not None
+        )
+        if isinstance(config.get("learning_rate"), dict):  # a LearningRateSchedule
+            self.learning_rate, self.schedule_fn = None, _schedule(keras_optimizer)
+        else:
+            self.learning_rate = _number(config, "learning_rate", keras_optimizer)
         self.config = config
         self.legacy = ".legacy." in (type(keras_optimizer).__module__ or "")
+
+    def rate(self, state):
+        """This step's learning rate as the legacy optimizer's ``_decayed_lr`` computes it (the
+        v2 optimizer's the same, without ``decay``): its schedule, then ``decay``, at the
+        optimizer's ``iterations`` before the step, which stock's clone makes the global step."""
+        if self.schedule_fn is None and not self.rate_decay:
+            return jnp.float32(self.learning_rate)
+        step = state["iterations"].astype(jnp.float32)
+        if self.schedule_fn is None:
+            lr = jnp.float32(self.learning_rate)
+        else:
+            lr = self.schedule_fn(step)
+        if self.rate_decay:
+            lr = lr / (1.0 + jnp.float32(self.rate_decay) * step)
+        return lr
+
+    def clip(self, grads):
+        """The gradients as the optimizer clips them before its update (the legacy optimizer's
+        ``_transform_gradients``: ``clipvalue``, then ``clipnorm`` per weight, then
+        ``global_clipnorm``; a v2 optimizer takes one of them), TensorFlow's arithmetic."""
+        for key, limit in self.clipping:
+            c = jnp.float32(limit)
+            if key == "clipvalue":  # tf.clip_by_value
+                grads = {k: jnp.clip(g, -c, c) for k, g in grads.items()}
+            elif key == "clipnorm":  # tf.clip_by_norm
+                grads = {k: _clip_by_norm(g, c) for k, g in grads.items()}
+            else:  # tf.clip_by_global_norm
+                norm = jnp.sqrt(sum(jnp.sum(g * g) / 2 for g in grads.values()) * 2)
+                scale = c * jnp.minimum(1.0 / norm, jnp.float32(1.0) / c) + (norm - norm)
+                grads = {k: g * scale for k, g in grads.items()}
+        return grads
 
     def init(self, params):
         state = {"iterations": jnp.zeros([], jnp.int64 if _x64() else jnp.int32)}
@@ -101,6 +146,38 @@ class Optimizer:
         for name, start in self.scalars.items():
             state[name] = jnp.asarray(start, jnp.float32)
         return state
+
+
+def _schedule(keras_optimizer):
+    """The optimizer's ``LearningRateSchedule``, its own ``__call__`` converted to JAX by tf2jax:
+    a function of the (traced) step, float32 as the optimizer casts it."""
+    import numpy as np
+    import tensorflow as tf
+    import tf2jax
+
+    from tpushim import _tfprivate
+
+    schedule = _tfprivate.keras_compile.learning_rate_schedule(keras_optimizer)
+    name = type(schedule).__name__
+    call = tf.function(
+        lambda step: tf.cast(schedule(step), tf.float32),
+        input_signature=[tf.TensorSpec([], tf.float32)],
+        autograph=False,
+    )
+    try:
+        fn, params = tf2jax.convert(call, np.zeros([], np.float32))
+    except Exception as e:  # an op tf2jax has no JAX for, or a schedule reading a variable
+        _refuse(f"the learning-rate schedule {name} ({type(e).__name__}: {str(e)[:200]})")
+    if params:
+        _refuse(f"the learning-rate schedule {name}: it reads variables ({sorted(params)})")
+    return lambda step: fn(params, step)[0]
+
+
+def _clip_by_norm(g, c):
+    l2sum = jnp.sum(g * g)
+    safe = jnp.where(l2sum > 0, l2sum, jnp.ones_like(l2sum))
+    norm = jnp.where(l2sum > 0, jnp.sqrt(safe), l2sum)
+    return g * c / jnp.maximum(norm, c)
 
 
 def _x64():
@@ -119,7 +196,7 @@ class SGD(Optimizer):
         self.sparse_differs = self.legacy and bool(self.momentum)
 
     def update(self, params, grads, state):
-        lr = jnp.float32(self.learning_rate)
+        lr = self.rate(state)
         if not self.momentum:  # ResourceApplyGradientDescent
             new = {k: params[k] - lr * grads[k] for k in params}
             return new, {**state, "iterations": state["iterations"] + 1}
@@ -147,7 +224,7 @@ class Adam(Optimizer):
 
     def update(self, params, grads, state):
         step = (state["iterations"] + 1).astype(jnp.float32)
-        lr = jnp.float32(self.learning_rate)
+        lr = self.rate(state)
         beta_1, beta_2 = jnp.float32(self.beta_1), jnp.float32(self.beta_2)
         beta_1_power, beta_2_power = beta_1**step, beta_2**step
         alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
@@ -188,7 +265,7 @@ class Adamax(Optimizer):
 
     def update(self, params, grads, state):
         step = (state["iterations"] + 1).astype(jnp.float32)
-        lr, eps = jnp.float32(self.learning_rate), jnp.float32(self.epsilon)
+        lr, eps = self.rate(state), jnp.float32(self.epsilon)
         beta_1, beta_2 = jnp.float32(self.beta_1), jnp.float32(self.beta_2)
         beta_1_power = beta_1**step
         name_m, name_u = self.slots
@@ -217,7 +294,7 @@ class Adadelta(Optimizer):
         self.epsilon = float(self.config.get("epsilon", 1e-7))
 
     def update(self, params, grads, state):
-        lr, rho, eps = (jnp.float32(x) for x in (self.learning_rate, self.rho, self.epsilon))
+        lr, rho, eps = self.rate(state), jnp.float32(self.rho), jnp.float32(self.epsilon)
         name_g, name_d = self.slots
         new, accs, deltas = {}, {}, {}
         for k in params:
@@ -259,7 +336,7 @@ class Ftrl(Optimizer):
         return jnp.power(x, jnp.float32(-self.lr_power))
 
     def update(self, params, grads, state):
-        lr = jnp.float32(self.learning_rate)
+        lr = self.rate(state)
         l1 = jnp.float32(self.l1)
         l2 = jnp.float32(self.l2) + jnp.float32(self.beta) / (2.0 * lr)
         shrinkage = jnp.float32(self.l2_shrinkage)
@@ -296,7 +373,7 @@ class RMSprop(Optimizer):
         self.sparse_differs = self.legacy and bool(self.momentum)
 
     def update(self, params, grads, state):
-        lr, rho = jnp.float32(self.learning_rate), jnp.float32(self.rho)
+        lr, rho = self.rate(state), jnp.float32(self.rho)
         momentum, eps = jnp.float32(self.momentum), jnp.float32(self.epsilon)
         new = {}
         out = {slot: {} for slot in self.slots}
@@ -345,7 +422,7 @@ class Adagrad(Optimizer):
         self.epsilon = float(self.config.get("epsilon", 1e-7))
 
     def update(self, params, grads, state):
-        lr, eps = jnp.float32(self.learning_rate), jnp.float32(self.epsilon)
+        lr, eps = self.rate(state), jnp.float32(self.epsilon)
         new, accs = {}, {}
         for k in params:
             g = grads[k]
@@ -380,7 +457,7 @@ class Nadam(Optimizer):
     def update(self, params, grads, state):
         f = jnp.float32
         lr, beta_1, beta_2, eps = (
-            f(self.learning_rate),
+            self.rate(state),  # legacy Nadam takes no schedule (its constructor says so)
             f(self.beta_1),
             f(self.beta_2),
             f(self.epsilon),
@@ -564,7 +641,7 @@ def update(optimizer, params, grads, state, looked_up=None):
     duplicates and all, padding rows not counted) where ``optimizer.sparse_differs``: every
     other row of such a weight, and its slots' rows, stay as they were (the looked-up rows'
     gradient is the sum of their duplicates', as TensorFlow sums them before its kernel)."""
-    new, out = optimizer.update(params, grads, state)
+    new, out = optimizer.update(params, optimizer.clip(grads), state)
     if not looked_up or not optimizer.sparse_differs:
         return new, out
     new, out = dict(new), {k: dict(v) if isinstance(v, dict) else v for k, v in out.items()}

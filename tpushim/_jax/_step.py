@@ -181,8 +181,18 @@ class Trainer:
                 shard = jax.tree_util.tree_map(lambda a: a[: len(a) // len(self.devices)], batch)
                 per_device = _trace.convert(self.model, train_fn, *shard)
             looked_up = None
-            if self.optimizer.sparse_differs:  # stock's sparse update of gathered weights
+            if self.optimizer.sparse_differs or self.optimizer.clipping:
                 looked_up = _sparse.convert(self.model, train_fn, *batch)
+            if looked_up is not None and self.optimizer.clipping:
+                raise ConversionError(
+                    "tpushim's JAX engine does not clip the gradient of a weight the model "
+                    "gathers rows of (an Embedding's) yet: stock clips that sparse gradient's "
+                    "rows before it sums a row's lookups. Compile the optimizer without "
+                    "clipnorm/clipvalue/global_clipnorm, or use engine='strategy' "
+                    "(TPUSHIM_ENGINE=strategy)."
+                )
+            if not self.optimizer.sparse_differs:
+                looked_up = None
             self._traced[key] = (traced, self._compile(traced, per_device, looked_up))
         return self._traced[key]
 

@@ -440,3 +440,13 @@ def compiled_metric_names_per_output(keras_model):
         (None if single else out, named(plain), named(weighted))
         for out, plain, weighted in zip(outputs, compiled._metrics, compiled._weighted_metrics)
     ]
+
+
+def learning_rate_schedule(optimizer):
+    """A Keras optimizer's ``LearningRateSchedule`` object (a legacy one keeps it among its
+    hyperparameters, a new-style one as ``_learning_rate``), or None: a constant rate."""
+    schedules = tf.keras.optimizers.schedules.LearningRateSchedule
+    hyper = getattr(optimizer, "_hyper", None)
+    value = hyper.get("learning_rate") if isinstance(hyper, dict) else None
+    value = value if value is not None else getattr(optimizer, "_learning_rate", None)
+    return value if isinstance(value, schedules) else None
