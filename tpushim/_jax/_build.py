@@ -25,7 +25,9 @@ def _refuse(what, fix="engine='strategy' (TPUSHIM_ENGINE=strategy)"):
 
 def refusals(keras_model, optimizer, custom_objects, settings):
     """Raises what the engine refuses for this model before anything is written: a program
-    that disabled TensorFlow 2 behaviour, a subclassed model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`)."""
+    that disabled TensorFlow 2 behaviour, a loss or optimizer the step does not compute
+    (:mod:`._trace`, :mod:`._optimizers`); a subclassed model's loss, once it is built on the
+    input (:mod:`._subclassed`)."""
     del settings
     import tensorflow as tf
 
@@ -39,19 +41,20 @@ def refusals(keras_model, optimizer, custom_objects, settings):
             "its weights be read eagerly; the engine does not rebuild it eagerly from its config "
             "and weights)"
         )
-    if _tfprivate.keras.is_subclassed(keras_model):
-        _refuse(
-            "subclassed models (its step reads a graph network's outputs, masks and added "
-            "losses, which a subclassed model has only once called)"
-        )
     _optimizers.of(optimizer)
+    if _tfprivate.keras.is_subclassed(keras_model):
+        return  # the rest once it is built on the input (:mod:`._subclassed`), as stock's clone
     _host.plan(keras_model, custom_objects)  # its host part's refusals, by layer
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
 
 class JaxConversion:
     """What the engine keeps of one conversion: the model, its stock checkpoints, its settings,
-    and its evaluation and prediction functions in JAX (converted once per batch shape)."""
+    and its evaluation and prediction functions in JAX (converted once per batch shape).
+    ``awaits_input``: a subclassed model's (:class:`tpushim._jax._subclassed.Conversion`),
+    built on the first batch read (``build_on``) before anything else."""
+
+    awaits_input = False
 
     def __init__(self, keras_model, custom_objects, object_based, settings, metric_names_map):
         self.keras_model, self.custom_objects = keras_model, custom_objects
@@ -61,8 +64,12 @@ class JaxConversion:
         self.pod_input = settings.pod_input
         _pod.initialize()
         self.pod = _pod.current()  # None: one process
-        self.checkpoints = _checkpoint.StockCheckpoints(keras_model, custom_objects, object_based)
-        self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
+        self.checkpoints = self.host = None  # a subclassed model's: once built on the input
+        if not self.awaits_input:
+            self.checkpoints = _checkpoint.StockCheckpoints(
+                keras_model, custom_objects, object_based
+            )
+            self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
         self.devices = jax.local_devices()
         self._mesh = Mesh(np.array(self.devices), ("data",))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
@@ -182,11 +189,16 @@ def made(prepared, arguments, settings, decision):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
-    conversion = JaxConversion(
+    subclassed = _tfprivate.keras.is_subclassed(keras_model)
+    if subclassed:  # built on the input, as stock's clone; no warm start (as stock)
+        from tpushim._jax._subclassed import Conversion as conversion_class
+    else:
+        conversion_class = JaxConversion
+    conversion = conversion_class(
         keras_model, custom_objects, save_object_ckpt, settings, arguments["metric_names_map"]
     )
     warm_start_path = None
-    if config.is_chief and _pod.is_chief():  # as stock: on a pod, process 0
+    if config.is_chief and _pod.is_chief() and not subclassed:  # as stock: on a pod, process 0
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )
