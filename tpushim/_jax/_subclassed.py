@@ -17,12 +17,16 @@ What the model's call cannot do in a functional call on symbolic inputs (a shape
 on the values, a Python branch on a tensor) is refused, naming the model and TensorFlow's error.
 """
 
+import logging
+
 import numpy as np
 import tensorflow as tf
 
 from tpushim import _tfprivate
 from tpushim._errors import ConversionError
 from tpushim._jax import _build, _checkpoint, _host
+
+logger = logging.getLogger("tpushim")
 
 
 def _32_bits(dtype):
@@ -107,6 +111,23 @@ class Conversion(_build.JaxConversion):
     def __init__(self, keras_model, custom_objects, object_based, settings, metric_names_map):
         self.user_model, self._object_based, self.spec = keras_model, object_based, None
         super().__init__(keras_model, custom_objects, object_based, settings, metric_names_map)
+        if keras_model.built:  # as the other engines say it
+            logger.warning(
+                "%s is a subclassed Keras model that already has weights; as the stock "
+                "model_to_estimator, the estimator starts from a freshly initialised copy "
+                "(its weights are not carried over). The model you passed is unchanged.",
+                type(keras_model).__name__,
+            )
+        steps = _tfprivate.keras.overrides_step(keras_model)
+        if steps:
+            logger.warning(
+                "%s overrides %s; as the stock model_to_estimator, the estimator trains, "
+                "evaluates and predicts with the model's call, compiled loss, metrics and "
+                "optimizer, and never calls %s.",
+                type(keras_model).__name__,
+                " and ".join(steps),
+                "them" if len(steps) > 1 else "it",
+            )
 
     def build_on(self, features):
         """Builds the stand-in on a batch's ``features`` (as the input_fn gave them), once."""
