@@ -29,12 +29,19 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
             'pip install "tpushim[jax]"',
         )
         return
+    from tpushim import _tfprivate
     from tpushim._errors import ConversionError
 
     devices = jax.local_devices()[:num_cores]
     _estimator._eager_classes(keras_model)  # the script's conversion cloned it in a graph
+    name = keras_model.name  # (a subclassed model's: not its stand-in's)
     try:
         _build.refusals(keras_model, keras_model.optimizer, custom_objects, settings)
+        if _tfprivate.keras.is_subclassed(keras_model):  # built on the input, as the engine's
+            from tpushim._jax import _subclassed
+
+            spec = _subclassed.features_spec(_estimator._given_weights(features)[0])
+            keras_model = _subclassed.stand_in(keras_model, custom_objects, spec)[0]
         host = _host.plan(keras_model, custom_objects)  # strings and lookups: on the host
         arrays = _estimator.Arrays(keras_model, host)
         feats, labs = arrays.split((features, labels), _estimator.ModeKeys.TRAIN)
@@ -55,7 +62,7 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
         report.add(
             "jax-engine-refuses",
             "error",
-            f"model {keras_model.name!r}" + _layers_named(str(e), keras_model),
+            f"model {name!r}" + _layers_named(str(e), keras_model),
             f"the JAX engine would refuse this model: {e}",
             "see the message (engine=strategy trains it)",
         )
