@@ -15,7 +15,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tpushim import _settings, _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _checkpoint, _derived, _host, _optimizers, _pod, _step, _trace
+from tpushim._jax import (
+    _checkpoint,
+    _derived,
+    _host,
+    _optimizers,
+    _pod,
+    _step,
+    _subclassed,
+    _trace,
+)
 from tpushim._jax._estimator import JaxEstimator
 
 
@@ -51,7 +60,7 @@ def refusals(keras_model, optimizer, custom_objects, settings):
 class JaxConversion:
     """What the engine keeps of one conversion: the model, its stock checkpoints, its settings,
     and its evaluation and prediction functions in JAX (converted once per batch shape).
-    ``awaits_input``: a subclassed model's (:class:`tpushim._jax._subclassed.Conversion`),
+    ``awaits_input``: a subclassed model's (:class:`SubclassedConversion`),
     built on the first batch read (``build_on``) before anything else."""
 
     awaits_input = False
@@ -154,6 +163,10 @@ class JaxConversion:
         return model
 
 
+class SubclassedConversion(_subclassed.BuiltOnInput, JaxConversion):
+    """A subclassed model's: built on the first batch read, as stock's clone."""
+
+
 def describe(conversion, settings, tpu, why):
     """The conversion line's description: where the engine runs and why."""
     kinds = sorted({d.platform.upper() for d in conversion.devices})
@@ -190,11 +203,8 @@ def made(prepared, arguments, settings, decision):
         arguments["export_outputs"],
     )
     subclassed = _tfprivate.keras.is_subclassed(keras_model)
-    if subclassed:  # built on the input, as stock's clone; no warm start (as stock)
-        from tpushim._jax._subclassed import Conversion as conversion_class
-    else:
-        conversion_class = JaxConversion
-    conversion = conversion_class(
+    # a subclassed model's is built on the input, as stock's clone; no warm start (as stock)
+    conversion = (SubclassedConversion if subclassed else JaxConversion)(
         keras_model, custom_objects, save_object_ckpt, settings, arguments["metric_names_map"]
     )
     warm_start_path = None

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tpushim import _tfprivate
 from tpushim._errors import ConversionError
-from tpushim._jax import _build, _checkpoint, _host
+from tpushim._jax import _checkpoint, _host
 
 logger = logging.getLogger("tpushim")
 
@@ -101,10 +101,10 @@ def stand_in(keras_model, custom_objects, spec):
     return model, clone
 
 
-class Conversion(_build.JaxConversion):
-    """A :class:`tpushim._jax._build.JaxConversion` of a subclassed model, completed by
-    :meth:`build_on` at the first call's first batch: until then ``keras_model`` is the user's
-    model and ``checkpoints`` None."""
+class BuiltOnInput:
+    """What a :class:`tpushim._jax._build.JaxConversion` of a subclassed model adds (its
+    ``SubclassedConversion`` mixes it in): :meth:`build_on` at the first call's first batch;
+    until then ``keras_model`` is the user's model and ``checkpoints`` None."""
 
     awaits_input = True
 
