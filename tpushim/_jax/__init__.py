@@ -8,6 +8,8 @@ graph, the input pipeline and the checkpoints on the host. Registered in :mod:`t
   model's evaluation and prediction functions in JAX, its stock checkpoints), ``made``.
 * :mod:`tpushim._jax._estimator`: ``JaxEstimator`` (stock's Estimator; ``train``, ``evaluate``,
   ``predict`` in JAX), the input_fn's batches read on the host as stock reads them.
+* :mod:`tpushim._jax._subclassed`: a subclassed model rebuilt as stock's clone and called on
+  the first batch's shapes, the step tracing a functional stand-in of it.
 * :mod:`tpushim._jax._host`: the model's host part (strings, lookups, feature columns' lookups:
   the core's :mod:`tpushim._host_part`) computed in TensorFlow on each batch read, the step
   traced from its tensors.

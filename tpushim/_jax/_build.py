@@ -24,6 +24,7 @@ from tpushim._jax import (
     _optimizers,
     _pod,
     _step,
+    _subclassed,
     _trace,
 )
 from tpushim._jax._estimator import JaxEstimator
@@ -34,10 +35,10 @@ def _refuse(what, fix="engine='strategy' (TPUSHIM_ENGINE=strategy)"):
 
 
 def refusals(keras_model, optimizer, custom_objects, settings):
-    """Raises what the engine refuses for this model before anything is written: a subclassed
-    model, a loss or optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`);
-    for a program that disabled TensorFlow 2 behaviour, those of its eager copy
-    (:mod:`._graph_program`)."""
+    """Raises what the engine refuses for this model before anything is written: a loss or
+    optimizer the step does not compute (:mod:`._trace`, :mod:`._optimizers`); a subclassed
+    model's loss, once it is built on the input (:mod:`._subclassed`); for a program that
+    disabled TensorFlow 2 behaviour, those of its eager copy (:mod:`._graph_program`)."""
     del settings
 
     _pod.initialize()  # a pod's jax.distributed, before the engine's first JAX call
@@ -63,23 +64,24 @@ def refusals(keras_model, optimizer, custom_objects, settings):
         with _graph_program.runtime(keras_model):
             _eager_refusals(copy, copy.optimizer, custom_objects)
         return
-    if _tfprivate.keras.is_subclassed(keras_model):
-        _refuse(
-            "subclassed models (its step reads a graph network's outputs, masks and added "
-            "losses, which a subclassed model has only once called)"
-        )
     _eager_refusals(keras_model, optimizer, custom_objects)
 
 
 def _eager_refusals(keras_model, optimizer, custom_objects):
     _optimizers.of(optimizer)
+    if _tfprivate.keras.is_subclassed(keras_model):
+        return  # the rest once it is built on the input (:mod:`._subclassed`), as stock's clone
     _host.plan(keras_model, custom_objects)  # its host part's refusals, by layer
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
 
 class JaxConversion:
     """What the engine keeps of one conversion: the model, its stock checkpoints, its settings,
-    and its evaluation and prediction functions in JAX (converted once per batch shape)."""
+    and its evaluation and prediction functions in JAX (converted once per batch shape).
+    ``awaits_input``: a subclassed model's (:class:`SubclassedConversion`),
+    built on the first batch read (``build_on``) before anything else."""
+
+    awaits_input = False
 
     def __init__(
         self,
@@ -100,12 +102,14 @@ class JaxConversion:
         self.pod_input = settings.pod_input
         _pod.initialize()
         self.pod = _pod.current()  # None: one process
-        # stock's training graph: of the program's model, in its graph mode (stock's names)
-        self.checkpoints = _checkpoint.StockCheckpoints(
-            program_model or keras_model, custom_objects, object_based
-        )
-        with self.runtime():
-            self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
+        self.checkpoints = self.host = None  # a subclassed model's: once built on the input
+        if not self.awaits_input:
+            # stock's training graph: of the program's model, in its graph mode (stock's names)
+            self.checkpoints = _checkpoint.StockCheckpoints(
+                program_model or keras_model, custom_objects, object_based
+            )
+            with self.runtime():
+                self.host = _host.plan(keras_model, custom_objects)  # strings, lookups: on the host
         self.devices = jax.local_devices()
         self._mesh = Mesh(np.array(self.devices), ("data",))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
@@ -203,6 +207,10 @@ class JaxConversion:
         return model
 
 
+class SubclassedConversion(_subclassed.BuiltOnInput, JaxConversion):
+    """A subclassed model's: built on the first batch read, as stock's clone."""
+
+
 def describe(conversion, settings, tpu, why):
     """The conversion line's description: where the engine runs and why."""
     kinds = sorted({d.platform.upper() for d in conversion.devices})
@@ -238,9 +246,12 @@ def made(prepared, arguments, settings, decision):
         arguments["metric_names_map"],
         arguments["export_outputs"],
     )
+    subclassed = _tfprivate.keras.is_subclassed(keras_model)
+    # a subclassed model's is built on the input, as stock's clone; no warm start (as stock)
+    kind = SubclassedConversion if subclassed else JaxConversion
 
     def conversion_of(model, program_model=None):
-        return JaxConversion(
+        return kind(
             model,
             custom_objects,
             save_object_ckpt,
@@ -252,7 +263,7 @@ def made(prepared, arguments, settings, decision):
     graph_program = _graph_program.is_graph_program()
     conversion = None if graph_program else conversion_of(keras_model)
     warm_start_path = None
-    if config.is_chief and _pod.is_chief():  # as stock: on a pod, process 0
+    if config.is_chief and _pod.is_chief() and not subclassed:  # as stock: on a pod, process 0
         warm_start_path = prepared.keras.save_first_checkpoint(
             keras_model, custom_objects, config, save_object_ckpt
         )

@@ -49,19 +49,24 @@ class StockCheckpoints:
       keras_model: the user's compiled Keras model (its optimizer stock's legacy one).
       custom_objects: as given to ``model_to_estimator``.
       object_based: the format ``checkpoint_format`` asked for.
+      features: a subclassed model's: the input's feature specs, on which stock's graph builds
+        its clone.
+      built: a subclassed model's: the engine's built copy of it
+        (:mod:`tpushim._jax._subclassed`), whose weights (their object paths) are the engine's.
     """
 
-    def __init__(self, keras_model, custom_objects, object_based):
+    def __init__(self, keras_model, custom_objects, object_based, features=None, built=None):
         with _tfprivate.keras.keras_random_state_kept():  # a clone stock does not make
             names, _, graph, meta, _, metrics = _tfprivate.checkpoint.stock_training_graph(
-                keras_model, custom_objects, None, object_based
+                keras_model, custom_objects, features, object_based
             )
         self.graph, self.meta, self.metric_names = graph, meta, metrics
         self.object_based = object_based
-        weights = {id(v): _name(v) for v in keras_model.weights}
+        owner = keras_model if built is None else built
+        weights = {id(v): _name(v) for v in owner.weights}
         by_path = {
             path: weights[id(v)]
-            for path, v in _tfprivate.checkpoint.checkpoint_variables(keras_model).items()
+            for path, v in _tfprivate.checkpoint.checkpoint_variables(owner).items()
             if id(v) in weights
         }
         #: stock's name -> (object path, what it holds): ("weight", var), ("slot", slot, var),

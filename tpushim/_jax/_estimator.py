@@ -353,28 +353,26 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         listeners = list(saving_listeners or ())
         _hooks.check_listeners(listeners)
         conversion = self._tpushim_jax
-        start, weights, slots, _ = self._start()
-        _pod.barrier("tpushim-train-read")  # every process read before process 0 writes
+        seen = {}
+        early = self._built_on_input(lambda: self._train_batches(input_fn, seen))
+        try:
+            start, weights, slots, _ = self._start()
+            _pod.barrier("tpushim-train-read")  # every process read before process 0 writes
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
         last = math.ceil(max_steps) if max_steps is not None else None
         if last is not None and start >= last:
             if max_steps <= global_step_saved(self.model_dir):
                 tf_logger.info("Skipping training since max_steps has already saved.")
+                if early is not None:
+                    early.close()
                 return 0
             last = start + 1
         stop = start + math.ceil(steps) if steps is not None else last
         arrays = Arrays(conversion.keras_model, conversion.host)
-        seen = {}
-        if conversion.pod is None:
-            batches = host_batches(input_fn, ModeKeys.TRAIN, self.config, seen)
-        else:  # this process's rows of each global batch
-            batches = _pod.host_batches(
-                input_fn,
-                ModeKeys.TRAIN,
-                self.config,
-                conversion.pod,
-                conversion.batch_size,
-                conversion.pod_input,
-            )
+        batches = early if early is not None else self._train_batches(input_fn, seen)
         try:
             # The input_fn called and its first batch read here, in the caller's thread; the
             # rest read ahead in a thread while the devices train.
@@ -405,6 +403,41 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     user_hooks.close()
         finally:
             batches.close()
+
+    def _train_batches(self, input_fn, seen):
+        conversion = self._tpushim_jax
+        if conversion.pod is None:
+            return host_batches(input_fn, ModeKeys.TRAIN, self.config, seen)
+        return _pod.host_batches(  # this process's rows of each global batch
+            input_fn,
+            ModeKeys.TRAIN,
+            self.config,
+            conversion.pod,
+            conversion.batch_size,
+            conversion.pod_input,
+        )
+
+    def _built_on_input(self, make_batches):
+        """A subclassed model is built on the input, as stock's model_fn builds its clone on
+        the features (:mod:`tpushim._jax._subclassed`): ``make_batches()`` called and its first
+        batch read before the checkpoint (whose names stock's graph of that clone gives); the
+        batches returned with that one in front. None (nothing called) once it is built, or for
+        a graph network."""
+        conversion = self._tpushim_jax
+        if not conversion.awaits_input:
+            return None
+        batches = make_batches()
+        try:
+            first = next(batches, None)
+            if first is None:
+                raise ConversionError("the input_fn gave no batch: the input is empty.")
+            batch = getattr(first, "batch", first)
+            features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
+            conversion.build_on(_given_weights(features)[0])
+        except BaseException:
+            batches.close()
+            raise
+        return _InFront(first, batches)
 
     def _train_steps(self, trainer, arrays, first, batches, start, stop, user_hooks, listeners):
         conversion, config = self._tpushim_jax, self.config
@@ -524,10 +557,16 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        step, weights, _, path = self._start(checkpoint_path)
+        early = self._built_on_input(lambda: host_batches(input_fn, ModeKeys.EVAL, self.config))
+        try:
+            step, weights, _, path = self._start(checkpoint_path)
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.EVAL)
         try:
-            results = self._evaluate_batches(input_fn, steps, user_hooks, step, weights)
+            results = self._evaluate_batches(input_fn, steps, user_hooks, step, weights, early)
         finally:
             if user_hooks is not None:
                 user_hooks.close()
@@ -536,7 +575,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         _hooks.write_evaluation(conversion, self.eval_dir(name), results, path)
         return results
 
-    def _evaluate_batches(self, input_fn, steps, user_hooks, step, weights):
+    def _evaluate_batches(self, input_fn, steps, user_hooks, step, weights, early=None):
         conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
@@ -544,7 +583,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         update = _metrics_update(metrics)
         losses, size, added = [], None, None
         ran_out = True
-        batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
+        batches = early if early is not None else host_batches(input_fn, ModeKeys.EVAL, self.config)
         try:
             for i, batch in enumerate(batches):
                 if steps is not None and i >= steps:
@@ -630,24 +669,32 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        step, weights, _, _ = self._start(checkpoint_path)
+        early = self._built_on_input(lambda: host_batches(input_fn, ModeKeys.PREDICT, self.config))
+        try:
+            step, weights, _, _ = self._start(checkpoint_path)
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.PREDICT)
         yield from _stock_hooks.predicting(
             user_hooks,
             step,
             self._predict_batches(
-                input_fn, predict_keys, user_hooks, step, weights, yield_single_examples
+                input_fn, predict_keys, user_hooks, step, weights, yield_single_examples, early
             ),
         )
 
     def _predict_batches(
-        self, input_fn, predict_keys, user_hooks, step, weights, yield_single_examples
+        self, input_fn, predict_keys, user_hooks, step, weights, yield_single_examples, early=None
     ):
         conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
         size = None
-        batches = host_batches(input_fn, ModeKeys.PREDICT, self.config)
+        batches = (
+            early if early is not None else host_batches(input_fn, ModeKeys.PREDICT, self.config)
+        )
         try:
             for batch in batches:
                 features, _ = arrays.split(batch, ModeKeys.PREDICT)
@@ -691,6 +738,24 @@ def _each_in(context, generator):
     finally:
         with context():
             generator.close()
+
+
+class _InFront:
+    """``batches`` (an iterator with ``close``) with ``first``, read from them, put back."""
+
+    def __init__(self, first, batches):
+        self._first, self._batches = [first], batches
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._first:
+            return self._first.pop()
+        return next(self._batches)
+
+    def close(self):
+        self._batches.close()
 
 
 def _step_batch(arrays, item):

@@ -358,6 +358,7 @@ def convert_inference(keras_model, fn, *arrays):
             "; ".join(sorted({z.op.name.rsplit("/", 1)[0] for z in zeros}))[:300],
         )
     _refuse_random(concrete.graph, "in evaluation or prediction")
+    _refuse_value_shapes(concrete.graph)
     try:
         with tf2jax.override_config("convert_custom_gradient", False):
             jax_fn, params = tf2jax.convert(fn, *args)
@@ -396,6 +397,38 @@ def _refuse_random(graph, where="in training"):
         )
 
 
+#: Ops whose output's shape depends on their input's values (``tf.boolean_mask``'s and
+#: ``tf.where(condition)``'s ``Where``, ``tf.unique``, ...): XLA compiles static shapes only.
+_VALUE_SHAPED_OPS = (
+    "Where",
+    "Unique",
+    "UniqueV2",
+    "UniqueWithCounts",
+    "UniqueWithCountsV2",
+    "DynamicPartition",
+    "ListDiff",
+)
+
+
+def _refuse_value_shapes(graph):
+    """Refuses a step whose shapes depend on the batch's values (traced at static shapes, an op
+    of :data:`_VALUE_SHAPED_OPS` whose output's shape TensorFlow does not know), naming the ops:
+    JAX would fail compiling it, with no word of which op or layer."""
+    found = sorted(
+        {
+            f"{op.type} in {op.name.rsplit('/', 1)[0] or op.name}"
+            for op in graph.get_operations()
+            if op.type in _VALUE_SHAPED_OPS
+            and not all(o.shape.is_fully_defined() for o in op.outputs)
+        }
+    )
+    if found:
+        _refuse(
+            "a step whose shapes depend on the batch's values (XLA compiles static shapes only)",
+            "; ".join(found[:4]),
+        )
+
+
 def convert(keras_model, train, features, labels, sample_weights, pad):
     """``train`` (:func:`training_function`) converted with ``tf2jax`` at the shapes of the
     example arrays given: a :class:`Traced`."""
@@ -414,6 +447,7 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
         args = (*args, [tf.TensorSpec(d.shape, tf.as_dtype(d.dtype)) for d in draws])
         graph = train.get_concrete_function(*args).graph
     _refuse_random(graph)
+    _refuse_value_shapes(graph)
     try:
         # JAX differentiates every op itself: a TensorFlow gradient registered for an op (the
         # core's fused BatchNormalization over real rows) reads the op, which tf2jax has not.

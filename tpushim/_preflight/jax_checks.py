@@ -32,6 +32,7 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
     from tpushim._errors import ConversionError
 
     devices = jax.local_devices()[:num_cores]
+    name = keras_model.name  # (a subclassed model's: not its stand-in's)
     try:
         if _graph_program.is_graph_program():  # its eager copy, checked on the eager runtime
             copy = _graph_program.eager_copy(keras_model, custom_objects)
@@ -44,7 +45,7 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
         report.add(
             "jax-engine-refuses",
             "error",
-            f"model {keras_model.name!r}" + _layers_named(str(e), keras_model),
+            f"model {name!r}" + _layers_named(str(e), keras_model),
             f"the JAX engine would refuse this model: {e}",
             "see the message (engine=strategy trains it)",
         )
@@ -54,9 +55,15 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
 
 def _check_step(report, keras_model, custom_objects, settings, features, labels, devices):
     """The engine's refusals of ``keras_model`` (an eager one), then its step compiled."""
+    from tpushim import _tfprivate
     from tpushim._jax import _build, _estimator, _host, _step
 
     _build.refusals(keras_model, keras_model.optimizer, custom_objects, settings)
+    if _tfprivate.keras.is_subclassed(keras_model):  # built on the input, as the engine's
+        from tpushim._jax import _subclassed
+
+        spec = _subclassed.features_spec(_estimator._given_weights(features)[0])
+        keras_model = _subclassed.stand_in(keras_model, custom_objects, spec)[0]
     host = _host.plan(keras_model, custom_objects)  # strings and lookups: on the host
     arrays = _estimator.Arrays(keras_model, host)
     feats, labs = arrays.split((features, labels), _estimator.ModeKeys.TRAIN)
