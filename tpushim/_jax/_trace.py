@@ -342,7 +342,7 @@ def convert_inference(keras_model, fn, *arrays):
     function is ``f(params, *arrays) -> (result, params)``."""
     import tf2jax
 
-    from tpushim._jax import _ops  # noqa: F401 (registers the ops tf2jax lacks)
+    from tpushim._jax import _ops  # (registers the ops tf2jax lacks)
 
     def spec(a):
         a = np.asarray(a)
@@ -359,7 +359,10 @@ def convert_inference(keras_model, fn, *arrays):
         )
     _refuse_random(concrete.graph, "in evaluation or prediction")
     try:
-        with tf2jax.override_config("convert_custom_gradient", False):
+        with (
+            tf2jax.override_config("convert_custom_gradient", False),
+            _ops.static_bins(concrete.graph),
+        ):
             jax_fn, params = tf2jax.convert(fn, *args)
     except Exception as e:  # an op tf2jax has no JAX for: named
         raise ConversionError(
@@ -401,7 +404,7 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
     example arrays given: a :class:`Traced`."""
     import tf2jax
 
-    from tpushim._jax import _ops  # noqa: F401 (registers the ops tf2jax lacks)
+    from tpushim._jax import _ops  # (registers the ops tf2jax lacks)
 
     def spec(a):
         a = np.asarray(a)
@@ -417,7 +420,7 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
     try:
         # JAX differentiates every op itself: a TensorFlow gradient registered for an op (the
         # core's fused BatchNormalization over real rows) reads the op, which tf2jax has not.
-        with tf2jax.override_config("convert_custom_gradient", False):
+        with tf2jax.override_config("convert_custom_gradient", False), _ops.static_bins(graph):
             fn, params = tf2jax.convert(train, *args)
     except Exception as e:  # an op tf2jax has no JAX for: named
         raise ConversionError(
