@@ -27,6 +27,18 @@ with ``tf2jax`` as TensorFlow's kernels compute them (their values and their gra
   ``minlength`` and ``maxlength``), for the conversion. An op whose bins the graph does not fix
   is refused, naming it.
 
+* ``Conv3D`` and ``Conv3DBackpropInputV2`` (``Conv3D`` and ``Conv3DTranspose`` layers): the
+  convolution as ``jax.lax.conv_general_dilated`` computes it with the op's strides, padding,
+  dilations and data format; the transpose the convolution's vector-Jacobian product with
+  respect to its input (what TensorFlow's op computes: the gradient of ``Conv3D``'s input).
+
+* ``MaxPool3D`` and ``AvgPool3D`` (``MaxPooling3D``, ``AveragePooling3D``): windows reduced by
+  ``jax.lax.reduce_window``; an average divides by the window's elements inside the input, as
+  TensorFlow's kernel does with SAME padding.
+
+* ``Bucketize`` (``Discretization``, a bucketized feature column): the index of the first
+  boundary above each value (``searchsorted`` on the right), as an int32.
+
 Registered (DivNoNan replaced) once, at the first import (``tf2jax``'s op table is the process's).
 """
 
@@ -184,3 +196,76 @@ def _bincount(proto):  # flattened values, [bins] out
 for _name, _kernel in (("DenseBincount", _dense_bincount), ("Bincount", _bincount)):
     if _name not in _tf2jax_ops._jax_ops:
         _tf2jax_ops.register_operation(_name)(_kernel)
+
+
+def _conv3d_of(proto):
+    """``conv(x, filters)`` with the op's strides, padding, dilations and data format."""
+    layout = proto.attr["data_format"].s.decode() or "NDHWC"
+    spatial = slice(1, 4) if layout == "NDHWC" else slice(2, 5)
+    strides = list(proto.attr["strides"].list.i)[spatial]
+    dilations = list(proto.attr["dilations"].list.i)[spatial] or [1, 1, 1]
+    padding = proto.attr["padding"].s.decode()
+    if padding not in ("SAME", "VALID"):
+        raise NotImplementedError(f"{proto.op} {proto.name!r}: padding {padding}")
+
+    def conv(x, filters):
+        return jax.lax.conv_general_dilated(
+            x,
+            filters,
+            window_strides=strides,
+            padding=padding,
+            rhs_dilation=dilations,
+            dimension_numbers=(layout, "DHWIO", layout),
+        )
+
+    return conv
+
+
+def _conv3d(proto):
+    return _conv3d_of(proto)
+
+
+def _conv3d_backprop_input(proto):
+    conv = _conv3d_of(proto)
+
+    def kernel(input_sizes, filters, out_backprop):
+        shape = tuple(int(d) for d in np.asarray(input_sizes))
+        zeros = jnp.zeros(shape, out_backprop.dtype)
+        _, vjp = jax.vjp(lambda x: conv(x, filters), zeros)
+        return vjp(out_backprop)[0]
+
+    return kernel
+
+
+for _name, _kernel in (("Conv3D", _conv3d), ("Conv3DBackpropInputV2", _conv3d_backprop_input)):
+    if _name not in _tf2jax_ops._jax_ops:
+        _tf2jax_ops.register_operation(_name)(_kernel)
+
+
+def _pool3d(proto, average):
+    ksize, strides = list(proto.attr["ksize"].list.i), list(proto.attr["strides"].list.i)
+    padding = proto.attr["padding"].s.decode()
+
+    def kernel(x):
+        if not average:
+            return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, ksize, strides, padding)
+        total = jax.lax.reduce_window(x, 0.0, jax.lax.add, ksize, strides, padding)
+        ones = jnp.ones(x.shape, x.dtype)
+        count = jax.lax.reduce_window(ones, 0.0, jax.lax.add, ksize, strides, padding)
+        return total / count
+
+    return kernel
+
+
+for _name, _average in (("MaxPool3D", False), ("AvgPool3D", True)):
+    if _name not in _tf2jax_ops._jax_ops:
+        _tf2jax_ops.register_operation(_name)(lambda proto, a=_average: _pool3d(proto, a))
+
+
+def _bucketize(proto):
+    boundaries = np.asarray(list(proto.attr["boundaries"].list.f), np.float32)
+    return lambda x: jnp.searchsorted(boundaries, x, side="right").astype(jnp.int32)
+
+
+if "Bucketize" not in _tf2jax_ops._jax_ops:
+    _tf2jax_ops.register_operation("Bucketize")(_bucketize)

@@ -399,6 +399,32 @@ def _refuse_random(graph, where="in training"):
         )
 
 
+def _refuse_loops(keras_model, graph):
+    """Refuses a training step with a loop (``While``: a recurrent layer's ``tf.while_loop``
+    over time steps): ``tf2jax`` makes it a ``jax.lax.while_loop``, which JAX cannot
+    differentiate backwards; named here rather than at the first step."""
+    graph_def = graph.as_graph_def()
+    named = [("", node) for node in graph_def.node]
+    for function in graph_def.library.function:
+        named += [(function.signature.name + "/", node) for node in function.node_def]
+    loops = sorted(
+        {f"{where}{n.name}" for where, n in named if n.op in ("While", "StatelessWhile")}
+    )
+    if loops:
+        recurrent = [
+            layer.name
+            for layer in keras_model.submodules
+            if isinstance(layer, tf.keras.layers.RNN)
+            or type(layer).__name__ in ("LSTM", "GRU", "SimpleRNN", "Bidirectional")
+        ]
+        layers = f" of layers {', '.join(recurrent)}" if recurrent else ""
+        _refuse(
+            f"a while loop{layers} (While: {', '.join(loops[:3])})",
+            "JAX cannot differentiate a while loop backwards; a recurrent layer "
+            "(LSTM, GRU, SimpleRNN) with unroll=True has none",
+        )
+
+
 def convert(keras_model, train, features, labels, sample_weights, pad):
     """``train`` (:func:`training_function`) converted with ``tf2jax`` at the shapes of the
     example arrays given: a :class:`Traced`."""
@@ -417,6 +443,7 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
         args = (*args, [tf.TensorSpec(d.shape, tf.as_dtype(d.dtype)) for d in draws])
         graph = train.get_concrete_function(*args).graph
     _refuse_random(graph)
+    _refuse_loops(keras_model, graph)
     try:
         # JAX differentiates every op itself: a TensorFlow gradient registered for an op (the
         # core's fused BatchNormalization over real rows) reads the op, which tf2jax has not.
