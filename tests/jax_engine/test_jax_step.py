@@ -225,8 +225,8 @@ def test_compiled_once_per_shape():
     "optimizer, words",
     [
         (
-            lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(0.01),
-            "ProximalGradientDescentOptimizer",
+            lambda: tf.compat.v1.train.AdagradDAOptimizer(0.01, tf.Variable(0, dtype=tf.int64)),
+            "AdagradDAOptimizer's global_step",
         ),
         (lambda: tf.keras.optimizers.legacy.SGD(0.1, clipnorm=1.0), "clipnorm"),
         (
