@@ -94,6 +94,34 @@ OPTIMIZERS = {
         ),
         ("accumulator",),
     ),
+    "v1-proximal-gradient-descent": (
+        lambda: v1.ProximalGradientDescentOptimizer(
+            0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.02
+        ),
+        (),
+    ),
+    "v1-proximal-gradient-descent-l2": (
+        lambda: v1.ProximalGradientDescentOptimizer(0.1, l2_regularization_strength=0.05),
+        (),
+    ),
+    "v1-adadelta": (
+        lambda: v1.AdadeltaOptimizer(1.0, rho=0.9, epsilon=1e-3),
+        ("accum", "accum_update"),
+    ),
+    "v1-adagrad-da": (
+        lambda: v1.AdagradDAOptimizer(
+            0.1,
+            np.int64(2),
+            initial_gradient_squared_accumulator_value=0.2,
+            l1_regularization_strength=0.01,
+            l2_regularization_strength=0.02,
+        ),
+        ("gradient_accumulator", "gradient_squared_accumulator"),
+    ),
+    "v1-adagrad-da-l2": (
+        lambda: v1.AdagradDAOptimizer(0.1, np.int64(0), l2_regularization_strength=0.05),
+        ("gradient_accumulator", "gradient_squared_accumulator"),
+    ),
 }
 S = k.schedules
 #: A decaying learning rate and clipped gradients (name -> as OPTIMIZERS): each schedule Keras
@@ -212,7 +240,7 @@ def test_update_equals_tensorflows_own(name):
 @pytest.mark.parametrize(
     "make, words",
     [
-        (lambda: v1.ProximalGradientDescentOptimizer(0.01), "ProximalGradientDescentOptimizer"),
+        (lambda: v1.AdagradDAOptimizer(0.01, tf.Variable(0, dtype=tf.int64)), "a tensor"),
         (lambda: k.AdamW(0.01, weight_decay=0.1, use_ema=True), "use_ema"),
         (lambda: v1.AdamOptimizer(tf.Variable(0.01)), "a tensor"),
     ],
@@ -239,6 +267,9 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
         ("v1-adagrad", False, lambda: v1.AdagradOptimizer(0.1)),
         ("v1-ftrl", True, lambda: v1.FtrlOptimizer(0.1, l1_regularization_strength=0.01)),
         ("v1-proximal-adagrad", True, lambda: v1.ProximalAdagradOptimizer(0.1, l2_regularization_strength=0.01)),
+        ("v1-proximal-gradient-descent", True, lambda: v1.ProximalGradientDescentOptimizer(0.1, l1_regularization_strength=0.01)),
+        ("v1-adadelta", False, lambda: v1.AdadeltaOptimizer(1.0, epsilon=1e-3)),
+        ("v1-adagrad-da", True, lambda: v1.AdagradDAOptimizer(0.1, np.int64(1), l1_regularization_strength=0.01)),
     ):
         tf.keras.utils.set_random_seed(1)
         x = tf.keras.Input((4,), name="x")
@@ -270,7 +301,7 @@ def test_checkpoints_hold_stocks_names_and_values_after_a_resumed_run(tmp_path):
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     got = json.loads(lines[-1][len("RESULT ") :])
-    assert set(got["engine"]) == set(got["stock"]) and len(got["stock"]) == 6
+    assert set(got["engine"]) == set(got["stock"]) and len(got["stock"]) == 9
     for case, stock in got["stock"].items():
         engine = got["engine"][case]
         assert set(engine) == set(stock), (case, sorted(set(engine) ^ set(stock)))
@@ -279,6 +310,9 @@ def test_checkpoints_hold_stocks_names_and_values_after_a_resumed_run(tmp_path):
     assert any("momentum_cache" in n for n in got["stock"]["nadam"])
     # 4 weights, each with rms, momentum and mg (v1's names: h/kernel/RMSProp, ..._1, ..._2)
     assert len(got["stock"]["v1-rmsprop-centered"]) == 16
+    # (AdagradDA's two slots under v1's names: y/kernel/AdagradDA, ..._1; Adadelta's object ones)
+    assert len(got["stock"]["v1-adagrad-da"]) == 12
+    assert sum("OPTIMIZER_SLOT" in n for n in got["stock"]["v1-adadelta"]) == 8
 
 
 #: Every optimizer the engine computes, as a script compiles with it -> whether TensorFlow's
@@ -321,6 +355,13 @@ SPARSE_DIFFERS = {
     "v1-adagrad": (lambda: v1.AdagradOptimizer(0.1), False),
     "v1-ftrl": (lambda: v1.FtrlOptimizer(0.1, l1_regularization_strength=0.01), True),
     "v1-proximal-adagrad": (lambda: v1.ProximalAdagradOptimizer(0.1), False),
+    "v1-proximal-gradient-descent": (lambda: v1.ProximalGradientDescentOptimizer(0.1), False),
+    "v1-proximal-gradient-descent-l1": (
+        lambda: v1.ProximalGradientDescentOptimizer(0.1, l1_regularization_strength=0.05),
+        True,
+    ),
+    "v1-adadelta": (lambda: v1.AdadeltaOptimizer(1.0, epsilon=1e-3), True),
+    "v1-adagrad-da": (lambda: v1.AdagradDAOptimizer(0.1, np.int64(0)), True),
     "v1-proximal-adagrad-l2": (
         lambda: v1.ProximalAdagradOptimizer(0.1, l2_regularization_strength=0.05),
         True,

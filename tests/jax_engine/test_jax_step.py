@@ -238,8 +238,8 @@ class _VariableRate(tf.keras.optimizers.schedules.LearningRateSchedule):
     "optimizer, words",
     [
         (
-            lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(0.01),
-            "ProximalGradientDescentOptimizer",
+            lambda: tf.compat.v1.train.AdagradDAOptimizer(0.01, tf.Variable(0, dtype=tf.int64)),
+            "AdagradDAOptimizer's global_step",
         ),
         (lambda: tf.keras.optimizers.SGD(0.1, use_ema=True), "use_ema"),
         (lambda: tf.keras.optimizers.legacy.SGD(_VariableRate()), "_VariableRate: it reads"),

@@ -17,11 +17,36 @@ with ``tf2jax`` as TensorFlow's kernels compute them (their values and their gra
   where ``y`` is 0, differentiated by JAX: ``dx = g / y`` and ``dy = -g x / y**2`` where ``y``
   is not 0 and 0 where it is, TensorFlow's gradient, summed over what broadcast.
 
+* ``DenseBincount`` and ``Bincount`` (``tf.math.bincount``: ``CategoryEncoding``'s multi_hot,
+  one_hot and count modes, ``count_weights`` its weights): each value's one-hot row over the
+  bins, summed (times its weight) or, with ``binary_output``, 1 where any; a value outside the
+  bins counts nowhere, as TensorFlow's kernel skips it (``CategoryEncoding`` asserts the range
+  before). Its bins are a tensor TensorFlow computes from the values (``min(maxlength,
+  max(minlength, max(values) + 1))``), which JAX cannot take as a shape: :func:`static_bins`
+  reads each op's static output shape from the traced graph, as Keras set it (or its equal
+  ``minlength`` and ``maxlength``), for the conversion. An op whose bins the graph does not fix
+  is refused, naming it.
+
+* ``Conv3D`` and ``Conv3DBackpropInputV2`` (``Conv3D`` and ``Conv3DTranspose`` layers): the
+  convolution as ``jax.lax.conv_general_dilated`` computes it with the op's strides, padding,
+  dilations and data format; the transpose the convolution's vector-Jacobian product with
+  respect to its input (what TensorFlow's op computes: the gradient of ``Conv3D``'s input).
+
+* ``MaxPool3D`` and ``AvgPool3D`` (``MaxPooling3D``, ``AveragePooling3D``): windows reduced by
+  ``jax.lax.reduce_window``; an average divides by the window's elements inside the input, as
+  TensorFlow's kernel does with SAME padding.
+
+* ``Bucketize`` (``Discretization``, a bucketized feature column): the index of the first
+  boundary above each value (``searchsorted`` on the right), as an int32.
+
 Registered (DivNoNan replaced) once, at the first import (``tf2jax``'s op table is the process's).
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tf2jax._src import ops as _tf2jax_ops  # its own registry (tf2jax.experimental's way)
 
 
@@ -81,3 +106,166 @@ def _div_no_nan(proto):
 
 
 _tf2jax_ops._jax_ops["DivNoNan"] = _div_no_nan
+
+
+#: a bincount op's name -> its number of bins, from the graph being converted (static_bins)
+_BINS = {}
+
+
+@contextlib.contextmanager
+def static_bins(graph):
+    """Within: each ``DenseBincount`` / ``Bincount`` of ``graph`` (a traced function's) has its
+    number of bins, the last dimension of its output's static shape where the graph fixes it."""
+    found = {}
+    for op in graph.get_operations():
+        if op.type in ("DenseBincount", "Bincount"):
+            shape = op.outputs[0].shape
+            if shape.rank and shape[-1] is not None:
+                found[op.name] = int(shape[-1])
+            elif _equal_bounds(op.inputs[1]) is not None:
+                found[op.name] = _equal_bounds(op.inputs[1])
+    _BINS.update(found)
+    try:
+        yield
+    finally:
+        for name in found:
+            _BINS.pop(name, None)
+
+
+def _equal_bounds(size):
+    """``tf.math.bincount``'s size where its ``minlength`` equals its ``maxlength`` (constants):
+    ``min(maxlength, max(minlength, ...))``, that number whatever the values; else None."""
+    import tensorflow as tf
+
+    if size.op.type != "Minimum" or size.op.inputs[1].op.type != "Maximum":
+        return None
+    upper = tf.get_static_value(size.op.inputs[0])
+    lower = tf.get_static_value(size.op.inputs[1].op.inputs[0])
+    if upper is None or lower is None or np.ndim(upper) or int(upper) != int(lower):
+        return None
+    return int(upper)
+
+
+def bincount(values, bins, weights, binary_output, dtype):
+    """``tf.raw_ops.DenseBincount``'s value: [..., bins] over the last axis of ``values``
+    (all of them when rank 1), ``weights`` empty or like ``values``."""
+    one_hot = jax.nn.one_hot(values, bins, dtype=dtype)  # a value outside the bins: a 0 row
+    if binary_output:
+        return (jnp.sum(one_hot, axis=-2) > 0).astype(dtype)
+    if jnp.size(weights):
+        one_hot = one_hot * jnp.asarray(weights, dtype)[..., None]
+    return jnp.sum(one_hot, axis=-2)
+
+
+def _bins(proto):
+    """The op's bins as the graph converting fixes them (read when ``tf2jax`` builds the op's
+    kernel, during the conversion), or a function of its ``size`` input where it is a number."""
+    fixed = _BINS.get(proto.name)
+
+    def bins(size):
+        if isinstance(size, (np.ndarray, int, np.integer)):
+            return int(size)
+        if fixed is None:
+            raise NotImplementedError(
+                f"{proto.op} {proto.name!r}: its number of bins is computed from its values "
+                "and its output's shape does not fix it"
+            )
+        return fixed
+
+    return bins
+
+
+def _dtype(proto):
+    import tensorflow as tf
+
+    return tf.as_dtype(proto.attr["T"].type).as_numpy_dtype
+
+
+def _dense_bincount(proto):
+    binary, dtype, bins = proto.attr["binary_output"].b, _dtype(proto), _bins(proto)
+    return lambda values, size, weights: bincount(values, bins(size), weights, binary, dtype)
+
+
+def _bincount(proto):  # flattened values, [bins] out
+    dtype, bins = _dtype(proto), _bins(proto)
+    return lambda values, size, weights: bincount(
+        jnp.ravel(values), bins(size), jnp.ravel(weights), False, dtype
+    )
+
+
+for _name, _kernel in (("DenseBincount", _dense_bincount), ("Bincount", _bincount)):
+    if _name not in _tf2jax_ops._jax_ops:
+        _tf2jax_ops.register_operation(_name)(_kernel)
+
+
+def _conv3d_of(proto):
+    """``conv(x, filters)`` with the op's strides, padding, dilations and data format."""
+    layout = proto.attr["data_format"].s.decode() or "NDHWC"
+    spatial = slice(1, 4) if layout == "NDHWC" else slice(2, 5)
+    strides = list(proto.attr["strides"].list.i)[spatial]
+    dilations = list(proto.attr["dilations"].list.i)[spatial] or [1, 1, 1]
+    padding = proto.attr["padding"].s.decode()
+    if padding not in ("SAME", "VALID"):
+        raise NotImplementedError(f"{proto.op} {proto.name!r}: padding {padding}")
+
+    def conv(x, filters):
+        return jax.lax.conv_general_dilated(
+            x,
+            filters,
+            window_strides=strides,
+            padding=padding,
+            rhs_dilation=dilations,
+            dimension_numbers=(layout, "DHWIO", layout),
+        )
+
+    return conv
+
+
+def _conv3d(proto):
+    return _conv3d_of(proto)
+
+
+def _conv3d_backprop_input(proto):
+    conv = _conv3d_of(proto)
+
+    def kernel(input_sizes, filters, out_backprop):
+        shape = tuple(int(d) for d in np.asarray(input_sizes))
+        zeros = jnp.zeros(shape, out_backprop.dtype)
+        _, vjp = jax.vjp(lambda x: conv(x, filters), zeros)
+        return vjp(out_backprop)[0]
+
+    return kernel
+
+
+for _name, _kernel in (("Conv3D", _conv3d), ("Conv3DBackpropInputV2", _conv3d_backprop_input)):
+    if _name not in _tf2jax_ops._jax_ops:
+        _tf2jax_ops.register_operation(_name)(_kernel)
+
+
+def _pool3d(proto, average):
+    ksize, strides = list(proto.attr["ksize"].list.i), list(proto.attr["strides"].list.i)
+    padding = proto.attr["padding"].s.decode()
+
+    def kernel(x):
+        if not average:
+            return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, ksize, strides, padding)
+        total = jax.lax.reduce_window(x, 0.0, jax.lax.add, ksize, strides, padding)
+        ones = jnp.ones(x.shape, x.dtype)
+        count = jax.lax.reduce_window(ones, 0.0, jax.lax.add, ksize, strides, padding)
+        return total / count
+
+    return kernel
+
+
+for _name, _average in (("MaxPool3D", False), ("AvgPool3D", True)):
+    if _name not in _tf2jax_ops._jax_ops:
+        _tf2jax_ops.register_operation(_name)(lambda proto, a=_average: _pool3d(proto, a))
+
+
+def _bucketize(proto):
+    boundaries = np.asarray(list(proto.attr["boundaries"].list.f), np.float32)
+    return lambda x: jnp.searchsorted(boundaries, x, side="right").astype(jnp.int32)
+
+
+if "Bucketize" not in _tf2jax_ops._jax_ops:
+    _tf2jax_ops.register_operation("Bucketize")(_bucketize)

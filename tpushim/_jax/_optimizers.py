@@ -7,7 +7,8 @@ optimizers' ``update_step`` arithmetic (AdamW's weight decay first, as its base 
 it; v2 Nadam's ``u_product``), and the ``tf.compat.v1.train`` optimizers a ``compile`` wraps in
 Keras's ``TFOptimizer`` (``ApplyGradientDescent``, ``ApplyMomentum``, ``ApplyAdam``,
 ``ApplyRMSProp`` / ``ApplyCenteredRMSProp``, ``ApplyAdagrad``, ``ApplyFtrl(V2)``,
-``ApplyProximalAdagrad``). The state is Keras's: ``iterations`` and one slot per trainable weight under
+``ApplyProximalAdagrad``, ``ApplyProximalGradientDescent``, ``ApplyAdadelta``,
+``ApplyAdagradDA``). The state is Keras's: ``iterations`` and one slot per trainable weight under
 the optimizer's slot names (``momentum``; ``m``, ``v``, ``vhat``; ``m``, ``u``;
 ``accum_grad``, ``accum_var``; ``accumulator``, ``linear``; ``rms``, ``mg``; ...), starting
 where it starts them (zeros; Adagrad's and Ftrl's accumulators at
@@ -19,9 +20,8 @@ is its own ``__call__`` converted by tf2jax and evaluated in the step at the opt
 ``iterations`` (stock's global step: a traced input, one compile), then the legacy ``decay``
 (``lr / (1 + decay * iterations)``), as ``_decayed_lr``; ``clipvalue``, ``clipnorm`` and
 ``global_clipnorm`` clip the whole global batch's gradient (the one stock's optimizer clips,
-after any cross-device sum), as ``_transform_gradients``. Every other optimizer (the other
-``tf.compat.v1.train`` ones: AdagradDA, ProximalGradientDescent, Adadelta), ``use_ema``, a
-v2 optimizer's ``weight_decay`` but AdamW's (a conversion's legacy twin drops both, as stock's
+after any cross-device sum), as ``_transform_gradients``. Every other optimizer, ``use_ema``, a v2
+optimizer's ``weight_decay`` but AdamW's (a conversion's legacy twin drops both, as stock's
 does) are refused by name. A scalar the optimizer keeps besides its slots (legacy Nadam's
 ``momentum_cache``, v2 Nadam's ``u_product``) is in the state under its name, a number.
 
@@ -43,8 +43,8 @@ from tpushim._errors import ConversionError
 
 _SUPPORTED = (
     "SGD (momentum, nesterov), Adam (amsgrad), AdamW, Adamax, Adadelta, Ftrl, RMSprop, Adagrad, "
-    "Nadam and tf.compat.v1.train's GradientDescent, Momentum, Adam, RMSProp, Adagrad, Ftrl and "
-    "ProximalAdagrad"
+    "Nadam and tf.compat.v1.train's GradientDescent, Momentum, Adam, RMSProp, Adagrad, Ftrl, "
+    "ProximalAdagrad, ProximalGradientDescent, Adadelta and AdagradDA"
 )
 
 
@@ -505,7 +505,7 @@ class CompatV1(Optimizer):
         self.inner = inner = keras_optimizer.optimizer
         self.kind = type(inner).__name__
         self.learning_rate = self._value(
-            "_lr" if self.kind == "AdamOptimizer" else "_learning_rate"
+            "_lr" if self.kind in ("AdamOptimizer", "AdadeltaOptimizer") else "_learning_rate"
         )
         self.legacy = True
         self.initials = {}
@@ -532,6 +532,32 @@ class CompatV1(Optimizer):
                 self.l2 = self._value("_l2_regularization_strength")
                 # ResourceSparseApplyProximalAdagrad: its shrinkage on the rows given only
                 self.sparse_differs = bool(self.l1 or self.l2)
+        elif self.kind == "ProximalGradientDescentOptimizer":
+            self.l1 = self._value("_l1_regularization_strength")
+            self.l2 = self._value("_l2_regularization_strength")
+            self.slots = ()
+            # SparseApplyProximalGradientDescent: its shrinkage on the rows given only
+            self.sparse_differs = bool(self.l1 or self.l2)
+        elif self.kind == "AdadeltaOptimizer":
+            self.rho, self.epsilon = self._value("_rho"), self._value("_epsilon")
+            self.slots = ("accum", "accum_update")
+            self.sparse_differs = True  # SparseApplyAdadelta: the rows given only
+        elif self.kind == "AdagradDAOptimizer":
+            self.l1 = self._value("_l1_regularization_strength")
+            self.l2 = self._value("_l2_regularization_strength")
+            # the kernel's global step is the one the optimizer was given, plus one (its
+            # _prepare): stock's graph can read a number only (an eager variable or tensor
+            # fails there: "Attempting to capture an EagerTensor")
+            self.global_step = self._value("_global_step") + 1
+            self.slots = ("gradient_accumulator", "gradient_squared_accumulator")
+            self.initials = {
+                "gradient_squared_accumulator": self._value(
+                    "_initial_gradient_squared_accumulator_value"
+                )
+            }
+            # SparseApplyAdagradDA: the dense update recomputes every row from its accumulator
+            # (a row never looked up goes to 0), the sparse one the rows given only
+            self.sparse_differs = True
         elif self.kind == "FtrlOptimizer":
             self.ftrl = Ftrl.__new__(Ftrl)  # the kernels' arithmetic, as Keras's legacy Ftrl
             self.ftrl.learning_rate, self.ftrl.legacy = self.learning_rate, True
@@ -573,6 +599,12 @@ class CompatV1(Optimizer):
             return self._rmsprop(params, grads, state, lr, step)
         if self.kind in ("AdagradOptimizer", "ProximalAdagradOptimizer"):
             return self._adagrad(params, grads, state, lr, step)
+        if self.kind == "ProximalGradientDescentOptimizer":
+            return self._proximal_gd(params, grads, state, lr, step)
+        if self.kind == "AdadeltaOptimizer":
+            return self._adadelta(params, grads, state, lr, step)
+        if self.kind == "AdagradDAOptimizer":
+            return self._adagrad_da(params, grads, state, lr, step)
         if self.kind == "FtrlOptimizer":  # ApplyFtrl(V2): the slots under v1's names
             renamed = {"accumulator": state["accum"], "linear": state["linear"]}
             new, out = self.ftrl.update(params, grads, {**state, **renamed})
@@ -623,6 +655,48 @@ class CompatV1(Optimizer):
             accs[k] = acc
         return new, {"iterations": step, "accumulator": accs}
 
+    def _proximal_gd(self, params, grads, state, lr, step):  # ApplyProximalGradientDescent
+        l1, l2 = jnp.float32(self.l1), jnp.float32(self.l2)
+        new = {}
+        for k in params:
+            prox = params[k] - grads[k] * lr
+            if self.l1 > 0:
+                prox = jnp.sign(prox) * jnp.maximum(jnp.abs(prox) - lr * l1, 0.0)
+            new[k] = prox / (1.0 + lr * l2)
+        return new, {**state, "iterations": step}
+
+    def _adadelta(self, params, grads, state, lr, step):  # ApplyAdadelta
+        rho, eps = jnp.float32(self.rho), jnp.float32(self.epsilon)
+        new, accs, updates = {}, {}, {}
+        for k in params:
+            g = grads[k]
+            acc = state["accum"][k] * rho + jnp.square(g) * (1 - rho)
+            update = jnp.sqrt(state["accum_update"][k] + eps) * _rsqrt(acc + eps) * g
+            new[k] = params[k] - update * lr
+            updates[k] = state["accum_update"][k] * rho + jnp.square(update) * (1 - rho)
+            accs[k] = acc
+        return new, {"iterations": step, "accum": accs, "accum_update": updates}
+
+    def _adagrad_da(self, params, grads, state, lr, step):  # ApplyAdagradDA
+        l1, l2 = jnp.float32(self.l1), jnp.float32(self.l2)
+        global_step = jnp.float32(self.global_step)
+        new, accs, squares = {}, {}, {}
+        for k in params:
+            acc = state["gradient_accumulator"][k] + grads[k]
+            square = state["gradient_squared_accumulator"][k] + jnp.square(grads[k])
+            denom = l2 * global_step * lr + jnp.sqrt(square)
+            if self.l1 > 0:
+                shrunk = jnp.maximum(jnp.abs(acc) - l1 * global_step, 0.0)
+                new[k] = jnp.sign(acc) * -lr * shrunk / denom
+            else:
+                new[k] = acc * -lr / denom
+            accs[k], squares[k] = acc, square
+        return new, {
+            "iterations": step,
+            "gradient_accumulator": accs,
+            "gradient_squared_accumulator": squares,
+        }
+
 
 _COMPAT_V1 = (
     "GradientDescentOptimizer",
@@ -632,6 +706,9 @@ _COMPAT_V1 = (
     "AdagradOptimizer",
     "FtrlOptimizer",
     "ProximalAdagradOptimizer",
+    "ProximalGradientDescentOptimizer",
+    "AdadeltaOptimizer",
+    "AdagradDAOptimizer",
 )
 
 

@@ -342,7 +342,7 @@ def convert_inference(keras_model, fn, *arrays):
     function is ``f(params, *arrays) -> (result, params)``."""
     import tf2jax
 
-    from tpushim._jax import _ops  # noqa: F401 (registers the ops tf2jax lacks)
+    from tpushim._jax import _ops  # (registers the ops tf2jax lacks)
 
     def spec(a):
         a = np.asarray(a)
@@ -360,7 +360,10 @@ def convert_inference(keras_model, fn, *arrays):
     _refuse_random(concrete.graph, "in evaluation or prediction")
     _refuse_value_shapes(concrete.graph)
     try:
-        with tf2jax.override_config("convert_custom_gradient", False):
+        with (
+            tf2jax.override_config("convert_custom_gradient", False),
+            _ops.static_bins(concrete.graph),
+        ):
             jax_fn, params = tf2jax.convert(fn, *args)
     except Exception as e:  # an op tf2jax has no JAX for: named
         raise ConversionError(
@@ -429,12 +432,38 @@ def _refuse_value_shapes(graph):
         )
 
 
+def _refuse_loops(keras_model, graph):
+    """Refuses a training step with a loop (``While``: a recurrent layer's ``tf.while_loop``
+    over time steps): ``tf2jax`` makes it a ``jax.lax.while_loop``, which JAX cannot
+    differentiate backwards; named here rather than at the first step."""
+    graph_def = graph.as_graph_def()
+    named = [("", node) for node in graph_def.node]
+    for function in graph_def.library.function:
+        named += [(function.signature.name + "/", node) for node in function.node_def]
+    loops = sorted(
+        {f"{where}{n.name}" for where, n in named if n.op in ("While", "StatelessWhile")}
+    )
+    if loops:
+        recurrent = [
+            layer.name
+            for layer in keras_model.submodules
+            if isinstance(layer, tf.keras.layers.RNN)
+            or type(layer).__name__ in ("LSTM", "GRU", "SimpleRNN", "Bidirectional")
+        ]
+        layers = f" of layers {', '.join(recurrent)}" if recurrent else ""
+        _refuse(
+            f"a while loop{layers} (While: {', '.join(loops[:3])})",
+            "JAX cannot differentiate a while loop backwards; a recurrent layer "
+            "(LSTM, GRU, SimpleRNN) with unroll=True has none",
+        )
+
+
 def convert(keras_model, train, features, labels, sample_weights, pad):
     """``train`` (:func:`training_function`) converted with ``tf2jax`` at the shapes of the
     example arrays given: a :class:`Traced`."""
     import tf2jax
 
-    from tpushim._jax import _ops  # noqa: F401 (registers the ops tf2jax lacks)
+    from tpushim._jax import _ops  # (registers the ops tf2jax lacks)
 
     def spec(a):
         a = np.asarray(a)
@@ -448,10 +477,11 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
         graph = train.get_concrete_function(*args).graph
     _refuse_random(graph)
     _refuse_value_shapes(graph)
+    _refuse_loops(keras_model, graph)
     try:
         # JAX differentiates every op itself: a TensorFlow gradient registered for an op (the
         # core's fused BatchNormalization over real rows) reads the op, which tf2jax has not.
-        with tf2jax.override_config("convert_custom_gradient", False):
+        with tf2jax.override_config("convert_custom_gradient", False), _ops.static_bins(graph):
             fn, params = tf2jax.convert(train, *args)
     except Exception as e:  # an op tf2jax has no JAX for: named
         raise ConversionError(
