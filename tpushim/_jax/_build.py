@@ -88,20 +88,40 @@ class JaxConversion:
         shards = len(self.devices)
         return int(math.ceil(rows / shards) * shards)
 
-    def _run(self, kind, fn, values, arrays):
+    def _run(self, kind, fn, values, arrays, over_pod=False):
+        """``fn`` (converted once per shape) of one padded batch on this process's devices; or
+        (``over_pod``) ``arrays`` this process's rows of the global batch, run over every
+        process's devices, its outputs whole on every process."""
         key = (kind, tuple((np.shape(a), np.asarray(a).dtype.str) for a in jax.tree.leaves(arrays)))
         if key not in self._converted:
-            jax_fn, names = _trace.convert_inference(self.keras_model, fn, *arrays)
-            self._converted[key] = (jax.jit(lambda p, *a: jax_fn(p, *a)[0]), names)
+            shaped = arrays
+            if over_pod:  # traced at the global batch's shapes (its values are not read)
+                shaped = jax.tree.map(lambda a: np.concatenate([a] * self.pod.count), arrays)
+            jax_fn, names = _trace.convert_inference(self.keras_model, fn, *shaped)
+            whole = None
+            if over_pod:
+                whole = NamedSharding(Mesh(np.array(self.pod.devices), ("data",)), PartitionSpec())
+            self._converted[key] = (
+                jax.jit(lambda p, *a: jax_fn(p, *a)[0], out_shardings=whole),
+                names,
+            )
         compiled, names = self._converted[key]
-        params = jax.device_put({k: values[k] for k in names}, self._replicated)
-        batch = jax.device_put(arrays, self._split)
-        return compiled(params, *batch)
+        if not over_pod:
+            params = jax.device_put({k: values[k] for k in names}, self._replicated)
+            return compiled(params, *jax.device_put(arrays, self._split))
+        mesh = Mesh(np.array(self.pod.devices), ("data",))
+        params = _pod.replicated(
+            {k: values[k] for k in names}, NamedSharding(mesh, PartitionSpec())
+        )
+        split = NamedSharding(mesh, PartitionSpec("data"))
+        return compiled(params, *_pod.global_arrays(arrays, split, 0, self.pod.count))
 
-    def evaluate(self, values, features, labels, weights, pad, weighted=False):
+    def evaluate(self, values, features, labels, weights, pad, weighted=False, over_pod=False):
         """(loss over the real rows, outputs) of one padded batch, in JAX. ``weighted``: the
         input gave ``weights`` (stock's ``{"features", "sample_weights"}``); else they are ones,
-        unread (Keras's unweighted loss)."""
+        unread (Keras's unweighted loss). ``over_pod``: the arrays are this process's rows of
+        the global batch, the step runs over every process's devices, and the outputs are the
+        global batch's (every process's rows, in process order)."""
         if weighted not in self._eval_fns:
             self._eval_fns[weighted] = _trace.training_function(
                 self.keras_model,
@@ -111,10 +131,11 @@ class JaxConversion:
                 fed=self.host,
             )
         loss, outputs = self._run(
-            ("evaluate", weighted),
+            ("evaluate", weighted, over_pod),
             self._eval_fns[weighted],
             values,
             (features, labels, weights, pad),
+            over_pod,
         )
         return np.asarray(loss), [np.asarray(o) for o in outputs]
 

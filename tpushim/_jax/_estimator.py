@@ -373,6 +373,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 conversion.pod,
                 conversion.batch_size,
                 conversion.pod_input,
+                seen,
             )
         try:
             # The input_fn called and its first batch read here, in the caller's thread; the
@@ -542,7 +543,19 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         update = _metrics_update(metrics)
         losses, size, added = [], None, None
         ran_out = True
-        batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
+        pod = conversion.pod
+        if pod is None:
+            batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
+        else:  # this process's rows of each global batch, the step over every process's devices
+            batches = _pod.host_batches(
+                input_fn,
+                ModeKeys.EVAL,
+                self.config,
+                pod,
+                None,
+                conversion.pod_input,
+                multiple=len(pod.devices),
+            )
         try:
             for i, batch in enumerate(batches):
                 if steps is not None and i >= steps:
@@ -550,16 +563,15 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     break
                 if user_hooks is not None:
                     user_hooks.before(step)
+                share, batch = (batch, batch.batch) if pod is not None else (None, batch)
                 features, labels = arrays.split(batch, ModeKeys.EVAL)
                 given = arrays.sample_weights(batch) or [None] * len(labels)
-                if added is None and self._tpushim_metric_fns:
-                    from tpushim._jax import _derived
-
-                    added = _derived.Added(self, batch)
                 rows = _rows(features)
                 size = size or conversion.device_rows(rows)
                 pad = np.zeros([size], np.float32)
                 pad[:rows] = 1
+                if share is not None:  # (its rows, padded already)
+                    size, pad = rows, share.pad
                 weights = [
                     np.ones([size], np.float32) if w is None else _padded([w], size)[0]
                     for w in given
@@ -571,7 +583,19 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     weights,
                     pad,
                     weighted=any(w is not None for w in given),
+                    over_pod=share is not None,
                 )
+                if share is not None:  # the metrics read the global batch's real rows
+                    rows = share.real
+                    labels, given = _pod.gathered((labels, given))
+                    labels = [y[:rows] for y in labels]
+                    given = [None if w is None else w[:rows] for w in given]
+                    batch = _pod.gathered(batch) if self._tpushim_metric_fns else batch
+                    batch = jax_tree_rows(batch, rows) if self._tpushim_metric_fns else batch
+                if added is None and self._tpushim_metric_fns:
+                    from tpushim._jax import _derived
+
+                    added = _derived.Added(self, batch)
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
                 # Weighted metrics weighted by them, as on tpushim's other engines (stock's read
@@ -642,20 +666,36 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
         size = None
-        batches = host_batches(input_fn, ModeKeys.PREDICT, self.config)
+        pod = conversion.pod
+        if pod is None:
+            batches = host_batches(input_fn, ModeKeys.PREDICT, self.config)
+        else:  # each process predicts (and yields) its own rows of each global batch
+            batches = _pod.host_batches(
+                input_fn,
+                ModeKeys.PREDICT,
+                self.config,
+                pod,
+                None,
+                conversion.pod_input,
+                multiple=len(pod.devices),
+            )
         try:
             for batch in batches:
+                share, batch = (batch, batch.batch) if pod is not None else (None, batch)
                 features, _ = arrays.split(batch, ModeKeys.PREDICT)
                 if user_hooks is not None:
                     user_hooks.before(step)
-                rows = _rows(features)
-                size = size or conversion.device_rows(rows)
+                rows = _rows(features) if share is None else int(np.sum(share.pad))
+                size = size or conversion.device_rows(_rows(features))
                 outputs = conversion.predict(values, _padded(features, size))
                 out = {
                     n: np.asarray(o)[:rows]
                     for n, o in zip(conversion.keras_model.output_names, outputs)
                 }
-                out.update(arrays.host_outputs)  # a key passed through: the host's
+                # a key passed through: the host's (a pod's share: its real rows)
+                out.update(
+                    {k: v if np.ndim(v) == 0 else v[:rows] for k, v in arrays.host_outputs.items()}
+                )
                 if predict_keys:
                     out = {k: v for k, v in out.items() if k in predict_keys}
                 stop = user_hooks is not None and user_hooks.after(step, False)
@@ -672,13 +712,20 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             user_hooks.before(step)
 
 
+def jax_tree_rows(tree, rows):
+    """Each array of ``tree`` cut to its first ``rows`` rows."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: np.asarray(a)[:rows], tree)
+
+
 def _step_batch(arrays, item):
     """A training step's ``(features, labels, sample weights or None)`` of a batch, or on a pod
-    ``(features, labels, sample weights or None, pad)`` of this process's
-    :class:`tpushim._jax._pod.Share`."""
+    ``(features, labels, sample weights or None, pad, the global batch's real rows)`` of this
+    process's :class:`tpushim._jax._pod.Share`."""
     if isinstance(item, _pod.Share):
         features, labels = arrays.split(item.batch, ModeKeys.TRAIN)
-        return features, labels, arrays.sample_weights(item.batch), item.pad
+        return features, labels, arrays.sample_weights(item.batch), item.pad, item.real
     features, labels = arrays.split(item, ModeKeys.TRAIN)
     return features, labels, arrays.sample_weights(item)
 

@@ -37,8 +37,10 @@ logger = logging.getLogger("tpushim")
 #: Negative controls (the proof's), never set outside it: ``"whole_input"`` -- every process
 #: reads the whole input (the files path's shares ignored; on the exact path it feeds the global
 #: batch's first rows); ``"other_share"`` -- each process but 0 feeds the previous process's
-#: rows (files: its files), so some rows are fed twice and others never.
-CONTROLS = ("whole_input", "other_share")
+#: rows (files: its files), so some rows are fed twice and others never; ``"first_draws"`` --
+#: each process feeds its rows the random draws of the global batch's first rows (what a
+#: process drawing for its own rows alone, from stock's seeds, would feed).
+CONTROLS = ("whole_input", "other_share", "first_draws")
 
 
 class _State:
@@ -143,6 +145,32 @@ def current():
     return Pod(jax.process_index(), jax.process_count(), tuple(devices))
 
 
+def own_rows(global_rows, index, rows):
+    """Process ``index``'s ``rows`` rows of an array of the global batch's rows (a draw's)."""
+    if STATE.control == "first_draws":
+        index = 0
+    return global_rows[index * rows : (index + 1) * rows]
+
+
+def gathered(tree):
+    """Every process's rows of each array of ``tree`` (numbers), in process order, on every
+    process: its global batch."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    def one(local):
+        local = np.asarray(local)
+        if local.dtype.kind not in "biuf":
+            raise ConversionError(
+                "tpushim's JAX engine does not evaluate on a pod an input whose labels, sample "
+                f"weights or add_metrics inputs are not numbers ({local.dtype}) yet. Use "
+                "engine='strategy' (TPUSHIM_ENGINE=strategy), which does."
+            )
+        return np.asarray(multihost_utils.process_allgather(local, tiled=True))
+
+    return jax.tree_util.tree_map(one, tree)
+
+
 def is_chief():
     """Whether this process writes (process 0, or one process)."""
     import jax
@@ -203,11 +231,13 @@ def global_arrays(tree, sharding, axis, count):
 @dataclasses.dataclass(frozen=True)
 class Share:
     """This process's rows of one global batch: ``batch`` (the input_fn's structure, numpy), its
-    ``pad`` (1 a real row, 0 padding) and ``global_batch`` (the rows of the global batch)."""
+    ``pad`` (1 a real row, 0 padding), ``global_batch`` (the rows of the global batch) and
+    ``real`` (the global batch's real rows, its first ones)."""
 
     batch: object
     pad: np.ndarray
     global_batch: int
+    real: int = 0
 
 
 def padded_rows(a, size):
@@ -234,19 +264,25 @@ def _rows_of(batch):
     return len(np.asarray(jax.tree_util.tree_leaves(batch)[0]))
 
 
-def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
+def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, multiple=None):
     """This process's :class:`Share` of every global batch, read as stock reads an input (a
-    ``MonitoredSession`` over the input_fn's graph), on the path :mod:`tpushim._pods` decides."""
+    ``MonitoredSession`` over the input_fn's graph), on the path :mod:`tpushim._pods` decides.
+    ``seen`` (a dict): given the input graph's ``seeds`` (the common graph seed, the op-seed
+    counter after the input_fn), what every process's copy of stock's draws seeds from.
+    ``multiple``: the global batch padded to a multiple of it (an evaluation's or prediction's:
+    the pod's devices, as one board pads to its own)."""
     import jax
     import tensorflow as tf
 
-    from tpushim import _batching, _input_fn, _pods, _source, _stock_graphs
+    from tpushim import _batching, _input_fn, _pods, _source, _stock_graphs, _tfprivate
 
     seed = common_seed(config.tf_random_seed)
     with _stock_graphs.input_graph(mode, seed) as graph:
         result = _input_fn.check_result(
             input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
         )
+    if seen is not None:
+        seen["seeds"] = _tfprivate.graph.graph_seeds(graph)
     control, index = STATE.control, pod.index
     if control == "other_share":
         index = max(pod.index - 1, 0)
@@ -301,9 +337,11 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
                 return
             rows = _rows_of(batch)
             if path.name == "files":
-                yield Share(batch, np.ones([rows], np.float32), rows * pod.count)
+                yield Share(batch, np.ones([rows], np.float32), rows * pod.count, rows * pod.count)
                 continue
             size = size or rows
+            if multiple:
+                size = -(-size // multiple) * multiple
             if rows > size:
                 raise ValueError(f"a batch of {rows} rows is larger than the global batch {size}")
             mine = pod.rows(size)
@@ -316,6 +354,6 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
             pad = np.zeros([size], np.float32)
             pad[:rows] = 1
             piece = jax.tree_util.tree_map(lambda a: a[start : start + mine], _padded(batch, size))
-            yield Share(piece, pad[start : start + mine], size)
+            yield Share(piece, pad[start : start + mine], size, rows)
     finally:
         session.close()
