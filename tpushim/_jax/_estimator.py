@@ -543,9 +543,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         update = _metrics_update(metrics)
         losses, size, added = [], None, None
         ran_out = True
-        pod = conversion.pod
+        pod, seen = conversion.pod, {}
         if pod is None:
-            batches = host_batches(input_fn, ModeKeys.EVAL, self.config)
+            batches = host_batches(input_fn, ModeKeys.EVAL, self.config, seen)
         else:  # this process's rows of each global batch, the step over every process's devices
             batches = _pod.host_batches(
                 input_fn,
@@ -554,8 +554,10 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 pod,
                 None,
                 conversion.pod_input,
+                seen,
                 multiple=len(pod.devices),
             )
+        call = None
         try:
             for i, batch in enumerate(batches):
                 if steps is not None and i >= steps:
@@ -572,6 +574,12 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 pad[:rows] = 1
                 if share is not None:  # (its rows, padded already)
                     size, pad = rows, share.pad
+                if call is None:  # the call's draws, seeded as stock's graph of this call
+                    call = _build_module().CallDraws(seen.get("seeds"))
+                if share is None:
+                    call.batch(rows, size)
+                else:
+                    call.batch(share.real, share.global_batch)
                 weights = [
                     np.ones([size], np.float32) if w is None else _padded([w], size)[0]
                     for w in given
@@ -584,6 +592,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     pad,
                     weighted=any(w is not None for w in given),
                     over_pod=share is not None,
+                    call=call,
                 )
                 if share is not None:  # the metrics read the global batch's real rows
                     rows = share.real
@@ -612,6 +621,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     break  # a hook's request_stop(): stock's evaluation ends there too
         finally:
             batches.close()
+            if call is not None:
+                call.close()
         if user_hooks is not None:
             if ran_out:  # stock's last session.run: before_run, then OutOfRangeError
                 user_hooks.before(step)
@@ -666,9 +677,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
         size = None
-        pod = conversion.pod
+        pod, seen, call = conversion.pod, {}, None
         if pod is None:
-            batches = host_batches(input_fn, ModeKeys.PREDICT, self.config)
+            batches = host_batches(input_fn, ModeKeys.PREDICT, self.config, seen)
         else:  # each process predicts (and yields) its own rows of each global batch
             batches = _pod.host_batches(
                 input_fn,
@@ -677,6 +688,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 pod,
                 None,
                 conversion.pod_input,
+                seen,
                 multiple=len(pod.devices),
             )
         try:
@@ -687,7 +699,13 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     user_hooks.before(step)
                 rows = _rows(features) if share is None else int(np.sum(share.pad))
                 size = size or conversion.device_rows(_rows(features))
-                outputs = conversion.predict(values, _padded(features, size))
+                if call is None:  # the call's draws, seeded as stock's graph of this call
+                    call = _build_module().CallDraws(seen.get("seeds"))
+                if share is None:
+                    call.batch(rows, size)
+                else:  # stock's draws for the global batch, this process's rows of them
+                    call.batch(share.real, share.global_batch, (pod.index, len(share.pad)))
+                outputs = conversion.predict(values, _padded(features, size), call)
                 out = {
                     n: np.asarray(o)[:rows]
                     for n, o in zip(conversion.keras_model.output_names, outputs)
@@ -708,8 +726,16 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     return
         finally:
             batches.close()
+            if call is not None:
+                call.close()
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
+
+
+def _build_module():
+    from tpushim._jax import _build  # (imports jax; the engine's build made it already)
+
+    return _build
 
 
 def jax_tree_rows(tree, rows):
