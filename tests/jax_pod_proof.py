@@ -16,6 +16,7 @@ Roles (argv[1]):
 import collections
 import json
 import os
+import random
 import re
 import sys
 
@@ -129,10 +130,33 @@ def shares(input_fn, seed, pod_input, steps, control=None):
     return {"steps": out, "parsed": sum(PARSED.values())}
 
 
+def numpy_input():
+    """A shuffled numpy_input_fn (a queue its feeding thread fills from a start row it draws from
+    the operating system's entropy): the exact path, its rows in stock's order."""
+    estimator = getattr(tf.compat.v1, "estimator", None)
+    if estimator is None or not hasattr(estimator, "inputs"):  # tpushim's on TF >= 2.16
+        from tpushim._estimator_api import _api
+
+        estimator = _api.build("tf.compat.v1.estimator")
+    values = np.arange(60.0)
+    return estimator.inputs.numpy_input_fn(
+        {"id": values}, values.astype(np.int64) % 3, batch_size=BATCH, shuffle=True, num_epochs=1
+    )
+
+
+def pinned_entropy(value):
+    """The operating-system entropy Python's ``random.seed()`` takes, pinned to ``value`` (the
+    feeding thread's start row: one per process, as on machines of their own)."""
+    original = random.seed
+    random.seed = lambda a=None, *args: original(value if a is None else a, *args)
+
+
 def board_batches(input_fn, seed, steps):
     from tpushim import _stock_graphs
 
-    _, result, session = _stock_graphs.input_session(input_fn, "train", Config(seed))
+    _, result, session = _stock_graphs.input_session(
+        input_fn, "train", Config(seed), queues_as_datasets=True
+    )
     out = []
     with session:
         while len(out) < steps and not session.should_stop():
@@ -228,6 +252,8 @@ def main():
             "shuffle 5": board_batches(made["shuffle"], 5, 4),
             "list_files 5": board_batches(made["list_files"], 5, 4),
         }
+        pinned_entropy(1234)  # process 0's
+        result["batches"]["numpy 5"] = board_batches(numpy_input(), 5, 4)
         result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
     else:
         tpushim.patch(quiet=True)
@@ -245,6 +271,11 @@ def main():
             "control whole_input files": shares(made["files"], 5, "auto", 8, "whole_input"),
             "control other_share files": shares(made["files"], 5, "auto", 8, "other_share"),
         }
+        pinned_entropy(1234 + pod.index)  # each process its own start row
+        result["shares"]["numpy 5"] = shares(numpy_input(), 5, "auto", 4)
+        result["shares"]["control own_starts numpy 5"] = shares(
+            numpy_input(), 5, "auto", 4, "own_starts"
+        )
         result["training"] = train(os.path.join(ROOT, "pod"), evaluate=True)
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))

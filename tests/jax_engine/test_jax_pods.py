@@ -127,6 +127,16 @@ def test_exact_path_unseeded_every_example_once(proof):
     assert sorted(_flat(pooled)) == list(range(60))
 
 
+def test_exact_path_numpy_input_fn_queue_is_one_boards(proof):
+    """A shuffled numpy_input_fn (was refused on a pod): each process reads its queue's rows in
+    stock's order from process 0's start row (each process drew its own), pooled one board's;
+    every process starting at the row it drew (the control) is not."""
+    board = proof["board"]["batches"]["numpy 5"]
+    assert sorted(_flat(board)) == list(range(60)) and len(board) == 4
+    assert _pooled(proof, "numpy 5") == board
+    assert _pooled(proof, "control own_starts numpy 5") != board
+
+
 def test_negative_control_a_process_feeding_anothers_share(proof):
     pooled = _pooled(proof, "control other_share shuffle 5")
     assert pooled != proof["board"]["batches"]["shuffle 5"]

@@ -39,8 +39,9 @@ logger = logging.getLogger("tpushim")
 #: batch's first rows); ``"other_share"`` -- each process but 0 feeds the previous process's
 #: rows (files: its files), so some rows are fed twice and others never; ``"first_draws"`` --
 #: each process feeds its rows the random draws of the global batch's first rows (what a
-#: process drawing for its own rows alone, from stock's seeds, would feed).
-CONTROLS = ("whole_input", "other_share", "first_draws")
+#: process drawing for its own rows alone, from stock's seeds, would feed); ``"own_starts"`` --
+#: each process's numpy_input_fn queue starts at the row it drew itself.
+CONTROLS = ("whole_input", "other_share", "first_draws", "own_starts")
 
 
 class _State:
@@ -264,6 +265,30 @@ def _rows_of(batch):
     return len(np.asarray(jax.tree_util.tree_leaves(batch)[0]))
 
 
+def _called(input_fn, mode, config, seed):
+    """``(graph, result)`` of the input_fn called in a graph seeded ``seed`` as stock's; a
+    numpy_input_fn / pandas_input_fn queue's rows from the Dataset that feeds them, in stock's
+    order as one process reads them: every process with process 0's start rows (its feeding
+    threads draw them from the operating system's entropy) and the one graph seed."""
+    from jax.experimental import multihost_utils
+
+    from tpushim import _input_fn, _source, _stock_graphs
+
+    def call(starts):
+        with _stock_graphs.input_graph(mode, seed) as graph, _source.same_start_rows(starts):
+            result = _source.call_and_recover(input_fn, mode, {}, config, queues_only=True)
+            return graph, _input_fn.check_result(input_fn, result)
+
+    starts = []
+    graph, result = call(starts)
+    if starts and STATE.control != "own_starts":  # (every process made as many queues)
+        first = multihost_utils.broadcast_one_to_all(np.asarray(starts, np.int64))
+        first = [int(v) for v in np.asarray(first)]
+        if first != starts:
+            graph, result = call(first)
+    return graph, result
+
+
 def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, multiple=None):
     """This process's :class:`Share` of every global batch, read as stock reads an input (a
     ``MonitoredSession`` over the input_fn's graph), on the path :mod:`tpushim._pods` decides.
@@ -274,24 +299,22 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
     import jax
     import tensorflow as tf
 
-    from tpushim import _batching, _input_fn, _pods, _source, _stock_graphs, _tfprivate
+    from tpushim import _arrays, _batching, _pods, _stock_graphs, _tfprivate
 
     seed = common_seed(config.tf_random_seed)
-    with _stock_graphs.input_graph(mode, seed) as graph:
-        result = _input_fn.check_result(
-            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
-        )
+    graph, result = _called(input_fn, mode, config, seed)
     if seen is not None:
         seen["seeds"] = _tfprivate.graph.graph_seeds(graph)
     control, index = STATE.control, pod.index
     if control == "other_share":
         index = max(pod.index - 1, 0)
     path, size = _pods.Path("exact", "the input_fn returns tensors, not a Dataset"), batch_size
+    hooks = []
     with graph.as_default():
         if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
             raise ConversionError(
                 f"input_fn {getattr(input_fn, '__name__', input_fn)!r} reads queues filled by "
-                "threads (numpy_input_fn, tf.compat.v1.train.shuffle_batch & co.), and on a pod "
+                "threads (tf.compat.v1.train.shuffle_batch & co.), and on a pod "
                 "of several processes tpushim's JAX engine cannot make every process's queue "
                 "give the same batches. Return a tf.data.Dataset "
                 "(tf.data.Dataset.from_tensor_slices((features, labels)).batch(B)). Nothing "
@@ -314,11 +337,20 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
                 _pods.prepare(result, path, index)
             if path.name == "files":
                 result = result.unbatch().batch(pod.rows(size), drop_remainder=True)
-            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+            feeds = {}
+            if _arrays.fed_arrays(graph):  # (a recovered queue's arrays)
+                feeds = _arrays.feeds_for(tf.data.experimental.to_variant(result), graph)
+            if feeds:  # (a one-shot iterator cannot capture the arrays' placeholders)
+                iterator = tf.compat.v1.data.make_initializable_iterator(result)
+                hooks.append(_stock_graphs.FedInitializer(iterator.initializer, feeds))
+            else:
+                iterator = tf.compat.v1.data.make_one_shot_iterator(result)
+            result = iterator.get_next()
         if isinstance(result, list):
             result = tuple(result)
         session = tf.compat.v1.train.MonitoredSession(
-            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config),
+            hooks=hooks,
         )
     _observe.note(
         "pod",
