@@ -19,6 +19,14 @@ batch from its own copy of the input pipeline.
   runs the whole pipeline and keeps its rows of each (padded) global batch, so the global batch
   is one board's; **files**, shuffled endless input read from files, each process reading only
   its own files, ``B/P`` rows a step.
+  A ``numpy_input_fn`` / ``pandas_input_fn`` queue is read from the Dataset of its arrays in
+  stock's order, every process from process 0's start row (:func:`_called`).
+* **Random draws** (:mod:`._draws`): every process makes stock's draws for the whole global
+  batch (the same seeds: one graph seed for every process) and feeds its devices its own rows.
+* **Evaluation**: each process's rows of each global batch (the exact path), the step over
+  every process's devices, the real rows' outputs and labels gathered to every process
+  (:func:`gathered`) for the metrics; **prediction**: each process its own rows, on its own
+  devices (a JAX pod has a client per host; TPUEstimator's one client yields every row).
 * **Checkpoints**: written by process 0 alone (stock's chief); every process reads them.
 """
 
