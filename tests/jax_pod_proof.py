@@ -200,11 +200,11 @@ def evaluated(estimator):
     }
 
 
-def train(model_dir, evaluate=False):
+def train(model_dir, evaluate=False, again=True):
     """A Dense -> BatchNormalization -> Dropout (unseeded: stock's seeds from tf_random_seed and
     the op-seed counter) -> Dense model trained over the shuffled input to its end, then 2 more
-    steps in a second call (which reads process 0's checkpoint); its weights (``evaluate``: and
-    :func:`evaluated`'s answers)."""
+    steps in a second call (which reads process 0's checkpoint; not ``again``: none); its
+    weights (``evaluate``: and :func:`evaluated`'s answers)."""
     tf.keras.utils.set_random_seed(0)
     x = tf.keras.Input((4,), name="x")
     h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(x)
@@ -215,7 +215,8 @@ def train(model_dir, evaluate=False):
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=11)
     estimator = tf.keras.estimator.model_to_estimator(model, config=config)
     estimator.train(train_input())
-    estimator.train(train_input(), steps=2)
+    if again:
+        estimator.train(train_input(), steps=2)
     names = [n for n in estimator.get_variable_names() if "global_step" not in n]
     names = [n for n in names if not n.startswith("_CHECKPOINTABLE")]
     (step,) = [n for n in estimator.get_variable_names() if "global_step" in n]
@@ -280,7 +281,7 @@ def main():
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"
-        result["control_draws"] = train(os.path.join(ROOT, "pod-control-draws"))
+        result["control_draws"] = train(os.path.join(ROOT, "pod-control-draws"), again=False)
         _pod.STATE.control = None
         name = f"worker-{pod.index}.json"
     name = f"{ROLE}.json" if ROLE != "worker" else name
