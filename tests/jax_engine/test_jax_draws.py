@@ -92,11 +92,11 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
         type=type(est).__name__, loss=float(results["loss"]), mae=float(results["mae"]),
         predictions=[float(p["y"][0]) for p in est.predict(lambda: ds().batch(8))])
     if run == "engine":  # the negative control: the draws not made (zeros)
-        from tpushim._jax import _build
-        made = _build.CallDraws.draws
-        _build.CallDraws.draws = lambda self, d: [np.zeros_like(a) for a in made(self, d)]
+        from tpushim._jax import _draws
+        made = _draws.CallDraws.draws
+        _draws.CallDraws.draws = lambda self, d: [np.zeros_like(a) for a in made(self, d)]
         case["control_loss"] = float(est.evaluate(lambda: ds().batch(8))["loss"])
-        _build.CallDraws.draws = made
+        _draws.CallDraws.draws = made
 print("RESULT " + json.dumps(out))
 """
 

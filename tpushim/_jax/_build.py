@@ -92,7 +92,7 @@ class JaxConversion:
         """``fn`` (converted once per shape) of one padded batch on this process's devices; or
         (``over_pod``) ``arrays`` this process's rows of the global batch, run over every
         process's devices, its outputs whole on every process. A draw the outputs read is
-        stock's, made on the host by ``call`` (:class:`CallDraws`)."""
+        stock's, made on the host by ``call`` (:class:`._draws.CallDraws`)."""
         key = (kind, tuple((np.shape(a), np.asarray(a).dtype.str) for a in jax.tree.leaves(arrays)))
         if key not in self._converted:
             shaped = arrays
@@ -154,7 +154,7 @@ class JaxConversion:
         unread (Keras's unweighted loss). ``over_pod``: the arrays are this process's rows of
         the global batch, the step runs over every process's devices, and the outputs are the
         global batch's (every process's rows, in process order). ``call``: the call's
-        :class:`CallDraws` (its batch's real rows set)."""
+        :class:`._draws.CallDraws` (its batch's real rows set)."""
         size = len(pad) * (self.pod.count if over_pod else 1)
         loss, outputs = self._run(
             ("evaluate", weighted, over_pod, call.seeds if call else None),
@@ -195,38 +195,6 @@ class JaxConversion:
                 loss_weights=args.get("loss_weights"),
             )
         return model
-
-
-class CallDraws:
-    """One ``evaluate()`` or ``predict()`` call's random draws as stock's graph of that call
-    makes them (a draw its outputs read: a ``Lambda`` that draws whatever the mode): seeded from
-    ``seeds`` (the call's input graph's: graph seed, op-seed counter after the input_fn), one
-    stream per call, each batch drawn for the global batch's ``real`` rows (set per batch) and
-    padded to its ``size``; on a pod predicting each process's own rows (``own``: this process's
-    index and rows), those rows of it."""
-
-    def __init__(self, seeds):
-        self.seeds, self.real, self.size, self.own = seeds, None, None, None
-        self._streams = {}
-
-    def batch(self, real, size, own=None):
-        self.real, self.size, self.own = real, size, own
-
-    def draws(self, draws):
-        from tpushim._jax import _draws
-
-        host = self._streams.get(draws)
-        if host is None:
-            host = self._streams[draws] = _draws.HostDraws(draws, self.size)
-        made = host.draw(self.real)
-        if self.own is None:
-            return made
-        index, rows = self.own
-        return [_pod.own_rows(m, index, rows) if d.batched else m for d, m in zip(draws, made)]
-
-    def close(self):
-        for host in self._streams.values():
-            host.close()
 
 
 def describe(conversion, settings, tpu, why):

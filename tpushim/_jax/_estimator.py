@@ -49,7 +49,7 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._errors import ConversionError
-from tpushim._jax import _hooks, _pod
+from tpushim._jax import _draws, _hooks, _pod
 
 logger = logging.getLogger("tpushim")
 tf_logger = logging.getLogger("tensorflow")
@@ -575,7 +575,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 if share is not None:  # (its rows, padded already)
                     size, pad = rows, share.pad
                 if call is None:  # the call's draws, seeded as stock's graph of this call
-                    call = _build_module().CallDraws(seen.get("seeds"))
+                    call = _draws.CallDraws(seen.get("seeds"))
                 if share is None:
                     call.batch(rows, size)
                 else:
@@ -700,7 +700,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 rows = _rows(features) if share is None else int(np.sum(share.pad))
                 size = size or conversion.device_rows(_rows(features))
                 if call is None:  # the call's draws, seeded as stock's graph of this call
-                    call = _build_module().CallDraws(seen.get("seeds"))
+                    call = _draws.CallDraws(seen.get("seeds"))
                 if share is None:
                     call.batch(rows, size)
                 else:  # stock's draws for the global batch, this process's rows of them
@@ -730,12 +730,6 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 call.close()
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
-
-
-def _build_module():
-    from tpushim._jax import _build  # (imports jax; the engine's build made it already)
-
-    return _build
 
 
 def jax_tree_rows(tree, rows):
