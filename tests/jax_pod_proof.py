@@ -16,6 +16,7 @@ Roles (argv[1]):
 import collections
 import json
 import os
+import random
 import re
 import sys
 
@@ -129,10 +130,33 @@ def shares(input_fn, seed, pod_input, steps, control=None):
     return {"steps": out, "parsed": sum(PARSED.values())}
 
 
+def numpy_input():
+    """A shuffled numpy_input_fn (a queue its feeding thread fills from a start row it draws from
+    the operating system's entropy): the exact path, its rows in stock's order."""
+    estimator = getattr(tf.compat.v1, "estimator", None)
+    if estimator is None or not hasattr(estimator, "inputs"):  # tpushim's on TF >= 2.16
+        from tpushim._estimator_api import _api
+
+        estimator = _api.build("tf.compat.v1.estimator")
+    values = np.arange(60.0)
+    return estimator.inputs.numpy_input_fn(
+        {"id": values}, values.astype(np.int64) % 3, batch_size=BATCH, shuffle=True, num_epochs=1
+    )
+
+
+def pinned_entropy(value):
+    """The operating-system entropy Python's ``random.seed()`` takes, pinned to ``value`` (the
+    feeding thread's start row: one per process, as on machines of their own)."""
+    original = random.seed
+    random.seed = lambda a=None, *args: original(value if a is None else a, *args)
+
+
 def board_batches(input_fn, seed, steps):
     from tpushim import _stock_graphs
 
-    _, result, session = _stock_graphs.input_session(input_fn, "train", Config(seed))
+    _, result, session = _stock_graphs.input_session(
+        input_fn, "train", Config(seed), queues_as_datasets=True
+    )
     out = []
     with session:
         while len(out) < steps and not session.should_stop():
@@ -150,30 +174,69 @@ def train_input():
     return lambda: tf.data.Dataset.from_tensor_slices(({"x": x}, y)).shuffle(64).batch(BATCH)
 
 
-def train(model_dir):
-    """A Dense -> BatchNormalization -> Dense model trained over the shuffled input to its end,
-    then 2 more steps in a second call (which reads process 0's checkpoint); its weights."""
+def eval_input(rows, batch):
+    """``rows`` examples of the training's kind in batches of ``batch`` (the last one short)."""
+    rng = np.random.RandomState(5)
+    x = rng.normal(size=(rows, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [0.25]], np.float32) + 0.1).astype(np.float32)
+    return lambda: tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(batch)
+
+
+def _files(directory):
+    """The files in ``directory``, events files named by time, host and process cut to their
+    kind: one per writer (a pod's process 0 only)."""
+    return sorted(re.sub(r"^(events\.out\.tfevents)\..*", r"\1", n) for n in os.listdir(directory))
+
+
+def evaluated(estimator):
+    """evaluate() over 44 rows (batches of 16, 16, 12) and predict() over 20 rows (batches of
+    8, 8, 4): the metrics, the rows this process's predict() yields, the eval events' files."""
+    metrics = estimator.evaluate(eval_input(44, 16))
+    predicted = [p["y"].tolist() for p in estimator.predict(eval_input(20, 8))]
+    return {
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "predictions": predicted,
+        "eval_files": _files(estimator.eval_dir()) if os.path.isdir(estimator.eval_dir()) else [],
+    }
+
+
+def train(model_dir, evaluate=False, again=True):
+    """A Dense -> BatchNormalization -> Dropout (unseeded: stock's seeds from tf_random_seed and
+    the op-seed counter) -> Dense model trained over the shuffled input to its end, then 2 more
+    steps in a second call (which reads process 0's checkpoint; not ``again``: none); its
+    weights (``evaluate``: and :func:`evaluated`'s answers)."""
     tf.keras.utils.set_random_seed(0)
     x = tf.keras.Input((4,), name="x")
     h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(x)
     h = tf.keras.layers.BatchNormalization(momentum=0.8, name="bn")(h)
+    h = tf.keras.layers.Dropout(0.25, name="drop")(h)
     model = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(h))
-    model.compile(tf.keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+    model.compile(tf.keras.optimizers.SGD(0.05, momentum=0.9), "mse", metrics=["mae"])
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=11)
     estimator = tf.keras.estimator.model_to_estimator(model, config=config)
     estimator.train(train_input())
-    estimator.train(train_input(), steps=2)
+    if again:
+        estimator.train(train_input(), steps=2)
     names = [n for n in estimator.get_variable_names() if "global_step" not in n]
     names = [n for n in names if not n.startswith("_CHECKPOINTABLE")]
     (step,) = [n for n in estimator.get_variable_names() if "global_step" in n]
+    out = evaluated(estimator) if evaluate else {}
+    if evaluate:  # the same checkpoint evaluated with a process feeding another's share
+        from tpushim._jax import _pod
+
+        if _pod.current() is not None:
+            _pod.STATE.control = "other_share"
+            try:
+                out["control"] = evaluated(estimator)
+            finally:
+                _pod.STATE.control = None
     return {
+        **out,
         "type": type(estimator).__name__,
         "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
         "step": int(estimator.get_variable_value(step)),
         # events files named by time, host and process: one per writer (a pod's process 0 only)
-        "files": sorted(
-            re.sub(r"^(events\.out\.tfevents)\..*", r"\1", n) for n in os.listdir(model_dir)
-        ),
+        "files": _files(model_dir),
     }
 
 
@@ -183,14 +246,16 @@ def main():
     result = {}
     if ROLE == "stock":
         tpushim.patch(mode="off", quiet=True)
-        result["training"] = train(os.path.join(ROOT, "stock"))
+        result["training"] = train(os.path.join(ROOT, "stock"), evaluate=True)
     elif ROLE == "board":
         tpushim.patch(quiet=True)
         result["batches"] = {
             "shuffle 5": board_batches(made["shuffle"], 5, 4),
             "list_files 5": board_batches(made["list_files"], 5, 4),
         }
-        result["training"] = train(os.path.join(ROOT, "board"))
+        pinned_entropy(1234)  # process 0's
+        result["batches"]["numpy 5"] = board_batches(numpy_input(), 5, 4)
+        result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
     else:
         tpushim.patch(quiet=True)
         from tpushim._jax import _pod
@@ -207,9 +272,16 @@ def main():
             "control whole_input files": shares(made["files"], 5, "auto", 8, "whole_input"),
             "control other_share files": shares(made["files"], 5, "auto", 8, "other_share"),
         }
-        result["training"] = train(os.path.join(ROOT, "pod"))
+        pinned_entropy(1234 + pod.index)  # each process its own start row
+        result["shares"]["numpy 5"] = shares(numpy_input(), 5, "auto", 4)
+        result["shares"]["control own_starts numpy 5"] = shares(
+            numpy_input(), 5, "auto", 4, "own_starts"
+        )
+        result["training"] = train(os.path.join(ROOT, "pod"), evaluate=True)
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
+        _pod.STATE.control = "first_draws"
+        result["control_draws"] = train(os.path.join(ROOT, "pod-control-draws"), again=False)
         _pod.STATE.control = None
         name = f"worker-{pod.index}.json"
     name = f"{ROLE}.json" if ROLE != "worker" else name

@@ -63,7 +63,7 @@ def input_session(input_fn, mode, config, queues_as_datasets=False):
                 feeds = _arrays.feeds_for(tf.data.experimental.to_variant(result), graph)
             if feeds:  # (a one-shot iterator cannot capture the arrays' placeholders)
                 iterator = tf.compat.v1.data.make_initializable_iterator(result)
-                hooks.append(_FedInitializer(iterator.initializer, feeds))
+                hooks.append(FedInitializer(iterator.initializer, feeds))
             else:
                 try:
                     iterator = tf.compat.v1.data.make_one_shot_iterator(result)
@@ -81,7 +81,7 @@ def input_session(input_fn, mode, config, queues_as_datasets=False):
     return graph, result, session
 
 
-class _FedInitializer(tf.compat.v1.train.SessionRunHook):
+class FedInitializer(tf.compat.v1.train.SessionRunHook):
     """Runs an iterator's initializer with the arrays it reads (:mod:`tpushim._arrays`) fed,
     when the session starts."""
 

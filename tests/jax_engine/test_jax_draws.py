@@ -9,7 +9,9 @@ stock's own ops and seeds, fed to the JAX step.
 - The step on 8 devices = on 1 device; the draws deterministic given the seeds, other seeds
   give others; each step's mask differs, keeps the rate (a statistical bound) and scales by
   1 / (1 - rate); evaluation does not drop.
-- A draw evaluation's outputs read, and draws that are not stock's stateful ones, refused by name.
+- A draw evaluation's and prediction's outputs read (a ``Lambda`` that draws whatever the mode):
+  stock's, made on the host per call as training's (live stock and stock 2.15's numbers).
+- Converted alone, such a draw is refused, and draws that are not stock's stateful ones, by name.
 """
 
 import json
@@ -72,6 +74,29 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
             step=int(results["global_step"]), predictions=predictions,
             weights={n: est.get_variable_value(n).ravel().tolist()
                      for n in est.get_variable_names() if "kernel/.ATTR" in n and "OPTIM" not in n})
+# A draw evaluation and prediction read (a Lambda that draws whatever the mode), unseeded
+for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", {})):
+    tf.keras.utils.set_random_seed(1)
+    x = tf.keras.Input((4,), name="x")
+    h = L.GaussianNoise(0.3)(L.Dense(16, activation="relu", name="h")(x))
+    h = L.Lambda(lambda t: t + 0.2 * tf.random.normal(tf.shape(t)), name="always")(h)
+    m = tf.keras.Model(x, L.Dense(1, name="y")(h))
+    m.compile(tf.keras.optimizers.legacy.SGD(0.05), "mse", metrics=["mae"])
+    config = tf.estimator.RunConfig(model_dir=f"{sys.argv[1]}/{run}-inference", tf_random_seed=7)
+    with tpushim.patched(**scope):
+        est = tf.keras.estimator.model_to_estimator(m, config=config)
+    ds = lambda: tf.data.Dataset.from_tensor_slices(data)
+    est.train(lambda: ds().shuffle(36).batch(8), steps=3)
+    results = est.evaluate(lambda: ds().batch(8))  # batches of 8, the last one of 4
+    case = out[run]["inference"] = dict(
+        type=type(est).__name__, loss=float(results["loss"]), mae=float(results["mae"]),
+        predictions=[float(p["y"][0]) for p in est.predict(lambda: ds().batch(8))])
+    if run == "engine":  # the negative control: the draws not made (zeros)
+        from tpushim._jax import _draws
+        made = _draws.CallDraws.draws
+        _draws.CallDraws.draws = lambda self, d: [np.zeros_like(a) for a in made(self, d)]
+        case["control_loss"] = float(est.evaluate(lambda: ds().batch(8))["loss"])
+        _draws.CallDraws.draws = made
 print("RESULT " + json.dumps(out))
 """
 
@@ -111,6 +136,32 @@ def _equal_to_stocks(program, case):
     # the seeded and unseeded draws are not the same draws
     other = program["engine"]["unseeded" if case == "seeded" else "seeded"]
     assert abs(other["loss"] - engine["loss"]) > 1e-3
+
+
+#: Stock TensorFlow 2.15.1's numbers for PROGRAM's model whose Lambda draws in evaluation and
+#: prediction too (tf.random.normal, unseeded, tf_random_seed 7): evaluate's loss and mae, the
+#: first, tenth and last predictions.
+STOCK_215_INFERENCE = (
+    1.1991780996322632,
+    0.9299116134643555,
+    (-0.3072820007801056, 0.27829262614250183, 1.0018078088760376),
+)
+
+
+def test_draws_evaluation_and_prediction_read_are_stocks(program):
+    """A Lambda drawing whatever the mode (was refused): evaluate's loss and metric and every
+    prediction equal stock's (live) and stock 2.15's within 1e-5, each call's draws seeded as
+    stock's graph of that call seeds them; the draws not made (the control) are told apart."""
+    engine, stock = program["engine"]["inference"], program["stock"]["inference"]
+    assert engine["type"] == "JaxEstimator" and stock["type"] != "JaxEstimator"
+    loss, mae, (first, tenth, last) = STOCK_215_INFERENCE
+    for numbers in (engine, stock):
+        assert abs(numbers["loss"] - loss) < TOL and abs(numbers["mae"] - mae) < TOL
+        assert len(numbers["predictions"]) == 36
+        for i, value in ((0, first), (9, tenth), (35, last)):
+            assert abs(numbers["predictions"][i] - value) < TOL
+    np.testing.assert_allclose(engine["predictions"], stock["predictions"], atol=TOL)
+    assert abs(engine["control_loss"] - loss) > 1e-3
 
 
 # --- the step, in this process ------------------------------------------------------------------

@@ -127,6 +127,16 @@ def test_exact_path_unseeded_every_example_once(proof):
     assert sorted(_flat(pooled)) == list(range(60))
 
 
+def test_exact_path_numpy_input_fn_queue_is_one_boards(proof):
+    """A shuffled numpy_input_fn (was refused on a pod): each process reads its queue's rows in
+    stock's order from process 0's start row (each process drew its own), pooled one board's;
+    every process starting at the row it drew (the control) is not."""
+    board = proof["board"]["batches"]["numpy 5"]
+    assert sorted(_flat(board)) == list(range(60)) and len(board) == 4
+    assert _pooled(proof, "numpy 5") == board
+    assert _pooled(proof, "control own_starts numpy 5") != board
+
+
 def test_negative_control_a_process_feeding_anothers_share(proof):
     pooled = _pooled(proof, "control other_share shuffle 5")
     assert pooled != proof["board"]["batches"]["shuffle 5"]
@@ -182,7 +192,58 @@ def test_negative_control_training_with_a_process_feeding_anothers_share(proof):
         assert _diff(worker["control_training"], proof["board"]["training"]) > 1e-3
 
 
-# --- how the environment asks for a pod (no process started) ------------------------------------
+def test_negative_control_each_process_feeding_the_first_rows_draws(proof):
+    """The training's Dropout draws: every process feeding its rows the draws of the global
+    batch's first rows (what drawing for its own rows alone would feed) is told apart."""
+    for worker in proof["workers"]:
+        assert _diff(worker["control_draws"], proof["board"]["training"]) > 1e-3
+
+
+def test_evaluate_on_the_pod_equals_one_board_and_stock(proof):
+    """Each process evaluates its rows of each global batch (44 rows: 16, 16, 12, the last one
+    padded) over the pod's devices; the loss and metrics every process returns are one board's
+    and stock's within 1e-5, the eval events written once (process 0)."""
+    board, stock = proof["board"]["training"], proof["stock"]["training"]
+    assert sorted(board["metrics"]) == sorted(stock["metrics"]) == ["global_step", "loss", "mae"]
+    for k in ("loss", "mae"):
+        assert abs(board["metrics"][k] - stock["metrics"][k]) < TOL, k
+    for worker in proof["workers"]:
+        pod = worker["training"]
+        assert pod["metrics"]["global_step"] == stock["metrics"]["global_step"] == 6
+        for k in ("loss", "mae"):
+            assert abs(pod["metrics"][k] - board["metrics"][k]) < TOL, k
+        assert pod["eval_files"] == board["eval_files"] and len(pod["eval_files"]) == 1
+
+
+def _own_rows(rows, batch, process):
+    """Process ``process``'s rows of ``rows`` examples in global batches of ``batch``."""
+    share = batch // PROCESSES
+    return [
+        i
+        for start in range(0, rows, batch)
+        for i in range(start + process * share, min(start + (process + 1) * share, rows))
+    ]
+
+
+def test_predict_on_the_pod_yields_each_process_its_own_rows(proof):
+    """predict() over 20 rows in batches of 8: each process yields its own rows of each global
+    batch (4 of each; the last batch's 4 real rows all process 0's), pooled one board's and
+    stock's within 1e-5."""
+    board, stock = proof["board"]["training"], proof["stock"]["training"]
+    assert len(board["predictions"]) == len(stock["predictions"]) == 20
+    assert np.max(np.abs(np.subtract(board["predictions"], stock["predictions"]))) < TOL
+    for p, worker in enumerate(proof["workers"]):
+        mine = [board["predictions"][i] for i in _own_rows(20, 8, p)]
+        assert len(worker["training"]["predictions"]) == len(mine) == [12, 8][p]
+        assert np.max(np.abs(np.subtract(worker["training"]["predictions"], mine))) < TOL
+
+
+def test_negative_control_evaluate_and_predict_with_a_process_feeding_anothers_share(proof):
+    board = proof["board"]["training"]
+    controls = [w["training"]["control"] for w in proof["workers"]]
+    assert abs(controls[0]["metrics"]["loss"] - board["metrics"]["loss"]) > 1e-3
+    mine = [board["predictions"][i] for i in _own_rows(20, 8, 1)]
+    assert np.max(np.abs(np.subtract(controls[1]["predictions"][:8], mine))) > 1e-3
 
 
 # --- how the environment asks for a pod (no process started) ------------------------------------

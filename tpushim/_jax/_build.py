@@ -114,7 +114,7 @@ class JaxConversion:
         self._mesh = Mesh(np.array(self.devices), ("data",))
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
         self._split = NamedSharding(self._mesh, PartitionSpec("data"))
-        self._eval_fns, self._predict_fn = {}, None
+        self._eval_fns = {}
         self._converted = {}
 
     def runtime(self):
@@ -142,41 +142,91 @@ class JaxConversion:
         shards = len(self.devices)
         return int(math.ceil(rows / shards) * shards)
 
-    def _run(self, kind, fn, values, arrays):
+    def _run(self, kind, fn, values, arrays, over_pod=False, call=None):
+        """``fn`` (converted once per shape) of one padded batch on this process's devices; or
+        (``over_pod``) ``arrays`` this process's rows of the global batch, run over every
+        process's devices, its outputs whole on every process. A draw the outputs read is
+        stock's, made on the host by ``call`` (:class:`._draws.CallDraws`)."""
         key = (kind, tuple((np.shape(a), np.asarray(a).dtype.str) for a in jax.tree.leaves(arrays)))
         if key not in self._converted:
-            jax_fn, names = _trace.convert_inference(self.keras_model, fn, *arrays)
-            self._converted[key] = (jax.jit(lambda p, *a: jax_fn(p, *a)[0]), names)
-        compiled, names = self._converted[key]
-        params = jax.device_put({k: values[k] for k in names}, self._replicated)
-        batch = jax.device_put(arrays, self._split)
-        return compiled(params, *batch)
+            shaped = arrays
+            if over_pod:  # traced at the global batch's shapes (its values are not read)
+                shaped = jax.tree.map(lambda a: np.concatenate([a] * self.pod.count), arrays)
+            jax_fn, names, draws = _trace.convert_inference(
+                self.keras_model, fn, *shaped, with_draws=True
+            )
+            whole = None
+            if over_pod:
+                whole = NamedSharding(Mesh(np.array(self.pod.devices), ("data",)), PartitionSpec())
+            self._converted[key] = (
+                jax.jit(lambda p, *a: jax_fn(p, *a)[0], out_shardings=whole),
+                names,
+                draws,
+            )
+        compiled, names, draws = self._converted[key]
+        made = []
+        if draws:  # stock's, for the global batch's real rows (every process alike)
+            made = [call.draws(draws)]
+        if not over_pod:
+            params = jax.device_put({k: values[k] for k in names}, self._replicated)
+            made = jax.device_put(made, self._replicated)
+            return compiled(params, *jax.device_put(arrays, self._split), *made)
+        mesh = Mesh(np.array(self.pod.devices), ("data",))
+        whole = NamedSharding(mesh, PartitionSpec())
+        params = _pod.replicated({k: values[k] for k in names}, whole)
+        split = NamedSharding(mesh, PartitionSpec("data"))
+        batch = _pod.global_arrays(arrays, split, 0, self.pod.count)
+        return compiled(params, *batch, *_pod.replicated(made, whole))
 
-    def evaluate(self, values, features, labels, weights, pad, weighted=False):
+    def _inference_fn(self, kind, weighted, call, size):
+        """The evaluation (``kind``) or prediction ``tf.function``, its draws seeded as stock's
+        graph of this call (``call``'s seeds) at the traced batch of ``size`` rows."""
+        seeds = call.seeds if call is not None else None
+        key = (kind, weighted, seeds, size)
+        if key not in self._eval_fns:
+            if kind == "evaluate":
+                self._eval_fns[key] = _trace.training_function(
+                    self.keras_model,
+                    self.custom_objects,
+                    training=False,
+                    weighted=weighted,
+                    fed=self.host,
+                    seeds=seeds,
+                    global_batch=size,
+                )
+            else:
+                self._eval_fns[key] = _trace.predict_function(
+                    self.keras_model, fed=self.host, seeds=seeds, global_batch=size
+                )
+        return self._eval_fns[key]
+
+    def evaluate(
+        self, values, features, labels, weights, pad, weighted=False, over_pod=False, call=None
+    ):
         """(loss over the real rows, outputs) of one padded batch, in JAX. ``weighted``: the
         input gave ``weights`` (stock's ``{"features", "sample_weights"}``); else they are ones,
-        unread (Keras's unweighted loss)."""
-        if weighted not in self._eval_fns:
-            self._eval_fns[weighted] = _trace.training_function(
-                self.keras_model,
-                self.custom_objects,
-                training=False,
-                weighted=weighted,
-                fed=self.host,
-            )
+        unread (Keras's unweighted loss). ``over_pod``: the arrays are this process's rows of
+        the global batch, the step runs over every process's devices, and the outputs are the
+        global batch's (every process's rows, in process order). ``call``: the call's
+        :class:`._draws.CallDraws` (its batch's real rows set)."""
+        size = len(pad) * (self.pod.count if over_pod else 1)
         loss, outputs = self._run(
-            ("evaluate", weighted),
-            self._eval_fns[weighted],
+            ("evaluate", weighted, over_pod, call.seeds if call else None),
+            self._inference_fn("evaluate", weighted, call, size),
             values,
             (features, labels, weights, pad),
+            over_pod,
+            call,
         )
         return np.asarray(loss), [np.asarray(o) for o in outputs]
 
-    def predict(self, values, features):
-        """The model's inference outputs of one padded batch, in JAX."""
-        if self._predict_fn is None:
-            self._predict_fn = _trace.predict_function(self.keras_model, fed=self.host)
-        return [np.asarray(o) for o in self._run("predict", self._predict_fn, values, (features,))]
+    def predict(self, values, features, call=None):
+        """The model's inference outputs of one padded batch, in JAX (``call``: as
+        :meth:`evaluate`'s)."""
+        size = len(np.asarray(features[0])) if features else None
+        fn = self._inference_fn("predict", False, call, size)
+        key = ("predict", call.seeds if call else None)
+        return [np.asarray(o) for o in self._run(key, fn, values, (features,), call=call)]
 
     def metrics_model(self):
         """A copy of the user's model compiled as the user compiled it: its compiled metrics

@@ -189,3 +189,35 @@ class HostDraws:
 
     def close(self):
         self._session.close()
+
+
+class CallDraws:
+    """One ``evaluate()`` or ``predict()`` call's random draws as stock's graph of that call
+    makes them (a draw its outputs read: a ``Lambda`` that draws whatever the mode): seeded from
+    ``seeds`` (the call's input graph's: graph seed, op-seed counter after the input_fn), one
+    stream per call, each batch drawn for the global batch's ``real`` rows (set per batch) and
+    padded to its ``size``; on a pod predicting each process's own rows (``own``: this process's
+    index and rows), those rows of it."""
+
+    def __init__(self, seeds):
+        self.seeds, self.real, self.size, self.own = seeds, None, None, None
+        self._streams = {}
+
+    def batch(self, real, size, own=None):
+        self.real, self.size, self.own = real, size, own
+
+    def draws(self, draws):
+        from tpushim._jax import _pod
+
+        host = self._streams.get(draws)
+        if host is None:
+            host = self._streams[draws] = HostDraws(draws, self.size)
+        made = host.draw(self.real)
+        if self.own is None:
+            return made
+        index, rows = self.own
+        return [_pod.own_rows(m, index, rows) if d.batched else m for d, m in zip(draws, made)]
+
+    def close(self):
+        for host in self._streams.values():
+            host.close()

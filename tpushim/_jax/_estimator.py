@@ -49,7 +49,7 @@ from tpushim import (
     _tfprivate,
 )
 from tpushim._errors import ConversionError
-from tpushim._jax import _hooks, _pod
+from tpushim._jax import _draws, _hooks, _pod
 
 logger = logging.getLogger("tpushim")
 tf_logger = logging.getLogger("tensorflow")
@@ -354,7 +354,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         _hooks.check_listeners(listeners)
         conversion = self._tpushim_jax
         seen = {}
-        early = self._built_on_input(lambda: self._train_batches(input_fn, seen))
+        early = self._built_on_input(lambda: self._batches(input_fn, ModeKeys.TRAIN, seen))
         try:
             start, weights, slots, _ = self._start()
             _pod.barrier("tpushim-train-read")  # every process read before process 0 writes
@@ -372,7 +372,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             last = start + 1
         stop = start + math.ceil(steps) if steps is not None else last
         arrays = Arrays(conversion.keras_model, conversion.host)
-        batches = early if early is not None else self._train_batches(input_fn, seen)
+        batches = early if early is not None else self._batches(input_fn, ModeKeys.TRAIN, seen)
         try:
             # The input_fn called and its first batch read here, in the caller's thread; the
             # rest read ahead in a thread while the devices train.
@@ -404,17 +404,23 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         finally:
             batches.close()
 
-    def _train_batches(self, input_fn, seen):
-        conversion = self._tpushim_jax
-        if conversion.pod is None:
-            return host_batches(input_fn, ModeKeys.TRAIN, self.config, seen)
-        return _pod.host_batches(  # this process's rows of each global batch
+    def _batches(self, input_fn, mode, seen):
+        """The input_fn's batches (:func:`host_batches`); on a pod, this process's rows of each
+        global batch (an evaluation's or prediction's padded to the pod's devices, the step over
+        every process's devices)."""
+        conversion, pod = self._tpushim_jax, self._tpushim_jax.pod
+        if pod is None:
+            return host_batches(input_fn, mode, self.config, seen)
+        training = mode == ModeKeys.TRAIN
+        return _pod.host_batches(
             input_fn,
-            ModeKeys.TRAIN,
+            mode,
             self.config,
-            conversion.pod,
-            conversion.batch_size,
+            pod,
+            conversion.batch_size if training else None,
             conversion.pod_input,
+            seen,
+            multiple=None if training else len(pod.devices),
         )
 
     def _built_on_input(self, make_batches):
@@ -557,7 +563,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        early = self._built_on_input(lambda: host_batches(input_fn, ModeKeys.EVAL, self.config))
+        seen = {}
+        early = self._built_on_input(lambda: self._batches(input_fn, ModeKeys.EVAL, seen))
         try:
             step, weights, _, path = self._start(checkpoint_path)
         except BaseException:
@@ -566,7 +573,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             raise
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.EVAL)
         try:
-            results = self._evaluate_batches(input_fn, steps, user_hooks, step, weights, early)
+            results = self._evaluate_batches(
+                input_fn, steps, user_hooks, step, weights, early, seen
+            )
         finally:
             if user_hooks is not None:
                 user_hooks.close()
@@ -575,7 +584,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         _hooks.write_evaluation(conversion, self.eval_dir(name), results, path)
         return results
 
-    def _evaluate_batches(self, input_fn, steps, user_hooks, step, weights, early=None):
+    def _evaluate_batches(
+        self, input_fn, steps, user_hooks, step, weights, early=None, seen=None
+    ):
         conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
@@ -583,7 +594,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         update = _metrics_update(metrics)
         losses, size, added = [], None, None
         ran_out = True
-        batches = early if early is not None else host_batches(input_fn, ModeKeys.EVAL, self.config)
+        pod, seen = conversion.pod, {} if seen is None else seen
+        batches = early if early is not None else self._batches(input_fn, ModeKeys.EVAL, seen)
+        call = None
         try:
             for i, batch in enumerate(batches):
                 if steps is not None and i >= steps:
@@ -591,16 +604,21 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     break
                 if user_hooks is not None:
                     user_hooks.before(step)
+                share, batch = (batch, batch.batch) if pod is not None else (None, batch)
                 features, labels = arrays.split(batch, ModeKeys.EVAL)
                 given = arrays.sample_weights(batch) or [None] * len(labels)
-                if added is None and self._tpushim_metric_fns:
-                    from tpushim._jax import _derived
-
-                    added = _derived.Added(self, batch)
                 rows = _rows(features)
                 size = size or conversion.device_rows(rows)
                 pad = np.zeros([size], np.float32)
                 pad[:rows] = 1
+                if share is not None:  # (its rows, padded already)
+                    size, pad = rows, share.pad
+                if call is None:  # the call's draws, seeded as stock's graph of this call
+                    call = _draws.CallDraws(seen.get("seeds"))
+                if share is None:
+                    call.batch(rows, size)
+                else:
+                    call.batch(share.real, share.global_batch)
                 weights = [
                     np.ones([size], np.float32) if w is None else _padded([w], size)[0]
                     for w in given
@@ -612,7 +630,20 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     weights,
                     pad,
                     weighted=any(w is not None for w in given),
+                    over_pod=share is not None,
+                    call=call,
                 )
+                if share is not None:  # the metrics read the global batch's real rows
+                    rows = share.real
+                    labels, given = _pod.gathered((labels, given))
+                    labels = [y[:rows] for y in labels]
+                    given = [None if w is None else w[:rows] for w in given]
+                    batch = _pod.gathered(batch) if self._tpushim_metric_fns else batch
+                    batch = jax_tree_rows(batch, rows) if self._tpushim_metric_fns else batch
+                if added is None and self._tpushim_metric_fns:
+                    from tpushim._jax import _derived
+
+                    added = _derived.Added(self, batch)
                 losses.append(float(loss))
                 outputs = [np.asarray(o)[:rows] for o in outputs]
                 # Weighted metrics weighted by them, as on tpushim's other engines (stock's read
@@ -629,6 +660,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     break  # a hook's request_stop(): stock's evaluation ends there too
         finally:
             batches.close()
+            if call is not None:
+                call.close()
         if user_hooks is not None:
             if ran_out:  # stock's last session.run: before_run, then OutOfRangeError
                 user_hooks.before(step)
@@ -669,7 +702,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         conversion = self._tpushim_jax
         _eager_classes(conversion.keras_model)
-        early = self._built_on_input(lambda: host_batches(input_fn, ModeKeys.PREDICT, self.config))
+        seen = {}
+        early = self._built_on_input(lambda: self._batches(input_fn, ModeKeys.PREDICT, seen))
         try:
             step, weights, _, _ = self._start(checkpoint_path)
         except BaseException:
@@ -681,33 +715,50 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             user_hooks,
             step,
             self._predict_batches(
-                input_fn, predict_keys, user_hooks, step, weights, yield_single_examples, early
+                input_fn, predict_keys, user_hooks, step, weights, yield_single_examples, early, seen
             ),
         )
 
     def _predict_batches(
-        self, input_fn, predict_keys, user_hooks, step, weights, yield_single_examples, early=None
+        self,
+        input_fn,
+        predict_keys,
+        user_hooks,
+        step,
+        weights,
+        yield_single_examples,
+        early=None,
+        seen=None,
     ):
         conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
         size = None
-        batches = (
-            early if early is not None else host_batches(input_fn, ModeKeys.PREDICT, self.config)
-        )
+        pod, seen, call = conversion.pod, {} if seen is None else seen, None
+        batches = early if early is not None else self._batches(input_fn, ModeKeys.PREDICT, seen)
         try:
             for batch in batches:
+                share, batch = (batch, batch.batch) if pod is not None else (None, batch)
                 features, _ = arrays.split(batch, ModeKeys.PREDICT)
                 if user_hooks is not None:
                     user_hooks.before(step)
-                rows = _rows(features)
-                size = size or conversion.device_rows(rows)
-                outputs = conversion.predict(values, _padded(features, size))
+                rows = _rows(features) if share is None else int(np.sum(share.pad))
+                size = size or conversion.device_rows(_rows(features))
+                if call is None:  # the call's draws, seeded as stock's graph of this call
+                    call = _draws.CallDraws(seen.get("seeds"))
+                if share is None:
+                    call.batch(rows, size)
+                else:  # stock's draws for the global batch, this process's rows of them
+                    call.batch(share.real, share.global_batch, (pod.index, len(share.pad)))
+                outputs = conversion.predict(values, _padded(features, size), call)
                 out = {
                     n: np.asarray(o)[:rows]
                     for n, o in zip(conversion.keras_model.output_names, outputs)
                 }
-                out.update(arrays.host_outputs)  # a key passed through: the host's
+                # a key passed through: the host's (a pod's share: its real rows)
+                out.update(
+                    {k: v if np.ndim(v) == 0 else v[:rows] for k, v in arrays.host_outputs.items()}
+                )
                 if predict_keys:
                     out = {k: v for k, v in out.items() if k in predict_keys}
                 stop = user_hooks is not None and user_hooks.after(step, False)
@@ -720,6 +771,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     return
         finally:
             batches.close()
+            if call is not None:
+                call.close()
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
 
@@ -758,13 +811,20 @@ class _InFront:
         self._batches.close()
 
 
+def jax_tree_rows(tree, rows):
+    """Each array of ``tree`` cut to its first ``rows`` rows."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: np.asarray(a)[:rows], tree)
+
+
 def _step_batch(arrays, item):
     """A training step's ``(features, labels, sample weights or None)`` of a batch, or on a pod
-    ``(features, labels, sample weights or None, pad)`` of this process's
-    :class:`tpushim._jax._pod.Share`."""
+    ``(features, labels, sample weights or None, pad, the global batch's real rows)`` of this
+    process's :class:`tpushim._jax._pod.Share`."""
     if isinstance(item, _pod.Share):
         features, labels = arrays.split(item.batch, ModeKeys.TRAIN)
-        return features, labels, arrays.sample_weights(item.batch), item.pad
+        return features, labels, arrays.sample_weights(item.batch), item.pad, item.real
     features, labels = arrays.split(item, ModeKeys.TRAIN)
     return features, labels, arrays.sample_weights(item)
 

@@ -19,6 +19,14 @@ batch from its own copy of the input pipeline.
   runs the whole pipeline and keeps its rows of each (padded) global batch, so the global batch
   is one board's; **files**, shuffled endless input read from files, each process reading only
   its own files, ``B/P`` rows a step.
+  A ``numpy_input_fn`` / ``pandas_input_fn`` queue is read from the Dataset of its arrays in
+  stock's order, every process from process 0's start row (:func:`_called`).
+* **Random draws** (:mod:`._draws`): every process makes stock's draws for the whole global
+  batch (the same seeds: one graph seed for every process) and feeds its devices its own rows.
+* **Evaluation**: each process's rows of each global batch (the exact path), the step over
+  every process's devices, the real rows' outputs and labels gathered to every process
+  (:func:`gathered`) for the metrics; **prediction**: each process its own rows, on its own
+  devices (a JAX pod has a client per host; TPUEstimator's one client yields every row).
 * **Checkpoints**: written by process 0 alone (stock's chief); every process reads them.
 """
 
@@ -37,8 +45,11 @@ logger = logging.getLogger("tpushim")
 #: Negative controls (the proof's), never set outside it: ``"whole_input"`` -- every process
 #: reads the whole input (the files path's shares ignored; on the exact path it feeds the global
 #: batch's first rows); ``"other_share"`` -- each process but 0 feeds the previous process's
-#: rows (files: its files), so some rows are fed twice and others never.
-CONTROLS = ("whole_input", "other_share")
+#: rows (files: its files), so some rows are fed twice and others never; ``"first_draws"`` --
+#: each process feeds its rows the random draws of the global batch's first rows (what a
+#: process drawing for its own rows alone, from stock's seeds, would feed); ``"own_starts"`` --
+#: each process's numpy_input_fn queue starts at the row it drew itself.
+CONTROLS = ("whole_input", "other_share", "first_draws", "own_starts")
 
 
 class _State:
@@ -143,6 +154,32 @@ def current():
     return Pod(jax.process_index(), jax.process_count(), tuple(devices))
 
 
+def own_rows(global_rows, index, rows):
+    """Process ``index``'s ``rows`` rows of an array of the global batch's rows (a draw's)."""
+    if STATE.control == "first_draws":
+        index = 0
+    return global_rows[index * rows : (index + 1) * rows]
+
+
+def gathered(tree):
+    """Every process's rows of each array of ``tree`` (numbers), in process order, on every
+    process: its global batch."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    def one(local):
+        local = np.asarray(local)
+        if local.dtype.kind not in "biuf":
+            raise ConversionError(
+                "tpushim's JAX engine does not evaluate on a pod an input whose labels, sample "
+                f"weights or add_metrics inputs are not numbers ({local.dtype}) yet. Use "
+                "engine='strategy' (TPUSHIM_ENGINE=strategy), which does."
+            )
+        return np.asarray(multihost_utils.process_allgather(local, tiled=True))
+
+    return jax.tree_util.tree_map(one, tree)
+
+
 def is_chief():
     """Whether this process writes (process 0, or one process)."""
     import jax
@@ -203,11 +240,13 @@ def global_arrays(tree, sharding, axis, count):
 @dataclasses.dataclass(frozen=True)
 class Share:
     """This process's rows of one global batch: ``batch`` (the input_fn's structure, numpy), its
-    ``pad`` (1 a real row, 0 padding) and ``global_batch`` (the rows of the global batch)."""
+    ``pad`` (1 a real row, 0 padding), ``global_batch`` (the rows of the global batch) and
+    ``real`` (the global batch's real rows, its first ones)."""
 
     batch: object
     pad: np.ndarray
     global_batch: int
+    real: int = 0
 
 
 def padded_rows(a, size):
@@ -234,28 +273,56 @@ def _rows_of(batch):
     return len(np.asarray(jax.tree_util.tree_leaves(batch)[0]))
 
 
-def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
+def _called(input_fn, mode, config, seed):
+    """``(graph, result)`` of the input_fn called in a graph seeded ``seed`` as stock's; a
+    numpy_input_fn / pandas_input_fn queue's rows from the Dataset that feeds them, in stock's
+    order as one process reads them: every process with process 0's start rows (its feeding
+    threads draw them from the operating system's entropy) and the one graph seed."""
+    from jax.experimental import multihost_utils
+
+    from tpushim import _input_fn, _source, _stock_graphs
+
+    def call(starts):
+        with _stock_graphs.input_graph(mode, seed) as graph, _source.same_start_rows(starts):
+            result = _source.call_and_recover(input_fn, mode, {}, config, queues_only=True)
+            return graph, _input_fn.check_result(input_fn, result)
+
+    starts = []
+    graph, result = call(starts)
+    if starts and STATE.control != "own_starts":  # (every process made as many queues)
+        first = multihost_utils.broadcast_one_to_all(np.asarray(starts, np.int64))
+        first = [int(v) for v in np.asarray(first)]
+        if first != starts:
+            graph, result = call(first)
+    return graph, result
+
+
+def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, multiple=None):
     """This process's :class:`Share` of every global batch, read as stock reads an input (a
-    ``MonitoredSession`` over the input_fn's graph), on the path :mod:`tpushim._pods` decides."""
+    ``MonitoredSession`` over the input_fn's graph), on the path :mod:`tpushim._pods` decides.
+    ``seen`` (a dict): given the input graph's ``seeds`` (the common graph seed, the op-seed
+    counter after the input_fn), what every process's copy of stock's draws seeds from.
+    ``multiple``: the global batch padded to a multiple of it (an evaluation's or prediction's:
+    the pod's devices, as one board pads to its own)."""
     import jax
     import tensorflow as tf
 
-    from tpushim import _batching, _input_fn, _pods, _source, _stock_graphs
+    from tpushim import _arrays, _batching, _pods, _stock_graphs, _tfprivate
 
     seed = common_seed(config.tf_random_seed)
-    with _stock_graphs.input_graph(mode, seed) as graph:
-        result = _input_fn.check_result(
-            input_fn, _source.call_user_input_fn(input_fn, mode, {}, config)
-        )
+    graph, result = _called(input_fn, mode, config, seed)
+    if seen is not None:
+        seen["seeds"] = _tfprivate.graph.graph_seeds(graph)
     control, index = STATE.control, pod.index
     if control == "other_share":
         index = max(pod.index - 1, 0)
     path, size = _pods.Path("exact", "the input_fn returns tensors, not a Dataset"), batch_size
+    hooks = []
     with graph.as_default():
         if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
             raise ConversionError(
                 f"input_fn {getattr(input_fn, '__name__', input_fn)!r} reads queues filled by "
-                "threads (numpy_input_fn, tf.compat.v1.train.shuffle_batch & co.), and on a pod "
+                "threads (tf.compat.v1.train.shuffle_batch & co.), and on a pod "
                 "of several processes tpushim's JAX engine cannot make every process's queue "
                 "give the same batches. Return a tf.data.Dataset "
                 "(tf.data.Dataset.from_tensor_slices((features, labels)).batch(B)). Nothing "
@@ -278,11 +345,20 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
                 _pods.prepare(result, path, index)
             if path.name == "files":
                 result = result.unbatch().batch(pod.rows(size), drop_remainder=True)
-            result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+            feeds = {}
+            if _arrays.fed_arrays(graph):  # (a recovered queue's arrays)
+                feeds = _arrays.feeds_for(tf.data.experimental.to_variant(result), graph)
+            if feeds:  # (a one-shot iterator cannot capture the arrays' placeholders)
+                iterator = tf.compat.v1.data.make_initializable_iterator(result)
+                hooks.append(_stock_graphs.FedInitializer(iterator.initializer, feeds))
+            else:
+                iterator = tf.compat.v1.data.make_one_shot_iterator(result)
+            result = iterator.get_next()
         if isinstance(result, list):
             result = tuple(result)
         session = tf.compat.v1.train.MonitoredSession(
-            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config)
+            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config),
+            hooks=hooks,
         )
     _observe.note(
         "pod",
@@ -301,9 +377,11 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
                 return
             rows = _rows_of(batch)
             if path.name == "files":
-                yield Share(batch, np.ones([rows], np.float32), rows * pod.count)
+                yield Share(batch, np.ones([rows], np.float32), rows * pod.count, rows * pod.count)
                 continue
             size = size or rows
+            if multiple:
+                size = -(-size // multiple) * multiple
             if rows > size:
                 raise ValueError(f"a batch of {rows} rows is larger than the global batch {size}")
             mine = pod.rows(size)
@@ -316,6 +394,6 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input):
             pad = np.zeros([size], np.float32)
             pad[:rows] = 1
             piece = jax.tree_util.tree_map(lambda a: a[start : start + mine], _padded(batch, size))
-            yield Share(piece, pad[start : start + mine], size)
+            yield Share(piece, pad[start : start + mine], size, rows)
     finally:
         session.close()

@@ -171,12 +171,6 @@ class Trainer:
             per_device = None
             if traced.draws and self.control:
                 raise ValueError("the negative controls take a model without random draws")
-            if traced.draws and self.pod is not None:
-                raise ConversionError(
-                    "tpushim's JAX engine does not draw random numbers (Dropout, noise layers) "
-                    "on a pod of several processes yet: each process would draw its own. Train "
-                    "on one host, or use engine='strategy' (TPUSHIM_ENGINE=strategy)."
-                )
             if self.control in ("sum_device_means", "mean_device_losses"):
                 shard = jax.tree_util.tree_map(lambda a: a[: len(a) // len(self.devices)], batch)
                 per_device = _trace.convert(self.model, train_fn, *shard)
@@ -300,8 +294,9 @@ class Trainer:
         """:meth:`train` on a pod: each process's rows made one global array per input, the
         step traced for the global batch's shapes."""
         count = self.pod.count
-        local = []
-        for features, labels, weights, pad in batches:
+        local, real = [], []
+        for features, labels, weights, pad, *rest in batches:
+            real.append(rest[0] if rest else int(np.sum(pad)) * count)
             rows = len(pad)
             if weights is None:
                 weights = [None] * len(labels)
@@ -324,10 +319,31 @@ class Trainer:
         stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *local)
         split = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         stacked = _pod.global_arrays(stacked, split, 1, count)
+        if traced.draws:  # stock's draws for the global batch, every process alike; its rows
+            stacked = (*stacked, self._pod_draws(traced.draws, real, len(local[0][3]), split))
         (self.params, self.stats, self.opt_state), losses = loop(
             self.params, self.stats, self.opt_state, stacked
         )
         return np.asarray(losses)
+
+    def _pod_draws(self, draws, real, rows, split):
+        """Each step's draws on a pod, stacked: every process makes stock's draws for the
+        global batch (its ``real`` rows; the same seeds, so the same numbers) and feeds its
+        devices its own ``rows`` of each draw per row, every other draw whole."""
+        host = self._host_draws.get(draws)
+        if host is None:
+            host = self._host_draws[draws] = _draws.HostDraws(draws, self.global_batch)
+        made = [host.draw(n) for n in real]
+        whole = NamedSharding(self.mesh, PartitionSpec())
+        out = []
+        for k, d in enumerate(draws):
+            steps = np.stack([m[k] for m in made])
+            if d.batched:
+                mine = np.stack([_pod.own_rows(s, self.pod.index, rows) for s in steps])
+                out.append(_pod.global_arrays(mine, split, 1, self.pod.count))
+            else:
+                out.append(_pod.replicated(steps, whole))
+        return out
 
 
 def _weighted(batch):

@@ -274,7 +274,7 @@ def training_function(
         record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
         with _activity_recorded(keras_model) as activity:
             if not training:
-                with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
+                with _draws.taken(keras_model, global_batch, seeds, _inference_feed(draws), record):
                     outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
             else:
                 with (
@@ -318,28 +318,43 @@ def training_function(
     return train
 
 
-def predict_function(keras_model, fed=None):
-    """The model's inference outputs as a ``tf.function`` of ``features`` (a list in the
-    model's input order, or ``fed``'s: :func:`training_function`): a list in its output order."""
+def _inference_feed(draws):
+    """``_draws.taken``'s feed of an inference trace by its ``draws`` argument: None, each draw
+    made zeros (:data:`._draws.UNUSED`); ``[]``, each kept and recorded; tensors, taken."""
+    if draws is None:
+        return _draws.UNUSED
+    return list(draws) or None
 
-    recorded = {}  # the trace's graph -> its draws, made zeros (see convert_inference)
+
+def predict_function(keras_model, fed=None, seeds=None, global_batch=None):
+    """The model's inference outputs as a ``tf.function`` of ``features`` (a list in the
+    model's input order, or ``fed``'s: :func:`training_function`) and ``draws`` (see
+    :func:`convert_inference`): a list in its output order. ``seeds``, ``global_batch``: as
+    :func:`training_function`'s, for draws the outputs read (stock's prediction graph's)."""
+
+    recorded = {}  # the trace's graph -> its draws (made zeros or kept: see convert_inference)
 
     @tf.function(autograph=False)
-    def predict(features):
+    def predict(features, draws=None):
         with _from_host(keras_model, fed):
             inputs = _model_inputs(keras_model, features, fed)
             record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
-            with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
+            with _draws.taken(keras_model, global_batch, seeds, _inference_feed(draws), record):
                 return _outputs_list(keras_model, keras_model(inputs, training=False))
 
     predict.tpushim_recorded = recorded
     return predict
 
 
-def convert_inference(keras_model, fn, *arrays):
+def convert_inference(keras_model, fn, *arrays, with_draws=False):
     """``fn`` (an evaluation :func:`training_function` or :func:`predict_function`) converted
     with ``tf2jax`` at the shapes of ``arrays``: ``(jax function, its params' names)``; the
-    function is ``f(params, *arrays) -> (result, params)``."""
+    function is ``f(params, *arrays) -> (result, params)``.
+
+    A draw no output reads (a ``Lambda`` that draws whatever the mode) is made zeros. One an
+    output reads: refused, or (``with_draws``: the caller makes stock's draws on the host, as
+    :class:`._draws.HostDraws`) taken as the function's last argument, ``(jax function, its
+    params' names, the draws)``."""
     import tf2jax
 
     from tpushim._jax import _ops  # (registers the ops tf2jax lacks)
@@ -352,11 +367,17 @@ def convert_inference(keras_model, fn, *arrays):
     concrete = fn.get_concrete_function(*args)
     zeros = fn.tpushim_recorded.get(concrete.graph, [])
     outputs = concrete.graph.outputs
+    draws = ()
     if zeros and any(t in _tfprivate.graph.reachable_from(zeros, outputs) for t in outputs):
-        _refuse(
-            "random draws in evaluation or prediction (a Lambda that draws whatever the mode)",
-            "; ".join(sorted({z.op.name.rsplit("/", 1)[0] for z in zeros}))[:300],
-        )
+        if not with_draws:
+            _refuse(
+                "random draws in evaluation or prediction (a Lambda that draws whatever the mode)",
+                "; ".join(sorted({z.op.name.rsplit("/", 1)[0] for z in zeros}))[:300],
+            )
+        # traced keeping them (stock's seeds recorded), then taking them as inputs
+        draws = tuple(fn.tpushim_recorded.get(fn.get_concrete_function(*args, []).graph, ()))
+        args = (*args, [tf.TensorSpec(d.shape, tf.as_dtype(d.dtype)) for d in draws])
+        concrete = fn.get_concrete_function(*args)
     _refuse_random(concrete.graph, "in evaluation or prediction")
     _refuse_value_shapes(concrete.graph)
     try:
@@ -370,6 +391,8 @@ def convert_inference(keras_model, fn, *arrays):
             f"tpushim cannot convert this model's inference to JAX: {type(e).__name__}: "
             f"{' '.join(str(e).split())[:300]}. Train it with engine=strategy."
         ) from e
+    if with_draws:
+        return jax_fn, tuple(params), draws
     return jax_fn, tuple(params)
 
 
