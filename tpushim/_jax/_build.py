@@ -54,6 +54,10 @@ class JaxConversion:
     and its evaluation and prediction functions in JAX (converted once per batch shape)."""
 
     def __init__(self, keras_model, custom_objects, object_based, settings, metric_names_map):
+        # tf2jax imported (the ops it lacks registered) here, at conversion: not in train()
+        # before its first checkpoint
+        from tpushim._jax import _ops  # noqa: F401
+
         self.keras_model, self.custom_objects = keras_model, custom_objects
         self.batch_size = settings.batch_size
         self.per_call = settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP
