@@ -69,7 +69,7 @@ def input_session(input_fn, mode, config, queues_as_datasets=False):
                     iterator = tf.compat.v1.data.make_one_shot_iterator(result)
                 except ValueError:  # it captures a stateful op (a table's lookup outside it)
                     iterator = tf.compat.v1.data.make_initializable_iterator(result)
-                    hooks.append(_FedInitializer(iterator.initializer, {}))  # as stock's
+                    hooks.append(FedInitializer(iterator.initializer, {}))  # as stock's
             result = iterator.get_next()
             _tfprivate.graph.set_graph_seeds(graph, seeds)
         if isinstance(result, list):

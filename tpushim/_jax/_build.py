@@ -95,6 +95,10 @@ class JaxConversion:
         # A graph program's (``program_model``: its own, in graph mode): ``keras_model`` is its
         # eager copy, each call run on the eager runtime (:meth:`runtime`).
         self.program_model = program_model
+        # tf2jax imported (the ops it lacks registered) here, at conversion: not in train()
+        # before its first checkpoint
+        from tpushim._jax import _ops  # noqa: F401
+
         self.keras_model, self.custom_objects = keras_model, custom_objects
         self.batch_size = settings.batch_size
         self.per_call = settings.iterations_per_loop or _settings.DEFAULT_ITERATIONS_PER_LOOP

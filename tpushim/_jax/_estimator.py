@@ -94,16 +94,24 @@ class ReadAhead:
     the host's TensorFlow session reads the next batches while the devices run the current
     ones, and nothing is read that stock would not read (an input drawing from a shared
     random state draws what stock draws). ``close()`` stops the thread and closes ``batches``
-    there."""
+    there. Made with ``started=False``, it reads nothing until :meth:`start` (or the first
+    batch asked of it): ``train()`` starts it once its first checkpoint is written, so that
+    nothing competes with what comes before that checkpoint."""
 
     _END = object()
 
-    def __init__(self, batches, limit=None, depth=20):
+    def __init__(self, batches, limit=None, depth=20, started=True):
         self._batches, self._limit = batches, limit
         self._queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="tpushim-input", daemon=True)
-        self._thread.start()
+        if started:
+            self._thread.start()
+
+    def start(self):
+        """Starts reading ahead (once; again, nothing)."""
+        if self._thread.ident is None and not self._stop.is_set():
+            self._thread.start()
 
     def _put(self, item):
         while not self._stop.is_set():
@@ -137,6 +145,7 @@ class ReadAhead:
     def __next__(self):
         if self._stop.is_set():
             raise StopIteration
+        self.start()
         item, error = self._queue.get()
         if item is self._END:
             self._stop.set()
@@ -147,7 +156,10 @@ class ReadAhead:
 
     def close(self):
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is None:  # never started: the input closed here
+            self._batches.close()
+        else:
+            self._thread.join()
 
 
 def _given_weights(features):
@@ -375,10 +387,13 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         batches = early if early is not None else self._batches(input_fn, ModeKeys.TRAIN, seen)
         try:
             # The input_fn called and its first batch read here, in the caller's thread; the
-            # rest read ahead in a thread while the devices train.
+            # rest read ahead in a thread while the devices train (started once the first
+            # checkpoint is written: :meth:`_train_steps`).
             first = next(batches, None)
             if first is not None and (stop is None or stop - start > 1):
-                batches = ReadAhead(batches, None if stop is None else stop - start - 1)
+                batches = ReadAhead(
+                    batches, None if stop is None else stop - start - 1, started=False
+                )
             if first is None:
                 raise ConversionError("the input_fn gave no batch: the input is empty.")
             first_batch = getattr(first, "batch", first)
@@ -396,7 +411,14 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             user_hooks = _hooks.user_hooks(hooks, start, conversion, ModeKeys.TRAIN)
             try:
                 return self._train_steps(
-                    trainer, arrays, first, batches, start, stop, user_hooks, listeners
+                    trainer,
+                    arrays,
+                    first,
+                    batches,
+                    (start, weights, slots),
+                    stop,
+                    user_hooks,
+                    listeners,
                 )
             finally:
                 if user_hooks is not None:
@@ -445,8 +467,12 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             raise
         return _InFront(first, batches)
 
-    def _train_steps(self, trainer, arrays, first, batches, start, stop, user_hooks, listeners):
+    def _train_steps(self, trainer, arrays, first, batches, started, stop, user_hooks, listeners):
+        """The call's checkpoints, steps and hooks. ``started``: ``(step, weights, slots)`` the
+        call starts from (:meth:`_start`'s, read once), what its first checkpoint holds before
+        the step first runs (nothing compiled yet: XLA compiles the step at its first run)."""
         conversion, config = self._tpushim_jax, self.config
+        start, start_weights, start_slots = started
         values = self._values({})
         tf.io.gfile.makedirs(self.model_dir)
         conversion.checkpoints.begin(config)  # stock's Saver for this call
@@ -465,9 +491,9 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             if trainer.params is not None:
                 values.update(trainer.weights())
                 slots = {k: v for k, v in trainer.slots().items() if k != "iterations"}
-            else:
-                _, restored, slots, _ = self._start()
-                values.update(restored)
+            else:  # no step ran: what the call started from
+                values.update(start_weights)
+                slots = start_slots
             if _pod.is_chief():  # on a pod, process 0 writes (stock's chief)
                 conversion.checkpoints.write(self.model_dir, step, values, slots)
             events.checkpoint(step)
@@ -476,6 +502,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
         try:
             stopped = save(start)  # as stock's CheckpointSaverHook at every session's start
+            if isinstance(batches, ReadAhead):
+                batches.start()  # the input read ahead from here, beside the step's compile
             step = self._train_loop(
                 trainer,
                 arrays,
@@ -584,9 +612,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         _hooks.write_evaluation(conversion, self.eval_dir(name), results, path)
         return results
 
-    def _evaluate_batches(
-        self, input_fn, steps, user_hooks, step, weights, early=None, seen=None
-    ):
+    def _evaluate_batches(self, input_fn, steps, user_hooks, step, weights, early=None, seen=None):
         conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
@@ -715,7 +741,14 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             user_hooks,
             step,
             self._predict_batches(
-                input_fn, predict_keys, user_hooks, step, weights, yield_single_examples, early, seen
+                input_fn,
+                predict_keys,
+                user_hooks,
+                step,
+                weights,
+                yield_single_examples,
+                early,
+                seen,
             ),
         )
 
