@@ -99,9 +99,11 @@ class JaxConversion:
         return compiled(params, *batch)
 
     def evaluate(self, values, features, labels, weights, pad, weighted=False):
-        """(loss over the real rows, outputs) of one padded batch, in JAX. ``weighted``: the
-        input gave ``weights`` (stock's ``{"features", "sample_weights"}``); else they are ones,
-        unread (Keras's unweighted loss)."""
+        """(loss over the real rows, outputs, logits, how each is read) of one padded batch, in
+        JAX: per output the logits Keras's crossentropy metrics read from it in stock's graph
+        (None where it has none; see :func:`tpushim._jax._trace.training_function`).
+        ``weighted``: the input gave ``weights`` (stock's ``{"features", "sample_weights"}``);
+        else they are ones, unread (Keras's unweighted loss)."""
         if weighted not in self._eval_fns:
             self._eval_fns[weighted] = _trace.training_function(
                 self.keras_model,
@@ -109,14 +111,15 @@ class JaxConversion:
                 training=False,
                 weighted=weighted,
                 fed=self.host,
+                logits=True,
             )
-        loss, outputs = self._run(
-            ("evaluate", weighted),
-            self._eval_fns[weighted],
-            values,
-            (features, labels, weights, pad),
+        fn = self._eval_fns[weighted]
+        loss, outputs, logits = self._run(
+            ("evaluate", weighted), fn, values, (features, labels, weights, pad)
         )
-        return np.asarray(loss), [np.asarray(o) for o in outputs]
+        hows = list(fn.tpushim_logits_how)
+        logits = [None if how is None else np.asarray(lg) for lg, how in zip(logits, hows)]
+        return np.asarray(loss), [np.asarray(o) for o in outputs], logits, hows
 
     def predict(self, values, features):
         """The model's inference outputs of one padded batch, in JAX."""

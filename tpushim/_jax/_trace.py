@@ -244,6 +244,7 @@ def training_function(
     seeds=None,
     global_batch=None,
     fed=None,
+    logits=False,
 ):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
     pad, draws=None)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot
@@ -252,7 +253,11 @@ def training_function(
     input has no sample weights (those given are ones, unread): Keras's unweighted loss, whose
     one-number terms are not multiplied by a mean weight. ``fed``: the model's host part
     (:class:`tpushim._jax._host.HostFeed`): ``features`` are its fed tensors, the model run
-    from them.
+    from them. ``logits``: it returns ``(loss, outputs, logits)``, per output what Keras's
+    crossentropies read from it besides its values (its ``_keras_logits``, or a Sigmoid's or
+    Softmax's input: :func:`tpushim._tfprivate.keras_compile.output_logits`; an empty tensor
+    where none), how each is read (or None) in the function's ``tpushim_logits_how`` once
+    traced: the metrics on the host compute from them as stock's graph does.
 
     Training, its random draws are stock's (:mod:`._draws`): ``seeds`` the ``(graph seed,
     op-seed counter)`` stock's graph calls the model with (None: the trace's own); traced
@@ -260,6 +265,7 @@ def training_function(
     records), traced with ``draws`` (tensors, one per record) the step takes them as inputs."""
     terms, plan = _loss_terms(keras_model, custom_objects)
     recorded = {}  # the trace's graph -> its draws (a trace without ``draws``)
+    logits_how = []  # per output, how Keras's crossentropies read its logits (at the trace)
 
     def identity(t):  # the whole global batch is one shard: its sums are the global ones
         return t
@@ -301,6 +307,8 @@ def training_function(
             kinds.append(kind)
             endpoint_masks.append(mask)
         loss = _losses.shard_loss(endpoints, kinds, endpoint_masks, [], {}, pad, 1, False)
+        read = [_tfprivate.keras_compile.output_logits(o) for o in outputs] if logits else []
+        logits_how[:] = [how for how, _ in read]
         loss = tf.cast(loss, tf.float32)
         for regularizer in regularizers:  # weight regularizers: once, as stock adds them
             loss += tf.cast(regularizer, tf.float32)
@@ -312,9 +320,12 @@ def training_function(
                 loss += degree.of_rows(total, rows)
             else:
                 loss += degree.of_rows_inverse(total, tf.math.divide_no_nan(1.0, rows))
+        if logits:
+            return loss, outputs, [tf.zeros([0]) if how is None else lg for how, lg in read]
         return loss, outputs
 
     train.tpushim_recorded = recorded
+    train.tpushim_logits_how = logits_how
     return train
 
 
