@@ -198,7 +198,9 @@ def _input_losses(keras_model, inputs, activity, training):
     if rest:
 
         def per_row(row):
-            keras_model(tf.nest.map_structure(lambda x: x[None], row), training=training)
+            _tfprivate.keras.call_as_stock(
+                keras_model, tf.nest.map_structure(lambda x: x[None], row), training
+            )
             losses = _call_losses(keras_model)
             return [tf.reshape(tf.cast(losses[key], tf.float32), []) for key in rest]
 
@@ -281,7 +283,9 @@ def training_function(
         with _activity_recorded(keras_model) as activity:
             if not training:
                 with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
-                    outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
+                    outputs = _outputs_list(
+                        keras_model, _tfprivate.keras.call_as_stock(keras_model, inputs, False)
+                    )
             else:
                 with (
                     _draws.taken(keras_model, global_batch, seeds, draws, record),
@@ -290,7 +294,9 @@ def training_function(
                         _batchnorm.real_rows_call(pad, True, identity)
                     ),
                 ):
-                    outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
+                    outputs = _outputs_list(
+                        keras_model, _tfprivate.keras.call_as_stock(keras_model, inputs, True)
+                    )
         masks = [getattr(o, "_keras_mask", None) for o in outputs]
         # as stock's clone has them: without a model's own add_loss of a function (dropped)
         regularizers = _tfprivate.keras_compile.weight_regularizers(keras_model, models_own=False)
@@ -341,7 +347,9 @@ def predict_function(keras_model, fed=None):
             inputs = _model_inputs(keras_model, features, fed)
             record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
             with _draws.taken(keras_model, None, None, _draws.UNUSED, record):
-                return _outputs_list(keras_model, keras_model(inputs, training=False))
+                return _outputs_list(
+                    keras_model, _tfprivate.keras.call_as_stock(keras_model, inputs, False)
+                )
 
     predict.tpushim_recorded = recorded
     return predict
