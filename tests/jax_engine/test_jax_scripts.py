@@ -56,11 +56,6 @@ UNCOMPARED = {
 #: script -> (the keys whose numbers differ from stock's, why): every other key equals stock's;
 #: a known difference, pinned so that its fix shows as a failing case.
 DIFFERS = {
-    # A softmax output's binary_crossentropy metric: stock's graph hands Keras's metric the
-    # output's logits (as the strategy engine does); the engine's evaluation hands it the
-    # probabilities (0.4004 where stock gives 0.4821). The added metrics (AUC, a
-    # tf.compat.v1.metrics precision and a feature's mean) are stock's.
-    "iris_add_metrics.py": ({"binary_crossentropy"}, "the crossentropy metrics read no logits"),
     # Not the strings: the same models with their numeric columns concatenated instead (no host
     # part) give the same numbers on the engine.
     "boston_feature_columns_batchnorm.py": (

@@ -197,6 +197,7 @@ class JaxConversion:
                     fed=self.host,
                     seeds=seeds,
                     global_batch=size,
+                    logits=True,
                 )
             else:
                 self._eval_fns[key] = _trace.predict_function(
@@ -207,22 +208,27 @@ class JaxConversion:
     def evaluate(
         self, values, features, labels, weights, pad, weighted=False, over_pod=False, call=None
     ):
-        """(loss over the real rows, outputs) of one padded batch, in JAX. ``weighted``: the
-        input gave ``weights`` (stock's ``{"features", "sample_weights"}``); else they are ones,
-        unread (Keras's unweighted loss). ``over_pod``: the arrays are this process's rows of
+        """(loss over the real rows, outputs, logits, how each is read) of one padded batch, in
+        JAX: per output the logits Keras's crossentropy metrics read from it in stock's graph
+        (None where it has none; see :func:`tpushim._jax._trace.training_function`).
+        ``weighted``: the input gave ``weights`` (stock's ``{"features", "sample_weights"}``);
+        else they are ones, unread (Keras's unweighted loss). ``over_pod``: the arrays are this process's rows of
         the global batch, the step runs over every process's devices, and the outputs are the
         global batch's (every process's rows, in process order). ``call``: the call's
         :class:`._draws.CallDraws` (its batch's real rows set)."""
         size = len(pad) * (self.pod.count if over_pod else 1)
-        loss, outputs = self._run(
+        fn = self._inference_fn("evaluate", weighted, call, size)
+        loss, outputs, logits = self._run(
             ("evaluate", weighted, over_pod, call.seeds if call else None),
-            self._inference_fn("evaluate", weighted, call, size),
+            fn,
             values,
             (features, labels, weights, pad),
             over_pod,
             call,
         )
-        return np.asarray(loss), [np.asarray(o) for o in outputs]
+        hows = list(fn.tpushim_logits_how)
+        logits = [None if how is None else np.asarray(lg) for lg, how in zip(logits, hows)]
+        return np.asarray(loss), [np.asarray(o) for o in outputs], logits, hows
 
     def predict(self, values, features, call=None):
         """The model's inference outputs of one padded batch, in JAX (``call``: as

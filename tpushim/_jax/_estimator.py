@@ -649,7 +649,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     np.ones([size], np.float32) if w is None else _padded([w], size)[0]
                     for w in given
                 ]
-                loss, outputs = conversion.evaluate(
+                loss, outputs, logits, hows = conversion.evaluate(
                     values,
                     _padded(features, size),
                     _padded(labels, size),
@@ -678,6 +678,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     [tf.constant(y) for y in labels],
                     [tf.constant(o) for o in outputs],
                     [None if w is None else tf.constant(w) for w in given],
+                    [None if lg is None else tf.constant(lg[:rows]) for lg in logits],
+                    tuple(hows),
                 )
                 if added is not None:
                     added.update(batch, outputs)
@@ -872,11 +874,17 @@ def _eager_classes(keras_model):
 def _metrics_update(metrics_model):
     """A ``tf.function`` updating the model's compiled metrics with one batch's real labels and
     outputs (lists in its output order) as stock's graph does: its metrics picked as stock's,
-    a [batch] label of a [batch, 1] output handed to them as stock's graph hands it."""
+    a [batch] label of a [batch, 1] output handed to them as stock's graph hands it, each
+    output carrying its logits as stock's (``hows``: how each is read, or None; a softmax or
+    sigmoid output's crossentropy metrics are computed from its logits in stock's graph)."""
 
     @tf.function(reduce_retracing=True)
-    def update(labels, outputs, weights):
+    def update(labels, outputs, weights, logits, hows):
         given = [w is not None for w in weights]
+        outputs = [
+            o if how is None else _tfprivate.keras_compile.with_output_logits(o, how, lg)
+            for o, lg, how in zip(outputs, logits, hows)
+        ]
         _compiled_metrics.update(metrics_model, labels, outputs, weights, given)
 
     return update

@@ -198,7 +198,9 @@ def _input_losses(keras_model, inputs, activity, training):
     if rest:
 
         def per_row(row):
-            keras_model(tf.nest.map_structure(lambda x: x[None], row), training=training)
+            _tfprivate.keras.call_as_stock(
+                keras_model, tf.nest.map_structure(lambda x: x[None], row), training
+            )
             losses = _call_losses(keras_model)
             return [tf.reshape(tf.cast(losses[key], tf.float32), []) for key in rest]
 
@@ -244,6 +246,7 @@ def training_function(
     seeds=None,
     global_batch=None,
     fed=None,
+    logits=False,
 ):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
     pad, draws=None)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot
@@ -252,7 +255,11 @@ def training_function(
     input has no sample weights (those given are ones, unread): Keras's unweighted loss, whose
     one-number terms are not multiplied by a mean weight. ``fed``: the model's host part
     (:class:`tpushim._jax._host.HostFeed`): ``features`` are its fed tensors, the model run
-    from them.
+    from them. ``logits``: it returns ``(loss, outputs, logits)``, per output what Keras's
+    crossentropies read from it besides its values (its ``_keras_logits``, or a Sigmoid's or
+    Softmax's input: :func:`tpushim._tfprivate.keras_compile.output_logits`; an empty tensor
+    where none), how each is read (or None) in the function's ``tpushim_logits_how`` once
+    traced: the metrics on the host compute from them as stock's graph does.
 
     Training, its random draws are stock's (:mod:`._draws`): ``seeds`` the ``(graph seed,
     op-seed counter)`` stock's graph calls the model with (None: the trace's own); traced
@@ -260,6 +267,7 @@ def training_function(
     records), traced with ``draws`` (tensors, one per record) the step takes them as inputs."""
     terms, plan = _loss_terms(keras_model, custom_objects)
     recorded = {}  # the trace's graph -> its draws (a trace without ``draws``)
+    logits_how = []  # per output, how Keras's crossentropies read its logits (at the trace)
 
     def identity(t):  # the whole global batch is one shard: its sums are the global ones
         return t
@@ -275,7 +283,9 @@ def training_function(
         with _activity_recorded(keras_model) as activity:
             if not training:
                 with _draws.taken(keras_model, global_batch, seeds, _inference_feed(draws), record):
-                    outputs = _outputs_list(keras_model, keras_model(inputs, training=False))
+                    outputs = _outputs_list(
+                        keras_model, _tfprivate.keras.call_as_stock(keras_model, inputs, False)
+                    )
             else:
                 with (
                     _draws.taken(keras_model, global_batch, seeds, draws, record),
@@ -284,7 +294,9 @@ def training_function(
                         _batchnorm.real_rows_call(pad, True, identity)
                     ),
                 ):
-                    outputs = _outputs_list(keras_model, keras_model(inputs, training=True))
+                    outputs = _outputs_list(
+                        keras_model, _tfprivate.keras.call_as_stock(keras_model, inputs, True)
+                    )
         masks = [getattr(o, "_keras_mask", None) for o in outputs]
         # as stock's clone has them: without a model's own add_loss of a function (dropped)
         regularizers = _tfprivate.keras_compile.weight_regularizers(keras_model, models_own=False)
@@ -301,6 +313,8 @@ def training_function(
             kinds.append(kind)
             endpoint_masks.append(mask)
         loss = _losses.shard_loss(endpoints, kinds, endpoint_masks, [], {}, pad, 1, False)
+        read = [_tfprivate.keras_compile.output_logits(o) for o in outputs] if logits else []
+        logits_how[:] = [how for how, _ in read]
         loss = tf.cast(loss, tf.float32)
         for regularizer in regularizers:  # weight regularizers: once, as stock adds them
             loss += tf.cast(regularizer, tf.float32)
@@ -312,9 +326,12 @@ def training_function(
                 loss += degree.of_rows(total, rows)
             else:
                 loss += degree.of_rows_inverse(total, tf.math.divide_no_nan(1.0, rows))
+        if logits:
+            return loss, outputs, [tf.zeros([0]) if how is None else lg for how, lg in read]
         return loss, outputs
 
     train.tpushim_recorded = recorded
+    train.tpushim_logits_how = logits_how
     return train
 
 
@@ -340,7 +357,9 @@ def predict_function(keras_model, fed=None, seeds=None, global_batch=None):
             inputs = _model_inputs(keras_model, features, fed)
             record = recorded.setdefault(tf.compat.v1.get_default_graph(), [])
             with _draws.taken(keras_model, global_batch, seeds, _inference_feed(draws), record):
-                return _outputs_list(keras_model, keras_model(inputs, training=False))
+                return _outputs_list(
+                    keras_model, _tfprivate.keras.call_as_stock(keras_model, inputs, False)
+                )
 
     predict.tpushim_recorded = recorded
     return predict

@@ -204,7 +204,7 @@ def _called(model, features, training):
     recorders = _recorders(model)
     for recorder in recorders:
         recorder.outputs.clear()
-    outputs = _outputs_list(model(features, training=training))
+    outputs = _outputs_list(_tfprivate.keras.call_as_stock(model, features, training))
     adds = any(
         _tfprivate.keras_compile.layer_call_losses(layer)
         for layer in _tfprivate.keras.all_layers(model)
@@ -290,7 +290,9 @@ def input_losses(model, features, training, degrees, activity=None, normalized=N
             row, index = element
             # One row alone: BatchNormalization gives that row of the batch's call.
             with normalized.replaying(index):
-                model(tf.nest.map_structure(lambda x: x[None], row), training=training)
+                _tfprivate.keras.call_as_stock(
+                    model, tf.nest.map_structure(lambda x: x[None], row), training
+                )
             return [
                 tf.reshape(tf.cast(t, tf.float32), [])
                 for layer in _tfprivate.keras.all_layers(model)

@@ -302,7 +302,8 @@ class _Run:
     def predict_function(self):
         def replica_step(element):
             features, _, pad, _ = _unpack(element, self.model.output_names)
-            return _outputs_list(self.model(features, training=False)), pad
+            outputs = _tfprivate.keras.call_as_stock(self.model, features, False)
+            return _outputs_list(outputs), pad
 
         @tf.function
         def run(element):

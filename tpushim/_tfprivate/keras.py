@@ -116,6 +116,24 @@ def cloned_layers_call_replaced(names, replacement):
         _cloned_layer_call.reset(token)
 
 
+def learning_phase_as_stock(training):
+    """A block in which ``tf.keras.backend.learning_phase()`` is ``training`` (True in training,
+    False in evaluation and prediction), as stock's model_fn sets it for its graph: set for the
+    calls made inside the block only, not globally (Keras's eager learning phase scope; a
+    layer's ``training`` left to Keras stays None, as in stock's graph). Keras keeps it per
+    thread: a strategy's replica threads each enter their own."""
+    return modules.keras_module("backend").eager_learning_phase_scope(bool(training))
+
+
+@graph.not_converted
+def call_as_stock(model, inputs, training):
+    """``model(inputs)`` as stock's model_fn calls its clone of the model: no ``training`` given
+    (a layer whose call takes one gets None, as stock's graph gives it; Keras's own layers then
+    read the learning phase), in :func:`learning_phase_as_stock`."""
+    with learning_phase_as_stock(training):
+        return model(inputs)
+
+
 @graph.not_converted
 @contextlib.contextmanager
 def batchnorm_call_hooked():
