@@ -18,6 +18,8 @@ each step's predictions and labels to the host for the compiled metrics; the add
 session run per step there, and bring the features only when ``metric_fn`` asks for them.
 """
 
+import logging
+
 import numpy as np
 import tensorflow as tf
 
@@ -118,3 +120,19 @@ class Added:
             return self._session.run(self._values)
         finally:
             self._session.close()
+
+
+def derived(made, estimator, model_fn, metric_fn, engine):
+    """``made`` (the strategy or JAX ``engine``'s estimator that ``tf.estimator.add_metrics``
+    returns around ``estimator``) with ``metric_fn`` added to the estimator's, told to observers
+    and said in one line; returned."""
+    from tpushim import _observe
+
+    made._tpushim_metric_fns = (*estimator._tpushim_metric_fns, metric_fn)
+    _observe.derived(made, estimator, model_fn)
+    logging.getLogger("tpushim").info(
+        "tf.estimator.add_metrics -> %s's estimator with the metrics of %s",
+        engine,
+        getattr(metric_fn, "__name__", metric_fn),
+    )
+    return made

@@ -675,29 +675,11 @@ class patched:
         return wrapper(func)
 
     def _each_step_in_scope(self, generator):
-        """Runs ``generator`` with the scope open while it runs, closed while it is suspended.
+        """Runs ``generator`` with the scope open while it runs, closed while it is suspended
+        (:func:`tpushim._generators.each_step_in`)."""
+        from tpushim import _generators
 
-        A generator runs in its caller's context: a scope held open across a ``yield`` would
-        convert the caller's own calls between two steps. So each step (``send``, ``throw``,
-        ``close``) enters the scope and leaves it at the next ``yield``.
-        """
-        step, value = generator.send, None
-        while True:
-            try:
-                with self:
-                    item = step(value)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                value = yield item
-            except GeneratorExit:
-                with self:
-                    generator.close()
-                raise
-            except BaseException as e:  # thrown in by the caller: into the generator, in scope
-                step, value = generator.throw, e
-            else:
-                step = generator.send
+        return _generators.each_step_in(lambda: self, generator)
 
 
 # --- the wrapper ---------------------------------------------------------------------------------

@@ -6,12 +6,15 @@ format and an existing model_dir are checked against the model too. The prefligh
 steps and reports the first that fails.
 """
 
+import logging
 import os
 
 import tensorflow as tf
 
 from tpushim import _feature_columns, _loss_kinds, _model_fn, _tfprivate
 from tpushim._errors import ConversionError
+
+logger = logging.getLogger("tpushim")
 
 
 def _validate_model(keras_model, custom_objects):
@@ -191,3 +194,26 @@ def check_model_dir(keras_model, model_dir):
                 f"{'; '.join(details[:3])}. tpushim wrote nothing. Use a new model_dir for this model, "
                 f"or delete that one to start over."
             )
+
+
+def said_subclassed(keras_model):
+    """What stock does with a subclassed model, said (by the strategy and JAX engines): its
+    estimator starts from a freshly initialised copy (no first checkpoint of its weights, no
+    warm start), and calls none of the model's own step methods."""
+    if keras_model.built:
+        logger.warning(
+            "%s is a subclassed Keras model that already has weights; as the stock "
+            "model_to_estimator, the estimator starts from a freshly initialised copy "
+            "(its weights are not carried over). The model you passed is unchanged.",
+            type(keras_model).__name__,
+        )
+    steps = _tfprivate.keras.overrides_step(keras_model)
+    if steps:
+        logger.warning(
+            "%s overrides %s; as the stock model_to_estimator, the estimator trains, evaluates "
+            "and predicts with the model's call, compiled loss, metrics and optimizer, and never "
+            "calls %s.",
+            type(keras_model).__name__,
+            " and ".join(steps),
+            "them" if len(steps) > 1 else "it",
+        )

@@ -57,6 +57,17 @@ class Prepared:
     run_config: object = None
     keras: object = None
 
+    def stock_model_fn(self, arguments):
+        """Stock's Keras model_fn of this model (what the base class exports with), made by
+        this TensorFlow's stock conversion from ``model_to_estimator``'s ``arguments``."""
+        return self.keras.model_fn(
+            self.keras_model,
+            self.custom_objects,
+            self.save_object_ckpt,
+            arguments["metric_names_map"],
+            arguments["export_outputs"],
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Built:

@@ -299,13 +299,7 @@ def made(prepared, arguments, settings, decision):
     keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
     config, save_object_ckpt = prepared.config, prepared.save_object_ckpt
     _derived.refuse_config(config)
-    model_fn = prepared.keras.model_fn(
-        keras_model,
-        custom_objects,
-        save_object_ckpt,
-        arguments["metric_names_map"],
-        arguments["export_outputs"],
-    )
+    model_fn = prepared.stock_model_fn(arguments)
     subclassed = _tfprivate.keras.is_subclassed(keras_model)
     # a subclassed model's is built on the input, as stock's clone; no warm start (as stock)
     kind = SubclassedConversion if subclassed else JaxConversion

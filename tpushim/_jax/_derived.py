@@ -91,18 +91,12 @@ def add_metrics(estimator, metric_fn, model_fn):
         EVAL mode): the new estimator's, so that what a script builds or exports from it is
         stock's.
     """
-    from tpushim import _observe
+    from tpushim import _added_metrics
 
     made = type(estimator)(
         model_fn, estimator.config, estimator._warm_start_settings, estimator._tpushim_jax
     )
-    made._tpushim_metric_fns = (*estimator._tpushim_metric_fns, metric_fn)
-    _observe.derived(made, estimator, model_fn)
-    logger.info(
-        "tf.estimator.add_metrics -> the JAX engine's estimator with the metrics of %s",
-        getattr(metric_fn, "__name__", metric_fn),
-    )
-    return made
+    return _added_metrics.derived(made, estimator, model_fn, metric_fn, "the JAX engine")
 
 
 def _parts(batch):

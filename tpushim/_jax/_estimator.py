@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from tpushim import (
     _compiled_metrics,
+    _generators,
     _metric_names,
     _observe,
     _stock_graphs,
@@ -588,17 +589,24 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             _observe.finished(call, time.monotonic() - started)
             return results
 
-    def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
-        conversion = self._tpushim_jax
-        _eager_classes(conversion.keras_model)
+    def _opened(self, input_fn, mode, checkpoint_path):
+        """An evaluation's or prediction's start: a subclassed model built on the input
+        (:meth:`_built_on_input`), then the checkpoint read (:meth:`_start`). ``(seen, early,
+        step, weights, path)``."""
+        _eager_classes(self._tpushim_jax.keras_model)
         seen = {}
-        early = self._built_on_input(lambda: self._batches(input_fn, ModeKeys.EVAL, seen))
+        early = self._built_on_input(lambda: self._batches(input_fn, mode, seen))
         try:
             step, weights, _, path = self._start(checkpoint_path)
         except BaseException:
             if early is not None:
                 early.close()
             raise
+        return seen, early, step, weights, path
+
+    def _evaluate(self, input_fn, steps, hooks, checkpoint_path, name):
+        conversion = self._tpushim_jax
+        seen, early, step, weights, path = self._opened(input_fn, ModeKeys.EVAL, checkpoint_path)
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.EVAL)
         try:
             results = self._evaluate_batches(
@@ -719,7 +727,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
     ):
         with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
             started = time.monotonic()
-            yield from _each_in(
+            yield from _generators.each_step_in(
                 self._tpushim_jax.runtime,
                 self._predict(
                     input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
@@ -729,15 +737,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         conversion = self._tpushim_jax
-        _eager_classes(conversion.keras_model)
-        seen = {}
-        early = self._built_on_input(lambda: self._batches(input_fn, ModeKeys.PREDICT, seen))
-        try:
-            step, weights, _, _ = self._start(checkpoint_path)
-        except BaseException:
-            if early is not None:
-                early.close()
-            raise
+        seen, early, step, weights, _ = self._opened(input_fn, ModeKeys.PREDICT, checkpoint_path)
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.PREDICT)
         yield from _stock_hooks.predicting(
             user_hooks,
@@ -746,8 +746,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 input_fn,
                 predict_keys,
                 user_hooks,
-                step,
-                weights,
+                (step, weights),
                 yield_single_examples,
                 early,
                 seen,
@@ -755,16 +754,10 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         )
 
     def _predict_batches(
-        self,
-        input_fn,
-        predict_keys,
-        user_hooks,
-        step,
-        weights,
-        yield_single_examples,
-        early=None,
-        seen=None,
+        self, input_fn, predict_keys, user_hooks, started, yield_single_examples, early, seen
     ):
+        """Each prediction of the call (``started``: the ``(step, weights)`` it reads)."""
+        step, weights = started
         conversion = self._tpushim_jax
         values = self._values(weights)
         arrays = Arrays(conversion.keras_model, conversion.host)
@@ -810,22 +803,6 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 call.close()
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
-
-
-def _each_in(context, generator):
-    """``generator``'s items, each computed within a fresh ``context()`` (a graph program's
-    eager runtime), the caller's code between two items as the program runs it."""
-    try:
-        while True:
-            with context():
-                try:
-                    item = next(generator)
-                except StopIteration:
-                    return
-            yield item
-    finally:
-        with context():
-            generator.close()
 
 
 class _InFront:

@@ -22,7 +22,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _tfprivate
+from tpushim import _tfprivate, _validation
 from tpushim._errors import ConversionError
 from tpushim._jax import _checkpoint, _host
 
@@ -111,23 +111,7 @@ class BuiltOnInput:
     def __init__(self, keras_model, custom_objects, object_based, settings, *names_and_program):
         self.user_model, self._object_based, self.spec = keras_model, object_based, None
         super().__init__(keras_model, custom_objects, object_based, settings, *names_and_program)
-        if keras_model.built:  # as the other engines say it
-            logger.warning(
-                "%s is a subclassed Keras model that already has weights; as the stock "
-                "model_to_estimator, the estimator starts from a freshly initialised copy "
-                "(its weights are not carried over). The model you passed is unchanged.",
-                type(keras_model).__name__,
-            )
-        steps = _tfprivate.keras.overrides_step(keras_model)
-        if steps:
-            logger.warning(
-                "%s overrides %s; as the stock model_to_estimator, the estimator trains, "
-                "evaluates and predicts with the model's call, compiled loss, metrics and "
-                "optimizer, and never calls %s.",
-                type(keras_model).__name__,
-                " and ".join(steps),
-                "them" if len(steps) > 1 else "it",
-            )
+        _validation.said_subclassed(keras_model)  # as the other engines say it
 
     def build_on(self, features):
         """Builds the stand-in on a batch's ``features`` (as the input_fn gave them), once."""

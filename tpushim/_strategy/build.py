@@ -73,13 +73,7 @@ def made(prepared, arguments, settings, decision):
     tpu, why = decision.tpu, decision.engine_why
     keras_model, custom_objects = prepared.keras_model, prepared.custom_objects
     plan, config, save_object_ckpt = prepared.plan, prepared.config, prepared.save_object_ckpt
-    model_fn = prepared.keras.model_fn(
-        keras_model,
-        custom_objects,
-        save_object_ckpt,
-        arguments["metric_names_map"],
-        arguments["export_outputs"],
-    )
+    model_fn = prepared.stock_model_fn(arguments)
     warm_start_path = None
     if _tfprivate.keras.is_graph_network(keras_model) and config.is_chief:  # as stock
         warm_start_path = prepared.keras.save_first_checkpoint(

@@ -23,6 +23,7 @@ import tensorflow as tf
 from tpushim import (
     _added_metrics,
     _compiled_metrics,
+    _generators,
     _input_wait,
     _metric_names,
     _observe,
@@ -413,7 +414,7 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
     ):
         # Each prediction computed in the engine's runtime, the caller's code between two in
         # its own (a program's graph mode).
-        yield from _each_resumed_in(
+        yield from _generators.each_step_in(
             self._runtime,
             self._predict_observed(
                 input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
@@ -484,22 +485,6 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
             user_hooks.before(step)
 
 
-def _each_resumed_in(context, generator):
-    """``generator``'s items, each computed within a fresh ``context()`` left before it is
-    yielded: the caller's code between two predictions runs in its own world (its graph mode)."""
-    try:
-        while True:
-            with context():
-                try:
-                    item = next(generator)
-                except StopIteration:
-                    return
-            yield item
-    finally:
-        with context():
-            generator.close()
-
-
 def add_metrics(estimator, metric_fn, model_fn):
     """The strategy engine's estimator ``tf.estimator.add_metrics(estimator, metric_fn)`` returns:
     ``estimator`` (its conversion, config, model_dir, warm start) whose evaluation also computes
@@ -520,13 +505,7 @@ def add_metrics(estimator, metric_fn, model_fn):
     added._tpushim_keep = estimator._tpushim_keep
     added._tpushim_v1_api = estimator._tpushim_v1_api
     added._tpushim_strategy = estimator._tpushim_strategy
-    added._tpushim_metric_fns = (*estimator._tpushim_metric_fns, metric_fn)
-    _observe.derived(added, estimator, model_fn)
-    logger.info(
-        "tf.estimator.add_metrics -> the strategy engine's estimator with the metrics of %s",
-        getattr(metric_fn, "__name__", metric_fn),
-    )
-    return added
+    return _added_metrics.derived(added, estimator, model_fn, metric_fn, "the strategy engine")
 
 
 def said_stock_around(estimator, called):

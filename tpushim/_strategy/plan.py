@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpushim import _host_part, _loss_kinds, _plan, _tfprivate
+from tpushim import _host_part, _loss_kinds, _plan, _tfprivate, _validation
 from tpushim._errors import ConversionError
 from tpushim._strategy.refusals import check_tf1_optimizer
 
@@ -138,7 +138,7 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
         # else stock starts from its first checkpoint's freshly initialised clone: read from it
         # once written (:func:`warm_from_first_checkpoint`), the program's variables untouched.
     elif _tfprivate.keras.is_subclassed(keras_model):
-        said_subclassed(keras_model)
+        _validation.said_subclassed(keras_model)
     plan = Plan(
         keras_model=keras_model,
         optimizer=optimizer,
@@ -159,25 +159,3 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
     if host is not None:
         logger.info("the strategy engine's host part: %s", host.describe())
     return plan
-
-
-def said_subclassed(keras_model):
-    """What stock does with a subclassed model, said: its estimator starts from a freshly
-    initialised copy (no warm start), and calls none of the model's own step methods."""
-    if keras_model.built:
-        logger.warning(
-            "%s is a subclassed Keras model that already has weights; as the stock "
-            "model_to_estimator, the estimator starts from a freshly initialised copy "
-            "(its weights are not carried over). The model you passed is unchanged.",
-            type(keras_model).__name__,
-        )
-    steps = _tfprivate.keras.overrides_step(keras_model)
-    if steps:
-        logger.warning(
-            "%s overrides %s; as the stock model_to_estimator, the estimator trains, evaluates "
-            "and predicts with the model's call, compiled loss, metrics and optimizer, and never "
-            "calls %s.",
-            type(keras_model).__name__,
-            " and ".join(steps),
-            "them" if len(steps) > 1 else "it",
-        )
