@@ -89,6 +89,8 @@ def stand_in(keras_model, custom_objects, spec):
                 "trace. Use engine='strategy' (TPUSHIM_ENGINE=strategy), which runs it."
             ) from e
         model = tf.keras.Model(inputs, outputs, name=f"{clone.name}_stand_in")
+        if clone._expects_training_arg:  # given the mode, as stock gives the subclassed model
+            setattr(model, _tfprivate.keras.PASSES_TRAINING, True)
         model.output_names = _tfprivate.keras.generic_output_names(tf.nest.flatten(outputs))
         args = _tfprivate.keras.compile_args(keras_model)
         model.compile(

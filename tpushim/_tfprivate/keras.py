@@ -129,9 +129,20 @@ def learning_phase_as_stock(training):
 def call_as_stock(model, inputs, training):
     """``model(inputs)`` as stock's model_fn calls its clone of the model: no ``training`` given
     (a layer whose call takes one gets None, as stock's graph gives it; Keras's own layers then
-    read the learning phase), in :func:`learning_phase_as_stock`."""
+    read the learning phase), in :func:`learning_phase_as_stock`. A subclassed model whose call
+    takes ``training`` is given the mode, as stock's v1 ``Model._set_inputs`` gives it the
+    graph's learning phase (so is a stand-in around one: ``passes_training``)."""
     with learning_phase_as_stock(training):
+        if getattr(model, PASSES_TRAINING, False) or (
+            is_subclassed(model) and model._expects_training_arg
+        ):
+            return model(inputs, training=bool(training))
         return model(inputs)
+
+
+#: The attribute marking a functional model built around a subclassed one (the JAX engine's
+#: stand-in): :func:`call_as_stock` gives it the mode as stock gives the subclassed model.
+PASSES_TRAINING = "_tpushim_passes_training"
 
 
 @graph.not_converted
