@@ -59,6 +59,12 @@ NEWEST_ONLY_PROOFS = {
     "test_strategy_step.py",
     "test_strategy_subclassed.py",
 }
+#: Single tests of the same kind, by name: the engine's arithmetic against stock 2.15's
+#: recording (an input loss beside BatchNormalization; the layers' training mode).
+NEWEST_ONLY_TESTS = {
+    "test_input_loss_beside_batchnormalization_trains_stocks_numbers",
+    "test_layers_read_the_training_mode_as_stock_2_15",
+}
 NEWEST_ONLY_REASON = (
     "this proof of the strategy engine runs on TensorFlow >= 2.16, against stock 2.15's recorded "
     "numbers (TPUSHIM_TEST_EVERY_PROOF=1 runs it here)"
@@ -81,6 +87,7 @@ SHARED_FIXTURE_MODULES = {
     "test_jax_hooks.py",
     "test_jax_pods.py",
     "test_jax_proof.py",
+    "test_jax_subclassed.py",
     "test_pods.py",
     "test_rewrap.py",
     "test_strategy_batchnorm.py",
@@ -127,6 +134,7 @@ def pytest_collection_modifyitems(config, items):
                 if (
                     item.path.name in NEWEST_ONLY_PROOFS
                     or item.originalname in STRATEGY_SCRIPT_TESTS
+                    or item.originalname in NEWEST_ONLY_TESTS
                 ):
                     item.add_marker(newest_only)
         return
