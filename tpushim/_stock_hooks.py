@@ -482,3 +482,15 @@ class SessionHooks:
 
     def close(self):
         self._session.close()
+
+
+def predictions(batch, rows, predict_keys, yield_single_examples):
+    """A batch's predictions (``{name: rows...}``) as stock's ``predict()`` yields them: only
+    ``predict_keys`` where given; the batch whole, or its first ``rows`` one by one."""
+    if predict_keys:
+        batch = {k: v for k, v in batch.items() if k in predict_keys}
+    if not yield_single_examples:
+        yield batch
+    else:
+        for i in range(rows):
+            yield {k: v[i] for k, v in batch.items()}

@@ -717,25 +717,19 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         return results
 
     # -- predict ----------------------------------------------------------------------------------
-    def predict(
-        self,
-        input_fn,
-        predict_keys=None,
-        hooks=None,
-        checkpoint_path=None,
-        yield_single_examples=True,
-    ):
-        with _observe.calling(_observe.Call("predict", self, input_fn)) as call:
-            started = time.monotonic()
-            yield from _generators.each_step_in(
-                self._tpushim_jax.runtime,
-                self._predict(
-                    input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
-                ),
-            )
-            _observe.finished(call, time.monotonic() - started)
-
+    # predict(): the estimator API's (stock's signature, the call observed), its predictions
+    # made here.
     def _predict(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
+        """Each prediction computed in the conversion's runtime (a graph program's eager one),
+        the caller's code between two in its own."""
+        return _generators.each_step_in(
+            self._tpushim_jax.runtime,
+            self._predictions(
+                input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples
+            ),
+        )
+
+    def _predictions(self, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples):
         conversion = self._tpushim_jax
         seen, early, step, weights, _ = self._opened(input_fn, ModeKeys.PREDICT, checkpoint_path)
         user_hooks = _hooks.user_hooks(hooks, step, conversion, ModeKeys.PREDICT)
@@ -787,14 +781,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 out.update(
                     {k: v if np.ndim(v) == 0 else v[:rows] for k, v in arrays.host_outputs.items()}
                 )
-                if predict_keys:
-                    out = {k: v for k, v in out.items() if k in predict_keys}
                 stop = user_hooks is not None and user_hooks.after(step, False)
-                if not yield_single_examples:
-                    yield out
-                else:
-                    for i in range(rows):
-                        yield {k: v[i] for k, v in out.items()}
+                yield from _stock_hooks.predictions(out, rows, predict_keys, yield_single_examples)
                 if stop:  # stock's predict() ends after the batch a hook stopped at
                     return
         finally:

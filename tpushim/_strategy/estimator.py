@@ -471,14 +471,10 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
             outputs, pad = run.gathered(forward(element))
             real = pad.numpy() > 0
             batch = {n: outs.get(n, o).numpy()[real] for n, o in zip(names, outputs)}
-            if predict_keys:
-                batch = {k: v for k, v in batch.items() if k in predict_keys}
             stop = user_hooks is not None and user_hooks.after(step, False)
-            if not yield_single_examples:
-                yield batch
-            else:
-                for i in range(int(real.sum())):
-                    yield {k: v[i] for k, v in batch.items()}
+            yield from _step_events.predictions(
+                batch, int(real.sum()), predict_keys, yield_single_examples
+            )
             if stop:  # stock's predict() ends after the batch a hook stopped at
                 return
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
