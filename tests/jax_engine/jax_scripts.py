@@ -29,6 +29,31 @@ def differences(got, want, tol=1e-5):
     return out
 
 
+def checkpoints_as_stocks(program, tmp_path, cases):
+    """``program`` (Python source training each case on the engine and on stock's path on 8
+    devices, printing ``RESULT {"engine"|"stock": {case: {variable: values}}}``) run in a
+    process of its own: its ``cases`` cases, each checkpoint's every floating variable equal to
+    stock's within 1e-5. The results."""
+    import numpy as np
+
+    proc = procs.python(
+        ["-c", program, str(tmp_path)],
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
+        cwd=str(tmp_path),
+        timeout=600,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    got = json.loads(lines[-1][len("RESULT ") :])
+    assert set(got["engine"]) == set(got["stock"]) and len(got["stock"]) == cases
+    for case, stock in got["stock"].items():
+        engine = got["engine"][case]
+        assert set(engine) == set(stock), (case, sorted(set(engine) ^ set(stock)))
+        for name, values in stock.items():
+            np.testing.assert_allclose(engine[name], values, atol=1e-5, err_msg=f"{case} {name}")
+    return got
+
+
 def eight_devices(tf2jax=True):
     """jax, with 8 XLA CPU devices (as 8 TPU cores) asked for where it is not imported yet (jax
     may come in with TensorFlow); the calling test module skipped without jax (or tf2jax)."""

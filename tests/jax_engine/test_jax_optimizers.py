@@ -8,10 +8,8 @@ optimizers this round added, through the estimator: two ``train()`` calls on the
 second resuming from the first's checkpoint) leave a checkpoint of stock's names and values.
 """
 
-import json
-
+import jax_scripts
 import numpy as np
-import procs
 import pytest
 from jax_scripts import ROOT, eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
 
@@ -292,21 +290,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_checkpoints_hold_stocks_names_and_values_after_a_resumed_run(tmp_path):
-    proc = procs.python(
-        ["-c", CHECKPOINTS, str(tmp_path)],
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
-        cwd=str(tmp_path),
-        timeout=600,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    got = json.loads(lines[-1][len("RESULT ") :])
-    assert set(got["engine"]) == set(got["stock"]) and len(got["stock"]) == 9
-    for case, stock in got["stock"].items():
-        engine = got["engine"][case]
-        assert set(engine) == set(stock), (case, sorted(set(engine) ^ set(stock)))
-        for name, values in stock.items():
-            np.testing.assert_allclose(engine[name], values, atol=1e-5, err_msg=f"{case} {name}")
+    got = jax_scripts.checkpoints_as_stocks(CHECKPOINTS, tmp_path, 9)
     assert any("momentum_cache" in n for n in got["stock"]["nadam"])
     # 4 weights, each with rms, momentum and mg (v1's names: h/kernel/RMSProp, ..._1, ..._2)
     assert len(got["stock"]["v1-rmsprop-centered"]) == 16

@@ -9,10 +9,7 @@ optimizer, is in test_jax_optimizers.py; here: the clipping of a gathered weight
 refused by name.
 """
 
-import json
-
-import numpy as np
-import procs
+import jax_scripts
 import pytest
 from jax_scripts import ROOT, eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
 
@@ -65,21 +62,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_schedules_decay_and_clipping_train_as_stock_across_a_resumed_run(tmp_path):
-    proc = procs.python(
-        ["-c", DECAYED, str(tmp_path)],
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
-        cwd=str(tmp_path),
-        timeout=600,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    got = json.loads(lines[-1][len("RESULT ") :])
-    assert set(got["engine"]) == set(got["stock"]) and len(got["stock"]) == 3
-    for case, stock in got["stock"].items():
-        engine = got["engine"][case]
-        assert set(engine) == set(stock), (case, sorted(set(engine) ^ set(stock)))
-        for name, values in stock.items():
-            np.testing.assert_allclose(engine[name], values, atol=1e-5, err_msg=f"{case} {name}")
+    jax_scripts.checkpoints_as_stocks(DECAYED, tmp_path, 3)
 
 
 REFUSAL = "does not clip the gradient of a weight the model gathers rows of"
