@@ -35,7 +35,7 @@ from tpushim import (
 )
 from tpushim._errors import ConversionError
 
-ModeKeys = tf.estimator.ModeKeys
+ModeKeys = _tfprivate.estimator.ModeKeys  # (tf.estimator on TensorFlow >= 2.16 once patched)
 
 
 def optimizer_kind(optimizer):
