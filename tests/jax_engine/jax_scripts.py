@@ -29,6 +29,20 @@ def differences(got, want, tol=1e-5):
     return out
 
 
+def program_result(program, work, *args):
+    """``program`` (Python source printing ``RESULT <json>``) run in a process of its own on 8
+    XLA CPU devices, in ``work`` (its first argument, then ``args``): the JSON it printed last."""
+    proc = procs.python(
+        ["-c", program, str(work), *args],
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
+        cwd=str(work),
+        timeout=600,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
 def checkpoints_as_stocks(program, tmp_path, cases):
     """``program`` (Python source training each case on the engine and on stock's path on 8
     devices, printing ``RESULT {"engine"|"stock": {case: {variable: values}}}``) run in a
@@ -36,15 +50,7 @@ def checkpoints_as_stocks(program, tmp_path, cases):
     stock's within 1e-5. The results."""
     import numpy as np
 
-    proc = procs.python(
-        ["-c", program, str(tmp_path)],
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
-        cwd=str(tmp_path),
-        timeout=600,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    got = json.loads(lines[-1][len("RESULT ") :])
+    got = program_result(program, tmp_path)
     assert set(got["engine"]) == set(got["stock"]) and len(got["stock"]) == cases
     for case, stock in got["stock"].items():
         engine = got["engine"][case]

@@ -14,10 +14,8 @@ stock's own ops and seeds, fed to the JAX step.
 - Converted alone, such a draw is refused, and draws that are not stock's stateful ones, by name.
 """
 
-import json
-
+import jax_scripts
 import numpy as np
-import procs
 import pytest
 from jax_scripts import JAX_TESTS, ROOT, eight_devices, scripts_started  # noqa: F401
 
@@ -104,15 +102,7 @@ print("RESULT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
     work = tmp_path_factory.mktemp("draws")
-    proc = procs.python(
-        ["-c", PROGRAM, str(work)],
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
-        cwd=str(work),
-        timeout=600,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return jax_scripts.program_result(PROGRAM, work)
 
 
 def test_a_scripts_draws_are_stocks(program):

@@ -4,10 +4,8 @@ and count with ``count_weights``, on 8 XLA CPU devices with a short padded batch
 evaluated and predicting as stock's estimator (the stock path of the same TensorFlow, in the
 same process, and stock 2.15's recorded numbers)."""
 
-import json
-
+import jax_scripts
 import numpy as np
-import procs
 import pytest
 from jax_scripts import ROOT, eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
 
@@ -115,15 +113,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_category_encoding_trains_evaluates_and_predicts_as_stock(tmp_path):
-    proc = procs.python(
-        ["-c", CODE, str(tmp_path), "0"],
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": ROOT},
-        cwd=str(tmp_path),
-        timeout=600,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    got = json.loads(lines[-1][len("RESULT ") :])
+    got = jax_scripts.program_result(CODE, tmp_path, "0")
     engine, stock = got["engine"], got["stock"]
     assert set(engine["weights"]) == set(stock["weights"]) and len(stock["weights"]) == 4
     for name, values in stock["weights"].items():
