@@ -144,6 +144,86 @@ def numpy_input():
     )
 
 
+def queue_input(shuffled):
+    """60 ids through stock's queues (a slice_input_producer, one epoch, in order), batched 16 by
+    ``tf.compat.v1.train.batch`` (FIFO: one board's order is fixed) or ``shuffle_batch`` (a
+    random order each run), the short last batch kept."""
+
+    def input_fn():
+        (i,) = tf.compat.v1.train.slice_input_producer(
+            [tf.constant(np.arange(60.0))], num_epochs=1, shuffle=False
+        )
+        one = {"id": i, "y": tf.cast(i, tf.int64) % 3}
+        kwargs = dict(batch_size=BATCH, num_threads=1, allow_smaller_final_batch=True)
+        if shuffled:
+            b = tf.compat.v1.train.shuffle_batch(
+                one, capacity=40, min_after_dequeue=10, seed=7, **kwargs
+            )
+        else:
+            b = tf.compat.v1.train.batch(one, capacity=40, **kwargs)
+        return {"id": b["id"]}, b["y"]
+
+    return input_fn
+
+
+def queue_train_input():
+    """The training's 56 rows through a FIFO queue (``tf.compat.v1.train.batch``): batches of
+    16, 16, 16, 8 in order."""
+    rng = np.random.RandomState(3)
+    x = rng.normal(size=(TRAIN_ROWS, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [0.25]], np.float32) + 0.1).astype(np.float32)
+
+    def input_fn():
+        row = tf.compat.v1.train.slice_input_producer([x, y], num_epochs=1, shuffle=False)
+        bx, by = tf.compat.v1.train.batch(
+            row, batch_size=BATCH, num_threads=1, capacity=40, allow_smaller_final_batch=True
+        )
+        return {"x": bx}, by
+
+    return input_fn
+
+
+CITIES = np.array([b"oslo", b"lima", b"pune", b"kobe"])  # "kobe": out of the vocabulary
+
+
+def city_input(rows, batch, seed):
+    rng = np.random.RandomState(seed)
+    x = rng.normal(size=(rows, 4)).astype(np.float32)
+    city = CITIES[rng.randint(0, 4, size=(rows, 1))]
+    y = (x[:, :1] - 0.5 * (city == b"lima") + 0.1).astype(np.float32)
+    return lambda: tf.data.Dataset.from_tensor_slices(({"x": x, "city": city}, y)).batch(batch)
+
+
+def city_metrics(labels, predictions, features):
+    """A metric that reads the string feature: the mean prediction and error of "lima" rows."""
+    lima = tf.cast(tf.equal(features["city"], "lima"), tf.float32)
+    return {
+        "lima_y": tf.compat.v1.metrics.mean(predictions["y"], weights=lima),
+        "lima_error": tf.compat.v1.metrics.mean_absolute_error(
+            labels, predictions["y"], weights=lima
+        ),
+    }
+
+
+def strings_evaluated(model_dir):
+    """A string feature through a ``StringLookup`` (on the host), trained 2 steps, then evaluate()
+    over 44 rows (16, 16, 12) with ``add_metrics`` reading the strings: the metrics."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((4,), name="x")
+    city = tf.keras.Input((1,), name="city", dtype=tf.string)
+    ids = tf.keras.layers.StringLookup(vocabulary=["oslo", "lima", "pune"], name="lookup")(city)
+    e = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(4, 2, name="emb")(ids))
+    out = tf.keras.layers.Dense(1, name="y")(tf.keras.layers.Concatenate()([x, e]))
+    model = tf.keras.Model([x, city], out)
+    model.compile(tf.keras.optimizers.SGD(0.05), "mse")
+    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=11)
+    estimator = tf.keras.estimator.model_to_estimator(model, config=config)
+    estimator = tf.estimator.add_metrics(estimator, city_metrics)
+    estimator.train(city_input(32, BATCH, 1), steps=2)
+    metrics = estimator.evaluate(city_input(44, BATCH, 5))
+    return {k: float(v) for k, v in metrics.items()}
+
+
 def pinned_entropy(value):
     """The operating-system entropy Python's ``random.seed()`` takes, pinned to ``value`` (the
     feeding thread's start row: one per process, as on machines of their own)."""
@@ -204,7 +284,7 @@ def evaluated(estimator):
     }
 
 
-def train(model_dir, evaluate=False, again=True):
+def train(model_dir, evaluate=False, again=True, input_fn=None):
     """A Dense -> BatchNormalization -> Dropout (unseeded: stock's seeds from tf_random_seed and
     the op-seed counter) -> Dense model trained over the shuffled input to its end, then 2 more
     steps in a second call (which reads process 0's checkpoint; not ``again``: none); its
@@ -218,7 +298,7 @@ def train(model_dir, evaluate=False, again=True):
     model.compile(tf.keras.optimizers.SGD(0.05, momentum=0.9), "mse", metrics=["mae"])
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=11)
     estimator = tf.keras.estimator.model_to_estimator(model, config=config)
-    estimator.train(train_input())
+    estimator.train(input_fn or train_input())
     if again:
         estimator.train(train_input(), steps=2)
     names = [n for n in estimator.get_variable_names() if "global_step" not in n]
@@ -244,6 +324,11 @@ def train(model_dir, evaluate=False, again=True):
     }
 
 
+def queue_training(model_dir):
+    """The training's model over a FIFO queue's batches (one call, to the input's end)."""
+    return train(model_dir, again=False, input_fn=queue_train_input())
+
+
 def main():
     paths = write_files(os.path.join(ROOT, "data"))
     made = inputs(paths)
@@ -251,6 +336,8 @@ def main():
     if ROLE == "stock":
         tpushim.patch(mode="off", quiet=True)
         result["training"] = train(os.path.join(ROOT, "stock"), evaluate=True)
+        result["queue_training"] = queue_training(os.path.join(ROOT, "stock-queue"))
+        result["strings"] = strings_evaluated(os.path.join(ROOT, "stock-strings"))
     elif ROLE == "board":
         tpushim.patch(quiet=True)
         result["batches"] = {
@@ -259,7 +346,10 @@ def main():
         }
         pinned_entropy(1234)  # process 0's
         result["batches"]["numpy 5"] = board_batches(numpy_input(), 5, 4)
+        result["batches"]["queue batch 5"] = board_batches(queue_input(False), 5, 4)
         result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
+        result["queue_training"] = queue_training(os.path.join(ROOT, "board-queue"))
+        result["strings"] = strings_evaluated(os.path.join(ROOT, "board-strings"))
     else:
         tpushim.patch(quiet=True)
         from tpushim._jax import _pod
@@ -281,7 +371,14 @@ def main():
         result["shares"]["control own_starts numpy 5"] = shares(
             numpy_input(), 5, "auto", 4, "own_starts"
         )
+        for shuffled, name in ((False, "queue batch 5"), (True, "queue shuffle_batch 5")):
+            result["shares"][name] = shares(queue_input(shuffled), 5, "auto", 4)
+        result["shares"]["control other_share queue shuffle_batch 5"] = shares(
+            queue_input(True), 5, "auto", 4, "other_share"
+        )
         result["training"] = train(os.path.join(ROOT, "pod"), evaluate=True)
+        result["queue_training"] = queue_training(os.path.join(ROOT, "pod-queue"))
+        result["strings"] = strings_evaluated(os.path.join(ROOT, "pod-strings"))
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"

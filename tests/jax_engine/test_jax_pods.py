@@ -137,6 +137,44 @@ def test_exact_path_numpy_input_fn_queue_is_one_boards(proof):
     assert _pooled(proof, "control own_starts numpy 5") != board
 
 
+def test_queue_input_fns_on_the_pod_every_example_once_pooled_one_boards(proof):
+    """``tf.compat.v1.train.batch`` / ``shuffle_batch`` queues (refused on a pod before): process 0
+    reads them as one board does and hands each process every global batch, each feeding its rows:
+    pooled, the FIFO queue's batches are one board's, and the shuffled queue's every example once;
+    process 1 feeding process 0's rows (the control) feeds some twice and others never."""
+    board = proof["board"]["batches"]["queue batch 5"]
+    assert [len(b) for b in board] == [16, 16, 16, 12] and _flat(board) == list(range(60))
+    assert _pooled(proof, "queue batch 5") == board
+    shuffled = _pooled(proof, "queue shuffle_batch 5")
+    assert [len(b) for b in shuffled] == [16, 16, 16, 12]
+    assert sorted(_flat(shuffled)) == list(range(60)) and _flat(shuffled) != list(range(60))
+    control = _flat(_pooled(proof, "control other_share queue shuffle_batch 5"))
+    assert len(set(control)) < 60 < len(control)  # process 0's rows twice, process 1's never
+
+
+def test_training_from_a_queue_on_the_pod_equals_one_board_and_stock(proof):
+    """The training's model over a FIFO queue (batches 16, 16, 16, 8; the last padded): every
+    process's weights are one board's and stock's within 1e-5."""
+    board, stock = proof["board"]["queue_training"], proof["stock"]["queue_training"]
+    assert stock["step"] == board["step"] == 4 and _diff(board, stock) < TOL
+    for worker in proof["workers"]:
+        pod = worker["queue_training"]
+        assert pod["step"] == 4 and _diff(pod, stock) < TOL
+        assert pod["files"] == board["files"]
+
+
+def test_evaluate_on_the_pod_with_strings_reaching_the_metrics_equals_stock(proof):
+    """A ``StringLookup`` feature and ``add_metrics`` reading its strings (refused on a pod
+    before): every process gathers every process's strings and returns stock's metrics."""
+    stock = proof["stock"]["strings"]
+    assert sorted(stock) == ["global_step", "lima_error", "lima_y", "loss"]
+    assert stock["lima_y"] != 0.0
+    for got in [proof["board"]["strings"]] + [w["strings"] for w in proof["workers"]]:
+        assert sorted(got) == sorted(stock)
+        for k in stock:
+            assert abs(got[k] - stock[k]) < TOL, (k, got[k], stock[k])
+
+
 def test_negative_control_a_process_feeding_anothers_share(proof):
     pooled = _pooled(proof, "control other_share shuffle 5")
     assert pooled != proof["board"]["batches"]["shuffle 5"]

@@ -31,8 +31,10 @@ batch from its own copy of the input pipeline.
 """
 
 import dataclasses
+import itertools
 import logging
 import os
+import pickle
 import random
 
 import numpy as np
@@ -169,15 +171,25 @@ def gathered(tree):
 
     def one(local):
         local = np.asarray(local)
-        if local.dtype.kind not in "biuf":
-            raise ConversionError(
-                "tpushim's JAX engine does not evaluate on a pod an input whose labels, sample "
-                f"weights or add_metrics inputs are not numbers ({local.dtype}) yet. Use "
-                "engine='strategy' (TPUSHIM_ENGINE=strategy), which does."
-            )
+        if local.dtype.kind not in "biuf":  # strings (a lookup's, a feature column's)
+            return _gathered_objects(local)
         return np.asarray(multihost_utils.process_allgather(local, tiled=True))
 
     return jax.tree_util.tree_map(one, tree)
+
+
+def _gathered_objects(local):
+    """Every process's rows of an array of strings (or other objects), in process order: each
+    process's rows pickled, padded to the longest, gathered as bytes and read back."""
+    from jax.experimental import multihost_utils
+
+    mine = np.frombuffer(pickle.dumps(local, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([len(mine)]), tiled=True))
+    padded = np.zeros([int(sizes.max())], np.uint8)
+    padded[: len(mine)] = mine
+    every = np.asarray(multihost_utils.process_allgather(padded[None], tiled=True))
+    parts = [pickle.loads(every[p, : int(n)].tobytes()) for p, n in enumerate(sizes)]
+    return np.concatenate(parts)
 
 
 def is_chief():
@@ -297,6 +309,70 @@ def _called(input_fn, mode, config, seed):
     return graph, result
 
 
+def _read(session, result):
+    """Each batch of ``result`` that ``session`` reads (a numpy structure), until the input ends;
+    the session closed at the end. None: none (a process handed its batches)."""
+    import tensorflow as tf
+
+    if session is None:
+        return
+    try:
+        while not session.should_stop():
+            try:
+                yield session.run(result)
+            except tf.errors.OutOfRangeError:
+                return
+    finally:
+        session.close()
+
+
+#: Each input read from queues on a pod, counted alike in every process (the same calls, in the
+#: same order): its batches' keys in the coordinator's key-value store.
+_QUEUED_CALLS = itertools.count()
+#: How long a process waits for process 0's next batch of a queue (milliseconds: a day).
+_WAIT_MS = 24 * 3600 * 1000
+
+
+def _handed(batches, pod, call):
+    """Queue-read input on a pod: process 0 reads ``batches`` (its queues, threads and all, as
+    one board reads them) and hands every other process each batch through the coordinator's
+    key-value store (not a collective: the training's steps run beside it); the others yield
+    what it handed them, so every process holds the same global batches. Each batch's key is
+    deleted by the process that read it."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    prefix = f"tpushim/queued/{call}"
+    if pod.index == 0:
+        k, ended = 0, False
+        try:
+            for batch in batches:
+                message = pickle.dumps(("batch", batch), protocol=pickle.HIGHEST_PROTOCOL)
+                for p in range(1, pod.count):
+                    client.key_value_set_bytes(f"{prefix}/{k}/{p}", message)
+                k += 1
+                yield batch
+            ended = True
+        finally:
+            last = ("end", None) if ended else ("error", "process 0's input stopped early")
+            message = pickle.dumps(last)
+            for p in range(1, pod.count):
+                client.key_value_set_bytes(f"{prefix}/{k}/{p}", message)
+        return
+    for k in itertools.count():
+        key = f"{prefix}/{k}/{pod.index}"
+        kind, batch = pickle.loads(client.blocking_key_value_get_bytes(key, _WAIT_MS))
+        client.key_value_delete(key)
+        if kind == "end":
+            return
+        if kind == "error":
+            raise ConversionError(
+                f"reading the input's queues on process 0 of the pod failed ({batch}); this "
+                "process had its batches from there. See process 0's error."
+            )
+        yield batch
+
+
 def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, multiple=None):
     """This process's :class:`Share` of every global batch, read as stock reads an input (a
     ``MonitoredSession`` over the input_fn's graph), on the path :mod:`tpushim._pods` decides.
@@ -319,14 +395,13 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
     path, size = _pods.Path("exact", "the input_fn returns tensors, not a Dataset"), batch_size
     hooks = []
     with graph.as_default():
-        if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
-            raise ConversionError(
-                f"input_fn {getattr(input_fn, '__name__', input_fn)!r} reads queues filled by "
-                "threads (tf.compat.v1.train.shuffle_batch & co.), and on a pod "
-                "of several processes tpushim's JAX engine cannot make every process's queue "
-                "give the same batches. Return a tf.data.Dataset "
-                "(tf.data.Dataset.from_tensor_slices((features, labels)).batch(B)). Nothing "
-                "was written."
+        queued = bool(graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS))
+        if queued:  # (shuffle_batch & co.: threads fill them, no two processes alike)
+            path = _pods.Path(
+                "exact",
+                "the input_fn reads queues filled by threads (tf.compat.v1.train.batch, "
+                "shuffle_batch, ...): process 0 reads them as one board does and hands every "
+                "process each global batch",
             )
         if isinstance(result, tf.data.Dataset):
             found = _pods.analyse(result, _pods.needs_files(mode, pod_input))
@@ -356,10 +431,14 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
             result = iterator.get_next()
         if isinstance(result, list):
             result = tuple(result)
-        session = tf.compat.v1.train.MonitoredSession(
-            session_creator=tf.compat.v1.train.ChiefSessionCreator(config=config.session_config),
-            hooks=hooks,
-        )
+        session = None
+        if not queued or pod.index == 0:
+            session = tf.compat.v1.train.MonitoredSession(
+                session_creator=tf.compat.v1.train.ChiefSessionCreator(
+                    config=config.session_config
+                ),
+                hooks=hooks,
+            )
     _observe.note(
         "pod",
         "%s on %d processes (process %d): %s path: %s",
@@ -369,12 +448,11 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
         path.name,
         path.why,
     )
+    batches = _read(session, result)
+    if queued:
+        batches = _handed(batches, pod, next(_QUEUED_CALLS))
     try:
-        while not session.should_stop():
-            try:
-                batch = session.run(result)
-            except tf.errors.OutOfRangeError:
-                return
+        for batch in batches:
             rows = _rows_of(batch)
             if path.name == "files":
                 yield Share(batch, np.ones([rows], np.float32), rows * pod.count, rows * pod.count)
@@ -396,4 +474,4 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
             piece = jax.tree_util.tree_map(lambda a: a[start : start + mine], _padded(batch, size))
             yield Share(piece, pad[start : start + mine], size, rows)
     finally:
-        session.close()
+        batches.close()
