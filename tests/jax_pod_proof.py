@@ -168,7 +168,7 @@ def queue_input(shuffled):
 
 def queue_train_input():
     """The training's 56 rows through a FIFO queue (``tf.compat.v1.train.batch``): batches of
-    16, 16, 16, 8 in order."""
+    16, 16, 16, 8 in order (the second train() call reads the first 2)."""
     rng = np.random.RandomState(3)
     x = rng.normal(size=(TRAIN_ROWS, 4)).astype(np.float32)
     y = (x @ np.array([[1.0], [-2.0], [0.5], [0.25]], np.float32) + 0.1).astype(np.float32)
@@ -284,10 +284,10 @@ def evaluated(estimator):
     }
 
 
-def train(model_dir, evaluate=False, again=True, input_fn=None):
+def train(model_dir, evaluate=False, again=True):
     """A Dense -> BatchNormalization -> Dropout (unseeded: stock's seeds from tf_random_seed and
     the op-seed counter) -> Dense model trained over the shuffled input to its end, then 2 more
-    steps in a second call (which reads process 0's checkpoint; not ``again``: none); its
+    steps from a FIFO queue (:func:`queue_train_input`) in a second call (which reads process 0's checkpoint; not ``again``: none); its
     weights (``evaluate``: and :func:`evaluated`'s answers)."""
     tf.keras.utils.set_random_seed(0)
     x = tf.keras.Input((4,), name="x")
@@ -298,9 +298,9 @@ def train(model_dir, evaluate=False, again=True, input_fn=None):
     model.compile(tf.keras.optimizers.SGD(0.05, momentum=0.9), "mse", metrics=["mae"])
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=11)
     estimator = tf.keras.estimator.model_to_estimator(model, config=config)
-    estimator.train(input_fn or train_input())
-    if again:
-        estimator.train(train_input(), steps=2)
+    estimator.train(train_input())
+    if again:  # from a FIFO queue (tf.compat.v1.train.batch): its first 2 batches
+        estimator.train(queue_train_input(), steps=2)
     names = [n for n in estimator.get_variable_names() if "global_step" not in n]
     names = [n for n in names if not n.startswith("_CHECKPOINTABLE")]
     (step,) = [n for n in estimator.get_variable_names() if "global_step" in n]
@@ -324,11 +324,6 @@ def train(model_dir, evaluate=False, again=True, input_fn=None):
     }
 
 
-def queue_training(model_dir):
-    """The training's model over a FIFO queue's batches (one call, to the input's end)."""
-    return train(model_dir, again=False, input_fn=queue_train_input())
-
-
 def main():
     paths = write_files(os.path.join(ROOT, "data"))
     made = inputs(paths)
@@ -336,7 +331,6 @@ def main():
     if ROLE == "stock":
         tpushim.patch(mode="off", quiet=True)
         result["training"] = train(os.path.join(ROOT, "stock"), evaluate=True)
-        result["queue_training"] = queue_training(os.path.join(ROOT, "stock-queue"))
         result["strings"] = strings_evaluated(os.path.join(ROOT, "stock-strings"))
     elif ROLE == "board":
         tpushim.patch(quiet=True)
@@ -348,7 +342,6 @@ def main():
         result["batches"]["numpy 5"] = board_batches(numpy_input(), 5, 4)
         result["batches"]["queue batch 5"] = board_batches(queue_input(False), 5, 4)
         result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
-        result["queue_training"] = queue_training(os.path.join(ROOT, "board-queue"))
         result["strings"] = strings_evaluated(os.path.join(ROOT, "board-strings"))
     else:
         tpushim.patch(quiet=True)
@@ -377,7 +370,6 @@ def main():
             queue_input(True), 5, "auto", 4, "other_share"
         )
         result["training"] = train(os.path.join(ROOT, "pod"), evaluate=True)
-        result["queue_training"] = queue_training(os.path.join(ROOT, "pod-queue"))
         result["strings"] = strings_evaluated(os.path.join(ROOT, "pod-strings"))
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))

@@ -152,17 +152,6 @@ def test_queue_input_fns_on_the_pod_every_example_once_pooled_one_boards(proof):
     assert len(set(control)) < 60 < len(control)  # process 0's rows twice, process 1's never
 
 
-def test_training_from_a_queue_on_the_pod_equals_one_board_and_stock(proof):
-    """The training's model over a FIFO queue (batches 16, 16, 16, 8; the last padded): every
-    process's weights are one board's and stock's within 1e-5."""
-    board, stock = proof["board"]["queue_training"], proof["stock"]["queue_training"]
-    assert stock["step"] == board["step"] == 4 and _diff(board, stock) < TOL
-    for worker in proof["workers"]:
-        pod = worker["queue_training"]
-        assert pod["step"] == 4 and _diff(pod, stock) < TOL
-        assert pod["files"] == board["files"]
-
-
 def test_evaluate_on_the_pod_with_strings_reaching_the_metrics_equals_stock(proof):
     """A ``StringLookup`` feature and ``add_metrics`` reading its strings (refused on a pod
     before): every process gathers every process's strings and returns stock's metrics."""
@@ -212,7 +201,8 @@ def test_negative_control_files_read_twice(proof, control):
 
 def test_training_on_the_pod_equals_one_board_and_stock(proof):
     """A BatchNormalization model, SGD with momentum, a seeded shuffle, a short padded last batch,
-    then a second train() from process 0's checkpoint: the weights, slots and global step every
+    then a second train() from process 0's checkpoint over a FIFO ``tf.compat.v1.train.batch``
+    queue (process 0 reads it for every process; refused on a pod before): the weights, slots and global step every
     process reads equal one board's and the stock estimator's within 1e-5; the model_dir holds
     what one board's holds (process 0 wrote it, alone)."""
     board, stock = proof["board"]["training"], proof["stock"]["training"]
