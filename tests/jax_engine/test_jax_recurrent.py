@@ -83,11 +83,26 @@ def test_an_embedding_lstm_classifier_trains_evaluates_and_predicts_as_stock(tmp
     got = program_result(CODE, tmp_path)
     engine, stock = got["engine"], got["stock"]
     assert set(engine["weights"]) == set(stock["weights"]) and len(stock["weights"]) == 6
-    moved = 0.0
     for name, values in stock["weights"].items():
         np.testing.assert_allclose(engine["weights"][name], values, atol=1e-5, err_msg=name)
     assert len(stock["predictions"]) == 21
     np.testing.assert_allclose(engine["predictions"], stock["predictions"], atol=1e-5)
     for key, value in stock["metrics"].items():
         assert abs(engine["metrics"][key] - value) < 1e-5, key
-    del moved
+
+
+def test_a_recurrent_layers_dropout_is_refused_naming_the_layer():
+    from tpushim._errors import ConversionError
+    from tpushim._jax import _trace
+
+    model, features, labels = jax_layers.families()["LSTM(dropout, recurrent_dropout)"]()
+    rows = len(features[0])
+    with pytest.raises(ConversionError, match=r"recurrent layer with dropout.*\(lstm"):
+        _trace.convert(
+            model,
+            _trace.training_function(model),
+            features,
+            labels,
+            [np.ones([rows], "float32")],
+            np.ones([rows], "float32"),
+        )

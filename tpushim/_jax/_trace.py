@@ -483,6 +483,25 @@ def _loops(graph):
     return sorted({f"{where}{n.name}" for where, n in named if n.op in ("While", "StatelessWhile")})
 
 
+def _refuse_recurrent_dropout(keras_model):
+    """Refuses a recurrent layer with ``dropout`` or ``recurrent_dropout``: its masks, drawn
+    for the loop over time steps, are not stock's draws on the engine (an Embedding + LSTM
+    classifier's weights were 0.27 off stock's after 3 steps), so it is named, not trained."""
+    named = sorted(
+        {
+            layer.name
+            for layer in _tfprivate.keras.all_layers(keras_model)
+            if isinstance(layer, tf.keras.layers.RNN)
+            and (getattr(layer.cell, "dropout", 0) or getattr(layer.cell, "recurrent_dropout", 0))
+        }
+    )
+    if named:
+        _refuse(
+            f"a recurrent layer with dropout or recurrent_dropout ({', '.join(named)})",
+            "its masks over the time steps are not stock's draws on this engine",
+        )
+
+
 def _refuse_unbounded_loops(keras_model, loops, fn, params, args):
     """Refuses a training step with a loop whose number of iterations its values decide (a
     ``tf.while_loop`` on the data): :mod:`_ops` runs a loop (a recurrent layer's over its time
@@ -549,6 +568,7 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
             f"{' '.join(str(e).split())[:300]}. Train it with engine=strategy."
         ) from e
     if loops:
+        _refuse_recurrent_dropout(keras_model)
         _refuse_unbounded_loops(keras_model, loops, fn, params, args)
     by_name = {v.name.split(":")[0]: v for v in keras_model.weights}
     missing = [name for name in params if name not in by_name]
