@@ -84,14 +84,13 @@ def families():
         "LSTM(dropout, recurrent_dropout)": one(
             seq, lambda x: L.LSTM(4, dropout=0.2, recurrent_dropout=0.2)(x)
         ),
-        "Embedding(mask_zero)+Bidirectional(LSTM)+GRU(go_backwards)+SimpleRNN": one(
+        "Embedding(mask_zero)+Bidirectional(LSTM, GRU(go_backwards))+SimpleRNN": one(
             (5,),
             lambda x: L.SimpleRNN(2)(
-                L.GRU(3, go_backwards=True, return_sequences=True)(
-                    L.Bidirectional(L.LSTM(3, return_sequences=True))(
-                        L.Embedding(7, 4, mask_zero=True)(x)
-                    )
-                )
+                L.Bidirectional(
+                    L.LSTM(2, return_sequences=True),
+                    backward_layer=L.GRU(2, return_sequences=True, go_backwards=True),
+                )(L.Embedding(7, 3, mask_zero=True)(x))
             ),
             ints=7,
         ),

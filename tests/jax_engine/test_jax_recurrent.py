@@ -2,7 +2,7 @@
 step's loss and ``jax.grad`` of it against TensorFlow's within 1e-6 (benchmarks/jax_layers.py's
 models), the loop cut one step short as the negative control, a loop whose values decide its
 iterations refused by name, and an Embedding + LSTM text classifier through
-``model_to_estimator`` on 8 devices against stock's estimator."""
+``model_to_estimator`` on 8 devices against stock's estimator (in the same process)."""
 
 import os
 import sys
@@ -18,7 +18,7 @@ jax = eight_devices()
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import jax_layers
 
-STACK = "Embedding(mask_zero)+Bidirectional(LSTM)+GRU(go_backwards)+SimpleRNN"
+STACK = "Embedding(mask_zero)+Bidirectional(LSTM, GRU(go_backwards))+SimpleRNN"
 
 
 def test_masked_stacked_bidirectional_backwards_recurrent_layers_equal_tensorflows():
@@ -66,12 +66,10 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", None)):
     config = tf.estimator.RunConfig(model_dir=os.path.join(sys.argv[1], run), tf_random_seed=1)
     with tpushim.patched(**scope) if scope else contextlib.nullcontext():
         est = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
-    est.train(input_fn, steps=5)
+    est.train(input_fn)  # 3 steps, the last of 5 rows
     metrics = est.evaluate(input_fn)
-    preds = est.predict(lambda: tf.data.Dataset.from_tensor_slices({"ids": ids}).batch(8))
     reader = tf.train.load_checkpoint(config.model_dir)
     out[run] = {"metrics": {k: float(v) for k, v in metrics.items()},
-                "predictions": [float(p["y"][0]) for p in preds],
                 "weights": {n: reader.get_tensor(n).ravel().tolist()
                             for n, d in reader.get_variable_to_dtype_map().items()
                             if d.is_floating and "layer_with_weights" in n and "OPTIMIZER" not in n}}
@@ -79,14 +77,12 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_an_embedding_lstm_classifier_trains_evaluates_and_predicts_as_stock(tmp_path):
+def test_an_embedding_lstm_classifier_trains_and_evaluates_as_stock(tmp_path):
     got = program_result(CODE, tmp_path)
     engine, stock = got["engine"], got["stock"]
     assert set(engine["weights"]) == set(stock["weights"]) and len(stock["weights"]) == 6
     for name, values in stock["weights"].items():
         np.testing.assert_allclose(engine["weights"][name], values, atol=1e-5, err_msg=name)
-    assert len(stock["predictions"]) == 21
-    np.testing.assert_allclose(engine["predictions"], stock["predictions"], atol=1e-5)
     for key, value in stock["metrics"].items():
         assert abs(engine["metrics"][key] - value) < 1e-5, key
 
