@@ -140,8 +140,11 @@ def measure(model, batch=None):
     params = traced.params
     trainable = {k: np.asarray(params[k]) for k in traced.trainable}
     try:
-        (jax_loss, _), grads = jax.value_and_grad(
-            lambda p: traced.fn({**params, **p}, features, labels, weights, pad)[0], has_aux=True
+        (jax_loss, _), grads = jax.jit(  # compiled as the engine's step (a scan op by op: slow)
+            jax.value_and_grad(
+                lambda p: traced.fn({**params, **p}, features, labels, weights, pad)[0],
+                has_aux=True,
+            )
         )(trainable)
     except Exception as e:
         row["step"] = "JAX run fails: " + _short(e)

@@ -26,6 +26,13 @@ def _model(inputs, body, classes=None):
     return model
 
 
+def _doubled_until_large(x):
+    """A ``tf.while_loop`` whose number of iterations its values decide."""
+    import tensorflow as tf
+
+    return tf.while_loop(lambda y: tf.reduce_max(tf.abs(y)) < 10.0, lambda y: y * 2, [x])[0]
+
+
 def families():
     """Family name -> a function building (model, features, labels)."""
     import numpy as np
@@ -71,6 +78,24 @@ def families():
             (5,), lambda x: L.LSTM(3)(L.Embedding(7, 4, mask_zero=True)(x)), ints=7
         ),
         "Masking+GRU": one(seq, lambda x: L.GRU(3)(L.Masking(0.5)(x))),
+        "stacked LSTM, GRU(go_backwards)": one(
+            seq, lambda x: L.GRU(3, go_backwards=True)(L.LSTM(4, return_sequences=True)(x))
+        ),
+        "LSTM(dropout, recurrent_dropout)": one(
+            seq, lambda x: L.LSTM(4, dropout=0.2, recurrent_dropout=0.2)(x)
+        ),
+        "Embedding(mask_zero)+Bidirectional(LSTM, GRU(go_backwards))+SimpleRNN": one(
+            (5,),
+            lambda x: L.SimpleRNN(2)(
+                L.Bidirectional(
+                    L.LSTM(2, return_sequences=True),
+                    backward_layer=L.GRU(2, return_sequences=True, go_backwards=True),
+                )(L.Embedding(7, 3, mask_zero=True)(x))
+            ),
+            ints=7,
+        ),
+        "ConvLSTM2D": one((3, 4, 4, 2), lambda x: L.ConvLSTM2D(2, 3, padding="same")(x)),
+        "tf.while_loop (a Lambda's)": one(seq, lambda x: L.Lambda(_doubled_until_large)(x)),
         "Attention": one(seq, lambda x: L.Attention()([x, x])),
         "MultiHeadAttention": one(seq, lambda x: L.MultiHeadAttention(2, 4)(x, x)),
         "LayerNormalization": one(seq, lambda x: L.LayerNormalization()(x)),

@@ -269,3 +269,109 @@ def _bucketize(proto):
 
 if "Bucketize" not in _tf2jax_ops._jax_ops:
     _tf2jax_ops.register_operation("Bucketize")(_bucketize)
+
+
+class UnboundedLoop(NotImplementedError):
+    """A ``While`` whose trip count the loop's own values do not fix before it runs."""
+
+
+#: the trip count of a loop no cond will stop sooner: past it, no static bound is found
+_MOST_TRIPS = 1_000_000
+
+#: whether a loop with no trip count raises :class:`UnboundedLoop` (else: ``lax.while_loop``)
+_BOUNDED = []
+
+
+@contextlib.contextmanager
+def loops_bounded():
+    """Within: a loop whose values decide its iterations raises :class:`UnboundedLoop` (a
+    training step's, which JAX cannot differentiate); outside, it runs as ``lax.while_loop``
+    (evaluation's and prediction's forward pass)."""
+    _BOUNDED.append(True)
+    try:
+        yield
+    finally:
+        _BOUNDED.pop()
+
+
+def _depends(jaxpr, outputs):
+    """Which of ``jaxpr``'s inputs the ``outputs`` (booleans) read."""
+    from jax._src.interpreters import partial_eval as pe
+
+    return pe.dce_jaxpr(jaxpr, list(outputs))[1]
+
+
+def _trip_count(cond, body, args):
+    """How many times the loop ``cond``/``body`` runs from ``args``, where what its condition reads
+    (and what that reads in the body, closed over the iterations) is known before the loop runs
+    (a recurrent layer's time counter against its static number of time steps); else None."""
+    from jax._src.interpreters import partial_eval as pe
+
+    cond_j, body_j = jax.make_jaxpr(cond)(args), jax.make_jaxpr(body)(args)
+    read = list(_depends(cond_j.jaxpr, [True]))
+    while True:  # the inputs the condition reads, through the body, closed
+        wider = [a or b for a, b in zip(read, _depends(body_j.jaxpr, read))]
+        if wider == read:
+            break
+        read = wider
+    if any(r and isinstance(a, jax.core.Tracer) for r, a in zip(read, args)):
+        return None
+    counter, _ = pe.dce_jaxpr(body_j.jaxpr, read, instantiate=read)
+    test, _ = pe.dce_jaxpr(cond_j.jaxpr, [True], instantiate=read)
+    values = [np.asarray(a) for r, a in zip(read, args) if r]
+    with jax.ensure_compile_time_eval():
+        for trips in range(_MOST_TRIPS + 1):
+            (go,) = jax.core.eval_jaxpr(test, cond_j.consts, *values)
+            if not bool(go):
+                return trips
+            values = jax.core.eval_jaxpr(counter, body_j.consts, *values)
+    return None
+
+
+class _StaticWhile(_tf2jax_ops._StatelessWhile):
+    """``While``/``StatelessWhile`` (a recurrent layer's loop over its time steps, a
+    ``tf.while_loop``) as ``jax.lax.scan`` over the loop's trip count, found before it runs
+    (:func:`_trip_count`), which JAX differentiates backwards (its ``lax.while_loop`` it cannot).
+    A loop whose trip count its values decide (a condition on the data) is ``tf2jax``'s
+    ``lax.while_loop`` (a forward pass), or :class:`UnboundedLoop` naming it where a training step
+    is checked (:func:`loops_bounded`)."""
+
+    def __call__(self, *all_args, cond_fun, body_fun, rng=None):
+        split, merge = _tf2jax_ops._split_args, _tf2jax_ops._merge_args
+        consts, traced = split(all_args, body_fun.output_is_input)
+        idxs, trace_args = zip(*traced)
+
+        def cond(args):
+            return cond_fun(*merge(consts, tuple(zip(idxs, args))), rng=None)[0]
+
+        def body(args):
+            out = body_fun(*merge(consts, tuple(zip(idxs, args))), rng=None)
+            return tuple(out[i] for i in idxs)
+
+        specs = jax.eval_shape(body, tuple(trace_args))
+        trace_args = tuple(  # a TensorList not yet written: zeros of what the body writes
+            jnp.zeros(s.shape, s.dtype) if getattr(a, "size", 1) == 0 and s.shape else a
+            for a, s in zip(trace_args, specs)
+        )
+        trips = None if rng is not None else _trip_count(cond, body, trace_args)
+        if trips is None and not _BOUNDED:
+            return super().__call__(*all_args, cond_fun=cond_fun, body_fun=body_fun, rng=rng)
+        if trips is None:
+            raise UnboundedLoop(
+                f"{self.name!r}: its number of iterations is decided by its values"
+                + (" (and it draws random numbers)" if rng is not None else "")
+            )
+        init = tuple(jnp.asarray(a, s.dtype) for a, s in zip(trace_args, specs))
+        out, _ = jax.lax.scan(lambda c, _: (body(c), None), init, None, length=trips)
+        return merge(consts, tuple(zip(idxs, out)))
+
+
+def _static_while(proto):
+    loop = _tf2jax_ops._stateless_while(proto)
+    static = _StaticWhile(loop.inner_fn_names)
+    static.name = proto.name
+    return static
+
+
+for _name in ("While", "StatelessWhile"):
+    _tf2jax_ops._jax_ops[_name] = _static_while
