@@ -695,6 +695,9 @@ class _CountedSeeds:
     def setstate(self, state):
         self._source.setstate(state)
 
+    def __getattr__(self, name):  # any other draw: the source's own (Keras makes only randint's)
+        return getattr(self._source, name)
+
 
 def draw_keras_seeds(count):
     """Draws ``count`` seeds as Keras draws a layer's unseeded initializer's (its seed generator,
