@@ -53,26 +53,22 @@ UNCOMPARED = {
     # every weight fresh in its graph, the engine from the same initializers in another draw.
     "text_rebuilt_estimator.py": "its initial weights are fresh draws",
 }
-#: script -> (the keys whose numbers differ from stock's, why): every other key equals stock's;
-#: a known difference, pinned so that its fix shows as a failing case.
+#: script -> (the keys whose numbers differ from stock's, why, how far at most, relative): every
+#: other key equals stock's; a known difference, pinned so that its fix (or its growth) shows as a
+#: failing case.
 DIFFERS = {
-    # Not the strings: the same models with their numeric columns concatenated instead (no host
-    # part) give the same numbers on the engine.
+    # Rounding, amplified. Every weight of its checkpoint is stock's within 2.5e-6, Ftrl's slots
+    # within 2e-6 of their largest value; the last row's prediction sums terms whose magnitudes
+    # add to 50.3 into 0.348 (145 times), so that rounding gives 5.3e-5 there. It starts in the
+    # first steps' float32 gradients through BatchNormalization's batch statistics (a feature of
+    # variance 800 beside indicator columns of variance near 0): against step 1's float64
+    # gradient, stock's g^2 (Ftrl's accumulator) is up to 3.0e-5 off, the engine's 1.6e-5, each
+    # rounded in its own order (TF's kernels, XLA's fused ops). Ftrl sums every step's g into its
+    # slots; the same model with Adam (ridge) gives stock's numbers.
     "boston_feature_columns_batchnorm.py": (
-        {
-            "linreg_last",  # 1.5e-4 off (Ftrl, BatchNormalization), every other linreg key equal
-            # its second model starts from other weights: stock's clones of the first model
-            # (train, evaluate, predict) draw Python's random state, which the engine does not
-            "ridge_first",
-            "ridge_last",
-            "ridge_loss",
-            "ridge_mae",
-            "ridge_mse",
-            "ridge/layer_with_weights-0/beta",
-            "ridge/layer_with_weights-0/gamma",
-            "ridge/layer_with_weights-1/kernel",
-        },
-        "the engine's random state after a model trained differs from stock's",
+        {"linreg_last"},
+        "float32 rounding of the gradient, amplified by the prediction's cancellation",
+        2e-4,
     ),
 }
 
@@ -95,8 +91,9 @@ def test_script_on_the_jax_engine_equals_stock_2_15_or_is_refused_as_pinned(answ
         assert "model/model.ckpt-40.index" in answer["written"], answer["written"]
         return
     assert script in REFERENCE, f"{script} ran on the engine: it has no numbers to compare"
-    differing, _ = DIFFERS.get(script, (set(), None))
+    differing, _, bound = DIFFERS.get(script, (set(), None, None))
     assert set(differences(answer["result"], REFERENCE[script])) == differing
+    assert not differences(answer["result"], REFERENCE[script], tol=bound or TOL)
 
 
 def test_every_script_is_pinned_or_compared():

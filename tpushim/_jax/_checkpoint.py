@@ -56,10 +56,13 @@ class StockCheckpoints:
     """
 
     def __init__(self, keras_model, custom_objects, object_based, features=None, built=None):
-        with _tfprivate.keras.keras_random_state_kept():  # a clone stock does not make
+        # a clone stock does not make here; its seeds counted: stock's model_fn draws as many
+        # in each train(), evaluate() and predict() (its clone), :meth:`draw_stocks_seeds`
+        with _tfprivate.keras.keras_random_state_kept(counted=True) as kept:
             names, _, graph, meta, _, metrics = _tfprivate.checkpoint.stock_training_graph(
                 keras_model, custom_objects, features, object_based
             )
+        self.stock_draws = kept.draws
         self.graph, self.meta, self.metric_names = graph, meta, metrics
         self.object_based = object_based
         owner = keras_model if built is None else built
@@ -90,6 +93,12 @@ class StockCheckpoints:
                 if value is not None:  # tf.compat.v1.train.AdamOptimizer's beta powers
                     self.sources[name] = (path, ("power", float(value)))
         self._session = self._saver = None
+
+    def draw_stocks_seeds(self):
+        """The Keras seeds stock's model_fn draws as it clones the model (in each call's graph;
+        the engine makes no clone there), drawn from the program's random state: a model the
+        program makes next starts from stock's initial weights."""
+        _tfprivate.keras.draw_keras_seeds(self.stock_draws)
 
     def saver_def(self, config):
         """The SaverDef stock saves this model's checkpoints with under ``config`` (a RunConfig):

@@ -383,6 +383,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                     early.close()
                 return 0
             last = start + 1
+        conversion.checkpoints.draw_stocks_seeds()  # as stock's model_fn: its clone's seeds
         stop = start + math.ceil(steps) if steps is not None else last
         arrays = Arrays(conversion.keras_model, conversion.host)
         batches = early if early is not None else self._batches(input_fn, ModeKeys.TRAIN, seen)
@@ -598,6 +599,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
         early = self._built_on_input(lambda: self._batches(input_fn, mode, seen))
         try:
             step, weights, _, path = self._start(checkpoint_path)
+            self._tpushim_jax.checkpoints.draw_stocks_seeds()  # as stock's model_fn's clone
         except BaseException:
             if early is not None:
                 early.close()

@@ -637,7 +637,14 @@ class keras_random_state_kept:
 
     Keras's seed generator is per thread; Python's ``random`` is per process, so tpushim's blocks
     in different threads take turns (a lock), and only nest within one thread.
+
+    ``counted``: the seeds Keras draws in the block are counted (``draws``), each still drawn
+    from where Keras draws it (its seed generator, else Python's ``random``): how many a clone
+    stock makes draws, for :func:`draw_keras_seeds`.
     """
+
+    def __init__(self, counted=False):
+        self._counted, self.draws = counted, 0
 
     def __enter__(self):
         import random
@@ -649,17 +656,57 @@ class keras_random_state_kept:
             random.getstate(),
             None if self._generator is None else self._generator.getstate(),
         )
+        if self._counted:
+            self._had = hasattr(backend._SEED_GENERATOR, "generator")
+            backend._SEED_GENERATOR.generator = _CountedSeeds(self._generator or random, self)
         return self
 
     def __exit__(self, *exc):
         import random
 
         try:
+            if self._counted:
+                backend = modules.keras_module("backend")
+                if self._had:
+                    backend._SEED_GENERATOR.generator = self._generator
+                else:
+                    del backend._SEED_GENERATOR.generator
             random.setstate(self._states[0])
             if self._generator is not None:
                 self._generator.setstate(self._states[1])
         finally:
             _random_state_lock.release()
+
+
+class _CountedSeeds:
+    """Keras's seed generator in a counted :class:`keras_random_state_kept` block: each draw
+    made from ``source`` (the generator it stands in for, or Python's ``random``) and counted."""
+
+    def __init__(self, source, block):
+        self._source, self._block = source, block
+
+    def randint(self, low, high):
+        self._block.draws += 1
+        return self._source.randint(low, high)
+
+    def getstate(self):
+        return self._source.getstate()
+
+    def setstate(self, state):
+        self._source.setstate(state)
+
+    def __getattr__(self, name):  # any other draw: the source's own (Keras makes only randint's)
+        return getattr(self._source, name)
+
+
+def draw_keras_seeds(count):
+    """Draws ``count`` seeds as Keras draws a layer's unseeded initializer's (its seed generator,
+    else Python's ``random``): the program's random state then moves as a clone that draws
+    them (counted by :class:`keras_random_state_kept`) moves it."""
+    backend = modules.keras_module("backend")
+    generator = backend.RandomGenerator(None, rng_type="stateless")
+    for _ in range(count):
+        generator._create_seed(None)
 
 
 def feature_column_layers(keras_model):
