@@ -65,6 +65,8 @@ def max_difference(a, b, relative=False):
 def why_not(error, layer=None):
     """A short reason from a rebuild error: the layer's class and Keras 3's words."""
     text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split())  # no terminal bold
+    if "could not automatically infer the shape of the Lambda" in text:
+        return "Lambda: TensorFlow ops in its function (Keras 3 on JAX cannot run them)"
     if "Exception encountered: " in text:  # Keras 3's deserializer: its cause is last
         text = text.rsplit("Exception encountered: ", 1)[1]
     for marker in ("Could not locate class '", "Unknown layer: '", "Could not interpret "):
@@ -177,6 +179,8 @@ def _rebuild(keras, model):
         pass
     try:
         return _layer_by_layer(keras, saving_utils, model, legacy["layers"]), "layer by layer"
+    except _Named:
+        raise
     except Exception as error:
         for layer in legacy.get("layers", []):
             try:
@@ -186,6 +190,10 @@ def _rebuild(keras, model):
             except Exception as e:
                 raise RuntimeError(why_not(e, layer["class_name"])) from e
         raise RuntimeError(why_not(error)) from error
+
+
+class _Named(RuntimeError):
+    """A rebuild's failure, its layer named."""
 
 
 def _layer_by_layer(keras, saving_utils, model, layers):
@@ -217,7 +225,7 @@ def _layer_by_layer(keras, saving_utils, model, layers):
                 kwargs = tf.nest.map_structure(mapped, node.call_kwargs)
                 out = made[layer.name](*args, **kwargs)
             except Exception as e:
-                raise RuntimeError(why_not(e, type(layer).__name__)) from e
+                raise _Named(why_not(e, type(layer).__name__)) from e
             for t, t3 in zip(tf.nest.flatten(node.outputs), tf.nest.flatten(out)):
                 tensors[id(t)] = t3
     return keras.Model(

@@ -58,3 +58,17 @@ def test_relative_difference_divides_by_the_value_above_one():
     assert k3.max_difference([[20.0, 0.5]], [[20.0 + 2e-6, 0.5 + 1e-7]]) > 1e-6
     assert abs(k3.max_difference([[20.0 + 2e-6]], [[20.0]], relative=True) - 1e-7) < 1e-12
     assert abs(k3.max_difference([[0.5 + 1e-7]], [[0.5]], relative=True) - 1e-7) < 1e-12
+
+
+def test_a_lambda_keras_3_cannot_trace_is_named_as_tensorflow_code():
+    error = NotImplementedError(
+        "Exception encountered when calling Lambda.call().\n\x1b[1mWe could not automatically "
+        "infer the shape of the Lambda's output. Please specify `output_shape`\x1b[0m"
+    )
+    assert k3.why_not(error, "Lambda") == (
+        "Lambda: TensorFlow ops in its function (Keras 3 on JAX cannot run them)"
+    )
+    wrapped = ValueError("Error when deserializing ... Exception encountered: axis [1, 2]\x1b[0m")
+    assert (
+        k3.why_not(wrapped, "BatchNormalization") == "BatchNormalization: ValueError: axis [1, 2]"
+    )
