@@ -57,7 +57,7 @@ class StockCheckpoints:
 
     def __init__(self, keras_model, custom_objects, object_based, features=None, built=None):
         with _tfprivate.keras.keras_random_state_kept():  # a clone stock does not make
-            names, _, graph, meta, _, metrics = _tfprivate.checkpoint.stock_training_graph(
+            names, _, graph, meta, _, metrics, _ = _tfprivate.checkpoint.stock_training_graph(
                 keras_model, custom_objects, features, object_based
             )
         self.graph, self.meta, self.metric_names = graph, meta, metrics
