@@ -121,6 +121,13 @@ ROWS, FIXED, HOST = "rows", "fixed", "host"
 
 
 @_tfprivate.graph.not_converted
+def summary_rows(values, pad):
+    """A replica's rows of a summarized tensor of one row per example that stock's op sees:
+    its real rows (``pad``: its padding weight, 0 on a padding row)."""
+    return tf.boolean_mask(values, pad > 0)
+
+
+@_tfprivate.graph.not_converted
 def summary_how(tensor, element):
     """How a replica's summarized ``tensor`` reaches stock's value on the host (:data:`ROWS`,
     :data:`FIXED`, :data:`HOST`), or why it cannot (a sentence)."""
@@ -300,7 +307,7 @@ class _Run:
             if how == ROWS:  # the replicas' real rows, in replica order
                 pads = self.strategy.experimental_local_results(pad)
                 parts = self.strategy.experimental_local_results(values)
-                return tf.concat([tf.boolean_mask(v, p > 0) for v, p in zip(parts, pads)], 0)
+                return tf.concat([summary_rows(v, p) for v, p in zip(parts, pads)], 0)
             return self.strategy.experimental_local_results(values)[0]  # (FIXED; else empty)
 
         @_tfprivate.graph.not_converted
