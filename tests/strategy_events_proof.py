@@ -130,8 +130,9 @@ def events(directory):
                         h = value.histo
                         fields = {f: getattr(h, f) for f in ("min", "max", "num", "sum")}
                         fields["sum_squares"] = h.sum_squares
-                        fields.update({f"limit{i}": v for i, v in enumerate(h.bucket_limit)})
-                        fields.update({f"bucket{i}": v for i, v in enumerate(h.bucket)})
+                        for i, (limit, count) in enumerate(zip(h.bucket_limit, h.bucket)):
+                            if count:  # the buckets holding values (their index: the range's)
+                                fields.update({f"limit{i}": limit, f"bucket{i}": count})
                         for field, number in fields.items():
                             out.append(["histo", event.step, f"{value.tag}:{field}", number])
                     else:
