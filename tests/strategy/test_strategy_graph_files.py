@@ -172,7 +172,8 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     with stock's values: the scalar's within 1e-5, the histograms' of the global batch's rows
     (the replicas' real rows gathered to the host; a short last batch) and of a weight, the
     image's, and the constant text's; all but the histogram of the column means (each
-    replica's rows' means, not the global batch's): it says so once, naming it and why."""
+    replica's rows' means, not the global batch's): it says so once, naming it and why.
+    Evaluation writes none of them, as stock's."""
     import logging
 
     import tensorflow as tf
@@ -211,6 +212,13 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     for (step, tag, (numbers, raw)), (_, _, (stock_numbers, stock_raw)) in zip(got, want):
         np.testing.assert_allclose(numbers, stock_numbers, atol=TOL, err_msg=f"{tag} {step}")
         assert raw == stock_raw, (tag, step)
+    # Evaluation writes the metrics alone, none of the model's summaries, as stock's.
+    evaluated = {}
+    for name in ("stock", "engine"):
+        records = _records(tmp_path / name / "eval")
+        evaluated[name] = [r for r in records if r[0] == "summary"]
+    assert evaluated["engine"] == evaluated["stock"]
+    assert evaluated["stock"] and not [r for r in evaluated["stock"] if "probe" in r[2]]
 
 
 def _event_graph_variables(directory):
