@@ -119,8 +119,8 @@ def test_no_graph_files_where_stock_writes_none(tmp_path):
 def _probed():
     """tfcases' model with a layer making ``tf.compat.v1.summary`` ops in its call (a scalar, a
     histogram of its input and of its weight, an image of its input, a constant text, and a
-    histogram of its input's column means, which the engine leaves out), and its
-    custom_objects."""
+    histogram of its input's column means, which the engine leaves out), then a Lambda making
+    a histogram of its input, and the custom_objects."""
     import tensorflow as tf
     import tfcases
 
@@ -137,7 +137,11 @@ def _probed():
             tf.compat.v1.summary.histogram("columns", tf.reshape(tf.reduce_mean(inputs, 0), [2, 4]))
             return inputs * self.scale
 
-    return tfcases.sequential(extra_layers=[Probe(name="probe")]), {"Probe": Probe}
+    def summarised(x):  # a Lambda's histogram, as scripts write one
+        return tf.identity(x) if tf.compat.v1.summary.histogram("acts", x) is not None else x
+
+    layers = [Probe(name="probe"), tf.keras.layers.Lambda(summarised, name="probe_lambda")]
+    return tfcases.sequential(extra_layers=layers), {"Probe": Probe}
 
 
 def _summary_values(directory):
@@ -151,7 +155,7 @@ def _summary_values(directory):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for v in event.summary.value:
                 kind = v.WhichOneof("value")
-                if v.tag.startswith("probe/"):
+                if v.tag.startswith("probe"):
                     if kind == "histo":
                         h = v.histo
                         got = (h.min, h.max, h.num, h.sum, h.sum_squares, *h.bucket_limit)
@@ -201,7 +205,7 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
         np.testing.assert_allclose(results["engine"][key], value, atol=TOL, err_msg=key)
     tf.compat.v1.summary.FileWriterCache.clear()
     stock = _records(tmp_path / "stock")
-    written = {"probe/mean_1", "probe/values", "probe/scale_1", "probe/note"}
+    written = {"probe/mean_1", "probe/values", "probe/scale_1", "probe/note", "probe_lambda/acts"}
     assert written | {"probe/columns"} <= {tag for kind, _, tag in stock if kind == "summary"}
     assert _records(tmp_path / "engine") == [r for r in stock if r[2] != "probe/columns"]
     want = [v for v in _summary_values(tmp_path / "stock") if v[1] != "probe/columns"]
