@@ -14,10 +14,10 @@ Cases, each run by stock and by the engine on 8 logical CPU devices with steps_p
 * ``secs``: save_checkpoints_secs instead of steps (a tiny interval: a save after every call,
   steps_per_execution 1, so after every step as stock's);
 * ``summaries``: ``schedule``'s calls on a model whose layer makes a
-  ``tf.compat.v1.summary.scalar`` of its input's mean (stock's tag ``probe/mean_1``): the global
-  batch of 6 is one row on each of 6 replicas and padding on 2. Negative control
-  (``summaries_control``, the engine only): each replica weighing 1 in the scalar's mean, so the
-  padding replicas count.
+  ``tf.compat.v1.summary.scalar`` of its input's mean (stock's tag ``probe/mean_1``) and a
+  ``histogram`` of its values (``probe/values``): the global batch of 6 is one row on each of 6
+  replicas and padding on 2. Negative control (``summaries_control``, the engine only): each
+  replica weighing 1 in the scalar's mean, and the padding replicas' rows in the histogram.
 * ``reported_control`` (the engine only): ``schedule``'s calls with replica 0's loss reported
   as the step's (times the replicas, as a TPU's shard 0's loss would be): the logged and written
   losses must then differ from stock's.
@@ -58,10 +58,12 @@ def data(nan_batch=None):
 
 
 class Probe(tf.keras.layers.Layer):
-    """A layer making a v1 scalar summary of its input's mean (stock writes it in training)."""
+    """A layer making v1 summaries of its input (stock writes them in training): a scalar of
+    its mean, a histogram of its values."""
 
     def call(self, inputs):
         tf.compat.v1.summary.scalar("mean", tf.reduce_mean(inputs))
+        tf.compat.v1.summary.histogram("values", inputs)
         return inputs
 
 
@@ -124,6 +126,15 @@ def events(directory):
                 for value in event.summary.value:
                     if value.HasField("simple_value"):
                         out.append(["scalar", event.step, value.tag, value.simple_value])
+                    elif value.HasField("histo"):  # each number an entry: tag:field
+                        h = value.histo
+                        fields = {f: getattr(h, f) for f in ("min", "max", "num", "sum")}
+                        fields["sum_squares"] = h.sum_squares
+                        for i, (limit, count) in enumerate(zip(h.bucket_limit, h.bucket)):
+                            if count:  # the buckets holding values (their index: the range's)
+                                fields.update({f"limit{i}": limit, f"bucket{i}": count})
+                        for field, number in fields.items():
+                            out.append(["histo", event.step, f"{value.tag}:{field}", number])
                     else:
                         text = tf.make_ndarray(value.tensor).item().decode()
                         out.append(["text", event.step, value.tag, os.path.basename(text)])
@@ -232,12 +243,13 @@ def main(root):
         "stock": {name: stock[name] for name in CASES},
         "engine": {name: case(name, root, False) for name in CASES},
     }
-    weight = _strategy_step.scalar_weight
+    weight, rows = _strategy_step.scalar_weight, _strategy_step.summary_rows
     _strategy_step.scalar_weight = lambda element: tf.constant(1.0)  # every replica counts
+    _strategy_step.summary_rows = lambda values, pad: values  # every replica's rows
     try:
         out["engine"]["summaries_control"] = case("summaries_control", root, False)
     finally:
-        _strategy_step.scalar_weight = weight
+        _strategy_step.scalar_weight, _strategy_step.summary_rows = weight, rows
     host_sum = _strategy_step.host_sum
     # replica 0's loss as the step's: its share of the global loss times the replicas
     _strategy_step.host_sum = lambda strategy, value: (

@@ -89,6 +89,15 @@ class StepEvents:
         self._summarized = None  # SummarySaverHook's timer: the step last written
         self.last_loss = None
 
+    def next_summary(self, label):
+        """The first global step after ``label`` whose step writes the summary record, or None
+        (no summaries)."""
+        if self._summary_every is None:
+            return None
+        if self._summarized is None:
+            return label + 1
+        return max(label + 1, self._summarized + self._summary_every)
+
     def checkpoint(self, step):
         """CheckpointSaverHook's record of a save (its path is the prefix, as stock's)."""
         self._writer.add_session_log(
@@ -102,8 +111,9 @@ class StepEvents:
     def step(self, loss, label, at, hooks=None, scalars=None):
         """One step's hooks: ``label`` is the global step before it (LoggingTensorHook's), ``at``
         when it ended (time.monotonic()); the user's (a :class:`SessionHooks`) run where stock
-        runs them, after the summary; ``scalars``: [(tag, value)] of the model's own scalar
-        summaries, written before the loss in one record, as stock's merged summary. Raises
+        runs them, after the summary; ``scalars``: the model's own summaries, [(tag, value)]
+        of a scalar or a ``Summary.Value``, written before the loss in one record, as stock's
+        merged summary. Raises
         stock's error at a NaN loss; returns whether a user's hook requested stop."""
         after = label + 1
         self.last_loss = loss
@@ -123,8 +133,11 @@ class StepEvents:
                     tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START), after
                 )
             summary = tf.compat.v1.Summary()
-            for tag, value in [*(scalars or ()), (LOSS_TAG, loss)]:
-                summary.value.add(tag=tag, simple_value=value)
+            for given in [*(scalars or ()), (LOSS_TAG, loss)]:
+                if isinstance(given, tf.compat.v1.Summary.Value):
+                    summary.value.add().CopyFrom(given)
+                else:
+                    summary.value.add(tag=given[0], simple_value=given[1])
             self._writer.add_summary(summary, after)
             self._summarized = after
         stop = hooks.after(label, loss=loss) if hooks is not None else False

@@ -124,6 +124,33 @@ def test_model_scalars_on_8_replicas_as_stocks(proof):
     assert max(abs(c[3] - w[3]) for c, w in zip(control, stock)) > 1e-3, (control, stock)
 
 
+def test_model_histogram_on_8_replicas_as_stocks(proof):
+    """The model's own v1 histogram (its input's values) at stock's steps, of the global batch's
+    rows: the 6 real rows gathered from 8 replicas to the host, where stock's op summarizes
+    them (its min, max, count, sums, bucket limits and counts within 1e-5). Negative control:
+    the padding replicas' rows gathered too."""
+
+    def histogram(events):
+        return [e for e in events if e[0] == "histo"]
+
+    stock = histogram(proof["stock"]["summaries"]["events"])
+    engine = histogram(proof["engine"]["summaries"]["events"])
+    control = histogram(proof["engine"]["summaries_control"]["events"])
+    steps = sorted({e[1] for e in stock})
+    assert steps == [1, 3, 5, 7, 8, 10], stock
+    assert [e[2] for e in stock if e[1] == 1][:3] == [
+        "probe/values:min",
+        "probe/values:max",
+        "probe/values:num",
+    ]
+    assert [e[:3] for e in engine] == [e[:3] for e in stock], _both(engine, stock)
+    for got, want in zip(engine, stock):
+        assert _close(got[3], want[3]), (got, want)
+    counts = [e[3] for e in stock if e[2] == "probe/values:num"]
+    assert counts == [6 * 3.0] * len(steps), counts  # 6 rows of 3 units
+    assert [e[3] for e in control if e[2] == "probe/values:num"] == [8 * 3.0] * len(steps)
+
+
 @pytest.mark.parametrize("case", ["schedule", "nan", "summaries"])
 def test_evaluation_events_as_stocks(proof, case):
     """model_dir/eval: the metrics at the global step, and the evaluated checkpoint's path."""

@@ -117,25 +117,67 @@ def test_no_graph_files_where_stock_writes_none(tmp_path):
 
 
 def _probed():
-    """tfcases' model with a layer making ``tf.compat.v1.summary`` ops in its call (a scalar and
-    a histogram of its input), and its custom_objects."""
+    """tfcases' model with a layer making ``tf.compat.v1.summary`` ops in its call (a scalar, a
+    histogram of its input and of its weight, an image of its input, a constant text, and a
+    histogram of its input's column means, which the engine leaves out), then a Lambda making
+    a histogram of its input, and the custom_objects."""
     import tensorflow as tf
     import tfcases
 
     class Probe(tf.keras.layers.Layer):
+        def build(self, shape):
+            self.scale = self.add_weight("scale", shape=shape[1:], initializer="ones")
+
         def call(self, inputs):
             tf.compat.v1.summary.scalar("mean", tf.reduce_mean(inputs))
             tf.compat.v1.summary.histogram("values", inputs)
-            return inputs
+            tf.compat.v1.summary.histogram("scale", self.scale)
+            tf.compat.v1.summary.image("picture", tf.reshape(inputs, [-1, 2, 4, 1]), 2)
+            tf.compat.v1.summary.text("note", tf.constant("a probe"))
+            tf.compat.v1.summary.histogram("columns", tf.reshape(tf.reduce_mean(inputs, 0), [2, 4]))
+            return inputs * self.scale
 
-    return tfcases.sequential(extra_layers=[Probe(name="probe")]), {"Probe": Probe}
+    def summarised(x):  # a Lambda's histogram, as scripts write one
+        return tf.identity(x) if tf.compat.v1.summary.histogram("acts", x) is not None else x
+
+    layers = [Probe(name="probe"), tf.keras.layers.Lambda(summarised, name="probe_lambda")]
+    return tfcases.sequential(extra_layers=layers), {"Probe": Probe}
+
+
+def _summary_values(directory):
+    """[(step, tag, its Summary.Value's payload)] of the events' model summaries: a number, a
+    histogram's (min, max, num, sum, sum_squares, limits, counts), an image's (size, PNG
+    bytes) or a tensor's bytes."""
+    import tensorflow as tf
+
+    out = []
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for v in event.summary.value:
+                kind = v.WhichOneof("value")
+                if v.tag.startswith("probe"):
+                    if kind == "histo":
+                        h = v.histo
+                        got = (h.min, h.max, h.num, h.sum, h.sum_squares, *h.bucket_limit)
+                        got = (got, tuple(h.bucket))
+                    elif kind == "image":
+                        got = ((v.image.height, v.image.width), v.image.encoded_image_string)
+                    elif kind == "tensor":
+                        got = ((), v.tensor.SerializeToString())
+                    else:
+                        got = ((v.simple_value,), b"")
+                    out.append((event.step, v.tag, got))
+    return out
 
 
 def test_model_summaries_as_stocks(tmp_path, caplog):
-    """A model making v1 summaries in its call: stock writes them every save_summary_steps
-    (``probe/mean_1``, ``probe/values``). The engine trains it with stock's numbers and writes
-    every record of stock's, the scalar's values within 1e-5 of stock's, but the histogram
-    (strings no TPU step computes): it says so once for all its calls, naming it."""
+    """A model making v1 summaries in its call: stock writes them every save_summary_steps. The
+    engine trains it with stock's numbers and writes every record of stock's, in stock's order,
+    with stock's values: the scalar's within 1e-5, the histograms' of the global batch's rows
+    (the replicas' real rows gathered to the host; a short last batch) and of a weight, the
+    image's, and the constant text's; all but the histogram of the column means (each
+    replica's rows' means, not the global batch's): it says so once, naming it and why.
+    Evaluation writes none of them, as stock's."""
     import logging
 
     import tensorflow as tf
@@ -152,31 +194,35 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
         )
         with caplog.at_level(logging.WARNING, logger="tpushim"):
             estimator.train(tfcases.dataset_input_fn(x, y), steps=3)
-            estimator.train(tfcases.dataset_input_fn(x, y), steps=2)
+            estimator.train(tfcases.dataset_input_fn(x, y, batch=7), steps=2)
             results[name] = estimator.evaluate(tfcases.dataset_input_fn(x, y))
             list(estimator.predict(tfcases.dataset_input_fn(x)))
     said = [r.getMessage() for r in caplog.records if "summaries itself" in r.getMessage()]
     assert len(said) == 1, said
-    assert "histogram 'values'" in said[0] and "'mean'" not in said[0], said
+    assert "histogram 'columns' (a tensor of shape (2, 4) computed from the batch" in said[0]
+    assert "'values'" not in said[0] and "'mean'" not in said[0], said
     for key, value in results["stock"].items():
         np.testing.assert_allclose(results["engine"][key], value, atol=TOL, err_msg=key)
     tf.compat.v1.summary.FileWriterCache.clear()
     stock = _records(tmp_path / "stock")
-    assert {"probe/mean_1", "probe/values"} <= {tag for kind, _, tag in stock if kind == "summary"}
-    assert _records(tmp_path / "engine") == [r for r in stock if r[2] != "probe/values"]
-    values = {}
+    written = {"probe/mean_1", "probe/values", "probe/scale_1", "probe/note", "probe_lambda/acts"}
+    assert written | {"probe/columns"} <= {tag for kind, _, tag in stock if kind == "summary"}
+    assert _records(tmp_path / "engine") == [r for r in stock if r[2] != "probe/columns"]
+    want = [v for v in _summary_values(tmp_path / "stock") if v[1] != "probe/columns"]
+    got = _summary_values(tmp_path / "engine")
+    assert [(s, t) for s, t, _ in got] == [(s, t) for s, t, _ in want]
+    assert sorted({s for s, _, _ in got}) == [1, 3, 4]
+    assert {t for _, t, _ in got} >= written | {"probe/picture/image/0", "probe/picture/image/1"}
+    for (step, tag, (numbers, raw)), (_, _, (stock_numbers, stock_raw)) in zip(got, want):
+        np.testing.assert_allclose(numbers, stock_numbers, atol=TOL, err_msg=f"{tag} {step}")
+        assert raw == stock_raw, (tag, step)
+    # Evaluation writes the metrics alone, none of the model's summaries, as stock's.
+    evaluated = {}
     for name in ("stock", "engine"):
-        values[name] = [
-            (event.step, v.simple_value)
-            for path in sorted((tmp_path / name).glob("events.out.tfevents.*"))
-            for event in tf.compat.v1.train.summary_iterator(str(path))
-            for v in event.summary.value
-            if v.tag == "probe/mean_1"
-        ]
-    assert [s for s, _ in values["engine"]] == [s for s, _ in values["stock"]] == [1, 3, 4]
-    np.testing.assert_allclose(
-        [v for _, v in values["engine"]], [v for _, v in values["stock"]], atol=TOL
-    )
+        records = _records(tmp_path / name / "eval")
+        evaluated[name] = [r for r in records if r[0] == "summary"]
+    assert evaluated["engine"] == evaluated["stock"]
+    assert evaluated["stock"] and not [r for r in evaluated["stock"] if "probe" in r[2]]
 
 
 def _event_graph_variables(directory):

@@ -59,7 +59,7 @@ class StockCheckpoints:
         # a clone stock does not make here; its seeds counted: stock's model_fn draws as many
         # in each train(), evaluate() and predict() (its clone), :meth:`draw_stocks_seeds`
         with _tfprivate.keras.keras_random_state_kept(counted=True) as kept:
-            names, _, graph, meta, _, metrics = _tfprivate.checkpoint.stock_training_graph(
+            names, _, graph, meta, _, metrics, _ = _tfprivate.checkpoint.stock_training_graph(
                 keras_model, custom_objects, features, object_based
             )
         self.stock_draws = kept.draws

@@ -64,6 +64,36 @@ def stock_scalar_tags(plan):
     return _stock(plan)[4]
 
 
+def stock_summaries(plan):
+    """Stock's ops of the model's own v1 summaries (scalar, histogram, image, audio, text,
+    tensor), in the order it made them: the order of stock's merged summary."""
+    return _stock(plan)[6]
+
+
+_SESSIONS = {}  # id(stock's graph) -> (it, a Session on it), for the host's summary ops
+
+
+def summary_values(plan, op, value=None):
+    """The Summary values stock's ``op`` (one of :func:`stock_summaries`) makes of ``value``
+    (the tensor it summarizes, as the engine gathered it to the host; None: the op's own, a
+    constant): the v1 op itself run on the host, as TPUEstimator's host_call runs it."""
+    graph = op.graph
+    held = _SESSIONS.get(id(graph))
+    if held is None or held[0] is not graph:
+        # A copy of the summary ops (and what they read): stock's graph itself is never run.
+        ops = [s.name for s in stock_summaries(plan)]
+        copied = tf.compat.v1.graph_util.extract_sub_graph(graph.as_graph_def(), ops)
+        host = tf.Graph()
+        with host.as_default():
+            tf.compat.v1.import_graph_def(copied, name="")
+        held = _SESSIONS[id(graph)] = (graph, tf.compat.v1.Session(graph=host))
+    session = held[1]
+    host = session.graph
+    feed = {} if value is None else {host.get_tensor_by_name(op.inputs[1].name): value}
+    summary = session.run(host.get_tensor_by_name(op.outputs[0].name), feed)
+    return list(tf.compat.v1.Summary.FromString(summary).value)
+
+
 def stock_metric_names(plan):
     """The names stock's model_fn gives the model's compiled metrics (keras_lib's
     ``_compile_metric_functions``: the keys ``metric_names_map`` must hold), in Keras's order."""

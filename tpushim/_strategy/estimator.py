@@ -33,6 +33,7 @@ from tpushim import (
 from tpushim import _stock_hooks as _step_events
 from tpushim._strategy import checkpoint as _strategy_checkpoint
 from tpushim._strategy import input as _strategy_input
+from tpushim._strategy import step as _step
 from tpushim._strategy.clone import _built_on_input
 from tpushim._strategy.compiled_metrics import _metrics_model, _metrics_update
 from tpushim._strategy.element import _unpack, features_spec, given_parts
@@ -198,6 +199,11 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
         if getattr(config, "checkpoint_save_graph_def", True):
             meta_bytes, graph_text = _strategy_checkpoint.stock_graph_files(plan)
         tags = _strategy_checkpoint.stock_scalar_tags(plan)  # the model's scalars' tags
+        # The model's other summaries (histograms...): their values come out of the step that
+        # writes the summary record (one step a call), stock's ops summarize them on the host.
+        others = any(
+            op.type != "ScalarSummary" for op in _strategy_checkpoint.stock_summaries(plan)
+        )
         events = _step_events.StepEvents(
             config,
             self.model_dir,
@@ -243,9 +249,17 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
                     n = min(n, max(saved["step"] + every - step, 1))
                 if user_hooks is not None:  # a hook's stop falls at the end of a call
                     n = user_hooks.per_call(step, n)
+                summary = events.next_summary(step) if others else None
+                alone = summary == step + 1 and (left is None or left > 0)
+                if summary is not None:  # the summarized step runs alone, in its own call
+                    n = 1 if alone else min(n, max(summary - 1 - step, 1))
                 began = time.monotonic()
                 reads = n if left is None else min(n, left)  # fewer: the input ends in this call
-                ran, losses, scalars = loop(iterator, tf.constant(reads, tf.int64))
+                summarized = None
+                if alone:
+                    ran, losses, scalars, summarized = run.summarized(iterator)
+                else:
+                    ran, losses, scalars = loop(iterator, tf.constant(reads, tf.int64))
                 left = None if left is None else left - int(ran)
                 ended = time.monotonic()
                 first = ended - began if first is None else first
@@ -274,6 +288,8 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
                             len(tags),
                             ", ".join(tags),
                         )
+                    if summarized is not None and k == ran - 1:
+                        given = _model_summaries(plan, run, given, summarized)
                     stopped = (
                         events.step(losses[k], label + k, times[k], user_hooks, given) or stopped
                     )
@@ -522,3 +538,39 @@ def said_stock_around(estimator, called):
     )
     _observe.bypassed(estimator, f"{called}: {why}")
     return True
+
+
+def _model_summaries(plan, run, scalars, values):
+    """The model's own summaries of one step, in stock's merged summary's order: ``scalars``
+    ([(tag, value)] or None: not written), then each other summary stock's op makes on the host
+    of its value (``values``: as ``run.summarized`` gathered them; one the engine left out, or
+    every one where the model's calls do not match stock's graph, not written)."""
+    ops = _strategy_checkpoint.stock_summaries(plan)
+    others = [op for op in ops if op.type != "ScalarSummary"]
+    hows = run.summary_hows or []
+    kinds = [_tfprivate.checkpoint.SUMMARY_OPS[op.type] for op in others]
+    if kinds != [kind for kind, _ in hows]:
+        if (id(plan), "others") not in _SAID_SUMMARIES:
+            _SAID_SUMMARIES.add((id(plan), "others"))
+            logger.warning(
+                "tpushim: the model made the summaries %s in the engine's step and %s in "
+                "stock's graph: not written.",
+                [kind for kind, _ in hows],
+                kinds,
+            )
+        return scalars
+    written = list(scalars or ())  # the scalars, in stock's order, then the others after
+    by_scalar = iter(written)
+    made = []
+    other = iter(zip(others, hows, values))
+    for op in ops:
+        if op.type == "ScalarSummary":
+            if scalars is not None:
+                made.append(next(by_scalar))
+            continue
+        op, (_, how), value = next(other)
+        if how == _step.HOST:
+            made.extend(_strategy_checkpoint.summary_values(plan, op))
+        elif how in (_step.ROWS, _step.FIXED):
+            made.extend(_strategy_checkpoint.summary_values(plan, op, value))
+    return made

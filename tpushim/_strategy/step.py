@@ -77,26 +77,80 @@ _SAID_SUMMARIES = set()  # ids of the plans whose model's summaries were said le
 
 
 @contextlib.contextmanager
-def model_summaries_left_out(plan, on_scalar=lambda name, tensor: True):
+def model_summaries_left_out(
+    plan, on_scalar=lambda name, tensor: True, on_other=lambda kind, name, tensor: True
+):
     """Around a trace of the model's call: the ``tf.compat.v1.summary`` ops it makes are left out
-    (their string ops no TPU step compiles). A scalar's (name, tensor) goes to ``on_scalar``
-    (by default taken and dropped: stock's evaluation and prediction write none); the others,
-    which stock writes every save_summary_steps, are said once per conversion with their
-    names."""
+    of the step (their string ops no TPU step compiles). A scalar's (name, tensor) goes to
+    ``on_scalar``, another's (function, name, tensor) to ``on_other`` (by default taken and
+    dropped: stock's evaluation and prediction write none); one they return a reason for (a
+    string), which stock writes every save_summary_steps, is said once per conversion with its
+    name and why."""
     skipped = set()
-    with _tfprivate.graph.v1_summaries_skipped(skipped, on_scalar):
+    reasons = {}
+
+    def other(kind, name, tensor):
+        taken = on_other(kind, name, tensor)
+        if isinstance(taken, str):
+            reasons[(kind, str(name))] = taken
+            return False
+        return taken
+
+    with _tfprivate.graph.v1_summaries_skipped(skipped, on_scalar, other):
         yield
     if skipped and id(plan) not in _SAID_SUMMARIES:
         _SAID_SUMMARIES.add(id(plan))
-        named = ", ".join(f"{kind} {name!r}" for kind, name in sorted(skipped))
+        named = "; ".join(
+            f"{kind} {name!r}" + (f" ({reasons[(kind, name)]})" if (kind, name) in reasons else "")
+            for kind, name in sorted(skipped)
+        )
         logger.warning(
             "tpushim: the model makes summaries itself (tf.compat.v1.summary: %s): the strategy "
-            "engine does not write them (stock writes them every save_summary_steps): a TPU step "
-            "computes no strings, which those ops make; it writes a model's one-number "
-            "tf.compat.v1.summary.scalar. Summarize a scalar, or use engine='tpuestimator' where "
-            "TPUEstimator runs.",
+            "engine does not write these (stock writes them every save_summary_steps). It "
+            "writes a model's one-number scalars, and the histogram, image, audio, text and "
+            "tensor summaries of a tensor of one row per example (the global batch's rows "
+            "gathered to the host), of the model's weights, or of a constant. Summarize such a "
+            "tensor, or use engine='tpuestimator' where TPUEstimator runs.",
             named,
         )
+
+
+#: How the engine writes a model's non-scalar summary: the global batch's real rows gathered
+#: from the replicas; the first replica's value (the same on every one); stock's op unfed.
+ROWS, FIXED, HOST = "rows", "fixed", "host"
+
+
+@_tfprivate.graph.not_converted
+def summary_rows(values, pad):
+    """A replica's rows of a summarized tensor of one row per example that stock's op sees:
+    its real rows (``pad``: its padding weight, 0 on a padding row)."""
+    return tf.boolean_mask(values, pad > 0)
+
+
+@_tfprivate.graph.not_converted
+def summary_how(tensor, element):
+    """How a replica's summarized ``tensor`` reaches stock's value on the host (:data:`ROWS`,
+    :data:`FIXED`, :data:`HOST`), or why it cannot (a sentence)."""
+    if tensor is None:
+        return "no tensor"
+    if not tf.is_tensor(tensor):
+        return HOST  # a Python value: stock's op holds it as a constant
+    if tf.get_static_value(tensor) is not None:
+        return HOST
+    flat = [t for t in tf.nest.flatten(element) if tf.is_tensor(t)]
+    read = tensor in _tfprivate.graph.reachable_from(flat, [tensor])
+    if tensor.dtype == tf.string:
+        return "a tensor of strings computed in the step: a TPU step computes no strings"
+    if not read:
+        return FIXED
+    features = element[0] if isinstance(element, tuple) else element
+    rows = features[_padding.PADDING_KEY].shape[0]
+    if tensor.shape.rank and tensor.shape[0] == rows:
+        return ROWS
+    return (
+        f"a tensor of shape {tensor.shape} computed from the batch, not one row per example: "
+        "each replica's value is of its own rows, stock's of the global batch"
+    )
 
 
 def _optimizer(user, step, model, plan):
@@ -199,9 +253,13 @@ class _Run:
         averaged over the replicas weighted by their real rows, in one vector:
         ``self.scalar_count`` a step, known once traced). Stock's value of a mean over the
         global batch's rows where each replica's rows are all real or all padding (padding
-        rows come last: only a short batch's last real replica may hold both)."""
+        rows come last: only a short batch's last real replica may hold both). Then
+        ``self.summarized(iterator)``: one step that also returns the values of the model's
+        other v1 summaries (histogram, image, audio, text, tensor) gathered to the host, for
+        stock's ops to summarize there (TPUEstimator's host_call)."""
         recording = threading.local()  # a replica's scalars, in its own thread
         self.scalar_count = 0
+        self.summary_hows = None  # the model's other summaries: (function, how), once traced
 
         def on_scalar(name, tensor):
             values = getattr(recording, "values", None)
@@ -210,32 +268,66 @@ class _Run:
             values.append(tf.reshape(tf.cast(tensor, tf.float32), []))
             return True
 
-        def replica_step(element):
+        def on_other(kind, name, tensor):
+            others = getattr(recording, "others", None)
+            if others is None:  # not a summarized step: dropped (that step writes them)
+                return True
+            if tensor is not None and not isinstance(tensor, tf.Tensor):
+                tensor = tf.convert_to_tensor(
+                    tensor
+                )  # a variable read here, as stock's op reads it
+            how = summary_how(tensor, recording.element)
+            others.append((kind, how, tensor))
+            return how if how not in (ROWS, FIXED, HOST) else True  # a reason: said, left out
+
+        def replica_step(element, summarized):
             recording.values = []
+            recording.others, recording.element = ([] if summarized else None), element
             try:
                 with tf.GradientTape() as tape, real_rows(element):
                     loss = self._loss(element, True)[0]
             finally:
                 scalars, recording.values = recording.values, None
+                others, recording.others, recording.element = recording.others, None, None
             self.scalar_count = len(scalars)  # (here: an attribute set in the loop is a tensor)
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
             rows = scalar_weight(element)
             # A replica of padding rows only weighs nothing (its value may be NaN).
             weighted = [tf.where(rows > 0, v * rows, 0.0) for v in scalars]
-            return loss, weighted, rows
+            if not summarized:
+                return loss, weighted, rows
+            self.summary_hows = [(kind, how) for kind, how, _ in others]
+            pad = _unpack(element, self.model.output_names)[2]
+            values = [t if how in (ROWS, FIXED) else tf.zeros([0]) for _, how, t in others]
+            return loss, weighted, rows, values, pad
+
+        def gathered(how, values, pad):
+            """A summarized tensor on the host: stock's value over the global batch."""
+            if how == ROWS:  # the replicas' real rows, in replica order
+                pads = self.strategy.experimental_local_results(pad)
+                parts = self.strategy.experimental_local_results(values)
+                return tf.concat([summary_rows(v, p) for v, p in zip(parts, pads)], 0)
+            return self.strategy.experimental_local_results(values)[0]  # (FIXED; else empty)
 
         @_tfprivate.graph.not_converted
-        def step(element, ran, losses, scalars):
+        def step(element, ran, losses, scalars, summarized=False):
             bind_global_step(self.step)
             hooked = _tfprivate.keras.batchnorm_call_hooked()  # at the trace
-            with hooked, model_summaries_left_out(self.plan, on_scalar):
-                loss, values, rows = self.strategy.run(replica_step, args=(element,))
+            with hooked, model_summaries_left_out(self.plan, on_scalar, on_other):
+                loss, values, rows, *other = self.strategy.run(
+                    replica_step, args=(element, summarized)
+                )
             losses = losses.write(tf.cast(ran, tf.int32), host_sum(self.strategy, loss))
             real = host_sum(self.strategy, rows) if values else None
             for k, value in enumerate(values):
                 mean = host_sum(self.strategy, value) / real
                 scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
+            if summarized:
+                tensors, pad = other
+                hows = [how for _, how in self.summary_hows]
+                other = [gathered(how, t, pad) for how, t in zip(hows, tensors)]
+                return ran + 1, losses, scalars, other
             return ran + 1, losses, scalars
 
         @_tfprivate.graph.not_converted
@@ -265,6 +357,28 @@ class _Run:
                 ran, losses, scalars = step(element, ran, losses, scalars)
             return ran, losses.stack(), scalars.stack()
 
+        @tf.function
+        def run_summarized(element):  # one step, the model's other summaries' values out
+            ran, losses, scalars = start()
+            ran, losses, scalars, other = step(element, ran, losses, scalars, True)
+            return ran, losses.stack(), scalars.stack(), other
+
+        def summarized(iterator):
+            """One step (none where the input ran out), as the loops' ``(ran, losses,
+            scalars)``, then the values of the model's other summaries on the host (numpy),
+            in the order it made them (``self.summary_hows``: each one's function and how)."""
+            if checked:
+                optional = _input_wait.next_input(iterator)
+                if not bool(optional.has_value()):
+                    empty = tf.zeros([0])
+                    return tf.constant(0, tf.int64), empty, empty, None
+                element = optional.get_value()
+            else:
+                element = _input_wait.next_input(iterator, checked=False)
+            ran, losses, scalars, other = run_summarized(element)
+            return ran, losses, scalars, [v.numpy() for v in other]
+
+        self.summarized = summarized
         return run_checked if checked else run
 
     def eval_function(self, parts=None):

@@ -89,8 +89,9 @@ def graph_facts(model, step, object_based):
     :func:`graph_checkpoint_names`'s two values, the graph, its MetaGraphDef carrying the Saver
     stock's Keras estimator restores with (keras_lib's: an object-based one over the model's
     saveables, or the Scaffold's default name-based one), the tags of the model's own v1
-    scalar summaries there, in the order it made them, and the names stock's model_fn gives
-    the clone's compiled metrics (``metric_names_map``'s keys), in Keras's order."""
+    scalar summaries there, in the order it made them, the names stock's model_fn gives
+    the clone's compiled metrics (``metric_names_map``'s keys), in Keras's order, and every
+    summary op of the model's (:data:`SUMMARY_OPS`) in the order it made them."""
     from tensorflow.python.checkpoint import graph_view
 
     graph = step.graph
@@ -107,8 +108,25 @@ def graph_facts(model, step, object_based):
             for t in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
             if t.op.type == "ScalarSummary" and tf.get_static_value(t.op.inputs[0]) is not None
         ]
+        # every summary op of the model's, in the order it made them (merge_all's)
+        summaries = [
+            t.op
+            for t in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+            if t.op.type in SUMMARY_OPS
+        ]
     metrics = [m.name for m in getattr(model, "_compile_metric_functions", None) or ()]
-    return names, unmatched, graph, meta, scalars, metrics
+    return names, unmatched, graph, meta, scalars, metrics, summaries
+
+
+#: The v1 summary functions' ops, by the function (its ``skip_summary`` frame's name: ``text``
+#: makes a ``tensor_summary``) that makes each. Every op's input 1 is the summarized tensor.
+SUMMARY_OPS = {
+    "ScalarSummary": "scalar",
+    "HistogramSummary": "histogram",
+    "ImageSummary": "image",
+    "AudioSummaryV2": "audio",
+    "TensorSummaryV2": "tensor_summary",
+}
 
 
 def make_train_variables(model):

@@ -50,13 +50,14 @@ def user_code(function):
 
 
 @contextlib.contextmanager
-def v1_summaries_skipped(skipped, on_scalar=None):
+def v1_summaries_skipped(skipped, on_scalar=None, on_other=None):
     """While active, TensorFlow's v1 summary functions (``tf.compat.v1.summary.scalar``,
     ``histogram``, ``image``, ``audio``, ``text``, ``tensor_summary``) make no op, in every
     thread (a strategy's replica threads too): their ``skip_summary`` check, the one a
     strategy's replicas after the first take, answers True. A ``scalar`` call's (name, tensor)
-    goes to ``on_scalar`` where given; each call it does not take (returns falsy for) adds its
-    (function, name) to the set ``skipped``."""
+    goes to ``on_scalar`` where given, another's (function, name, tensor: its values; ``text``
+    is its ``tensor_summary`` call) to ``on_other``; each call they do not take (return falsy
+    for) adds its (function, name) to the set ``skipped``."""
     from tensorflow.python.distribute import summary_op_util
 
     own = summary_op_util.skip_summary
@@ -64,11 +65,10 @@ def v1_summaries_skipped(skipped, on_scalar=None):
     def skip():
         caller = sys._getframe(1)
         kind, name = caller.f_code.co_name, caller.f_locals.get("name")
-        if (
-            kind == "scalar"
-            and on_scalar is not None
-            and on_scalar(name, caller.f_locals["tensor"])
-        ):
+        tensor = caller.f_locals.get("values" if kind == "histogram" else "tensor")
+        if kind == "scalar" and on_scalar is not None and on_scalar(name, tensor):
+            return True
+        if kind != "scalar" and on_other is not None and on_other(kind, name, tensor):
             return True
         skipped.add((kind, str(name)))
         return True
