@@ -25,6 +25,7 @@ import tensorflow as tf
 from tpushim import (
     _batchnorm,
     _feature_columns,
+    _first_checkpoint,
     _loss_kinds,
     _losses,
     _metric_names,
@@ -231,6 +232,7 @@ def _scaffold_fn(model):
 
     def scaffold_fn():
         _tfprivate.keras.track_global_step(model)
+        _first_checkpoint.track_graph_variables(model)  # a v1 optimizer's rate's variable
         var_list = tf.compat.v2.__internal__.tracking.ObjectGraphView(
             model
         ).frozen_saveable_objects()

@@ -177,6 +177,7 @@ def _model_fn_for(keras_model, custom_objects, save_object_ckpt, metric_names_ma
         scaffold = None
         if save_object_ckpt:
             model._track_trackable(tf.compat.v1.train.get_global_step(), "estimator_global_step")
+            _first_checkpoint.track_graph_variables(model)  # a v1 optimizer's rate's variable
             saveables = _tfprivate.ObjectGraphView(model).frozen_saveable_objects()
             saver = tf.compat.v1.train.Saver(var_list=saveables, sharded=True)
             saver._object_restore_saver = _tfprivate.frozen_saver(model)
