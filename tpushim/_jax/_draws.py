@@ -24,6 +24,7 @@ Where stock's draws are not fixed (no ``tf_random_seed`` and a layer without a s
 """
 
 import dataclasses
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -52,6 +53,9 @@ class Draw:
       bounds: ``(minval, maxval)`` of a ``RandomUniformInt``, else ().
       batched: its first dimension is the global batch's (drawn per real row).
       where: the op's name in the trace (for messages).
+      loop: the ``While`` body it is made in (a recurrent cell's dropout mask), else "".
+      trips: that loop's number of iterations (the op draws again at each; fed as
+        :attr:`fed_shape`, one draw per iteration), else 0.
     """
 
     op: str
@@ -62,6 +66,13 @@ class Draw:
     bounds: tuple
     batched: bool
     where: str
+    loop: str = ""
+    trips: int = 0
+
+    @property
+    def fed_shape(self):
+        """The shape the step takes it at: :attr:`shape`, after the loop's ``trips`` in one."""
+        return (self.trips, *self.shape) if self.trips else self.shape
 
 
 def _refuse(what):
@@ -92,8 +103,11 @@ def taken(keras_model, global_batch, seeds, feed, record):
         given = dict(zip(names, args), **kwargs)
         seed, seed2 = given.get("seed"), given.get("seed2")
         where = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
+        body = _loop_body(where)
         if fed is not None:  # the trace that takes them: the record's order, shapes, dtypes
-            return next(fed)
+            value = next(fed)
+            # in a loop: the iteration's own draw (the loop counter is the body's first input)
+            return tf.gather(value, body.inputs[0]) if body is not None else value
         if feed is UNUSED:  # zeros, and the tensor recorded: the caller checks no output reads it
             dtype = given["minval"].dtype if name == "random_uniform_int" else given["dtype"]
             out = tf.zeros(given["shape"], dtype)
@@ -119,11 +133,55 @@ def taken(keras_model, global_batch, seeds, feed, record):
                 bounds,
                 bool(static) and static[0] == global_batch,
                 where,
+                body.name if body is not None else "",
             )
         )
         return out
 
     return _Taken(keras_model, seeds, take)
+
+
+def _loop_body(where):
+    """The ``While`` body graph (``tf.while_loop``'s, a recurrent layer's loop over its time
+    steps) the op being made is in, through the conds inside it; None outside any. Stock runs
+    such an op at each iteration, each drawing the next numbers of its stream."""
+    graph, bodies = tf.compat.v1.get_default_graph(), []
+    while isinstance(graph, tf.__internal__.FuncGraph):
+        if re.search(r"while_body_\d+$", graph.name):
+            bodies.append(graph)
+        graph = getattr(graph, "outer_graph", None)
+    if len(bodies) > 1:
+        _refuse(f"a random draw in a loop inside a loop ({where})")
+    return bodies[0] if bodies else None
+
+
+def with_trips(draws, graph):
+    """``draws`` recorded tracing ``graph`` (a function's), each made in a loop given that
+    loop's number of iterations: the time steps of the sequence a recurrent layer's loop
+    unstacks (its ``TensorListFromTensor`` inputs' first dimension, static). Another loop's
+    draw is refused naming it."""
+    loops = {}
+    for op in graph.get_operations():
+        body = getattr(op, "_body_graph", None)
+        if op.type in ("While", "StatelessWhile") and body is not None:
+            steps = {
+                t.op.inputs[0].shape[0]
+                for t in op.inputs
+                if t.op.type == "TensorListFromTensor" and t.op.inputs[0].shape.rank
+            }
+            loops[body.name] = steps.pop() if len(steps) == 1 else None
+    out = []
+    for d in draws:
+        if d.loop:
+            trips = loops.get(d.loop)
+            if not trips:
+                _refuse(
+                    f"a random draw in a loop whose number of iterations is not its sequence's "
+                    f"static time steps ({d.where})"
+                )
+            d = dataclasses.replace(d, trips=int(trips))
+        out.append(d)
+    return tuple(out)
 
 
 class _Taken:
@@ -178,12 +236,27 @@ class HostDraws:
         self._session = tf.compat.v1.Session(graph=self.graph)
 
     def draw(self, rows):
-        """One step's draws for a batch of ``rows`` real rows, padded to the global batch."""
-        values = self._session.run(self.tensors, {self.rows: rows})
+        """One step's draws for a batch of ``rows`` real rows, padded to the global batch; a
+        draw in a loop drawn at each of its iterations, stacked (its op runs once per
+        iteration, as stock's in the loop's body does)."""
+        feed = {self.rows: rows}
+        runs = [[v] for v in self._session.run(self.tensors, feed)]
+        for i in range(1, max((d.trips for d in self.draws), default=0)):
+            again = [k for k, d in enumerate(self.draws) if d.trips > i]
+            for k, v in zip(again, self._session.run([self.tensors[k] for k in again], feed)):
+                runs[k].append(v)
         out = []
-        for d, v in zip(self.draws, values):
-            if d.batched and rows < self.global_batch:
-                v = np.concatenate([v, np.zeros((self.global_batch - rows, *v.shape[1:]), v.dtype)])
+        for k, d in enumerate(self.draws):
+            if d.trips:
+                v = np.stack(runs[k])
+                if d.batched and rows < self.global_batch:
+                    pad = np.zeros((d.trips, self.global_batch - rows, *v.shape[2:]), v.dtype)
+                    v = np.concatenate([v, pad], axis=1)
+            else:
+                v = runs[k][0]
+                if d.batched and rows < self.global_batch:
+                    pad = np.zeros((self.global_batch - rows, *v.shape[1:]), v.dtype)
+                    v = np.concatenate([v, pad])
             out.append(v)
         return out
 
@@ -216,7 +289,16 @@ class CallDraws:
         if self.own is None:
             return made
         index, rows = self.own
-        return [_pod.own_rows(m, index, rows) if d.batched else m for d, m in zip(draws, made)]
+        return [
+            (
+                np.stack([_pod.own_rows(t, index, rows) for t in m])
+                if d.trips
+                else _pod.own_rows(m, index, rows)
+            )
+            if d.batched
+            else m
+            for d, m in zip(draws, made)
+        ]
 
     def close(self):
         for host in self._streams.values():

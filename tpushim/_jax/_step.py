@@ -241,7 +241,11 @@ class Trainer:
         stacked = NamedSharding(self.mesh, PartitionSpec(None, "data"))
         if traced.draws:  # a draw per row split as the batch, any other whole on every device
             whole = NamedSharding(self.mesh, PartitionSpec())
-            stacked = (*(stacked,) * 4, [stacked if d.batched else whole for d in traced.draws])
+            looped = NamedSharding(self.mesh, PartitionSpec(None, None, "data"))
+            stacked = (
+                *(stacked,) * 4,
+                [(looped if d.trips else stacked) if d.batched else whole for d in traced.draws],
+            )
         return jax.jit(
             loop,
             in_shardings=(self.replicated, self.replicated, self.replicated, stacked),
@@ -262,7 +266,7 @@ class Trainer:
         traced, loop = self._convert(padded, _weighted(batch))
         self._start(traced)
         if traced.draws:
-            padded = (*padded, [np.zeros(d.shape, d.dtype) for d in traced.draws])
+            padded = (*padded, [np.zeros(d.fed_shape, d.dtype) for d in traced.draws])
         one = jax.tree_util.tree_map(lambda a: np.asarray(a)[None], padded)
         loop.lower(self.params, self.stats, self.opt_state, one).compile()
 
@@ -338,7 +342,13 @@ class Trainer:
         out = []
         for k, d in enumerate(draws):
             steps = np.stack([m[k] for m in made])
-            if d.batched:
+            if d.batched and d.trips:  # (steps, the loop's iterations, rows, ...)
+                mine = np.stack(
+                    [[_pod.own_rows(t, self.pod.index, rows) for t in s] for s in steps]
+                )
+                looped = NamedSharding(self.mesh, PartitionSpec(None, None, "data"))
+                out.append(_pod.global_arrays(mine, looped, 2, self.pod.count))
+            elif d.batched:
                 mine = np.stack([_pod.own_rows(s, self.pod.index, rows) for s in steps])
                 out.append(_pod.global_arrays(mine, split, 1, self.pod.count))
             else:
