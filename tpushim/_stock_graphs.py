@@ -35,6 +35,19 @@ def input_graph(mode, seed):
             yield graph
 
 
+def read_batches(session, result):
+    """Each batch of ``result`` that ``session`` (:func:`input_session`'s) reads, a numpy
+    structure, until the input ends; the session closed at the end."""
+    try:
+        while not session.should_stop():
+            try:
+                yield session.run(result)
+            except tf.errors.OutOfRangeError:
+                return
+    finally:
+        session.close()
+
+
 def input_session(input_fn, mode, config, queues_as_datasets=False):
     """The input_fn called as stock calls it, in a graph of its own (:func:`input_graph`), and
     a ``MonitoredSession`` over that graph (queue runners, tables, initializers as stock's):

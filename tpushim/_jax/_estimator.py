@@ -79,14 +79,7 @@ def host_batches(input_fn, mode, config, seen=None):
     )
     if seen is not None:
         seen["seeds"] = _tfprivate.graph.graph_seeds(graph)
-    try:
-        while not session.should_stop():
-            try:
-                yield session.run(result)
-            except tf.errors.OutOfRangeError:
-                return
-    finally:
-        session.close()
+    yield from _stock_graphs.read_batches(session, result)
 
 
 class ReadAhead:

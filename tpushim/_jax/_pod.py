@@ -309,23 +309,6 @@ def _called(input_fn, mode, config, seed):
     return graph, result
 
 
-def _read(session, result):
-    """Each batch of ``result`` that ``session`` reads (a numpy structure), until the input ends;
-    the session closed at the end. None: none (a process handed its batches)."""
-    import tensorflow as tf
-
-    if session is None:
-        return
-    try:
-        while not session.should_stop():
-            try:
-                yield session.run(result)
-            except tf.errors.OutOfRangeError:
-                return
-    finally:
-        session.close()
-
-
 #: Each input read from queues on a pod, counted alike in every process (the same calls, in the
 #: same order): its batches' keys in the coordinator's key-value store.
 _QUEUED_CALLS = itertools.count()
@@ -448,7 +431,8 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
         path.name,
         path.why,
     )
-    batches = _read(session, result)
+    # None: a process handed its batches reads none itself
+    batches = () if session is None else _stock_graphs.read_batches(session, result)
     if queued:
         batches = _handed(batches, pod, next(_QUEUED_CALLS))
     try:
