@@ -79,10 +79,11 @@ class HostPart:
 _node_keys = _host_side.node_keys
 
 
-def plan(keras_model, custom_objects=None, engine="the strategy engine"):
+def plan(keras_model, custom_objects=None, engine="the strategy engine", also=()):
     """The :class:`HostPart` of ``keras_model``, or None when nothing needs the host (or it is
     not a functional model: a subclassed model's strings stay refused). ``engine``: the engine
-    as its refusals name it.
+    as its refusals name it; ``also``: names of more weight-free layers, reading only the
+    model's inputs, that the engine runs on the host (the JAX engine's sparse inputs' encoders).
 
     Raises:
       ConversionError: a layer that must run on the host and cannot (see the module's
@@ -94,7 +95,7 @@ def plan(keras_model, custom_objects=None, engine="the strategy engine"):
     nodes = _tfprivate.keras.functional_nodes(keras_model)
     host = set(
         _host_side.layers(keras_model, strings=True, custom_objects=custom_objects, engine=engine)
-    )
+    ) | set(also)
     if not host and split is None:
         return None
     keys = _node_keys(keras_model)

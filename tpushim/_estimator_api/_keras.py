@@ -35,11 +35,16 @@ def _any_weight_initialized(keras_model):
     )
 
 
+def _tensor(x):
+    """``x`` as a tensor; a ``SparseTensor`` as it is (an ``Input(sparse=True)``'s, as stock's)."""
+    return x if isinstance(x, tf.SparseTensor) else tf.convert_to_tensor(x)
+
+
 def _to_list(obj, order, what, order_name):
     if obj is None:
         return None
     if isinstance(obj, (list, tuple)):
-        return [tf.convert_to_tensor(x) for x in obj]
+        return [_tensor(x) for x in obj]
     if isinstance(obj, dict):
         missing = set(order) - set(obj)
         if missing:
@@ -48,8 +53,8 @@ def _to_list(obj, order, what, order_name):
                 f"defined in the keras model.\n\tExpected keys: {set(order)}\n\t{what} keys: "
                 f"{set(obj)}\n\tMissed keys: {missing}"
             )
-        return [tf.convert_to_tensor(obj[k]) for k in order]
-    return [tf.convert_to_tensor(obj)]
+        return [_tensor(obj[k]) for k in order]
+    return [_tensor(obj)]
 
 
 def keras_io(keras_model, features, labels):

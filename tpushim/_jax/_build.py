@@ -67,43 +67,12 @@ def refusals(keras_model, optimizer, custom_objects, settings):
     _eager_refusals(keras_model, optimizer, custom_objects)
 
 
-def _sparse_inputs(keras_model):
-    """Refuses a model input that is a ``SparseTensor`` (``Input(sparse=True)``), naming each
-    layer that reads it and, for a ``CategoryEncoding``, the op it would run: the step's
-    arrays are dense, and tf2jax has no JAX for the sparse counts."""
-    import tensorflow as tf
-
-    for tensor in keras_model.inputs:
-        if not isinstance(getattr(tensor, "type_spec", None), tf.SparseTensorSpec):
-            continue
-        name = getattr(tensor, "name", "?").split(":")[0]
-        readers = []
-        for layer in keras_model.layers:
-            try:
-                inputs = tf.nest.flatten(layer.input)
-            except (AttributeError, ValueError):  # an input layer; a layer called twice
-                continue
-            if any(t is tensor for t in inputs):
-                what = f"{type(layer).__name__} {layer.name!r}"
-                if type(layer).__name__ == "CategoryEncoding":
-                    sparse_out = getattr(layer, "sparse", False)
-                    what += f": {'SparseCountSparseOutput' if sparse_out else 'SparseBincount'}"
-                readers.append(what)
-        raise ConversionError(
-            f"tpushim's JAX engine does not run a model whose input {name!r} is a SparseTensor "
-            f"(read by {', '.join(readers) or 'no layer'}) yet: its step feeds dense arrays and "
-            "has no JAX for sparse ops (tpushim's strategy engine does not run it either). Give "
-            "the model a dense Input and make the values dense in the input_fn "
-            "(tf.sparse.to_dense). Nothing was written."
-        )
-
-
 def _eager_refusals(keras_model, optimizer, custom_objects):
-    _optimizers.of(optimizer)
+    step_optimizer = _optimizers.of(optimizer)
     if _tfprivate.keras.is_subclassed(keras_model):
         return  # the rest once it is built on the input (:mod:`._subclassed`), as stock's clone
-    _sparse_inputs(keras_model)
-    _host.plan(keras_model, custom_objects)  # its host part's refusals, by layer
+    # its host part's and sparse inputs' refusals, by layer
+    _host.plan(keras_model, custom_objects, step_optimizer)
     _trace.training_function(keras_model, custom_objects)  # its loss terms refused by name
 
 

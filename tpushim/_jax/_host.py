@@ -8,23 +8,114 @@ The split is the strategy engine's (:mod:`tpushim._host_part`: which layers, wha
 how the model runs from it): here the host's function is applied to each numpy batch instead of
 in a ``Dataset.map``, and the model the step traces is the user's, run from the fed tensors only
 while it is traced (:func:`tpushim._host_part.running_from_host`).
+
+A ``SparseTensor`` input (``Input(sparse=True)``) is read on the host as the batch's
+components (indices, values, dense_shape) and made dense there, at a size known statically,
+so that its rows split over the devices and pad as a dense input's do (:func:`sparse_plan`):
+a ``CategoryEncoding`` (dense output) reading it runs on the host, stock's own layer on
+stock's ``SparseTensor``; a ``Dense`` reading it gets it dense (its matmul is the sum
+``embedding_lookup_sparse`` makes of the same rows). Any other reader is refused by name.
 """
+
+import contextlib
 
 import numpy as np
 import tensorflow as tf
 
 from tpushim import _feature_columns, _host_part, _tfprivate
+from tpushim._errors import ConversionError
 
 #: How the JAX engine's refusals of a host part name it.
 ENGINE = "tpushim's JAX engine"
 
 
-def plan(keras_model, custom_objects):
+def plan(keras_model, custom_objects, optimizer=None):
     """The model's :class:`HostFeed`, or None where nothing runs on the host. Raises the host
     part's refusals (a lookup reading a trainable layer's output, a key output's loss that
-    weighs something), naming the layer."""
-    part = _host_part.plan(keras_model, custom_objects, engine=ENGINE)
-    return None if part is None else HostFeed(keras_model, part)
+    weighs something) and a sparse input's (:func:`sparse_plan`; ``optimizer``: the step's,
+    :mod:`._optimizers`), naming the layer."""
+    encoders, densified = sparse_plan(keras_model, optimizer)
+    part = _host_part.plan(keras_model, custom_objects, engine=ENGINE, also=encoders)
+    if part is None and not densified:
+        return None
+    return HostFeed(keras_model, part, densified)
+
+
+def _refuse_sparse(name, layer, what):
+    raise ConversionError(
+        f"{ENGINE} does not run a model whose input {name!r} is a SparseTensor read by "
+        f"{type(layer).__name__} {layer.name!r}: {what}. It makes a sparse input dense on the "
+        "host for a CategoryEncoding (dense output) or a Dense reading it; give the model a "
+        "dense Input and make the values dense in the input_fn (tf.sparse.to_dense). Nothing "
+        "was written."
+    )
+
+
+def _sparse_ops(layer, spec):
+    """The sparse ops ``layer`` runs on a ``SparseTensor`` of ``spec`` (their types)."""
+    try:
+        graph = tf.function(layer).get_concrete_function(spec).graph
+    except Exception:  # only naming what it runs
+        return []
+    return sorted({op.type for op in graph.get_operations() if "Sparse" in op.type})
+
+
+def sparse_plan(keras_model, optimizer=None):
+    """(names of the ``CategoryEncoding`` layers run on the host, {name: static width} of the
+    inputs made dense for the step) of a functional model's ``SparseTensor`` inputs.
+
+    Raises:
+      ConversionError: another reader (naming it and the sparse op it runs), a sparse output
+        (``CategoryEncoding(sparse=True)``), a width not known statically, or a ``Dense``
+        whose kernel ``optimizer`` updates otherwise from stock's sparse gradient.
+    """
+    if not _tfprivate.keras.is_graph_network(keras_model):
+        return frozenset(), {}
+    sparse = {
+        id(t): _tfprivate.keras.input_tensor_name(t)
+        for t in keras_model.inputs
+        if isinstance(getattr(t, "type_spec", None), tf.SparseTensorSpec)
+    }
+    encoders, densified = set(), {}
+    if not sparse:
+        return frozenset(), {}
+    for layer, inputs, _, _ in _tfprivate.keras.functional_nodes(keras_model):
+        read = [t for t in inputs if id(t) in sparse]
+        if not read:
+            continue
+        name, tensor = sparse[id(read[0])], read[0]
+        kind = type(layer).__name__
+        if kind == "CategoryEncoding":
+            if getattr(layer, "sparse", False):
+                _refuse_sparse(name, layer, "SparseCountSparseOutput, a sparse output")
+            others = [
+                t._keras_history.layer.name
+                for t in inputs
+                if not isinstance(t._keras_history.layer, tf.keras.layers.InputLayer)
+            ]
+            if others:
+                _refuse_sparse(name, layer, f"it reads layer {others[0]!r} beside the input")
+            encoders.add(layer.name)
+            continue
+        if kind == "Dense" and isinstance(layer, tf.keras.layers.Dense):
+            width = tensor.shape[-1] if tensor.shape.rank == 2 else None
+            if width is None:
+                _refuse_sparse(
+                    name, layer, f"its dense_shape {tensor.shape} is not known statically"
+                )
+            if optimizer is not None and (optimizer.sparse_differs or optimizer.clipping):
+                _refuse_sparse(
+                    name,
+                    layer,
+                    "ResourceGather (embedding_lookup_sparse): its kernel's sparse gradient, "
+                    f"which {type(optimizer).__name__} with these settings applies otherwise "
+                    "than a dense one",
+                )
+            densified[name] = int(width)
+            continue
+        ops = _sparse_ops(layer, tensor.type_spec) or ["a sparse op"]
+        _refuse_sparse(name, layer, ", ".join(ops))
+    return frozenset(encoders), densified
 
 
 def _as_32_bits(a):
@@ -40,8 +131,9 @@ class HostFeed:
     it: :meth:`apply` computes it on a batch, :meth:`arrays` orders the result for the step
     (``names``, fixed at the first batch), :meth:`calling` runs the model from it."""
 
-    def __init__(self, keras_model, part):
-        self.part = part
+    def __init__(self, keras_model, part, densified=None):
+        self.part = part  # None: only sparse inputs made dense
+        self.densified = dict(densified or {})  # sparse input -> its static width
         self.names = None  # the fed features' keys, in the order the step takes them
         self._dtypes = {
             _tfprivate.keras.input_tensor_name(t): t.dtype.as_numpy_dtype
@@ -50,17 +142,24 @@ class HostFeed:
         self._functions = {}  # mode -> the host's tf.function (its own copy of the layers)
 
     def describe(self):
-        return self.part.describe()
+        said = [] if self.part is None else [self.part.describe()]
+        if self.densified:
+            said.append(f"sparse inputs {', '.join(sorted(self.densified))} made dense on the host")
+        return "; ".join(said)
 
     def apply(self, batch, mode):
         """``batch`` (an input_fn's element as numpy: features, or (features, labels)) with the
-        host's tensors computed (:func:`tpushim._host_part.element_function`), as numpy."""
+        host's tensors computed (:func:`tpushim._host_part.element_function`), as numpy; its
+        sparse inputs' values (``SparseTensorValue``) made dense."""
+        batch = _sparse_values(batch)
+        if self.part is None:
+            return _dense(batch, self.densified)
         if mode not in self._functions:
             with _tfprivate.keras.keras_random_state_kept():  # a copy stock does not make
                 function = _host_part.element_function(self.part, mode)
             self._functions[mode] = tf.function(function, reduce_retracing=True)
         made = self._functions[mode](batch)
-        return tf.nest.map_structure(lambda t: t.numpy(), made)
+        return _dense(made, self.densified)
 
     def arrays(self, features):
         """(the fed features as a list in ``names`` order, cast as the step takes them; the
@@ -79,7 +178,8 @@ class HostFeed:
         fed = []
         for name in self.names:
             a = np.asarray(kept[name])
-            dtype = self._dtypes.get(name) if name not in self.part.host_inputs else None
+            host_only = self.part is not None and name in self.part.host_inputs
+            dtype = None if host_only else self._dtypes.get(name)
             fed.append(
                 a.astype(dtype) if dtype is not None and a.dtype != dtype else _as_32_bits(a)
             )
@@ -91,4 +191,42 @@ class HostFeed:
 
     def calling(self, keras_model):
         """While active, ``keras_model`` runs from the fed tensors (the step's trace)."""
+        if self.part is None:
+            return contextlib.nullcontext()
         return _host_part.running_from_host(self.part, keras_model)
+
+
+def _sparse_values(structure):
+    """``structure`` with each ``SparseTensorValue`` (a session's reading of a SparseTensor) a
+    ``tf.SparseTensor``."""
+    if isinstance(structure, tf.compat.v1.SparseTensorValue):
+        return tf.SparseTensor(*structure)
+    if isinstance(structure, dict):
+        return {k: _sparse_values(v) for k, v in structure.items()}
+    if isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
+        return type(structure)(_sparse_values(v) for v in structure)
+    return structure
+
+
+def _dense(structure, widths):
+    """``structure`` as numpy, each ``SparseTensor`` made dense (``widths``: an input's static
+    width, by name; rows as many as its dense_shape says)."""
+
+    def dense(value, width=None):
+        if isinstance(value, tf.SparseTensor):
+            shape = value.dense_shape.numpy()
+            if width is not None:
+                shape = np.array([shape[0], width], np.int64)
+            value = tf.sparse.to_dense(
+                tf.sparse.reorder(tf.SparseTensor(value.indices, value.values, shape))
+            )
+        return value.numpy() if isinstance(value, tf.Tensor) else value
+
+    def walk(value, name=None):
+        if isinstance(value, dict):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+            return type(value)(walk(v) for v in value)
+        return dense(value, widths.get(name))
+
+    return walk(structure)
