@@ -31,7 +31,10 @@ import tpushim
 
 SIZES = (12, 4, 11, 5, 10, 6, 9, 7)  # 64 records in 8 files of unequal size (even by size on 2)
 BATCH = 16
-TRAIN_ROWS = 56  # batches of 16, 16, 16, 8: the last one padded on 8 devices
+TRAIN_ROWS = 56
+#: train()'s global batch: 20, 20, 16, each padded to 24 on 8 devices (8 do not divide 20; the
+#: last batch short too), 12 rows a process on a pod of 2
+TRAIN_BATCH = 20
 PARSED = collections.Counter()  # records parsed, by id
 
 
@@ -251,7 +254,7 @@ def train_input():
     rng = np.random.RandomState(3)
     x = rng.normal(size=(TRAIN_ROWS, 4)).astype(np.float32)
     y = (x @ np.array([[1.0], [-2.0], [0.5], [0.25]], np.float32) + 0.1).astype(np.float32)
-    return lambda: tf.data.Dataset.from_tensor_slices(({"x": x}, y)).shuffle(64).batch(BATCH)
+    return lambda: tf.data.Dataset.from_tensor_slices(({"x": x}, y)).shuffle(64).batch(TRAIN_BATCH)
 
 
 def eval_input(rows, batch):

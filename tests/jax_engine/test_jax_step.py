@@ -265,6 +265,18 @@ def test_refuses_random_draws_naming_the_layer():
         trainer.train(bn_batches(weighted=False)[:1])
 
 
-def test_refuses_an_indivisible_global_batch():
-    with pytest.raises(ConversionError, match="does not divide among 8"):
-        _step.Trainer(bn_model(OPTIMIZERS["adam"]), 12, devices=eight_devices())
+def test_an_indivisible_global_batch_is_padded_and_trains_as_keras():
+    # A global batch of 12 on 8 devices runs as 16 rows, 4 of them weighted 0: the losses,
+    # the weights and BatchNormalization's moving statistics are tf-keras's on the 12 (and the
+    # short last batch's 3) real rows.
+    rng = np.random.RandomState(4)
+    x = rng.randn(27, 4).astype("float32")
+    y = (x @ rng.randn(4, 1)).astype("float32")
+    batches = [([x[i : i + 12]], [y[i : i + 12]], None) for i in range(0, 27, 12)]
+    want_losses, want = keras_reference(bn_model(OPTIMIZERS["adam"]), batches)
+    trainer = _step.Trainer(bn_model(OPTIMIZERS["adam"]), 12, devices=eight_devices())
+    losses = trainer.train(batches)
+    assert trainer.global_batch == 16
+    assert np.max(np.abs(losses - want_losses)) < TOL, (losses, want_losses)
+    assert max_diff(trainer.weights(), {k: want[k] for k in trainer.weights()}) < TOL
+    assert {"bn/moving_mean", "bn/moving_variance"} <= set(trainer.weights())

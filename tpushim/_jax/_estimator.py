@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpushim import (
+    _batch_math,
     _compiled_metrics,
     _generators,
     _metric_names,
@@ -399,6 +400,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             trainer = conversion.trainer(
                 size or conversion.batch_size or _rows(features), seen.get("seeds")
             )
+            _note_padding(conversion, trainer.stock_batch, len(trainer.devices))
             trainer.restore(weights, slots, start)
             # its refusals before anything is written
             trainer.check((features, labels, arrays.sample_weights(first_batch)))
@@ -423,8 +425,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
 
     def _batches(self, input_fn, mode, seen):
         """The input_fn's batches (:func:`host_batches`); on a pod, this process's rows of each
-        global batch (an evaluation's or prediction's padded to the pod's devices, the step over
-        every process's devices)."""
+        global batch (padded to a multiple of the pod's devices, the step over every process's
+        devices)."""
         conversion, pod = self._tpushim_jax, self._tpushim_jax.pod
         if pod is None:
             return host_batches(input_fn, mode, self.config, seen)
@@ -437,7 +439,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             conversion.batch_size if training else None,
             conversion.pod_input,
             seen,
-            multiple=None if training else len(pod.devices),
+            multiple=len(pod.devices),
         )
 
     def _built_on_input(self, make_batches):
@@ -786,6 +788,16 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 call.close()
         if user_hooks is not None:  # stock's last session.run: before_run, then OutOfRangeError
             user_hooks.before(step)
+
+
+def _note_padding(conversion, size, shards):
+    """Logs, once per conversion, that a global batch of ``size`` rows is padded to the next
+    multiple of ``shards`` devices (:func:`tpushim._batch_math.indivisible_batch`'s text, as
+    the TPUEstimator path logs it)."""
+    noted = conversion.__dict__.setdefault("_tpushim_padding_noted", set())
+    if size % shards and (size, shards) not in noted:
+        noted.add((size, shards))
+        _observe.note("batch-padding", "%s; %s.", *_batch_math.indivisible_batch(size, shards))
 
 
 class _InFront:

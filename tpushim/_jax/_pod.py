@@ -390,11 +390,11 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
             found = _pods.analyse(result, _pods.needs_files(mode, pod_input))
             size = size or _batching.declared_batch_size(result)
             path = _pods.decide(found, mode, pod_input, pod.count)
-            if path.name == "files" and (not size or size % pod.count):
+            if path.name == "files" and (not size or size % len(pod.devices)):
                 path = _pods.Path(
                     "exact",
                     f"{path.why}; but the global batch ({size or 'unknown'}) does not split "
-                    f"evenly over {pod.count} processes: the exact path instead",
+                    f"evenly over {len(pod.devices)} devices: the exact path instead",
                     fallback=True,
                 )
             if path.name == "files" and control == "whole_input":

@@ -7,8 +7,9 @@ each global batch on the devices of a one-axis mesh (``data``) and the weights a
 state on every device; the step is written on the global batch, so the loss's mean over the real
 rows, BatchNormalization's statistics and the gradient's sum over the devices' rows are the
 global batch's, and XLA inserts the all-reduces. A short last batch is padded to the global batch
-with rows of zeros weighted 0 (``pad``), which the loss and the statistics leave out. A weight the model only gathers rows
-of (an ``Embedding``'s) is updated as stock's sparse gradient updates it, where the optimizer's
+with rows of zeros weighted 0 (``pad``), which the loss and the statistics leave out; a global
+batch the devices do not divide is padded so to their next multiple, as TPUEstimator pads it.
+A weight the model only gathers rows of (an ``Embedding``'s) is updated as stock's sparse gradient updates it, where the optimizer's
 sparse update differs from its dense one: the rows the batch's real rows look up alone
 (:mod:`._sparse`).
 
@@ -68,7 +69,8 @@ class Trainer:
     Args:
       keras_model: a compiled tf-keras graph network; its weights are the starting point (read
         once, never written).
-      global_batch: the rows of every step's global batch (a short batch is padded to it).
+      global_batch: stock's global batch (a short batch is padded to it); every step runs the
+        next multiple of the devices (``global_batch``), the rows beyond weighted 0.
       devices: the devices to split each global batch over (default: every local device).
       custom_objects: as given to ``model_to_estimator``.
       seeds: ``(graph seed, op-seed counter)`` stock's training graph calls the model with
@@ -94,12 +96,10 @@ class Trainer:
             raise ValueError(f"control must be one of {CONTROLS}")
         self.pod = pod  # a _pod.Pod: the mesh spans every process's devices
         self.devices = list(pod.devices if pod is not None else devices or jax.local_devices())
-        shards = len(self.devices)
-        if global_batch % shards:
-            problem, fix = _batch_math.indivisible_batch(global_batch, shards)
-            raise ConversionError(
-                f"tpushim's JAX engine splits the global batch equally: {problem}. Fix: {fix}"
-            )
+        # A global batch the devices do not divide is padded to their next multiple, with rows
+        # weighted 0 (as TPUEstimator pads it): every step runs ``global_batch`` rows.
+        self.stock_batch = global_batch
+        global_batch = _batch_math.padded_batch(global_batch, len(self.devices))
         self.model, self.global_batch, self.control = keras_model, global_batch, control
         self.optimizer = _optimizers.of(keras_model.optimizer)
         self.custom_objects, self.seeds, self.fed = custom_objects, seeds, fed
