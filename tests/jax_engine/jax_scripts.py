@@ -43,6 +43,28 @@ def program_result(program, work, *args):
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+def trained_as_stock(got, weights, rows, stock_2_15, stock_2_15_predictions):
+    """A program's ``got`` (``{"engine"|"stock": {"weights", "predictions", "metrics"}}``): its
+    ``weights`` weights, its ``rows`` predictions and its metrics on the engine equal stock's
+    estimator's in the same process, and the metrics and first predictions stock 2.15's
+    (recorded), within 1e-5."""
+    import numpy as np
+
+    engine, stock = got["engine"], got["stock"]
+    assert set(engine["weights"]) == set(stock["weights"]) and len(stock["weights"]) == weights
+    for name, values in stock["weights"].items():
+        np.testing.assert_allclose(engine["weights"][name], values, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(engine["predictions"], stock["predictions"], atol=1e-5)
+    assert len(stock["predictions"]) == rows
+    for key, value in stock["metrics"].items():
+        assert abs(engine["metrics"][key] - value) < 1e-5, key
+    for key, value in stock_2_15.items():
+        assert abs(engine["metrics"][key] - value) < 1e-5, key
+    np.testing.assert_allclose(
+        engine["predictions"][: len(stock_2_15_predictions)], stock_2_15_predictions, atol=1e-5
+    )
+
+
 def checkpoints_as_stocks(program, tmp_path, cases):
     """``program`` (Python source training each case on the engine and on stock's path on 8
     devices, printing ``RESULT {"engine"|"stock": {case: {variable: values}}}``) run in a

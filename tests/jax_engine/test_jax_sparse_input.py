@@ -119,14 +119,4 @@ def test_sparse_inputs_into_category_encoding_and_dense_train_evaluate_and_predi
     tmp_path,
 ):
     got = jax_scripts.program_result(CODE, tmp_path, "0")
-    engine, stock = got["engine"], got["stock"]
-    assert set(engine["weights"]) == set(stock["weights"]) and len(stock["weights"]) == 6
-    for name, values in stock["weights"].items():
-        np.testing.assert_allclose(engine["weights"][name], values, atol=1e-5, err_msg=name)
-    np.testing.assert_allclose(engine["predictions"], stock["predictions"], atol=1e-5)
-    assert len(stock["predictions"]) == 27
-    for key, value in stock["metrics"].items():
-        assert abs(engine["metrics"][key] - value) < 1e-5, key
-    for key, value in STOCK_2_15.items():
-        assert abs(engine["metrics"][key] - value) < 1e-5, key
-    np.testing.assert_allclose(engine["predictions"][:5], STOCK_2_15_PREDICTIONS, atol=1e-5)
+    jax_scripts.trained_as_stock(got, 6, 27, STOCK_2_15, STOCK_2_15_PREDICTIONS)
