@@ -43,6 +43,25 @@ def program_result(program, work, *args):
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+#: The end of a program's loop over ``(run, scope)`` (``"engine"`` in tpushim's scope, ``"stock"``
+#: outside it) that built ``model``, ``config`` and ``input_fn``: trained 4 steps, evaluated,
+#: predicted from ``FEATURES`` (replace it), its RESULT what :func:`trained_as_stock` reads.
+TRAINED_AS_STOCKS = """
+    with tpushim.patched(**scope) if scope else contextlib.nullcontext():
+        est = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
+    est.train(input_fn, steps=4)
+    metrics = est.evaluate(input_fn)
+    preds = est.predict(lambda: tf.data.Dataset.from_tensor_slices(FEATURES).batch(8))
+    reader = tf.train.load_checkpoint(config.model_dir)
+    out[run] = {"metrics": {k: float(v) for k, v in metrics.items()},
+                "predictions": [float(p["y"][0]) for p in preds],
+                "weights": {n: reader.get_tensor(n).ravel().tolist()
+                            for n, d in reader.get_variable_to_dtype_map().items()
+                            if d.is_floating and "layer_with_weights" in n}}
+print("RESULT " + json.dumps(out))
+"""
+
+
 def trained_as_stock(got, weights, rows, stock_2_15, stock_2_15_predictions):
     """A program's ``got`` (``{"engine"|"stock": {"weights", "predictions", "metrics"}}``): its
     ``weights`` weights, its ``rows`` predictions and its metrics on the engine equal stock's

@@ -97,19 +97,8 @@ for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", None))[
     model = tf.keras.Model([ids, w, one], L.Dense(1, name="y")(L.Dense(4, activation="tanh", name="h")(h)))
     model.compile(tf.keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
     config = tf.estimator.RunConfig(model_dir=os.path.join(sys.argv[1], run), tf_random_seed=1)
-    with tpushim.patched(**scope) if scope else contextlib.nullcontext():
-        est = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
-    est.train(input_fn, steps=4)
-    metrics = est.evaluate(input_fn)
-    preds = est.predict(lambda: tf.data.Dataset.from_tensor_slices(feats).batch(8))
-    reader = tf.train.load_checkpoint(config.model_dir)
-    out[run] = {"metrics": {k: float(v) for k, v in metrics.items()},
-                "predictions": [float(p["y"][0]) for p in preds],
-                "weights": {n: reader.get_tensor(n).ravel().tolist()
-                            for n, d in reader.get_variable_to_dtype_map().items()
-                            if d.is_floating and "layer_with_weights" in n}}
-print("RESULT " + json.dumps(out))
 """
+CODE += jax_scripts.TRAINED_AS_STOCKS.replace("FEATURES", "feats")
 
 
 def test_category_encoding_trains_evaluates_and_predicts_as_stock(tmp_path):
