@@ -14,7 +14,10 @@ components (indices, values, dense_shape) and made dense there, at a size known 
 so that its rows split over the devices and pad as a dense input's do (:func:`sparse_plan`):
 a ``CategoryEncoding`` (dense output) reading it runs on the host, stock's own layer on
 stock's ``SparseTensor``; a ``Dense`` reading it gets it dense (its matmul is the sum
-``embedding_lookup_sparse`` makes of the same rows). Any other reader is refused by name.
+``embedding_lookup_sparse`` makes of the same rows); a ``Lambda`` of weight-free sparse ops
+(``tf.sparse.to_dense``, ``sparse_dense_matmul`` by a constant, ``tf.sparse.reduce_sum``) reading
+only the model's inputs, its output dense, runs on the host as a ``CategoryEncoding`` does. Any
+other reader is refused by name.
 """
 
 import contextlib
@@ -45,7 +48,8 @@ def _refuse_sparse(name, layer, what):
     raise ConversionError(
         f"{ENGINE} does not run a model whose input {name!r} is a SparseTensor read by "
         f"{type(layer).__name__} {layer.name!r}: {what}. It makes a sparse input dense on the "
-        "host for a CategoryEncoding (dense output) or a Dense reading it; give the model a "
+        "host for a CategoryEncoding (dense output), a Dense or a Lambda of weight-free sparse "
+        "ops with a dense output reading only the model's inputs; give the model a "
         "dense Input and make the values dense in the input_fn (tf.sparse.to_dense). Nothing "
         "was written."
     )
@@ -79,22 +83,26 @@ def sparse_plan(keras_model, optimizer=None):
     encoders, densified = set(), {}
     if not sparse:
         return frozenset(), {}
-    for layer, inputs, _, _ in _tfprivate.keras.functional_nodes(keras_model):
+    for layer, inputs, outputs, _ in _tfprivate.keras.functional_nodes(keras_model):
         read = [t for t in inputs if id(t) in sparse]
         if not read:
             continue
         name, tensor = sparse[id(read[0])], read[0]
         kind = type(layer).__name__
+        others = [
+            t._keras_history.layer.name
+            for t in inputs
+            if not isinstance(t._keras_history.layer, tf.keras.layers.InputLayer)
+        ]
         if kind == "CategoryEncoding":
             if getattr(layer, "sparse", False):
                 _refuse_sparse(name, layer, "SparseCountSparseOutput, a sparse output")
-            others = [
-                t._keras_history.layer.name
-                for t in inputs
-                if not isinstance(t._keras_history.layer, tf.keras.layers.InputLayer)
-            ]
             if others:
                 _refuse_sparse(name, layer, f"it reads layer {others[0]!r} beside the input")
+            encoders.add(layer.name)
+            continue
+        if isinstance(layer, tf.keras.layers.Lambda):
+            _lambda_on_host(name, layer, tensor, others, outputs)
             encoders.add(layer.name)
             continue
         if kind == "Dense" and isinstance(layer, tf.keras.layers.Dense):
@@ -116,6 +124,19 @@ def sparse_plan(keras_model, optimizer=None):
         ops = _sparse_ops(layer, tensor.type_spec) or ["a sparse op"]
         _refuse_sparse(name, layer, ", ".join(ops))
     return frozenset(encoders), densified
+
+
+def _lambda_on_host(name, layer, tensor, others, outputs):
+    """Refuses a ``Lambda`` reading a sparse input that cannot run on the host, as stock's own
+    layer on stock's ``SparseTensor`` (its sparse ops weight-free, reading only the model's
+    inputs, its output dense: what the step is fed), naming the sparse ops it runs."""
+    ops = ", ".join(_sparse_ops(layer, tensor.type_spec) or ["a sparse op"])
+    if others:
+        _refuse_sparse(name, layer, f"{ops}, reading layer {others[0]!r} beside the input")
+    if layer.weights:
+        _refuse_sparse(name, layer, f"{ops} beside its weight {layer.weights[0].name!r}")
+    if any(isinstance(getattr(t, "type_spec", None), tf.SparseTensorSpec) for t in outputs):
+        _refuse_sparse(name, layer, f"{ops}, its output a SparseTensor")
 
 
 def _as_32_bits(a):
