@@ -117,3 +117,41 @@ def test_sparse_inputs_into_category_encoding_dense_and_a_lambda_train_evaluate_
 ):
     got = jax_scripts.program_result(CODE, tmp_path, "0")
     jax_scripts.trained_as_stock(got, 6, 27, STOCK_2_15, STOCK_2_15_PREDICTIONS)
+
+
+class SparseReader(tf.keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.out = tf.keras.layers.Dense(1)
+
+    def call(self, features):
+        return self.out(tf.sparse.to_dense(features["x"]) + features["z"])
+
+
+def test_a_subclassed_model_on_a_sparse_feature_is_refused_naming_it_before_anything_is_written(
+    tmp_path,
+):
+    """The subclassed model's call is one layer: the engine cannot make its sparse input dense
+    on the host for it (stock trains it; the engine refuses it at the first batch, naming the
+    feature)."""
+    import tpushim
+
+    model = SparseReader()
+    model.compile(tf.keras.optimizers.SGD(0.1), "mse")
+    x = np.array([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]] * 4, np.float32)
+
+    def input_fn():
+        features = {"x": tf.sparse.from_dense(x), "z": x}
+        return tf.data.Dataset.from_tensor_slices((features, np.ones([8, 1], np.float32))).batch(4)
+
+    model_dir = tmp_path / "subclassed"
+    with tpushim.patched(quiet=True, mode="cpu", engine="jax"):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=model, model_dir=str(model_dir), checkpoint_format="saver"
+        )
+    with pytest.raises(ConversionError) as refused:
+        estimator.train(input_fn)
+    said = str(refused.value)
+    assert "subclassed model on a SparseTensor feature ('x')" in said, said
+    assert "Nothing was written" in said
+    assert not model_dir.exists() or not list(model_dir.iterdir())

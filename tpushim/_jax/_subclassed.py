@@ -38,9 +38,33 @@ def _32_bits(dtype):
     return tf.as_dtype(dtype)
 
 
+def _refuse_sparse(features):
+    """Refuses a ``SparseTensor`` feature (a session's ``SparseTensorValue``), naming it: the
+    engine makes sparse inputs dense on the host for a functional model's readers only
+    (:mod:`._host`), and a subclassed model's call is one layer reading them on the devices."""
+    if isinstance(features, dict):
+        items = features.items()
+    elif isinstance(features, (list, tuple)) and not hasattr(features, "_fields"):
+        items = enumerate(features)
+    else:
+        items = [("features", features)]
+    for key, value in items:
+        if isinstance(value, (tf.compat.v1.SparseTensorValue, tf.SparseTensor)):
+            raise ConversionError(
+                f"tpushim's JAX engine does not run a subclassed model on a SparseTensor "
+                f"feature ({key!r}): its call would read the sparse tensor on the devices. The "
+                "engine makes a sparse input dense on the host for a functional model's "
+                "Input(sparse=True) read by a CategoryEncoding, a Dense or a Lambda of sparse "
+                "ops; build the model functional, or make the feature dense in the input_fn "
+                "(tf.sparse.to_dense). Nothing was written."
+            )
+
+
 def features_spec(features):
     """The specs of the input's features (a batch's: an array, a dict or a list of arrays), any
-    number of rows, 64-bit numbers as 32-bit ones (as the engine feeds them)."""
+    number of rows, 64-bit numbers as 32-bit ones (as the engine feeds them). A sparse feature
+    is refused by name (:func:`_refuse_sparse`)."""
+    _refuse_sparse(features)
 
     def spec(a):
         a = np.asarray(a)
