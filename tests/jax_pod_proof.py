@@ -111,8 +111,9 @@ def ids_of(batch):
     return [int(i) for i in np.asarray(features["id"]).reshape([-1])]
 
 
-def shares(input_fn, seed, pod_input, steps, control=None):
-    """This process's rows of each global batch: (ids, real) per step, and records parsed."""
+def shares(input_fn, seed, pod_input, steps, control=None, rows_of=ids_of):
+    """This process's rows of each global batch (``rows_of`` a batch's: their ids), its real
+    rows' per step, and records parsed."""
     from tpushim._jax import _pod
 
     _pod.STATE.control = control
@@ -126,7 +127,7 @@ def shares(input_fn, seed, pod_input, steps, control=None):
             if k >= steps:
                 break
             real = [int(p) for p in share.pad]
-            out.append([i for i, r in zip(ids_of(share.batch), real) if r])
+            out.append([i for i, r in zip(rows_of(share.batch), real) if r])
         batches.close()
     finally:
         _pod.STATE.control = None
@@ -234,7 +235,7 @@ def pinned_entropy(value):
     random.seed = lambda a=None, *args: original(value if a is None else a, *args)
 
 
-def board_batches(input_fn, seed, steps):
+def board_batches(input_fn, seed, steps, rows_of=ids_of):
     from tpushim import _stock_graphs
 
     _, result, session = _stock_graphs.input_session(
@@ -244,7 +245,7 @@ def board_batches(input_fn, seed, steps):
     with session:
         while len(out) < steps and not session.should_stop():
             try:
-                out.append(ids_of(session.run(result)))
+                out.append(rows_of(session.run(result)))
             except tf.errors.OutOfRangeError:
                 break
     return out
@@ -327,6 +328,82 @@ def train(model_dir, evaluate=False, again=True):
     }
 
 
+def sparse_input(with_id=False):
+    """The sparse inputs' program's 27 rows (tests/jax_engine/test_jax_sparse_input.py): a
+    ``SparseTensor`` of ids, one of floats, in batches of 8 (the last of 3); ``with_id``: each
+    row's number beside them."""
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, 6, (27, 4)).astype(np.int64)
+    ids[rng.rand(27, 4) < 0.4] = -1  # absent entries
+    dense_x = (rng.rand(27, 5) * (rng.rand(27, 5) < 0.5)).astype(np.float32)
+    y = rng.randn(27, 1).astype(np.float32)
+
+    def sparse(a, absent):
+        idx = np.argwhere(a != absent)
+        return tf.SparseTensor(idx, a[a != absent], a.shape)
+
+    def input_fn():
+        features = {"ids": sparse(ids, -1), "x": sparse(dense_x, 0)}
+        if with_id:
+            features["id"] = np.arange(27.0)
+        return tf.data.Dataset.from_tensor_slices((features, y)).batch(8)
+
+    return input_fn
+
+
+def sparse_rows(batch):
+    """Each row of a batch of :func:`sparse_input`: its number, then its sparse features'
+    entries (absent ones -1)."""
+    features = batch[0]
+    dense = [
+        tf.sparse.to_dense(tf.SparseTensor(*features[k]), default_value=-1).numpy()
+        for k in ("ids", "x")
+    ]
+    return [[int(i), *a.tolist(), *b.tolist()] for i, a, b in zip(features["id"], *dense)]
+
+
+def sparse_trained(model_dir):
+    """The sparse inputs' program's model (``CategoryEncoding`` multi_hot and count on the ids, a
+    ``Dense`` and a ``Lambda`` of sparse ops on the floats) trained 4 steps and evaluated:
+    its weights and metrics."""
+    tf.keras.utils.set_random_seed(3)
+    L = tf.keras.layers
+    i = tf.keras.Input((4,), name="ids", dtype="int64", sparse=True)
+    x = tf.keras.Input((5,), name="x", sparse=True)
+    table = np.linspace(-1.0, 1.0, 10, dtype=np.float32).reshape([5, 2])
+    ops = L.Lambda(
+        lambda s: tf.concat(
+            [
+                tf.sparse.sparse_dense_matmul(s, table),
+                tf.reshape(tf.sparse.reduce_sum(s, 1), [-1, 1]),
+                tf.reshape(tf.sparse.to_dense(s), [-1, 5]),
+            ],
+            1,
+        ),
+        name="ops",
+    )(x)
+    h = L.Concatenate()(
+        [
+            L.CategoryEncoding(6, "multi_hot", name="multi")(i),
+            L.CategoryEncoding(6, "count", name="count")(i),
+            L.Dense(3, name="d")(x),
+            ops,
+        ]
+    )
+    out = L.Dense(1, name="y")(L.Dense(4, activation="tanh", name="h")(h))
+    model = tf.keras.Model([i, x], out)
+    model.compile(tf.keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
+    estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
+    estimator.train(sparse_input(), steps=4)
+    metrics = estimator.evaluate(sparse_input())
+    names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
+    return {
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
+    }
+
+
 def main():
     paths = write_files(os.path.join(ROOT, "data"))
     made = inputs(paths)
@@ -335,6 +412,7 @@ def main():
         tpushim.patch(mode="off", quiet=True)
         result["training"] = train(os.path.join(ROOT, "stock"), evaluate=True)
         result["strings"] = strings_evaluated(os.path.join(ROOT, "stock-strings"))
+        result["sparse"] = sparse_trained(os.path.join(ROOT, "stock-sparse"))
     elif ROLE == "board":
         tpushim.patch(quiet=True)
         result["batches"] = {
@@ -346,6 +424,8 @@ def main():
         result["batches"]["queue batch 5"] = board_batches(queue_input(False), 5, 4)
         result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
         result["strings"] = strings_evaluated(os.path.join(ROOT, "board-strings"))
+        result["batches"]["sparse"] = board_batches(sparse_input(True), 5, 4, sparse_rows)
+        result["sparse"] = sparse_trained(os.path.join(ROOT, "board-sparse"))
     else:
         tpushim.patch(quiet=True)
         from tpushim._jax import _pod
@@ -374,6 +454,10 @@ def main():
         )
         result["training"] = train(os.path.join(ROOT, "pod"), evaluate=True)
         result["strings"] = strings_evaluated(os.path.join(ROOT, "pod-strings"))
+        for control in (None, "other_share"):  # sparse inputs: each process its rows' entries
+            name = "sparse" if control is None else f"control {control} sparse"
+            result["shares"][name] = shares(sparse_input(True), 5, "auto", 4, control, sparse_rows)
+        result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"))
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"

@@ -164,6 +164,38 @@ def test_evaluate_on_the_pod_with_strings_reaching_the_metrics_equals_stock(proo
             assert abs(got[k] - stock[k]) < TOL, (k, got[k], stock[k])
 
 
+def test_sparse_inputs_on_the_pod_every_example_once_pooled_one_boards(proof):
+    """Two ``SparseTensor`` features (27 rows in global batches of 8, the last of 3): each
+    process feeds its rows' entries, renumbered as its own rows (a short batch padded as a dense
+    feature's rows are), pooled in process order one board's rows; process 1 feeding process
+    0's share (the control) feeds some rows twice and others never."""
+    board = proof["board"]["batches"]["sparse"]
+    assert [len(b) for b in board] == [8, 8, 8, 3]
+    assert [row[0] for row in _flat(board)] == list(range(27))
+    assert _pooled(proof, "sparse") == board
+    control = [row[0] for row in _flat(_pooled(proof, "control other_share sparse"))]
+    assert len(set(control)) < 27 and sorted(control) != list(range(27))
+
+
+#: stock 2.15's loss and mae of the sparse inputs' model (recorded beside its program in
+#: tests/jax_engine/test_jax_sparse_input.py)
+SPARSE_STOCK_2_15 = {"loss": 1.2350471019744873, "mae": 0.9590683579444885, "global_step": 4.0}
+
+
+def test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock(proof):
+    """The sparse inputs' model (``CategoryEncoding`` and a ``Lambda`` of sparse ops run on the
+    host, a ``Dense`` reading its input made dense) trained 4 steps and evaluated on the pod:
+    every process's weights equal one board's and the stock estimator's, its metrics stock
+    2.15's, within 1e-5."""
+    board, stock = proof["board"]["sparse"], proof["stock"]["sparse"]
+    assert len(stock["weights"]) == 6 and _diff(board, stock) < TOL
+    for got in [board] + [w["sparse"] for w in proof["workers"]]:
+        assert _diff(got, stock) < TOL
+        for k, value in SPARSE_STOCK_2_15.items():
+            assert abs(got["metrics"][k] - value) < TOL, (k, got["metrics"][k], value)
+            assert abs(stock["metrics"][k] - value) < TOL, k
+
+
 def test_negative_control_a_process_feeding_anothers_share(proof):
     pooled = _pooled(proof, "control other_share shuffle 5")
     assert pooled != proof["board"]["batches"]["shuffle 5"]

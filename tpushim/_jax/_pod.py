@@ -271,18 +271,50 @@ def padded_rows(a, size):
     return np.concatenate([a, np.repeat(a[:1], size - len(a), axis=0)])
 
 
-def _padded(batch, size):
-    """Each array of ``batch`` padded to ``size`` rows with copies of its first row (weighed 0
-    by the share's ``pad``)."""
-    import jax
+def _is_sparse(value):
+    """Whether ``value`` is a session's reading of a ``SparseTensor`` (its components)."""
+    import tensorflow as tf
 
-    return jax.tree_util.tree_map(lambda a: padded_rows(a, size), batch)
+    return isinstance(value, tf.compat.v1.SparseTensorValue)
 
 
 def _rows_of(batch):
     import jax
 
-    return len(np.asarray(jax.tree_util.tree_leaves(batch)[0]))
+    first = jax.tree_util.tree_leaves(batch, is_leaf=_is_sparse)[0]
+    return int(first.dense_shape[0]) if _is_sparse(first) else len(np.asarray(first))
+
+
+def _sparse_rows(value, size, start, count):
+    """Rows ``start`` to ``start + count`` of a ``SparseTensorValue`` whose rows are padded to
+    ``size`` with copies of its first row (as :func:`padded_rows` pads an array): its entries in
+    those rows, renumbered from 0, its dense_shape ``count`` rows."""
+    import tensorflow as tf
+
+    indices, values = np.asarray(value.indices), np.asarray(value.values)
+    shape = np.array(value.dense_shape, np.int64)
+    first = indices[:, 0] == 0
+    pads = range(int(shape[0]), size)
+    added = [np.concatenate([np.full([first.sum(), 1], r), indices[first, 1:]], 1) for r in pads]
+    indices = np.concatenate([indices, *added]).astype(np.int64) if added else indices
+    values = np.concatenate([values] + [values[first]] * len(added))
+    mine = (indices[:, 0] >= start) & (indices[:, 0] < start + count)
+    indices = indices[mine] - np.array([start] + [0] * (shape.size - 1), np.int64)
+    shape[0] = count
+    return tf.compat.v1.SparseTensorValue(indices, values[mine], shape)
+
+
+def _share_of(batch, size, start, count):
+    """Rows ``start`` to ``start + count`` of ``batch`` padded to ``size`` rows (copies of its
+    first row); a sparse feature's too (:func:`_sparse_rows`)."""
+    import jax
+
+    def one(a):
+        if _is_sparse(a):
+            return _sparse_rows(a, size, start, count)
+        return padded_rows(a, size)[start : start + count]
+
+    return jax.tree_util.tree_map(one, batch, is_leaf=_is_sparse)
 
 
 def _called(input_fn, mode, config, seed):
@@ -363,7 +395,6 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
     counter after the input_fn), what every process's copy of stock's draws seeds from.
     ``multiple``: the global batch padded to a multiple of it (an evaluation's or prediction's:
     the pod's devices, as one board pads to its own)."""
-    import jax
     import tensorflow as tf
 
     from tpushim import _arrays, _batching, _pods, _stock_graphs, _tfprivate
@@ -455,7 +486,7 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
             start = 0 if control == "whole_input" else index * mine
             pad = np.zeros([size], np.float32)
             pad[:rows] = 1
-            piece = jax.tree_util.tree_map(lambda a: a[start : start + mine], _padded(batch, size))
+            piece = _share_of(batch, size, start, mine)
             yield Share(piece, pad[start : start + mine], size, rows)
     finally:
         batches.close()
