@@ -83,13 +83,13 @@ def _refuse_inner_strings(keras_model, host):
     """Raises where a layer the devices run (not in ``host``, the host part's layers) makes or
     reads strings inside its call, its inputs and outputs numbers (a debugging ``Lambda``
     formatting numbers as text): no TPU computes strings, and the host part takes only layers
-    whose inputs or outputs are strings. Only ``Lambda`` layers and the user's own classes
-    are traced (Keras's own layers of numbers run no string op)."""
+    whose inputs or outputs are strings. Only ``Lambda`` layers are traced (a layer class's
+    call traced outside the model could record losses or state on the layer; tf2jax names the
+    ops of those at ``train()``)."""
     if not _tfprivate.keras.is_graph_network(keras_model):
         return
     for layer, inputs, _, node in _tfprivate.keras.functional_nodes(keras_model):
-        own = not type(layer).__module__.startswith(("keras", "tf_keras", "tensorflow"))
-        if layer.name in host or not (own or isinstance(layer, tf.keras.layers.Lambda)):
+        if layer.name in host or not isinstance(layer, tf.keras.layers.Lambda):
             continue
         ops = _inner_string_ops(layer, node)
         if not ops:
