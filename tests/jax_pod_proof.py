@@ -14,7 +14,9 @@ Roles (argv[1]):
 """
 
 import collections
+import contextlib
 import json
+import logging
 import os
 import random
 import re
@@ -28,6 +30,9 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_engine"))
+import jax_recurrent  # (a recurrent_dropout classifier, stock 2.15's numbers recorded)
 
 SIZES = (12, 4, 11, 5, 10, 6, 9, 7)  # 64 records in 8 files of unequal size (even by size on 2)
 BATCH = 16
@@ -288,6 +293,31 @@ def evaluated(estimator):
     }
 
 
+class PaddingNotes(logging.Handler):
+    """The padding notes tpushim logs (a global batch the devices do not divide), in order."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.said = []
+
+    def emit(self, record):
+        if "does not divide" in record.getMessage():
+            self.said.append(record.getMessage())
+
+
+def padded_calls(estimator):
+    """evaluate() (one step) and predict() over global batches of 10, which 8 devices do not
+    divide; the padding notes said in train(), then in these."""
+    estimator.evaluate(eval_input(20, 10), steps=1)
+    return len(list(estimator.predict(eval_input(10, 10))))
+
+
+def recurrent(model_dir):
+    """:func:`jax_recurrent.classifier` (LSTM, GRU and SimpleRNN with ``recurrent_dropout``: a
+    mask drawn per time step on the host) on the JAX engine: (metrics, weights)."""
+    return jax_recurrent.classifier(model_dir, mode="cpu", engine="jax")
+
+
 def train(model_dir, evaluate=False, again=True):
     """A Dense -> BatchNormalization -> Dropout (unseeded: stock's seeds from tf_random_seed and
     the op-seed counter) -> Dense model trained over the shuffled input to its end, then 2 more
@@ -309,6 +339,8 @@ def train(model_dir, evaluate=False, again=True):
     names = [n for n in names if not n.startswith("_CHECKPOINTABLE")]
     (step,) = [n for n in estimator.get_variable_names() if "global_step" in n]
     out = evaluated(estimator) if evaluate else {}
+    if evaluate and "jax" in sys.modules:  # (stock's logs no such note)
+        out["padded_rows"] = padded_calls(estimator)
     if evaluate:  # the same checkpoint evaluated with a process feeding another's share
         from tpushim._jax import _pod
 
@@ -404,6 +436,19 @@ def sparse_trained(model_dir):
     }
 
 
+@contextlib.contextmanager
+def noting():
+    notes, logger = PaddingNotes(), logging.getLogger("tpushim")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(notes)
+    try:
+        yield notes
+    finally:
+        logger.removeHandler(notes)
+        logger.setLevel(level)
+
+
 def main():
     paths = write_files(os.path.join(ROOT, "data"))
     made = inputs(paths)
@@ -422,7 +467,9 @@ def main():
         pinned_entropy(1234)  # process 0's
         result["batches"]["numpy 5"] = board_batches(numpy_input(), 5, 4)
         result["batches"]["queue batch 5"] = board_batches(queue_input(False), 5, 4)
-        result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
+        with noting() as notes:
+            result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
+        result["padding_notes"] = notes.said
         result["strings"] = strings_evaluated(os.path.join(ROOT, "board-strings"))
         result["batches"]["sparse"] = board_batches(sparse_input(True), 5, 4, sparse_rows)
         result["sparse"] = sparse_trained(os.path.join(ROOT, "board-sparse"))
@@ -452,7 +499,10 @@ def main():
         result["shares"]["control other_share queue shuffle_batch 5"] = shares(
             queue_input(True), 5, "auto", 4, "other_share"
         )
-        result["training"] = train(os.path.join(ROOT, "pod"), evaluate=True)
+        with noting() as notes:
+            result["training"] = train(os.path.join(ROOT, "pod"), evaluate=True)
+        result["padding_notes"] = notes.said
+        result["recurrent"] = recurrent(os.path.join(ROOT, "pod-recurrent"))
         result["strings"] = strings_evaluated(os.path.join(ROOT, "pod-strings"))
         for control in (None, "other_share"):  # sparse inputs: each process its rows' entries
             name = "sparse" if control is None else f"control {control} sparse"
@@ -462,6 +512,7 @@ def main():
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"
         result["control_draws"] = train(os.path.join(ROOT, "pod-control-draws"), again=False)
+        result["control_recurrent"] = recurrent(os.path.join(ROOT, "pod-recurrent-control"))
         _pod.STATE.control = None
         name = f"worker-{pod.index}.json"
     name = f"{ROLE}.json" if ROLE != "worker" else name

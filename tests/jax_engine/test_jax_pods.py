@@ -276,6 +276,43 @@ def test_evaluate_on_the_pod_equals_one_board_and_stock(proof):
         assert pod["eval_files"] == board["eval_files"] and len(pod["eval_files"]) == 1
 
 
+def test_recurrent_dropout_on_the_pod_equals_one_board_and_stock_2_15(proof):
+    """An LSTM, GRU and SimpleRNN with ``recurrent_dropout`` (a mask per time step, drawn on the
+    host in stock's order; each process feeding its rows of them), trained in batches of 8 (the
+    last of 5, padded) and evaluated: every process's weights and metrics equal stock 2.15's
+    recorded ones within 1e-5 (one board's equal them too: test_jax_recurrent.py). Control: each
+    process feeding its rows the masks of the global batch's first rows (as drawing for its own
+    rows alone would) is told apart."""
+    with open(os.path.join(ROOT, "tests", "reference", "jax_recurrent_tf215.json")) as f:
+        stock = json.load(f)
+    runs = [w["recurrent"] for w in proof["workers"]]
+    for metrics, weights in runs:
+        assert sorted(weights) == sorted(stock["weights"]) and len(weights) == 12
+        for name, values in stock["weights"].items():
+            assert np.max(np.abs(np.subtract(weights[name], values))) < TOL, name
+        for key, value in stock["metrics"].items():
+            assert abs(metrics[key] - value) < TOL, (key, metrics[key], value)
+    for worker in proof["workers"]:
+        control = worker["control_recurrent"][1]
+        assert (
+            max(np.max(np.abs(np.subtract(control[n], stock["weights"][n]))) for n in control)
+            > 1e-3
+        )
+
+
+def test_padding_on_the_pod_is_logged_as_one_boards(proof):
+    """A global batch the 8 devices do not divide: the training's (20), and evaluate()'s and
+    predict()'s (10), each logged once, in one board's training's words, on every process."""
+    from tpushim._batch_math import indivisible_batch
+
+    want = ["%s; %s." % indivisible_batch(size, 8) for size in (20, 10, 10)]
+    assert proof["board"]["padding_notes"] == want
+    assert proof["board"]["training"]["padded_rows"] == 10
+    for worker in proof["workers"]:
+        assert worker["padding_notes"] == want
+    assert sum(w["training"]["padded_rows"] for w in proof["workers"]) == 10
+
+
 def _own_rows(rows, batch, process):
     """Process ``process``'s rows of ``rows`` examples in global batches of ``batch``."""
     share = batch // PROCESSES

@@ -30,12 +30,13 @@ TOL = 1e-5
 #: script -> the start of the engine's refusal (or it and words it holds); every other script
 #: gives stock's numbers.
 REFUSED = {
-    # Its debugging Lambda formats the devices' numbers as strings: ops tf2jax has no JAX for.
-    # (A global batch of 100 on 8 devices, once refused, is padded to 104.)
+    # Its debugging Lambda formats the devices' numbers as strings: refused at conversion,
+    # naming the layer and its ops. (A global batch of 100 on 8 devices, once refused, is
+    # padded to 104.)
     "legacy_text_classifier.py": (
-        "tpushim cannot convert this model's training step to JAX",
-        "'StringToNumber'",  # tf2jax lists them in no fixed order
-        "'AsString'",
+        "tpushim's JAX engine cannot run layer 'debug_strings' (Lambda)",
+        "the string ops 'AsString', 'StringToNumber'",
+        "Move that work out of the model",
     ),
 }
 #: script -> why it runs on the engine with numbers of its own: it trains and evaluates there.

@@ -280,3 +280,45 @@ def test_an_indivisible_global_batch_is_padded_and_trains_as_keras():
     assert np.max(np.abs(losses - want_losses)) < TOL, (losses, want_losses)
     assert max_diff(trainer.weights(), {k: want[k] for k in trainer.weights()}) < TOL
     assert {"bn/moving_mean", "bn/moving_variance"} <= set(trainer.weights())
+
+
+def test_a_padded_global_batch_is_logged_once_per_call_kind_as_one_boards_training(
+    tmp_path, caplog
+):
+    """A global batch of 12 on 8 devices: training, evaluate() and predict() (twice)
+    each log the padding once per conversion, in the words one board's training logs."""
+    import logging
+
+    import tpushim
+    from tpushim import _batch_math
+
+    eight_devices()
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(20, 4).astype("float32"), rng.randn(20, 1).astype("float32")
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(12)
+
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((4,), name="x")
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="y")(inputs))
+    model.compile(tf.keras.optimizers.SGD(0.1), "mse")
+    problem, fix = _batch_math.indivisible_batch(12, 8)
+    with (
+        caplog.at_level(logging.INFO, logger="tpushim"),
+        tpushim.patched(quiet=True, mode="cpu", engine="jax"),
+    ):
+        est = tf.keras.estimator.model_to_estimator(model, model_dir=str(tmp_path / "m"))
+        seen = set()
+        for call in ("train", "evaluate", "predict", "predict"):
+            caplog.clear()
+            if call == "train":
+                est.train(input_fn, steps=1)
+            elif call == "evaluate":
+                est.evaluate(input_fn)
+            else:
+                assert len(list(est.predict(input_fn))) == 20
+            said = [r.getMessage() for r in caplog.records if "does not divide" in r.getMessage()]
+            # the first call of each kind logs it, a second of that kind does not
+            assert said == ([] if call in seen else [f"{problem}; {fix}."]), call
+            seen.add(call)

@@ -400,7 +400,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             trainer = conversion.trainer(
                 size or conversion.batch_size or _rows(features), seen.get("seeds")
             )
-            _note_padding(conversion, trainer.stock_batch, len(trainer.devices))
+            stock = getattr(first, "stock_batch", 0) or trainer.stock_batch  # (a pod's: padded)
+            _note_padding(conversion, stock, len(trainer.devices), ModeKeys.TRAIN)
             trainer.restore(weights, slots, start)
             # its refusals before anything is written
             trainer.check((features, labels, arrays.sample_weights(first_batch)))
@@ -639,6 +640,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 features, labels = arrays.split(batch, ModeKeys.EVAL)
                 given = arrays.sample_weights(batch) or [None] * len(labels)
                 rows = _rows(features)
+                if size is None:
+                    _note_call_padding(conversion, share, rows, ModeKeys.EVAL)
                 size = size or conversion.device_rows(rows)
                 pad = np.zeros([size], np.float32)
                 pad[:rows] = 1
@@ -762,6 +765,8 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
                 if user_hooks is not None:
                     user_hooks.before(step)
                 rows = _rows(features) if share is None else int(np.sum(share.pad))
+                if size is None:
+                    _note_call_padding(conversion, share, rows, ModeKeys.PREDICT)
                 size = size or conversion.device_rows(_rows(features))
                 if call is None:  # the call's draws, seeded as stock's graph of this call
                     call = _draws.CallDraws(seen.get("seeds"))
@@ -790,14 +795,23 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             user_hooks.before(step)
 
 
-def _note_padding(conversion, size, shards):
-    """Logs, once per conversion, that a global batch of ``size`` rows is padded to the next
-    multiple of ``shards`` devices (:func:`tpushim._batch_math.indivisible_batch`'s text, as
-    the TPUEstimator path logs it)."""
+def _note_padding(conversion, size, shards, purpose):
+    """Logs, once per conversion and ``purpose`` (training, evaluation, prediction), that a
+    global batch of ``size`` rows is padded to the next multiple of ``shards`` devices
+    (:func:`tpushim._batch_math.indivisible_batch`'s text, as the TPUEstimator path logs it)."""
     noted = conversion.__dict__.setdefault("_tpushim_padding_noted", set())
-    if size % shards and (size, shards) not in noted:
-        noted.add((size, shards))
+    if size % shards and (purpose, size, shards) not in noted:
+        noted.add((purpose, size, shards))
         _observe.note("batch-padding", "%s; %s.", *_batch_math.indivisible_batch(size, shards))
+
+
+def _note_call_padding(conversion, share, rows, purpose):
+    """:func:`_note_padding` of an evaluation's or prediction's first batch: ``rows`` on one
+    board's devices, or on a pod ``share``'s global batch over every process's devices."""
+    if share is None:
+        _note_padding(conversion, rows, len(conversion.devices), purpose)
+    elif share.stock_batch:
+        _note_padding(conversion, share.stock_batch, len(conversion.pod.devices), purpose)
 
 
 class _InFront:

@@ -39,6 +39,7 @@ def plan(keras_model, custom_objects, optimizer=None):
     :mod:`._optimizers`), naming the layer."""
     encoders, densified = sparse_plan(keras_model, optimizer)
     part = _host_part.plan(keras_model, custom_objects, engine=ENGINE, also=encoders)
+    _refuse_inner_strings(keras_model, part.layers if part is not None else ())
     if part is None and not densified:
         return None
     return HostFeed(keras_model, part, densified)
@@ -53,6 +54,72 @@ def _refuse_sparse(name, layer, what):
         "dense Input and make the values dense in the input_fn (tf.sparse.to_dense). Nothing "
         "was written."
     )
+
+
+def _inner_string_ops(layer, node):
+    """The types of the ops of ``layer``'s call at ``node`` that take or make strings, sorted
+    (none: it could not be traced here, which only naming needs)."""
+
+    def spec(a):
+        return a.type_spec if hasattr(a, "type_spec") else a
+
+    args = tf.nest.map_structure(spec, list(node.call_args))
+    kwargs = tf.nest.map_structure(spec, dict(node.call_kwargs))
+    try:
+        graph = tf.function(lambda a, k: layer(*a, **k)).get_concrete_function(args, kwargs).graph
+    except Exception:  # only naming what it runs
+        return []
+
+    def computed(t):  # a string the call computes (an assertion's constant message is not)
+        return t.dtype == tf.string and t.op.type not in ("Const", "Placeholder")
+
+    return sorted(
+        {
+            op.type
+            for op in graph.get_operations()
+            if op.type not in ("Identity", "Placeholder")
+            and any(computed(t) for t in (*op.inputs, *op.outputs))
+        }
+    )
+
+
+def _refuse_inner_strings(keras_model, host):
+    """Raises where a layer the devices run (not in ``host``, the host part's layers) makes or
+    reads strings inside its call, its inputs and outputs numbers (a debugging ``Lambda``
+    formatting numbers as text): no TPU computes strings, and the host part takes only layers
+    whose inputs or outputs are strings. Only ``Lambda`` layers are traced (a layer class's
+    call traced outside the model could record losses or state on the layer; tf2jax names the
+    ops of those at ``train()``)."""
+    if not _tfprivate.keras.is_graph_network(keras_model):
+        return
+    for layer, inputs, _, node in _tfprivate.keras.functional_nodes(keras_model):
+        if layer.name in host or not isinstance(layer, tf.keras.layers.Lambda):
+            continue
+        ops = _inner_string_ops(layer, node)
+        if not ops:
+            continue
+        read = sorted(
+            {
+                t._keras_history.layer.name
+                for t in inputs
+                if not isinstance(t._keras_history.layer, tf.keras.layers.InputLayer)
+            }
+        )
+        reads = (
+            f"it reads what the devices compute (the output of layer {read[0]!r}), so the "
+            "engine cannot run it on the host either"
+            if read
+            else "its inputs and outputs are numbers, and the engine runs on the host only "
+            "layers that take or make strings"
+        )
+        raise ConversionError(
+            f"{ENGINE} cannot run layer {layer.name!r} ({type(layer).__name__}): its call runs "
+            f"the string ops {', '.join(repr(o) for o in ops)} ({layer.name}/...), which no "
+            f"TPU computes (XLA has no kernel for them, nor JAX), and {reads}. Move that work "
+            "out of the model (a debugging Lambda can go; make text in the input_fn or from "
+            "predict()'s outputs), or train without tpushim (TPUSHIM_MODE=off). Nothing was "
+            "written."
+        )
 
 
 def _sparse_ops(layer, spec):

@@ -253,12 +253,14 @@ def global_arrays(tree, sharding, axis, count):
 class Share:
     """This process's rows of one global batch: ``batch`` (the input_fn's structure, numpy), its
     ``pad`` (1 a real row, 0 padding), ``global_batch`` (the rows of the global batch) and
-    ``real`` (the global batch's real rows, its first ones)."""
+    ``real`` (the global batch's real rows, its first ones); ``stock_batch``: the global batch
+    as the input gives it, before padding (0: not known)."""
 
     batch: object
     pad: np.ndarray
     global_batch: int
     real: int = 0
+    stock_batch: int = 0
 
 
 def padded_rows(a, size):
@@ -466,6 +468,7 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
     batches = () if session is None else _stock_graphs.read_batches(session, result)
     if queued:
         batches = _handed(batches, pod, next(_QUEUED_CALLS))
+    stock = None
     try:
         for batch in batches:
             rows = _rows_of(batch)
@@ -473,6 +476,7 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
                 yield Share(batch, np.ones([rows], np.float32), rows * pod.count, rows * pod.count)
                 continue
             size = size or rows
+            stock = stock or size  # (before padding)
             if multiple:
                 size = -(-size // multiple) * multiple
             if rows > size:
@@ -487,6 +491,6 @@ def host_batches(input_fn, mode, config, pod, batch_size, pod_input, seen=None, 
             pad = np.zeros([size], np.float32)
             pad[:rows] = 1
             piece = _share_of(batch, size, start, mine)
-            yield Share(piece, pad[start : start + mine], size, rows)
+            yield Share(piece, pad[start : start + mine], size, rows, stock)
     finally:
         batches.close()

@@ -47,7 +47,8 @@ def check_jax_step(report, keras_model, custom_objects, settings, features, labe
             "error",
             f"model {name!r}" + _layers_named(str(e), keras_model),
             f"the JAX engine would refuse this model: {e}",
-            "see the message (engine=strategy trains it)",
+            # (a model no TPU engine runs, the strategy engine not named)
+            "see the message" + (" (engine=strategy trains it)" if "strategy" in str(e) else ""),
         )
     except Exception as e:  # XLA's compile failed: named as the model's step
         model_checks._report_xla_error(report, keras_model, e)
