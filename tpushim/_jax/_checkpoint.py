@@ -135,7 +135,7 @@ class StockCheckpoints:
         """Saves ``weights`` (variable name -> value), ``slots`` (slot -> {variable name:
         value}) and the global ``step`` as stock's ``model_dir/model.ckpt-<step>``; returns its
         path. Older checkpoints beyond the Saver's ``max_to_keep`` are rotated as stock's."""
-        session = self._open()
+        session, loads, feeds = self._open(), [], {}
         with self.graph.as_default():
             for name, (_, source) in self.sources.items():
                 if source[0] == "weight":
@@ -150,7 +150,13 @@ class StockCheckpoints:
                     value = step
                 if value is not None:
                     variable = self._variables[name]
-                    variable.load(np.asarray(value).astype(variable.dtype.as_numpy_dtype), session)
+                    # (as Variable.load: its initializer run, its value fed)
+                    loads.append(variable.initializer)
+                    feeds[variable.initializer.inputs[1]] = np.asarray(value).astype(
+                        variable.dtype.as_numpy_dtype
+                    )
+            # every value loaded in one run (one per variable costs seconds on a large graph)
+            session.run(loads, feed_dict=feeds)
             return self._saver.save(
                 session, os.path.join(model_dir, "model.ckpt"), global_step=int(step)
             )
