@@ -18,6 +18,14 @@ with a map renaming both, trained and evaluated by both (the keys and numbers); 
 (a compiled name missing, a key no metric has): stock's errors at train(), the engine's, and
 whether the engine's train() wrote anything before raising.
 
+A ridge regression as public feature-column scripts write it (numeric columns through
+``DenseFeatures``, ``Dense(1)`` with an L2 kernel regularizer, ``metrics=["mae", "mse",
+MeanAbsoluteError()]``, float64 labels of shape [batch] as a DataFrame's column gives them),
+trained and evaluated over the same 45 rows in batches of 10 (the last of 5): the compiled
+metrics by the engine against stock's. Stock's graph averages a [batch] label's ``mae`` and
+``mse`` over the batches (one value per batch), not over the rows. Negative control: the labels
+handed to the metrics as [batch, 1] (per-row averages).
+
 On TensorFlow >= 2.16 (no stock estimator) stock is stock TF 2.15's numbers, recorded by
 ``python strategy_metrics_proof.py --record tests/reference/strategy_metrics_tf215.json DIR`` in
 a TF 2.15 venv.
@@ -34,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 import tpushim
-from tpushim import _added_metrics
+from tpushim import _added_metrics, _compiled_metrics, _padding
 from tpushim._strategy import estimator as _strategy_estimator
 
 ROWS, BATCH, STEPS = 45, 10, 5
@@ -99,6 +107,42 @@ def input_fn():
     return tf.data.Dataset.from_tensor_slices(({"x": X}, Y)).batch(BATCH)
 
 
+# The ridge regression: two float64 feature columns of shape [rows] (``dict(df)``) and a
+# float64 label of shape [rows] (``df["y"].values``).
+RIDGE_FEATURES = {"a": X[:, 2].astype(np.float64), "b": X[:, 3].astype(np.float64)}
+RIDGE_Y = 4.0 + 3.0 * X[:, 2] - 2.0 * X[:, 3] + rng.randn(ROWS)
+
+
+def ridge_model():
+    tf.keras.utils.set_random_seed(2)
+    inputs = {c: tf.keras.Input((1,), name=c) for c in RIDGE_FEATURES}
+    columns = [tf.feature_column.numeric_column(c) for c in RIDGE_FEATURES]
+    x = tf.keras.layers.DenseFeatures(columns)(inputs)
+    l2 = tf.keras.regularizers.l2(0.01)
+    m = tf.keras.Model(inputs, tf.keras.layers.Dense(1, kernel_regularizer=l2)(x))
+    m.compile(
+        tf.keras.optimizers.legacy.Adam(0.1),
+        loss="mse",
+        metrics=["mae", "mse", tf.keras.metrics.MeanAbsoluteError(name="mae_object")],
+    )
+    return m
+
+
+def ridge_input_fn():
+    return tf.data.Dataset.from_tensor_slices((RIDGE_FEATURES, RIDGE_Y)).batch(BATCH)
+
+
+def ridge(root, **patch):
+    """The ridge regression trained and evaluated: the estimator and its evaluation."""
+    which = "stock" if patch.get("mode") == "off" else "engine"
+    with tpushim.patched(quiet=True, **patch):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=ridge_model(), model_dir=os.path.join(root, f"ridge_{which}")
+        )
+    estimator.train(ridge_input_fn, steps=STEPS)
+    return estimator, evaluate(estimator, ridge_input_fn)
+
+
 def v1_metrics(labels, predictions):
     p = predictions["out"]
     return {
@@ -147,8 +191,8 @@ def convert(model_dir, **patch):
         return added(converted)
 
 
-def evaluate(estimator):
-    return {k: float(v) for k, v in estimator.evaluate(input_fn).items()}
+def evaluate(estimator, given_input_fn=input_fn):
+    return {k: float(v) for k, v in estimator.evaluate(given_input_fn).items()}
 
 
 def stock(root, part="metrics"):
@@ -157,6 +201,8 @@ def stock(root, part="metrics"):
             return json.load(f)[part]
     if part == "names_map":
         return names_map_cases(root, mode="off")
+    if part == "ridge":
+        return ridge(root, mode="off")[1]
     estimator = convert(os.path.join(root, "stock"), mode="off")
     estimator.train(input_fn, steps=STEPS)
     return evaluate(estimator)
@@ -195,7 +241,28 @@ def main(root):
         "stock": stock(root, "names_map"),
         "engine": names_map_cases(root, mode="cpu", engine="strategy"),
     }
+    out["ridge"] = ridge_cases(root)
     print("RESULT " + json.dumps(out))
+
+
+def ridge_cases(root):
+    """The ridge regression's evaluation by stock and the engine, their largest difference, and
+    the control's (the [batch] labels handed to the metrics as [batch, 1])."""
+    expected = stock(root, "ridge")
+    engine, ours = ridge(root, mode="cpu", engine="strategy")
+    as_in_stocks_graph = _compiled_metrics.as_in_stocks_graph
+    _compiled_metrics.as_in_stocks_graph = _padding.row_labels  # per-row averages
+    try:
+        control = difference(evaluate(engine, ridge_input_fn), expected)
+    finally:
+        _compiled_metrics.as_in_stocks_graph = as_in_stocks_graph
+    return {
+        "replicas": engine.strategy.num_replicas_in_sync,
+        "engine": ours,
+        "stock": expected,
+        "difference": difference(ours, expected),
+        "control": control,
+    }
 
 
 def record(path, root):
@@ -206,6 +273,7 @@ def record(path, root):
                 "tensorflow": tf.__version__,
                 "metrics": stock(root),
                 "names_map": stock(root, "names_map"),
+                "ridge": stock(root, "ridge"),
             },
             f,
             indent=1,

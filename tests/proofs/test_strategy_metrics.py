@@ -53,6 +53,20 @@ def test_negative_control_padding_rows_in_the_added_metrics(proof):
     assert proof["control"] > 1e-3, proof
 
 
+def test_ridge_regressions_mae_and_mse_over_short_batches_as_stocks(proof):
+    """A ridge regression (feature columns, an L2 kernel regularizer, ``mae``, ``mse`` and a
+    ``MeanAbsoluteError`` object, float64 [batch] labels) evaluated in batches of 10 with a short
+    last one, on 8 replicas (each batch padded): stock's loss and metrics, averaged over the
+    batches as stock's graph averages a [batch] label's. The control hands the metrics the labels
+    as [batch, 1] (averages over the rows): its MAE moves by more than 1e-3 relative."""
+    ridge = proof["ridge"]
+    assert ridge["replicas"] == 8
+    assert sorted(ridge["engine"]) == sorted(ridge["stock"])
+    assert {"loss", "mae", "mse", "mae_object"} <= set(ridge["engine"])
+    assert ridge["difference"] <= TOLERANCE, ridge
+    assert ridge["control"] > 1e-3, ridge
+
+
 def test_stock_is_stock_tensorflow_215():
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "reference", "strategy_metrics_tf215.json")) as f:
