@@ -46,24 +46,28 @@ STRATEGY_PROOFS = {
 STRATEGY_SCRIPT_TESTS = {"test_script_unchanged_on_the_strategy_engine_equals_stock"}
 
 #: Of those, the proofs of the engine's step arithmetic (replicas, optimizers, BatchNormalization,
-#: subclassed models, the compiled step) and the scripts on the engine run on TensorFlow >= 2.16,
+#: subclassed models, the compiled step), its pods (each host's pipeline from tf.distribute's
+#: InputContext and tpushim's own split) and the scripts on the engine run on TensorFlow >= 2.16,
 #: where the engine is the only TPU path, against stock 2.15's recorded numbers (each module's
 #: ``test_stock_is_stock_tensorflow_215`` recorded them live on 2.15). The engine's code for them is
 #: the same on every TensorFlow; on <= 2.15 the era-dependent proofs run (input_fns as the stock
-#: estimator calls them, hooks, events, checkpoints, pods, metrics, row labels). CI's budget
+#: estimator calls them, hooks, events, checkpoints, metrics, row labels). CI's budget
 #: (docs/contributing/ci.md); ``TPUSHIM_TEST_EVERY_PROOF=1`` runs them on <= 2.15 too.
 NEWEST_ONLY_PROOFS = {
     "test_strategy_batchnorm.py",
     "test_strategy_optimizers.py",
+    "test_strategy_pods.py",
     "test_strategy_replicas.py",
     "test_strategy_step.py",
     "test_strategy_subclassed.py",
 }
 #: Single tests of the same kind, by name: the engine's arithmetic against stock 2.15's
-#: recording (an input loss beside BatchNormalization; the layers' training mode).
+#: recording (an input loss beside BatchNormalization; the layers' training mode), and the
+#: strategy benchmark's driver around the engine's loop (the same loop on every TensorFlow).
 NEWEST_ONLY_TESTS = {
     "test_input_loss_beside_batchnormalization_trains_stocks_numbers",
     "test_layers_read_the_training_mode_as_stock_2_15",
+    "test_strategy_section_driver_measures_fit_and_the_engine_in_one_process",
 }
 NEWEST_ONLY_REASON = (
     "this proof of the strategy engine runs on TensorFlow >= 2.16, against stock 2.15's recorded "
