@@ -322,3 +322,52 @@ def test_a_padded_global_batch_is_logged_once_per_call_kind_as_one_boards_traini
             # the first call of each kind logs it, a second of that kind does not
             assert said == ([] if call in seen else [f"{problem}; {fix}."]), call
             seen.add(call)
+
+
+def conv_model(optimizer):
+    """Conv2D -> BatchNormalization -> Dense, sparse categorical crossentropy: a convolution's
+    gradient, which XLA CPU runs many times slower inside a compiled loop."""
+    tf.keras.utils.set_random_seed(0)
+    x = tf.keras.Input((6, 6, 1), name="x")
+    h = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv")(x)
+    h = tf.keras.layers.BatchNormalization(momentum=0.8, name="bn")(h)
+    y = tf.keras.layers.Dense(3, activation="softmax", name="y")(tf.keras.layers.Flatten()(h))
+    model = tf.keras.Model(x, y)
+    model.compile(optimizer(), "sparse_categorical_crossentropy")
+    return model
+
+
+def test_on_cpu_a_call_runs_one_compiled_step_per_batch_as_keras():
+    # On XLA CPU devices a convolution model's steps run as one compiled step per batch (no
+    # while loop), with tf-keras's numbers; the scan a TPU runs gives the same numbers.
+    rng = np.random.RandomState(5)
+    x = rng.randn(ROWS, 6, 6, 1).astype("float32")
+    y = rng.randint(0, 3, (ROWS, 1)).astype("int64")
+    batches = [
+        ([x[i : i + GLOBAL_BATCH]], [y[i : i + GLOBAL_BATCH]], None)
+        for i in range(0, ROWS, GLOBAL_BATCH)
+    ]
+    want_losses, want = keras_reference(conv_model(OPTIMIZERS["adam"]), batches)
+    got = {}
+    for loop in _step.LOOPS:
+        trainer = _step.Trainer(conv_model(OPTIMIZERS["adam"]), GLOBAL_BATCH, eight_devices())
+        if loop == "scan":
+            trainer.loop = "scan"  # a TPU's
+        losses = np.concatenate([trainer.train(batches[:2]), trainer.train(batches[2:])])
+        assert trainer.loop == loop  # "per step": the engine's choice on CPU devices
+        assert np.max(np.abs(losses - want_losses)) < TOL, (loop, losses, want_losses)
+        assert max_diff(trainer.weights(), {k: want[k] for k in trainer.weights()}) < TOL
+        ((_, compiled),) = trainer._traced.values()
+        one = jax.tree_util.tree_map(
+            lambda a: np.asarray(a)[None], _step.pad_batch(batches[0], GLOBAL_BATCH)
+        )
+        text = compiled.lower(trainer.params, trainer.stats, trainer.opt_state, one).as_text()
+        got[loop] = ("stablehlo.while" in text, trainer.weights())
+    assert not got["per step"][0] and got["scan"][0]
+    assert max_diff(got["per step"][1], got["scan"][1]) < 1e-6
+    # a step without convolutions keeps the scan on CPU (one dispatch a call)
+    dense = _step.Trainer(bn_model(OPTIMIZERS["adam"]), GLOBAL_BATCH, eight_devices())
+    dense.train(bn_batches()[:1])
+    assert dense.loop == "scan"
+    assert _step.loop_of([type("Tpu", (), {"platform": "tpu"})()]) == "scan"
+    assert _step.loop_of(eight_devices(), pod=object()) == "scan"

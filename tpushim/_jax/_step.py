@@ -13,8 +13,14 @@ A weight the model only gathers rows of (an ``Embedding``'s) is updated as stock
 sparse update differs from its dense one: the rows the batch's real rows look up alone
 (:mod:`._sparse`).
 
-``iterations_per_loop`` steps run in one compiled call (``jax.lax.scan`` over that many global
-batches stacked), as TPUEstimator's loop on the device.
+``iterations_per_loop`` steps run in one call of :meth:`Trainer.train` (hooks, logging and
+checkpoints fall between calls, as TPUEstimator's loop on the device), as one compiled
+``jax.lax.scan`` over that many global batches stacked; but on XLA CPU devices (``--mode cpu``)
+a step that convolves runs as one compiled step per batch, dispatched from Python
+(:func:`loop_of`): inside a ``while`` body XLA CPU keeps a convolution's gradient in dimension
+orders (``f01b_i01o->01bf``, ``b01f_01oi->b01f``) that it does not canonicalize to its library
+convolution's, and the step runs 5-15x slower than outside the loop (forward convolutions are
+as fast). The numbers are the same step's.
 """
 
 import jax
@@ -33,6 +39,55 @@ from tpushim._jax import _draws, _optimizers, _pod, _sparse, _trace
 #: batch's first row, weigh as real rows in the loss, its sample weights and the statistics
 #: (and as rows looking up a gathered weight's rows: row 0 of its table).
 CONTROLS = ("sum_device_means", "mean_device_losses", "count_padding")
+
+#: How a call's steps run: ``"scan"`` (one compiled ``lax.scan``), ``"per step"`` (one compiled
+#: step per batch, dispatched from Python).
+LOOPS = ("scan", "per step")
+
+
+def loop_of(devices, pod=None, convolves=True):
+    """How a call's steps run on ``devices``: ``"per step"`` on XLA CPU devices in one process
+    for a step that ``convolves`` (a convolution's gradient is 5-15x slower inside a compiled
+    loop there), else ``"scan"``: a step without convolutions (one dispatch a call, not one a
+    step: a small MLP's steps were 2.7x slower dispatched one by one), a TPU (unmeasured), a
+    pod (its batches are global arrays made per call)."""
+    if pod is None and convolves and all(d.platform == "cpu" for d in devices):
+        return "per step"
+    return "scan"
+
+
+def _convolves(traced, batch):
+    """Whether the converted step (``traced``, at ``batch``'s shapes) holds a convolution."""
+    args = [{k: np.asarray(traced.params[k]) for k in (*traced.trainable, *traced.state)}]
+    args += list(batch[:4])
+    if traced.draws:
+        args.append([np.zeros(d.fed_shape, d.dtype) for d in traced.draws])
+    return "conv_general_dilated" in str(jax.make_jaxpr(traced.fn)(*args))
+
+
+class _PerStep:
+    """A call's steps as one compiled step per batch (``step``, a jitted ``(trainable, stats,
+    opt_state, batch) -> ((trainable, stats, opt_state), loss)``), called as the scan's loop is:
+    on the batches stacked along a first axis; returns the carry and the stacked losses."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __call__(self, trainable, stats, opt_state, batches):
+        carry, losses = (trainable, stats, opt_state), []
+        count = len(jax.tree_util.tree_leaves(batches)[0])
+        for k in range(count):  # dispatched ahead: each call waits only on its inputs
+            carry, loss = self.step(*carry, jax.tree_util.tree_map(lambda a, k=k: a[k], batches))
+            losses.append(loss)
+        return carry, jnp.stack(losses)
+
+    def _cache_size(self):
+        return self.step._cache_size()
+
+    def lower(self, trainable, stats, opt_state, batches):
+        return self.step.lower(
+            trainable, stats, opt_state, jax.tree_util.tree_map(lambda a: a[0], batches)
+        )
 
 
 def pad_batch(batch, global_batch):
@@ -110,6 +165,7 @@ class Trainer:
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
         self._traced = {}  # batch shapes -> (Traced, its compiled loop)
+        self.loop = None  # one of LOOPS: chosen at the first step's compile (loop_of)
         self.params = self.opt_state = None
         self._restored = {}
 
@@ -187,6 +243,9 @@ class Trainer:
                 )
             if not self.optimizer.sparse_differs:
                 looked_up = None
+            if self.loop is None:
+                cpu = loop_of(self.devices, self.pod) == "per step"  # before tracing again
+                self.loop = loop_of(self.devices, self.pod, cpu and _convolves(traced, batch))
             self._traced[key] = (traced, self._compile(traced, per_device, looked_up))
         return self._traced[key]
 
@@ -238,13 +297,25 @@ class Trainer:
         def loop(trainable, stats, opt_state, batches):
             return jax.lax.scan(step, (trainable, stats, opt_state), batches)
 
-        stacked = NamedSharding(self.mesh, PartitionSpec(None, "data"))
+        lead = (None,) if self.loop == "scan" else ()  # the scan's batches: stacked
+        stacked = NamedSharding(self.mesh, PartitionSpec(*lead, "data"))
         if traced.draws:  # a draw per row split as the batch, any other whole on every device
             whole = NamedSharding(self.mesh, PartitionSpec())
-            looped = NamedSharding(self.mesh, PartitionSpec(None, None, "data"))
+            looped = NamedSharding(self.mesh, PartitionSpec(*lead, None, "data"))
             stacked = (
                 *(stacked,) * 4,
                 [(looped if d.trips else stacked) if d.batched else whole for d in traced.draws],
+            )
+        if self.loop == "per step":
+            return _PerStep(
+                jax.jit(
+                    lambda trainable, stats, opt_state, batch: step(
+                        (trainable, stats, opt_state), batch
+                    ),
+                    in_shardings=(self.replicated, self.replicated, self.replicated, stacked),
+                    out_shardings=((self.replicated,) * 3, self.replicated),
+                    donate_argnums=(0, 1, 2),
+                )
             )
         return jax.jit(
             loop,
