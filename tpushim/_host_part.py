@@ -76,6 +76,8 @@ class HostPart:
             parts.append(f"layers {', '.join(sorted(self.layers))} run on the host")
         if self.feature_split is not None:
             parts.append(self.feature_split.describe(with_host=False))
+        if self.densified:
+            parts.append(f"sparse inputs {', '.join(sorted(self.densified))} made dense there")
         return "; ".join(parts)
 
 

@@ -174,6 +174,25 @@ def check_xla(report, keras_model, custom_objects, features, labels):
         _report_xla_error(report, keras_model, e, _graph_def(train_step, specs))
 
 
+def sparse_again(keras_model, features):
+    """The recorded batch's values of the model's ``SparseTensor`` inputs (recorded dense, or
+    made of zeros) as SparseTensors again, their zeros left out: the checks build from shapes.
+    ``features`` itself where the model has none (or eagerly, in a v1 graph script)."""
+    from tpushim import _tfprivate
+
+    names = {
+        _tfprivate.keras.input_tensor_name(t)
+        for t in getattr(keras_model, "inputs", None) or ()
+        if isinstance(getattr(t, "type_spec", None), tf.SparseTensorSpec)
+    }
+    if not names or not isinstance(features, dict):
+        return features
+    return {
+        k: tf.sparse.from_dense(v) if k in names and not isinstance(v, tf.SparseTensor) else v
+        for k, v in features.items()
+    }
+
+
 def _sparse_fed(keras_model, features, labels, clone=None):
     """``(features, labels, fed)`` as the TPUEstimator path's input pipeline gives them to the
     step where the model has ``SparseTensor`` inputs (:func:`tpushim._host_part.sparse_only`:
@@ -187,14 +206,7 @@ def _sparse_fed(keras_model, features, labels, clone=None):
     def tensor(a):
         return tf.compat.v1.convert_to_tensor_or_sparse_tensor(a)
 
-    features = tf.nest.map_structure(tensor, features)
-    sparse = {_tfprivate.keras.input_tensor_name(t) for t in keras_model.inputs}
-    sparse = {n for n in sparse if n in part.densified or n in part.host_inputs}
-    if isinstance(features, dict):  # the recorded batch's values made dense: the shapes matter
-        features = {
-            k: tf.sparse.from_dense(v) if k in sparse and not isinstance(v, tf.SparseTensor) else v
-            for k, v in features.items()
-        }
+    features = sparse_again(keras_model, tf.nest.map_structure(tensor, features))
     element = _host_part.element_function(part, _tfprivate.estimator.ModeKeys.TRAIN)(
         features,
         tf.nest.map_structure(tensor, labels) if labels is not None else None,
