@@ -68,6 +68,7 @@ NEWEST_ONLY_TESTS = {
     "test_input_loss_beside_batchnormalization_trains_stocks_numbers",
     "test_layers_read_the_training_mode_as_stock_2_15",
     "test_strategy_section_driver_measures_fit_and_the_engine_in_one_process",
+    "test_sparse_inputs_train_evaluate_predict_as_stock_on_the_strategy_engine",
 }
 NEWEST_ONLY_REASON = (
     "this proof of the strategy engine runs on TensorFlow >= 2.16, against stock 2.15's recorded "

@@ -36,7 +36,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from tpushim import _feature_columns, _host_side, _tfprivate
+from tpushim import _feature_columns, _host_side, _sparse_inputs, _tfprivate
 from tpushim._errors import ConversionError
 
 HOST_PREFIX = _host_side.HOST_PREFIX  # a frontier tensor fed to the replicas
@@ -56,6 +56,8 @@ class HostPart:
       feature_split: the :class:`tpushim._feature_columns.Split` of its DenseFeatures layers.
       template: the host layers as a model (host inputs -> {key: tensor}), or None.
       custom_objects: as given to ``model_to_estimator`` (a copy of the template needs them).
+      densified: ``SparseTensor`` input name -> its static width, made dense on the host for
+        the layers the devices run (:mod:`tpushim._sparse_inputs`).
     """
 
     layers: frozenset
@@ -66,6 +68,7 @@ class HostPart:
     feature_split: object
     template: object
     custom_objects: dict
+    densified: dict = dataclasses.field(default_factory=dict)
 
     def describe(self):
         parts = []
@@ -73,17 +76,29 @@ class HostPart:
             parts.append(f"layers {', '.join(sorted(self.layers))} run on the host")
         if self.feature_split is not None:
             parts.append(self.feature_split.describe(with_host=False))
+        if self.densified:
+            parts.append(f"sparse inputs {', '.join(sorted(self.densified))} made dense there")
         return "; ".join(parts)
 
 
 _node_keys = _host_side.node_keys
 
 
-def plan(keras_model, custom_objects=None, engine="the strategy engine", also=()):
+def plan(
+    keras_model,
+    custom_objects=None,
+    engine="the strategy engine",
+    also=(),
+    densified=None,
+    only_also=False,
+):
     """The :class:`HostPart` of ``keras_model``, or None when nothing needs the host (or it is
     not a functional model: a subclassed model's strings stay refused). ``engine``: the engine
     as its refusals name it; ``also``: names of more weight-free layers, reading only the
-    model's inputs, that the engine runs on the host (the JAX engine's sparse inputs' encoders).
+    model's inputs, that the engine runs on the host (sparse inputs' readers,
+    :mod:`tpushim._sparse_inputs`); ``densified``: the sparse inputs the host makes dense (by
+    name: their static width); ``only_also``: the host runs those alone (the TPUEstimator path,
+    which splits its feature columns and strings its own way).
 
     Raises:
       ConversionError: a layer that must run on the host and cannot (see the module's
@@ -91,12 +106,16 @@ def plan(keras_model, custom_objects=None, engine="the strategy engine", also=()
     """
     if not _tfprivate.keras.is_graph_network(keras_model):
         return None
-    split = _feature_columns.plan(keras_model, custom_objects)
+    split = None if only_also else _feature_columns.plan(keras_model, custom_objects)
     nodes = _tfprivate.keras.functional_nodes(keras_model)
-    host = set(
-        _host_side.layers(keras_model, strings=True, custom_objects=custom_objects, engine=engine)
-    ) | set(also)
-    if not host and split is None:
+    host = set(also)
+    if not only_also:
+        host |= set(
+            _host_side.layers(
+                keras_model, strings=True, custom_objects=custom_objects, engine=engine
+            )
+        )
+    if not host and split is None and not densified:
         return None
     keys = _node_keys(keras_model)
     moved = {layer.name for layer in split.layers} if split is not None else set()
@@ -140,7 +159,42 @@ def plan(keras_model, custom_objects=None, engine="the strategy engine", also=()
         split,
         template,
         dict(custom_objects or {}),
+        dict(densified or {}),
     )
+
+
+def sparse_only(keras_model, custom_objects=None, engine="tpushim"):
+    """The :class:`HostPart` of ``keras_model``'s ``SparseTensor`` inputs alone
+    (:mod:`tpushim._sparse_inputs`: their readers run on the host, or they are made dense
+    there), or None where it has none: the TPUEstimator path's, whose strings and feature
+    columns are split their own way. Each host layer feeds one tensor (:func:`fed_key`).
+
+    Raises:
+      ConversionError: what :func:`tpushim._sparse_inputs.plan` refuses, or a host layer
+        called more than once.
+    """
+    why = _sparse_inputs.tf_dense_update_differs(getattr(keras_model, "optimizer", None))
+    encoders, densified = _sparse_inputs.plan(keras_model, engine, why)
+    if not encoders and not densified:
+        return None
+    part = plan(keras_model, custom_objects, engine, encoders, densified, only_also=True)
+    layers = [tensor._keras_history.layer for _, tensor in part.frontier]
+    for layer in layers:
+        if [other.name for other in layers].count(layer.name) > 1:
+            raise ConversionError(
+                f"{engine} runs layer {layer.name!r} on the host (it reads a SparseTensor "
+                "input), and it is called more than once in the model, which the engine does "
+                "not run yet: give each call a layer of its own, or use engine='strategy'."
+            )
+    return part
+
+
+def fed_key(part, layer_name):
+    """The key of the tensor the host feeds for host layer ``layer_name``'s output."""
+    for key, tensor in part.frontier:
+        if tensor._keras_history.layer.name == layer_name:
+            return key
+    return None
 
 
 def _check_output_losses(keras_model, outputs, engine):
@@ -223,6 +277,9 @@ def element_function(part, mode):
             out.update({k: v for k, v in blocks.items() if k.startswith(_feature_columns.PREFIX)})
         for name, shape in part.host_inputs.items():  # the model's input check wants them
             out[name] = tf.zeros([rows, *[d or 1 for d in shape[1:]]], tf.float32)
+        for name, width in part.densified.items():  # no TPU is fed a SparseTensor
+            if isinstance(out.get(name), tf.SparseTensor):
+                out[name] = _dense(out[name], width)
         return out
 
     def labels_of(labels):
@@ -240,6 +297,15 @@ def element_function(part, mode):
         return features_of(element)
 
     return host
+
+
+def _dense(value, width):
+    """A ``SparseTensor`` of rows made dense, ``width`` wide (its static width)."""
+    shape = tf.stack([value.dense_shape[0], tf.constant(width, value.dense_shape.dtype)])
+    dense = tf.sparse.to_dense(
+        tf.sparse.reorder(tf.SparseTensor(value.indices, value.values, shape))
+    )
+    return tf.ensure_shape(dense, [None, width])
 
 
 def carried(features):

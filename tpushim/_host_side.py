@@ -193,8 +193,17 @@ def template(keras_model, host, outputs):
 
 def copy(model, custom_objects):
     """A pipeline's own copy of a host template (its layers' tables made where it runs)."""
+
+    def clone_layer(layer):
+        made = layer.__class__.from_config(layer.get_config())
+        if isinstance(layer, tf.keras.layers.Lambda):
+            # its own function: one loaded from its config has lost the globals of a script
+            # not run as __main__ (the preflight's run of it)
+            made.function = layer.function
+        return made
+
     with tf.keras.utils.custom_object_scope(custom_objects or {}):
-        clone = tf.keras.models.clone_model(model)
+        clone = tf.keras.models.clone_model(model, clone_function=clone_layer)
     lookups = _tfprivate.keras.lookup_layer_classes()
     for own, made in zip(model.layers, clone.layers):
         # An adapted vocabulary is not in a lookup layer's config: given to the copy.

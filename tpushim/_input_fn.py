@@ -21,7 +21,16 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tpushim import _arrays, _batch_math, _batching, _feature_columns, _observe, _shapes, _source
+from tpushim import (
+    _arrays,
+    _batch_math,
+    _batching,
+    _feature_columns,
+    _host_part,
+    _observe,
+    _shapes,
+    _source,
+)
 from tpushim._errors import ConversionError
 
 logger = logging.getLogger("tpushim")
@@ -297,6 +306,9 @@ def adapt(
             pass  # job): the padding machinery stays, which is right for any input, only dearer
 
     result = _batching.without_float64(result)
+    sparse = getattr(model_inputs, "sparse_part", None)
+    if sparse is not None:  # no TPU is fed a SparseTensor: made dense, or read, on the host
+        result = result.map(_host_part.element_function(sparse, mode))
     result = _shapes.with_declared_shapes(result, model_inputs)
     split = getattr(model_inputs, "feature_split", None)
     if context is None:

@@ -26,6 +26,7 @@ from tpushim import (
     _batchnorm,
     _feature_columns,
     _first_checkpoint,
+    _host_part,
     _loss_kinds,
     _losses,
     _metric_names,
@@ -37,6 +38,8 @@ from tpushim import (
 from tpushim._errors import ConversionError
 
 ModeKeys = _tfprivate.estimator.ModeKeys  # (tf.estimator on TensorFlow >= 2.16 once patched)
+#: How this path's refusals name it.
+ENGINE = "tpushim's TPUEstimator path"
 
 
 def optimizer_kind(optimizer):
@@ -284,6 +287,22 @@ def _weights_of_any_batch(features, labels):
     return {"features": features["features"], "sample_weights": weights}
 
 
+def _from_host(part, features):
+    """(the features without the tensors the host fed, a block in which the clone's copies of
+    the host layers give those tensors): a sparse input's readers, run in the input pipeline
+    (:func:`tpushim._host_part.sparse_only`)."""
+    fed = {k: v for k, v in features.items() if k.startswith(_host_part.HOST_PREFIX)}
+    rest = {k: v for k, v in features.items() if k not in fed}
+
+    def call(layer, inputs, *args, **kwargs):
+        tensors = [t for t in tf.nest.flatten(inputs, expand_composites=True) if tf.is_tensor(t)]
+        value = fed[_host_part.fed_key(part, layer.name)]
+        # tied to the layer's inputs, so that what follows stays reachable from the model's
+        return tf.identity_n([value, *tensors], name="tied_to_inputs")[0] if tensors else value
+
+    return rest, _tfprivate.keras.cloned_layers_call_replaced(part.layers, call)
+
+
 def make_model_fn(
     keras_model,
     custom_objects=None,
@@ -304,6 +323,15 @@ def make_model_fn(
     # DenseFeatures layers whose weight-free part the input pipeline computes (refused here, before
     # any checkpoint is written, where that cannot be done).
     split = _feature_columns.plan(keras_model, custom_objects)
+    # SparseTensor inputs, which no TPU is fed: made dense, or their readers run, on the host.
+    sparse = _host_part.sparse_only(keras_model, custom_objects, ENGINE)
+    if sparse is not None and split is not None:
+        raise ConversionError(
+            f"{ENGINE} does not yet run a model with both DenseFeatures layers and "
+            "SparseTensor inputs on a TPU: use engine='strategy', or give the model dense "
+            "Inputs and make the values dense in the input_fn (tf.sparse.to_dense). Nothing "
+            "was written."
+        )
     plans = []  # the model's LossPlan, once known (a subclassed model's: at its first TRAIN call)
 
     def loss_plan(features):
@@ -323,6 +351,8 @@ def make_model_fn(
         if split is not None and isinstance(features, dict):
             features, blocks = split.model_features(features)
             moved = _feature_columns.device_layers(split, blocks)
+        if sparse is not None and isinstance(features, dict):
+            features, moved = _from_host(sparse, features)
         # EVAL reads it too, where a custom scalar loss is combined over padding or shards.
         plan = (
             loss_plan(features)

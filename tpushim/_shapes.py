@@ -26,11 +26,14 @@ class ModelInputs:
       shapes: each input's ``tf.TensorShape``, the batch dimension included.
       feature_split: the :class:`tpushim._feature_columns.Split` of its ``DenseFeatures``
         layers (what the input pipeline computes for them), or None.
+      sparse_part: the :class:`tpushim._host_part.HostPart` of its ``SparseTensor`` inputs
+        (made dense, or read, in the input pipeline), or None.
     """
 
     names: tuple
     shapes: tuple
     feature_split: object = None
+    sparse_part: object = None
 
     @classmethod
     def of(cls, keras_model, feature_split=True, custom_objects=None) -> Optional["ModelInputs"]:
@@ -45,6 +48,7 @@ class ModelInputs:
             tuple(keras_model.input_names),
             tuple(tf.TensorShape(t.shape) for t in inputs),
             _feature_split(keras_model, custom_objects) if feature_split else None,
+            _sparse_part(keras_model, custom_objects) if feature_split else None,
         )
 
 
@@ -62,6 +66,23 @@ def _feature_split(keras_model, custom_objects=None):
 
     try:
         return _feature_columns.plan(keras_model, custom_objects)
+    except ConversionError:
+        return None
+
+
+def _sparse_part(keras_model, custom_objects=None):
+    """The TPUEstimator path's :func:`tpushim._host_part.sparse_only`; None where it has no
+    ``SparseTensor`` input, where that is refused (the conversion refuses it, saying why) and on
+    tpushim's estimator API (TensorFlow >= 2.16), which takes them as stock."""
+    from tpushim import _versions
+
+    if _versions.uses_own_estimator():
+        return None
+    from tpushim import _host_part
+    from tpushim._errors import ConversionError
+
+    try:
+        return _host_part.sparse_only(keras_model, custom_objects)
     except ConversionError:
         return None
 

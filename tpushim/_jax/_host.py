@@ -25,7 +25,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from tpushim import _feature_columns, _host_part, _tfprivate
+from tpushim import _feature_columns, _host_part, _sparse_inputs, _tfprivate
 from tpushim._errors import ConversionError
 
 #: How the JAX engine's refusals of a host part name it.
@@ -43,17 +43,6 @@ def plan(keras_model, custom_objects, optimizer=None):
     if part is None and not densified:
         return None
     return HostFeed(keras_model, part, densified)
-
-
-def _refuse_sparse(name, layer, what):
-    raise ConversionError(
-        f"{ENGINE} does not run a model whose input {name!r} is a SparseTensor read by "
-        f"{type(layer).__name__} {layer.name!r}: {what}. It makes a sparse input dense on the "
-        "host for a CategoryEncoding (dense output), a Dense or a Lambda of weight-free sparse "
-        "ops with a dense output reading only the model's inputs; give the model a "
-        "dense Input and make the values dense in the input_fn (tf.sparse.to_dense). Nothing "
-        "was written."
-    )
 
 
 def _inner_string_ops(layer, node):
@@ -122,88 +111,22 @@ def _refuse_inner_strings(keras_model, host):
         )
 
 
-def _sparse_ops(layer, spec):
-    """The sparse ops ``layer`` runs on a ``SparseTensor`` of ``spec`` (their types)."""
-    try:
-        graph = tf.function(layer).get_concrete_function(spec).graph
-    except Exception:  # only naming what it runs
-        return []
-    return sorted({op.type for op in graph.get_operations() if "Sparse" in op.type})
-
-
 def sparse_plan(keras_model, optimizer=None):
-    """(names of the ``CategoryEncoding`` layers run on the host, {name: static width} of the
-    inputs made dense for the step) of a functional model's ``SparseTensor`` inputs.
+    """(names of the layers run on the host, {name: static width} of the inputs made dense for
+    the step) of a functional model's ``SparseTensor`` inputs (:func:`tpushim._sparse_inputs.plan`;
+    a ``Dense`` reader refused where ``optimizer``, the step's, updates its kernel otherwise
+    from stock's sparse gradient)."""
 
-    Raises:
-      ConversionError: another reader (naming it and the sparse op it runs), a sparse output
-        (``CategoryEncoding(sparse=True)``), a width not known statically, or a ``Dense``
-        whose kernel ``optimizer`` updates otherwise from stock's sparse gradient.
-    """
-    if not _tfprivate.keras.is_graph_network(keras_model):
-        return frozenset(), {}
-    sparse = {
-        id(t): _tfprivate.keras.input_tensor_name(t)
-        for t in keras_model.inputs
-        if isinstance(getattr(t, "type_spec", None), tf.SparseTensorSpec)
-    }
-    encoders, densified = set(), {}
-    if not sparse:
-        return frozenset(), {}
-    for layer, inputs, outputs, _ in _tfprivate.keras.functional_nodes(keras_model):
-        read = [t for t in inputs if id(t) in sparse]
-        if not read:
-            continue
-        name, tensor = sparse[id(read[0])], read[0]
-        kind = type(layer).__name__
-        others = [
-            t._keras_history.layer.name
-            for t in inputs
-            if not isinstance(t._keras_history.layer, tf.keras.layers.InputLayer)
-        ]
-        if kind == "CategoryEncoding":
-            if getattr(layer, "sparse", False):
-                _refuse_sparse(name, layer, "SparseCountSparseOutput, a sparse output")
-            if others:
-                _refuse_sparse(name, layer, f"it reads layer {others[0]!r} beside the input")
-            encoders.add(layer.name)
-            continue
-        if isinstance(layer, tf.keras.layers.Lambda):
-            _lambda_on_host(name, layer, tensor, others, outputs)
-            encoders.add(layer.name)
-            continue
-        if kind == "Dense" and isinstance(layer, tf.keras.layers.Dense):
-            width = tensor.shape[-1] if tensor.shape.rank == 2 else None
-            if width is None:
-                _refuse_sparse(
-                    name, layer, f"its dense_shape {tensor.shape} is not known statically"
-                )
-            if optimizer is not None and (optimizer.sparse_differs or optimizer.clipping):
-                _refuse_sparse(
-                    name,
-                    layer,
-                    "ResourceGather (embedding_lookup_sparse): its kernel's sparse gradient, "
-                    f"which {type(optimizer).__name__} with these settings applies otherwise "
-                    "than a dense one",
-                )
-            densified[name] = int(width)
-            continue
-        ops = _sparse_ops(layer, tensor.type_spec) or ["a sparse op"]
-        _refuse_sparse(name, layer, ", ".join(ops))
-    return frozenset(encoders), densified
+    def dense_update_differs(layer):
+        if optimizer is None or not (optimizer.sparse_differs or optimizer.clipping):
+            return None
+        return (
+            "ResourceGather (embedding_lookup_sparse): its kernel's sparse gradient, "
+            f"which {type(optimizer).__name__} with these settings applies otherwise "
+            "than a dense one"
+        )
 
-
-def _lambda_on_host(name, layer, tensor, others, outputs):
-    """Refuses a ``Lambda`` reading a sparse input that cannot run on the host, as stock's own
-    layer on stock's ``SparseTensor`` (its sparse ops weight-free, reading only the model's
-    inputs, its output dense: what the step is fed), naming the sparse ops it runs."""
-    ops = ", ".join(_sparse_ops(layer, tensor.type_spec) or ["a sparse op"])
-    if others:
-        _refuse_sparse(name, layer, f"{ops}, reading layer {others[0]!r} beside the input")
-    if layer.weights:
-        _refuse_sparse(name, layer, f"{ops} beside its weight {layer.weights[0].name!r}")
-    if any(isinstance(getattr(t, "type_spec", None), tf.SparseTensorSpec) for t in outputs):
-        _refuse_sparse(name, layer, f"{ops}, its output a SparseTensor")
+    return _sparse_inputs.plan(keras_model, ENGINE, dense_update_differs)
 
 
 def _as_32_bits(a):

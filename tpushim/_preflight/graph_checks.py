@@ -154,6 +154,8 @@ def replay_input_fn(input_call):
     def row(s):
         shape = [d if d is not None else 1 for d in s.shape.as_list()[1:]]
         value = tf.zeros(shape, s.dtype) if s.dtype != tf.string else tf.fill(shape, "")
+        if isinstance(s, tf.SparseTensorSpec):  # a SparseTensor again (no value present)
+            return tf.sparse.from_dense(value)
         return tf.raw_ops.PlaceholderWithDefault(input=value, shape=s.shape[1:])
 
     def input_fn():

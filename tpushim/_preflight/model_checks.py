@@ -7,7 +7,7 @@ import re
 
 import tensorflow as tf
 
-from tpushim import _versions
+from tpushim import _shapes, _versions
 from tpushim._errors import TPUShimError
 from tpushim._preflight.report import summary
 
@@ -147,8 +147,11 @@ def check_xla(report, keras_model, custom_objects, features, labels):
     # a program builds next (tpushim.check called mid-script) starts from the same weights.
     with _tfprivate.keras.keras_random_state_kept():
         clone, compiled_loss = _model_to_trace(keras_model, custom_objects)
+    features, labels, fed = _sparse_fed(keras_model, features, labels, clone)
     features, blocks, moved = _split_for_xla(keras_model, features)
     inputs, targets, _ = _estimator_io(clone, features, labels)
+    if fed:  # the sparse inputs' readers' outputs, fed as the host computes them
+        inputs = {**dict(zip(clone.input_names, tf.nest.flatten(inputs))), **fed}
     inputs = inputs[0] if isinstance(inputs, list) and len(inputs) == 1 else inputs
     targets = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
     structure = (inputs, targets, blocks)
@@ -169,6 +172,50 @@ def check_xla(report, keras_model, custom_objects, features, labels):
             _tfprivate.graph.compiler_ir(train_step, *specs)  # takes no op seed of the program's
     except Exception as e:
         _report_xla_error(report, keras_model, e, _graph_def(train_step, specs))
+
+
+def sparse_again(keras_model, features):
+    """The recorded batch's values of the model's ``SparseTensor`` inputs (recorded dense, or
+    made of zeros) as SparseTensors again, their zeros left out: the checks build from shapes.
+    ``features`` itself where the model has none (or eagerly, in a v1 graph script)."""
+    from tpushim import _tfprivate
+
+    names = {
+        _tfprivate.keras.input_tensor_name(t)
+        for t in getattr(keras_model, "inputs", None) or ()
+        if isinstance(getattr(t, "type_spec", None), tf.SparseTensorSpec)
+    }
+    if not names or not isinstance(features, dict):
+        return features
+    return {
+        k: tf.sparse.from_dense(v) if k in names and not isinstance(v, tf.SparseTensor) else v
+        for k, v in features.items()
+    }
+
+
+def _sparse_fed(keras_model, features, labels, clone=None):
+    """``(features, labels, fed)`` as the TPUEstimator path's input pipeline gives them to the
+    step where the model has ``SparseTensor`` inputs (:func:`tpushim._host_part.sparse_only`:
+    made dense, or read, on the host), ``fed`` the tensors the host computed; ``clone`` then
+    runs from them. Unchanged, ``fed`` empty, elsewhere."""
+    part = _shapes._sparse_part(keras_model)
+    if part is None:
+        return features, labels, {}
+    from tpushim import _host_part, _tfprivate
+
+    def tensor(a):
+        return tf.compat.v1.convert_to_tensor_or_sparse_tensor(a)
+
+    features = sparse_again(keras_model, tf.nest.map_structure(tensor, features))
+    element = _host_part.element_function(part, _tfprivate.estimator.ModeKeys.TRAIN)(
+        features,
+        tf.nest.map_structure(tensor, labels) if labels is not None else None,
+    )
+    features, labels = element
+    fed = {k: v for k, v in features.items() if k.startswith(_host_part.HOST_PREFIX)}
+    if clone is not None and fed:
+        _host_part.install(part, clone)
+    return {k: v for k, v in features.items() if k not in fed}, labels, fed
 
 
 def _model_to_trace(keras_model, custom_objects):
@@ -389,8 +436,10 @@ def check_host_only_ops(report, keras_model, custom_objects, features, labels, o
         graph = tf.Graph()
         with graph.as_default():
             tf.compat.v1.train.get_or_create_global_step()
-            feats = tf.nest.map_structure(tf.constant, features)
-            labs = tf.nest.map_structure(tf.constant, labels) if labels is not None else None
+            feats, labs, fed = _sparse_fed(keras_model, features, labels)
+            feats = {**feats, **fed} if fed else feats
+            feats = tf.nest.map_structure(tf.convert_to_tensor, feats)
+            labs = tf.nest.map_structure(tf.convert_to_tensor, labs) if labs is not None else None
             _model_fn.make_model_fn(keras_model, custom_objects)(
                 feats,
                 labs,

@@ -299,6 +299,12 @@ def check_strategy_step(report, plan, features, labels, num_cores):
 
     report.note_checked("XLA compile of the training step")
     size = int(tf.nest.flatten(features)[0].shape[0])
+    sparse = model_checks.sparse_again(plan.keras_model, features)
+    if sparse is not features and plan.host is not None:  # as the input pipeline feeds them
+        from tpushim import _host_part, _tfprivate
+
+        train = _tfprivate.estimator.ModeKeys.TRAIN
+        features = _host_part.element_function(plan.host, train)(sparse, labels)[0]
     rows = _batch_math.ceil_div(size, num_cores)  # each replica's rows of the padded batch
 
     def spec(array):
@@ -332,6 +338,7 @@ def _check_host_only_ops(report, conversion, features, labels):
     with graph.as_default():
         tf.compat.v1.train.get_or_create_global_step()
         feats = tf.nest.map_structure(tf.constant, features)
+        feats = model_checks.sparse_again(conversion.keras_model, feats)
         labs = tf.nest.map_structure(tf.constant, labels) if labels is not None else None
         conversion.model_fn(feats, labs, ModeKeys.TRAIN)
     keras_model = conversion.keras_model

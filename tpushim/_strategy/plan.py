@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpushim import _host_part, _loss_kinds, _plan, _tfprivate, _validation
+from tpushim import _host_part, _loss_kinds, _plan, _sparse_inputs, _tfprivate, _validation
 from tpushim._errors import ConversionError
 from tpushim._strategy.refusals import check_tf1_optimizer
 
@@ -121,8 +121,12 @@ def make_plan(keras_model, optimizer, custom_objects, settings, make_strategy):
             f"{type(optimizer).__name__} is neither. Compile the model with a tf.keras optimizer, "
             "or use engine='tpuestimator'."
         )
-    # Strings and lookups run on the host (refused here, naming the layer, where they cannot).
-    host = _host_part.plan(keras_model, custom_objects)
+    # Strings and lookups run on the host (refused here, naming the layer, where they cannot),
+    # and a SparseTensor input's readers there, or the input is made dense there.
+    encoders, densified = _sparse_inputs.plan(
+        keras_model, "the strategy engine", _sparse_inputs.tf_dense_update_differs(optimizer)
+    )
+    host = _host_part.plan(keras_model, custom_objects, also=encoders, densified=densified)
     loss_plan = _loss_kinds.plan(keras_model, custom_objects)
     # The plan may clone it in a graph (a model made in one, by a program that disabled v2
     # behaviour, keeps its v1 classes).
