@@ -107,10 +107,10 @@ def model_summaries_left_out(
         logger.warning(
             "tpushim: the model makes summaries itself (tf.compat.v1.summary: %s): the strategy "
             "engine does not write these (stock writes them every save_summary_steps). It "
-            "writes a model's one-number scalars, and the histogram, image, audio, text and "
-            "tensor summaries of a tensor of one row per example (the global batch's rows "
-            "gathered to the host), of the model's weights, or of a constant. Summarize such a "
-            "tensor, or use engine='tpuestimator' where TPUEstimator runs.",
+            "writes a summary whose tensor stock's graph computes from tensors of one row per "
+            "example (the global batch's real rows gathered to the host), the model's weights "
+            "and constants, computing the rest on the host as stock's graph does. Summarize "
+            "such a tensor, or use engine='tpuestimator' where TPUEstimator runs.",
             named,
         )
 
