@@ -15,9 +15,11 @@ Cases, each run by stock and by the engine on 8 logical CPU devices with steps_p
   steps_per_execution 1, so after every step as stock's);
 * ``summaries``: ``schedule``'s calls on a model whose layer makes a
   ``tf.compat.v1.summary.scalar`` of its input's mean (stock's tag ``probe/mean_1``) and a
-  ``histogram`` of its values (``probe/values``): the global batch of 6 is one row on each of 6
-  replicas and padding on 2. Negative control (``summaries_control``, the engine only): each
-  replica weighing 1 in the scalar's mean, and the padding replicas' rows in the histogram.
+  ``histogram`` of its values (``probe/values``), a scalar of its range (``probe/spread``)
+  and a histogram of its column means (``probe/columns``): the global batch of 6 is one row on
+  each of 6 replicas and padding on 2. Negative control (``summaries_control``, the engine
+  only): each replica weighing 1 in the scalars' means, and the padding replicas' rows
+  gathered.
 * ``reported_control`` (the engine only): ``schedule``'s calls with replica 0's loss reported
   as the step's (times the replicas, as a TPU's shard 0's loss would be): the logged and written
   losses must then differ from stock's.
@@ -59,11 +61,14 @@ def data(nan_batch=None):
 
 class Probe(tf.keras.layers.Layer):
     """A layer making v1 summaries of its input (stock writes them in training): a scalar of
-    its mean, a histogram of its values."""
+    its mean, a histogram of its values; a scalar of its range and a histogram of its column
+    means, computed across the batch."""
 
     def call(self, inputs):
         tf.compat.v1.summary.scalar("mean", tf.reduce_mean(inputs))
         tf.compat.v1.summary.histogram("values", inputs)
+        tf.compat.v1.summary.scalar("spread", tf.reduce_max(inputs) - tf.reduce_min(inputs))
+        tf.compat.v1.summary.histogram("columns", tf.reduce_mean(inputs, 0))
         return inputs
 
 

@@ -106,29 +106,35 @@ def test_negative_control_replica_0s_loss_reported(proof):
     assert max(abs(g - w) for g, w in scalars) > 1e-3, scalars
 
 
-def _probe(events):
-    return [e for e in events if e[2] == "probe/mean_1"]
+def _probe(events, tag="probe/mean_1"):
+    return [e for e in events if e[2] == tag]
 
 
-def test_model_scalars_on_8_replicas_as_stocks(proof):
-    """The model's own v1 scalar (its input's mean) at stock's steps with the global batch's
-    value, on 8 replicas with 2 of padding (the other events: test_training_events_as_stocks).
-    Negative control: each replica weighing the same, the padding replicas' mean counts."""
-    stock = _probe(proof["stock"]["summaries"]["events"])
-    engine = _probe(proof["engine"]["summaries"]["events"])
-    control = _probe(proof["engine"]["summaries_control"]["events"])
+@pytest.mark.parametrize("tag", ["probe/mean_1", "probe/spread"])
+def test_model_scalars_on_8_replicas_as_stocks(proof, tag):
+    """The model's own v1 scalars at stock's steps with the global batch's value, on 8 replicas
+    with 2 of padding (the other events: test_training_events_as_stocks): its input's mean,
+    and its range (max - min over the batch: no mean of the replicas' values gives it),
+    computed on the host from the real rows gathered. Negative control: the padding
+    replicas' rows gathered too, the mean leaves stock's."""
+    stock = _probe(proof["stock"]["summaries"]["events"], tag)
+    engine = _probe(proof["engine"]["summaries"]["events"], tag)
+    control = _probe(proof["engine"]["summaries_control"]["events"], tag)
     assert [e[1] for e in stock] == [1, 3, 5, 7, 8, 10], stock
     assert [e[:3] for e in engine] == [e[:3] for e in stock] == [e[:3] for e in control]
     for got, want in zip(engine, stock):
         assert _close(got[3], want[3]), (got, want)
-    assert max(abs(c[3] - w[3]) for c, w in zip(control, stock)) > 1e-3, (control, stock)
+    if tag == "probe/mean_1":
+        assert max(abs(c[3] - w[3]) for c, w in zip(control, stock)) > 1e-3, (control, stock)
 
 
 def test_model_histogram_on_8_replicas_as_stocks(proof):
     """The model's own v1 histogram (its input's values) at stock's steps, of the global batch's
     rows: the 6 real rows gathered from 8 replicas to the host, where stock's op summarizes
-    them (its min, max, count, sums, bucket limits and counts within 1e-5). Negative control:
-    the padding replicas' rows gathered too."""
+    them (its min, max, count, sums, bucket limits and counts within 1e-5); and the histogram
+    of its column means (``tf.reduce_mean(x, 0)``, each replica's the mean of its one row),
+    computed on the host from those rows in a copy of stock's graph. Negative control: the
+    padding replicas' rows gathered too."""
 
     def histogram(events):
         return [e for e in events if e[0] == "histo"]
@@ -149,6 +155,10 @@ def test_model_histogram_on_8_replicas_as_stocks(proof):
     counts = [e[3] for e in stock if e[2] == "probe/values:num"]
     assert counts == [6 * 3.0] * len(steps), counts  # 6 rows of 3 units
     assert [e[3] for e in control if e[2] == "probe/values:num"] == [8 * 3.0] * len(steps)
+    columns = [e for e in stock if e[2] == "probe/columns:sum"]
+    assert len(columns) == len(steps), stock
+    control = [e for e in control if e[2] == "probe/columns:sum"]
+    assert max(abs(c[3] - w[3]) for c, w in zip(control, columns)) > 1e-3, (control, columns)
 
 
 @pytest.mark.parametrize("case", ["schedule", "nan", "summaries"])

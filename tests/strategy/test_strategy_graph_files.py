@@ -175,8 +175,9 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     engine trains it with stock's numbers and writes every record of stock's, in stock's order,
     with stock's values: the scalar's within 1e-5, the histograms' of the global batch's rows
     (the replicas' real rows gathered to the host; a short last batch) and of a weight, the
-    image's, and the constant text's; all but the histogram of the column means (each
-    replica's rows' means, not the global batch's): it says so once, naming it and why.
+    image's, and the constant text's; and the column means' histogram, computed on the
+    host from the gathered rows in a copy of stock's graph as stock's graph computes it over the
+    global batch (a short batch of 7: not each replica's means). Nothing is left out, so nothing is said.
     Evaluation writes none of them, as stock's."""
     import logging
 
@@ -198,17 +199,16 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
             results[name] = estimator.evaluate(tfcases.dataset_input_fn(x, y))
             list(estimator.predict(tfcases.dataset_input_fn(x)))
     said = [r.getMessage() for r in caplog.records if "summaries itself" in r.getMessage()]
-    assert len(said) == 1, said
-    assert "histogram 'columns' (a tensor of shape (2, 4) computed from the batch" in said[0]
-    assert "'values'" not in said[0] and "'mean'" not in said[0], said
+    assert not said, said
     for key, value in results["stock"].items():
         np.testing.assert_allclose(results["engine"][key], value, atol=TOL, err_msg=key)
     tf.compat.v1.summary.FileWriterCache.clear()
     stock = _records(tmp_path / "stock")
     written = {"probe/mean_1", "probe/values", "probe/scale_1", "probe/note", "probe_lambda/acts"}
-    assert written | {"probe/columns"} <= {tag for kind, _, tag in stock if kind == "summary"}
-    assert _records(tmp_path / "engine") == [r for r in stock if r[2] != "probe/columns"]
-    want = [v for v in _summary_values(tmp_path / "stock") if v[1] != "probe/columns"]
+    written |= {"probe/columns"}
+    assert written <= {tag for kind, _, tag in stock if kind == "summary"}
+    assert _records(tmp_path / "engine") == stock
+    want = _summary_values(tmp_path / "stock")
     got = _summary_values(tmp_path / "engine")
     assert [(s, t) for s, t, _ in got] == [(s, t) for s, t, _ in want]
     assert sorted({s for s, _, _ in got}) == [1, 3, 4]

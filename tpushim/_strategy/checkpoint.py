@@ -73,10 +73,12 @@ def stock_summaries(plan):
 _SESSIONS = {}  # id(stock's graph) -> (it, a Session on it), for the host's summary ops
 
 
-def summary_values(plan, op, value=None):
-    """The Summary values stock's ``op`` (one of :func:`stock_summaries`) makes of ``value``
-    (the tensor it summarizes, as the engine gathered it to the host; None: the op's own, a
-    constant): the v1 op itself run on the host, as TPUEstimator's host_call runs it."""
+def summary_values(plan, op, feeds=()):
+    """The Summary values stock's ``op`` (one of :func:`stock_summaries`) makes on the host:
+    ``feeds`` [(name of a tensor of stock's graph, its value)], what the engine gathered to the
+    host (the global batch's real rows of a tensor of one row per example, a weight), from which
+    a copy of stock's graph computes the op's tensor as stock's would (a column mean, a batch
+    statistic, a string), and the v1 op itself runs, as TPUEstimator's host_call runs it."""
     graph = op.graph
     held = _SESSIONS.get(id(graph))
     if held is None or held[0] is not graph:
@@ -89,7 +91,7 @@ def summary_values(plan, op, value=None):
         held = _SESSIONS[id(graph)] = (graph, tf.compat.v1.Session(graph=host))
     session = held[1]
     host = session.graph
-    feed = {} if value is None else {host.get_tensor_by_name(op.inputs[1].name): value}
+    feed = {host.get_tensor_by_name(name): value for name, value in feeds}
     summary = session.run(host.get_tensor_by_name(op.outputs[0].name), feed)
     return list(tf.compat.v1.Summary.FromString(summary).value)
 

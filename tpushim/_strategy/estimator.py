@@ -199,11 +199,9 @@ class StrategyEstimator(_tfprivate.estimator.EstimatorBase):
         if getattr(config, "checkpoint_save_graph_def", True):
             meta_bytes, graph_text = _strategy_checkpoint.stock_graph_files(plan)
         tags = _strategy_checkpoint.stock_scalar_tags(plan)  # the model's scalars' tags
-        # The model's other summaries (histograms...): their values come out of the step that
-        # writes the summary record (one step a call), stock's ops summarize them on the host.
-        others = any(
-            op.type != "ScalarSummary" for op in _strategy_checkpoint.stock_summaries(plan)
-        )
+        # The model's summaries: what they are computed from comes out of the step that writes
+        # the summary record (one step a call); stock's graph computes them on the host.
+        others = bool(_strategy_checkpoint.stock_summaries(plan))
         events = _step_events.StepEvents(
             config,
             self.model_dir,
@@ -541,14 +539,15 @@ def said_stock_around(estimator, called):
 
 
 def _model_summaries(plan, run, scalars, values):
-    """The model's own summaries of one step, in stock's merged summary's order: ``scalars``
-    ([(tag, value)] or None: not written), then each other summary stock's op makes on the host
-    of its value (``values``: as ``run.summarized`` gathered them; one the engine left out, or
-    every one where the model's calls do not match stock's graph, not written)."""
+    """The model's own summaries of one step, in stock's merged summary's order, each computed
+    on the host from what ``run.summarized`` gathered (``values``, in the order of its feeds) in
+    a copy of stock's graph, as stock's graph computes it over the global batch. A scalar the
+    engine cannot compute so is the replicas' weighted mean (``scalars``: [(tag, value)], or
+    None: not written); another is left out (said at the trace). Where the model's calls do not
+    match stock's graph, the scalars alone."""
     ops = _strategy_checkpoint.stock_summaries(plan)
-    others = [op for op in ops if op.type != "ScalarSummary"]
     hows = run.summary_hows or []
-    kinds = [_tfprivate.checkpoint.SUMMARY_OPS[op.type] for op in others]
+    kinds = [_tfprivate.checkpoint.SUMMARY_OPS[op.type] for op in ops]
     if kinds != [kind for kind, _ in hows]:
         if (id(plan), "others") not in _SAID_SUMMARIES:
             _SAID_SUMMARIES.add((id(plan), "others"))
@@ -559,18 +558,22 @@ def _model_summaries(plan, run, scalars, values):
                 kinds,
             )
         return scalars
-    written = list(scalars or ())  # the scalars, in stock's order, then the others after
-    by_scalar = iter(written)
+    by_scalar = iter(scalars or ())
+    given = iter(values)
     made = []
-    other = iter(zip(others, hows, values))
-    for op in ops:
-        if op.type == "ScalarSummary":
-            if scalars is not None:
-                made.append(next(by_scalar))
+    for op, (kind, how) in zip(ops, hows):
+        scalar = next(by_scalar, None) if kind == "scalar" else None
+        if isinstance(how, str):
+            if scalar is not None:
+                made.append(scalar)
             continue
-        op, (_, how), value = next(other)
-        if how == _step.HOST:
-            made.extend(_strategy_checkpoint.summary_values(plan, op))
-        elif how in (_step.ROWS, _step.FIXED):
-            made.extend(_strategy_checkpoint.summary_values(plan, op, value))
+        feeds = []
+        for theirs, fed, value in how:
+            feeds.append((theirs.name, value if fed == _step.CONST else next(given)))
+        summarized = _strategy_checkpoint.summary_values(plan, op, feeds)
+        if kind == "scalar":
+            if scalars is not None:  # stock's tag, the value over the global batch
+                made.extend((v.tag, v.simple_value) for v in summarized)
+        else:
+            made.extend(summarized)
     return made

@@ -107,17 +107,18 @@ def model_summaries_left_out(
         logger.warning(
             "tpushim: the model makes summaries itself (tf.compat.v1.summary: %s): the strategy "
             "engine does not write these (stock writes them every save_summary_steps). It "
-            "writes a model's one-number scalars, and the histogram, image, audio, text and "
-            "tensor summaries of a tensor of one row per example (the global batch's rows "
-            "gathered to the host), of the model's weights, or of a constant. Summarize such a "
-            "tensor, or use engine='tpuestimator' where TPUEstimator runs.",
+            "writes a summary whose tensor stock's graph computes from tensors of one row per "
+            "example (the global batch's real rows gathered to the host), the model's weights "
+            "and constants, computing the rest on the host as stock's graph does. Summarize "
+            "such a tensor, or use engine='tpuestimator' where TPUEstimator runs.",
             named,
         )
 
 
-#: How the engine writes a model's non-scalar summary: the global batch's real rows gathered
-#: from the replicas; the first replica's value (the same on every one); stock's op unfed.
-ROWS, FIXED, HOST = "rows", "fixed", "host"
+#: How the engine feeds one tensor of stock's graph that a model's summary is computed from: the
+#: global batch's real rows gathered from the replicas; the first replica's value (the same on
+#: every one: a weight read before its update); a value known when the step is traced.
+ROWS, FIXED, CONST = "rows", "fixed", "const"
 
 
 @_tfprivate.graph.not_converted
@@ -127,30 +128,76 @@ def summary_rows(values, pad):
     return tf.boolean_mask(values, pad > 0)
 
 
+def _reads(tensor, sources, memo):
+    """Whether ``tensor`` is computed from one of ``sources`` (refs); ``memo``: refs -> bool."""
+    stack = [tensor]
+    while stack:
+        t = stack[-1]
+        key = t.ref()
+        if key in memo:
+            stack.pop()
+            continue
+        if key in sources:
+            memo[key] = True
+            stack.pop()
+            continue
+        pending = [i for i in t.op.inputs if i.ref() not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        memo[key] = any(memo[i.ref()] for i in t.op.inputs)
+        stack.pop()
+    return memo[tensor.ref()]
+
+
 @_tfprivate.graph.not_converted
-def summary_how(tensor, element):
-    """How a replica's summarized ``tensor`` reaches stock's value on the host (:data:`ROWS`,
-    :data:`FIXED`, :data:`HOST`), or why it cannot (a sentence)."""
+def summary_feeds(tensor, element, stock):
+    """How a replica's summarized ``tensor`` reaches stock's value on the host, where ``stock``
+    (the same tensor in stock's graph: its summary op's input) is computed in a copy of stock's
+    graph: the frontier of tensors it is computed from that the host is given, as
+    [(stock's tensor, :data:`ROWS` or :data:`FIXED`, the replica's tensor), or (stock's tensor,
+    :data:`CONST`, its value)], the rest computed on the host as stock's graph computes it over
+    the global batch (a column mean, a batch statistic, strings). Or why it cannot (a sentence)."""
     if tensor is None:
         return "no tensor"
     if not tf.is_tensor(tensor):
-        return HOST  # a Python value: stock's op holds it as a constant
-    if tf.get_static_value(tensor) is not None:
-        return HOST
-    flat = [t for t in tf.nest.flatten(element) if tf.is_tensor(t)]
-    read = tensor in _tfprivate.graph.reachable_from(flat, [tensor])
-    if tensor.dtype == tf.string:
-        return "a tensor of strings computed in the step: a TPU step computes no strings"
-    if not read:
-        return FIXED
+        return []  # a Python value: stock's op holds it as a constant
     features = element[0] if isinstance(element, tuple) else element
     rows = features[_padding.PADDING_KEY].shape[0]
-    if tensor.shape.rank and tensor.shape[0] == rows:
-        return ROWS
-    return (
-        f"a tensor of shape {tensor.shape} computed from the batch, not one row per example: "
-        "each replica's value is of its own rows, stock's of the global batch"
-    )
+    sources = {t.ref() for t in tf.nest.flatten(element) if tf.is_tensor(t)}
+    memo, fed, seen = {}, [], set()
+    stack = [(tensor, stock)]
+    while stack:
+        mine, theirs = stack.pop()
+        if theirs.ref() in seen:
+            continue
+        seen.add(theirs.ref())
+        if not _reads(mine, sources, memo):
+            known = tf.get_static_value(mine)
+            if known is None:
+                fed.append((theirs, FIXED, mine))  # a weight, read before its update
+            elif theirs.op.type != "Const":
+                fed.append((theirs, CONST, known))
+            continue
+        per_row = mine.shape.rank and mine.shape[0] == rows
+        if theirs.shape.rank and theirs.shape[0] is not None:
+            per_row = False  # stock's batch is unknown: a tensor it knows is not one row each
+        if per_row and mine.dtype != tf.string:
+            fed.append((theirs, ROWS, mine))
+            continue
+        ops = mine.op, theirs.op
+        if (
+            not ops[0].inputs
+            or ops[0].type != ops[1].type
+            or len(ops[0].inputs) != len(ops[1].inputs)
+        ):
+            what = "strings" if mine.dtype == tf.string else f"shape {mine.shape}"
+            return (
+                f"a tensor of {what} computed from the batch by {ops[0].type} "
+                f"({ops[0].name}), which stock's graph computes otherwise ({ops[1].type})"
+            )
+        stack.extend(zip(ops[0].inputs, ops[1].inputs))
+    return fed
 
 
 def _optimizer(user, step, model, plan):
@@ -251,34 +298,47 @@ class _Run:
         each step's global loss: stock's hooks see every step's, :mod:`tpushim._stock_hooks`;
         each step's values of the model's one-number ``tf.compat.v1.summary.scalar`` calls,
         averaged over the replicas weighted by their real rows, in one vector:
-        ``self.scalar_count`` a step, known once traced). Stock's value of a mean over the
-        global batch's rows where each replica's rows are all real or all padding (padding
-        rows come last: only a short batch's last real replica may hold both). Then
-        ``self.summarized(iterator)``: one step that also returns the values of the model's
-        other v1 summaries (histogram, image, audio, text, tensor) gathered to the host, for
-        stock's ops to summarize there (TPUEstimator's host_call)."""
+        ``self.scalar_count`` a step, known once traced): stock's value of a mean over the
+        global batch's rows where each replica's rows are all real or all padding. Then
+        ``self.summarized(iterator)``: one step that also returns what the model's v1 summaries
+        (scalar, histogram, image, audio, text, tensor) are computed from, gathered to the
+        host, where a copy of stock's graph computes each one's tensor over the global batch
+        and stock's op summarizes it (TPUEstimator's host_call)."""
         recording = threading.local()  # a replica's scalars, in its own thread
         self.scalar_count = 0
-        self.summary_hows = None  # the model's other summaries: (function, how), once traced
+        self.summary_hows = None  # the model's summaries: (function, feeds or why), once traced
+
+        def frontier(kind, tensor):
+            """Records the summary's feeds (:func:`summary_feeds`) on a summarized step; a
+            reason it cannot be computed, or None."""
+            others = getattr(recording, "others", None)
+            if others is None:
+                return None
+            ops = _strategy_checkpoint.stock_summaries(self.plan)
+            index = len(others)
+            op = ops[index] if index < len(ops) else None
+            if op is None or _tfprivate.checkpoint.SUMMARY_OPS[op.type] != kind:
+                how = "not made in stock's graph in this order"
+            else:
+                how = summary_feeds(tensor, recording.element, op.inputs[1])
+            others.append((kind, how))
+            return how if isinstance(how, str) else None
 
         def on_scalar(name, tensor):
             values = getattr(recording, "values", None)
             if values is None or tensor is None or tensor.shape.num_elements() != 1:
                 return False
             values.append(tf.reshape(tf.cast(tensor, tf.float32), []))
+            frontier("scalar", tensor)  # left out: the replicas' weighted mean is written
             return True
 
         def on_other(kind, name, tensor):
-            others = getattr(recording, "others", None)
-            if others is None:  # not a summarized step: dropped (that step writes them)
+            if getattr(recording, "others", None) is None:  # not a summarized step: dropped
                 return True
             if tensor is not None and not isinstance(tensor, tf.Tensor):
-                tensor = tf.convert_to_tensor(
-                    tensor
-                )  # a variable read here, as stock's op reads it
-            how = summary_how(tensor, recording.element)
-            others.append((kind, how, tensor))
-            return how if how not in (ROWS, FIXED, HOST) else True  # a reason: said, left out
+                tensor = tf.convert_to_tensor(tensor)  # a variable read here, as stock's op
+            why = frontier(kind, tensor)
+            return True if why is None else why  # a reason: said, left out
 
         def replica_step(element, summarized):
             recording.values = []
@@ -297,18 +357,26 @@ class _Run:
             weighted = [tf.where(rows > 0, v * rows, 0.0) for v in scalars]
             if not summarized:
                 return loss, weighted, rows
-            self.summary_hows = [(kind, how) for kind, how, _ in others]
+            self.summary_hows = others
             pad = _unpack(element, self.model.output_names)[2]
-            values = [t if how in (ROWS, FIXED) else tf.zeros([0]) for _, how, t in others]
+            # What the host is given: each summary's replica tensors (weights read before the
+            # update above: the gradient's reads come first), as feeds in order.
+            values = [
+                fed[2]
+                for _, how in others
+                if not isinstance(how, str)
+                for fed in how
+                if fed[1] in (ROWS, FIXED)
+            ]
             return loss, weighted, rows, values, pad
 
-        def gathered(how, values, pad):
-            """A summarized tensor on the host: stock's value over the global batch."""
-            if how == ROWS:  # the replicas' real rows, in replica order
+        def gathered(kind, values, pad):
+            """A fed tensor on the host: stock's value over the global batch."""
+            if kind == ROWS:  # the replicas' real rows, in replica order
                 pads = self.strategy.experimental_local_results(pad)
                 parts = self.strategy.experimental_local_results(values)
                 return tf.concat([summary_rows(v, p) for v, p in zip(parts, pads)], 0)
-            return self.strategy.experimental_local_results(values)[0]  # (FIXED; else empty)
+            return self.strategy.experimental_local_results(values)[0]  # FIXED
 
         @_tfprivate.graph.not_converted
         def step(element, ran, losses, scalars, summarized=False):
@@ -325,8 +393,14 @@ class _Run:
                 scalars = scalars.write(tf.cast(ran, tf.int32) * len(values) + k, mean)
             if summarized:
                 tensors, pad = other
-                hows = [how for _, how in self.summary_hows]
-                other = [gathered(how, t, pad) for how, t in zip(hows, tensors)]
+                kinds = [
+                    fed[1]
+                    for _, how in self.summary_hows
+                    if not isinstance(how, str)
+                    for fed in how
+                    if fed[1] in (ROWS, FIXED)
+                ]
+                other = [gathered(kind, t, pad) for kind, t in zip(kinds, tensors)]
                 return ran + 1, losses, scalars, other
             return ran + 1, losses, scalars
 
@@ -365,8 +439,9 @@ class _Run:
 
         def summarized(iterator):
             """One step (none where the input ran out), as the loops' ``(ran, losses,
-            scalars)``, then the values of the model's other summaries on the host (numpy),
-            in the order it made them (``self.summary_hows``: each one's function and how)."""
+            scalars)``, then the values the host is given for the model's summaries (numpy), in
+            the order of ``self.summary_hows`` (each summary's function and feeds, or why not)."""
+            _strategy_checkpoint.stock_summaries(self.plan)  # built before the trace reads it
             if checked:
                 optional = _input_wait.next_input(iterator)
                 if not bool(optional.has_value()):
