@@ -353,11 +353,19 @@ def test_on_cpu_a_call_runs_one_compiled_step_per_batch_as_keras():
         trainer = _step.Trainer(conv_model(OPTIMIZERS["adam"]), GLOBAL_BATCH, eight_devices())
         if loop == "scan":
             trainer.loop = "scan"  # a TPU's
-        losses = np.concatenate([trainer.train(batches[:2]), trainer.train(batches[2:])])
+        first = trainer.train(batches[:2])
+        ((_, compiled),) = trainer._traced.values()
+        fed = []
+        if loop == "per step":  # each batch fed as it came: no copy into one stacked array
+            step = compiled.step
+            compiled.step = lambda *args: fed.append(args[3][0][0]) or step(*args)
+        losses = np.concatenate([first, trainer.train(batches[2:])])
         assert trainer.loop == loop  # "per step": the engine's choice on CPU devices
+        if loop == "per step":  # batches[2] is full (its own array), batches[3] padded
+            assert len(fed) == 2 and np.shares_memory(fed[0], batches[2][0][0])
+            compiled.step = step
         assert np.max(np.abs(losses - want_losses)) < TOL, (loop, losses, want_losses)
         assert max_diff(trainer.weights(), {k: want[k] for k in trainer.weights()}) < TOL
-        ((_, compiled),) = trainer._traced.values()
         one = jax.tree_util.tree_map(
             lambda a: np.asarray(a)[None], _step.pad_batch(batches[0], GLOBAL_BATCH)
         )
