@@ -216,7 +216,9 @@ def _check(options, argv):
         recording, how = _preflight.recording, "in cpu mode (the TPU code path on CPU)"
     uncaught = exit_message = None
     what = f"-m {module}" if module is not None else target[0]
-    with progress.showing():
+    # The script's __main__ kept while the report is made: its checks clone the model, which
+    # rebuilds a Lambda with the globals of the module it was defined in (see main_kept).
+    with progress.showing(), _launcher.main_kept():
         with (
             recording() as recorder,
             progress.phase(

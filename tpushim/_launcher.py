@@ -15,12 +15,38 @@ the autopatch .pth would have to be installed. Exec also starts a second interpr
 """
 
 import builtins
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
 import runpy
 import sys
 import types
+
+#: While :func:`main_kept` is active: a script's ``__main__`` stays ``sys.modules["__main__"]``
+#: after the script ends.
+_KEEPING = []
+
+
+@contextlib.contextmanager
+def main_kept():
+    """While active, the ``__main__`` module a script run here ran as stays
+    ``sys.modules["__main__"]`` after the script ends, as in python, where it stays until the
+    process ends; the one before is restored on exit.
+
+    The preflight's checks run after the script: a clone of its model rebuilds a ``Lambda`` from
+    its config, with the globals of ``sys.modules[the function's module]`` (Keras's
+    ``Lambda.from_config``), so a ``Lambda`` reading one of the script's globals (``SCALE``, a
+    helper function) must find the script's ``__main__`` there, not this process's.
+    """
+    saved = sys.modules.get("__main__")
+    _KEEPING.append(True)
+    try:
+        yield
+    finally:
+        _KEEPING.pop()
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def script_problem(path):
@@ -94,8 +120,36 @@ def _exec_as_main(file):
     try:
         exec(code, module.__dict__)
     finally:
-        if saved is not None:
+        if saved is not None and not _KEEPING:
             sys.modules["__main__"] = saved
+
+
+def _runpy_main(run):
+    """Runs ``run()`` (runpy's, as ``__main__``); where :func:`main_kept` is active, the
+    namespace the code ran in stays ``sys.modules["__main__"]`` as a module (runpy runs it in a
+    temporary module and puts the one before back)."""
+    namespace = None
+    try:
+        namespace = run()  # a copy of the namespace
+    except BaseException as exc:
+        namespace = _main_globals(exc.__traceback__)
+        raise
+    finally:
+        if _KEEPING and namespace is not None:
+            module = types.ModuleType("__main__")
+            module.__dict__.update(namespace)
+            sys.modules["__main__"] = module
+
+
+def _main_globals(tb):
+    """The globals of the outermost ``__main__`` code an exception went through (runpy's
+    temporary module's, while it ran the script), or None."""
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            return frame.f_globals
+        tb = tb.tb_next
+    return None
 
 
 def run_script(path, args, reported=None):
@@ -119,7 +173,9 @@ def run_script(path, args, reported=None):
         # python 3.9+ makes __main__.__file__ absolute (the cwd joined, not normalised).
         file = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
         return _run_as_python_would(lambda: _exec_as_main(file), reported)
-    return _run_as_python_would(lambda: runpy.run_path(path, run_name="__main__"), reported)
+    return _run_as_python_would(
+        lambda: _runpy_main(lambda: runpy.run_path(path, run_name="__main__")), reported
+    )
 
 
 def run_module(name, args, reported=None):
@@ -130,5 +186,6 @@ def run_module(name, args, reported=None):
     """
     sys.argv = [name, *args]
     return _run_as_python_would(
-        lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), reported
+        lambda: _runpy_main(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True)),
+        reported,
     )

@@ -2,8 +2,9 @@
 on tpushim's estimator API (steps capped, nothing of the user's written), converts the model's
 training step with tf2jax and compiles it with XLA for 8 CPU devices (the TPU's cores) as the
 engine splits the batch, and reports what the engine refuses, naming the op and the layer: a
-script the engine trains (with a Dropout layer) passes; the same script adding a stateless draw
-in a ``Lambda`` (not one of stock's stateful draws) is refused (exit 1).
+script the engine trains (with a Dropout layer, and Lambdas reading the script's globals, which the
+check's clones of the model must find after the script ended) passes; the same script adding a
+stateless draw in a ``Lambda`` (not one of stock's stateful draws) is refused (exit 1).
 Each check is a subprocess (the 8 devices are decided when jax starts).
 """
 
@@ -29,11 +30,20 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+SCALE = np.float32(0.5)
+
+
+def scaled(t):
+    return t * SCALE
+
+
 rng = np.random.RandomState(0)
 features = rng.randn(512, 20).astype(np.float32)
 labels = np.eye(3, dtype=np.float32)[rng.randint(0, 3, 512)]
 x = tf.keras.Input((20,), name="x")
-h = tf.keras.layers.Dense(32, activation="relu", name="hidden")(x)
+h = tf.keras.layers.Lambda(lambda t: t * SCALE + 1.0, name="lam")(x)
+h = tf.keras.layers.Lambda(scaled, name="lam2")(h)
+h = tf.keras.layers.Dense(32, activation="relu", name="hidden")(h)
 DROPOUT
 m = tf.keras.Model(x, tf.keras.layers.Dense(3, activation="softmax", name="probs")(h))
 m.compile(tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), "categorical_crossentropy")

@@ -289,3 +289,58 @@ def test_a_subclassed_model_compiles_as_the_strategy_engines_step():
     report = check(odd)
     found = [f.code for f in report.findings if f.code != "batch-indivisible"]
     assert found == ["xla-unsupported-op"], report
+
+
+# -- a Lambda reading the script's globals ---------------------------------------------------------
+# The checks run after the script has ended; a clone of its model rebuilds each Lambda from its
+# config with the globals of the module its function came from (``__main__``): the script's, not
+# the process's (python -m tpushim's), or a global the Lambda reads is not defined.
+GLOBALS_SCRIPT = """
+import sys
+import numpy as np
+import tensorflow as tf
+
+SCALE = np.float32(2.0)
+
+
+def scaled(t):
+    return t * SCALE
+
+
+x = tf.keras.Input((4,), name="x")
+h = tf.keras.layers.Lambda(lambda t: t * SCALE + 1.0, name="lam")(x)
+h = tf.keras.layers.Lambda(scaled, name="lam2")(h)
+model = tf.keras.Model(x, tf.keras.layers.Dense(1, name="y")(h))
+model.compile(tf.keras.optimizers.SGD(0.01), "mse")
+rng = np.random.RandomState(0)
+X, Y = rng.randn(64, 4).astype("float32"), rng.randn(64, 1).astype("float32")
+
+
+def input_fn():
+    return tf.data.Dataset.from_tensor_slices(({"x": X}, Y)).batch(64).prefetch(1)
+
+
+est = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=sys.argv[1])
+est.train(input_fn, steps=2)
+"""
+
+
+@pytest.mark.parametrize("engine", [pytest.param(None, marks=pytest.mark.tpuestimator), "strategy"])
+def test_a_lambda_reading_the_scripts_globals_is_checked(tmp_path, monkeypatch, capsys, engine):
+    # The default check on TensorFlow <= 2.15 is the TPUEstimator path's (cpu mode).
+    import sys
+
+    from tpushim import _cli
+
+    (tmp_path / "lg.py").write_text(GLOBALS_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    for name in ("argv", "path"):  # the runner sets them as python would for the script
+        monkeypatch.setattr(sys, name, list(getattr(sys, name)))
+    main = sys.modules["__main__"]
+    engine_flag = ["--engine", engine] if engine else []
+    code = _cli.main(["check", *engine_flag, "--json", "lg.py", str(tmp_path / "model")])
+    report = json.loads(capsys.readouterr().out)
+    assert sys.modules["__main__"] is main  # the script's __main__ kept for the report only
+    assert [f for f in report["findings"] if f["severity"] == "error"] == [], report
+    assert code == 0 and XLA in report["checked"], report
+    assert not (tmp_path / "model").exists(), "the check wrote the user's model_dir"

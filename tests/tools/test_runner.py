@@ -93,6 +93,40 @@ def test_module_runs_as_python_dash_m_runs_it(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "target, raises",
+    [("lg.py", False), ("folder", False), ("-m lgmod", False), ("-m lgmod", True)],
+    ids=["script", "folder", "module", "module-raises"],
+)
+def test_main_kept_leaves_the_scripts_globals_for_the_check(tmp_path, monkeypatch, target, raises):
+    # The check's clone of a Lambda looks its globals up in sys.modules["__main__"] after the
+    # script ended: the script's own namespace (runpy's temporary module's for -m and folders),
+    # also where it raised; python's __main__ comes back after.
+    from tpushim import _launcher
+
+    body = "SCALE = 2.0\ndef scaled(t):\n    return t * SCALE\n"
+    body += "raise RuntimeError('late')\n" if raises else ""
+    for path in ("lg.py", "folder/__main__.py", "lgmod.py"):
+        write(tmp_path / path, body)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.delitem(sys.modules, "lgmod", raising=False)
+    main = sys.modules["__main__"]
+    with _launcher.main_kept():
+        if target.startswith("-m "):
+            code, exc = _launcher.run_module(target[3:], [], reported=lambda e: True)
+        else:
+            code, exc = _launcher.run_script(target, [], reported=lambda e: True)
+        assert (code, type(exc)) == ((1, RuntimeError) if raises else (0, type(None)))
+        kept = sys.modules["__main__"]
+        assert kept is not main and kept.__name__ == "__main__"
+        assert kept.SCALE == 2.0 and kept.scaled(3.0) == 6.0
+    assert sys.modules["__main__"] is main
+    assert _launcher.run_script("lg.py", [], reported=lambda e: True)[0] == (1 if raises else 0)
+    assert sys.modules["__main__"] is main  # outside main_kept, as python -m tpushim runs
+
+
+@pytest.mark.parametrize(
     "args, message",
     [
         (["missing.py", "--flag"], "can't open file 'missing.py'"),
