@@ -33,6 +33,7 @@ import tpushim
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_engine"))
 import jax_recurrent  # (a recurrent_dropout classifier, stock 2.15's numbers recorded)
+import sparse_program  # (tests/: the sparse-input program, stock 2.15's numbers recorded)
 
 SIZES = (12, 4, 11, 5, 10, 6, 9, 7)  # 64 records in 8 files of unequal size (even by size on 2)
 BATCH = 16
@@ -360,31 +361,8 @@ def train(model_dir, evaluate=False, again=True):
     }
 
 
-def sparse_input(with_id=False):
-    """The sparse inputs' program's 27 rows (tests/jax_engine/test_jax_sparse_input.py): a
-    ``SparseTensor`` of ids, one of floats, in batches of 8 (the last of 3); ``with_id``: each
-    row's number beside them."""
-    rng = np.random.RandomState(0)
-    ids = rng.randint(0, 6, (27, 4)).astype(np.int64)
-    ids[rng.rand(27, 4) < 0.4] = -1  # absent entries
-    dense_x = (rng.rand(27, 5) * (rng.rand(27, 5) < 0.5)).astype(np.float32)
-    y = rng.randn(27, 1).astype(np.float32)
-
-    def sparse(a, absent):
-        idx = np.argwhere(a != absent)
-        return tf.SparseTensor(idx, a[a != absent], a.shape)
-
-    def input_fn():
-        features = {"ids": sparse(ids, -1), "x": sparse(dense_x, 0)}
-        if with_id:
-            features["id"] = np.arange(27.0)
-        return tf.data.Dataset.from_tensor_slices((features, y)).batch(8)
-
-    return input_fn
-
-
 def sparse_rows(batch):
-    """Each row of a batch of :func:`sparse_input`: its number, then its sparse features'
+    """Each row of a batch of the sparse-input program's rows (tests/sparse_program.py): its number, then its sparse features'
     entries (absent ones -1)."""
     features = batch[0]
     dense = [
@@ -395,40 +373,13 @@ def sparse_rows(batch):
 
 
 def sparse_trained(model_dir):
-    """The sparse inputs' program's model (``CategoryEncoding`` multi_hot and count on the ids, a
-    ``Dense`` and a ``Lambda`` of sparse ops on the floats) trained 4 steps and evaluated:
-    its weights and metrics."""
-    tf.keras.utils.set_random_seed(3)
-    L = tf.keras.layers
-    i = tf.keras.Input((4,), name="ids", dtype="int64", sparse=True)
-    x = tf.keras.Input((5,), name="x", sparse=True)
-    table = np.linspace(-1.0, 1.0, 10, dtype=np.float32).reshape([5, 2])
-    ops = L.Lambda(
-        lambda s: tf.concat(
-            [
-                tf.sparse.sparse_dense_matmul(s, table),
-                tf.reshape(tf.sparse.reduce_sum(s, 1), [-1, 1]),
-                tf.reshape(tf.sparse.to_dense(s), [-1, 5]),
-            ],
-            1,
-        ),
-        name="ops",
-    )(x)
-    h = L.Concatenate()(
-        [
-            L.CategoryEncoding(6, "multi_hot", name="multi")(i),
-            L.CategoryEncoding(6, "count", name="count")(i),
-            L.Dense(3, name="d")(x),
-            ops,
-        ]
-    )
-    out = L.Dense(1, name="y")(L.Dense(4, activation="tanh", name="h")(h))
-    model = tf.keras.Model([i, x], out)
-    model.compile(tf.keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    """The sparse-input program (tests/sparse_program.py) trained 4 steps and evaluated: its
+    weights and metrics."""
+    model = sparse_program.model()
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
     estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
-    estimator.train(sparse_input(), steps=4)
-    metrics = estimator.evaluate(sparse_input())
+    estimator.train(sparse_program.input_fn(), steps=4)
+    metrics = estimator.evaluate(sparse_program.input_fn())
     names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
     return {
         "metrics": {k: float(v) for k, v in metrics.items()},
@@ -471,7 +422,9 @@ def main():
             result["training"] = train(os.path.join(ROOT, "board"), evaluate=True)
         result["padding_notes"] = notes.said
         result["strings"] = strings_evaluated(os.path.join(ROOT, "board-strings"))
-        result["batches"]["sparse"] = board_batches(sparse_input(True), 5, 4, sparse_rows)
+        result["batches"]["sparse"] = board_batches(
+            sparse_program.input_fn(True), 5, 4, sparse_rows
+        )
         result["sparse"] = sparse_trained(os.path.join(ROOT, "board-sparse"))
     else:
         tpushim.patch(quiet=True)
@@ -506,7 +459,9 @@ def main():
         result["strings"] = strings_evaluated(os.path.join(ROOT, "pod-strings"))
         for control in (None, "other_share"):  # sparse inputs: each process its rows' entries
             name = "sparse" if control is None else f"control {control} sparse"
-            result["shares"][name] = shares(sparse_input(True), 5, "auto", 4, control, sparse_rows)
+            result["shares"][name] = shares(
+                sparse_program.input_fn(True), 5, "auto", 4, control, sparse_rows
+            )
         result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"))
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))

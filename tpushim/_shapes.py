@@ -47,44 +47,36 @@ class ModelInputs:
         return cls(
             tuple(keras_model.input_names),
             tuple(tf.TensorShape(t.shape) for t in inputs),
-            _feature_split(keras_model, custom_objects) if feature_split else None,
-            _sparse_part(keras_model, custom_objects) if feature_split else None,
+            *(
+                _tpuestimator_plan(name, keras_model, custom_objects) if feature_split else None
+                for name in ("feature_split", "sparse_part")
+            ),
         )
 
 
-def _feature_split(keras_model, custom_objects=None):
-    """The model's feature column :class:`~tpushim._feature_columns.Split`; None where there is
-    none or it cannot be made (the conversion refuses that model, saying why). None on tpushim's
-    estimator API (TensorFlow >= 2.16): nothing is split there, and _feature_columns needs
-    tensorflow_estimator."""
+def _tpuestimator_plan(name, keras_model, custom_objects=None):
+    """The TPUEstimator path's ``"feature_split"`` (:func:`tpushim._feature_columns.plan`) or
+    ``"sparse_part"`` (:func:`tpushim._host_part.sparse_only`: the ``SparseTensor`` inputs' host
+    part); None where the model has none or it cannot be made (the conversion refuses that
+    model, saying why), and on tpushim's estimator API (TensorFlow >= 2.16): nothing is split
+    there (it takes SparseTensors as stock), and _feature_columns needs tensorflow_estimator."""
     from tpushim import _versions
 
     if _versions.uses_own_estimator():
         return None
-    from tpushim import _feature_columns
+    from tpushim import _feature_columns, _host_part
     from tpushim._errors import ConversionError
 
+    plan = {"feature_split": _feature_columns.plan, "sparse_part": _host_part.sparse_only}[name]
     try:
-        return _feature_columns.plan(keras_model, custom_objects)
+        return plan(keras_model, custom_objects)
     except ConversionError:
         return None
 
 
 def _sparse_part(keras_model, custom_objects=None):
-    """The TPUEstimator path's :func:`tpushim._host_part.sparse_only`; None where it has no
-    ``SparseTensor`` input, where that is refused (the conversion refuses it, saying why) and on
-    tpushim's estimator API (TensorFlow >= 2.16), which takes them as stock."""
-    from tpushim import _versions
-
-    if _versions.uses_own_estimator():
-        return None
-    from tpushim import _host_part
-    from tpushim._errors import ConversionError
-
-    try:
-        return _host_part.sparse_only(keras_model, custom_objects)
-    except ConversionError:
-        return None
+    """:func:`_tpuestimator_plan`'s ``"sparse_part"`` (the preflight's too)."""
+    return _tpuestimator_plan("sparse_part", keras_model, custom_objects)
 
 
 def _features_of(spec):

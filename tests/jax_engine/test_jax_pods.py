@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import procs
 import pytest
+import sparse_program
 from jax_scripts import JAX_TESTS, ROOT
 
 pytestmark = JAX_TESTS
@@ -177,11 +178,6 @@ def test_sparse_inputs_on_the_pod_every_example_once_pooled_one_boards(proof):
     assert len(set(control)) < 27 and sorted(control) != list(range(27))
 
 
-#: stock 2.15's loss and mae of the sparse inputs' model (recorded beside its program in
-#: tests/jax_engine/test_jax_sparse_input.py)
-SPARSE_STOCK_2_15 = {"loss": 1.2350471019744873, "mae": 0.9590683579444885, "global_step": 4.0}
-
-
 def test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock(proof):
     """The sparse inputs' model (``CategoryEncoding`` and a ``Lambda`` of sparse ops run on the
     host, a ``Dense`` reading its input made dense) trained 4 steps and evaluated on the pod:
@@ -191,7 +187,7 @@ def test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock(proo
     assert len(stock["weights"]) == 6 and _diff(board, stock) < TOL
     for got in [board] + [w["sparse"] for w in proof["workers"]]:
         assert _diff(got, stock) < TOL
-        for k, value in SPARSE_STOCK_2_15.items():
+        for k, value in sparse_program.STOCK_2_15.items():
             assert abs(got["metrics"][k] - value) < TOL, (k, got["metrics"][k], value)
             assert abs(stock["metrics"][k] - value) < TOL, k
 

@@ -10,6 +10,7 @@ anything is written, naming the input, the layer and the op."""
 import jax_scripts
 import numpy as np
 import pytest
+import sparse_program
 from jax_scripts import eight_devices, scripts_started  # noqa: F401 (scripts_started: the scripts' run, in the background)
 
 pytestmark = pytest.mark.jax
@@ -64,49 +65,18 @@ def test_a_sparse_input_a_reader_cannot_take_dense_is_refused_naming_the_op_and_
     assert tf.train.latest_checkpoint(model_dir) is None
 
 
-# Stock 2.15's estimator on CODE (its stock run alone, TensorFlow 2.15.1)
-STOCK_2_15 = {"loss": 1.2350471019744873, "mae": 0.9590683579444885, "global_step": 4.0}
-STOCK_2_15_PREDICTIONS = [
-    0.6652833223342896,
-    0.5243351459503174,
-    1.330525279045105,
-    1.1119109392166138,
-    0.2781793177127838,
-]  # its first five
-
 CODE = """
 import json, os, sys
 import contextlib
+sys.path.insert(0, os.path.join(sys.argv[3], "tests"))
 import tpushim; tpushim.patch()
 import numpy as np, tensorflow as tf
-rng = np.random.RandomState(0)
-ids = rng.randint(0, 6, (27, 4)).astype(np.int64)
-ids[rng.rand(27, 4) < 0.4] = -1  # absent entries
-dense_x = (rng.rand(27, 5) * (rng.rand(27, 5) < 0.5)).astype(np.float32)
-y = rng.randn(27, 1).astype(np.float32)  # 27 rows in batches of 8: the last has 3
-def sparse(a, absent):
-    idx = np.argwhere(a != absent)
-    return tf.SparseTensor(idx, a[a != absent], a.shape)
-def feats():
-    return {"ids": sparse(ids, -1), "x": sparse(dense_x, 0)}
-def input_fn():
-    return tf.data.Dataset.from_tensor_slices((feats(), y)).batch(8)
+import sparse_program
+feats, y = sparse_program.features()
+input_fn = sparse_program.input_fn()
 out = {}
 for run, scope in (("engine", dict(mode="cpu", engine="jax")), ("stock", None))[int(sys.argv[2]):]:
-    tf.keras.utils.set_random_seed(3)
-    L = tf.keras.layers
-    i = tf.keras.Input((4,), name="ids", dtype="int64", sparse=True)
-    x = tf.keras.Input((5,), name="x", sparse=True)
-    table = np.linspace(-1.0, 1.0, 10, dtype=np.float32).reshape([5, 2])
-    ops = L.Lambda(lambda s: tf.concat([tf.sparse.sparse_dense_matmul(s, table),
-                                        tf.reshape(tf.sparse.reduce_sum(s, 1), [-1, 1]),
-                                        tf.reshape(tf.sparse.to_dense(s), [-1, 5])], 1),
-                  name="ops")(x)
-    h = L.Concatenate()([L.CategoryEncoding(6, "multi_hot", name="multi")(i),
-                         L.CategoryEncoding(6, "count", name="count")(i),
-                         L.Dense(3, name="d")(x), ops])
-    model = tf.keras.Model([i, x], L.Dense(1, name="y")(L.Dense(4, activation="tanh", name="h")(h)))
-    model.compile(tf.keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    model = sparse_program.model()
     config = tf.estimator.RunConfig(model_dir=os.path.join(sys.argv[1], run), tf_random_seed=1)
 """
 CODE += jax_scripts.TRAINED_AS_STOCKS.replace("FEATURES", "feats()")
@@ -115,8 +85,10 @@ CODE += jax_scripts.TRAINED_AS_STOCKS.replace("FEATURES", "feats()")
 def test_sparse_inputs_into_category_encoding_dense_and_a_lambda_train_evaluate_predict_as_stock(
     tmp_path,
 ):
-    got = jax_scripts.program_result(CODE, tmp_path, "0")
-    jax_scripts.trained_as_stock(got, 6, 27, STOCK_2_15, STOCK_2_15_PREDICTIONS)
+    got = jax_scripts.program_result(CODE, tmp_path, "0", jax_scripts.ROOT)
+    jax_scripts.trained_as_stock(
+        got, 6, 27, sparse_program.STOCK_2_15, sparse_program.STOCK_2_15_PREDICTIONS
+    )
 
 
 class SparseReader(tf.keras.Model):

@@ -2,8 +2,8 @@
 TPUEstimator path (tpushim/_sparse_inputs.py): no TPU is fed a SparseTensor, so a
 ``CategoryEncoding`` (multi_hot, count) and a ``Lambda`` of weight-free sparse ops reading one
 run on the host, in the input pipeline, and a ``Dense`` reading one gets it made dense there at
-its static width. The JAX engine's sparse-input program (tests/jax_engine/
-test_jax_sparse_input.py's model, 27 rows in batches of 8, the last of 3, padded), trained,
+its static width. The sparse-input program every engine's tests train
+(tests/sparse_program.py: 27 rows in batches of 8, the last of 3, padded), trained,
 evaluated and predicting in ``--mode cpu`` as stock: its weights as live stock's on TF 2.15,
 its metrics and first predictions as stock 2.15's recorded ones everywhere, within 1e-5. A
 reader the engines cannot take is refused at conversion, naming the input, the layer and what
@@ -13,67 +13,10 @@ import os
 
 import numpy as np
 import pytest
+import sparse_program
 import tfcases
 
 pytestmark = pytest.mark.slow
-
-# Stock 2.15's estimator on this program (tests/jax_engine/test_jax_sparse_input.py's record)
-STOCK_2_15 = {"loss": 1.2350471019744873, "mae": 0.9590683579444885, "global_step": 4.0}
-STOCK_2_15_PREDICTIONS = [
-    0.6652833223342896,
-    0.5243351459503174,
-    1.330525279045105,
-    1.1119109392166138,
-    0.2781793177127838,
-]
-
-
-def _features():
-    import tensorflow as tf
-
-    rng = np.random.RandomState(0)
-    ids = rng.randint(0, 6, (27, 4)).astype(np.int64)
-    ids[rng.rand(27, 4) < 0.4] = -1  # absent entries
-    dense_x = (rng.rand(27, 5) * (rng.rand(27, 5) < 0.5)).astype(np.float32)
-    y = rng.randn(27, 1).astype(np.float32)
-
-    def sparse(a, absent):
-        return tf.SparseTensor(np.argwhere(a != absent), a[a != absent], a.shape)
-
-    return (lambda: {"ids": sparse(ids, -1), "x": sparse(dense_x, 0)}), y
-
-
-def _model(optimizer=None):
-    import tensorflow as tf
-
-    tf.keras.utils.set_random_seed(3)
-    layers = tf.keras.layers
-    i = tf.keras.Input((4,), name="ids", dtype="int64", sparse=True)
-    x = tf.keras.Input((5,), name="x", sparse=True)
-    table = np.linspace(-1.0, 1.0, 10, dtype=np.float32).reshape([5, 2])
-    ops = layers.Lambda(
-        lambda s: tf.concat(
-            [
-                tf.sparse.sparse_dense_matmul(s, table),
-                tf.reshape(tf.sparse.reduce_sum(s, 1), [-1, 1]),
-                tf.reshape(tf.sparse.to_dense(s), [-1, 5]),
-            ],
-            1,
-        ),
-        name="ops",
-    )(x)
-    h = layers.Concatenate()(
-        [
-            layers.CategoryEncoding(6, "multi_hot", name="multi")(i),
-            layers.CategoryEncoding(6, "count", name="count")(i),
-            layers.Dense(3, name="d")(x),
-            ops,
-        ]
-    )
-    h = layers.Dense(4, activation="tanh", name="h")(h)
-    model = tf.keras.Model([i, x], layers.Dense(1, name="y")(h))
-    model.compile(optimizer or tf.keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
-    return model
 
 
 def _trained(model_dir, patch):
@@ -81,12 +24,9 @@ def _trained(model_dir, patch):
 
     import tpushim
 
-    features, y = _features()
-
-    def input_fn():
-        return tf.data.Dataset.from_tensor_slices((features(), y)).batch(8)
-
-    model = _model()
+    features, _ = sparse_program.features()
+    input_fn = sparse_program.input_fn()
+    model = sparse_program.model()
     config = tfcases.ESTIMATOR.RunConfig(model_dir=str(model_dir), tf_random_seed=1)
     with tpushim.patched(quiet=True, **patch):
         estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
@@ -110,10 +50,10 @@ def stock(tmp_path_factory):
 
 def _as_stock(got, stock):
     metrics, predictions, weights = got
-    for key, value in STOCK_2_15.items():
+    for key, value in sparse_program.STOCK_2_15.items():
         assert abs(metrics[key] - value) < 1e-5, (key, metrics)
     assert len(predictions) == 27
-    np.testing.assert_allclose(predictions[:5], STOCK_2_15_PREDICTIONS, atol=1e-5)
+    np.testing.assert_allclose(predictions[:5], sparse_program.STOCK_2_15_PREDICTIONS, atol=1e-5)
     if stock is not None:
         assert stock[0] == pytest.approx(metrics, abs=1e-5)
         np.testing.assert_allclose(predictions, stock[1], atol=1e-5)
@@ -154,7 +94,7 @@ def test_a_sparse_input_the_engine_cannot_take_is_refused_before_anything_is_wri
     import tpushim
 
     if reader == "momentum":
-        model = _model(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9))
+        model = sparse_program.model(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9))
     else:
         ids = tf.keras.Input((4,), sparse=True, dtype=tf.int64, name="ids")
         encoded = tf.keras.layers.CategoryEncoding(5, "count", sparse=True, name="enc")(ids)
