@@ -46,16 +46,18 @@ STRATEGY_PROOFS = {
 STRATEGY_SCRIPT_TESTS = {"test_script_unchanged_on_the_strategy_engine_equals_stock"}
 
 #: Of those, the proofs of the engine's step arithmetic (replicas, optimizers, BatchNormalization,
-#: subclassed models, the compiled step), its input styles and pods (each host's pipeline from
-#: tf.distribute's InputContext and tpushim's own split) and the scripts on the engine run on
-#: TensorFlow >= 2.16, where the engine is the only TPU path, against stock 2.15's recorded numbers
-#: (each module's ``test_stock_is_stock_tensorflow_215`` recorded them live on 2.15). The engine's
-#: code for them is the same on every TensorFlow (on <= 2.15 the TPUEstimator path's input tests
-#: run stock's numpy_input_fn / pandas_input_fn and queues); on <= 2.15 the proofs of what stock's
-#: own estimator does around the engine run (hooks, events, checkpoints, metrics, row labels).
+#: subclassed models, the compiled step), its input styles, pods (each host's pipeline from
+#: tf.distribute's InputContext and tpushim's own split) and events (log lines, TensorBoard events,
+#: the NaN check, the checkpoints kept: the engine's _stock_hooks) and the scripts on the engine
+#: run on TensorFlow >= 2.16, where the engine is the only TPU path, against stock 2.15's recorded
+#: numbers (each proof recorded them live on 2.15). The engine's code for them is the same on
+#: every TensorFlow (on <= 2.15 the TPUEstimator path's own input and event tests run stock's
+#: numpy_input_fn / pandas_input_fn, queues and hooks); on <= 2.15 the proofs of what stock's own
+#: estimator does with the engine run (the user's hooks, checkpoints, metrics, row labels).
 #: CI's budget (docs/contributing/ci.md); ``TPUSHIM_TEST_EVERY_PROOF=1`` runs them on <= 2.15 too.
 NEWEST_ONLY_PROOFS = {
     "test_strategy_batchnorm.py",
+    "test_strategy_events.py",
     "test_strategy_inputs.py",
     "test_strategy_optimizers.py",
     "test_strategy_pods.py",
