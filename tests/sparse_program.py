@@ -2,8 +2,13 @@
 tests/strategy/test_strategy_sparse_inputs.py, the JAX pod proof tests/jax_pod_proof.py): a
 ``SparseTensor`` of ids (absent entries left out) into ``CategoryEncoding`` multi_hot and count,
 a ``SparseTensor`` of floats into a ``Dense`` and a ``Lambda`` of weight-free sparse ops, 27 rows
-(in batches of 8: the last has 3), and stock 2.15's estimator's numbers on it. A helper, not a
-test module."""
+(in batches of 8: the last has 3), and stock 2.15's estimator's numbers on it (its weights in
+tests/reference/sparse_program_tf215.json, recorded by ``python tests/sparse_program.py --record
+FILE DIR`` in a TF 2.15 venv, DIR an empty model_dir). A helper, not a test module."""
+
+import json
+import os
+import sys
 
 import numpy as np
 
@@ -18,6 +23,27 @@ STOCK_2_15_PREDICTIONS = [
     1.1119109392166138,
     0.2781793177127838,
 ]  # its first five
+
+
+#: Stock 2.15's weights after those 4 steps (every layer's kernel and bias)
+RECORD = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "reference", "sparse_program_tf215.json"
+)
+
+
+def stock_weights():
+    """{variable: value} of :data:`RECORD` (float64 arrays)."""
+    with open(RECORD) as f:
+        return {n: np.array(v, np.float64) for n, v in json.load(f)["weights"].items()}
+
+
+def trained_weights(estimator):
+    """Every layer's kernel and bias in ``estimator``'s last checkpoint."""
+    return {
+        n: np.asarray(estimator.get_variable_value(n), np.float64)
+        for n in estimator.get_variable_names()
+        if {"kernel", "bias"} & set(n.split("/")) and not n.startswith(("training", "optimizer"))
+    }
 
 
 def features(with_id=False):
@@ -83,3 +109,20 @@ def model(optimizer=None):
     made = tf.keras.Model([i, x], layers.Dense(1, name="y")(h))
     made.compile(optimizer or tf.keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
     return made
+
+
+def record(path, model_dir):
+    """Stock's estimator (TF 2.15) trained 4 steps: its weights into ``path``."""
+    import tensorflow as tf
+
+    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
+    estimator = tf.keras.estimator.model_to_estimator(keras_model=model(), config=config)
+    estimator.train(input_fn(), steps=4)
+    weights = {n: v.tolist() for n, v in trained_weights(estimator).items()}
+    with open(path, "w") as f:
+        json.dump({"tensorflow": tf.__version__, "weights": weights}, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--record"]:
+    record(sys.argv[2], sys.argv[3])

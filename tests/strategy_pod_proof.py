@@ -23,7 +23,11 @@ travels in feature 0. Reported, for 2 and 4 hosts:
 * training on the files path, 8 replicas on 2 and 4 emulated hosts each reading only its own
   files, against one board (the same model, files and seed on one input pipeline), and with each
   host's rows counted as its own batch's, not the global batch's (a negative control: every
-  host's gradient hosts x one board's).
+  host's gradient hosts x one board's);
+* the sparse-input program (tests/sparse_program.py: SparseTensor inputs, their readers run on
+  each host) trained by 8 replicas on a faked 2-host pod: the rows the hosts feed, pooled, against
+  one board's batches and stock's layers, weights and evaluate() against stock's, and host 1
+  feeding host 0's share (a negative control).
 
 ``--tpu-strategy DIR`` (a process of its own): ``distributed_input`` on a real
 ``tf.distribute.TPUStrategy`` for a faked TPU system of 2 and 4 hosts (:func:`tpu_strategy_pods`).
@@ -40,6 +44,7 @@ import sys
 
 import eight_devices  # first: 8 logical CPU devices, before TensorFlow initialises
 import numpy as np
+import sparse_program
 import tensorflow as tf
 
 import tpushim
@@ -564,6 +569,124 @@ def strings(root):
     return out
 
 
+# --- SparseTensor inputs (tests/sparse_program.py) on a faked 2-host pod ------------------------
+
+
+def sparse_host_values(layers):
+    """Per row of the sparse-input program, what stock's own layers compute from its
+    SparseTensors (the host part each host runs), and the x input made dense: {name: [rows, n]}."""
+    features, _ = sparse_program.features()
+    made = features()
+    return {
+        "multi": layers["multi"](made["ids"]).numpy(),
+        "count": layers["count"](made["ids"]).numpy(),
+        "ops": layers["ops"](made["x"]).numpy(),
+        "x": tf.sparse.to_dense(made["x"]).numpy(),
+    }
+
+
+def sparse_run(root, name, control=False):
+    """The sparse-input program on the engine, 8 replicas on 2 emulated hosts: 4 steps (every
+    batch once, the last of 3) and evaluate(), every host's training input recorded;
+    ``control``: host 1 feeding host 0's share (trained only). Returns (metrics, weights, fed),
+    fed: per step, the (id, {feature: row}) of every real row the hosts fed, pooled in host
+    order."""
+    with tpushim.patched(mode="off", quiet=True):
+        run_config = tf.estimator.RunConfig(model_dir=os.path.join(root, name), tf_random_seed=1)
+    with tpushim.patched(mode="cpu", engine="strategy", quiet=True):
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=sparse_program.model(), config=run_config
+        )
+    made, original = [], _strategy_input.HostInput.__call__
+
+    def recorded(self, context):
+        host = context.input_pipeline_id
+        if control and host == 1:
+            context = tf.distribute.InputContext(context.num_input_pipelines, 0, REPLICAS)
+        dataset = original(self, context)
+        if self.mode == "train":
+            made.append((host, len(self.feeds[host]), dataset))
+        return dataset
+
+    metrics = None
+    _strategy_input.HostInput.__call__ = recorded
+    try:
+        with _strategy_input.emulated_hosts(2):
+            estimator.train(sparse_program.input_fn(with_id=True), steps=4)
+            if not control:
+                metrics = estimator.evaluate(sparse_program.input_fn())
+    finally:
+        _strategy_input.HostInput.__call__ = original
+    fed = [[] for _ in range(4)]
+    for _, feeds, dataset in sorted(made, key=lambda m: m[0]):
+        for k, (element, _) in enumerate(dataset.take(4 * feeds)):
+            values = element[_padding.FEATURES_KEY]
+            weight = element[_padding.PADDING_KEY].numpy()
+            for r in np.flatnonzero(weight > 0):
+                row = {
+                    key.split("/")[1] if "/" in key else key: v.numpy()[r].tolist()
+                    for key, v in values.items()
+                }
+                fed[k // feeds].append((int(row.pop("id")), row))
+    return metrics, sparse_program.trained_weights(estimator), fed
+
+
+def sparse_fed_as_one_board(fed, stock_rows):
+    """Each step's pooled rows are one board's batch (rows 8s.. of the input, in order: every
+    row once) and each row's host values stock's layers' on its SparseTensors within 1e-6."""
+    for step, rows in enumerate(fed):
+        if [i for i, _ in rows] != list(range(8 * step, min(8 * step + 8, sparse_program.ROWS))):
+            return False
+        for i, row in rows:
+            for key, expected in stock_rows.items():
+                if np.max(np.abs(np.asarray(row[key]) - expected[i])) > 1e-6:
+                    return False
+    return True
+
+
+def sparse_stock(root):
+    """Stock's weights after the sparse-input program's 4 steps: its estimator live (TensorFlow
+    <= 2.15), else stock 2.15's recording."""
+    if NO_STOCK:
+        return sparse_program.stock_weights()
+    with tpushim.patched(mode="off", quiet=True):
+        run_config = tf.estimator.RunConfig(
+            model_dir=os.path.join(root, "sparse_stock"), tf_random_seed=1
+        )
+        estimator = tf.keras.estimator.model_to_estimator(
+            keras_model=sparse_program.model(), config=run_config
+        )
+    estimator.train(sparse_program.input_fn(), steps=4)
+    return sparse_program.trained_weights(estimator)
+
+
+def sparse(root):
+    """The sparse-input program trained by 8 replicas on a faked 2-host pod (exact path: each
+    host runs the host part, CategoryEncoding, the Lambda, the Dense input made dense, on its
+    copy, and keeps its replicas' rows): the rows fed against one board's batches and stock's
+    layers, the weights against stock's, evaluate() against stock 2.15's recording; and the
+    negative control (host 1 feeding host 0's share)."""
+    stock_rows = sparse_host_values({layer.name: layer for layer in sparse_program.model().layers})
+    stock = sparse_stock(root)
+    metrics, weights, fed = sparse_run(root, "sparse_pod")
+    _, control_weights, control_fed = sparse_run(root, "sparse_control", control=True)
+
+    def off(values):
+        if sorted(values) != sorted(stock):
+            return float("inf")
+        return max(float(np.max(np.abs(values[n] - v))) for n, v in stock.items())
+
+    return {
+        "fed_as_one_board": sparse_fed_as_one_board(fed, stock_rows),
+        "fed_rows": sorted(i for rows in fed for i, _ in rows),
+        "weights": off(weights),
+        "weights_compared": len(stock),
+        "metrics": {k: abs(float(metrics[k]) - v) for k, v in sparse_program.STOCK_2_15.items()},
+        "control_fed_as_one_board": sparse_fed_as_one_board(control_fed, stock_rows),
+        "control_weights": off(control_weights),
+    }
+
+
 # --- distributed_input's pod branch on a real TPUStrategy (a process of its own) -------------
 
 
@@ -658,6 +781,7 @@ def main(root):
     out["training"] = training(root)
     out["files_training"] = files_training(root, files["train"])
     out["strings"] = strings(root)
+    out["sparse"] = sparse(root)
     print("RESULT " + json.dumps(out))
 
 

@@ -30,6 +30,7 @@ from tpushim import (
     _observe,
     _shapes,
     _source,
+    _sparse_inputs,
 )
 from tpushim._errors import ConversionError
 
@@ -309,6 +310,8 @@ def adapt(
     sparse = getattr(model_inputs, "sparse_part", None)
     if sparse is not None:  # no TPU is fed a SparseTensor: made dense, or read, on the host
         result = result.map(_host_part.element_function(sparse, mode))
+    if model_inputs is None:  # a subclassed model: its call would read a SparseTensor on a TPU
+        _sparse_inputs.refuse_fed(result, "tpushim's TPUEstimator path")
     result = _shapes.with_declared_shapes(result, model_inputs)
     split = getattr(model_inputs, "feature_split", None)
     if context is None:

@@ -29,6 +29,44 @@ def refuse(engine, name, layer, what):
     )
 
 
+def refuse_fed(dataset, engine):
+    """``dataset``, where no ``SparseTensor`` is left among its features once the host ran its
+    part: one left would reach the devices (a subclassed model's call reads it there, or no
+    ``Input(sparse=True)`` of a functional model's takes it), and no TPU is fed one.
+
+    Raises:
+      ConversionError: naming the first such feature, before anything is written (the input
+        is built before the first checkpoint).
+    """
+    spec = dataset.element_spec
+    features = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
+    if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
+        features = features["features"]
+    for key, value in _named_leaves(features, "features"):
+        if isinstance(value, tf.SparseTensorSpec):
+            raise ConversionError(
+                f"{engine} does not feed the SparseTensor feature {key!r} to the TPU: no TPU "
+                "is fed a SparseTensor, and nothing of the model reads it on the host (a "
+                "subclassed model's call reads its features on the devices). The engine makes "
+                "a sparse input dense on the host for a functional model's Input(sparse=True) "
+                "read by a CategoryEncoding, a Dense or a Lambda of weight-free sparse ops; "
+                "build the model functional, or make the feature dense in the input_fn "
+                "(tf.sparse.to_dense). Nothing was written."
+            )
+    return dataset
+
+
+def _named_leaves(structure, name):
+    """(name, leaf) of a features structure: a dict's by key, a list's by index."""
+    if isinstance(structure, dict):
+        items = [(str(k), v) for k, v in structure.items()]
+    elif isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
+        items = [(f"{name}[{i}]", v) for i, v in enumerate(structure)]
+    else:
+        return [(name, structure)]
+    return [leaf for key, value in items for leaf in _named_leaves(value, key)]
+
+
 def sparse_ops(layer, spec):
     """The sparse ops ``layer`` runs on a ``SparseTensor`` of ``spec`` (their types)."""
     try:

@@ -12,6 +12,7 @@ import random
 
 import numpy as np
 import pytest
+import sparse_program
 import tensorflow as tf
 import tfcases
 from conftest import tpuestimator_import
@@ -277,6 +278,74 @@ def test_nondeterministic_pipeline_is_made_deterministic(files, tmp_path, tpushi
     }
     assert len(modes) == 4 and set(modes.values()) == {b"true"}, modes  # 2 ops x 2 hosts
     assert sorted(i for step in steps for i in step) == list(range(64))
+
+
+# --- SparseTensor inputs: their readers run on every host ------------------------------------
+
+#: The flat order of a fed batch of the sparse-input program (features by name, then the padding
+#: weight and the label): each row's number, the ids input's placeholder, the host part's outputs
+#: (its CategoryEncodings and Lambda), the x input made dense for its Dense.
+_SPARSE_FED = ("id", "ids", "count", "multi", "ops", "x", "weight")
+
+
+def _sparse_steps(per_host, steps, cores):
+    """Per step, each real row the hosts feed, pooled in host order: (id, {name: values})."""
+    pooled = []
+    for step in range(steps):
+        rows = []
+        for batches in per_host:
+            for batch in batches[step * cores : (step + 1) * cores]:
+                named = dict(zip(_SPARSE_FED, batch))
+                for r in np.flatnonzero(named["weight"] > 0):
+                    rows.append((int(named["id"][r]), {k: v[r] for k, v in named.items()}))
+        pooled.append(rows)
+    return pooled
+
+
+def _as_one_board(pooled, stock_rows):
+    """Each step's rows are one board's batch (rows 8s.. of the input: every row once; the
+    hosts' cores take turns, TensorFlow's replica order), each row's values stock's layers' on
+    its SparseTensors within 1e-6."""
+    for step, rows in enumerate(pooled):
+        ids = sorted(i for i, _ in rows)
+        if ids != list(range(8 * step, min(8 * step + 8, sparse_program.ROWS))):
+            return False
+        for i, row in rows:
+            if any(np.max(np.abs(row[k] - v[i])) > 1e-6 for k, v in stock_rows.items()):
+                return False
+    return True
+
+
+def test_sparse_inputs_on_a_pod_feed_one_boards_rows(tmp_path):
+    """The sparse-input program (tests/sparse_program.py: CategoryEncoding, a Lambda of sparse
+    ops and a Dense on SparseTensor inputs; 27 rows in batches of 8, the last of 3) trained on a
+    faked 2-host pod: each host runs the readers on its own copy of the input, before the
+    padding. Pooled over the hosts, each step's rows are one board's batch, every row once,
+    their values those stock's own layers compute from the row's SparseTensors (one board's
+    training with them is stock's: tests/strategy/test_strategy_sparse_inputs.py). Host 0's
+    share pooled in place of host 1's is not."""
+    model = sparse_program.model()
+    made = sparse_program.features()[0]()
+    layers = {layer.name: layer for layer in model.layers}
+    stock_rows = {
+        "count": layers["count"](made["ids"]).numpy(),
+        "multi": layers["multi"](made["ids"]).numpy(),
+        "ops": layers["ops"](made["x"]).numpy(),
+        "x": tf.sparse.to_dense(made["x"]).numpy(),
+    }
+    with faketpu.faked_tpu_system(hosts=2) as tpu:
+        est = tfcases.convert(
+            tmp_path,
+            model=model,
+            patch=tfcases.on_faked_tpu(tpu, ITERATIONS),
+            config=tf.estimator.RunConfig(tf_random_seed=1),
+        )
+        build = tpu.build(lambda: est.train(sparse_program.input_fn(with_id=True), steps=4))
+    cores = tpu.cores_per_host
+    per_host = [build.host_input(h, max_batches=4 * cores) for h in range(tpu.num_hosts)]
+    assert _as_one_board(_sparse_steps(per_host, 4, cores), stock_rows)
+    control = [per_host[0], per_host[0]]  # host 1 feeding host 0's share
+    assert not _as_one_board(_sparse_steps(control, 4, cores), stock_rows)
 
 
 # --- evaluate() and predict() --------------------------------------------------------------------

@@ -1,14 +1,16 @@
 """Pods on the strategy engine (tpushim/_strategy/input.py): each host's input pipeline, built by
 the function TPUStrategy calls once per host with a real ``tf.distribute.InputContext``, on 2 and
 4 emulated hosts; the engine training 8 replicas on a faked 2-host pod, every host feeding its
-share, and on the files path of 2 and 4 hosts against one board. The proof runs in one
-subprocess (tests/strategy_pod_proof.py: 8 logical devices). The TPUStrategy-only branches run on
+share, and on the files path of 2 and 4 hosts against one board; a model of SparseTensor
+inputs on a faked 2-host pod. The proof runs in one subprocess (tests/strategy_pod_proof.py: 8
+logical devices). The TPUStrategy-only branches run on
 a real ``tf.distribute.TPUStrategy`` for a TPU system faked at a loopback address
 (tpushim/_preflight/faketpu.py): which replicas each host feeds, ``host_sum``'s reduce, and (in a
 process of its own, its hosts loopback servers) ``distributed_input``'s pod branch.
 
 On every TensorFlow: on 2.12-2.15 against the stock estimator run beside it, on >= 2.16 against
-stock TensorFlow 2.15's numbers, tests/reference/strategy_pods_tf215.json."""
+stock TensorFlow 2.15's numbers, tests/reference/strategy_pods_tf215.json (the sparse-input
+program's: tests/reference/sparse_program_tf215.json)."""
 
 import json
 import os
@@ -107,6 +109,22 @@ def test_strings_and_lookups_run_on_each_host_as_stock(proof, where):
     assert max(result["weights"], result["metrics"], result["predictions"]) < TOLERANCE, result
     assert result["keys_equal"] and result["keys"] == 45
     assert result["copies"] == 3 * (2 if where == "pod" else 1)
+
+
+@pytest.mark.slow
+def test_sparse_inputs_train_on_a_faked_pod_as_stock(proof):
+    """The sparse-input program (tests/sparse_program.py: CategoryEncoding, a Lambda of sparse
+    ops and a Dense on SparseTensor inputs, 27 rows in batches of 8) on 8 replicas of a faked
+    2-host pod: each host runs the readers on its own copy of the input and keeps its replicas'
+    rows. Pooled over the hosts, each step's rows are one board's batch, each row once, their
+    values stock's layers' on its SparseTensors; weights equal stock's within 1e-5, evaluate()
+    stock 2.15's. Host 1 feeding host 0's share feeds rows twice and moves the weights."""
+    result = proof["sparse"]
+    assert result["fed_as_one_board"] and result["fed_rows"] == list(range(27)), result
+    assert result["weights_compared"] == 6 and result["weights"] < TOLERANCE, result
+    assert max(result["metrics"].values()) < TOLERANCE, result
+    assert result["control_fed_as_one_board"] is False  # the negative control
+    assert result["control_weights"] > 1e-3, result
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from tpushim import (
     _pods,
     _shapes,
     _source,
+    _sparse_inputs,
     _stock_graphs,
     _tfprivate,
 )
@@ -48,6 +49,7 @@ from tpushim._stock_graphs import input_graph as _stock_graph
 logger = logging.getLogger("tpushim")
 
 ModeKeys = _tfprivate.estimator.ModeKeys
+ENGINE = "the strategy engine"
 _EVENTS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate", ModeKeys.PREDICT: "predict"}
 
 
@@ -432,6 +434,7 @@ class HostInput:
         dataset = _shapes.with_declared_shapes(dataset, self.model_inputs)
         if self.host is not None:  # strings and lookups, by this host's own copy of them
             dataset = dataset.map(_host_part.element_function(self.host, self.mode))
+        _sparse_inputs.refuse_fed(dataset, ENGINE)
         if self.path.name == "exact":  # the whole input: this host keeps its replicas' pieces
             dataset = dataset.map(_padding.pad_batch(self.padded, counted=True))
             dataset = dataset.map(_split(self.replicas, piece)).map(_keep(self.feeds[host]))
@@ -539,6 +542,7 @@ def distributed_input(
     result = _shapes.with_declared_shapes(_batching.without_float64(result), model_inputs)
     if host is not None:  # strings and lookups, on the host
         result = result.map(_host_part.element_function(host, mode))
+    _sparse_inputs.refuse_fed(result, ENGINE)
     dataset = result.map(_padding.pad_batch(padded, counted=True)).map(_split(replicas))
     if outputs:
         made = WithHostOutputs(strategy, dataset)
