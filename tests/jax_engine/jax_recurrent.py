@@ -7,7 +7,9 @@ estimator on TensorFlow 2.15, recorded by
 
     python tests/jax_engine/jax_recurrent.py --record tests/reference/jax_recurrent_tf215.json
 
-in a TF 2.15 venv: its evaluate() results and final model weights.
+in a TF 2.15 venv: its evaluate() results and final model weights. With input ``dropout``
+(``classifier(dropout=True)``) stock's numbers change from run to run; :func:`in_time_order`
+fixes them (stock's loops run one iteration at a time), for a comparison live in one process.
 """
 
 import contextlib
