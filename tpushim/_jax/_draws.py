@@ -193,6 +193,7 @@ class _Taken:
             _tfprivate.graph.set_graph_seeds(tf.compat.v1.get_default_graph(), self._seeds)
         self._contexts = [
             _tfprivate.keras.legacy_seeds_as_configured(self._model),
+            _tfprivate.keras.input_dropout_in_loops(self._model),
             _tfprivate.graph.random_ops_hooked(self._take),
         ]
         for c in self._contexts:

@@ -402,6 +402,7 @@ class JaxEstimator(_tfprivate.estimator.EstimatorBase):
             )
             stock = getattr(first, "stock_batch", 0) or trainer.stock_batch  # (a pod's: padded)
             _note_padding(conversion, stock, len(trainer.devices), ModeKeys.TRAIN)
+            _note_input_dropout(conversion)
             trainer.restore(weights, slots, start)
             # its refusals before anything is written
             trainer.check((features, labels, arrays.sample_weights(first_batch)))
@@ -803,6 +804,26 @@ def _note_padding(conversion, size, shards, purpose):
     if size % shards and (purpose, size, shards) not in noted:
         noted.add((purpose, size, shards))
         _observe.note("batch-padding", "%s; %s.", *_batch_math.indivisible_batch(size, shards))
+
+
+def _note_input_dropout(conversion):
+    """Logs, once per conversion, that the model's recurrent layers with ``dropout`` on their
+    inputs train as stock's run whose loop over time steps took that mask's draws in time
+    order: stock's own iterations take them in no fixed order (they run ahead of one another:
+    the mask reads no state), so its numbers change from run to run."""
+    if conversion.__dict__.get("_tpushim_input_dropout_noted"):
+        return
+    conversion._tpushim_input_dropout_noted = True
+    named = _tfprivate.keras.input_dropout_loops(conversion.keras_model)
+    if named:
+        _observe.note(
+            "recurrent-dropout",
+            "recurrent layers %s draw their input dropout mask inside the loop over time steps, "
+            "whose iterations take the draws in no fixed order in stock's run: stock's own "
+            "numbers change from run to run. The JAX engine gives the run whose loop took them "
+            "in time order (first step first).",
+            ", ".join(named),
+        )
 
 
 def _note_call_padding(conversion, share, rows, purpose):

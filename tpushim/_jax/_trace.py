@@ -484,29 +484,6 @@ def _loops(graph):
     return sorted({f"{where}{n.name}" for where, n in named if n.op in ("While", "StatelessWhile")})
 
 
-def _refuse_recurrent_input_dropout(keras_model):
-    """Refuses a recurrent layer looping over its time steps with ``dropout`` (on its inputs):
-    stock's graph draws that mask inside the loop, whose iterations do not wait for one
-    another to make it (it reads no state) and take the op's random stream in no fixed order,
-    so stock's own numbers differ from run to run (4 runs of one seeded SimpleRNN: losses
-    0.729 to 0.806); there are none to give. ``recurrent_dropout`` (its mask reads the last
-    step's state, drawn step by step) trains with stock's draws."""
-    named = sorted(
-        layer.name
-        for layer in _tfprivate.keras.all_layers(keras_model)
-        if isinstance(layer, tf.keras.layers.RNN)
-        and not layer.unroll
-        and getattr(layer.cell, "dropout", 0)
-    )
-    if named:
-        _refuse(
-            f"a recurrent layer with dropout on its inputs ({', '.join(named)})",
-            "stock draws its mask inside the loop over time steps, whose iterations take the "
-            "draws in no fixed order: stock's own numbers change from run to run. "
-            "recurrent_dropout trains",
-        )
-
-
 def _refuse_unbounded_loops(keras_model, loops, fn, params, args):
     """Refuses a training step with a loop whose number of iterations its values decide (a
     ``tf.while_loop`` on the data): :mod:`_ops` runs a loop (a recurrent layer's over its time
@@ -574,7 +551,6 @@ def convert(keras_model, train, features, labels, sample_weights, pad):
             f"{' '.join(str(e).split())[:300]}. Train it with engine=strategy."
         ) from e
     if loops:
-        _refuse_recurrent_input_dropout(keras_model)
         _refuse_unbounded_loops(keras_model, loops, fn, params, args)
     by_name = {v.name.split(":")[0]: v for v in keras_model.weights}
     missing = [name for name in params if name not in by_name]

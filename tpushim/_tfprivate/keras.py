@@ -247,6 +247,41 @@ def legacy_seeds_as_configured(keras_model):
             generator._seed = seed
 
 
+def input_dropout_loops(keras_model):
+    """The names of the model's recurrent layers that loop over their time steps (not unrolled)
+    with ``dropout`` on their inputs, in Keras's order: stock's graph draws that mask inside the
+    loop, at each step."""
+    return [
+        layer.name
+        for layer in all_layers(keras_model)
+        if isinstance(layer, tf.keras.layers.RNN)
+        and not layer.unroll
+        and getattr(layer.cell, "dropout", 0)
+    ]
+
+
+@contextlib.contextmanager
+def input_dropout_in_loops(keras_model):
+    """Inside, each LSTM or GRU layer with ``dropout`` on its inputs runs its cell in the loop
+    over time steps, as stock's clone (built in a graph) does: its input mask drawn inside the
+    loop, at each step. Built executing eagerly, Keras's v2 layers take their fused path where
+    they can (``_could_use_gpu_kernel``), which draws one mask for all the steps before the
+    loop. Restored after."""
+    kept = [
+        layer
+        for layer in all_layers(keras_model)
+        if getattr(layer, "_could_use_gpu_kernel", False)
+        and getattr(getattr(layer, "cell", None), "dropout", 0)
+    ]
+    for layer in kept:
+        layer._could_use_gpu_kernel = False
+    try:
+        yield
+    finally:
+        for layer in kept:
+            layer._could_use_gpu_kernel = True
+
+
 def reads_training_mode(layer):
     """True when a layer's call takes the training mode (a ``Lambda``: its function does)."""
     lambda_class = modules.keras_module("layers.core.lambda_layer").Lambda
