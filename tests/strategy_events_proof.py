@@ -16,10 +16,12 @@ Cases, each run by stock and by the engine on 8 logical CPU devices with steps_p
 * ``summaries``: ``schedule``'s calls on a model whose layer makes a
   ``tf.compat.v1.summary.scalar`` of its input's mean (stock's tag ``probe/mean_1``) and a
   ``histogram`` of its values (``probe/values``), a scalar of its range (``probe/spread``)
-  and a histogram of its column means (``probe/columns``): the global batch of 6 is one row on
-  each of 6 replicas and padding on 2. Negative control (``summaries_control``, the engine
-  only): each replica weighing 1 in the scalars' means, and the padding replicas' rows
-  gathered.
+  and histograms of its column means (``probe/columns``), of its rows less their column means
+  (``probe/centred``) and of their cumulative sums (``probe/running``), computed across the
+  rows: the global batch of 6 is one row on each of 6 replicas and padding on 2. Negative
+  control (``summaries_control``, the engine only): each replica weighing 1 in the scalars'
+  means, the padding replicas' rows gathered, and each replica's rows gathered as it computed
+  them even where it mixed them.
 * ``reported_control`` (the engine only): ``schedule``'s calls with replica 0's loss reported
   as the step's (times the replicas, as a TPU's shard 0's loss would be): the logged and written
   losses must then differ from stock's.
@@ -41,6 +43,7 @@ import tensorflow as tf
 
 import tpushim
 from tpushim._strategy import step as _strategy_step
+from tpushim._strategy import summary_walk as _summary_walk
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "reference", "strategy_events_tf215.json")
@@ -61,14 +64,16 @@ def data(nan_batch=None):
 
 class Probe(tf.keras.layers.Layer):
     """A layer making v1 summaries of its input (stock writes them in training): a scalar of
-    its mean, a histogram of its values; a scalar of its range and a histogram of its column
-    means, computed across the batch."""
+    its mean, a histogram of its values; a scalar of its range and histograms of its column
+    means, of its rows less those, and of its rows' running sums, computed across the batch."""
 
     def call(self, inputs):
         tf.compat.v1.summary.scalar("mean", tf.reduce_mean(inputs))
         tf.compat.v1.summary.histogram("values", inputs)
         tf.compat.v1.summary.scalar("spread", tf.reduce_max(inputs) - tf.reduce_min(inputs))
         tf.compat.v1.summary.histogram("columns", tf.reduce_mean(inputs, 0))
+        tf.compat.v1.summary.histogram("centred", inputs - tf.reduce_mean(inputs, 0))
+        tf.compat.v1.summary.histogram("running", tf.cumsum(inputs, 0))
         return inputs
 
 
@@ -249,12 +254,15 @@ def main(root):
         "engine": {name: case(name, root, False) for name in CASES},
     }
     weight, rows = _strategy_step.scalar_weight, _strategy_step.summary_rows
+    keeps = _summary_walk.keeps_rows
     _strategy_step.scalar_weight = lambda element: tf.constant(1.0)  # every replica counts
     _strategy_step.summary_rows = lambda values, pad: values  # every replica's rows
+    _summary_walk.keeps_rows = lambda *args: True  # a replica's rows as it computed them
     try:
         out["engine"]["summaries_control"] = case("summaries_control", root, False)
     finally:
         _strategy_step.scalar_weight, _strategy_step.summary_rows = weight, rows
+        _summary_walk.keeps_rows = keeps
     host_sum = _strategy_step.host_sum
     # replica 0's loss as the step's: its share of the global loss times the replicas
     _strategy_step.host_sum = lambda strategy, value: (

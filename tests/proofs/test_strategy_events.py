@@ -133,8 +133,11 @@ def test_model_histogram_on_8_replicas_as_stocks(proof):
     rows: the 6 real rows gathered from 8 replicas to the host, where stock's op summarizes
     them (its min, max, count, sums, bucket limits and counts within 1e-5); and the histogram
     of its column means (``tf.reduce_mean(x, 0)``, each replica's the mean of its one row),
-    computed on the host from those rows in a copy of stock's graph. Negative control: the
-    padding replicas' rows gathered too."""
+    computed on the host from those rows in a copy of stock's graph; and of two tensors of one
+    row per example computed across the rows (``x - tf.reduce_mean(x, 0)``, each replica's all
+    zeros; ``tf.cumsum(x, 0)``), computed on the host from the rows before them. Negative
+    control: the padding replicas' rows gathered too, and each replica's rows as it computed
+    them (the summary of ``x - mean`` then of zeros)."""
 
     def histogram(events):
         return [e for e in events if e[0] == "histo"]
@@ -155,10 +158,11 @@ def test_model_histogram_on_8_replicas_as_stocks(proof):
     counts = [e[3] for e in stock if e[2] == "probe/values:num"]
     assert counts == [6 * 3.0] * len(steps), counts  # 6 rows of 3 units
     assert [e[3] for e in control if e[2] == "probe/values:num"] == [8 * 3.0] * len(steps)
-    columns = [e for e in stock if e[2] == "probe/columns:sum"]
-    assert len(columns) == len(steps), stock
-    control = [e for e in control if e[2] == "probe/columns:sum"]
-    assert max(abs(c[3] - w[3]) for c, w in zip(control, columns)) > 1e-3, (control, columns)
+    for tag in ("probe/columns:sum", "probe/centred:max", "probe/running:sum"):
+        want = [e for e in stock if e[2] == tag]
+        assert len(want) == len(steps), (tag, stock)
+        moved = [e for e in control if e[2] == tag]
+        assert max(abs(c[3] - w[3]) for c, w in zip(moved, want)) > 1e-3, (moved, want)
 
 
 @pytest.mark.parametrize("case", ["schedule", "nan", "summaries"])

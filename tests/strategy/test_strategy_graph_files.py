@@ -135,6 +135,8 @@ def _probed():
             tf.compat.v1.summary.image("picture", tf.reshape(inputs, [-1, 2, 4, 1]), 2)
             tf.compat.v1.summary.text("note", tf.constant("a probe"))
             tf.compat.v1.summary.histogram("columns", tf.reshape(tf.reduce_mean(inputs, 0), [2, 4]))
+            tf.compat.v1.summary.histogram("centred", inputs - tf.reduce_mean(inputs, 0))
+            tf.compat.v1.summary.histogram("running", tf.cumsum(inputs, 0))
             return inputs * self.scale
 
     def summarised(x):  # a Lambda's histogram, as scripts write one
@@ -205,7 +207,7 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     tf.compat.v1.summary.FileWriterCache.clear()
     stock = _records(tmp_path / "stock")
     written = {"probe/mean_1", "probe/values", "probe/scale_1", "probe/note", "probe_lambda/acts"}
-    written |= {"probe/columns"}
+    written |= {"probe/columns", "probe/centred", "probe/running"}
     assert written <= {tag for kind, _, tag in stock if kind == "summary"}
     assert _records(tmp_path / "engine") == stock
     want = _summary_values(tmp_path / "stock")

@@ -33,7 +33,7 @@ from tpushim import (
 from tpushim import _stock_hooks as _step_events
 from tpushim._strategy import checkpoint as _strategy_checkpoint
 from tpushim._strategy import input as _strategy_input
-from tpushim._strategy import step as _step
+from tpushim._strategy import summary_walk as _summary_walk
 from tpushim._strategy.clone import _built_on_input
 from tpushim._strategy.compiled_metrics import _metrics_model, _metrics_update
 from tpushim._strategy.element import _unpack, features_spec, given_parts
@@ -569,7 +569,7 @@ def _model_summaries(plan, run, scalars, values):
             continue
         feeds = []
         for theirs, fed, value in how:
-            feeds.append((theirs.name, value if fed == _step.CONST else next(given)))
+            feeds.append((theirs.name, value if fed == _summary_walk.CONST else next(given)))
         summarized = _strategy_checkpoint.summary_values(plan, op, feeds)
         if kind == "scalar":
             if scalars is not None:  # stock's tag, the value over the global batch

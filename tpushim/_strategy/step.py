@@ -16,6 +16,7 @@ from tpushim._strategy import checkpoint as _strategy_checkpoint
 from tpushim._strategy.clone import clone
 from tpushim._strategy.element import _labels_list, _outputs_list, _unpack, given_parts, known_rows
 from tpushim._strategy.loss import _loss_objects, _loss_of, _outs, all_reduce_sum
+from tpushim._strategy.summary_walk import FIXED, ROWS, summary_feeds
 
 logger = logging.getLogger("tpushim")
 
@@ -115,89 +116,11 @@ def model_summaries_left_out(
         )
 
 
-#: How the engine feeds one tensor of stock's graph that a model's summary is computed from: the
-#: global batch's real rows gathered from the replicas; the first replica's value (the same on
-#: every one: a weight read before its update); a value known when the step is traced.
-ROWS, FIXED, CONST = "rows", "fixed", "const"
-
-
 @_tfprivate.graph.not_converted
 def summary_rows(values, pad):
     """A replica's rows of a summarized tensor of one row per example that stock's op sees:
     its real rows (``pad``: its padding weight, 0 on a padding row)."""
     return tf.boolean_mask(values, pad > 0)
-
-
-def _reads(tensor, sources, memo):
-    """Whether ``tensor`` is computed from one of ``sources`` (refs); ``memo``: refs -> bool."""
-    stack = [tensor]
-    while stack:
-        t = stack[-1]
-        key = t.ref()
-        if key in memo:
-            stack.pop()
-            continue
-        if key in sources:
-            memo[key] = True
-            stack.pop()
-            continue
-        pending = [i for i in t.op.inputs if i.ref() not in memo]
-        if pending:
-            stack.extend(pending)
-            continue
-        memo[key] = any(memo[i.ref()] for i in t.op.inputs)
-        stack.pop()
-    return memo[tensor.ref()]
-
-
-@_tfprivate.graph.not_converted
-def summary_feeds(tensor, element, stock):
-    """How a replica's summarized ``tensor`` reaches stock's value on the host, where ``stock``
-    (the same tensor in stock's graph: its summary op's input) is computed in a copy of stock's
-    graph: the frontier of tensors it is computed from that the host is given, as
-    [(stock's tensor, :data:`ROWS` or :data:`FIXED`, the replica's tensor), or (stock's tensor,
-    :data:`CONST`, its value)], the rest computed on the host as stock's graph computes it over
-    the global batch (a column mean, a batch statistic, strings). Or why it cannot (a sentence)."""
-    if tensor is None:
-        return "no tensor"
-    if not tf.is_tensor(tensor):
-        return []  # a Python value: stock's op holds it as a constant
-    features = element[0] if isinstance(element, tuple) else element
-    rows = features[_padding.PADDING_KEY].shape[0]
-    sources = {t.ref() for t in tf.nest.flatten(element) if tf.is_tensor(t)}
-    memo, fed, seen = {}, [], set()
-    stack = [(tensor, stock)]
-    while stack:
-        mine, theirs = stack.pop()
-        if theirs.ref() in seen:
-            continue
-        seen.add(theirs.ref())
-        if not _reads(mine, sources, memo):
-            known = tf.get_static_value(mine)
-            if known is None:
-                fed.append((theirs, FIXED, mine))  # a weight, read before its update
-            elif theirs.op.type != "Const":
-                fed.append((theirs, CONST, known))
-            continue
-        per_row = mine.shape.rank and mine.shape[0] == rows
-        if theirs.shape.rank and theirs.shape[0] is not None:
-            per_row = False  # stock's batch is unknown: a tensor it knows is not one row each
-        if per_row and mine.dtype != tf.string:
-            fed.append((theirs, ROWS, mine))
-            continue
-        ops = mine.op, theirs.op
-        if (
-            not ops[0].inputs
-            or ops[0].type != ops[1].type
-            or len(ops[0].inputs) != len(ops[1].inputs)
-        ):
-            what = "strings" if mine.dtype == tf.string else f"shape {mine.shape}"
-            return (
-                f"a tensor of {what} computed from the batch by {ops[0].type} "
-                f"({ops[0].name}), which stock's graph computes otherwise ({ops[1].type})"
-            )
-        stack.extend(zip(ops[0].inputs, ops[1].inputs))
-    return fed
 
 
 def _optimizer(user, step, model, plan):
