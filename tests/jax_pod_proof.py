@@ -381,9 +381,133 @@ def sparse_trained(model_dir):
     estimator.train(sparse_program.input_fn(), steps=4)
     metrics = estimator.evaluate(sparse_program.input_fn())
     names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
-    return {
+    out = {
         "metrics": {k: float(v) for k, v in metrics.items()},
         "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
+        "predictions": sparse_predicted(estimator),
+    }
+    if "jax" in sys.modules:  # the control: process 1 predicting process 0's rows
+        from tpushim._jax import _pod
+
+        if _pod.current() is not None:
+            _pod.STATE.control = "other_share"
+            try:
+                out["control_predictions"] = sparse_predicted(estimator)
+            finally:
+                _pod.STATE.control = None
+    return out
+
+
+def sparse_predicted(estimator):
+    """predict() of the sparse-input program's 27 rows (batches of 8, the last of 3): this
+    process's predictions, in order."""
+    return [p["y"].tolist() for p in estimator.predict(sparse_program.input_fn())]
+
+
+def sparse_queue_input(with_id=False):
+    """The sparse-input program's 27 rows and their ``SparseTensor`` features through a FIFO
+    queue (``tf.compat.v1.train.batch`` of each row's entries, one epoch, in order): batches of
+    8, 8, 8, 3, its Dataset's (``with_id``: each row's number beside them, as ``"id"``)."""
+    make, y = sparse_program.features()
+
+    def input_fn():
+        i, label = tf.compat.v1.train.slice_input_producer(
+            [np.arange(sparse_program.ROWS, dtype=np.int64), y], num_epochs=1, shuffle=False
+        )
+        row = {"y": label, "i": i}
+        for name, s in make().items():
+            columns = int(s.shape[1])
+            one = tf.sparse.slice(s, tf.stack([i, tf.constant(0, tf.int64)]), [1, columns])
+            row[name] = tf.sparse.reshape(one, [columns])
+        b = tf.compat.v1.train.batch(
+            row, batch_size=8, num_threads=1, capacity=32, allow_smaller_final_batch=True
+        )
+        features = {"ids": b["ids"], "x": b["x"]}
+        if with_id:
+            features["id"] = tf.cast(b["i"], tf.float32)
+        return features, b["y"]
+
+    return input_fn
+
+
+#: The sparse files: the sparse-input program's first 16 rows as tf.Examples, 4 files of 4
+SPARSE_FILES, SPARSE_ROWS = 4, 16
+
+
+def write_sparse_files(directory):
+    """The sparse-input program's first 16 rows as tf.Examples in 4 files (4 rows each): its
+    ids as a list of the present ones (read back by ``tf.io.VarLenFeature``), its floats as
+    (index, value) lists (``tf.io.SparseFeature``), the row's number and label."""
+    make, y = sparse_program.features()
+    dense = {
+        k: tf.sparse.to_dense(s, default_value=-1).numpy() for k, s in make().items()
+    }  # (x's absent entries: 0 in the program, -1 here)
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for k in range(SPARSE_FILES):
+        paths.append(os.path.join(directory, f"sparse-{k}.tfrecord"))
+        if os.path.exists(paths[-1]):
+            continue
+        part = f"{paths[-1]}.{os.getpid()}.tmp"  # (both workers write them)
+        with tf.io.TFRecordWriter(part) as writer:
+            for r in range(k * 4, k * 4 + 4):
+                ids = [int(v) for v in dense["ids"][r] if v != -1]
+                (where,) = np.nonzero(dense["x"][r] != -1)
+                feature = {
+                    "id": tf.train.Feature(float_list=tf.train.FloatList(value=[r])),
+                    "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                    "x_index": tf.train.Feature(int64_list=tf.train.Int64List(value=where)),
+                    "x_value": tf.train.Feature(
+                        float_list=tf.train.FloatList(value=dense["x"][r][where])
+                    ),
+                    "y": tf.train.Feature(float_list=tf.train.FloatList(value=y[r])),
+                }
+                example = tf.train.Example(features=tf.train.Features(feature=feature))
+                writer.write(example.SerializeToString())
+        os.replace(part, paths[-1])
+    return os.path.join(directory, "sparse-*.tfrecord")
+
+
+def sparse_files_input(pattern, with_id=False):
+    """The sparse files shuffled and repeated forever, in global batches of 16 (each one every
+    row once: the shuffle is before the repeat): a pod's files path."""
+
+    def parse_sparse(record):
+        spec = {
+            "id": tf.io.FixedLenFeature([], tf.float32),
+            "ids": tf.io.VarLenFeature(tf.int64),
+            "x": tf.io.SparseFeature("x_index", "x_value", tf.float32, 5),
+            "y": tf.io.FixedLenFeature([1], tf.float32),
+        }
+        parsed = tf.io.parse_single_example(record, spec)
+        features = {"ids": tf.sparse.reset_shape(parsed["ids"], [4]), "x": parsed["x"]}
+        if with_id:
+            i = tf.py_function(_count, [parsed["id"]], tf.float32)
+            i.set_shape([])
+            features["id"] = i
+        return features, parsed["y"]
+
+    return lambda: (
+        tf.data.Dataset.list_files(pattern)
+        .interleave(tf.data.TFRecordDataset, cycle_length=2)
+        .map(parse_sparse)
+        .shuffle(SPARSE_ROWS)
+        .repeat()
+        .batch(SPARSE_ROWS)
+    )
+
+
+def sparse_trained_on(model_dir, input_fn, steps):
+    """The sparse-input program trained ``steps`` steps on ``input_fn``: its weights (and the
+    step)."""
+    model = sparse_program.model()
+    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
+    estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
+    estimator.train(input_fn, steps=steps)
+    names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
+    return {
+        "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
+        "metrics": {k: float(v) for k, v in estimator.evaluate(sparse_program.input_fn()).items()},
     }
 
 
@@ -403,12 +527,16 @@ def noting():
 def main():
     paths = write_files(os.path.join(ROOT, "data"))
     made = inputs(paths)
+    sparse_pattern = write_sparse_files(os.path.join(ROOT, "sparse-data"))
     result = {}
     if ROLE == "stock":
         tpushim.patch(mode="off", quiet=True)
         result["training"] = train(os.path.join(ROOT, "stock"), evaluate=True)
         result["strings"] = strings_evaluated(os.path.join(ROOT, "stock-strings"))
         result["sparse"] = sparse_trained(os.path.join(ROOT, "stock-sparse"))
+        result["sparse_files"] = sparse_trained_on(
+            os.path.join(ROOT, "stock-sparse-files"), sparse_files_input(sparse_pattern), 3
+        )
     elif ROLE == "board":
         tpushim.patch(quiet=True)
         result["batches"] = {
@@ -426,6 +554,9 @@ def main():
             sparse_program.input_fn(True), 5, 4, sparse_rows
         )
         result["sparse"] = sparse_trained(os.path.join(ROOT, "board-sparse"))
+        result["sparse_queue"] = sparse_trained_on(
+            os.path.join(ROOT, "board-sparse-queue"), sparse_queue_input(), 4
+        )
     else:
         tpushim.patch(quiet=True)
         from tpushim._jax import _pod
@@ -463,6 +594,22 @@ def main():
                 sparse_program.input_fn(True), 5, "auto", 4, control, sparse_rows
             )
         result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"))
+        for control in (None, "other_share"):  # sparse files: each process its own
+            name = "sparse files" if control is None else f"control {control} sparse files"
+            result["shares"][name] = shares(
+                sparse_files_input(sparse_pattern, True), 5, "auto", 160, control, sparse_rows
+            )
+        result["sparse_files"] = sparse_trained_on(
+            os.path.join(ROOT, "pod-sparse-files"), sparse_files_input(sparse_pattern), 3
+        )
+        for control in (None, "other_share"):  # a queue of sparse features
+            name = "sparse queue" if control is None else f"control {control} sparse queue"
+            result["shares"][name] = shares(
+                sparse_queue_input(True), 5, "auto", 4, control, sparse_rows
+            )
+        result["sparse_queue"] = sparse_trained_on(
+            os.path.join(ROOT, "pod-sparse-queue"), sparse_queue_input(), 4
+        )
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"
