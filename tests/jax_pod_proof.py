@@ -372,29 +372,59 @@ def sparse_rows(batch):
     return [[int(i), *a.tolist(), *b.tolist()] for i, a, b in zip(features["id"], *dense)]
 
 
-def sparse_trained(model_dir):
+def _sparse_weights(estimator):
+    names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
+    return {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names}
+
+
+def sparse_metrics(labels, predictions, features):
+    """``add_metrics``' metrics reading the ``SparseTensor`` features: the mean over rows of a
+    row's ``x`` entries summed times its prediction, and of its count of ``ids``."""
+    x = tf.sparse.reduce_sum(features["x"], 1) * tf.reshape(predictions["y"], [-1])
+    ids = tf.sparse.reduce_sum(tf.sparse.map_values(tf.ones_like, features["ids"]), 1)
+    return {
+        "x_y": tf.compat.v1.metrics.mean(x),
+        "ids_count": tf.compat.v1.metrics.mean(tf.cast(ids, tf.float32)),
+    }
+
+
+def sparse_trained(model_dir, files=None):
     """The sparse-input program (tests/sparse_program.py) trained 4 steps and evaluated: its
-    weights and metrics."""
+    weights, metrics (:func:`sparse_metrics` added) and predictions. On tpushim's engines the 4 steps are 2 from its Dataset,
+    then its last 2 batches (rows 16 to 26) from a FIFO queue of its ``SparseTensor`` rows
+    (:func:`sparse_queue_input`): stock's 4 batches. ``files`` (a pattern): then 3 more steps on
+    the sparse files (:func:`sparse_files_input`: a pod's files path), evaluated again
+    (``"files"``)."""
     model = sparse_program.model()
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
     estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
-    estimator.train(sparse_program.input_fn(), steps=4)
+    if ROLE == "stock":
+        estimator.train(sparse_program.input_fn(), steps=4)
+    else:
+        estimator.train(sparse_program.input_fn(), steps=2)
+        estimator.train(sparse_queue_input(start=16), steps=2)
+    estimator = tf.estimator.add_metrics(estimator, sparse_metrics)
     metrics = estimator.evaluate(sparse_program.input_fn())
-    names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
     out = {
         "metrics": {k: float(v) for k, v in metrics.items()},
-        "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
+        "weights": _sparse_weights(estimator),
         "predictions": sparse_predicted(estimator),
     }
-    if "jax" in sys.modules:  # the control: process 1 predicting process 0's rows
+    if ROLE == "worker":  # the control: process 1 predicting process 0's rows
         from tpushim._jax import _pod
 
-        if _pod.current() is not None:
-            _pod.STATE.control = "other_share"
-            try:
-                out["control_predictions"] = sparse_predicted(estimator)
-            finally:
-                _pod.STATE.control = None
+        _pod.STATE.control = "other_share"
+        try:
+            out["control_predictions"] = sparse_predicted(estimator)
+        finally:
+            _pod.STATE.control = None
+    if files is not None:
+        estimator.train(sparse_files_input(files), steps=3)
+        metrics = estimator.evaluate(sparse_program.input_fn())
+        out["files"] = {
+            "metrics": {k: float(v) for k, v in metrics.items()},
+            "weights": _sparse_weights(estimator),
+        }
     return out
 
 
@@ -404,15 +434,18 @@ def sparse_predicted(estimator):
     return [p["y"].tolist() for p in estimator.predict(sparse_program.input_fn())]
 
 
-def sparse_queue_input(with_id=False):
-    """The sparse-input program's 27 rows and their ``SparseTensor`` features through a FIFO
-    queue (``tf.compat.v1.train.batch`` of each row's entries, one epoch, in order): batches of
-    8, 8, 8, 3, its Dataset's (``with_id``: each row's number beside them, as ``"id"``)."""
+def sparse_queue_input(with_id=False, start=0):
+    """The sparse-input program's rows from ``start`` on and their ``SparseTensor`` features
+    through a FIFO queue (``tf.compat.v1.train.batch`` of each row's entries, one epoch, in
+    order): all 27 in batches of 8, 8, 8, 3, its Dataset's (``with_id``: each row's number
+    beside them, as ``"id"``)."""
     make, y = sparse_program.features()
 
     def input_fn():
         i, label = tf.compat.v1.train.slice_input_producer(
-            [np.arange(sparse_program.ROWS, dtype=np.int64), y], num_epochs=1, shuffle=False
+            [np.arange(start, sparse_program.ROWS, dtype=np.int64), y[start:]],
+            num_epochs=1,
+            shuffle=False,
         )
         row = {"y": label, "i": i}
         for name, s in make().items():
@@ -480,7 +513,8 @@ def sparse_files_input(pattern, with_id=False):
             "y": tf.io.FixedLenFeature([1], tf.float32),
         }
         parsed = tf.io.parse_single_example(record, spec)
-        features = {"ids": tf.sparse.reset_shape(parsed["ids"], [4]), "x": parsed["x"]}
+        # (ids: a batch's as wide as its longest list, on a pod each process's own batch's)
+        features = {"ids": parsed["ids"], "x": parsed["x"]}
         if with_id:
             i = tf.py_function(_count, [parsed["id"]], tf.float32)
             i.set_shape([])
@@ -495,20 +529,6 @@ def sparse_files_input(pattern, with_id=False):
         .repeat()
         .batch(SPARSE_ROWS)
     )
-
-
-def sparse_trained_on(model_dir, input_fn, steps):
-    """The sparse-input program trained ``steps`` steps on ``input_fn``: its weights (and the
-    step)."""
-    model = sparse_program.model()
-    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
-    estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
-    estimator.train(input_fn, steps=steps)
-    names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
-    return {
-        "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
-        "metrics": {k: float(v) for k, v in estimator.evaluate(sparse_program.input_fn()).items()},
-    }
 
 
 @contextlib.contextmanager
@@ -533,10 +553,7 @@ def main():
         tpushim.patch(mode="off", quiet=True)
         result["training"] = train(os.path.join(ROOT, "stock"), evaluate=True)
         result["strings"] = strings_evaluated(os.path.join(ROOT, "stock-strings"))
-        result["sparse"] = sparse_trained(os.path.join(ROOT, "stock-sparse"))
-        result["sparse_files"] = sparse_trained_on(
-            os.path.join(ROOT, "stock-sparse-files"), sparse_files_input(sparse_pattern), 3
-        )
+        result["sparse"] = sparse_trained(os.path.join(ROOT, "stock-sparse"), sparse_pattern)
     elif ROLE == "board":
         tpushim.patch(quiet=True)
         result["batches"] = {
@@ -554,9 +571,6 @@ def main():
             sparse_program.input_fn(True), 5, 4, sparse_rows
         )
         result["sparse"] = sparse_trained(os.path.join(ROOT, "board-sparse"))
-        result["sparse_queue"] = sparse_trained_on(
-            os.path.join(ROOT, "board-sparse-queue"), sparse_queue_input(), 4
-        )
     else:
         tpushim.patch(quiet=True)
         from tpushim._jax import _pod
@@ -593,23 +607,17 @@ def main():
             result["shares"][name] = shares(
                 sparse_program.input_fn(True), 5, "auto", 4, control, sparse_rows
             )
-        result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"))
-        for control in (None, "other_share"):  # sparse files: each process its own
+        for control, steps in ((None, 160), ("other_share", 8)):  # sparse files: its own
             name = "sparse files" if control is None else f"control {control} sparse files"
             result["shares"][name] = shares(
-                sparse_files_input(sparse_pattern, True), 5, "auto", 160, control, sparse_rows
+                sparse_files_input(sparse_pattern, True), 5, "auto", steps, control, sparse_rows
             )
-        result["sparse_files"] = sparse_trained_on(
-            os.path.join(ROOT, "pod-sparse-files"), sparse_files_input(sparse_pattern), 3
-        )
         for control in (None, "other_share"):  # a queue of sparse features
             name = "sparse queue" if control is None else f"control {control} sparse queue"
             result["shares"][name] = shares(
                 sparse_queue_input(True), 5, "auto", 4, control, sparse_rows
             )
-        result["sparse_queue"] = sparse_trained_on(
-            os.path.join(ROOT, "pod-sparse-queue"), sparse_queue_input(), 4
-        )
+        result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"), sparse_pattern)
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"

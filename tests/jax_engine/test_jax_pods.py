@@ -180,9 +180,11 @@ def test_sparse_inputs_on_the_pod_every_example_once_pooled_one_boards(proof):
 
 def test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock(proof):
     """The sparse inputs' model (``CategoryEncoding`` and a ``Lambda`` of sparse ops run on the
-    host, a ``Dense`` reading its input made dense) trained 4 steps and evaluated on the pod:
-    every process's weights equal one board's and the stock estimator's, its metrics stock
-    2.15's, within 1e-5."""
+    host, a ``Dense`` reading its input made dense) trained 4 steps and evaluated on the pod and
+    one board: 2 steps from its Dataset, then its last 2 batches from a FIFO
+    ``tf.compat.v1.train.batch`` queue of its ``SparseTensor`` rows (stock trains the 4 from the
+    Dataset): every process's weights equal one board's and the stock estimator's, its metrics
+    stock 2.15's, within 1e-5."""
     board, stock = proof["board"]["sparse"], proof["stock"]["sparse"]
     assert len(stock["weights"]) == 6 and _diff(board, stock) < TOL
     for got in [board] + [w["sparse"] for w in proof["workers"]]:
@@ -190,6 +192,19 @@ def test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock(proo
         for k, value in sparse_program.STOCK_2_15.items():
             assert abs(got["metrics"][k] - value) < TOL, (k, got["metrics"][k], value)
             assert abs(stock["metrics"][k] - value) < TOL, k
+
+
+def test_add_metrics_reading_sparse_features_on_one_board_and_the_pod_as_stock(proof):
+    """``add_metrics`` metrics reading the ``SparseTensor`` features (each row's ``x`` entries
+    summed times its prediction; its count of ids): stock's values on one board and on every
+    process of the pod (each process's rows gathered, renumbered in process order, the last
+    batch's padding left out). They failed on both: the metrics were given the
+    ``SparseTensorValue``'s arrays as dense tensors."""
+    stock = proof["stock"]["sparse"]["metrics"]
+    assert stock["ids_count"] > 1 and abs(stock["x_y"]) > 0.1
+    for got in [proof["board"]["sparse"]] + [w["sparse"] for w in proof["workers"]]:
+        for k in ("x_y", "ids_count"):
+            assert abs(got["metrics"][k] - stock[k]) < TOL, (k, got["metrics"][k], stock[k])
 
 
 def _pooled_predictions(predictions, rows, batch):
@@ -248,34 +263,28 @@ def test_sparse_features_from_files_on_the_pod_each_process_its_own_files(proof)
 
 
 def test_sparse_features_from_files_train_on_the_pod_as_stock(proof):
-    """The sparse inputs' model trained 3 steps on the files path (each global batch the 16
-    rows, read by the 2 processes from their own files) and evaluated: every process's weights
-    and metrics equal the stock estimator's within 1e-5."""
-    stock = proof["stock"]["sparse_files"]
-    assert stock["metrics"]["global_step"] == 3 and len(stock["weights"]) == 6
-    assert _diff(stock, proof["stock"]["sparse"]) > 1e-3  # (another training than the Dataset's)
+    """The sparse inputs' model trained 3 more steps on the files path (each global batch the
+    16 rows, read by the 2 processes from their own files) and evaluated: every process's
+    weights and metrics equal the stock estimator's within 1e-5."""
+    stock = proof["stock"]["sparse"]["files"]
+    assert stock["metrics"]["global_step"] == 7 and len(stock["weights"]) == 6
+    assert _diff(stock, proof["stock"]["sparse"]) > 1e-3  # (3 steps on from the Dataset's 4)
     for worker in proof["workers"]:
-        got = worker["sparse_files"]
+        got = worker["sparse"]["files"]
         assert _diff(got, stock) < TOL
         for k in ("loss", "mae", "global_step"):
             assert abs(got["metrics"][k] - stock["metrics"][k]) < TOL, k
 
 
-def test_a_queue_of_sparse_features_on_one_board_and_the_pod_as_stock(proof):
+def test_a_queue_of_sparse_features_on_the_pod_pooled_one_boards(proof):
     """The sparse inputs' rows through a FIFO ``tf.compat.v1.train.batch`` queue of
-    ``SparseTensor`` features (batches of 8, 8, 8, 3): on the pod process 0 reads the queue and
-    hands each process every batch, each feeding its rows, pooled the Dataset's batches on one
-    board (process 1 feeding process 0's rows, the control, feeds rows twice); trained 4 steps
-    on one board and on the pod, the weights equal stock's training on the Dataset, the metrics
-    stock 2.15's, within 1e-5."""
+    ``SparseTensor`` features (batches of 8, 8, 8, 3): process 0 reads the queue and hands each
+    process every batch, each feeding its rows, pooled the Dataset's batches on one board;
+    process 1 feeding process 0's rows (the control) feeds rows twice. (Trained from such a
+    queue: test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock.)"""
     assert _pooled(proof, "sparse queue") == proof["board"]["batches"]["sparse"]
     control = [row[0] for row in _flat(_pooled(proof, "control other_share sparse queue"))]
-    assert len(set(control)) < 27
-    stock = proof["stock"]["sparse"]
-    for got in [proof["board"]["sparse_queue"]] + [w["sparse_queue"] for w in proof["workers"]]:
-        assert _diff(got, stock) < TOL
-        for k, value in sparse_program.STOCK_2_15.items():
-            assert abs(got["metrics"][k] - value) < TOL, (k, got["metrics"][k], value)
+    assert len(set(control)) < 27  # (rows 0-3 of each batch twice, 4-7 never)
 
 
 def test_negative_control_a_process_feeding_anothers_share(proof):
