@@ -434,11 +434,11 @@ def sparse_predicted(estimator):
     return [p["y"].tolist() for p in estimator.predict(sparse_program.input_fn())]
 
 
-def sparse_queue_input(with_id=False, start=0):
+def sparse_queue_input(with_id=False, start=0, shuffled=False):
     """The sparse-input program's rows from ``start`` on and their ``SparseTensor`` features
     through a FIFO queue (``tf.compat.v1.train.batch`` of each row's entries, one epoch, in
     order): all 27 in batches of 8, 8, 8, 3, its Dataset's (``with_id``: each row's number
-    beside them, as ``"id"``)."""
+    beside them, as ``"id"``; ``shuffled``: ``shuffle_batch``, in an order of its own)."""
     make, y = sparse_program.features()
 
     def input_fn():
@@ -452,9 +452,11 @@ def sparse_queue_input(with_id=False, start=0):
             columns = int(s.shape[1])
             one = tf.sparse.slice(s, tf.stack([i, tf.constant(0, tf.int64)]), [1, columns])
             row[name] = tf.sparse.reshape(one, [columns])
-        b = tf.compat.v1.train.batch(
-            row, batch_size=8, num_threads=1, capacity=32, allow_smaller_final_batch=True
-        )
+        kwargs = dict(batch_size=8, num_threads=1, capacity=32, allow_smaller_final_batch=True)
+        if shuffled:
+            b = tf.compat.v1.train.shuffle_batch(row, min_after_dequeue=8, seed=7, **kwargs)
+        else:
+            b = tf.compat.v1.train.batch(row, **kwargs)
         features = {"ids": b["ids"], "x": b["x"]}
         if with_id:
             features["id"] = tf.cast(b["i"], tf.float32)
@@ -617,6 +619,9 @@ def main():
             result["shares"][name] = shares(
                 sparse_queue_input(True), 5, "auto", 4, control, sparse_rows
             )
+        result["shares"]["sparse shuffle_batch"] = shares(
+            sparse_queue_input(True, shuffled=True), 5, "auto", 4, None, sparse_rows
+        )
         result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"), sparse_pattern)
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))

@@ -279,10 +279,16 @@ def test_sparse_features_from_files_train_on_the_pod_as_stock(proof):
 def test_a_queue_of_sparse_features_on_the_pod_pooled_one_boards(proof):
     """The sparse inputs' rows through a FIFO ``tf.compat.v1.train.batch`` queue of
     ``SparseTensor`` features (batches of 8, 8, 8, 3): process 0 reads the queue and hands each
-    process every batch, each feeding its rows, pooled the Dataset's batches on one board;
+    process every batch, each feeding its rows, pooled the Dataset's batches on one board
+    (``shuffle_batch``'s: every row once, each with its own entries);
     process 1 feeding process 0's rows (the control) feeds rows twice. (Trained from such a
     queue: test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock.)"""
-    assert _pooled(proof, "sparse queue") == proof["board"]["batches"]["sparse"]
+    board = proof["board"]["batches"]["sparse"]
+    assert _pooled(proof, "sparse queue") == board
+    shuffled = _pooled(proof, "sparse shuffle_batch")  # (shuffle_batch: every row once)
+    assert [len(b) for b in shuffled] == [8, 8, 8, 3]
+    assert sorted(map(tuple, _flat(shuffled))) == sorted(map(tuple, _flat(board)))
+    assert [row[0] for row in _flat(shuffled)] != list(range(27))
     control = [row[0] for row in _flat(_pooled(proof, "control other_share sparse queue"))]
     assert len(set(control)) < 27  # (rows 0-3 of each batch twice, 4-7 never)
 
