@@ -372,19 +372,165 @@ def sparse_rows(batch):
     return [[int(i), *a.tolist(), *b.tolist()] for i, a, b in zip(features["id"], *dense)]
 
 
-def sparse_trained(model_dir):
+def _sparse_weights(estimator):
+    names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
+    return {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names}
+
+
+def sparse_metrics(labels, predictions, features):
+    """``add_metrics``' metrics reading the ``SparseTensor`` features: the mean over rows of a
+    row's ``x`` entries summed times its prediction, and of its count of ``ids``."""
+    x = tf.sparse.reduce_sum(features["x"], 1) * tf.reshape(predictions["y"], [-1])
+    ids = tf.sparse.reduce_sum(tf.sparse.map_values(tf.ones_like, features["ids"]), 1)
+    return {
+        "x_y": tf.compat.v1.metrics.mean(x),
+        "ids_count": tf.compat.v1.metrics.mean(tf.cast(ids, tf.float32)),
+    }
+
+
+def sparse_trained(model_dir, files=None):
     """The sparse-input program (tests/sparse_program.py) trained 4 steps and evaluated: its
-    weights and metrics."""
+    weights, metrics (:func:`sparse_metrics` added) and predictions. On tpushim's engines the 4 steps are 2 from its Dataset,
+    then its last 2 batches (rows 16 to 26) from a FIFO queue of its ``SparseTensor`` rows
+    (:func:`sparse_queue_input`): stock's 4 batches. ``files`` (a pattern): then 3 more steps on
+    the sparse files (:func:`sparse_files_input`: a pod's files path), evaluated again
+    (``"files"``)."""
     model = sparse_program.model()
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1)
     estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
-    estimator.train(sparse_program.input_fn(), steps=4)
+    if ROLE == "stock":
+        estimator.train(sparse_program.input_fn(), steps=4)
+    else:
+        estimator.train(sparse_program.input_fn(), steps=2)
+        estimator.train(sparse_queue_input(start=16), steps=2)
+    estimator = tf.estimator.add_metrics(estimator, sparse_metrics)
     metrics = estimator.evaluate(sparse_program.input_fn())
-    names = [n for n in estimator.get_variable_names() if "layer_with_weights" in n]
-    return {
+    out = {
         "metrics": {k: float(v) for k, v in metrics.items()},
-        "weights": {n: np.asarray(estimator.get_variable_value(n)).tolist() for n in names},
+        "weights": _sparse_weights(estimator),
+        "predictions": sparse_predicted(estimator),
     }
+    if ROLE == "worker":  # the control: process 1 predicting process 0's rows
+        from tpushim._jax import _pod
+
+        _pod.STATE.control = "other_share"
+        try:
+            out["control_predictions"] = sparse_predicted(estimator)
+        finally:
+            _pod.STATE.control = None
+    if files is not None:
+        estimator.train(sparse_files_input(files), steps=3)
+        metrics = estimator.evaluate(sparse_program.input_fn())
+        out["files"] = {
+            "metrics": {k: float(v) for k, v in metrics.items()},
+            "weights": _sparse_weights(estimator),
+        }
+    return out
+
+
+def sparse_predicted(estimator):
+    """predict() of the sparse-input program's 27 rows (batches of 8, the last of 3): this
+    process's predictions, in order."""
+    return [p["y"].tolist() for p in estimator.predict(sparse_program.input_fn())]
+
+
+def sparse_queue_input(with_id=False, start=0, shuffled=False):
+    """The sparse-input program's rows from ``start`` on and their ``SparseTensor`` features
+    through a FIFO queue (``tf.compat.v1.train.batch`` of each row's entries, one epoch, in
+    order): all 27 in batches of 8, 8, 8, 3, its Dataset's (``with_id``: each row's number
+    beside them, as ``"id"``; ``shuffled``: ``shuffle_batch``, in an order of its own)."""
+    make, y = sparse_program.features()
+
+    def input_fn():
+        i, label = tf.compat.v1.train.slice_input_producer(
+            [np.arange(start, sparse_program.ROWS, dtype=np.int64), y[start:]],
+            num_epochs=1,
+            shuffle=False,
+        )
+        row = {"y": label, "i": i}
+        for name, s in make().items():
+            columns = int(s.shape[1])
+            one = tf.sparse.slice(s, tf.stack([i, tf.constant(0, tf.int64)]), [1, columns])
+            row[name] = tf.sparse.reshape(one, [columns])
+        kwargs = dict(batch_size=8, num_threads=1, capacity=32, allow_smaller_final_batch=True)
+        if shuffled:
+            b = tf.compat.v1.train.shuffle_batch(row, min_after_dequeue=8, seed=7, **kwargs)
+        else:
+            b = tf.compat.v1.train.batch(row, **kwargs)
+        features = {"ids": b["ids"], "x": b["x"]}
+        if with_id:
+            features["id"] = tf.cast(b["i"], tf.float32)
+        return features, b["y"]
+
+    return input_fn
+
+
+#: The sparse files: the sparse-input program's first 16 rows as tf.Examples, 4 files of 4
+SPARSE_FILES, SPARSE_ROWS = 4, 16
+
+
+def write_sparse_files(directory):
+    """The sparse-input program's first 16 rows as tf.Examples in 4 files (4 rows each): its
+    ids as a list of the present ones (read back by ``tf.io.VarLenFeature``), its floats as
+    (index, value) lists (``tf.io.SparseFeature``), the row's number and label."""
+    make, y = sparse_program.features()
+    dense = {
+        k: tf.sparse.to_dense(s, default_value=-1).numpy() for k, s in make().items()
+    }  # (x's absent entries: 0 in the program, -1 here)
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for k in range(SPARSE_FILES):
+        paths.append(os.path.join(directory, f"sparse-{k}.tfrecord"))
+        if os.path.exists(paths[-1]):
+            continue
+        part = f"{paths[-1]}.{os.getpid()}.tmp"  # (both workers write them)
+        with tf.io.TFRecordWriter(part) as writer:
+            for r in range(k * 4, k * 4 + 4):
+                ids = [int(v) for v in dense["ids"][r] if v != -1]
+                (where,) = np.nonzero(dense["x"][r] != -1)
+                feature = {
+                    "id": tf.train.Feature(float_list=tf.train.FloatList(value=[r])),
+                    "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                    "x_index": tf.train.Feature(int64_list=tf.train.Int64List(value=where)),
+                    "x_value": tf.train.Feature(
+                        float_list=tf.train.FloatList(value=dense["x"][r][where])
+                    ),
+                    "y": tf.train.Feature(float_list=tf.train.FloatList(value=y[r])),
+                }
+                example = tf.train.Example(features=tf.train.Features(feature=feature))
+                writer.write(example.SerializeToString())
+        os.replace(part, paths[-1])
+    return os.path.join(directory, "sparse-*.tfrecord")
+
+
+def sparse_files_input(pattern, with_id=False):
+    """The sparse files shuffled and repeated forever, in global batches of 16 (each one every
+    row once: the shuffle is before the repeat): a pod's files path."""
+
+    def parse_sparse(record):
+        spec = {
+            "id": tf.io.FixedLenFeature([], tf.float32),
+            "ids": tf.io.VarLenFeature(tf.int64),
+            "x": tf.io.SparseFeature("x_index", "x_value", tf.float32, 5),
+            "y": tf.io.FixedLenFeature([1], tf.float32),
+        }
+        parsed = tf.io.parse_single_example(record, spec)
+        # (ids: a batch's as wide as its longest list, on a pod each process's own batch's)
+        features = {"ids": parsed["ids"], "x": parsed["x"]}
+        if with_id:
+            i = tf.py_function(_count, [parsed["id"]], tf.float32)
+            i.set_shape([])
+            features["id"] = i
+        return features, parsed["y"]
+
+    return lambda: (
+        tf.data.Dataset.list_files(pattern)
+        .interleave(tf.data.TFRecordDataset, cycle_length=2)
+        .map(parse_sparse)
+        .shuffle(SPARSE_ROWS)
+        .repeat()
+        .batch(SPARSE_ROWS)
+    )
 
 
 @contextlib.contextmanager
@@ -403,12 +549,13 @@ def noting():
 def main():
     paths = write_files(os.path.join(ROOT, "data"))
     made = inputs(paths)
+    sparse_pattern = write_sparse_files(os.path.join(ROOT, "sparse-data"))
     result = {}
     if ROLE == "stock":
         tpushim.patch(mode="off", quiet=True)
         result["training"] = train(os.path.join(ROOT, "stock"), evaluate=True)
         result["strings"] = strings_evaluated(os.path.join(ROOT, "stock-strings"))
-        result["sparse"] = sparse_trained(os.path.join(ROOT, "stock-sparse"))
+        result["sparse"] = sparse_trained(os.path.join(ROOT, "stock-sparse"), sparse_pattern)
     elif ROLE == "board":
         tpushim.patch(quiet=True)
         result["batches"] = {
@@ -462,7 +609,20 @@ def main():
             result["shares"][name] = shares(
                 sparse_program.input_fn(True), 5, "auto", 4, control, sparse_rows
             )
-        result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"))
+        for control, steps in ((None, 160), ("other_share", 8)):  # sparse files: its own
+            name = "sparse files" if control is None else f"control {control} sparse files"
+            result["shares"][name] = shares(
+                sparse_files_input(sparse_pattern, True), 5, "auto", steps, control, sparse_rows
+            )
+        for control in (None, "other_share"):  # a queue of sparse features
+            name = "sparse queue" if control is None else f"control {control} sparse queue"
+            result["shares"][name] = shares(
+                sparse_queue_input(True), 5, "auto", 4, control, sparse_rows
+            )
+        result["shares"]["sparse shuffle_batch"] = shares(
+            sparse_queue_input(True, shuffled=True), 5, "auto", 4, None, sparse_rows
+        )
+        result["sparse"] = sparse_trained(os.path.join(ROOT, "pod-sparse"), sparse_pattern)
         _pod.STATE.control = "other_share"
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"

@@ -45,6 +45,23 @@ def real_rows(structure, real):
     return tf.nest.map_structure(lambda x: np.asarray(x)[real], structure)
 
 
+def _placeholder(spec):
+    """A placeholder of ``spec``'s batch (its first dimension unknown); a ``SparseTensorSpec``'s
+    a sparse placeholder, fed a ``SparseTensorValue``."""
+    shape = None if spec.shape.rank is None else [None, *spec.shape[1:]]
+    if isinstance(spec, tf.SparseTensorSpec):
+        return tf.compat.v1.sparse_placeholder(spec.dtype, shape)
+    return tf.compat.v1.placeholder(spec.dtype, shape)
+
+
+def _consumed(placeholder):
+    """Whether a metric reads ``placeholder`` (a sparse one: any of its parts)."""
+    if isinstance(placeholder, tf.SparseTensor):
+        parts = (placeholder.indices, placeholder.values, placeholder.dense_shape)
+        return any(t.consumers() for t in parts)
+    return bool(placeholder.consumers())
+
+
 class Added:
     """The ``metric_fn``s of one evaluation, in the order they were added (a later one's metric
     replaces an earlier one's of the same name, as stock's chained ``add_metrics`` do), built at
@@ -61,12 +78,7 @@ class Added:
         graph = tf.Graph()
         with graph.as_default():
             placeholders = {
-                part: [
-                    tf.compat.v1.placeholder(
-                        spec.dtype, None if spec.shape.rank is None else [None, *spec.shape[1:]]
-                    )
-                    for spec in tf.nest.flatten(structure)
-                ]
+                part: [_placeholder(spec) for spec in tf.nest.flatten(structure)]
                 for part, structure in specs.items()
             }
             inputs = {
@@ -95,7 +107,7 @@ class Added:
             ]
         graph.finalize()
         self.used = {
-            part: [i for i, p in enumerate(flat) if p.consumers()]
+            part: [i for i, p in enumerate(flat) if _consumed(p)]
             for part, flat in placeholders.items()
         }
         self._placeholders = {
@@ -108,7 +120,7 @@ class Added:
         """Runs every metric's update op on ``batch``: per part, one step's real rows of the
         tensors :attr:`used` names (arrays, in that order)."""
         feed = {
-            placeholder: np.asarray(value)
+            placeholder: value if isinstance(placeholder, tf.SparseTensor) else np.asarray(value)
             for part, values in batch.items()
             for placeholder, value in zip(self._placeholders[part], values)
         }

@@ -180,9 +180,11 @@ def test_sparse_inputs_on_the_pod_every_example_once_pooled_one_boards(proof):
 
 def test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock(proof):
     """The sparse inputs' model (``CategoryEncoding`` and a ``Lambda`` of sparse ops run on the
-    host, a ``Dense`` reading its input made dense) trained 4 steps and evaluated on the pod:
-    every process's weights equal one board's and the stock estimator's, its metrics stock
-    2.15's, within 1e-5."""
+    host, a ``Dense`` reading its input made dense) trained 4 steps and evaluated on the pod and
+    one board: 2 steps from its Dataset, then its last 2 batches from a FIFO
+    ``tf.compat.v1.train.batch`` queue of its ``SparseTensor`` rows (stock trains the 4 from the
+    Dataset): every process's weights equal one board's and the stock estimator's, its metrics
+    stock 2.15's, within 1e-5."""
     board, stock = proof["board"]["sparse"], proof["stock"]["sparse"]
     assert len(stock["weights"]) == 6 and _diff(board, stock) < TOL
     for got in [board] + [w["sparse"] for w in proof["workers"]]:
@@ -190,6 +192,105 @@ def test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock(proo
         for k, value in sparse_program.STOCK_2_15.items():
             assert abs(got["metrics"][k] - value) < TOL, (k, got["metrics"][k], value)
             assert abs(stock["metrics"][k] - value) < TOL, k
+
+
+def test_add_metrics_reading_sparse_features_on_one_board_and_the_pod_as_stock(proof):
+    """``add_metrics`` metrics reading the ``SparseTensor`` features (each row's ``x`` entries
+    summed times its prediction; its count of ids): stock's values on one board and on every
+    process of the pod (each process's rows gathered, renumbered in process order, the last
+    batch's padding left out). They failed on both: the metrics were given the
+    ``SparseTensorValue``'s arrays as dense tensors."""
+    stock = proof["stock"]["sparse"]["metrics"]
+    assert stock["ids_count"] > 1 and abs(stock["x_y"]) > 0.1
+    for got in [proof["board"]["sparse"]] + [w["sparse"] for w in proof["workers"]]:
+        for k in ("x_y", "ids_count"):
+            assert abs(got["metrics"][k] - stock[k]) < TOL, (k, got["metrics"][k], stock[k])
+
+
+def _pooled_predictions(predictions, rows, batch):
+    """The processes' predictions (each its own rows of each global batch of ``batch``, in
+    order), pooled batch by batch in process order: one board's order."""
+    out, taken = [], [0] * PROCESSES
+    for p_start in range(0, rows, batch):
+        for p in range(PROCESSES):
+            n = len(_own_rows(min(batch, rows - p_start), batch, p))
+            out += predictions[p][taken[p] : taken[p] + n]
+            taken[p] += n
+    assert taken == [len(p) for p in predictions]
+    return out
+
+
+def test_predict_with_sparse_inputs_on_the_pod_pooled_one_boards_and_stocks(proof):
+    """predict() of the sparse inputs' model (27 rows in batches of 8, the last of 3: process 1
+    has no real row of it): each process yields its own rows once, pooled in process order one
+    board's and stock's predictions within 1e-5 (stock 2.15's first five too); process 1
+    predicting process 0's rows (the control) is told apart."""
+    board, stock = proof["board"]["sparse"], proof["stock"]["sparse"]
+    rows = sparse_program.ROWS
+    assert len(board["predictions"]) == len(stock["predictions"]) == rows
+    assert np.max(np.abs(np.subtract(board["predictions"], stock["predictions"]))) < TOL
+    first = np.reshape(stock["predictions"][:5], [-1])
+    assert np.max(np.abs(first - sparse_program.STOCK_2_15_PREDICTIONS)) < TOL
+    mine = [w["sparse"]["predictions"] for w in proof["workers"]]
+    assert [len(m) for m in mine] == [15, 12]
+    pooled = _pooled_predictions(mine, rows, 8)
+    assert np.max(np.abs(np.subtract(pooled, board["predictions"]))) < TOL
+    assert np.max(np.abs(np.subtract(pooled, stock["predictions"]))) < TOL
+    control = [w["sparse"]["control_predictions"] for w in proof["workers"]]
+    assert np.max(np.abs(np.subtract(control[0], mine[0]))) < TOL  # (process 0 its own)
+    assert len(control[1]) == 15 and np.max(np.abs(np.subtract(control[1], mine[0]))) < TOL
+    assert np.max(np.abs(np.subtract(control[1][:12], mine[1]))) > 1e-3  # rows 0-3 twice
+
+
+def test_sparse_features_from_files_on_the_pod_each_process_its_own_files(proof):
+    """tf.Examples parsed into ``SparseTensor`` features (``VarLenFeature``, ``SparseFeature``),
+    shuffled and repeated from 4 files: on the files path each process reads only its own 2
+    files, every step's global batch of 16 every row once, <= 1.05 records parsed per record
+    fed; process 1 reading process 0's files (the control) feeds rows twice."""
+    shares = [w["shares"]["sparse files"] for w in proof["workers"]]
+    mine = [{row[0] for row in _flat(s["steps"])} for s in shares]
+    assert not mine[0] & mine[1] and sorted(mine[0] | mine[1]) == list(range(16))
+    pooled = _pooled(proof, "sparse files")
+    assert len(pooled) == 160
+    assert all(sorted(r[0] for r in b) == list(range(16)) for b in pooled)
+    for s in shares:
+        assert s["parsed"] / sum(len(b) for b in s["steps"]) <= 1.05
+    control = [
+        {row[0] for row in _flat(w["shares"]["control other_share sparse files"]["steps"])}
+        for w in proof["workers"]
+    ]
+    assert control[0] & control[1] and len(control[0] | control[1]) < 16
+
+
+def test_sparse_features_from_files_train_on_the_pod_as_stock(proof):
+    """The sparse inputs' model trained 3 more steps on the files path (each global batch the
+    16 rows, read by the 2 processes from their own files) and evaluated: every process's
+    weights and metrics equal the stock estimator's within 1e-5."""
+    stock = proof["stock"]["sparse"]["files"]
+    assert stock["metrics"]["global_step"] == 7 and len(stock["weights"]) == 6
+    assert _diff(stock, proof["stock"]["sparse"]) > 1e-3  # (3 steps on from the Dataset's 4)
+    for worker in proof["workers"]:
+        got = worker["sparse"]["files"]
+        assert _diff(got, stock) < TOL
+        for k in ("loss", "mae", "global_step"):
+            assert abs(got["metrics"][k] - stock["metrics"][k]) < TOL, k
+
+
+def test_a_queue_of_sparse_features_on_the_pod_pooled_one_boards(proof):
+    """The sparse inputs' rows through a FIFO ``tf.compat.v1.train.batch`` queue of
+    ``SparseTensor`` features (batches of 8, 8, 8, 3): process 0 reads the queue and hands each
+    process every batch, each feeding its rows, pooled the Dataset's batches on one board
+    (``shuffle_batch``'s: every row once, each with its own entries);
+    process 1 feeding process 0's rows (the control) feeds rows twice. (Trained from such a
+    queue: test_sparse_inputs_train_and_evaluate_on_the_pod_as_one_board_and_stock.)"""
+    board = proof["board"]["batches"]["sparse"]
+    assert _pooled(proof, "sparse queue") == board
+    shuffled = _pooled(proof, "sparse shuffle_batch")  # (shuffle_batch: every row once)
+    assert [len(b) for b in shuffled] == [8, 8, 8, 3]
+    assert sorted(map(tuple, _flat(shuffled))) == sorted(map(tuple, _flat(board)))
+    assert [row[0] for row in _flat(shuffled)] != list(range(27))
+    control = [row[0] for row in _flat(_pooled(proof, "control other_share sparse queue"))]
+    assert len(set(control)) < 27  # (rows 0-3 of each batch twice, 4-7 never)
 
 
 def test_negative_control_a_process_feeding_anothers_share(proof):

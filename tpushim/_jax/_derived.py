@@ -99,8 +99,30 @@ def add_metrics(estimator, metric_fn, model_fn):
     return _added_metrics.derived(made, estimator, model_fn, metric_fn, "the JAX engine")
 
 
+class _Sparse:
+    """A ``SparseTensorValue`` of a batch, one leaf of ``tf.nest`` (which would take the
+    namedtuple's parts for three arrays): the metrics read it as a ``SparseTensor``, as stock's."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _unwrapped(leaf):
+    return leaf.value if isinstance(leaf, _Sparse) else leaf
+
+
 def _parts(batch):
-    """``{"features", "labels"}`` of an input_fn's batch, as stock's model_fn gets them."""
+    """``{"features", "labels"}`` of an input_fn's batch, as stock's model_fn gets them (a
+    sparse feature as one :class:`_Sparse` leaf)."""
+    import jax
+    import tensorflow as tf
+
+    def is_sparse(value):
+        return isinstance(value, tf.compat.v1.SparseTensorValue)
+
+    batch = jax.tree_util.tree_map(
+        lambda v: _Sparse(v) if is_sparse(v) else v, batch, is_leaf=is_sparse
+    )
     if isinstance(batch, tuple) and len(batch) == 2:
         return {"features": batch[0], "labels": batch[1]}
     return {"features": batch, "labels": None}
@@ -119,6 +141,9 @@ class Added:
         from tpushim import _added_metrics
 
         def spec(value):
+            if isinstance(value, _Sparse):  # (its width may differ from batch to batch)
+                rank = len(value.value.dense_shape)
+                return tf.SparseTensorSpec([None] * rank, tf.as_dtype(value.value.values.dtype))
             value = np.asarray(value)
             return tf.TensorSpec([None, *value.shape[1:]], tf.as_dtype(value.dtype))
 
@@ -141,7 +166,7 @@ class Added:
         parts["predictions"] = dict(zip(self._names, outputs))
         self._added.update(
             {
-                part: [tf.nest.flatten(parts[part])[i] for i in used]
+                part: [_unwrapped(tf.nest.flatten(parts[part])[i]) for i in used]
                 for part, used in self._added.used.items()
             }
         )

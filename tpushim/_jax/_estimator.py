@@ -854,10 +854,17 @@ class _InFront:
 
 
 def jax_tree_rows(tree, rows):
-    """Each array of ``tree`` cut to its first ``rows`` rows."""
+    """Each array of ``tree`` cut to its first ``rows`` rows (a ``SparseTensorValue``'s too)."""
     import jax
 
-    return jax.tree_util.tree_map(lambda a: np.asarray(a)[:rows], tree)
+    def one(a):
+        if isinstance(a, tf.compat.v1.SparseTensorValue):
+            return _pod.sparse_rows(a, rows)
+        return np.asarray(a)[:rows]
+
+    return jax.tree_util.tree_map(
+        one, tree, is_leaf=lambda a: isinstance(a, tf.compat.v1.SparseTensorValue)
+    )
 
 
 def _step_batch(arrays, item):

@@ -170,17 +170,19 @@ def gathered(tree):
     from jax.experimental import multihost_utils
 
     def one(local):
+        if _is_sparse(local):  # (a SparseTensor feature's, for add_metrics)
+            return _gathered_sparse(_every_process(local))
         local = np.asarray(local)
         if local.dtype.kind not in "biuf":  # strings (a lookup's, a feature column's)
-            return _gathered_objects(local)
+            return np.concatenate(_every_process(local))
         return np.asarray(multihost_utils.process_allgather(local, tiled=True))
 
-    return jax.tree_util.tree_map(one, tree)
+    return jax.tree_util.tree_map(one, tree, is_leaf=_is_sparse)
 
 
-def _gathered_objects(local):
-    """Every process's rows of an array of strings (or other objects), in process order: each
-    process's rows pickled, padded to the longest, gathered as bytes and read back."""
+def _every_process(local):
+    """Every process's ``local`` (strings, other objects), in process order: each process's
+    pickled, padded to the longest, gathered as bytes and read back."""
     from jax.experimental import multihost_utils
 
     mine = np.frombuffer(pickle.dumps(local, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
@@ -188,8 +190,35 @@ def _gathered_objects(local):
     padded = np.zeros([int(sizes.max())], np.uint8)
     padded[: len(mine)] = mine
     every = np.asarray(multihost_utils.process_allgather(padded[None], tiled=True))
-    parts = [pickle.loads(every[p, : int(n)].tobytes()) for p, n in enumerate(sizes)]
-    return np.concatenate(parts)
+    return [pickle.loads(every[p, : int(n)].tobytes()) for p, n in enumerate(sizes)]
+
+
+def _gathered_sparse(parts):
+    """One ``SparseTensorValue`` of every process's rows, in process order: each one's entries
+    moved down by the rows before it, as wide as the widest."""
+    import tensorflow as tf
+
+    indices, values, start = [], [], 0
+    for part in parts:
+        at = np.asarray(part.indices, np.int64).copy()
+        at[:, 0] += start
+        indices.append(at)
+        values.append(np.asarray(part.values))
+        start += int(part.dense_shape[0])
+    shape = np.max([np.asarray(p.dense_shape, np.int64) for p in parts], 0)
+    shape[0] = start
+    return tf.compat.v1.SparseTensorValue(np.concatenate(indices), np.concatenate(values), shape)
+
+
+def sparse_rows(value, rows):
+    """A ``SparseTensorValue``'s first ``rows`` rows."""
+    import tensorflow as tf
+
+    indices = np.asarray(value.indices)
+    mine = indices[:, 0] < rows
+    shape = np.array(value.dense_shape, np.int64)
+    shape[0] = min(rows, shape[0])
+    return tf.compat.v1.SparseTensorValue(indices[mine], np.asarray(value.values)[mine], shape)
 
 
 def is_chief():
