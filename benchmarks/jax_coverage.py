@@ -85,10 +85,14 @@ def measure(model, batch=None):
     import tensorflow as tf
     import tf2jax
 
-    from tpushim._jax import _trace
+    from tpushim._jax import _draws, _trace
+    from tpushim._tfprivate import keras as _keras
 
     rng = np.random.RandomState(0)
-    layers = sorted({type(layer).__name__ for layer in model.submodules if hasattr(layer, "call")})
+    # Keras's own walk of its layers, not tf.Module's ``submodules``: that one also walks every
+    # attribute, and a recurrent cell's dropout-mask cache, keyed by the graphs it was built in
+    # (the model's and its loop body's with ``recurrent_dropout``), cannot be sorted.
+    layers = sorted({type(layer).__name__ for layer in _keras.all_layers(model)[1:]})
     row = {"layers": ", ".join(x for x in layers if x not in ("InputLayer",))}
     if not model.outputs:  # subclassed, or a Sequential declaring no input shape
         row["forward"] = row["step"] = "no symbolic outputs (subclassed or unbuilt): not traced"
@@ -139,10 +143,18 @@ def measure(model, batch=None):
     row["convert_s"] = round(time.perf_counter() - start, 2)
     params = traced.params
     trainable = {k: np.asarray(params[k]) for k in traced.trainable}
+    # A step with random draws (Dropout, a recurrent layer's dropout masks) takes them as its
+    # last input, made on the host by stock's ops as the engine makes them; TensorFlow's step
+    # is given the same ones.
+    draws = []
+    if traced.draws:
+        host = _draws.HostDraws(traced.draws, rows)
+        draws = [host.draw(rows)]
+        host.close()
     try:
         (jax_loss, _), grads = jax.jit(  # compiled as the engine's step (a scan op by op: slow)
             jax.value_and_grad(
-                lambda p: traced.fn({**params, **p}, features, labels, weights, pad)[0],
+                lambda p: traced.fn({**params, **p}, features, labels, weights, pad, *draws)[0],
                 has_aux=True,
             )
         )(trainable)
@@ -151,7 +163,9 @@ def measure(model, batch=None):
         return row
     variables = {v.name.split(":")[0]: v for v in model.trainable_variables}
     with tf.GradientTape() as tape:
-        tf_loss, _ = train(*tf.nest.map_structure(tf.constant, (features, labels, weights, pad)))
+        tf_loss, _ = train(
+            *tf.nest.map_structure(tf.constant, (features, labels, weights, pad, *draws))
+        )
     tf_grads = tape.gradient(tf_loss, list(variables.values()))
     row["grad_diff"] = max(
         (

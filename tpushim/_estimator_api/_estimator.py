@@ -177,8 +177,7 @@ class Estimator:
     def __init__(self, model_fn, model_dir=None, config=None, params=None, warm_start_from=None):
         _say_if_around_an_engine(type(self), model_fn)
         self._config = overwrite_model_dir_and_session_config(config, model_dir)
-        self._model_dir = self._config.model_dir
-        tf.io.gfile.makedirs(self._model_dir)
+        self._model_dir = self._config.model_dir  # made by what first writes there, as stock
         self._model_fn = model_fn
         self._params = dict(params or {})
         self._warm_start_settings = _warm_start_settings(warm_start_from)

@@ -36,7 +36,8 @@ def _any_weight_initialized(keras_model):
 
 
 def _tensor(x):
-    """``x`` as a tensor; a ``SparseTensor`` as it is (an ``Input(sparse=True)``'s, as stock's)."""
+    """``x`` as a tensor; a ``SparseTensor`` as it is (an ``Input(sparse=True)``'s, or a
+    subclassed model's feature, as stock's ``_convert_tensor``)."""
     return x if isinstance(x, tf.SparseTensor) else tf.convert_to_tensor(x)
 
 
@@ -77,9 +78,9 @@ def keras_io(keras_model, features, labels):
             else ["output_%d" % i for i in range(1, len(labels) + 1)]
         )
     if isinstance(keras_model.inputs, dict):
-        inputs = {k: tf.convert_to_tensor(features[k]) for k in keras_model.inputs}
+        inputs = {k: _tensor(features[k]) for k in keras_model.inputs}
     elif keras_model.inputs is None and isinstance(features, dict):
-        inputs = {k: tf.convert_to_tensor(v) for k, v in features.items()}
+        inputs = {k: _tensor(v) for k, v in features.items()}
     else:
         inputs = _to_list(features, input_names, "features", "inputs")
     return inputs, _to_list(labels, output_names, "labels", "outputs"), weights

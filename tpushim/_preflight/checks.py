@@ -92,7 +92,11 @@ def check_model(
     input_checks.check_loop(report, iterations_per_loop, steps)
     if convertible:
         model_checks.check_feature_columns(report, keras_model)
-    if convertible and batch is not None and "dynamic-shape" not in report.codes():
+    if (
+        convertible
+        and batch is not None
+        and not {"dynamic-shape", "sparse-feature-refused"} & set(report.codes())
+    ):
         features, labels = batch
         host_only = _host_only_check(report, keras_model, custom_objects, features, labels)
         if host_only_later is None:

@@ -1,6 +1,8 @@
 """Checks of the input and of the settings that size a TPU's work: static shapes, dtypes, pipeline
-speed, the global batch against the TPU's cores, and ``iterations_per_loop``. The input is read as
-tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to their Dataset)."""
+speed, the global batch against the TPU's cores, and ``iterations_per_loop``; a SparseTensor
+feature a model without declared inputs would read on the devices (each engine's refusal). The
+input is read as tpushim's TPU path adapts it (iterator and numpy_input_fn tensors traced back to
+their Dataset)."""
 
 import numpy as np
 import tensorflow as tf
@@ -335,3 +337,61 @@ def check_loop(report, iterations_per_loop, steps):
             f"raise iterations_per_loop to {min(steps or 100, 100)} or more "
             f"(tpushim.patch(iterations_per_loop=...) or TPUSHIM_ITERATIONS_PER_LOOP)",
         )
+
+
+#: The words each engine refuses a SparseTensor feature with, by engine name (see below).
+_SPARSE_REFUSERS = {
+    "tpuestimator": "tpushim's TPUEstimator path",
+    "strategy": "the strategy engine",
+}
+
+
+def check_sparse_features(report, keras_model, spec, engine):
+    """A ``SparseTensor`` feature of a model that declares no inputs (a subclassed model, whose
+    call reads its features on the devices): every engine refuses it at ``train()``, before
+    anything is written (no TPU is fed a SparseTensor). Adds that refusal, in ``engine``'s own
+    words (``"tpuestimator"``, ``"strategy"`` or ``"jax"``), as a ``sparse-feature-refused``
+    error; True where it did (the model's step cannot be built on such a feature: the checks
+    of it are left out, as the engine never gets there)."""
+    if getattr(keras_model, "inputs", None) or spec is None:
+        return False
+    from tpushim._errors import ConversionError
+
+    features = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
+    if isinstance(features, dict) and set(features) == {"features", "sample_weights"}:
+        features = features["features"]
+    if not any(isinstance(s, tf.SparseTensorSpec) for s in tf.nest.flatten(features)):
+        return False
+    try:
+        if engine == "jax":
+            from tpushim._jax import _subclassed
+
+            empty = tf.compat.v1.SparseTensorValue(None, None, None)
+            sparse = lambda s: empty if isinstance(s, tf.SparseTensorSpec) else None
+            if isinstance(features, dict):
+                _subclassed._refuse_sparse({k: sparse(s) for k, s in features.items()})
+            elif isinstance(features, (list, tuple)):
+                _subclassed._refuse_sparse([sparse(s) for s in features])
+            else:
+                _subclassed._refuse_sparse(sparse(features))
+        else:
+            from tpushim import _sparse_inputs
+
+            _sparse_inputs.refuse_fed(_Spec(features), _SPARSE_REFUSERS[engine])
+    except ConversionError as e:
+        report.add(
+            "sparse-feature-refused",
+            "error",
+            f"model {getattr(keras_model, 'name', 'model')!r}",
+            f"train() would be refused: {e}",
+            "see the message",
+        )
+        return True
+    return False
+
+
+class _Spec:
+    """What :func:`tpushim._sparse_inputs.refuse_fed` reads of a Dataset: its element spec."""
+
+    def __init__(self, element_spec):
+        self.element_spec = element_spec

@@ -232,6 +232,12 @@ class Recorder(script_recorder.ScriptRecorder):
                         num_cores,
                         model_inputs,
                     )
+                input_checks.check_sparse_features(
+                    report,
+                    conversion.keras_model,
+                    input_checks._element_spec(train[1].result),
+                    "tpuestimator",
+                )
             check_model(
                 report,
                 conversion.keras_model,
@@ -259,7 +265,8 @@ class Recorder(script_recorder.ScriptRecorder):
                     )
         pod_checks.check_pod_inputs(report, recorded, num_cores)
         train_ops = []
-        if tpu_graphs:
+        # train() is refused before its graph is built (the finding says why): nothing to build
+        if tpu_graphs and "sparse-feature-refused" not in report.codes():
             first_calls = {}
             for call, input_call in recorded.calls:
                 if input_call is not None:
@@ -303,16 +310,15 @@ def _report_strategy(report, recorded, num_cores):
             progress.phase(f"input pipeline of {call.event}()", report),
             failure_as_finding(report),
         ):
+            read = strategy_checks.read_strategy_input(input_call)
             batch = strategy_checks._check_input(
-                report,
-                call,
-                strategy_checks.read_strategy_input(input_call),
-                settings.batch_size,
-                num_cores,
-                model_inputs,
+                report, call, read, settings.batch_size, num_cores, model_inputs
             )
             if train is not None and call is train[0]:
                 train_batch = batch
+                input_checks.check_sparse_features(
+                    report, keras_model, strategy_checks._element_spec(read.result), "strategy"
+                )
     with failure_as_finding(report):
         check_model(
             report,

@@ -36,8 +36,21 @@ class ScriptRecorder:
     def explains(self, error):
         """True when ``error``, which ended the script, is one the preflight accounts for: a
         conversion's (:meth:`conversion_error`), or a read of a folder the check left as it
-        was (:meth:`add_explained`). Its traceback is not needed."""
-        return self.conversion_error(error) or self._left_path_read(error) is not None
+        was (:meth:`add_explained`), or a refusal of a call by tpushim (:meth:`call_refusal`).
+        Its traceback is not needed."""
+        return (
+            self.conversion_error(error)
+            or self._left_path_read(error) is not None
+            or self.call_refusal(error)
+        )
+
+    def call_refusal(self, error):
+        """True when ``error`` is tpushim's refusal of a train/evaluate/predict call (a
+        ``ConversionError`` no conversion raised): its message says what, why and what to do,
+        and that nothing was written; it would be refused on a TPU too."""
+        from tpushim._errors import ConversionError
+
+        return isinstance(error, ConversionError) and not self.conversion_error(error)
 
     def conversion_error(self, error):
         """True when ``error`` is one a conversion raised: the report has the one finding for it
@@ -54,6 +67,17 @@ class ScriptRecorder:
     def add_explained(self, report, error):
         """Adds the finding for an :meth:`explains` error that ended the script (a conversion's
         has its own already): a read of what the checked run wrote to its scratch copy instead."""
+        if self.call_refusal(error):
+            # A check may have found it already, in the engine's words (sparse-feature-refused).
+            if not any(str(error) in f.message for f in report.findings):
+                report.add(
+                    "call-refused",
+                    "error",
+                    script_frame(error),
+                    f"tpushim refused the script's call: {summary(error, None)}",
+                    "see the message",
+                )
+            return
         path = self._left_path_read(error)
         if path is None or self.conversion_error(error):
             return

@@ -231,26 +231,29 @@ def _report_one(report, recorded, num_cores, batch_size):
     script_recorder.add_distribute_findings(report, conversion, num_cores)
     keras_model = conversion.keras_model
     model_inputs = _shapes.ModelInputs.of(keras_model)
-    train_batch = None
+    train_batch = train_spec = None
     for call, recorded_input in recorded.calls:
         if recorded_input is None:
             continue
         with progress.phase(f"input pipeline of {call.event}()", report):
             batch = _check_input(report, call, recorded_input, batch_size, num_cores, model_inputs)
         if call.event == "train" and train_batch is None:
-            train_batch = batch
+            train_batch, train_spec = batch, _element_spec(recorded_input.result)
     if train_batch is None or "dynamic-shape" in report.codes():
         return  # as on the TPU path: the model checks need a training batch of static shape
+    settings = conversion.settings or _settings.resolve()
+    engine = "jax" if settings.engine == "jax" else "strategy"
+    if engine == "jax":  # the JAX engine's step, not the strategy engine's
+        from tpushim._preflight import jax_checks
+
+        report.notes[:] = [jax_checks.not_run_note(n) for n in report.notes]
+    if input_checks.check_sparse_features(report, keras_model, train_spec, engine):
+        return  # the engine refuses train() before its step is built: the finding says why
     features, labels = train_batch
     custom_objects = conversion.arguments.get("custom_objects")
     with progress.phase("host-only ops in the model", report), failure_as_finding(report):
         _check_host_only_ops(report, conversion, features, labels)
-    settings = conversion.settings or _settings.resolve()
-    if settings.engine == "jax":  # the JAX engine's step, not the strategy engine's
-        from tpushim._preflight import jax_checks
-
-        report.notes[:] = [jax_checks.not_run_note(n) for n in report.notes]
-
+    if engine == "jax":
         with progress.phase("XLA compile of the JAX step", report), failure_as_finding(report):
             jax_checks.check_jax_step(
                 report, keras_model, custom_objects, settings, features, labels, num_cores
