@@ -142,7 +142,15 @@ def _probed():
     def summarised(x):  # a Lambda's histogram, as scripts write one
         return tf.identity(x) if tf.compat.v1.summary.histogram("acts", x) is not None else x
 
-    layers = [Probe(name="probe"), tf.keras.layers.Lambda(summarised, name="probe_lambda")]
+    def normed(x):  # a histogram of a training BatchNormalization's output
+        return tf.identity(x) if tf.compat.v1.summary.histogram("normed", x) is not None else x
+
+    layers = [
+        Probe(name="probe"),
+        tf.keras.layers.Lambda(summarised, name="probe_lambda"),
+        tf.keras.layers.BatchNormalization(name="probe_norm"),
+        tf.keras.layers.Lambda(normed, name="probe_normed"),
+    ]
     return tfcases.sequential(extra_layers=layers), {"Probe": Probe}
 
 
@@ -179,7 +187,10 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     (the replicas' real rows gathered to the host; a short last batch) and of a weight, the
     image's, and the constant text's; and the column means' histogram, computed on the
     host from the gathered rows in a copy of stock's graph as stock's graph computes it over the
-    global batch (a short batch of 7: not each replica's means). Nothing is left out, so nothing is said.
+    global batch (a short batch of 5 padded to 7: not each replica's means); and a histogram of a
+    training BatchNormalization's output, which the engine computes with ops of its own over the
+    real rows (gathered as computed: on one replica stock's value). Nothing is left out, so
+    nothing is said.
     Evaluation writes none of them, as stock's."""
     import logging
 
@@ -197,7 +208,8 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
         )
         with caplog.at_level(logging.WARNING, logger="tpushim"):
             estimator.train(tfcases.dataset_input_fn(x, y), steps=3)
-            estimator.train(tfcases.dataset_input_fn(x, y, batch=7), steps=2)
+            # one short batch: 5 rows, padded to 7 by the engine
+            estimator.train(tfcases.dataset_input_fn(x[:5], y[:5], batch=7), steps=2)
             results[name] = estimator.evaluate(tfcases.dataset_input_fn(x, y))
             list(estimator.predict(tfcases.dataset_input_fn(x)))
     said = [r.getMessage() for r in caplog.records if "summaries itself" in r.getMessage()]
@@ -207,7 +219,7 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     tf.compat.v1.summary.FileWriterCache.clear()
     stock = _records(tmp_path / "stock")
     written = {"probe/mean_1", "probe/values", "probe/scale_1", "probe/note", "probe_lambda/acts"}
-    written |= {"probe/columns", "probe/centred", "probe/running"}
+    written |= {"probe/columns", "probe/centred", "probe/running", "probe_normed/normed"}
     assert written <= {tag for kind, _, tag in stock if kind == "summary"}
     assert _records(tmp_path / "engine") == stock
     want = _summary_values(tmp_path / "stock")
@@ -216,8 +228,17 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
     assert sorted({s for s, _, _ in got}) == [1, 3, 4]
     assert {t for _, t, _ in got} >= written | {"probe/picture/image/0", "probe/picture/image/1"}
     for (step, tag, (numbers, raw)), (_, _, (stock_numbers, stock_raw)) in zip(got, want):
-        np.testing.assert_allclose(numbers, stock_numbers, atol=TOL, err_msg=f"{tag} {step}")
+        # rtol: the engine's BatchNormalization (its own ops, over the real rows) rounds
+        # otherwise than stock's, which the running sums' squares (some 60) carry at 1e-7
+        np.testing.assert_allclose(
+            numbers, stock_numbers, rtol=1e-6, atol=TOL, err_msg=f"{tag} {step}"
+        )
         assert raw == stock_raw, (tag, step)
+    # The short batch's histograms count its 5 real rows (of 7 the engine trains on) alone.
+    counts = {
+        t: n[0][2] for s, t, n in got if s == 4 and t in ("probe/values", "probe_normed/normed")
+    }
+    assert counts == {"probe/values": 5 * 8, "probe_normed/normed": 5 * 8}, counts
     # Evaluation writes the metrics alone, none of the model's summaries, as stock's.
     evaluated = {}
     for name in ("stock", "engine"):

@@ -7,6 +7,7 @@ the global batch. What the host cannot draw again as stock's graph drew it is re
 reason the engine's warning names. The values these feeds give, against stock's:
 tests/proofs/test_strategy_events.py (8 replicas) and test_strategy_graph_files.py (one)."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -77,3 +78,60 @@ def test_a_draw_the_host_cannot_repeat_is_refused_naming_it():
     assert isinstance(feeds, str) and "RandomUniform" in feeds, feeds
     feeds, _, _ = _walk(lambda x: x - tf.reduce_mean(tf.random.shuffle(x), 0))
     assert isinstance(feeds, str) and "RandomShuffle" in feeds, feeds
+
+
+def _normed(layer_input, bn_name="norm"):
+    """The ReLU of a training BatchNormalization's output, a Keras layer named ``bn_name``."""
+    normed = tf.keras.layers.BatchNormalization(name=bn_name)(layer_input, training=True)
+    return normed, tf.nn.relu(normed)
+
+
+def test_a_training_batchnorms_output_is_gathered_as_the_engine_computed_it():
+    """A replica's step of 5 rows (3 real, 2 of padding) normalises them with the engine's own
+    ops over its real rows (``real_rows``), where stock's graph has Keras's: the walk feeds the
+    layer's output in stock's graph with the replica's real rows, as the replica computed them,
+    and stock's graph computes the rest (its ReLU). On one replica that is stock's value on its
+    short batch. The old walk went on into the engine's ops and left the summary out. Controls:
+    the padding rows gathered too, or normalised too (Keras's own call on all 5 rows), are not
+    stock's."""
+    from tpushim._strategy.step import real_rows, summary_rows
+    from tpushim._tfprivate import keras as keras_private
+
+    data = np.array(
+        [[1.0, 2.0, -1.0], [0.5, -3.0, 2.0], [4.0, 1.0, 0.0], [9.0, 9.0, 9.0], [-7.0, 5, 3]],
+        np.float32,
+    )
+    padding = np.array([1.0, 1.0, 1.0, 0.0, 0.0], np.float32)
+    replica = tf.Graph()
+    with replica.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [5, 3], name="x")
+        pad = tf.compat.v1.placeholder(tf.float32, [5], name="pad")
+        element = {"x": x, PADDING_KEY: pad}
+        normalized = {}
+        with keras_private.batchnorm_call_hooked(), real_rows(element, normalized):
+            mine_normed, mine = _normed(x)
+        assert normalized == {mine_normed.ref(): "norm"}
+    stock = tf.Graph()
+    with stock.as_default():
+        given = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        theirs_normed, theirs = _normed(given)
+    with replica.as_default():
+        feeds = summary_feeds(mine, element, theirs, normalized)
+        old = summary_feeds(mine, element, theirs)  # the walk before: into the engine's ops
+        assert isinstance(old, str) and "computes otherwise" in old, old
+        assert _rows_fed(feeds) == [theirs_normed.name]
+        (fed_to, _, fed) = feeds[0]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            values = {x: data, pad: padding}
+            real, every = session.run([summary_rows(fed, pad), fed], values)
+    with stock.as_default(), tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        want = session.run(theirs, {given: data[:3]})  # stock's short batch
+        got = session.run(theirs, {fed_to: real})
+        gathered = session.run(theirs, {fed_to: every})  # the padding rows gathered too
+        control = session.run(theirs, {given: data})  # the padding rows normalised too
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert every.shape[0] == 5 and got.shape[0] == 3
+    assert abs(gathered.mean() - want.mean()) > 1e-3
+    assert np.abs(control[:3] - want).max() > 1e-3

@@ -55,16 +55,29 @@ def scalar_weight(element):
 
 
 @_tfprivate.graph.not_converted
-def real_rows(element):
+def real_rows(element, normalized=None):
     """Inside :func:`tpushim._tfprivate.keras.batchnorm_call_hooked`, while a replica's training step
     calls the model: its BatchNormalization layers' batch statistics over the replica's real rows
     (:mod:`tpushim._batchnorm`, as a TPUEstimator shard's; a synchronized layer's summed across
-    the replicas), not the padding rows."""
+    the replicas), not the padding rows. ``normalized``: a dict given each training layer's
+    output (its ref -> the layer's name), which a model's summary of it is fed
+    (:func:`tpushim._strategy.summary_walk.summary_feeds`): ops of the engine's own, not the
+    ones stock's graph computes it with."""
     features = element[0] if isinstance(element, tuple) else element
     pad = features[_padding.PADDING_KEY]
-    return _tfprivate.keras.batchnorm_call_using(
-        _batchnorm.real_rows_call(pad, True, all_reduce_sum)
-    )
+    call = _batchnorm.real_rows_call(pad, True, all_reduce_sum)
+    if normalized is not None:
+        own = call
+
+        def call(layer, own_call, inputs, training, mask):
+            outputs = own(layer, own_call, inputs, training, mask)
+            if tf.is_tensor(outputs) and (
+                _tfprivate.keras.batchnorm_training_value(layer, training) is True
+            ):
+                normalized[outputs.ref()] = layer.name
+            return outputs
+
+    return _tfprivate.keras.batchnorm_call_using(call)
 
 
 def _mask_or_empty(output):
@@ -243,7 +256,7 @@ class _Run:
             if op is None or _tfprivate.checkpoint.SUMMARY_OPS[op.type] != kind:
                 how = "not made in stock's graph in this order"
             else:
-                how = summary_feeds(tensor, recording.element, op.inputs[1])
+                how = summary_feeds(tensor, recording.element, op.inputs[1], recording.normalized)
             others.append((kind, how))
             return how if isinstance(how, str) else None
 
@@ -266,12 +279,14 @@ class _Run:
         def replica_step(element, summarized):
             recording.values = []
             recording.others, recording.element = ([] if summarized else None), element
+            recording.normalized = {}
             try:
-                with tf.GradientTape() as tape, real_rows(element):
+                with tf.GradientTape() as tape, real_rows(element, recording.normalized):
                     loss = self._loss(element, True)[0]
             finally:
                 scalars, recording.values = recording.values, None
                 others, recording.others, recording.element = recording.others, None, None
+                recording.normalized = None
             self.scalar_count = len(scalars)  # (here: an attribute set in the loop is a tensor)
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))

@@ -1,9 +1,13 @@
 """A model's own ``tf.compat.v1.summary`` on the strategy engine: its tensor walked back, side by
 side with the same tensor in stock's graph, to what the host is given (:func:`summary_feeds`):
 tensors of one row per example whose every row is that example's own, gathered from the
-replicas; weights; constants. The host's copy of stock's graph computes the rest over the
-global batch, as stock's graph does. Which ops keep an example's rows its own is this module's
-allowlist (:func:`keeps_rows`); any other op mixes them, and the walk goes on past it."""
+replicas; a training BatchNormalization's output, which the engine computes with ops of its
+own, gathered as the replicas computed it; weights; constants. The host's copy of stock's
+graph computes the rest over the global batch, as stock's graph does. Which ops keep an
+example's rows its own is this module's allowlist (:func:`keeps_rows`); any other op mixes
+them, and the walk goes on past it."""
+
+import re
 
 import tensorflow as tf
 
@@ -273,14 +277,42 @@ def _drawn_reason(op):
     )
 
 
+def _layer_scope(name, layer):
+    """The name scope of ``layer`` (its name, or the name and a call's ``_N``) in an op's
+    ``name``, the innermost one, or None."""
+    parts = name.split("/")[:-1]
+    for part in reversed(parts):
+        if part == layer or re.fullmatch(re.escape(layer) + r"_\d+", part):
+            return part
+    return None
+
+
+def _same_layer(mine, theirs, layer):
+    """Whether stock's ``theirs`` is computed in the same call of ``layer`` as the engine's
+    ``mine`` (the walk paired them): the same name scope of the layer, and no op of stock's
+    after the layer's but an Identity (Keras's around a layer's output)."""
+    scope = _layer_scope(mine.op.name, layer)
+    while theirs.op.type == "Identity" and _layer_scope(theirs.op.name, layer) is None:
+        theirs = theirs.op.inputs[0]
+    return scope is not None and _layer_scope(theirs.op.name, layer) == scope
+
+
 @_tfprivate.graph.not_converted
-def summary_feeds(tensor, element, stock):
+def summary_feeds(tensor, element, stock, normalized=None):
     """How a replica's summarized ``tensor`` reaches stock's value on the host, where ``stock``
     (the same tensor in stock's graph: its summary op's input) is computed in a copy of stock's
     graph: the frontier of tensors it is computed from that the host is given, as
     [(stock's tensor, :data:`ROWS` or :data:`FIXED`, the replica's tensor), or (stock's tensor,
     :data:`CONST`, its value)], the rest computed on the host as stock's graph computes it over
-    the global batch (a column mean, a batch statistic, strings). Or why it cannot (a sentence)."""
+    the global batch (a column mean, a batch statistic, strings). Or why it cannot (a sentence).
+
+    ``normalized`` (refs -> a layer's name): the outputs of the step's training
+    BatchNormalization layers, which the engine computes with ops of its own over a replica's
+    real rows (:mod:`tpushim._batchnorm`) where stock's graph has Keras's: each is gathered as
+    the replicas computed it, fed as the same layer's output in stock's graph. On one replica,
+    and for a synchronized layer, that is stock's value; on several, each replica normalised
+    its own rows, as training does."""
+    normalized = normalized or {}
     if tensor is None:
         return "no tensor"
     if not tf.is_tensor(tensor):
@@ -308,6 +340,10 @@ def summary_feeds(tensor, element, stock):
         per_row = mine.shape.rank and mine.shape[0] == rows
         if theirs.shape.rank and theirs.shape[0] is not None:
             per_row = False  # stock's batch is unknown: a tensor it knows is not one row each
+        layer = normalized.get(mine.ref())
+        if per_row and layer is not None and _same_layer(mine, theirs, layer):
+            fed.append((theirs, ROWS, mine))
+            continue
         # Only where no op before it mixed the rows (a replica's column mean, a cumulative
         # sum over its rows) is a replica's row stock's row: else walked back to such rows.
         if per_row and mine.dtype != tf.string and keeps_rows(mine, rows, sources, memo, kept):
