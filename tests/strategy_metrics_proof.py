@@ -113,8 +113,9 @@ RIDGE_FEATURES = {"a": X[:, 2].astype(np.float64), "b": X[:, 3].astype(np.float6
 RIDGE_Y = 4.0 + 3.0 * X[:, 2] - 2.0 * X[:, 3] + rng.randn(ROWS)
 
 
-def ridge_model():
-    tf.keras.utils.set_random_seed(2)
+def ridge_model(seeded=True):
+    if seeded:
+        tf.keras.utils.set_random_seed(2)
     inputs = {c: tf.keras.Input((1,), name=c) for c in RIDGE_FEATURES}
     columns = [tf.feature_column.numeric_column(c) for c in RIDGE_FEATURES]
     x = tf.keras.layers.DenseFeatures(columns)(inputs)
@@ -133,14 +134,21 @@ def ridge_input_fn():
 
 
 def ridge(root, **patch):
-    """The ridge regression trained and evaluated: the estimator and its evaluation."""
+    """The ridge regression trained and evaluated: the estimator, its evaluation, and the initial
+    weights of a second ridge regression built after it from the program's random state (not
+    seeded again), as a script comparing two models builds its second."""
     which = "stock" if patch.get("mode") == "off" else "engine"
     with tpushim.patched(quiet=True, **patch):
         estimator = tf.keras.estimator.model_to_estimator(
             keras_model=ridge_model(), model_dir=os.path.join(root, f"ridge_{which}")
         )
     estimator.train(ridge_input_fn, steps=STEPS)
-    return estimator, evaluate(estimator, ridge_input_fn)
+    evaluation = evaluate(estimator, ridge_input_fn)
+    return estimator, evaluation, initial_weights(ridge_model(seeded=False))
+
+
+def initial_weights(built):
+    return [float(v) for weights in built.get_weights() for v in np.ravel(weights)]
 
 
 def v1_metrics(labels, predictions):
@@ -198,11 +206,14 @@ def evaluate(estimator, given_input_fn=input_fn):
 def stock(root, part="metrics"):
     if NO_STOCK:
         with open(RECORD) as f:
-            return json.load(f)[part]
+            recorded = json.load(f)
+        if part == "ridge":
+            return {k: recorded[k] for k in ("ridge", "ridge_second")}
+        return recorded[part]
     if part == "names_map":
         return names_map_cases(root, mode="off")
     if part == "ridge":
-        return ridge(root, mode="off")[1]
+        return dict(zip(("ridge", "ridge_second"), ridge(root, mode="off")[1:]))
     estimator = convert(os.path.join(root, "stock"), mode="off")
     estimator.train(input_fn, steps=STEPS)
     return evaluate(estimator)
@@ -247,21 +258,33 @@ def main(root):
 
 def ridge_cases(root):
     """The ridge regression's evaluation by stock and the engine, their largest difference, and
-    the control's (the [batch] labels handed to the metrics as [batch, 1])."""
+    the control's (the [batch] labels handed to the metrics as [batch, 1]); the second ridge
+    regression's initial weights after each, and the control's (the first built, not trained,
+    then one Keras seed drawn, as the engine's copies of a model for its checks once drew)."""
     expected = stock(root, "ridge")
-    engine, ours = ridge(root, mode="cpu", engine="strategy")
+    engine, ours, second = ridge(root, mode="cpu", engine="strategy")
+    ridge_model()
+    tf.keras.initializers.GlorotUniform()((1, 1))  # one Keras seed drawn
+    drawn = initial_weights(ridge_model(seeded=False))
     as_in_stocks_graph = _compiled_metrics.as_in_stocks_graph
     _compiled_metrics.as_in_stocks_graph = _padding.row_labels  # per-row averages
     try:
-        control = difference(evaluate(engine, ridge_input_fn), expected)
+        control = difference(evaluate(engine, ridge_input_fn), expected["ridge"])
     finally:
         _compiled_metrics.as_in_stocks_graph = as_in_stocks_graph
+    stock_second = dict(enumerate(expected["ridge_second"]))
     return {
         "replicas": engine.strategy.num_replicas_in_sync,
         "engine": ours,
-        "stock": expected,
-        "difference": difference(ours, expected),
+        "stock": expected["ridge"],
+        "difference": difference(ours, expected["ridge"]),
         "control": control,
+        "second": {
+            "engine": second,
+            "stock": expected["ridge_second"],
+            "difference": difference(dict(enumerate(second)), stock_second),
+            "control": difference(dict(enumerate(drawn)), stock_second),
+        },
     }
 
 
@@ -273,7 +296,7 @@ def record(path, root):
                 "tensorflow": tf.__version__,
                 "metrics": stock(root),
                 "names_map": stock(root, "names_map"),
-                "ridge": stock(root, "ridge"),
+                **stock(root, "ridge"),
             },
             f,
             indent=1,

@@ -67,6 +67,33 @@ def test_ridge_regressions_mae_and_mse_over_short_batches_as_stocks(proof):
     assert ridge["control"] > 1e-3, ridge
 
 
+def test_a_second_ridge_regression_starts_from_stocks_weights(proof):
+    """A second ridge regression built after the first was trained and evaluated, its initial
+    weights drawn from the program's random state (not seeded again), as a script comparing two
+    models builds its second: stock's initial weights. When the engine's copies of a model for its
+    checks drew from that state, the second started from other weights; trained towards the
+    optimum, its loss and MSE came out close to stock's and its MAE 1e-3 off (the MAE moves with
+    the weights to first order there, the loss to second). The control draws one Keras seed
+    between the two models."""
+    second = proof["ridge"]["second"]
+    assert len(second["engine"]) == len(second["stock"]) == 3  # kernel [2, 1], bias [1]
+    assert second["difference"] <= TOLERANCE, second
+    assert second["control"] > 1e-3, second
+
+
+def test_a_second_ridge_regression_starts_where_stocks_does(proof):
+    """A second ridge regression built after the first in one program, its initial weights drawn
+    from the program's random state (not seeded again), as a script comparing two models builds
+    its second: stock's loss and metrics. When the engine's copies of a model drew from that
+    state, the second started from other weights; trained to convergence, its loss and MSE came
+    out equal to stock's and its MAE did not (the MAE moves with the weights to first order, the
+    loss only to second). The control draws one Keras seed between the two models."""
+    second = proof["ridge"]["second"]
+    assert sorted(second["engine"]) == sorted(second["stock"])
+    assert second["difference"] <= TOLERANCE, second
+    assert second["control"] > 1e-3, second
+
+
 def test_stock_is_stock_tensorflow_215():
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "reference", "strategy_metrics_tf215.json")) as f:
