@@ -102,6 +102,8 @@ def measure(rounds, calls, only=None):
         )
         compiles = {who: len(t._traced) for who, t in trainers.items()}
 
+        steps = PER_CALL * calls
+
         def timed(who):
             trainer = trainers[who]
             start = time.perf_counter()
@@ -111,7 +113,16 @@ def measure(rounds, calls, only=None):
 
         runs = benchlib.interleaved([("padded", "padded"), ("full", "full")], rounds, timed)
         paired = benchlib.Paired(runs, "padded")
+        direct = {who: _direct(t, batches) for who, t in trainers.items()}
+        blocks = benchlib.interleaved(
+            [("padded", "padded"), ("full", "full")], 2 * rounds, lambda who: direct[who](steps)
+        )
         out[name] = {
+            "direct": {
+                "steps/s": blocks,
+                "median full/padded": benchlib.Paired(blocks, "padded").ratio("full"),
+                "cost": {who: d.cost for who, d in direct.items()},
+            },
             **runs,
             "full/padded": paired.ratios("full"),
             "median full/padded": paired.ratio("full"),
@@ -125,6 +136,45 @@ def measure(rounds, calls, only=None):
     return out
 
 
+def _direct(trainer, batches):
+    """``run(n) -> steps/s`` of ``trainer``'s compiled step (its only one) called ``n`` times
+    on one batch already on the devices (no host input, no Python loop of the Trainer), and
+    its XLA ``cost_analysis()`` (``run.cost``: flops and bytes accessed a step, per device)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from tpushim._jax import _step
+
+    ((_, loop),) = trainer._traced.values()
+    padded = [_step.pad_batch(b, trainer.global_batch) for b in batches[:PER_CALL]]
+    if trainer.loop == "per step":
+        fn, spec = loop.step, PartitionSpec("data")
+        fed = padded[0]
+    else:
+        fn, spec = loop, PartitionSpec(None, "data")
+        fed = jax.tree_util.tree_map(lambda *a: np.stack(a), *padded)
+    fed = jax.device_put(fed, NamedSharding(trainer.mesh, spec))
+    per_call = 1 if trainer.loop == "per step" else PER_CALL
+    carry = (trainer.params, trainer.stats, trainer.opt_state)
+    cost = fn.lower(*carry, fed).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    # (XLA counts a loop's body once: a scan's cost is one step's)
+    cost = {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost}
+
+    def run(n):
+        nonlocal carry
+        start = time.perf_counter()
+        for _ in range(max(1, n // per_call)):
+            carry, loss = fn(*carry, fed)
+        jax.block_until_ready(loss)
+        trainer.params, trainer.stats, trainer.opt_state = carry  # (donated: kept current)
+        return max(1, n // per_call) * per_call / (time.perf_counter() - start)
+
+    run.cost = cost
+    return run
+
+
 def table(results):
     import benchlib
 
@@ -135,6 +185,16 @@ def table(results):
             f"{name:50} {benchlib.median(r['padded']):8.1f} {benchlib.median(r['full']):8.1f} "
             f"{r['median full/padded']:11.3f}x  {ratios[0]:.3f}-{ratios[-1]:.3f}, "
             + ", ".join(f"{k} {v:.1f} s" for k, v in r["first call s"].items())
+        )
+        d = r["direct"]
+        cost = ", ".join(
+            f"{who} {c.get('flops', 0) / 1e6:.2f} MFLOP {c.get('bytes accessed', 0) / 1e6:.2f} MB"
+            for who, c in d["cost"].items()
+        )
+        lines.append(
+            f"{'  compiled step alone':50} {benchlib.median(d['steps/s']['padded']):8.1f} "
+            f"{benchlib.median(d['steps/s']['full']):8.1f} {d['median full/padded']:11.3f}x  "
+            f"per step and device: {cost}"
         )
     return "\n".join(lines)
 

@@ -222,8 +222,8 @@ def test_compiled_once_per_shape():
 
 
 def test_full_batches_run_the_step_without_padding_with_the_padded_steps_numbers():
-    """Every batch full: one step compiled, the variant without the padding weight (BatchNorm
-    on Keras's own moments, a plain mean), whose numbers are the padded step's within 1e-6 and
+    """Every batch full: one step compiled, the variant without the padding weight (a plain
+    mean, BatchNormalization's plain moments), whose numbers are the padded step's within 1e-6 and
     tf-keras's within 1e-5 (every BatchNormalization kind: the first call of
     test_eight_devices_equal_one_equal_keras[variants-...], two full batches)."""
     batches = bn_batches(weighted=False)[:3]  # 24 rows: three full batches

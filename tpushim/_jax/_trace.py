@@ -252,8 +252,10 @@ def training_function(
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
     pad, draws=None)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot
     train. ``full``: for a batch without padding rows, ``pad`` unread: the loss Keras's plain
-    mean, BatchNormalization Keras's own call on the batch's moments (the same numbers as the
-    padded step's on such a batch, without its padding-weight arithmetic). ``training=False``: the same loss on the model's inference outputs (an evaluation
+    mean, BatchNormalization the padded step's arithmetic on a constant weight of ones, which
+    XLA folds into the batch's plain moments (the padded step's numbers on such a batch,
+    without its padding-weight multiplies and the all-reduce of its real rows' count; Keras's
+    own call instead converted to more bytes accessed than the padded step's). ``training=False``: the same loss on the model's inference outputs (an evaluation
     step: BatchNormalization on its moving statistics, no dropout). ``weighted=False``: the
     input has no sample weights (those given are ones, unread): Keras's unweighted loss, whose
     one-number terms are not multiplied by a mean weight. ``fed``: the model's host part
@@ -294,7 +296,7 @@ def training_function(
                     _draws.taken(keras_model, global_batch, seeds, draws, record),
                     _tfprivate.keras.batchnorm_call_hooked(),
                     _tfprivate.keras.batchnorm_call_using(
-                        _batchnorm.real_rows_call(None if full else pad, True, identity)
+                        _batchnorm.real_rows_call(_ones(pad) if full else pad, True, identity)
                     ),
                 ):
                     outputs = _outputs_list(
@@ -315,8 +317,8 @@ def training_function(
             endpoints.append(_endpoint(name, loss_obj, weight, y_true, y_pred, sw))
             kinds.append(kind)
             endpoint_masks.append(mask)
-        if full:  # every row real: the loss and the terms below without the padding weight
-            pad = tf.ones(pad.shape, tf.float32)  # (its static shape: its values unread)
+        if full:  # every row real: the loss a plain mean, the terms below on a constant
+            pad = _ones(pad)
         loss = _losses.shard_loss(
             endpoints, kinds, endpoint_masks, [], {}, None if full else pad, 1, False
         )
@@ -340,6 +342,12 @@ def training_function(
     train.tpushim_recorded = recorded
     train.tpushim_logits_how = logits_how
     return train
+
+
+def _ones(pad):
+    """A padding weight of ones at ``pad``'s static shape (its values unread): a constant, which
+    XLA folds out of the arithmetic that reads it."""
+    return tf.ones(pad.shape, tf.float32)
 
 
 def _inference_feed(draws):
