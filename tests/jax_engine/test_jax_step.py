@@ -214,11 +214,43 @@ def test_negative_controls_differ(control):
 def test_compiled_once_per_shape():
     trainer = _step.Trainer(bn_model(OPTIMIZERS["adam"]), GLOBAL_BATCH, devices=eight_devices())
     batches = bn_batches()
+    trainer.train(batches[:2])  # full batches: the step without padding rows
+    trainer.train(batches[2:])  # the short batch padded: the same shapes, the padded step
     trainer.train(batches[:2])
-    trainer.train(batches[2:])  # the short batch padded: the same shapes
-    assert len(trainer._traced) == 1
-    ((_, loop),) = trainer._traced.values()
-    assert loop._cache_size() == 1
+    assert sorted(key[1] for key in trainer._traced) == [False, True]  # (weighted, full, ...)
+    assert all(loop._cache_size() == 1 for _, loop in trainer._traced.values())
+
+
+def test_full_batches_run_the_step_without_padding_with_the_padded_steps_numbers():
+    """Every batch full: one step compiled, the variant without the padding weight (a plain
+    mean, BatchNormalization's plain moments), whose numbers are the padded step's within 1e-6 and
+    tf-keras's within 1e-5 (every BatchNormalization kind: the first call of
+    test_eight_devices_equal_one_equal_keras[variants-...], two full batches)."""
+    batches = bn_batches(weighted=False)[:3]  # 24 rows: three full batches
+    optimizer = OPTIMIZERS["sgd-momentum"]
+    ref_losses, ref_weights = keras_reference(bn_model(optimizer), batches)
+    runs = {}
+    for full in (True, False):
+        trainer = _step.Trainer(bn_model(optimizer), GLOBAL_BATCH, devices=eight_devices())
+        trainer.full_step = full
+        runs[full] = trainer.train(batches), trainer.weights()
+        assert [key[:2] for key in trainer._traced] == [(False, full)]
+        (traced, loop), *_ = trainer._traced.values()
+        assert loop._cache_size() == 1
+        # the variant's step reads no padding weight: its jaxpr never multiplies by it
+        pad = np.ones([GLOBAL_BATCH], np.float32)
+        args = [{k: np.asarray(traced.params[k]) for k in (*traced.trainable, *traced.state)}]
+        jaxpr = jax.make_jaxpr(traced.fn)(*args, [batches[0][0][0]], [batches[0][1][0]], [pad], pad)
+        assert (jaxpr.jaxpr.invars[-1] in _read(jaxpr.jaxpr)) is not full
+    assert np.max(np.abs(runs[True][0] - runs[False][0])) < 1e-6
+    assert max_diff(runs[True][1], runs[False][1]) < 1e-6
+    assert np.max(np.abs(runs[True][0] - ref_losses)) < TOL
+    assert max_diff(runs[True][1], ref_weights) < TOL
+
+
+def _read(jaxpr):
+    """Every variable ``jaxpr``'s equations read (in nested jaxprs: by their outer operands)."""
+    return {v for eqn in jaxpr.eqns for v in eqn.invars if not hasattr(v, "val")}
 
 
 class _VariableRate(tf.keras.optimizers.schedules.LearningRateSchedule):
@@ -359,10 +391,11 @@ def test_on_cpu_a_call_runs_one_compiled_step_per_batch_as_keras():
         if loop == "per step":  # each batch fed as it came: no copy into one stacked array
             step = compiled.step
             compiled.step = lambda *args: fed.append(args[3][0][0]) or step(*args)
-        losses = np.concatenate([first, trainer.train(batches[2:])])
+        # (batches[3], short, runs the padded step: another compiled step)
+        losses = np.concatenate([first, trainer.train(batches[2:3]), trainer.train(batches[3:])])
         assert trainer.loop == loop  # "per step": the engine's choice on CPU devices
-        if loop == "per step":  # batches[2] is full (its own array), batches[3] padded
-            assert len(fed) == 2 and np.shares_memory(fed[0], batches[2][0][0])
+        if loop == "per step":  # batches[2], full, fed as its own array
+            assert len(fed) == 1 and np.shares_memory(fed[0], batches[2][0][0])
             compiled.step = step
         assert np.max(np.abs(losses - want_losses)) < TOL, (loop, losses, want_losses)
         assert max_diff(trainer.weights(), {k: want[k] for k in trainer.weights()}) < TOL

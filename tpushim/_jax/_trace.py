@@ -247,10 +247,15 @@ def training_function(
     global_batch=None,
     fed=None,
     logits=False,
+    full=False,
 ):
     """The model's training step as a ``tf.function`` of ``(features, labels, sample_weights,
     pad, draws=None)`` returning ``(loss, outputs)`` (see the module). Refuses what it cannot
-    train. ``training=False``: the same loss on the model's inference outputs (an evaluation
+    train. ``full``: for a batch without padding rows, ``pad`` unread: the loss Keras's plain
+    mean, BatchNormalization the padded step's arithmetic on a constant weight of ones, which
+    XLA folds into the batch's plain moments (the padded step's numbers on such a batch,
+    without its padding-weight multiplies and the all-reduce of its real rows' count; Keras's
+    own call instead converted to more bytes accessed than the padded step's). ``training=False``: the same loss on the model's inference outputs (an evaluation
     step: BatchNormalization on its moving statistics, no dropout). ``weighted=False``: the
     input has no sample weights (those given are ones, unread): Keras's unweighted loss, whose
     one-number terms are not multiplied by a mean weight. ``fed``: the model's host part
@@ -291,7 +296,7 @@ def training_function(
                     _draws.taken(keras_model, global_batch, seeds, draws, record),
                     _tfprivate.keras.batchnorm_call_hooked(),
                     _tfprivate.keras.batchnorm_call_using(
-                        _batchnorm.real_rows_call(pad, True, identity)
+                        _batchnorm.real_rows_call(_ones(pad) if full else pad, True, identity)
                     ),
                 ):
                     outputs = _outputs_list(
@@ -312,7 +317,11 @@ def training_function(
             endpoints.append(_endpoint(name, loss_obj, weight, y_true, y_pred, sw))
             kinds.append(kind)
             endpoint_masks.append(mask)
-        loss = _losses.shard_loss(endpoints, kinds, endpoint_masks, [], {}, pad, 1, False)
+        if full:  # every row real: the loss a plain mean, the terms below on a constant
+            pad = _ones(pad)
+        loss = _losses.shard_loss(
+            endpoints, kinds, endpoint_masks, [], {}, None if full else pad, 1, False
+        )
         read = [_tfprivate.keras_compile.output_logits(o) for o in outputs] if logits else []
         logits_how[:] = [how for how, _ in read]
         loss = tf.cast(loss, tf.float32)
@@ -333,6 +342,12 @@ def training_function(
     train.tpushim_recorded = recorded
     train.tpushim_logits_how = logits_how
     return train
+
+
+def _ones(pad):
+    """A padding weight of ones at ``pad``'s static shape (its values unread): a constant, which
+    XLA folds out of the arithmetic that reads it."""
+    return tf.ones(pad.shape, tf.float32)
 
 
 def _inference_feed(draws):
