@@ -111,6 +111,26 @@ def model(optimizer=None):
     return made
 
 
+def subclassed_model():
+    """A subclassed model whose call reads both sparse features (``tf.sparse.to_dense`` and a
+    ``CategoryEncoding``), compiled with SGD(0.1) and mse; stock 2.15 trains it. Not seeded."""
+    import tensorflow as tf
+
+    class Subclassed(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.encode = tf.keras.layers.CategoryEncoding(6, "multi_hot")
+            self.out = tf.keras.layers.Dense(1)
+
+        def call(self, inputs):
+            dense = tf.sparse.to_dense(inputs["x"])
+            return self.out(tf.concat([self.encode(inputs["ids"]), dense], 1))
+
+    made = Subclassed()
+    made.compile(tf.keras.optimizers.SGD(0.1), "mse")
+    return made
+
+
 def record(path, model_dir):
     """Stock's estimator (TF 2.15) trained 4 steps: its weights into ``path``."""
     import tensorflow as tf

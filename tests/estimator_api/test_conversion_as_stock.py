@@ -132,20 +132,9 @@ def test_a_subclassed_model_reading_sparse_features_trains_as_stock_2_15(tmp_pat
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import sparse_program
 
-    class Subclassed(tf.keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.encode = tf.keras.layers.CategoryEncoding(6, "multi_hot")
-            self.out = tf.keras.layers.Dense(1)
-
-        def call(self, inputs):
-            dense = tf.sparse.to_dense(inputs["x"])
-            return self.out(tf.concat([self.encode(inputs["ids"]), dense], 1))
-
     tpushim.patch()
     tf.keras.utils.set_random_seed(3)
-    model = Subclassed()
-    model.compile(tf.keras.optimizers.SGD(0.1), "mse")
+    model = sparse_program.subclassed_model()
     estimator = tf.keras.estimator.model_to_estimator(
         keras_model=model,
         config=tf.compat.v1.estimator.RunConfig(model_dir=str(tmp_path), tf_random_seed=1),

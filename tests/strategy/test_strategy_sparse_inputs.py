@@ -126,18 +126,7 @@ def test_a_subclassed_model_on_a_sparse_feature_is_refused_before_anything_is_wr
 
     import tpushim
 
-    class Subclassed(tf.keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.encode = tf.keras.layers.CategoryEncoding(6, "multi_hot")
-            self.out = tf.keras.layers.Dense(1)
-
-        def call(self, inputs):
-            dense = tf.sparse.to_dense(inputs["x"])
-            return self.out(tf.concat([self.encode(inputs["ids"]), dense], 1))
-
-    model = Subclassed()
-    model.compile(tf.keras.optimizers.SGD(0.1), "mse")
+    model = sparse_program.subclassed_model()
     model_dir = tmp_path / "refused"
     with tpushim.patched(quiet=True, mode="cpu", engine=engine):
         estimator = tf.keras.estimator.model_to_estimator(
