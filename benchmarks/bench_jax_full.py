@@ -12,7 +12,6 @@ machine. Also checked: after the same batches, B's weights equal A's (largest di
     python benchmarks/bench_jax_full.py [--rounds N] [--calls N] [--case TEXT] [--json FILE]
 """
 
-import argparse
 import json
 import os
 import sys
@@ -200,17 +199,10 @@ def table(results):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
-    parser.add_argument("--calls", type=int, default=5, help="timed calls of 10 steps each")
-    parser.add_argument("--case", help="only the cases whose name has this text")
-    parser.add_argument("--json", help="also write raw measurements to this file")
-    opts = parser.parse_args(argv)
-    results = measure(opts.rounds, opts.calls, opts.case)
-    print(table(results))
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(results, f, indent=1)
+    sys.path.insert(0, HERE)
+    import benchlib
+
+    benchlib.interleaved_cli(__doc__, measure, table, 7, 5, argv)
 
 
 if __name__ == "__main__":

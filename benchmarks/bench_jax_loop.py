@@ -20,7 +20,6 @@ Steps/s of each; the ratios against ``engine, its choice`` are what to read on a
     python benchmarks/bench_jax_loop.py [--rounds N] [--calls N] [--json FILE]
 """
 
-import argparse
 import json
 import os
 import sys
@@ -227,17 +226,10 @@ def table(results):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    parser.add_argument("--calls", type=int, default=3, help="timed calls of 10 steps each")
-    parser.add_argument("--case", help="only the cases whose name has this text")
-    parser.add_argument("--json", help="also write raw measurements to this file")
-    opts = parser.parse_args(argv)
-    results = measure(opts.rounds, opts.calls, opts.case)
-    print(table(results))
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(results, f, indent=1)
+    sys.path.insert(0, HERE)
+    import benchlib
+
+    benchlib.interleaved_cli(__doc__, measure, table, 3, 3, argv)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,24 @@ def rounds(opts, full, quick):
     return opts.rounds or (quick if opts.quick else full)
 
 
+def interleaved_cli(doc, measure, table, rounds, calls, argv=None):
+    """The command line of a benchmark of interleaved rounds of timed calls (``--rounds``,
+    ``--calls``, ``--case``, ``--json``): prints ``table(measure(rounds, calls, case))``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
+    parser.add_argument("--calls", type=int, default=calls, help="timed calls of 10 steps each")
+    parser.add_argument("--case", help="only the cases whose name has this text")
+    parser.add_argument("--json", help="also write raw measurements to this file")
+    opts = parser.parse_args(argv)
+    results = measure(opts.rounds, opts.calls, opts.case)
+    print(table(results))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def tpu_env_vars():
     """Every variable that configures tpushim or names a TPU (tpushim's own lists)."""
     from tpushim import _detect, _settings
