@@ -80,14 +80,18 @@ def test_recurrent_layers_input_dropout_trains_as_stocks_loop_in_time_order(
 
     if jax.local_device_count() < 8:
         pytest.skip("jax was imported before this module could ask for 8 XLA CPU devices")
-    with caplog.at_level(logging.INFO), jax_recurrent.in_time_order():
-        # stock live, its loops run one iteration at a time
+    # TensorFlow's logger at INFO too: a script run before in this process may have quietened it
+    with (
+        caplog.at_level(logging.INFO),
+        caplog.at_level(logging.INFO, logger="tensorflow"),
+        jax_recurrent.in_time_order(),  # stock live, its loops run one iteration at a time
+    ):
         _, stock = jax_recurrent.classifier(str(tmp_path / "stock"), dropout=True, evaluate=False)
     assert len(stock) == 12, sorted(stock)
     made = {}  # the 8 devices' Trainer, its start and batches
     for method in ("__init__", "restore", "train"):
         monkeypatch.setattr(_step.Trainer, method, _recorded(made, getattr(_step.Trainer, method)))
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="tensorflow"):
         _, weights = jax_recurrent.classifier(
             str(tmp_path / "eight"), dropout=True, evaluate=False, mode="cpu", engine="jax"
         )
