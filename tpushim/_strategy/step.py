@@ -66,7 +66,7 @@ def real_rows(element, normalized=None):
     features = element[0] if isinstance(element, tuple) else element
     pad = features[_padding.PADDING_KEY]
     call = _batchnorm.real_rows_call(pad, True, all_reduce_sum)
-    if normalized is not None:
+    if normalized is not None and call is not None:  # None: Keras's own call
         own = call
 
         def call(layer, own_call, inputs, training, mask):
