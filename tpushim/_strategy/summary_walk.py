@@ -19,26 +19,32 @@ from tpushim import _padding, _tfprivate
 ROWS, FIXED, CONST = "rows", "fixed", "const"
 
 
-def _reads(tensor, sources, memo):
-    """Whether ``tensor`` is computed from one of ``sources`` (refs); ``memo``: refs -> bool."""
+def _walked(tensor, sources, memo, decide):
+    """``memo[tensor.ref()]``, deciding each tensor after the inputs it asks for: a tensor of
+    ``sources`` (refs) is True; any other gets ``decide(t)``, which returns the inputs it still
+    needs (a non-empty list: decided first, then ``t`` asked again) or its value."""
     stack = [tensor]
     while stack:
         t = stack[-1]
         key = t.ref()
-        if key in memo:
-            stack.pop()
-            continue
-        if key in sources:
-            memo[key] = True
-            stack.pop()
-            continue
-        pending = [i for i in t.op.inputs if i.ref() not in memo]
-        if pending:
-            stack.extend(pending)
-            continue
-        memo[key] = any(memo[i.ref()] for i in t.op.inputs)
+        if key not in memo:
+            value = True if key in sources else decide(t)
+            if isinstance(value, list) and value:
+                stack.extend(value)
+                continue
+            memo[key] = value
         stack.pop()
     return memo[tensor.ref()]
+
+
+def _reads(tensor, sources, memo):
+    """Whether ``tensor`` is computed from one of ``sources`` (refs); ``memo``: refs -> bool."""
+
+    def decide(t):
+        pending = [i for i in t.op.inputs if i.ref() not in memo]
+        return pending or any(memo[i.ref()] for i in t.op.inputs)
+
+    return _walked(tensor, sources, memo, decide)
 
 
 #: Ops of which each output row is computed from the same row of each input that carries rows
@@ -214,40 +220,27 @@ def keeps_rows(tensor, rows, sources, reads, memo):
     inputs (``sources``, refs) with each of its rows from the same example's rows alone: then
     a replica's value of it is stock's over the global batch, row for row. ``reads``: the memo
     of :func:`_reads`; ``memo``: refs -> bool."""
-    stack = [tensor]
-    while stack:
-        t = stack[-1]
-        key = t.ref()
-        if key in memo:
-            stack.pop()
-            continue
-        if key in sources:
-            memo[key] = True
-            stack.pop()
-            continue
+
+    def decide(t):
         how = _carried(t) if t.shape.rank and t.shape[0] == rows else None
-        pending, keeps = [], how is not None
-        if keeps:
-            carried, shaping = how
-            for index, given in enumerate(t.op.inputs):
-                if index in shaping or not _reads(given, sources, reads):
-                    continue  # a weight, a constant, a draw not of the batch: the same role
-                if index not in carried or not given.shape.rank or given.shape[0] != rows:
-                    keeps = False  # reads the batch, not row for row: rows were mixed
-                elif t.op.type in _ELEMENTWISE and given.shape.rank != t.shape.rank:
-                    keeps = False  # broadcast along another axis than the rows
-                elif given.ref() not in memo:
-                    pending.append(given)
-                elif not memo[given.ref()]:
-                    keeps = False
-                if not keeps:
-                    break
-        if keeps and pending:
-            stack.extend(pending)
-            continue
-        memo[key] = keeps
-        stack.pop()
-    return memo[tensor.ref()]
+        if how is None:
+            return False
+        carried, shaping = how
+        pending = []
+        for index, given in enumerate(t.op.inputs):
+            if index in shaping or not _reads(given, sources, reads):
+                continue  # a weight, a constant, a draw not of the batch: the same role
+            if index not in carried or not given.shape.rank or given.shape[0] != rows:
+                return False  # reads the batch, not row for row: rows were mixed
+            if t.op.type in _ELEMENTWISE and given.shape.rank != t.shape.rank:
+                return False  # broadcast along another axis than the rows
+            if given.ref() not in memo:
+                pending.append(given)
+            elif not memo[given.ref()]:
+                return False
+        return pending or True
+
+    return _walked(tensor, sources, memo, decide)
 
 
 #: Stateful ops that read a weight: the same value on every replica and in stock's graph.
