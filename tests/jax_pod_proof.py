@@ -50,10 +50,11 @@ def write_files(directory):
     for k, size in enumerate(SIZES):
         paths.append(os.path.join(directory, f"part-{k}.tfrecord"))
         if not os.path.exists(paths[-1]):
-            with tf.io.TFRecordWriter(paths[-1] + ".tmp") as writer:
+            part = f"{paths[-1]}.{os.getpid()}.tmp"  # (the pod's processes write them at once)
+            with tf.io.TFRecordWriter(part) as writer:
                 for i in range(start, start + size):
                     writer.write(str(i).encode())
-            os.replace(paths[-1] + ".tmp", paths[-1])
+            os.replace(part, paths[-1])
         start += size
     return paths
 
