@@ -156,8 +156,8 @@ def _probed():
 
 def _summary_values(directory):
     """[(step, tag, its Summary.Value's payload)] of the events' model summaries: a number, a
-    histogram's (min, max, num, sum, sum_squares, limits, counts), an image's (size, PNG
-    bytes) or a tensor's bytes."""
+    histogram's (min, max, num, sum, sum_squares, limits, counts), an image's (size, its PNG's
+    pixels) or a tensor's bytes."""
     import tensorflow as tf
 
     out = []
@@ -170,8 +170,9 @@ def _summary_values(directory):
                         h = v.histo
                         got = (h.min, h.max, h.num, h.sum, h.sum_squares, *h.bucket_limit)
                         got = (got, tuple(h.bucket))
-                    elif kind == "image":
-                        got = ((v.image.height, v.image.width), v.image.encoded_image_string)
+                    elif kind == "image":  # its pixels, decoded
+                        png = tf.io.decode_png(v.image.encoded_image_string).numpy()
+                        got = ((v.image.height, v.image.width), png.astype(np.int16))
                     elif kind == "tensor":
                         got = ((), v.tensor.SerializeToString())
                     else:
@@ -233,7 +234,12 @@ def test_model_summaries_as_stocks(tmp_path, caplog):
         np.testing.assert_allclose(
             numbers, stock_numbers, rtol=1e-6, atol=TOL, err_msg=f"{tag} {step}"
         )
-        assert raw == stock_raw, (tag, step)
+        if isinstance(raw, np.ndarray):
+            # an image's pixels: the activations scaled to 0-255 and rounded, so a value within
+            # 1e-7 of stock's may round to the next level (seen once in a loaded run)
+            assert raw.shape == stock_raw.shape and np.abs(raw - stock_raw).max() <= 1, (tag, step)
+        else:
+            assert raw == stock_raw, (tag, step)
     # The short batch's histograms count its 5 real rows (of 7 the engine trains on) alone.
     counts = {
         t: n[0][2] for s, t, n in got if s == 4 and t in ("probe/values", "probe_normed/normed")
