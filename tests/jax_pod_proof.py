@@ -324,10 +324,11 @@ def padded_calls(estimator):
     return len(list(estimator.predict(eval_input(10, 10))))
 
 
-def recurrent(model_dir):
+def recurrent(model_dir, evaluate=True):
     """:func:`jax_recurrent.classifier` (LSTM, GRU and SimpleRNN with ``recurrent_dropout``: a
-    mask drawn per time step on the host) on the JAX engine: (metrics, weights)."""
-    return jax_recurrent.classifier(model_dir, mode="cpu", engine="jax")
+    mask drawn per time step on the host) on the JAX engine: (metrics, weights); not
+    ``evaluate``: trained only (no metrics)."""
+    return jax_recurrent.classifier(model_dir, evaluate=evaluate, mode="cpu", engine="jax")
 
 
 def train(model_dir, evaluate=False, again=True):
@@ -638,7 +639,10 @@ def main():
         result["control_training"] = train(os.path.join(ROOT, "pod-control"))
         _pod.STATE.control = "first_draws"
         result["control_draws"] = train(os.path.join(ROOT, "pod-control-draws"), again=False)
-        result["control_recurrent"] = recurrent(os.path.join(ROOT, "pod-recurrent-control"))
+        # (its weights are what the control compares: trained, not evaluated)
+        result["control_recurrent"] = recurrent(
+            os.path.join(ROOT, "pod-recurrent-control"), evaluate=False
+        )
         _pod.STATE.control = None
         name = f"worker-{pod.index}.json"
     name = f"{ROLE}.json" if ROLE != "worker" else name
