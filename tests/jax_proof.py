@@ -1,10 +1,11 @@
 """The JAX engine's proof matrix, run as a process of its own (JAX's device count is fixed at its
 first import, by ``XLA_FLAGS=--xla_force_host_platform_device_count=N``):
-``python jax_proof.py DIR [--controls] [CASE ...]`` prints one ``RESULT {json}`` line: for each
-case named (default: every case of :data:`CASES`), the engine's (``mode="cpu", engine="jax"``)
-``{"metrics", "predictions", "values"}`` after ``train`` / ``evaluate`` / ``predict`` and its
-``cpu_seconds``; with ``--controls``, under ``"controls"``, the base case's with each negative
-control of ``tpushim._jax._step.CONTROLS`` put in the engine's step.
+``python jax_proof.py DIR [--controls[=NAME,...]] [CASE ...]`` prints one ``RESULT {json}`` line:
+for each case named (default: every case of :data:`CASES`), the engine's (``mode="cpu",
+engine="jax"``) ``{"metrics", "predictions", "values"}`` after ``train`` / ``evaluate`` /
+``predict`` and its ``cpu_seconds``; with ``--controls``, under ``"controls"``, the base case's
+with each negative control of ``tpushim._jax._step.CONTROLS`` (``--controls=NAME,...``: those
+named) put in the engine's step.
 
 One small model (Dense -> BatchNormalization -> Dense) and 45 rows in global batches of 16, so
 every epoch ends on a short batch of 13 rows padded to 16 (on 8 devices three of them hold
@@ -263,10 +264,12 @@ def main(root, names, controls):
         started = time.process_time()
         out[name] = _attempt(lambda: run(convert(case, os.path.join(root, name), engine), case))
         out["cpu_seconds"][name] = round(time.process_time() - started, 2)
-    if controls:
+    if controls is not None:
         from tpushim._jax import _step
 
-        for control in _step.CONTROLS:
+        unknown = set(controls) - set(_step.CONTROLS)
+        assert not unknown, f"no such control: {sorted(unknown)}"
+        for control in controls or _step.CONTROLS:
             undo = _with_control(control)
             try:
                 model_dir = os.path.join(root, f"control-{control}")
@@ -282,5 +285,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "--record":
         record(sys.argv[2], sys.argv[3])
     else:
-        names = [a for a in sys.argv[2:] if a != "--controls"]
-        main(sys.argv[1], names or list(CASES), "--controls" in sys.argv[2:])
+        names = [a for a in sys.argv[2:] if not a.startswith("--controls")]
+        asked = [a.partition("=")[2] for a in sys.argv[2:] if a.startswith("--controls")]
+        controls = [c for c in asked[-1].split(",") if c] if asked else None  # []: every one
+        main(sys.argv[1], names or list(CASES), controls)

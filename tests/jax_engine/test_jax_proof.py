@@ -34,6 +34,9 @@ CASES = sorted(k for k in STOCK if k != "tensorflow")
 #: device is the same program without the sharding, so one line of each kind shows it).
 ONE_DEVICE = ("base", "loss-binary_crossentropy", "optimizer-tf1_adam", "input-pandas_input_fn")
 TIMEOUT = 600  # seconds on a quiet machine, stretched by the load (procs.scaled)
+#: The step's negative controls run on the base case (each compared with stock below); the
+#: step's others are test_jax_losses.py's (``mean_device_losses``: a SUM reduction's).
+CONTROLS = ("sum_device_means", "count_padding")
 
 
 def _processes():
@@ -41,7 +44,8 @@ def _processes():
     halves (the controls with the first), so that 2 cores share the work evenly."""
     optimizers = [c for c in CASES if c.startswith("optimizer-")]
     others = [c for c in CASES if c not in optimizers]
-    return [(8, ["--controls", *others]), (8, optimizers), (1, list(ONE_DEVICE))]
+    controls = "--controls=" + ",".join(CONTROLS)
+    return [(8, [controls, *others]), (8, optimizers), (1, list(ONE_DEVICE))]
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +144,10 @@ def test_one_device_equals_eight_and_stock_2_15(runs, case):
     assert max(between.values()) < TOL, {k: v for k, v in between.items() if v >= TOL}
 
 
-@pytest.mark.parametrize("control", ["sum_device_means", "count_padding"])
+@pytest.mark.parametrize("control", CONTROLS)
 def test_negative_controls_do_not_give_stocks_numbers(runs, control):
     # The base case with the step's control in place: the same comparison must fail.
+    assert sorted(runs[8]["controls"]) == sorted(CONTROLS)
     worst = differences(runs[8]["controls"][control], STOCK["base"])
     assert max(v for k, v in worst.items() if k.startswith("values")) > 1e-3, worst
     assert worst["predictions"] > 1e-3
