@@ -126,16 +126,22 @@ def checkpoint_keys(m):
     return keys
 
 
-def per_replica(kind, root):
+def per_replica_dir(kind, root):
+    return os.path.join(root, "per-replica", kind)
+
+
+def per_replica(kind, root, made):
     """Plain BatchNormalization on 8 replicas against the TPUEstimator path's proven semantics
     (docs/contributing/proof.md, rung 2b): replica r's moving mean and variance are a single
     Keras model's stepped on replica r's real rows alone (unchanged on a replica of padding
     only), the trainable weights move by the replicas' SGD steps weighted by their real rows.
     The reference is Keras's own ``train_on_batch`` on each replica's slice; the checkpoint holds
-    the mean of the replicas' moving statistics (on-read variables, TPUStrategy's aggregation)."""
+    the mean of the replicas' moving statistics (on-read variables, TPUStrategy's aggregation).
+    ``made``: the engine's ``run(kind, per_replica_dir(kind, root), ENGINE, evaluate=True)``
+    (the engine as it is on the input as padded: ``padding``'s run too, made once for both)."""
     x, y = data(kind)
-    model_dir = os.path.join(root, "per-replica", kind)
-    _, metrics, predictions, got = run(kind, model_dir, ENGINE, evaluate=True)
+    model_dir = per_replica_dir(kind, root)
+    _, metrics, predictions, got = made
     # Evaluation and prediction from those weights: stock's, on a copy of the model_dir.
     shutil.copytree(model_dir, model_dir + "-stock")
     config = tfcases.ESTIMATOR.RunConfig(tf_random_seed=7)
@@ -200,6 +206,7 @@ def main(root):
     }
     out["padding"] = {}
     pad_batch, real_rows_call = _padding.pad_batch, _batchnorm.real_rows_call
+    as_is = {}  # the plain layers' engine as it is, evaluated and predicted too: per_replica's
     for kind in ("dense", "conv", *MODELS):
         got = {}
         # The negative control on the plain layers only: the variants' run is the engine's.
@@ -207,7 +214,11 @@ def main(root):
             if variant == "keras":  # Keras's own call: the padding rows in the statistics
                 _batchnorm.real_rows_call = lambda *args: None
             try:
-                padded = run(kind, os.path.join(root, kind, variant, "a"), ENGINE)[3]
+                if variant == "engine" and kind not in MODELS:
+                    as_is[kind] = run(kind, per_replica_dir(kind, root), ENGINE, evaluate=True)
+                    padded = as_is[kind][3]
+                else:
+                    padded = run(kind, os.path.join(root, kind, variant, "a"), ENGINE)[3]
                 _padding.pad_batch = other_padding(pad_batch)
                 try:
                     other = run(kind, os.path.join(root, kind, variant, "b"), ENGINE)[3]
@@ -217,7 +228,7 @@ def main(root):
                 _batchnorm.real_rows_call = real_rows_call
             got[variant] = largest(padded, other)
         out["padding"][kind] = got
-    out["per_replica"] = {kind: per_replica(kind, root) for kind in ("dense", "conv")}
+    out["per_replica"] = {kind: per_replica(kind, root, as_is[kind]) for kind in ("dense", "conv")}
     print("RESULT " + json.dumps(out))
 
 
