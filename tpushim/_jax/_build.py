@@ -121,6 +121,7 @@ class JaxConversion:
         self._split = NamedSharding(self._mesh, PartitionSpec("data"))
         self._eval_fns = {}
         self._converted = {}
+        self._steps = {}  # (global batch, seeds) -> what its Trainers compiled (each train())
 
     def runtime(self):
         """Where each call runs: as the program runs, or a graph program's eager runtime
@@ -140,6 +141,9 @@ class JaxConversion:
             seeds=seeds,
             pod=self.pod,
             fed=self.host,
+            # a later train() call's step: the one compiled before, where nothing it reads
+            # changed (a new Trainer per call: its own state, its draws' streams started again)
+            compiled=self._steps.setdefault((global_batch, seeds), {}),
         )
 
     def device_rows(self, rows):

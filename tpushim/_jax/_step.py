@@ -158,6 +158,7 @@ class Trainer:
         seeds=None,
         pod=None,
         fed=None,
+        compiled=None,
     ):
         if control not in (None, *CONTROLS):
             raise ValueError(f"control must be one of {CONTROLS}")
@@ -170,16 +171,25 @@ class Trainer:
         self.model, self.global_batch, self.control = keras_model, global_batch, control
         self.optimizer = _optimizers.of(keras_model.optimizer)
         self.custom_objects, self.seeds, self.fed = custom_objects, seeds, fed
+        # ``compiled``: a dict an earlier Trainer of this model, global batch, seeds, devices
+        # and optimizer kept its converted and compiled steps in (a conversion's next train()
+        # call's; :meth:`tpushim._jax._build.JaxConversion.trainer`), kept only while the
+        # optimizer's settings are the same. Its state (weights, draws' streams) is its own.
+        compiled = {} if compiled is None or control is not None else compiled
+        if compiled.get("optimizer") != _optimizer_key(self.optimizer):
+            compiled.clear()
+            compiled["optimizer"] = _optimizer_key(self.optimizer)
+        self._compiled = compiled
         # (weighted: the input gives sample weights, full: no padding rows) -> training function
-        self._train_fns = {}
+        self._train_fns = compiled.setdefault("train_fns", {})
         self._train_fn(True)  # its refusals here
         self.full_step = FULL_STEP
         self._host_draws = {}  # a trace's draws -> their stream on the host
         self.mesh = Mesh(np.array(self.devices), ("data",))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
-        self._traced = {}  # batch shapes -> (Traced, its compiled loop)
-        self.loop = None  # one of LOOPS: chosen at the first step's compile (loop_of)
+        self._traced = compiled.setdefault("traced", {})  # shapes -> (Traced, compiled loop)
+        self.loop = compiled.get("loop")  # one of LOOPS: chosen at the first compile (loop_of)
         self.params = self.opt_state = None
         self._restored = {}
 
@@ -272,6 +282,7 @@ class Trainer:
             if self.loop is None:
                 cpu = loop_of(self.devices, self.pod) == "per step"  # before tracing again
                 self.loop = loop_of(self.devices, self.pod, cpu and _convolves(traced, batch))
+                self._compiled["loop"] = self.loop
             self._traced[key] = (traced, self._compile(traced, per_device, looked_up))
         return self._traced[key]
 
@@ -452,6 +463,13 @@ class Trainer:
             else:
                 out.append(_pod.replicated(steps, whole))
         return out
+
+
+def _optimizer_key(optimizer):
+    """What a compiled step reads of ``optimizer`` (its class and settings), comparable: a
+    Trainer reuses an earlier one's steps only where it is equal (a setting whose repr differs
+    from call to call, such as a function's, never reuses them)."""
+    return (type(optimizer), repr(sorted(vars(optimizer).items(), key=lambda kv: kv[0])))
 
 
 def _weighted(batch):
