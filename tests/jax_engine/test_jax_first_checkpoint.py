@@ -125,3 +125,31 @@ def test_ckpt_0_is_written_before_the_compile_and_the_read_ahead_with_stocks_val
     # Negative control: the comparison tells the first checkpoint from the last.
     first, last = _values(str(model_dir / "model.ckpt-0")), _values(str(model_dir / "model.ckpt-3"))
     assert any(not np.allclose(first[n], last[n], atol=1e-5) for n in first)
+
+
+def test_a_later_train_call_reuses_the_compiled_step(tmp_path, monkeypatch):
+    """A conversion's second ``train()`` call (a resumed run, a train/evaluate loop) runs the
+    step its first call converted and compiled: XLA compiles it once per batch shape, not once
+    per call. Its numbers are stock's (test_jax_optimizers' resumed run)."""
+    if jax.local_device_count() < 8:
+        pytest.skip("jax was imported before this module could ask for 8 XLA CPU devices")
+    tpushim.patch(quiet=True)  # tf.estimator on TF >= 2.16 (tpushim's estimator API), undone after
+    compiled, compile_step = [], _step.Trainer._compile
+
+    def counted(self, *args, **kwargs):
+        compiled.append(self)
+        return compile_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(_step.Trainer, "_compile", counted)
+    tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+    model.compile(tf.keras.optimizers.legacy.Adam(0.01), "mse")
+    x = np.arange(64, dtype=np.float32).reshape(16, 4) / 64
+    data = (x, x[:, :2])
+    config = tf.estimator.RunConfig(model_dir=str(tmp_path / "engine"), tf_random_seed=1)
+    with tpushim.patched(mode="cpu", engine="jax"):
+        estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config)
+    for _ in range(3):
+        estimator.train(lambda: tf.data.Dataset.from_tensor_slices(data).batch(8).repeat(), steps=2)
+    assert len(compiled) == 1, compiled
+    assert tf.train.latest_checkpoint(str(tmp_path / "engine")).endswith("model.ckpt-6")
